@@ -1,0 +1,166 @@
+/* Plumbing shared by the tools: stream options, the frame loop, number
+ * parsing, clocks. Nothing here prints. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "lrmoe.h"
+
+double lrmoe_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int lrmoe_check_tty_out(const char *path, int force)
+{
+    if (force) return 0;
+    if ((!path || !strcmp(path, "-")) && isatty(STDOUT_FILENO))
+        return lrmoe_err("refusing to write binary data to a terminal (use -o FILE, a pipe, or -f)");
+    return 0;
+}
+
+int lrmoe_parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end)
+        return lrmoe_err("%s: '%s' is not an integer", opt, s);
+    if (v < lo || v > hi)
+        return lrmoe_err("%s: %lld is out of range [%" PRId64 ", %" PRId64 "]", opt, v, lo, hi);
+    *out = v;
+    return 0;
+}
+
+int lrmoe_parse_f64(const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno == ERANGE || end == s || *end || isnan(v))
+        return lrmoe_err("%s: '%s' is not a number", opt, s);
+    if (v < lo || v > hi)
+        return lrmoe_err("%s: %g is out of range [%g, %g]", opt, v, lo, hi);
+    *out = v;
+    return 0;
+}
+
+void lrmoe_io_init(lrmoe_io_t *io)
+{
+    io->out = "-";
+    lrmoe_wopts_default(&io->w);
+    io->force = 0;
+}
+
+int lrmoe_io_opt(lrmoe_io_t *io, int c, const char *arg)
+{
+    int64_t v;
+    switch (c) {
+    case 'o': io->out = arg; return 1;
+    case 'f': io->force = 1; return 1;
+    case LRMOE_OPT_NO_COMPRESS: io->w.compress = 0; return 1;
+    case 'l':
+        if (lrmoe_parse_i64("--level", arg, -7, 22, &v) < 0) return -1;
+        io->w.level = (int)v;
+        return 1;
+    case '@':
+        if (lrmoe_parse_i64("--threads", arg, 0, 256, &v) < 0) return -1;
+        io->w.threads = (int)v;
+        return 1;
+    }
+    return 0;
+}
+
+int64_t lrmoe_filter_run(const char *in, const char *out, const lrmoe_wopts_t *o,
+                         lrmoe_frame_fn fn, void *ctx)
+{
+    lrmoe_reader_t *r = lrmoe_reader_open(in);
+    if (!r) return -1;
+    lrmoe_writer_t *w = lrmoe_writer_open(out, o);
+    if (!w) { lrmoe_reader_close(r); return -1; }
+    lrmoe_frame_t f;
+    lrmoe_frame_init(&f);
+    int64_t n = 0;
+    int rc;
+    while ((rc = lrmoe_reader_next(r, &f)) == 1) {
+        if (fn && fn(&f, n, ctx) < 0) {
+            lrmoe_err_prefix("frame %" PRId64, n);
+            rc = -1;
+            break;
+        }
+        if (lrmoe_writer_write(w, &f) < 0) { rc = -1; break; }
+        n++;
+    }
+    lrmoe_frame_clear(&f);
+    lrmoe_reader_close(r);
+    if (rc < 0) {
+        lrmoe_writer_abort(w);
+        return -1;
+    }
+    if (lrmoe_writer_close(w) < 0) return -1;
+    return n;
+}
+
+/* ------------------------------------------------------------ weights */
+
+int lrmoe_weights_load(const char *path, lrmoe_weights_t *w)
+{
+    memset(w, 0, sizeof *w);
+    lrmoe_reader_t *r = lrmoe_reader_open(path);
+    if (!r) return -1;
+    int cap = 0, rc;
+    for (;;) {
+        if (w->n == cap) {
+            cap = cap ? 2 * cap : 8;
+            lrmoe_frame_t *fr = realloc(w->frames, (size_t)cap * sizeof *fr);
+            int64_t *ly = fr ? realloc(w->layer, (size_t)cap * sizeof *ly) : NULL;
+            if (fr) w->frames = fr;
+            if (!ly) { lrmoe_err("out of memory"); rc = -1; break; }
+            w->layer = ly;
+        }
+        lrmoe_frame_init(&w->frames[w->n]);
+        rc = lrmoe_reader_next(r, &w->frames[w->n]);
+        if (rc <= 0) break;
+        int64_t l = w->n;
+        if (lrmoe_frame_attr_i64(&w->frames[w->n], "layer", &l) < 0) {
+            lrmoe_err_prefix("%s: frame %d", path ? path : "<stdin>", w->n);
+            rc = -1;
+            w->n++;
+            break;
+        }
+        for (int i = 0; i < w->n; i++)
+            if (w->layer[i] == l) {
+                lrmoe_err("%s: layer %" PRId64 " appears twice", path ? path : "<stdin>", l);
+                rc = -1;
+            }
+        w->layer[w->n++] = l;
+        if (rc < 0) break;
+    }
+    lrmoe_reader_close(r);
+    if (rc < 0) {
+        lrmoe_weights_free(w);
+        return -1;
+    }
+    return 0;
+}
+
+const lrmoe_frame_t *lrmoe_weights_layer(const lrmoe_weights_t *w, int64_t layer)
+{
+    for (int i = 0; i < w->n; i++)
+        if (w->layer[i] == layer) return &w->frames[i];
+    lrmoe_err("weights: no frame for layer %" PRId64, layer);
+    return NULL;
+}
+
+void lrmoe_weights_free(lrmoe_weights_t *w)
+{
+    for (int i = 0; i < w->n; i++) lrmoe_frame_clear(&w->frames[i]);
+    free(w->frames);
+    free(w->layer);
+    memset(w, 0, sizeof *w);
+}

@@ -1,0 +1,266 @@
+/* Frames: ordered named tensors plus string attributes. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include "lrmoe.h"
+
+int64_t lrmoe_tensor_numel(const lrmoe_tensor_t *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+static const char *dims_str(int ndim, const int64_t *dims, char *buf, size_t len)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, len - o, "[");
+    for (int i = 0; i < ndim && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, i ? ",%" PRId64 : "%" PRId64, dims[i]);
+    if (o < len) snprintf(buf + o, len - o, "]");
+    return buf;
+}
+
+const char *lrmoe_shape_str(const lrmoe_tensor_t *t, char *buf, size_t len)
+{
+    return dims_str(t->ndim, t->shape, buf, len);
+}
+
+int lrmoe_tensor_check(const lrmoe_tensor_t *t, int ndim, const int64_t *dims)
+{
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++)
+        if (dims[i] >= 0 && dims[i] != t->shape[i]) ok = 0;
+    if (ok) return 0;
+    char a[128], c[128];
+    size_t o = 0;                 /* expected dims, wildcards shown as '*' */
+    c[0] = 0;
+    for (int i = 0; i < ndim && o < sizeof c; i++)
+        o += (size_t)(dims[i] < 0 ? snprintf(c + o, sizeof c - o, "%s*", i ? "," : "")
+                                   : snprintf(c + o, sizeof c - o, i ? ",%" PRId64 : "%" PRId64, dims[i]));
+    return lrmoe_err("tensor %s: shape %s, expected [%s]", t->name,
+                     lrmoe_shape_str(t, a, sizeof a), c);
+}
+
+float *lrmoe_tensor_f32(const lrmoe_tensor_t *t)
+{
+    size_t n = (size_t)lrmoe_tensor_numel(t);
+    float *p = malloc(n ? n * sizeof *p : 1);
+    if (!p) { lrmoe_err("out of memory converting %s", t->name); return NULL; }
+    lrmoe_convert_to_f32(t->dtype, t->data, p, n);
+    return p;
+}
+
+int64_t *lrmoe_tensor_i64(const lrmoe_tensor_t *t)
+{
+    size_t n = (size_t)lrmoe_tensor_numel(t);
+    int64_t *p = malloc(n ? n * sizeof *p : 1);
+    if (!p) { lrmoe_err("out of memory converting %s", t->name); return NULL; }
+    lrmoe_convert_to_i64(t->dtype, t->data, p, n);
+    return p;
+}
+
+void lrmoe_frame_init(lrmoe_frame_t *f)
+{
+    memset(f, 0, sizeof *f);
+}
+
+static void tensor_free(lrmoe_tensor_t *t)
+{
+    if (!t) return;
+    free(t->name);
+    free(t->data);
+    free(t);
+}
+
+void lrmoe_frame_clear(lrmoe_frame_t *f)
+{
+    for (int i = 0; i < f->ntensors; i++) tensor_free(f->tensors[i]);
+    for (int i = 0; i < f->nattrs; i++) { free(f->keys[i]); free(f->vals[i]); }
+    free(f->tensors);
+    free(f->keys);
+    free(f->vals);
+    lrmoe_frame_init(f);
+}
+
+static int find(const lrmoe_frame_t *f, const char *name)
+{
+    for (int i = 0; i < f->ntensors; i++)
+        if (!strcmp(f->tensors[i]->name, name)) return i;
+    return -1;
+}
+
+lrmoe_tensor_t *lrmoe_frame_get(const lrmoe_frame_t *f, const char *name)
+{
+    int i = find(f, name);
+    return i < 0 ? NULL : f->tensors[i];
+}
+
+lrmoe_tensor_t *lrmoe_frame_need(const lrmoe_frame_t *f, const char *name)
+{
+    lrmoe_tensor_t *t = lrmoe_frame_get(f, name);
+    if (!t) lrmoe_err("missing tensor %s", name);
+    return t;
+}
+
+/* Insert t (replacing a same-named tensor in place). */
+static lrmoe_tensor_t *insert(lrmoe_frame_t *f, lrmoe_tensor_t *t)
+{
+    int i = find(f, t->name);
+    if (i >= 0) {
+        tensor_free(f->tensors[i]);
+        f->tensors[i] = t;
+        return t;
+    }
+    if (f->ntensors == f->tcap) {
+        int cap = f->tcap ? 2 * f->tcap : 16;
+        lrmoe_tensor_t **p = realloc(f->tensors, (size_t)cap * sizeof *p);
+        if (!p) { tensor_free(t); lrmoe_err("out of memory"); return NULL; }
+        f->tensors = p;
+        f->tcap = cap;
+    }
+    f->tensors[f->ntensors++] = t;
+    return t;
+}
+
+static lrmoe_tensor_t *tensor_new(const char *name, lrmoe_dtype_t dtype, int ndim,
+                                  const int64_t *shape, size_t *nbytes)
+{
+    if ((unsigned)dtype >= LRMOE_NDTYPES) { lrmoe_err("tensor %s: bad dtype", name); return NULL; }
+    if (ndim < 0 || ndim > LRMOE_MAX_DIMS) {
+        lrmoe_err("tensor %s: %d dimensions (at most %d)", name, ndim, LRMOE_MAX_DIMS);
+        return NULL;
+    }
+    uint64_t n = lrmoe_dtype_size(dtype);
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) { lrmoe_err("tensor %s: negative dimension", name); return NULL; }
+        if (shape[i] && n > UINT64_MAX / 2 / (uint64_t)shape[i]) {
+            lrmoe_err("tensor %s: size overflows", name);
+            return NULL;
+        }
+        n *= (uint64_t)shape[i];
+    }
+    lrmoe_tensor_t *t = calloc(1, sizeof *t);
+    if (!t || !(t->name = strdup(name))) { free(t); lrmoe_err("out of memory"); return NULL; }
+    t->dtype = dtype;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    t->nbytes = (size_t)n;
+    *nbytes = (size_t)n;
+    return t;
+}
+
+lrmoe_tensor_t *lrmoe_frame_put(lrmoe_frame_t *f, const char *name,
+                                lrmoe_dtype_t dtype, int ndim, const int64_t *shape)
+{
+    size_t nb;
+    lrmoe_tensor_t *t = tensor_new(name, dtype, ndim, shape, &nb);
+    if (!t) return NULL;
+    if (nb && !(t->data = calloc(1, nb))) {
+        lrmoe_err("out of memory: %zu bytes for tensor %s", nb, name);
+        tensor_free(t);
+        return NULL;
+    }
+    return insert(f, t);
+}
+
+lrmoe_tensor_t *lrmoe_frame_put_f32(lrmoe_frame_t *f, const char *name,
+                                    lrmoe_dtype_t dtype, int ndim,
+                                    const int64_t *shape, const float *src)
+{
+    lrmoe_tensor_t *t = lrmoe_frame_put(f, name, dtype, ndim, shape);
+    if (t) lrmoe_convert_from_f32(dtype, src, t->data, (size_t)lrmoe_tensor_numel(t));
+    return t;
+}
+
+lrmoe_tensor_t *lrmoe_frame_adopt(lrmoe_frame_t *f, const char *name,
+                                  lrmoe_dtype_t dtype, int ndim,
+                                  const int64_t *shape, void *data)
+{
+    size_t nb;
+    lrmoe_tensor_t *t = tensor_new(name, dtype, ndim, shape, &nb);
+    if (!t) { free(data); return NULL; }
+    t->data = data;
+    if (!nb) { free(data); t->data = NULL; }
+    return insert(f, t);
+}
+
+int lrmoe_frame_del(lrmoe_frame_t *f, const char *name)
+{
+    int i = find(f, name);
+    if (i < 0) return 0;
+    tensor_free(f->tensors[i]);
+    memmove(f->tensors + i, f->tensors + i + 1,
+            (size_t)(f->ntensors - i - 1) * sizeof *f->tensors);
+    f->ntensors--;
+    return 1;
+}
+
+const char *lrmoe_frame_attr(const lrmoe_frame_t *f, const char *key)
+{
+    for (int i = 0; i < f->nattrs; i++)
+        if (!strcmp(f->keys[i], key)) return f->vals[i];
+    return NULL;
+}
+
+int lrmoe_frame_set_attr(lrmoe_frame_t *f, const char *key, const char *val)
+{
+    char *v = strdup(val);
+    if (!v) return lrmoe_err("out of memory");
+    for (int i = 0; i < f->nattrs; i++)
+        if (!strcmp(f->keys[i], key)) {
+            free(f->vals[i]);
+            f->vals[i] = v;
+            return 0;
+        }
+    if (f->nattrs == f->acap) {
+        int cap = f->acap ? 2 * f->acap : 16;
+        char **k = realloc(f->keys, (size_t)cap * sizeof *k);
+        if (k) f->keys = k;
+        char **vv = k ? realloc(f->vals, (size_t)cap * sizeof *vv) : NULL;
+        if (!vv) { free(v); return lrmoe_err("out of memory"); }
+        f->vals = vv;
+        f->acap = cap;
+    }
+    if (!(f->keys[f->nattrs] = strdup(key))) { free(v); return lrmoe_err("out of memory"); }
+    f->vals[f->nattrs++] = v;
+    return 0;
+}
+
+int lrmoe_frame_set_attrf(lrmoe_frame_t *f, const char *key, const char *fmt, ...)
+{
+    char buf[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return lrmoe_frame_set_attr(f, key, buf);
+}
+
+int lrmoe_frame_attr_i64(const lrmoe_frame_t *f, const char *key, int64_t *out)
+{
+    const char *s = lrmoe_frame_attr(f, key);
+    if (!s) return 0;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end)
+        return lrmoe_err("attribute %s: '%s' is not an integer", key, s);
+    *out = v;
+    return 1;
+}
+
+int lrmoe_frame_attr_f64(const lrmoe_frame_t *f, const char *key, double *out)
+{
+    const char *s = lrmoe_frame_attr(f, key);
+    if (!s) return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno == ERANGE || end == s || *end)
+        return lrmoe_err("attribute %s: '%s' is not a number", key, s);
+    *out = v;
+    return 1;
+}

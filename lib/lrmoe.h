@@ -1,0 +1,203 @@
+/* liblrmoe: tensors, frames and streams.
+ *
+ * The library never prints and never exits: a failing call returns <0 (or
+ * NULL) and leaves a message in lrmoe_errmsg(). Only the tools in src/ decide
+ * what to print and the exit code.
+ */
+#ifndef LRMOE_H
+#define LRMOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define LRMOE_VERSION "0.1.0"
+#define LRMOE_MAX_DIMS 8
+#define LRMOE_MAX_HEADER (100u << 20) /* safetensors' own limit: 100 MB */
+
+/* ---------------------------------------------------------------- errors */
+
+/* Set the thread's error message (printf format). Always returns -1. */
+int lrmoe_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Prefix the current message: "what: <old message>". Returns -1. */
+int lrmoe_err_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *lrmoe_errmsg(void);
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum {
+    LRMOE_BOOL, LRMOE_U8, LRMOE_I8, LRMOE_U16, LRMOE_I16, LRMOE_U32,
+    LRMOE_I32, LRMOE_U64, LRMOE_I64, LRMOE_F16, LRMOE_BF16, LRMOE_F32,
+    LRMOE_F64, LRMOE_NDTYPES
+} lrmoe_dtype_t;
+
+size_t lrmoe_dtype_size(lrmoe_dtype_t d);
+const char *lrmoe_dtype_name(lrmoe_dtype_t d);       /* "BF16" */
+int lrmoe_dtype_parse(const char *s, lrmoe_dtype_t *d); /* "BF16"/"bf16" -> 0 */
+int lrmoe_dtype_is_float(lrmoe_dtype_t d);
+
+/* Exact scalar conversions; f32->bf16/f16 round to nearest even, NaN and Inf
+ * preserved (NaN stays a quiet NaN). */
+float lrmoe_bf16_to_f32(uint16_t h);
+uint16_t lrmoe_f32_to_bf16(float f);
+float lrmoe_f16_to_f32(uint16_t h);
+uint16_t lrmoe_f32_to_f16(float f);
+
+/* Convert n elements of src (dtype d) to f32 / from f32. */
+void lrmoe_convert_to_f32(lrmoe_dtype_t d, const void *src, float *dst, size_t n);
+void lrmoe_convert_from_f32(lrmoe_dtype_t d, const float *src, void *dst, size_t n);
+/* Same for f64 and i64 views (integers are exact in i64; u64 > INT64_MAX wraps). */
+void lrmoe_convert_to_f64(lrmoe_dtype_t d, const void *src, double *dst, size_t n);
+void lrmoe_convert_to_i64(lrmoe_dtype_t d, const void *src, int64_t *dst, size_t n);
+
+/* ---------------------------------------------------------------- tensors */
+
+typedef struct {
+    char *name;
+    lrmoe_dtype_t dtype;
+    int ndim;
+    int64_t shape[LRMOE_MAX_DIMS];
+    size_t nbytes;   /* numel * dtype size */
+    void *data;      /* owned, malloc'd (NULL when nbytes == 0) */
+} lrmoe_tensor_t;
+
+int64_t lrmoe_tensor_numel(const lrmoe_tensor_t *t);
+/* Shape as text: "[4096,2048]" into buf (always NUL-terminated). */
+const char *lrmoe_shape_str(const lrmoe_tensor_t *t, char *buf, size_t len);
+/* 0 if t has exactly this rank and these dims (a dim < 0 matches anything);
+ * otherwise -1 with "tensor NAME: shape [..], expected [..]". */
+int lrmoe_tensor_check(const lrmoe_tensor_t *t, int ndim, const int64_t *dims);
+/* A malloc'd f32 / i64 copy of the whole tensor; NULL (with error) on OOM. */
+float *lrmoe_tensor_f32(const lrmoe_tensor_t *t);
+int64_t *lrmoe_tensor_i64(const lrmoe_tensor_t *t);
+
+/* ---------------------------------------------------------------- frames */
+
+/* One frame: an ordered set of named tensors plus string attributes
+ * (safetensors __metadata__). Tensor pointers stay valid until the tensor is
+ * deleted or replaced, or the frame is cleared. */
+typedef struct {
+    int ntensors, tcap;
+    lrmoe_tensor_t **tensors;
+    int nattrs, acap;
+    char **keys, **vals;
+} lrmoe_frame_t;
+
+void lrmoe_frame_init(lrmoe_frame_t *f);
+void lrmoe_frame_clear(lrmoe_frame_t *f);  /* frees everything; f reusable */
+lrmoe_tensor_t *lrmoe_frame_get(const lrmoe_frame_t *f, const char *name);
+/* get, or an error "missing tensor NAME" when absent. */
+lrmoe_tensor_t *lrmoe_frame_need(const lrmoe_frame_t *f, const char *name);
+/* Create (or replace, keeping its position) a zero-filled tensor. */
+lrmoe_tensor_t *lrmoe_frame_put(lrmoe_frame_t *f, const char *name,
+                                lrmoe_dtype_t dtype, int ndim, const int64_t *shape);
+/* Create from f32 values, stored as dtype (converted). */
+lrmoe_tensor_t *lrmoe_frame_put_f32(lrmoe_frame_t *f, const char *name,
+                                    lrmoe_dtype_t dtype, int ndim,
+                                    const int64_t *shape, const float *src);
+/* Take ownership of data (malloc'd, nbytes must match). */
+lrmoe_tensor_t *lrmoe_frame_adopt(lrmoe_frame_t *f, const char *name,
+                                  lrmoe_dtype_t dtype, int ndim,
+                                  const int64_t *shape, void *data);
+int lrmoe_frame_del(lrmoe_frame_t *f, const char *name); /* 1 deleted, 0 absent */
+
+const char *lrmoe_frame_attr(const lrmoe_frame_t *f, const char *key); /* NULL if absent */
+int lrmoe_frame_set_attr(lrmoe_frame_t *f, const char *key, const char *val);
+int lrmoe_frame_set_attrf(lrmoe_frame_t *f, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Parse attribute as integer/double; returns 1 found, 0 absent, -1 malformed. */
+int lrmoe_frame_attr_i64(const lrmoe_frame_t *f, const char *key, int64_t *out);
+int lrmoe_frame_attr_f64(const lrmoe_frame_t *f, const char *key, double *out);
+
+/* ---------------------------------------------------------------- streams */
+
+/* A stream is frames followed by a trailer (see lrmoe-stream(5)); zstd
+ * compressed on write by default, auto-detected on read. */
+typedef struct lrmoe_reader lrmoe_reader_t;
+typedef struct lrmoe_writer lrmoe_writer_t;
+
+/* path "-" or NULL is stdin. */
+lrmoe_reader_t *lrmoe_reader_open(const char *path);
+lrmoe_reader_t *lrmoe_reader_fdopen(FILE *fp, const char *label); /* does not own fp */
+/* Read the next frame into f (cleared first). 1: a frame; 0: clean end (the
+ * trailer was read and its count matched); <0: error (truncated, malformed).
+ * Errors name the stream and the frame index. */
+int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f);
+int64_t lrmoe_reader_index(const lrmoe_reader_t *r); /* frames read so far */
+int lrmoe_reader_compressed(const lrmoe_reader_t *r);
+void lrmoe_reader_close(lrmoe_reader_t *r);
+
+typedef struct {
+    int compress;  /* 1 zstd (default), 0 raw */
+    int level;     /* zstd level, default 3 */
+    int threads;   /* zstd worker threads, 0 = single-threaded */
+} lrmoe_wopts_t;
+void lrmoe_wopts_default(lrmoe_wopts_t *o);
+
+/* path "-" or NULL is stdout. */
+lrmoe_writer_t *lrmoe_writer_open(const char *path, const lrmoe_wopts_t *o);
+int lrmoe_writer_write(lrmoe_writer_t *w, const lrmoe_frame_t *f);
+/* Write the trailer, flush and close (fclose checked). Frees w. */
+int lrmoe_writer_close(lrmoe_writer_t *w);
+/* Close without a trailer (the stream stays truncated on purpose). Frees w. */
+void lrmoe_writer_abort(lrmoe_writer_t *w);
+int64_t lrmoe_writer_count(const lrmoe_writer_t *w);
+
+/* One frame as a standalone safetensors blob (no trailer, no compression).
+ * Encode returns a malloc'd buffer; decode validates it fully. */
+int lrmoe_frame_encode(const lrmoe_frame_t *f, uint8_t **buf, size_t *len);
+int lrmoe_frame_decode(const uint8_t *buf, size_t len, lrmoe_frame_t *f);
+
+/* Read a whole weights stream: per-layer frames, keyed by attribute "layer"
+ * (frame index when absent). Returns the frame for layer L, or NULL. */
+typedef struct {
+    int n;
+    int64_t *layer;
+    lrmoe_frame_t *frames;
+} lrmoe_weights_t;
+int lrmoe_weights_load(const char *path, lrmoe_weights_t *w);
+const lrmoe_frame_t *lrmoe_weights_layer(const lrmoe_weights_t *w, int64_t layer);
+void lrmoe_weights_free(lrmoe_weights_t *w);
+
+/* ---------------------------------------------------------------- tools */
+
+/* Shared plumbing for the filters in src/ (no printing here either). */
+double lrmoe_now(void); /* monotonic seconds */
+/* Refuse to write binary to a terminal unless force. */
+int lrmoe_check_tty_out(const char *path, int force);
+
+/* The frame loop every filter runs: read each frame of `in`, call fn (which
+ * may read, add, replace or delete tensors and attributes; <0 stops with its
+ * error), write the frame to `out`; at a clean end write the trailer. On any
+ * error the output is closed WITHOUT a trailer so the next stage fails too.
+ * fn may be NULL (a plain copy). Returns frames processed, or -1. */
+typedef int (*lrmoe_frame_fn)(lrmoe_frame_t *f, int64_t index, void *ctx);
+int64_t lrmoe_filter_run(const char *in, const char *out, const lrmoe_wopts_t *o,
+                         lrmoe_frame_fn fn, void *ctx);
+
+/* Standard stream options shared by every tool (getopt_long):
+ *   -o, --output FILE   -l, --level N   -@, --threads N   --no-compress
+ *   -f, --force  (write binary to a terminal)
+ * Put LRMOE_STREAM_SHORTOPTS in the short-option string and
+ * LRMOE_STREAM_LONGOPTS in the long-option table; pass every option to
+ * lrmoe_io_opt(): 1 handled, 0 not a stream option, -1 bad value (error set). */
+typedef struct {
+    const char *out;   /* default "-" */
+    lrmoe_wopts_t w;
+    int force;
+} lrmoe_io_t;
+#define LRMOE_OPT_NO_COMPRESS 0x1001
+#define LRMOE_STREAM_SHORTOPTS "o:l:@:f"
+#define LRMOE_STREAM_LONGOPTS \
+    {"output", required_argument, 0, 'o'}, \
+    {"level", required_argument, 0, 'l'}, \
+    {"threads", required_argument, 0, '@'}, \
+    {"no-compress", no_argument, 0, LRMOE_OPT_NO_COMPRESS}, \
+    {"force", no_argument, 0, 'f'}
+void lrmoe_io_init(lrmoe_io_t *io);
+int lrmoe_io_opt(lrmoe_io_t *io, int c, const char *arg);
+/* Strict number parsing for option values: 0 ok, -1 with error naming opt. */
+int lrmoe_parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
+int lrmoe_parse_f64(const char *opt, const char *s, double lo, double hi, double *out);
+
+#endif

@@ -1,0 +1,551 @@
+/* Streams of safetensors frames with a trailer; zstd on write by default,
+ * auto-detected on read. The byte layout is in man/man5/lrmoe-stream.5. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jansson.h>
+#include <zstd.h>
+#include "lrmoe.h"
+
+static const char TRAILER_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'E', 'N', 'D'};
+#define IOBUF (1u << 20)
+
+static uint64_t get_le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* ------------------------------------------------------------ encoding */
+
+static int frame_header(const lrmoe_frame_t *f, char **hdr, size_t *hlen, size_t *datalen)
+{
+    json_t *root = json_object();
+    if (!root) return lrmoe_err("out of memory");
+    if (f->nattrs) {
+        json_t *m = json_object();
+        json_object_set_new(root, "__metadata__", m);
+        for (int i = 0; i < f->nattrs; i++)
+            json_object_set_new(m, f->keys[i], json_string(f->vals[i]));
+    }
+    size_t off = 0;
+    for (int i = 0; i < f->ntensors; i++) {
+        const lrmoe_tensor_t *t = f->tensors[i];
+        if (!strcmp(t->name, "__metadata__")) {
+            json_decref(root);
+            return lrmoe_err("tensor name __metadata__ is reserved");
+        }
+        json_t *e = json_object(), *sh = json_array();
+        for (int d = 0; d < t->ndim; d++) json_array_append_new(sh, json_integer(t->shape[d]));
+        json_object_set_new(e, "dtype", json_string(lrmoe_dtype_name(t->dtype)));
+        json_object_set_new(e, "shape", sh);
+        json_object_set_new(e, "data_offsets",
+                            json_pack("[II]", (json_int_t)off, (json_int_t)(off + t->nbytes)));
+        json_object_set_new(root, t->name, e);
+        off += t->nbytes;
+    }
+    char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII);
+    json_decref(root);
+    if (!s) return lrmoe_err("out of memory encoding frame header");
+    size_t n = strlen(s), pad = (8 - n % 8) % 8; /* data starts 8-aligned */
+    char *h = realloc(s, n + pad + 1);
+    if (!h) { free(s); return lrmoe_err("out of memory"); }
+    memset(h + n, ' ', pad);
+    h[n + pad] = 0;
+    *hdr = h;
+    *hlen = n + pad;
+    *datalen = off;
+    return 0;
+}
+
+typedef struct { const char *name; lrmoe_dtype_t dt; int ndim; int64_t shape[LRMOE_MAX_DIMS];
+                 uint64_t b, e; } entry_t;
+
+static int cmp_entry(const void *a, const void *b)
+{
+    const entry_t *x = a, *y = b;
+    if (x->b != y->b) return x->b < y->b ? -1 : 1;
+    if (x->e != y->e) return x->e < y->e ? -1 : 1;
+    return 0;
+}
+
+static int get_uint(json_t *v, uint64_t *out)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < 0) return -1;
+    *out = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
+/* Parse and validate a header; on success f holds the attributes and the
+ * tensors (data allocated, not filled) in data order; *datalen the byte size. */
+static int parse_header(const char *hdr, size_t hlen, lrmoe_frame_t *f, uint64_t *datalen)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return lrmoe_err("malformed JSON header: %s (column %d)", jerr.text, jerr.column);
+    int rc = -1;
+    size_t n = json_object_size(root);
+    entry_t *ents = NULL;
+    if (!json_is_object(root)) { lrmoe_err("JSON header is not an object"); goto out; }
+    ents = calloc(n ? n : 1, sizeof *ents);
+    if (!ents) { lrmoe_err("out of memory"); goto out; }
+    size_t ne = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val) {
+        if (!strcmp(key, "__metadata__")) {
+            if (!json_is_object(val)) { lrmoe_err("__metadata__ is not an object"); goto out; }
+            const char *k;
+            json_t *v;
+            json_object_foreach(val, k, v) {
+                if (!json_is_string(v)) { lrmoe_err("__metadata__ %s is not a string", k); goto out; }
+                if (lrmoe_frame_set_attr(f, k, json_string_value(v)) < 0) goto out;
+            }
+            continue;
+        }
+        entry_t *e = &ents[ne++];
+        e->name = key;
+        if (!*key) { lrmoe_err("empty tensor name"); goto out; }
+        json_t *dt = json_object_get(val, "dtype"), *sh = json_object_get(val, "shape"),
+               *off = json_object_get(val, "data_offsets");
+        if (!json_is_object(val) || !json_is_string(dt) || !json_is_array(sh) ||
+            !json_is_array(off) || json_array_size(off) != 2) {
+            lrmoe_err("tensor %s: entry needs dtype, shape and data_offsets [begin,end]", key);
+            goto out;
+        }
+        if (lrmoe_dtype_parse(json_string_value(dt), &e->dt) < 0) {
+            lrmoe_err_prefix("tensor %s", key);
+            goto out;
+        }
+        if (json_array_size(sh) > LRMOE_MAX_DIMS) {
+            lrmoe_err("tensor %s: %zu dimensions (at most %d)", key, json_array_size(sh), LRMOE_MAX_DIMS);
+            goto out;
+        }
+        e->ndim = (int)json_array_size(sh);
+        uint64_t need = lrmoe_dtype_size(e->dt);
+        for (int d = 0; d < e->ndim; d++) {
+            uint64_t x;
+            if (get_uint(json_array_get(sh, (size_t)d), &x) < 0) {
+                lrmoe_err("tensor %s: shape must hold non-negative integers", key);
+                goto out;
+            }
+            if (x && need > (UINT64_MAX >> 2) / x) { lrmoe_err("tensor %s: size overflows", key); goto out; }
+            need *= x;
+            e->shape[d] = (int64_t)x;
+        }
+        if (get_uint(json_array_get(off, 0), &e->b) < 0 || get_uint(json_array_get(off, 1), &e->e) < 0 ||
+            e->e < e->b) {
+            lrmoe_err("tensor %s: data_offsets must be [begin,end] with 0 <= begin <= end", key);
+            goto out;
+        }
+        if (e->e - e->b != need) {
+            lrmoe_err("tensor %s: data_offsets [%" PRIu64 ",%" PRIu64 "] hold %" PRIu64
+                      " bytes but shape x dtype needs %" PRIu64, key, e->b, e->e, e->e - e->b, need);
+            goto out;
+        }
+    }
+    qsort(ents, ne, sizeof *ents, cmp_entry);
+    uint64_t pos = 0;
+    for (size_t i = 0; i < ne; i++) {
+        if (ents[i].b < pos) { lrmoe_err("tensor %s: data_offsets overlap the previous tensor", ents[i].name); goto out; }
+        if (ents[i].b > pos) { lrmoe_err("tensor %s: gap in data before it (offset %" PRIu64 ", expected %" PRIu64 ")", ents[i].name, ents[i].b, pos); goto out; }
+        pos = ents[i].e;
+    }
+    for (size_t i = 0; i < ne; i++) {
+        entry_t *e = &ents[i];
+        size_t nb = (size_t)(e->e - e->b);
+        void *data = nb ? malloc(nb) : NULL;
+        if (nb && !data) { lrmoe_err("out of memory: %zu bytes for tensor %s", nb, e->name); goto out; }
+        if (!lrmoe_frame_adopt(f, e->name, e->dt, e->ndim, e->shape, data)) goto out;
+    }
+    *datalen = pos;
+    rc = 0;
+out:
+    free(ents);
+    json_decref(root);
+    return rc;
+}
+
+int lrmoe_frame_encode(const lrmoe_frame_t *f, uint8_t **buf, size_t *len)
+{
+    char *hdr;
+    size_t hlen, dlen;
+    if (frame_header(f, &hdr, &hlen, &dlen) < 0) return -1;
+    uint8_t *b = malloc(8 + hlen + dlen);
+    if (!b) { free(hdr); return lrmoe_err("out of memory"); }
+    put_le64(b, hlen);
+    memcpy(b + 8, hdr, hlen);
+    free(hdr);
+    size_t o = 8 + hlen;
+    for (int i = 0; i < f->ntensors; i++) {
+        if (f->tensors[i]->nbytes) memcpy(b + o, f->tensors[i]->data, f->tensors[i]->nbytes);
+        o += f->tensors[i]->nbytes;
+    }
+    *buf = b;
+    *len = o;
+    return 0;
+}
+
+int lrmoe_frame_decode(const uint8_t *buf, size_t len, lrmoe_frame_t *f)
+{
+    lrmoe_frame_clear(f);
+    if (len < 8) return lrmoe_err("too short for a safetensors header (%zu bytes)", len);
+    uint64_t hlen = get_le64(buf);
+    if (hlen > LRMOE_MAX_HEADER || hlen > len - 8)
+        return lrmoe_err("header length %" PRIu64 " beyond the file (%zu bytes) or limit", hlen, len);
+    uint64_t dlen;
+    if (parse_header((const char *)buf + 8, (size_t)hlen, f, &dlen) < 0) goto fail;
+    if (dlen != len - 8 - hlen) {
+        lrmoe_err("data is %" PRIu64 " bytes but the tensors need %" PRIu64, (uint64_t)(len - 8 - hlen), dlen);
+        goto fail;
+    }
+    const uint8_t *d = buf + 8 + hlen;
+    for (int i = 0; i < f->ntensors; i++) {
+        if (f->tensors[i]->nbytes) memcpy(f->tensors[i]->data, d, f->tensors[i]->nbytes);
+        d += f->tensors[i]->nbytes;
+    }
+    return 0;
+fail:
+    lrmoe_frame_clear(f);
+    return -1;
+}
+
+/* ------------------------------------------------------------ reader */
+
+struct lrmoe_reader {
+    FILE *fp;
+    int own, zstd, done;
+    char label[512];
+    ZSTD_DCtx *dctx;
+    uint8_t *inbuf;
+    ZSTD_inBuffer in;       /* buffered input (raw or compressed) */
+    size_t last_ret;        /* last ZSTD_decompressStream result: 0 at a frame end */
+    int64_t nframes;
+};
+
+static int fill(lrmoe_reader_t *r)
+{
+    size_t n = fread(r->inbuf, 1, IOBUF, r->fp);
+    if (n == 0 && ferror(r->fp)) return lrmoe_err("read error: %s", strerror(errno));
+    r->in.src = r->inbuf;
+    r->in.size = n;
+    r->in.pos = 0;
+    return (int)(n > 0);
+}
+
+/* Read up to n bytes; returns the count (< n only at end of input) or -1. */
+static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
+{
+    if (!r->zstd) {
+        size_t got = 0, have = r->in.size - r->in.pos;
+        if (have) {
+            got = have < n ? have : n;
+            memcpy(dst, (const uint8_t *)r->in.src + r->in.pos, got);
+            r->in.pos += got;
+        }
+        if (got < n && n - got >= IOBUF) {           /* large: straight into dst */
+            size_t m = fread((uint8_t *)dst + got, 1, n - got, r->fp);
+            if (m < n - got && ferror(r->fp)) return lrmoe_err("read error: %s", strerror(errno));
+            got += m;
+        }
+        while (got < n) {
+            int k = fill(r);
+            if (k < 0) return -1;
+            if (!k) break;
+            size_t c = r->in.size < n - got ? r->in.size : n - got;
+            memcpy((uint8_t *)dst + got, r->inbuf, c);
+            r->in.pos = c;
+            got += c;
+        }
+        return (int64_t)got;
+    }
+    ZSTD_outBuffer out = {dst, n, 0};
+    while (out.pos < n) {
+        if (r->in.pos == r->in.size) {
+            int k = fill(r);
+            if (k < 0) return -1;
+            if (!k) {
+                if (r->last_ret != 0) return lrmoe_err("truncated inside a zstd frame");
+                break;
+            }
+        }
+        size_t ret = ZSTD_decompressStream(r->dctx, &out, &r->in);
+        if (ZSTD_isError(ret)) return lrmoe_err("zstd: %s", ZSTD_getErrorName(ret));
+        r->last_ret = ret;
+    }
+    return (int64_t)out.pos;
+}
+
+static lrmoe_reader_t *reader_new(FILE *fp, int own, const char *label)
+{
+    lrmoe_reader_t *r = calloc(1, sizeof *r);
+    if (!r || !(r->inbuf = malloc(IOBUF))) {
+        free(r);
+        lrmoe_err("out of memory");
+        return NULL;
+    }
+    r->fp = fp;
+    r->own = own;
+    snprintf(r->label, sizeof r->label, "%s", label);
+    r->in.src = r->inbuf;
+    /* Sniff the zstd magic (28 b5 2f fd) from the first bytes. */
+    size_t n = 0;
+    while (n < 4) {
+        size_t m = fread(r->inbuf + n, 1, 4 - n, fp);
+        if (!m) break;
+        n += m;
+    }
+    if (n < 4 && ferror(fp)) {
+        lrmoe_err("%s: read error: %s", label, strerror(errno));
+        lrmoe_reader_close(r);
+        return NULL;
+    }
+    r->in.size = n;
+    static const uint8_t zmagic[4] = {0x28, 0xb5, 0x2f, 0xfd};
+    if (n == 4 && !memcmp(r->inbuf, zmagic, 4)) {
+        r->zstd = 1;
+        r->dctx = ZSTD_createDCtx();
+        if (!r->dctx) {
+            lrmoe_err("out of memory");
+            lrmoe_reader_close(r);
+            return NULL;
+        }
+        r->last_ret = 1;
+    }
+    return r;
+}
+
+lrmoe_reader_t *lrmoe_reader_open(const char *path)
+{
+    if (!path || !strcmp(path, "-")) return reader_new(stdin, 0, "<stdin>");
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        lrmoe_err("%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    return reader_new(fp, 1, path);
+}
+
+lrmoe_reader_t *lrmoe_reader_fdopen(FILE *fp, const char *label)
+{
+    return reader_new(fp, 0, label ? label : "<stream>");
+}
+
+int64_t lrmoe_reader_index(const lrmoe_reader_t *r) { return r->nframes; }
+int lrmoe_reader_compressed(const lrmoe_reader_t *r) { return r->zstd; }
+
+static int read_trailer(lrmoe_reader_t *r)
+{
+    uint8_t c[8];
+    int64_t n = rd(r, c, 8);
+    if (n < 0) return -1;
+    if (n < 8) return lrmoe_err("truncated inside the trailer");
+    uint64_t count = get_le64(c);
+    if (count != (uint64_t)r->nframes)
+        return lrmoe_err("trailer counts %" PRIu64 " frames but %" PRId64 " were read", count, r->nframes);
+    uint8_t extra;
+    n = rd(r, &extra, 1);   /* also lets zstd consume and verify its checksum */
+    if (n < 0) return -1;
+    if (n > 0) return lrmoe_err("data after the trailer");
+    if (r->zstd && r->last_ret != 0) return lrmoe_err("truncated inside a zstd frame");
+    r->done = 1;
+    return 0;
+}
+
+int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
+{
+    lrmoe_frame_clear(f);
+    if (r->done) return 0;
+    uint8_t h8[8];
+    char *hdr = NULL;
+    int64_t n = rd(r, h8, 8);
+    if (n < 0) goto fail;
+    if (n == 0) {
+        lrmoe_err("truncated: the stream ends without a trailer");
+        goto fail;
+    }
+    if (n < 8) { lrmoe_err("truncated inside the frame header"); goto fail; }
+    if (!memcmp(h8, TRAILER_MAGIC, 8)) {
+        if (read_trailer(r) < 0) goto fail;
+        return 0;
+    }
+    uint64_t hlen = get_le64(h8);
+    if (hlen < 2 || hlen > LRMOE_MAX_HEADER) {
+        lrmoe_err("header length %" PRIu64 " beyond the sane limit (%u)%s", hlen,
+                  LRMOE_MAX_HEADER, r->nframes ? "" : ": not an lrmoe stream or safetensors file");
+        goto fail;
+    }
+    hdr = malloc(hlen);
+    if (!hdr) { lrmoe_err("out of memory"); goto fail; }
+    n = rd(r, hdr, hlen);
+    if (n < 0) goto fail;
+    if ((uint64_t)n < hlen) { lrmoe_err("truncated inside the frame header"); goto fail; }
+    uint64_t dlen;
+    if (parse_header(hdr, hlen, f, &dlen) < 0) goto fail;
+    free(hdr);
+    hdr = NULL;
+    for (int i = 0; i < f->ntensors; i++) {
+        lrmoe_tensor_t *t = f->tensors[i];
+        if (!t->nbytes) continue;
+        n = rd(r, t->data, t->nbytes);
+        if (n < 0) goto fail;
+        if ((size_t)n < t->nbytes) { lrmoe_err("truncated inside the frame data (tensor %s)", t->name); goto fail; }
+    }
+    r->nframes++;
+    return 1;
+fail:
+    free(hdr);
+    lrmoe_frame_clear(f);
+    return lrmoe_err_prefix("%s: frame %" PRId64, r->label, r->nframes);
+}
+
+void lrmoe_reader_close(lrmoe_reader_t *r)
+{
+    if (!r) return;
+    if (r->own) fclose(r->fp);
+    ZSTD_freeDCtx(r->dctx);
+    free(r->inbuf);
+    free(r);
+}
+
+/* ------------------------------------------------------------ writer */
+
+struct lrmoe_writer {
+    FILE *fp;
+    int own, compress;
+    char label[512];
+    ZSTD_CCtx *cctx;
+    uint8_t *outbuf;
+    size_t outcap;
+    int64_t count;
+};
+
+void lrmoe_wopts_default(lrmoe_wopts_t *o)
+{
+    o->compress = 1;
+    o->level = 3;
+    o->threads = 0;
+}
+
+static int wr_raw(lrmoe_writer_t *w, const void *p, size_t n)
+{
+    if (n && fwrite(p, 1, n, w->fp) != n)
+        return lrmoe_err("%s: write failed: %s", w->label, strerror(errno));
+    return 0;
+}
+
+static int wr_zstd(lrmoe_writer_t *w, const void *p, size_t n, ZSTD_EndDirective end)
+{
+    ZSTD_inBuffer in = {p, n, 0};
+    for (;;) {
+        ZSTD_outBuffer out = {w->outbuf, w->outcap, 0};
+        size_t ret = ZSTD_compressStream2(w->cctx, &out, &in, end);
+        if (ZSTD_isError(ret)) return lrmoe_err("%s: zstd: %s", w->label, ZSTD_getErrorName(ret));
+        if (wr_raw(w, w->outbuf, out.pos) < 0) return -1;
+        if (end == ZSTD_e_continue ? in.pos == in.size : ret == 0) return 0;
+    }
+}
+
+static int wr(lrmoe_writer_t *w, const void *p, size_t n)
+{
+    return w->compress ? wr_zstd(w, p, n, ZSTD_e_continue) : wr_raw(w, p, n);
+}
+
+lrmoe_writer_t *lrmoe_writer_open(const char *path, const lrmoe_wopts_t *o)
+{
+    lrmoe_wopts_t def;
+    if (!o) { lrmoe_wopts_default(&def); o = &def; }
+    lrmoe_writer_t *w = calloc(1, sizeof *w);
+    if (!w) { lrmoe_err("out of memory"); return NULL; }
+    if (!path || !strcmp(path, "-")) {
+        w->fp = stdout;
+        snprintf(w->label, sizeof w->label, "<stdout>");
+    } else {
+        w->fp = fopen(path, "wb");
+        if (!w->fp) {
+            lrmoe_err("%s: %s", path, strerror(errno));
+            free(w);
+            return NULL;
+        }
+        w->own = 1;
+        snprintf(w->label, sizeof w->label, "%s", path);
+    }
+    w->compress = o->compress;
+    if (w->compress) {
+        w->cctx = ZSTD_createCCtx();
+        w->outcap = ZSTD_CStreamOutSize();
+        w->outbuf = malloc(w->outcap);
+        if (!w->cctx || !w->outbuf) { lrmoe_err("out of memory"); goto fail; }
+        size_t r = ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, o->level);
+        if (!ZSTD_isError(r)) r = ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 1);
+        if (ZSTD_isError(r)) { lrmoe_err("zstd level %d: %s", o->level, ZSTD_getErrorName(r)); goto fail; }
+        if (o->threads > 0) {
+            r = ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_nbWorkers, o->threads);
+            if (ZSTD_isError(r)) { lrmoe_err("zstd threads %d: %s", o->threads, ZSTD_getErrorName(r)); goto fail; }
+        }
+    }
+    return w;
+fail:
+    lrmoe_writer_abort(w);
+    return NULL;
+}
+
+int lrmoe_writer_write(lrmoe_writer_t *w, const lrmoe_frame_t *f)
+{
+    char *hdr;
+    size_t hlen, dlen;
+    if (frame_header(f, &hdr, &hlen, &dlen) < 0) return -1;
+    uint8_t h8[8];
+    put_le64(h8, hlen);
+    int rc = wr(w, h8, 8);
+    if (!rc) rc = wr(w, hdr, hlen);
+    free(hdr);
+    for (int i = 0; !rc && i < f->ntensors; i++)
+        rc = wr(w, f->tensors[i]->data, f->tensors[i]->nbytes);
+    if (!rc) w->count++;
+    return rc;
+}
+
+int64_t lrmoe_writer_count(const lrmoe_writer_t *w) { return w->count; }
+
+static void writer_free(lrmoe_writer_t *w)
+{
+    ZSTD_freeCCtx(w->cctx);
+    free(w->outbuf);
+    free(w);
+}
+
+int lrmoe_writer_close(lrmoe_writer_t *w)
+{
+    uint8_t t[16];
+    memcpy(t, TRAILER_MAGIC, 8);
+    put_le64(t + 8, (uint64_t)w->count);
+    int rc = wr(w, t, 16);
+    if (!rc && w->compress) rc = wr_zstd(w, NULL, 0, ZSTD_e_end);
+    if (fflush(w->fp) != 0 && !rc) rc = lrmoe_err("%s: write failed: %s", w->label, strerror(errno));
+    if (ferror(w->fp) && !rc) rc = lrmoe_err("%s: write failed", w->label);
+    if (fclose(w->fp) != 0 && !rc) rc = lrmoe_err("%s: close failed: %s", w->label, strerror(errno));
+    writer_free(w);
+    return rc;
+}
+
+void lrmoe_writer_abort(lrmoe_writer_t *w)
+{
+    if (!w) return;
+    if (w->compress && w->cctx) {
+        /* finish the zstd frame so what was written decodes, but with no
+         * trailer the stream stays truncated for the reader */
+        wr_zstd(w, NULL, 0, ZSTD_e_end);
+    }
+    fflush(w->fp);
+    if (w->own) fclose(w->fp);
+    writer_free(w);
+}

@@ -1,0 +1,59 @@
+#!/bin/sh
+# Make sure what lrmoe needs is installed. `deps.sh build` checks the build
+# dependencies, `deps.sh test` those of the test suite and benchmarks.
+# Missing Debian packages are installed with apt-get when we are root;
+# otherwise we print exactly what to install and fail.
+set -u
+what=${1:-build}
+missing=""
+need_hdr() { # header package
+    for d in /usr/include /usr/include/x86_64-linux-gnu /usr/local/include; do
+        [ -e "$d/$1" ] && return 0
+    done
+    missing="$missing $2"
+}
+need_cmd() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
+need_dir() { [ -d "$1" ] || missing="$missing $2"; }
+
+need_hdr zstd.h libzstd-dev
+need_hdr jansson.h libjansson-dev
+need_hdr glpk.h libglpk-dev
+need_hdr cblas.h libopenblas-dev
+need_cmd cc gcc
+need_cmd make make
+if [ "$what" = test ]; then
+    need_cmd bats bats
+    need_dir /usr/lib/bats/bats-support bats-support
+    need_dir /usr/lib/bats/bats-assert bats-assert
+    need_cmd mandoc mandoc
+    need_cmd prove perl
+    need_cmd zstd zstd
+    need_cmd python3 python3
+    need_cmd gnuplot gnuplot-nox
+fi
+
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "lrmoe: installing:$missing" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        { apt-get update -qq && apt-get install -y -qq $missing; } >&2 || {
+            echo "lrmoe: apt-get install$missing failed" >&2; exit 1; }
+    else
+        echo "lrmoe: missing build dependencies; install them with:" >&2
+        echo "    sudo apt-get install$missing" >&2
+        exit 1
+    fi
+fi
+
+if [ "$what" = test ]; then
+    # Python helpers for the reference checks and interop tests.
+    if ! python3 -c 'import numpy, safetensors' 2>/dev/null; then
+        echo "lrmoe: installing python modules numpy safetensors" >&2
+        python3 -m pip install -q numpy safetensors >&2 2>/dev/null ||
+        python3 -m pip install -q --break-system-packages numpy safetensors >&2 || {
+            echo "lrmoe: missing python modules; install them with:" >&2
+            echo "    python3 -m pip install numpy safetensors" >&2
+            exit 1; }
+    fi
+fi
+exit 0

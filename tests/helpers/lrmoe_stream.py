@@ -1,0 +1,116 @@
+"""Pure-Python reader/writer of lrmoe streams (an independent implementation
+of lrmoe-stream(5) for tests). Raw streams natively; zstd streams through the
+`zstd` command. Frames are (tensors: dict name -> numpy array, attrs: dict).
+
+    from lrmoe_stream import read_stream, write_stream
+    frames = read_stream("in.lrm")            # [(tensors, attrs), ...]
+    write_stream("out.lrm", frames)           # raw, with trailer
+
+bf16 tensors are returned as uint16 arrays with .dtype annotation recorded in
+the dict `dtypes` of read_stream(..., with_dtypes=True); pass
+dtypes={"name": "BF16"} to write_stream to store a uint16 array as BF16.
+"""
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+
+TRAILER = b"LRMOEEND"
+NP = {
+    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16,
+    "I16": np.int16, "U32": np.uint32, "I32": np.int32, "U64": np.uint64,
+    "I64": np.int64, "F16": np.float16, "BF16": np.uint16, "F32": np.float32,
+    "F64": np.float64,
+}
+DT = {np.dtype(v).str: k for k, v in NP.items() if k != "BF16"}
+
+
+def bf16_to_f32(a):
+    return (np.asarray(a, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(a):
+    """Round-to-nearest-even, NaN kept quiet (matches liblrmoe)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    r[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return r
+
+
+def _raw_bytes(path):
+    data = sys.stdin.buffer.read() if path == "-" else open(path, "rb").read()
+    if data[:4] == b"\x28\xb5\x2f\xfd":
+        data = subprocess.run(["zstd", "-dc"], input=data, check=True,
+                              stdout=subprocess.PIPE).stdout
+    return data
+
+
+def decode_frame(buf, pos=0):
+    """Decode one safetensors blob at buf[pos:]; returns (tensors, attrs, dtypes, end)."""
+    (hlen,) = struct.unpack_from("<Q", buf, pos)
+    hdr = json.loads(buf[pos + 8:pos + 8 + hlen].decode("utf-8"))
+    base = pos + 8 + hlen
+    attrs = hdr.pop("__metadata__", {}) or {}
+    tensors, dtypes, end = {}, {}, base
+    for name, e in sorted(hdr.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        b, en = e["data_offsets"]
+        a = np.frombuffer(buf[base + b:base + en], dtype=NP[e["dtype"]])
+        tensors[name] = a.reshape(e["shape"])
+        dtypes[name] = e["dtype"]
+        end = max(end, base + en)
+    return tensors, attrs, dtypes, end
+
+
+def read_stream(path, with_dtypes=False):
+    buf = _raw_bytes(path)
+    pos, frames = 0, []
+    while True:
+        if buf[pos:pos + 8] == TRAILER:
+            (count,) = struct.unpack_from("<Q", buf, pos + 8)
+            assert count == len(frames), "trailer count mismatch"
+            break
+        if pos >= len(buf):
+            raise ValueError("truncated: no trailer")
+        t, a, d, pos = decode_frame(buf, pos)
+        frames.append((t, a, d) if with_dtypes else (t, a))
+    return frames
+
+
+def encode_frame(tensors, attrs=None, dtypes=None):
+    dtypes = dtypes or {}
+    hdr, blobs, off = {}, [], 0
+    if attrs:
+        hdr["__metadata__"] = {str(k): str(v) for k, v in attrs.items()}
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr)
+        dt = dtypes.get(name) or DT[arr.dtype.str if arr.dtype != np.bool_ else "|b1"]
+        raw = arr.tobytes()
+        hdr[name] = {"dtype": dt, "shape": list(arr.shape),
+                     "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + b"".join(blobs)
+
+
+def write_stream(path, frames, trailer=True, compress=False):
+    """frames: iterable of (tensors, attrs) or (tensors, attrs, dtypes)."""
+    out, n = [], 0
+    for fr in frames:
+        out.append(encode_frame(*fr))
+        n += 1
+    if trailer:
+        out.append(TRAILER + struct.pack("<Q", n))
+    data = b"".join(out)
+    if compress:
+        data = subprocess.run(["zstd", "-q", "-c"], input=data, check=True,
+                              stdout=subprocess.PIPE).stdout
+    if path == "-":
+        sys.stdout.buffer.write(data)
+    else:
+        with open(path, "wb") as f:
+            f.write(data)
