@@ -1,0 +1,102 @@
+/* Stream write/read throughput on one realistic BF16 frame, through the
+ * library calls the tools use. Driven by tests/bench/stream.sh.
+ *   stream_bench gen MIB NFRAMES FILE   write a raw stream of NFRAMES frames
+ *                                       of MIB MiB of BF16 activations
+ *   stream_bench write FILE MODE IN     time writing IN's first frame to FILE
+ *                                       (MODE raw | zstd:LEVEL:THREADS)
+ *   stream_bench read FILE              time reading every frame of FILE
+ * Timings go to stdout as "seconds bytes". */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "lrmoe.h"
+
+static uint64_t s = 0x9e3779b97f4a7c15ull;
+static double unif(void)
+{
+    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+    return ((s >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+static void die(void)
+{
+    fprintf(stderr, "stream_bench: %s\n", lrmoe_errmsg());
+    exit(1);
+}
+
+static int64_t frame_bytes(const lrmoe_frame_t *f)
+{
+    int64_t n = 0;
+    for (int i = 0; i < f->ntensors; i++) n += (int64_t)f->tensors[i]->nbytes;
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 6 && !strcmp(argv[1], "gen")) {
+        /* hidden-like activations: per-row scale times N(0,1), rounded to BF16 */
+        int64_t mib = atoll(argv[2]), nf = atoll(argv[3]), D = 2048;
+        int64_t T = mib * 1024 * 1024 / 2 / D;
+        lrmoe_wopts_t o = {0, 3, 0};
+        lrmoe_writer_t *w = lrmoe_writer_open(argv[5], &o);
+        if (!w) die();
+        (void)argv[4];
+        for (int64_t k = 0; k < nf; k++) {
+            lrmoe_frame_t f;
+            lrmoe_frame_init(&f);
+            int64_t shape[2] = {T, D};
+            lrmoe_tensor_t *t = lrmoe_frame_put(&f, "hidden", LRMOE_BF16, 2, shape);
+            if (!t) die();
+            uint16_t *p = t->data;
+            for (int64_t r = 0; r < T; r++) {
+                double scale = exp(0.5 * (unif() - 0.5));
+                for (int64_t c = 0; c < D; c += 2) {
+                    double u1 = unif(), u2 = unif(), m = sqrt(-2 * log(u1)) * scale;
+                    p[r * D + c] = lrmoe_f32_to_bf16((float)(m * cos(6.283185307179586 * u2)));
+                    p[r * D + c + 1] = lrmoe_f32_to_bf16((float)(m * sin(6.283185307179586 * u2)));
+                }
+            }
+            lrmoe_frame_set_attrf(&f, "layer", "%lld", (long long)k);
+            if (lrmoe_writer_write(w, &f) < 0) die();
+            lrmoe_frame_clear(&f);
+        }
+        if (lrmoe_writer_close(w) < 0) die();
+        return 0;
+    }
+    if (argc == 5 && !strcmp(argv[1], "write")) {
+        lrmoe_reader_t *r = lrmoe_reader_open(argv[4]);
+        lrmoe_frame_t f;
+        lrmoe_frame_init(&f);
+        if (!r || lrmoe_reader_next(r, &f) != 1) die();
+        lrmoe_reader_close(r);
+        lrmoe_wopts_t o = {0, 3, 0};
+        if (strncmp(argv[3], "raw", 3)) {
+            o.compress = 1;
+            if (sscanf(argv[3], "zstd:%d:%d", &o.level, &o.threads) != 2) return 2;
+        }
+        double t0 = lrmoe_now();
+        lrmoe_writer_t *w = lrmoe_writer_open(argv[2], &o);
+        if (!w || lrmoe_writer_write(w, &f) < 0 || lrmoe_writer_close(w) < 0) die();
+        printf("%.6f %lld\n", lrmoe_now() - t0, (long long)frame_bytes(&f));
+        lrmoe_frame_clear(&f);
+        return 0;
+    }
+    if (argc == 3 && !strcmp(argv[1], "read")) {
+        double t0 = lrmoe_now();
+        lrmoe_reader_t *r = lrmoe_reader_open(argv[2]);
+        lrmoe_frame_t f;
+        lrmoe_frame_init(&f);
+        int64_t bytes = 0;
+        int rc;
+        if (!r) die();
+        while ((rc = lrmoe_reader_next(r, &f)) == 1) bytes += frame_bytes(&f);
+        if (rc < 0) die();
+        lrmoe_reader_close(r);
+        lrmoe_frame_clear(&f);
+        printf("%.6f %lld\n", lrmoe_now() - t0, (long long)bytes);
+        return 0;
+    }
+    fprintf(stderr, "usage: stream_bench gen MIB NFRAMES - FILE | write FILE MODE IN | read FILE\n");
+    return 2;
+}

@@ -1,0 +1,264 @@
+#!/usr/bin/env bats
+# The stream format (lrmoe-stream(5)) through lrmoe-cat and an independent
+# Python reader/writer (tests/helpers/lrmoe_stream.py).
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+
+setup() {
+    BIN="$BATS_TEST_DIRNAME/../bin"
+    H="$BATS_TEST_DIRNAME/helpers"
+    export PYTHONPATH="$H"
+    T="$BATS_TEST_TMPDIR"
+    # two frames: f32, bf16 (as uint16), i64, bool, a zero-size tensor, attrs
+    python3 - "$T/ok.lrm" <<'PY'
+import sys, numpy as np, lrmoe_stream as s
+rng = np.random.default_rng(1)
+f0 = ({"hidden": s.f32_to_bf16(rng.standard_normal((7, 5)).astype(np.float32)),
+       "router_logits": rng.standard_normal((7, 4)).astype(np.float32),
+       "load": np.arange(4, dtype=np.int64), "mask": np.array([1, 0, 1], np.uint8),
+       "empty": np.zeros((0, 3), np.float32)},
+      {"layer": 0, "step": 2}, {"hidden": "BF16", "mask": "BOOL"})
+f1 = ({"x": np.array([1.5, -2.0, np.inf, np.nan], np.float64)}, {"layer": 1})
+s.write_stream(sys.argv[1], [f0, f1])
+PY
+}
+
+build_dtype_test() {
+    L="$BATS_TEST_DIRNAME/../lib"
+    cc -std=c11 -O2 -I"$L" -o "$T/dt" "$BATS_TEST_DIRNAME/unit/dtype_test.c" "$L/dtype.c" "$L/error.c" -lm
+}
+
+frame_bytes() { # print a single raw frame with a custom JSON header and data size
+    python3 - "$@" <<'PY'
+import sys, struct
+hdr, ndata = sys.argv[1].encode(), int(sys.argv[2])
+sys.stdout.buffer.write(struct.pack("<Q", len(hdr)) + hdr + b"\0" * ndata + b"LRMOEEND" + struct.pack("<Q", 1))
+PY
+}
+
+@test "raw round trip is byte-identical to the independent writer" {
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/out.lrm" "$T/ok.lrm"
+    assert_success
+    cmp "$T/ok.lrm" "$T/out.lrm"
+}
+
+@test "zstd stream is real zstd (zstd -t, checksum on) and decodes to the raw stream" {
+    "$BIN/lrmoe-cat" -o "$T/z.lrm" "$T/ok.lrm"
+    run zstd -lv "$T/z.lrm"
+    assert_output --partial "Check: XXH64"
+    zstd -dc "$T/z.lrm" | cmp - "$T/ok.lrm"
+    # and the Python reader (through the zstd command) reads it
+    python3 -c "import lrmoe_stream as s; fr = s.read_stream('$T/z.lrm'); assert len(fr) == 2 and fr[0][1]['step'] == '2'"
+}
+
+@test "levels and worker threads produce streams that read back identically" {
+    for opt in "-l 1" "-l 19" "-l 3 -@ 2"; do
+        "$BIN/lrmoe-cat" $opt -o "$T/z.lrm" "$T/ok.lrm"
+        "$BIN/lrmoe-cat" --no-compress "$T/z.lrm" -o "$T/back.lrm"
+        cmp "$T/ok.lrm" "$T/back.lrm"
+    done
+}
+
+@test "concatenated zstd frames are one stream" {
+    n=$(stat -c %s "$T/ok.lrm")
+    head -c 100 "$T/ok.lrm" | zstd -q -c > "$T/cat.lrm"
+    tail -c $((n - 100)) "$T/ok.lrm" | zstd -q -c >> "$T/cat.lrm"
+    "$BIN/lrmoe-cat" --no-compress "$T/cat.lrm" -o "$T/back.lrm"
+    cmp "$T/ok.lrm" "$T/back.lrm"
+}
+
+@test "several inputs concatenate and the trailer counts all frames" {
+    "$BIN/lrmoe-cat" --no-compress "$T/ok.lrm" "$T/ok.lrm" -o "$T/two.lrm"
+    python3 -c "import lrmoe_stream as s; assert len(s.read_stream('$T/two.lrm')) == 4"
+}
+
+@test "garbage input fails with one error line" {
+    head -c 4096 /dev/urandom > "$T/g"
+    run "$BIN/lrmoe-cat" "$T/g" -o /dev/null
+    assert_failure 1
+    assert_output --regexp '^lrmoe-cat: .*: frame 0: '
+    assert_equal "${#lines[@]}" 1
+}
+
+@test "empty input is a truncated stream" {
+    run "$BIN/lrmoe-cat" /dev/null -o /dev/null
+    assert_failure 1
+    assert_output --partial "without a trailer"
+}
+
+@test "wrong magic: a zstd-looking header that is not zstd" {
+    printf '\x28\xb5\x2f\xfdnot really zstd at all' > "$T/bad"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "zstd:"
+}
+
+@test "header length beyond the sane limit" {
+    python3 -c "import struct,sys; sys.stdout.buffer.write(struct.pack('<Q', 1<<40) + b'{}')" > "$T/bad"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "beyond the sane limit"
+}
+
+@test "malformed JSON header" {
+    frame_bytes '{"a": {"dtype": "F32", ' 0 > "$T/bad"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "malformed JSON header"
+}
+
+@test "data_offsets that overlap" {
+    frame_bytes '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}' 12 > "$T/bad"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "overlap"
+}
+
+@test "data_offsets that leave a gap" {
+    frame_bytes '{"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}' 16 > "$T/bad"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "gap"
+}
+
+@test "data_offsets that do not match shape x dtype" {
+    frame_bytes '{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}' 8 > "$T/bad"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "shape x dtype needs 12"
+}
+
+@test "duplicate tensor names" {
+    frame_bytes '{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}' 2 > "$T/bad"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "duplicate"
+}
+
+@test "unknown dtype" {
+    frame_bytes '{"a":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}}' 1 > "$T/bad"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "unknown dtype 'F8_E4M3'"
+}
+
+@test "truncated inside a frame" {
+    n=$(stat -c %s "$T/ok.lrm")
+    head -c $((n / 2)) "$T/ok.lrm" > "$T/bad"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "truncated inside the frame"
+}
+
+@test "truncated at a frame boundary (no trailer)" {
+    n=$(stat -c %s "$T/ok.lrm")
+    head -c $((n - 16)) "$T/ok.lrm" > "$T/bad"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "frame 2: truncated: the stream ends without a trailer"
+}
+
+@test "truncated inside a zstd frame" {
+    "$BIN/lrmoe-cat" -o "$T/z.lrm" "$T/ok.lrm"
+    n=$(stat -c %s "$T/z.lrm")
+    head -c $((n - 3)) "$T/z.lrm" > "$T/bad"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "truncated inside a zstd frame"
+}
+
+@test "a corrupted zstd stream is caught (checksum or data error)" {
+    "$BIN/lrmoe-cat" --level 1 -o "$T/z.lrm" "$T/ok.lrm"
+    python3 -c "
+b = bytearray(open('$T/z.lrm','rb').read()); b[-6] ^= 0xff; open('$T/bad','wb').write(b)"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "zstd:"
+}
+
+@test "trailer count that does not match" {
+    python3 -c "
+import struct; b = open('$T/ok.lrm','rb').read(); open('$T/bad','wb').write(b[:-8] + struct.pack('<Q', 5))"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "trailer counts 5 frames but 2 were read"
+}
+
+@test "data after the trailer" {
+    { cat "$T/ok.lrm"; printf 'x'; } > "$T/bad"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
+    assert_output --partial "data after the trailer"
+}
+
+@test "a write to a full disk fails, exit 1" {
+    run "$BIN/lrmoe-cat" "$T/ok.lrm" -o /dev/full
+    assert_failure 1
+    assert_output --partial "lrmoe-cat: /dev/full: write failed: No space left on device"
+    run sh -c "'$BIN/lrmoe-cat' '$T/ok.lrm' > /dev/full"
+    assert_failure 1
+    assert_output --partial "No space left on device"
+}
+
+@test "a failing stage leaves no trailer, so the next stage fails too" {
+    n=$(stat -c %s "$T/ok.lrm")
+    head -c $((n - 20)) "$T/ok.lrm" | "$BIN/lrmoe-cat" --no-compress > "$T/mid.lrm" || true
+    # frame 0 got through, the trailer did not
+    python3 -c "import lrmoe_stream as s; s.decode_frame(open('$T/mid.lrm','rb').read())"
+    run "$BIN/lrmoe-cat" "$T/mid.lrm" -o /dev/null
+    assert_failure 1
+    assert_output --partial "frame 1: truncated: the stream ends without a trailer"
+}
+
+@test "f16 -> f32 matches NumPy for all 65536 bit patterns (NaN payloads kept NaN)" {
+    build_dtype_test
+    "$T/dt" f16all > "$T/mine"
+    python3 - "$T/mine" <<'PY'
+import sys, numpy as np
+mine = np.array([int(l, 16) for l in open(sys.argv[1])], np.uint32).view(np.float32)
+ref = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+nan = np.isnan(ref)
+assert np.array_equal(np.isnan(mine), nan)
+assert np.array_equal(mine[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+PY
+}
+
+@test "f32 -> f16 and f32 -> bf16 round to nearest even like NumPy and PyTorch" {
+    build_dtype_test
+    python3 - "$T/in" <<'PY'
+import sys, numpy as np
+rng = np.random.default_rng(7)
+u = rng.integers(0, 2**32, 200000, dtype=np.uint64).astype(np.uint32)
+# halfway cases, f16 subnormals/overflow edges, specials
+edge = np.array([0x3f808000, 0x3f818000, 0x477fefff, 0x477ff000, 0x33000000, 0x33000001,
+                 0x387fe000, 0x38800000, 0x7f800000, 0xff800000, 0x7fc00001, 0x00000001, 0x80000000], np.uint32)
+np.savetxt(sys.argv[1], np.concatenate([u, edge]), fmt="%08x")
+PY
+    "$T/dt" tof16 "$T/in" > "$T/f16"
+    "$T/dt" tobf16 "$T/in" > "$T/bf16"
+    python3 - "$T/in" "$T/f16" <<'PY'
+import sys, numpy as np
+x = np.array([int(l, 16) for l in open(sys.argv[1])], np.uint32).view(np.float32)
+mine = np.array([int(l, 16) for l in open(sys.argv[2])], np.uint16)
+with np.errstate(all="ignore"):
+    ref = x.astype(np.float16).view(np.uint16)
+nan = np.isnan(x)
+assert np.all(np.isnan(mine[nan].view(np.float16)))
+bad = np.nonzero(mine[~nan] != ref[~nan])[0]
+assert len(bad) == 0, (x[~nan][bad[:5]], mine[~nan][bad[:5]], ref[~nan][bad[:5]])
+PY
+    if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+        /usr/bin/python3 - "$T/in" "$T/bf16" <<'PY'
+import sys, numpy as np, torch
+x = np.array([int(l, 16) for l in open(sys.argv[1])], np.uint32).view(np.float32)
+mine = np.array([int(l, 16) for l in open(sys.argv[2])], np.uint16)
+ref = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+nan = np.isnan(x)
+assert np.all(((mine[nan] & 0x7f80) == 0x7f80) & ((mine[nan] & 0x7f) != 0))
+assert np.array_equal(mine[~nan], ref[~nan])
+PY
+    else
+        skip "PyTorch (python3-torch) not installed: bf16 checked against NumPy bit arithmetic only"
+    fi
+}
