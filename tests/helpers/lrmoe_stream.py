@@ -85,7 +85,8 @@ def encode_frame(tensors, attrs=None, dtypes=None):
     if attrs:
         hdr["__metadata__"] = {str(k): str(v) for k, v in attrs.items()}
     for name, arr in tensors.items():
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr)
+        arr = arr if arr.flags.c_contiguous else arr.copy(order="C")
         dt = dtypes.get(name) or DT[arr.dtype.str if arr.dtype != np.bool_ else "|b1"]
         raw = arr.tobytes()
         hdr[name] = {"dtype": dt, "shape": list(arr.shape),
