@@ -1,0 +1,90 @@
+/* Memory and communication/time model of one MoE layer invocation under a
+ * plan (documented with a worked example in lrmoe-plan(1)). Pure functions.
+ *
+ * Per rank p, with f_p forward rows (sum_e fwd_alloc[e,p]), r_p retained
+ * backward rows (sum_e bwd_alloc[e,p]), c_p replicas, b = dtype bytes,
+ * g = gradient bytes, W = 3*D*F elements per expert:
+ *   base     = (E/P) * W * b              native weights (inside the resident
+ *                                         footprint, not charged to hbm)
+ *   replica  = c_p * W * (b + g)          weights + weight-gradient buffer
+ *   fwd      = f_p * 2*D * b              dispatched x rows + expert outputs y
+ *   saved    = f_p * 2*F * b              pre-activations h_g, h_u
+ *   bwd      = r_p * (3*D + 2*F) * b      grad rows in, packed x/h_g/h_u,
+ *                                         input-gradient rows out
+ *   charged  = replica + fwd + saved + bwd  <= hbm
+ * Traffic (token origins uniform over ranks, row = D*b bytes):
+ *   dispatch recv_p = f_p (P-1)/P rows, send_p = (f_tot - f_p)/P rows;
+ *   combine is the reverse; backward dispatch likewise with r_p plus the
+ *   saved state (D+2F)*b of retained pairs that must move to another rank
+ *   (worst case over the selected identities); backward combine is the
+ *   reverse of the grad rows; weights: each replica receives W*b and returns
+ *   W*b of gradient.
+ *   t_phase = max_p max(send_p, recv_p) / bw ; t_comm = sum of the phases.
+ *   compute: t_fwd = max_p f_p*6*D*F/flops, t_bwd = max_p r_p*12*D*F/flops.
+ */
+#ifndef LRMOE_COST_H
+#define LRMOE_COST_H
+
+#include <stdint.h>
+
+typedef struct {
+    int64_t D, F;         /* hidden, expert FFN width (2048, 768) */
+    int K;                /* top-k (8) */
+    int64_t tokens;       /* tokens per rank (32768) */
+    int dtype_bytes;      /* activations and weights (2: BF16) */
+    int grad_bytes;       /* weight-gradient buffer of a replica (4: F32) */
+    double gpu_mem;       /* bytes per GPU (80 GiB), informational */
+    double resident;      /* resident footprint (64 GiB), informational */
+    double hbm;           /* budget for replicas + buffers per rank
+                             (gpu_mem - resident = 16 GiB); 0 = unlimited */
+    double window;        /* seconds allowed for all-to-all; 0 = unlimited */
+    double bw;            /* all-to-all bytes/s per rank and direction (100e9) */
+    double flops;         /* sustained expert GEMM FLOP/s per rank (400e12) */
+} lrmoe_cost_model_t;
+
+void lrmoe_cost_default(lrmoe_cost_model_t *m);
+
+typedef struct {
+    int64_t natives, replicas;      /* expert instances held */
+    int64_t fwd_rows, bwd_rows;     /* f_p, r_p */
+    int64_t moved_rows;             /* retained rows whose state moves in */
+    double mem_base, mem_replica, mem_fwd, mem_saved, mem_bwd;
+    double mem_charged;             /* replica + fwd + saved + bwd */
+    double send_dispatch, recv_dispatch;     /* bytes; combine = reverse */
+    double send_bwd, recv_bwd;               /* backward dispatch bytes */
+    double send_bwd_combine, recv_bwd_combine;
+    double send_weights, recv_weights;       /* replica weights + gradients */
+} lrmoe_rank_cost_t;
+
+typedef struct {
+    double mem_peak;   int mem_peak_rank;     /* max charged bytes */
+    double t_dispatch, t_combine;             /* forward all-to-all phases (s) */
+    double t_bwd_dispatch, t_bwd_combine;     /* backward phases (s) */
+    double t_weights;                         /* replica traffic (s) */
+    double t_comm;                            /* sum of the five */
+    double t_fwd_compute, t_bwd_compute;      /* slowest rank (s) */
+    double t_total;                           /* t_comm + compute */
+    double bytes_total;                       /* all bytes sent, all ranks */
+} lrmoe_cost_summary_t;
+
+/* Per-item sizes. */
+double lrmoe_cost_expert_elems(const lrmoe_cost_model_t *m);     /* 3*D*F */
+double lrmoe_cost_replica_bytes(const lrmoe_cost_model_t *m);    /* W*(b+g) */
+double lrmoe_cost_fwd_row_bytes(const lrmoe_cost_model_t *m);    /* 2*D*b */
+double lrmoe_cost_saved_row_bytes(const lrmoe_cost_model_t *m);  /* 2*F*b */
+double lrmoe_cost_bwd_row_bytes(const lrmoe_cost_model_t *m);    /* (3D+2F)*b */
+double lrmoe_cost_state_row_bytes(const lrmoe_cost_model_t *m);  /* (D+2F)*b */
+
+/* Charged bytes of a rank from its counts (the formula above). */
+double lrmoe_cost_rank_mem(const lrmoe_cost_model_t *m, int64_t replicas,
+                           int64_t fwd_rows, int64_t bwd_rows);
+
+/* Evaluate a plan. placement, fwd, bwd are (E,P); load and quota (E);
+ * quota/bwd may be NULL (then K_e = n_e and bwd = fwd). rank (P) may be NULL.
+ * Returns 0, or -1 (error set) on shapes E % P != 0 etc. */
+int lrmoe_cost_eval(const lrmoe_cost_model_t *m, int E, int P,
+                    const uint8_t *placement, const int64_t *load,
+                    const int64_t *fwd, const int64_t *quota, const int64_t *bwd,
+                    lrmoe_rank_cost_t *rank, lrmoe_cost_summary_t *sum);
+
+#endif

@@ -1,0 +1,172 @@
+/* Expert-parallel plans: which ranks hold which experts, where every forward
+ * pair runs, how many pairs each expert retains for backward (quota) and where
+ * the retained pairs run.
+ *
+ * Planners: fixed (plain EP), llep (least-loaded spill), eplb (DeepSeek EPLB
+ * redundant experts), lrmoe (Algorithm 1 of the LRMoE paper: quotas, replicas
+ * and a min-peak integer allocation solved with GLPK).
+ *
+ * Conventions: E experts, P ranks, rank r natively owns experts
+ * [r*E/P, (r+1)*E/P). Matrices are row-major [E,P]: x[e*P + p].
+ * The library never prints; errors return <0 with lrmoe_errmsg() set.
+ */
+#ifndef LRMOE_PLAN_H
+#define LRMOE_PLAN_H
+
+#include <stdint.h>
+#include "lrmoe.h"
+#include "cost.h"
+
+typedef enum {
+    LRMOE_PLANNER_FIXED = 0,
+    LRMOE_PLANNER_LLEP,
+    LRMOE_PLANNER_EPLB,
+    LRMOE_PLANNER_LRMOE
+} lrmoe_planner_t;
+
+typedef enum {
+    LRMOE_QUOTA_MINPEAK = 0,   /* quotas that minimise the backward peak */
+    LRMOE_QUOTA_PROPORTIONAL   /* K_e = rho*n_e, largest remainders */
+} lrmoe_quota_policy_t;
+
+#define LRMOE_PLAN_MAX_RATES 32
+#define LRMOE_PLAN_MAX_P 16    /* closed-form T* enumerates 2^P rank subsets;
+                                  above it the bounds use max-flow bisection */
+
+typedef struct {
+    lrmoe_planner_t planner;
+    int P;                /* ranks (required, > 0, divides E) */
+    int nodes;            /* nodes (eplb hierarchy), default 1 */
+    int groups;           /* eplb expert groups, default 0 = nodes */
+    int slots;            /* physical expert slots per rank; 0 = default:
+                             eplb E/P+2 (>= E/P), lrmoe E/P+2 (E/P = no replicas) */
+    double lambda, alpha; /* llep: imbalance threshold 1.3, capacity factor 1.0 */
+    int64_t min_chunk;    /* llep m: min rows per spilled chunk, 1024 */
+    int nrates;           /* lrmoe candidate rates, tried in decreasing order */
+    double rates[LRMOE_PLAN_MAX_RATES]; /* default 1.0,0.9,0.8,0.7 */
+    lrmoe_quota_policy_t quota;         /* default MINPEAK */
+    double min_keep;      /* K_e >= ceil(min_keep*n_e), default 0.25 (<= every rate) */
+    int best_effort;      /* lrmoe: when nothing fits, keep the last candidate */
+    double glpk_tm_lim;   /* seconds per GLPK solve, default 10 */
+    lrmoe_cost_model_t cost; /* D, F, dtype bytes, tokens, K, hbm, window, bw, flops */
+} lrmoe_plan_opts_t;
+
+/* The paper's setup: E=128, K=8, D=2048, F=768, P=8, 32768 tokens per rank,
+ * BF16, 80 GiB GPU with 64 GiB resident (hbm budget 16 GiB for replicas and
+ * buffers), planner lrmoe. */
+void lrmoe_plan_opts_default(lrmoe_plan_opts_t *o);
+/* "fixed"/"llep"/"eplb"/"lrmoe" -> 0; -1 with error otherwise. */
+int lrmoe_planner_parse(const char *s, lrmoe_planner_t *out);
+const char *lrmoe_planner_name(lrmoe_planner_t p);
+int lrmoe_quota_parse(const char *s, lrmoe_quota_policy_t *out); /* minpeak|proportional */
+const char *lrmoe_quota_name(lrmoe_quota_policy_t q);
+/* Parse "1.0,0.9,0.8" into o->rates (each in (0,1]); sorted decreasing. */
+int lrmoe_plan_parse_rates(lrmoe_plan_opts_t *o, const char *s);
+/* Validate options against E (P divides E, budgets sane, ...); E < 0 checks
+ * only what does not depend on E. */
+int lrmoe_plan_opts_check(const lrmoe_plan_opts_t *o, int E);
+
+typedef struct {
+    int E, P;
+    uint8_t *placement;   /* (E,P) 1 where rank p holds an instance of e */
+    int64_t *fwd_alloc;   /* (E,P) forward pairs of e computed on p; rows sum to n_e */
+    int64_t *quota;       /* (E) K_e retained for backward, 0 <= K_e <= n_e */
+    int64_t *bwd_alloc;   /* (E,P) retained pairs of e on p; rows sum to K_e */
+    /* summary */
+    char planner[16];
+    double rho;           /* sum K_e / N (1 when N == 0) */
+    int64_t N;            /* total pairs sum n_e */
+    int64_t fwd_peak, bwd_peak;   /* max_p sum_e alloc */
+    int64_t fwd_lb, bwd_lb;       /* closed-form optimum T* for this placement
+                                     (and, for bwd, these quotas) */
+    int64_t mean_ceil;            /* ceil(N/P): the bound of any placement */
+    int replicas;                 /* instances beyond the native ones */
+    int feasible;                 /* 1 fits hbm and window; 0 best effort */
+    int rate_index;               /* lrmoe: candidate chosen (-1 none) */
+    char binding[256];            /* why the next better candidate failed, or
+                                     what binds ("" when nothing does) */
+    double mem_peak;              /* max over ranks of modelled bytes */
+    int mem_peak_rank;
+    double t_comm;                /* modelled all-to-all seconds (all phases) */
+    double t_total;               /* modelled layer seconds (comm + compute) */
+    double plan_seconds;          /* wall time of lrmoe_plan_compute */
+    double glpk_seconds;          /* of which inside GLPK */
+    lrmoe_rank_cost_t *rank;      /* (P) modelled memory and bytes per rank */
+} lrmoe_plan_t;
+
+void lrmoe_plan_init(lrmoe_plan_t *p);
+/* Allocate zeroed arrays for E x P (frees previous content). */
+int lrmoe_plan_alloc(lrmoe_plan_t *p, int E, int P);
+void lrmoe_plan_free(lrmoe_plan_t *p);
+
+/* Compute a plan for per-expert loads load[E] (pairs n_e >= 0).
+ * Returns 0, or -1 on error: bad options/loads, GLPK failure, or (lrmoe
+ * only, without best_effort) no candidate rate fits (the error names the
+ * binding constraint: rank, need, budget). Baseline planners never refuse:
+ * an over-budget plan has out->feasible = 0 and out->binding set; so has an
+ * lrmoe best-effort plan. On -1 out may hold a partial plan. */
+int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
+                       lrmoe_plan_t *out);
+
+/* Consistency: shapes, non-negativity, native placement (placement[e][e/(E/P)]
+ * == 1), fwd_alloc rows sum to load[e] (when load != NULL; else to the row sum
+ * of fwd as n_e), 0 <= quota <= n_e, bwd_alloc rows sum to quota, and both
+ * allocations non-zero only where placement is 1. 0 ok, -1 with error naming
+ * the first violation ("fwd_alloc[3,5]: ..."). */
+int lrmoe_plan_check(const lrmoe_plan_t *p, const int64_t *load);
+
+/* Frame I/O: tensors placement [E,P] U8, fwd_alloc [E,P] I64, quota [E] I64,
+ * bwd_alloc [E,P] I64; attributes plan.planner, plan.ranks, plan.rho,
+ * plan.fwd_peak, plan.bwd_peak, plan.fwd_lb, plan.bwd_lb, plan.replicas,
+ * plan.feasible, plan.mem_peak (bytes), plan.mem_peak_rank, plan.t_comm (s),
+ * plan.binding. from_frame reads the four tensors (E and P from placement's
+ * shape) and whatever attributes are present; it does not check the plan. */
+int lrmoe_plan_to_frame(const lrmoe_plan_t *p, lrmoe_frame_t *f);
+int lrmoe_plan_from_frame(const lrmoe_frame_t *f, lrmoe_plan_t *p);
+
+/* ------------------------------------------------------- building blocks */
+
+/* Closed-form min-peak: T* = max over non-empty rank subsets S of
+ * ceil(N(S)/|S|), N(S) = sum of need[e] over experts whose eligible ranks
+ * (placement row) all lie in S; enumerated for P <= LRMOE_PLAN_MAX_P, by
+ * max-flow bisection above. Returns T* (>= 0) or -1.
+ * An expert with need > 0 and no eligible rank gives -1. */
+int64_t lrmoe_minpeak_lb(const uint8_t *placement, const int64_t *need, int E, int P);
+
+/* Closed-form optimum of the backward peak when the quotas are free:
+ * the least T such that quotas lo[e] <= K_e <= n[e], sum K_e = total can be
+ * allocated with every rank <= T. -1 if total is outside [sum lo, sum n]. */
+int64_t lrmoe_minpeak_quota_lb(const uint8_t *placement, const int64_t *lo,
+                               const int64_t *n, int64_t total, int E, int P);
+
+/* Min-peak integer allocation with GLPK (glp_intopt, presolve on, terminal
+ * output off, time limit tm_lim seconds): x[E,P] >= 0 only where placement,
+ * rows sum to need[e] (fixed quotas) ... Returns the peak (>= 0) or -1. */
+int64_t lrmoe_alloc_glpk(const uint8_t *placement, const int64_t *need, int E, int P,
+                         double tm_lim, int64_t *x);
+/* ... or, with free quotas lo[e] <= K_e <= n[e], sum K_e = total: also
+ * returns the chosen quotas in K. Among optimal solutions it prefers
+ * retained pairs where pref[E,P] (may be NULL; e.g. fwd_alloc) is large. */
+int64_t lrmoe_alloc_glpk_quota(const uint8_t *placement, const int64_t *lo,
+                               const int64_t *n, int64_t total, const int64_t *pref,
+                               int E, int P, double tm_lim, int64_t *K, int64_t *x);
+/* The same fixed-quota allocation by closed form T* + max-flow (Dinic).
+ * Returns the peak or -1. */
+int64_t lrmoe_alloc_flow(const uint8_t *placement, const int64_t *need, int E, int P,
+                         int64_t *x);
+
+/* DeepSeek EPLB (rebalance_experts): weight (layers,E) loads; num_phy
+ * physical slots over num_gpus; hierarchical when groups % nodes == 0, else
+ * global. Outputs phy2log (layers,num_phy), phyrank (layers,num_phy),
+ * logcnt (layers,E). 0 ok, -1 bad shapes. */
+int lrmoe_eplb_rebalance(const double *weight, int layers, int E, int num_phy,
+                         int groups, int nodes, int num_gpus,
+                         int *phy2log, int *phyrank, int *logcnt);
+
+/* LLEP least-loaded assignment (lambda fallback included): fills placement
+ * and fwd_alloc (E,P). Returns 1 when LLA ran, 0 when it fell back to EP. */
+int lrmoe_llep_assign(const int64_t *load, int E, int P, double lambda,
+                      double alpha, int64_t min_chunk, uint8_t *placement,
+                      int64_t *fwd_alloc);
+
+#endif

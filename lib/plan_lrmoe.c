@@ -1,0 +1,854 @@
+/* LRMoE planner (Algorithm 1): for each candidate retention rate, in
+ * decreasing order, choose replicas, quotas and the min-peak integer
+ * allocation of forward and retained pairs (GLPK), evaluate the memory and
+ * communication model, and keep the first candidate that fits.
+ * Also the max-flow (Dinic) solve of the same allocation. */
+#include <glpk.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+#include "plan_internal.h"
+
+/* ---------------------------------------------------------------- Dinic */
+
+typedef struct {
+    int n, m, cap_e;
+    int *head, *nxt, *to, *level, *it, *queue;
+    int64_t *cap;
+} flow_t;
+
+static void flow_free(flow_t *g)
+{
+    free(g->head); free(g->nxt); free(g->to); free(g->level); free(g->it);
+    free(g->queue); free(g->cap);
+    memset(g, 0, sizeof *g);
+}
+
+static int flow_init(flow_t *g, int n, int max_edges)
+{
+    memset(g, 0, sizeof *g);
+    g->n = n;
+    g->cap_e = 2 * max_edges;
+    g->head = malloc((size_t)n * sizeof(int));
+    g->level = malloc((size_t)n * sizeof(int));
+    g->it = malloc((size_t)n * sizeof(int));
+    g->queue = malloc((size_t)n * sizeof(int));
+    g->nxt = malloc((size_t)g->cap_e * sizeof(int));
+    g->to = malloc((size_t)g->cap_e * sizeof(int));
+    g->cap = malloc((size_t)g->cap_e * sizeof(int64_t));
+    if (!g->head || !g->level || !g->it || !g->queue || !g->nxt || !g->to || !g->cap) {
+        flow_free(g);
+        return lrmoe_err("max-flow: out of memory");
+    }
+    for (int i = 0; i < n; i++)
+        g->head[i] = -1;
+    return 0;
+}
+
+static int flow_edge(flow_t *g, int u, int v, int64_t c)
+{
+    int e = g->m;
+    g->to[e] = v; g->cap[e] = c; g->nxt[e] = g->head[u]; g->head[u] = e;
+    g->to[e + 1] = u; g->cap[e + 1] = 0; g->nxt[e + 1] = g->head[v]; g->head[v] = e + 1;
+    g->m += 2;
+    return e;
+}
+
+static int flow_bfs(flow_t *g, int s, int t)
+{
+    for (int i = 0; i < g->n; i++)
+        g->level[i] = -1;
+    int qh = 0, qt = 0;
+    g->level[s] = 0;
+    g->queue[qt++] = s;
+    while (qh < qt) {
+        int u = g->queue[qh++];
+        for (int e = g->head[u]; e >= 0; e = g->nxt[e])
+            if (g->cap[e] > 0 && g->level[g->to[e]] < 0) {
+                g->level[g->to[e]] = g->level[u] + 1;
+                g->queue[qt++] = g->to[e];
+            }
+    }
+    return g->level[t] >= 0;
+}
+
+static int64_t flow_dfs(flow_t *g, int u, int t, int64_t f)
+{
+    if (u == t)
+        return f;
+    for (; g->it[u] >= 0; g->it[u] = g->nxt[g->it[u]]) {
+        int e = g->it[u], v = g->to[e];
+        if (g->cap[e] > 0 && g->level[v] == g->level[u] + 1) {
+            int64_t d = flow_dfs(g, v, t, f < g->cap[e] ? f : g->cap[e]);
+            if (d > 0) {
+                g->cap[e] -= d;
+                g->cap[e ^ 1] += d;
+                return d;
+            }
+        }
+    }
+    return 0;
+}
+
+static int64_t flow_max(flow_t *g, int s, int t)
+{
+    int64_t tot = 0;
+    while (flow_bfs(g, s, t)) {
+        for (int i = 0; i < g->n; i++)
+            g->it[i] = g->head[i];
+        int64_t f;
+        while ((f = flow_dfs(g, s, t, INT64_MAX)) > 0)
+            tot += f;
+    }
+    return tot;
+}
+
+/* Bipartite network: source 0, experts 1..E, ranks E+1..E+P, sink E+P+1.
+ * Returns the max flow with source caps srccap[e] and rank caps T; fills x
+ * when non-NULL. */
+static int64_t bip_flow(const uint8_t *pl, const int64_t *srccap, int E, int P, int64_t T,
+                        int64_t *x)
+{
+    flow_t g;
+    int nel = 0;
+    for (size_t i = 0; i < (size_t)E * P; i++)
+        nel += pl[i] != 0;
+    if (flow_init(&g, E + P + 2, E + P + nel) < 0)
+        return -1;
+    const int s = 0, t = E + P + 1;
+    int *eid = x ? malloc((size_t)E * P * sizeof(int)) : NULL;
+    if (x && !eid) {
+        flow_free(&g);
+        return lrmoe_err("max-flow: out of memory");
+    }
+    for (int e = 0; e < E; e++)
+        if (srccap[e] > 0)
+            flow_edge(&g, s, 1 + e, srccap[e]);
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < P; p++) {
+            size_t i = (size_t)e * P + p;
+            if (eid)
+                eid[i] = -1;
+            if (pl[i] && srccap[e] > 0) {
+                int id = flow_edge(&g, 1 + e, 1 + E + p, srccap[e]);
+                if (eid)
+                    eid[i] = id;
+            }
+        }
+    for (int p = 0; p < P; p++)
+        flow_edge(&g, 1 + E + p, t, T);
+    int64_t f = flow_max(&g, s, t);
+    if (x) {
+        for (size_t i = 0; i < (size_t)E * P; i++)
+            x[i] = eid[i] >= 0 ? g.cap[eid[i] ^ 1] : 0;
+        free(eid);
+    }
+    flow_free(&g);
+    return f;
+}
+
+int64_t lrmoe_minpeak_lb_flow(const uint8_t *pl, const int64_t *need, int E, int P)
+{
+    int64_t sum = 0;
+    for (int e = 0; e < E; e++)
+        sum += need[e];
+    int64_t lo = 0, hi = sum;
+    if (bip_flow(pl, need, E, P, hi, NULL) != sum)
+        return lrmoe_err("min-peak bound: an expert with pairs has no eligible rank");
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int64_t f = bip_flow(pl, need, E, P, mid, NULL);
+        if (f < 0)
+            return -1;
+        if (f == sum)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+int64_t lrmoe_minpeak_quota_lb_flow(const uint8_t *pl, const int64_t *lo_e, const int64_t *n,
+                                    int64_t total, int E, int P)
+{
+    int64_t slo = 0, sn = 0;
+    for (int e = 0; e < E; e++) {
+        slo += lo_e[e];
+        sn += n[e];
+    }
+    int64_t lo = 0, hi = sn;
+    if (bip_flow(pl, lo_e, E, P, hi, NULL) != slo || bip_flow(pl, n, E, P, hi, NULL) < total)
+        return lrmoe_err("quota bound: pairs of an expert without eligible rank");
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int64_t a = bip_flow(pl, lo_e, E, P, mid, NULL), b = bip_flow(pl, n, E, P, mid, NULL);
+        if (a < 0 || b < 0)
+            return -1;
+        if (a == slo && b >= total)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+int64_t lrmoe_alloc_flow(const uint8_t *pl, const int64_t *need, int E, int P, int64_t *x)
+{
+    int64_t T = lrmoe_minpeak_lb(pl, need, E, P), sum = 0;
+    if (T < 0)
+        return -1;
+    for (int e = 0; e < E; e++)
+        sum += need[e];
+    int64_t f = bip_flow(pl, need, E, P, T, x);
+    if (f < 0)
+        return -1;
+    if (f != sum)
+        return lrmoe_err("max-flow: routed %lld of %lld pairs at the bound %lld", (long long)f,
+                         (long long)sum, (long long)T);
+    return T;
+}
+
+/* ---------------------------------------------------------------- GLPK */
+
+typedef struct {
+    int *ia, *ja;
+    double *ar;
+    int nnz, cap;
+} triplets_t;
+
+static int trip_add(triplets_t *t, int i, int j, double v)
+{
+    if (t->nnz + 1 >= t->cap) {
+        int c = t->cap ? 2 * t->cap : 1024;
+        int *ia = realloc(t->ia, (size_t)c * sizeof(int));
+        if (ia)
+            t->ia = ia;
+        int *ja = realloc(t->ja, (size_t)c * sizeof(int));
+        if (ja)
+            t->ja = ja;
+        double *ar = realloc(t->ar, (size_t)c * sizeof(double));
+        if (ar)
+            t->ar = ar;
+        if (!ia || !ja || !ar)
+            return lrmoe_err("GLPK: out of memory");
+        t->cap = c;
+    }
+    t->nnz++;
+    t->ia[t->nnz] = i;
+    t->ja[t->nnz] = j;
+    t->ar[t->nnz] = v;
+    return 0;
+}
+
+static void trip_free(triplets_t *t)
+{
+    free(t->ia);
+    free(t->ja);
+    free(t->ar);
+}
+
+/* Shared model: columns x_ep for eligible (e,p) with n[e] > 0, then T.
+ * Experts: fixed row sum need[e] (lo == NULL) or lo[e] <= K_e <= n[e] with
+ * sum K_e = total. Objective: T, minus (quota mode, pref given) a tie-break
+ * below 0.4 in total that prefers x where pref is large; T stays optimal. */
+static int64_t glpk_solve(const uint8_t *pl, const int64_t *lo, const int64_t *n,
+                          int64_t total, const int64_t *pref, int E, int P, double tm_lim,
+                          int64_t *K, int64_t *x)
+{
+    const int quota = lo != NULL;
+    int64_t sum = 0;
+    for (int e = 0; e < E; e++) {
+        int any = 0;
+        for (int p = 0; p < P; p++)
+            any |= pl[(size_t)e * P + p] != 0;
+        if (n[e] < 0)
+            return lrmoe_err("GLPK: negative row total for expert %d", e);
+        if (n[e] > 0 && !any && (!quota || lo[e] > 0))
+            return lrmoe_err("GLPK: expert %d has pairs and no eligible rank", e);
+        sum += n[e];
+    }
+    if (!quota)
+        total = sum;
+    int *col = malloc((size_t)E * P * sizeof(int));
+    triplets_t tr = {0};
+    glp_prob *lp = NULL;
+    int64_t rc = -1;
+    if (!col) {
+        lrmoe_err("GLPK: out of memory");
+        goto out;
+    }
+    glp_term_out(GLP_OFF);
+    lp = glp_create_prob();
+    glp_set_obj_dir(lp, GLP_MIN);
+    int ncol = 0;
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < P; p++) {
+            size_t i = (size_t)e * P + p;
+            col[i] = (pl[i] && n[e] > 0) ? ++ncol : 0;
+        }
+    const int cT = ncol + 1;
+    glp_add_cols(lp, ncol + 1);
+    const double eps = 0.4 / ((double)total + 1.0);
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < P; p++) {
+            int j = col[(size_t)e * P + p];
+            if (!j)
+                continue;
+            glp_set_col_kind(lp, j, GLP_IV);
+            glp_set_col_bnds(lp, j, GLP_DB, 0.0, (double)n[e]);
+            if (quota && pref && n[e] > 0)
+                glp_set_obj_coef(lp, j, -eps * (double)pref[(size_t)e * P + p] / (double)n[e]);
+        }
+    glp_set_col_kind(lp, cT, GLP_IV);
+    glp_set_col_bnds(lp, cT, GLP_LO, 0.0, 0.0);
+    glp_set_obj_coef(lp, cT, 1.0);
+    int row = 0;
+    for (int e = 0; e < E; e++) {
+        if (n[e] <= 0)
+            continue;
+        int any = 0;
+        for (int p = 0; p < P; p++)
+            any |= col[(size_t)e * P + p] != 0;
+        if (!any)
+            continue; /* quota mode: lo = 0 and no rank: K_e = 0 */
+        row = glp_add_rows(lp, 1);
+        if (!quota || lo[e] == n[e])
+            glp_set_row_bnds(lp, row, GLP_FX, (double)n[e], (double)n[e]);
+        else
+            glp_set_row_bnds(lp, row, GLP_DB, (double)lo[e], (double)n[e]);
+        for (int p = 0; p < P; p++)
+            if (col[(size_t)e * P + p] && trip_add(&tr, row, col[(size_t)e * P + p], 1.0) < 0)
+                goto out;
+    }
+    if (quota) {
+        row = glp_add_rows(lp, 1);
+        glp_set_row_bnds(lp, row, GLP_FX, (double)total, (double)total);
+        for (int j = 1; j <= ncol; j++)
+            if (trip_add(&tr, row, j, 1.0) < 0)
+                goto out;
+    }
+    for (int p = 0; p < P; p++) {
+        row = glp_add_rows(lp, 1);
+        glp_set_row_bnds(lp, row, GLP_UP, 0.0, 0.0);
+        for (int e = 0; e < E; e++)
+            if (col[(size_t)e * P + p] && trip_add(&tr, row, col[(size_t)e * P + p], 1.0) < 0)
+                goto out;
+        if (trip_add(&tr, row, cT, -1.0) < 0)
+            goto out;
+    }
+    glp_load_matrix(lp, tr.nnz, tr.ia, tr.ja, tr.ar);
+    glp_iocp parm;
+    glp_init_iocp(&parm);
+    parm.presolve = GLP_ON;
+    parm.msg_lev = GLP_MSG_OFF;
+    double ms = tm_lim * 1000.0;
+    parm.tm_lim = ms > 2e9 ? 2000000000 : (int)ms;
+    int ret = glp_intopt(lp, &parm);
+    int st = glp_mip_status(lp);
+    if (ret == GLP_ETMLIM || (ret == 0 && st == GLP_FEAS)) {
+        lrmoe_err("GLPK: time limit %.3g s reached before proving optimality", tm_lim);
+        goto out;
+    }
+    if (ret == GLP_ENOPFS || ret == GLP_ENODFS || st == GLP_NOFEAS) {
+        lrmoe_err("GLPK: allocation problem has no feasible solution");
+        goto out;
+    }
+    if (ret != 0 || st != GLP_OPT) {
+        lrmoe_err("GLPK: glp_intopt failed (return %d, status %d)", ret, st);
+        goto out;
+    }
+    int64_t peak = 0;
+    int64_t *rs = calloc((size_t)P, sizeof *rs);
+    if (!rs) {
+        lrmoe_err("GLPK: out of memory");
+        goto out;
+    }
+    for (int e = 0; e < E; e++) {
+        int64_t k = 0;
+        for (int p = 0; p < P; p++) {
+            size_t i = (size_t)e * P + p;
+            int64_t v = col[i] ? (int64_t)llround(glp_mip_col_val(lp, col[i])) : 0;
+            x[i] = v;
+            k += v;
+            rs[p] += v;
+        }
+        if (K)
+            K[e] = k;
+    }
+    for (int p = 0; p < P; p++)
+        if (rs[p] > peak)
+            peak = rs[p];
+    free(rs);
+    rc = peak;
+out:
+    if (lp)
+        glp_delete_prob(lp);
+    trip_free(&tr);
+    free(col);
+    return rc;
+}
+
+int64_t lrmoe_alloc_glpk(const uint8_t *placement, const int64_t *need, int E, int P,
+                         double tm_lim, int64_t *x)
+{
+    return glpk_solve(placement, NULL, need, 0, NULL, E, P, tm_lim, NULL, x);
+}
+
+int64_t lrmoe_alloc_glpk_quota(const uint8_t *placement, const int64_t *lo, const int64_t *n,
+                               int64_t total, const int64_t *pref, int E, int P,
+                               double tm_lim, int64_t *K, int64_t *x)
+{
+    int64_t slo = 0, sn = 0;
+    for (int e = 0; e < E; e++) {
+        if (lo[e] < 0 || lo[e] > n[e])
+            return lrmoe_err("GLPK: lower quota of expert %d outside [0,n]", e);
+        slo += lo[e];
+        sn += n[e];
+    }
+    if (total < slo || total > sn)
+        return lrmoe_err("GLPK: retained total %lld outside [%lld,%lld]", (long long)total,
+                         (long long)slo, (long long)sn);
+    return glpk_solve(placement, lo, n, total, pref, E, P, tm_lim, K, x);
+}
+
+/* ---------------------------------------------------------------- planner */
+
+/* Greedy replica placement works on eligibility masks and the closed-form
+ * bounds directly (P <= LRMOE_PLAN_MAX_P). */
+typedef struct {
+    const int64_t *n, *lo, *K; /* loads, quota floors, fixed quotas (NULL: K = n) */
+    int64_t total, N;
+    int E, P, bwd_free;        /* quotas free (minpeak policy, total < N) */
+    uint32_t *mask;            /* (E) eligible ranks */
+    int64_t *a, *b;            /* (2^P) subset sums */
+} gctx_t;
+
+typedef struct {
+    int64_t f, b;      /* forward and backward optimum peaks */
+    double ex;         /* excess over the reference levels (plateau progress) */
+    uint32_t sf, sb;   /* a bottleneck subset of each */
+} jv_t;
+
+static void zsum(const uint32_t *mask, const int64_t *w, int E, int P, int64_t *sub)
+{
+    const size_t S = (size_t)1 << P;
+    memset(sub, 0, S * sizeof *sub);
+    for (int e = 0; e < E; e++)
+        sub[mask[e]] += w[e];
+    for (int bit = 0; bit < P; bit++)
+        for (size_t m = 0; m < S; m++)
+            if (m & ((size_t)1 << bit))
+                sub[m] += sub[m ^ ((size_t)1 << bit)];
+}
+
+static int64_t cdiv(int64_t x, int64_t k) { return x >= 0 ? (x + k - 1) / k : -((-x) / k); }
+
+/* Refresh the subset sums of the current masks: a from the loads, b from
+ * the backward quotas (fixed K) or their floors (free quotas). */
+static void jsums(gctx_t *c)
+{
+    zsum(c->mask, c->n, c->E, c->P, c->a);
+    if (c->bwd_free)
+        zsum(c->mask, c->lo, c->E, c->P, c->b);
+    else if (c->K)
+        zsum(c->mask, c->K, c->E, c->P, c->b);
+}
+
+/* Objective: forward peak + 2 x backward peak (a backward pair costs two
+ * forward GEMM passes); the excess sum_S max(0, N(S) - (T_ref-1)|S|) over
+ * the rank subsets measures progress towards lowering a peak. Evaluated for
+ * the current masks with, when e >= 0, rank q added to expert e: that only
+ * removes e's pairs from the subsets that contain e's ranks but not q. */
+static void jeval(const gctx_t *c, int e, int q, int64_t fref, int64_t bref, jv_t *o)
+{
+    const size_t S = (size_t)1 << c->P;
+    const uint32_t me = e >= 0 ? c->mask[e] : 0, qb = e >= 0 ? 1u << q : 0;
+    const int64_t dn = e >= 0 ? c->n[e] : 0;
+    const int64_t db = e < 0 ? 0 : c->bwd_free ? c->lo[e] : c->K ? c->K[e] : 0;
+    const int same = !c->bwd_free && !c->K; /* backward = forward */
+    int64_t f = 0, bb = 0;
+    double exf = 0, exb = 0;
+    uint32_t sf = 1, sb = 1;
+    for (size_t m = 1; m < S; m++) {
+        const int hit = e >= 0 && ((uint32_t)m & me) == me && !((uint32_t)m & qb);
+        const int64_t k = __builtin_popcount((unsigned)m);
+        const int64_t a = c->a[m] - (hit ? dn : 0);
+        int64_t v = cdiv(a, k);
+        if (v > f) {
+            f = v;
+            sf = (uint32_t)m;
+        }
+        double x = (double)a - (double)(fref - 1) * k;
+        if (x > 0)
+            exf += x;
+        if (same)
+            continue;
+        const int64_t b = c->b[m] - (hit ? db : 0);
+        v = cdiv(b, k);
+        double y = (double)b - (double)(bref - 1) * k;
+        if (y > 0)
+            exb += y;
+        if (c->bwd_free) {
+            int64_t qv = c->total - c->N + a, w = cdiv(qv, k);
+            if (w > v)
+                v = w;
+            x = (double)qv - (double)(bref - 1) * k;
+            if (x > 0)
+                exb += x;
+        }
+        if (v > bb) {
+            bb = v;
+            sb = (uint32_t)m;
+        }
+    }
+    if (same) {
+        bb = f;
+        exb = exf;
+        sb = sf;
+    }
+    o->f = f;
+    o->b = bb;
+    o->ex = exf + 2 * exb;
+    o->sf = sf;
+    o->sb = sb;
+}
+
+/* Above GREEDY_MAX_P ranks the exact greedy (2^P subsets per evaluation) is
+ * too slow: with even-split load estimates per rank, replicate the heaviest
+ * expert (per instance) of the most loaded rank onto the least loaded rank
+ * with a free slot, while the sum of squared estimates drops. */
+#define GREEDY_MAX_P 10
+static int place_replicas_estimate(const gctx_t *c, int extra, uint8_t *pl)
+{
+    const int E = c->E, P = c->P, per = E / P;
+    int *inst = calloc((size_t)E, sizeof(int)), *reps = calloc((size_t)P, sizeof(int));
+    double *est = calloc((size_t)P, sizeof(double));
+    int added = -1;
+    if (!inst || !reps || !est) {
+        lrmoe_err("replica placement: out of memory");
+        goto out;
+    }
+    for (int e = 0; e < E; e++) {
+        inst[e] = 1;
+        est[e / per] += (double)c->n[e];
+    }
+    added = 0;
+    while (added < extra * P) {
+        /* the heaviest expert (per instance) on the rank with the largest
+         * estimate that still has somewhere to go */
+        int pm = 0;
+        for (int p = 1; p < P; p++)
+            if (est[p] > est[pm])
+                pm = p;
+        int be = -1, q = -1;
+        for (int e = 0; e < E; e++) {
+            if (c->n[e] <= 0 || inst[e] >= P || !pl[(size_t)e * P + pm])
+                continue;
+            if (be >= 0 && (double)c->n[e] / inst[e] <= (double)c->n[be] / inst[be])
+                continue;
+            int t = -1;
+            for (int p = 0; p < P; p++)
+                if (reps[p] < extra && !pl[(size_t)e * P + p] && (t < 0 || est[p] < est[t]))
+                    t = p;
+            if (t >= 0) {
+                be = e;
+                q = t;
+            }
+        }
+        if (be < 0)
+            break;
+        /* accept while the sum of squared estimates drops */
+        double so = (double)c->n[be] / inst[be], sn = (double)c->n[be] / (inst[be] + 1);
+        double d = (est[q] + sn) * (est[q] + sn) - est[q] * est[q];
+        for (int p = 0; p < P; p++)
+            if (pl[(size_t)be * P + p])
+                d += (est[p] + sn - so) * (est[p] + sn - so) - est[p] * est[p];
+        if (!(d < 0))
+            break;
+        for (int p = 0; p < P; p++)
+            if (pl[(size_t)be * P + p])
+                est[p] += sn - so;
+        est[q] += sn;
+        pl[(size_t)be * P + q] = 1;
+        inst[be]++;
+        reps[q]++;
+        added++;
+    }
+out:
+    free(inst);
+    free(reps);
+    free(est);
+    return added;
+}
+
+/* Greedy replica placement: at each step try every (expert, rank) pair with
+ * the expert among the C heaviest (load per instance) whose instances all
+ * lie in a bottleneck subset, and the rank outside it with a free slot; take
+ * the pair with the lowest (objective, excess). Stop when neither drops; keep
+ * the shortest prefix that reached the best objective. pl holds the natives
+ * on entry. Returns the replicas added, or -1. */
+static int place_replicas(gctx_t *c, int extra, uint8_t *pl)
+{
+    const int E = c->E, P = c->P, C = 6;
+    const int maxadd = extra * P;
+    if (maxadd <= 0 || P == 1)
+        return 0;
+    if (P > GREEDY_MAX_P)
+        return place_replicas_estimate(c, extra, pl);
+    int *inst = malloc((size_t)E * sizeof(int)), *reps = calloc((size_t)P, sizeof(int));
+    int *he = malloc((size_t)maxadd * sizeof(int)), *hp = malloc((size_t)maxadd * sizeof(int));
+    c->mask = malloc((size_t)E * sizeof(uint32_t));
+    c->a = malloc(((size_t)1 << P) * sizeof(int64_t));
+    c->b = malloc(((size_t)1 << P) * sizeof(int64_t));
+    int rc = -1;
+    if (!inst || !reps || !he || !hp || !c->mask || !c->a || !c->b) {
+        lrmoe_err("replica placement: out of memory");
+        goto out;
+    }
+    for (int e = 0; e < E; e++) {
+        inst[e] = 0;
+        c->mask[e] = 0;
+        for (int p = 0; p < P; p++)
+            if (pl[(size_t)e * P + p]) {
+                c->mask[e] |= 1u << p;
+                inst[e]++;
+            }
+    }
+    jv_t cur;
+    jsums(c);
+    jeval(c, -1, 0, 0, 0, &cur);
+    jeval(c, -1, 0, cur.f, cur.b, &cur);
+    int64_t bestJ = cur.f + 2 * cur.b;
+    int added = 0, best_count = 0;
+    int cand[8];
+    while (added < maxadd) {
+        int nc = 0;
+        for (int k = 0; k < C; k++) {
+            int bst = -1;
+            for (int e = 0; e < E; e++) {
+                if (c->n[e] <= 0 || inst[e] >= P)
+                    continue;
+                if ((c->mask[e] & ~cur.sf) && (c->mask[e] & ~cur.sb))
+                    continue; /* outside both bottlenecks */
+                int taken = 0;
+                for (int j = 0; j < nc; j++)
+                    taken |= cand[j] == e;
+                if (taken)
+                    continue;
+                if (bst < 0 || (double)c->n[e] / inst[e] > (double)c->n[bst] / inst[bst])
+                    bst = e;
+            }
+            if (bst < 0)
+                break;
+            cand[nc++] = bst;
+        }
+        int be = -1, bp = -1;
+        jv_t bv = {0, 0, 0, 0, 0};
+        for (int k = 0; k < nc; k++) {
+            int e = cand[k];
+            for (int q = 0; q < P; q++) {
+                if (reps[q] >= extra || (c->mask[e] >> q & 1u))
+                    continue;
+                jv_t v;
+                jeval(c, e, q, cur.f, cur.b, &v);
+                int64_t j = v.f + 2 * v.b, jb = bv.f + 2 * bv.b;
+                if (be < 0 || j < jb || (j == jb && v.ex < bv.ex)) {
+                    bv = v;
+                    be = e;
+                    bp = q;
+                }
+            }
+        }
+        if (be < 0)
+            break;
+        int64_t j = bv.f + 2 * bv.b, jc = cur.f + 2 * cur.b;
+        if (!(j < jc || (j == jc && bv.ex < cur.ex)))
+            break; /* no progress */
+        c->mask[be] |= 1u << bp;
+        pl[(size_t)be * P + bp] = 1;
+        inst[be]++;
+        reps[bp]++;
+        he[added] = be;
+        hp[added] = bp;
+        added++;
+        jsums(c);
+        jeval(c, -1, 0, bv.f, bv.b, &cur); /* excess against the new levels */
+        if (j < bestJ) {
+            bestJ = j;
+            best_count = added;
+        }
+    }
+    for (int i = added - 1; i >= best_count; i--)
+        pl[(size_t)he[i] * P + hp[i]] = 0;
+    rc = best_count;
+out:
+    free(inst);
+    free(reps);
+    free(he);
+    free(hp);
+    free(c->mask);
+    free(c->a);
+    free(c->b);
+    c->mask = NULL;
+    c->a = c->b = NULL;
+    return rc;
+}
+
+/* Proportional quotas: clamp(floor(rho*n_e), lo_e, n_e), then +-1 by
+ * largest (smallest) remainder until they sum to total. */
+static void quota_proportional(const int64_t *n, const int64_t *lo, int E, double rho,
+                               int64_t total, int64_t *K)
+{
+    int64_t s = 0;
+    for (int e = 0; e < E; e++) {
+        int64_t k = (int64_t)floor(rho * (double)n[e]);
+        if (k < lo[e])
+            k = lo[e];
+        if (k > n[e])
+            k = n[e];
+        K[e] = k;
+        s += k;
+    }
+    while (s != total) {
+        int best = -1;
+        double br = 0;
+        for (int e = 0; e < E; e++) {
+            double r = rho * (double)n[e] - (double)K[e];
+            if (s < total && K[e] < n[e] && (best < 0 || r > br)) {
+                best = e;
+                br = r;
+            }
+            if (s > total && K[e] > lo[e] && (best < 0 || r < br)) {
+                best = e;
+                br = r;
+            }
+        }
+        if (best < 0)
+            break; /* cannot happen when sum lo <= total <= N */
+        K[best] += s < total ? 1 : -1;
+        s += s < total ? 1 : -1;
+    }
+}
+
+int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p)
+{
+    const int P = o->P, per = E / P;
+    const int slots = o->slots ? o->slots : per + 2;
+    const int extra = slots - per;
+    const size_t EP = (size_t)E * P;
+    int64_t N = 0;
+    for (int e = 0; e < E; e++)
+        N += load[e];
+    int64_t *lo = malloc((size_t)E * sizeof *lo), *K = malloc((size_t)E * sizeof *K);
+    uint8_t *pl = malloc(EP);
+    int rc = -1;
+    char why[256] = "";
+    if (!lo || !K || !pl) {
+        lrmoe_err("lrmoe: out of memory");
+        goto out;
+    }
+    double glpk = 0;
+    for (int ri = 0; ri < o->nrates; ri++) {
+        const double rho = o->rates[ri];
+        const int last = ri == o->nrates - 1;
+        int64_t total = rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9);
+        int64_t slo = 0;
+        for (int e = 0; e < E; e++) {
+            int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
+            lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
+            slo += lo[e];
+        }
+        if (slo > total) {
+            snprintf(why, sizeof why,
+                     "min-keep: rate %.3f allows %lld retained pairs, min-keep %.3f needs %lld",
+                     rho, (long long)total, o->min_keep, (long long)slo);
+            if (last && !o->best_effort) {
+                lrmoe_err("infeasible at every rate: %s", why);
+                goto out;
+            }
+            if (!last)
+                continue;
+            total = slo; /* best effort: keep the floors */
+        }
+        const int free_q = total < N && o->quota == LRMOE_QUOTA_MINPEAK;
+        if (total < N && !free_q)
+            quota_proportional(load, lo, E, rho, total, K);
+        gctx_t jc = {load, lo, total < N && !free_q ? K : NULL, total, N, E, P, free_q,
+                     NULL, NULL, NULL};
+        memset(pl, 0, EP);
+        for (int e = 0; e < E; e++)
+            pl[(size_t)e * P + e / per] = 1;
+        if (place_replicas(&jc, extra, pl) < 0)
+            goto out;
+        /* allocations */
+        memcpy(p->placement, pl, EP);
+        double t0 = lrmoe_now();
+        int64_t fpk = lrmoe_alloc_glpk(pl, load, E, P, o->glpk_tm_lim, p->fwd_alloc);
+        if (fpk < 0) {
+            lrmoe_err_prefix("forward allocation at rate %.3f", rho);
+            goto out;
+        }
+        int64_t bpk;
+        if (total == N) {
+            memcpy(p->quota, load, (size_t)E * sizeof *load);
+            memcpy(p->bwd_alloc, p->fwd_alloc, EP * sizeof(int64_t));
+            bpk = fpk;
+        } else if (free_q) {
+            bpk = lrmoe_alloc_glpk_quota(pl, lo, load, total, p->fwd_alloc, E, P,
+                                         o->glpk_tm_lim, p->quota, p->bwd_alloc);
+        } else {
+            memcpy(p->quota, K, (size_t)E * sizeof *K);
+            bpk = lrmoe_alloc_glpk(pl, K, E, P, o->glpk_tm_lim, p->bwd_alloc);
+        }
+        glpk += lrmoe_now() - t0;
+        if (bpk < 0) {
+            lrmoe_err_prefix("backward allocation at rate %.3f", rho);
+            goto out;
+        }
+        /* exactness guard: GLPK's peaks must equal the closed-form optimum */
+        p->fwd_lb = lrmoe_minpeak_lb(pl, load, E, P);
+        p->bwd_lb = total == N ? p->fwd_lb
+                    : free_q   ? lrmoe_minpeak_quota_lb(pl, lo, load, total, E, P)
+                               : lrmoe_minpeak_lb(pl, K, E, P);
+        if (p->fwd_lb < 0 || p->bwd_lb < 0)
+            goto out;
+        if (fpk != p->fwd_lb || bpk != p->bwd_lb) {
+            lrmoe_err("GLPK peaks %lld/%lld differ from the optimum %lld/%lld at rate %.3f",
+                      (long long)fpk, (long long)bpk, (long long)p->fwd_lb,
+                      (long long)p->bwd_lb, rho);
+            goto out;
+        }
+        plan_summarise(p, load);
+        if (plan_cost(o, p, load, NULL) < 0)
+            goto out;
+        char w2[200];
+        int fits = plan_fits(o, p, w2, sizeof w2);
+        if (fits) {
+            p->feasible = 1;
+            p->rate_index = ri;
+            snprintf(p->binding, sizeof p->binding, "%s", why); /* what the better rate hit */
+            rc = 0;
+            break;
+        }
+        snprintf(why, sizeof why, "rate %.3f: %s", rho, w2);
+        if (last) {
+            if (o->best_effort) {
+                p->feasible = 0;
+                p->rate_index = ri;
+                snprintf(p->binding, sizeof p->binding, "%s", why);
+                rc = 0;
+            } else {
+                lrmoe_err("infeasible at every rate (%d tried): %s", o->nrates, why);
+            }
+            break;
+        }
+    }
+    p->glpk_seconds = glpk;
+out:
+    free(lo);
+    free(K);
+    free(pl);
+    return rc;
+}

@@ -1,0 +1,355 @@
+/* lrmoe-plan: expert placement, forward allocation, backward quotas and
+ * backward allocation per frame (fixed, llep, eplb, lrmoe planners). */
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lrmoe.h"
+#include "plan.h"
+
+static void usage(FILE *fp)
+{
+    fprintf(fp,
+        "Usage: lrmoe-plan -P RANKS [options] [FILE]\n"
+        "Plan every frame's expert_load [E] I64 over P ranks: add placement [E,P] U8,\n"
+        "fwd_alloc [E,P] I64, quota [E] I64, bwd_alloc [E,P] I64 and plan.* attributes.\n\n"
+        "Planner:\n"
+        "  -p, --planner NAME    fixed, llep, eplb or lrmoe (default lrmoe)\n"
+        "  -P, --ranks P         expert-parallel ranks (required; must divide E)\n"
+        "  -N, --nodes N         nodes (eplb hierarchy; default 1)\n"
+        "  -G, --groups G        eplb expert groups (default: nodes)\n"
+        "  -s, --slots S         expert slots per rank (eplb, lrmoe; default E/P+2;\n"
+        "                        E/P means no replicas)\n"
+        "      --lambda L        llep imbalance threshold (default 1.3)\n"
+        "      --alpha A         llep capacity factor (default 1.0)\n"
+        "  -m, --min-chunk M     llep minimum rows per spilled chunk (default 1024)\n"
+        "  -r, --rates LIST      lrmoe candidate rates (default 1.0,0.9,0.8,0.7)\n"
+        "  -R, --rate X          lrmoe single rate X in (0,1]\n"
+        "  -q, --quota POLICY    minpeak (default) or proportional\n"
+        "  -k, --min-keep F      every expert keeps >= ceil(F*n_e) (default 0.25)\n"
+        "  -b, --best-effort     when no rate fits, keep the last one (plan.feasible=0)\n"
+        "      --glpk-time SEC   GLPK time limit per solve (default 10)\n"
+        "Cost model (defaults: the LRMoE paper's setup):\n"
+        "  -M, --hbm BYTES       budget for replicas + buffers per rank (default 16GiB;\n"
+        "                        0 = unlimited)\n"
+        "      --gpu-mem BYTES   with --resident: hbm = gpu-mem - resident\n"
+        "      --resident BYTES\n"
+        "  -W, --window SEC      all-to-all window (default 0 = unlimited)\n"
+        "  -B, --bw BYTES/S      all-to-all bandwidth per rank (default 100e9)\n"
+        "      --flops F         expert GEMM FLOP/s per rank (default 400e12)\n"
+        "  -D, --hidden D        hidden size (default: from hidden, else 2048)\n"
+        "  -F, --ffn F           expert FFN width (default 768)\n"
+        "  -K, --topk K          top-k (default: from topk_ids, else 8)\n"
+        "  -T, --tokens T        tokens per rank (default: from topk_ids, else 32768)\n"
+        "      --dtype NAME      storage dtype (default: of hidden, else BF16)\n"
+        "  -S, --stats FILE      write one TSV row per frame to FILE\n"
+        "BYTES take K, M, G, T (powers of 1024) or KB, MB, GB, TB (powers of 1000).\n"
+        "Stream options:\n"
+        "  -o, --output FILE     write to FILE (default stdout)\n"
+        "  -l, --level N         zstd level (default 3)\n"
+        "  -@, --threads N       zstd workers\n"
+        "      --no-compress     write a raw stream\n"
+        "  -f, --force           write binary to a terminal\n"
+        "  -h, --help            this help\n"
+        "  -V, --version         print the version\n");
+}
+
+enum {
+    OPT_LAMBDA = 0x2001, OPT_ALPHA, OPT_GLPK_TIME, OPT_GPU_MEM, OPT_RESIDENT, OPT_FLOPS,
+    OPT_DTYPE
+};
+
+typedef struct {
+    lrmoe_plan_opts_t o;
+    int set_D, set_K, set_T, set_dtype;
+    FILE *stats;
+} ctx_t;
+
+/* "16GiB", "16G", "1.5e9", "512MB" -> bytes */
+static int parse_bytes(const char *opt, const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s)
+        return lrmoe_err("%s: '%s' is not a size", opt, s);
+    double mul = 1;
+    const char *u = end;
+    if (*u) {
+        char c = *u;
+        double base = 1024;
+        if (u[1] == 'B' && u[2] == 0)
+            base = 1000;
+        else if (!(u[1] == 0 || (u[1] == 'i' && u[2] == 'B' && u[3] == 0) || (c == 'B' && u[1] == 0)))
+            return lrmoe_err("%s: bad unit in '%s'", opt, s);
+        switch (c) {
+        case 'B': mul = 1; break;
+        case 'k': case 'K': mul = base; break;
+        case 'M': mul = base * base; break;
+        case 'G': mul = base * base * base; break;
+        case 'T': mul = base * base * base * base; break;
+        default: return lrmoe_err("%s: bad unit in '%s'", opt, s);
+        }
+    }
+    v *= mul;
+    if (!(v >= 0) || v > 1e18)
+        return lrmoe_err("%s: '%s' is negative or absurd", opt, s);
+    *out = v;
+    return 0;
+}
+
+static void attr_or_na(FILE *fp, const lrmoe_frame_t *f, const char *key)
+{
+    const char *v = lrmoe_frame_attr(f, key);
+    fprintf(fp, "\t%s", v && *v && !strpbrk(v, "\t\n") ? v : "NA");
+}
+
+static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
+{
+    ctx_t *c = arg;
+    lrmoe_plan_opts_t o = c->o;
+    lrmoe_tensor_t *tl = lrmoe_frame_need(f, "expert_load");
+    if (!tl)
+        return -1;
+    char b1[64], b2[64];
+    if (tl->ndim != 1 || tl->shape[0] <= 0 || tl->shape[0] > (1 << 20))
+        return lrmoe_err("expert_load: shape %s, expected [E]", lrmoe_shape_str(tl, b1, sizeof b1));
+    if (lrmoe_dtype_is_float(tl->dtype))
+        return lrmoe_err("expert_load: dtype %s, expected I64", lrmoe_dtype_name(tl->dtype));
+    const int E = (int)tl->shape[0];
+    lrmoe_tensor_t *lg = lrmoe_frame_get(f, "router_logits");
+    if (lg && (lg->ndim != 2 || lg->shape[1] != E))
+        return lrmoe_err("expert_load: %d experts, router_logits is %s", E,
+                         lrmoe_shape_str(lg, b2, sizeof b2));
+    /* model sizes from the frame unless given */
+    lrmoe_tensor_t *ti = lrmoe_frame_get(f, "topk_ids");
+    if (ti && ti->ndim == 2) {
+        if (!c->set_K)
+            o.cost.K = (int)ti->shape[1];
+        if (!c->set_T)
+            o.cost.tokens = ti->shape[0] / o.P;
+    }
+    lrmoe_tensor_t *hd = lrmoe_frame_get(f, "hidden");
+    if (hd && hd->ndim == 2) {
+        if (!c->set_D)
+            o.cost.D = hd->shape[1];
+        if (!c->set_dtype)
+            o.cost.dtype_bytes = (int)lrmoe_dtype_size(hd->dtype);
+    }
+    int64_t *load = lrmoe_tensor_i64(tl);
+    if (!load)
+        return -1;
+    lrmoe_plan_t p;
+    lrmoe_plan_init(&p);
+    int rc = lrmoe_plan_compute(&o, load, E, &p);
+    if (rc == 0)
+        rc = lrmoe_plan_check(&p, load);
+    if (rc == 0)
+        rc = lrmoe_plan_to_frame(&p, f);
+    if (rc == 0 && c->stats) {
+        FILE *fp = c->stats;
+        const double G = 1024.0 * 1024.0 * 1024.0;
+        fprintf(fp, "%" PRId64, index);
+        attr_or_na(fp, f, "layer");
+        attr_or_na(fp, f, "step");
+        fprintf(fp, "\t%s\t%d\t%d\t%" PRId64 "\t%.6f\t%" PRId64 "\t%" PRId64 "\t%" PRId64
+                    "\t%" PRId64 "\t%" PRId64 "\t%.6f\t%d\t%.6f\t%d\t%.6f\t%.6f\t%d\t%.3f\t%.3f\t%s\n",
+                p.planner, E, p.P, p.N, p.rho, p.fwd_peak, p.bwd_peak, p.fwd_lb, p.bwd_lb,
+                p.mean_ceil, p.N ? (double)p.fwd_peak / ((double)p.N / p.P) : 1.0, p.replicas,
+                p.mem_peak / G, p.mem_peak_rank, p.t_comm * 1e3, p.t_total * 1e3, p.feasible,
+                p.plan_seconds * 1e3, p.glpk_seconds * 1e3,
+                p.binding[0] && !strpbrk(p.binding, "\t\n") ? p.binding : "NA");
+        if (ferror(fp))
+            rc = lrmoe_err("--stats: write error");
+    }
+    lrmoe_plan_free(&p);
+    free(load);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        LRMOE_STREAM_LONGOPTS,
+        {"planner", required_argument, 0, 'p'},
+        {"ranks", required_argument, 0, 'P'},
+        {"nodes", required_argument, 0, 'N'},
+        {"groups", required_argument, 0, 'G'},
+        {"slots", required_argument, 0, 's'},
+        {"lambda", required_argument, 0, OPT_LAMBDA},
+        {"alpha", required_argument, 0, OPT_ALPHA},
+        {"min-chunk", required_argument, 0, 'm'},
+        {"rates", required_argument, 0, 'r'},
+        {"rate", required_argument, 0, 'R'},
+        {"quota", required_argument, 0, 'q'},
+        {"min-keep", required_argument, 0, 'k'},
+        {"best-effort", no_argument, 0, 'b'},
+        {"glpk-time", required_argument, 0, OPT_GLPK_TIME},
+        {"hbm", required_argument, 0, 'M'},
+        {"gpu-mem", required_argument, 0, OPT_GPU_MEM},
+        {"resident", required_argument, 0, OPT_RESIDENT},
+        {"window", required_argument, 0, 'W'},
+        {"bw", required_argument, 0, 'B'},
+        {"flops", required_argument, 0, OPT_FLOPS},
+        {"hidden", required_argument, 0, 'D'},
+        {"ffn", required_argument, 0, 'F'},
+        {"topk", required_argument, 0, 'K'},
+        {"tokens", required_argument, 0, 'T'},
+        {"dtype", required_argument, 0, OPT_DTYPE},
+        {"stats", required_argument, 0, 'S'},
+        {"help", no_argument, 0, 'h'},
+        {"version", no_argument, 0, 'V'},
+        {0, 0, 0, 0}};
+    lrmoe_io_t io;
+    lrmoe_io_init(&io);
+    ctx_t c;
+    memset(&c, 0, sizeof c);
+    lrmoe_plan_opts_default(&c.o);
+    c.o.P = 0;
+    const char *stats_path = NULL;
+    double gpu = -1, resident = -1;
+    int ch;
+    int64_t v;
+    double d;
+    while ((ch = getopt_long(argc, argv,
+                             LRMOE_STREAM_SHORTOPTS "p:P:N:G:s:m:r:R:q:k:bM:W:B:D:F:K:T:S:hV",
+                             longopts, NULL)) != -1) {
+        int r = lrmoe_io_opt(&io, ch, optarg);
+        if (r > 0)
+            continue;
+        if (r == 0) {
+            switch (ch) {
+            case 'p': r = lrmoe_planner_parse(optarg, &c.o.planner); break;
+            case 'P':
+                r = lrmoe_parse_i64("--ranks", optarg, 1, 4096, &v);
+                c.o.P = (int)v;
+                break;
+            case 'N':
+                r = lrmoe_parse_i64("--nodes", optarg, 1, 4096, &v);
+                c.o.nodes = (int)v;
+                break;
+            case 'G':
+                r = lrmoe_parse_i64("--groups", optarg, 1, 1 << 20, &v);
+                c.o.groups = (int)v;
+                break;
+            case 's':
+                r = lrmoe_parse_i64("--slots", optarg, 1, 1 << 20, &v);
+                c.o.slots = (int)v;
+                break;
+            case OPT_LAMBDA: r = lrmoe_parse_f64("--lambda", optarg, 0, 1e9, &c.o.lambda); break;
+            case OPT_ALPHA: r = lrmoe_parse_f64("--alpha", optarg, 1e-9, 1e9, &c.o.alpha); break;
+            case 'm': r = lrmoe_parse_i64("--min-chunk", optarg, 0, INT64_MAX / 4, &c.o.min_chunk); break;
+            case 'r': r = lrmoe_plan_parse_rates(&c.o, optarg); break;
+            case 'R':
+                r = lrmoe_parse_f64("--rate", optarg, -1e9, 1e9, &d);
+                if (r == 0 && !(d > 0 && d <= 1))
+                    r = lrmoe_err("--rate: %g is outside (0,1]", d);
+                c.o.nrates = 1;
+                c.o.rates[0] = d;
+                break;
+            case 'q': r = lrmoe_quota_parse(optarg, &c.o.quota); break;
+            case 'k': r = lrmoe_parse_f64("--min-keep", optarg, 0, 1, &c.o.min_keep); break;
+            case 'b': c.o.best_effort = 1; break;
+            case OPT_GLPK_TIME:
+                r = lrmoe_parse_f64("--glpk-time", optarg, 1e-3, 3600, &c.o.glpk_tm_lim);
+                break;
+            case 'M': r = parse_bytes("--hbm", optarg, &c.o.cost.hbm); break;
+            case OPT_GPU_MEM: r = parse_bytes("--gpu-mem", optarg, &gpu); break;
+            case OPT_RESIDENT: r = parse_bytes("--resident", optarg, &resident); break;
+            case 'W': r = lrmoe_parse_f64("--window", optarg, 0, 1e6, &c.o.cost.window); break;
+            case 'B': r = parse_bytes("--bw", optarg, &c.o.cost.bw); break;
+            case OPT_FLOPS: r = lrmoe_parse_f64("--flops", optarg, 1, 1e21, &c.o.cost.flops); break;
+            case 'D':
+                r = lrmoe_parse_i64("--hidden", optarg, 1, 1 << 24, &c.o.cost.D);
+                c.set_D = 1;
+                break;
+            case 'F': r = lrmoe_parse_i64("--ffn", optarg, 1, 1 << 24, &c.o.cost.F); break;
+            case 'K':
+                r = lrmoe_parse_i64("--topk", optarg, 1, 1 << 20, &v);
+                c.o.cost.K = (int)v;
+                c.set_K = 1;
+                break;
+            case 'T':
+                r = lrmoe_parse_i64("--tokens", optarg, 0, INT64_C(1) << 40, &c.o.cost.tokens);
+                c.set_T = 1;
+                break;
+            case OPT_DTYPE: {
+                lrmoe_dtype_t dt;
+                r = lrmoe_dtype_parse(optarg, &dt);
+                if (r == 0)
+                    c.o.cost.dtype_bytes = (int)lrmoe_dtype_size(dt);
+                c.set_dtype = 1;
+                break;
+            }
+            case 'S': stats_path = optarg; break;
+            case 'h': usage(stdout); return 0;
+            case 'V': printf("lrmoe-plan (lrmoe) %s\n", LRMOE_VERSION); return 0;
+            default: usage(stderr); return 2;
+            }
+        }
+        if (r < 0) {
+            fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
+            return 2;
+        }
+    }
+    if (argc - optind > 1) {
+        fprintf(stderr, "lrmoe-plan: too many input files (one FILE or stdin)\n");
+        return 2;
+    }
+    if (c.o.P <= 0) {
+        fprintf(stderr, "lrmoe-plan: --ranks P is required\n");
+        return 2;
+    }
+    if ((gpu >= 0) != (resident >= 0)) {
+        fprintf(stderr, "lrmoe-plan: --gpu-mem and --resident go together\n");
+        return 2;
+    }
+    if (gpu >= 0) {
+        if (resident > gpu) {
+            fprintf(stderr, "lrmoe-plan: --resident %.0f bytes exceeds --gpu-mem %.0f bytes\n",
+                    resident, gpu);
+            return 2;
+        }
+        c.o.cost.gpu_mem = gpu;
+        c.o.cost.resident = resident;
+        c.o.cost.hbm = gpu - resident;
+        if (c.o.cost.hbm == 0) {
+            fprintf(stderr, "lrmoe-plan: no memory left for buffers (gpu-mem == resident)\n");
+            return 2;
+        }
+    }
+    if (lrmoe_plan_opts_check(&c.o, -1) < 0) {
+        fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
+        return 2;
+    }
+    if (lrmoe_check_tty_out(io.out, io.force) < 0) {
+        fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
+        return 2;
+    }
+    const char *in = optind < argc ? argv[optind] : "-";
+    if (stats_path) {
+        if (!(c.stats = fopen(stats_path, "w"))) {
+            fprintf(stderr, "lrmoe-plan: %s: ", stats_path);
+            perror(NULL);
+            return 1;
+        }
+        fprintf(c.stats, "frame\tlayer\tstep\tplanner\texperts\tranks\tpairs\trho"
+                         "\tfwd_peak\tbwd_peak\tfwd_lb\tbwd_lb\tmean_ceil\tpeak_over_mean"
+                         "\treplicas\tmem_peak_gib\tmem_peak_rank\tt_comm_ms\tt_total_ms"
+                         "\tfeasible\tplan_ms\tglpk_ms\tbinding\n");
+    }
+    int64_t n = lrmoe_filter_run(in, io.out, &io.w, plan_frame, &c);
+    int rc = 0;
+    if (n < 0) {
+        fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
+        rc = 1;
+    }
+    if (c.stats && fclose(c.stats) != 0 && !rc) {
+        fprintf(stderr, "lrmoe-plan: %s: ", stats_path);
+        perror(NULL);
+        rc = 1;
+    }
+    return rc;
+}

@@ -1,0 +1,424 @@
+/* Unit checks for the plan module (built by tests/plan.bats against
+ * build/liblrmoe.a). Subcommands:
+ *   eplb-readme            the DeepSeek EPLB README example, exact phy2log
+ *   random COUNT SEED      random instances: GLPK peak == closed-form T* ==
+ *                          max-flow peak == flow-bisection bound; quota
+ *                          variant likewise; every allocation consistent
+ *   random-large COUNT SEED  the same with 17..24 ranks (bounds by max-flow)
+ *   dump COUNT SEED        tiny instances as text for the Python brute force:
+ *                          "P E | placement rows | need | glpk_peak lb | lo n total qpeak qlb"
+ *   llep P LAMBDA ALPHA M LOAD...   print fwd_alloc rows and "ran"
+ *   plan PLANNER P LOAD...          full plan + lrmoe_plan_check
+ *   check-stream FILE      lrmoe_plan_from_frame + lrmoe_plan_check per frame
+ *   bench FILE             GLPK vs closed form + max-flow timings (bench/plan.sh)
+ * Exit 0 when all checks pass; prints "FAIL ..." lines otherwise. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+#include "plan_internal.h"
+
+static uint64_t rs = 88172645463325252ull;
+static uint64_t rnd(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return rs;
+}
+static int rint_(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
+
+static int eplb_readme(void)
+{
+    const double w[2][12] = {{90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86},
+                             {20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27}};
+    const int want[2][16] = {{5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1},
+                             {7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1}};
+    int p2l[32], rk[32], cnt[24];
+    if (lrmoe_eplb_rebalance(&w[0][0], 2, 12, 16, 4, 2, 8, p2l, rk, cnt) < 0) {
+        printf("FAIL eplb: %s\n", lrmoe_errmsg());
+        return 1;
+    }
+    int bad = 0;
+    for (int l = 0; l < 2; l++) {
+        printf("phy2log[%d] =", l);
+        for (int i = 0; i < 16; i++) {
+            printf(" %d", p2l[l * 16 + i]);
+            bad |= p2l[l * 16 + i] != want[l][i];
+        }
+        printf("\n");
+    }
+    /* logcnt must count the physical copies */
+    for (int l = 0; l < 2; l++)
+        for (int e = 0; e < 12; e++) {
+            int c = 0;
+            for (int i = 0; i < 16; i++)
+                c += p2l[l * 16 + i] == e;
+            if (c != cnt[l * 12 + e]) {
+                printf("FAIL logcnt[%d][%d] = %d, copies %d\n", l, e, cnt[l * 12 + e], c);
+                bad = 1;
+            }
+        }
+    if (bad)
+        printf("FAIL eplb-readme mismatch\n");
+    return bad;
+}
+
+/* random instance: E experts, P ranks, each expert 1..P eligible ranks
+ * (native always), skewed loads */
+static void instance(int E, int P, int maxload, uint8_t *pl, int64_t *n)
+{
+    int per = E / P;
+    memset(pl, 0, (size_t)E * P);
+    int skew = rint_(0, 2);
+    for (int e = 0; e < E; e++) {
+        pl[(size_t)e * P + e / per] = 1;
+        int k = rint_(1, P);
+        if (rint_(0, 1))
+            k = 1 + (rint_(0, 3) == 0 ? rint_(0, P - 1) : 0);
+        for (int j = 1; j < k; j++)
+            pl[(size_t)e * P + rint_(0, P - 1)] = 1;
+        int64_t v = rint_(0, maxload);
+        if (skew == 1 && rint_(0, 7) == 0)
+            v *= 20;
+        if (skew == 2)
+            v = (int64_t)(maxload * 4.0 / (1 + e) / (1 + e % 3)); /* Zipf-like */
+        n[e] = maxload <= 4 && v > 6 ? 6 : v; /* tiny: keep brute force small */
+    }
+}
+
+static int consistent(const uint8_t *pl, const int64_t *need, const int64_t *x, int E, int P,
+                      int64_t peak, const char *what)
+{
+    int64_t mx = 0;
+    int64_t *rsum = calloc((size_t)P, sizeof *rsum);
+    for (int e = 0; e < E; e++) {
+        int64_t s = 0;
+        for (int p = 0; p < P; p++) {
+            int64_t v = x[(size_t)e * P + p];
+            if (v < 0 || (v && !pl[(size_t)e * P + p])) {
+                printf("FAIL %s: x[%d,%d]=%lld ineligible/negative\n", what, e, p, (long long)v);
+                free(rsum);
+                return 1;
+            }
+            s += v;
+            rsum[p] += v;
+        }
+        if (s != need[e]) {
+            printf("FAIL %s: row %d sums %lld, need %lld\n", what, e, (long long)s,
+                   (long long)need[e]);
+            free(rsum);
+            return 1;
+        }
+    }
+    for (int p = 0; p < P; p++)
+        if (rsum[p] > mx)
+            mx = rsum[p];
+    free(rsum);
+    if (mx != peak) {
+        printf("FAIL %s: reported peak %lld, actual %lld\n", what, (long long)peak, (long long)mx);
+        return 1;
+    }
+    return 0;
+}
+
+static int random_check(int count, int tiny, int dump, int large)
+{
+    int fails = 0;
+    for (int it = 0; it < count; it++) {
+        int P = tiny ? rint_(1, 3) : large ? rint_(LRMOE_PLAN_MAX_P + 1, 24) : rint_(1, 8);
+        int per = tiny ? rint_(1, 2) : large ? rint_(1, 4) : rint_(1, 16);
+        int E = P * per, maxload = tiny ? 4 : rint_(1, 5000);
+        uint8_t *pl = malloc((size_t)E * P);
+        int64_t *n = malloc((size_t)E * sizeof *n), *lo = malloc((size_t)E * sizeof *lo);
+        int64_t *x = malloc((size_t)E * P * sizeof *x), *K = malloc((size_t)E * sizeof *K);
+        instance(E, P, maxload, pl, n);
+        int64_t lb = lrmoe_minpeak_lb(pl, n, E, P);
+        int64_t g = lrmoe_alloc_glpk(pl, n, E, P, 10.0, x);
+        if (g < 0 || lb < 0) {
+            printf("FAIL glpk/lb error: %s\n", lrmoe_errmsg());
+            return 1;
+        }
+        fails += consistent(pl, n, x, E, P, g, "glpk");
+        int64_t f = lrmoe_alloc_flow(pl, n, E, P, x);
+        fails += consistent(pl, n, x, E, P, f, "flow");
+        /* large P: lb itself comes from the flow bisection; compare with GLPK */
+        int64_t lbf = lrmoe_minpeak_lb_flow(pl, n, E, P);
+        if (g != lb || f != lb || lbf != lb) {
+            printf("FAIL instance %d: glpk %lld flow %lld lb %lld lb-flow %lld\n", it,
+                   (long long)g, (long long)f, (long long)lb, (long long)lbf);
+            fails++;
+        }
+        /* quota variant */
+        int64_t N = 0, slo = 0;
+        double keep = rint_(0, 4) / 8.0;
+        for (int e = 0; e < E; e++) {
+            N += n[e];
+            lo[e] = (int64_t)((double)n[e] * keep);
+            slo += lo[e];
+        }
+        int64_t total = slo + (N > slo ? (int64_t)(rnd() % (uint64_t)(N - slo + 1)) : 0);
+        int64_t qlb = lrmoe_minpeak_quota_lb(pl, lo, n, total, E, P);
+        int64_t qg = lrmoe_alloc_glpk_quota(pl, lo, n, total, NULL, E, P, 10.0, K, x);
+        if (qlb < 0 || qg < 0) {
+            printf("FAIL quota error: %s\n", lrmoe_errmsg());
+            return 1;
+        }
+        int64_t ks = 0;
+        for (int e = 0; e < E; e++) {
+            ks += K[e];
+            if (K[e] < lo[e] || K[e] > n[e]) {
+                printf("FAIL quota %d outside [lo,n]\n", e);
+                fails++;
+            }
+        }
+        if (ks != total) {
+            printf("FAIL quotas sum %lld, want %lld\n", (long long)ks, (long long)total);
+            fails++;
+        }
+        fails += consistent(pl, K, x, E, P, qg, "glpk-quota");
+        int64_t qlbf = lrmoe_minpeak_quota_lb_flow(pl, lo, n, total, E, P);
+        if (qg != qlb || qlbf != qlb) {
+            printf("FAIL quota instance %d: glpk %lld bound %lld flow bound %lld\n", it,
+                   (long long)qg, (long long)qlb, (long long)qlbf);
+            fails++;
+        }
+        if (dump) {
+            printf("%d %d |", P, E);
+            for (int e = 0; e < E; e++) {
+                printf(" ");
+                for (int p = 0; p < P; p++)
+                    printf("%d", pl[(size_t)e * P + p]);
+            }
+            printf(" |");
+            for (int e = 0; e < E; e++)
+                printf(" %lld", (long long)n[e]);
+            printf(" | %lld %lld |", (long long)g, (long long)lb);
+            for (int e = 0; e < E; e++)
+                printf(" %lld", (long long)lo[e]);
+            printf(" | %lld %lld %lld\n", (long long)total, (long long)qg, (long long)qlb);
+        }
+        free(pl);
+        free(n);
+        free(lo);
+        free(x);
+        free(K);
+    }
+    if (!dump)
+        printf("%d instances, %d failures\n", count, fails);
+    return fails != 0;
+}
+
+static int llep(int argc, char **argv)
+{
+    int P = atoi(argv[0]);
+    double lambda = atof(argv[1]), alpha = atof(argv[2]);
+    int64_t m = atoll(argv[3]);
+    int E = argc - 4;
+    int64_t *n = malloc((size_t)E * sizeof *n), *x = malloc((size_t)E * P * sizeof *x);
+    uint8_t *pl = malloc((size_t)E * P);
+    for (int e = 0; e < E; e++)
+        n[e] = atoll(argv[4 + e]);
+    int r = lrmoe_llep_assign(n, E, P, lambda, alpha, m, pl, x);
+    if (r < 0) {
+        printf("error: %s\n", lrmoe_errmsg());
+        return 1;
+    }
+    printf("ran %d\n", r);
+    for (int e = 0; e < E; e++) {
+        for (int p = 0; p < P; p++)
+            printf("%s%lld", p ? " " : "", (long long)x[(size_t)e * P + p]);
+        printf("\n");
+    }
+    return 0;
+}
+
+static int plan(int argc, char **argv)
+{
+    lrmoe_plan_opts_t o;
+    lrmoe_plan_opts_default(&o);
+    if (lrmoe_planner_parse(argv[0], &o.planner) < 0)
+        return 2;
+    o.P = atoi(argv[1]);
+    int E = argc - 2;
+    int64_t *n = malloc((size_t)E * sizeof *n);
+    for (int e = 0; e < E; e++)
+        n[e] = atoll(argv[2 + e]);
+    lrmoe_plan_t p;
+    lrmoe_plan_init(&p);
+    if (lrmoe_plan_compute(&o, n, E, &p) < 0 || lrmoe_plan_check(&p, n) < 0) {
+        printf("error: %s\n", lrmoe_errmsg());
+        return 1;
+    }
+    printf("rho %.3f fwd_peak %lld bwd_peak %lld fwd_lb %lld replicas %d\n", p.rho,
+           (long long)p.fwd_peak, (long long)p.bwd_peak, (long long)p.fwd_lb, p.replicas);
+    lrmoe_plan_free(&p);
+    return 0;
+}
+
+/* read a planned stream back: lrmoe_plan_from_frame + lrmoe_plan_check */
+static int check_stream(const char *path)
+{
+    lrmoe_reader_t *r = lrmoe_reader_open(path);
+    if (!r) {
+        printf("error: %s\n", lrmoe_errmsg());
+        return 1;
+    }
+    lrmoe_frame_t f;
+    lrmoe_frame_init(&f);
+    int rc, bad = 0;
+    while ((rc = lrmoe_reader_next(r, &f)) == 1) {
+        lrmoe_plan_t p;
+        lrmoe_plan_init(&p);
+        lrmoe_tensor_t *tl = lrmoe_frame_need(&f, "expert_load");
+        int64_t *load = tl ? lrmoe_tensor_i64(tl) : NULL;
+        if (!load || lrmoe_plan_from_frame(&f, &p) < 0 || lrmoe_plan_check(&p, load) < 0) {
+            printf("frame %lld: %s\n", (long long)lrmoe_reader_index(r) - 1, lrmoe_errmsg());
+            bad = 1;
+        } else {
+            printf("frame %lld: ok %s E=%d P=%d fwd_peak %lld\n",
+                   (long long)lrmoe_reader_index(r) - 1, p.planner, p.E, p.P,
+                   (long long)p.fwd_peak);
+        }
+        free(load);
+        lrmoe_plan_free(&p);
+    }
+    if (rc < 0) {
+        printf("error: %s\n", lrmoe_errmsg());
+        bad = 1;
+    }
+    lrmoe_frame_clear(&f);
+    lrmoe_reader_close(r);
+    return bad;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void report(const char *what, double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    int i99 = (int)(0.99 * (n - 1) + 0.5);
+    printf("%-34s %10.3f %10.3f\n", what, t[n / 2] * 1e3, t[i99] * 1e3);
+}
+
+/* bench FILE: per frame of a planned stream, the min-peak allocation of the
+ * forward pairs by GLPK and by closed form + max-flow, on the native-only
+ * placement and on the frame's placement; and the free-quota backward
+ * allocation at rho 0.8 by GLPK against its closed-form bound. Prints
+ * median and p99 ms; exit 1 if any peak differs from T*. */
+static int bench(const char *path)
+{
+    lrmoe_reader_t *r = lrmoe_reader_open(path);
+    if (!r) {
+        printf("error: %s\n", lrmoe_errmsg());
+        return 1;
+    }
+    enum { MAXF = 4096 };
+    static double tg0[MAXF], tf0[MAXF], tg1[MAXF], tf1[MAXF], tq[MAXF], tb[MAXF];
+    lrmoe_frame_t f;
+    lrmoe_frame_init(&f);
+    int n = 0, bad = 0, rc;
+    while (n < MAXF && (rc = lrmoe_reader_next(r, &f)) == 1) {
+        lrmoe_plan_t p;
+        lrmoe_plan_init(&p);
+        lrmoe_tensor_t *tl = lrmoe_frame_need(&f, "expert_load");
+        int64_t *load = tl ? lrmoe_tensor_i64(tl) : NULL;
+        if (!load || lrmoe_plan_from_frame(&f, &p) < 0) {
+            printf("error: %s\n", lrmoe_errmsg());
+            return 1;
+        }
+        const int E = p.E, P = p.P, per = E / P;
+        uint8_t *nat = calloc((size_t)E * P, 1);
+        int64_t *x = malloc((size_t)E * P * sizeof *x), *K = malloc((size_t)E * sizeof *K);
+        int64_t *lo = malloc((size_t)E * sizeof *lo), N = 0;
+        for (int e = 0; e < E; e++) {
+            nat[(size_t)e * P + e / per] = 1;
+            lo[e] = load[e] / 4;
+            N += load[e];
+        }
+        const uint8_t *pls[2] = {nat, p.placement};
+        double *tg[2] = {tg0, tg1}, *tf[2] = {tf0, tf1};
+        for (int k = 0; k < 2; k++) {
+            double t0 = lrmoe_now();
+            int64_t g = lrmoe_alloc_glpk(pls[k], load, E, P, 10.0, x);
+            double t1 = lrmoe_now();
+            int64_t fl = lrmoe_alloc_flow(pls[k], load, E, P, x);
+            double t2 = lrmoe_now();
+            int64_t lb = lrmoe_minpeak_lb(pls[k], load, E, P);
+            tg[k][n] = t1 - t0;
+            tf[k][n] = t2 - t1;
+            if (g != lb || fl != lb) {
+                printf("FAIL frame %d: glpk %lld flow %lld T* %lld\n", n, (long long)g,
+                       (long long)fl, (long long)lb);
+                bad = 1;
+            }
+        }
+        int64_t total = (int64_t)(0.8 * (double)N);
+        double t0 = lrmoe_now();
+        int64_t q = lrmoe_alloc_glpk_quota(p.placement, lo, load, total, p.fwd_alloc, E, P, 10.0,
+                                           K, x);
+        double t1 = lrmoe_now();
+        int64_t qb = lrmoe_minpeak_quota_lb(p.placement, lo, load, total, E, P);
+        double t2 = lrmoe_now();
+        tq[n] = t1 - t0;
+        tb[n] = t2 - t1;
+        if (q != qb) {
+            printf("FAIL frame %d: quota glpk %lld bound %lld\n", n, (long long)q, (long long)qb);
+            bad = 1;
+        }
+        n++;
+        free(nat);
+        free(x);
+        free(K);
+        free(lo);
+        free(load);
+        lrmoe_plan_free(&p);
+    }
+    lrmoe_frame_clear(&f);
+    lrmoe_reader_close(r);
+    if (n == 0)
+        return 1;
+    printf("%-34s %10s %10s\n", "allocation (E,P from the stream)", "median ms", "p99 ms");
+    report("fwd, native placement: GLPK", tg0, n);
+    report("fwd, native placement: T*+flow", tf0, n);
+    report("fwd, lrmoe placement: GLPK", tg1, n);
+    report("fwd, lrmoe placement: T*+flow", tf1, n);
+    report("bwd quotas rho 0.8: GLPK", tq, n);
+    report("bwd quotas rho 0.8: closed form T*", tb, n);
+    printf("frames %d, all peaks equal T*: %s\n", n, bad ? "NO" : "yes");
+    return bad;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    if (!strcmp(argv[1], "bench") && argc == 3)
+        return bench(argv[2]);
+    if (!strcmp(argv[1], "check-stream") && argc == 3)
+        return check_stream(argv[2]);
+    if (!strcmp(argv[1], "eplb-readme"))
+        return eplb_readme();
+    if (!strcmp(argv[1], "random") && argc == 4) {
+        rs ^= (uint64_t)atoll(argv[3]) * 0x9E3779B97F4A7C15ull;
+        return random_check(atoi(argv[2]), 0, 0, 0);
+    }
+    if (!strcmp(argv[1], "random-large") && argc == 4) {
+        rs ^= (uint64_t)atoll(argv[3]) * 0x9E3779B97F4A7C15ull;
+        return random_check(atoi(argv[2]), 0, 0, 1);
+    }
+    if (!strcmp(argv[1], "dump") && argc == 4) {
+        rs ^= (uint64_t)atoll(argv[3]) * 0x9E3779B97F4A7C15ull;
+        return random_check(atoi(argv[2]), 1, 1, 0);
+    }
+    if (!strcmp(argv[1], "llep") && argc >= 6)
+        return llep(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "plan") && argc >= 4)
+        return plan(argc - 2, argv + 2);
+    return 2;
+}
