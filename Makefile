@@ -16,10 +16,13 @@ TOOLS    := $(TOOL_SRC:src/%.c=bin/%)
 MANS     := $(wildcard man/man*/*.[1-9])
 
 # ---- CUDA backend: built whenever nvcc is found (CUDA_HOME overridable).
+# kernels/*.cu go into liblrmoe.a; tests/gpu/*.cu (kernel tests, GPU bench)
+# are built by `make` too, so a compile error anywhere in CUDA code fails it.
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null))
 CUDA_ARCH ?= sm_90
 NVCC      := $(CUDA_HOME)/bin/nvcc
 CU_SRC    := $(wildcard kernels/*.cu)
+GPU_SRC   := $(wildcard tests/gpu/*.cu)
 ifneq ($(CUDA_HOME),)
 ifneq ($(wildcard $(NVCC)),)
 HAVE_CUDA := 1
@@ -27,13 +30,18 @@ endif
 endif
 ifeq ($(HAVE_CUDA),1)
 CU_OBJ    := $(CU_SRC:kernels/%.cu=$(BUILD)/kernels/%.o)
+GPU_BIN   := $(GPU_SRC:tests/gpu/%.cu=$(BUILD)/tests/gpu/%)
 CPPFLAGS  += -DLRMOE_HAVE_CUDA
 NVCCFLAGS ?= -O2
-NVCCFLAGS += -std=c++17 -arch=$(CUDA_ARCH) -Ilib -Ikernels -Xcompiler -Wall,-Wextra
+NVCCFLAGS += -std=c++17 -arch=$(CUDA_ARCH) -DLRMOE_HAVE_CUDA -Ilib -Ikernels \
+             -Xcompiler -Wall,-Wextra -MMD -MP
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib))
 LDLIBS    += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart -lcublas -lnccl -lstdc++
+all: deps-build $(GPU_BIN)
+-include $(CU_OBJ:.o=.d) $(GPU_BIN:=.d)
 else
 CU_OBJ    :=
+GPU_BIN   :=
 endif
 
 all: deps-build $(TOOLS)
@@ -57,6 +65,13 @@ $(BUILD)/kernels/%.o: kernels/%.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
+$(BUILD)/tests/gpu/%.o: tests/gpu/%.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(BUILD)/liblrmoe.a
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 $(BUILD)/src/%.o: src/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
@@ -69,7 +84,7 @@ check: all deps-test
 	@sh tests/run.sh
 
 check-gpu: all
-	@sh tests/gpu/check-gpu.sh
+	@BUILD="$(BUILD)" HAVE_CUDA="$(HAVE_CUDA)" sh tests/gpu/check-gpu.sh
 
 bench: all deps-test
 	@sh tests/bench/run.sh

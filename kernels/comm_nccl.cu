@@ -1,0 +1,196 @@
+/* CUDA communicator: NCCL between distinct devices, device copies when ranks
+ * share a device (see comm_cuda.h). */
+#include <nccl.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kcu_internal.h"
+#include "comm_cuda.h"
+
+#define KCU_NCCL(call) do { ncclResult_t r_ = (call); if (r_ != ncclSuccess) \
+    return lrmoe_err("%s: %s", kcu_callname(#call), ncclGetErrorString(r_)); } while (0)
+
+typedef struct {
+    int P, nccl;
+    lrmoe_kcu_ctx_t **ctx;   /* (P) borrowed */
+    ncclComm_t *comm;        /* (P) when nccl */
+} cstate_t;
+
+static cstate_t *st(lrmoe_comm_t *c) { return (cstate_t *)c->ctx; }
+
+/* Wait for every rank's stream. */
+static int sync_all(cstate_t *s)
+{
+    for (int r = 0; r < s->P; r++) {
+        KCU_CUDA(cudaSetDevice(s->ctx[r]->device));
+        KCU_CUDA(cudaStreamSynchronize(s->ctx[r]->stream));
+    }
+    return 0;
+}
+
+static int restore(void)
+{
+    lrmoe_kcu_ctx_t *c = lrmoe_kcu_current();
+    if (c) KCU_CUDA(cudaSetDevice(c->device));
+    return 0;
+}
+
+static int nccl_a2a(cstate_t *s, size_t es, const void *const *send, const int64_t *counts,
+                    const int64_t *sdispls, void *const *recv, const int64_t *rdispls)
+{
+    int P = s->P;
+    KCU_NCCL(ncclGroupStart());
+    for (int a = 0; a < P; a++)
+        for (int b = 0; b < P; b++) {
+            /* rank a sends to b, and receives from b */
+            int64_t ns = counts[(size_t)a * P + b], nr = counts[(size_t)b * P + a];
+            if (ns > 0) {
+                ncclResult_t r = ncclSend((const char *)send[a] + (size_t)sdispls[(size_t)a * P + b] * es,
+                                          (size_t)ns * es, ncclUint8, b, s->comm[a], s->ctx[a]->stream);
+                if (r != ncclSuccess) {
+                    (void)ncclGroupEnd();
+                    return lrmoe_err("ncclSend: %s", ncclGetErrorString(r));
+                }
+            }
+            if (nr > 0) {
+                ncclResult_t r = ncclRecv((char *)recv[a] + (size_t)rdispls[(size_t)a * P + b] * es,
+                                          (size_t)nr * es, ncclUint8, b, s->comm[a], s->ctx[a]->stream);
+                if (r != ncclSuccess) {
+                    (void)ncclGroupEnd();
+                    return lrmoe_err("ncclRecv: %s", ncclGetErrorString(r));
+                }
+            }
+        }
+    KCU_NCCL(ncclGroupEnd());
+    return 0;
+}
+
+static int copy_a2a(cstate_t *s, size_t es, const void *const *send, const int64_t *counts,
+                    const int64_t *sdispls, void *const *recv, const int64_t *rdispls)
+{
+    int P = s->P;
+    for (int d = 0; d < P; d++) {
+        KCU_CUDA(cudaSetDevice(s->ctx[d]->device));
+        for (int r = 0; r < P; r++) {
+            int64_t n = counts[(size_t)r * P + d];
+            if (n <= 0) continue;
+            KCU_CUDA(cudaMemcpyAsync((char *)recv[d] + (size_t)rdispls[(size_t)d * P + r] * es,
+                                     (const char *)send[r] + (size_t)sdispls[(size_t)r * P + d] * es,
+                                     (size_t)n * es, cudaMemcpyDefault, s->ctx[d]->stream));
+        }
+    }
+    return 0;
+}
+
+static int cuda_alltoallv(lrmoe_comm_t *c, size_t es, const void *const *send,
+                          const int64_t *counts, const int64_t *sdispls, void *const *recv,
+                          const int64_t *rdispls, double *rank_sec)
+{
+    cstate_t *s = st(c);
+    int P = s->P;
+    for (int i = 0; i < P * P; i++)
+        if (counts[i] < 0)
+            return lrmoe_err("alltoallv: negative count from rank %d to %d", i / P, i % P);
+    for (int r = 0; r < P; r++) {
+        int out = 0, in = 0;
+        for (int q = 0; q < P; q++) { out |= counts[r * P + q] > 0; in |= counts[q * P + r] > 0; }
+        if ((out && !send[r]) || (in && !recv[r])) return lrmoe_err("alltoallv: NULL buffer");
+    }
+    /* senders' buffers are ready once their streams drain */
+    if (sync_all(s) < 0) return -1;
+    double t0 = lrmoe_now();
+    int rc = s->nccl ? nccl_a2a(s, es, send, counts, sdispls, recv, rdispls)
+                     : copy_a2a(s, es, send, counts, sdispls, recv, rdispls);
+    if (rc == 0) rc = sync_all(s);
+    double dt = lrmoe_now() - t0;
+    if (rank_sec)
+        for (int r = 0; r < P; r++) rank_sec[r] += dt;
+    if (restore() < 0 && rc == 0) rc = -1;
+    return rc;
+}
+
+static int cuda_p2p(lrmoe_comm_t *c, int src, const void *sendbuf, int dst, void *recvbuf,
+                    size_t bytes)
+{
+    cstate_t *s = st(c);
+    if (src < 0 || src >= s->P || dst < 0 || dst >= s->P)
+        return lrmoe_err("p2p: rank out of range (%d -> %d, P=%d)", src, dst, s->P);
+    if (!bytes || sendbuf == recvbuf) return 0;
+    if (sync_all(s) < 0) return -1;
+    if (s->nccl && src != dst) {
+        KCU_NCCL(ncclGroupStart());
+        ncclResult_t r1 = ncclSend(sendbuf, bytes, ncclUint8, dst, s->comm[src], s->ctx[src]->stream);
+        ncclResult_t r2 = ncclRecv(recvbuf, bytes, ncclUint8, src, s->comm[dst], s->ctx[dst]->stream);
+        ncclResult_t r3 = ncclGroupEnd();
+        if (r1 != ncclSuccess) return lrmoe_err("ncclSend: %s", ncclGetErrorString(r1));
+        if (r2 != ncclSuccess) return lrmoe_err("ncclRecv: %s", ncclGetErrorString(r2));
+        if (r3 != ncclSuccess) return lrmoe_err("ncclGroupEnd: %s", ncclGetErrorString(r3));
+    } else {
+        KCU_CUDA(cudaSetDevice(s->ctx[dst]->device));
+        KCU_CUDA(cudaMemcpyAsync(recvbuf, sendbuf, bytes, cudaMemcpyDefault, s->ctx[dst]->stream));
+    }
+    if (sync_all(s) < 0) return -1;
+    return restore();
+}
+
+static void cuda_destroy(lrmoe_comm_t *c)
+{
+    cstate_t *s = st(c);
+    if (!s) return;
+    if (s->comm)
+        for (int r = 0; r < s->P; r++)
+            if (s->comm[r]) (void)ncclCommDestroy(s->comm[r]);
+    free(s->comm);
+    free(s->ctx);
+    free(s);
+    c->ctx = NULL;
+}
+
+int lrmoe_comm_cuda_init(lrmoe_comm_t *c, int P, lrmoe_kcu_ctx_t *const *ctx, int use_nccl)
+{
+    memset(c, 0, sizeof *c);
+    if (P < 1) return lrmoe_err("comm: P must be >= 1, got %d", P);
+    int distinct = 1;
+    for (int a = 0; a < P; a++)
+        for (int b = a + 1; b < P; b++)
+            if (ctx[a]->device == ctx[b]->device) distinct = 0;
+    if (use_nccl == 1 && !distinct)
+        return lrmoe_err("comm: NCCL needs one device per rank (ranks share a device)");
+    cstate_t *s = (cstate_t *)calloc(1, sizeof *s);
+    if (!s) return lrmoe_err("out of memory");
+    s->P = P;
+    s->nccl = use_nccl == 1 || (use_nccl < 0 && distinct && P > 1);
+    s->ctx = (lrmoe_kcu_ctx_t **)malloc((size_t)P * sizeof *s->ctx);
+    if (!s->ctx) { free(s); return lrmoe_err("out of memory"); }
+    memcpy(s->ctx, ctx, (size_t)P * sizeof *s->ctx);
+    c->P = P;
+    c->backend = 1; /* LRMOE_BACKEND_CUDA */
+    c->ctx = s;
+    c->alltoallv = cuda_alltoallv;
+    c->p2p = cuda_p2p;
+    c->destroy = cuda_destroy;
+    if (s->nccl) {
+        int *dev = (int *)malloc((size_t)P * sizeof *dev);
+        s->comm = (ncclComm_t *)calloc((size_t)P, sizeof *s->comm);
+        if (!dev || !s->comm) {
+            free(dev);
+            cuda_destroy(c);
+            return lrmoe_err("out of memory");
+        }
+        for (int r = 0; r < P; r++) dev[r] = ctx[r]->device;
+        ncclResult_t r = ncclCommInitAll(s->comm, P, dev);
+        free(dev);
+        if (r != ncclSuccess) {
+            free(s->comm);
+            s->comm = NULL;
+            cuda_destroy(c);
+            return lrmoe_err("ncclCommInitAll: %s", ncclGetErrorString(r));
+        }
+        if (restore() < 0) { cuda_destroy(c); return -1; }
+    }
+    return 0;
+}
+
+int lrmoe_comm_cuda_is_nccl(const lrmoe_comm_t *c)
+{
+    return c->ctx && ((const cstate_t *)c->ctx)->nccl;
+}

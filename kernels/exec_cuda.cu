@@ -1,0 +1,933 @@
+/* lrmoe-exec, CUDA backend: the entry points lrmoe_exec_forward_cuda and
+ * lrmoe_exec_backward_cuda of lib/exec.h.
+ *
+ * Same data path as the CPU backend (lib/exec_cpu.c), on devices: P ranks,
+ * rank r on device (cfg->device + r) mod G (G = visible devices, or
+ * LRMOE_GPUS when set). Token rows and weight bytes cross ranks only through
+ * the CUDA communicator (kernels/comm_nccl.cu: NCCL between distinct devices,
+ * device copies when ranks share one). The host keeps only the metadata
+ * (pair layout, send/receive orders), exactly the CPU backend's:
+ *
+ *   rows: every row i belongs to a destination rank d (rows of d are
+ *   [base[d], base[d+1])), expert-major, pair u ascending inside an expert
+ *   segment; its source is the owner of token u/K. Send buffer of s:
+ *   destinations ascending, rows in layout order. Receive buffer of d:
+ *   sources ascending, then permuted into layout order for the GEMMs.
+ *
+ * Expert GEMMs are cuBLAS with BF16 operands and F32 accumulation
+ * (lrmoe_kcu_gemm; LRMOE_GEMM=loop|grouped picks the implementation,
+ * LRMOE_GEMM_STREAMS the loop's streams). SwiGLU, conversions, gathers,
+ * combine and the router gradient are the kernels of kcu.cu.
+ *
+ * Numerics against the CPU backend: the CPU runs F32 GEMMs on F32 copies of
+ * the operands; here every GEMM operand is rounded to BF16 (x, the weights,
+ * phi, dy, dphi-derived dg/du), so results agree to BF16 operand precision
+ * (relative error ~1e-3..1e-2), exactly where operands were BF16 already.
+ *
+ * Timings: stages are timed on the host around work that is synchronised per
+ * rank, so each rank's seconds are its own device time plus launch overhead.
+ *
+ * CUDA-HOOK: lrmoe_exec_cfg_t has no GPU count or GEMM choice; until it does,
+ * LRMOE_GPUS, LRMOE_GEMM and LRMOE_GEMM_STREAMS are read from the
+ * environment here.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+#include "kcu_internal.h"
+#include "comm_cuda.h"
+extern "C" {
+#include "exec.h"
+}
+
+#define TIM(r, s) (tim[(size_t)(r) * LRMOE_NSTAGES + (s)])
+#define CK(x) do { if ((x) < 0) goto out; } while (0)
+
+namespace {
+
+/* ---------------------------------------------------------------- layout */
+
+struct layout_t {
+    int P = 0;
+    int64_t T = 0, K = 0, E = 0, M = 0;
+    std::vector<int64_t> u, cnt, seg;    /* (M), (P,E), (P,E) */
+    std::vector<int64_t> base, sbase;    /* (P+1) */
+    std::vector<int32_t> owner;          /* (M) */
+    std::vector<int64_t> counts, sdispls, rdispls; /* (P,P) */
+};
+
+static int layout_finish(layout_t &L)
+{
+    int P = L.P;
+    L.base.assign(P + 1, 0);
+    L.sbase.assign(P + 1, 0);
+    L.owner.assign(L.M, 0);
+    L.counts.assign((size_t)P * P, 0);
+    L.sdispls.assign((size_t)P * P, 0);
+    L.rdispls.assign((size_t)P * P, 0);
+    int64_t acc = 0;
+    for (int d = 0; d < P; d++) {
+        L.base[d] = acc;
+        for (int64_t e = 0; e < L.E; e++) acc += L.cnt[d * L.E + e];
+    }
+    L.base[P] = acc;
+    for (int d = 0; d < P; d++)
+        for (int64_t i = L.base[d]; i < L.base[d + 1]; i++) {
+            int s = lrmoe_exec_token_owner(L.u[i] / L.K, L.T, P);
+            L.owner[i] = s;
+            L.counts[(size_t)s * P + d]++;
+        }
+    lrmoe_comm_displs(P, L.counts.data(), L.sdispls.data(), L.rdispls.data());
+    acc = 0;
+    for (int s = 0; s < P; s++) {
+        L.sbase[s] = acc;
+        for (int d = 0; d < P; d++) acc += L.counts[(size_t)s * P + d];
+    }
+    L.sbase[P] = acc;
+    return 0;
+}
+
+static int layout_pairs(layout_t &L, int P, int64_t T, int64_t K, int64_t E,
+                        const int32_t *topk, const int32_t *pair_rank)
+{
+    L.P = P; L.T = T; L.K = K; L.E = E; L.M = T * K;
+    L.u.assign(L.M, 0);
+    L.cnt.assign((size_t)P * E, 0);
+    L.seg.assign((size_t)P * E, 0);
+    for (int64_t u = 0; u < L.M; u++) {
+        if (pair_rank[u] < 0 || pair_rank[u] >= P)
+            return lrmoe_err("pair_rank[%lld,%lld]: rank %d out of range [0,%d)",
+                             (long long)(u / K), (long long)(u % K), pair_rank[u], P);
+        L.cnt[(int64_t)pair_rank[u] * E + topk[u]]++;
+    }
+    int64_t acc = 0;
+    for (int64_t j = 0; j < P * E; j++) { L.seg[j] = acc; acc += L.cnt[j]; }
+    std::vector<int64_t> fill(L.seg);
+    for (int64_t u = 0; u < L.M; u++) L.u[fill[(int64_t)pair_rank[u] * E + topk[u]]++] = u;
+    return layout_finish(L);
+}
+
+/* The packed rows of lrmoe-pack, validated like the CPU backend does. */
+static int layout_packed(layout_t &L, int P, int64_t T, int64_t K, int64_t E,
+                         const int32_t *topk, const lrmoe_exec_bwd_t *a, const uint8_t *placement)
+{
+    L.P = P; L.T = T; L.K = K; L.E = E; L.M = a->R;
+    if (a->R < 0 || a->R > T * K)
+        return lrmoe_err("pack: %lld packed rows for %lld pairs", (long long)a->R,
+                         (long long)(T * K));
+    if (!a->pack_pair || !a->pack_counts || !a->pack_offsets || !a->pack_grad ||
+        (a->R && (!a->pack_hidden || !a->pack_gate || !a->pack_up)))
+        return lrmoe_err("compact mode needs pack_pair, pack_counts, pack_offsets, "
+                         "pack_grad, pack_hidden, pack_gate and pack_up");
+    int64_t acc = 0;
+    for (int64_t j = 0; j < P * E; j++) {
+        int64_t c = a->pack_counts[j];
+        if (c < 0)
+            return lrmoe_err("pack_counts[%lld,%lld]: negative (%lld)", (long long)(j / E),
+                             (long long)(j % E), (long long)c);
+        if (a->pack_offsets[j] != acc)
+            return lrmoe_err("pack_offsets[%lld,%lld] is %lld, expected %lld (exclusive "
+                             "prefix sum of pack_counts)", (long long)(j / E), (long long)(j % E),
+                             (long long)a->pack_offsets[j], (long long)acc);
+        if (c > 0 && placement && !placement[(j % E) * P + j / E])
+            return lrmoe_err("pack_counts[%lld,%lld]: %lld rows on a rank without an "
+                             "instance of the expert", (long long)(j / E), (long long)(j % E),
+                             (long long)c);
+        acc += c;
+    }
+    if (acc != a->R)
+        return lrmoe_err("pack_counts sum to %lld but there are %lld packed rows",
+                         (long long)acc, (long long)a->R);
+    std::vector<uint8_t> seen((size_t)(T * K), 0);
+    for (int64_t j = 0; j < P * E; j++) {
+        int64_t e = j % E, d = j / E;
+        for (int64_t i = a->pack_offsets[j]; i < a->pack_offsets[j] + a->pack_counts[j]; i++) {
+            int64_t u = a->pack_pair[i];
+            if (u < 0 || u >= T * K)
+                return lrmoe_err("pack_pair[%lld]: pair %lld out of range [0,%lld)",
+                                 (long long)i, (long long)u, (long long)(T * K));
+            if (seen[u])
+                return lrmoe_err("pack_pair[%lld]: pair %lld packed twice", (long long)i,
+                                 (long long)u);
+            seen[u] = 1;
+            if (topk[u] != e)
+                return lrmoe_err("pack_pair[%lld]: pair %lld is of expert %d but sits in the "
+                                 "segment of expert %lld", (long long)i, (long long)u, topk[u],
+                                 (long long)e);
+            if (i > a->pack_offsets[j] && a->pack_pair[i - 1] >= u)
+                return lrmoe_err("pack_pair[%lld]: pairs not ascending inside segment (%lld,%lld)",
+                                 (long long)i, (long long)d, (long long)e);
+            if (a->pack_rank && a->pack_rank[i] != d)
+                return lrmoe_err("pack_rank[%lld] is %d but the row lies in rank %lld's segment",
+                                 (long long)i, a->pack_rank[i], (long long)d);
+        }
+    }
+    L.u.assign(a->pack_pair, a->pack_pair + a->R);
+    L.cnt.assign(a->pack_counts, a->pack_counts + P * E);
+    L.seg.assign(a->pack_offsets, a->pack_offsets + P * E);
+    return layout_finish(L);
+}
+
+/* ---------------------------------------------------------------- ranks */
+
+struct rank_t {
+    lrmoe_kcu_ctx_t *ctx = nullptr;
+    int64_t t_lo = 0, t_hi = 0;
+    std::vector<void *> mem;              /* device allocations to free */
+    std::vector<void *> wst;              /* (E) expert weights, storage dtype (3 matrices) */
+    std::vector<const uint16_t *> wbf;    /* (E) BF16 view (3 matrices) */
+};
+
+struct run_t {
+    int P = 0;
+    const lrmoe_exec_dims_t *d = nullptr;
+    std::vector<rank_t> rk;
+    lrmoe_comm_t comm;
+    int comm_ok = 0;
+    double *tim = nullptr;
+
+    int use(int r) { return lrmoe_kcu_use(rk[r].ctx); }
+
+    /* device memory on rank r (freed at the end) */
+    int dalloc(int r, void **p, size_t bytes)
+    {
+        if (use(r) < 0) return -1;
+        if (lrmoe_kcu_alloc(p, bytes ? bytes : 16) < 0) return -1;
+        rk[r].mem.push_back(*p);
+        return 0;
+    }
+    template <typename X> int dalloc(int r, X **p, size_t bytes)
+    {
+        void *v = nullptr;
+        int rc = dalloc(r, &v, bytes);
+        *p = (X *)v;
+        return rc;
+    }
+    int sync(int r)
+    {
+        if (use(r) < 0) return -1;
+        return lrmoe_kcu_sync();
+    }
+};
+
+static int env_int(const char *name, int dflt, int lo, int hi, int *out)
+{
+    const char *s = getenv(name);
+    *out = dflt;
+    if (!s || !*s) return 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || v < lo || v > hi)
+        return lrmoe_err("%s: '%s' is not an integer in [%d,%d]", name, s, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+static int run_init(run_t &R, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                    double *tim)
+{
+    R.P = d->P;
+    R.d = d;
+    R.tim = tim;
+    memset(&R.comm, 0, sizeof R.comm);
+    int ndev = lrmoe_kcu_device_count();
+    if (ndev < 0) return lrmoe_err_prefix("backend cuda: no usable CUDA device");
+    int gpus, streams;
+    lrmoe_gemm_impl_t impl = LRMOE_GEMM_LOOP;
+    if (env_int("LRMOE_GPUS", ndev, 1, ndev, &gpus) < 0 ||
+        env_int("LRMOE_GEMM_STREAMS", 4, 1, KCU_MAX_STREAMS, &streams) < 0)
+        return -1;
+    const char *gi = getenv("LRMOE_GEMM");
+    if (gi && *gi && lrmoe_gemm_impl_parse(gi, &impl) < 0) return lrmoe_err_prefix("LRMOE_GEMM");
+    if (cfg->device < 0 || cfg->device >= ndev)
+        return lrmoe_err("backend cuda: device %d out of range (%d devices)", cfg->device, ndev);
+    R.rk.resize(R.P);
+    std::vector<lrmoe_kcu_ctx_t *> ctxs(R.P);
+    for (int r = 0; r < R.P; r++) {
+        int dev = (cfg->device + r % gpus) % ndev;
+        if (lrmoe_kcu_ctx_create(dev, streams, &R.rk[r].ctx) < 0) return -1;
+        lrmoe_kcu_set_gemm(R.rk[r].ctx, impl);
+        ctxs[r] = R.rk[r].ctx;
+        R.rk[r].t_lo = (int64_t)r * d->T / R.P;
+        R.rk[r].t_hi = (int64_t)(r + 1) * d->T / R.P;
+        R.rk[r].wst.assign(d->E, nullptr);
+        R.rk[r].wbf.assign(d->E, nullptr);
+    }
+    if (lrmoe_comm_cuda_init(&R.comm, R.P, ctxs.data(), -1) < 0) return -1;
+    R.comm_ok = 1;
+    return 0;
+}
+
+static void run_free(run_t &R)
+{
+    for (int r = 0; r < (int)R.rk.size(); r++) {
+        if (!R.rk[r].ctx) continue;
+        if (R.use(r) == 0) {
+            for (void *p : R.rk[r].mem) (void)lrmoe_kcu_free(p);
+            (void)lrmoe_kcu_sync();
+        }
+    }
+    if (R.comm_ok) lrmoe_comm_free(&R.comm);
+    for (int r = 0; r < (int)R.rk.size(); r++) lrmoe_kcu_ctx_destroy(R.rk[r].ctx);
+    R.rk.clear();
+    (void)lrmoe_kcu_use(nullptr);
+}
+
+/* ---------------------------------------------------------------- weights */
+
+/* Native experts from the host, replicas/helpers by p2p from the native rank
+ * (stage weights); then a BF16 view of each (converted when F32). need(r,e)
+ * as the CPU backend: rows of e on r, or an instance in the placement. */
+static int load_weights(run_t &R, const lrmoe_exec_weights_t *w, const layout_t &L,
+                        const uint8_t *placement)
+{
+    const lrmoe_exec_dims_t *d = R.d;
+    int P = R.P;
+    int64_t E = d->E;
+    size_t FD = (size_t)(d->F * d->D);
+    size_t mb = FD * lrmoe_dtype_size(w->dtype);
+    int isbf = w->dtype == LRMOE_BF16;
+    double *tim = R.tim;
+    for (int r = 0; r < P; r++) {
+        double t0 = lrmoe_now();
+        for (int64_t e = 0; e < E; e++) {
+            if (lrmoe_exec_native(e, E, P) != r) continue;
+            char *buf;
+            if (R.dalloc(r, &buf, 3 * mb) < 0 ||
+                lrmoe_kcu_h2d(buf, (const char *)w->w_gate + e * mb, mb) < 0 ||
+                lrmoe_kcu_h2d(buf + mb, (const char *)w->w_up + e * mb, mb) < 0 ||
+                lrmoe_kcu_h2d(buf + 2 * mb, (const char *)w->w_down + e * mb, mb) < 0)
+                return -1;
+            R.rk[r].wst[e] = buf;
+        }
+        if (R.sync(r) < 0) return -1;
+        TIM(r, LRMOE_STAGE_WEIGHTS) += lrmoe_now() - t0;
+    }
+    for (int r = 0; r < P; r++) {
+        double t0 = lrmoe_now();
+        for (int64_t e = 0; e < E; e++) {
+            int nat = lrmoe_exec_native(e, E, P);
+            int need = nat != r && (L.cnt[r * E + e] > 0 || (placement && placement[e * P + r]));
+            if (!need) continue;
+            char *buf;
+            if (R.dalloc(r, &buf, 3 * mb) < 0) return -1;
+            R.rk[r].wst[e] = buf;
+            if (R.comm.p2p(&R.comm, nat, R.rk[nat].wst[e], r, buf, 3 * mb) < 0) return -1;
+        }
+        TIM(r, LRMOE_STAGE_WEIGHTS) += lrmoe_now() - t0;
+    }
+    for (int r = 0; r < P; r++) {
+        double t0 = lrmoe_now();
+        for (int64_t e = 0; e < E; e++) {
+            if (!R.rk[r].wst[e]) continue;
+            if (isbf) {
+                R.rk[r].wbf[e] = (const uint16_t *)R.rk[r].wst[e];
+                continue;
+            }
+            uint16_t *b;
+            if (R.dalloc(r, &b, 3 * FD * 2) < 0 ||
+                lrmoe_kcu_f32_to_bf16((int64_t)(3 * FD), (const float *)R.rk[r].wst[e], b) < 0)
+                return -1;
+            R.rk[r].wbf[e] = b;
+        }
+        if (R.sync(r) < 0) return -1;
+        TIM(r, LRMOE_STAGE_GEMM) += lrmoe_now() - t0;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- exchange */
+
+/* Forward direction. sendbuf[s] holds source s's rows in send order (built by
+ * the caller); after the all-to-all each rank d's rows are permuted into
+ * layout order into out[d] (M_d rows of row_bytes). */
+static int exchange_fwd(run_t &R, const layout_t &L, size_t row_bytes,
+                        std::vector<void *> &sendbuf, std::vector<void *> &out, int stage)
+{
+    int P = R.P;
+    double *tim = R.tim;
+    std::vector<void *> recv(P, nullptr);
+    std::vector<double> sec(P, 0.0);
+    for (int d = 0; d < P; d++)
+        if (R.dalloc(d, &recv[d], (size_t)(L.base[d + 1] - L.base[d]) * row_bytes) < 0) return -1;
+    if (R.comm.alltoallv(&R.comm, row_bytes, (const void *const *)sendbuf.data(), L.counts.data(),
+                         L.sdispls.data(), (void *const *)recv.data(), L.rdispls.data(),
+                         sec.data()) < 0)
+        return -1;
+    for (int d = 0; d < P; d++) {
+        double t0 = lrmoe_now();
+        int64_t n = L.base[d + 1] - L.base[d];
+        std::vector<int64_t> perm(n ? n : 1);
+        std::vector<int64_t> pos(P);
+        for (int s = 0; s < P; s++) pos[s] = L.rdispls[(size_t)d * P + s];
+        for (int64_t i = L.base[d]; i < L.base[d + 1]; i++) perm[i - L.base[d]] = pos[L.owner[i]]++;
+        int64_t *dperm;
+        if (R.dalloc(d, &out[d], (size_t)n * row_bytes) < 0 || R.dalloc(d, &dperm, (size_t)n * 8) < 0 ||
+            lrmoe_kcu_h2d(dperm, perm.data(), (size_t)n * 8) < 0 ||
+            lrmoe_kcu_pack_gather(dperm, n, 1, 0, recv[d], row_bytes, out[d]) < 0 || R.sync(d) < 0)
+            return -1;
+        TIM(d, stage) += lrmoe_now() - t0 + sec[d];
+    }
+    return 0;
+}
+
+/* Reverse direction: rank d sends its rows in[d] (layout order, row_bytes)
+ * back to the token owners; recv[s] receives them in s's send order, and
+ * upos[u] is the row of pair u inside recv[s] (s = owner of u/K), -1 when
+ * the pair has no row. */
+static int exchange_rev(run_t &R, const layout_t &L, size_t row_bytes, std::vector<void *> &in,
+                        std::vector<void *> &recv, std::vector<int64_t> &upos, int stage)
+{
+    int P = R.P;
+    double *tim = R.tim;
+    std::vector<int64_t> cnt2((size_t)P * P), sd2((size_t)P * P), rd2((size_t)P * P);
+    std::vector<void *> send(P, nullptr);
+    std::vector<double> sec(P, 0.0);
+    for (int s = 0; s < P; s++)
+        for (int d = 0; d < P; d++) {
+            cnt2[(size_t)d * P + s] = L.counts[(size_t)s * P + d];
+            sd2[(size_t)d * P + s] = L.rdispls[(size_t)d * P + s];
+            rd2[(size_t)s * P + d] = L.sdispls[(size_t)s * P + d];
+        }
+    for (int d = 0; d < P; d++) {
+        double t0 = lrmoe_now();
+        int64_t n = L.base[d + 1] - L.base[d];
+        /* send position of row i is its receive position; as a gather:
+         * send[pos] = in[i] */
+        std::vector<int64_t> src(n ? n : 1);
+        std::vector<int64_t> pos(P);
+        for (int s = 0; s < P; s++) pos[s] = L.rdispls[(size_t)d * P + s];
+        for (int64_t i = L.base[d]; i < L.base[d + 1]; i++) src[pos[L.owner[i]]++] = i - L.base[d];
+        int64_t *dsrc;
+        if (R.dalloc(d, &send[d], (size_t)n * row_bytes) < 0 || R.dalloc(d, &dsrc, (size_t)n * 8) < 0 ||
+            lrmoe_kcu_h2d(dsrc, src.data(), (size_t)n * 8) < 0 ||
+            lrmoe_kcu_pack_gather(dsrc, n, 1, 0, in[d], row_bytes, send[d]) < 0 || R.sync(d) < 0)
+            return -1;
+        TIM(d, stage) += lrmoe_now() - t0;
+    }
+    for (int s = 0; s < P; s++)
+        if (R.dalloc(s, &recv[s], (size_t)(L.sbase[s + 1] - L.sbase[s]) * row_bytes) < 0) return -1;
+    if (R.comm.alltoallv(&R.comm, row_bytes, (const void *const *)send.data(), cnt2.data(),
+                         sd2.data(), (void *const *)recv.data(), rd2.data(), sec.data()) < 0)
+        return -1;
+    upos.assign((size_t)(L.T * L.K), -1);
+    for (int s = 0; s < P; s++) {
+        double t0 = lrmoe_now();
+        for (int d = 0; d < P; d++) {
+            int64_t k = L.sdispls[(size_t)s * P + d];
+            if (!L.counts[(size_t)s * P + d]) continue;
+            for (int64_t i = L.base[d]; i < L.base[d + 1]; i++)
+                if (L.owner[i] == s) upos[L.u[i]] = k++;
+        }
+        TIM(s, stage) += lrmoe_now() - t0 + sec[s];
+    }
+    return 0;
+}
+
+/* Send order of source s: destinations ascending, rows in layout order. */
+static std::vector<int64_t> send_rows(const layout_t &L, int s)
+{
+    std::vector<int64_t> v;
+    v.reserve((size_t)(L.sbase[s + 1] - L.sbase[s]));
+    for (int d = 0; d < L.P; d++) {
+        if (!L.counts[(size_t)s * L.P + d]) continue;
+        for (int64_t i = L.base[d]; i < L.base[d + 1]; i++)
+            if (L.owner[i] == s) v.push_back(i);
+    }
+    return v;
+}
+
+/* ---------------------------------------------------------------- checks */
+
+static int check_common(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w)
+{
+    if (d->P < 1) return lrmoe_err("ranks must be >= 1 (got %d)", d->P);
+    if (d->T < 0 || d->E < 1 || d->K < 1 || d->D < 1 || d->F < 1)
+        return lrmoe_err("bad dimensions T=%lld E=%lld K=%lld D=%lld F=%lld", (long long)d->T,
+                         (long long)d->E, (long long)d->K, (long long)d->D, (long long)d->F);
+    if (d->K > d->E) return lrmoe_err("K=%lld exceeds E=%lld", (long long)d->K, (long long)d->E);
+    if (d->P > d->E)
+        return lrmoe_err("%d ranks for %lld experts: every rank needs a native expert", d->P,
+                         (long long)d->E);
+    if (w->dtype != LRMOE_F32 && w->dtype != LRMOE_BF16)
+        return lrmoe_err("weights: dtype %s not supported (BF16 or F32)", lrmoe_dtype_name(w->dtype));
+    if (!w->w_gate || !w->w_up || !w->w_down) return lrmoe_err("weights: missing matrices");
+    return 0;
+}
+
+static int act_ok(lrmoe_dtype_t dt, const char *what)
+{
+    if (dt != LRMOE_F32 && dt != LRMOE_BF16)
+        return lrmoe_err("%s: dtype %s not supported (BF16 or F32)", what, lrmoe_dtype_name(dt));
+    return 0;
+}
+
+/* BF16 copy of n elements of dtype dt on the current device (or dt's own
+ * buffer when it is BF16 already). */
+static int as_bf16(run_t &R, int r, lrmoe_dtype_t dt, const void *src, int64_t n,
+                   const uint16_t **out)
+{
+    if (dt == LRMOE_BF16) { *out = (const uint16_t *)src; return 0; }
+    uint16_t *b;
+    if (R.dalloc(r, &b, (size_t)n * 2) < 0 || lrmoe_kcu_f32_to_bf16(n, (const float *)src, b) < 0)
+        return -1;
+    *out = b;
+    return 0;
+}
+
+static lrmoe_gemm_t G(int64_t m, int64_t n, int64_t k, int ta, int tb, const void *a, int64_t lda,
+                      const void *b, int64_t ldb, void *c, int64_t ldc, float beta)
+{
+    lrmoe_gemm_t g;
+    g.m = m; g.n = n; g.k = k; g.ta = ta; g.tb = tb; g.a = a; g.b = b; g.c = c;
+    g.lda = lda; g.ldb = ldb; g.ldc = ldc; g.c_bf16 = 0; g.beta = beta;
+    return g;
+}
+
+} /* namespace */
+
+/* ---------------------------------------------------------------- forward */
+
+extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                                       const lrmoe_exec_weights_t *w,
+                                       const lrmoe_exec_plan_t *plan, lrmoe_exec_fwd_t *a,
+                                       double *timings)
+{
+    if (check_common(d, w) < 0 || act_ok(a->act_dtype, "hidden") < 0) return -1;
+    if (!a->hidden || !a->topk_ids || !a->topk_weights || !a->output || !a->pair_rank)
+        return lrmoe_err("forward: missing hidden, topk_ids, topk_weights, output or pair_rank");
+    const int64_t T = d->T, K = d->K, E = d->E, D = d->D, F = d->F;
+    const int P = d->P;
+    const lrmoe_dtype_t adt = a->act_dtype;
+    const size_t as = lrmoe_dtype_size(adt);
+    const int abf = adt == LRMOE_BF16;
+    if (!cfg->allow_nonfinite &&
+        (lrmoe_exec_check_finite(adt, a->hidden, (size_t)(T * D), "hidden") < 0 ||
+         lrmoe_exec_check_finite(LRMOE_F32, a->topk_weights, (size_t)(T * K), "topk_weights") < 0))
+        return -1;
+    const uint8_t *placement = plan ? plan->placement : NULL;
+    if (lrmoe_exec_assign(T, K, E, P, a->topk_ids, plan ? plan->fwd_alloc : NULL, placement,
+                          a->pair_rank) < 0)
+        return -1;
+    std::vector<double> tloc;
+    double *tim = timings;
+    if (!tim) { tloc.assign((size_t)P * LRMOE_NSTAGES, 0.0); tim = tloc.data(); }
+    else memset(tim, 0, (size_t)P * LRMOE_NSTAGES * sizeof *tim);
+
+    layout_t L;
+    run_t R;
+    int rc = -1;
+    const size_t rowb = (size_t)D * as;
+    std::vector<void *> sendb(P, nullptr), X(P, nullptr), Yst(P, nullptr), recv(P, nullptr);
+    std::vector<int64_t> upos;
+    CK(layout_pairs(L, P, T, K, E, a->topk_ids, a->pair_rank));
+    CK(run_init(R, cfg, d, tim));
+    CK(load_weights(R, w, L, placement));
+
+    /* dispatch: token rows (storage dtype) from their owners to the ranks */
+    for (int s = 0; s < P; s++) {
+        double t0 = lrmoe_now();
+        rank_t &rs = R.rk[s];
+        int64_t nt = rs.t_hi - rs.t_lo;
+        std::vector<int64_t> rows = send_rows(L, s), idx(rows.size() ? rows.size() : 1);
+        for (size_t j = 0; j < rows.size(); j++) idx[j] = L.u[rows[j]] - rs.t_lo * K;
+        void *hid;
+        int64_t *didx;
+        CK(R.dalloc(s, &hid, (size_t)nt * rowb));
+        CK(R.dalloc(s, &didx, idx.size() * 8));
+        CK(R.dalloc(s, &sendb[s], rows.size() * rowb));
+        CK(lrmoe_kcu_h2d(hid, (const char *)a->hidden + (size_t)rs.t_lo * rowb, (size_t)nt * rowb));
+        CK(lrmoe_kcu_h2d(didx, idx.data(), rows.size() * 8));
+        CK(lrmoe_kcu_pack_gather(didx, (int64_t)rows.size(), (int)K, 1, hid, rowb, sendb[s]));
+        CK(R.sync(s));
+        TIM(s, LRMOE_STAGE_DISPATCH) += lrmoe_now() - t0;
+    }
+    CK(exchange_fwd(R, L, rowb, sendb, X, LRMOE_STAGE_DISPATCH));
+
+    /* experts: h_g, h_u = x W^T (F32), phi = silu(h_g) h_u, y = phi W_down^T */
+    for (int r = 0; r < P; r++) {
+        int64_t n = L.base[r + 1] - L.base[r], b0 = L.base[r];
+        if (!n) continue;
+        double t0 = lrmoe_now();
+        const uint16_t *xb;
+        float *hg, *hu, *phi, *sq, *y;
+        uint16_t *phib;
+        CK(as_bf16(R, r, adt, X[r], n * D, &xb));
+        CK(R.dalloc(r, &hg, (size_t)(n * F) * 4));
+        CK(R.dalloc(r, &hu, (size_t)(n * F) * 4));
+        CK(R.dalloc(r, &phi, (size_t)(n * F) * 4));
+        CK(R.dalloc(r, &phib, (size_t)(n * F) * 2));
+        CK(R.dalloc(r, &sq, (size_t)n * 4));
+        CK(R.dalloc(r, &y, (size_t)(n * D) * 4));
+        std::vector<lrmoe_gemm_t> g1, g2;
+        for (int64_t e = 0; e < E; e++) {
+            int64_t c = L.cnt[r * E + e], i0 = L.seg[r * E + e] - b0;
+            if (!c) continue;
+            const uint16_t *W = R.rk[r].wbf[e];
+            size_t FD = (size_t)(F * D);
+            // x is (c,D), W_gate/W_up are (F,D): h = x W^T is (c,F)
+            g1.push_back(G(c, F, D, 0, 1, xb + i0 * D, D, W, D, hg + i0 * F, F, 0.0f));
+            g1.push_back(G(c, F, D, 0, 1, xb + i0 * D, D, W + FD, D, hu + i0 * F, F, 0.0f));
+            // phi is (c,F), W_down is (D,F): y = phi W_down^T is (c,D)
+            g2.push_back(G(c, D, F, 0, 1, phib + i0 * F, F, W + 2 * FD, F, y + i0 * D, D, 0.0f));
+        }
+        CK(lrmoe_kcu_gemm((int)g1.size(), g1.data()));
+        CK(R.sync(r));
+        double t1 = lrmoe_now();
+        CK(lrmoe_kcu_swiglu_fwd(n, F, hg, hu, phi, sq));
+        CK(lrmoe_kcu_f32_to_bf16(n * F, phi, phib));
+        /* saved state and ||phi||^2 back to the host, by pair */
+        {
+            std::vector<float> hsq(n);
+            std::vector<char> hbuf;
+            CK(lrmoe_kcu_d2h(hsq.data(), sq, (size_t)n * 4));
+            void *st = nullptr;
+            if (a->saved_gate || a->saved_up) {
+                CK(R.dalloc(r, &st, (size_t)(n * F) * as));
+                hbuf.resize((size_t)(n * F) * as);
+            }
+            for (int which = 0; which < 2; which++) {
+                void *dst = which ? a->saved_up : a->saved_gate;
+                if (!dst) continue;
+                CK(lrmoe_kcu_from_f32(n * F, which ? hu : hg, abf, st));
+                CK(lrmoe_kcu_d2h(hbuf.data(), st, hbuf.size()));
+                CK(R.sync(r));
+                for (int64_t j = 0; j < n; j++)
+                    memcpy((char *)dst + (size_t)(L.u[b0 + j] * F) * as, hbuf.data() + (size_t)(j * F) * as,
+                           (size_t)F * as);
+            }
+            CK(R.sync(r));
+            if (a->phi_sqnorm)
+                for (int64_t j = 0; j < n; j++) a->phi_sqnorm[L.u[b0 + j]] = hsq[j];
+        }
+        double t2 = lrmoe_now();
+        CK(lrmoe_kcu_gemm((int)g2.size(), g2.data()));
+        /* y rows in the storage dtype, as they travel */
+        CK(R.dalloc(r, &Yst[r], (size_t)n * rowb));
+        CK(lrmoe_kcu_from_f32(n * D, y, abf, Yst[r]));
+        CK(R.sync(r));
+        double t3 = lrmoe_now();
+        TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
+        TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+    }
+
+    /* combine: y rows back to the token owners, out_t = sum_k alpha_tk y_tk */
+    CK(exchange_rev(R, L, rowb, Yst, recv, upos, LRMOE_STAGE_COMBINE));
+    for (int s = 0; s < P; s++) {
+        double t0 = lrmoe_now();
+        rank_t &rs = R.rk[s];
+        int64_t nt = rs.t_hi - rs.t_lo, nr = L.sbase[s + 1] - L.sbase[s];
+        if (!nt) continue;
+        std::vector<int64_t> row((size_t)(nt * K));
+        for (int64_t j = 0; j < nt * K; j++) row[j] = upos[rs.t_lo * K + j];
+        float *yf, *al, *o;
+        int64_t *drow;
+        void *ost;
+        CK(R.dalloc(s, &yf, (size_t)(nr * D) * 4));
+        CK(R.dalloc(s, &al, (size_t)(nt * K) * 4));
+        CK(R.dalloc(s, &drow, (size_t)(nt * K) * 8));
+        CK(R.dalloc(s, &o, (size_t)(nt * D) * 4));
+        CK(R.dalloc(s, &ost, (size_t)nt * rowb));
+        CK(lrmoe_kcu_to_f32(nr * D, abf, recv[s], yf));
+        CK(lrmoe_kcu_h2d(al, a->topk_weights + rs.t_lo * K, (size_t)(nt * K) * 4));
+        CK(lrmoe_kcu_h2d(drow, row.data(), (size_t)(nt * K) * 8));
+        CK(lrmoe_kcu_combine(nt, (int)K, D, al, drow, yf, o));
+        CK(lrmoe_kcu_from_f32(nt * D, o, abf, ost));
+        CK(lrmoe_kcu_d2h((char *)a->output + (size_t)rs.t_lo * rowb, ost, (size_t)nt * rowb));
+        if (a->pair_out) {
+            std::vector<char> h((size_t)nr * rowb);
+            CK(lrmoe_kcu_d2h(h.data(), recv[s], h.size()));
+            CK(R.sync(s));
+            for (int64_t j = 0; j < nt * K; j++)
+                memcpy((char *)a->pair_out + (size_t)(rs.t_lo * K + j) * rowb,
+                       h.data() + (size_t)row[j] * rowb, rowb);
+        }
+        CK(R.sync(s));
+        TIM(s, LRMOE_STAGE_COMBINE) += lrmoe_now() - t0;
+    }
+    rc = 0;
+out:
+    run_free(R);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                                        const lrmoe_exec_weights_t *w,
+                                        const lrmoe_exec_plan_t *plan, lrmoe_exec_bwd_t *a,
+                                        double *timings)
+{
+    if (check_common(d, w) < 0 || act_ok(a->act_dtype, "saved state") < 0 ||
+        act_ok(a->grad_dtype, "grad_output") < 0)
+        return -1;
+    const int64_t T = d->T, K = d->K, E = d->E, D = d->D, F = d->F;
+    const int P = d->P;
+    const lrmoe_dtype_t adt = a->act_dtype;
+    const size_t as = lrmoe_dtype_size(adt);
+    const int abf = adt == LRMOE_BF16, gbf = a->grad_dtype == LRMOE_BF16;
+    const size_t gs = lrmoe_dtype_size(a->grad_dtype);
+    const int compact = a->mode == LRMOE_MODE_COMPACT, masked = a->mode == LRMOE_MODE_MASKED;
+    if (!a->topk_ids || !a->topk_weights || !a->grad_output || !a->pair_out || !a->grad_hidden ||
+        !a->grad_w_gate || !a->grad_w_up || !a->grad_w_down || !a->grad_topk_weights)
+        return lrmoe_err("backward: missing topk_ids, topk_weights, grad_output, pair_out "
+                         "or an output array");
+    if (!compact && (!a->hidden || !a->pair_rank || !a->saved_gate || !a->saved_up))
+        return lrmoe_err("backward %s: needs hidden, pair_rank, saved_gate and saved_up",
+                         lrmoe_exec_mode_name(a->mode));
+    if (masked && !a->keep) return lrmoe_err("backward masked: needs keep");
+    for (int64_t u = 0; u < T * K; u++)
+        if (a->topk_ids[u] < 0 || a->topk_ids[u] >= E)
+            return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
+                             (long long)(u / K), (long long)(u % K), a->topk_ids[u], (long long)E);
+    if (!cfg->allow_nonfinite &&
+        (lrmoe_exec_check_finite(a->grad_dtype, a->grad_output, (size_t)(T * D), "grad_output") < 0 ||
+         lrmoe_exec_check_finite(LRMOE_F32, a->topk_weights, (size_t)(T * K), "topk_weights") < 0 ||
+         (compact && lrmoe_exec_check_finite(LRMOE_F32, a->pack_grad, (size_t)(a->R * D), "pack_grad") < 0) ||
+         (!compact && lrmoe_exec_check_finite(adt, a->hidden, (size_t)(T * D), "hidden") < 0)))
+        return -1;
+    const uint8_t *placement = plan ? plan->placement : NULL;
+    std::vector<double> tloc;
+    double *tim = timings;
+    if (!tim) { tloc.assign((size_t)P * LRMOE_NSTAGES, 0.0); tim = tloc.data(); }
+    else memset(tim, 0, (size_t)P * LRMOE_NSTAGES * sizeof *tim);
+
+    layout_t L;
+    run_t R;
+    int rc = -1;
+    const size_t rowf = (size_t)D * 4, FD = (size_t)(F * D);
+    std::vector<void *> sendb(P, nullptr), DY(P, nullptr), DX(P, nullptr), recv(P, nullptr);
+    std::vector<float *> gtok(P, nullptr);         /* (T_s, D) f32 g on its owner */
+    std::vector<float *> wgrad((size_t)P * E, nullptr); /* (3*FD) per instance */
+    std::vector<int64_t> upos;
+    if (compact) {
+        CK(layout_packed(L, P, T, K, E, a->topk_ids, a, placement));
+    } else {
+        CK(layout_pairs(L, P, T, K, E, a->topk_ids, a->pair_rank));
+        if (placement)
+            for (int64_t u = 0; u < T * K; u++)
+                if (!placement[(int64_t)a->topk_ids[u] * P + a->pair_rank[u]]) {
+                    lrmoe_err("pair_rank[%lld,%lld]: rank %d holds no instance of expert %d",
+                              (long long)(u / K), (long long)(u % K), a->pair_rank[u], a->topk_ids[u]);
+                    goto out;
+                }
+    }
+    CK(run_init(R, cfg, d, tim));
+    CK(load_weights(R, w, L, placement));
+
+    /* dispatch: dy rows (F32) from the token owners to the ranks: alpha_u g_t
+     * (masked: zero where keep_u == 0), compact: the pack_grad rows */
+    for (int s = 0; s < P; s++) {
+        double t0 = lrmoe_now();
+        rank_t &rs = R.rk[s];
+        int64_t nt = rs.t_hi - rs.t_lo;
+        std::vector<int64_t> rows = send_rows(L, s);
+        int64_t ns = (int64_t)rows.size();
+        void *graw;
+        CK(R.dalloc(s, &graw, (size_t)nt * D * gs));
+        CK(R.dalloc(s, &gtok[s], (size_t)nt * rowf));
+        CK(R.dalloc(s, &sendb[s], (size_t)ns * rowf));
+        CK(lrmoe_kcu_h2d(graw, (const char *)a->grad_output + (size_t)(rs.t_lo * D) * gs,
+                         (size_t)nt * D * gs));
+        CK(lrmoe_kcu_to_f32(nt * D, gbf, graw, gtok[s]));
+        if (compact) {
+            /* the packed gradient rows this owner holds, in send order */
+            std::vector<float> h((size_t)(ns ? ns : 1) * D);
+            for (int64_t j = 0; j < ns; j++)
+                memcpy(&h[(size_t)j * D], a->pack_grad + rows[j] * D, rowf);
+            CK(lrmoe_kcu_h2d(sendb[s], h.data(), (size_t)ns * rowf));
+            CK(R.sync(s));
+        } else if (ns) {
+            std::vector<int64_t> idx(ns);
+            std::vector<uint8_t> mk(ns);
+            for (int64_t j = 0; j < ns; j++) {
+                int64_t u = L.u[rows[j]];
+                idx[j] = u - rs.t_lo * K;
+                mk[j] = masked ? (a->keep[u] != 0) : 1;
+            }
+            float *al;
+            int64_t *didx;
+            uint8_t *dmk;
+            CK(R.dalloc(s, &al, (size_t)(nt * K) * 4));
+            CK(R.dalloc(s, &didx, (size_t)ns * 8));
+            CK(lrmoe_kcu_h2d(al, a->topk_weights + rs.t_lo * K, (size_t)(nt * K) * 4));
+            CK(lrmoe_kcu_h2d(didx, idx.data(), (size_t)ns * 8));
+            CK(lrmoe_kcu_pack_gather_scaled(didx, ns, (int)K, D, gtok[s], al, (float *)sendb[s]));
+            if (masked) {
+                CK(R.dalloc(s, &dmk, (size_t)ns));
+                CK(lrmoe_kcu_h2d(dmk, mk.data(), (size_t)ns));
+                CK(lrmoe_kcu_mask_rows(ns, D, dmk, (float *)sendb[s]));
+            }
+            CK(R.sync(s));
+        } else {
+            CK(R.sync(s));
+        }
+        TIM(s, LRMOE_STAGE_DISPATCH) += lrmoe_now() - t0;
+    }
+    CK(exchange_fwd(R, L, rowf, sendb, DY, LRMOE_STAGE_DISPATCH));
+
+    /* experts, rank by rank */
+    for (int r = 0; r < P; r++) {
+        int64_t n = L.base[r + 1] - L.base[r], b0 = L.base[r];
+        double t0 = lrmoe_now();
+        /* weight-gradient buffers of every instance with rows; the owner of an
+         * expert without local rows gets zeros */
+        for (int64_t e = 0; e < E; e++) {
+            int nat = lrmoe_exec_native(e, E, P);
+            if (L.cnt[r * E + e] == 0 && nat != r) continue;
+            CK(R.dalloc(r, &wgrad[(size_t)r * E + e], 3 * FD * 4));
+            if (L.cnt[r * E + e] == 0) CK(lrmoe_kcu_memset(wgrad[(size_t)r * E + e], 0, 3 * FD * 4));
+        }
+        if (!n) {
+            CK(R.sync(r));
+            TIM(r, LRMOE_STAGE_GEMM) += lrmoe_now() - t0;
+            continue;
+        }
+        /* saved state of the rows, gathered where the rows run */
+        void *xs, *gst, *ust;
+        CK(R.dalloc(r, &xs, (size_t)(n * D) * as));
+        CK(R.dalloc(r, &gst, (size_t)(n * F) * as));
+        CK(R.dalloc(r, &ust, (size_t)(n * F) * as));
+        if (compact) {
+            CK(lrmoe_kcu_h2d(xs, (const char *)a->pack_hidden + (size_t)(b0 * D) * as, (size_t)(n * D) * as));
+            CK(lrmoe_kcu_h2d(gst, (const char *)a->pack_gate + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
+            CK(lrmoe_kcu_h2d(ust, (const char *)a->pack_up + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
+        } else {
+            std::vector<char> hx((size_t)(n * D) * as), hg_((size_t)(n * F) * as), hu_((size_t)(n * F) * as);
+            for (int64_t j = 0; j < n; j++) {
+                int64_t u = L.u[b0 + j];
+                memcpy(&hx[(size_t)(j * D) * as], (const char *)a->hidden + (size_t)((u / K) * D) * as, (size_t)D * as);
+                memcpy(&hg_[(size_t)(j * F) * as], (const char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F * as);
+                memcpy(&hu_[(size_t)(j * F) * as], (const char *)a->saved_up + (size_t)(u * F) * as, (size_t)F * as);
+            }
+            CK(lrmoe_kcu_h2d(xs, hx.data(), hx.size()));
+            CK(lrmoe_kcu_h2d(gst, hg_.data(), hg_.size()));
+            CK(lrmoe_kcu_h2d(ust, hu_.data(), hu_.size()));
+            CK(R.sync(r)); /* host staging buffers go out of scope */
+        }
+        const uint16_t *xb;
+        uint16_t *dyb, *phib, *dgb, *dub;
+        float *dphi;
+        CK(as_bf16(R, r, adt, xs, n * D, &xb));
+        CK(R.dalloc(r, &dyb, (size_t)(n * D) * 2));
+        CK(lrmoe_kcu_f32_to_bf16(n * D, (const float *)DY[r], dyb));
+        CK(R.dalloc(r, &dphi, (size_t)(n * F) * 4));
+        CK(R.dalloc(r, &phib, (size_t)(n * F) * 2));
+        CK(R.dalloc(r, &dgb, (size_t)(n * F) * 2));
+        CK(R.dalloc(r, &dub, (size_t)(n * F) * 2));
+        DX[r] = DY[r]; /* dx (n,D) F32 overwrites dy: dy lives on as dyb */
+        std::vector<lrmoe_gemm_t> g1, g2, g3;
+        for (int64_t e = 0; e < E; e++) {
+            int64_t c = L.cnt[r * E + e], i0 = L.seg[r * E + e] - b0;
+            if (!c) continue;
+            const uint16_t *W = R.rk[r].wbf[e];
+            float *gw = wgrad[(size_t)r * E + e];
+            // dy is (c,D), W_down is (D,F): dphi = dy W_down is (c,F)
+            g1.push_back(G(c, F, D, 0, 0, dyb + i0 * D, D, W + 2 * FD, F, dphi + i0 * F, F, 0.0f));
+            // grad W_down (D,F) = dy^T phi: the retained rows are the K dimension
+            g2.push_back(G(D, F, c, 1, 0, dyb + i0 * D, D, phib + i0 * F, F, gw + 2 * FD, F, 0.0f));
+            // grad W_gate, W_up (F,D) = dg^T x, du^T x
+            g2.push_back(G(F, D, c, 1, 0, dgb + i0 * F, F, xb + i0 * D, D, gw, D, 0.0f));
+            g2.push_back(G(F, D, c, 1, 0, dub + i0 * F, F, xb + i0 * D, D, gw + FD, D, 0.0f));
+            // dx (c,D) = dg W_gate + du W_up
+            g2.push_back(G(c, D, F, 0, 0, dgb + i0 * F, F, W, D, (float *)DX[r] + i0 * D, D, 0.0f));
+            g3.push_back(G(c, D, F, 0, 0, dub + i0 * F, F, W + FD, D, (float *)DX[r] + i0 * D, D, 1.0f));
+        }
+        CK(lrmoe_kcu_gemm((int)g1.size(), g1.data()));
+        CK(R.sync(r));
+        double t1 = lrmoe_now();
+        if (abf) {
+            /* BF16 saved state: dg, du, phi straight to BF16 operands (the
+             * same F32 arithmetic as below, without F32 copies in memory) */
+            CK(lrmoe_kcu_swiglu_bwd_bf16(n, F, (const uint16_t *)gst, (const uint16_t *)ust, dphi,
+                                         dgb, dub, phib));
+        } else {
+            float *dg, *du, *phi;
+            CK(R.dalloc(r, &dg, (size_t)(n * F) * 4));
+            CK(R.dalloc(r, &du, (size_t)(n * F) * 4));
+            CK(R.dalloc(r, &phi, (size_t)(n * F) * 4));
+            CK(lrmoe_kcu_swiglu_bwd(n, F, (const float *)gst, (const float *)ust, dphi, dg, du, phi));
+            CK(lrmoe_kcu_f32_to_bf16(n * F, phi, phib));
+            CK(lrmoe_kcu_f32_to_bf16(n * F, dg, dgb));
+            CK(lrmoe_kcu_f32_to_bf16(n * F, du, dub));
+        }
+        CK(R.sync(r));
+        double t2 = lrmoe_now();
+        /* g2 writes dx while reading dyb only, so dx may overwrite dy (F32) */
+        CK(lrmoe_kcu_gemm((int)g2.size(), g2.data()));
+        CK(lrmoe_kcu_gemm((int)g3.size(), g3.data())); /* after g2: accumulates into dx */
+        CK(R.sync(r));
+        double t3 = lrmoe_now();
+        TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
+        TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+    }
+
+    /* gradient reduction: helpers send their weight gradients to the owner,
+     * which adds them in ascending helper rank; then the owners' sums go to
+     * the host */
+    for (int64_t e = 0; e < E; e++) {
+        int nat = lrmoe_exec_native(e, E, P);
+        float *own = wgrad[(size_t)nat * E + e];
+        float *rb = nullptr;
+        for (int p = 0; p < P; p++) {
+            if (p == nat || !wgrad[(size_t)p * E + e]) continue;
+            double t0 = lrmoe_now();
+            if (!rb) CK(R.dalloc(nat, &rb, 3 * FD * 4));
+            CK(R.comm.p2p(&R.comm, p, wgrad[(size_t)p * E + e], nat, rb, 3 * FD * 4));
+            double t1 = lrmoe_now();
+            CK(R.use(nat));
+            CK(lrmoe_kcu_add((int64_t)(3 * FD), rb, own));
+            CK(R.sync(nat));
+            double t2 = lrmoe_now();
+            TIM(p, LRMOE_STAGE_GRADRED) += t1 - t0;
+            TIM(nat, LRMOE_STAGE_GRADRED) += t2 - t0;
+        }
+        double t0 = lrmoe_now();
+        CK(R.use(nat));
+        CK(lrmoe_kcu_d2h(a->grad_w_gate + e * FD, own, FD * 4));
+        CK(lrmoe_kcu_d2h(a->grad_w_up + e * FD, own + FD, FD * 4));
+        CK(lrmoe_kcu_d2h(a->grad_w_down + e * FD, own + 2 * FD, FD * 4));
+        CK(R.sync(nat));
+        TIM(nat, LRMOE_STAGE_GRADRED) += lrmoe_now() - t0;
+    }
+
+    /* combine: dx rows back to the token owners; grad_hidden_t = sum_k dx_tk
+     * (ascending k); router gradient g_t . y_u over all pairs */
+    CK(exchange_rev(R, L, rowf, DX, recv, upos, LRMOE_STAGE_COMBINE));
+    for (int s = 0; s < P; s++) {
+        double t0 = lrmoe_now();
+        rank_t &rs = R.rk[s];
+        int64_t nt = rs.t_hi - rs.t_lo;
+        if (!nt) continue;
+        std::vector<int64_t> row((size_t)(nt * K)), ident((size_t)(nt * K));
+        std::vector<float> ones((size_t)(nt * K), 1.0f);
+        for (int64_t j = 0; j < nt * K; j++) { row[j] = upos[rs.t_lo * K + j]; ident[j] = j; }
+        float *on, *gh, *yf, *gtw;
+        int64_t *drow, *did;
+        void *yst;
+        CK(R.dalloc(s, &on, (size_t)(nt * K) * 4));
+        CK(R.dalloc(s, &drow, (size_t)(nt * K) * 8));
+        CK(R.dalloc(s, &did, (size_t)(nt * K) * 8));
+        CK(R.dalloc(s, &gh, (size_t)nt * rowf));
+        CK(R.dalloc(s, &yst, (size_t)(nt * K) * D * as));
+        CK(R.dalloc(s, &yf, (size_t)(nt * K) * rowf));
+        CK(R.dalloc(s, &gtw, (size_t)(nt * K) * 4));
+        CK(lrmoe_kcu_h2d(on, ones.data(), (size_t)(nt * K) * 4));
+        CK(lrmoe_kcu_h2d(drow, row.data(), (size_t)(nt * K) * 8));
+        CK(lrmoe_kcu_h2d(did, ident.data(), (size_t)(nt * K) * 8));
+        /* 1.0f * row is exact: this is the plain ascending-k sum */
+        CK(lrmoe_kcu_combine(nt, (int)K, D, on, drow, (const float *)recv[s], gh));
+        CK(lrmoe_kcu_d2h(a->grad_hidden + rs.t_lo * D, gh, (size_t)nt * rowf));
+        CK(lrmoe_kcu_h2d(yst, (const char *)a->pair_out + (size_t)(rs.t_lo * K * D) * as,
+                         (size_t)(nt * K) * D * as));
+        CK(lrmoe_kcu_to_f32(nt * K * D, abf, yst, yf));
+        CK(lrmoe_kcu_pair_dot(nt, (int)K, D, gtok[s], did, yf, gtw));
+        CK(lrmoe_kcu_d2h(a->grad_topk_weights + rs.t_lo * K, gtw, (size_t)(nt * K) * 4));
+        CK(R.sync(s));
+        TIM(s, LRMOE_STAGE_COMBINE) += lrmoe_now() - t0;
+    }
+    rc = 0;
+out:
+    run_free(R);
+    return rc;
+}

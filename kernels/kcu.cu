@@ -1,0 +1,1161 @@
+/* CUDA kernels and their C launchers (see kcu.h; CPU twins in lib/kref.c).
+ *
+ * Memory-bound by design: every kernel reads its inputs once and writes its
+ * outputs once, rows are walked with consecutive threads on consecutive
+ * elements (coalesced), reductions run per warp in double where the CPU
+ * reference accumulates in double.
+ */
+#include <cub/cub.cuh>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kcu_internal.h"
+
+/* ---------------------------------------------------------------- context */
+
+static thread_local lrmoe_kcu_ctx_t *cur_ctx;
+
+cudaStream_t kcu_stream(void) { return cur_ctx ? cur_ctx->stream : (cudaStream_t)0; }
+
+int lrmoe_gemm_impl_parse(const char *s, lrmoe_gemm_impl_t *impl)
+{
+    if (!strcmp(s, "loop")) { *impl = LRMOE_GEMM_LOOP; return 0; }
+    if (!strcmp(s, "grouped")) { *impl = LRMOE_GEMM_GROUPED; return 0; }
+    return lrmoe_err("unknown GEMM implementation '%s' (loop, grouped)", s);
+}
+
+const char *lrmoe_gemm_impl_name(lrmoe_gemm_impl_t impl)
+{
+    return impl == LRMOE_GEMM_GROUPED ? "grouped" : "loop";
+}
+
+int lrmoe_kcu_device_count(void)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess)
+        return lrmoe_err("cudaGetDeviceCount: %s", cudaGetErrorString(e));
+    if (n < 1) return lrmoe_err("cudaGetDeviceCount: no CUDA device");
+    return n;
+}
+
+static int ctx_init(lrmoe_kcu_ctx_t *c, int device, int nstreams)
+{
+    c->device = device;
+    c->nstreams = nstreams;
+    c->gemm_impl = LRMOE_GEMM_LOOP;
+    KCU_CUDA(cudaSetDevice(device));
+    KCU_CUDA(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    KCU_CUDA(cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming));
+    for (int i = 0; i < nstreams; i++) {
+        KCU_CUDA(cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking));
+        KCU_CUDA(cudaEventCreateWithFlags(&c->ev_join[i], cudaEventDisableTiming));
+        KCU_BLAS(cublasCreate(&c->blas[i]));
+        KCU_BLAS(cublasSetStream(c->blas[i], c->side[i]));
+        KCU_BLAS(cublasSetMathMode(c->blas[i], CUBLAS_DEFAULT_MATH));
+    }
+    return 0;
+}
+
+int lrmoe_kcu_ctx_create(int device, int nstreams, lrmoe_kcu_ctx_t **out)
+{
+    *out = NULL;
+    if (nstreams < 1) nstreams = 1;
+    if (nstreams > KCU_MAX_STREAMS) nstreams = KCU_MAX_STREAMS;
+    lrmoe_kcu_ctx_t *c = (lrmoe_kcu_ctx_t *)calloc(1, sizeof *c);
+    if (!c) return lrmoe_err("out of memory");
+    if (ctx_init(c, device, nstreams) < 0) {
+        lrmoe_kcu_ctx_destroy(c);
+        return lrmoe_err_prefix("CUDA device %d", device);
+    }
+    *out = c;
+    return 0;
+}
+
+void lrmoe_kcu_ctx_destroy(lrmoe_kcu_ctx_t *c)
+{
+    if (!c) return;
+    /* Teardown statuses are ignored on purpose: the context is going away and
+     * an earlier error is the one worth reporting. */
+    (void)cudaSetDevice(c->device);
+    if (c->stream) (void)cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < KCU_MAX_STREAMS; i++) {
+        if (c->blas[i]) (void)cublasDestroy(c->blas[i]);
+        if (c->side[i]) (void)cudaStreamDestroy(c->side[i]);
+        if (c->ev_join[i]) (void)cudaEventDestroy(c->ev_join[i]);
+    }
+    if (c->ev_fork) (void)cudaEventDestroy(c->ev_fork);
+    if (c->stream) (void)cudaStreamDestroy(c->stream);
+    if (cur_ctx == c) cur_ctx = NULL;
+    free(c);
+}
+
+int lrmoe_kcu_use(lrmoe_kcu_ctx_t *c)
+{
+    cur_ctx = c;
+    if (c) KCU_CUDA(cudaSetDevice(c->device));
+    return 0;
+}
+
+lrmoe_kcu_ctx_t *lrmoe_kcu_current(void) { return cur_ctx; }
+int lrmoe_kcu_device(const lrmoe_kcu_ctx_t *c) { return c->device; }
+void *lrmoe_kcu_stream(const lrmoe_kcu_ctx_t *c) { return (void *)c->stream; }
+void lrmoe_kcu_set_gemm(lrmoe_kcu_ctx_t *c, lrmoe_gemm_impl_t impl) { c->gemm_impl = impl; }
+
+int lrmoe_kcu_sync(void)
+{
+    KCU_CUDA(cudaStreamSynchronize(kcu_stream()));
+    return 0;
+}
+
+int lrmoe_kcu_alloc(void **p, size_t bytes)
+{
+    *p = NULL;
+    if (!bytes) return 0;
+    KCU_CUDA(cudaMallocAsync(p, bytes, kcu_stream()));
+    return 0;
+}
+
+int lrmoe_kcu_free(void *p)
+{
+    if (p) KCU_CUDA(cudaFreeAsync(p, kcu_stream()));
+    return 0;
+}
+
+int lrmoe_kcu_h2d(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) KCU_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, kcu_stream()));
+    return 0;
+}
+
+int lrmoe_kcu_d2h(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) KCU_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, kcu_stream()));
+    return 0;
+}
+
+int lrmoe_kcu_d2d(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) KCU_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, kcu_stream()));
+    return 0;
+}
+
+int lrmoe_kcu_memset(void *dst, int v, size_t bytes)
+{
+    if (bytes) KCU_CUDA(cudaMemsetAsync(dst, v, bytes, kcu_stream()));
+    return 0;
+}
+
+/* ---------------------------------------------------------------- error flag
+ * Kernels that validate input record the first problem in one 64-bit word:
+ * (code << 48) | index, combined by atomicMin, so the report is the smallest
+ * code and index whatever the thread order. ~0 means no problem. */
+enum {
+    FL_EXPERT = 1,    /* expert id out of range (index: pair) */
+    FL_NAN,           /* NaN score (pair) */
+    FL_NONFINITE,     /* non-finite computed score (pair) */
+    FL_QUOTA,         /* quota < 0 or > n_e (expert) */
+    FL_KEEP,          /* keep not 0/1 (pair) */
+    FL_RANK,          /* pair_rank out of range (pair) */
+    FL_ALLOC_NEG,     /* bwd_alloc negative (e*P+p) */
+    FL_ALLOC_SUM,     /* sum_p bwd_alloc[e,p] != kept pairs of e (expert) */
+    FL_R,             /* total rows != R (0) */
+    FL_PAIR,          /* pair index out of range (row) */
+    FL_DUP            /* pair index twice (row) */
+};
+#define FL_NONE 0xFFFFFFFFFFFFFFFFull
+
+__device__ __forceinline__ void flag_set(unsigned long long *fl, unsigned code, int64_t idx)
+{
+    atomicMin(fl, ((unsigned long long)code << 48) | ((unsigned long long)idx & 0xFFFFFFFFFFFFull));
+}
+
+typedef struct { unsigned long long *d; } kflag_t;
+
+static int flag_new(kflag_t *f)
+{
+    f->d = NULL;
+    KCU_CUDA(cudaMallocAsync((void **)&f->d, sizeof *f->d, kcu_stream()));
+    KCU_CUDA(cudaMemsetAsync(f->d, 0xFF, sizeof *f->d, kcu_stream()));
+    return 0;
+}
+
+/* Read the flag back (synchronises the stream), free it, turn it into an
+ * error message. */
+static int flag_check(kflag_t *f, const char *what, int K, int P)
+{
+    unsigned long long h = FL_NONE;
+    cudaError_t e1 = cudaMemcpyAsync(&h, f->d, sizeof h, cudaMemcpyDeviceToHost, kcu_stream());
+    cudaError_t e2 = cudaStreamSynchronize(kcu_stream());
+    cudaError_t e3 = cudaFreeAsync(f->d, kcu_stream());
+    f->d = NULL;
+    if (e1 != cudaSuccess) return lrmoe_err("cudaMemcpyAsync: %s", cudaGetErrorString(e1));
+    if (e2 != cudaSuccess) return lrmoe_err("cudaStreamSynchronize: %s", cudaGetErrorString(e2));
+    if (e3 != cudaSuccess) return lrmoe_err("cudaFreeAsync: %s", cudaGetErrorString(e3));
+    if (h == FL_NONE) return 0;
+    unsigned code = (unsigned)(h >> 48);
+    long long i = (long long)(h & 0xFFFFFFFFFFFFull);
+    if (K < 1) K = 1;
+    if (P < 1) P = 1;
+    switch (code) {
+    case FL_EXPERT: return lrmoe_err("%s: topk_ids[%lld,%lld]: expert id out of range", what, i / K, i % K);
+    case FL_NAN: return lrmoe_err("%s: pair_score[%lld,%lld] is NaN", what, i / K, i % K);
+    case FL_NONFINITE: return lrmoe_err("%s: score of pair [%lld,%lld] is not finite", what, i / K, i % K);
+    case FL_QUOTA: return lrmoe_err("%s: expert %lld: quota < 0 or above its routed pairs", what, i);
+    case FL_KEEP: return lrmoe_err("%s: keep[%lld,%lld] is not 0 or 1", what, i / K, i % K);
+    case FL_RANK: return lrmoe_err("%s: pair_rank[%lld,%lld] out of range", what, i / K, i % K);
+    case FL_ALLOC_NEG: return lrmoe_err("%s: bwd_alloc[%lld,%lld] is negative", what, i / P, i % P);
+    case FL_ALLOC_SUM: return lrmoe_err("%s: expert %lld: bwd_alloc row sum differs from its kept pairs", what, i);
+    case FL_R: return lrmoe_err("%s: total rows differ from R", what);
+    case FL_PAIR: return lrmoe_err("%s: row %lld: pair index out of range", what, i);
+    case FL_DUP: return lrmoe_err("%s: row %lld: pair index appears twice", what, i);
+    default: return lrmoe_err("%s: device check failed (code %u)", what, code);
+    }
+}
+
+static void flag_drop(kflag_t *f)
+{
+    if (f->d) (void)cudaFreeAsync(f->d, kcu_stream());
+    f->d = NULL;
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+__device__ __forceinline__ uint16_t f2bf(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+__device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+__device__ __forceinline__ double warp_sum(double v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+
+#define GRID_STRIDE(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+static const int TPB = 256;
+
+/* Launch check inside a function that cleans up at `out:`. */
+#define KCU_LAUNCHED_GOTO(name) do { cudaError_t e_ = cudaGetLastError(); \
+    if (e_ != cudaSuccess) { lrmoe_err("kernel %s: %s", name, cudaGetErrorString(e_)); goto out; } } while (0)
+
+/* ---------------------------------------------------------------- conversions */
+
+__global__ void k_bf16_to_f32(int64_t n, const uint16_t *s, float *d)
+{
+    GRID_STRIDE(i, n) d[i] = bf2f(s[i]);
+}
+__global__ void k_f32_to_bf16(int64_t n, const float *s, uint16_t *d)
+{
+    GRID_STRIDE(i, n) d[i] = f2bf(s[i]);
+}
+
+int lrmoe_kcu_bf16_to_f32(int64_t n, const uint16_t *src, float *dst)
+{
+    if (n < 0) return lrmoe_err("bf16_to_f32: negative count");
+    if (!n) return 0;
+    k_bf16_to_f32<<<kcu_blocks(n, TPB), TPB, 0, kcu_stream()>>>(n, src, dst);
+    KCU_LAUNCHED("bf16_to_f32");
+    return 0;
+}
+
+int lrmoe_kcu_f32_to_bf16(int64_t n, const float *src, uint16_t *dst)
+{
+    if (n < 0) return lrmoe_err("f32_to_bf16: negative count");
+    if (!n) return 0;
+    k_f32_to_bf16<<<kcu_blocks(n, TPB), TPB, 0, kcu_stream()>>>(n, src, dst);
+    KCU_LAUNCHED("f32_to_bf16");
+    return 0;
+}
+
+int lrmoe_kcu_to_f32(int64_t n, int src_bf16, const void *src, float *dst)
+{
+    if (src_bf16) return lrmoe_kcu_bf16_to_f32(n, (const uint16_t *)src, dst);
+    if (src != dst) return lrmoe_kcu_d2d(dst, src, (size_t)n * 4);
+    return 0;
+}
+
+int lrmoe_kcu_from_f32(int64_t n, const float *src, int dst_bf16, void *dst)
+{
+    if (dst_bf16) return lrmoe_kcu_f32_to_bf16(n, src, (uint16_t *)dst);
+    if (src != dst) return lrmoe_kcu_d2d(dst, src, (size_t)n * 4);
+    return 0;
+}
+
+__global__ void k_mask_rows(int64_t n, int64_t row, const uint8_t *mask, float *x)
+{
+    GRID_STRIDE(i, n) if (!mask[i / row]) x[i] = 0.0f;
+}
+
+int lrmoe_kcu_mask_rows(int64_t nrows, int64_t row, const uint8_t *mask, float *x)
+{
+    int64_t n = nrows * row;
+    if (n <= 0) return 0;
+    k_mask_rows<<<kcu_blocks(n, TPB), TPB, 0, kcu_stream()>>>(n, row, mask, x);
+    KCU_LAUNCHED("mask_rows");
+    return 0;
+}
+
+__global__ void k_add(int64_t n, const float *s, float *d)
+{
+    GRID_STRIDE(i, n) d[i] = __fadd_rn(d[i], s[i]);
+}
+
+int lrmoe_kcu_add(int64_t n, const float *src, float *dst)
+{
+    if (n <= 0) return 0;
+    k_add<<<kcu_blocks(n, TPB), TPB, 0, kcu_stream()>>>(n, src, dst);
+    KCU_LAUNCHED("add");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- score */
+
+/* One warp per token: ||g_t||^2 in double, then the K pair scores exactly as
+ * lrmoe_score_pairs: ((a*a)*gt)*phi in double, rounded to f32, -0 -> +0. */
+__global__ void k_pair_score(int64_t T, int K, int64_t D, const float *g, const float *alpha,
+                             const float *phisq, float *score, unsigned long long *fl)
+{
+    int lane = threadIdx.x & 31;
+    int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t t = warp; t < T; t += nwarps) {
+        const float *row = g + t * D;
+        double s = 0;
+        for (int64_t j = lane; j < D; j += 32) s += (double)row[j] * row[j];
+        s = warp_sum(s);
+        s = __shfl_sync(0xffffffffu, s, 0);
+        for (int k = lane; k < K; k += 32) {
+            int64_t u = t * K + k;
+            double a = alpha[u];
+            double v = a * a * s * (double)phisq[u];
+            float f = (float)v;
+            if (!isfinite(f)) flag_set(fl, FL_NONFINITE, u);
+            score[u] = f == 0.0f ? 0.0f : f;
+        }
+    }
+}
+
+int lrmoe_kcu_pair_score(int64_t T, int K, int64_t D, const float *g, const float *alpha,
+                         const float *phi_sqnorm, float *score)
+{
+    if (T < 0 || K < 1 || D < 0) return lrmoe_err("pair_score: bad sizes");
+    if (!T) return 0;
+    kflag_t f;
+    if (flag_new(&f) < 0) return -1;
+    k_pair_score<<<kcu_blocks(T * 32, TPB), TPB, 0, kcu_stream()>>>(T, K, D, g, alpha,
+                                                                      phi_sqnorm, score, f.d);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        flag_drop(&f);
+        return lrmoe_err("kernel pair_score: %s", cudaGetErrorString(e));
+    }
+    return flag_check(&f, "pair_score", K, 1);
+}
+
+__global__ void k_row_sqnorm(int64_t n, int64_t d, const float *x, float *out)
+{
+    int lane = threadIdx.x & 31;
+    int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t i = warp; i < n; i += nwarps) {
+        double s = 0;
+        for (int64_t j = lane; j < d; j += 32) s += (double)x[i * d + j] * x[i * d + j];
+        s = warp_sum(s);
+        if (lane == 0) out[i] = (float)s;
+    }
+}
+
+int lrmoe_kcu_row_sqnorm(int64_t n, int64_t d, const float *x, float *out)
+{
+    if (n < 0 || d < 0) return lrmoe_err("row_sqnorm: bad sizes");
+    if (!n) return 0;
+    k_row_sqnorm<<<kcu_blocks(n * 32, TPB), TPB, 0, kcu_stream()>>>(n, d, x, out);
+    KCU_LAUNCHED("row_sqnorm");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- bucketing
+ * Pairs grouped by expert, u ascending inside each expert: a stable radix sort
+ * of (expert, u) by expert (cub), plus per-expert starts. */
+
+__global__ void k_expert_hist(int64_t N, int E, const int32_t *ids, const float *score,
+                              unsigned long long *cnt, unsigned long long *fl)
+{
+    GRID_STRIDE(u, N) {
+        int e = ids[u];
+        if (e < 0 || e >= E) { flag_set(fl, FL_EXPERT, u); continue; }
+        if (score && isnan(score[u])) flag_set(fl, FL_NAN, u);
+        atomicAdd(&cnt[e], 1ull);
+    }
+}
+
+__global__ void k_iota(int64_t N, int32_t *v)
+{
+    GRID_STRIDE(i, N) v[i] = (int32_t)i;
+}
+
+/* Single block: start[0..n] = exclusive prefix sum of cnt[0..n) (u64). */
+__global__ void k_scan_small(int n, const unsigned long long *cnt, int64_t *start)
+{
+    typedef cub::BlockScan<long long, 1024> Scan;
+    __shared__ typename Scan::TempStorage tmp;
+    __shared__ long long carry;
+    if (threadIdx.x == 0) carry = 0;
+    __syncthreads();
+    for (int base = 0; base < n; base += 1024) {
+        int i = base + threadIdx.x;
+        long long v = i < n ? (long long)cnt[i] : 0, ex, total;
+        Scan(tmp).ExclusiveSum(v, ex, total);
+        if (i < n) start[i] = carry + ex;
+        __syncthreads();
+        if (threadIdx.x == 0) carry += total;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) start[n] = carry;
+}
+
+static int bits_for(int E)
+{
+    int b = 1;
+    while ((1LL << b) < E) b++;
+    return b;
+}
+
+/* Device scratch of one bucketing: list (N) pair ids grouped by expert,
+ * start (E+1). */
+typedef struct {
+    int32_t *list;
+    int64_t *start;
+    unsigned long long *cnt;
+    void *tmp;
+} bucket_t;
+
+static void bucket_free(bucket_t *b)
+{
+    lrmoe_kcu_free(b->list);
+    lrmoe_kcu_free(b->start);
+    lrmoe_kcu_free(b->cnt);
+    lrmoe_kcu_free(b->tmp);
+    memset(b, 0, sizeof *b);
+}
+
+/* ids validated into fl (and scores checked for NaN when score != NULL). */
+static int bucket_build(int64_t N, int E, const int32_t *ids, const float *score,
+                        unsigned long long *fl, bucket_t *b)
+{
+    cudaStream_t s = kcu_stream();
+    memset(b, 0, sizeof *b);
+    int32_t *iota = NULL, *keys_out = NULL;
+    int rc = -1;
+    size_t tmpb = 0;
+    if (N > INT32_MAX) return lrmoe_err("too many pairs (%lld) for one call", (long long)N);
+    if (lrmoe_kcu_alloc((void **)&b->cnt, (size_t)E * 8) < 0 ||
+        lrmoe_kcu_alloc((void **)&b->start, (size_t)(E + 1) * 8) < 0 ||
+        lrmoe_kcu_alloc((void **)&b->list, (size_t)(N ? N : 1) * 4) < 0 ||
+        lrmoe_kcu_alloc((void **)&iota, (size_t)(N ? N : 1) * 4) < 0 ||
+        lrmoe_kcu_alloc((void **)&keys_out, (size_t)(N ? N : 1) * 4) < 0)
+        goto out;
+    if (lrmoe_kcu_memset(b->cnt, 0, (size_t)E * 8) < 0) goto out;
+    if (N) {
+        k_expert_hist<<<kcu_blocks(N, TPB), TPB, 0, s>>>(N, E, ids, score, b->cnt, fl);
+        { cudaError_t e = cudaGetLastError();
+          if (e != cudaSuccess) { lrmoe_err("kernel expert_hist: %s", cudaGetErrorString(e)); goto out; } }
+        k_iota<<<kcu_blocks(N, TPB), TPB, 0, s>>>(N, iota);
+        { cudaError_t e = cudaGetLastError();
+          if (e != cudaSuccess) { lrmoe_err("kernel iota: %s", cudaGetErrorString(e)); goto out; } }
+    }
+    k_scan_small<<<1, 1024, 0, s>>>(E, b->cnt, b->start);
+    { cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) { lrmoe_err("kernel scan_small: %s", cudaGetErrorString(e)); goto out; } }
+    if (N) {
+        /* Out-of-range ids are reported through fl; the sort still runs on
+         * their low bits, harmlessly, and the caller fails after flag_check. */
+        const unsigned *kin = (const unsigned *)ids;
+        unsigned *kout = (unsigned *)keys_out;
+        int nb = bits_for(E);
+        cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, tmpb, kin, kout, iota, b->list,
+                                                        (int)N, 0, nb, s);
+        if (e != cudaSuccess) { lrmoe_err("cub::DeviceRadixSort::SortPairs: %s", cudaGetErrorString(e)); goto out; }
+        if (lrmoe_kcu_alloc(&b->tmp, tmpb ? tmpb : 1) < 0) goto out;
+        e = cub::DeviceRadixSort::SortPairs(b->tmp, tmpb, kin, kout, iota, b->list, (int)N, 0,
+                                            nb, s);
+        if (e != cudaSuccess) { lrmoe_err("cub::DeviceRadixSort::SortPairs: %s", cudaGetErrorString(e)); goto out; }
+    }
+    rc = 0;
+out:
+    lrmoe_kcu_free(iota);
+    lrmoe_kcu_free(keys_out);
+    if (rc < 0) bucket_free(b);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- select */
+
+/* Order-preserving u32 of a float (score.c ord32: -0 counts as +0). */
+__device__ __forceinline__ uint32_t ord32(float f)
+{
+    if (f == 0.0f) f = 0.0f;
+    uint32_t b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+/* One block per expert: radix select of the q-th largest key over the
+ * expert's list (4 passes of 8 bits), then a marking pass in u order that
+ * keeps keys above the threshold and the first `need` keys equal to it
+ * (lower u first: the CPU's tie rule). */
+__global__ void __launch_bounds__(256) k_select(int E, const int32_t *list, const int64_t *start,
+                                                const float *score, const int64_t *quota,
+                                                uint8_t *keep, unsigned long long *fl)
+{
+    typedef cub::BlockScan<int, 256> Scan;
+    __shared__ typename Scan::TempStorage tmp;
+    __shared__ unsigned hist[256];
+    __shared__ uint32_t s_prefix;
+    __shared__ long long s_need;
+    __shared__ int s_carry;
+    int e = blockIdx.x;
+    int64_t b0 = start[e], n = start[e + 1] - b0;
+    int64_t q = quota[e];
+    if (q < 0 || q > n) {
+        if (threadIdx.x == 0) flag_set(fl, FL_QUOTA, e);
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) keep[list[b0 + i]] = 0;
+        return;
+    }
+    if (q == 0 || q == n) {
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) keep[list[b0 + i]] = q ? 1 : 0;
+        return;
+    }
+    if (threadIdx.x == 0) { s_prefix = 0; s_need = q; }
+    __syncthreads();
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        uint32_t prefix = s_prefix;
+        uint32_t hmask = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            uint32_t k = ord32(score[list[b0 + i]]);
+            if ((k & hmask) == (prefix & hmask)) atomicAdd(&hist[(k >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            long long need = s_need, above = 0;
+            int d = 255;
+            for (; d > 0; d--) {
+                if (above + hist[d] >= need) break;
+                above += hist[d];
+            }
+            s_need = need - above;
+            s_prefix = prefix | ((uint32_t)d << shift);
+        }
+        __syncthreads();
+    }
+    uint32_t thr = s_prefix;
+    int need = (int)s_need; /* keys equal to thr to keep, lowest u first */
+    if (threadIdx.x == 0) s_carry = 0;
+    __syncthreads();
+    for (int64_t base = 0; base < n; base += blockDim.x) {
+        int64_t i = base + threadIdx.x;
+        int u = -1, eq = 0;
+        uint32_t k = 0;
+        if (i < n) {
+            u = list[b0 + i];
+            k = ord32(score[u]);
+            eq = k == thr;
+        }
+        int ex, total;
+        Scan(tmp).ExclusiveSum(eq, ex, total);
+        int carry = s_carry;
+        if (u >= 0) keep[u] = (k > thr || (eq && carry + ex < need)) ? 1 : 0;
+        __syncthreads();
+        if (threadIdx.x == 0) s_carry = carry + total;
+        __syncthreads();
+    }
+}
+
+__global__ void k_load_out(int E, const int64_t *start, int64_t *load)
+{
+    GRID_STRIDE(e, E) load[e] = start[e + 1] - start[e];
+}
+
+int lrmoe_kcu_select(int64_t T, int K, int E, const int32_t *topk_ids, const float *score,
+                     const int64_t *quota, uint8_t *keep, int64_t *load)
+{
+    if (T < 0 || K < 1 || E < 1) return lrmoe_err("select: bad sizes");
+    if (!quota) return lrmoe_err("select: quota required");
+    int64_t N = T * K;
+    kflag_t f;
+    bucket_t b;
+    if (flag_new(&f) < 0) return -1;
+    if (bucket_build(N, E, topk_ids, score, f.d, &b) < 0) { flag_drop(&f); return -1; }
+    k_select<<<E, 256, 0, kcu_stream()>>>(E, b.list, b.start, score, quota, keep, f.d);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        k_load_out<<<kcu_blocks(E, TPB), TPB, 0, kcu_stream()>>>(E, b.start, load);
+        e = cudaGetLastError();
+    }
+    bucket_free(&b);
+    if (e != cudaSuccess) {
+        flag_drop(&f);
+        return lrmoe_err("kernel select: %s", cudaGetErrorString(e));
+    }
+    return flag_check(&f, "select", K, 1);
+}
+
+/* ---------------------------------------------------------------- pack_assign */
+
+/* Native rank of expert e: the r with floor(r*E/P) <= e < floor((r+1)*E/P)
+ * (lrmoe_exec_native, pack.c's native_rank). */
+__device__ __forceinline__ int native_rank(int64_t e, int64_t E, int P)
+{
+    return (int)(((e + 1) * P - 1) / E);
+}
+
+__global__ void k_check_pairs(int64_t N, int K, int P, const uint8_t *keep,
+                              const int32_t *pair_rank, unsigned long long *fl)
+{
+    (void)K;
+    GRID_STRIDE(u, N) {
+        if (keep[u] > 1) flag_set(fl, FL_KEEP, u);
+        if (pair_rank && (pair_rank[u] < 0 || pair_rank[u] >= P)) flag_set(fl, FL_RANK, u);
+    }
+}
+
+/* bwd_alloc NULL: alloc[e,p] = kept pairs of e whose forward rank is p. */
+__global__ void k_alloc_forward(int64_t N, int E, int P, const int32_t *ids,
+                                const uint8_t *keep, const int32_t *pair_rank,
+                                unsigned long long *alloc)
+{
+    GRID_STRIDE(u, N) {
+        int e = ids[u];
+        if (!keep[u] || e < 0 || e >= E) continue;
+        int r = pair_rank ? pair_rank[u] : native_rank(e, E, P);
+        if (r < 0 || r >= P) continue;
+        atomicAdd(&alloc[(int64_t)e * P + r], 1ull);
+    }
+}
+
+/* Single block: counts[p,e] = alloc[e,p], offsets = exclusive prefix in
+ * row-major (P,E); checks negatives and the total against R. */
+__global__ void k_counts_offsets(int E, int P, const int64_t *alloc, int64_t R,
+                                 int64_t *counts, int64_t *offsets, unsigned long long *fl)
+{
+    typedef cub::BlockScan<long long, 1024> Scan;
+    __shared__ typename Scan::TempStorage tmp;
+    __shared__ long long carry;
+    int64_t n = (int64_t)E * P;
+    if (threadIdx.x == 0) carry = 0;
+    __syncthreads();
+    for (int64_t base = 0; base < n; base += 1024) {
+        int64_t i = base + threadIdx.x; /* row-major (p,e) */
+        long long v = 0, ex, total;
+        if (i < n) {
+            int64_t p = i / E, e = i % E;
+            v = alloc[e * P + p];
+            if (v < 0) { flag_set(fl, FL_ALLOC_NEG, e * P + p); v = 0; }
+            counts[i] = v;
+        }
+        Scan(tmp).ExclusiveSum(v, ex, total);
+        if (i < n) offsets[i] = carry + ex;
+        __syncthreads();
+        if (threadIdx.x == 0) carry += total;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0 && carry != R) flag_set(fl, FL_R, 0);
+}
+
+/* One block of WALK_WARPS warps per expert; the expert's pairs (ascending u)
+ * are cut into one contiguous slice per warp, and lib/pack.h's rule runs as
+ * three walks in u order:
+ *  1. a kept pair stays on its forward rank r while fewer than alloc[e,r]
+ *     earlier kept pairs of the expert ran on r;
+ *  2. the others, in u order, fill the remaining allocation rank by rank;
+ *  3. every kept pair gets its row: offsets[p,e] + its index among the
+ *     pairs of (p,e) in u order.
+ * The only order dependence is through per-rank counters, so each walk first
+ * counts per warp (tab[w][p]), scans those counts over the warps, then walks
+ * every slice in parallel from its own starting counters. Inside a warp,
+ * __match_any_sync groups the lanes of one rank and the popcount of the
+ * lower peers is a lane's index. Shared memory: alloc, totals and cumulative
+ * remainders (3*P long long) and tab (WALK_WARPS*P int). */
+#define WALK_WARPS 32
+#define WALK_MAX_P 256
+
+/* tab[w][p] := sum of tab[w'][p] over w' < w (exclusive, per rank), and
+ * tot[p] := the sum over all warps. */
+__device__ void walk_scan(int P, int *tab, long long *tot)
+{
+    for (int p = threadIdx.x; p < P; p += blockDim.x) {
+        long long acc = 0;
+        for (int w = 0; w < WALK_WARPS; w++) {
+            int v = tab[w * P + p];
+            tab[w * P + p] = (int)acc;
+            acc += v;
+        }
+        if (tot) tot[p] = acc;
+    }
+}
+
+__global__ void __launch_bounds__(WALK_WARPS * 32)
+k_pack_walk(int E, int P, const int32_t *list, const int64_t *start, const uint8_t *keep,
+            const int32_t *pair_rank, const int64_t *alloc, const int64_t *offsets, int64_t R,
+            int32_t *dest, int64_t *out_pair, int32_t *out_rank, unsigned long long *fl)
+{
+    extern __shared__ long long sm[];
+    long long *a = sm, *tot = sm + P, *cum = sm + 2 * P;
+    int *tab = (int *)(sm + 3 * P);
+    __shared__ int s_left[WALK_WARPS];
+    const int e = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const unsigned lt = (1u << lane) - 1u;
+    const int64_t b0 = start[e], n = start[e + 1] - b0;
+    /* slice of warp w: [lo, hi), lo a multiple of 32 */
+    const int64_t per = ((n + WALK_WARPS - 1) / WALK_WARPS + 31) & ~(int64_t)31;
+    const int64_t lo = min(n, (int64_t)w * per), hi = min(n, lo + per);
+    const int native = native_rank(e, E, P);
+    int *row = tab + w * P;
+    for (int p = threadIdx.x; p < P; p += blockDim.x) {
+        long long v = alloc[(int64_t)e * P + p];
+        a[p] = v < 0 ? 0 : v;
+    }
+    for (int i = threadIdx.x; i < WALK_WARPS * P; i += blockDim.x) tab[i] = 0;
+    __syncthreads();
+
+    /* walk 1a: kept pairs per forward rank, per warp */
+    for (int64_t base = lo; base < hi; base += 32) {
+        int64_t i = base + lane;
+        int k = 0, r = -1;
+        if (i < hi) {
+            int u = list[b0 + i];
+            r = pair_rank ? pair_rank[u] : native;
+            k = keep[u] == 1 && r >= 0 && r < P; /* bad values are flagged elsewhere */
+        }
+        int key = k ? r : -1;
+        unsigned peers = __match_any_sync(0xffffffffu, key);
+        if (k && lane == 31 - __clz(peers)) row[r] += __popc(peers);
+        __syncwarp();
+    }
+    __syncthreads();
+    walk_scan(P, tab, tot);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long s = 0, c = 0, kept = 0;
+        for (int p = 0; p < P; p++) {
+            s += a[p];
+            kept += tot[p];
+            long long st = tot[p] < a[p] ? tot[p] : a[p];
+            c += a[p] - st;
+            cum[p] = c; /* allocation left over on ranks 0..p */
+        }
+        if (s != kept) flag_set(fl, FL_ALLOC_SUM, e);
+    }
+    /* walk 1b: stay while the forward rank's allocation lasts */
+    int left = 0;
+    for (int64_t base = lo; base < hi; base += 32) {
+        int64_t i = base + lane;
+        int u = -1, k = 0, r = -1;
+        if (i < hi) {
+            u = list[b0 + i];
+            r = pair_rank ? pair_rank[u] : native;
+            k = keep[u] == 1 && r >= 0 && r < P;
+        }
+        int key = k ? r : -1;
+        unsigned peers = __match_any_sync(0xffffffffu, key);
+        int stay = 0;
+        if (k) stay = row[r] + __popc(peers & lt) < a[r];
+        left += __popc(__ballot_sync(0xffffffffu, k && !stay));
+        __syncwarp();
+        if (k && lane == 31 - __clz(peers)) row[r] += __popc(peers);
+        __syncwarp();
+        if (u >= 0) dest[u] = k ? (stay ? r : -2) : -1;
+    }
+    if (lane == 0) s_left[w] = left;
+    __syncthreads();
+    /* walk 2: the others fill the remaining allocation in ascending rank order */
+    long long j0 = 0;
+    for (int v = 0; v < w; v++) j0 += s_left[v];
+    for (int64_t base = lo; base < hi; base += 32) {
+        int64_t i = base + lane;
+        int u = -1, lo2 = 0;
+        if (i < hi) {
+            u = list[b0 + i];
+            lo2 = dest[u] == -2;
+        }
+        unsigned bal = __ballot_sync(0xffffffffu, lo2);
+        if (lo2) {
+            long long j = j0 + __popc(bal & lt);
+            int p = 0;
+            while (p < P - 1 && cum[p] <= j) p++;
+            dest[u] = p;
+        }
+        j0 += __popc(bal);
+    }
+    /* walk 3a: pairs per destination rank, per warp */
+    for (int p = lane; p < P; p += 32) row[p] = 0;
+    __syncwarp();
+    for (int64_t base = lo; base < hi; base += 32) {
+        int64_t i = base + lane;
+        int p = -1;
+        if (i < hi) p = dest[list[b0 + i]];
+        unsigned peers = __match_any_sync(0xffffffffu, p);
+        if (p >= 0 && lane == 31 - __clz(peers)) row[p] += __popc(peers);
+        __syncwarp();
+    }
+    __syncthreads();
+    walk_scan(P, tab, NULL);
+    __syncthreads();
+    /* walk 3b: rows, u ascending inside each (p,e) segment */
+    for (int64_t base = lo; base < hi; base += 32) {
+        int64_t i = base + lane;
+        int u = -1, p = -1;
+        if (i < hi) {
+            u = list[b0 + i];
+            p = dest[u];
+        }
+        unsigned peers = __match_any_sync(0xffffffffu, p);
+        int64_t pos = -1;
+        if (p >= 0) pos = offsets[(int64_t)p * E + e] + row[p] + __popc(peers & lt);
+        __syncwarp();
+        if (p >= 0 && lane == 31 - __clz(peers)) row[p] += __popc(peers);
+        __syncwarp();
+        if (p >= 0 && pos >= 0 && pos < R) {
+            out_pair[pos] = u;
+            out_rank[pos] = p;
+        }
+    }
+}
+
+int lrmoe_kcu_pack_assign(int64_t T, int K, int E, int P, const int32_t *topk_ids,
+                          const uint8_t *keep, const int32_t *pair_rank,
+                          const int64_t *bwd_alloc, int64_t R, int64_t *pair, int32_t *rank,
+                          int64_t *counts, int64_t *offsets)
+{
+    if (T < 0 || K < 1 || E < 1 || P < 1 || R < 0) return lrmoe_err("pack_assign: bad sizes");
+    if (P > WALK_MAX_P) return lrmoe_err("pack_assign: P=%d above %d ranks", P, WALK_MAX_P);
+    cudaStream_t s = kcu_stream();
+    int64_t N = T * K;
+    kflag_t f;
+    bucket_t b;
+    int32_t *dest = NULL;
+    int64_t *alloc = NULL;
+    int rc = -1;
+    if (flag_new(&f) < 0) return -1;
+    if (bucket_build(N, E, topk_ids, NULL, f.d, &b) < 0) { flag_drop(&f); return -1; }
+    if (lrmoe_kcu_alloc((void **)&dest, (size_t)(N ? N : 1) * 4) < 0) goto out;
+    if (N) {
+        k_check_pairs<<<kcu_blocks(N, TPB), TPB, 0, s>>>(N, K, P, keep, pair_rank, f.d);
+        KCU_LAUNCHED_GOTO("check_pairs");
+    }
+    if (!bwd_alloc) {
+        if (lrmoe_kcu_alloc((void **)&alloc, (size_t)E * P * 8) < 0 ||
+            lrmoe_kcu_memset(alloc, 0, (size_t)E * P * 8) < 0)
+            goto out;
+        if (N) {
+            k_alloc_forward<<<kcu_blocks(N, TPB), TPB, 0, s>>>(N, E, P, topk_ids, keep, pair_rank,
+                                                               (unsigned long long *)alloc);
+            KCU_LAUNCHED_GOTO("alloc_forward");
+        }
+        bwd_alloc = alloc;
+    }
+    k_counts_offsets<<<1, 1024, 0, s>>>(E, P, bwd_alloc, R, counts, offsets, f.d);
+    KCU_LAUNCHED_GOTO("counts_offsets");
+    k_pack_walk<<<E, WALK_WARPS * 32, (size_t)P * (3 * 8 + WALK_WARPS * 4), s>>>(
+        E, P, b.list, b.start, keep, pair_rank, bwd_alloc, offsets, R, dest, pair, rank, f.d);
+    KCU_LAUNCHED_GOTO("pack_walk");
+    rc = 0;
+out:
+    bucket_free(&b);
+    lrmoe_kcu_free(dest);
+    lrmoe_kcu_free(alloc);
+    if (rc < 0) { flag_drop(&f); return -1; }
+    return flag_check(&f, "pack_assign", K, P);
+}
+
+/* ---------------------------------------------------------------- gather */
+
+template <typename V>
+__global__ void k_gather(const int64_t *pair, int64_t R, int K, int by_token, const V *src,
+                         int64_t nv, V *dst)
+{
+    /* blockIdx.y-free 2D walk: row-major over (R, nv) vectors */
+    GRID_STRIDE(i, R * nv) {
+        int64_t r = i / nv, c = i - r * nv;
+        int64_t u = pair[r];
+        int64_t srow = by_token ? u / K : u;
+        dst[i] = src[srow * nv + c];
+    }
+}
+
+int lrmoe_kcu_pack_gather(const int64_t *pair, int64_t R, int K, int by_token, const void *src,
+                          size_t row_bytes, void *dst)
+{
+    if (R < 0 || K < 1) return lrmoe_err("pack_gather: bad sizes");
+    if (!R || !row_bytes) return 0;
+    cudaStream_t s = kcu_stream();
+    uintptr_t al = (uintptr_t)src | (uintptr_t)dst;
+    if (row_bytes % 16 == 0 && al % 16 == 0) {
+        int64_t nv = (int64_t)(row_bytes / 16);
+        k_gather<uint4><<<kcu_blocks(R * nv, TPB), TPB, 0, s>>>(pair, R, K, by_token,
+                                                                (const uint4 *)src, nv, (uint4 *)dst);
+    } else if (row_bytes % 4 == 0 && al % 4 == 0) {
+        int64_t nv = (int64_t)(row_bytes / 4);
+        k_gather<uint32_t><<<kcu_blocks(R * nv, TPB), TPB, 0, s>>>(pair, R, K, by_token,
+                                                                   (const uint32_t *)src, nv, (uint32_t *)dst);
+    } else {
+        int64_t nv = (int64_t)row_bytes;
+        k_gather<uint8_t><<<kcu_blocks(R * nv, TPB), TPB, 0, s>>>(pair, R, K, by_token,
+                                                                  (const uint8_t *)src, nv, (uint8_t *)dst);
+    }
+    KCU_LAUNCHED("pack_gather");
+    return 0;
+}
+
+__global__ void k_gather_scaled(const int64_t *pair, int64_t R, int K, int64_t D, const float *g,
+                                const float *alpha, float *dst)
+{
+    GRID_STRIDE(i, R * D) {
+        int64_t r = i / D, c = i - r * D;
+        int64_t u = pair[r];
+        dst[i] = __fmul_rn(alpha[u], g[(u / K) * D + c]);
+    }
+}
+
+int lrmoe_kcu_pack_gather_scaled(const int64_t *pair, int64_t R, int K, int64_t D,
+                                 const float *g, const float *alpha, float *dst)
+{
+    if (R < 0 || K < 1 || D < 0) return lrmoe_err("pack_gather_scaled: bad sizes");
+    if (!R || !D) return 0;
+    k_gather_scaled<<<kcu_blocks(R * D, TPB), TPB, 0, kcu_stream()>>>(pair, R, K, D, g, alpha, dst);
+    KCU_LAUNCHED("pack_gather_scaled");
+    return 0;
+}
+
+__global__ void k_gather_scaled_bf16(const int64_t *pair, int64_t R, int K, int64_t D,
+                                     const float *g, const float *alpha, uint16_t *dst)
+{
+    GRID_STRIDE(i, R * D) {
+        int64_t r = i / D, c = i - r * D;
+        int64_t u = pair[r];
+        dst[i] = f2bf(__fmul_rn(alpha[u], g[(u / K) * D + c]));
+    }
+}
+
+int lrmoe_kcu_pack_gather_scaled_bf16(const int64_t *pair, int64_t R, int K, int64_t D,
+                                      const float *g, const float *alpha, uint16_t *dst)
+{
+    if (R < 0 || K < 1 || D < 0) return lrmoe_err("pack_gather_scaled_bf16: bad sizes");
+    if (!R || !D) return 0;
+    k_gather_scaled_bf16<<<kcu_blocks(R * D, TPB), TPB, 0, kcu_stream()>>>(pair, R, K, D, g,
+                                                                            alpha, dst);
+    KCU_LAUNCHED("pack_gather_scaled_bf16");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- unpack */
+
+__global__ void k_inverse(const int64_t *pair, int64_t R, int64_t N, unsigned long long *inv,
+                          unsigned long long *fl)
+{
+    GRID_STRIDE(i, R) {
+        int64_t u = pair[i];
+        if (u < 0 || u >= N) { flag_set(fl, FL_PAIR, i); continue; }
+        if (atomicCAS(&inv[u], ~0ull, (unsigned long long)i) != ~0ull) flag_set(fl, FL_DUP, i);
+    }
+}
+
+/* out[t] = sum over k ascending of rows[inv[t*K+k]], from +0.0f. */
+__global__ void k_unpack(int64_t T, int K, int64_t D, const unsigned long long *inv,
+                         const float *rows, float *out)
+{
+    GRID_STRIDE(i, T * D) {
+        int64_t t = i / D, c = i - t * D;
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) {
+            unsigned long long r = inv[t * K + k];
+            if (r != ~0ull) s = __fadd_rn(s, rows[(int64_t)r * D + c]);
+        }
+        out[i] = s;
+    }
+}
+
+int lrmoe_kcu_pack_unpack(const int64_t *pair, int64_t R, const float *rows, int64_t D,
+                          int64_t T, int K, float *out)
+{
+    if (R < 0 || T < 0 || K < 1 || D < 0) return lrmoe_err("pack_unpack: bad sizes");
+    cudaStream_t s = kcu_stream();
+    int64_t N = T * K;
+    unsigned long long *inv = NULL;
+    kflag_t f;
+    if (!T || !D) return 0;
+    if (flag_new(&f) < 0) return -1;
+    if (lrmoe_kcu_alloc((void **)&inv, (size_t)N * 8) < 0 ||
+        lrmoe_kcu_memset(inv, 0xFF, (size_t)N * 8) < 0) {
+        flag_drop(&f);
+        lrmoe_kcu_free(inv);
+        return -1;
+    }
+    if (R) k_inverse<<<kcu_blocks(R, TPB), TPB, 0, s>>>(pair, R, N, inv, f.d);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        k_unpack<<<kcu_blocks(T * D, TPB), TPB, 0, s>>>(T, K, D, inv, rows, out);
+        e = cudaGetLastError();
+    }
+    lrmoe_kcu_free(inv);
+    if (e != cudaSuccess) {
+        flag_drop(&f);
+        return lrmoe_err("kernel pack_unpack: %s", cudaGetErrorString(e));
+    }
+    return flag_check(&f, "pack_unpack", K, 1);
+}
+
+/* ---------------------------------------------------------------- SwiGLU
+ * Same operation order as lib/swiglu.c; the _rn intrinsics keep nvcc from
+ * contracting into FMAs, so the only difference left is expf's last bits. */
+
+__device__ __forceinline__ float sigm(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+
+__global__ void k_swiglu_fwd(int64_t n, int64_t F, const float *g, const float *u, float *phi,
+                             float *sqnorm)
+{
+    int lane = threadIdx.x & 31;
+    int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t i = warp; i < n; i += nwarps) {
+        double s = 0;
+        for (int64_t j = lane; j < F; j += 32) {
+            int64_t x = i * F + j;
+            float gi = g[x];
+            float v = __fmul_rn(__fmul_rn(gi, sigm(gi)), u[x]);
+            phi[x] = v;
+            s += (double)v * v;
+        }
+        if (sqnorm) {
+            s = warp_sum(s);
+            if (lane == 0) sqnorm[i] = (float)s;
+        }
+    }
+}
+
+int lrmoe_kcu_swiglu_fwd(int64_t n, int64_t F, const float *g, const float *u, float *phi,
+                         float *sqnorm)
+{
+    if (n < 0 || F < 0) return lrmoe_err("swiglu_fwd: bad sizes");
+    if (!n) return 0;
+    k_swiglu_fwd<<<kcu_blocks(n * 32, TPB), TPB, 0, kcu_stream()>>>(n, F, g, u, phi, sqnorm);
+    KCU_LAUNCHED("swiglu_fwd");
+    return 0;
+}
+
+__global__ void k_swiglu_bwd(int64_t m, const float *g, const float *u, const float *dphi,
+                             float *dg, float *du, float *phi)
+{
+    GRID_STRIDE(j, m) {
+        float gj = g[j], uj = u[j], dp = dphi[j];
+        float sg = sigm(gj);
+        float si = __fmul_rn(gj, sg);
+        du[j] = __fmul_rn(dp, si);
+        float t = __fadd_rn(1.0f, __fmul_rn(gj, __fsub_rn(1.0f, sg)));
+        dg[j] = __fmul_rn(__fmul_rn(__fmul_rn(dp, uj), sg), t);
+        if (phi) phi[j] = __fmul_rn(si, uj);
+    }
+}
+
+int lrmoe_kcu_swiglu_bwd(int64_t n, int64_t F, const float *g, const float *u,
+                         const float *dphi, float *dg, float *du, float *phi)
+{
+    if (n < 0 || F < 0) return lrmoe_err("swiglu_bwd: bad sizes");
+    int64_t m = n * F;
+    if (!m) return 0;
+    k_swiglu_bwd<<<kcu_blocks(m, TPB), TPB, 0, kcu_stream()>>>(m, g, u, dphi, dg, du, phi);
+    KCU_LAUNCHED("swiglu_bwd");
+    return 0;
+}
+
+/* BF16 saved state in, BF16 GEMM operands out: the F32 values never touch
+ * memory. */
+__global__ void k_swiglu_bwd_bf16(int64_t m, const uint16_t *g, const uint16_t *u,
+                                  const float *dphi, uint16_t *dg, uint16_t *du, uint16_t *phi)
+{
+    GRID_STRIDE(j, m) {
+        float gj = bf2f(g[j]), uj = bf2f(u[j]), dp = dphi[j];
+        float sg = sigm(gj);
+        float si = __fmul_rn(gj, sg);
+        du[j] = f2bf(__fmul_rn(dp, si));
+        float t = __fadd_rn(1.0f, __fmul_rn(gj, __fsub_rn(1.0f, sg)));
+        dg[j] = f2bf(__fmul_rn(__fmul_rn(__fmul_rn(dp, uj), sg), t));
+        if (phi) phi[j] = f2bf(__fmul_rn(si, uj));
+    }
+}
+
+int lrmoe_kcu_swiglu_bwd_bf16(int64_t n, int64_t F, const uint16_t *g, const uint16_t *u,
+                              const float *dphi, uint16_t *dg, uint16_t *du, uint16_t *phi)
+{
+    if (n < 0 || F < 0) return lrmoe_err("swiglu_bwd_bf16: bad sizes");
+    int64_t m = n * F;
+    if (!m) return 0;
+    k_swiglu_bwd_bf16<<<kcu_blocks(m, TPB), TPB, 0, kcu_stream()>>>(m, g, u, dphi, dg, du, phi);
+    KCU_LAUNCHED("swiglu_bwd_bf16");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- combine */
+
+__global__ void k_combine(int64_t T, int K, int64_t D, const float *alpha, const int64_t *row,
+                          const float *y, float *out)
+{
+    GRID_STRIDE(i, T * D) {
+        int64_t t = i / D, c = i - t * D;
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) {
+            int64_t u = t * K + k, r = row[u];
+            if (r < 0) continue;
+            s = __fadd_rn(s, __fmul_rn(alpha[u], y[r * D + c]));
+        }
+        out[i] = s;
+    }
+}
+
+int lrmoe_kcu_combine(int64_t T, int K, int64_t D, const float *alpha, const int64_t *row,
+                      const float *y, float *out)
+{
+    if (T < 0 || K < 1 || D < 0) return lrmoe_err("combine: bad sizes");
+    if (!T || !D) return 0;
+    k_combine<<<kcu_blocks(T * D, TPB), TPB, 0, kcu_stream()>>>(T, K, D, alpha, row, y, out);
+    KCU_LAUNCHED("combine");
+    return 0;
+}
+
+__global__ void k_pair_dot(int64_t N, int K, int64_t D, const float *g, const int64_t *row,
+                           const float *y, float *out)
+{
+    int lane = threadIdx.x & 31;
+    int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t u = warp; u < N; u += nwarps) {
+        int64_t r = row[u];
+        double s = 0;
+        if (r >= 0) {
+            const float *gt = g + (u / K) * D, *yr = y + r * D;
+            for (int64_t j = lane; j < D; j += 32) s += (double)gt[j] * yr[j];
+        }
+        s = warp_sum(s);
+        if (lane == 0) out[u] = (float)s;
+    }
+}
+
+int lrmoe_kcu_pair_dot(int64_t T, int K, int64_t D, const float *g, const int64_t *row,
+                       const float *y, float *out)
+{
+    if (T < 0 || K < 1 || D < 0) return lrmoe_err("pair_dot: bad sizes");
+    int64_t N = T * K;
+    if (!N) return 0;
+    k_pair_dot<<<kcu_blocks(N * 32, TPB), TPB, 0, kcu_stream()>>>(N, K, D, g, row, y, out);
+    KCU_LAUNCHED("pair_dot");
+    return 0;
+}

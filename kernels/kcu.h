@@ -1,0 +1,75 @@
+/* kcu: CUDA kernels with C launchers, and their runtime context.
+ *
+ * lrmoe_kcu_NAME has exactly the parameters of its CPU reference
+ * lrmoe_kref_NAME (lib/kref.h, one shared list), with device pointers.
+ * Launchers run on the calling thread's current context (lrmoe_kcu_use):
+ * its device, its stream and, for gemm, its cuBLAS handles. They are
+ * asynchronous except where the kernel validates its input (pair_score,
+ * select, pack_assign, pack_unpack read back one error flag) or must size
+ * memory. Every CUDA, cuBLAS and NCCL status is checked; a failure returns -1
+ * with lrmoe_err "CALL: status string". Nothing prints.
+ *
+ * Only built when nvcc is found (LRMOE_HAVE_CUDA).
+ */
+#ifndef LRMOE_KCU_H
+#define LRMOE_KCU_H
+
+#include <stdint.h>
+#include "kref.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* GEMM implementation of lrmoe_kcu_gemm: one cublasGemmEx per GEMM spread
+ * round-robin over the context's streams (LOOP), or one
+ * cublasGemmGroupedBatchedEx call (GROUPED; BF16 output only in cuBLAS, so an
+ * F32 C is produced through a BF16 temporary and converted). */
+typedef enum { LRMOE_GEMM_LOOP = 0, LRMOE_GEMM_GROUPED = 1 } lrmoe_gemm_impl_t;
+int lrmoe_gemm_impl_parse(const char *s, lrmoe_gemm_impl_t *impl); /* "loop"/"grouped" */
+const char *lrmoe_gemm_impl_name(lrmoe_gemm_impl_t impl);
+
+typedef struct lrmoe_kcu_ctx lrmoe_kcu_ctx_t;
+
+/* A context on device `device`: one main stream, nstreams (>= 1) side streams
+ * for the GEMM loop, a cuBLAS handle per side stream. */
+int lrmoe_kcu_ctx_create(int device, int nstreams, lrmoe_kcu_ctx_t **out);
+void lrmoe_kcu_ctx_destroy(lrmoe_kcu_ctx_t *c);
+/* Make c the calling thread's current context (also cudaSetDevice). */
+int lrmoe_kcu_use(lrmoe_kcu_ctx_t *c);
+lrmoe_kcu_ctx_t *lrmoe_kcu_current(void);
+int lrmoe_kcu_device(const lrmoe_kcu_ctx_t *c);
+void *lrmoe_kcu_stream(const lrmoe_kcu_ctx_t *c);   /* its cudaStream_t */
+void lrmoe_kcu_set_gemm(lrmoe_kcu_ctx_t *c, lrmoe_gemm_impl_t impl);
+/* Wait for everything queued on the current context's stream. */
+int lrmoe_kcu_sync(void);
+/* Number of visible CUDA devices; -1 with the CUDA error when none. */
+int lrmoe_kcu_device_count(void);
+
+/* Stream-ordered device memory of the current context (cudaMallocAsync). */
+int lrmoe_kcu_alloc(void **p, size_t bytes);
+int lrmoe_kcu_free(void *p);
+int lrmoe_kcu_h2d(void *dst, const void *src, size_t bytes);
+int lrmoe_kcu_d2h(void *dst, const void *src, size_t bytes);
+int lrmoe_kcu_d2d(void *dst, const void *src, size_t bytes);
+int lrmoe_kcu_memset(void *dst, int v, size_t bytes);
+
+/* Elementwise helpers without a CPU twin (exec glue). */
+/* dst (n) f32 = src (n) of dtype BF16 (bits) or F32 (copy). */
+int lrmoe_kcu_to_f32(int64_t n, int src_bf16, const void *src, float *dst);
+/* dst (n) of dtype BF16 or F32 = src f32. */
+int lrmoe_kcu_from_f32(int64_t n, const float *src, int dst_bf16, void *dst);
+/* x (n) *= mask[i / row] ? 1 : 0 for rows of `row` elements (masked mode). */
+int lrmoe_kcu_mask_rows(int64_t nrows, int64_t row, const uint8_t *mask, float *x);
+/* dst (n) += src (n), f32. */
+int lrmoe_kcu_add(int64_t n, const float *src, float *dst);
+
+#define LRMOE_KCU_DECL(name, args) int lrmoe_kcu_##name args;
+LRMOE_KERNELS(LRMOE_KCU_DECL)
+#undef LRMOE_KCU_DECL
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

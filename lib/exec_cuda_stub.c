@@ -1,0 +1,33 @@
+/* The CUDA entry points of lib/exec.h in a build without nvcc: they exist so
+ * that any caller links, and fail with a clear message. (lrmoe_exec_forward/
+ * lrmoe_exec_backward in exec.c report the same condition themselves; these
+ * cover direct callers.) With CUDA the real ones are kernels/exec_cuda.cu. */
+#ifndef LRMOE_HAVE_CUDA
+#include "exec.h"
+
+int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                            lrmoe_exec_fwd_t *a, double *timings);
+int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                             lrmoe_exec_bwd_t *a, double *timings);
+
+int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                            lrmoe_exec_fwd_t *a, double *timings)
+{
+    (void)cfg; (void)d; (void)w; (void)plan; (void)a; (void)timings;
+    return lrmoe_err("backend cuda: built without CUDA (nvcc was not found at build time)");
+}
+
+int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                             lrmoe_exec_bwd_t *a, double *timings)
+{
+    (void)cfg; (void)d; (void)w; (void)plan; (void)a; (void)timings;
+    return lrmoe_err("backend cuda: built without CUDA (nvcc was not found at build time)");
+}
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int lrmoe_exec_cuda_stub_unused;
+#endif

@@ -1,0 +1,116 @@
+#!/usr/bin/env bats
+# The CUDA backend on a machine without a GPU: the build compiles it whenever
+# nvcc exists, --backend cuda fails cleanly, check-gpu claims no pass, and the
+# backend's host data path (kernels/exec_cuda.cu with the kernels replaced by
+# their CPU references, tests/gpu/fake-kcu.c) matches --backend cpu.
+# (The GPU checks themselves are `make check-gpu`, tests/gpu/.)
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+
+setup() {
+    BIN="$BATS_TEST_DIRNAME/../bin"
+    TOP="$BATS_TEST_DIRNAME/.."
+    REF="$BATS_TEST_DIRNAME/helpers/exec_ref.py"
+    D="$BATS_TEST_TMPDIR"
+    EXEC="$BIN/lrmoe-exec"
+}
+
+have_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+
+@test "cuda: make builds the CUDA objects for sm_90 when nvcc exists, none without" {
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH"
+    # explicit targets: the Makefile's .SECONDARY keeps intermediates of an
+    # up-to-date bin/ from being rebuilt, so ask for the objects themselves
+    run make -C "$TOP" -n BUILD="$D/b" "$D/b/kernels/kcu.o" "$D/b/kernels/gemm.o" \
+        "$D/b/kernels/comm_nccl.o" "$D/b/kernels/exec_cuda.o" "$D/b/lib/exec.o"
+    assert_success
+    assert_output --regexp 'nvcc [^
+]*-arch=sm_90 [^
+]*kernels/kcu\.cu'
+    assert_output --partial "kernels/gemm.cu"
+    assert_output --partial "kernels/comm_nccl.cu"
+    assert_output --partial "kernels/exec_cuda.cu"
+    assert_output --regexp 'cc [^
+]*-DLRMOE_HAVE_CUDA [^
+]*lib/exec\.c'
+    run make -C "$TOP" -n BUILD="$D/b" CUDA_ARCH=sm_80 "$D/b/kernels/kcu.o"
+    assert_output --partial "-arch=sm_80"
+    # CUDA_HOME empty: CPU-only, the library has no CUDA object, no define
+    run make -C "$TOP" -n BUILD="$D/c" CUDA_HOME= "$D/c/liblrmoe.a"
+    assert_success
+    assert_output --partial "lib/exec.c"
+    refute_output --partial "nvcc"
+    refute_output --partial "LRMOE_HAVE_CUDA"
+    refute_output --partial "kernels/"
+}
+
+@test "cuda: the built lrmoe-exec carries the CUDA backend (nvcc present)" {
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH"
+    [ -x "$EXEC" ] || skip "bin/lrmoe-exec not built"
+    nm "$EXEC" | grep -q ' lrmoe_exec_forward_cuda$' || skip "bin/ was built CPU-only (CUDA_HOME=)"
+    run nm "$EXEC"
+    assert_line --regexp ' T lrmoe_exec_backward_cuda$'
+    assert_line --regexp ' T lrmoe_kcu_gemm$'
+    assert_line --regexp ' T lrmoe_comm_cuda_init$'
+    run ldd "$EXEC"
+    assert_output --partial "libcublas"
+    assert_output --partial "libnccl"
+}
+
+@test "cuda: --backend cuda without a GPU fails with a clear error, exit 1, no trailer" {
+    have_gpu && skip "a GPU is present: make check-gpu tests the backend"
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 20 --E 4 --K 2 --D 8 --F 6 --dtype bf16
+    for ph in forward backward; do
+        src="$D/in.lrm"
+        if [ $ph = backward ]; then
+            "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress -o "$D/f.lrm" "$D/in.lrm"
+            src="$D/f.lrm"
+        fi
+        run "$EXEC" --phase $ph --backend cuda --weights "$D/w.lrm" --no-compress \
+            -o "$D/out.lrm" "$src"
+        assert_equal "$status" 1
+        assert_line --regexp '^lrmoe-exec: .*backend cuda: (no usable CUDA device: cudaGetDeviceCount: .+|this build has no CUDA support.*)$'
+        # the failed run left a stream without trailer
+        run python3 -c "import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream; read_stream('$D/out.lrm')"
+        assert_failure
+    done
+    # the CPU backend on the same input works
+    run "$EXEC" --phase forward --backend cpu --weights "$D/w.lrm" --no-compress -o "$D/ok.lrm" "$D/in.lrm"
+    assert_success
+}
+
+@test "cuda: check-gpu without CUDA or without a GPU says so, exits 0, claims no pass" {
+    have_gpu && skip "a GPU is present"
+    run env HAVE_CUDA= BUILD="$D/none" sh "$TOP/tests/gpu/check-gpu.sh"
+    assert_success
+    assert_output --partial "GPU checks NOT run"
+    refute_output --partial "PASS"
+    tk=$(ls "$TOP"/build/tests/gpu/test-kernels /tmp/build-*/tests/gpu/test-kernels 2>/dev/null | head -1)
+    [ -n "$tk" ] || skip "no built test-kernels to probe with"
+    run "$tk" --probe
+    assert_equal "$status" 3
+    assert_output --partial "no CUDA device"
+    run env HAVE_CUDA=1 BUILD="$(dirname "$(dirname "$(dirname "$tk")")")" sh "$TOP/tests/gpu/check-gpu.sh"
+    assert_success
+    assert_output --partial "GPU checks NOT run (no pass claimed)"
+    refute_output --partial "PASS"
+}
+
+@test "cuda: the CUDA backend's data path (exec_cuda.cu on the kernels' CPU references) equals --backend cpu" {
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the CUDA headers are needed)"
+    run sh "$TOP/tests/gpu/build-fake.sh" "$D/fake"
+    assert_success
+    refute_output --partial "warning"
+    run env LRMOE_CHECK_FAKE="$D/fake/lrmoe-exec-fake" sh "$TOP/tests/gpu/check-gpu.sh"
+    assert_success
+    assert_output --partial "backward compact cuda = cpu bf16 P=4"
+    assert_output --partial "check-gpu (fake device): data path PASS"
+    refute_output --partial "FAIL"
+    # and the comparison can fail: a CUDA path that skipped the second FC1
+    # GEMM (dx = dg W_gate only) is caught
+    run env LRMOE_CHECK_FAKE="$D/fake/lrmoe-exec-fake" LRMOE_FAKE_BREAK=dx LRMOE_CHECK_PS=3 \
+        sh "$TOP/tests/gpu/check-gpu.sh"
+    assert_failure
+    assert_output --partial "FAIL backward full cuda = cpu"
+}
