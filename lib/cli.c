@@ -50,6 +50,39 @@ int lrmoe_parse_f64(const char *opt, const char *s, double lo, double hi, double
     return 0;
 }
 
+int lrmoe_parse_bytes(const char *opt, const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno)
+        return lrmoe_err("%s: '%s' is not a size", opt, s);
+    double mul = 1;
+    const char *u = end;
+    if (*u) {
+        char c = *u;
+        double base = 1024;
+        if (u[1] == 'B' && u[2] == 0)
+            base = 1000;
+        else if (!(u[1] == 0 || (u[1] == 'i' && u[2] == 'B' && u[3] == 0) ||
+                   (c == 'B' && u[1] == 0)))
+            return lrmoe_err("%s: bad unit in '%s'", opt, s);
+        switch (c) {
+        case 'B': mul = 1; break;
+        case 'k': case 'K': mul = base; break;
+        case 'M': mul = base * base; break;
+        case 'G': mul = base * base * base; break;
+        case 'T': mul = base * base * base * base; break;
+        default: return lrmoe_err("%s: bad unit in '%s'", opt, s);
+        }
+    }
+    v *= mul;
+    if (!(v >= 0) || v > 1e18)
+        return lrmoe_err("%s: '%s' is negative or absurd", opt, s);
+    *out = v;
+    return 0;
+}
+
 void lrmoe_io_init(lrmoe_io_t *io)
 {
     io->out = "-";

@@ -64,6 +64,17 @@ double lrmoe_cost_rank_mem(const lrmoe_cost_model_t *m, int64_t replicas,
 
 static double dmax(double a, double b) { return a > b ? a : b; }
 
+/* 1 when the 8 entries at pl, f, b are all zero (plans are sparse). */
+static inline int zero8(const uint8_t *pl, const int64_t *f, const int64_t *b)
+{
+    uint64_t w;
+    memcpy(&w, pl, sizeof w);
+    int64_t acc = 0;
+    for (int k = 0; k < 8; k++)
+        acc |= f[k] | b[k];
+    return !w && !acc;
+}
+
 int lrmoe_cost_eval(const lrmoe_cost_model_t *m, int E, int P,
                     const uint8_t *placement, const int64_t *load,
                     const int64_t *fwd, const int64_t *quota, const int64_t *bwd,
@@ -90,16 +101,25 @@ int lrmoe_cost_eval(const lrmoe_cost_model_t *m, int E, int P,
     for (int e = 0; e < E; e++) {
         int nat = e / per;
         int64_t n = 0, K;
-        for (int p = 0; p < P; p++)
-            n += fwd[(size_t)e * P + p];
         if (load)
             n = load[e];
+        else
+            for (int p = 0; p < P; p++)
+                n += fwd[(size_t)e * P + p];
         K = quota ? quota[e] : n;
         /* retained pairs of e known to stay on p at least (worst case over
          * which K_e of the n_e are selected) */
         int64_t moved_e = 0;
         for (int p = 0; p < P; p++) {
             size_t i = (size_t)e * P + p;
+            /* plans are sparse: an entry without an instance or pairs adds
+             * nothing below (stay <= 0 when fwd is 0, so nothing moves) */
+            if (!(p & 7) && p + 8 <= P && zero8(placement + i, fwd + i, bwd + i)) {
+                p += 7;
+                continue;
+            }
+            if (!(fwd[i] | bwd[i]) && !placement[i])
+                continue;
             rc[p].fwd_rows += fwd[i];
             rc[p].bwd_rows += bwd[i];
             int64_t stay = fwd[i] - (n - K);
@@ -122,8 +142,9 @@ int lrmoe_cost_eval(const lrmoe_cost_model_t *m, int E, int P,
         /* the moved state leaves ranks in proportion to their forward rows */
         if (moved_e > 0 && n > 0)
             for (int p = 0; p < P; p++)
-                rc[p].send_bwd += (double)moved_e * state *
-                                  (double)fwd[(size_t)e * P + p] / (double)n;
+                if (fwd[(size_t)e * P + p])
+                    rc[p].send_bwd += (double)moved_e * state *
+                                      (double)fwd[(size_t)e * P + p] / (double)n;
     }
     for (int p = 0; p < P; p++) {
         ftot += (double)rc[p].fwd_rows;

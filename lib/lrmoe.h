@@ -199,5 +199,10 @@ int lrmoe_io_opt(lrmoe_io_t *io, int c, const char *arg);
 /* Strict number parsing for option values: 0 ok, -1 with error naming opt. */
 int lrmoe_parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int lrmoe_parse_f64(const char *opt, const char *s, double lo, double hi, double *out);
+/* A byte size or rate: a number with an optional unit K, M, G, T (or k)
+ * meaning powers of 1024, also written KiB, MiB...; KB, MB, GB, TB are powers
+ * of 1000; B is bytes ("16GiB", "1.5G", "100e9", "50GB"). Must be >= 0 and
+ * <= 1e18. 0 ok, -1 with error naming opt. */
+int lrmoe_parse_bytes(const char *opt, const char *s, double *out);
 
 #endif

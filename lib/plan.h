@@ -31,7 +31,7 @@ typedef enum {
 
 #define LRMOE_PLAN_MAX_RATES 32
 #define LRMOE_PLAN_MAX_P 16    /* closed-form T* enumerates 2^P rank subsets;
-                                  above it the bounds use max-flow bisection */
+                                  above it an exact max-flow search */
 
 typedef struct {
     lrmoe_planner_t planner;
@@ -92,10 +92,14 @@ typedef struct {
     double plan_seconds;          /* wall time of lrmoe_plan_compute */
     double glpk_seconds;          /* of which inside GLPK */
     lrmoe_rank_cost_t *rank;      /* (P) modelled memory and bytes per rank */
+    lrmoe_cost_summary_t cost;    /* the model's summary of this plan ... */
+    int have_cost;                /* ... and of rank[]: 1 when lrmoe_plan_compute
+                                     evaluated them (0 after from_frame) */
 } lrmoe_plan_t;
 
 void lrmoe_plan_init(lrmoe_plan_t *p);
-/* Allocate zeroed arrays for E x P (frees previous content). */
+/* Zeroed arrays for E x P (frees previous content; a plan that already has
+ * this shape keeps its arrays, zeroed, and its summary is reset). */
 int lrmoe_plan_alloc(lrmoe_plan_t *p, int E, int P);
 void lrmoe_plan_free(lrmoe_plan_t *p);
 
@@ -107,6 +111,12 @@ void lrmoe_plan_free(lrmoe_plan_t *p);
  * lrmoe best-effort plan. On -1 out may hold a partial plan. */
 int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
                        lrmoe_plan_t *out);
+
+/* Free the per-thread state the planners keep (GLPK's environment, which
+ * lrmoe_plan_compute creates on first use in each thread). Call it at the
+ * end of every thread that planned, and of main; planning again afterwards
+ * is allowed (the state is recreated). */
+void lrmoe_plan_thread_cleanup(void);
 
 /* Consistency: shapes, non-negativity, native placement (placement[e][e/(E/P)]
  * == 1), fwd_alloc rows sum to load[e] (when load != NULL; else to the row sum
@@ -129,7 +139,7 @@ int lrmoe_plan_from_frame(const lrmoe_frame_t *f, lrmoe_plan_t *p);
 /* Closed-form min-peak: T* = max over non-empty rank subsets S of
  * ceil(N(S)/|S|), N(S) = sum of need[e] over experts whose eligible ranks
  * (placement row) all lie in S; enumerated for P <= LRMOE_PLAN_MAX_P, by
- * max-flow bisection above. Returns T* (>= 0) or -1.
+ * an exact parametric max-flow search above. Returns T* (>= 0) or -1.
  * An expert with need > 0 and no eligible rank gives -1. */
 int64_t lrmoe_minpeak_lb(const uint8_t *placement, const int64_t *need, int E, int P);
 

@@ -16,13 +16,19 @@
 
 #include "plan.h"
 
-static const int64_t *g_load;
+/* The visiting order sorts (load, id) pairs: no shared state, so planners
+ * may run in several threads at once (lrmoe-sim --jobs). */
+typedef struct {
+    int64_t load;
+    int id;
+} llep_key_t;
+
 static int cmp_load_desc(const void *a, const void *b)
 {
-    int x = *(const int *)a, y = *(const int *)b;
-    if (g_load[x] != g_load[y])
-        return g_load[x] < g_load[y] ? 1 : -1;
-    return (x > y) - (x < y);
+    const llep_key_t *x = a, *y = b;
+    if (x->load != y->load)
+        return x->load < y->load ? 1 : -1;
+    return (x->id > y->id) - (x->id < y->id);
 }
 
 int lrmoe_llep_assign(const int64_t *load, int E, int P, double lambda, double alpha,
@@ -62,10 +68,19 @@ int lrmoe_llep_assign(const int64_t *load, int E, int P, double lambda, double a
         goto out;
     }
     const double cap = alpha * (double)N / P;
+    llep_key_t *key = malloc((size_t)E * sizeof *key);
+    if (!key) {
+        ran = lrmoe_err("llep: out of memory");
+        goto out;
+    }
+    for (int e = 0; e < E; e++) {
+        key[e].load = load[e];
+        key[e].id = e;
+    }
+    qsort(key, (size_t)E, sizeof *key, cmp_load_desc);
     for (int e = 0; e < E; e++)
-        order[e] = e;
-    g_load = load;
-    qsort(order, (size_t)E, sizeof(int), cmp_load_desc);
+        order[e] = key[e].id;
+    free(key);
     for (int i = 0; i < E; i++) {
         const int e = order[i], nat = e / per;
         int64_t r = load[e];

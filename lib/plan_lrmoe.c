@@ -259,67 +259,92 @@ static int64_t glpk_solve(const uint8_t *pl, const int64_t *lo, const int64_t *n
 {
     const int quota = lo != NULL;
     int64_t sum = 0;
+    int ncol = 0;
     for (int e = 0; e < E; e++) {
-        int any = 0;
+        int cnt = 0;
         for (int p = 0; p < P; p++)
-            any |= pl[(size_t)e * P + p] != 0;
+            cnt += pl[(size_t)e * P + p] != 0;
         if (n[e] < 0)
             return lrmoe_err("GLPK: negative row total for expert %d", e);
-        if (n[e] > 0 && !any && (!quota || lo[e] > 0))
+        if (n[e] > 0 && !cnt && (!quota || lo[e] > 0))
             return lrmoe_err("GLPK: expert %d has pairs and no eligible rank", e);
         sum += n[e];
+        if (n[e] > 0)
+            ncol += cnt;
     }
     if (!quota)
         total = sum;
-    int *col = malloc((size_t)E * P * sizeof(int));
+    /* columns 1..ncol: eligible (e,p) with n[e] > 0 in row-major order, so
+     * an expert's columns are consecutive; cexp/crank name them, rstart and
+     * rlist list each rank's columns in increasing order (counting sort) */
+    int *cexp = malloc(((size_t)ncol + 1) * sizeof(int));
+    int *crank = malloc(((size_t)ncol + 1) * sizeof(int));
+    int *rstart = calloc((size_t)P + 1, sizeof(int));
+    int *rlist = malloc(((size_t)ncol + 1) * sizeof(int));
+    int64_t *rs = calloc((size_t)P, sizeof *rs);
     triplets_t tr = {0};
     glp_prob *lp = NULL;
     int64_t rc = -1;
-    if (!col) {
+    if (!cexp || !crank || !rstart || !rlist || !rs) {
+        lrmoe_err("GLPK: out of memory");
+        goto out;
+    }
+    int c = 0;
+    for (int e = 0; e < E; e++) {
+        if (n[e] <= 0)
+            continue;
+        for (int p = 0; p < P; p++)
+            if (pl[(size_t)e * P + p]) {
+                ++c;
+                cexp[c] = e;
+                crank[c] = p;
+                rstart[p + 1]++;
+            }
+    }
+    for (int p = 0; p < P; p++)
+        rstart[p + 1] += rstart[p];
+    for (int j = 1; j <= ncol; j++)
+        rlist[rstart[crank[j]]++] = j;
+    for (int p = P; p > 0; p--)
+        rstart[p] = rstart[p - 1];
+    rstart[0] = 0;
+    /* the whole matrix in one allocation: expert rows, quota row, ranks */
+    tr.cap = 2 * ncol + (quota ? ncol : 0) + P + 2;
+    tr.ia = malloc((size_t)tr.cap * sizeof(int));
+    tr.ja = malloc((size_t)tr.cap * sizeof(int));
+    tr.ar = malloc((size_t)tr.cap * sizeof(double));
+    if (!tr.ia || !tr.ja || !tr.ar) {
         lrmoe_err("GLPK: out of memory");
         goto out;
     }
     glp_term_out(GLP_OFF);
     lp = glp_create_prob();
     glp_set_obj_dir(lp, GLP_MIN);
-    int ncol = 0;
-    for (int e = 0; e < E; e++)
-        for (int p = 0; p < P; p++) {
-            size_t i = (size_t)e * P + p;
-            col[i] = (pl[i] && n[e] > 0) ? ++ncol : 0;
-        }
     const int cT = ncol + 1;
     glp_add_cols(lp, ncol + 1);
     const double eps = 0.4 / ((double)total + 1.0);
-    for (int e = 0; e < E; e++)
-        for (int p = 0; p < P; p++) {
-            int j = col[(size_t)e * P + p];
-            if (!j)
-                continue;
-            glp_set_col_kind(lp, j, GLP_IV);
-            glp_set_col_bnds(lp, j, GLP_DB, 0.0, (double)n[e]);
-            if (quota && pref && n[e] > 0)
-                glp_set_obj_coef(lp, j, -eps * (double)pref[(size_t)e * P + p] / (double)n[e]);
-        }
+    for (int j = 1; j <= ncol; j++) {
+        const int e = cexp[j];
+        glp_set_col_kind(lp, j, GLP_IV);
+        glp_set_col_bnds(lp, j, GLP_DB, 0.0, (double)n[e]);
+        if (quota && pref && n[e] > 0)
+            glp_set_obj_coef(lp, j, -eps * (double)pref[(size_t)e * P + crank[j]] / (double)n[e]);
+    }
     glp_set_col_kind(lp, cT, GLP_IV);
     glp_set_col_bnds(lp, cT, GLP_LO, 0.0, 0.0);
     glp_set_obj_coef(lp, cT, 1.0);
     int row = 0;
-    for (int e = 0; e < E; e++) {
-        if (n[e] <= 0)
-            continue;
-        int any = 0;
-        for (int p = 0; p < P; p++)
-            any |= col[(size_t)e * P + p] != 0;
-        if (!any)
-            continue; /* quota mode: lo = 0 and no rank: K_e = 0 */
+    for (int j = 1; j <= ncol;) {
+        /* expert e = cexp[j] owns columns j..; lo = 0 experts without a
+         * rank have no column and no row (quota mode: K_e = 0) */
+        const int e = cexp[j];
         row = glp_add_rows(lp, 1);
         if (!quota || lo[e] == n[e])
             glp_set_row_bnds(lp, row, GLP_FX, (double)n[e], (double)n[e]);
         else
             glp_set_row_bnds(lp, row, GLP_DB, (double)lo[e], (double)n[e]);
-        for (int p = 0; p < P; p++)
-            if (col[(size_t)e * P + p] && trip_add(&tr, row, col[(size_t)e * P + p], 1.0) < 0)
+        for (; j <= ncol && cexp[j] == e; j++)
+            if (trip_add(&tr, row, j, 1.0) < 0)
                 goto out;
     }
     if (quota) {
@@ -332,8 +357,8 @@ static int64_t glpk_solve(const uint8_t *pl, const int64_t *lo, const int64_t *n
     for (int p = 0; p < P; p++) {
         row = glp_add_rows(lp, 1);
         glp_set_row_bnds(lp, row, GLP_UP, 0.0, 0.0);
-        for (int e = 0; e < E; e++)
-            if (col[(size_t)e * P + p] && trip_add(&tr, row, col[(size_t)e * P + p], 1.0) < 0)
+        for (int k = rstart[p]; k < rstart[p + 1]; k++)
+            if (trip_add(&tr, row, rlist[k], 1.0) < 0)
                 goto out;
         if (trip_add(&tr, row, cT, -1.0) < 0)
             goto out;
@@ -359,35 +384,36 @@ static int64_t glpk_solve(const uint8_t *pl, const int64_t *lo, const int64_t *n
         lrmoe_err("GLPK: glp_intopt failed (return %d, status %d)", ret, st);
         goto out;
     }
-    int64_t peak = 0;
-    int64_t *rs = calloc((size_t)P, sizeof *rs);
-    if (!rs) {
-        lrmoe_err("GLPK: out of memory");
-        goto out;
-    }
-    for (int e = 0; e < E; e++) {
-        int64_t k = 0;
-        for (int p = 0; p < P; p++) {
-            size_t i = (size_t)e * P + p;
-            int64_t v = col[i] ? (int64_t)llround(glp_mip_col_val(lp, col[i])) : 0;
-            x[i] = v;
-            k += v;
-            rs[p] += v;
-        }
+    memset(x, 0, (size_t)E * P * sizeof *x);
+    if (K)
+        memset(K, 0, (size_t)E * sizeof *K);
+    for (int j = 1; j <= ncol; j++) {
+        const int64_t v = (int64_t)llround(glp_mip_col_val(lp, j));
+        x[(size_t)cexp[j] * P + crank[j]] = v;
         if (K)
-            K[e] = k;
+            K[cexp[j]] += v;
+        rs[crank[j]] += v;
     }
+    int64_t peak = 0;
     for (int p = 0; p < P; p++)
         if (rs[p] > peak)
             peak = rs[p];
-    free(rs);
     rc = peak;
 out:
     if (lp)
         glp_delete_prob(lp);
     trip_free(&tr);
-    free(col);
+    free(cexp);
+    free(crank);
+    free(rstart);
+    free(rlist);
+    free(rs);
     return rc;
+}
+
+void lrmoe_plan_thread_cleanup(void)
+{
+    glp_free_env();
 }
 
 int64_t lrmoe_alloc_glpk(const uint8_t *placement, const int64_t *need, int E, int P,
@@ -807,11 +833,30 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
             lrmoe_err_prefix("backward allocation at rate %.3f", rho);
             goto out;
         }
-        /* exactness guard: GLPK's peaks must equal the closed-form optimum */
-        p->fwd_lb = lrmoe_minpeak_lb(pl, load, E, P);
+        /* exactness guard: GLPK's peaks must equal the optimum T*. GLPK's
+         * allocations are feasible (lrmoe_plan_check verifies the rows and
+         * eligibility, the quotas are checked below), so their peaks bound
+         * T* from above: the search stops at T* or as soon as it reaches
+         * them, and a GLPK peak above T* still shows as a mismatch */
+        if (free_q) {
+            int64_t ks = 0;
+            for (int e = 0; e < E; e++) {
+                if (p->quota[e] < lo[e] || p->quota[e] > load[e]) {
+                    lrmoe_err("GLPK quota %lld of expert %d outside [%lld,%lld]",
+                              (long long)p->quota[e], e, (long long)lo[e], (long long)load[e]);
+                    goto out;
+                }
+                ks += p->quota[e];
+            }
+            if (ks != total) {
+                lrmoe_err("GLPK quotas sum to %lld, want %lld", (long long)ks, (long long)total);
+                goto out;
+            }
+        }
+        p->fwd_lb = plan_minpeak(pl, NULL, load, 0, E, P, fpk, NULL, NULL);
         p->bwd_lb = total == N ? p->fwd_lb
-                    : free_q   ? lrmoe_minpeak_quota_lb(pl, lo, load, total, E, P)
-                               : lrmoe_minpeak_lb(pl, K, E, P);
+                    : free_q   ? plan_minpeak(pl, lo, load, total, E, P, bpk, NULL, NULL)
+                               : plan_minpeak(pl, NULL, K, 0, E, P, bpk, NULL, NULL);
         if (p->fwd_lb < 0 || p->bwd_lb < 0)
             goto out;
         if (fpk != p->fwd_lb || bpk != p->bwd_lb) {

@@ -193,19 +193,13 @@ int lrmoe_sim_frame_load(const lrmoe_frame_t *f, int experts_hint, int64_t **loa
 
 /* ---------------------------------------------------------- per frame */
 
-int lrmoe_sim_row_from_plan(const lrmoe_cost_model_t *m, const lrmoe_plan_t *plan,
-                            const int64_t *load, lrmoe_sim_row_t *row)
+/* The figures of plan from its cost model evaluation (rc per rank, s). */
+static void row_fill(const lrmoe_plan_t *plan, const int64_t *load,
+                     const lrmoe_rank_cost_t *rc, const lrmoe_cost_summary_t *sp,
+                     lrmoe_sim_row_t *row)
 {
     const int E = plan->E, P = plan->P;
-    lrmoe_rank_cost_t *rc = calloc((size_t)P, sizeof *rc);
-    if (!rc)
-        return lrmoe_err("out of memory");
-    lrmoe_cost_summary_t s;
-    if (lrmoe_cost_eval(m, E, P, plan->placement, load, plan->fwd_alloc, plan->quota,
-                        plan->bwd_alloc, rc, &s) < 0) {
-        free(rc);
-        return -1;
-    }
+    const lrmoe_cost_summary_t s = *sp;
     double *v = row->v;
     memset(row, 0, sizeof *row);
     int64_t N = 0, K = 0;
@@ -253,6 +247,22 @@ int lrmoe_sim_row_from_plan(const lrmoe_cost_model_t *m, const lrmoe_plan_t *pla
     v[LRMOE_SIM_T_TOTAL] = s.t_total;
     v[LRMOE_SIM_FEASIBLE] = plan->feasible ? 1 : 0;
     v[LRMOE_SIM_PLAN_MS] = plan->plan_seconds * 1e3;
+}
+
+int lrmoe_sim_row_from_plan(const lrmoe_cost_model_t *m, const lrmoe_plan_t *plan,
+                            const int64_t *load, lrmoe_sim_row_t *row)
+{
+    const int E = plan->E, P = plan->P;
+    lrmoe_rank_cost_t *rc = calloc((size_t)P, sizeof *rc);
+    if (!rc)
+        return lrmoe_err("out of memory");
+    lrmoe_cost_summary_t s;
+    if (lrmoe_cost_eval(m, E, P, plan->placement, load, plan->fwd_alloc, plan->quota,
+                        plan->bwd_alloc, rc, &s) < 0) {
+        free(rc);
+        return -1;
+    }
+    row_fill(plan, load, rc, &s, row);
     free(rc);
     return 0;
 }
@@ -263,9 +273,22 @@ int lrmoe_sim_eval(const lrmoe_sim_planner_t *pl, const int64_t *load, int E,
 {
     if (lrmoe_plan_compute(&pl->opts, load, E, plan) < 0)
         return lrmoe_err_prefix("planner %s", pl->label);
-    if (lrmoe_sim_row_from_plan(&pl->opts.cost, plan, load, row) < 0)
+    /* lrmoe_plan_compute already evaluated the cost model of the plan it
+     * returns, with these options: reuse it rather than evaluate it twice */
+    if (plan->have_cost && plan->rank)
+        row_fill(plan, load, plan->rank, &plan->cost, row);
+    else if (lrmoe_sim_row_from_plan(&pl->opts.cost, plan, load, row) < 0)
         return -1;
     const int P = plan->P;
+    if (plan->have_cost && plan->rank) { /* the model summed them already */
+        for (int p = 0; p < P; p++) {
+            if (fwd_rank)
+                fwd_rank[p] = plan->rank[p].fwd_rows;
+            if (bwd_rank)
+                bwd_rank[p] = plan->rank[p].bwd_rows;
+        }
+        return 0;
+    }
     if (fwd_rank)
         memset(fwd_rank, 0, (size_t)P * sizeof *fwd_rank);
     if (bwd_rank)

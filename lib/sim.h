@@ -105,7 +105,9 @@ int lrmoe_sim_frame_load(const lrmoe_frame_t *f, int experts_hint, int64_t **loa
                          int *E, int *pairs_per_token);
 
 /* Plan load with planner pl (through lrmoe_plan_compute), then fill row from
- * the plan and lrmoe_cost_eval(). plan is reused scratch (lrmoe_plan_init'd).
+ * the plan and the lrmoe_cost_eval() result lrmoe_plan_compute already made
+ * for it (plan->rank, plan->cost: the model is evaluated once per plan).
+ * plan is reused scratch (lrmoe_plan_init'd).
  * fwd_rank / bwd_rank (P, may be NULL) get the per-rank pair counts. */
 int lrmoe_sim_eval(const lrmoe_sim_planner_t *pl, const int64_t *load, int E,
                    lrmoe_plan_t *plan, lrmoe_sim_row_t *row, int64_t *fwd_rank,

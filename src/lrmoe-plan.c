@@ -68,38 +68,6 @@ typedef struct {
     FILE *stats;
 } ctx_t;
 
-/* "16GiB", "16G", "1.5e9", "512MB" -> bytes */
-static int parse_bytes(const char *opt, const char *s, double *out)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s)
-        return lrmoe_err("%s: '%s' is not a size", opt, s);
-    double mul = 1;
-    const char *u = end;
-    if (*u) {
-        char c = *u;
-        double base = 1024;
-        if (u[1] == 'B' && u[2] == 0)
-            base = 1000;
-        else if (!(u[1] == 0 || (u[1] == 'i' && u[2] == 'B' && u[3] == 0) || (c == 'B' && u[1] == 0)))
-            return lrmoe_err("%s: bad unit in '%s'", opt, s);
-        switch (c) {
-        case 'B': mul = 1; break;
-        case 'k': case 'K': mul = base; break;
-        case 'M': mul = base * base; break;
-        case 'G': mul = base * base * base; break;
-        case 'T': mul = base * base * base * base; break;
-        default: return lrmoe_err("%s: bad unit in '%s'", opt, s);
-        }
-    }
-    v *= mul;
-    if (!(v >= 0) || v > 1e18)
-        return lrmoe_err("%s: '%s' is negative or absurd", opt, s);
-    *out = v;
-    return 0;
-}
-
 static void attr_or_na(FILE *fp, const lrmoe_frame_t *f, const char *key)
 {
     const char *v = lrmoe_frame_attr(f, key);
@@ -255,11 +223,11 @@ int main(int argc, char **argv)
             case OPT_GLPK_TIME:
                 r = lrmoe_parse_f64("--glpk-time", optarg, 1e-3, 3600, &c.o.glpk_tm_lim);
                 break;
-            case 'M': r = parse_bytes("--hbm", optarg, &c.o.cost.hbm); break;
-            case OPT_GPU_MEM: r = parse_bytes("--gpu-mem", optarg, &gpu); break;
-            case OPT_RESIDENT: r = parse_bytes("--resident", optarg, &resident); break;
+            case 'M': r = lrmoe_parse_bytes("--hbm", optarg, &c.o.cost.hbm); break;
+            case OPT_GPU_MEM: r = lrmoe_parse_bytes("--gpu-mem", optarg, &gpu); break;
+            case OPT_RESIDENT: r = lrmoe_parse_bytes("--resident", optarg, &resident); break;
             case 'W': r = lrmoe_parse_f64("--window", optarg, 0, 1e6, &c.o.cost.window); break;
-            case 'B': r = parse_bytes("--bw", optarg, &c.o.cost.bw); break;
+            case 'B': r = lrmoe_parse_bytes("--bw", optarg, &c.o.cost.bw); break;
             case OPT_FLOPS: r = lrmoe_parse_f64("--flops", optarg, 1, 1e21, &c.o.cost.flops); break;
             case 'D':
                 r = lrmoe_parse_i64("--hidden", optarg, 1, 1 << 24, &c.o.cost.D);
@@ -346,6 +314,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
         rc = 1;
     }
+    lrmoe_plan_thread_cleanup();
     if (c.stats && fclose(c.stats) != 0 && !rc) {
         fprintf(stderr, "lrmoe-plan: %s: ", stats_path);
         perror(NULL);

@@ -3,7 +3,6 @@
  * gnuplot figures. The work is lib/sim.c over lib/plan.c and lib/cost.c. */
 #include <errno.h>
 #include <getopt.h>
-#include <glpk.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -85,39 +84,6 @@ enum {
     OPT_LAMBDA = 0x2001, OPT_ALPHA, OPT_GLPK_TIME, OPT_GPU_MEM, OPT_RESIDENT, OPT_FLOPS,
     OPT_DTYPE, OPT_BW_INTER, OPT_PBASE, OPT_PEVERY, OPT_PLOTFMT
 };
-
-/* "16GiB", "16G", "1.5e9", "512MB" -> bytes (same syntax as lrmoe-plan). */
-static int parse_bytes(const char *opt, const char *s, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno)
-        return lrmoe_err("%s: '%s' is not a size", opt, s);
-    double mul = 1;
-    const char *u = end;
-    if (*u) {
-        char c = *u;
-        double base = 1024;
-        if (u[1] == 'B' && u[2] == 0)
-            base = 1000;
-        else if (!(u[1] == 0 || (u[1] == 'i' && u[2] == 'B' && u[3] == 0) || (c == 'B' && u[1] == 0)))
-            return lrmoe_err("%s: bad unit in '%s'", opt, s);
-        switch (c) {
-        case 'B': mul = 1; break;
-        case 'k': case 'K': mul = base; break;
-        case 'M': mul = base * base; break;
-        case 'G': mul = base * base * base; break;
-        case 'T': mul = base * base * base * base; break;
-        default: return lrmoe_err("%s: bad unit in '%s'", opt, s);
-        }
-    }
-    v *= mul;
-    if (!(v >= 0) || v > 1e18)
-        return lrmoe_err("%s: '%s' is negative or absurd", opt, s);
-    *out = v;
-    return 0;
-}
 
 /* "1,2,4" -> multipliers (each > 0). Returns the count or -1. */
 static int parse_list(const char *opt, const char *s, double *out, int max)
@@ -268,9 +234,9 @@ static void worker_loop(work_t *w)
 static void *worker(void *arg)
 {
     worker_loop(arg);
-    /* GLPK keeps one environment per thread (the lrmoe planner creates it);
-     * free it before the thread goes, or every batch leaks one. */
-    glp_free_env();
+    /* the planner keeps per-thread state (GLPK's environment): free it
+     * before the thread goes, or every batch leaks one */
+    lrmoe_plan_thread_cleanup();
     return NULL;
 }
 
@@ -614,12 +580,12 @@ int main(int argc, char **argv)
         case 'q': r = lrmoe_quota_parse(optarg, &c.base.quota); break;
         case 'k': r = lrmoe_parse_f64("--min-keep", optarg, 0, 1, &c.base.min_keep); break;
         case OPT_GLPK_TIME: r = lrmoe_parse_f64("--glpk-time", optarg, 1e-3, 3600, &c.base.glpk_tm_lim); break;
-        case 'M': r = parse_bytes("--hbm", optarg, &c.base.cost.hbm); break;
-        case OPT_GPU_MEM: r = parse_bytes("--gpu-mem", optarg, &gpu); break;
-        case OPT_RESIDENT: r = parse_bytes("--resident", optarg, &resident); break;
+        case 'M': r = lrmoe_parse_bytes("--hbm", optarg, &c.base.cost.hbm); break;
+        case OPT_GPU_MEM: r = lrmoe_parse_bytes("--gpu-mem", optarg, &gpu); break;
+        case OPT_RESIDENT: r = lrmoe_parse_bytes("--resident", optarg, &resident); break;
         case 'W': r = lrmoe_parse_f64("--window", optarg, 0, 1e6, &c.base.cost.window); break;
-        case 'B': r = parse_bytes("--bw", optarg, &c.base.cost.bw); break;
-        case OPT_BW_INTER: r = parse_bytes("--bw-inter", optarg, &bw_inter); break;
+        case 'B': r = lrmoe_parse_bytes("--bw", optarg, &c.base.cost.bw); break;
+        case OPT_BW_INTER: r = lrmoe_parse_bytes("--bw-inter", optarg, &bw_inter); break;
         case OPT_FLOPS: r = lrmoe_parse_f64("--flops", optarg, 1, 1e21, &c.base.cost.flops); break;
         case 'D':
             r = lrmoe_parse_i64("--hidden", optarg, 1, 1 << 24, &c.base.cost.D);
@@ -933,7 +899,7 @@ int main(int argc, char **argv)
     free(worst.fwd);
     free(worst.bwd);
     lrmoe_sim_acc_free(&acc);
-    glp_free_env();
+    lrmoe_plan_thread_cleanup();
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, TOOL ": stdout: write failed\n");
         rc = 1;

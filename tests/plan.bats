@@ -53,6 +53,18 @@ read_stream('$1')"
     assert_output "100 instances, 0 failures"
 }
 
+@test "min-peak: fast path and max-flow search == full search on 600 instances, P up to 64" {
+    # plan_minpeak (LB0 fast path against an upper bound, then Dinkelbach
+    # steps over incremental max-flow) vs the bisection full search and, for
+    # P <= 16, the closed form; each result certified by a witness subset and
+    # an allocation. Both the fast path and the search must have been taken.
+    for s in 1 2; do
+        run "$UT" fastpath 300 $s
+        assert_success
+        assert_output --regexp '^300 instances, 0 failures \(fast path [1-9][0-9]*, max-flow search [1-9][0-9]*\)$'
+    done
+}
+
 @test "min-peak: GLPK and T* equal the brute-force optimum on 300 tiny instances" {
     "$UT" dump 300 5 > "$T/tiny.txt"
     run python3 "$BATS_TEST_DIRNAME/helpers/plan_bruteforce.py" < "$T/tiny.txt"

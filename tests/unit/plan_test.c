@@ -5,6 +5,9 @@
  *                          max-flow peak == flow-bisection bound; quota
  *                          variant likewise; every allocation consistent
  *   random-large COUNT SEED  the same with 17..24 ranks (bounds by max-flow)
+ *   fastpath COUNT SEED    the min-peak fast path and parametric max-flow
+ *                          search vs the full bisection search and the closed
+ *                          form, with certificates, 1..64 ranks
  *   dump COUNT SEED        tiny instances as text for the Python brute force:
  *                          "P E | placement rows | need | glpk_peak lb | lo n total qpeak qlb"
  *   llep P LAMBDA ALPHA M LOAD...   print fwd_alloc rows and "ran"
@@ -210,6 +213,143 @@ static int random_check(int count, int tiny, int dump, int large)
     return fails != 0;
 }
 
+/* The bound of rank subset w (P flags) computed here from its definition:
+ * fixed needs max over S of ceil(N(S)/|S|) restricted to S = w; with free
+ * quotas the larger of ceil(Lo(S)/|S|) and ceil((total - N + n(S))/|S|).
+ * N(S) counts the experts whose eligible ranks all lie in S. */
+static int64_t subset_bound(const uint8_t *pl, const int64_t *lo, const int64_t *n,
+                            int64_t total, int E, int P, const uint8_t *w)
+{
+    int64_t k = 0, a = 0, b = 0, N = 0;
+    for (int p = 0; p < P; p++)
+        k += w[p] != 0;
+    if (k == 0)
+        return -1;
+    for (int e = 0; e < E; e++) {
+        int in = 1;
+        for (int p = 0; p < P; p++)
+            if (pl[(size_t)e * P + p] && !w[p])
+                in = 0;
+        N += n[e];
+        if (in) {
+            a += lo ? lo[e] : n[e];
+            b += n[e];
+        }
+    }
+    int64_t v = (a + k - 1) / k;
+    if (lo) {
+        int64_t x = total - N + b, u = x >= 0 ? (x + k - 1) / k : -((-x) / k);
+        if (u > v)
+            v = u;
+    }
+    return v;
+}
+
+/* fastpath COUNT SEED: the min-peak search with its fast path (LB0 against
+ * an upper bound) and the parametric max-flow (plan_minpeak) against the
+ * full search (bisection with one max-flow per probe) and, for P <= 16, the
+ * closed form, on random instances with 1..64 ranks: dense and sparse
+ * eligibility, skewed loads. Each result is also certified independently:
+ * the returned witness subset has exactly that bound (so T* >= result) and
+ * a max-flow allocation reaches it (T* <= result). Fixed needs and free
+ * quotas; upper bounds from the optimal allocation, from everything-native
+ * (often far above T*) and T* + small. */
+static int fastpath_check(int count)
+{
+    int fails = 0, nfast = 0, nsearch = 0;
+    for (int it = 0; it < count; it++) {
+        const int P = rint_(1, 64), per = rint_(1, 4), E = P * per;
+        const int maxload = rint_(1, 5000);
+        uint8_t *pl = malloc((size_t)E * P), *w = malloc((size_t)P);
+        int64_t *n = malloc((size_t)E * sizeof *n), *lo = malloc((size_t)E * sizeof *lo);
+        int64_t *x = malloc((size_t)E * P * sizeof *x), *rs = calloc((size_t)P, sizeof *rs);
+        if (rint_(0, 1)) {
+            instance(E, P, maxload, pl, n);
+        } else { /* sparse: native + 0..2 random ranks, a few hot experts */
+            memset(pl, 0, (size_t)E * P);
+            for (int e = 0; e < E; e++) {
+                pl[(size_t)e * P + e / per] = 1;
+                for (int j = rint_(0, 2); j > 0; j--)
+                    pl[(size_t)e * P + rint_(0, P - 1)] = 1;
+                n[e] = rint_(0, maxload) * (rint_(0, 9) == 0 ? 30 : 1);
+            }
+        }
+        /* fixed needs */
+        int64_t ref = lrmoe_minpeak_lb_flow(pl, n, E, P);
+        int64_t cf = P <= LRMOE_PLAN_MAX_P ? lrmoe_minpeak_lb(pl, n, E, P) : ref;
+        int how = 0;
+        int64_t t = plan_minpeak(pl, NULL, n, 0, E, P, -1, w, &how);
+        int64_t wb = subset_bound(pl, NULL, n, 0, E, P, w);
+        int64_t fl = lrmoe_alloc_flow(pl, n, E, P, x);
+        if (ref < 0 || cf < 0 || t < 0 || fl < 0) {
+            printf("FAIL fastpath instance %d: error %s\n", it, lrmoe_errmsg());
+            return 1;
+        }
+        fails += consistent(pl, n, x, E, P, fl, "fastpath-flow");
+        if (t != ref || cf != ref || wb != t || fl != t) {
+            printf("FAIL fastpath instance %d (P=%d E=%d): full search %lld closed form %lld "
+                   "search %lld witness %lld allocation %lld\n", it, P, E, (long long)ref,
+                   (long long)cf, (long long)t, (long long)wb, (long long)fl);
+            fails++;
+        }
+        /* upper bounds: optimal allocation, everything native, T* + 0..3 */
+        int64_t nat = 0;
+        for (int e = 0; e < E; e++)
+            rs[e / per] += n[e];
+        for (int p = 0; p < P; p++)
+            nat = rs[p] > nat ? rs[p] : nat;
+        const int64_t ubs[3] = {fl, nat, ref + rint_(0, 3)};
+        for (int k = 0; k < 3; k++) {
+            int64_t u = plan_minpeak(pl, NULL, n, 0, E, P, ubs[k], k == 2 ? w : NULL, &how);
+            nfast += how == 1;
+            nsearch += how == 3;
+            if (u != ref || (k == 2 && subset_bound(pl, NULL, n, 0, E, P, w) != u)) {
+                printf("FAIL fastpath instance %d (P=%d E=%d): ub %lld gives %lld, T* %lld "
+                       "(how %d)\n", it, P, E, (long long)ubs[k], (long long)u,
+                       (long long)ref, how);
+                fails++;
+            }
+        }
+        if (lrmoe_minpeak_lb(pl, n, E, P) != ref) {
+            printf("FAIL fastpath instance %d: lrmoe_minpeak_lb differs\n", it);
+            fails++;
+        }
+        /* free quotas */
+        int64_t N = 0, slo = 0;
+        const double keep = rint_(0, 4) / 8.0;
+        for (int e = 0; e < E; e++) {
+            N += n[e];
+            lo[e] = (int64_t)((double)n[e] * keep);
+            slo += lo[e];
+        }
+        const int64_t total = slo + (N > slo ? (int64_t)(rnd() % (uint64_t)(N - slo + 1)) : 0);
+        int64_t qref = lrmoe_minpeak_quota_lb_flow(pl, lo, n, total, E, P);
+        int64_t qcf = P <= LRMOE_PLAN_MAX_P ? lrmoe_minpeak_quota_lb(pl, lo, n, total, E, P)
+                                            : qref;
+        int64_t qt = plan_minpeak(pl, lo, n, total, E, P, -1, w, &how);
+        int64_t qw = subset_bound(pl, lo, n, total, E, P, w);
+        int64_t qu = plan_minpeak(pl, lo, n, total, E, P, qref + rint_(0, 2), NULL, &how);
+        nfast += how == 1;
+        nsearch += how == 3;
+        if (qref < 0 || qt != qref || qcf != qref || qw != qt || qu != qref ||
+            lrmoe_minpeak_quota_lb(pl, lo, n, total, E, P) != qref) {
+            printf("FAIL fastpath quota instance %d (P=%d E=%d): full search %lld closed form "
+                   "%lld search %lld witness %lld with ub %lld\n", it, P, E, (long long)qref,
+                   (long long)qcf, (long long)qt, (long long)qw, (long long)qu);
+            fails++;
+        }
+        free(pl);
+        free(w);
+        free(n);
+        free(lo);
+        free(x);
+        free(rs);
+    }
+    printf("%d instances, %d failures (fast path %d, max-flow search %d)\n", count, fails,
+           nfast, nsearch);
+    return fails != 0;
+}
+
 static int llep(int argc, char **argv)
 {
     int P = atoi(argv[0]);
@@ -411,6 +551,10 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "random-large") && argc == 4) {
         rs ^= (uint64_t)atoll(argv[3]) * 0x9E3779B97F4A7C15ull;
         return random_check(atoi(argv[2]), 0, 0, 1);
+    }
+    if (!strcmp(argv[1], "fastpath") && argc == 4) {
+        rs ^= (uint64_t)atoll(argv[3]) * 0x9E3779B97F4A7C15ull;
+        return fastpath_check(atoi(argv[2]));
     }
     if (!strcmp(argv[1], "dump") && argc == 4) {
         rs ^= (uint64_t)atoll(argv[3]) * 0x9E3779B97F4A7C15ull;
