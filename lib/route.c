@@ -1,0 +1,1065 @@
+/* route: top-K expert routing and load statistics (see route.h). */
+#include "route.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define ROUTE_X86 1
+#endif
+
+/* ------------------------------------------------------------ options */
+
+void lrmoe_route_opts_default(lrmoe_route_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->router = LRMOE_ROUTER_SOFTMAX;
+    o->k = 8;
+    o->renorm = 0;
+    o->scale = 1.0;
+    o->groups = 0;
+    o->topk_groups = 0;
+    o->threads = 1;
+}
+
+static const char *router_names[] = {"softmax", "topk-softmax", "sigmoid"};
+
+int lrmoe_route_parse_router(const char *s, lrmoe_router_t *r)
+{
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, router_names[i]) == 0) {
+            *r = (lrmoe_router_t)i;
+            return 0;
+        }
+    if (strcmp(s, "gpt-oss") == 0) {
+        *r = LRMOE_ROUTER_TOPK_SOFTMAX;
+        return 0;
+    }
+    return lrmoe_err("unknown router '%s' (softmax, topk-softmax, sigmoid)", s);
+}
+
+const char *lrmoe_route_router_name(lrmoe_router_t r)
+{
+    return (unsigned)r < 3 ? router_names[r] : "?";
+}
+
+int lrmoe_route_check_opts(const lrmoe_route_opts_t *o)
+{
+    if ((unsigned)o->router > LRMOE_ROUTER_SIGMOID)
+        return lrmoe_err("bad router");
+    if (o->k < 1)
+        return lrmoe_err("top-k %d: must be at least 1", o->k);
+    if (!isfinite(o->scale))
+        return lrmoe_err("scaling factor must be finite");
+    if (o->threads < 1)
+        return lrmoe_err("threads %d: must be at least 1", o->threads);
+    if (o->groups < 0 || o->topk_groups < 0)
+        return lrmoe_err("groups must not be negative");
+    if (o->groups > 0 || o->topk_groups > 0) {
+        if (o->router != LRMOE_ROUTER_SIGMOID)
+            return lrmoe_err("group-limited selection needs the sigmoid router");
+        if (o->groups < 1)
+            return lrmoe_err("--topk-groups needs --groups");
+        if (o->topk_groups < 1)
+            return lrmoe_err("--groups needs --topk-groups");
+        if (o->topk_groups > o->groups)
+            return lrmoe_err("topk-groups %d exceeds the %d groups", o->topk_groups,
+                             o->groups);
+    }
+    return 0;
+}
+
+int lrmoe_route_check(const lrmoe_route_opts_t *o, int64_t E)
+{
+    if (lrmoe_route_check_opts(o) < 0)
+        return -1;
+    if (E < 1)
+        return lrmoe_err("no experts");
+    if (E > INT32_MAX)
+        return lrmoe_err("%lld experts: too many", (long long)E);
+    if (o->k > E)
+        return lrmoe_err("top-k %d exceeds the %lld experts", o->k, (long long)E);
+    if (o->groups > 1) {
+        if (E % o->groups)
+            return lrmoe_err("%d groups do not divide the %lld experts", o->groups,
+                             (long long)E);
+        int64_t avail = (int64_t)o->topk_groups * (E / o->groups);
+        if (o->k > avail)
+            return lrmoe_err("top-k %d exceeds the %lld experts in %d of %d groups",
+                             o->k, (long long)avail, o->topk_groups, o->groups);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ top-K */
+
+/* Insert (v, j) into the descending list tv/ti whose slot `pos` is free;
+ * equal values stay ahead of the newcomer (lower index wins ties because
+ * experts are visited in increasing index). */
+#define INSERT(tv, ti, pos, v, j)                                  \
+    do {                                                           \
+        int p_ = (pos);                                            \
+        while (p_ > 0 && (tv)[p_ - 1] < (v)) {                     \
+            (tv)[p_] = (tv)[p_ - 1];                               \
+            (ti)[p_] = (ti)[p_ - 1];                               \
+            p_--;                                                  \
+        }                                                          \
+        (tv)[p_] = (v);                                            \
+        (ti)[p_] = (j);                                            \
+    } while (0)
+
+/* Top-K of a float row; -1 with *bad = expert on NaN. */
+static int topk_f32_scalar(const float *x, int E, int K, float *tv, int32_t *ti, int *bad)
+{
+    int j = 0;
+    for (; j < K; j++) {
+        float v = x[j];
+        if (v != v) { *bad = j; return -1; }
+        INSERT(tv, ti, j, v, j);
+    }
+    float thr = tv[K - 1];
+    for (; j < E; j++) {
+        float v = x[j];
+        if (!(v <= thr)) {
+            if (v != v) { *bad = j; return -1; }
+            INSERT(tv, ti, K - 1, v, j);
+            thr = tv[K - 1];
+        }
+    }
+    return 0;
+}
+
+/* sum_j exp(x_j - m), x_j <= m, m finite. */
+static float expsum_scalar(const float *x, int E, float m)
+{
+    float s = 0;
+    for (int j = 0; j < E; j++)
+        s += expf(x[j] - m);
+    return s;
+}
+
+#ifdef ROUTE_X86
+/* Same as topk_f32_scalar: eight logits at a time are compared with the
+ * current K-th value and skipped when none beats it (or is NaN). */
+__attribute__((target("avx2")))
+static int topk_f32_avx2(const float *x, int E, int K, float *tv, int32_t *ti, int *bad)
+{
+    int j = 0;
+    for (; j < K; j++) {
+        float v = x[j];
+        if (v != v) { *bad = j; return -1; }
+        INSERT(tv, ti, j, v, j);
+    }
+    float thr = tv[K - 1];
+    /* scalar up to a multiple of 8 */
+    for (; j < E && (j & 7); j++) {
+        float v = x[j];
+        if (!(v <= thr)) {
+            if (v != v) { *bad = j; return -1; }
+            INSERT(tv, ti, K - 1, v, j);
+            thr = tv[K - 1];
+        }
+    }
+    for (; j + 8 <= E; j += 8) {
+        __m256 a = _mm256_loadu_ps(x + j);
+        unsigned mask = (unsigned)_mm256_movemask_ps(
+            _mm256_cmp_ps(a, _mm256_set1_ps(thr), _CMP_NLE_UQ));
+        while (mask) {
+            int i = __builtin_ctz(mask);
+            mask &= mask - 1;
+            float v = x[j + i];
+            if (v != v) { *bad = j + i; return -1; }
+            if (v > thr) {
+                INSERT(tv, ti, K - 1, v, j + i);
+                thr = tv[K - 1];
+            }
+        }
+    }
+    for (; j < E; j++) {
+        float v = x[j];
+        if (!(v <= thr)) {
+            if (v != v) { *bad = j; return -1; }
+            INSERT(tv, ti, K - 1, v, j);
+            thr = tv[K - 1];
+        }
+    }
+    return 0;
+}
+
+enum { EMAX = 1024 }; /* vector top-K path: E <= EMAX (stack arrays) */
+
+/* Lane numbers of the set bits of each 8-bit mask, packed one per byte. */
+static uint64_t compress_lut[256];
+static pthread_once_t compress_once = PTHREAD_ONCE_INIT;
+static void compress_init(void)
+{
+    for (int m = 0; m < 256; m++) {
+        uint64_t v = 0;
+        int n = 0;
+        for (int i = 0; i < 8; i++)
+            if (m & (1 << i))
+                v |= (uint64_t)i << (8 * n++);
+        compress_lut[m] = v;
+    }
+}
+
+/* Sort 8 floats in decreasing order (bitonic network, no NaN). */
+__attribute__((target("avx2")))
+static inline __m256 sort8_desc(__m256 v)
+{
+    static const int32_t perm[6][8] = {
+        {1, 0, 3, 2, 5, 4, 7, 6}, {2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6},
+        {4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6}};
+    static const int32_t takemax[6][8] = {
+        {-1, 0, 0, -1, -1, 0, 0, -1}, {-1, -1, 0, 0, 0, 0, -1, -1},
+        {-1, 0, -1, 0, 0, -1, 0, -1}, {-1, -1, -1, -1, 0, 0, 0, 0},
+        {-1, -1, 0, 0, -1, -1, 0, 0}, {-1, 0, -1, 0, -1, 0, -1, 0}};
+#pragma GCC unroll 6
+    for (int s = 0; s < 6; s++) {
+        __m256 p = _mm256_permutevar8x32_ps(v, _mm256_loadu_si256((const __m256i *)perm[s]));
+        v = _mm256_blendv_ps(_mm256_min_ps(v, p), _mm256_max_ps(v, p),
+                             _mm256_castsi256_ps(
+                                 _mm256_loadu_si256((const __m256i *)takemax[s])));
+    }
+    return v;
+}
+
+/* K <= 8 and E a multiple of 8, without data-dependent branches:
+ * 1. the row seen as chunks of 8 has 8 column maxima over the even chunks
+ *    and 8 over the odd ones: 16 distinct logits, so the 8th largest of
+ *    them, m, is a lower bound of the K-th largest logit (K <= 8);
+ * 2. the logits >= m (about a tenth of the row) are compressed, in index
+ *    order, into a candidate list;
+ * 3. candidate i's rank is the number of candidates j that beat it:
+ *    x_j > x_i, or x_j == x_i and j < i (ties to the lower index); the
+ *    ranks below K are the answer, in order.
+ * A NaN (or a shape it does not cover) falls back to topk_f32_avx2. */
+__attribute__((target("avx2")))
+static inline int topk_f32_avx2_bound(const float *x, int E, int K, float *tv, int32_t *ti, int *bad)
+{
+    if (K > 8 || (E & 7) || E > EMAX)
+        return topk_f32_avx2(x, E, K, tv, ti, bad);
+    /* column maxima of the even and of the odd chunks of 8 */
+    __m256 mx = _mm256_loadu_ps(x), un = _mm256_cmp_ps(mx, mx, _CMP_UNORD_Q);
+    __m256 my = _mm256_set1_ps(-INFINITY);
+    int j0 = 8;
+    for (; j0 + 16 <= E; j0 += 16) {
+        __m256 a = _mm256_loadu_ps(x + j0), b = _mm256_loadu_ps(x + j0 + 8);
+        my = _mm256_max_ps(my, a);
+        mx = _mm256_max_ps(mx, b);
+        un = _mm256_or_ps(un, _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q),
+                                           _mm256_cmp_ps(b, b, _CMP_UNORD_Q)));
+    }
+    if (j0 < E) {
+        __m256 a = _mm256_loadu_ps(x + j0);
+        my = _mm256_max_ps(my, a);
+        un = _mm256_or_ps(un, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    }
+    if (_mm256_movemask_ps(un))
+        return topk_f32_avx2(x, E, K, tv, ti, bad); /* finds and names the NaN */
+    __m256 m;
+    if (E >= 16) {
+        /* the 16 maxima belong to 16 distinct logits: the 8th largest of them
+         * (the minimum of the top half of the bitonic merge) is the bound */
+        __m256 a = sort8_desc(mx), b = sort8_desc(my);
+        b = _mm256_permutevar8x32_ps(b, _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0));
+        m = _mm256_max_ps(a, b);
+    } else {
+        m = mx;
+    }
+    m = _mm256_min_ps(m, _mm256_permute2f128_ps(m, m, 1));
+    m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+
+    float cv[EMAX + 8];
+    int32_t ci[EMAX + 8], rank[EMAX + 8];
+    int c = 0;
+    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int j = 0; j < E; j += 8) {
+        __m256 a = _mm256_loadu_ps(x + j);
+        unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a, m, _CMP_GE_OQ));
+        __m256i perm = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)compress_lut[mask]));
+        _mm256_storeu_ps(cv + c, _mm256_permutevar8x32_ps(a, perm));
+        _mm256_storeu_si256((__m256i *)(ci + c),
+                            _mm256_add_epi32(perm, _mm256_set1_epi32(j)));
+        c += __builtin_popcount(mask);
+    }
+    for (int i0 = 0; i0 < c; i0 += 8) {
+        __m256 vi = _mm256_loadu_ps(cv + i0);
+        __m256i cnt = _mm256_setzero_si256();
+        int j = 0;
+        /* candidates before the block beat on >=, after it on > */
+        for (; j < i0; j++)
+            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(
+                      _mm256_broadcast_ss(cv + j), vi, _CMP_GE_OQ)));
+        __m256i ii = _mm256_add_epi32(lane, _mm256_set1_epi32(i0));
+        for (; j < i0 + 8 && j < c; j++) {
+            __m256 vj = _mm256_broadcast_ss(cv + j);
+            __m256 beat = _mm256_or_ps(
+                _mm256_cmp_ps(vj, vi, _CMP_GT_OQ),
+                _mm256_and_ps(_mm256_cmp_ps(vj, vi, _CMP_EQ_OQ),
+                              _mm256_castsi256_ps(
+                                  _mm256_cmpgt_epi32(ii, _mm256_set1_epi32(j)))));
+            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(beat));
+        }
+        for (; j < c; j++)
+            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(
+                      _mm256_broadcast_ss(cv + j), vi, _CMP_GT_OQ)));
+        _mm256_storeu_si256((__m256i *)(rank + i0), cnt);
+    }
+    float sv[9];
+    int32_t si[9];
+    for (int i = 0; i < c; i++) {
+        int r = rank[i] < K ? rank[i] : K; /* slot K collects the rest */
+        sv[r] = cv[i];
+        si[r] = ci[i];
+    }
+    __m256i on = _mm256_cmpgt_epi32(_mm256_set1_epi32(K), lane);
+    _mm256_maskstore_ps(tv, on, _mm256_loadu_ps(sv));
+    _mm256_maskstore_epi32(ti, on, _mm256_loadu_si256((const __m256i *)si));
+    return 0;
+}
+
+/* exp for x <= 0 (Cephes expf: range reduction by ln 2, degree-7 polynomial,
+ * about 1 ulp); arguments below -87 are clamped (their terms are < 2^-125
+ * against a sum >= 1). */
+__attribute__((target("avx2,fma")))
+static inline __m256 exp_neg_avx2(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+__attribute__((target("avx2,fma")))
+static float expsum_avx2(const float *x, int E, float m)
+{
+    __m256 acc = _mm256_setzero_ps(), vm = _mm256_set1_ps(m);
+    int j = 0;
+    for (; j + 8 <= E; j += 8)
+        acc = _mm256_add_ps(acc, exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm)));
+    float lane[8];
+    _mm256_storeu_ps(lane, acc);
+    float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+              ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (; j < E; j++)
+        s += expf(x[j] - m);
+    return s;
+}
+
+/* w[k] = scale * exp(tv[k] - m) / S for k < K, where S = s when s > 0 (the
+ * full softmax denominator) or else the sum of the K exps; tv[k] <= m, m
+ * finite. For K <= 8; arguments below -87 (results under FLT_MIN, or 0 for
+ * -inf) go through expf so denormals and zeros stay exact. */
+__attribute__((target("avx2,fma")))
+static void weights_avx2(const float *tv, int K, float m, float s, float scale, float *w)
+{
+    __m256i on = _mm256_cmpgt_epi32(_mm256_set1_epi32(K),
+                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256 d = _mm256_sub_ps(_mm256_maskload_ps(tv, on), _mm256_set1_ps(m));
+    __m256 e = exp_neg_avx2(d);
+    unsigned low = (unsigned)_mm256_movemask_ps(
+        _mm256_cmp_ps(d, _mm256_set1_ps(-87.0f), _CMP_LT_OQ)) & ((1u << K) - 1);
+    if (low) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, e);
+        for (int k = 0; k < K; k++)
+            if ((low >> k) & 1)
+                tmp[k] = expf(tv[k] - m);
+        e = _mm256_loadu_ps(tmp);
+    }
+    e = _mm256_and_ps(e, _mm256_castsi256_ps(on));
+    if (!(s > 0)) {
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(e), _mm256_extractf128_ps(e, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+        s = _mm_cvtss_f32(h);
+    }
+    __m256 f = _mm256_set1_ps((float)((double)scale / (double)s));
+    _mm256_maskstore_ps(w, on, _mm256_mul_ps(e, f));
+}
+#endif
+
+/* LRMOE_NO_SIMD=1 in the environment selects the portable scalar paths
+ * (so tests can cover them on AVX2 machines). */
+static int simd_ok(const char *feat2)
+{
+#ifdef ROUTE_X86
+    const char *e = getenv("LRMOE_NO_SIMD");
+    if (e && *e && strcmp(e, "0") != 0)
+        return 0;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && (!feat2 || __builtin_cpu_supports("fma"));
+#else
+    (void)feat2;
+    return 0;
+#endif
+}
+
+typedef int (*topk_fn)(const float *, int, int, float *, int32_t *, int *);
+typedef float (*expsum_fn)(const float *, int, float);
+typedef void (*weights_fn)(const float *, int, float, float, float, float *);
+
+static void weights_scalar(const float *tv, int K, float m, float s, float scale, float *w)
+{
+    float sum = 0;
+    for (int k = 0; k < K; k++) {
+        w[k] = expf(tv[k] - m);
+        sum += w[k];
+    }
+    if (!(s > 0))
+        s = sum;
+    float f = (float)((double)scale / (double)s);
+    for (int k = 0; k < K; k++)
+        w[k] *= f;
+}
+
+static weights_fn pick_weights(int K)
+{
+#ifdef ROUTE_X86
+    if (K <= 8 && simd_ok("fma"))
+        return weights_avx2;
+#endif
+    (void)K;
+    return weights_scalar;
+}
+
+static topk_fn pick_topk(void)
+{
+#ifdef ROUTE_X86
+    pthread_once(&compress_once, compress_init);
+    if (simd_ok(NULL))
+        return topk_f32_avx2_bound;
+#endif
+    return topk_f32_scalar;
+}
+
+static expsum_fn pick_expsum(void)
+{
+#ifdef ROUTE_X86
+    if (simd_ok("fma"))
+        return expsum_avx2;
+#endif
+    return expsum_scalar;
+}
+
+/* Top-K over double keys, optionally only experts whose group is allowed. */
+static void topk_f64(const double *key, int E, int K, const unsigned char *gok,
+                     int gsize, double *tv, int32_t *ti)
+{
+    int n = 0;
+    double thr = 0;
+    for (int j = 0; j < E; j++) {
+        if (gok && !gok[j / gsize])
+            continue;
+        double v = key[j];
+        if (n < K) {
+            INSERT(tv, ti, n, v, j);
+            if (++n == K)
+                thr = tv[K - 1];
+        } else if (v > thr) {
+            INSERT(tv, ti, K - 1, v, j);
+            thr = tv[K - 1];
+        }
+    }
+}
+
+/* ------------------------------------------------------------ rows */
+
+enum { ERR_NONE = 0, ERR_NAN, ERR_ALLNEG, ERR_OOM };
+
+typedef struct {
+    const lrmoe_route_opts_t *o;
+    int E, K;
+    lrmoe_dtype_t dt;
+    const void *logits;
+    const float *bias;
+    int32_t *ids;
+    float *w;
+    int64_t t0, t1;
+    int64_t *load;       /* (E) private counts */
+    int64_t err_token;
+    int err_expert, err;
+    topk_fn topk;
+    expsum_fn expsum;
+    weights_fn weights;
+    int fast;            /* rows_softmax_avx2 applies */
+    int sigfast;         /* row_sigmoid_filter applies */
+    double bmax;         /* max |expert_bias| (0 without) */
+} job_t;
+
+/* Softmax routers on one row. 0, or ERR_* with *bad set. */
+static int row_softmax(const job_t *jb, const float *x, int32_t *ids, float *w,
+                       float *tv, int *bad)
+{
+    const lrmoe_route_opts_t *o = jb->o;
+    int E = jb->E, K = jb->K;
+    if (jb->topk(x, E, K, tv, ids, bad) < 0)
+        return ERR_NAN;
+    float m = tv[0];
+    int full = o->router == LRMOE_ROUTER_SOFTMAX && !o->renorm;
+    if (m == -INFINITY)
+        return ERR_ALLNEG;
+    if (m == INFINITY) {
+        /* limit: the +inf experts share the mass equally */
+        int64_t n = 0;
+        if (full) {
+            for (int j = 0; j < E; j++)
+                n += x[j] == INFINITY;
+        } else {
+            for (int k = 0; k < K; k++)
+                n += tv[k] == INFINITY;
+        }
+        for (int k = 0; k < K; k++)
+            w[k] = tv[k] == INFINITY ? (float)(o->scale / (double)n) : 0.0f;
+        return 0;
+    }
+    jb->weights(tv, K, m, full ? jb->expsum(x, E, m) : 0.0f, (float)o->scale, w);
+    return 0;
+}
+
+#ifdef ROUTE_X86
+/* row_softmax over all rows of a job, everything inlined: F32 logits, a
+ * softmax router, K <= 8, E a multiple of 8 up to EMAX. Rows that need the
+ * special cases (NaN, +-inf maximum) go through row_softmax. */
+__attribute__((target("avx2,fma")))
+static int rows_softmax_avx2(job_t *jb, float *tv, int64_t *bad_t, int *bad)
+{
+    const lrmoe_route_opts_t *o = jb->o;
+    int E = jb->E, K = jb->K;
+    int full = o->router == LRMOE_ROUTER_SOFTMAX && !o->renorm;
+    float scale = (float)o->scale;
+    int64_t *load = jb->load;
+    enum { B = 8 }; /* rows per block: the weights of a block run back to back */
+    float tb[B][8], sb[B];
+    (void)tv;
+    for (int64_t t0 = jb->t0; t0 < jb->t1; t0 += B) {
+        int nb = jb->t1 - t0 < B ? (int)(jb->t1 - t0) : B;
+        int special = 0;
+        for (int r = 0; r < nb; r++) {
+            int64_t t = t0 + r;
+            const float *x = (const float *)jb->logits + t * E;
+            if (t + 4 < jb->t1) {
+                const char *pf = (const char *)(x + 4 * (int64_t)E);
+                for (int b = 0; b < E * 4; b += 64)
+                    _mm_prefetch(pf + b, _MM_HINT_T0);
+            }
+            if (topk_f32_avx2_bound(x, E, K, tb[r], jb->ids + t * K, bad) < 0 ||
+                !isfinite(tb[r][0])) {
+                special |= 1 << r;
+                continue;
+            }
+            sb[r] = full ? expsum_avx2(x, E, tb[r][0]) : 0.0f;
+        }
+        for (int r = 0; r < nb; r++) {
+            int64_t t = t0 + r;
+            int32_t *ids = jb->ids + t * K;
+            float *w = jb->w + t * K;
+            if ((special >> r) & 1) {
+                int rc = row_softmax(jb, (const float *)jb->logits + t * E, ids, w, tb[r], bad);
+                if (rc) {
+                    *bad_t = t;
+                    return rc;
+                }
+            } else {
+                weights_avx2(tb[r], K, tb[r][0], sb[r], scale, w);
+            }
+            for (int k = 0; k < K; k++)
+                load[ids[k]]++;
+        }
+    }
+    return 0;
+}
+#endif
+
+static double sigmoid(double x)
+{
+    return 1.0 / (1.0 + exp(-x));
+}
+
+/* Sigmoid router on one row; key (E) and gscore/gok (G) are scratch. */
+static int row_sigmoid(const job_t *jb, const float *x, int32_t *ids, float *w,
+                       double *key, double *tv, double *gscore, unsigned char *gok,
+                       int *bad)
+{
+    const lrmoe_route_opts_t *o = jb->o;
+    int E = jb->E, K = jb->K;
+    for (int j = 0; j < E; j++) {
+        float v = x[j];
+        if (v != v) { *bad = j; return ERR_NAN; }
+        key[j] = sigmoid(v) + (jb->bias ? (double)jb->bias[j] : 0.0);
+    }
+    const unsigned char *allow = NULL;
+    int gsize = E;
+    if (o->groups > 1) {
+        int G = o->groups, M = o->topk_groups;
+        gsize = E / G;
+        for (int g = 0; g < G; g++) {
+            /* sum of the two best keys of the group (the one key if size 1) */
+            const double *kg = key + (int64_t)g * gsize;
+            double b1 = kg[0], b2 = -INFINITY;
+            for (int i = 1; i < gsize; i++) {
+                if (kg[i] > b1) { b2 = b1; b1 = kg[i]; }
+                else if (kg[i] > b2) b2 = kg[i];
+            }
+            gscore[g] = gsize > 1 ? b1 + b2 : b1;
+            gok[g] = 0;
+        }
+        /* M best groups, ties to the lower group index */
+        for (int m = 0; m < M; m++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!gok[g] && (best < 0 || gscore[g] > gscore[best]))
+                    best = g;
+            gok[best] = 1;
+        }
+        allow = gok;
+    }
+    topk_f64(key, E, K, allow, gsize, tv, ids);
+    double s = 0, *wd = tv; /* the top values are no longer needed */
+    for (int k = 0; k < K; k++) {
+        wd[k] = sigmoid(x[ids[k]]);
+        s += wd[k];
+    }
+    double f = o->renorm ? o->scale / (s + 1e-20) : o->scale;
+    for (int k = 0; k < K; k++)
+        w[k] = (float)(wd[k] * f);
+    return 0;
+}
+
+#ifdef ROUTE_X86
+/* ka = sigmoid(x) + bias in F32 (|error| < 1e-6 * (1 + |bias|)), E a
+ * multiple of 8; returns the NaN lane mask (0: no NaN). */
+__attribute__((target("avx2,fma")))
+static unsigned approx_keys_avx2(const float *x, const float *bias, int E, float *ka)
+{
+    __m256 un = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    for (int j = 0; j < E; j += 8) {
+        __m256 a = _mm256_loadu_ps(x + j);
+        un = _mm256_or_ps(un, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+        __m256 t = exp_neg_avx2(_mm256_or_ps(a, sign)); /* e^-|x| */
+        /* 1/(1+t) by reciprocal estimate and one Newton step (~1e-7 rel.) */
+        __m256 d = _mm256_add_ps(one, t), inv = _mm256_rcp_ps(d);
+        inv = _mm256_mul_ps(inv, _mm256_fnmadd_ps(d, inv, _mm256_set1_ps(2.0f)));
+        __m256 sg = _mm256_blendv_ps(_mm256_mul_ps(t, inv), inv,
+                                     _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GE_OQ));
+        if (bias)
+            sg = _mm256_add_ps(sg, _mm256_loadu_ps(bias + j));
+        _mm256_storeu_ps(ka + j, sg);
+    }
+    return (unsigned)_mm256_movemask_ps(un);
+}
+
+/* Largest and second largest of n floats (n a multiple of 8, no NaN). */
+__attribute__((target("avx2,fma")))
+static void top2_avx2(const float *v, int n, double *b1, double *b2)
+{
+    __m256 t1 = _mm256_loadu_ps(v), t2 = _mm256_set1_ps(-INFINITY);
+    for (int i = 8; i < n; i += 8) {
+        __m256 a = _mm256_loadu_ps(v + i);
+        t2 = _mm256_max_ps(t2, _mm256_min_ps(t1, a));
+        t1 = _mm256_max_ps(t1, a);
+    }
+    float s[8], u[8];
+    _mm256_storeu_ps(s, sort8_desc(t1));
+    _mm256_storeu_ps(u, sort8_desc(t2));
+    *b1 = s[0];
+    *b2 = s[1] > u[0] ? s[1] : u[0];
+}
+
+/* row_sigmoid with the same result, computing the double-precision keys only
+ * where they can matter: with F32 keys ka within delta of the exact ones, an
+ * expert whose ka is below (K-th largest ka) - 2 delta has an exact key
+ * strictly below the K-th largest exact key, and a group whose approximate
+ * score (error <= 2 delta) is below (M-th largest) - 4 delta scores strictly
+ * below M other groups; neither can be chosen, ties included. */
+static int row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, float *w,
+                              double *key, float *ka, int32_t *cj, float *tvf, double *tv,
+                              double *gscore, unsigned char *gok, int *bad)
+{
+    const lrmoe_route_opts_t *o = jb->o;
+    int E = jb->E, K = jb->K;
+    const float *b = jb->bias;
+    if (approx_keys_avx2(x, b, E, ka))
+        return row_sigmoid(jb, x, ids, w, key, tv, gscore, gok, bad); /* names the NaN */
+    double delta = 1e-5 * (1.0 + jb->bmax);
+    float tau;
+    if (o->groups > 1) {
+        int G = o->groups, M = o->topk_groups, gsize = E / G;
+        /* approximate group scores into gscore (second best ka of each group
+         * into key[G + g]), then their M-th largest */
+        for (int g = 0; g < G; g++) {
+            const float *kg = ka + (int64_t)g * gsize;
+            double b1 = kg[0], b2 = -INFINITY;
+            if (gsize % 8 == 0) {
+                top2_avx2(kg, gsize, &b1, &b2);
+            } else {
+                for (int i = 1; i < gsize; i++) {
+                    if (kg[i] > b1) { b2 = b1; b1 = kg[i]; }
+                    else if (kg[i] > b2) b2 = kg[i];
+                }
+            }
+            gscore[g] = gsize > 1 ? b1 + b2 : b1;
+            if (gsize > 1)
+                key[G + g] = b2; /* 2G <= E here */
+            gok[g] = 0;
+        }
+        double gt = 0;
+        for (int m = 0; m < M; m++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!gok[g] && (best < 0 || gscore[g] > gscore[best]))
+                    best = g;
+            gok[best] = 1;
+            gt = gscore[best];
+        }
+        gt -= 4 * delta;
+        /* exact scores of the candidate groups (approximate score >= gt) */
+        for (int g = 0; g < G; g++) {
+            gok[g] = 0;
+            if (!(gscore[g] >= gt)) {
+                gscore[g] = -INFINITY;
+                continue;
+            }
+            /* the group's exact top two are among its ka >= b2 - 2 delta */
+            const float *kg = ka + (int64_t)g * gsize;
+            double lim = gsize > 1 ? key[G + g] - 2 * delta : -INFINITY;
+            int n = 0;
+            for (int i = 0; i < gsize; i++) {
+                cj[n] = i;
+                n += kg[i] >= lim;
+            }
+            double e1 = -INFINITY, e2 = -INFINITY;
+            for (int q = 0; q < n; q++) {
+                int64_t j = (int64_t)g * gsize + cj[q];
+                double v = sigmoid(x[j]) + (b ? (double)b[j] : 0.0);
+                if (v > e1) { e2 = e1; e1 = v; }
+                else if (v > e2) e2 = v;
+            }
+            gscore[g] = gsize > 1 ? e1 + e2 : e1;
+        }
+        for (int m = 0; m < M; m++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!gok[g] && (best < 0 || gscore[g] > gscore[best]))
+                    best = g;
+            gok[best] = 1;
+        }
+        /* experts outside the chosen groups drop out of ka */
+        for (int g = 0; g < G; g++)
+            if (!gok[g])
+                for (int i = 0; i < gsize; i++)
+                    ka[(int64_t)g * gsize + i] = -INFINITY;
+    }
+    {
+        int dummy;
+        jb->topk(ka, E, K, tvf, ids, &dummy); /* ka has no NaN */
+        tau = (float)((double)tvf[K - 1] - 2 * delta);
+        /* candidates in index order (branch-free append), then exact keys */
+        int n = 0;
+        for (int j = 0; j < E; j++) {
+            cj[n] = j;
+            n += ka[j] >= tau;
+        }
+        for (int i = 0; i < n; i++)
+            key[i] = sigmoid(x[cj[i]]) + (b ? (double)b[cj[i]] : 0.0);
+        int got = 0;
+        double thr = 0;
+        for (int i = 0; i < n; i++) {
+            double v = key[i];
+            if (got < K) {
+                INSERT(tv, ids, got, v, cj[i]);
+                if (++got == K)
+                    thr = tv[K - 1];
+            } else if (v > thr) {
+                INSERT(tv, ids, K - 1, v, cj[i]);
+                thr = tv[K - 1];
+            }
+        }
+    }
+    double sum = 0, *wd = tv;
+    for (int k = 0; k < K; k++) {
+        wd[k] = sigmoid(x[ids[k]]);
+        sum += wd[k];
+    }
+    double f = o->renorm ? o->scale / (sum + 1e-20) : o->scale;
+    for (int k = 0; k < K; k++)
+        w[k] = (float)(wd[k] * f);
+    return 0;
+}
+#endif
+
+static void *run_job(void *arg)
+{
+    job_t *jb = arg;
+    int E = jb->E, K = jb->K;
+    size_t esz = lrmoe_dtype_size(jb->dt);
+    int G = jb->o->groups > 1 ? jb->o->groups : 1;
+    /* scratch: converted row, float/double top values, keys, groups */
+    float *row = malloc((size_t)E * sizeof(float));
+    float *ka = malloc((size_t)E * sizeof(float));
+    int32_t *cj = malloc((size_t)E * sizeof(int32_t));
+    float *tvf = malloc((size_t)K * sizeof(float));
+    double *tvd = malloc((size_t)K * sizeof(double));
+    double *key = malloc((size_t)E * sizeof(double));
+    double *gscore = malloc((size_t)G * sizeof(double));
+    unsigned char *gok = malloc((size_t)G);
+    if (!row || !ka || !cj || !tvf || !tvd || !key || !gscore || !gok) {
+        jb->err = ERR_OOM;
+        jb->err_token = jb->t0;
+        goto out;
+    }
+#ifdef ROUTE_X86
+    if (jb->fast) {
+        int64_t bt = 0;
+        int bad = 0, rc = rows_softmax_avx2(jb, tvf, &bt, &bad);
+        if (rc) {
+            jb->err = rc;
+            jb->err_token = bt;
+            jb->err_expert = bad;
+        }
+        goto out;
+    }
+#endif
+    int sig = jb->o->router == LRMOE_ROUTER_SIGMOID;
+    for (int64_t t = jb->t0; t < jb->t1; t++) {
+        const float *x;
+        if (jb->dt == LRMOE_F32) {
+            x = (const float *)jb->logits + t * E;
+            /* the row loop is bursty; fetch a few rows ahead of it */
+            if (t + 4 < jb->t1) {
+                const char *pf = (const char *)(x + 4 * (int64_t)E);
+                for (size_t b = 0; b < (size_t)E * sizeof(float); b += 64)
+                    __builtin_prefetch(pf + b);
+            }
+        } else {
+            lrmoe_convert_to_f32(jb->dt, (const char *)jb->logits + (size_t)t * E * esz,
+                                 row, (size_t)E);
+            x = row;
+        }
+        int32_t *ids = jb->ids + t * K;
+        float *w = jb->w + t * K;
+        int bad = 0;
+        int rc;
+#ifdef ROUTE_X86
+        if (sig && jb->sigfast)
+            rc = row_sigmoid_filter(jb, x, ids, w, key, ka, cj, tvf, tvd, gscore, gok, &bad);
+        else
+#endif
+        rc = sig ? row_sigmoid(jb, x, ids, w, key, tvd, gscore, gok, &bad)
+                 : row_softmax(jb, x, ids, w, tvf, &bad);
+        if (rc) {
+            jb->err = rc;
+            jb->err_token = t;
+            jb->err_expert = bad;
+            goto out;
+        }
+        for (int k = 0; k < K; k++)
+            jb->load[ids[k]]++;
+    }
+out:
+    free(row); free(ka); free(cj); free(tvf); free(tvd); free(key); free(gscore); free(gok);
+    return NULL;
+}
+
+int lrmoe_route_topk(const lrmoe_route_opts_t *o, int64_t T, int64_t E,
+                     lrmoe_dtype_t dt, const void *logits, const float *bias,
+                     int32_t *ids, float *weights, int64_t *load)
+{
+    if (lrmoe_route_check(o, E) < 0)
+        return -1;
+    if (T < 0)
+        return lrmoe_err("negative token count");
+    if (dt != LRMOE_F32 && dt != LRMOE_BF16 && dt != LRMOE_F16 && dt != LRMOE_F64)
+        return lrmoe_err("router logits: dtype %s is not a float type",
+                         lrmoe_dtype_name(dt));
+    if (o->router == LRMOE_ROUTER_SIGMOID && bias) {
+        for (int64_t j = 0; j < E; j++)
+            if (!isfinite(bias[j]))
+                return lrmoe_err("expert_bias: expert %lld is not finite", (long long)j);
+    }
+    int nt = o->threads;
+    if (nt > T)
+        nt = T > 0 ? (int)T : 1;
+    job_t *jobs = calloc((size_t)nt, sizeof *jobs);
+    int64_t *loads = calloc((size_t)nt * (size_t)E, sizeof *loads);
+    pthread_t *th = calloc((size_t)nt, sizeof *th);
+    if (!jobs || !loads || !th) {
+        free(jobs); free(loads); free(th);
+        return lrmoe_err("out of memory");
+    }
+    topk_fn tk = pick_topk();
+    expsum_fn es = pick_expsum();
+    weights_fn wf = pick_weights(o->k);
+    double bmax = 0;
+    if (o->router == LRMOE_ROUTER_SIGMOID && bias)
+        for (int64_t j = 0; j < E; j++)
+            bmax = fmax(bmax, fabs((double)bias[j]));
+    int sigfast = E % 8 == 0 && simd_ok("fma");
+    int fast = dt == LRMOE_F32 && o->router != LRMOE_ROUTER_SIGMOID && o->k <= 8 &&
+               E % 8 == 0 && E <= EMAX && tk == topk_f32_avx2_bound && wf == weights_avx2 &&
+               es == expsum_avx2;
+    for (int i = 0; i < nt; i++) {
+        job_t *jb = &jobs[i];
+        jb->o = o;
+        jb->E = (int)E;
+        jb->K = o->k;
+        jb->dt = dt;
+        jb->logits = logits;
+        jb->bias = o->router == LRMOE_ROUTER_SIGMOID ? bias : NULL;
+        jb->ids = ids;
+        jb->w = weights;
+        jb->t0 = T * i / nt;
+        jb->t1 = T * (i + 1) / nt;
+        jb->load = loads + (size_t)i * E;
+        jb->topk = tk;
+        jb->expsum = es;
+        jb->weights = wf;
+        jb->fast = fast;
+        jb->sigfast = sigfast;
+        jb->bmax = bmax;
+    }
+    int started = 1;
+    for (int i = 1; i < nt; i++) {
+        if (pthread_create(&th[i], NULL, run_job, &jobs[i]) != 0)
+            break;
+        started++;
+    }
+    run_job(&jobs[0]);
+    for (int i = started; i < nt; i++)
+        run_job(&jobs[i]); /* threads that could not start run here */
+    for (int i = 1; i < started; i++)
+        pthread_join(th[i], NULL);
+
+    int rc = 0;
+    const job_t *fail = NULL;
+    for (int i = 0; i < nt; i++)
+        if (jobs[i].err && (!fail || jobs[i].err_token < fail->err_token))
+            fail = &jobs[i];
+    if (fail) {
+        long long t = (long long)fail->err_token;
+        if (fail->err == ERR_NAN)
+            rc = lrmoe_err("token %lld: router logit of expert %d is NaN", t,
+                           fail->err_expert);
+        else if (fail->err == ERR_ALLNEG)
+            rc = lrmoe_err("token %lld: all router logits are -inf", t);
+        else
+            rc = lrmoe_err("out of memory");
+    } else {
+        memset(load, 0, (size_t)E * sizeof *load);
+        for (int i = 0; i < nt; i++)
+            for (int64_t j = 0; j < E; j++)
+                load[j] += jobs[i].load[j];
+    }
+    free(jobs); free(loads); free(th);
+    return rc;
+}
+
+/* ------------------------------------------------------------ logits */
+
+int lrmoe_route_logits(int64_t T, int64_t D, int64_t E,
+                       lrmoe_dtype_t hdt, const void *hidden,
+                       lrmoe_dtype_t wdt, const void *rw, float *logits)
+{
+    if (!lrmoe_dtype_is_float(hdt) || !lrmoe_dtype_is_float(wdt))
+        return lrmoe_err("hidden and router_weight must be float tensors");
+    if (D < 1 || E < 1 || D > INT32_MAX || E > INT32_MAX)
+        return lrmoe_err("bad router shape [%lld,%lld]", (long long)E, (long long)D);
+    enum { B = 1024 };
+    float *wf = malloc((size_t)E * (size_t)D * sizeof(float));
+    float *hb = hdt == LRMOE_F32 ? NULL : malloc((size_t)B * (size_t)D * sizeof(float));
+    if (!wf || (hdt != LRMOE_F32 && !hb)) {
+        free(wf); free(hb);
+        return lrmoe_err("out of memory");
+    }
+    lrmoe_convert_to_f32(wdt, rw, wf, (size_t)(E * D));
+    size_t hsz = lrmoe_dtype_size(hdt);
+    for (int64_t t0 = 0; t0 < T; t0 += B) {
+        int nb = (int)(T - t0 < B ? T - t0 : B);
+        const float *h;
+        if (hb) {
+            lrmoe_convert_to_f32(hdt, (const char *)hidden + (size_t)t0 * D * hsz, hb,
+                                 (size_t)nb * D);
+            h = hb;
+        } else {
+            h = (const float *)hidden + t0 * D;
+        }
+        // h is (nb,D), wf is (E,D): logits rows (nb,E) = h wf^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, (int)E, (int)D, 1.0f,
+                    h, (int)D, wf, (int)D, 0.0f, logits + t0 * E, (int)E);
+    }
+    free(wf);
+    free(hb);
+    return 0;
+}
+
+/* ------------------------------------------------------------ statistics */
+
+int lrmoe_route_rank_load(int64_t E, int64_t P, const int64_t *load, int64_t *rank_load)
+{
+    if (P < 1)
+        return lrmoe_err("ranks %lld: must be at least 1", (long long)P);
+    if (E % P)
+        return lrmoe_err("%lld ranks do not divide the %lld experts", (long long)P,
+                         (long long)E);
+    int64_t per = E / P;
+    for (int64_t r = 0; r < P; r++) {
+        int64_t s = 0;
+        for (int64_t j = r * per; j < (r + 1) * per; j++)
+            s += load[j];
+        rank_load[r] = s;
+    }
+    return 0;
+}
+
+void lrmoe_route_load_stats(const int64_t *x, int64_t n, lrmoe_load_stats_t *s)
+{
+    s->max = 0;
+    s->total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s->total += x[i];
+        if (i == 0 || x[i] > s->max)
+            s->max = x[i];
+    }
+    s->mean = n > 0 ? (double)s->total / (double)n : 0.0;
+    s->imbalance = s->mean > 0 ? (double)s->max / s->mean : 0.0;
+}
+
+int lrmoe_route_hottest(const int64_t *x, int64_t nx, int n, int64_t *idx)
+{
+    int got = 0;
+    if (n < 0)
+        n = 0;
+    for (int64_t j = 0; j < nx; j++) {
+        int p;
+        if (got < n) {
+            p = got++;
+        } else if (got > 0 && x[j] > x[idx[got - 1]]) {
+            p = got - 1;
+        } else {
+            continue;
+        }
+        while (p > 0 && x[idx[p - 1]] < x[j]) {
+            idx[p] = idx[p - 1];
+            p--;
+        }
+        idx[p] = j;
+    }
+    return got;
+}

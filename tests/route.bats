@@ -1,0 +1,231 @@
+#!/usr/bin/env bats
+# lrmoe-route against the independent float64 reference tests/helpers/route_ref.py.
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+
+setup() {
+    BIN="$BATS_TEST_DIRNAME/../bin"
+    REF="$BATS_TEST_DIRNAME/helpers/route_ref.py"
+    T="$BATS_TEST_TMPDIR"
+    [ -x "$BIN/lrmoe-route" ] || skip "bin/lrmoe-route not built (run make)"
+    python3 -c 'import numpy' 2>/dev/null || skip "python3 numpy missing"
+}
+
+gen() { python3 "$REF" gen "$@"; }
+
+# route IN with ARGS..., then compare every frame with the reference
+route_check() {
+    local in=$1; shift
+    run "$BIN/lrmoe-route" "$@" -S "$T/stats.tsv" -o "$T/out.lrm" "$in"
+    assert_success
+    run python3 "$REF" check "$in" "$T/out.lrm" "$@" -S "$T/stats.tsv"
+    assert_success
+}
+
+@test "route: --help and --version" {
+    run "$BIN/lrmoe-route" --help
+    assert_success
+    assert_output --partial "Usage: lrmoe-route"
+    run "$BIN/lrmoe-route" --version
+    assert_success
+    assert_output "lrmoe-route (lrmoe) $(sed -n 's/^#define LRMOE_VERSION "\(.*\)"/\1/p' "$BATS_TEST_DIRNAME/../lib/lrmoe.h")"
+}
+
+@test "route: the reference check fails on a different router" {
+    gen "$T/in.lrm" --tokens 64 --experts 16 --kind random
+    "$BIN/lrmoe-route" -k 4 -o "$T/out.lrm" "$T/in.lrm"
+    run python3 "$REF" check "$T/in.lrm" "$T/out.lrm" -k 4
+    assert_success
+    run python3 "$REF" check "$T/in.lrm" "$T/out.lrm" -k 4 --renorm
+    assert_failure
+    assert_output --partial "weights"
+    run python3 "$REF" check "$T/in.lrm" "$T/out.lrm" -k 4 -r sigmoid
+    assert_failure
+}
+
+@test "route: softmax top-K, with and without renormalisation, F32 and BF16" {
+    for dt in F32 BF16; do
+        gen "$T/in.lrm" --tokens 200 --experts 16 --kind mix --dtype $dt --frames 3 --seed 3
+        route_check "$T/in.lrm" -k 4
+        route_check "$T/in.lrm" -k 8 --renorm
+    done
+}
+
+@test "route: qwen3 shape E=128 K=8 (vector path), odd E=20 (scalar path)" {
+    gen "$T/in.lrm" --tokens 300 --experts 128 --kind mix --frames 3 --seed 4
+    route_check "$T/in.lrm" -k 8 --renorm -@ 2
+    route_check "$T/in.lrm" -k 8
+    route_check "$T/in.lrm" -k 3 -r topk-softmax
+    gen "$T/in.lrm" --tokens 100 --experts 20 --kind mix --frames 3 --seed 5 --dtype BF16
+    route_check "$T/in.lrm" -k 8 -n
+    route_check "$T/in.lrm" -k 10 --scale 2.5
+    # the portable scalar paths
+    gen "$T/in.lrm" --tokens 300 --experts 128 --kind mix --frames 3 --seed 4
+    LRMOE_NO_SIMD=1 route_check "$T/in.lrm" -k 8
+    LRMOE_NO_SIMD=1 route_check "$T/in.lrm" -k 8 --renorm
+}
+
+@test "route: gpt-oss softmax over the K selected logits" {
+    for dt in F32 BF16; do
+        gen "$T/in.lrm" --tokens 200 --experts 32 --kind mix --frames 3 --dtype $dt --seed 6
+        route_check "$T/in.lrm" -k 4 --router topk-softmax
+    done
+    route_check "$T/in.lrm" -k 9 --router gpt-oss
+}
+
+@test "route: +inf logits share the softmax mass" {
+    gen "$T/in.lrm" --tokens 200 --experts 16 --kind inf --seed 7
+    route_check "$T/in.lrm" -k 4
+    route_check "$T/in.lrm" -k 4 -n
+    route_check "$T/in.lrm" -k 3 -r topk-softmax
+}
+
+@test "route: sigmoid with selection-only bias, renorm and scaling (DeepSeek-V3)" {
+    for dt in F32 BF16; do
+        gen "$T/in.lrm" --tokens 200 --experts 32 --kind mix --frames 3 --dtype $dt --bias --seed 8
+        route_check "$T/in.lrm" -k 8 -r sigmoid
+        route_check "$T/in.lrm" -k 8 -r sigmoid --renorm --scale 2.5
+    done
+}
+
+@test "route: sigmoid group-limited selection" {
+    gen "$T/in.lrm" --tokens 200 --experts 64 --kind mix --frames 3 --bias --seed 9
+    route_check "$T/in.lrm" -k 8 -r sigmoid -g 8 -m 4 -n -s 2.5
+    route_check "$T/in.lrm" -k 6 -r sigmoid --groups 16 --topk-groups 3
+    route_check "$T/in.lrm" -k 2 -r sigmoid --groups 64 --topk-groups 2
+}
+
+@test "route: -@ threads give the same stream as one thread" {
+    gen "$T/in.lrm" --tokens 1000 --experts 64 --kind ties --seed 10 --bias
+    for r in "-k 8" "-k 8 -r sigmoid -g 8 -m 2 -n"; do
+        "$BIN/lrmoe-route" $r --no-compress -o "$T/a.lrm" "$T/in.lrm"
+        "$BIN/lrmoe-route" $r --no-compress -@ 3 -o "$T/b.lrm" "$T/in.lrm"
+        cmp "$T/a.lrm" "$T/b.lrm"
+    done
+}
+
+@test "route: --ep rank load, imbalance attributes and the stats TSV" {
+    gen "$T/in.lrm" --tokens 300 --experts 32 --frames 3 --seed 11
+    route_check "$T/in.lrm" -k 4 --ep 4
+    route_check "$T/in.lrm" -k 4 -p 8 -r sigmoid
+    run head -1 "$T/stats.tsv"
+    assert_output --partial "expert_imbalance"
+    [ "$(wc -l < "$T/stats.tsv")" -eq 4 ]
+}
+
+@test "route: hidden x router_weight from --weights (per layer), bias from weights" {
+    python3 "$REF" genw "$T/w.lrm" --experts 16 --dim 24 --layers 2 --bias
+    for dt in F32 BF16; do
+        gen "$T/in.lrm" --tokens 100 --experts 16 --hidden 24 --frames 3 --dtype $dt --seed 12
+        route_check "$T/in.lrm" -k 4 -w "$T/w.lrm"
+        route_check "$T/in.lrm" -k 4 -r sigmoid -n -w "$T/w.lrm"
+    done
+    # both present: --from-hidden picks hidden
+    gen "$T/in.lrm" --tokens 100 --experts 16 --hidden 24 --seed 13
+    python3 - "$T/in.lrm" "$T/both.lrm" "$REF" <<'EOF'
+import sys, os
+sys.path.insert(0, os.path.dirname(sys.argv[3]))
+import numpy as np
+from lrmoe_stream import read_stream, write_stream
+fr = read_stream(sys.argv[1])
+write_stream(sys.argv[2], [({**t, "router_logits": np.zeros((100, 16), np.float32)}, a) for t, a in fr])
+EOF
+    route_check "$T/both.lrm" -k 4 -w "$T/w.lrm" --from-hidden
+}
+
+@test "route: zstd-compressed input and output" {
+    gen "$T/in.lrm" --tokens 100 --experts 16 --seed 14
+    "$BIN/lrmoe-route" -k 2 --no-compress -o "$T/raw.lrm" "$T/in.lrm"
+    zstd -q -c "$T/in.lrm" | "$BIN/lrmoe-route" -k 2 -o "$T/z.lrm"
+    run python3 "$REF" check "$T/in.lrm" "$T/z.lrm" -k 2
+    assert_success
+}
+
+@test "route: NaN logit is an error naming frame and token" {
+    gen "$T/in.lrm" --tokens 100 --experts 16 --frames 3 --nan 1,37,5
+    run "$BIN/lrmoe-route" -k 4 -o "$T/out.lrm" "$T/in.lrm"
+    assert_failure 1
+    assert_output "lrmoe-route: frame 1: token 37: router logit of expert 5 is NaN"
+    run python3 "$REF" check "$T/in.lrm" "$T/out.lrm" -k 4
+    assert_failure   # no trailer: the next stage fails too
+    gen "$T/in.lrm" --tokens 100 --experts 128 --frames 2 --nan 0,99,127 --dtype BF16
+    run "$BIN/lrmoe-route" -k 8 -@ 2 -r sigmoid -o "$T/out.lrm" "$T/in.lrm"
+    assert_failure 1
+    assert_output "lrmoe-route: frame 0: token 99: router logit of expert 127 is NaN"
+}
+
+@test "route: a token with only -inf logits is an error under softmax" {
+    python3 - "$T/in.lrm" "$REF" <<'EOF'
+import sys, os
+sys.path.insert(0, os.path.dirname(sys.argv[2]))
+import numpy as np
+from lrmoe_stream import write_stream
+x = np.zeros((10, 8), np.float32); x[6] = -np.inf
+write_stream(sys.argv[1], [({"router_logits": x}, {})])
+EOF
+    run "$BIN/lrmoe-route" -k 2 -o "$T/out.lrm" "$T/in.lrm"
+    assert_failure 1
+    assert_output "lrmoe-route: frame 0: token 6: all router logits are -inf"
+    run "$BIN/lrmoe-route" -k 2 -r sigmoid -o "$T/out.lrm" "$T/in.lrm"
+    assert_success
+}
+
+@test "route: bad input exits 1 with one error line" {
+    gen "$T/in.lrm" --tokens 20 --experts 16 --seed 15
+    python3 "$REF" genw "$T/w12.lrm" --experts 12 --dim 8
+    python3 "$REF" genw "$T/w16.lrm" --experts 16 --dim 8
+    gen "$T/h.lrm" --tokens 20 --experts 16 --hidden 24
+    check1() { # expected-message args...
+        local msg=$1; shift
+        run "$BIN/lrmoe-route" "$@" -o "$T/out.lrm"
+        assert_failure 1
+        assert_output "lrmoe-route: $msg"
+    }
+    check1 "frame 0: top-k 17 exceeds the 16 experts" -k 17 "$T/in.lrm"
+    check1 "frame 0: 3 groups do not divide the 16 experts" -r sigmoid -g 3 -m 1 "$T/in.lrm"
+    check1 "frame 0: top-k 8 exceeds the 4 experts in 1 of 4 groups" -r sigmoid -k 8 -g 4 -m 1 "$T/in.lrm"
+    check1 "frame 0: 3 ranks do not divide the 16 experts" -k 2 --ep 3 "$T/in.lrm"
+    check1 "frame 0: router_weight: shape [12,8] does not match router_logits [20,16]" -w "$T/w12.lrm" "$T/in.lrm"
+    check1 "frame 0: router_weight: shape [16,8] does not match hidden [20,24] (expected [E,24])" -w "$T/w16.lrm" "$T/h.lrm"
+    check1 "frame 0: missing tensor router_logits (or hidden with router_weight from --weights)" "$T/h.lrm"
+    check1 "frame 0: missing tensor hidden" -w "$T/w16.lrm" --from-hidden "$T/in.lrm"
+    run "$BIN/lrmoe-route" -w "$T/nope.lrm" "$T/in.lrm" -o "$T/out.lrm"
+    assert_failure 1
+    assert_output --partial "nope.lrm"
+    head -c 300 "$T/in.lrm" > "$T/cut.lrm"
+    run "$BIN/lrmoe-route" -o "$T/out.lrm" "$T/cut.lrm"
+    assert_failure 1
+    assert_output --partial "truncated"
+    [ "${#lines[@]}" -eq 1 ]
+}
+
+@test "route: usage errors exit 2" {
+    gen "$T/in.lrm" --tokens 20 --experts 16
+    for args in "-k 0" "-k x" "-r foo" "-r sigmoid -g 4 -m 5" "-g 4 -m 2" \
+                "-r sigmoid -g 4" "--ep 0" "--from-hidden" "--bogus" "a b"; do
+        run "$BIN/lrmoe-route" $args -o "$T/out.lrm" "$T/in.lrm"
+        assert_failure 2
+    done
+    run "$BIN/lrmoe-route" -k 0 -o "$T/out.lrm" "$T/in.lrm"
+    assert_output "lrmoe-route: --topk: 0 is out of range [1, 2147483647]"
+    run "$BIN/lrmoe-route" -r sigmoid -g 4 -m 5 -o "$T/out.lrm" "$T/in.lrm"
+    assert_output "lrmoe-route: topk-groups 5 exceeds the 4 groups"
+}
+
+@test "route: man page passes mandoc lint" {
+    command -v mandoc >/dev/null || skip "mandoc missing"
+    run mandoc -T lint -W warning "$BATS_TEST_DIRNAME/../man/man1/lrmoe-route.1"
+    assert_success
+    assert_output ""
+}
+
+@test "route: lrmoe-gen streams (F32 and BF16 logits, skewed) match the reference" {
+    [ -x "$BIN/lrmoe-gen" ] || skip "bin/lrmoe-gen not built"
+    for dt in f32 bf16; do
+        "$BIN/lrmoe-gen" --preset qwen3-30b-a3b --tokens 512 --hidden 8 --ffn 8 --steps 2 \
+            --logits-dtype $dt --zipf 1.2 --seed 3 -o "$T/g.lrm"
+        route_check "$T/g.lrm" -k 8 -n -p 8
+        route_check "$T/g.lrm" -k 4 -r topk-softmax
+    done
+}
