@@ -1,0 +1,632 @@
+/* pack: backward assignment of retained pairs, physical compaction of their
+ * rows into destination-major, expert-major segments, and the inverse
+ * scatter-add. See pack.h for the layout and the assignment rule. */
+#include "pack.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+void lrmoe_pack_plan_free(lrmoe_pack_plan_t *pl)
+{
+    if (!pl)
+        return;
+    free(pl->pair);
+    free(pl->rank);
+    free(pl->counts);
+    free(pl->offsets);
+    memset(pl, 0, sizeof *pl);
+}
+
+/* The native rank of expert e: rank r owns experts [r*E/P, (r+1)*E/P). */
+static int native_rank(int e, int E, int P)
+{
+    int r = (int)((int64_t)e * P / E);
+    while (r > 0 && (int64_t)r * E / P > e)
+        r--;
+    while (r + 1 < P && (int64_t)(r + 1) * E / P <= e)
+        r++;
+    return r;
+}
+
+int lrmoe_pack_assign(const lrmoe_pack_in_t *in, lrmoe_pack_plan_t *out)
+{
+    memset(out, 0, sizeof *out);
+    const int64_t T = in->T, N = in->T * in->K;
+    const int K = in->K, E = in->E, P = in->P;
+    if (T < 0 || K <= 0 || E <= 0 || P <= 0)
+        return lrmoe_err("bad sizes T=%lld K=%d E=%d P=%d", (long long)T, K, E, P);
+    int64_t EP = (int64_t)E * P;
+    int64_t *kept = calloc((size_t)E, sizeof *kept);
+    int64_t *rem = calloc((size_t)EP, sizeof *rem);
+    int32_t *dest = malloc((size_t)(N ? N : 1) * sizeof *dest);
+    int32_t *fwd = malloc((size_t)(N ? N : 1) * sizeof *fwd);
+    int *cur = calloc((size_t)E, sizeof *cur);
+    int rc = -1;
+    if (!kept || !rem || !dest || !fwd || !cur) {
+        lrmoe_err("out of memory");
+        goto out;
+    }
+
+    /* validate keep, ids, forward ranks; count kept pairs per expert */
+    int64_t R = 0;
+    for (int64_t u = 0; u < N; u++) {
+        int32_t e = in->topk_ids[u];
+        if (e < 0 || e >= E) {
+            lrmoe_err("topk_ids: expert %d at pair %lld out of range [0,%d)",
+                      (int)e, (long long)u, E);
+            goto out;
+        }
+        if (in->keep[u] > 1) {
+            lrmoe_err("keep: value %d at pair %lld (expected 0 or 1)",
+                      in->keep[u], (long long)u);
+            goto out;
+        }
+        int r = in->pair_rank ? in->pair_rank[u] : native_rank(e, E, P);
+        if (r < 0 || r >= P) {
+            lrmoe_err("pair_rank: rank %d at pair %lld out of range [0,%d)", r,
+                      (long long)u, P);
+            goto out;
+        }
+        fwd[u] = r;
+        dest[u] = -1;
+        if (in->keep[u]) {
+            kept[e]++;
+            R++;
+            if (!in->bwd_alloc)
+                rem[(int64_t)e * P + r]++;
+        }
+    }
+    if (in->quota)
+        for (int e = 0; e < E; e++)
+            if (kept[e] != in->quota[e]) {
+                lrmoe_err("keep: expert %d keeps %lld pairs but its quota is "
+                          "%lld", e, (long long)kept[e], (long long)in->quota[e]);
+                goto out;
+            }
+    if (in->bwd_alloc) {
+        for (int e = 0; e < E; e++) {
+            int64_t s = 0;
+            for (int p = 0; p < P; p++) {
+                int64_t a = in->bwd_alloc[(int64_t)e * P + p];
+                if (a < 0) {
+                    lrmoe_err("bwd_alloc: expert %d rank %d is negative (%lld)",
+                              e, p, (long long)a);
+                    goto out;
+                }
+                if (a > 0 && in->placement && !in->placement[(int64_t)e * P + p]) {
+                    lrmoe_err("bwd_alloc: expert %d has %lld rows on rank %d, "
+                              "which holds no instance of it", e, (long long)a, p);
+                    goto out;
+                }
+                s += a;
+                rem[(int64_t)e * P + p] = a;
+            }
+            if (s != kept[e]) {
+                lrmoe_err("bwd_alloc: expert %d allocates %lld rows but %lld "
+                          "pairs are kept", e, (long long)s, (long long)kept[e]);
+                goto out;
+            }
+        }
+    } else if (in->placement) {
+        for (int64_t u = 0; u < N; u++)
+            if (in->keep[u] &&
+                !in->placement[(int64_t)in->topk_ids[u] * P + fwd[u]]) {
+                lrmoe_err("pair_rank: pair %lld ran on rank %d, which holds no "
+                          "instance of expert %d", (long long)u, fwd[u],
+                          in->topk_ids[u]);
+                goto out;
+            }
+    }
+
+    /* pass 1: stay on the forward rank while its allocation lasts */
+    int64_t moved = 0;
+    for (int64_t u = 0; u < N; u++) {
+        if (!in->keep[u])
+            continue;
+        int64_t c = (int64_t)in->topk_ids[u] * P + fwd[u];
+        if (rem[c] > 0) {
+            rem[c]--;
+            dest[u] = fwd[u];
+        }
+    }
+    /* pass 2: the rest fill what is left, lowest rank first */
+    for (int64_t u = 0; u < N; u++) {
+        if (!in->keep[u] || dest[u] >= 0)
+            continue;
+        int e = in->topk_ids[u];
+        int64_t *re = rem + (int64_t)e * P;
+        while (cur[e] < P && re[cur[e]] == 0)
+            cur[e]++;
+        if (cur[e] >= P) { /* cannot happen: sums were checked */
+            lrmoe_err("bwd_alloc: expert %d has no room left", e);
+            goto out;
+        }
+        re[cur[e]]--;
+        dest[u] = cur[e];
+        moved++;
+    }
+
+    out->T = T;
+    out->K = K;
+    out->E = E;
+    out->P = P;
+    out->R = R;
+    out->moved = moved;
+    out->pair = malloc((size_t)(R ? R : 1) * sizeof *out->pair);
+    out->rank = malloc((size_t)(R ? R : 1) * sizeof *out->rank);
+    out->counts = calloc((size_t)EP, sizeof *out->counts);
+    out->offsets = calloc((size_t)EP, sizeof *out->offsets);
+    if (!out->pair || !out->rank || !out->counts || !out->offsets) {
+        lrmoe_pack_plan_free(out);
+        lrmoe_err("out of memory");
+        goto out;
+    }
+    for (int64_t u = 0; u < N; u++)
+        if (in->keep[u])
+            out->counts[(int64_t)dest[u] * E + in->topk_ids[u]]++;
+    int64_t acc = 0;
+    for (int64_t c = 0; c < EP; c++) {
+        out->offsets[c] = acc;
+        acc += out->counts[c];
+    }
+    /* rem reused as the fill cursor of each (p,e) segment */
+    memcpy(rem, out->offsets, (size_t)EP * sizeof *rem);
+    for (int64_t u = 0; u < N; u++)
+        if (in->keep[u]) {
+            int64_t i = rem[(int64_t)dest[u] * E + in->topk_ids[u]]++;
+            out->pair[i] = u;
+            out->rank[i] = dest[u];
+        }
+    rc = 0;
+out:
+    free(kept);
+    free(rem);
+    free(dest);
+    free(fwd);
+    free(cur);
+    return rc;
+}
+
+void lrmoe_pack_gather(const int64_t *pair, int64_t R, int K, int by_token,
+                       const void *src, size_t row_bytes, void *dst)
+{
+    const char *s = src;
+    char *d = dst;
+    for (int64_t i = 0; i < R; i++) {
+        int64_t r = by_token ? pair[i] / K : pair[i];
+        memcpy(d + (size_t)i * row_bytes, s + (size_t)r * row_bytes, row_bytes);
+    }
+}
+
+void lrmoe_pack_gather_scaled(const int64_t *pair, int64_t R, int K, int64_t D,
+                              const float *g, const float *alpha, float *dst)
+{
+    lrmoe_pack_gather_scaled_dt(pair, R, K, D, LRMOE_F32, g, alpha, dst);
+}
+
+void lrmoe_pack_gather_scaled_dt(const int64_t *pair, int64_t R, int K,
+                                 int64_t D, lrmoe_dtype_t gdt, const void *g,
+                                 const float *alpha, float *dst)
+{
+    const size_t rb = (size_t)D * lrmoe_dtype_size(gdt);
+    for (int64_t i = 0; i < R; i++) {
+        int64_t u = pair[i];
+        const float a = alpha[u];
+        float *o = dst + i * D;
+        lrmoe_convert_to_f32(gdt, (const char *)g + (size_t)(u / K) * rb, o,
+                             (size_t)D);
+        for (int64_t j = 0; j < D; j++)
+            o[j] *= a;
+    }
+}
+
+/* inv (T*K): packed row of each pair, -1 when not packed */
+static int64_t *inverse_map(const int64_t *pair, int64_t R, int64_t N)
+{
+    int64_t *inv = malloc((size_t)(N ? N : 1) * sizeof *inv);
+    if (!inv) {
+        lrmoe_err("out of memory");
+        return NULL;
+    }
+    for (int64_t u = 0; u < N; u++)
+        inv[u] = -1;
+    for (int64_t i = 0; i < R; i++) {
+        int64_t u = pair[i];
+        if (u < 0 || u >= N) {
+            lrmoe_err("pack_pair: row %lld names pair %lld, out of range "
+                      "[0,%lld)", (long long)i, (long long)u, (long long)N);
+            free(inv);
+            return NULL;
+        }
+        if (inv[u] >= 0) {
+            lrmoe_err("pack_pair: pair %lld packed twice (rows %lld and %lld)",
+                      (long long)u, (long long)inv[u], (long long)i);
+            free(inv);
+            return NULL;
+        }
+        inv[u] = i;
+    }
+    return inv;
+}
+
+int lrmoe_pack_unpack(const int64_t *pair, int64_t R, const float *rows,
+                      int64_t D, int64_t T, int K, float *out)
+{
+    int64_t *inv = inverse_map(pair, R, T * K);
+    if (!inv)
+        return -1;
+    for (int64_t t = 0; t < T; t++) {
+        float *o = out + t * D;
+        for (int64_t j = 0; j < D; j++)
+            o[j] = 0.0f;
+        for (int k = 0; k < K; k++) {
+            int64_t i = inv[t * K + k];
+            if (i < 0)
+                continue;
+            const float *r = rows + i * D;
+            for (int64_t j = 0; j < D; j++)
+                o[j] += r[j];
+        }
+    }
+    free(inv);
+    return 0;
+}
+
+int lrmoe_pack_unpack_pairs(const int64_t *pair, int64_t R, const float *rows,
+                            int64_t D, int64_t T, int K, float *out)
+{
+    int64_t N = T * K;
+    int64_t *inv = inverse_map(pair, R, N);
+    if (!inv)
+        return -1;
+    for (int64_t u = 0; u < N; u++) {
+        float *o = out + u * D;
+        if (inv[u] < 0)
+            memset(o, 0, (size_t)D * sizeof *o);
+        else
+            memcpy(o, rows + inv[u] * D, (size_t)D * sizeof *o);
+    }
+    free(inv);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- frames */
+
+void lrmoe_pack_opts_default(lrmoe_pack_opts_t *o)
+{
+    o->alloc = LRMOE_PACK_ALLOC_AUTO;
+    o->P = 0;
+    o->strip = 0;
+}
+
+/* integer tensor -> malloc'd i32 (values outside i32 become -1) */
+static int32_t *to_i32(const lrmoe_tensor_t *t)
+{
+    int64_t n = lrmoe_tensor_numel(t);
+    if (lrmoe_dtype_is_float(t->dtype)) {
+        lrmoe_err("tensor %s: dtype %s, expected an integer dtype", t->name,
+                  lrmoe_dtype_name(t->dtype));
+        return NULL;
+    }
+    int32_t *o = malloc((size_t)(n ? n : 1) * sizeof *o);
+    int64_t *w = o ? lrmoe_tensor_i64(t) : NULL;
+    if (!o || !w) {
+        free(o);
+        if (!o)
+            lrmoe_err("out of memory");
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++)
+        o[i] = (w[i] < INT32_MIN || w[i] > INT32_MAX) ? -1 : (int32_t)w[i];
+    free(w);
+    return o;
+}
+
+/* integer/bool tensor -> malloc'd u8 (values outside [0,255] become 255) */
+static uint8_t *to_u8(const lrmoe_tensor_t *t)
+{
+    int64_t n = lrmoe_tensor_numel(t);
+    if (lrmoe_dtype_is_float(t->dtype)) {
+        lrmoe_err("tensor %s: dtype %s, expected U8 or BOOL", t->name,
+                  lrmoe_dtype_name(t->dtype));
+        return NULL;
+    }
+    uint8_t *o = malloc((size_t)(n ? n : 1));
+    if (!o) {
+        lrmoe_err("out of memory");
+        return NULL;
+    }
+    if (t->dtype == LRMOE_U8 || t->dtype == LRMOE_BOOL) {
+        if (n)
+            memcpy(o, t->data, (size_t)n);
+        return o;
+    }
+    int64_t *w = lrmoe_tensor_i64(t);
+    if (!w) {
+        free(o);
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++)
+        o[i] = (w[i] < 0 || w[i] > 255) ? 255 : (uint8_t)w[i];
+    free(w);
+    return o;
+}
+
+/* A buffer for packed rows. Large ones are 2 MiB aligned and advised as
+ * transparent huge pages: filling fresh memory is otherwise dominated by
+ * page faults (one per 4 KiB). free() releases either kind. */
+static void *rows_alloc(size_t n)
+{
+    const size_t huge = (size_t)2 << 20;
+    if (n < 2 * huge)
+        return malloc(n ? n : 1);
+    size_t m = (n + huge - 1) / huge * huge;
+    void *p = aligned_alloc(huge, m);
+#ifdef MADV_HUGEPAGE
+    if (p)
+        madvise(p, m, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+static int put_rows(lrmoe_frame_t *f, const char *name, const lrmoe_tensor_t *src,
+                    const lrmoe_pack_plan_t *pl, int by_token)
+{
+    int64_t W = src->shape[src->ndim - 1];
+    size_t rb = (size_t)W * lrmoe_dtype_size(src->dtype);
+    void *d = rows_alloc((size_t)pl->R * rb);
+    if (!d)
+        return lrmoe_err("out of memory (%s)", name);
+    lrmoe_pack_gather(pl->pair, pl->R, pl->K, by_token, src->data, rb, d);
+    /* adopt owns d from here, also on failure */
+    return lrmoe_frame_adopt(f, name, src->dtype, 2, (int64_t[]){pl->R, W}, d)
+               ? 0 : -1;
+}
+
+int lrmoe_pack_frame(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o)
+{
+    double t0 = lrmoe_now();
+    lrmoe_tensor_t *tid = lrmoe_frame_need(f, "topk_ids");
+    lrmoe_tensor_t *tkeep = tid ? lrmoe_frame_need(f, "keep") : NULL;
+    if (!tkeep)
+        return -1;
+    if (lrmoe_tensor_check(tid, 2, (int64_t[]){-1, -1}) < 0)
+        return -1;
+    int64_t T = tid->shape[0];
+    int K = (int)tid->shape[1];
+    if (lrmoe_tensor_check(tkeep, 2, (int64_t[]){T, K}) < 0)
+        return -1;
+    lrmoe_tensor_t *tw = lrmoe_frame_need(f, "topk_weights");
+    lrmoe_tensor_t *tg = tw ? lrmoe_frame_need(f, "grad_output") : NULL;
+    lrmoe_tensor_t *th = tg ? lrmoe_frame_need(f, "hidden") : NULL;
+    lrmoe_tensor_t *tsg = th ? lrmoe_frame_need(f, "saved_gate") : NULL;
+    lrmoe_tensor_t *tsu = tsg ? lrmoe_frame_need(f, "saved_up") : NULL;
+    if (!tsu || lrmoe_tensor_check(tw, 2, (int64_t[]){T, K}) < 0 ||
+        lrmoe_tensor_check(tg, 2, (int64_t[]){T, -1}) < 0 ||
+        lrmoe_tensor_check(th, 2, (int64_t[]){T, -1}) < 0 ||
+        lrmoe_tensor_check(tsg, 3, (int64_t[]){T, K, -1}) < 0 ||
+        lrmoe_tensor_check(tsu, 3, (int64_t[]){T, K, tsg->shape[2]}) < 0)
+        return -1;
+    int64_t D = tg->shape[1];
+
+    lrmoe_tensor_t *tpr = lrmoe_frame_get(f, "pair_rank");
+    lrmoe_tensor_t *tpl = lrmoe_frame_get(f, "placement");
+    lrmoe_tensor_t *tba = lrmoe_frame_get(f, "bwd_alloc");
+    lrmoe_tensor_t *tq = lrmoe_frame_get(f, "quota");
+    int had_alloc = tba != NULL;
+    if (o->alloc == LRMOE_PACK_ALLOC_FORWARD)
+        tba = NULL;
+    else if (o->alloc == LRMOE_PACK_ALLOC_PLAN && !tba)
+        return lrmoe_err("missing tensor bwd_alloc (run lrmoe-plan first, or "
+                         "give --alloc forward)");
+    int E = 0, P = 0;
+    if (tba) {
+        if (lrmoe_tensor_check(tba, 2, (int64_t[]){-1, -1}) < 0)
+            return -1;
+        E = (int)tba->shape[0];
+        P = (int)tba->shape[1];
+    }
+    if (tpl) {
+        if (lrmoe_tensor_check(tpl, 2, (int64_t[]){E ? E : -1, P ? P : -1}) < 0)
+            return -1;
+        E = (int)tpl->shape[0];
+        P = (int)tpl->shape[1];
+    }
+    if (!P)
+        P = o->P;
+    if (!P)
+        return lrmoe_err("cannot tell the number of ranks: no bwd_alloc or "
+                         "placement tensor (give --ranks)");
+    if (o->P && o->P != P)
+        return lrmoe_err("--ranks %d disagrees with the plan's %d ranks", o->P, P);
+    if (tq) {
+        if (lrmoe_tensor_check(tq, 1, (int64_t[]){E ? E : -1}) < 0)
+            return -1;
+        E = (int)tq->shape[0];
+    }
+    if (tpr && lrmoe_tensor_check(tpr, 2, (int64_t[]){T, K}) < 0)
+        return -1;
+
+    int rc = -1;
+    lrmoe_pack_plan_t pl = {0};
+    lrmoe_pack_in_t in = {0};
+    int32_t *ids = NULL, *prank = NULL;
+    uint8_t *keep = NULL, *place = NULL;
+    int64_t *alloc = NULL, *quota = NULL;
+    float *alpha = NULL;
+    if (!(ids = to_i32(tid)) || !(keep = to_u8(tkeep)))
+        goto out;
+    if (!E) {
+        for (int64_t u = 0; u < T * K; u++)
+            if (ids[u] + 1 > E)
+                E = ids[u] + 1;
+        if (!E)
+            E = 1;
+    }
+    if (tpr && !(prank = to_i32(tpr)))
+        goto out;
+    if (tpl && !(place = to_u8(tpl)))
+        goto out;
+    if (tba && !(alloc = lrmoe_tensor_i64(tba)))
+        goto out;
+    if (tq && !(quota = lrmoe_tensor_i64(tq)))
+        goto out;
+    in.T = T;
+    in.K = K;
+    in.E = E;
+    in.P = P;
+    in.topk_ids = ids;
+    in.keep = keep;
+    in.pair_rank = prank;
+    in.placement = place;
+    in.bwd_alloc = alloc;
+    in.quota = quota;
+    if (lrmoe_pack_assign(&in, &pl) < 0)
+        goto out;
+    if (!lrmoe_dtype_is_float(tg->dtype)) {
+        lrmoe_err("tensor grad_output: dtype %s, expected a float dtype",
+                  lrmoe_dtype_name(tg->dtype));
+        goto out;
+    }
+    if (!(alpha = lrmoe_tensor_f32(tw)))
+        goto out;
+
+    float *pg = rows_alloc((size_t)(pl.R * D) * sizeof *pg);
+    if (!pg) {
+        lrmoe_err("out of memory");
+        goto out;
+    }
+    lrmoe_pack_gather_scaled_dt(pl.pair, pl.R, K, D, tg->dtype, tg->data, alpha,
+                                pg);
+    /* adopt owns (and on failure frees) the buffer it is given */
+    if (!lrmoe_frame_adopt(f, "pack_grad", LRMOE_F32, 2, (int64_t[]){pl.R, D}, pg))
+        goto out;
+    /* the source tensors were looked up before any put; re-fetch them since
+     * a put may grow the frame's tensor table (pointers stay valid, but be
+     * explicit about which tensor we read) */
+    if (put_rows(f, "pack_hidden", lrmoe_frame_get(f, "hidden"), &pl, 1) < 0 ||
+        put_rows(f, "pack_gate", lrmoe_frame_get(f, "saved_gate"), &pl, 0) < 0 ||
+        put_rows(f, "pack_up", lrmoe_frame_get(f, "saved_up"), &pl, 0) < 0)
+        goto out;
+    {
+        void *d = pl.pair;
+        pl.pair = NULL;
+        if (!lrmoe_frame_adopt(f, "pack_pair", LRMOE_I64, 1, (int64_t[]){pl.R},
+                           d))
+            goto out;
+    }
+    {
+        void *d = pl.rank;
+        pl.rank = NULL;
+        if (!lrmoe_frame_adopt(f, "pack_rank", LRMOE_I32, 1, (int64_t[]){pl.R},
+                           d))
+            goto out;
+    }
+    {
+        void *d = pl.counts;
+        pl.counts = NULL;
+        if (!lrmoe_frame_adopt(f, "pack_counts", LRMOE_I64, 2, (int64_t[]){P, E},
+                           d))
+            goto out;
+    }
+    {
+        void *d = pl.offsets;
+        pl.offsets = NULL;
+        if (!lrmoe_frame_adopt(f, "pack_offsets", LRMOE_I64, 2, (int64_t[]){P, E},
+                           d))
+            goto out;
+    }
+    if (had_alloc && !alloc) {
+        /* forward allocation over a plan: record what was realised so the
+         * plan's bwd_alloc keeps summing to the (new) quotas */
+        const int64_t *cnt = lrmoe_frame_get(f, "pack_counts")->data;
+        lrmoe_tensor_t *tb = lrmoe_frame_put(f, "bwd_alloc", LRMOE_I64, 2,
+                                             (int64_t[]){E, P});
+        if (!tb)
+            goto out;
+        int64_t *b = tb->data;
+        for (int e = 0; e < E; e++)
+            for (int p = 0; p < P; p++)
+                b[(int64_t)e * P + p] = cnt[(int64_t)p * E + e];
+    }
+    if (o->strip) {
+        lrmoe_frame_del(f, "saved_gate");
+        lrmoe_frame_del(f, "saved_up");
+    }
+    {
+        const int64_t *cnt = lrmoe_frame_get(f, "pack_counts")->data;
+        char buf[4096];
+        size_t n = 0;
+        buf[0] = 0;
+        for (int p = 0; p < P && n + 24 < sizeof buf; p++) {
+            int64_t s = 0;
+            for (int e = 0; e < E; e++)
+                s += cnt[(int64_t)p * E + e];
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%lld",
+                                  p ? "," : "", (long long)s);
+        }
+        if (lrmoe_frame_set_attrf(f, "pack.rows", "%lld", (long long)pl.R) < 0 ||
+            lrmoe_frame_set_attrf(f, "pack.moved", "%lld", (long long)pl.moved) < 0 ||
+            lrmoe_frame_set_attrf(f, "pack.ranks", "%d", P) < 0 ||
+            lrmoe_frame_set_attr(f, "pack.rank_rows", buf) < 0 ||
+            lrmoe_frame_set_attr(f, "pack.alloc", alloc ? "plan" : "forward") < 0 ||
+            lrmoe_frame_set_attrf(f, "pack.seconds", "%.6f", lrmoe_now() - t0) < 0)
+            goto out;
+    }
+    rc = 0;
+out:
+    lrmoe_pack_plan_free(&pl);
+    free(ids);
+    free(prank);
+    free(keep);
+    free(place);
+    free(alloc);
+    free(quota);
+    free(alpha);
+    return rc;
+}
+
+int lrmoe_pack_unpack_frame(lrmoe_frame_t *f, const char *rows_name,
+                            const char *out_name, int pairs)
+{
+    lrmoe_tensor_t *tid = lrmoe_frame_need(f, "topk_ids");
+    lrmoe_tensor_t *tp = tid ? lrmoe_frame_need(f, "pack_pair") : NULL;
+    lrmoe_tensor_t *tr = tp ? lrmoe_frame_need(f, rows_name) : NULL;
+    if (!tr || lrmoe_tensor_check(tid, 2, (int64_t[]){-1, -1}) < 0 ||
+        lrmoe_tensor_check(tp, 1, (int64_t[]){-1}) < 0 ||
+        lrmoe_tensor_check(tr, 2, (int64_t[]){tp->shape[0], -1}) < 0)
+        return -1;
+    if (!lrmoe_dtype_is_float(tr->dtype))
+        return lrmoe_err("tensor %s: dtype %s, expected a float dtype", rows_name,
+                         lrmoe_dtype_name(tr->dtype));
+    int64_t T = tid->shape[0], R = tp->shape[0], D = tr->shape[1];
+    int K = (int)tid->shape[1];
+    int64_t *pair = lrmoe_tensor_i64(tp);
+    float *rows = pair ? lrmoe_tensor_f32(tr) : NULL;
+    float *out = NULL;
+    int rc = -1;
+    if (!rows)
+        goto done;
+    size_t n = (size_t)(pairs ? T * K : T) * (size_t)D;
+    if (!(out = malloc(n ? n * sizeof *out : 1))) {
+        lrmoe_err("out of memory");
+        goto done;
+    }
+    if ((pairs ? lrmoe_pack_unpack_pairs : lrmoe_pack_unpack)(pair, R, rows, D,
+                                                              T, K, out) < 0)
+        goto done;
+    float *o = out;
+    out = NULL; /* adopt owns it, even on failure */
+    if (pairs ? !lrmoe_frame_adopt(f, out_name, LRMOE_F32, 3,
+                                   (int64_t[]){T, K, D}, o)
+              : !lrmoe_frame_adopt(f, out_name, LRMOE_F32, 2,
+                                   (int64_t[]){T, D}, o))
+        goto done;
+    rc = 0;
+done:
+    free(pair);
+    free(rows);
+    free(out);
+    return rc;
+}

@@ -1,0 +1,599 @@
+/* score: backward pair scores, per-expert retention, gradient fidelity.
+ * See score.h for the metrics, the order and the selection. */
+#include "score.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *metric_names[LRMOE_NMETRICS] = {
+    "lrm", "gradnorm", "absgrad", "random"
+};
+
+int lrmoe_score_metric_parse(const char *s, lrmoe_metric_t *m)
+{
+    for (int i = 0; i < LRMOE_NMETRICS; i++)
+        if (s && strcmp(s, metric_names[i]) == 0) {
+            *m = (lrmoe_metric_t)i;
+            return 0;
+        }
+    return lrmoe_err("unknown metric '%s' (lrm, gradnorm, absgrad, random)",
+                     s ? s : "");
+}
+
+const char *lrmoe_score_metric_name(lrmoe_metric_t m)
+{
+    return (unsigned)m < LRMOE_NMETRICS ? metric_names[m] : "?";
+}
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+float lrmoe_score_random(uint64_t seed, int64_t u)
+{
+    uint64_t h = splitmix64(seed ^ (((uint64_t)u + 1) * 0xD1B54A32D192ED03ull));
+    return (float)(h >> 40) * (1.0f / 16777216.0f);
+}
+
+int64_t lrmoe_score_drop_quota(int64_t n, double C)
+{
+    if (n <= 0)
+        return 0;
+    int64_t d = (int64_t)floor((double)n * C / 100.0 + 1e-9);
+    if (d < 0)
+        d = 0;
+    if (d > n)
+        d = n;
+    return n - d;
+}
+
+static int bad_score(int64_t u, int K, double s)
+{
+    return lrmoe_err("pair_score: %s score at pair %lld (token %lld, k %d)",
+                     isnan(s) ? "NaN" : "infinite", (long long)u,
+                     (long long)(u / K), (int)(u % K));
+}
+
+int lrmoe_score_pairs(lrmoe_metric_t m, int64_t T, int K, int64_t D,
+                      const float *g, const float *alpha,
+                      const float *phi_sqnorm, uint64_t seed, float *score)
+{
+    return lrmoe_score_pairs_dt(m, T, K, D, LRMOE_F32, g, alpha, phi_sqnorm,
+                                seed, score);
+}
+
+int lrmoe_score_pairs_dt(lrmoe_metric_t m, int64_t T, int K, int64_t D,
+                         lrmoe_dtype_t gdt, const void *g, const float *alpha,
+                         const float *phi_sqnorm, uint64_t seed, float *score)
+{
+    if (m == LRMOE_METRIC_LRM && (!alpha || !phi_sqnorm))
+        return lrmoe_err("metric lrm needs topk_weights and phi_sqnorm");
+    if (m != LRMOE_METRIC_RANDOM &&
+        ((!g && T * D > 0) || !lrmoe_dtype_is_float(gdt)))
+        return lrmoe_err("metric %s needs a float grad_output",
+                         lrmoe_score_metric_name(m));
+    float *row = NULL;
+    if (m != LRMOE_METRIC_RANDOM &&
+        !(row = malloc((size_t)(D ? D : 1) * sizeof *row)))
+        return lrmoe_err("out of memory");
+    const size_t rb = (size_t)D * lrmoe_dtype_size(gdt);
+    for (int64_t t = 0; t < T; t++) {
+        double gt = 0;
+        if (m != LRMOE_METRIC_RANDOM) {
+            lrmoe_convert_to_f32(gdt, (const char *)g + (size_t)t * rb, row,
+                                 (size_t)D);
+            if (m == LRMOE_METRIC_ABSGRAD)
+                for (int64_t d = 0; d < D; d++)
+                    gt += fabs((double)row[d]);
+            else
+                for (int64_t d = 0; d < D; d++)
+                    gt += (double)row[d] * row[d];
+        }
+        for (int k = 0; k < K; k++) {
+            int64_t u = t * K + k;
+            double s;
+            switch (m) {
+            case LRMOE_METRIC_LRM: {
+                double a = alpha[u];
+                s = a * a * gt * (double)phi_sqnorm[u];
+                break;
+            }
+            case LRMOE_METRIC_RANDOM:
+                s = lrmoe_score_random(seed, u);
+                break;
+            default:
+                s = gt;
+            }
+            float sf = (float)s;
+            if (!isfinite(sf)) {
+                free(row);
+                return bad_score(u, K, s);
+            }
+            score[u] = sf == 0.0f ? 0.0f : sf; /* no -0 */
+        }
+    }
+    free(row);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- select */
+
+/* Order-preserving map of a (non-NaN) float to u32. */
+static inline uint32_t ord32(float f)
+{
+    uint32_t b;
+    if (f == 0.0f)
+        f = 0.0f;
+    memcpy(&b, &f, 4);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+/* Larger key = ranked higher: score first, then lower u. */
+static inline uint64_t make_key(float s, int64_t u)
+{
+    return ((uint64_t)ord32(s) << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)u);
+}
+static inline int64_t key_pair(uint64_t k)
+{
+    return (int64_t)(0xFFFFFFFFu - (uint32_t)(k & 0xFFFFFFFFu));
+}
+
+static inline void swap64(uint64_t *a, uint64_t *b)
+{
+    uint64_t t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Rearrange a[0..n) so that a[0..q) holds the q largest keys (keys are
+ * distinct). Quickselect with a median-of-three pseudo-random pivot:
+ * expected O(n) on any input. */
+static void select_top(uint64_t *a, int64_t n, int64_t q, uint64_t *rng)
+{
+    int64_t lo = 0, hi = n - 1;
+    if (q <= 0 || q >= n)
+        return;
+    /* invariant: the answer boundary q lies in [lo, hi+1] */
+    while (hi > lo) {
+        int64_t len = hi - lo + 1;
+        uint64_t r = splitmix64(*rng += 0x9E3779B97F4A7C15ull);
+        int64_t i1 = lo + (int64_t)(r % (uint64_t)len);
+        int64_t i2 = lo + (int64_t)((r >> 21) % (uint64_t)len);
+        int64_t i3 = lo + (int64_t)((r >> 42) % (uint64_t)len);
+        uint64_t x = a[i1], y = a[i2], z = a[i3], piv;
+        if ((x < y) ^ (x < z))
+            piv = x;
+        else if ((y < x) ^ (y < z))
+            piv = y;
+        else
+            piv = z;
+        /* partition descending: [lo, i) > piv, then piv, then < piv */
+        int64_t pi = i1;
+        if (a[i2] == piv)
+            pi = i2;
+        else if (a[i3] == piv)
+            pi = i3;
+        swap64(&a[pi], &a[hi]);
+        int64_t st = lo;
+        for (int64_t i = lo; i < hi; i++)
+            if (a[i] > piv)
+                swap64(&a[i], &a[st++]);
+        swap64(&a[st], &a[hi]);
+        /* a[lo..st) > piv = a[st] > a(st..hi] */
+        if (st == q || st + 1 == q)
+            return;
+        if (st > q)
+            hi = st - 1;
+        else
+            lo = st + 1;
+    }
+}
+
+int lrmoe_score_select(int64_t T, int K, int E, const int32_t *topk_ids,
+                       const float *score, const int64_t *quota,
+                       double drop_pct, uint8_t *keep, int64_t *load,
+                       int64_t *quota_out)
+{
+    int64_t N = T * K;
+    if (N >= (int64_t)0xFFFFFFFF)
+        return lrmoe_err("too many pairs (%lld) for one frame", (long long)N);
+    if (!quota && drop_pct < 0)
+        return lrmoe_err("no quota and no drop rate");
+    int64_t *off = calloc((size_t)E + 1, sizeof *off);
+    uint64_t *keys = malloc((size_t)(N ? N : 1) * sizeof *keys);
+    if (!off || !keys) {
+        free(off);
+        free(keys);
+        return lrmoe_err("out of memory");
+    }
+    int rc = -1;
+    memset(load, 0, (size_t)E * sizeof *load);
+    for (int64_t u = 0; u < N; u++) {
+        int32_t e = topk_ids[u];
+        if (e < 0 || e >= E) {
+            lrmoe_err("topk_ids: expert %d at pair %lld out of range [0,%d)",
+                      (int)e, (long long)u, E);
+            goto out;
+        }
+        if (isnan(score[u])) {
+            bad_score(u, K, score[u]);
+            goto out;
+        }
+        load[e]++;
+    }
+    for (int e = 0; e < E; e++) {
+        int64_t q = quota ? quota[e] : lrmoe_score_drop_quota(load[e], drop_pct);
+        if (q < 0 || q > load[e]) {
+            lrmoe_err("quota: expert %d has quota %lld but %lld routed pairs",
+                      e, (long long)q, (long long)load[e]);
+            goto out;
+        }
+        if (quota_out)
+            quota_out[e] = q;
+        off[e + 1] = off[e] + load[e];
+    }
+    /* bucket keys by expert (u ascending inside each bucket) */
+    {
+        int64_t *pos = malloc((size_t)(E ? E : 1) * sizeof *pos);
+        if (!pos) {
+            lrmoe_err("out of memory");
+            goto out;
+        }
+        memcpy(pos, off, (size_t)E * sizeof *pos);
+        for (int64_t u = 0; u < N; u++)
+            keys[pos[topk_ids[u]]++] = make_key(score[u], u);
+        free(pos);
+    }
+    memset(keep, 0, (size_t)N);
+    uint64_t rng = 0x5EEDull;
+    for (int e = 0; e < E; e++) {
+        int64_t n = load[e];
+        int64_t q = quota ? quota[e] : lrmoe_score_drop_quota(n, drop_pct);
+        uint64_t *a = keys + off[e];
+        select_top(a, n, q, &rng);
+        for (int64_t i = 0; i < q; i++)
+            keep[key_pair(a[i])] = 1;
+    }
+    rc = 0;
+out:
+    free(off);
+    free(keys);
+    return rc;
+}
+
+/* -------------------------------------------------------------- fidelity */
+
+static inline float silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+static double fro2(const float *m, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)m[i] * m[i];
+    return s;
+}
+
+int lrmoe_score_fidelity(int64_t T, int K, int E, int64_t D, int64_t F,
+                         const int32_t *topk_ids, const uint8_t *keep,
+                         const float *g, const float *alpha,
+                         const float *gate, const float *up,
+                         double *err, double *overall)
+{
+    int64_t N = T * K;
+    int64_t *cnt = calloc((size_t)E + 1, sizeof *cnt);
+    if (!cnt)
+        return lrmoe_err("out of memory");
+    int64_t nmax = 0;
+    for (int64_t u = 0; u < N; u++) {
+        if (topk_ids[u] < 0 || topk_ids[u] >= E) {
+            free(cnt);
+            return lrmoe_err("topk_ids: expert %d out of range [0,%d)",
+                             (int)topk_ids[u], E);
+        }
+        cnt[topk_ids[u]]++;
+    }
+    for (int e = 0; e < E; e++)
+        if (cnt[e] > nmax)
+            nmax = cnt[e];
+    /* per-expert order: dropped pairs first, then kept (u ascending each) */
+    int64_t *idx = malloc((size_t)(N ? N : 1) * sizeof *idx);
+    int64_t *off = calloc((size_t)E + 1, sizeof *off);
+    int64_t *ndrop = calloc((size_t)E + 1, sizeof *ndrop);
+    float *A = malloc((size_t)(nmax ? nmax : 1) * (size_t)D * sizeof *A);
+    float *B = malloc((size_t)(nmax ? nmax : 1) * (size_t)F * sizeof *B);
+    float *G = malloc((size_t)D * (size_t)F * sizeof *G);
+    int rc = -1;
+    if (!idx || !off || !ndrop || !A || !B || !G) {
+        lrmoe_err("out of memory (fidelity needs %lld x %lld floats)",
+                  (long long)D, (long long)F);
+        goto out;
+    }
+    for (int e = 0; e < E; e++)
+        off[e + 1] = off[e] + cnt[e];
+    /* ndrop doubles as the fill cursor, then holds the dropped count */
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t u = 0; u < N; u++) {
+            int e = topk_ids[u];
+            if ((keep[u] != 0) == pass)
+                idx[off[e] + ndrop[e]++] = u;
+        }
+    for (int e = 0; e < E; e++)
+        ndrop[e] = 0;
+    for (int64_t u = 0; u < N; u++)
+        if (!keep[u])
+            ndrop[topk_ids[u]]++;
+    double tot_all = 0, tot_drop = 0;
+    for (int e = 0; e < E; e++) {
+        int64_t n = cnt[e], d = ndrop[e];
+        err[e] = 0;
+        if (n == 0)
+            continue;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t u = idx[off[e] + i];
+            const float *gr = g + (u / K) * D;
+            float a = alpha[u];
+            float *ar = A + i * D;
+            for (int64_t j = 0; j < D; j++)
+                ar[j] = a * gr[j];
+            const float *hg = gate + u * F, *hu = up + u * F;
+            float *br = B + i * F;
+            for (int64_t j = 0; j < F; j++)
+                br[j] = silu(hg[j]) * hu[j];
+        }
+        /* G (D,F) = A^T B over all n rows */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)D, (int)F,
+                    (int)n, 1.0f, A, (int)D, B, (int)F, 0.0f, G, (int)F);
+        double all = fro2(G, D * F), drop = 0;
+        if (d > 0) {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)D, (int)F,
+                        (int)d, 1.0f, A, (int)D, B, (int)F, 0.0f, G, (int)F);
+            drop = fro2(G, D * F);
+        }
+        tot_all += all;
+        tot_drop += drop;
+        err[e] = all > 0 ? sqrt(drop / all) : 0;
+    }
+    *overall = tot_all > 0 ? sqrt(tot_drop / tot_all) : 0;
+    rc = 0;
+out:
+    free(cnt);
+    free(idx);
+    free(off);
+    free(ndrop);
+    free(A);
+    free(B);
+    free(G);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- frames */
+
+void lrmoe_score_opts_default(lrmoe_score_opts_t *o)
+{
+    o->metric = LRMOE_METRIC_LRM;
+    o->drop_pct = -1;
+    o->seed = 0;
+    o->fidelity = 0;
+}
+
+/* (T,K) integer tensor -> malloc'd i32 */
+static int32_t *ids_i32(const lrmoe_tensor_t *t)
+{
+    int64_t n = lrmoe_tensor_numel(t);
+    int32_t *o = malloc((size_t)(n ? n : 1) * sizeof *o);
+    if (!o) {
+        lrmoe_err("out of memory");
+        return NULL;
+    }
+    if (t->dtype == LRMOE_I32) {
+        if (n)
+            memcpy(o, t->data, (size_t)n * sizeof *o);
+        return o;
+    }
+    if (lrmoe_dtype_is_float(t->dtype)) {
+        free(o);
+        lrmoe_err("tensor %s: dtype %s, expected an integer dtype", t->name,
+                  lrmoe_dtype_name(t->dtype));
+        return NULL;
+    }
+    int64_t *w = lrmoe_tensor_i64(t);
+    if (!w) {
+        free(o);
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++)
+        o[i] = (w[i] < INT32_MIN || w[i] > INT32_MAX) ? -1 : (int32_t)w[i];
+    free(w);
+    return o;
+}
+
+int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
+                      const lrmoe_score_opts_t *o, lrmoe_score_stats_t *st)
+{
+    double t0 = lrmoe_now();
+    lrmoe_tensor_t *tid = lrmoe_frame_need(f, "topk_ids");
+    if (!tid)
+        return -1;
+    if (tid->ndim != 2)
+        return lrmoe_tensor_check(tid, 2, (int64_t[]){-1, -1});
+    int64_t T = tid->shape[0];
+    int K = (int)tid->shape[1];
+    int64_t N = T * K;
+    int need_alpha = o->metric == LRMOE_METRIC_LRM || o->fidelity;
+    int need_g = o->metric != LRMOE_METRIC_RANDOM || o->fidelity;
+    lrmoe_tensor_t *tw = NULL, *tg = NULL, *tphi = NULL, *tq = NULL;
+    if (need_alpha) {
+        if (!(tw = lrmoe_frame_need(f, "topk_weights")) ||
+            lrmoe_tensor_check(tw, 2, (int64_t[]){T, K}) < 0)
+            return -1;
+    }
+    int64_t D = 0;
+    if (need_g) {
+        if (!(tg = lrmoe_frame_need(f, "grad_output")) ||
+            lrmoe_tensor_check(tg, 2, (int64_t[]){T, -1}) < 0)
+            return -1;
+        D = tg->shape[1];
+    }
+    if (o->metric == LRMOE_METRIC_LRM) {
+        if (!(tphi = lrmoe_frame_need(f, "phi_sqnorm")) ||
+            lrmoe_tensor_check(tphi, 2, (int64_t[]){T, K}) < 0)
+            return -1;
+    }
+    int E = 0;
+    if (o->drop_pct < 0) {
+        if (!(tq = lrmoe_frame_get(f, "quota")))
+            return lrmoe_err("missing tensor quota (run lrmoe-plan first, or "
+                             "give --drop)");
+        if (lrmoe_tensor_check(tq, 1, (int64_t[]){-1}) < 0)
+            return -1;
+        E = (int)tq->shape[0];
+    } else {
+        lrmoe_tensor_t *t;
+        if ((t = lrmoe_frame_get(f, "expert_load")) && t->ndim == 1)
+            E = (int)t->shape[0];
+        else if ((t = lrmoe_frame_get(f, "placement")) && t->ndim == 2)
+            E = (int)t->shape[0];
+    }
+
+    int rc = -1;
+    int32_t *ids = NULL;
+    float *alpha = NULL, *g = NULL, *phi = NULL, *gate = NULL, *up = NULL;
+    float *score = malloc((size_t)(N ? N : 1) * sizeof *score);
+    uint8_t *keep = malloc((size_t)(N ? N : 1));
+    int64_t *quota = NULL, *load = NULL, *qout = NULL;
+    double *err = NULL;
+    if (!score || !keep) {
+        lrmoe_err("out of memory");
+        goto out;
+    }
+    if (!(ids = ids_i32(tid)))
+        goto out;
+    if (E == 0)
+        for (int64_t u = 0; u < N; u++)
+            if (ids[u] + 1 > E)
+                E = ids[u] + 1;
+    if (tw && !(alpha = lrmoe_tensor_f32(tw)))
+        goto out;
+    if (tg && o->fidelity && !(g = lrmoe_tensor_f32(tg)))
+        goto out;
+    if (tphi && !(phi = lrmoe_tensor_f32(tphi)))
+        goto out;
+    if (tq && !(quota = lrmoe_tensor_i64(tq)))
+        goto out;
+    load = malloc((size_t)(E ? E : 1) * sizeof *load);
+    qout = malloc((size_t)(E ? E : 1) * sizeof *qout);
+    if (!load || !qout) {
+        lrmoe_err("out of memory");
+        goto out;
+    }
+    if (lrmoe_score_pairs_dt(o->metric, T, K, D, tg ? tg->dtype : LRMOE_F32,
+                          tg ? tg->data : NULL, alpha, phi,
+                          o->seed + (uint64_t)index, score) < 0)
+        goto out;
+    if (lrmoe_score_select(T, K, E, ids, score, quota, o->drop_pct, keep, load,
+                           qout) < 0)
+        goto out;
+    double tsel = lrmoe_now() - t0;
+
+    int64_t kept = 0;
+    double all = 0, dropped = 0;
+    for (int64_t u = 0; u < N; u++) {
+        all += score[u];
+        if (keep[u])
+            kept++;
+        else
+            dropped += score[u];
+    }
+    double fid = -1;
+    if (o->fidelity) {
+        lrmoe_tensor_t *ts_g = lrmoe_frame_need(f, "saved_gate");
+        lrmoe_tensor_t *ts_u = ts_g ? lrmoe_frame_need(f, "saved_up") : NULL;
+        if (!ts_u || lrmoe_tensor_check(ts_g, 3, (int64_t[]){T, K, -1}) < 0 ||
+            lrmoe_tensor_check(ts_u, 3, (int64_t[]){T, K, ts_g->shape[2]}) < 0)
+            goto out;
+        int64_t F = ts_g->shape[2];
+        err = malloc((size_t)(E ? E : 1) * sizeof *err);
+        if (!err) {
+            lrmoe_err("out of memory");
+            goto out;
+        }
+        if (!(gate = lrmoe_tensor_f32(ts_g)) || !(up = lrmoe_tensor_f32(ts_u)))
+            goto out;
+        if (lrmoe_score_fidelity(T, K, E, D, F, ids, keep, g, alpha, gate, up,
+                                 err, &fid) < 0)
+            goto out;
+        float *ef = malloc((size_t)(E ? E : 1) * sizeof *ef);
+        if (!ef) {
+            lrmoe_err("out of memory");
+            goto out;
+        }
+        for (int e = 0; e < E; e++)
+            ef[e] = (float)err[e];
+        if (!lrmoe_frame_adopt(f, "score_fidelity", LRMOE_F32, 1,
+                               (int64_t[]){E}, ef))
+            goto out;
+    }
+
+    /* adopt owns (and on failure frees) the buffer it is given */
+    float *sc = score;
+    score = NULL;
+    if (!lrmoe_frame_adopt(f, "pair_score", LRMOE_F32, 2, (int64_t[]){T, K}, sc))
+        goto out;
+    uint8_t *kp = keep;
+    keep = NULL;
+    if (!lrmoe_frame_adopt(f, "keep", LRMOE_U8, 2, (int64_t[]){T, K}, kp))
+        goto out;
+    if (o->drop_pct >= 0) {
+        int64_t *qo = qout;
+        qout = NULL;
+        if (!lrmoe_frame_adopt(f, "quota", LRMOE_I64, 1, (int64_t[]){E}, qo))
+            goto out;
+    }
+    double retained = N ? (double)kept / (double)N : 1.0;
+    double share = all > 0 ? dropped / all : 0.0;
+    if (lrmoe_frame_set_attr(f, "score.metric",
+                             lrmoe_score_metric_name(o->metric)) < 0 ||
+        lrmoe_frame_set_attrf(f, "score.kept", "%lld", (long long)kept) < 0 ||
+        lrmoe_frame_set_attrf(f, "score.retained", "%.6f", retained) < 0 ||
+        lrmoe_frame_set_attrf(f, "score.dropped_share", "%.6g", share) < 0 ||
+        lrmoe_frame_set_attrf(f, "score.seconds", "%.6f", tsel) < 0)
+        goto out;
+    if (o->drop_pct >= 0 &&
+        lrmoe_frame_set_attrf(f, "score.drop", "%g", o->drop_pct) < 0)
+        goto out;
+    if (o->fidelity &&
+        lrmoe_frame_set_attrf(f, "score.fidelity", "%.6g", fid) < 0)
+        goto out;
+    if (st) {
+        st->pairs = N;
+        st->kept = kept;
+        st->retained = retained;
+        st->dropped_share = share;
+        st->fidelity = fid;
+        st->seconds = tsel;
+    }
+    rc = 0;
+out:
+    free(ids);
+    free(alpha);
+    free(g);
+    free(phi);
+    free(gate);
+    free(up);
+    free(score);
+    free(keep);
+    free(quota);
+    free(load);
+    free(qout);
+    free(err);
+    return rc;
+}

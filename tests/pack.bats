@@ -1,0 +1,244 @@
+#!/usr/bin/env bats
+# lrmoe-pack against the NumPy reference in tests/helpers/score_ref.py:
+# assignment per bwd_alloc with the fewest moves, the packed layout and
+# rows, the exact unpack round trip, and bad input.
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+
+setup() {
+    BIN="$BATS_TEST_DIRNAME/../bin"
+    REF="python3 $BATS_TEST_DIRNAME/helpers/score_ref.py"
+    T="$BATS_TEST_TMPDIR"
+}
+
+# a scored two-frame synthetic stream (forward state, plan with replicas)
+mk() {
+    $REF make "$T/in.lrm" --frames 2 "$@"
+    "$BIN/lrmoe-score" "$T/in.lrm" > "$T/scored.lrm"
+}
+
+truncated() {
+    run "$BIN/lrmoe-cat" "$1"
+    assert_failure
+    assert_output --partial "truncated"
+}
+
+@test "packed tensors match the reference (bwd_alloc, F32)" {
+    mk --T 96 --E 12 --P 4 --rate 0.7
+    run "$BIN/lrmoe-pack" -o "$T/p.lrm" "$T/scored.lrm"
+    assert_success
+    run $REF check-pack "$T/p.lrm"
+    assert_success
+}
+
+@test "packed tensors match the reference (BF16 storage, 8 ranks, C0 and C50)" {
+    for r in 1.0 0.5; do
+        mk --dtype BF16 --T 120 --E 16 --P 8 --rate $r --seed 4
+        "$BIN/lrmoe-pack" "$T/scored.lrm" > "$T/p.lrm"
+        run $REF check-pack "$T/p.lrm"
+        assert_success
+    done
+}
+
+@test "--alloc forward keeps every row on its forward rank (no moves)" {
+    mk --T 80 --E 8 --P 4
+    "$BIN/lrmoe-pack" --alloc forward "$T/scored.lrm" > "$T/p.lrm"
+    run $REF check-pack "$T/p.lrm" --alloc forward
+    assert_success
+    run python3 - "$T/p.lrm" "$BATS_TEST_DIRNAME/helpers" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+from lrmoe_stream import read_stream
+for t, a in read_stream(sys.argv[1]):
+    assert a["pack.moved"] == "0" and a["pack.alloc"] == "forward", a
+    assert (t["pack_rank"] == t["pair_rank"].ravel()[t["pack_pair"]]).all()
+print("ok")
+PY
+    assert_output "ok"
+}
+
+@test "without placement or bwd_alloc, --ranks gives P" {
+    $REF make "$T/in.lrm" --noplan --T 40 --E 8 --P 4
+    "$BIN/lrmoe-score" --drop 20 "$T/in.lrm" > "$T/s.lrm"
+    run "$BIN/lrmoe-pack" -o "$T/p.lrm" "$T/s.lrm"
+    assert_failure 1
+    assert_output --partial "give --ranks"
+    run "$BIN/lrmoe-pack" -P 4 -o "$T/p.lrm" "$T/s.lrm"
+    assert_success
+    run python3 - "$T/p.lrm" "$BATS_TEST_DIRNAME/helpers" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+from lrmoe_stream import read_stream
+(t, a), = read_stream(sys.argv[1])
+assert t["pack_counts"].shape == (4, 8)
+assert (t["pack_rank"] == t["pair_rank"].ravel()[t["pack_pair"]]).all()
+assert int(a["pack.rows"]) == int(t["keep"].sum())
+print("ok")
+PY
+    assert_output "ok"
+}
+
+@test "unpack --pairs of pack_grad is alpha*g on kept pairs, zero elsewhere, exactly" {
+    for dt in F32 BF16; do
+        mk --dtype $dt --T 64 --rate 0.6
+        "$BIN/lrmoe-pack" "$T/scored.lrm" | "$BIN/lrmoe-pack" -u --pairs > "$T/u.lrm"
+        run $REF check-unpack "$T/u.lrm" --pairs
+        assert_success
+    done
+}
+
+@test "unpack scatter-adds per token in ascending k, bit for bit" {
+    mk --dtype BF16 --T 64 --rate 0.6
+    "$BIN/lrmoe-pack" "$T/scored.lrm" | "$BIN/lrmoe-pack" -u |
+        "$BIN/lrmoe-pack" -u --rows pack_hidden --into uh > "$T/u.lrm"
+    run $REF check-unpack "$T/u.lrm"
+    assert_success
+    run $REF check-unpack "$T/u.lrm" --rows pack_hidden --into uh
+    assert_success
+}
+
+@test "no kept pairs: empty segments, zero unpack" {
+    mk --T 32 --rate 0.0
+    "$BIN/lrmoe-pack" "$T/scored.lrm" | "$BIN/lrmoe-pack" -u > "$T/u.lrm"
+    run $REF check-unpack "$T/u.lrm"
+    assert_success
+    run $REF check-pack "$T/u.lrm"
+    assert_success
+}
+
+@test "keep disagrees with quota (more or fewer kept): error, exit 1, no trailer" {
+    mk
+    $REF corrupt "$T/scored.lrm" "$T/bad.lrm" keepmore
+    run "$BIN/lrmoe-pack" -o "$T/out.lrm" "$T/bad.lrm"
+    assert_failure 1
+    assert_output --regexp "^lrmoe-pack: frame 0: keep: expert [0-9]+ keeps [0-9]+ pairs but its quota is [0-9]+$"
+    truncated "$T/out.lrm"
+    # without quota the bwd_alloc sums catch it
+    $REF corrupt "$T/scored.lrm" "$T/bad.lrm" keepless
+    run "$BIN/lrmoe-pack" -o "$T/out.lrm" "$T/bad.lrm"
+    assert_failure 1
+    assert_output --regexp "^lrmoe-pack: frame 0: bwd_alloc: expert [0-9]+ allocates [0-9]+ rows but [0-9]+ pairs are kept$"
+    truncated "$T/out.lrm"
+}
+
+@test "bwd_alloc that does not sum or sits on a rank without the expert: exit 1" {
+    mk
+    $REF corrupt "$T/scored.lrm" "$T/bad.lrm" allocsum
+    run "$BIN/lrmoe-pack" -o "$T/out.lrm" "$T/bad.lrm"
+    assert_failure 1
+    assert_output --partial "bwd_alloc: expert"
+    truncated "$T/out.lrm"
+    $REF corrupt "$T/scored.lrm" "$T/bad.lrm" allocplace
+    run "$BIN/lrmoe-pack" -o "$T/out.lrm" "$T/bad.lrm"
+    assert_failure 1
+    assert_output --partial "which holds no instance of it"
+    truncated "$T/out.lrm"
+}
+
+@test "keep other than 0/1, missing keep, or a pair packed twice: exit 1" {
+    mk
+    $REF corrupt "$T/scored.lrm" "$T/bad.lrm" keepval
+    run "$BIN/lrmoe-pack" -o "$T/out.lrm" "$T/bad.lrm"
+    assert_failure 1
+    assert_output "lrmoe-pack: frame 0: keep: value 2 at pair 0 (expected 0 or 1)"
+    run "$BIN/lrmoe-pack" -o "$T/out.lrm" "$T/in.lrm"
+    assert_failure 1
+    assert_output "lrmoe-pack: frame 0: missing tensor keep"
+    "$BIN/lrmoe-pack" "$T/scored.lrm" > "$T/p.lrm"
+    $REF corrupt "$T/p.lrm" "$T/bad.lrm" duppair
+    run "$BIN/lrmoe-pack" -u -o "$T/out.lrm" "$T/bad.lrm"
+    assert_failure 1
+    assert_output --partial "packed twice"
+    truncated "$T/out.lrm"
+}
+
+@test "--alloc plan without bwd_alloc, and usage errors" {
+    $REF make "$T/in.lrm" --noplan --T 16
+    "$BIN/lrmoe-score" --drop 10 "$T/in.lrm" > "$T/s.lrm"
+    run "$BIN/lrmoe-pack" --alloc plan -P 4 -o "$T/out.lrm" "$T/s.lrm"
+    assert_failure 1
+    assert_output --partial "missing tensor bwd_alloc"
+    run "$BIN/lrmoe-pack" --alloc sideways
+    assert_failure 2
+    run "$BIN/lrmoe-pack" -P 0
+    assert_failure 2
+    run "$BIN/lrmoe-pack" --help
+    assert_success
+    assert_output --partial "Usage: lrmoe-pack"
+    run "$BIN/lrmoe-pack" --version
+    assert_output --regexp "^lrmoe-pack \(lrmoe\) [0-9]"
+}
+
+@test "man page passes mandoc lint" {
+    run mandoc -T lint -W warning "$BATS_TEST_DIRNAME/../man/man1/lrmoe-pack.1"
+    assert_success
+    assert_output ""
+}
+
+# ---------------------------------------------------------------- pipeline
+# gen | route | plan | exec forward | score | pack | exec backward, small shapes
+
+pipe_inputs() {
+    "$BIN/lrmoe-gen" --tokens 192 --experts 16 --topk 4 --hidden 48 --ffn 32 \
+        --skew zipf:1.2 --seed 5 --weights "$T/w.lrm" | "$BIN/lrmoe-route" -k 4 -n > "$T/r.lrm"
+}
+
+@test "pipeline: compact backward equals masked with the same keep (fixed, llep, eplb, lrmoe)" {
+    [ -x "$BIN/lrmoe-plan" ] && [ -x "$BIN/lrmoe-exec" ] || skip "lrmoe-plan or lrmoe-exec not built"
+    pipe_inputs
+    for pl in fixed llep eplb lrmoe; do
+        case $pl in
+        llep) opts="-m 1 --lambda 1.0" ;;
+        lrmoe) opts="-R 0.7" ;;
+        *) opts="" ;;
+        esac
+        "$BIN/lrmoe-plan" -p $pl -P 4 $opts "$T/r.lrm" |
+            "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" > "$T/f.lrm"
+        if [ $pl = lrmoe ]; then
+            # the plan's quotas and backward allocation (rows move between instances)
+            "$BIN/lrmoe-score" "$T/f.lrm" | "$BIN/lrmoe-pack" --alloc plan > "$T/p.lrm"
+        else
+            # baselines keep everything: drop 25% and keep rows where they ran
+            "$BIN/lrmoe-score" --drop 25 "$T/f.lrm" | "$BIN/lrmoe-pack" --alloc forward > "$T/p.lrm"
+        fi
+        run $REF check-pack "$T/p.lrm" --alloc $([ $pl = lrmoe ] && echo plan || echo forward)
+        assert_success
+        for mode in masked compact full; do
+            "$BIN/lrmoe-exec" --phase backward --mode $mode --weights "$T/w.lrm" \
+                "$T/p.lrm" > "$T/b_$mode.lrm"
+        done
+        run $REF compare "$T/b_masked.lrm" "$T/b_compact.lrm" --rtol 1e-5
+        assert_success
+        # and the drop is real: compact is not the full backward
+        run $REF compare "$T/b_full.lrm" "$T/b_compact.lrm" --differ
+        assert_success
+    done
+}
+
+@test "pipeline: the README LRMoE pipeline runs end to end" {
+    [ -x "$BIN/lrmoe-plan" ] && [ -x "$BIN/lrmoe-exec" ] || skip "lrmoe-plan or lrmoe-exec not built"
+    for rates in "" "-R 0.8"; do
+        "$BIN/lrmoe-gen" --tokens 192 --experts 16 --topk 4 --hidden 48 --ffn 32 \
+            --skew zipf:1.2 --seed 5 --weights "$T/w.lrm" |
+            "$BIN/lrmoe-route" -k 4 -n | "$BIN/lrmoe-plan" --planner lrmoe -P 4 $rates |
+            "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" | "$BIN/lrmoe-score" |
+            "$BIN/lrmoe-pack" | "$BIN/lrmoe-exec" --phase backward --mode compact \
+            --weights "$T/w.lrm" > "$T/out.lrm"
+        run python3 - "$T/out.lrm" "$BATS_TEST_DIRNAME/helpers" <<'PY'
+import sys, numpy as np
+sys.path.insert(0, sys.argv[2])
+from lrmoe_stream import read_stream
+(t, a), = read_stream(sys.argv[1])
+need = ["grad_hidden", "grad_w_gate", "grad_w_up", "grad_w_down", "pack_pair", "keep"]
+assert all(n in t for n in need), [n for n in need if n not in t]
+assert a["exec.backward.mode"] == "compact"
+assert int(a["pack.rows"]) == int(t["keep"].sum()) == int(t["quota"].sum())
+assert abs(float(a["plan.rho"]) - t["keep"].mean()) < 1e-6
+assert np.isfinite(t["grad_hidden"]).all()
+print("ok", a["plan.rho"])
+PY
+        assert_success
+        assert_output --partial "ok"
+    done
+}
