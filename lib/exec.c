@@ -1,0 +1,190 @@
+/* lrmoe-exec: backend selection and the backend-independent helpers
+ * (pair assignment, rank ownership, timings). See exec.h. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "exec.h"
+
+/* The CUDA entry points are linked only when the build has CUDA and the CUDA
+ * backend exists (kernels/exec_cuda.cu). */
+#if defined(LRMOE_HAVE_CUDA) && defined(__has_include)
+#if __has_include("../kernels/exec_cuda.cu")
+#define LRMOE_EXEC_CUDA 1
+#endif
+#endif
+
+int lrmoe_backend_parse(const char *s, lrmoe_backend_t *b)
+{
+    if (!strcmp(s, "cpu")) { *b = LRMOE_BACKEND_CPU; return 0; }
+    if (!strcmp(s, "cuda")) { *b = LRMOE_BACKEND_CUDA; return 0; }
+    return lrmoe_err("unknown backend '%s' (cpu, cuda)", s);
+}
+
+const char *lrmoe_backend_name(lrmoe_backend_t b)
+{
+    return b == LRMOE_BACKEND_CUDA ? "cuda" : "cpu";
+}
+
+int lrmoe_exec_mode_parse(const char *s, lrmoe_exec_mode_t *m)
+{
+    if (!strcmp(s, "full")) { *m = LRMOE_MODE_FULL; return 0; }
+    if (!strcmp(s, "masked")) { *m = LRMOE_MODE_MASKED; return 0; }
+    if (!strcmp(s, "compact")) { *m = LRMOE_MODE_COMPACT; return 0; }
+    return lrmoe_err("unknown mode '%s' (full, masked, compact)", s);
+}
+
+const char *lrmoe_exec_mode_name(lrmoe_exec_mode_t m)
+{
+    switch (m) {
+    case LRMOE_MODE_MASKED: return "masked";
+    case LRMOE_MODE_COMPACT: return "compact";
+    default: return "full";
+    }
+}
+
+const char *lrmoe_exec_stage_name(int s)
+{
+    static const char *n[LRMOE_NSTAGES] = {
+        "weights", "dispatch", "gemm", "act", "combine", "gradred"};
+    return s >= 0 && s < LRMOE_NSTAGES ? n[s] : "?";
+}
+
+void lrmoe_exec_cfg_default(lrmoe_exec_cfg_t *c)
+{
+    memset(c, 0, sizeof *c);
+    c->backend = LRMOE_BACKEND_CPU;
+}
+
+int lrmoe_exec_native(int64_t e, int64_t E, int P)
+{
+    return (int)(((e + 1) * P - 1) / E);
+}
+
+int lrmoe_exec_token_owner(int64_t t, int64_t T, int P)
+{
+    return (int)(((t + 1) * P - 1) / T);
+}
+
+int lrmoe_exec_assign(int64_t T, int64_t K, int64_t E, int P,
+                      const int32_t *topk_ids, const int64_t *fwd_alloc,
+                      const uint8_t *placement, int32_t *pair_rank)
+{
+    int64_t n = T * K;
+    for (int64_t u = 0; u < n; u++)
+        if (topk_ids[u] < 0 || topk_ids[u] >= E)
+            return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
+                             (long long)(u / K), (long long)(u % K), topk_ids[u],
+                             (long long)E);
+    if (!fwd_alloc) {
+        for (int64_t u = 0; u < n; u++)
+            pair_rank[u] = lrmoe_exec_native(topk_ids[u], E, P);
+        return 0;
+    }
+    int64_t *load = calloc((size_t)E, sizeof *load);
+    int64_t *left = malloc((size_t)(E * P) * sizeof *left);
+    int *cur = malloc((size_t)E * sizeof *cur);
+    if (!load || !left || !cur) {
+        free(load); free(left); free(cur);
+        return lrmoe_err("assign: out of memory");
+    }
+    int rc = 0;
+    for (int64_t u = 0; u < n; u++) load[topk_ids[u]]++;
+    for (int64_t e = 0; e < E && !rc; e++) {
+        int64_t s = 0;
+        for (int p = 0; p < P; p++) {
+            int64_t a = fwd_alloc[e * P + p];
+            if (a < 0) {
+                rc = lrmoe_err("fwd_alloc[%lld,%d]: negative (%lld)", (long long)e, p,
+                               (long long)a);
+                break;
+            }
+            if (a > 0 && placement && !placement[e * P + p]) {
+                rc = lrmoe_err("fwd_alloc[%lld,%d]: %lld pairs on a rank without an "
+                               "instance of the expert (placement is 0)", (long long)e, p,
+                               (long long)a);
+                break;
+            }
+            left[e * P + p] = a;
+            s += a;
+        }
+        if (!rc && s != load[e])
+            rc = lrmoe_err("fwd_alloc row %lld sums to %lld but expert %lld has %lld pairs",
+                           (long long)e, (long long)s, (long long)e, (long long)load[e]);
+        cur[e] = lrmoe_exec_native(e, E, P); /* native first */
+    }
+    /* order of ranks for expert e: native, then 0,1,..,P-1 skipping native */
+    for (int64_t u = 0; u < n && !rc; u++) {
+        int64_t e = topk_ids[u];
+        int nat = lrmoe_exec_native(e, E, P);
+        while (left[e * P + cur[e]] == 0) {
+            int c = cur[e];
+            int next = (c == nat) ? 0 : c + 1;
+            if (next == nat) next++;
+            cur[e] = next; /* never runs past P: the row sum equals load[e] */
+        }
+        pair_rank[u] = cur[e];
+        left[e * P + cur[e]]--;
+    }
+    free(load); free(left); free(cur);
+    return rc;
+}
+
+int lrmoe_exec_critical(int P, const double *timings)
+{
+    int best = 0;
+    double bt = -1;
+    for (int r = 0; r < P; r++) {
+        double s = 0;
+        for (int k = 0; k < LRMOE_NSTAGES; k++) s += timings[r * LRMOE_NSTAGES + k];
+        if (s > bt) { bt = s; best = r; }
+    }
+    return best;
+}
+
+int lrmoe_exec_check_finite(lrmoe_dtype_t dt, const void *x, size_t n, const char *name)
+{
+    size_t bad = (size_t)-1;
+    if (dt == LRMOE_F32) {
+        const float *f = x;
+        for (size_t i = 0; i < n; i++) if (!isfinite(f[i])) { bad = i; break; }
+    } else if (dt == LRMOE_BF16 || dt == LRMOE_F16) {
+        const uint16_t *h = x;
+        uint16_t m = dt == LRMOE_BF16 ? 0x7f80 : 0x7c00;
+        for (size_t i = 0; i < n; i++) if ((h[i] & m) == m) { bad = i; break; }
+    } else if (dt == LRMOE_F64) {
+        const double *f = x;
+        for (size_t i = 0; i < n; i++) if (!isfinite(f[i])) { bad = i; break; }
+    }
+    if (bad != (size_t)-1)
+        return lrmoe_err("%s: non-finite value at flat index %zu (use --allow-nonfinite)",
+                         name, bad);
+    return 0;
+}
+
+int lrmoe_exec_forward(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                       const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                       lrmoe_exec_fwd_t *a, double *timings)
+{
+    if (cfg->backend == LRMOE_BACKEND_CUDA) {
+#ifdef LRMOE_EXEC_CUDA
+        return lrmoe_exec_forward_cuda(cfg, d, w, plan, a, timings);
+#else
+        return lrmoe_err("backend cuda: this build has no CUDA support (nvcc and kernels/exec_cuda.cu)");
+#endif
+    }
+    return lrmoe_exec_forward_cpu(cfg, d, w, plan, a, timings);
+}
+
+int lrmoe_exec_backward(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                        const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                        lrmoe_exec_bwd_t *a, double *timings)
+{
+    if (cfg->backend == LRMOE_BACKEND_CUDA) {
+#ifdef LRMOE_EXEC_CUDA
+        return lrmoe_exec_backward_cuda(cfg, d, w, plan, a, timings);
+#else
+        return lrmoe_err("backend cuda: this build has no CUDA support (nvcc and kernels/exec_cuda.cu)");
+#endif
+    }
+    return lrmoe_exec_backward_cpu(cfg, d, w, plan, a, timings);
+}

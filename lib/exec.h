@@ -1,0 +1,229 @@
+/* Expert-parallel execution of one MoE layer invocation (lrmoe-exec).
+ *
+ * One forward and one backward call run the whole layer for P expert-parallel
+ * ranks held by one process (the "single controller" view: every array below
+ * is the global array; rank r only ever touches its own part of it, and data
+ * crosses ranks only through lib/comm.h).
+ *
+ *   rank r owns token rows  [floor(r*T/P), floor((r+1)*T/P))   (lrmoe_exec_token_owner)
+ *   rank r owns experts     [floor(r*E/P), floor((r+1)*E/P))   (lrmoe_exec_native)
+ *   pair u = t*K + k, expert topk_ids[u], weight alpha_u = topk_weights[u]
+ *
+ * T need not be divisible by P (nor E by P): the floor split above gives every
+ * rank floor(T/P) or ceil(T/P) rows; a rank may own zero rows when T < P.
+ *
+ * SwiGLU expert e (weights w_gate[e], w_up[e] are (F,D), w_down[e] is (D,F)):
+ *   h_g = x W_gate^T, h_u = x W_up^T, phi = silu(h_g) * h_u, y = phi W_down^T,
+ *   out_t = sum_k alpha_tk y_tk.
+ * Compute is F32 (OpenBLAS sgemm on the CPU, cuBLAS on CUDA); storage of the
+ * activations (hidden, output, saved state, pair_out) and of the weights is
+ * BF16 or F32 independently ("act dtype" and "weight dtype").
+ *
+ * The layout and semantics here are the stable contract shared by the CPU
+ * backend (lib/exec_cpu.c), the CUDA backend (kernels/, entry points
+ * lrmoe_exec_forward_cuda/lrmoe_exec_backward_cuda with the same arguments)
+ * and the benchmarks. All arrays are dense, row-major, caller-allocated.
+ * Nothing here prints or exits: calls return 0, or -1 with lrmoe_err set.
+ */
+#ifndef LRMOE_EXEC_H
+#define LRMOE_EXEC_H
+
+#include <stdint.h>
+#include "lrmoe.h"
+
+typedef enum {
+    LRMOE_BACKEND_CPU = 0,
+    LRMOE_BACKEND_CUDA = 1
+} lrmoe_backend_t;
+
+/* "cpu"/"cuda" -> 0; name for printing. */
+int lrmoe_backend_parse(const char *s, lrmoe_backend_t *b);
+const char *lrmoe_backend_name(lrmoe_backend_t b);
+
+typedef enum {
+    LRMOE_MODE_FULL = 0,    /* every pair */
+    LRMOE_MODE_MASKED = 1,  /* full-size buffers, rows with keep==0 zeroed */
+    LRMOE_MODE_COMPACT = 2  /* only the packed retained rows (lrmoe-pack) */
+} lrmoe_exec_mode_t;
+int lrmoe_exec_mode_parse(const char *s, lrmoe_exec_mode_t *m);
+const char *lrmoe_exec_mode_name(lrmoe_exec_mode_t m);
+
+/* Timing stages, per rank, seconds of a monotonic clock. */
+enum {
+    LRMOE_STAGE_WEIGHTS = 0,  /* point-to-point weight copies to replicas/helpers
+                                 (and, on the CPU, their F32 conversion) */
+    LRMOE_STAGE_DISPATCH,     /* send-buffer build, all-to-all, receive permute
+                                 (rows converted to F32 there) */
+    LRMOE_STAGE_GEMM,         /* expert GEMMs, incl. F32 conversion of weights
+                                 and of saved state */
+    LRMOE_STAGE_ACT,          /* SwiGLU forward / backward elementwise */
+    LRMOE_STAGE_COMBINE,      /* reverse all-to-all, combine / scatter-add, router grad */
+    LRMOE_STAGE_GRADRED,      /* weight-gradient p2p to the owner and sum */
+    LRMOE_NSTAGES
+};
+const char *lrmoe_exec_stage_name(int stage); /* "weights","dispatch","gemm",... */
+
+typedef struct {
+    int64_t T, E, K, D, F;
+    int P;
+} lrmoe_exec_dims_t;
+
+typedef struct {
+    lrmoe_backend_t backend;
+    int threads;          /* BLAS threads (CPU); <=0: leave the library default */
+    int allow_nonfinite;  /* 0: NaN/Inf in inputs is an error */
+    int device;           /* CUDA: first device id (rank r uses device+r mod count) */
+    int rank_threads;     /* CPU: ranks computed concurrently (<=1: one at a time,
+                             each with `threads` BLAS threads; N > 1: N ranks at a
+                             time, each with max(1, threads/N) BLAS threads) */
+    int cpu_clock;        /* CPU: time the stages with the CPU time of the thread
+                             running each rank (CLOCK_THREAD_CPUTIME_ID) instead of
+                             the monotonic clock: robust on a shared machine, exact
+                             only with one BLAS thread per rank */
+} lrmoe_exec_cfg_t;
+void lrmoe_exec_cfg_default(lrmoe_exec_cfg_t *c);
+
+/* Weights of all E experts (the full logical copy; rank r reads only its
+ * native experts directly, every other instance receives them by p2p). */
+typedef struct {
+    lrmoe_dtype_t dtype;   /* BF16 or F32 */
+    const void *w_gate;    /* (E,F,D) */
+    const void *w_up;      /* (E,F,D) */
+    const void *w_down;    /* (E,D,F) */
+    /* Optional F32 copies of the same BF16 weights, made once by the caller
+     * (NULL: converted per call). The CPU backend computes native experts
+     * from them; point-to-point copies still move the storage dtype. */
+    const float *w_gate_f32, *w_up_f32, *w_down_f32;
+} lrmoe_exec_weights_t;
+
+/* The plan (lrmoe-plan). Both pointers NULL means plain EP ("fixed"): each
+ * expert runs only on its native rank. */
+typedef struct {
+    const uint8_t *placement;  /* (E,P) 1 where rank p holds an instance of e */
+    const int64_t *fwd_alloc;  /* (E,P) pairs of e run on p; row sums = n_e */
+} lrmoe_exec_plan_t;
+
+/* ---------------------------------------------------------------- forward */
+
+typedef struct {
+    /* inputs */
+    lrmoe_dtype_t act_dtype;     /* BF16 or F32: hidden, output, saved_*, pair_out */
+    const void *hidden;          /* (T,D) act_dtype */
+    const int32_t *topk_ids;     /* (T,K) */
+    const float *topk_weights;   /* (T,K) alpha */
+    /* outputs (caller-allocated; any of the optional ones may be NULL) */
+    void *output;                /* (T,D) act_dtype, required */
+    int32_t *pair_rank;          /* (T,K) rank each pair ran on, required */
+    float *phi_sqnorm;           /* (T,K) ||phi_u||^2 from the F32 phi, optional */
+    void *saved_gate;            /* (T,K,F) act_dtype h_g of each pair, optional */
+    void *saved_up;              /* (T,K,F) act_dtype h_u of each pair, optional */
+    void *pair_out;              /* (T,K,D) act_dtype y_u of each pair, optional */
+} lrmoe_exec_fwd_t;
+
+/* ---------------------------------------------------------------- backward */
+
+/* full/masked: each pair's backward runs on the rank that ran its forward
+ * (pair_rank), where its saved state lives: the gradient rows dy_u =
+ * alpha_u g_t (F32) travel token owner -> pair_rank by all-to-all, the dx
+ * rows come back by the reverse all-to-all and are summed per token. masked
+ * zeroes the dy rows with keep_u == 0 but keeps the full-size GEMMs.
+ *
+ * compact: the rows are the packed ones of lrmoe-pack (R rows, destination-
+ * major then expert-major, u ascending inside a segment; segment (p,e) is rows
+ * [pack_offsets[p*E+e], +pack_counts[p*E+e]) and runs on rank p). Only those
+ * rows cross the all-to-all (pack_grad rows from the token owner of
+ * pack_pair/K to p) and every expert GEMM has exactly its retained row count.
+ * The saved state is taken from pack_hidden/pack_gate/pack_up (already
+ * gathered at the destination by lrmoe-pack).
+ *
+ * All modes: grad_hidden is zeroed then scatter-added; weight gradients of
+ * replicas/helpers are sent (p2p) to the native rank and summed there;
+ * grad_topk_weights[u] = g_t . y_u over ALL pairs (from pair_out). */
+typedef struct {
+    lrmoe_exec_mode_t mode;
+    lrmoe_dtype_t act_dtype;     /* dtype of hidden, saved_*, pair_out, pack_hidden/gate/up */
+    lrmoe_dtype_t grad_dtype;    /* dtype of grad_output: BF16 or F32 */
+    const int32_t *topk_ids;     /* (T,K) */
+    const float *topk_weights;   /* (T,K) */
+    const void *grad_output;     /* (T,D) g */
+    const void *pair_out;        /* (T,K,D) y_u, for grad_topk_weights */
+    /* full / masked */
+    const void *hidden;          /* (T,D) */
+    const int32_t *pair_rank;    /* (T,K) forward rank of each pair */
+    const void *saved_gate;      /* (T,K,F) h_g */
+    const void *saved_up;        /* (T,K,F) h_u */
+    const uint8_t *keep;         /* (T,K) masked only (0 drop, else keep) */
+    /* compact (lrmoe-pack) */
+    int64_t R;                   /* packed rows */
+    const int64_t *pack_pair;    /* (R) pair index u */
+    const int32_t *pack_rank;    /* (R) destination rank (checked against counts) */
+    const int64_t *pack_counts;  /* (P,E) */
+    const int64_t *pack_offsets; /* (P,E) exclusive prefix sum, row-major */
+    const float *pack_grad;      /* (R,D) alpha_u g_t */
+    const void *pack_hidden;     /* (R,D) x_t */
+    const void *pack_gate;       /* (R,F) h_g */
+    const void *pack_up;         /* (R,F) h_u */
+    /* outputs (F32, caller-allocated, all required) */
+    float *grad_hidden;          /* (T,D) */
+    float *grad_w_gate;          /* (E,F,D) */
+    float *grad_w_up;            /* (E,F,D) */
+    float *grad_w_down;          /* (E,D,F) */
+    float *grad_topk_weights;    /* (T,K) */
+} lrmoe_exec_bwd_t;
+
+/* ---------------------------------------------------------------- entry points */
+
+/* timings: NULL or (P, LRMOE_NSTAGES) seconds, overwritten. */
+int lrmoe_exec_forward(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                       const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                       lrmoe_exec_fwd_t *a, double *timings);
+int lrmoe_exec_backward(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                        const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                        lrmoe_exec_bwd_t *a, double *timings);
+
+/* Backend implementations behind the two entry points (same arguments).
+ * lib/exec.c routes backend CUDA to the _cuda pair only when the build
+ * defines LRMOE_HAVE_CUDA and kernels/exec_cuda.cu exists (the CUDA backend
+ * then must define both functions there); otherwise
+ * backend CUDA fails with "this build has no CUDA support". */
+int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                           const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                           lrmoe_exec_fwd_t *a, double *timings);
+int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                            lrmoe_exec_bwd_t *a, double *timings);
+#ifdef LRMOE_HAVE_CUDA
+int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                            lrmoe_exec_fwd_t *a, double *timings);
+int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                             lrmoe_exec_bwd_t *a, double *timings);
+#endif
+
+/* ---------------------------------------------------------------- helpers */
+
+/* Native rank of expert e: the r with floor(r*E/P) <= e < floor((r+1)*E/P). */
+int lrmoe_exec_native(int64_t e, int64_t E, int P);
+/* Rank owning token row t (same floor split over T). */
+int lrmoe_exec_token_owner(int64_t t, int64_t T, int P);
+
+/* Assign every pair to its forward rank (pure, deterministic):
+ * within expert e, take its pairs in ascending u = t*K+k; the first
+ * fwd_alloc[e, native(e)] go to the native rank, then the other ranks in
+ * ascending rank order take fwd_alloc[e,p] each. fwd_alloc NULL = plain EP
+ * (all on the native rank). Errors if a row of fwd_alloc is negative or does
+ * not sum to n_e, if topk_ids is out of [0,E), or (placement non-NULL) if a
+ * rank gets pairs of an expert it holds no instance of.
+ *   topk_ids (T,K), fwd_alloc (E,P), placement (E,P) or NULL, pair_rank (T,K) out. */
+int lrmoe_exec_assign(int64_t T, int64_t K, int64_t E, int P,
+                      const int32_t *topk_ids, const int64_t *fwd_alloc,
+                      const uint8_t *placement, int32_t *pair_rank);
+
+/* The critical rank: largest total over stages; timings is (P, LRMOE_NSTAGES). */
+int lrmoe_exec_critical(int P, const double *timings);
+
+/* 0 if all n values are finite, else -1 "NAME: non-finite value at index I". */
+int lrmoe_exec_check_finite(lrmoe_dtype_t dt, const void *x, size_t n, const char *name);
+
+#endif

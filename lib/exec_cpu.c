@@ -1,0 +1,1010 @@
+/* lrmoe-exec, CPU backend: P expert-parallel ranks simulated in one process.
+ *
+ * Ranks run one after another (each timed on its own, as if it were alone on
+ * its device); BLAS threads come from cfg->threads. Data crosses ranks only
+ * through lib/comm.h (all-to-all-v for token rows, p2p for weights and weight
+ * gradients), in the deterministic order a real EP step uses:
+ *
+ *   rows ("layout"): every row i belongs to a destination rank d (rows of d
+ *   are [base[d], base[d+1])), ordered expert-major, pair u ascending inside
+ *   an expert segment. Its source is the rank owning token u/K.
+ *   send buffer of source s: destinations ascending, rows in layout order.
+ *   receive buffer of d: sources ascending (that is what an all-to-all-v
+ *   delivers), then permuted into layout order (expert-major) for the GEMMs.
+ *   The reverse all-to-all mirrors it: d sends in its receive layout and s
+ *   receives in its send layout.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "comm.h"
+#include "exec.h"
+#include "swiglu.h"
+
+void openblas_set_num_threads(int num_threads);
+
+/* The stage clock: monotonic wall time, or the calling thread's CPU time
+ * (cfg->cpu_clock). Set at the start of each call; one clock per process. */
+static int g_cpu_clock;
+
+static double thread_cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double now_(void)
+{
+    return g_cpu_clock ? thread_cpu_now() : lrmoe_now();
+}
+
+#define TIM(r, s) (tim[(size_t)(r) * LRMOE_NSTAGES + (s)])
+
+typedef struct {
+    int P;
+    int64_t T, K, E;
+    int64_t M;            /* rows */
+    const int64_t *u;     /* (M) pair of each row */
+    const int64_t *cnt;   /* (P,E) rows of expert e on rank d */
+    const int64_t *seg;   /* (P,E) first row of segment (d,e) */
+    int64_t *base;        /* (P+1) first row of rank d */
+    int32_t *owner;       /* (M) token owner of each row */
+    int64_t *counts;      /* (P,P) rows from source s to destination d, s-major */
+    int64_t *sdispls, *rdispls; /* (P,P) */
+    int64_t *sbase;       /* (P+1) first row of source s's send region */
+    int64_t *ubuf, *cbuf, *sbuf; /* owned storage for u/cnt/seg when built here */
+} layout_t;
+
+static void layout_free(layout_t *L)
+{
+    free(L->base); free(L->owner); free(L->counts); free(L->sdispls);
+    free(L->rdispls); free(L->sbase); free(L->ubuf); free(L->cbuf); free(L->sbuf);
+    memset(L, 0, sizeof *L);
+}
+
+/* Source-side bookkeeping shared by both constructors. */
+static int layout_finish(layout_t *L)
+{
+    int P = L->P;
+    L->base = malloc((size_t)(P + 1) * sizeof *L->base);
+    L->owner = malloc((size_t)(L->M ? L->M : 1) * sizeof *L->owner);
+    L->counts = calloc((size_t)P * P, sizeof *L->counts);
+    L->sdispls = malloc((size_t)P * P * sizeof *L->sdispls);
+    L->rdispls = malloc((size_t)P * P * sizeof *L->rdispls);
+    L->sbase = malloc((size_t)(P + 1) * sizeof *L->sbase);
+    if (!L->base || !L->owner || !L->counts || !L->sdispls || !L->rdispls || !L->sbase)
+        return lrmoe_err("exec: out of memory");
+    int64_t acc = 0;
+    for (int d = 0; d < P; d++) {
+        L->base[d] = acc;
+        for (int64_t e = 0; e < L->E; e++) acc += L->cnt[d * L->E + e];
+    }
+    L->base[P] = acc;
+    for (int d = 0; d < P; d++)
+        for (int64_t i = L->base[d]; i < L->base[d + 1]; i++) {
+            int s = lrmoe_exec_token_owner(L->u[i] / L->K, L->T, P);
+            L->owner[i] = s;
+            L->counts[(size_t)s * P + d]++;
+        }
+    lrmoe_comm_displs(P, L->counts, L->sdispls, L->rdispls);
+    acc = 0;
+    for (int s = 0; s < P; s++) {
+        L->sbase[s] = acc;
+        for (int d = 0; d < P; d++) acc += L->counts[(size_t)s * P + d];
+    }
+    L->sbase[P] = acc;
+    return 0;
+}
+
+/* Layout of all T*K pairs on their ranks pair_rank (forward, full, masked). */
+static int layout_pairs(layout_t *L, int P, int64_t T, int64_t K, int64_t E,
+                        const int32_t *topk, const int32_t *pair_rank)
+{
+    memset(L, 0, sizeof *L);
+    L->P = P; L->T = T; L->K = K; L->E = E; L->M = T * K;
+    L->ubuf = malloc((size_t)(L->M ? L->M : 1) * sizeof *L->ubuf);
+    L->cbuf = calloc((size_t)P * E, sizeof *L->cbuf);
+    L->sbuf = malloc((size_t)P * E * sizeof *L->sbuf);
+    if (!L->ubuf || !L->cbuf || !L->sbuf) return lrmoe_err("exec: out of memory");
+    for (int64_t u = 0; u < L->M; u++) {
+        if (pair_rank[u] < 0 || pair_rank[u] >= P)
+            return lrmoe_err("pair_rank[%lld,%lld]: rank %d out of range [0,%d)",
+                             (long long)(u / K), (long long)(u % K), pair_rank[u], P);
+        L->cbuf[(int64_t)pair_rank[u] * E + topk[u]]++;
+    }
+    int64_t acc = 0;
+    for (int64_t j = 0; j < P * E; j++) { L->sbuf[j] = acc; acc += L->cbuf[j]; }
+    int64_t *fill = malloc((size_t)P * E * sizeof *fill);
+    if (!fill) return lrmoe_err("exec: out of memory");
+    memcpy(fill, L->sbuf, (size_t)P * E * sizeof *fill);
+    for (int64_t u = 0; u < L->M; u++)
+        L->ubuf[fill[(int64_t)pair_rank[u] * E + topk[u]]++] = u;
+    free(fill);
+    L->u = L->ubuf; L->cnt = L->cbuf; L->seg = L->sbuf;
+    return layout_finish(L);
+}
+
+/* Layout of the packed rows of lrmoe-pack (compact), validated. */
+static int layout_packed(layout_t *L, int P, int64_t T, int64_t K, int64_t E,
+                         const int32_t *topk, const lrmoe_exec_bwd_t *a,
+                         const uint8_t *placement)
+{
+    memset(L, 0, sizeof *L);
+    L->P = P; L->T = T; L->K = K; L->E = E; L->M = a->R;
+    if (a->R < 0 || a->R > T * K)
+        return lrmoe_err("pack: %lld packed rows for %lld pairs", (long long)a->R,
+                         (long long)(T * K));
+    if (!a->pack_counts || !a->pack_offsets ||
+        (a->R && (!a->pack_pair || !a->pack_grad || !a->pack_hidden || !a->pack_gate ||
+                  !a->pack_up)))
+        return lrmoe_err("compact mode needs pack_pair, pack_counts, pack_offsets, "
+                         "pack_grad, pack_hidden, pack_gate and pack_up");
+    int64_t acc = 0;
+    for (int64_t j = 0; j < P * E; j++) {
+        int64_t c = a->pack_counts[j];
+        if (c < 0)
+            return lrmoe_err("pack_counts[%lld,%lld]: negative (%lld)", (long long)(j / E),
+                             (long long)(j % E), (long long)c);
+        if (a->pack_offsets[j] != acc)
+            return lrmoe_err("pack_offsets[%lld,%lld] is %lld, expected %lld (exclusive "
+                             "prefix sum of pack_counts)", (long long)(j / E),
+                             (long long)(j % E), (long long)a->pack_offsets[j],
+                             (long long)acc);
+        if (c > 0 && placement && !placement[(j % E) * P + j / E])
+            return lrmoe_err("pack_counts[%lld,%lld]: %lld rows on a rank without an "
+                             "instance of the expert", (long long)(j / E),
+                             (long long)(j % E), (long long)c);
+        acc += c;
+    }
+    if (acc != a->R)
+        return lrmoe_err("pack_counts sum to %lld but there are %lld packed rows",
+                         (long long)acc, (long long)a->R);
+    uint8_t *seen = calloc((size_t)(T * K > 0 ? T * K : 1), 1);
+    if (!seen) return lrmoe_err("exec: out of memory");
+    int rc = 0;
+    for (int64_t j = 0; j < P * E && !rc; j++) {
+        int64_t e = j % E, d = j / E;
+        for (int64_t i = a->pack_offsets[j]; i < a->pack_offsets[j] + a->pack_counts[j]; i++) {
+            int64_t u = a->pack_pair[i];
+            if (u < 0 || u >= T * K) {
+                rc = lrmoe_err("pack_pair[%lld]: pair %lld out of range [0,%lld)",
+                               (long long)i, (long long)u, (long long)(T * K));
+                break;
+            }
+            if (seen[u]) {
+                rc = lrmoe_err("pack_pair[%lld]: pair %lld packed twice", (long long)i,
+                               (long long)u);
+                break;
+            }
+            seen[u] = 1;
+            if (topk[u] != e) {
+                rc = lrmoe_err("pack_pair[%lld]: pair %lld is of expert %d but sits in the "
+                               "segment of expert %lld", (long long)i, (long long)u,
+                               topk[u], (long long)e);
+                break;
+            }
+            if (i > a->pack_offsets[j] && a->pack_pair[i - 1] >= u) {
+                rc = lrmoe_err("pack_pair[%lld]: pairs not ascending inside segment (%lld,%lld)",
+                               (long long)i, (long long)d, (long long)e);
+                break;
+            }
+            if (a->pack_rank && a->pack_rank[i] != d) {
+                rc = lrmoe_err("pack_rank[%lld] is %d but the row lies in rank %lld's segment",
+                               (long long)i, a->pack_rank[i], (long long)d);
+                break;
+            }
+        }
+    }
+    free(seen);
+    if (rc) return rc;
+    L->u = a->pack_pair; L->cnt = a->pack_counts; L->seg = a->pack_offsets;
+    return layout_finish(L);
+}
+
+/* Rows of the forward direction (token owner s -> destination d).
+ * fill(ctx, i, dst) writes row i (row_bytes) for source rank owner[i].
+ * After the all-to-all, rank d's rows are converted to F32 into out (M,width)
+ * in layout order. send/recv are scratch of M*row_bytes each. */
+typedef void (*fill_fn)(void *ctx, int64_t i, void *dst);
+
+static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
+                        lrmoe_dtype_t dt, int64_t width, fill_fn fill, void *ctx,
+                        char *send, char *recv, float *out, double *tim)
+{
+    int P = L->P;
+    int64_t *pos = malloc((size_t)P * sizeof *pos);
+    const void **sp = calloc((size_t)P, sizeof *sp);
+    void **rp = calloc((size_t)P, sizeof *rp);
+    double *sec = calloc((size_t)P, sizeof *sec);
+    if (!pos || !sp || !rp || !sec) {
+        free(pos); free(sp); free(rp); free(sec);
+        return lrmoe_err("exec: out of memory");
+    }
+    for (int s = 0; s < P; s++) {
+        double t0 = now_();
+        char *sb = send + (size_t)L->sbase[s] * row_bytes;
+        for (int d = 0; d < P; d++) {
+            int64_t k = L->sdispls[(size_t)s * P + d];
+            if (!L->counts[(size_t)s * P + d]) continue;
+            for (int64_t i = L->base[d]; i < L->base[d + 1]; i++)
+                if (L->owner[i] == s) fill(ctx, i, sb + (size_t)(k++) * row_bytes);
+        }
+        sp[s] = sb;
+        TIM(s, LRMOE_STAGE_DISPATCH) += now_() - t0;
+    }
+    for (int d = 0; d < P; d++) rp[d] = recv + (size_t)L->base[d] * row_bytes;
+    int rc = c->alltoallv(c, row_bytes, (const void *const *)sp, L->counts, L->sdispls,
+                          (void *const *)rp, L->rdispls, sec);
+    for (int d = 0; d < P && !rc; d++) {
+        double t0 = now_();
+        for (int s = 0; s < P; s++) pos[s] = L->rdispls[(size_t)d * P + s];
+        for (int64_t i = L->base[d]; i < L->base[d + 1]; i++) {
+            const char *src = (const char *)rp[d] + (size_t)(pos[L->owner[i]]++) * row_bytes;
+            if (dt == LRMOE_F32) memcpy(out + i * width, src, (size_t)width * sizeof(float));
+            else lrmoe_convert_to_f32(dt, src, out + i * width, (size_t)width);
+        }
+        TIM(d, LRMOE_STAGE_DISPATCH) += now_() - t0 + sec[d];
+    }
+    free(pos); free(sp); free(rp); free(sec);
+    return rc;
+}
+
+/* Reverse direction: rank d sends rows in (M,width) F32 `in` (layout order)
+ * stored as dt back to their token owners. On return, upos[u] (T*K, -1 when
+ * the pair has no row) is the row of pair u inside `recv` (M rows). */
+static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
+                        int64_t width, const float *in, char *send, char *recv,
+                        int64_t *upos, double *tim)
+{
+    int P = L->P;
+    size_t row_bytes = (size_t)width * lrmoe_dtype_size(dt);
+    int64_t *pos = malloc((size_t)P * sizeof *pos);
+    int64_t *cnt2 = malloc((size_t)P * P * sizeof *cnt2);
+    int64_t *sd2 = malloc((size_t)P * P * sizeof *sd2);
+    int64_t *rd2 = malloc((size_t)P * P * sizeof *rd2);
+    const void **sp = calloc((size_t)P, sizeof *sp);
+    void **rp = calloc((size_t)P, sizeof *rp);
+    double *sec = calloc((size_t)P, sizeof *sec);
+    int rc = 0;
+    if (!pos || !cnt2 || !sd2 || !rd2 || !sp || !rp || !sec) {
+        rc = lrmoe_err("exec: out of memory");
+        goto out;
+    }
+    for (int s = 0; s < P; s++)
+        for (int d = 0; d < P; d++) {
+            cnt2[(size_t)d * P + s] = L->counts[(size_t)s * P + d];
+            sd2[(size_t)d * P + s] = L->rdispls[(size_t)d * P + s];
+            rd2[(size_t)s * P + d] = L->sdispls[(size_t)s * P + d];
+        }
+    for (int d = 0; d < P; d++) {
+        double t0 = now_();
+        char *sb = send + (size_t)L->base[d] * row_bytes;
+        for (int s = 0; s < P; s++) pos[s] = L->rdispls[(size_t)d * P + s];
+        for (int64_t i = L->base[d]; i < L->base[d + 1]; i++) {
+            char *dst = sb + (size_t)(pos[L->owner[i]]++) * row_bytes;
+            if (dt == LRMOE_F32) memcpy(dst, in + i * width, row_bytes);
+            else lrmoe_convert_from_f32(dt, in + i * width, dst, (size_t)width);
+        }
+        sp[d] = sb;
+        TIM(d, LRMOE_STAGE_COMBINE) += now_() - t0;
+    }
+    for (int s = 0; s < P; s++) rp[s] = recv + (size_t)L->sbase[s] * row_bytes;
+    rc = c->alltoallv(c, row_bytes, (const void *const *)sp, cnt2, sd2,
+                      (void *const *)rp, rd2, sec);
+    for (int64_t u = 0; u < L->T * L->K; u++) upos[u] = -1;
+    for (int s = 0; s < P && !rc; s++) {
+        double t0 = now_();
+        for (int d = 0; d < P; d++) {
+            int64_t k = L->sbase[s] + L->sdispls[(size_t)s * P + d];
+            if (!L->counts[(size_t)s * P + d]) continue;
+            for (int64_t i = L->base[d]; i < L->base[d + 1]; i++)
+                if (L->owner[i] == s) upos[L->u[i]] = k++;
+        }
+        TIM(s, LRMOE_STAGE_COMBINE) += now_() - t0 + sec[s];
+    }
+out:
+    free(pos); free(cnt2); free(sd2); free(rd2); free(sp); free(rp); free(sec);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- weights */
+
+/* Expert weights of one instance in F32: the caller's F32 weights (or F32
+ * copies) for native experts, the replica buffer (converted to F32 when it
+ * arrives) for replicas/helpers, else converted into the scratch. */
+typedef struct {
+    float **rep;           /* (E) replica (3 matrices, F32) on the current rank */
+    float *scratch;        /* 3*F*D */
+    char *stage;           /* 3 matrices in storage dtype: p2p landing buffer */
+} wcache_t;
+
+static size_t wmat_bytes(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w)
+{
+    return (size_t)(d->F * d->D) * lrmoe_dtype_size(w->dtype);
+}
+
+/* Bring the replica/helper weights of rank r in by p2p (stage weights). */
+static int fetch_replicas(lrmoe_comm_t *c, const lrmoe_exec_dims_t *d,
+                          const lrmoe_exec_weights_t *w, const uint8_t *placement,
+                          const int64_t *cnt, int r, wcache_t *wc, double *tim)
+{
+    double t0 = now_();
+    size_t mb = wmat_bytes(d, w);
+    for (int64_t e = 0; e < d->E; e++) {
+        int nat = lrmoe_exec_native(e, d->E, d->P);
+        int need = nat != r && (cnt[r * d->E + e] > 0 || (placement && placement[e * d->P + r]));
+        if (!need) continue;
+        size_t n = (size_t)(d->F * d->D);
+        float *rep = malloc(3 * n * sizeof *rep);
+        if (!rep) return lrmoe_err("exec: out of memory (replica of expert %lld)", (long long)e);
+        wc->rep[e] = rep;
+        /* F32 storage lands directly in the replica; BF16 in the staging buffer */
+        char *buf = w->dtype == LRMOE_F32 ? (char *)rep : wc->stage;
+        if (c->p2p(c, nat, (const char *)w->w_gate + e * mb, r, buf, mb) < 0 ||
+            c->p2p(c, nat, (const char *)w->w_up + e * mb, r, buf + mb, mb) < 0 ||
+            c->p2p(c, nat, (const char *)w->w_down + e * mb, r, buf + 2 * mb, mb) < 0)
+            return -1;
+        if (w->dtype != LRMOE_F32) lrmoe_convert_to_f32(w->dtype, buf, rep, 3 * n);
+    }
+    TIM(r, LRMOE_STAGE_WEIGHTS) += now_() - t0;
+    return 0;
+}
+
+static void drop_replicas(int64_t E, wcache_t *wc)
+{
+    for (int64_t e = 0; e < E; e++) { free(wc->rep[e]); wc->rep[e] = NULL; }
+}
+
+/* F32 views of expert e's three matrices on the current rank. */
+static void expert_w(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
+                     wcache_t *wc, int64_t e, const float **wg, const float **wu,
+                     const float **wd)
+{
+    size_t mb = wmat_bytes(d, w), n = (size_t)(d->F * d->D);
+    if (wc->rep[e]) {
+        *wg = wc->rep[e]; *wu = wc->rep[e] + n; *wd = wc->rep[e] + 2 * n;
+        return;
+    }
+    if (w->dtype == LRMOE_F32) {
+        *wg = (const float *)w->w_gate + e * n; *wu = (const float *)w->w_up + e * n;
+        *wd = (const float *)w->w_down + e * n;
+        return;
+    }
+    if (w->w_gate_f32 && w->w_up_f32 && w->w_down_f32) {
+        *wg = w->w_gate_f32 + e * n; *wu = w->w_up_f32 + e * n; *wd = w->w_down_f32 + e * n;
+        return;
+    }
+    const char *g = (const char *)w->w_gate + e * mb, *u = (const char *)w->w_up + e * mb,
+               *dn = (const char *)w->w_down + e * mb;
+    lrmoe_convert_to_f32(w->dtype, g, wc->scratch, n);
+    lrmoe_convert_to_f32(w->dtype, u, wc->scratch + n, n);
+    lrmoe_convert_to_f32(w->dtype, dn, wc->scratch + 2 * n, n);
+    *wg = wc->scratch; *wu = wc->scratch + n; *wd = wc->scratch + 2 * n;
+}
+
+/* ---------------------------------------------------------------- checks */
+
+static int check_common(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w)
+{
+    if (d->P < 1) return lrmoe_err("ranks must be >= 1 (got %d)", d->P);
+    if (d->T < 0 || d->E < 1 || d->K < 1 || d->D < 1 || d->F < 1)
+        return lrmoe_err("bad dimensions T=%lld E=%lld K=%lld D=%lld F=%lld",
+                         (long long)d->T, (long long)d->E, (long long)d->K,
+                         (long long)d->D, (long long)d->F);
+    if (d->K > d->E) return lrmoe_err("K=%lld exceeds E=%lld", (long long)d->K, (long long)d->E);
+    if (d->P > d->E)
+        return lrmoe_err("%d ranks for %lld experts: every rank needs a native expert",
+                         d->P, (long long)d->E);
+    if (w->dtype != LRMOE_F32 && w->dtype != LRMOE_BF16)
+        return lrmoe_err("weights: dtype %s not supported (BF16 or F32)",
+                         lrmoe_dtype_name(w->dtype));
+    if (!w->w_gate || !w->w_up || !w->w_down) return lrmoe_err("weights: missing matrices");
+    return 0;
+}
+
+static int act_ok(lrmoe_dtype_t dt, const char *what)
+{
+    if (dt != LRMOE_F32 && dt != LRMOE_BF16)
+        return lrmoe_err("%s: dtype %s not supported (BF16 or F32)", what, lrmoe_dtype_name(dt));
+    return 0;
+}
+
+/* BLAS threads per rank: all of cfg->threads when ranks run one at a time,
+ * else cfg->threads split over the concurrent ranks (at least 1). */
+static void blas_threads(const lrmoe_exec_cfg_t *cfg)
+{
+    g_cpu_clock = cfg->cpu_clock;
+    if (cfg->rank_threads > 1) {
+        int t = cfg->threads > 0 ? cfg->threads / cfg->rank_threads : 1;
+        openblas_set_num_threads(t > 0 ? t : 1);
+    } else if (cfg->threads > 0) {
+        openblas_set_num_threads(cfg->threads);
+    }
+}
+
+/* ---------------------------------------------------------------- rank pool */
+
+/* What one rank's expert phase needs; shared by the workers (each rank only
+ * writes its own rows of tim, its own pairs' outputs and its own gradients). */
+typedef struct {
+    const lrmoe_exec_dims_t *d;
+    const lrmoe_exec_weights_t *w;
+    const uint8_t *placement;
+    lrmoe_comm_t *comm;
+    const layout_t *L;
+    double *tim;
+    int64_t maxn;
+    lrmoe_exec_fwd_t *fa;     /* forward */
+    float *X;                 /* forward: (M,D) x rows, y written over them */
+    lrmoe_exec_bwd_t *ba;     /* backward */
+    float *DY;                /* backward: (M,D) dy rows, dx written over them */
+    float **rgrad;            /* backward: (P*E) helper weight gradients */
+    /* pool state */
+    pthread_mutex_t mu;
+    int next, failed;
+    char err[1024];
+} job_t;
+
+/* Per-worker scratch. */
+typedef struct {
+    wcache_t wc;
+    float *Xs;                /* (maxn,D) */
+    float *s[6];              /* (maxn,F) each */
+    float *sq;                /* (maxn) */
+} worker_t;
+
+static void worker_free(worker_t *k, int64_t E)
+{
+    if (k->wc.rep) drop_replicas(E, &k->wc);
+    free(k->wc.rep); free(k->wc.scratch); free(k->wc.stage);
+    free(k->Xs); free(k->sq);
+    for (int i = 0; i < 6; i++) free(k->s[i]);
+    memset(k, 0, sizeof *k);
+}
+
+static int worker_init(worker_t *k, const job_t *J)
+{
+    const lrmoe_exec_dims_t *d = J->d;
+    memset(k, 0, sizeof *k);
+    size_t nf = (size_t)(J->maxn * d->F) * sizeof(float);
+    int ok = 1;
+    for (int i = 0; i < 6; i++) ok &= (k->s[i] = malloc(nf)) != NULL;
+    k->Xs = J->ba ? malloc((size_t)(J->maxn * d->D) * sizeof(float)) : NULL;
+    k->sq = malloc((size_t)J->maxn * sizeof(float));
+    k->wc.rep = calloc((size_t)d->E, sizeof *k->wc.rep);
+    if (J->w->dtype != LRMOE_F32) {
+        k->wc.scratch = malloc((size_t)(3 * d->F * d->D) * sizeof(float));
+        k->wc.stage = malloc(3 * wmat_bytes(d, J->w));
+        ok &= k->wc.scratch && k->wc.stage;
+    }
+    if (!ok || (J->ba && !k->Xs) || !k->sq || !k->wc.rep) {
+        worker_free(k, d->E);
+        return lrmoe_err("exec: out of memory (rank scratch: %lld rows, D=%lld, F=%lld)",
+                         (long long)J->maxn, (long long)d->D, (long long)d->F);
+    }
+    /* touch the scratch now so page faults do not land in the timed stages */
+    for (int i = 0; i < 6; i++) memset(k->s[i], 0, nf);
+    if (k->Xs) memset(k->Xs, 0, (size_t)(J->maxn * d->D) * sizeof(float));
+    return 0;
+}
+
+typedef int (*rank_fn)(job_t *J, worker_t *k, int r);
+
+typedef struct { job_t *J; rank_fn fn; } pool_arg_t;
+
+static void *pool_main(void *vp)
+{
+    pool_arg_t *pa = vp;
+    job_t *J = pa->J;
+    worker_t k;
+    int rc = worker_init(&k, J);
+    for (;;) {
+        pthread_mutex_lock(&J->mu);
+        if (rc < 0 && !J->failed) {
+            J->failed = 1;
+            snprintf(J->err, sizeof J->err, "%s", lrmoe_errmsg());
+        }
+        int r = J->failed ? J->d->P : J->next++;
+        pthread_mutex_unlock(&J->mu);
+        if (r >= J->d->P) break;
+        rc = pa->fn(J, &k, r);
+        drop_replicas(J->d->E, &k.wc);
+    }
+    if (k.s[0]) worker_free(&k, J->d->E);
+    return NULL;
+}
+
+/* Run fn for every rank: one at a time (nthreads <= 1) or on nthreads
+ * workers taking ranks in ascending order. */
+static int run_ranks(job_t *J, rank_fn fn, int nthreads)
+{
+    int P = J->d->P;
+    if (nthreads > P) nthreads = P;
+    if (nthreads <= 1) {
+        worker_t k;
+        if (worker_init(&k, J) < 0) return -1;
+        int rc = 0;
+        for (int r = 0; r < P && !rc; r++) {
+            rc = fn(J, &k, r);
+            drop_replicas(J->d->E, &k.wc);
+        }
+        worker_free(&k, J->d->E);
+        return rc;
+    }
+    pthread_t *th = malloc((size_t)nthreads * sizeof *th);
+    if (!th) return lrmoe_err("exec: out of memory");
+    pthread_mutex_init(&J->mu, NULL);
+    J->next = 0; J->failed = 0; J->err[0] = 0;
+    pool_arg_t pa = {J, fn};
+    int started = 0;
+    for (int i = 0; i < nthreads; i++) {
+        if (pthread_create(&th[i], NULL, pool_main, &pa) != 0) break;
+        started++;
+    }
+    if (!started) pool_main(&pa); /* no thread could start: run here */
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    free(th);
+    pthread_mutex_destroy(&J->mu);
+    if (J->failed) return lrmoe_err("%s", J->err);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+typedef struct {
+    const layout_t *L;
+    const char *src;       /* (T,D) storage rows */
+    size_t row_bytes;
+} fill_tok_t;
+
+static void fill_token_row(void *ctx, int64_t i, void *dst)
+{
+    fill_tok_t *f = ctx;
+    memcpy(dst, f->src + (size_t)(f->L->u[i] / f->L->K) * f->row_bytes, f->row_bytes);
+}
+
+/* Rank r's experts in forward: weights for replicas, then per expert
+ * segment h_g, h_u (GEMMs), SwiGLU and saved state, y (GEMM). */
+static int fwd_rank(job_t *J, worker_t *k, int r)
+{
+    const lrmoe_exec_dims_t *d = J->d;
+    const layout_t *L = J->L;
+    lrmoe_exec_fwd_t *a = J->fa;
+    const int64_t E = d->E, D = d->D, F = d->F;
+    const lrmoe_dtype_t adt = a->act_dtype;
+    const size_t as = lrmoe_dtype_size(adt);
+    double *tim = J->tim;
+    float *hg = k->s[0], *hu = k->s[1], *phi = k->s[2], *sq = k->sq;
+    if (fetch_replicas(J->comm, d, J->w, J->placement, L->cnt, r, &k->wc, tim) < 0) return -1;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t n = L->cnt[r * E + e], i0 = L->seg[r * E + e];
+        if (!n) continue;
+        double t0 = now_();
+        const float *wg, *wu, *wd;
+        expert_w(d, J->w, &k->wc, e, &wg, &wu, &wd);
+        float *x = J->X + i0 * D;
+        // x is (n,D), wg/wu are (F,D): h = x W^T is (n,F)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)D,
+                    1.0f, x, (int)D, wg, (int)D, 0.0f, hg, (int)F);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)D,
+                    1.0f, x, (int)D, wu, (int)D, 0.0f, hu, (int)F);
+        double t1 = now_();
+        lrmoe_swiglu_fwd(n, F, hg, hu, phi, sq);
+        for (int64_t j = 0; j < n; j++) {
+            int64_t u = L->u[i0 + j];
+            if (a->phi_sqnorm) a->phi_sqnorm[u] = sq[j];
+            if (a->saved_gate)
+                lrmoe_convert_from_f32(adt, hg + j * F, (char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F);
+            if (a->saved_up)
+                lrmoe_convert_from_f32(adt, hu + j * F, (char *)a->saved_up + (size_t)(u * F) * as, (size_t)F);
+        }
+        double t2 = now_();
+        // phi is (n,F), wd is (D,F): y = phi W_down^T is (n,D), written over x
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)D, (int)F,
+                    1.0f, phi, (int)F, wd, (int)F, 0.0f, x, (int)D);
+        double t3 = now_();
+        TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
+        TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+    }
+    return 0;
+}
+
+int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                           const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                           lrmoe_exec_fwd_t *a, double *timings)
+{
+    if (check_common(d, w) < 0 || act_ok(a->act_dtype, "hidden") < 0) return -1;
+    if (!a->hidden || !a->topk_ids || !a->topk_weights || !a->output || !a->pair_rank)
+        return lrmoe_err("forward: missing hidden, topk_ids, topk_weights, output or pair_rank");
+    const int64_t T = d->T, K = d->K, E = d->E, D = d->D, F = d->F;
+    const int P = d->P;
+    const lrmoe_dtype_t adt = a->act_dtype;
+    const size_t as = lrmoe_dtype_size(adt);
+    if (!cfg->allow_nonfinite &&
+        (lrmoe_exec_check_finite(adt, a->hidden, (size_t)(T * D), "hidden") < 0 ||
+         lrmoe_exec_check_finite(LRMOE_F32, a->topk_weights, (size_t)(T * K), "topk_weights") < 0))
+        return -1;
+    const uint8_t *placement = plan ? plan->placement : NULL;
+    if (lrmoe_exec_assign(T, K, E, P, a->topk_ids, plan ? plan->fwd_alloc : NULL,
+                          placement, a->pair_rank) < 0)
+        return -1;
+    blas_threads(cfg);
+
+    double *tim = timings, *tloc = NULL;
+    if (!tim) tim = tloc = calloc((size_t)P * LRMOE_NSTAGES, sizeof *tim);
+    else memset(tim, 0, (size_t)P * LRMOE_NSTAGES * sizeof *tim);
+    layout_t L;
+    lrmoe_comm_t comm;
+    char *bufA = NULL, *bufB = NULL;
+    float *X = NULL;
+    int64_t *upos = NULL;
+    int rc = -1;
+    memset(&L, 0, sizeof L);
+    if (!tim || lrmoe_comm_cpu_init_clock(&comm, P, now_) < 0) { free(tloc); return lrmoe_err("exec: out of memory"); }
+    if (layout_pairs(&L, P, T, K, E, a->topk_ids, a->pair_rank) < 0) goto out;
+
+    const int64_t M = L.M;
+    int64_t maxn = 1;
+    for (int64_t j = 0; j < P * E; j++) if (L.cnt[j] > maxn) maxn = L.cnt[j];
+    size_t rowb = (size_t)D * as;
+    bufA = malloc((size_t)(M ? M : 1) * rowb);
+    bufB = malloc((size_t)(M ? M : 1) * rowb);
+    X = malloc((size_t)(M ? M : 1) * D * sizeof *X);
+    upos = malloc((size_t)(M ? M : 1) * sizeof *upos);
+    if (!bufA || !bufB || !X || !upos) {
+        lrmoe_err("exec: out of memory (%lld pairs, D=%lld, F=%lld)", (long long)M,
+                  (long long)D, (long long)F);
+        goto out;
+    }
+    /* communication buffers are persistent in a real step: fault them in
+     * before the timed stages */
+    memset(bufA, 0, (size_t)M * rowb);
+    memset(bufB, 0, (size_t)M * rowb);
+    memset(X, 0, (size_t)(M * D) * sizeof *X);
+
+    /* dispatch: token rows (storage dtype) to the ranks running their pairs */
+    fill_tok_t ft = {&L, a->hidden, rowb};
+    if (exchange_fwd(&comm, &L, rowb, adt, D, fill_token_row, &ft, bufA, bufB, X, tim) < 0)
+        goto out;
+
+    /* experts, rank by rank (or ranks in parallel) */
+    job_t J;
+    memset(&J, 0, sizeof J);
+    J.d = d; J.w = w; J.placement = placement; J.comm = &comm; J.L = &L; J.tim = tim;
+    J.maxn = maxn; J.fa = a; J.X = X;
+    if (run_ranks(&J, fwd_rank, cfg->rank_threads) < 0) goto out;
+
+    /* combine: y rows back to the token owners, out_t = sum_k alpha_tk y_tk */
+    if (exchange_rev(&comm, &L, adt, D, X, bufB, bufA, upos, tim) < 0) goto out;
+    {
+        float *acc = malloc((size_t)D * 2 * sizeof *acc);
+        if (!acc) { lrmoe_err("exec: out of memory"); goto out; }
+        float *yrow = acc + D;
+        for (int s = 0; s < P; s++) {
+            double t0 = now_();
+            int64_t t_lo = (int64_t)s * T / P, t_hi = (int64_t)(s + 1) * T / P;
+            for (int64_t t = t_lo; t < t_hi; t++) {
+                memset(acc, 0, (size_t)D * sizeof *acc);
+                for (int64_t k = 0; k < K; k++) {
+                    int64_t u = t * K + k;
+                    const char *src = bufA + (size_t)upos[u] * rowb;
+                    if (a->pair_out) memcpy((char *)a->pair_out + (size_t)u * rowb, src, rowb);
+                    lrmoe_convert_to_f32(adt, src, yrow, (size_t)D);
+                    float al = a->topk_weights[u];
+                    for (int64_t j = 0; j < D; j++) acc[j] += al * yrow[j];
+                }
+                lrmoe_convert_from_f32(adt, acc, (char *)a->output + (size_t)t * rowb, (size_t)D);
+            }
+            TIM(s, LRMOE_STAGE_COMBINE) += now_() - t0;
+        }
+        free(acc);
+    }
+    rc = 0;
+out:
+    free(bufA); free(bufB); free(X); free(upos);
+    layout_free(&L);
+    lrmoe_comm_free(&comm);
+    free(tloc);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+typedef struct {
+    const layout_t *L;
+    const lrmoe_exec_bwd_t *a;
+    int64_t D;
+    size_t gs;             /* grad_output element size */
+    float *tmp;            /* (D) */
+} fill_grad_t;
+
+/* dy_u = alpha_u g_t (F32); masked: 0 where keep_u == 0 */
+static void fill_grad_row(void *ctx, int64_t i, void *dst)
+{
+    fill_grad_t *f = ctx;
+    int64_t u = f->L->u[i], t = u / f->L->K, D = f->D;
+    float *o = dst;
+    if (f->a->mode == LRMOE_MODE_MASKED && !f->a->keep[u]) {
+        memset(o, 0, (size_t)D * sizeof *o);
+        return;
+    }
+    lrmoe_convert_to_f32(f->a->grad_dtype, (const char *)f->a->grad_output + (size_t)(t * D) * f->gs,
+                         o, (size_t)D);
+    float al = f->a->topk_weights[u];
+    for (int64_t j = 0; j < D; j++) o[j] *= al;
+}
+
+/* compact: the packed row i of pack_grad */
+static void fill_pack_row(void *ctx, int64_t i, void *dst)
+{
+    fill_grad_t *f = ctx;
+    memcpy(dst, f->a->pack_grad + i * f->D, (size_t)f->D * sizeof(float));
+}
+
+/* Rank r's experts in backward: per expert segment dphi (GEMM), SwiGLU
+ * backward, the three weight-gradient GEMMs and dx (two GEMMs). Native
+ * experts write grad_w_* directly; helpers keep theirs in rgrad. */
+static int bwd_rank(job_t *J, worker_t *k, int r)
+{
+    const lrmoe_exec_dims_t *d = J->d;
+    const layout_t *L = J->L;
+    lrmoe_exec_bwd_t *a = J->ba;
+    const int64_t E = d->E, D = d->D, F = d->F, K = d->K;
+    const int P = d->P;
+    const lrmoe_dtype_t adt = a->act_dtype;
+    const size_t as = lrmoe_dtype_size(adt);
+    const int compact = a->mode == LRMOE_MODE_COMPACT;
+    const size_t FD = (size_t)(F * D);
+    double *tim = J->tim;
+    float *hg = k->s[0], *hu = k->s[1], *dphi = k->s[2], *dg = k->s[3], *du = k->s[4],
+          *phi = k->s[5], *Xs = k->Xs;
+    if (fetch_replicas(J->comm, d, J->w, J->placement, L->cnt, r, &k->wc, tim) < 0) return -1;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t n = L->cnt[r * E + e], i0 = L->seg[r * E + e];
+        int nat = lrmoe_exec_native(e, E, P);
+        double t0 = now_();
+        if (!n) {
+            if (nat == r) { /* no local pairs: the owner's share is zero */
+                memset(a->grad_w_gate + e * FD, 0, FD * sizeof(float));
+                memset(a->grad_w_up + e * FD, 0, FD * sizeof(float));
+                memset(a->grad_w_down + e * FD, 0, FD * sizeof(float));
+                TIM(r, LRMOE_STAGE_GEMM) += now_() - t0;
+            }
+            continue;
+        }
+        float *gwg, *gwu, *gwd;
+        if (nat == r) {
+            gwg = a->grad_w_gate + e * FD; gwu = a->grad_w_up + e * FD;
+            gwd = a->grad_w_down + e * FD;
+        } else {
+            float *b = J->rgrad[r * E + e]; /* allocated by the caller */
+            gwg = b; gwu = b + FD; gwd = b + 2 * FD;
+        }
+        const float *wg, *wu, *wd;
+        expert_w(d, J->w, &k->wc, e, &wg, &wu, &wd);
+        /* saved state of the segment: x, h_g, h_u (n rows) */
+        for (int64_t j = 0; j < n; j++) {
+            int64_t i = i0 + j, u = L->u[i];
+            const char *xs, *gs, *us;
+            if (compact) {
+                xs = (const char *)a->pack_hidden + (size_t)(i * D) * as;
+                gs = (const char *)a->pack_gate + (size_t)(i * F) * as;
+                us = (const char *)a->pack_up + (size_t)(i * F) * as;
+            } else {
+                xs = (const char *)a->hidden + (size_t)((u / K) * D) * as;
+                gs = (const char *)a->saved_gate + (size_t)(u * F) * as;
+                us = (const char *)a->saved_up + (size_t)(u * F) * as;
+            }
+            lrmoe_convert_to_f32(adt, xs, Xs + j * D, (size_t)D);
+            lrmoe_convert_to_f32(adt, gs, hg + j * F, (size_t)F);
+            lrmoe_convert_to_f32(adt, us, hu + j * F, (size_t)F);
+        }
+        float *dy = J->DY + i0 * D;
+        // dy is (n,D), wd is (D,F): dphi = dy W_down is (n,F)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)F, (int)D,
+                    1.0f, dy, (int)D, wd, (int)F, 0.0f, dphi, (int)F);
+        double t1 = now_();
+        lrmoe_swiglu_bwd(n, F, hg, hu, dphi, dg, du, phi);
+        double t2 = now_();
+        // grad W_down (D,F) = dy^T phi; grad W_gate/W_up (F,D) = dg^T x, du^T x
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)D, (int)F, (int)n,
+                    1.0f, dy, (int)D, phi, (int)F, 0.0f, gwd, (int)F);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)F, (int)D, (int)n,
+                    1.0f, dg, (int)F, Xs, (int)D, 0.0f, gwg, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)F, (int)D, (int)n,
+                    1.0f, du, (int)F, Xs, (int)D, 0.0f, gwu, (int)D);
+        // dx (n,D) = dg W_gate + du W_up, written over dy
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)D, (int)F,
+                    1.0f, dg, (int)F, wg, (int)D, 0.0f, dy, (int)D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)D, (int)F,
+                    1.0f, du, (int)F, wu, (int)D, 1.0f, dy, (int)D);
+        double t3 = now_();
+        TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
+        TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+    }
+    return 0;
+}
+
+int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                            lrmoe_exec_bwd_t *a, double *timings)
+{
+    if (check_common(d, w) < 0 || act_ok(a->act_dtype, "saved state") < 0 ||
+        act_ok(a->grad_dtype, "grad_output") < 0)
+        return -1;
+    const int64_t T = d->T, K = d->K, E = d->E, D = d->D, F = d->F;
+    const int P = d->P;
+    const lrmoe_dtype_t adt = a->act_dtype;
+    const size_t as = lrmoe_dtype_size(adt);
+    const int compact = a->mode == LRMOE_MODE_COMPACT;
+    if (!a->topk_ids || !a->topk_weights || !a->grad_output || !a->pair_out ||
+        !a->grad_hidden || !a->grad_w_gate || !a->grad_w_up || !a->grad_w_down ||
+        !a->grad_topk_weights)
+        return lrmoe_err("backward: missing topk_ids, topk_weights, grad_output, pair_out "
+                         "or an output array");
+    if (!compact && (!a->hidden || !a->pair_rank || !a->saved_gate || !a->saved_up))
+        return lrmoe_err("backward %s: needs hidden, pair_rank, saved_gate and saved_up",
+                         lrmoe_exec_mode_name(a->mode));
+    if (a->mode == LRMOE_MODE_MASKED && !a->keep)
+        return lrmoe_err("backward masked: needs keep");
+    for (int64_t u = 0; u < T * K; u++)
+        if (a->topk_ids[u] < 0 || a->topk_ids[u] >= E)
+            return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
+                             (long long)(u / K), (long long)(u % K), a->topk_ids[u],
+                             (long long)E);
+    if (!cfg->allow_nonfinite &&
+        (lrmoe_exec_check_finite(a->grad_dtype, a->grad_output, (size_t)(T * D), "grad_output") < 0 ||
+         lrmoe_exec_check_finite(LRMOE_F32, a->topk_weights, (size_t)(T * K), "topk_weights") < 0 ||
+         (compact && lrmoe_exec_check_finite(LRMOE_F32, a->pack_grad, (size_t)(a->R * D), "pack_grad") < 0) ||
+         (!compact && lrmoe_exec_check_finite(adt, a->hidden, (size_t)(T * D), "hidden") < 0)))
+        return -1;
+    const uint8_t *placement = plan ? plan->placement : NULL;
+    blas_threads(cfg);
+
+    double *tim = timings, *tloc = NULL;
+    if (!tim) tim = tloc = calloc((size_t)P * LRMOE_NSTAGES, sizeof *tim);
+    else memset(tim, 0, (size_t)P * LRMOE_NSTAGES * sizeof *tim);
+    layout_t L;
+    lrmoe_comm_t comm;
+    char *bufA = NULL, *bufB = NULL;
+    float *DY = NULL, *tmp = NULL;
+    float **rgrad = NULL;   /* (P*E) replica/helper weight gradients */
+    int64_t *upos = NULL;
+    int rc = -1;
+    memset(&L, 0, sizeof L);
+    if (!tim || lrmoe_comm_cpu_init_clock(&comm, P, now_) < 0) { free(tloc); return lrmoe_err("exec: out of memory"); }
+    if (compact) {
+        if (layout_packed(&L, P, T, K, E, a->topk_ids, a, placement) < 0) goto out;
+    } else {
+        if (layout_pairs(&L, P, T, K, E, a->topk_ids, a->pair_rank) < 0) goto out;
+        if (placement)
+            for (int64_t u = 0; u < T * K; u++)
+                if (!placement[(int64_t)a->topk_ids[u] * P + a->pair_rank[u]]) {
+                    lrmoe_err("pair_rank[%lld,%lld]: rank %d holds no instance of expert %d",
+                              (long long)(u / K), (long long)(u % K), a->pair_rank[u],
+                              a->topk_ids[u]);
+                    goto out;
+                }
+    }
+
+    const int64_t M = L.M;
+    int64_t maxn = 1;
+    for (int64_t j = 0; j < P * E; j++) if (L.cnt[j] > maxn) maxn = L.cnt[j];
+    size_t rowf = (size_t)D * sizeof(float);
+    size_t FD = (size_t)(F * D);
+    bufA = malloc((size_t)(M ? M : 1) * rowf);
+    bufB = malloc((size_t)(M ? M : 1) * rowf);
+    DY = malloc((size_t)(M ? M : 1) * rowf);
+    tmp = malloc(rowf);
+    rgrad = calloc((size_t)(P * E), sizeof *rgrad);
+    upos = malloc((size_t)(T * K > 0 ? T * K : 1) * sizeof *upos);
+    if (!bufA || !bufB || !DY || !tmp || !rgrad || !upos) {
+        lrmoe_err("exec: out of memory (%lld rows, D=%lld, F=%lld)", (long long)M,
+                  (long long)D, (long long)F);
+        goto out;
+    }
+    memset(bufA, 0, (size_t)M * rowf);
+    memset(bufB, 0, (size_t)M * rowf);
+    memset(DY, 0, (size_t)M * rowf);
+    /* helper weight-gradient buffers, allocated and faulted in up front */
+    for (int r = 0; r < P; r++)
+        for (int64_t e = 0; e < E; e++)
+            if (L.cnt[r * E + e] && lrmoe_exec_native(e, E, P) != r) {
+                float *b = malloc(3 * FD * sizeof(float));
+                if (!b) { lrmoe_err("exec: out of memory (helper gradients)"); goto out; }
+                memset(b, 0, 3 * FD * sizeof(float));
+                rgrad[r * E + e] = b;
+            }
+
+    /* dispatch: dy rows (F32) from the token owners to the ranks */
+    fill_grad_t fg = {&L, a, D, lrmoe_dtype_size(a->grad_dtype), tmp};
+    if (exchange_fwd(&comm, &L, rowf, LRMOE_F32, D, compact ? fill_pack_row : fill_grad_row,
+                     &fg, bufA, bufB, DY, tim) < 0)
+        goto out;
+
+    /* experts, rank by rank (or ranks in parallel) */
+    job_t J;
+    memset(&J, 0, sizeof J);
+    J.d = d; J.w = w; J.placement = placement; J.comm = &comm; J.L = &L; J.tim = tim;
+    J.maxn = maxn; J.ba = a; J.DY = DY; J.rgrad = rgrad;
+    if (run_ranks(&J, bwd_rank, cfg->rank_threads) < 0) goto out;
+
+    /* gradient reduction: helpers send their weight gradients to the owner,
+     * which adds them in ascending helper rank */
+    {
+        float *recvb = NULL;
+        for (int64_t e = 0; e < E; e++) {
+            int nat = lrmoe_exec_native(e, E, P);
+            for (int p = 0; p < P; p++) {
+                float *g = rgrad[p * E + e];
+                if (!g) continue;
+                if (!recvb && !(recvb = malloc(3 * FD * sizeof(float)))) {
+                    lrmoe_err("exec: out of memory"); goto out;
+                }
+                double t0 = now_();
+                if (comm.p2p(&comm, p, g, nat, recvb, 3 * FD * sizeof(float)) < 0) {
+                    free(recvb); goto out;
+                }
+                double t1 = now_();
+                float *og = a->grad_w_gate + e * FD, *ou = a->grad_w_up + e * FD,
+                      *od = a->grad_w_down + e * FD;
+                for (size_t j = 0; j < FD; j++) {
+                    og[j] += recvb[j]; ou[j] += recvb[FD + j]; od[j] += recvb[2 * FD + j];
+                }
+                double t2 = now_();
+                TIM(p, LRMOE_STAGE_GRADRED) += t1 - t0;
+                TIM(nat, LRMOE_STAGE_GRADRED) += t2 - t0;
+                free(g);
+                rgrad[p * E + e] = NULL;
+            }
+        }
+        free(recvb);
+    }
+
+    /* combine: dx rows back to the token owners; grad_hidden_t = sum_k dx_tk
+     * (ascending k); router gradient g_t . y_u over all pairs */
+    if (exchange_rev(&comm, &L, LRMOE_F32, D, DY, bufB, bufA, upos, tim) < 0) goto out;
+    {
+        size_t gs = lrmoe_dtype_size(a->grad_dtype);
+        float *yrow = malloc(rowf);
+        if (!yrow) { lrmoe_err("exec: out of memory"); goto out; }
+        for (int s = 0; s < P; s++) {
+            double t0 = now_();
+            int64_t t_lo = (int64_t)s * T / P, t_hi = (int64_t)(s + 1) * T / P;
+            for (int64_t t = t_lo; t < t_hi; t++) {
+                float *gh = a->grad_hidden + t * D;
+                memset(gh, 0, rowf);
+                lrmoe_convert_to_f32(a->grad_dtype, (const char *)a->grad_output + (size_t)(t * D) * gs,
+                                     tmp, (size_t)D);
+                for (int64_t k = 0; k < K; k++) {
+                    int64_t u = t * K + k;
+                    if (upos[u] >= 0) {
+                        const float *src = (const float *)(bufA + (size_t)upos[u] * rowf);
+                        for (int64_t j = 0; j < D; j++) gh[j] += src[j];
+                    }
+                    lrmoe_convert_to_f32(adt, (const char *)a->pair_out + (size_t)(u * D) * as,
+                                         yrow, (size_t)D);
+                    double dot = 0;
+                    for (int64_t j = 0; j < D; j++) dot += (double)tmp[j] * yrow[j];
+                    a->grad_topk_weights[u] = (float)dot;
+                }
+            }
+            TIM(s, LRMOE_STAGE_COMBINE) += now_() - t0;
+        }
+        free(yrow);
+    }
+    rc = 0;
+out:
+    if (rgrad) for (int64_t j = 0; j < P * E; j++) free(rgrad[j]);
+    free(rgrad);
+    free(bufA); free(bufB); free(DY); free(tmp); free(upos);
+    layout_free(&L);
+    lrmoe_comm_free(&comm);
+    free(tloc);
+    return rc;
+}

@@ -1,0 +1,26 @@
+/* SwiGLU elementwise references (CPU). The CUDA kernels in kernels/ mirror
+ * these signatures and are tested against them.
+ *
+ *   silu(g) = g * sigmoid(g),   phi = silu(g) * u
+ *   d phi / d u = silu(g)
+ *   d phi / d g = u * sigmoid(g) * (1 + g * (1 - sigmoid(g)))
+ */
+#ifndef LRMOE_SWIGLU_H
+#define LRMOE_SWIGLU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* phi = silu(g) * u for n rows of F; g, u, phi are (n,F).
+ * sqnorm: NULL or (n), ||phi_row||^2 accumulated in double, stored as float. */
+void lrmoe_swiglu_fwd(int64_t n, int64_t F, const float *g, const float *u,
+                      float *phi, float *sqnorm);
+
+/* Backward for n rows of F: from dphi (n,F) and the saved g, u (n,F):
+ *   dg = dphi * u * silu'(g), du = dphi * silu(g),
+ * phi (optional, NULL to skip) = silu(g) * u recomputed (for dW_down).
+ * All buffers are distinct (no aliasing). */
+void lrmoe_swiglu_bwd(int64_t n, int64_t F, const float *g, const float *u,
+                      const float *dphi, float *dg, float *du, float *phi);
+
+#endif

@@ -1,0 +1,320 @@
+#!/usr/bin/env bats
+# lrmoe-exec: forward/backward against a float64 NumPy reference
+# (tests/helpers/exec_ref.py), plan invariance, masked/compact equivalences,
+# bad input.
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+
+setup() {
+    BIN="$BATS_TEST_DIRNAME/../bin"
+    REF="$BATS_TEST_DIRNAME/helpers/exec_ref.py"
+    HELP="$BATS_TEST_DIRNAME/helpers"
+    D="$BATS_TEST_TMPDIR"
+    EXEC="$BIN/lrmoe-exec"
+    GRADS="grad_hidden grad_w_gate grad_w_up grad_w_down grad_topk_weights"
+}
+
+# a python snippet with lrmoe_stream imported
+pyedit() {
+    python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import *; import numpy as np; $1"
+}
+
+# exit 1, a one-line "lrmoe-exec: ..." error, and no trailer on stdout
+assert_fails_clean() {
+    assert_equal "$status" 1
+    assert_line --partial "lrmoe-exec: "
+}
+
+no_trailer() {
+    run pyedit "read_stream('$1')"
+    assert_failure
+}
+
+@test "exec: --help, --version, usage errors exit 2" {
+    run "$EXEC" --help
+    assert_success
+    assert_output --partial "--phase"
+    run "$EXEC" --version
+    assert_success
+    assert_output --regexp '^lrmoe-exec \(lrmoe\) [0-9]'
+    run "$EXEC" --weights x
+    assert_equal "$status" 2
+    assert_line --partial "lrmoe-exec: --phase: required"
+    run "$EXEC" --phase sideways --weights x
+    assert_equal "$status" 2
+    run "$EXEC" --phase forward
+    assert_equal "$status" 2
+    assert_line --partial "--weights: required"
+    run "$EXEC" --phase forward --mode masked --weights x
+    assert_equal "$status" 2
+    run "$EXEC" --phase backward --mode partial --weights x
+    assert_equal "$status" 2
+    run "$EXEC" --phase forward --weights x --ranks 0
+    assert_equal "$status" 2
+}
+
+@test "exec: forward and full backward match the float64 reference, P=1,2,4,8, T%P!=0, empty experts" {
+    # T=37 is not divisible by 2, 4 or 8; skewed routing, expert 7 never chosen
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 37 --E 8 --K 2 --D 16 --F 12 \
+        --skew 3 --zero-experts 1
+    for P in 1 2 4 8; do
+        run "$EXEC" --phase forward --weights "$D/w.lrm" --ranks "$P" --no-compress \
+            -o "$D/f$P.lrm" "$D/in.lrm"
+        assert_success
+        run python3 "$REF" check-fwd "$D/f$P.lrm" "$D/w.lrm" --P "$P" --tol 1e-5
+        assert_success
+        run "$EXEC" --phase backward --weights "$D/w.lrm" --no-compress -o "$D/b$P.lrm" "$D/f$P.lrm"
+        assert_success
+        run python3 "$REF" check-bwd "$D/b$P.lrm" "$D/w.lrm" --tol 1e-5
+        assert_success
+    done
+    # the rank split moves work only: P=8 equals P=1 closely
+    run python3 "$REF" compare "$D/b8.lrm" "$D/b1.lrm" output $GRADS --tol 1e-6
+    assert_success
+}
+
+@test "exec: the reference passes a finite-difference check, and exec matches it on that layer" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 6 --E 4 --K 2 --D 5 --F 3 --seed 11
+    run python3 "$REF" fd "$D/w.lrm" "$D/in.lrm"
+    assert_success
+    assert_output --partial "finite differences"
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --no-compress "$D/in.lrm" |
+        "$EXEC" --phase backward --weights "$D/w.lrm" --no-compress -o "$D/b.lrm"
+    run python3 "$REF" check-bwd "$D/b.lrm" "$D/w.lrm" --tol 1e-5
+    assert_success
+}
+
+@test "exec: BF16 storage, two layers matched by attribute layer" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 50 --E 8 --K 3 --D 32 --F 24 \
+        --dtype bf16 --layers 2 --skew 1
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 4 --no-compress -o "$D/f.lrm" "$D/in.lrm"
+    run python3 "$REF" check-fwd "$D/f.lrm" "$D/w.lrm" --tol 2e-2
+    assert_success
+    "$EXEC" --phase backward --weights "$D/w.lrm" --no-compress -o "$D/b.lrm" "$D/f.lrm"
+    run python3 "$REF" check-bwd "$D/b.lrm" "$D/w.lrm" --tol 2e-2
+    assert_success
+    # the weights of layer 1 differ from layer 0: swapping them must fail the check
+    pyedit "f=read_stream('$D/w.lrm', True); write_stream('$D/wswap.lrm', [(f[1][0], {'layer': 0}, f[1][2]), (f[0][0], {'layer': 1}, f[0][2])])"
+    run python3 "$REF" check-fwd "$D/f.lrm" "$D/wswap.lrm" --tol 2e-2
+    assert_failure
+}
+
+@test "exec: a plan with replicas and split experts moves work but not the math" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 45 --E 8 --K 2 --D 16 --F 12 --skew 3
+    python3 "$REF" plan "$D/in.lrm" "$D/pl.lrm" --P 4 --replicas --seed 4
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 4 --no-compress -o "$D/f0.lrm" "$D/in.lrm"
+    "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress -o "$D/f1.lrm" "$D/pl.lrm"
+    # pair_rank follows the assignment rule and per-rank counts equal fwd_alloc
+    run python3 "$REF" check-fwd "$D/f1.lrm" "$D/w.lrm" --P 4 --tol 1e-5
+    assert_success
+    run pyedit "a=read_stream('$D/f0.lrm')[0][0]['pair_rank']; b=read_stream('$D/f1.lrm')[0][0]['pair_rank']; assert (a!=b).any()"
+    assert_success
+    run python3 "$REF" compare "$D/f1.lrm" "$D/f0.lrm" output pair_out phi_sqnorm --tol 1e-6
+    assert_success
+    "$EXEC" --phase backward --weights "$D/w.lrm" --no-compress -o "$D/b0.lrm" "$D/f0.lrm"
+    "$EXEC" --phase backward --weights "$D/w.lrm" --no-compress -o "$D/b1.lrm" \
+        --timings "$D/t.tsv" "$D/f1.lrm"
+    run python3 "$REF" compare "$D/b1.lrm" "$D/b0.lrm" $GRADS --tol 1e-6
+    assert_success
+    # ranks computed concurrently (-j) give bit-identical results
+    "$EXEC" --phase forward -j 3 -@ 3 --weights "$D/w.lrm" --no-compress "$D/pl.lrm" |
+        "$EXEC" --phase backward -j 3 -@ 3 --weights "$D/w.lrm" --no-compress -o "$D/bj.lrm"
+    run python3 "$REF" compare "$D/bj.lrm" "$D/b1.lrm" output pair_out $GRADS --tol 0
+    assert_success
+    run python3 "$REF" check-bwd "$D/b1.lrm" "$D/w.lrm" --tol 1e-5
+    assert_success
+    # helpers did weight-gradient reduction: gradred time recorded on some helper
+    run awk -F'\t' 'NR>1 && $11>0 {n++} END {print n+0}' "$D/t.tsv"
+    assert [ "$output" -gt 0 ]
+}
+
+@test "exec: every lrmoe-plan planner gives the same outputs and gradients" {
+    [ -x "$BIN/lrmoe-plan" ] || skip "bin/lrmoe-plan not built"
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 64 --E 8 --K 2 --D 16 --F 12 --skew 4
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 4 --no-compress "$D/in.lrm" |
+        "$EXEC" --phase backward --weights "$D/w.lrm" --no-compress -o "$D/ref.lrm"
+    for pl in fixed llep eplb lrmoe; do
+        run sh -c "'$BIN/lrmoe-plan' --planner $pl --ranks 4 --rates 1.0 --min-chunk 4 --no-compress '$D/in.lrm' > '$D/p.lrm'"
+        assert_success
+        "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress "$D/p.lrm" |
+            "$EXEC" --phase backward --weights "$D/w.lrm" --no-compress -o "$D/$pl.lrm"
+        run python3 "$REF" compare "$D/$pl.lrm" "$D/ref.lrm" output $GRADS --tol 1e-6
+        assert_success
+    done
+}
+
+@test "exec: masked with all ones equals full exactly; masked equals the reference on retained pairs" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 40 --E 8 --K 2 --D 16 --F 12 --skew 2
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 4 --no-compress -o "$D/f.lrm" "$D/in.lrm"
+    python3 "$REF" keep "$D/f.lrm" "$D/k1.lrm" --ones
+    python3 "$REF" keep "$D/f.lrm" "$D/k.lrm" --rate 0.6
+    "$EXEC" --phase backward --weights "$D/w.lrm" --no-compress -o "$D/full.lrm" "$D/f.lrm"
+    "$EXEC" --phase backward --mode masked --weights "$D/w.lrm" --no-compress -o "$D/m1.lrm" "$D/k1.lrm"
+    run python3 "$REF" compare "$D/m1.lrm" "$D/full.lrm" $GRADS --tol 0
+    assert_success
+    "$EXEC" --phase backward --mode masked --weights "$D/w.lrm" --no-compress -o "$D/m.lrm" "$D/k.lrm"
+    run python3 "$REF" check-bwd "$D/m.lrm" "$D/w.lrm" --mode masked --tol 1e-5
+    assert_success
+    # and differs from full (the mask matters)
+    run python3 "$REF" compare "$D/m.lrm" "$D/full.lrm" grad_w_down --tol 1e-3
+    assert_failure
+    # masked without keep is an error
+    run "$EXEC" --phase backward --mode masked --weights "$D/w.lrm" --no-compress -o "$D/x.lrm" "$D/f.lrm"
+    assert_fails_clean
+    assert_output --partial "keep"
+}
+
+@test "exec: compact (packed here, rows on forward or other ranks) equals masked and the reference" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 45 --E 8 --K 2 --D 16 --F 12 --skew 3
+    python3 "$REF" plan "$D/in.lrm" "$D/pl.lrm" --P 4 --replicas --seed 2
+    "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress -o "$D/f.lrm" "$D/pl.lrm"
+    python3 "$REF" keep "$D/f.lrm" "$D/k.lrm" --rate 0.55
+    "$EXEC" --phase backward --mode masked --weights "$D/w.lrm" --no-compress -o "$D/m.lrm" "$D/k.lrm"
+    python3 "$REF" pack "$D/k.lrm" "$D/p.lrm" --P 4
+    python3 "$REF" pack "$D/k.lrm" "$D/ps.lrm" --P 4 --scatter 9
+    for p in p ps; do
+        "$EXEC" --phase backward --mode compact --weights "$D/w.lrm" --no-compress \
+            --timings "$D/$p.tsv" -o "$D/c$p.lrm" "$D/$p.lrm"
+        run python3 "$REF" check-bwd "$D/c$p.lrm" "$D/w.lrm" --mode compact --tol 1e-5
+        assert_success
+        run python3 "$REF" compare "$D/c$p.lrm" "$D/m.lrm" $GRADS --tol 1e-6
+        assert_success
+    done
+    # compact of an all-dropped frame: zero dx/dW, router gradient intact
+    python3 "$REF" keep "$D/f.lrm" "$D/k0.lrm" --rate 0
+    python3 "$REF" pack "$D/k0.lrm" "$D/p0.lrm" --P 4
+    "$EXEC" --phase backward --mode compact --weights "$D/w.lrm" --no-compress -o "$D/c0.lrm" "$D/p0.lrm"
+    run python3 "$REF" check-bwd "$D/c0.lrm" "$D/w.lrm" --mode compact --tol 1e-5
+    assert_success
+}
+
+@test "exec: compact rejects inconsistent packs" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 30 --E 8 --K 2 --D 8 --F 6
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --no-compress "$D/in.lrm" |
+        python3 "$REF" keep - "$D/k.lrm" --rate 0.7
+    python3 "$REF" pack "$D/k.lrm" "$D/p.lrm" --P 2
+    # counts that do not sum to the rows
+    pyedit "f=read_stream('$D/p.lrm', True); t,a,d=f[0]; t=dict(t); c=t['pack_counts'].copy(); c[0,0]+=1; t['pack_counts']=c; write_stream('$D/bad1.lrm', [(t,a,d)])"
+    run sh -c "'$EXEC' --phase backward --mode compact --weights '$D/w.lrm' --no-compress '$D/bad1.lrm' > '$D/o1.lrm'"
+    assert_fails_clean
+    no_trailer "$D/o1.lrm"
+    # a pair packed twice
+    pyedit "f=read_stream('$D/p.lrm', True); t,a,d=f[0]; t=dict(t); p=t['pack_pair'].copy(); p[1]=p[0]; t['pack_pair']=p; write_stream('$D/bad2.lrm', [(t,a,d)])"
+    run sh -c "'$EXEC' --phase backward --mode compact --weights '$D/w.lrm' --no-compress '$D/bad2.lrm' > '$D/o2.lrm'"
+    assert_fails_clean
+    assert_output --partial "pack_pair"
+    # missing packed tensors
+    run sh -c "'$EXEC' --phase backward --mode compact --weights '$D/w.lrm' --no-compress '$D/k.lrm' > '$D/o3.lrm'"
+    assert_fails_clean
+    assert_output --partial "pack_pair"
+}
+
+@test "exec: timings as attributes and TSV with one critical rank per frame" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 40 --E 8 --K 2 --D 16 --F 12 --layers 2
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 4 --timings "$D/t.tsv" --no-compress \
+        -o "$D/f.lrm" "$D/in.lrm"
+    run head -1 "$D/t.tsv"
+    assert_output "$(printf 'frame\tlayer\tphase\tmode\trank\tweights_s\tdispatch_s\tgemm_s\tact_s\tcombine_s\tgradred_s\ttotal_s\tcritical\twall_s')"
+    run awk -F'\t' 'NR>1 {n++; c+=$13} END {print n, c}' "$D/t.tsv"
+    assert_output "8 2"
+    # the critical rank has the largest total
+    run awk -F'\t' 'NR>1 {if ($12>m[$1]) m[$1]=$12; if ($13==1) c[$1]=$12} END {for (f in m) if (m[f]!=c[f]) print "bad", f}' "$D/t.tsv"
+    assert_output ""
+    run pyedit "a=read_stream('$D/f.lrm')[1][1]; print(a['exec.ranks'], len(a['exec.forward.gemm_s'].split(',')), a['exec.forward.critical_rank'] in '0123', float(a['exec.forward.critical_s'])>0)"
+    assert_output "4 4 True True"
+    # the CPU-time clock needs one BLAS thread per rank
+    run "$EXEC" --phase forward --clock cpu -@ 2 --weights "$D/w.lrm" "$D/in.lrm"
+    assert_equal "$status" 2
+    run "$EXEC" --phase forward --clock sundial --weights "$D/w.lrm" "$D/in.lrm"
+    assert_equal "$status" 2
+    "$EXEC" --phase forward --clock cpu -j 2 -@ 2 -P 4 --timings "$D/c.tsv" --weights "$D/w.lrm" \
+        --no-compress -o "$D/fc.lrm" "$D/in.lrm"
+    run awk -F'\t' 'NR>1 && $8>0 {n++} END {print n+0}' "$D/c.tsv"
+    assert_output "8"
+    run python3 "$REF" compare "$D/fc.lrm" "$D/f.lrm" output --tol 0
+    assert_success
+}
+
+@test "exec: bad input fails with exit 1 and no trailer" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 20 --E 8 --K 2 --D 8 --F 6
+    # weights for another layer only
+    pyedit "f=read_stream('$D/w.lrm', True); write_stream('$D/w5.lrm', [(f[0][0], {'layer': 5}, f[0][2])])"
+    run sh -c "'$EXEC' --phase forward --weights '$D/w5.lrm' --no-compress '$D/in.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    assert_output --partial "no frame for layer 0"
+    no_trailer "$D/o.lrm"
+    # weights of a different D
+    python3 "$REF" make "$D/in2.lrm" "$D/wD.lrm" --T 20 --E 8 --K 2 --D 10 --F 6
+    run sh -c "'$EXEC' --phase forward --weights '$D/wD.lrm' --no-compress '$D/in.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    assert_output --partial "hidden"
+    no_trailer "$D/o.lrm"
+    # weights of a different E
+    python3 "$REF" make "$D/in3.lrm" "$D/wE.lrm" --T 20 --E 16 --K 2 --D 8 --F 6
+    run sh -c "'$EXEC' --phase forward --weights '$D/wE.lrm' --no-compress '$D/in.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    assert_output --partial "E=16"
+    # a plan whose fwd_alloc does not sum to the expert loads
+    python3 "$REF" plan "$D/in.lrm" "$D/pl.lrm" --P 2
+    pyedit "f=read_stream('$D/pl.lrm', True); t,a,d=f[0]; t=dict(t); x=t['fwd_alloc'].copy(); x[0,0]+=1; t['fwd_alloc']=x; write_stream('$D/plbad.lrm', [(t,a,d)])"
+    run sh -c "'$EXEC' --phase forward --weights '$D/w.lrm' --no-compress '$D/plbad.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    assert_output --partial "fwd_alloc"
+    no_trailer "$D/o.lrm"
+    # --ranks that disagrees with the plan
+    run sh -c "'$EXEC' --phase forward --weights '$D/w.lrm' -P 4 --no-compress '$D/pl.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    # NaN in hidden: error, accepted with --allow-nonfinite
+    pyedit "f=read_stream('$D/in.lrm', True); t,a,d=f[0]; t=dict(t); h=t['hidden'].copy(); h[3,2]=np.nan; t['hidden']=h; write_stream('$D/nan.lrm', [(t,a,d)])"
+    run sh -c "'$EXEC' --phase forward --weights '$D/w.lrm' --no-compress '$D/nan.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    assert_output --partial "non-finite"
+    no_trailer "$D/o.lrm"
+    run sh -c "'$EXEC' --phase forward --allow-nonfinite --weights '$D/w.lrm' --no-compress '$D/nan.lrm' > '$D/o.lrm'"
+    assert_success
+    # backward without the forward's saved state
+    run sh -c "'$EXEC' --phase backward --weights '$D/w.lrm' --no-compress '$D/in.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    no_trailer "$D/o.lrm"
+    # a truncated input
+    head -c 300 "$D/in.lrm" > "$D/trunc.lrm"
+    run sh -c "'$EXEC' --phase forward --weights '$D/w.lrm' --no-compress '$D/trunc.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    # a missing weights file
+    run "$EXEC" --phase forward --weights "$D/nope.lrm" "$D/in.lrm"
+    assert_fails_clean
+}
+
+@test "exec: full pipeline gen | route | exec | score | pack | exec compact equals masked" {
+    for t in gen route score pack; do
+        [ -x "$BIN/lrmoe-$t" ] || skip "bin/lrmoe-$t not built"
+    done
+    "$BIN/lrmoe-gen" --tokens 64 --experts 8 --topk 2 --hidden 32 --ffn 16 --dtype f32 \
+        --skew hot:50:2 --weights "$D/w.lrm" --seed 3 --no-compress |
+        "$BIN/lrmoe-route" -k 2 --no-compress |
+        "$EXEC" --phase forward --weights "$D/w.lrm" -P 4 --no-compress |
+        "$BIN/lrmoe-score" --drop 30 --no-compress -o "$D/s.lrm"
+    "$BIN/lrmoe-pack" -P 4 --no-compress "$D/s.lrm" |
+        "$EXEC" --phase backward --mode compact --weights "$D/w.lrm" --no-compress -o "$D/c.lrm"
+    "$EXEC" --phase backward --mode masked --weights "$D/w.lrm" --no-compress -o "$D/m.lrm" "$D/s.lrm"
+    run python3 "$REF" compare "$D/c.lrm" "$D/m.lrm" $GRADS --tol 1e-6
+    assert_success
+    run python3 "$REF" check-bwd "$D/c.lrm" "$D/w.lrm" --mode compact --tol 1e-5
+    assert_success
+    # with an lrmoe plan below rate 1: quota from the plan, rows per bwd_alloc
+    [ -x "$BIN/lrmoe-plan" ] || skip "bin/lrmoe-plan not built"
+    "$BIN/lrmoe-gen" --tokens 256 --experts 8 --topk 2 --hidden 32 --ffn 16 --dtype bf16 \
+        --skew hot:50:2 --weights "$D/w2.lrm" --seed 4 --no-compress |
+        "$BIN/lrmoe-route" -k 2 --no-compress |
+        "$BIN/lrmoe-plan" --planner lrmoe -P 4 --rates 0.8,0.7 --no-compress |
+        "$EXEC" --phase forward --weights "$D/w2.lrm" --no-compress |
+        "$BIN/lrmoe-score" --no-compress -o "$D/s2.lrm"
+    "$BIN/lrmoe-pack" --no-compress "$D/s2.lrm" |
+        "$EXEC" --phase backward --mode compact --weights "$D/w2.lrm" --no-compress -o "$D/c2.lrm"
+    "$EXEC" --phase backward --mode masked --weights "$D/w2.lrm" --no-compress -o "$D/m2.lrm" "$D/s2.lrm"
+    run python3 "$REF" compare "$D/c2.lrm" "$D/m2.lrm" $GRADS --tol 1e-6
+    assert_success
+    run python3 "$REF" check-bwd "$D/c2.lrm" "$D/w2.lrm" --mode compact --tol 2e-2
+    assert_success
+}
