@@ -2,4 +2,4 @@
 # The whole test suite: every tests/*.bats through prove (TAP), so the output
 # ends in prove's summary ("Result: PASS" / "Files=..., Tests=...").
 cd "$(dirname "$0")/.." || exit 1
-exec prove -f -e 'bats --tap' tests/*.bats
+exec prove -f -o -e 'bats --tap' tests/*.bats
