@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -81,6 +82,20 @@ int lrmoe_parse_bytes(const char *opt, const char *s, double *out)
         return lrmoe_err("%s: '%s' is negative or absurd", opt, s);
     *out = v;
     return 0;
+}
+
+int lrmoe_parse_range(const char *opt, const char *s, int64_t *lo, int64_t *hi)
+{
+    const char *dash = *s ? strchr(s + 1, '-') : NULL;
+    if (!dash) {
+        if (lrmoe_parse_i64(opt, s, 0, INT64_MAX, lo) < 0) return -1;
+        *hi = *lo;
+        return 0;
+    }
+    char first[64];
+    snprintf(first, sizeof first, "%.*s", (int)(dash - s), s);
+    if (lrmoe_parse_i64(opt, first, 0, INT64_MAX, lo) < 0) return -1;
+    return lrmoe_parse_i64(opt, dash + 1, *lo, INT64_MAX, hi);
 }
 
 void lrmoe_io_init(lrmoe_io_t *io)

@@ -198,6 +198,8 @@ void lrmoe_io_init(lrmoe_io_t *io);
 int lrmoe_io_opt(lrmoe_io_t *io, int c, const char *arg);
 /* Strict number parsing for option values: 0 ok, -1 with error naming opt. */
 int lrmoe_parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* "N" or "A-B" (inclusive, A <= B), non-negative: frame selections. */
+int lrmoe_parse_range(const char *opt, const char *s, int64_t *lo, int64_t *hi);
 int lrmoe_parse_f64(const char *opt, const char *s, double lo, double hi, double *out);
 /* A byte size or rate: a number with an optional unit K, M, G, T (or k)
  * meaning powers of 1024, also written KiB, MiB...; KB, MB, GB, TB are powers

@@ -371,17 +371,7 @@ int main(int argc, char **argv)
             break;
         case 'F': {
             int64_t a, b;
-            char *dash = strchr(optarg + 1, '-'), tmp[64];
-            int bad;
-            if (dash) {
-                snprintf(tmp, sizeof tmp, "%.*s", (int)(dash - optarg), optarg);
-                bad = lrmoe_parse_i64("--frame", tmp, 0, INT64_MAX, &a) < 0 ||
-                      lrmoe_parse_i64("--frame", dash + 1, a, INT64_MAX, &b) < 0;
-            } else {
-                bad = lrmoe_parse_i64("--frame", optarg, 0, INT64_MAX, &a) < 0;
-                b = a;
-            }
-            if (bad) {
+            if (lrmoe_parse_range("--frame", optarg, &a, &b) < 0) {
                 fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
                 return 2;
             }
