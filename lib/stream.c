@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <jansson.h>
 #include <zstd.h>
 #include "lrmoe.h"
@@ -241,6 +243,8 @@ struct lrmoe_reader {
     char label[512];
     ZSTD_DCtx *dctx;
     uint8_t *inbuf;
+    void *map;              /* a regular file is mapped whole: no read copies */
+    size_t maplen;
     ZSTD_inBuffer in;       /* buffered input (raw or compressed) */
     size_t last_ret;        /* last ZSTD_decompressStream result: 0 at a frame end */
     int64_t nframes;
@@ -248,6 +252,7 @@ struct lrmoe_reader {
 
 static int fill(lrmoe_reader_t *r)
 {
+    if (r->map) return 0;   /* the whole file was the buffer */
     size_t n = fread(r->inbuf, 1, IOBUF, r->fp);
     if (n == 0 && ferror(r->fp)) return lrmoe_err("read error: %s", strerror(errno));
     r->in.src = r->inbuf;
@@ -266,7 +271,7 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
             memcpy(dst, (const uint8_t *)r->in.src + r->in.pos, got);
             r->in.pos += got;
         }
-        if (got < n && n - got >= IOBUF) {           /* large: straight into dst */
+        if (got < n && n - got >= IOBUF && !r->map) { /* large: straight into dst */
             size_t m = fread((uint8_t *)dst + got, 1, n - got, r->fp);
             if (m < n - got && ferror(r->fp)) return lrmoe_err("read error: %s", strerror(errno));
             got += m;
@@ -311,21 +316,39 @@ static lrmoe_reader_t *reader_new(FILE *fp, int own, const char *label)
     r->own = own;
     snprintf(r->label, sizeof r->label, "%s", label);
     r->in.src = r->inbuf;
+    /* A regular file read from its start is mapped whole: zstd then reads
+     * the page cache directly instead of through read() copies. */
+    struct stat st;
+    int fd = fileno(fp);
+    if (fd >= 0 && !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size > 0 &&
+        lseek(fd, 0, SEEK_CUR) == 0) {
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m != MAP_FAILED) {
+            madvise(m, (size_t)st.st_size, MADV_SEQUENTIAL);
+            r->map = m;
+            r->maplen = (size_t)st.st_size;
+            r->in.src = m;
+            r->in.size = r->maplen;
+        }
+    }
     /* Sniff the zstd magic (28 b5 2f fd) from the first bytes. */
     size_t n = 0;
+    if (r->map) n = r->maplen < 4 ? r->maplen : 4;
+    else
     while (n < 4) {
         size_t m = fread(r->inbuf + n, 1, 4 - n, fp);
         if (!m) break;
         n += m;
     }
-    if (n < 4 && ferror(fp)) {
+    if (!r->map && n < 4 && ferror(fp)) {
         lrmoe_err("%s: read error: %s", label, strerror(errno));
         lrmoe_reader_close(r);
         return NULL;
     }
-    r->in.size = n;
+    const uint8_t *head = r->map ? (const uint8_t *)r->map : r->inbuf;
+    if (!r->map) r->in.size = n;
     static const uint8_t zmagic[4] = {0x28, 0xb5, 0x2f, 0xfd};
-    if (n == 4 && !memcmp(r->inbuf, zmagic, 4)) {
+    if (n == 4 && !memcmp(head, zmagic, 4)) {
         r->zstd = 1;
         r->dctx = ZSTD_createDCtx();
         if (!r->dctx) {
@@ -425,6 +448,7 @@ fail:
 void lrmoe_reader_close(lrmoe_reader_t *r)
 {
     if (!r) return;
+    if (r->map) munmap(r->map, r->maplen);
     if (r->own) fclose(r->fp);
     ZSTD_freeDCtx(r->dctx);
     free(r->inbuf);
