@@ -244,15 +244,21 @@ struct lrmoe_reader {
     ZSTD_DCtx *dctx;
     uint8_t *inbuf;
     void *map;              /* a regular file is mapped whole: no read copies */
-    size_t maplen;
+    size_t maplen, dropped; /* mapped bytes before `dropped` were released */
     ZSTD_inBuffer in;       /* buffered input (raw or compressed) */
     size_t last_ret;        /* last ZSTD_decompressStream result: 0 at a frame end */
     int64_t nframes;
 };
 
+#define MAPWIN (4u << 20)  /* mapped input is fed to the decoder this much at a time */
+
 static int fill(lrmoe_reader_t *r)
 {
-    if (r->map) return 0;   /* the whole file was the buffer */
+    if (r->map) {           /* slide the window over the mapped file */
+        if (r->in.size == r->maplen) return 0;
+        r->in.size = r->maplen - r->in.size < MAPWIN ? r->maplen : r->in.size + MAPWIN;
+        return 1;
+    }
     size_t n = fread(r->inbuf, 1, IOBUF, r->fp);
     if (n == 0 && ferror(r->fp)) return lrmoe_err("read error: %s", strerror(errno));
     r->in.src = r->inbuf;
@@ -261,29 +267,41 @@ static int fill(lrmoe_reader_t *r)
     return (int)(n > 0);
 }
 
+/* Release mapped input already consumed, 8 MiB at a time, so resident
+ * memory stays bounded by the frame, not by the file. */
+static void drop_consumed(lrmoe_reader_t *r)
+{
+    const size_t step = 8u << 20;
+    if (!r->map || r->in.pos < r->dropped + step) return;
+    size_t upto = r->in.pos / step * step;
+    madvise((uint8_t *)r->map + r->dropped, upto - r->dropped, MADV_DONTNEED);
+    r->dropped = upto;
+}
+
 /* Read up to n bytes; returns the count (< n only at end of input) or -1. */
 static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
 {
     if (!r->zstd) {
-        size_t got = 0, have = r->in.size - r->in.pos;
-        if (have) {
-            got = have < n ? have : n;
-            memcpy(dst, (const uint8_t *)r->in.src + r->in.pos, got);
-            r->in.pos += got;
-        }
-        if (got < n && n - got >= IOBUF && !r->map) { /* large: straight into dst */
-            size_t m = fread((uint8_t *)dst + got, 1, n - got, r->fp);
-            if (m < n - got && ferror(r->fp)) return lrmoe_err("read error: %s", strerror(errno));
-            got += m;
-        }
+        size_t got = 0;
         while (got < n) {
-            int k = fill(r);
-            if (k < 0) return -1;
-            if (!k) break;
-            size_t c = r->in.size < n - got ? r->in.size : n - got;
-            memcpy((uint8_t *)dst + got, r->inbuf, c);
-            r->in.pos = c;
+            if (r->in.pos == r->in.size) {
+                if (!r->map && n - got >= IOBUF) {   /* large: straight into dst */
+                    size_t m = fread((uint8_t *)dst + got, 1, n - got, r->fp);
+                    if (m < n - got && ferror(r->fp)) return lrmoe_err("read error: %s", strerror(errno));
+                    got += m;
+                    if (m == 0 || got == n) break;
+                    continue;
+                }
+                int k = fill(r);
+                if (k < 0) return -1;
+                if (!k) break;
+            }
+            size_t c = r->in.size - r->in.pos;
+            if (c > n - got) c = n - got;
+            memcpy((uint8_t *)dst + got, (const uint8_t *)r->in.src + r->in.pos, c);
+            r->in.pos += c;
             got += c;
+            drop_consumed(r);
         }
         return (int64_t)got;
     }
@@ -300,6 +318,7 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
         size_t ret = ZSTD_decompressStream(r->dctx, &out, &r->in);
         if (ZSTD_isError(ret)) return lrmoe_err("zstd: %s", ZSTD_getErrorName(ret));
         r->last_ret = ret;
+        drop_consumed(r);
     }
     return (int64_t)out.pos;
 }
@@ -328,7 +347,7 @@ static lrmoe_reader_t *reader_new(FILE *fp, int own, const char *label)
             r->map = m;
             r->maplen = (size_t)st.st_size;
             r->in.src = m;
-            r->in.size = r->maplen;
+            r->in.size = r->maplen < MAPWIN ? r->maplen : MAPWIN;
         }
     }
     /* Sniff the zstd magic (28 b5 2f fd) from the first bytes. */
