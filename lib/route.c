@@ -194,6 +194,8 @@ enum { EMAX = 1024 }; /* vector top-K path: E <= EMAX (stack arrays) */
 
 /* Lane numbers of the set bits of each 8-bit mask, packed one per byte. */
 static uint64_t compress_lut[256];
+/* the same, one int32 per lane */
+static _Alignas(32) int32_t compress_lut32[256][8];
 static pthread_once_t compress_once = PTHREAD_ONCE_INIT;
 static void compress_init(void)
 {
@@ -204,6 +206,8 @@ static void compress_init(void)
             if (m & (1 << i))
                 v |= (uint64_t)i << (8 * n++);
         compress_lut[m] = v;
+        for (int i = 0; i < 8; i++)
+            compress_lut32[m][i] = (int32_t)((v >> (8 * i)) & 0xff);
     }
 }
 
@@ -324,6 +328,185 @@ static inline int topk_f32_avx2_bound(const float *x, int E, int K, float *tv, i
     return 0;
 }
 
+/* topk_f32_avx2_bound for K <= 8 and E a multiple of 8 up to EMAX, split in
+ * two stages so that a block of rows runs stage 1 row after row and then
+ * stage 2 row after row: stage 2 reads back whole vectors that stage 1
+ * stored piecewise, which a store buffer cannot forward; a row later the
+ * stores have reached the cache. Neither looks for NaN up front: an
+ * unordered compare puts every NaN in the candidate list, and stage 2
+ * checks only the candidates (-1: the caller takes a path that names it).
+ * The picks are those of topk_f32_avx2_bound. */
+
+/* Stage 1: the bound m (without NaN, that of topk_f32_avx2_bound; with one,
+ * anything, NaN included) and the candidates x >= m or NaN, in index order,
+ * into cv, ci (E + 16 each), then 16 -inf into cv. Returns their number. */
+__attribute__((target("avx2")))
+static inline int top8_stage1(const float *x, int E, float *cv, int32_t *ci)
+{
+    __m256 mx = _mm256_loadu_ps(x), my = _mm256_set1_ps(-INFINITY);
+    int j0 = 8;
+    for (; j0 + 16 <= E; j0 += 16) {
+        my = _mm256_max_ps(my, _mm256_loadu_ps(x + j0));
+        mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + j0 + 8));
+    }
+    if (j0 < E)
+        my = _mm256_max_ps(my, _mm256_loadu_ps(x + j0));
+    __m256 m;
+    if (E >= 16) {
+        __m256 a = sort8_desc(mx), b = sort8_desc(my);
+        b = _mm256_permutevar8x32_ps(b, _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0));
+        m = _mm256_max_ps(a, b);
+    } else {
+        m = mx;
+    }
+    m = _mm256_min_ps(m, _mm256_permute2f128_ps(m, m, 1));
+    m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+    int c = 0;
+    __m256i jv = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int j = 0; j < E; j += 8) {
+        __m256 a = _mm256_loadu_ps(x + j);
+        unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(m, a, _CMP_NGT_UQ));
+        __m256i perm = _mm256_load_si256((const __m256i *)compress_lut32[mask]);
+        _mm256_storeu_ps(cv + c, _mm256_permutevar8x32_ps(a, perm));
+        _mm256_storeu_si256((__m256i *)(ci + c), _mm256_add_epi32(perm, jv));
+        jv = _mm256_add_epi32(jv, _mm256_set1_epi32(8));
+        c += __builtin_popcount(mask);
+    }
+    _mm256_storeu_ps(cv + c, _mm256_set1_ps(-INFINITY)); /* for top8_stage2_16 */
+    _mm256_storeu_ps(cv + c + 8, _mm256_set1_ps(-INFINITY));
+    return c;
+}
+
+/* Ranks of the 16 slots of cv (values v0, v1) when some are equal: the
+ * number ahead, an equal value in an earlier slot being ahead too (the
+ * padding comes after every candidate); a permutation of 0..15. */
+__attribute__((target("avx2"), noinline))
+static void top8_ties16(const float *cv, __m256 v0, __m256 v1, int32_t *rank)
+{
+    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i lane1 = _mm256_add_epi32(lane, _mm256_set1_epi32(8));
+    __m256i c0 = _mm256_setzero_si256(), c1 = _mm256_setzero_si256();
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) {
+        __m256 vj = _mm256_broadcast_ss(cv + j);
+        __m256i jj = _mm256_set1_epi32(j);
+        __m256 b0 = _mm256_or_ps(
+            _mm256_cmp_ps(vj, v0, _CMP_GT_OQ),
+            _mm256_and_ps(_mm256_cmp_ps(vj, v0, _CMP_EQ_OQ),
+                          _mm256_castsi256_ps(_mm256_cmpgt_epi32(lane, jj))));
+        __m256 b1 = _mm256_or_ps(
+            _mm256_cmp_ps(vj, v1, _CMP_GT_OQ),
+            _mm256_and_ps(_mm256_cmp_ps(vj, v1, _CMP_EQ_OQ),
+                          _mm256_castsi256_ps(_mm256_cmpgt_epi32(lane1, jj))));
+        c0 = _mm256_sub_epi32(c0, _mm256_castps_si256(b0));
+        c1 = _mm256_sub_epi32(c1, _mm256_castps_si256(b1));
+    }
+    _mm256_storeu_si256((__m256i *)rank, c0);
+    _mm256_storeu_si256((__m256i *)(rank + 8), c1);
+}
+
+/* Stage 2 for c <= 16 with the same picks, without a data-dependent branch
+ * (loops whose length depends on c mispredict): slots c..15 of cv hold
+ * -inf. A candidate's rank counts the candidates above it; without ties
+ * among the c real ones these ranks are a permutation of 0..c-1 and the
+ * candidates go straight to their slots of sv, si (16 each; the first K are
+ * the picks; the padding goes to slot 15). Ties (the ranks then sum to less
+ * than c(c-1)/2) are broken by index in a second count. 0, or -1 when a
+ * candidate is NaN. */
+__attribute__((target("avx2")))
+static inline int top8_stage2_16(const float *cv, const int32_t *ci, int c, float *sv,
+                                 int32_t *si)
+{
+    __m256 v0 = _mm256_loadu_ps(cv), v1 = _mm256_loadu_ps(cv + 8);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v0, v1, _CMP_UNORD_Q)))
+        return -1;
+    __m256i c0 = _mm256_setzero_si256(), c1 = _mm256_setzero_si256();
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) {
+        __m256 vj = _mm256_broadcast_ss(cv + j);
+        c0 = _mm256_sub_epi32(c0, _mm256_castps_si256(_mm256_cmp_ps(vj, v0, _CMP_GT_OQ)));
+        c1 = _mm256_sub_epi32(c1, _mm256_castps_si256(_mm256_cmp_ps(vj, v1, _CMP_GT_OQ)));
+    }
+    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i in0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(c), lane);
+    __m256i in1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(c - 8), lane);
+    c0 = _mm256_and_si256(c0, in0);
+    c1 = _mm256_and_si256(c1, in1);
+    __m256i sum = _mm256_add_epi32(c0, c1);
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
+    int32_t rank[16];
+    if (_mm_cvtsi128_si32(h) == c * (c - 1) / 2) {
+        /* the padding goes to slot 15 (c < 16 then) */
+        __m256i pad = _mm256_set1_epi32(15);
+        _mm256_storeu_si256((__m256i *)rank,
+                            _mm256_or_si256(c0, _mm256_andnot_si256(in0, pad)));
+        _mm256_storeu_si256((__m256i *)(rank + 8),
+                            _mm256_or_si256(c1, _mm256_andnot_si256(in1, pad)));
+    } else {
+        top8_ties16(cv, v0, v1, rank);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) {
+        int r = rank[i];
+        sv[r] = cv[i];
+        si[r] = ci[i];
+    }
+    return 0;
+}
+
+/* Stage 2: the K best of the c candidates into tv, ti; rank is (E + 8)
+ * scratch. -1 when a candidate is NaN. */
+__attribute__((target("avx2")))
+static inline int top8_stage2(const float *cv, const int32_t *ci, int c, int K, float *tv,
+                              int32_t *ti, int32_t *rank)
+{
+    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 un = _mm256_setzero_ps();
+    for (int i0 = 0; i0 < c; i0 += 8) {
+        __m256 v = _mm256_loadu_ps(cv + i0);
+        __m256 in = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c - i0), lane));
+        un = _mm256_or_ps(un, _mm256_and_ps(in, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    }
+    if (_mm256_movemask_ps(un))
+        return -1;
+    for (int i0 = 0; i0 < c; i0 += 8) {
+        __m256 vi = _mm256_loadu_ps(cv + i0);
+        __m256i cnt = _mm256_setzero_si256();
+        int j = 0;
+        for (; j < i0; j++)
+            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(
+                      _mm256_broadcast_ss(cv + j), vi, _CMP_GE_OQ)));
+        __m256i ii = _mm256_add_epi32(lane, _mm256_set1_epi32(i0));
+        for (; j < i0 + 8 && j < c; j++) {
+            __m256 vj = _mm256_broadcast_ss(cv + j);
+            __m256 beat = _mm256_or_ps(
+                _mm256_cmp_ps(vj, vi, _CMP_GT_OQ),
+                _mm256_and_ps(_mm256_cmp_ps(vj, vi, _CMP_EQ_OQ),
+                              _mm256_castsi256_ps(
+                                  _mm256_cmpgt_epi32(ii, _mm256_set1_epi32(j)))));
+            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(beat));
+        }
+        for (; j < c; j++)
+            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(
+                      _mm256_broadcast_ss(cv + j), vi, _CMP_GT_OQ)));
+        _mm256_storeu_si256((__m256i *)(rank + i0), cnt);
+    }
+    float dv;
+    int32_t di;
+    for (int i = 0; i < c; i++) {
+        int r = rank[i];
+        float *pv = r < K ? tv + r : &dv;
+        int32_t *pi = r < K ? ti + r : &di;
+        *pv = cv[i];
+        *pi = ci[i];
+    }
+    return 0;
+}
+
 /* exp for x <= 0 (Cephes expf: range reduction by ln 2, degree-7 polynomial,
  * about 1 ulp); arguments below -87 are clamped (their terms are < 2^-125
  * against a sum >= 1). */
@@ -368,11 +551,14 @@ static float expsum_avx2(const float *x, int E, float m)
  * finite. For K <= 8; arguments below -87 (results under FLT_MIN, or 0 for
  * -inf) go through expf so denormals and zeros stay exact. */
 __attribute__((target("avx2,fma")))
-static void weights_avx2(const float *tv, int K, float m, float s, float scale, float *w)
+static inline void weights_avx2(const float *tv, int K, float m, float s, float scale,
+                                float *w)
 {
     __m256i on = _mm256_cmpgt_epi32(_mm256_set1_epi32(K),
                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    __m256 d = _mm256_sub_ps(_mm256_maskload_ps(tv, on), _mm256_set1_ps(m));
+    /* K == 8: plain load and store (masked stores are slow on some CPUs) */
+    __m256 d = _mm256_sub_ps(K == 8 ? _mm256_loadu_ps(tv) : _mm256_maskload_ps(tv, on),
+                             _mm256_set1_ps(m));
     __m256 e = exp_neg_avx2(d);
     unsigned low = (unsigned)_mm256_movemask_ps(
         _mm256_cmp_ps(d, _mm256_set1_ps(-87.0f), _CMP_LT_OQ)) & ((1u << K) - 1);
@@ -392,7 +578,10 @@ static void weights_avx2(const float *tv, int K, float m, float s, float scale, 
         s = _mm_cvtss_f32(h);
     }
     __m256 f = _mm256_set1_ps((float)((double)scale / (double)s));
-    _mm256_maskstore_ps(w, on, _mm256_mul_ps(e, f));
+    if (K == 8)
+        _mm256_storeu_ps(w, _mm256_mul_ps(e, f));
+    else
+        _mm256_maskstore_ps(w, on, _mm256_mul_ps(e, f));
 }
 #endif
 
@@ -502,6 +691,8 @@ typedef struct {
     int fast;            /* rows_softmax_avx2 applies */
     int sigfast;         /* row_sigmoid_filter applies */
     double bmax;         /* max |expert_bias| (0 without) */
+    float *cv, *row;     /* scratch of rows_softmax_avx2 */
+    int32_t *ci, *rank;
 } job_t;
 
 /* Softmax routers on one row. 0, or ERR_* with *bad set. */
@@ -535,53 +726,92 @@ static int row_softmax(const job_t *jb, const float *x, int32_t *ids, float *w,
 }
 
 #ifdef ROUTE_X86
-/* row_softmax over all rows of a job, everything inlined: F32 logits, a
- * softmax router, K <= 8, E a multiple of 8 up to EMAX. Rows that need the
- * special cases (NaN, +-inf maximum) go through row_softmax. */
+/* row_softmax over all rows of a job, everything inlined: a softmax router,
+ * K <= 8, E a multiple of 8 up to EMAX. Rows go in blocks of B, each stage
+ * of the top-K (top8_stage1, top8_stage2_16) over the whole block before the
+ * next, then the weights. Other dtypes than F32 are widened a block at a time
+ * into jb->row (B*E), which stays in L1/L2. Rows that need the special cases
+ * (NaN, +-inf maximum) go through row_softmax. */
 __attribute__((target("avx2,fma")))
-static int rows_softmax_avx2(job_t *jb, float *tv, int64_t *bad_t, int *bad)
+static int rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
 {
     const lrmoe_route_opts_t *o = jb->o;
     int E = jb->E, K = jb->K;
     int full = o->router == LRMOE_ROUTER_SOFTMAX && !o->renorm;
     float scale = (float)o->scale;
     int64_t *load = jb->load;
-    enum { B = 8 }; /* rows per block: the weights of a block run back to back */
-    float tb[B][8], sb[B];
-    (void)tv;
+    size_t esz = lrmoe_dtype_size(jb->dt);
+    enum { B = 8 };
+    float tb[B][16], sb[B];
+    int32_t ib[B][16];
+    int nc[B];
+    size_t stride = (size_t)E + 16;
     for (int64_t t0 = jb->t0; t0 < jb->t1; t0 += B) {
         int nb = jb->t1 - t0 < B ? (int)(jb->t1 - t0) : B;
-        int special = 0;
+        int special = 0, sorted = 0;
+        const float *xb; /* (nb,E) logits of the block */
+        if (jb->dt == LRMOE_F32) {
+            xb = (const float *)jb->logits + t0 * E;
+        } else if (jb->dt == LRMOE_BF16) {
+            /* BF16 is the top half of an F32: widening is a shift */
+            const uint16_t *src = (const uint16_t *)jb->logits + t0 * E;
+            for (size_t i = 0; i < (size_t)nb * E; i += 8)
+                _mm256_storeu_si256((__m256i *)(jb->row + i),
+                                    _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                                          (const __m128i *)(src + i))), 16));
+            xb = jb->row;
+        } else {
+            lrmoe_convert_to_f32(jb->dt, (const char *)jb->logits + (size_t)t0 * E * esz,
+                                 jb->row, (size_t)nb * E);
+            xb = jb->row;
+        }
+        for (int r = 0; r < nb; r++)
+            nc[r] = top8_stage1(xb + (size_t)r * E, E, jb->cv + r * stride,
+                                jb->ci + r * stride);
         for (int r = 0; r < nb; r++) {
             int64_t t = t0 + r;
-            const float *x = (const float *)jb->logits + t * E;
-            if (t + 4 < jb->t1) {
-                const char *pf = (const char *)(x + 4 * (int64_t)E);
-                for (int b = 0; b < E * 4; b += 64)
-                    _mm_prefetch(pf + b, _MM_HINT_T0);
-            }
-            if (topk_f32_avx2_bound(x, E, K, tb[r], jb->ids + t * K, bad) < 0 ||
-                !isfinite(tb[r][0])) {
+            const float *cv = jb->cv + r * stride;
+            const int32_t *ci = jb->ci + r * stride;
+            int32_t *ids = jb->ids + t * K;
+            int rc = nc[r] <= 16 ? top8_stage2_16(cv, ci, nc[r], tb[r], ib[r]) : 1;
+            if (rc == 0)
+                sorted |= 1 << r;
+            else if (rc > 0)
+                rc = top8_stage2(cv, ci, nc[r], K, tb[r], ids, jb->rank);
+            if (rc < 0 || !isfinite(tb[r][0])) {
                 special |= 1 << r;
                 continue;
             }
-            sb[r] = full ? expsum_avx2(x, E, tb[r][0]) : 0.0f;
+            sb[r] = full ? expsum_avx2(xb + (size_t)r * E, E, tb[r][0]) : 0.0f;
         }
         for (int r = 0; r < nb; r++) {
             int64_t t = t0 + r;
             int32_t *ids = jb->ids + t * K;
             float *w = jb->w + t * K;
             if ((special >> r) & 1) {
-                int rc = row_softmax(jb, (const float *)jb->logits + t * E, ids, w, tb[r], bad);
+                int rc = row_softmax(jb, xb + (size_t)r * E, ids, w, tb[r], bad);
                 if (rc) {
                     *bad_t = t;
                     return rc;
                 }
             } else {
+                if ((sorted >> r) & 1) {
+                    if (K == 8)
+                        _mm256_storeu_si256((__m256i *)ids,
+                                            _mm256_loadu_si256((const __m256i *)ib[r]));
+                    else
+                        memcpy(ids, ib[r], (size_t)K * sizeof *ids);
+                }
                 weights_avx2(tb[r], K, tb[r][0], sb[r], scale, w);
             }
-            for (int k = 0; k < K; k++)
-                load[ids[k]]++;
+            if (K == 8) {
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++)
+                    load[ids[k]]++;
+            } else {
+                for (int k = 0; k < K; k++)
+                    load[ids[k]]++;
+            }
         }
     }
     return 0;
@@ -666,7 +896,8 @@ static unsigned approx_keys_avx2(const float *x, const float *bias, int E, float
     return (unsigned)_mm256_movemask_ps(un);
 }
 
-/* Largest and second largest of n floats (n a multiple of 8, no NaN). */
+/* Largest and second largest (the largest again if it occurs twice) of n
+ * floats, n a multiple of 8, no NaN. */
 __attribute__((target("avx2,fma")))
 static void top2_avx2(const float *v, int n, double *b1, double *b2)
 {
@@ -676,11 +907,65 @@ static void top2_avx2(const float *v, int n, double *b1, double *b2)
         t2 = _mm256_max_ps(t2, _mm256_min_ps(t1, a));
         t1 = _mm256_max_ps(t1, a);
     }
-    float s[8], u[8];
-    _mm256_storeu_ps(s, sort8_desc(t1));
-    _mm256_storeu_ps(u, sort8_desc(t2));
-    *b1 = s[0];
-    *b2 = s[1] > u[0] ? s[1] : u[0];
+    /* per lane t1 >= t2: the largest is max t1; the second, max t2 or the
+     * largest of t1 without one lane holding the largest */
+    __m256 h = _mm256_max_ps(t1, _mm256_permute2f128_ps(t1, t1, 1));
+    h = _mm256_max_ps(h, _mm256_shuffle_ps(h, h, _MM_SHUFFLE(1, 0, 3, 2)));
+    h = _mm256_max_ps(h, _mm256_shuffle_ps(h, h, _MM_SHUFFLE(2, 3, 0, 1)));
+    __m256 eq = _mm256_cmp_ps(t1, h, _CMP_EQ_OQ);
+    *b1 = _mm256_cvtss_f32(h);
+    if (__builtin_popcount((unsigned)_mm256_movemask_ps(eq)) > 1) {
+        *b2 = *b1;
+        return;
+    }
+    __m256 r = _mm256_max_ps(_mm256_blendv_ps(t1, _mm256_set1_ps(-INFINITY), eq), t2);
+    r = _mm256_max_ps(r, _mm256_permute2f128_ps(r, r, 1));
+    r = _mm256_max_ps(r, _mm256_shuffle_ps(r, r, _MM_SHUFFLE(1, 0, 3, 2)));
+    r = _mm256_max_ps(r, _mm256_shuffle_ps(r, r, _MM_SHUFFLE(2, 3, 0, 1)));
+    *b2 = _mm256_cvtss_f32(r);
+}
+
+/* Indices i < n (n a multiple of 8) with v[i] >= thr, in order, into out
+ * (n + 8); returns their number. */
+__attribute__((target("avx2")))
+static int append_ge_avx2(const float *v, int n, float thr, int32_t *out)
+{
+    __m256 t = _mm256_set1_ps(thr);
+    __m256i jv = _mm256_setzero_si256();
+    int c = 0;
+    for (int j = 0; j < n; j += 8) {
+        unsigned mask = (unsigned)_mm256_movemask_ps(
+            _mm256_cmp_ps(_mm256_loadu_ps(v + j), t, _CMP_GE_OQ));
+        _mm256_storeu_si256((__m256i *)(out + c),
+                            _mm256_add_epi32(jv, _mm256_load_si256(
+                                                     (const __m256i *)compress_lut32[mask])));
+        jv = _mm256_add_epi32(jv, _mm256_set1_epi32(8));
+        c += __builtin_popcount(mask);
+    }
+    return c;
+}
+
+/* The same with a double threshold (v[i] widened, compared exactly). */
+__attribute__((target("avx2")))
+static int append_ge_f64_avx2(const float *v, int n, double thr, int32_t *out)
+{
+    __m256d t = _mm256_set1_pd(thr);
+    __m256i jv = _mm256_setzero_si256();
+    int c = 0;
+    for (int j = 0; j < n; j += 8) {
+        __m256 a = _mm256_loadu_ps(v + j);
+        unsigned lo = (unsigned)_mm256_movemask_pd(
+            _mm256_cmp_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)), t, _CMP_GE_OQ));
+        unsigned hi = (unsigned)_mm256_movemask_pd(
+            _mm256_cmp_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)), t, _CMP_GE_OQ));
+        unsigned mask = lo | hi << 4;
+        _mm256_storeu_si256((__m256i *)(out + c),
+                            _mm256_add_epi32(jv, _mm256_load_si256(
+                                                     (const __m256i *)compress_lut32[mask])));
+        jv = _mm256_add_epi32(jv, _mm256_set1_epi32(8));
+        c += __builtin_popcount(mask);
+    }
+    return c;
 }
 
 /* row_sigmoid with the same result, computing the double-precision keys only
@@ -689,9 +974,11 @@ static void top2_avx2(const float *v, int n, double *b1, double *b2)
  * strictly below the K-th largest exact key, and a group whose approximate
  * score (error <= 2 delta) is below (M-th largest) - 4 delta scores strictly
  * below M other groups; neither can be chosen, ties included. */
+__attribute__((target("avx2,fma")))
 static int row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, float *w,
                               double *key, float *ka, int32_t *cj, float *tvf, double *tv,
-                              double *gscore, unsigned char *gok, int *bad)
+                              double *gscore, unsigned char *gok, double *sge,
+                              int64_t *seen, int64_t t, int *bad)
 {
     const lrmoe_route_opts_t *o = jb->o;
     int E = jb->E, K = jb->K;
@@ -741,14 +1028,21 @@ static int row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, flo
             const float *kg = ka + (int64_t)g * gsize;
             double lim = gsize > 1 ? key[G + g] - 2 * delta : -INFINITY;
             int n = 0;
-            for (int i = 0; i < gsize; i++) {
-                cj[n] = i;
-                n += kg[i] >= lim;
+            if (gsize % 8 == 0) {
+                n = append_ge_f64_avx2(kg, gsize, lim, cj);
+            } else {
+                for (int i = 0; i < gsize; i++) {
+                    cj[n] = i;
+                    n += kg[i] >= lim;
+                }
             }
             double e1 = -INFINITY, e2 = -INFINITY;
             for (int q = 0; q < n; q++) {
                 int64_t j = (int64_t)g * gsize + cj[q];
-                double v = sigmoid(x[j]) + (b ? (double)b[j] : 0.0);
+                double sg = sigmoid(x[j]);
+                sge[j] = sg; /* for the exact keys below */
+                seen[j] = t;
+                double v = sg + (b ? (double)b[j] : 0.0);
                 if (v > e1) { e2 = e1; e1 = v; }
                 else if (v > e2) e2 = v;
             }
@@ -762,23 +1056,40 @@ static int row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, flo
             gok[best] = 1;
         }
         /* experts outside the chosen groups drop out of ka */
-        for (int g = 0; g < G; g++)
-            if (!gok[g])
-                for (int i = 0; i < gsize; i++)
-                    ka[(int64_t)g * gsize + i] = -INFINITY;
+        for (int g = 0; g < G; g++) {
+            if (gok[g])
+                continue;
+            float *kg = ka + (int64_t)g * gsize;
+            int i = 0;
+            for (; i + 8 <= gsize; i += 8)
+                _mm256_storeu_ps(kg + i, _mm256_set1_ps(-INFINITY));
+            for (; i < gsize; i++)
+                kg[i] = -INFINITY;
+        }
     }
     {
-        int dummy;
-        jb->topk(ka, E, K, tvf, ids, &dummy); /* ka has no NaN */
-        tau = (float)((double)tvf[K - 1] - 2 * delta);
-        /* candidates in index order (branch-free append), then exact keys */
-        int n = 0;
-        for (int j = 0; j < E; j++) {
-            cj[n] = j;
-            n += ka[j] >= tau;
+        /* the K-th largest ka (no NaN in ka) */
+        float kth;
+        int c;
+        if (K <= 8 && E <= EMAX && (c = top8_stage1(ka, E, jb->cv, jb->ci)) <= 16 &&
+            top8_stage2_16(jb->cv, jb->ci, c, jb->cv + E + 16, jb->ci + E + 16) == 0) {
+            kth = jb->cv[E + 16 + K - 1];
+        } else {
+            int dummy;
+            jb->topk(ka, E, K, tvf, ids, &dummy);
+            kth = tvf[K - 1];
         }
-        for (int i = 0; i < n; i++)
-            key[i] = sigmoid(x[cj[i]]) + (b ? (double)b[cj[i]] : 0.0);
+        tau = (float)((double)kth - 2 * delta);
+        /* candidates in index order (branch-free append), then exact keys */
+        int n = append_ge_avx2(ka, E, tau, cj);
+        for (int i = 0; i < n; i++) {
+            int j = cj[i];
+            if (seen[j] != t) {
+                sge[j] = sigmoid(x[j]); /* also for the weights */
+                seen[j] = t;
+            }
+            key[i] = sge[j] + (b ? (double)b[j] : 0.0);
+        }
         int got = 0;
         double thr = 0;
         for (int i = 0; i < n; i++) {
@@ -795,7 +1106,7 @@ static int row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, flo
     }
     double sum = 0, *wd = tv;
     for (int k = 0; k < K; k++) {
-        wd[k] = sigmoid(x[ids[k]]);
+        wd[k] = sge[ids[k]];
         sum += wd[k];
     }
     double f = o->renorm ? o->scale / (sum + 1e-20) : o->scale;
@@ -814,21 +1125,32 @@ static void *run_job(void *arg)
     /* scratch: converted row, float/double top values, keys, groups */
     float *row = malloc((size_t)E * sizeof(float));
     float *ka = malloc((size_t)E * sizeof(float));
-    int32_t *cj = malloc((size_t)E * sizeof(int32_t));
+    int32_t *cj = malloc(((size_t)E + 8) * sizeof(int32_t));
+    double *sge = malloc((size_t)E * sizeof(double));   /* sigmoid by expert... */
+    int64_t *seen = malloc((size_t)E * sizeof(int64_t)); /* ...of token seen[j] */
     float *tvf = malloc((size_t)K * sizeof(float));
     double *tvd = malloc((size_t)K * sizeof(double));
     double *key = malloc((size_t)E * sizeof(double));
     double *gscore = malloc((size_t)G * sizeof(double));
     unsigned char *gok = malloc((size_t)G);
-    if (!row || !ka || !cj || !tvf || !tvd || !key || !gscore || !gok) {
+    /* candidates of a block of 8 rows, ranks of one, a block of widened
+     * rows (rows_softmax_avx2; row_sigmoid_filter uses the first two) */
+    jb->cv = calloc((size_t)8 * (E + 16), sizeof(float));
+    jb->ci = calloc((size_t)8 * (E + 16), sizeof(int32_t));
+    jb->rank = calloc((size_t)E + 16, sizeof(int32_t));
+    jb->row = jb->fast && jb->dt != LRMOE_F32 ? malloc((size_t)8 * E * sizeof(float)) : NULL;
+    if (!row || !ka || !cj || !sge || !seen || !tvf || !tvd || !key || !gscore || !gok ||
+        !jb->cv || !jb->ci || !jb->rank || (jb->fast && jb->dt != LRMOE_F32 && !jb->row)) {
         jb->err = ERR_OOM;
         jb->err_token = jb->t0;
         goto out;
     }
+    for (int j = 0; j < E; j++)
+        seen[j] = -1;
 #ifdef ROUTE_X86
     if (jb->fast) {
-        int64_t bt = 0;
-        int bad = 0, rc = rows_softmax_avx2(jb, tvf, &bt, &bad);
+        int64_t bt = jb->t0;
+        int bad = 0, rc = rows_softmax_avx2(jb, &bt, &bad);
         if (rc) {
             jb->err = rc;
             jb->err_token = bt;
@@ -859,7 +1181,8 @@ static void *run_job(void *arg)
         int rc;
 #ifdef ROUTE_X86
         if (sig && jb->sigfast)
-            rc = row_sigmoid_filter(jb, x, ids, w, key, ka, cj, tvf, tvd, gscore, gok, &bad);
+            rc = row_sigmoid_filter(jb, x, ids, w, key, ka, cj, tvf, tvd, gscore, gok, sge,
+                                    seen, t, &bad);
         else
 #endif
         rc = sig ? row_sigmoid(jb, x, ids, w, key, tvd, gscore, gok, &bad)
@@ -874,7 +1197,8 @@ static void *run_job(void *arg)
             jb->load[ids[k]]++;
     }
 out:
-    free(row); free(ka); free(cj); free(tvf); free(tvd); free(key); free(gscore); free(gok);
+    free(jb->cv); free(jb->ci); free(jb->rank); free(jb->row);
+    free(row); free(ka); free(cj); free(sge); free(seen); free(tvf); free(tvd); free(key); free(gscore); free(gok);
     return NULL;
 }
 
@@ -912,9 +1236,13 @@ int lrmoe_route_topk(const lrmoe_route_opts_t *o, int64_t T, int64_t E,
         for (int64_t j = 0; j < E; j++)
             bmax = fmax(bmax, fabs((double)bias[j]));
     int sigfast = E % 8 == 0 && simd_ok("fma");
-    int fast = dt == LRMOE_F32 && o->router != LRMOE_ROUTER_SIGMOID && o->k <= 8 &&
+#ifdef ROUTE_X86
+    int fast = o->router != LRMOE_ROUTER_SIGMOID && o->k <= 8 &&
                E % 8 == 0 && E <= EMAX && tk == topk_f32_avx2_bound && wf == weights_avx2 &&
                es == expsum_avx2;
+#else
+    int fast = 0;
+#endif
     for (int i = 0; i < nt; i++) {
         job_t *jb = &jobs[i];
         jb->o = o;

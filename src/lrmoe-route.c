@@ -18,7 +18,8 @@ static void usage(FILE *fp)
         "topk_weights [T,K] F32 and expert_load [E] I64. Equal scores go to the\n"
         "lower expert index. See lrmoe-route(1).\n\n"
         "Router options:\n"
-        "  -k, --topk K          experts per token (default 8)\n"
+        "  -k, --topk K          experts per token (default: the frame's topk\n"
+        "                        attribute, else 8)\n"
         "  -r, --router NAME     softmax (default), topk-softmax (gpt-oss), sigmoid\n"
         "  -n, --renorm          renormalise the K weights to sum to 1\n"
         "  -s, --scale S         routed scaling factor (default 1)\n"
@@ -44,6 +45,7 @@ enum { OPT_FROM_HIDDEN = 0x2001 };
 typedef struct {
     lrmoe_route_opts_t ro;
     int64_t ep;           /* 0: no per-rank load */
+    int k_given;          /* -k given: ignore the frames' topk attribute */
     int from_hidden;
     lrmoe_weights_t w;
     int have_w;
@@ -80,6 +82,20 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
 {
     ctx_t *c = arg;
     const lrmoe_frame_t *wf = NULL;
+    /* K: --topk, else the frame's topk attribute (lrmoe-gen writes it), else 8 */
+    lrmoe_route_opts_t ro = c->ro;
+    if (!c->k_given) {
+        int64_t k;
+        int rc = lrmoe_frame_attr_i64(f, "topk", &k);
+        if (rc < 0)
+            return lrmoe_err("attribute topk '%s' is not an integer",
+                             lrmoe_frame_attr(f, "topk"));
+        if (rc > 0) {
+            if (k < 1 || k > INT32_MAX)
+                return lrmoe_err("attribute topk %" PRId64 ": must be at least 1", k);
+            ro.k = (int)k;
+        }
+    }
     if (c->have_w && !(wf = weights_for(c, f)))
         return -1;
 
@@ -111,7 +127,7 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
                              lrmoe_shape_str(hid, b2, sizeof b2), hid->shape[1]);
         T = hid->shape[0];
         E = rw->shape[0];
-        if (lrmoe_route_check(&c->ro, E) < 0)
+        if (lrmoe_route_check(&ro, E) < 0)
             return -1;
         computed = malloc((size_t)(T * E > 0 ? T * E : 1) * sizeof(float));
         if (!computed)
@@ -133,7 +149,7 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
             return lrmoe_err("router_weight: shape %s does not match router_logits %s",
                              lrmoe_shape_str(rw, b1, sizeof b1),
                              lrmoe_shape_str(lg, b2, sizeof b2));
-        if (lrmoe_route_check(&c->ro, E) < 0)
+        if (lrmoe_route_check(&ro, E) < 0)
             return -1;
         logits = lg->data;
         dt = lg->dtype;
@@ -141,7 +157,7 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
 
     /* selection-only bias: the frame's expert_bias, else the weights' */
     float *bias = NULL;
-    if (c->ro.router == LRMOE_ROUTER_SIGMOID) {
+    if (ro.router == LRMOE_ROUTER_SIGMOID) {
         lrmoe_tensor_t *bt = lrmoe_frame_get(f, "expert_bias");
         if (!bt && wf)
             bt = lrmoe_frame_get(wf, "expert_bias");
@@ -154,7 +170,7 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
         }
     }
 
-    int K = c->ro.k;
+    int K = ro.k;
     int64_t dtk[2] = {T, K}, de[1] = {E};
     lrmoe_tensor_t *ti = lrmoe_frame_put(f, "topk_ids", LRMOE_I32, 2, dtk);
     lrmoe_tensor_t *tw = ti ? lrmoe_frame_put(f, "topk_weights", LRMOE_F32, 2, dtk) : NULL;
@@ -162,7 +178,7 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
     int rc = tl ? 0 : -1;
     if (!rc) {
         /* hid == NULL: logits still points into router_logits, untouched by put */
-        rc = lrmoe_route_topk(&c->ro, T, E, dt, logits, bias, ti->data, tw->data, tl->data);
+        rc = lrmoe_route_topk(&ro, T, E, dt, logits, bias, ti->data, tw->data, tl->data);
     }
     free(computed);
     free(bias);
@@ -179,17 +195,17 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
             return -1;
         lrmoe_route_load_stats(tr->data, c->ep, &rs);
     }
-    if (lrmoe_frame_set_attr(f, "route.router", lrmoe_route_router_name(c->ro.router)) < 0 ||
+    if (lrmoe_frame_set_attr(f, "route.router", lrmoe_route_router_name(ro.router)) < 0 ||
         lrmoe_frame_set_attrf(f, "route.topk", "%d", K) < 0 ||
-        lrmoe_frame_set_attrf(f, "route.renorm", "%d", c->ro.renorm) < 0 ||
-        lrmoe_frame_set_attrf(f, "route.scale", "%.17g", c->ro.scale) < 0 ||
+        lrmoe_frame_set_attrf(f, "route.renorm", "%d", ro.renorm) < 0 ||
+        lrmoe_frame_set_attrf(f, "route.scale", "%.17g", ro.scale) < 0 ||
         lrmoe_frame_set_attrf(f, "route.expert_max", "%" PRId64, es.max) < 0 ||
         lrmoe_frame_set_attrf(f, "route.expert_mean", "%.6f", es.mean) < 0 ||
         lrmoe_frame_set_attrf(f, "route.expert_imbalance", "%.6f", es.imbalance) < 0)
         return -1;
-    if (c->ro.groups > 1 &&
-        (lrmoe_frame_set_attrf(f, "route.groups", "%d", c->ro.groups) < 0 ||
-         lrmoe_frame_set_attrf(f, "route.topk_groups", "%d", c->ro.topk_groups) < 0))
+    if (ro.groups > 1 &&
+        (lrmoe_frame_set_attrf(f, "route.groups", "%d", ro.groups) < 0 ||
+         lrmoe_frame_set_attrf(f, "route.topk_groups", "%d", ro.topk_groups) < 0))
         return -1;
     if (c->ep > 0 &&
         (lrmoe_frame_set_attrf(f, "route.ep", "%" PRId64, c->ep) < 0 ||
@@ -262,6 +278,7 @@ int main(int argc, char **argv)
             case 'k':
                 r = lrmoe_parse_i64("--topk", optarg, 1, INT32_MAX, &v);
                 c.ro.k = (int)v;
+                c.k_given = 1;
                 break;
             case 'r': r = lrmoe_route_parse_router(optarg, &c.ro.router); break;
             case 'n': c.ro.renorm = 1; break;

@@ -66,6 +66,29 @@ route_check() {
     LRMOE_NO_SIMD=1 route_check "$T/in.lrm" -k 8 --renorm
 }
 
+@test "route: vector and LRMOE_NO_SIMD paths pick the same experts (ties, -inf, BF16)" {
+    for dt in F32 BF16; do
+        for kind in ties extreme inf; do
+            gen "$T/in.lrm" --tokens 400 --experts 128 --kind $kind --dtype $dt --seed 17
+            for r in "-k 8 -n" "-k 5 -r topk-softmax" "-k 8 -r sigmoid -g 8 -m 4"; do
+                "$BIN/lrmoe-route" $r --no-compress -o "$T/a.lrm" "$T/in.lrm"
+                LRMOE_NO_SIMD=1 "$BIN/lrmoe-route" $r --no-compress -o "$T/b.lrm" "$T/in.lrm"
+                python3 - "$T/a.lrm" "$T/b.lrm" "$REF" <<'EOF'
+import sys, os
+sys.path.insert(0, os.path.dirname(sys.argv[3]))
+import numpy as np
+from lrmoe_stream import read_stream
+(a, _), = read_stream(sys.argv[1])
+(b, _), = read_stream(sys.argv[2])
+assert np.array_equal(a["topk_ids"], b["topk_ids"]), "ids differ"
+assert np.array_equal(a["expert_load"], b["expert_load"]), "load differs"
+np.testing.assert_allclose(a["topk_weights"], b["topk_weights"], rtol=1e-5, atol=1e-6)
+EOF
+            done
+        done
+    done
+}
+
 @test "route: gpt-oss softmax over the K selected logits" {
     for dt in F32 BF16; do
         gen "$T/in.lrm" --tokens 200 --experts 32 --kind mix --frames 3 --dtype $dt --seed 6
@@ -94,6 +117,38 @@ route_check() {
     route_check "$T/in.lrm" -k 8 -r sigmoid -g 8 -m 4 -n -s 2.5
     route_check "$T/in.lrm" -k 6 -r sigmoid --groups 16 --topk-groups 3
     route_check "$T/in.lrm" -k 2 -r sigmoid --groups 64 --topk-groups 2
+}
+
+@test "route: K defaults to the frame's topk attribute, else 8; -k overrides" {
+    gen "$T/in.lrm" --tokens 100 --experts 32 --kind mix --frames 2 --seed 16
+    python3 - "$T/in.lrm" "$T/k.lrm" "$REF" <<'EOF'
+import sys, os
+sys.path.insert(0, os.path.dirname(sys.argv[3]))
+from lrmoe_stream import read_stream, write_stream
+fr = read_stream(sys.argv[1])
+write_stream(sys.argv[2], [(t, {**a, "topk": "3"}) for t, a in fr])
+for bad in ("0", "x"):
+    write_stream(sys.argv[2] + "." + bad, [(t, {**a, "topk": bad}) for t, a in fr])
+EOF
+    run "$BIN/lrmoe-route" -o "$T/out.lrm" "$T/k.lrm"
+    assert_success
+    run python3 "$REF" check "$T/k.lrm" "$T/out.lrm" -k 3
+    assert_success
+    run python3 "$REF" check "$T/k.lrm" "$T/out.lrm" -k 8
+    assert_failure
+    route_check "$T/k.lrm" -k 5 -n      # -k wins over the attribute
+    run "$BIN/lrmoe-route" -o "$T/out.lrm" "$T/in.lrm"   # no attribute: 8
+    assert_success
+    run python3 "$REF" check "$T/in.lrm" "$T/out.lrm" -k 8
+    assert_success
+    run "$BIN/lrmoe-route" -o "$T/out.lrm" "$T/k.lrm.0"
+    assert_failure 1
+    assert_output "lrmoe-route: frame 0: attribute topk 0: must be at least 1"
+    run "$BIN/lrmoe-route" -o "$T/out.lrm" "$T/k.lrm.x"
+    assert_failure 1
+    assert_output "lrmoe-route: frame 0: attribute topk 'x' is not an integer"
+    run "$BIN/lrmoe-route" -k 2 -o "$T/out.lrm" "$T/k.lrm.x"
+    assert_success
 }
 
 @test "route: -@ threads give the same stream as one thread" {
