@@ -2,8 +2,8 @@
  * lrmoe_exec_backward_cuda of lib/exec.h.
  *
  * Same data path as the CPU backend (lib/exec_cpu.c), on devices: P ranks,
- * rank r on device (cfg->device + r) mod G (G = visible devices, or
- * LRMOE_GPUS when set). Token rows and weight bytes cross ranks only through
+ * rank r on device (cfg->device + r mod G) mod visible (G = cfg->gpus, or
+ * all visible devices when 0). Token rows and weight bytes cross ranks only through
  * the CUDA communicator (kernels/comm_nccl.cu: NCCL between distinct devices,
  * device copies when ranks share one). The host keeps only the metadata
  * (pair layout, send/receive orders), exactly the CPU backend's:
@@ -15,8 +15,8 @@
  *   sources ascending, then permuted into layout order for the GEMMs.
  *
  * Expert GEMMs are cuBLAS with BF16 operands and F32 accumulation
- * (lrmoe_kcu_gemm; LRMOE_GEMM=loop|grouped picks the implementation,
- * LRMOE_GEMM_STREAMS the loop's streams). SwiGLU, conversions, gathers,
+ * (lrmoe_kcu_gemm; cfg->gemm picks loop or grouped, cfg->gemm_streams the
+ * loop's streams). SwiGLU, conversions, gathers,
  * combine and the router gradient are the kernels of kcu.cu.
  *
  * Numerics against the CPU backend: the CPU runs F32 GEMMs on F32 copies of
@@ -26,10 +26,6 @@
  *
  * Timings: stages are timed on the host around work that is synchronised per
  * rank, so each rank's seconds are its own device time plus launch overhead.
- *
- * CUDA-HOOK: lrmoe_exec_cfg_t has no GPU count or GEMM choice; until it does,
- * LRMOE_GPUS, LRMOE_GEMM and LRMOE_GEMM_STREAMS are read from the
- * environment here.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -210,19 +206,6 @@ struct run_t {
     }
 };
 
-static int env_int(const char *name, int dflt, int lo, int hi, int *out)
-{
-    const char *s = getenv(name);
-    *out = dflt;
-    if (!s || !*s) return 0;
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*end || v < lo || v > hi)
-        return lrmoe_err("%s: '%s' is not an integer in [%d,%d]", name, s, lo, hi);
-    *out = (int)v;
-    return 0;
-}
-
 static int run_init(run_t &R, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                     double *tim)
 {
@@ -232,13 +215,16 @@ static int run_init(run_t &R, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims
     memset(&R.comm, 0, sizeof R.comm);
     int ndev = lrmoe_kcu_device_count();
     if (ndev < 0) return lrmoe_err_prefix("backend cuda: no usable CUDA device");
-    int gpus, streams;
-    lrmoe_gemm_impl_t impl = LRMOE_GEMM_LOOP;
-    if (env_int("LRMOE_GPUS", ndev, 1, ndev, &gpus) < 0 ||
-        env_int("LRMOE_GEMM_STREAMS", 4, 1, KCU_MAX_STREAMS, &streams) < 0)
-        return -1;
-    const char *gi = getenv("LRMOE_GEMM");
-    if (gi && *gi && lrmoe_gemm_impl_parse(gi, &impl) < 0) return lrmoe_err_prefix("LRMOE_GEMM");
+    int gpus = cfg->gpus > 0 ? cfg->gpus : ndev;
+    int streams = cfg->gemm_streams > 0 ? cfg->gemm_streams : 4;
+    if (gpus > ndev)
+        return lrmoe_err("backend cuda: --gpus %d but only %d devices are visible", gpus, ndev);
+    if (streams > KCU_MAX_STREAMS)
+        return lrmoe_err("backend cuda: --gemm-streams %d exceeds %d", streams, KCU_MAX_STREAMS);
+    lrmoe_gemm_impl_t impl;
+    if (cfg->gemm == LRMOE_EXEC_GEMM_LOOP) impl = LRMOE_GEMM_LOOP;
+    else if (cfg->gemm == LRMOE_EXEC_GEMM_GROUPED) impl = LRMOE_GEMM_GROUPED;
+    else return lrmoe_err("backend cuda: unknown GEMM implementation %d", cfg->gemm);
     if (cfg->device < 0 || cfg->device >= ndev)
         return lrmoe_err("backend cuda: device %d out of range (%d devices)", cfg->device, ndev);
     R.rk.resize(R.P);

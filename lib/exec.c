@@ -53,6 +53,19 @@ void lrmoe_exec_cfg_default(lrmoe_exec_cfg_t *c)
 {
     memset(c, 0, sizeof *c);
     c->backend = LRMOE_BACKEND_CPU;
+    c->gemm = LRMOE_EXEC_GEMM_LOOP;
+}
+
+int lrmoe_exec_gemm_parse(const char *s, lrmoe_exec_gemm_t *g)
+{
+    if (!strcmp(s, "loop")) { *g = LRMOE_EXEC_GEMM_LOOP; return 0; }
+    if (!strcmp(s, "grouped")) { *g = LRMOE_EXEC_GEMM_GROUPED; return 0; }
+    return lrmoe_err("unknown GEMM implementation '%s' (loop, grouped)", s);
+}
+
+const char *lrmoe_exec_gemm_name(lrmoe_exec_gemm_t g)
+{
+    return g == LRMOE_EXEC_GEMM_GROUPED ? "grouped" : "loop";
 }
 
 int lrmoe_exec_native(int64_t e, int64_t E, int P)

@@ -54,9 +54,10 @@ enum {
                                  (and, on the CPU, their F32 conversion) */
     LRMOE_STAGE_DISPATCH,     /* send-buffer build, all-to-all, receive permute
                                  (rows converted to F32 there) */
-    LRMOE_STAGE_GEMM,         /* expert GEMMs, incl. F32 conversion of weights
-                                 and of saved state */
-    LRMOE_STAGE_ACT,          /* SwiGLU forward / backward elementwise */
+    LRMOE_STAGE_GEMM,         /* expert GEMMs (and, without F32 weight copies,
+                                 the per-call F32 conversion of the weights) */
+    LRMOE_STAGE_ACT,          /* SwiGLU forward / backward elementwise, saved
+                                 state stored (forward) / loaded to F32 (backward) */
     LRMOE_STAGE_COMBINE,      /* reverse all-to-all, combine / scatter-add, router grad */
     LRMOE_STAGE_GRADRED,      /* weight-gradient p2p to the owner and sum */
     LRMOE_NSTAGES
@@ -80,8 +81,21 @@ typedef struct {
                              running each rank (CLOCK_THREAD_CPUTIME_ID) instead of
                              the monotonic clock: robust on a shared machine, exact
                              only with one BLAS thread per rank */
+    int gpus;             /* CUDA: devices used, G (0: all visible); rank r runs on
+                             device (device + r mod G) mod visible */
+    int gemm;             /* CUDA: lrmoe_exec_gemm_t, the expert GEMM implementation */
+    int gemm_streams;     /* CUDA: streams of the loop GEMM (0: backend default, 4) */
 } lrmoe_exec_cfg_t;
 void lrmoe_exec_cfg_default(lrmoe_exec_cfg_t *c);
+
+/* CUDA expert GEMMs: a loop of cublasGemmEx over gemm_streams streams
+ * (default), or one cublasGemmGroupedBatchedEx per GEMM kind. */
+typedef enum {
+    LRMOE_EXEC_GEMM_LOOP = 0,
+    LRMOE_EXEC_GEMM_GROUPED = 1
+} lrmoe_exec_gemm_t;
+int lrmoe_exec_gemm_parse(const char *s, lrmoe_exec_gemm_t *g); /* "loop"/"grouped" */
+const char *lrmoe_exec_gemm_name(lrmoe_exec_gemm_t g);
 
 /* Weights of all E experts (the full logical copy; rank r reads only its
  * native experts directly, every other instance receives them by p2p). */
@@ -94,6 +108,12 @@ typedef struct {
      * (NULL: converted per call). The CPU backend computes native experts
      * from them; point-to-point copies still move the storage dtype. */
     const float *w_gate_f32, *w_up_f32, *w_down_f32;
+    /* Optional packed F32 copy made once per layer by the caller (preferred
+     * over the three above, for BF16 or F32 storage): expert e is the block
+     * w_f32 + e*3*F*D = [W_gate (F,D); W_up (F,D); W_down (D,F)], so W_gate
+     * and W_up form one (2F,D) matrix and the CPU backend runs the gate and
+     * up projections as ONE GEMM with N = 2F (and dx as one with K = 2F). */
+    const float *w_f32;
 } lrmoe_exec_weights_t;
 
 /* The plan (lrmoe-plan). Both pointers NULL means plain EP ("fixed"): each

@@ -370,6 +370,11 @@ static void expert_w(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
         *wg = wc->rep[e]; *wu = wc->rep[e] + n; *wd = wc->rep[e] + 2 * n;
         return;
     }
+    if (w->w_f32) { /* packed [gate; up; down] per expert */
+        const float *b = w->w_f32 + e * 3 * n;
+        *wg = b; *wu = b + n; *wd = b + 2 * n;
+        return;
+    }
     if (w->dtype == LRMOE_F32) {
         *wg = (const float *)w->w_gate + e * n; *wu = (const float *)w->w_up + e * n;
         *wd = (const float *)w->w_down + e * n;
@@ -454,7 +459,8 @@ typedef struct {
 typedef struct {
     wcache_t wc;
     float *Xs;                /* (maxn,D) */
-    float *s[6];              /* (maxn,F) each */
+    float *s[6];              /* (maxn,F) each, consecutive in one block (s[0]):
+                                 s[i] and s[i+1] together form an (maxn,2F) buffer */
     float *sq;                /* (maxn) */
 } worker_t;
 
@@ -463,7 +469,7 @@ static void worker_free(worker_t *k, int64_t E)
     if (k->wc.rep) drop_replicas(E, &k->wc);
     free(k->wc.rep); free(k->wc.scratch); free(k->wc.stage);
     free(k->Xs); free(k->sq);
-    for (int i = 0; i < 6; i++) free(k->s[i]);
+    free(k->s[0]);
     memset(k, 0, sizeof *k);
 }
 
@@ -473,7 +479,8 @@ static int worker_init(worker_t *k, const job_t *J)
     memset(k, 0, sizeof *k);
     size_t nf = (size_t)(J->maxn * d->F) * sizeof(float);
     int ok = 1;
-    for (int i = 0; i < 6; i++) ok &= (k->s[i] = malloc(nf)) != NULL;
+    ok &= (k->s[0] = malloc(6 * nf)) != NULL;
+    for (int i = 1; i < 6 && ok; i++) k->s[i] = k->s[0] + (size_t)i * (size_t)(J->maxn * d->F);
     k->Xs = J->ba ? malloc((size_t)(J->maxn * d->D) * sizeof(float)) : NULL;
     k->sq = malloc((size_t)J->maxn * sizeof(float));
     k->wc.rep = calloc((size_t)d->E, sizeof *k->wc.rep);
@@ -488,7 +495,7 @@ static int worker_init(worker_t *k, const job_t *J)
                          (long long)J->maxn, (long long)d->D, (long long)d->F);
     }
     /* touch the scratch now so page faults do not land in the timed stages */
-    for (int i = 0; i < 6; i++) memset(k->s[i], 0, nf);
+    memset(k->s[0], 0, 6 * nf);
     if (k->Xs) memset(k->Xs, 0, (size_t)(J->maxn * d->D) * sizeof(float));
     return 0;
 }
@@ -579,7 +586,8 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
     const lrmoe_dtype_t adt = a->act_dtype;
     const size_t as = lrmoe_dtype_size(adt);
     double *tim = J->tim;
-    float *hg = k->s[0], *hu = k->s[1], *phi = k->s[2], *sq = k->sq;
+    float *H = k->s[0], *phi = k->s[2], *sq = k->sq; /* H (n,2F) = [h_g | h_u] */
+    const size_t FD = (size_t)(F * D);
     if (fetch_replicas(J->comm, d, J->w, J->placement, L->cnt, r, &k->wc, tim) < 0) return -1;
     for (int64_t e = 0; e < E; e++) {
         int64_t n = L->cnt[r * E + e], i0 = L->seg[r * E + e];
@@ -588,20 +596,27 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
         const float *wg, *wu, *wd;
         expert_w(d, J->w, &k->wc, e, &wg, &wu, &wd);
         float *x = J->X + i0 * D;
-        // x is (n,D), wg/wu are (F,D): h = x W^T is (n,F)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)D,
-                    1.0f, x, (int)D, wg, (int)D, 0.0f, hg, (int)F);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)D,
-                    1.0f, x, (int)D, wu, (int)D, 0.0f, hu, (int)F);
+        // x is (n,D), [wg; wu] is (2F,D): H = x [W_gate; W_up]^T is (n,2F),
+        // one GEMM when the two matrices are consecutive (packed copies,
+        // replicas), else two writing the halves of H
+        if (wu == wg + FD) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)(2 * F), (int)D,
+                        1.0f, x, (int)D, wg, (int)D, 0.0f, H, (int)(2 * F));
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)D,
+                        1.0f, x, (int)D, wg, (int)D, 0.0f, H, (int)(2 * F));
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)D,
+                        1.0f, x, (int)D, wu, (int)D, 0.0f, H + F, (int)(2 * F));
+        }
         double t1 = now_();
-        lrmoe_swiglu_fwd(n, F, hg, hu, phi, sq);
+        lrmoe_swiglu_fwd_ld(n, F, H, H + F, 2 * F, phi, F, sq);
         for (int64_t j = 0; j < n; j++) {
             int64_t u = L->u[i0 + j];
             if (a->phi_sqnorm) a->phi_sqnorm[u] = sq[j];
             if (a->saved_gate)
-                lrmoe_convert_from_f32(adt, hg + j * F, (char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F);
+                lrmoe_convert_from_f32(adt, H + j * 2 * F, (char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F);
             if (a->saved_up)
-                lrmoe_convert_from_f32(adt, hu + j * F, (char *)a->saved_up + (size_t)(u * F) * as, (size_t)F);
+                lrmoe_convert_from_f32(adt, H + j * 2 * F + F, (char *)a->saved_up + (size_t)(u * F) * as, (size_t)F);
         }
         double t2 = now_();
         // phi is (n,F), wd is (D,F): y = phi W_down^T is (n,D), written over x
@@ -761,8 +776,9 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
     const int compact = a->mode == LRMOE_MODE_COMPACT;
     const size_t FD = (size_t)(F * D);
     double *tim = J->tim;
-    float *hg = k->s[0], *hu = k->s[1], *dphi = k->s[2], *dg = k->s[3], *du = k->s[4],
-          *phi = k->s[5], *Xs = k->Xs;
+    /* G (n,2F) = [dg | du] spans s[3] and s[4] */
+    float *hg = k->s[0], *hu = k->s[1], *dphi = k->s[2], *G = k->s[3], *phi = k->s[5],
+          *Xs = k->Xs;
     if (fetch_replicas(J->comm, d, J->w, J->placement, L->cnt, r, &k->wc, tim) < 0) return -1;
     for (int64_t e = 0; e < E; e++) {
         int64_t n = L->cnt[r * E + e], i0 = L->seg[r * E + e];
@@ -787,7 +803,9 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
         }
         const float *wg, *wu, *wd;
         expert_w(d, J->w, &k->wc, e, &wg, &wu, &wd);
-        /* saved state of the segment: x, h_g, h_u (n rows) */
+        /* saved state of the segment: x, h_g, h_u (n rows), loaded to F32
+         * (elementwise: counted with the activation stage) */
+        double ts = now_();
         for (int64_t j = 0; j < n; j++) {
             int64_t i = i0 + j, u = L->u[i];
             const char *xs, *gs, *us;
@@ -804,28 +822,36 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
             lrmoe_convert_to_f32(adt, gs, hg + j * F, (size_t)F);
             lrmoe_convert_to_f32(adt, us, hu + j * F, (size_t)F);
         }
+        double te = now_();
         float *dy = J->DY + i0 * D;
         // dy is (n,D), wd is (D,F): dphi = dy W_down is (n,F)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)F, (int)D,
                     1.0f, dy, (int)D, wd, (int)F, 0.0f, dphi, (int)F);
         double t1 = now_();
-        lrmoe_swiglu_bwd(n, F, hg, hu, dphi, dg, du, phi);
+        lrmoe_swiglu_bwd_ld(n, F, hg, hu, F, dphi, G, G + F, 2 * F, phi);
         double t2 = now_();
         // grad W_down (D,F) = dy^T phi; grad W_gate/W_up (F,D) = dg^T x, du^T x
+        // (dg, du are the halves of G, row stride 2F)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)D, (int)F, (int)n,
                     1.0f, dy, (int)D, phi, (int)F, 0.0f, gwd, (int)F);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)F, (int)D, (int)n,
-                    1.0f, dg, (int)F, Xs, (int)D, 0.0f, gwg, (int)D);
+                    1.0f, G, (int)(2 * F), Xs, (int)D, 0.0f, gwg, (int)D);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)F, (int)D, (int)n,
-                    1.0f, du, (int)F, Xs, (int)D, 0.0f, gwu, (int)D);
-        // dx (n,D) = dg W_gate + du W_up, written over dy
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)D, (int)F,
-                    1.0f, dg, (int)F, wg, (int)D, 0.0f, dy, (int)D);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)D, (int)F,
-                    1.0f, du, (int)F, wu, (int)D, 1.0f, dy, (int)D);
+                    1.0f, G + F, (int)(2 * F), Xs, (int)D, 0.0f, gwu, (int)D);
+        // dx (n,D) = dg W_gate + du W_up = G [W_gate; W_up], written over dy:
+        // one GEMM with K = 2F when the matrices are consecutive
+        if (wu == wg + FD) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)D, (int)(2 * F),
+                        1.0f, G, (int)(2 * F), wg, (int)D, 0.0f, dy, (int)D);
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)D, (int)F,
+                        1.0f, G, (int)(2 * F), wg, (int)D, 0.0f, dy, (int)D);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)D, (int)F,
+                        1.0f, G + F, (int)(2 * F), wu, (int)D, 1.0f, dy, (int)D);
+        }
         double t3 = now_();
-        TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
-        TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+        TIM(r, LRMOE_STAGE_GEMM) += (ts - t0) + (t1 - te) + (t3 - t2);
+        TIM(r, LRMOE_STAGE_ACT) += (te - ts) + (t2 - t1);
     }
     return 0;
 }

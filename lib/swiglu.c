@@ -32,3 +32,36 @@ void lrmoe_swiglu_bwd(int64_t n, int64_t F, const float *g, const float *u,
         if (phi) phi[j] = si * u[j];
     }
 }
+
+void lrmoe_swiglu_fwd_ld(int64_t n, int64_t F, const float *g, const float *u,
+                         int64_t ldi, float *phi, int64_t ldp, float *sqnorm)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float *gi = g + i * ldi, *ui = u + i * ldi;
+        float *pi = phi + i * ldp;
+        double s = 0;
+        for (int64_t j = 0; j < F; j++) {
+            float v = gi[j] * sigmoidf_(gi[j]) * ui[j];
+            pi[j] = v;
+            s += (double)v * v;
+        }
+        if (sqnorm) sqnorm[i] = (float)s;
+    }
+}
+
+void lrmoe_swiglu_bwd_ld(int64_t n, int64_t F, const float *g, const float *u,
+                         int64_t ldi, const float *dphi, float *dg, float *du,
+                         int64_t ldo, float *phi)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float *gi = g + i * ldi, *ui = u + i * ldi, *di = dphi + i * F;
+        float *dgi = dg + i * ldo, *dui = du + i * ldo, *pi = phi ? phi + i * F : NULL;
+        for (int64_t j = 0; j < F; j++) {
+            float sg = sigmoidf_(gi[j]);
+            float si = gi[j] * sg;
+            dui[j] = di[j] * si;
+            dgi[j] = di[j] * ui[j] * sg * (1.0f + gi[j] * (1.0f - sg));
+            if (pi) pi[j] = si * ui[j];
+        }
+    }
+}

@@ -23,4 +23,16 @@ void lrmoe_swiglu_fwd(int64_t n, int64_t F, const float *g, const float *u,
 void lrmoe_swiglu_bwd(int64_t n, int64_t F, const float *g, const float *u,
                       const float *dphi, float *dg, float *du, float *phi);
 
+/* Strided forms used by the fused gate/up GEMM (one GEMM with N = 2F writes
+ * [h_g | h_u] as an (n,2F) matrix): row i of g is g + i*ldi (likewise u),
+ * row i of phi is phi + i*ldp. Same math as the contiguous forms.
+ * Forward: phi = silu(g) * u, sqnorm as above. */
+void lrmoe_swiglu_fwd_ld(int64_t n, int64_t F, const float *g, const float *u,
+                         int64_t ldi, float *phi, int64_t ldp, float *sqnorm);
+/* Backward: g, u rows at stride ldi; dphi and phi (optional) at stride F;
+ * dg, du rows at stride ldo (dg and du may interleave in one (n,2F) buffer). */
+void lrmoe_swiglu_bwd_ld(int64_t n, int64_t F, const float *g, const float *u,
+                         int64_t ldi, const float *dphi, float *dg, float *du,
+                         int64_t ldo, float *phi);
+
 #endif

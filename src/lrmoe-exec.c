@@ -22,6 +22,12 @@ static void usage(FILE *fp)
         "  -P, --ranks P         expert-parallel ranks (default: the plan's, else 1)\n"
         "      --mode M          backward: full (default), masked (keep) or compact\n"
         "      --backend B       cpu (default) or cuda\n"
+        "      --gpus N          cuda: devices to use (default 0: all visible)\n"
+        "      --device N        cuda: first device (default 0); rank r runs on\n"
+        "                        device (N + r mod G) mod visible, G = --gpus\n"
+        "      --gemm G          cuda: expert GEMMs as a loop of cublasGemmEx\n"
+        "                        (loop, default) or grouped (cublasGemmGroupedBatchedEx)\n"
+        "      --gemm-streams N  cuda: streams of the loop GEMM, 1 to 8 (default 4)\n"
         "      --timings FILE    write per-rank, per-stage seconds as TSV\n"
         "      --allow-nonfinite accept NaN/Inf in the inputs\n"
         "  -o, --output FILE     write to FILE (default stdout)\n"
@@ -42,17 +48,68 @@ typedef struct {
     lrmoe_exec_mode_t mode;
     lrmoe_exec_cfg_t cfg;
     int ranks;               /* 0: from the plan, else 1 */
+    const char *weights;     /* path, read lazily at the first frame */
+    int w_loaded;
     lrmoe_weights_t w;
     FILE *tsv;
     int tsv_header;
-    int64_t f32_layer;       /* layer whose BF16 weights are cached as F32, -1 none */
-    float *f32[3];
+    int64_t f32_layer;       /* layer whose weights are cached as packed F32, -1 none */
+    float *f32;              /* (E, 3*F*D): per expert [W_gate; W_up; W_down] */
 } ctx_t;
 
 static void drop_f32(ctx_t *c)
 {
-    for (int i = 0; i < 3; i++) { free(c->f32[i]); c->f32[i] = NULL; }
+    free(c->f32);
+    c->f32 = NULL;
     c->f32_layer = -1;
+}
+
+/* The weights stream is read at the first input frame, not at startup, so
+ * that `lrmoe-gen --weights w.lrm | ... | lrmoe-exec --weights w.lrm` has no
+ * race: lrmoe-gen finishes w.lrm before it writes frame 0. */
+static int load_weights(ctx_t *c)
+{
+    if (c->w_loaded) return 0;
+    if (lrmoe_weights_load(c->weights, &c->w) < 0)
+        return lrmoe_err_prefix("%s", c->weights);
+    c->w_loaded = 1;
+    if (c->cfg.allow_nonfinite) return 0;
+    for (int i = 0; i < c->w.n; i++) {
+        const char *nm[3] = {"w_gate", "w_up", "w_down"};
+        for (int j = 0; j < 3; j++) {
+            lrmoe_tensor_t *t = lrmoe_frame_get(&c->w.frames[i], nm[j]);
+            if (t && lrmoe_exec_check_finite(t->dtype, t->data,
+                                             (size_t)lrmoe_tensor_numel(t), nm[j]) < 0)
+                return lrmoe_err_prefix("%s: layer %lld", c->weights,
+                                        (long long)c->w.layer[i]);
+        }
+    }
+    return 0;
+}
+
+/* Packed F32 copy of one layer's weights, made once per layer (not per
+ * frame or call): expert e's block is [W_gate (F,D); W_up (F,D); W_down (D,F)]
+ * so the backend runs gate and up as one GEMM with N = 2F. */
+static int pack_f32(ctx_t *c, int64_t layer, const lrmoe_tensor_t *wg,
+                    const lrmoe_tensor_t *wu, const lrmoe_tensor_t *wd)
+{
+    if (c->f32_layer == layer) return 0;
+    drop_f32(c);
+    const int64_t E = wg->shape[0];
+    const size_t n = (size_t)(wg->shape[1] * wg->shape[2]);
+    const size_t es = lrmoe_dtype_size(wg->dtype);
+    c->f32 = malloc((size_t)E * 3 * n * sizeof(float));
+    if (!c->f32)
+        return lrmoe_err("weights layer %lld: out of memory for the F32 copy",
+                         (long long)layer);
+    for (int64_t e = 0; e < E; e++) {
+        float *b = c->f32 + (size_t)e * 3 * n;
+        lrmoe_convert_to_f32(wg->dtype, (const char *)wg->data + (size_t)e * n * es, b, n);
+        lrmoe_convert_to_f32(wu->dtype, (const char *)wu->data + (size_t)e * n * es, b + n, n);
+        lrmoe_convert_to_f32(wd->dtype, (const char *)wd->data + (size_t)e * n * es, b + 2 * n, n);
+    }
+    c->f32_layer = layer;
+    return 0;
 }
 
 /* tensor with the given rank and dims (-1: any) and one of the dtypes */
@@ -144,6 +201,7 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
     int64_t layer = 0;
     int k = lrmoe_frame_attr_i64(f, "layer", &layer);
     if (k < 0) return lrmoe_err("attribute layer: not an integer");
+    if (load_weights(c) < 0) return -1;
     const lrmoe_frame_t *wf = lrmoe_weights_layer(&c->w, layer);
     if (!wf) return lrmoe_err("weights: no frame for layer %lld", (long long)layer);
 
@@ -158,19 +216,13 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
         return lrmoe_err_prefix("weights layer %lld", (long long)layer);
     if (wu->dtype != wg->dtype || wd->dtype != wg->dtype)
         return lrmoe_err("weights: w_gate, w_up, w_down have different dtypes");
-    lrmoe_exec_weights_t W = {wg->dtype, wg->data, wu->data, wd->data, NULL, NULL, NULL};
-    if (W.dtype != LRMOE_F32) {
-        /* F32 copies of the layer's weights, made once (not per frame) */
-        if (c->f32_layer != layer) {
-            drop_f32(c);
-            if (!(c->f32[0] = lrmoe_tensor_f32(wg)) || !(c->f32[1] = lrmoe_tensor_f32(wu)) ||
-                !(c->f32[2] = lrmoe_tensor_f32(wd))) {
-                drop_f32(c);
-                return lrmoe_err_prefix("weights layer %lld", (long long)layer);
-            }
-            c->f32_layer = layer;
-        }
-        W.w_gate_f32 = c->f32[0]; W.w_up_f32 = c->f32[1]; W.w_down_f32 = c->f32[2];
+    lrmoe_exec_weights_t W;
+    memset(&W, 0, sizeof W);
+    W.dtype = wg->dtype; W.w_gate = wg->data; W.w_up = wu->data; W.w_down = wd->data;
+    if (c->cfg.backend == LRMOE_BACKEND_CPU &&
+        (W.dtype == LRMOE_F32 || W.dtype == LRMOE_BF16)) {
+        if (pack_f32(c, layer, wg, wu, wd) < 0) return -1;
+        W.w_f32 = c->f32;
     }
 
     /* routing */
@@ -331,7 +383,7 @@ out:
 }
 
 enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_TIMINGS, OPT_NONFINITE,
-       OPT_CLOCK };
+       OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS };
 
 int main(int argc, char **argv)
 {
@@ -346,6 +398,10 @@ int main(int argc, char **argv)
         {"timings", required_argument, 0, OPT_TIMINGS},
         {"allow-nonfinite", no_argument, 0, OPT_NONFINITE},
         {"clock", required_argument, 0, OPT_CLOCK},
+        {"gpus", required_argument, 0, OPT_GPUS},
+        {"device", required_argument, 0, OPT_DEVICE},
+        {"gemm", required_argument, 0, OPT_GEMM},
+        {"gemm-streams", required_argument, 0, OPT_GEMM_STREAMS},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
@@ -381,6 +437,27 @@ int main(int argc, char **argv)
             if (lrmoe_backend_parse(optarg, &c.cfg.backend) < 0) goto usage_err;
             break;
         case OPT_TIMINGS: timings = optarg; break;
+        case OPT_GPUS:
+            if (lrmoe_parse_i64("--gpus", optarg, 0, 4096, &v) < 0) goto usage_err;
+            c.cfg.gpus = (int)v;
+            break;
+        case OPT_DEVICE:
+            if (lrmoe_parse_i64("--device", optarg, 0, 4096, &v) < 0) goto usage_err;
+            c.cfg.device = (int)v;
+            break;
+        case OPT_GEMM: {
+            lrmoe_exec_gemm_t g;
+            if (lrmoe_exec_gemm_parse(optarg, &g) < 0) {
+                lrmoe_err_prefix("--gemm");
+                goto usage_err;
+            }
+            c.cfg.gemm = (int)g;
+            break;
+        }
+        case OPT_GEMM_STREAMS:
+            if (lrmoe_parse_i64("--gemm-streams", optarg, 1, 8, &v) < 0) goto usage_err;
+            c.cfg.gemm_streams = (int)v;
+            break;
         case OPT_NONFINITE: c.cfg.allow_nonfinite = 1; break;
         case OPT_CLOCK:
             if (!strcmp(optarg, "cpu")) c.cfg.cpu_clock = 1;
@@ -419,27 +496,9 @@ int main(int argc, char **argv)
     }
     if (lrmoe_check_tty_out(io.out, io.force) < 0) goto usage_err;
 
-    if (lrmoe_weights_load(weights, &c.w) < 0) {
-        fprintf(stderr, "lrmoe-exec: %s: %s\n", weights, lrmoe_errmsg());
-        return 1;
-    }
-    if (!c.cfg.allow_nonfinite)
-        for (int i = 0; i < c.w.n; i++) {
-            const char *nm[3] = {"w_gate", "w_up", "w_down"};
-            for (int j = 0; j < 3; j++) {
-                lrmoe_tensor_t *t = lrmoe_frame_get(&c.w.frames[i], nm[j]);
-                if (t && lrmoe_exec_check_finite(t->dtype, t->data,
-                                                 (size_t)lrmoe_tensor_numel(t), nm[j]) < 0) {
-                    fprintf(stderr, "lrmoe-exec: %s: layer %lld: %s\n", weights,
-                            (long long)c.w.layer[i], lrmoe_errmsg());
-                    lrmoe_weights_free(&c.w);
-                    return 1;
-                }
-            }
-        }
+    c.weights = weights;
     if (timings && !(c.tsv = fopen(timings, "w"))) {
         fprintf(stderr, "lrmoe-exec: %s: cannot open for writing\n", timings);
-        lrmoe_weights_free(&c.w);
         return 1;
     }
     const char *in = optind < argc ? argv[optind] : "-";
@@ -453,7 +512,7 @@ int main(int argc, char **argv)
         rc = 1;
     }
     drop_f32(&c);
-    lrmoe_weights_free(&c.w);
+    if (c.w_loaded) lrmoe_weights_free(&c.w);
     return rc;
 
 usage_err:

@@ -114,3 +114,29 @@ have_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2
     assert_failure
     assert_output --partial "FAIL backward full cuda = cpu"
 }
+
+@test "cuda: --gpus, --device, --gemm, --gemm-streams parse; bad values exit 2; cpu ignores them; cuda without a GPU exits 1" {
+    run "$EXEC" --help
+    assert_success
+    assert_output --partial "--gpus N"
+    assert_output --partial "--gemm G"
+    assert_output --partial "--gemm-streams N"
+    for bad in "--gemm fast" "--gemm-streams 0" "--gemm-streams 9" "--gpus -1" "--gpus x" "--device -2"; do
+        # shellcheck disable=SC2086
+        run "$EXEC" --phase forward --weights x $bad
+        assert_equal "$status" 2
+        assert_line --regexp "^lrmoe-exec: --(gemm|gemm-streams|gpus|device)"
+    done
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 20 --E 4 --K 2 --D 8 --F 6 --dtype bf16
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --no-compress -o "$D/a.lrm" "$D/in.lrm"
+    run "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --gpus 2 --device 1 --gemm grouped \
+        --gemm-streams 8 --no-compress -o "$D/b.lrm" "$D/in.lrm"
+    assert_success
+    run python3 "$REF" compare "$D/a.lrm" "$D/b.lrm" output phi_sqnorm --tol 0
+    assert_success
+    have_gpu && skip "a GPU is present: make check-gpu tests the backend"
+    run "$EXEC" --phase forward --backend cuda --gpus 1 --gemm grouped --gemm-streams 2 \
+        --weights "$D/w.lrm" --no-compress -o "$D/c.lrm" "$D/in.lrm"
+    assert_equal "$status" 1
+    assert_line --regexp '^lrmoe-exec: .*backend cuda: (no usable CUDA device: cudaGetDeviceCount: .+|this build has no CUDA support.*)$'
+}

@@ -318,3 +318,28 @@ no_trailer() {
     run python3 "$REF" check-bwd "$D/c2.lrm" "$D/w2.lrm" --mode compact --tol 2e-2
     assert_success
 }
+
+@test "exec: the weights stream is read at the first frame: gen --weights w.lrm | ... | exec --weights w.lrm has no race" {
+    for t in gen route; do
+        [ -x "$BIN/lrmoe-$t" ] || skip "bin/lrmoe-$t not built"
+    done
+    # lrmoe-gen starts 1 s late, so lrmoe-exec is running before w.lrm exists:
+    # reading the weights at startup would fail here
+    (sleep 1; "$BIN/lrmoe-gen" --tokens 48 --experts 8 --topk 2 --hidden 32 --ffn 16 \
+        --dtype bf16 --weights "$D/w.lrm" --seed 5 --no-compress) |
+        "$BIN/lrmoe-route" -k 2 --no-compress |
+        "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --no-compress -o "$D/f.lrm"
+    [ -s "$D/w.lrm" ]
+    run python3 "$REF" check-fwd "$D/f.lrm" "$D/w.lrm" --tol 2e-2
+    assert_success
+    # the same frame from files gives the same result
+    "$BIN/lrmoe-gen" --tokens 48 --experts 8 --topk 2 --hidden 32 --ffn 16 --dtype bf16 \
+        --seed 5 --no-compress | "$BIN/lrmoe-route" -k 2 --no-compress -o "$D/r.lrm"
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --no-compress -o "$D/f2.lrm" "$D/r.lrm"
+    run python3 "$REF" compare "$D/f.lrm" "$D/f2.lrm" output phi_sqnorm --tol 0
+    assert_success
+    # a missing weights file fails at frame 0, exit 1
+    run "$EXEC" --phase forward --weights "$D/nope.lrm" --no-compress -o "$D/x.lrm" "$D/r.lrm"
+    assert_fails_clean
+    assert_line --partial "nope.lrm"
+}

@@ -19,10 +19,13 @@
 #                   ranks, as exec runs all P ranks; a real rank packs only
 #                   its own rows, so `overhead` is the pessimistic figure.
 # Each lrmoe-exec call spends most of its wall time outside the timed layer
-# (reading 1.2 GB of weights, faulting in gradient buffers), so a run takes
-# minutes whatever TOKENS is; the per-rank fixed cost (F32 weights, zeroed
-# weight gradients of E/P experts) is what keeps realised/ideal below 1 at
-# small TOKENS.
+# (reading 1.2 GB of weights and making their packed F32 copy once per layer,
+# faulting in gradient buffers), so a run takes minutes whatever TOKENS is.
+# Inside the timed backward the per-rank cost that does not shrink with rho
+# is writing the weight gradients of the rank's E/P experts (3*F*D floats
+# each, whatever their row count), which keeps realised/ideal below 1 at small
+# TOKENS; score and pack times are wall clock (lrmoe-score/-pack report
+# them so), so a busy machine inflates them: use REPS >= 2 there.
 # Usage: tests/bench/compact.sh [TOKENS [P [REPS]]]
 #   env PRESET (qwen3-30b-a3b), SKEW (zipf:1.2), GEN_OPTS (extra lrmoe-gen
 #   options, e.g. --hidden 256 --ffn 128), THREADS (BLAS threads,
@@ -33,6 +36,9 @@ cd "$(dirname "$0")/../.."
 if [ "${BENCH_QUICK:-0}" = 1 ]; then dT=256; dR=1; else dT=2048; dR=1; fi
 TOKENS=${1:-$dT}; P=${2:-8}; REPS=${3:-$dR}
 PRESET=${PRESET:-qwen3-30b-a3b}; SKEW=${SKEW:-zipf:1.2}; THREADS=${THREADS:-1}
+# one BLAS thread: time each rank by its thread's CPU time (lrmoe-exec
+# --clock cpu), which other load on a shared machine does not inflate
+if [ "$THREADS" = 1 ]; then CLOCK=cpu; else CLOCK=wall; fi
 for t in gen route exec score pack view; do
     [ -x bin/lrmoe-$t ] || { echo "compact.sh: bin/lrmoe-$t missing: run make first" >&2; exit 1; }
 done
@@ -48,7 +54,7 @@ a = json.loads(sys.stdin.readline())["attrs"]
 print(a.get(sys.argv[1], ""))' "$2"
 }
 
-echo "compact backward: preset $PRESET ${GEN_OPTS:-}, tokens $TOKENS, ranks $P, skew $SKEW, rounds $REPS (best of), BLAS threads $THREADS"
+echo "compact backward: preset $PRESET ${GEN_OPTS:-}, tokens $TOKENS, ranks $P, skew $SKEW, rounds $REPS (best of), BLAS threads $THREADS, stage clock $CLOCK"
 # shellcheck disable=SC2086
 bin/lrmoe-gen --preset "$PRESET" --tokens "$TOKENS" --skew "$SKEW" --seed 1 \
     ${GEN_OPTS:-} --weights "$tmp/w.lrm" $raw -o "$tmp/g.lrm"
@@ -60,7 +66,7 @@ echo "expert load imbalance (max/mean): $(attr "$tmp/f.lrm" route.expert_imbalan
 # one backward: run MODE IN -> "crit sum" (critical rank, sum over ranks)
 run() {
     bin/lrmoe-exec --phase backward --mode "$1" --weights "$tmp/w.lrm" \
-        -P "$P" -@ "$THREADS" $raw "$2" -o "$tmp/b.lrm"
+        -P "$P" -@ "$THREADS" --clock "$CLOCK" $raw "$2" -o "$tmp/b.lrm"
     bin/lrmoe-view -j -S "$tmp/b.lrm" | python3 -c '
 import json, sys
 a = json.loads(sys.stdin.readline())["attrs"]

@@ -77,7 +77,7 @@ for dt in $DTS; do
         # backward on the CPU forward's stream, so both see identical inputs
         for gi in loop grouped; do
             step "backward full cpu $tag" $EXEC --phase backward --weights "$T/w.lrm" --no-compress -o "$T/bc.lrm" "$T/fc.lrm"
-            step "backward full cuda $tag $gi" env LRMOE_GEMM=$gi $EXEC --phase backward --backend cuda --weights "$T/w.lrm" --no-compress -o "$T/bg.lrm" "$T/fc.lrm"
+            step "backward full cuda $tag $gi" $EXEC --phase backward --backend cuda --gemm $gi --weights "$T/w.lrm" --no-compress -o "$T/bg.lrm" "$T/fc.lrm"
             step "backward full cuda = cpu $tag $gi" cmp "$T/bg.lrm" "$T/bc.lrm" $GRADS --tol $TOL
             step "backward full cuda = float64 reference $tag $gi" python3 "$REF" check-bwd "$T/bg.lrm" "$T/w.lrm" --tol $TOL
             [ "$P" = 4 ] || break
