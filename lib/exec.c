@@ -201,3 +201,77 @@ int lrmoe_exec_backward(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
     }
     return lrmoe_exec_backward_cpu(cfg, d, w, plan, a, timings);
 }
+
+/* The packed rows of lrmoe-pack, validated for both backends: counts,
+ * prefix offsets, eligibility, every pair at most once, in its expert's
+ * segment, ascending inside it. */
+int lrmoe_exec_check_pack(int P, int64_t T, int64_t K, int64_t E, const int32_t *topk,
+                          const lrmoe_exec_bwd_t *a, const uint8_t *placement)
+{
+    if (a->R < 0 || a->R > T * K)
+        return lrmoe_err("pack: %lld packed rows for %lld pairs", (long long)a->R,
+                         (long long)(T * K));
+    if (!a->pack_counts || !a->pack_offsets ||
+        (a->R && (!a->pack_pair || !a->pack_grad || !a->pack_hidden || !a->pack_gate ||
+                  !a->pack_up)))
+        return lrmoe_err("compact mode needs pack_pair, pack_counts, pack_offsets, "
+                         "pack_grad, pack_hidden, pack_gate and pack_up");
+    int64_t acc = 0;
+    for (int64_t j = 0; j < P * E; j++) {
+        int64_t c = a->pack_counts[j];
+        if (c < 0)
+            return lrmoe_err("pack_counts[%lld,%lld]: negative (%lld)", (long long)(j / E),
+                             (long long)(j % E), (long long)c);
+        if (a->pack_offsets[j] != acc)
+            return lrmoe_err("pack_offsets[%lld,%lld] is %lld, expected %lld (exclusive "
+                             "prefix sum of pack_counts)", (long long)(j / E),
+                             (long long)(j % E), (long long)a->pack_offsets[j],
+                             (long long)acc);
+        if (c > 0 && placement && !placement[(j % E) * P + j / E])
+            return lrmoe_err("pack_counts[%lld,%lld]: %lld rows on a rank without an "
+                             "instance of the expert", (long long)(j / E),
+                             (long long)(j % E), (long long)c);
+        acc += c;
+    }
+    if (acc != a->R)
+        return lrmoe_err("pack_counts sum to %lld but there are %lld packed rows",
+                         (long long)acc, (long long)a->R);
+    uint8_t *seen = calloc((size_t)(T * K > 0 ? T * K : 1), 1);
+    if (!seen) return lrmoe_err("exec: out of memory");
+    int rc = 0;
+    for (int64_t j = 0; j < P * E && !rc; j++) {
+        int64_t e = j % E, d = j / E;
+        for (int64_t i = a->pack_offsets[j]; i < a->pack_offsets[j] + a->pack_counts[j]; i++) {
+            int64_t u = a->pack_pair[i];
+            if (u < 0 || u >= T * K) {
+                rc = lrmoe_err("pack_pair[%lld]: pair %lld out of range [0,%lld)",
+                               (long long)i, (long long)u, (long long)(T * K));
+                break;
+            }
+            if (seen[u]) {
+                rc = lrmoe_err("pack_pair[%lld]: pair %lld packed twice", (long long)i,
+                               (long long)u);
+                break;
+            }
+            seen[u] = 1;
+            if (topk[u] != e) {
+                rc = lrmoe_err("pack_pair[%lld]: pair %lld is of expert %d but sits in the "
+                               "segment of expert %lld", (long long)i, (long long)u,
+                               topk[u], (long long)e);
+                break;
+            }
+            if (i > a->pack_offsets[j] && a->pack_pair[i - 1] >= u) {
+                rc = lrmoe_err("pack_pair[%lld]: pairs not ascending inside segment (%lld,%lld)",
+                               (long long)i, (long long)d, (long long)e);
+                break;
+            }
+            if (a->pack_rank && a->pack_rank[i] != d) {
+                rc = lrmoe_err("pack_rank[%lld] is %d but the row lies in rank %lld's segment",
+                               (long long)i, a->pack_rank[i], (long long)d);
+                break;
+            }
+        }
+    }
+    free(seen);
+    return rc;
+}

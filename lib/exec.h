@@ -246,4 +246,8 @@ int lrmoe_exec_critical(int P, const double *timings);
 /* 0 if all n values are finite, else -1 "NAME: non-finite value at index I". */
 int lrmoe_exec_check_finite(lrmoe_dtype_t dt, const void *x, size_t n, const char *name);
 
+/* Validate the packed rows of a compact backward (both backends call it). */
+int lrmoe_exec_check_pack(int P, int64_t T, int64_t K, int64_t E, const int32_t *topk,
+                          const lrmoe_exec_bwd_t *a, const uint8_t *placement);
+
 #endif
