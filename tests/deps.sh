@@ -30,6 +30,8 @@ if [ "$what" = test ]; then
     need_cmd zstd zstd
     need_cmd python3 python3
     need_cmd gnuplot gnuplot-nox
+    need_cmd bc bc                      # benchmarks' arithmetic
+    [ -x /usr/bin/time ] || missing="$missing time"   # benchmarks' peak RSS
 fi
 
 if [ -n "$missing" ]; then
