@@ -242,6 +242,38 @@ static inline __m256 sort8_desc(__m256 v)
  *    x_j > x_i, or x_j == x_i and j < i (ties to the lower index); the
  *    ranks below K are the answer, in order.
  * A NaN (or a shape it does not cover) falls back to topk_f32_avx2. */
+/* rank[i] = how many of the c candidates cv[] beat candidate i: a larger
+ * value, or an equal one earlier in the list (lower expert index). cv and
+ * rank are padded to a multiple of 8. */
+__attribute__((target("avx2")))
+static inline void rank_candidates(const float *cv, int c, int32_t *rank)
+{
+    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int i0 = 0; i0 < c; i0 += 8) {
+        __m256 vi = _mm256_loadu_ps(cv + i0);
+        __m256i cnt = _mm256_setzero_si256();
+        int j = 0;
+        /* candidates before the block beat on >=, after it on > */
+        for (; j < i0; j++)
+            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(
+                      _mm256_broadcast_ss(cv + j), vi, _CMP_GE_OQ)));
+        __m256i ii = _mm256_add_epi32(lane, _mm256_set1_epi32(i0));
+        for (; j < i0 + 8 && j < c; j++) {
+            __m256 vj = _mm256_broadcast_ss(cv + j);
+            __m256 beat = _mm256_or_ps(
+                _mm256_cmp_ps(vj, vi, _CMP_GT_OQ),
+                _mm256_and_ps(_mm256_cmp_ps(vj, vi, _CMP_EQ_OQ),
+                              _mm256_castsi256_ps(
+                                  _mm256_cmpgt_epi32(ii, _mm256_set1_epi32(j)))));
+            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(beat));
+        }
+        for (; j < c; j++)
+            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(
+                      _mm256_broadcast_ss(cv + j), vi, _CMP_GT_OQ)));
+        _mm256_storeu_si256((__m256i *)(rank + i0), cnt);
+    }
+}
+
 __attribute__((target("avx2")))
 static inline int topk_f32_avx2_bound(const float *x, int E, int K, float *tv, int32_t *ti, int *bad)
 {
@@ -292,29 +324,7 @@ static inline int topk_f32_avx2_bound(const float *x, int E, int K, float *tv, i
                             _mm256_add_epi32(perm, _mm256_set1_epi32(j)));
         c += __builtin_popcount(mask);
     }
-    for (int i0 = 0; i0 < c; i0 += 8) {
-        __m256 vi = _mm256_loadu_ps(cv + i0);
-        __m256i cnt = _mm256_setzero_si256();
-        int j = 0;
-        /* candidates before the block beat on >=, after it on > */
-        for (; j < i0; j++)
-            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(
-                      _mm256_broadcast_ss(cv + j), vi, _CMP_GE_OQ)));
-        __m256i ii = _mm256_add_epi32(lane, _mm256_set1_epi32(i0));
-        for (; j < i0 + 8 && j < c; j++) {
-            __m256 vj = _mm256_broadcast_ss(cv + j);
-            __m256 beat = _mm256_or_ps(
-                _mm256_cmp_ps(vj, vi, _CMP_GT_OQ),
-                _mm256_and_ps(_mm256_cmp_ps(vj, vi, _CMP_EQ_OQ),
-                              _mm256_castsi256_ps(
-                                  _mm256_cmpgt_epi32(ii, _mm256_set1_epi32(j)))));
-            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(beat));
-        }
-        for (; j < c; j++)
-            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(
-                      _mm256_broadcast_ss(cv + j), vi, _CMP_GT_OQ)));
-        _mm256_storeu_si256((__m256i *)(rank + i0), cnt);
-    }
+    rank_candidates(cv, c, rank);
     float sv[9];
     int32_t si[9];
     for (int i = 0; i < c; i++) {
@@ -473,28 +483,7 @@ static inline int top8_stage2(const float *cv, const int32_t *ci, int c, int K, 
     }
     if (_mm256_movemask_ps(un))
         return -1;
-    for (int i0 = 0; i0 < c; i0 += 8) {
-        __m256 vi = _mm256_loadu_ps(cv + i0);
-        __m256i cnt = _mm256_setzero_si256();
-        int j = 0;
-        for (; j < i0; j++)
-            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(
-                      _mm256_broadcast_ss(cv + j), vi, _CMP_GE_OQ)));
-        __m256i ii = _mm256_add_epi32(lane, _mm256_set1_epi32(i0));
-        for (; j < i0 + 8 && j < c; j++) {
-            __m256 vj = _mm256_broadcast_ss(cv + j);
-            __m256 beat = _mm256_or_ps(
-                _mm256_cmp_ps(vj, vi, _CMP_GT_OQ),
-                _mm256_and_ps(_mm256_cmp_ps(vj, vi, _CMP_EQ_OQ),
-                              _mm256_castsi256_ps(
-                                  _mm256_cmpgt_epi32(ii, _mm256_set1_epi32(j)))));
-            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(beat));
-        }
-        for (; j < c; j++)
-            cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(_mm256_cmp_ps(
-                      _mm256_broadcast_ss(cv + j), vi, _CMP_GT_OQ)));
-        _mm256_storeu_si256((__m256i *)(rank + i0), cnt);
-    }
+    rank_candidates(cv, c, rank);
     float dv;
     int32_t di;
     for (int i = 0; i < c; i++) {
