@@ -98,6 +98,64 @@ int lrmoe_parse_range(const char *opt, const char *s, int64_t *lo, int64_t *hi)
     return lrmoe_parse_i64(opt, dash + 1, *lo, INT64_MAX, hi);
 }
 
+void lrmoe_select_init(lrmoe_select_t *s)
+{
+    memset(s, 0, sizeof *s);
+    s->last = INT64_MAX;
+}
+
+int lrmoe_select_add_frames(lrmoe_select_t *s, const char *arg)
+{
+    int64_t a, b;
+    if (lrmoe_parse_range("--frame", arg, &a, &b) < 0) return -1;
+    int64_t (*r)[2] = realloc(s->ranges, (size_t)(s->nranges + 1) * sizeof *r);
+    if (!r) return lrmoe_err("out of memory");
+    s->ranges = r;
+    r[s->nranges][0] = a;
+    r[s->nranges][1] = b;
+    s->last = s->nranges++ ? (b > s->last ? b : s->last) : b;
+    return 0;
+}
+
+int lrmoe_select_add_tensor(lrmoe_select_t *s, const char *name)
+{
+    const char **t = realloc(s->tensors, (size_t)(s->ntensors + 1) * sizeof *t);
+    if (t) s->tensors = t;
+    int *seen = t ? realloc(s->seen, (size_t)(s->ntensors + 1) * sizeof *seen) : NULL;
+    if (!seen) return lrmoe_err("out of memory");
+    s->seen = seen;
+    s->tensors[s->ntensors] = name;
+    s->seen[s->ntensors++] = 0;
+    return 0;
+}
+
+int lrmoe_select_frame(const lrmoe_select_t *s, int64_t i)
+{
+    if (!s->nranges) return 1;
+    for (int k = 0; k < s->nranges; k++)
+        if (i >= s->ranges[k][0] && i <= s->ranges[k][1]) return 1;
+    return 0;
+}
+
+int lrmoe_select_tensor(const lrmoe_select_t *s, const char *name)
+{
+    if (!s->ntensors) return 1;
+    for (int k = 0; k < s->ntensors; k++)
+        if (!strcmp(s->tensors[k], name)) {
+            s->seen[k] = 1;
+            return 1;
+        }
+    return 0;
+}
+
+void lrmoe_select_free(lrmoe_select_t *s)
+{
+    free(s->ranges);
+    free(s->tensors);
+    free(s->seen);
+    lrmoe_select_init(s);
+}
+
 void lrmoe_io_init(lrmoe_io_t *io)
 {
     io->out = "-";

@@ -200,6 +200,22 @@ int lrmoe_io_opt(lrmoe_io_t *io, int c, const char *arg);
 int lrmoe_parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
 /* "N" or "A-B" (inclusive, A <= B), non-negative: frame selections. */
 int lrmoe_parse_range(const char *opt, const char *s, int64_t *lo, int64_t *hi);
+/* Frame and tensor selection of the reading tools (--frame N[-M] and
+ * --tensor NAME, both repeatable; none given selects everything). */
+typedef struct {
+    int64_t (*ranges)[2];
+    int nranges;
+    int64_t last;          /* highest selected frame (INT64_MAX: all) */
+    const char **tensors;
+    int ntensors;
+    int *seen;             /* seen[k]: tensors[k] matched in some frame */
+} lrmoe_select_t;
+void lrmoe_select_init(lrmoe_select_t *s);
+int lrmoe_select_add_frames(lrmoe_select_t *s, const char *arg); /* -1: bad range */
+int lrmoe_select_add_tensor(lrmoe_select_t *s, const char *name);
+int lrmoe_select_frame(const lrmoe_select_t *s, int64_t i);
+int lrmoe_select_tensor(const lrmoe_select_t *s, const char *name); /* marks it seen */
+void lrmoe_select_free(lrmoe_select_t *s);
 int lrmoe_parse_f64(const char *opt, const char *s, double lo, double hi, double *out);
 /* A byte size or rate: a number with an optional unit K, M, G, T (or k)
  * meaning powers of 1024, also written KiB, MiB...; KB, MB, GB, TB are powers

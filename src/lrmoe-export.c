@@ -35,35 +35,8 @@ static void usage(FILE *fp)
 typedef struct {
     const char *dir;
     int npy, st, bf16_f32, verbose;
-    int64_t (*ranges)[2];
-    int nranges;
-    int64_t last;
-    char **tensors;
-    int ntensors;
-    int *seen;
+    lrmoe_select_t sel;
 } opts_t;
-
-static int frame_selected(const opts_t *o, int64_t i)
-{
-    if (!o->nranges)
-        return 1;
-    for (int k = 0; k < o->nranges; k++)
-        if (i >= o->ranges[k][0] && i <= o->ranges[k][1])
-            return 1;
-    return 0;
-}
-
-static int tensor_selected(const opts_t *o, const char *name)
-{
-    if (!o->ntensors)
-        return 1;
-    for (int k = 0; k < o->ntensors; k++)
-        if (!strcmp(o->tensors[k], name)) {
-            o->seen[k] = 1;
-            return 1;
-        }
-    return 0;
-}
 
 /* One frame as a .safetensors file with no copy of the data: a raw stream
  * holding the frame, closed without its trailer, is exactly the frame's
@@ -101,7 +74,7 @@ static int export_frame(lrmoe_frame_t *f, int64_t index, opts_t *o)
 {
     /* drop the tensors not selected (the frame is ours to change) */
     for (int i = 0; i < f->ntensors;) {
-        if (!tensor_selected(o, f->tensors[i]->name))
+        if (!lrmoe_select_tensor(&o->sel, f->tensors[i]->name))
             lrmoe_frame_del(f, f->tensors[i]->name);
         else
             i++;
@@ -146,12 +119,12 @@ static int run(const char *in, opts_t *o)
     int64_t i = 0;
     int rc;
     while ((rc = lrmoe_reader_next(r, &f)) == 1) {
-        if (frame_selected(o, i) && export_frame(&f, i, o) < 0) {
+        if (lrmoe_select_frame(&o->sel, i) && export_frame(&f, i, o) < 0) {
             lrmoe_err_prefix("frame %" PRId64, i);
             rc = -1;
             break;
         }
-        if (++i > o->last) { /* past the last selected frame */
+        if (++i > o->sel.last) { /* past the last selected frame */
             rc = 0;
             break;
         }
@@ -160,12 +133,12 @@ static int run(const char *in, opts_t *o)
     lrmoe_reader_close(r);
     if (rc < 0)
         return -1;
-    if (o->nranges && o->last >= i)
-        return lrmoe_err("--frame %" PRId64 ": the stream has %" PRId64 " frame%s", o->last, i,
+    if (o->sel.nranges && o->sel.last >= i)
+        return lrmoe_err("--frame %" PRId64 ": the stream has %" PRId64 " frame%s", o->sel.last, i,
                          i == 1 ? "" : "s");
-    for (int k = 0; k < o->ntensors; k++)
-        if (!o->seen[k])
-            return lrmoe_err("--tensor %s: no such tensor in the selected frames", o->tensors[k]);
+    for (int k = 0; k < o->sel.ntensors; k++)
+        if (!o->sel.seen[k])
+            return lrmoe_err("--tensor %s: no such tensor in the selected frames", o->sel.tensors[k]);
     return 0;
 }
 
@@ -183,6 +156,7 @@ int main(int argc, char **argv)
         {0, 0, 0, 0}};
     opts_t o;
     memset(&o, 0, sizeof o);
+    lrmoe_select_init(&o.sel);
     o.dir = ".";
     o.npy = 1;
     int c;
@@ -204,19 +178,17 @@ int main(int argc, char **argv)
             }
             break;
         case 'F': {
-            int64_t a, b;
-            if (lrmoe_parse_range("--frame", optarg, &a, &b) < 0) {
+            if (lrmoe_select_add_frames(&o.sel, optarg) < 0) {
                 fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
                 return 2;
             }
-            o.ranges = realloc(o.ranges, (size_t)(o.nranges + 1) * sizeof *o.ranges);
-            o.ranges[o.nranges][0] = a;
-            o.ranges[o.nranges++][1] = b;
             break;
         }
         case 'T':
-            o.tensors = realloc(o.tensors, (size_t)(o.ntensors + 1) * sizeof *o.tensors);
-            o.tensors[o.ntensors++] = optarg;
+            if (lrmoe_select_add_tensor(&o.sel, optarg) < 0) {
+                fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
+                return 1;
+            }
             break;
         case 'b':
             if (!strcmp(optarg, "u16") || !strcmp(optarg, "uint16"))
@@ -248,11 +220,6 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *in = optind < argc ? argv[optind] : "-";
-    o.last = o.nranges ? 0 : INT64_MAX;
-    for (int k = 0; k < o.nranges; k++)
-        if (o.ranges[k][1] > o.last)
-            o.last = o.ranges[k][1];
-    o.seen = calloc((size_t)o.ntensors + 1, sizeof *o.seen);
     if (mkdir(o.dir, 0777) < 0 && errno != EEXIST) {
         fprintf(stderr, "%s: %s: %s\n", prog, o.dir, strerror(errno));
         return 1;
@@ -262,9 +229,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s: not a directory\n", prog, o.dir);
         return 1;
     }
-    if (run(in, &o) < 0) {
-        fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
-        return 1;
-    }
-    return 0;
+    int rc = run(in, &o) < 0 ? 1 : 0;
+    if (rc) fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
+    lrmoe_select_free(&o.sel);
+    return rc;
 }

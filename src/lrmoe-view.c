@@ -34,35 +34,8 @@ static void usage(FILE *fp)
 typedef struct {
     int json, stats;
     int64_t values;
-    int64_t (*ranges)[2];
-    int nranges;
-    int64_t last;      /* highest selected frame (INT64_MAX: all) */
-    char **tensors;
-    int ntensors;
-    int *tensor_seen;
+    lrmoe_select_t sel;
 } opts_t;
-
-static int frame_selected(const opts_t *o, int64_t i)
-{
-    if (!o->nranges)
-        return 1;
-    for (int k = 0; k < o->nranges; k++)
-        if (i >= o->ranges[k][0] && i <= o->ranges[k][1])
-            return 1;
-    return 0;
-}
-
-static int tensor_selected(const opts_t *o, const char *name)
-{
-    if (!o->ntensors)
-        return 1;
-    for (int k = 0; k < o->ntensors; k++)
-        if (!strcmp(o->tensors[k], name)) {
-            o->tensor_seen[k] = 1;
-            return 1;
-        }
-    return 0;
-}
 
 static const char *human(uint64_t b, char *buf, size_t len)
 {
@@ -160,7 +133,7 @@ static void text_frame(const lrmoe_frame_t *f, int64_t index, opts_t *o)
     int nr = 0;
     for (int i = 0; i < f->ntensors; i++) {
         const lrmoe_tensor_t *t = f->tensors[i];
-        if (!tensor_selected(o, t->name))
+        if (!lrmoe_select_tensor(&o->sel, t->name))
             continue;
         row_t *r = &rows[nr];
         ts[nr++] = t;
@@ -261,7 +234,7 @@ static int json_frame(const lrmoe_frame_t *f, int64_t index, opts_t *o)
     json_object_set_new(root, "attrs", attrs);
     for (int i = 0; i < f->ntensors; i++) {
         const lrmoe_tensor_t *t = f->tensors[i];
-        if (!tensor_selected(o, t->name))
+        if (!lrmoe_select_tensor(&o->sel, t->name))
             continue;
         json_t *e = json_object(), *sh = json_array();
         json_object_set_new(e, "name", json_string(t->name));
@@ -312,7 +285,7 @@ static int view(const char *path, opts_t *o)
     uint64_t bytes = 0;
     int stopped = 0;
     while ((rc = lrmoe_reader_next(r, &f)) == 1) {
-        if (frame_selected(o, i)) {
+        if (lrmoe_select_frame(&o->sel, i)) {
             if (!o->json && shown)
                 putchar('\n');
             if (o->json ? json_frame(&f, i, o) < 0 : (text_frame(&f, i, o), 0)) {
@@ -325,7 +298,7 @@ static int view(const char *path, opts_t *o)
         for (int k = 0; k < f.ntensors; k++)
             bytes += f.tensors[k]->nbytes;
         i++;
-        if (i > o->last) { /* past the last selected frame: stop reading */
+        if (i > o->sel.last) { /* past the last selected frame: stop reading */
             stopped = 1;
             rc = 0;
             break;
@@ -343,8 +316,8 @@ static int view(const char *path, opts_t *o)
                compressed ? "zstd" : "raw",
                stopped ? "reading stopped after the last selected frame" : "clean end");
     }
-    if (o->nranges && o->last != INT64_MAX && o->last >= i)
-        return lrmoe_err("--frame %" PRId64 ": the stream has %" PRId64 " frame%s", o->last, i,
+    if (o->sel.nranges && o->sel.last != INT64_MAX && o->sel.last >= i)
+        return lrmoe_err("--frame %" PRId64 ": the stream has %" PRId64 " frame%s", o->sel.last, i,
                          i == 1 ? "" : "s");
     return 0;
 }
@@ -362,6 +335,7 @@ int main(int argc, char **argv)
         {0, 0, 0, 0}};
     opts_t o;
     memset(&o, 0, sizeof o);
+    lrmoe_select_init(&o.sel);
     o.stats = 1;
     int c;
     while ((c = getopt_long(argc, argv, "jF:T:n:ShV", lopts, NULL)) != -1) {
@@ -370,19 +344,17 @@ int main(int argc, char **argv)
             o.json = 1;
             break;
         case 'F': {
-            int64_t a, b;
-            if (lrmoe_parse_range("--frame", optarg, &a, &b) < 0) {
+            if (lrmoe_select_add_frames(&o.sel, optarg) < 0) {
                 fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
                 return 2;
             }
-            o.ranges = realloc(o.ranges, (size_t)(o.nranges + 1) * sizeof *o.ranges);
-            o.ranges[o.nranges][0] = a;
-            o.ranges[o.nranges++][1] = b;
             break;
         }
         case 'T':
-            o.tensors = realloc(o.tensors, (size_t)(o.ntensors + 1) * sizeof *o.tensors);
-            o.tensors[o.ntensors++] = optarg;
+            if (lrmoe_select_add_tensor(&o.sel, optarg) < 0) {
+                fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
+                return 1;
+            }
             break;
         case 'n':
             if (lrmoe_parse_i64("--values", optarg, 0, INT64_MAX, &o.values) < 0) {
@@ -404,11 +376,6 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    o.last = o.nranges ? 0 : INT64_MAX;
-    for (int k = 0; k < o.nranges; k++)
-        if (o.ranges[k][1] > o.last)
-            o.last = o.ranges[k][1];
-    o.tensor_seen = calloc((size_t)o.ntensors + 1, sizeof *o.tensor_seen);
     int nfiles = argc - optind, rc = 0;
     for (int k = 0; k < (nfiles ? nfiles : 1); k++) {
         const char *path = nfiles ? argv[optind + k] : "-";
@@ -421,10 +388,10 @@ int main(int argc, char **argv)
             rc = 1;
         }
     }
-    for (int k = 0; k < o.ntensors && rc == 0; k++)
-        if (!o.tensor_seen[k]) {
+    for (int k = 0; k < o.sel.ntensors && rc == 0; k++)
+        if (!o.sel.seen[k]) {
             fprintf(stderr, "%s: --tensor %s: no such tensor in the selected frames\n", prog,
-                    o.tensors[k]);
+                    o.sel.tensors[k]);
             rc = 1;
         }
     if (fflush(stdout) != 0 || ferror(stdout) || fclose(stdout) != 0) {
@@ -432,5 +399,6 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: write error on stdout\n", prog);
         return 1;
     }
+    lrmoe_select_free(&o.sel);
     return rc;
 }
