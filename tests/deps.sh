@@ -12,6 +12,10 @@ need_hdr() { # header package
     done
     missing="$missing $2"
 }
+need_lib() { # library package: something may provide the header alone
+    printf 'int main(void){return 0;}\n' | cc -x c - -o /dev/null "-l$1" \
+        >/dev/null 2>&1 || missing="$missing $2"
+}
 need_cmd() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
 need_dir() { [ -d "$1" ] || missing="$missing $2"; }
 
@@ -19,6 +23,10 @@ need_hdr zstd.h libzstd-dev
 need_hdr jansson.h libjansson-dev
 need_hdr glpk.h libglpk-dev
 need_hdr cblas.h libopenblas-dev
+need_lib zstd libzstd-dev
+need_lib jansson libjansson-dev
+need_lib glpk libglpk-dev
+need_lib openblas libopenblas-dev
 need_cmd cc gcc
 need_cmd make make
 if [ "$what" = test ]; then
