@@ -1,5 +1,6 @@
 /* route: top-K expert routing and load statistics (see route.h). */
 #include "route.h"
+#include "route_internal.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -136,10 +137,10 @@ static int topk_f32_scalar(const float *x, int E, int K, float *tv, int32_t *ti,
 /* sum_j exp(x_j - m), x_j <= m, m finite. */
 static float expsum_scalar(const float *x, int E, float m)
 {
-    float s = 0;
+    double s = 0; /* a float sum of E terms drifts by up to E ulps */
     for (int j = 0; j < E; j++)
         s += expf(x[j] - m);
-    return s;
+    return (float)s;
 }
 
 #ifdef ROUTE_X86
@@ -678,6 +679,7 @@ typedef struct {
     expsum_fn expsum;
     weights_fn weights;
     int fast;            /* rows_softmax_avx2 applies */
+    int k512;            /* ...and route_softmax_rows512 */
     int sigfast;         /* row_sigmoid_filter applies */
     double bmax;         /* max |expert_bias| (0 without) */
     float *cv, *row;     /* scratch of rows_softmax_avx2 */
@@ -718,9 +720,10 @@ static int row_softmax(const job_t *jb, const float *x, int32_t *ids, float *w,
 /* row_softmax over all rows of a job, everything inlined: a softmax router,
  * K <= 8, E a multiple of 8 up to EMAX. Rows go in blocks of B, each stage
  * of the top-K (top8_stage1, top8_stage2_16) over the whole block before the
- * next, then the weights. Other dtypes than F32 are widened a block at a time
- * into jb->row (B*E), which stays in L1/L2. Rows that need the special cases
- * (NaN, +-inf maximum) go through row_softmax. */
+ * next, then the weights; with AVX-512 and E a multiple of 16 (jb->k512) a
+ * block goes to route_softmax_rows512 instead. Other dtypes than F32 are
+ * widened a block at a time into jb->row (B*E), which stays in L1/L2. Rows
+ * that need the special cases (NaN, +-inf maximum) go through row_softmax. */
 __attribute__((target("avx2,fma")))
 static int rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
 {
@@ -730,7 +733,7 @@ static int rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
     float scale = (float)o->scale;
     int64_t *load = jb->load;
     size_t esz = lrmoe_dtype_size(jb->dt);
-    enum { B = 8 };
+    enum { B = ROUTE512_ROWS };
     float tb[B][16], sb[B];
     int32_t ib[B][16];
     int nc[B];
@@ -753,6 +756,27 @@ static int rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
             lrmoe_convert_to_f32(jb->dt, (const char *)jb->logits + (size_t)t0 * E * esz,
                                  jb->row, (size_t)nb * E);
             xb = jb->row;
+        }
+        if (jb->k512) {
+            /* the next block, in the input's dtype */
+            int64_t n1 = jb->t1 - (t0 + nb) < B ? jb->t1 - (t0 + nb) : B;
+            uint32_t left = route_softmax_rows512(
+                xb, nb, E, K, full, scale, jb->ids + t0 * K, jb->w + t0 * K, load, jb->cv,
+                jb->ci, (const char *)jb->logits + (size_t)(t0 + nb) * E * esz,
+                (size_t)n1 * E * esz);
+            for (; left; left &= left - 1) {
+                int r = __builtin_ctz(left);
+                int64_t t = t0 + r;
+                int32_t *ids = jb->ids + t * K;
+                int rc = row_softmax(jb, xb + (size_t)r * E, ids, jb->w + t * K, tb[r], bad);
+                if (rc) {
+                    *bad_t = t;
+                    return rc;
+                }
+                for (int k = 0; k < K; k++)
+                    load[ids[k]]++;
+            }
+            continue;
         }
         for (int r = 0; r < nb; r++)
             nc[r] = top8_stage1(xb + (size_t)r * E, E, jb->cv + r * stride,
@@ -1122,12 +1146,13 @@ static void *run_job(void *arg)
     double *key = malloc((size_t)E * sizeof(double));
     double *gscore = malloc((size_t)G * sizeof(double));
     unsigned char *gok = malloc((size_t)G);
-    /* candidates of a block of 8 rows, ranks of one, a block of widened
+    /* candidates of a block of ROUTE512_ROWS rows, ranks of one, a block of widened
      * rows (rows_softmax_avx2; row_sigmoid_filter uses the first two) */
-    jb->cv = calloc((size_t)8 * (E + 16), sizeof(float));
-    jb->ci = calloc((size_t)8 * (E + 16), sizeof(int32_t));
+    jb->cv = calloc(ROUTE512_SCRATCH(E), sizeof(float));
+    jb->ci = calloc(ROUTE512_SCRATCH(E), sizeof(int32_t));
     jb->rank = calloc((size_t)E + 16, sizeof(int32_t));
-    jb->row = jb->fast && jb->dt != LRMOE_F32 ? malloc((size_t)8 * E * sizeof(float)) : NULL;
+    jb->row = jb->fast && jb->dt != LRMOE_F32
+                  ? malloc((size_t)ROUTE512_ROWS * E * sizeof(float)) : NULL;
     if (!row || !ka || !cj || !sge || !seen || !tvf || !tvd || !key || !gscore || !gok ||
         !jb->cv || !jb->ci || !jb->rank || (jb->fast && jb->dt != LRMOE_F32 && !jb->row)) {
         jb->err = ERR_OOM;
@@ -1229,8 +1254,9 @@ int lrmoe_route_topk(const lrmoe_route_opts_t *o, int64_t T, int64_t E,
     int fast = o->router != LRMOE_ROUTER_SIGMOID && o->k <= 8 &&
                E % 8 == 0 && E <= EMAX && tk == topk_f32_avx2_bound && wf == weights_avx2 &&
                es == expsum_avx2;
+    int k512 = fast && E % 16 == 0 && route_avx512_ok();
 #else
-    int fast = 0;
+    int fast = 0, k512 = 0;
 #endif
     for (int i = 0; i < nt; i++) {
         job_t *jb = &jobs[i];
@@ -1249,6 +1275,7 @@ int lrmoe_route_topk(const lrmoe_route_opts_t *o, int64_t T, int64_t E,
         jb->expsum = es;
         jb->weights = wf;
         jb->fast = fast;
+        jb->k512 = k512;
         jb->sigfast = sigfast;
         jb->bmax = bmax;
     }

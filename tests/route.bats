@@ -66,13 +66,14 @@ route_check() {
     LRMOE_NO_SIMD=1 route_check "$T/in.lrm" -k 8 --renorm
 }
 
-@test "route: vector and LRMOE_NO_SIMD paths pick the same experts (ties, -inf, BF16)" {
+@test "route: AVX-512, AVX2 (LRMOE_NO_AVX512) and scalar (LRMOE_NO_SIMD) paths pick the same experts" {
     for dt in F32 BF16; do
         for kind in ties extreme inf; do
             gen "$T/in.lrm" --tokens 400 --experts 128 --kind $kind --dtype $dt --seed 17
             for r in "-k 8 -n" "-k 5 -r topk-softmax" "-k 8 -r sigmoid -g 8 -m 4"; do
                 "$BIN/lrmoe-route" $r --no-compress -o "$T/a.lrm" "$T/in.lrm"
-                LRMOE_NO_SIMD=1 "$BIN/lrmoe-route" $r --no-compress -o "$T/b.lrm" "$T/in.lrm"
+                for path in LRMOE_NO_AVX512 LRMOE_NO_SIMD; do
+                env "$path=1" "$BIN/lrmoe-route" $r --no-compress -o "$T/b.lrm" "$T/in.lrm"
                 python3 - "$T/a.lrm" "$T/b.lrm" "$REF" <<'EOF'
 import sys, os
 sys.path.insert(0, os.path.dirname(sys.argv[3]))
@@ -84,9 +85,22 @@ assert np.array_equal(a["topk_ids"], b["topk_ids"]), "ids differ"
 assert np.array_equal(a["expert_load"], b["expert_load"]), "load differs"
 np.testing.assert_allclose(a["topk_weights"], b["topk_weights"], rtol=1e-5, atol=1e-6)
 EOF
+                done
             done
         done
     done
+}
+
+@test "route: every kernel path against a brute-force reference (tests/unit/route_test.c)" {
+    L="$BATS_TEST_DIRNAME/../lib"
+    cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$T/route_test" \
+        "$BATS_TEST_DIRNAME/unit/route_test.c" "$L/route.c" "$L/route_avx512.c" \
+        "$L/error.c" "$L/dtype.c" -lopenblas -lm -lpthread
+    run "$T/route_test"
+    assert_success
+    assert_output --partial "all match"
+    # which kernel the default path ran, in the TAP log
+    echo "# ${lines[0]}" >&3
 }
 
 @test "route: gpt-oss softmax over the K selected logits" {

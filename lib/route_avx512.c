@@ -1,0 +1,326 @@
+/* route_avx512: the softmax routers' top-K (K <= 8) with AVX-512, sixteen
+ * logits a vector (see route_internal.h).
+ *
+ * Per row, without a data-dependent branch in the common case:
+ * 1. the 16 column maxima of the row seen as vectors of 16 belong to 16
+ *    distinct logits, so the 8th largest of them, b, is a lower bound of
+ *    the K-th largest logit (K <= 8); both halves of the maxima vector are
+ *    sorted by a bitonic network and merged to find b;
+ * 2. the logits >= b (about 10 of 128 for random logits) are compressed,
+ *    with their expert numbers and in expert order, into a candidate list
+ *    (a NaN always compares as a candidate, so step 3 sees it);
+ * 3. with at most 16 candidates in one vector, candidate i's rank is the
+ *    number of candidates above it (16 broadcast compares); without ties
+ *    the ranks are a permutation of 0..c-1 (they sum to c(c-1)/2), with
+ *    ties a second count puts the equal candidate of lower expert first;
+ * 4. the weights are exps of the vector, the picks those of rank < K.
+ * Step 1-2 run over a block of rows before step 3-4: step 3 reads back as
+ * one vector what step 2 stored piecewise, which a store buffer cannot
+ * forward, while a block later the stores have reached the cache. */
+#include "route_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2,popcnt")))
+
+int route_avx512_ok(void)
+{
+    const char *e = getenv("LRMOE_NO_SIMD");
+    if (e && *e && strcmp(e, "0") != 0)
+        return 0;
+    e = getenv("LRMOE_NO_AVX512");
+    if (e && *e && strcmp(e, "0") != 0)
+        return 0;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt") &&
+           __builtin_cpu_supports("fma");
+}
+
+/* One compare-exchange stage: lanes in kmax keep the larger of v and p. */
+T512 static inline __m512 cx(__m512 v, __m512 p, __mmask16 kmax)
+{
+    return _mm512_mask_blend_ps(kmax, _mm512_min_ps(v, p), _mm512_max_ps(v, p));
+}
+
+/* exp(x) for x <= 0: route.c's exp_neg_avx2 on 16 lanes (Cephes expf,
+ * about 1 ulp); arguments below -87 are clamped to -87. */
+T512 static inline __m512 exp_neg512(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* Step 1 for four rows at once (the network is a long chain of dependent
+ * shuffles; four independent ones keep the vector units busy): bnd = the
+ * bound, mx = the maximum of each row (without NaN). */
+T512 static inline void bounds4(const float *const xr[4], int E, float bnd[4], float mx[4])
+{
+    __m512 m[4];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        const float *x = xr[q];
+        __m512 a = _mm512_loadu_ps(x), b = E > 16 ? _mm512_loadu_ps(x + 16) : a;
+        int j = 32;
+        for (; j + 32 <= E; j += 32) {
+            a = _mm512_max_ps(a, _mm512_loadu_ps(x + j));
+            b = _mm512_max_ps(b, _mm512_loadu_ps(x + j + 16));
+        }
+        if (j < E)
+            a = _mm512_max_ps(a, _mm512_loadu_ps(x + j));
+        m[q] = _mm512_max_ps(a, b);
+    }
+    /* each half sorted in decreasing order: route.c's sort8_desc network */
+#define STAGE(perm, kmax)                                                   \
+    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) m[q] = cx(m[q], perm, kmax)
+    STAGE(_mm512_permute_ps(m[q], 0xB1), 0x9999);       /* swap neighbours */
+    STAGE(_mm512_permute_ps(m[q], 0x4E), 0xC3C3);       /* swap pairs */
+    STAGE(_mm512_permute_ps(m[q], 0xB1), 0xA5A5);
+    STAGE(_mm512_shuffle_f32x4(m[q], m[q], 0xB1), 0x0F0F); /* swap quads */
+    STAGE(_mm512_permute_ps(m[q], 0x4E), 0x3333);
+    STAGE(_mm512_permute_ps(m[q], 0xB1), 0x5555);
+#undef STAGE
+    const __m512i rev = _mm512_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        mx[q] = _mm_cvtss_f32(
+            _mm_max_ss(_mm512_castps512_ps128(m[q]), _mm512_extractf32x4_ps(m[q], 2)));
+        /* lanes 0-7 of max(m, reversed m) are the 8 largest maxima, and so
+         * are lanes 8-15: the bound is their minimum */
+        __m512 t = _mm512_max_ps(m[q], _mm512_permutexvar_ps(rev, m[q]));
+        t = _mm512_min_ps(t, _mm512_shuffle_f32x4(t, t, 0xB1));
+        t = _mm512_min_ps(t, _mm512_permute_ps(t, 0x4E));
+        t = _mm512_min_ps(t, _mm512_permute_ps(t, 0xB1));
+        bnd[q] = _mm512_cvtss_f32(t);
+    }
+}
+
+/* Step 2 for one row: the candidates x >= bnd (or NaN) into cv, ci, then
+ * 16 -inf into cv; returns their number. */
+T512 static inline int candidates512(const float *x, int E, float bnd, float *cv, int32_t *ci)
+{
+    __m512 b = _mm512_set1_ps(bnd);
+    __m512i jv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int c = 0;
+#pragma GCC unroll 8
+    for (int j = 0; j < E; j += 16) {
+        __m512 a = _mm512_loadu_ps(x + j);
+        __mmask16 k = _mm512_cmp_ps_mask(b, a, _CMP_NGT_UQ); /* a >= b, or NaN */
+        _mm512_storeu_ps(cv + c, _mm512_maskz_compress_ps(k, a));
+        _mm512_storeu_si512(ci + c, _mm512_maskz_compress_epi32(k, jv));
+        jv = _mm512_add_epi32(jv, _mm512_set1_epi32(16));
+        c += _mm_popcnt_u32(k);
+    }
+    _mm512_storeu_ps(cv + c, _mm512_set1_ps(-INFINITY));
+    return c;
+}
+
+/* Ranks of the 16 slots of cv (v) when some are equal: an equal value in
+ * an earlier slot (a lower expert) counts as above. */
+T512 __attribute__((noinline)) static __m512i ranks_ties512(const float *cv, __m512 v)
+{
+    __m512i rank = _mm512_setzero_si512(), one = _mm512_set1_epi32(1);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) {
+        __m512 vj = _mm512_set1_ps(cv[j]);
+        __mmask16 beat = _mm512_cmp_ps_mask(vj, v, _CMP_GT_OQ) |
+                         (_mm512_cmp_ps_mask(vj, v, _CMP_EQ_OQ) & (__mmask16)(0xFFFEu << j));
+        rank = _mm512_mask_add_epi32(rank, beat, rank, one);
+    }
+    return rank;
+}
+
+/* One stage of the network on values v with their ids: v' as in cx, and a
+ * lane whose value changed takes its partner's id. */
+#define CXP(v, id, pv, pid, k, j)                                                       \
+    do {                                                                                \
+        __m512 v2_ = _mm512_mask_blend_ps((__mmask16)(k), _mm512_min_ps(v, pv),           \
+                                          _mm512_max_ps(v, pv));                        \
+        id = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v2_, v, _CMP_NEQ_UQ), id, pid); \
+        v = v2_;                                                                        \
+    } while (0)
+#define STAGE(v, id, k, j)                                                                   \
+    do {                                                                                     \
+        if ((j) == 1)                                                                        \
+            CXP(v, id, _mm512_permute_ps(v, 0xB1), _mm512_shuffle_epi32(id, 0xB1), k, j);    \
+        else if ((j) == 2)                                                                   \
+            CXP(v, id, _mm512_permute_ps(v, 0x4E), _mm512_shuffle_epi32(id, 0x4E), k, j);    \
+        else if ((j) == 4)                                                                   \
+            CXP(v, id, _mm512_shuffle_f32x4(v, v, 0xB1), _mm512_shuffle_i32x4(id, id, 0xB1), \
+                k, j);                                                                       \
+        else                                                                                 \
+            CXP(v, id, _mm512_shuffle_f32x4(v, v, 0x4E), _mm512_shuffle_i32x4(id, id, 0x4E), \
+                k, j);                                                                       \
+    } while (0)
+
+/* The 16 slots v[q] with ids id[q] of four rows sorted in decreasing order,
+ * the four networks interleaved (no NaN; equal values in any order). */
+T512 static inline void sort16x4(__m512 v[4], __m512i id[4])
+{
+#define STAGE4(k, j) _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) STAGE(v[q], id[q], k, j)
+    /* (block, distance) = (2,1) (4,2) (4,1) (8,4) (8,2) (8,1) (16,8) (16,4)
+     * (16,2) (16,1); the mask: the lanes that keep the larger value */
+    STAGE4(0x9999, 1);
+    STAGE4(0xc3c3, 2);
+    STAGE4(0xa5a5, 1);
+    STAGE4(0xf00f, 4);
+    STAGE4(0xcc33, 2);
+    STAGE4(0xaa55, 1);
+    STAGE4(0x00ff, 8);
+    STAGE4(0x0f0f, 4);
+    STAGE4(0x3333, 2);
+    STAGE4(0x5555, 1);
+#undef STAGE4
+}
+
+/* Ties among the first K+1 sorted slots (order or choice by expert number):
+ * the rank count of ranks_ties512 on the unsorted candidates instead. */
+T512 __attribute__((noinline)) static void picks_ties512(const float *cv, const int32_t *ci,
+                                                         int c, int K, __m512 *pv,
+                                                         __m512i *pid)
+{
+    __m512 v = _mm512_loadu_ps(cv);
+    __m512i rank = ranks_ties512(cv, v);
+    _Alignas(64) float sv[16];
+    _Alignas(64) int32_t si[16];
+    for (int r = 0; r < K; r++) {
+        int p = __builtin_ctz(_mm512_mask_cmpeq_epi32_mask((__mmask16)((1u << c) - 1), rank,
+                                                           _mm512_set1_epi32(r)));
+        sv[r] = cv[p];
+        si[r] = ci[p];
+    }
+    *pv = _mm512_maskz_loadu_ps((__mmask16)((1u << K) - 1), sv);
+    *pid = _mm512_maskz_loadu_epi32((__mmask16)((1u << K) - 1), si);
+}
+
+/* Step 4 for one row whose candidates cv, ci (c <= 16) are sorted into v,
+ * id. 0, or 1 to leave the row to the caller (a pick's exp below FLT_MIN). */
+T512 static inline int weights512(const float *x, int E, int K, int full, float scale,
+                                  const float *cv, const int32_t *ci, int c, float mx,
+                                  __m512 v, __m512i id, int32_t *ids, float *w)
+{
+    __mmask16 kk = (__mmask16)((1u << K) - 1);
+    /* slot i equal to slot i+1, i < K */
+    if (_mm512_mask_cmp_ps_mask(kk, v, _mm512_castsi512_ps(_mm512_alignr_epi32(
+                                           _mm512_castps_si512(v), _mm512_castps_si512(v), 1)),
+                                _CMP_EQ_OQ))
+        picks_ties512(cv, ci, c, K, &v, &id);
+    __m512 d = _mm512_maskz_sub_ps(kk, v, _mm512_set1_ps(mx));
+    if (_mm512_cmp_ps_mask(d, _mm512_set1_ps(-87.0f), _CMP_LT_OQ))
+        return 1;
+    __m512 e = _mm512_maskz_mov_ps(kk, exp_neg512(d));
+    float s;
+    if (full) {
+        __m512 acc = _mm512_setzero_ps(), vm = _mm512_set1_ps(mx);
+        for (int j = 0; j < E; j += 16)
+            acc = _mm512_add_ps(acc, exp_neg512(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm)));
+        s = _mm512_reduce_add_ps(acc);
+    } else {
+        __m256 h = _mm256_add_ps(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1));
+        __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+        s = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+    }
+    __m512 wv = _mm512_mul_ps(e, _mm512_set1_ps((float)((double)scale / (double)s)));
+    _mm256_mask_storeu_ps(w, kk, _mm512_castps512_ps256(wv));
+    _mm256_mask_storeu_epi32(ids, kk, _mm512_castsi512_si256(id));
+    return 0;
+}
+
+T512 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int full,
+                                    float scale, int32_t *ids, float *w, int64_t *load,
+                                    float *cv, int32_t *ci, const void *next,
+                                    size_t nnext)
+{
+    size_t stride = (size_t)E + 32;
+    int nc[ROUTE512_ROWS];
+    float mx[ROUTE512_ROWS];
+    uint32_t left = 0;
+    float bnd[ROUTE512_ROWS];
+    for (int r0 = 0; r0 < nb; r0 += 4) {
+        const float *xr[4];
+        float b4[4], m4[4];
+        for (int q = 0; q < 4; q++)
+            xr[q] = x + (size_t)(r0 + q < nb ? r0 + q : nb - 1) * E;
+        bounds4(xr, E, b4, m4);
+        for (int q = 0; q < 4 && r0 + q < nb; q++) {
+            bnd[r0 + q] = b4[q];
+            mx[r0 + q] = m4[q];
+        }
+    }
+    /* the next block's lines a row's worth at a time: a burst of prefetches
+     * would stall on the fill buffers, spread out they overlap the work */
+    size_t pf = 0, pfrow = (nnext + (size_t)nb - 1) / (size_t)nb;
+    for (int r = 0; r < nb; r++) {
+        for (size_t end = pf + pfrow < nnext ? pf + pfrow : nnext; pf < end; pf += 64)
+            _mm_prefetch((const char *)next + pf, _MM_HINT_T0);
+        nc[r] = candidates512(x + (size_t)r * E, E, bnd[r], cv + r * stride, ci + r * stride);
+    }
+    for (int r0 = 0; r0 < nb; r0 += 4) {
+        __m512 v[4];
+        __m512i id[4];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+            int r = r0 + q < nb ? r0 + q : nb - 1;
+            v[q] = _mm512_loadu_ps(cv + r * stride);
+            id[q] = _mm512_loadu_si512(ci + r * stride);
+            /* NaN, an infinite maximum, too many candidates: the caller's */
+            if (nc[r] > 16 || _mm512_cmp_ps_mask(v[q], v[q], _CMP_UNORD_Q) ||
+                !(mx[r] > -INFINITY && mx[r] < INFINITY)) {
+                left |= 1u << r;
+                v[q] = _mm512_setzero_ps();
+            }
+        }
+        sort16x4(v, id);
+        for (int q = 0; q < 4 && r0 + q < nb; q++) {
+            int r = r0 + q;
+            if (!((left >> r) & 1) &&
+                weights512(x + (size_t)r * E, E, K, full, scale, cv + r * stride,
+                           ci + r * stride, nc[r], mx[r], v[q], id[q], ids + (size_t)r * K,
+                           w + (size_t)r * K))
+                left |= 1u << r;
+        }
+    }
+    for (int r = 0; r < nb; r++)
+        if (!((left >> r) & 1))
+            for (int k = 0; k < K; k++)
+                load[ids[(size_t)r * K + k]]++;
+    return left;
+}
+
+#else
+
+int route_avx512_ok(void)
+{
+    return 0;
+}
+
+uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int full,
+                               float scale, int32_t *ids, float *w, int64_t *load,
+                               float *cv, int32_t *ci, const void *next, size_t nnext)
+{
+    (void)x; (void)E; (void)K; (void)full; (void)scale; (void)ids; (void)w;
+    (void)load; (void)cv; (void)ci; (void)next; (void)nnext;
+    return nb >= 32 ? 0xffffffffu : (1u << nb) - 1; /* all left to the caller */
+}
+
+#endif
