@@ -149,46 +149,41 @@ T512 __attribute__((noinline)) static __m512i ranks_ties512(const float *cv, __m
     return rank;
 }
 
-/* One stage of the network on values v with their ids: v' as in cx, and a
- * lane whose value changed takes its partner's id. */
-#define CXP(v, id, pv, pid, k, j)                                                       \
-    do {                                                                                \
-        __m512 v2_ = _mm512_mask_blend_ps((__mmask16)(k), _mm512_min_ps(v, pv),           \
-                                          _mm512_max_ps(v, pv));                        \
-        id = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v2_, v, _CMP_NEQ_UQ), id, pid); \
-        v = v2_;                                                                        \
-    } while (0)
-#define STAGE(v, id, k, j)                                                                   \
-    do {                                                                                     \
-        if ((j) == 1)                                                                        \
-            CXP(v, id, _mm512_permute_ps(v, 0xB1), _mm512_shuffle_epi32(id, 0xB1), k, j);    \
-        else if ((j) == 2)                                                                   \
-            CXP(v, id, _mm512_permute_ps(v, 0x4E), _mm512_shuffle_epi32(id, 0x4E), k, j);    \
-        else if ((j) == 4)                                                                   \
-            CXP(v, id, _mm512_shuffle_f32x4(v, v, 0xB1), _mm512_shuffle_i32x4(id, id, 0xB1), \
-                k, j);                                                                       \
-        else                                                                                 \
-            CXP(v, id, _mm512_shuffle_f32x4(v, v, 0x4E), _mm512_shuffle_i32x4(id, id, 0x4E), \
-                k, j);                                                                       \
-    } while (0)
-
-/* The 16 slots v[q] with ids id[q] of four rows sorted in decreasing order,
- * the four networks interleaved (no NaN; equal values in any order). */
-T512 static inline void sort16x4(__m512 v[4], __m512i id[4])
+/* Sort keys of the candidates: the float's bits as an int that orders
+ * like the float (-0 made +0 first), the low 4 bits replaced by 15 - slot,
+ * so that keys are distinct and an equal value in a lower slot (a lower
+ * expert) sorts first. Values that agree but for those 4 bits may sort out
+ * of order: weights512 checks the picks for that. */
+T512 static inline __m512i sortkey(__m512 v)
 {
-#define STAGE4(k, j) _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) STAGE(v[q], id[q], k, j)
+    __m512i k = _mm512_castps_si512(_mm512_add_ps(v, _mm512_setzero_ps()));
+    k = _mm512_xor_si512(k, _mm512_srli_epi32(_mm512_srai_epi32(k, 31), 1));
+    return _mm512_or_si512(_mm512_and_si512(k, _mm512_set1_epi32(~15)),
+                           _mm512_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+}
+
+/* The keys of four rows sorted in decreasing order by a bitonic network,
+ * the four networks interleaved (each is a chain of dependent shuffles). */
+T512 static inline void sort16x4(__m512i k[4])
+{
+#define STAGE4(kmax, perm)                                                              \
+    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {                               \
+        __m512i p_ = perm;                                                              \
+        k[q] = _mm512_mask_blend_epi32((__mmask16)(kmax), _mm512_min_epi32(k[q], p_),   \
+                                       _mm512_max_epi32(k[q], p_));                     \
+    }
     /* (block, distance) = (2,1) (4,2) (4,1) (8,4) (8,2) (8,1) (16,8) (16,4)
-     * (16,2) (16,1); the mask: the lanes that keep the larger value */
-    STAGE4(0x9999, 1);
-    STAGE4(0xc3c3, 2);
-    STAGE4(0xa5a5, 1);
-    STAGE4(0xf00f, 4);
-    STAGE4(0xcc33, 2);
-    STAGE4(0xaa55, 1);
-    STAGE4(0x00ff, 8);
-    STAGE4(0x0f0f, 4);
-    STAGE4(0x3333, 2);
-    STAGE4(0x5555, 1);
+     * (16,2) (16,1); the mask: the lanes that keep the larger key */
+    STAGE4(0x9999, _mm512_shuffle_epi32(k[q], 0xB1));
+    STAGE4(0xc3c3, _mm512_shuffle_epi32(k[q], 0x4E));
+    STAGE4(0xa5a5, _mm512_shuffle_epi32(k[q], 0xB1));
+    STAGE4(0xf00f, _mm512_shuffle_i32x4(k[q], k[q], 0xB1));
+    STAGE4(0xcc33, _mm512_shuffle_epi32(k[q], 0x4E));
+    STAGE4(0xaa55, _mm512_shuffle_epi32(k[q], 0xB1));
+    STAGE4(0x00ff, _mm512_shuffle_i32x4(k[q], k[q], 0x4E));
+    STAGE4(0x0f0f, _mm512_shuffle_i32x4(k[q], k[q], 0xB1));
+    STAGE4(0x3333, _mm512_shuffle_epi32(k[q], 0x4E));
+    STAGE4(0x5555, _mm512_shuffle_epi32(k[q], 0xB1));
 #undef STAGE4
 }
 
@@ -212,18 +207,27 @@ T512 __attribute__((noinline)) static void picks_ties512(const float *cv, const 
     *pid = _mm512_maskz_loadu_epi32((__mmask16)((1u << K) - 1), si);
 }
 
-/* Step 4 for one row whose candidates cv, ci (c <= 16) are sorted into v,
- * id. 0, or 1 to leave the row to the caller (a pick's exp below FLT_MIN). */
+/* Step 4 for one row whose candidates cv, ci (c <= 16) have the sorted
+ * keys key. 0, or 1 to leave the row to the caller (a pick's exp below
+ * FLT_MIN). */
 T512 static inline int weights512(const float *x, int E, int K, int full, float scale,
                                   const float *cv, const int32_t *ci, int c, float mx,
-                                  __m512 v, __m512i id, int32_t *ids, float *w)
+                                  __m512i key, int32_t *ids, float *w)
 {
     __mmask16 kk = (__mmask16)((1u << K) - 1);
-    /* slot i equal to slot i+1, i < K */
-    if (_mm512_mask_cmp_ps_mask(kk, v, _mm512_castsi512_ps(_mm512_alignr_epi32(
-                                           _mm512_castps_si512(v), _mm512_castps_si512(v), 1)),
-                                _CMP_EQ_OQ))
+    __m512 v;
+    __m512i id;
+    /* keys i and i+1 equal but for the slot bits, i < K: an exact tie, or
+     * values too close for the keys to order */
+    __m512i hi = _mm512_srai_epi32(key, 4);
+    if (_mm512_mask_cmpeq_epi32_mask(kk, hi, _mm512_alignr_epi32(hi, hi, 1))) {
         picks_ties512(cv, ci, c, K, &v, &id);
+    } else {
+        __m512i slot = _mm512_sub_epi32(_mm512_set1_epi32(15),
+                                        _mm512_and_si512(key, _mm512_set1_epi32(15)));
+        v = _mm512_permutexvar_ps(slot, _mm512_loadu_ps(cv));
+        id = _mm512_permutexvar_epi32(slot, _mm512_loadu_si512(ci));
+    }
     __m512 d = _mm512_maskz_sub_ps(kk, v, _mm512_set1_ps(mx));
     if (_mm512_cmp_ps_mask(d, _mm512_set1_ps(-87.0f), _CMP_LT_OQ))
         return 1;
@@ -267,39 +271,47 @@ T512 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int fu
             mx[r0 + q] = m4[q];
         }
     }
-    /* the next block's lines a row's worth at a time: a burst of prefetches
-     * would stall on the fill buffers, spread out they overlap the work */
-    size_t pf = 0, pfrow = (nnext + (size_t)nb - 1) / (size_t)nb;
+    /* the next block's lines, spread over the candidate and the pick
+     * loops: a burst of prefetches would stall on the fill buffers */
+    const char *pfp = (const char *)next, *pfe = pfp + nnext;
+    size_t pfrow = (nnext + 2 * (size_t)nb - 1) / (2 * (size_t)nb);
+#define PREFETCH(n)                                                      \
+    for (const char *e_ = pfp + (n) < pfe ? pfp + (n) : pfe; pfp < e_; pfp += 64) \
+        _mm_prefetch(pfp, _MM_HINT_T0)
+    if (nnext) /* and the lines of the outputs' next block */
+        for (int b = 0; b < nb * K * 4; b += 64) {
+            _mm_prefetch((const char *)(ids + nb * K) + b, _MM_HINT_ET0);
+            _mm_prefetch((const char *)(w + nb * K) + b, _MM_HINT_ET0);
+        }
     for (int r = 0; r < nb; r++) {
-        for (size_t end = pf + pfrow < nnext ? pf + pfrow : nnext; pf < end; pf += 64)
-            _mm_prefetch((const char *)next + pf, _MM_HINT_T0);
+        PREFETCH(pfrow);
         nc[r] = candidates512(x + (size_t)r * E, E, bnd[r], cv + r * stride, ci + r * stride);
     }
     for (int r0 = 0; r0 < nb; r0 += 4) {
-        __m512 v[4];
-        __m512i id[4];
+        __m512i key[4];
 #pragma GCC unroll 4
         for (int q = 0; q < 4; q++) {
             int r = r0 + q < nb ? r0 + q : nb - 1;
-            v[q] = _mm512_loadu_ps(cv + r * stride);
-            id[q] = _mm512_loadu_si512(ci + r * stride);
+            __m512 v = _mm512_loadu_ps(cv + r * stride);
             /* NaN, an infinite maximum, too many candidates: the caller's */
-            if (nc[r] > 16 || _mm512_cmp_ps_mask(v[q], v[q], _CMP_UNORD_Q) ||
-                !(mx[r] > -INFINITY && mx[r] < INFINITY)) {
+            if (nc[r] > 16 || _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) ||
+                !(mx[r] > -INFINITY && mx[r] < INFINITY))
                 left |= 1u << r;
-                v[q] = _mm512_setzero_ps();
-            }
+            key[q] = sortkey(v);
         }
-        sort16x4(v, id);
+        PREFETCH(4 * pfrow);
+        sort16x4(key);
         for (int q = 0; q < 4 && r0 + q < nb; q++) {
             int r = r0 + q;
             if (!((left >> r) & 1) &&
                 weights512(x + (size_t)r * E, E, K, full, scale, cv + r * stride,
-                           ci + r * stride, nc[r], mx[r], v[q], id[q], ids + (size_t)r * K,
+                           ci + r * stride, nc[r], mx[r], key[q], ids + (size_t)r * K,
                            w + (size_t)r * K))
                 left |= 1u << r;
         }
     }
+    PREFETCH(nnext);
+#undef PREFETCH
     for (int r = 0; r < nb; r++)
         if (!((left >> r) & 1))
             for (int k = 0; k < K; k++)
