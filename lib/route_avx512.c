@@ -4,19 +4,25 @@
  * Per row, without a data-dependent branch in the common case:
  * 1. the 16 column maxima of the row seen as vectors of 16 belong to 16
  *    distinct logits, so the 8th largest of them, b, is a lower bound of
- *    the K-th largest logit (K <= 8); both halves of the maxima vector are
+ *    the K-th largest logit (K <= 8): both halves of the maxima vector are
  *    sorted by a bitonic network and merged to find b;
- * 2. the logits >= b (about 10 of 128 for random logits) are compressed,
- *    with their expert numbers and in expert order, into a candidate list
- *    (a NaN always compares as a candidate, so step 3 sees it);
- * 3. with at most 16 candidates in one vector, candidate i's rank is the
- *    number of candidates above it (16 broadcast compares); without ties
- *    the ranks are a permutation of 0..c-1 (they sum to c(c-1)/2), with
- *    ties a second count puts the equal candidate of lower expert first;
- * 4. the weights are exps of the vector, the picks those of rank < K.
- * Step 1-2 run over a block of rows before step 3-4: step 3 reads back as
- * one vector what step 2 stored piecewise, which a store buffer cannot
- * forward, while a block later the stores have reached the cache. */
+ * 2. the logits >= b (about 10 of 128 for random logits, at most 16 in
+ *    99.6% of rows) are compressed, with their expert numbers and in expert
+ *    order, into a candidate list (a NaN always compares as a candidate, so
+ *    step 3 sees it);
+ * 3. the (at most 16) candidates get int sort keys that order like the
+ *    floats with the slot in the low 4 bits (distinct keys, the lower expert
+ *    first among equals) and go through a 16-lane bitonic network; picks
+ *    whose keys agree above the slot bits (an exact tie, or values within 16
+ *    ulps) take a rank count that breaks ties by expert number instead;
+ * 4. the weights are exps of the K largest.
+ * The networks of steps 1 and 3 are long chains of dependent shuffles, so
+ * four rows go through them interleaved. Steps 1, 2 and 3-4 each run over a
+ * block of rows before the next: step 3 reads back as one vector what step 2
+ * stored piecewise, which a store buffer cannot forward, while a block later
+ * the stores have reached the cache. The caller's next block is prefetched
+ * a few lines at a time during steps 2-3: a single core streams from memory
+ * at about the rate it computes, and the two only overlap this way. */
 #include "route_internal.h"
 
 #include <math.h>
