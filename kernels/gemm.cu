@@ -14,6 +14,8 @@
  * documents BF16 A/B with BF16 C only for this call (compute 32F), so an F32
  * C is produced through a BF16 temporary and then added to beta*C in F32: the
  * accumulation is F32 inside cuBLAS, the result carries one BF16 rounding.
+ * GEMMs whose operands miss the call's 16-byte alignment run as cublasGemmEx
+ * on the same stream instead (grouped_aligned).
  *
  * GEMMs with m == 0 or n == 0 are skipped; k == 0 gives C = beta*C (zeroed
  * when beta == 0), as BLAS defines it.
@@ -53,9 +55,39 @@ static int zero_c(const lrmoe_gemm_t *x, cudaStream_t s)
     return 0;
 }
 
-static int gemm_loop(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
+/* One GEMM (m, n, k > 0) as one cublasGemmEx on handle h (operands swapped,
+ * see top). */
+static int gemm_one(cublasHandle_t h, const lrmoe_gemm_t *x)
 {
     const float one = 1.0f;
+    KCU_BLAS(cublasGemmEx(h, x->tb ? CUBLAS_OP_T : CUBLAS_OP_N, x->ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          (int)x->n, (int)x->m, (int)x->k, &one, x->b, CUDA_R_16BF, (int)x->ldb,
+                          x->a, CUDA_R_16BF, (int)x->lda, &x->beta, x->c,
+                          x->c_bf16 ? CUDA_R_16BF : CUDA_R_32F, (int)x->ldc, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+/* cublasGemmGroupedBatchedEx reads BF16 matrices through device pointer
+ * arrays it cannot inspect, so cuBLAS documents an alignment precondition
+ * (16-byte pointers ideally, else alignment matching k*2 bytes) whose
+ * violation is a misaligned-address fault. A GEMM goes into the grouped call
+ * only when its BF16 operands start and every row starts on 16 bytes; the
+ * others run as cublasGemmEx on the same handle and stream. (An F32 C goes
+ * through the BF16 temporary, which is laid out aligned.) */
+static int grouped_aligned(const lrmoe_gemm_t *x)
+{
+    uintptr_t p = (uintptr_t)x->a | (uintptr_t)x->b;
+    if (x->c_bf16) p |= (uintptr_t)x->c;
+    if (p % 16 || x->lda % 8 || x->ldb % 8) return 0;
+    return x->c_bf16 ? x->ldc % 8 == 0 : x->n <= INT_MAX - 7;
+}
+
+/* Rows of an F32 C's BF16 temporary: n rounded up to 8 elements (16 bytes). */
+static int64_t tmp_ld(int64_t n) { return (n + 7) & ~(int64_t)7; }
+
+static int gemm_loop(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
+{
     KCU_CUDA(cudaEventRecord(c->ev_fork, c->stream));
     for (int i = 0; i < c->nstreams; i++) KCU_CUDA(cudaStreamWaitEvent(c->side[i], c->ev_fork, 0));
     int next = 0;
@@ -67,11 +99,7 @@ static int gemm_loop(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
             if (x->beta == 0.0f && zero_c(x, c->side[sidx]) < 0) return -1;
             continue;
         }
-        KCU_BLAS(cublasGemmEx(c->blas[sidx], x->tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                              x->ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)x->n, (int)x->m, (int)x->k,
-                              &one, x->b, CUDA_R_16BF, (int)x->ldb, x->a, CUDA_R_16BF, (int)x->lda,
-                              &x->beta, x->c, x->c_bf16 ? CUDA_R_16BF : CUDA_R_32F, (int)x->ldc,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (gemm_one(c->blas[sidx], x) < 0) return -1;
     }
     for (int i = 0; i < c->nstreams; i++) {
         KCU_CUDA(cudaEventRecord(c->ev_join[i], c->side[i]));
@@ -80,11 +108,12 @@ static int gemm_loop(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
     return 0;
 }
 
-/* One group's F32 output from its BF16 temporary: C = beta*C + tmp. */
+/* One group's F32 output from its BF16 temporary (m, n) with row stride
+ * tld: C = beta*C + tmp. */
 typedef struct {
     float *c;
     const uint16_t *tmp;
-    int64_t m, n, ldc;
+    int64_t m, n, ldc, tld;
     float beta;
 } widen_t;
 
@@ -95,7 +124,7 @@ __global__ void k_widen(const widen_t *w)
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < mn;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = i / x.n, q = i - r * x.n;
-        float v = __uint_as_float((uint32_t)x.tmp[i] << 16);
+        float v = __uint_as_float((uint32_t)x.tmp[r * x.tld + q] << 16);
         float *p = x.c + r * x.ldc + q;
         *p = x.beta != 0.0f ? __fadd_rn(*p, v) : v;
     }
@@ -139,7 +168,8 @@ static int gemm_grouped(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
     b.hc = (void **)(b.ha + 2 * n);
     /* BF16 temporaries for F32 outputs */
     for (int i = 0; i < ngemm; i++)
-        if (g[i].m && g[i].n && g[i].k && !g[i].c_bf16) tmp_elems += (size_t)g[i].m * g[i].n;
+        if (g[i].m && g[i].n && g[i].k && !g[i].c_bf16 && grouped_aligned(&g[i]))
+            tmp_elems += (size_t)g[i].m * (size_t)tmp_ld(g[i].n);
     if (cudaEventRecord(c->ev_fork, c->stream) != cudaSuccess ||
         cudaStreamWaitEvent(s, c->ev_fork, 0) != cudaSuccess) {
         lrmoe_err("cudaEventRecord/cudaStreamWaitEvent: %s", cudaGetErrorString(cudaGetLastError()));
@@ -158,6 +188,10 @@ static int gemm_grouped(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
                 if (x->beta == 0.0f && zero_c(x, s) < 0) goto out;
                 continue;
             }
+            if (!grouped_aligned(x)) {
+                if (gemm_one(c->blas[0], x) < 0) goto out;
+                continue;
+            }
             b.ta[ng] = x->tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* operands swapped, see top */
             b.tb[ng] = x->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
             b.mi[ng] = (int)x->n; b.ni[ng] = (int)x->m; b.ki[ng] = (int)x->k;
@@ -168,10 +202,11 @@ static int gemm_grouped(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
             if (x->c_bf16) {
                 b.hc[ng] = x->c; b.ldc[ng] = (int)x->ldc; b.beta[ng] = x->beta;
             } else {
-                b.hc[ng] = tmp + off; b.ldc[ng] = (int)x->n; b.beta[ng] = 0.0f;
-                widen_t w = {(float *)x->c, tmp + off, x->m, x->n, x->ldc, x->beta};
+                int64_t tld = tmp_ld(x->n);
+                b.hc[ng] = tmp + off; b.ldc[ng] = (int)tld; b.beta[ng] = 0.0f;
+                widen_t w = {(float *)x->c, tmp + off, x->m, x->n, x->ldc, tld, x->beta};
                 b.hw[nw++] = w;
-                off += (size_t)x->m * x->n;
+                off += (size_t)x->m * (size_t)tld;
             }
             ng++;
         }

@@ -24,7 +24,8 @@ extern "C" {
 /* GEMM implementation of lrmoe_kcu_gemm: one cublasGemmEx per GEMM spread
  * round-robin over the context's streams (LOOP), or one
  * cublasGemmGroupedBatchedEx call (GROUPED; BF16 output only in cuBLAS, so an
- * F32 C is produced through a BF16 temporary and converted). */
+ * F32 C is produced through a BF16 temporary and converted; a GEMM whose BF16
+ * operands are not 16-byte aligned runs as cublasGemmEx instead). */
 typedef enum { LRMOE_GEMM_LOOP = 0, LRMOE_GEMM_GROUPED = 1 } lrmoe_gemm_impl_t;
 int lrmoe_gemm_impl_parse(const char *s, lrmoe_gemm_impl_t *impl); /* "loop"/"grouped" */
 const char *lrmoe_gemm_impl_name(lrmoe_gemm_impl_t impl);

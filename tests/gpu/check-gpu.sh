@@ -38,7 +38,11 @@ if [ -z "$FAKE" ]; then
     *) echo "check-gpu: device probe failed: $probe"; exit 1 ;;
     esac
     echo "== kernels vs CPU references"
-    "$TK" || fail=1
+    # bounded, so a hung kernel still leaves time for the exec checks below
+    to=; command -v timeout >/dev/null 2>&1 && to="timeout ${LRMOE_TK_TIMEOUT:-120}"
+    $to "$TK"; trc=$?
+    [ $trc = 124 ] && echo "FAIL test-kernels: timed out"
+    [ $trc = 0 ] || fail=1
 fi
 
 echo "== lrmoe-exec --backend cuda vs --backend cpu"

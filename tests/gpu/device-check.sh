@@ -54,9 +54,22 @@ if [ -d "$CARRY" ]; then
     export LIBRARY_PATH="$PWD/$CARRY/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
     export LD_LIBRARY_PATH="$PWD/$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# CUDA: the nvcc on PATH, else /usr/local/cuda; its library directory (the
+# Makefile looks in lib64 and targets/x86_64-linux/lib only; a toolkit laid
+# out from wheels has lib/).
+NVCC_BIN=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+CH=$(dirname "$(dirname "$NVCC_BIN")")
+CLD=
+for d in "$CH/lib64" "$CH/targets/x86_64-linux/lib" "$CH/lib"; do
+    if [ -e "$d/libcudart.so" ]; then CLD=$d; break; fi
+done
+note "cuda: $CH (libraries: ${CLD:-not found})"
 # NCCL: CUDA's own, else the one of the nvidia-nccl wheel PyTorch brings.
-CH=$(dirname "$(dirname "$(command -v nvcc)")")
-if ! ls "$CH"/lib64/libnccl.so* "$CH"/targets/x86_64-linux/lib/libnccl.so* >/dev/null 2>&1; then
+have_nccl=0
+for d in "$CH/lib64" "$CH/targets/x86_64-linux/lib" "$CH/lib"; do
+    ls "$d"/libnccl.so* >/dev/null 2>&1 && have_nccl=1
+done
+if [ $have_nccl = 0 ]; then
     ND=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
     if [ -n "$ND" ]; then
         [ -e "$ND/lib/libnccl.so" ] || { mkdir -p "$OUT/nccl" && ln -sf "$ND"/lib/libnccl.so.* "$OUT/nccl/libnccl.so" && ND2="$OUT/nccl"; }
@@ -73,7 +86,7 @@ B=build/dev
 TARGETS="bin/lrmoe-exec bin/lrmoe-gen bin/lrmoe-route bin/lrmoe-score bin/lrmoe-pack $B/tests/gpu/test-kernels $B/tests/gpu/bench-gpu"
 # the targets themselves, not `all`: deps-build would try apt-get, which has
 # no network there
-if timeout 150 make -j16 BUILD=$B CUDA_HOME="$CH" $TARGETS > "$OUT/build.log" 2>&1; then
+if timeout 150 make -j16 BUILD=$B CUDA_HOME="$CH" ${CLD:+CUDA_LIBDIR=$CLD} $TARGETS > "$OUT/build.log" 2>&1; then
     note "build: ok ($(el))"
 else
     note "build: FAILED ($(el)); last lines:"

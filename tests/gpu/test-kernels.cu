@@ -507,6 +507,9 @@ static void t_gemm(int E, int64_t D, int64_t F, int c_bf16, lrmoe_gemm_impl_t im
 
 int main(int argc, char **argv)
 {
+    /* one line per case as it happens: a hang or a crash on the device keeps
+     * the lines before it (stdout is a file under check-gpu) */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (argc > 1 && !strcmp(argv[1], "--probe")) {
