@@ -778,10 +778,25 @@ static int rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
             }
             continue;
         }
-        for (int r = 0; r < nb; r++)
+        /* the next block's input and output lines, a few per row (see
+         * route_avx512.c: a burst would stall on the fill buffers) */
+        int64_t n1 = jb->t1 - (t0 + nb) < B ? jb->t1 - (t0 + nb) : B;
+        const char *pfp = (const char *)jb->logits + (size_t)(t0 + nb) * E * esz;
+        const char *pfe = pfp + (size_t)n1 * E * esz;
+        size_t pfrow = ((size_t)(pfe - pfp) + 2 * (size_t)nb - 1) / (2 * (size_t)nb);
+        for (int b = 0; n1 > 0 && b < nb * K * 4; b += 64) {
+            _mm_prefetch((const char *)(jb->ids + (t0 + nb) * K) + b, _MM_HINT_ET0);
+            _mm_prefetch((const char *)(jb->w + (t0 + nb) * K) + b, _MM_HINT_ET0);
+        }
+        for (int r = 0; r < nb; r++) {
+            for (const char *e = pfp + pfrow < pfe ? pfp + pfrow : pfe; pfp < e; pfp += 64)
+                _mm_prefetch(pfp, _MM_HINT_T0);
             nc[r] = top8_stage1(xb + (size_t)r * E, E, jb->cv + r * stride,
                                 jb->ci + r * stride);
+        }
         for (int r = 0; r < nb; r++) {
+            for (const char *e = pfp + pfrow < pfe ? pfp + pfrow : pfe; pfp < e; pfp += 64)
+                _mm_prefetch(pfp, _MM_HINT_T0);
             int64_t t = t0 + r;
             const float *cv = jb->cv + r * stride;
             const int32_t *ci = jb->ci + r * stride;
