@@ -1035,7 +1035,7 @@ static int row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, flo
                 key[G + g] = b2; /* 2G <= E here */
             gok[g] = 0;
         }
-        double gt = 0;
+        double gt = 0, gnext = -INFINITY;
         for (int m = 0; m < M; m++) {
             int best = -1;
             for (int g = 0; g < G; g++)
@@ -1044,9 +1044,16 @@ static int row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, flo
             gok[best] = 1;
             gt = gscore[best];
         }
+        for (int g = 0; g < G; g++) /* the best score left out */
+            if (!gok[g] && gscore[g] > gnext)
+                gnext = gscore[g];
         gt -= 4 * delta;
-        /* exact scores of the candidate groups (approximate score >= gt) */
-        for (int g = 0; g < G; g++) {
+        /* every group left out scores below gt: the exact scores (error
+         * <= 2 delta each way) choose the same M groups */
+        int clear = gnext < gt;
+        /* else the exact scores of the candidate groups (approximate score
+         * >= gt) decide */
+        for (int g = 0; g < G && !clear; g++) {
             gok[g] = 0;
             if (!(gscore[g] >= gt)) {
                 gscore[g] = -INFINITY;
@@ -1076,7 +1083,7 @@ static int row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, flo
             }
             gscore[g] = gsize > 1 ? e1 + e2 : e1;
         }
-        for (int m = 0; m < M; m++) {
+        for (int m = 0; m < M && !clear; m++) {
             int best = -1;
             for (int g = 0; g < G; g++)
                 if (!gok[g] && (best < 0 || gscore[g] > gscore[best]))
