@@ -1,6 +1,6 @@
 /* route_test: the softmax routers' kernels against a brute-force reference.
  *
- * For many shapes (E = 16 .. 1024, K = 1 .. 8, token counts that are not a
+ * Softmax routers: for many shapes (E = 16 .. 1024, K = 1 .. 8, token counts that are not a
  * multiple of the 16-row blocks, 1-3 threads) and adversarial logits (ties,
  * -inf, spreads wide enough that picks' exps fall below FLT_MIN, rows with
  * far more than 16 logits at the top, BF16 input) it routes the same tokens
@@ -134,6 +134,72 @@ static int check(const char *path, const lrmoe_route_opts_t *o, int64_t T, int E
     return bad;
 }
 
+/* The sigmoid router's reference: keys s + bias in double, the M best groups
+ * by the sum of their two best keys (ties to the lower group), the K best
+ * allowed keys (ties to the lower expert), weights s (renormalised). */
+static int check_sigmoid(const char *path, const lrmoe_route_opts_t *o, int64_t T, int E,
+                         const float *x, const float *bias, const int32_t *ids,
+                         const float *w, const char *what)
+{
+    int K = o->k, G = o->groups > 1 ? o->groups : 1, M = G > 1 ? o->topk_groups : 1;
+    int gs = E / G;
+    double *key = malloc((size_t)E * sizeof *key), *gsc = malloc((size_t)G * sizeof *gsc);
+    char *ok = malloc((size_t)G);
+    int bad = 0;
+    for (int64_t t = 0; t < T && !bad; t++) {
+        const float *r = x + t * E;
+        for (int j = 0; j < E; j++)
+            key[j] = 1.0 / (1.0 + exp(-(double)r[j])) + bias[j];
+        for (int g = 0; g < G; g++) {
+            double b1 = -INFINITY, b2 = -INFINITY;
+            for (int i = 0; i < gs; i++) {
+                double v = key[g * gs + i];
+                if (v > b1) { b2 = b1; b1 = v; }
+                else if (v > b2) b2 = v;
+            }
+            gsc[g] = gs > 1 ? b1 + b2 : b1;
+            ok[g] = 0;
+        }
+        for (int m = 0; m < M; m++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!ok[g] && (best < 0 || gsc[g] > gsc[best]))
+                    best = g;
+            ok[best] = 1;
+        }
+        double sum = 0, sv[8];
+        int pick[8];
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int j = 0; j < E; j++) {
+                int used = 0;
+                for (int q = 0; q < k; q++)
+                    used |= pick[q] == j;
+                if (!used && ok[j / gs] && (best < 0 || key[j] > key[best]))
+                    best = j;
+            }
+            pick[k] = best;
+            sv[k] = 1.0 / (1.0 + exp(-(double)r[best]));
+            sum += sv[k];
+        }
+        double f = o->renorm ? o->scale / (sum + 1e-20) : o->scale;
+        for (int k = 0; k < K && !bad; k++) {
+            double want = sv[k] * f, got = w[t * K + k];
+            if (ids[t * K + k] != pick[k]) {
+                fprintf(stderr, "%s %s: token %lld pick %d: expert %d, want %d\n", path, what,
+                        (long long)t, k, ids[t * K + k], pick[k]);
+                bad = 1;
+            } else if (!(fabs(got - want) <= 1e-6 * fabs(want) + 1e-30)) {
+                fprintf(stderr, "%s %s: token %lld pick %d: weight %.9g, want %.9g\n", path,
+                        what, (long long)t, k, got, want);
+                bad = 1;
+            }
+        }
+    }
+    free(key); free(gsc); free(ok);
+    return bad;
+}
+
 int main(void)
 {
     static const int Es[] = {16, 32, 48, 128, 256, 1024, 24};
@@ -190,6 +256,40 @@ int main(void)
                                 x[i] = lrmoe_bf16_to_f32(xb[i]);
                         fails += check(paths[pi].name, &o, T, E, x, ids, w, load, what);
                         n++;
+                    }
+                    /* the sigmoid router: bias (zero half the time, so keys
+                     * tie), groups dividing E */
+                    {
+                        float *bias = malloc((size_t)E * sizeof *bias);
+                        int zero = next() & 1;
+                        for (int j = 0; j < E; j++)
+                            bias[j] = zero ? 0.0f : (float)(0.05 * gauss());
+                        lrmoe_route_opts_t o;
+                        lrmoe_route_opts_default(&o);
+                        o.router = LRMOE_ROUTER_SIGMOID;
+                        o.k = K;
+                        o.threads = 1 + (int)(next() % 3);
+                        o.renorm = (int)(next() & 1);
+                        o.scale = 1.5;
+                        int G = 1 << (next() % 4);
+                        if (E % G == 0 && G > 1) {
+                            int gs = E / G, mmin = (K + gs - 1) / gs;
+                            o.groups = G;
+                            o.topk_groups = mmin + (int)(next() % (uint64_t)(G - mmin + 1));
+                        }
+                        char what[96];
+                        snprintf(what, sizeof what, "E=%d K=%d T=%lld %s sigmoid G=%d M=%d%s", E, K,
+                                 (long long)T, kind_name[kind], o.groups, o.topk_groups,
+                                 zero ? " bias 0" : "");
+                        if (lrmoe_route_topk(&o, T, E, LRMOE_F32, x, bias, ids, w, load) < 0) {
+                            fprintf(stderr, "%s %s: %s\n", paths[pi].name, what, lrmoe_errmsg());
+                            fails++;
+                        } else {
+                            fails += check_sigmoid(paths[pi].name, &o, T, E, x, bias, ids, w,
+                                                   what);
+                            n++;
+                        }
+                        free(bias);
                     }
                     /* a NaN in one token: every path names it */
                     int64_t tn = (int64_t)(next() % (uint64_t)T);
