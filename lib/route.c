@@ -497,36 +497,13 @@ static inline int top8_stage2(const float *cv, const int32_t *ci, int c, int K, 
     return 0;
 }
 
-/* exp for x <= 0 (Cephes expf: range reduction by ln 2, degree-7 polynomial,
- * about 1 ulp); arguments below -87 are clamped (their terms are < 2^-125
- * against a sum >= 1). */
-__attribute__((target("avx2,fma")))
-static inline __m256 exp_neg_avx2(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 __attribute__((target("avx2,fma")))
 static float expsum_avx2(const float *x, int E, float m)
 {
     __m256 acc = _mm256_setzero_ps(), vm = _mm256_set1_ps(m);
     int j = 0;
     for (; j + 8 <= E; j += 8)
-        acc = _mm256_add_ps(acc, exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm)));
+        acc = _mm256_add_ps(acc, route_exp_neg256(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm)));
     float lane[8];
     _mm256_storeu_ps(lane, acc);
     float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
@@ -549,7 +526,7 @@ static inline void weights_avx2(const float *tv, int K, float m, float s, float 
     /* K == 8: plain load and store (masked stores are slow on some CPUs) */
     __m256 d = _mm256_sub_ps(K == 8 ? _mm256_loadu_ps(tv) : _mm256_maskload_ps(tv, on),
                              _mm256_set1_ps(m));
-    __m256 e = exp_neg_avx2(d);
+    __m256 e = route_exp_neg256(d);
     unsigned low = (unsigned)_mm256_movemask_ps(
         _mm256_cmp_ps(d, _mm256_set1_ps(-87.0f), _CMP_LT_OQ)) & ((1u << K) - 1);
     if (low) {
@@ -911,7 +888,7 @@ static unsigned approx_keys_avx2(const float *x, const float *bias, int E, float
     for (int j = 0; j < E; j += 8) {
         __m256 a = _mm256_loadu_ps(x + j);
         un = _mm256_or_ps(un, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
-        __m256 t = exp_neg_avx2(_mm256_or_ps(a, sign)); /* e^-|x| */
+        __m256 t = route_exp_neg256(_mm256_or_ps(a, sign)); /* e^-|x| */
         /* 1/(1+t) by reciprocal estimate and one Newton step (~1e-7 rel.) */
         __m256 d = _mm256_add_ps(one, t), inv = _mm256_rcp_ps(d);
         inv = _mm256_mul_ps(inv, _mm256_fnmadd_ps(d, inv, _mm256_set1_ps(2.0f)));

@@ -32,7 +32,9 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
-#define T512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2,popcnt")))
+#define T512                                                                         \
+    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi2,avx2,fma,bmi,bmi2," \
+                          "popcnt")))
 
 int route_avx512_ok(void)
 {
@@ -45,6 +47,7 @@ int route_avx512_ok(void)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vbmi2") &&
            __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt") &&
            __builtin_cpu_supports("fma");
 }
@@ -55,7 +58,7 @@ T512 static inline __m512 cx(__m512 v, __m512 p, __mmask16 kmax)
     return _mm512_mask_blend_ps(kmax, _mm512_min_ps(v, p), _mm512_max_ps(v, p));
 }
 
-/* exp(x) for x <= 0: route.c's exp_neg_avx2 on 16 lanes (Cephes expf,
+/* exp(x) for x <= 0: route_exp_neg256 on 16 lanes (Cephes expf,
  * about 1 ulp); arguments below -87 are clamped to -87. */
 T512 static inline __m512 exp_neg512(__m512 x)
 {
@@ -120,24 +123,57 @@ T512 static inline void bounds4(const float *const xr[4], int E, float bnd[4], f
     }
 }
 
-/* Step 2 for one row: the candidates x >= bnd (or NaN) into cv, ci, then
- * 16 -inf into cv; returns their number. */
+/* Step 2 for one row: the candidates x >= bnd (or NaN) into cv, then 16
+ * -inf into cv; their expert numbers into ci, as bytes when E <= 256 (one
+ * compress per 64 experts instead of one per 16). Returns their number. */
 T512 static inline int candidates512(const float *x, int E, float bnd, float *cv, int32_t *ci)
 {
     __m512 b = _mm512_set1_ps(bnd);
-    __m512i jv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int c = 0;
+    if (E <= 256) {
+        uint8_t *cb = (uint8_t *)ci;
+        const __m512i iota = _mm512_set_epi8(
+            63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43,
+            42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22,
+            21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        int nb = 0;
+        uint64_t m = 0;
 #pragma GCC unroll 8
-    for (int j = 0; j < E; j += 16) {
-        __m512 a = _mm512_loadu_ps(x + j);
-        __mmask16 k = _mm512_cmp_ps_mask(b, a, _CMP_NGT_UQ); /* a >= b, or NaN */
-        _mm512_storeu_ps(cv + c, _mm512_maskz_compress_ps(k, a));
-        _mm512_storeu_si512(ci + c, _mm512_maskz_compress_epi32(k, jv));
-        jv = _mm512_add_epi32(jv, _mm512_set1_epi32(16));
-        c += _mm_popcnt_u32(k);
+        for (int j = 0; j < E; j += 16) {
+            __m512 a = _mm512_loadu_ps(x + j);
+            __mmask16 k = _mm512_cmp_ps_mask(b, a, _CMP_NGT_UQ); /* a >= b, or NaN */
+            _mm512_storeu_ps(cv + c, _mm512_maskz_compress_ps(k, a));
+            c += _mm_popcnt_u32(k);
+            m |= (uint64_t)k << (j & 63);
+            if ((j & 63) == 48 || j + 16 >= E) {
+                _mm512_storeu_si512(cb + nb, _mm512_maskz_compress_epi8(
+                                                 m, _mm512_add_epi8(iota, _mm512_set1_epi8(
+                                                                              (char)(j & ~63)))));
+                nb += (int)_mm_popcnt_u64(m);
+                m = 0;
+            }
+        }
+    } else {
+        __m512i jv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#pragma GCC unroll 8
+        for (int j = 0; j < E; j += 16) {
+            __m512 a = _mm512_loadu_ps(x + j);
+            __mmask16 k = _mm512_cmp_ps_mask(b, a, _CMP_NGT_UQ);
+            _mm512_storeu_ps(cv + c, _mm512_maskz_compress_ps(k, a));
+            _mm512_storeu_si512(ci + c, _mm512_maskz_compress_epi32(k, jv));
+            jv = _mm512_add_epi32(jv, _mm512_set1_epi32(16));
+            c += _mm_popcnt_u32(k);
+        }
     }
     _mm512_storeu_ps(cv + c, _mm512_set1_ps(-INFINITY));
     return c;
+}
+
+/* The expert numbers of the first 16 candidates, from candidates512's ci. */
+T512 static inline __m512i candidate_ids(const int32_t *ci, int E)
+{
+    return E <= 256 ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)ci))
+                    : _mm512_loadu_si512(ci);
 }
 
 /* Ranks of the 16 slots of cv (v) when some are equal: an equal value in
@@ -195,14 +231,14 @@ T512 static inline void sort16x4(__m512i k[4])
 
 /* Ties among the first K+1 sorted slots (order or choice by expert number):
  * the rank count of ranks_ties512 on the unsorted candidates instead. */
-T512 __attribute__((noinline)) static void picks_ties512(const float *cv, const int32_t *ci,
-                                                         int c, int K, __m512 *pv,
-                                                         __m512i *pid)
+T512 __attribute__((noinline)) static void picks_ties512(const float *cv, __m512i idv, int c,
+                                                         int K, __m512 *pv, __m512i *pid)
 {
     __m512 v = _mm512_loadu_ps(cv);
     __m512i rank = ranks_ties512(cv, v);
     _Alignas(64) float sv[16];
-    _Alignas(64) int32_t si[16];
+    _Alignas(64) int32_t si[16], ci[16];
+    _mm512_store_si512(ci, idv);
     for (int r = 0; r < K; r++) {
         int p = __builtin_ctz(_mm512_mask_cmpeq_epi32_mask((__mmask16)((1u << c) - 1), rank,
                                                            _mm512_set1_epi32(r)));
@@ -222,22 +258,23 @@ T512 static inline int weights512(const float *x, int E, int K, int full, float 
 {
     __mmask16 kk = (__mmask16)((1u << K) - 1);
     __m512 v;
-    __m512i id;
+    __m512i id, idv = candidate_ids(ci, E);
     /* keys i and i+1 equal but for the slot bits, i < K: an exact tie, or
      * values too close for the keys to order */
     __m512i hi = _mm512_srai_epi32(key, 4);
     if (_mm512_mask_cmpeq_epi32_mask(kk, hi, _mm512_alignr_epi32(hi, hi, 1))) {
-        picks_ties512(cv, ci, c, K, &v, &id);
+        picks_ties512(cv, idv, c, K, &v, &id);
     } else {
         __m512i slot = _mm512_sub_epi32(_mm512_set1_epi32(15),
                                         _mm512_and_si512(key, _mm512_set1_epi32(15)));
         v = _mm512_permutexvar_ps(slot, _mm512_loadu_ps(cv));
-        id = _mm512_permutexvar_epi32(slot, _mm512_loadu_si512(ci));
+        id = _mm512_permutexvar_epi32(slot, idv);
     }
-    __m512 d = _mm512_maskz_sub_ps(kk, v, _mm512_set1_ps(mx));
-    if (_mm512_cmp_ps_mask(d, _mm512_set1_ps(-87.0f), _CMP_LT_OQ))
+    /* the K <= 8 picks are the low half: 256-bit arithmetic from here */
+    __m256 d = _mm256_maskz_sub_ps(kk, _mm512_castps512_ps256(v), _mm256_set1_ps(mx));
+    if (_mm256_cmp_ps_mask(d, _mm256_set1_ps(-87.0f), _CMP_LT_OQ))
         return 1;
-    __m512 e = _mm512_maskz_mov_ps(kk, exp_neg512(d));
+    __m256 e = _mm256_maskz_mov_ps(kk, route_exp_neg256(d));
     float s;
     if (full) {
         __m512 acc = _mm512_setzero_ps(), vm = _mm512_set1_ps(mx);
@@ -245,13 +282,12 @@ T512 static inline int weights512(const float *x, int E, int K, int full, float 
             acc = _mm512_add_ps(acc, exp_neg512(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm)));
         s = _mm512_reduce_add_ps(acc);
     } else {
-        __m256 h = _mm256_add_ps(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1));
-        __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        __m128 q = _mm_add_ps(_mm256_castps256_ps128(e), _mm256_extractf128_ps(e, 1));
         q = _mm_add_ps(q, _mm_movehl_ps(q, q));
         s = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
     }
-    __m512 wv = _mm512_mul_ps(e, _mm512_set1_ps((float)((double)scale / (double)s)));
-    _mm256_mask_storeu_ps(w, kk, _mm512_castps512_ps256(wv));
+    __m256 wv = _mm256_mul_ps(e, _mm256_set1_ps((float)((double)scale / (double)s)));
+    _mm256_mask_storeu_ps(w, kk, wv);
     _mm256_mask_storeu_epi32(ids, kk, _mm512_castsi512_si256(id));
     return 0;
 }

@@ -7,7 +7,8 @@
 #include <stdint.h>
 
 /* 1 when the CPU and the OS run route_softmax_rows512 (AVX-512 F, BW, DQ,
- * VL with BMI2 and POPCNT); 0 elsewhere, and always when the environment
+ * VL and VBMI2, with BMI2 and POPCNT: Ice Lake, Sapphire Rapids, Zen 4 and
+ * later); 0 elsewhere, and always when the environment
  * sets LRMOE_NO_SIMD or LRMOE_NO_AVX512 (so tests reach the other paths). */
 int route_avx512_ok(void);
 
@@ -30,5 +31,33 @@ enum { ROUTE512_ROWS = 16 };
 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int full,
                                float scale, int32_t *ids, float *w, int64_t *load,
                                float *cv, int32_t *ci, const void *next, size_t nnext);
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* exp for x <= 0 (Cephes expf: range reduction by ln 2, degree-7 polynomial,
+ * about 1 ulp); arguments below -87 are clamped (their terms are < 2^-125
+ * against a sum >= 1). */
+__attribute__((target("avx2,fma")))
+static inline __m256 route_exp_neg256(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+#endif
 
 #endif
