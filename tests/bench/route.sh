@@ -14,7 +14,7 @@ set -eu
 cd "$(dirname "$0")/../.."
 T0=262144
 [ -n "${BENCH_QUICK:-}" ] && T0=32768
-T=${1:-$T0}; E=${2:-128}; K=${3:-8}; REPS=${4:-3}
+T=${1:-$T0}; E=${2:-128}; K=${3:-8}; REPS=${4:-5}
 BUILD=${BUILD:-build}
 LIB=$BUILD/liblrmoe.a
 for f in "$LIB" bin/lrmoe-route; do
