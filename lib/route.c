@@ -708,7 +708,6 @@ static int rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
     int E = jb->E, K = jb->K;
     int full = o->router == LRMOE_ROUTER_SOFTMAX && !o->renorm;
     float scale = (float)o->scale;
-    int64_t *load = jb->load;
     size_t esz = lrmoe_dtype_size(jb->dt);
     enum { B = ROUTE512_ROWS };
     float tb[B][16], sb[B];
@@ -738,9 +737,8 @@ static int rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
             /* the next block, in the input's dtype */
             int64_t n1 = jb->t1 - (t0 + nb) < B ? jb->t1 - (t0 + nb) : B;
             uint32_t left = route_softmax_rows512(
-                xb, nb, E, K, full, scale, jb->ids + t0 * K, jb->w + t0 * K, load, jb->cv,
-                jb->ci, (const char *)jb->logits + (size_t)(t0 + nb) * E * esz,
-                (size_t)n1 * E * esz);
+                xb, nb, E, K, full, scale, jb->ids + t0 * K, jb->w + t0 * K, jb->cv, jb->ci,
+                (const char *)jb->logits + (size_t)(t0 + nb) * E * esz, (size_t)n1 * E * esz);
             for (; left; left &= left - 1) {
                 int r = __builtin_ctz(left);
                 int64_t t = t0 + r;
@@ -750,8 +748,6 @@ static int rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
                     *bad_t = t;
                     return rc;
                 }
-                for (int k = 0; k < K; k++)
-                    load[ids[k]]++;
             }
             continue;
         }
@@ -808,14 +804,6 @@ static int rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
                         memcpy(ids, ib[r], (size_t)K * sizeof *ids);
                 }
                 weights_avx2(tb[r], K, tb[r][0], sb[r], scale, w);
-            }
-            if (K == 8) {
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++)
-                    load[ids[k]]++;
-            } else {
-                for (int k = 0; k < K; k++)
-                    load[ids[k]]++;
             }
         }
     }
@@ -1128,6 +1116,28 @@ static int row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, flo
 }
 #endif
 
+/* load[id] += 1 for each of the n ids (0 <= id < E). Four interleaved
+ * counters per expert, so that a run of one hot expert is four chains of
+ * increments, not one; they are summed into load at the end. */
+static void count_ids(const int32_t *ids, size_t n, int E, int64_t *load)
+{
+    int64_t *c = calloc((size_t)4 * (size_t)E, sizeof *c);
+    size_t i = 0;
+    if (c) {
+        for (; i + 4 <= n; i += 4) {
+            c[ids[i]]++;
+            c[(size_t)E + (size_t)ids[i + 1]]++;
+            c[2 * (size_t)E + (size_t)ids[i + 2]]++;
+            c[3 * (size_t)E + (size_t)ids[i + 3]]++;
+        }
+        for (int j = 0; j < E; j++)
+            load[j] += c[j] + c[E + j] + c[2 * E + j] + c[3 * E + j];
+        free(c);
+    }
+    for (; i < n; i++) /* the tail, or everything without memory */
+        load[ids[i]]++;
+}
+
 static void *run_job(void *arg)
 {
     job_t *jb = arg;
@@ -1168,6 +1178,9 @@ static void *run_job(void *arg)
             jb->err = rc;
             jb->err_token = bt;
             jb->err_expert = bad;
+        } else {
+            count_ids(jb->ids + jb->t0 * K, (size_t)(jb->t1 - jb->t0) * (size_t)K, E,
+                      jb->load);
         }
         goto out;
     }
@@ -1206,9 +1219,8 @@ static void *run_job(void *arg)
             jb->err_expert = bad;
             goto out;
         }
-        for (int k = 0; k < K; k++)
-            jb->load[ids[k]]++;
     }
+    count_ids(jb->ids + jb->t0 * K, (size_t)(jb->t1 - jb->t0) * (size_t)K, E, jb->load);
 out:
     free(jb->cv); free(jb->ci); free(jb->rank); free(jb->row);
     free(row); free(ka); free(cj); free(sge); free(seen); free(tvf); free(tvd); free(key); free(gscore); free(gok);

@@ -12,9 +12,9 @@
  *    step 3 sees it);
  * 3. the (at most 16) candidates get int sort keys that order like the
  *    floats with the slot in the low 4 bits (distinct keys, the lower expert
- *    first among equals) and go through a 16-lane bitonic network; picks
- *    whose keys agree above the slot bits (an exact tie, or values within 16
- *    ulps) take a rank count that breaks ties by expert number instead;
+ *    first among equal values) and go through a 16-lane bitonic network;
+ *    unequal values whose keys agree above the slot bits (within 16 ulps)
+ *    take a rank count that breaks ties by expert number instead;
  * 4. the weights are exps of the K largest.
  * The networks of steps 1 and 3 are long chains of dependent shuffles, so
  * four rows go through them interleaved. Steps 1, 2 and 3-4 each run over a
@@ -55,7 +55,7 @@ int route_avx512_ok(void)
 /* One compare-exchange stage: lanes in kmax keep the larger of v and p. */
 T512 static inline __m512 cx(__m512 v, __m512 p, __mmask16 kmax)
 {
-    return _mm512_mask_blend_ps(kmax, _mm512_min_ps(v, p), _mm512_max_ps(v, p));
+    return _mm512_mask_max_ps(_mm512_min_ps(v, p), kmax, v, p);
 }
 
 /* exp(x) for x <= 0: route_exp_neg256 on 16 lanes (Cephes expf,
@@ -211,8 +211,8 @@ T512 static inline void sort16x4(__m512i k[4])
 #define STAGE4(kmax, perm)                                                              \
     _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {                               \
         __m512i p_ = perm;                                                              \
-        k[q] = _mm512_mask_blend_epi32((__mmask16)(kmax), _mm512_min_epi32(k[q], p_),   \
-                                       _mm512_max_epi32(k[q], p_));                     \
+        k[q] = _mm512_mask_max_epi32(_mm512_min_epi32(k[q], p_), (__mmask16)(kmax), k[q], \
+                                     p_);                                               \
     }
     /* (block, distance) = (2,1) (4,2) (4,1) (8,4) (8,2) (8,1) (16,8) (16,4)
      * (16,2) (16,1); the mask: the lanes that keep the larger key */
@@ -259,17 +259,23 @@ T512 static inline int weights512(const float *x, int E, int K, int full, float 
     __mmask16 kk = (__mmask16)((1u << K) - 1);
     __m512 v;
     __m512i id, idv = candidate_ids(ci, E);
-    /* keys i and i+1 equal but for the slot bits, i < K: an exact tie, or
-     * values too close for the keys to order */
+    __m512i slot = _mm512_sub_epi32(_mm512_set1_epi32(15),
+                                    _mm512_and_si512(key, _mm512_set1_epi32(15)));
+    v = _mm512_permutexvar_ps(slot, _mm512_loadu_ps(cv));
+    id = _mm512_permutexvar_epi32(slot, idv);
+    /* Equal keys but for the slot bits sort by slot, which is right for
+     * equal values (the lower expert first) but maybe not for values that
+     * differ in the 4 bits the slot replaced: any two such neighbours (a run
+     * of equal high bits holding unequal values has some) and the exact rank
+     * count decides instead. BF16 logits never get there: their low 16 bits
+     * are zero. */
     __m512i hi = _mm512_srai_epi32(key, 4);
-    if (_mm512_mask_cmpeq_epi32_mask(kk, hi, _mm512_alignr_epi32(hi, hi, 1))) {
+    __m512 vn = _mm512_castsi512_ps(
+        _mm512_alignr_epi32(_mm512_castps_si512(v), _mm512_castps_si512(v), 1));
+    if (_mm512_mask_cmp_ps_mask(_mm512_mask_cmpeq_epi32_mask(0x7fff, hi,
+                                                             _mm512_alignr_epi32(hi, hi, 1)),
+                                v, vn, _CMP_NEQ_OQ))
         picks_ties512(cv, idv, c, K, &v, &id);
-    } else {
-        __m512i slot = _mm512_sub_epi32(_mm512_set1_epi32(15),
-                                        _mm512_and_si512(key, _mm512_set1_epi32(15)));
-        v = _mm512_permutexvar_ps(slot, _mm512_loadu_ps(cv));
-        id = _mm512_permutexvar_epi32(slot, idv);
-    }
     /* the K <= 8 picks are the low half: 256-bit arithmetic from here */
     __m256 d = _mm256_maskz_sub_ps(kk, _mm512_castps512_ps256(v), _mm256_set1_ps(mx));
     if (_mm256_cmp_ps_mask(d, _mm256_set1_ps(-87.0f), _CMP_LT_OQ))
@@ -287,15 +293,19 @@ T512 static inline int weights512(const float *x, int E, int K, int full, float 
         s = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
     }
     __m256 wv = _mm256_mul_ps(e, _mm256_set1_ps((float)((double)scale / (double)s)));
-    _mm256_mask_storeu_ps(w, kk, wv);
-    _mm256_mask_storeu_epi32(ids, kk, _mm512_castsi512_si256(id));
+    if (K == 8) { /* plain stores where they fit: no store forwarding from masked ones */
+        _mm256_storeu_ps(w, wv);
+        _mm256_storeu_si256((__m256i *)ids, _mm512_castsi512_si256(id));
+    } else {
+        _mm256_mask_storeu_ps(w, kk, wv);
+        _mm256_mask_storeu_epi32(ids, kk, _mm512_castsi512_si256(id));
+    }
     return 0;
 }
 
 T512 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int full,
-                                    float scale, int32_t *ids, float *w, int64_t *load,
-                                    float *cv, int32_t *ci, const void *next,
-                                    size_t nnext)
+                                    float scale, int32_t *ids, float *w, float *cv,
+                                    int32_t *ci, const void *next, size_t nnext)
 {
     size_t stride = (size_t)E + 32;
     int nc[ROUTE512_ROWS];
@@ -354,10 +364,6 @@ T512 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int fu
     }
     PREFETCH(nnext);
 #undef PREFETCH
-    for (int r = 0; r < nb; r++)
-        if (!((left >> r) & 1))
-            for (int k = 0; k < K; k++)
-                load[ids[(size_t)r * K + k]]++;
     return left;
 }
 
@@ -369,11 +375,11 @@ int route_avx512_ok(void)
 }
 
 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int full,
-                               float scale, int32_t *ids, float *w, int64_t *load,
-                               float *cv, int32_t *ci, const void *next, size_t nnext)
+                               float scale, int32_t *ids, float *w, float *cv, int32_t *ci,
+                               const void *next, size_t nnext)
 {
     (void)x; (void)E; (void)K; (void)full; (void)scale; (void)ids; (void)w;
-    (void)load; (void)cv; (void)ci; (void)next; (void)nnext;
+    (void)cv; (void)ci; (void)next; (void)nnext;
     return nb >= 32 ? 0xffffffffu : (1u << nb) - 1; /* all left to the caller */
 }
 

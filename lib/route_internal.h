@@ -20,7 +20,7 @@ enum { ROUTE512_ROWS = 16 };
  * and E a multiple of 16 up to 1024. Row r gets ids[r*K + k], w[r*K + k]
  * for k < K: the K largest logits in decreasing order, ties to the lower
  * expert index, with weights scale * exp(x - max) / S, S = sum over all E
- * experts when `full`, else over the K picks; load[id] += 1 for each pick.
+ * experts when `full`, else over the K picks.
  * cv, ci: ROUTE512_SCRATCH(E) floats and ints of scratch. The nnext bytes
  * at next (the caller's next block, or 0 bytes) are prefetched meanwhile.
  * Rows it does not finish are left untouched, for the caller's general
@@ -29,8 +29,8 @@ enum { ROUTE512_ROWS = 16 };
  * a pick whose exp is below FLT_MIN. Returns those rows as a bit mask
  * (bit r = row r). */
 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int full,
-                               float scale, int32_t *ids, float *w, int64_t *load,
-                               float *cv, int32_t *ci, const void *next, size_t nnext);
+                               float scale, int32_t *ids, float *w, float *cv, int32_t *ci,
+                               const void *next, size_t nnext);
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -35,8 +35,8 @@ static double gauss(void)
     return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
 }
 
-enum { NORMAL, TIES, NEGINF, WIDE, FLAT, POSINF, NKIND };
-static const char *kind_name[] = {"normal", "ties", "-inf", "wide", "flat", "+inf"};
+enum { NORMAL, TIES, NEGINF, WIDE, FLAT, POSINF, NEAR, NKIND };
+static const char *kind_name[] = {"normal", "ties", "-inf", "wide", "flat", "+inf", "near"};
 
 static void fill(float *x, int64_t T, int E, int kind)
 {
@@ -50,6 +50,9 @@ static void fill(float *x, int64_t T, int E, int kind)
             case WIDE: g *= 40; break;                            /* exps below FLT_MIN */
             case FLAT: g = unif() < 0.9 ? 1.0 : g; break;         /* > 16 at the top */
             case POSINF: if (unif() < 0.01) g = INFINITY; break;
+            case NEAR: /* a few ulps apart: equal but for the low bits */
+                if (unif() < 0.5) g = 4.0 + (double)(next() % 40) * 0x1p-21;
+                break;
             }
             r[j] = (float)g;
         }
