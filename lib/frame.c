@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <sys/mman.h>
 #include "lrmoe.h"
 
 int64_t lrmoe_tensor_numel(const lrmoe_tensor_t *t)
@@ -152,16 +153,33 @@ static lrmoe_tensor_t *tensor_new(const char *name, lrmoe_dtype_t dtype, int ndi
     return t;
 }
 
+void *lrmoe_alloc_big(size_t n)
+{
+    const size_t huge = (size_t)2 << 20;
+    if (n < 2 * huge)
+        return malloc(n ? n : 1);
+    size_t m = (n + huge - 1) / huge * huge;
+    void *p = aligned_alloc(huge, m);
+#ifdef MADV_HUGEPAGE
+    if (p)
+        madvise(p, m, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 lrmoe_tensor_t *lrmoe_frame_put(lrmoe_frame_t *f, const char *name,
                                 lrmoe_dtype_t dtype, int ndim, const int64_t *shape)
 {
     size_t nb;
     lrmoe_tensor_t *t = tensor_new(name, dtype, ndim, shape, &nb);
     if (!t) return NULL;
-    if (nb && !(t->data = calloc(1, nb))) {
-        lrmoe_err("out of memory: %zu bytes for tensor %s", nb, name);
-        tensor_free(t);
-        return NULL;
+    if (nb) {
+        if (!(t->data = lrmoe_alloc_big(nb))) {
+            lrmoe_err("out of memory: %zu bytes for tensor %s", nb, name);
+            tensor_free(t);
+            return NULL;
+        }
+        memset(t->data, 0, nb);
     }
     return insert(f, t);
 }

@@ -83,6 +83,12 @@ typedef struct {
     char **keys, **vals;
 } lrmoe_frame_t;
 
+/* Memory for tensor data: buffers of 4 MiB and more are 2 MiB aligned and
+ * advised as transparent huge pages, so that filling a fresh one costs one
+ * page fault per 2 MiB instead of one per 4 KiB; smaller ones are malloc's.
+ * Not zeroed; free() releases either kind. NULL when out of memory. */
+void *lrmoe_alloc_big(size_t n);
+
 void lrmoe_frame_init(lrmoe_frame_t *f);
 void lrmoe_frame_clear(lrmoe_frame_t *f);  /* frees everything; f reusable */
 lrmoe_tensor_t *lrmoe_frame_get(const lrmoe_frame_t *f, const char *name);

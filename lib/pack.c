@@ -5,7 +5,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 void lrmoe_pack_plan_free(lrmoe_pack_plan_t *pl)
 {
@@ -353,29 +352,12 @@ static uint8_t *to_u8(const lrmoe_tensor_t *t)
     return o;
 }
 
-/* A buffer for packed rows. Large ones are 2 MiB aligned and advised as
- * transparent huge pages: filling fresh memory is otherwise dominated by
- * page faults (one per 4 KiB). free() releases either kind. */
-static void *rows_alloc(size_t n)
-{
-    const size_t huge = (size_t)2 << 20;
-    if (n < 2 * huge)
-        return malloc(n ? n : 1);
-    size_t m = (n + huge - 1) / huge * huge;
-    void *p = aligned_alloc(huge, m);
-#ifdef MADV_HUGEPAGE
-    if (p)
-        madvise(p, m, MADV_HUGEPAGE);
-#endif
-    return p;
-}
-
 static int put_rows(lrmoe_frame_t *f, const char *name, const lrmoe_tensor_t *src,
                     const lrmoe_pack_plan_t *pl, int by_token)
 {
     int64_t W = src->shape[src->ndim - 1];
     size_t rb = (size_t)W * lrmoe_dtype_size(src->dtype);
-    void *d = rows_alloc((size_t)pl->R * rb);
+    void *d = lrmoe_alloc_big((size_t)pl->R * rb);
     if (!d)
         return lrmoe_err("out of memory (%s)", name);
     lrmoe_pack_gather(pl->pair, pl->R, pl->K, by_token, src->data, rb, d);
@@ -492,7 +474,7 @@ int lrmoe_pack_frame(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o)
     if (!(alpha = lrmoe_tensor_f32(tw)))
         goto out;
 
-    float *pg = rows_alloc((size_t)(pl.R * D) * sizeof *pg);
+    float *pg = lrmoe_alloc_big((size_t)(pl.R * D) * sizeof *pg);
     if (!pg) {
         lrmoe_err("out of memory");
         goto out;

@@ -68,20 +68,6 @@ static int frame_header(const lrmoe_frame_t *f, char **hdr, size_t *hlen, size_t
     return 0;
 }
 
-/* Buffers for tensor data about to be overwritten by a read: large ones are
- * 2 MiB aligned and marked for transparent huge pages, so filling a fresh
- * 256 MiB tensor costs 128 page faults instead of 65536. free() releases. */
-static void *data_alloc(size_t nb)
-{
-    const size_t huge = 2u << 20;
-    if (nb < 4 * huge) return malloc(nb);
-    void *p = aligned_alloc(huge, (nb + huge - 1) / huge * huge);
-#ifdef MADV_HUGEPAGE
-    if (p) madvise(p, (nb + huge - 1) / huge * huge, MADV_HUGEPAGE);
-#endif
-    return p;
-}
-
 typedef struct { const char *name; lrmoe_dtype_t dt; int ndim; int64_t shape[LRMOE_MAX_DIMS];
                  uint64_t b, e; } entry_t;
 
@@ -179,7 +165,7 @@ static int parse_header(const char *hdr, size_t hlen, lrmoe_frame_t *f, uint64_t
     for (size_t i = 0; i < ne; i++) {
         entry_t *e = &ents[i];
         size_t nb = (size_t)(e->e - e->b);
-        void *data = nb ? data_alloc(nb) : NULL;
+        void *data = nb ? lrmoe_alloc_big(nb) : NULL;
         if (nb && !data) { lrmoe_err("out of memory: %zu bytes for tensor %s", nb, e->name); goto out; }
         if (!lrmoe_frame_adopt(f, e->name, e->dt, e->ndim, e->shape, data)) goto out;
     }
