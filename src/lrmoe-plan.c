@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "lrmoe.h"
-#include "plan.h"
+#include "plan_cli.h"
 
 static void usage(FILE *fp)
 {
@@ -57,14 +57,9 @@ static void usage(FILE *fp)
         "  -V, --version         print the version\n");
 }
 
-enum {
-    OPT_LAMBDA = 0x2001, OPT_ALPHA, OPT_GLPK_TIME, OPT_GPU_MEM, OPT_RESIDENT, OPT_FLOPS,
-    OPT_DTYPE
-};
-
 typedef struct {
     lrmoe_plan_opts_t o;
-    int set_D, set_K, set_T, set_dtype;
+    lrmoe_plan_cli_t cli; /* the options shared with lrmoe-sim */
     FILE *stats;
 } ctx_t;
 
@@ -94,16 +89,16 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
     /* model sizes from the frame unless given */
     lrmoe_tensor_t *ti = lrmoe_frame_get(f, "topk_ids");
     if (ti && ti->ndim == 2) {
-        if (!c->set_K)
+        if (!c->cli.set_K)
             o.cost.K = (int)ti->shape[1];
-        if (!c->set_T)
+        if (!c->cli.set_T)
             o.cost.tokens = ti->shape[0] / o.P;
     }
     lrmoe_tensor_t *hd = lrmoe_frame_get(f, "hidden");
     if (hd && hd->ndim == 2) {
-        if (!c->set_D)
+        if (!c->cli.set_D)
             o.cost.D = hd->shape[1];
-        if (!c->set_dtype)
+        if (!c->cli.set_dtype)
             o.cost.dtype_bytes = (int)lrmoe_dtype_size(hd->dtype);
     }
     int64_t *load = lrmoe_tensor_i64(tl);
@@ -142,30 +137,9 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         LRMOE_STREAM_LONGOPTS,
         {"planner", required_argument, 0, 'p'},
-        {"ranks", required_argument, 0, 'P'},
-        {"nodes", required_argument, 0, 'N'},
-        {"groups", required_argument, 0, 'G'},
-        {"slots", required_argument, 0, 's'},
-        {"lambda", required_argument, 0, OPT_LAMBDA},
-        {"alpha", required_argument, 0, OPT_ALPHA},
-        {"min-chunk", required_argument, 0, 'm'},
-        {"rates", required_argument, 0, 'r'},
         {"rate", required_argument, 0, 'R'},
-        {"quota", required_argument, 0, 'q'},
-        {"min-keep", required_argument, 0, 'k'},
         {"best-effort", no_argument, 0, 'b'},
-        {"glpk-time", required_argument, 0, OPT_GLPK_TIME},
-        {"hbm", required_argument, 0, 'M'},
-        {"gpu-mem", required_argument, 0, OPT_GPU_MEM},
-        {"resident", required_argument, 0, OPT_RESIDENT},
-        {"window", required_argument, 0, 'W'},
-        {"bw", required_argument, 0, 'B'},
-        {"flops", required_argument, 0, OPT_FLOPS},
-        {"hidden", required_argument, 0, 'D'},
-        {"ffn", required_argument, 0, 'F'},
-        {"topk", required_argument, 0, 'K'},
-        {"tokens", required_argument, 0, 'T'},
-        {"dtype", required_argument, 0, OPT_DTYPE},
+        LRMOE_PLAN_LONGOPTS,
         {"stats", required_argument, 0, 'S'},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
@@ -176,40 +150,23 @@ int main(int argc, char **argv)
     memset(&c, 0, sizeof c);
     lrmoe_plan_opts_default(&c.o);
     c.o.P = 0;
+    lrmoe_plan_cli_init(&c.cli, &c.o);
     const char *stats_path = NULL;
-    double gpu = -1, resident = -1;
     int ch;
-    int64_t v;
     double d;
     while ((ch = getopt_long(argc, argv,
-                             LRMOE_STREAM_SHORTOPTS "p:P:N:G:s:m:r:R:q:k:bM:W:B:D:F:K:T:S:hV",
-                             longopts, NULL)) != -1) {
+                             LRMOE_STREAM_SHORTOPTS LRMOE_PLAN_SHORTOPTS "p:R:bS:hV", longopts,
+                             NULL)) != -1) {
         int r = lrmoe_io_opt(&io, ch, optarg);
+        if (r > 0)
+            continue;
+        if (r == 0)
+            r = lrmoe_plan_cli_opt(&c.cli, ch, optarg);
         if (r > 0)
             continue;
         if (r == 0) {
             switch (ch) {
             case 'p': r = lrmoe_planner_parse(optarg, &c.o.planner); break;
-            case 'P':
-                r = lrmoe_parse_i64("--ranks", optarg, 1, 4096, &v);
-                c.o.P = (int)v;
-                break;
-            case 'N':
-                r = lrmoe_parse_i64("--nodes", optarg, 1, 4096, &v);
-                c.o.nodes = (int)v;
-                break;
-            case 'G':
-                r = lrmoe_parse_i64("--groups", optarg, 1, 1 << 20, &v);
-                c.o.groups = (int)v;
-                break;
-            case 's':
-                r = lrmoe_parse_i64("--slots", optarg, 1, 1 << 20, &v);
-                c.o.slots = (int)v;
-                break;
-            case OPT_LAMBDA: r = lrmoe_parse_f64("--lambda", optarg, 0, 1e9, &c.o.lambda); break;
-            case OPT_ALPHA: r = lrmoe_parse_f64("--alpha", optarg, 1e-9, 1e9, &c.o.alpha); break;
-            case 'm': r = lrmoe_parse_i64("--min-chunk", optarg, 0, INT64_MAX / 4, &c.o.min_chunk); break;
-            case 'r': r = lrmoe_plan_parse_rates(&c.o, optarg); break;
             case 'R':
                 r = lrmoe_parse_f64("--rate", optarg, -1e9, 1e9, &d);
                 if (r == 0 && !(d > 0 && d <= 1))
@@ -217,40 +174,7 @@ int main(int argc, char **argv)
                 c.o.nrates = 1;
                 c.o.rates[0] = d;
                 break;
-            case 'q': r = lrmoe_quota_parse(optarg, &c.o.quota); break;
-            case 'k': r = lrmoe_parse_f64("--min-keep", optarg, 0, 1, &c.o.min_keep); break;
             case 'b': c.o.best_effort = 1; break;
-            case OPT_GLPK_TIME:
-                r = lrmoe_parse_f64("--glpk-time", optarg, 1e-3, 3600, &c.o.glpk_tm_lim);
-                break;
-            case 'M': r = lrmoe_parse_bytes("--hbm", optarg, &c.o.cost.hbm); break;
-            case OPT_GPU_MEM: r = lrmoe_parse_bytes("--gpu-mem", optarg, &gpu); break;
-            case OPT_RESIDENT: r = lrmoe_parse_bytes("--resident", optarg, &resident); break;
-            case 'W': r = lrmoe_parse_f64("--window", optarg, 0, 1e6, &c.o.cost.window); break;
-            case 'B': r = lrmoe_parse_bytes("--bw", optarg, &c.o.cost.bw); break;
-            case OPT_FLOPS: r = lrmoe_parse_f64("--flops", optarg, 1, 1e21, &c.o.cost.flops); break;
-            case 'D':
-                r = lrmoe_parse_i64("--hidden", optarg, 1, 1 << 24, &c.o.cost.D);
-                c.set_D = 1;
-                break;
-            case 'F': r = lrmoe_parse_i64("--ffn", optarg, 1, 1 << 24, &c.o.cost.F); break;
-            case 'K':
-                r = lrmoe_parse_i64("--topk", optarg, 1, 1 << 20, &v);
-                c.o.cost.K = (int)v;
-                c.set_K = 1;
-                break;
-            case 'T':
-                r = lrmoe_parse_i64("--tokens", optarg, 0, INT64_C(1) << 40, &c.o.cost.tokens);
-                c.set_T = 1;
-                break;
-            case OPT_DTYPE: {
-                lrmoe_dtype_t dt;
-                r = lrmoe_dtype_parse(optarg, &dt);
-                if (r == 0)
-                    c.o.cost.dtype_bytes = (int)lrmoe_dtype_size(dt);
-                c.set_dtype = 1;
-                break;
-            }
             case 'S': stats_path = optarg; break;
             case 'h': usage(stdout); return 0;
             case 'V': printf("lrmoe-plan (lrmoe) %s\n", LRMOE_VERSION); return 0;
@@ -270,23 +194,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "lrmoe-plan: --ranks P is required\n");
         return 2;
     }
-    if ((gpu >= 0) != (resident >= 0)) {
-        fprintf(stderr, "lrmoe-plan: --gpu-mem and --resident go together\n");
+    if (lrmoe_plan_cli_finish(&c.cli) < 0) {
+        fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
         return 2;
-    }
-    if (gpu >= 0) {
-        if (resident > gpu) {
-            fprintf(stderr, "lrmoe-plan: --resident %.0f bytes exceeds --gpu-mem %.0f bytes\n",
-                    resident, gpu);
-            return 2;
-        }
-        c.o.cost.gpu_mem = gpu;
-        c.o.cost.resident = resident;
-        c.o.cost.hbm = gpu - resident;
-        if (c.o.cost.hbm == 0) {
-            fprintf(stderr, "lrmoe-plan: no memory left for buffers (gpu-mem == resident)\n");
-            return 2;
-        }
     }
     if (lrmoe_plan_opts_check(&c.o, -1) < 0) {
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "lrmoe.h"
-#include "plan.h"
+#include "plan_cli.h"
 #include "plot.h"
 #include "sim.h"
 
@@ -80,10 +80,7 @@ static void usage(FILE *fp)
         "  -V, --version         print the version\n");
 }
 
-enum {
-    OPT_LAMBDA = 0x2001, OPT_ALPHA, OPT_GLPK_TIME, OPT_GPU_MEM, OPT_RESIDENT, OPT_FLOPS,
-    OPT_DTYPE, OPT_BW_INTER, OPT_PBASE, OPT_PEVERY, OPT_PLOTFMT
-};
+enum { OPT_BW_INTER = LRMOE_PLAN_OPT_END, OPT_PBASE, OPT_PEVERY, OPT_PLOTFMT };
 
 /* "1,2,4" -> multipliers (each > 0). Returns the count or -1. */
 static int parse_list(const char *opt, const char *s, double *out, int max)
@@ -502,29 +499,8 @@ int main(int argc, char **argv)
         {"jobs", required_argument, 0, 'j'},
         {"frames", required_argument, 0, 'n'},
         {"quiet", no_argument, 0, 'Q'},
-        {"ranks", required_argument, 0, 'P'},
-        {"nodes", required_argument, 0, 'N'},
-        {"groups", required_argument, 0, 'G'},
-        {"slots", required_argument, 0, 's'},
-        {"lambda", required_argument, 0, OPT_LAMBDA},
-        {"alpha", required_argument, 0, OPT_ALPHA},
-        {"min-chunk", required_argument, 0, 'm'},
-        {"rates", required_argument, 0, 'r'},
-        {"quota", required_argument, 0, 'q'},
-        {"min-keep", required_argument, 0, 'k'},
-        {"glpk-time", required_argument, 0, OPT_GLPK_TIME},
-        {"hbm", required_argument, 0, 'M'},
-        {"gpu-mem", required_argument, 0, OPT_GPU_MEM},
-        {"resident", required_argument, 0, OPT_RESIDENT},
-        {"window", required_argument, 0, 'W'},
-        {"bw", required_argument, 0, 'B'},
         {"bw-inter", required_argument, 0, OPT_BW_INTER},
-        {"flops", required_argument, 0, OPT_FLOPS},
-        {"hidden", required_argument, 0, 'D'},
-        {"ffn", required_argument, 0, 'F'},
-        {"topk", required_argument, 0, 'K'},
-        {"tokens", required_argument, 0, 'T'},
-        {"dtype", required_argument, 0, OPT_DTYPE},
+        LRMOE_PLAN_LONGOPTS,
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
@@ -535,13 +511,18 @@ int main(int argc, char **argv)
     const char *planners = "fixed,llep,eplb,lrmoe", *tsv_path = NULL, *plot_dir = NULL,
                *rank_path = NULL;
     lrmoe_plot_fmt_t fmt = LRMOE_PLOT_SVG;
-    double gpu = -1, resident = -1, bw_inter = 50e9;
+    double bw_inter = 50e9;
     int64_t jobs = 0, max_frames = -1, v;
     int quiet = 0, ch;
-    while ((ch = getopt_long(argc, argv, "p:E:t:R:x:g:j:n:QP:N:G:s:m:r:q:k:M:W:B:D:F:K:T:hV",
-                             longopts, NULL)) != -1) {
-        int r = 0;
-        switch (ch) {
+    lrmoe_plan_cli_t cli;
+    lrmoe_plan_cli_init(&cli, &c.base);
+    while ((ch = getopt_long(argc, argv, "p:E:t:R:x:g:j:n:Q" LRMOE_PLAN_SHORTOPTS "hV", longopts,
+                             NULL)) != -1) {
+        int r = lrmoe_plan_cli_opt(&cli, ch, optarg);
+        if (r > 0)
+            continue;
+        switch (r < 0 ? 0 : ch) { /* 0: a bad value of a shared option */
+        case 0: break;
         case 'p': planners = optarg; break;
         case 'E':
             r = lrmoe_parse_i64("--experts", optarg, 1, 1 << 20, &v);
@@ -557,58 +538,7 @@ int main(int argc, char **argv)
         case 'j': r = lrmoe_parse_i64("--jobs", optarg, 1, 256, &jobs); break;
         case 'n': r = lrmoe_parse_i64("--frames", optarg, 0, INT64_MAX, &max_frames); break;
         case 'Q': quiet = 1; break;
-        case 'P':
-            r = lrmoe_parse_i64("--ranks", optarg, 1, 4096, &v);
-            c.base.P = (int)v;
-            break;
-        case 'N':
-            r = lrmoe_parse_i64("--nodes", optarg, 1, 4096, &v);
-            c.base.nodes = (int)v;
-            break;
-        case 'G':
-            r = lrmoe_parse_i64("--groups", optarg, 1, 1 << 20, &v);
-            c.base.groups = (int)v;
-            break;
-        case 's':
-            r = lrmoe_parse_i64("--slots", optarg, 1, 1 << 20, &v);
-            c.base.slots = (int)v;
-            break;
-        case OPT_LAMBDA: r = lrmoe_parse_f64("--lambda", optarg, 0, 1e9, &c.base.lambda); break;
-        case OPT_ALPHA: r = lrmoe_parse_f64("--alpha", optarg, 1e-9, 1e9, &c.base.alpha); break;
-        case 'm': r = lrmoe_parse_i64("--min-chunk", optarg, 0, INT64_MAX / 4, &c.base.min_chunk); break;
-        case 'r': r = lrmoe_plan_parse_rates(&c.base, optarg); break;
-        case 'q': r = lrmoe_quota_parse(optarg, &c.base.quota); break;
-        case 'k': r = lrmoe_parse_f64("--min-keep", optarg, 0, 1, &c.base.min_keep); break;
-        case OPT_GLPK_TIME: r = lrmoe_parse_f64("--glpk-time", optarg, 1e-3, 3600, &c.base.glpk_tm_lim); break;
-        case 'M': r = lrmoe_parse_bytes("--hbm", optarg, &c.base.cost.hbm); break;
-        case OPT_GPU_MEM: r = lrmoe_parse_bytes("--gpu-mem", optarg, &gpu); break;
-        case OPT_RESIDENT: r = lrmoe_parse_bytes("--resident", optarg, &resident); break;
-        case 'W': r = lrmoe_parse_f64("--window", optarg, 0, 1e6, &c.base.cost.window); break;
-        case 'B': r = lrmoe_parse_bytes("--bw", optarg, &c.base.cost.bw); break;
         case OPT_BW_INTER: r = lrmoe_parse_bytes("--bw-inter", optarg, &bw_inter); break;
-        case OPT_FLOPS: r = lrmoe_parse_f64("--flops", optarg, 1, 1e21, &c.base.cost.flops); break;
-        case 'D':
-            r = lrmoe_parse_i64("--hidden", optarg, 1, 1 << 24, &c.base.cost.D);
-            c.set_D = 1;
-            break;
-        case 'F': r = lrmoe_parse_i64("--ffn", optarg, 1, 1 << 24, &c.base.cost.F); break;
-        case 'K':
-            r = lrmoe_parse_i64("--topk", optarg, 1, 1 << 20, &v);
-            c.base.cost.K = (int)v;
-            c.set_K = 1;
-            break;
-        case 'T':
-            r = lrmoe_parse_i64("--tokens", optarg, 0, INT64_C(1) << 40, &c.base.cost.tokens);
-            c.set_T = 1;
-            break;
-        case OPT_DTYPE: {
-            lrmoe_dtype_t dt;
-            r = lrmoe_dtype_parse(optarg, &dt);
-            if (r == 0)
-                c.base.cost.dtype_bytes = (int)lrmoe_dtype_size(dt);
-            c.set_dtype = 1;
-            break;
-        }
         case 'h': usage(stdout); return 0;
         case 'V': printf(TOOL " (lrmoe) %s\n", LRMOE_VERSION); return 0;
         default: usage(stderr); return 2;
@@ -622,19 +552,14 @@ int main(int argc, char **argv)
         fprintf(stderr, TOOL ": too many input files (one FILE or stdin)\n");
         return 2;
     }
-    if ((gpu >= 0) != (resident >= 0)) {
-        fprintf(stderr, TOOL ": --gpu-mem and --resident go together\n");
+    if (lrmoe_plan_cli_finish(&cli) < 0) {
+        fprintf(stderr, TOOL ": %s\n", lrmoe_errmsg());
         return 2;
     }
-    if (gpu >= 0) {
-        if (resident >= gpu) {
-            fprintf(stderr, TOOL ": --resident must be below --gpu-mem\n");
-            return 2;
-        }
-        c.base.cost.gpu_mem = gpu;
-        c.base.cost.resident = resident;
-        c.base.cost.hbm = gpu - resident;
-    }
+    c.set_D = cli.set_D;
+    c.set_K = cli.set_K;
+    c.set_T = cli.set_T;
+    c.set_dtype = cli.set_dtype;
     c.P = c.base.P;
     if (c.base.nodes <= 0 || c.P % c.base.nodes) {
         fprintf(stderr, TOOL ": %d nodes do not divide %d ranks\n", c.base.nodes, c.P);

@@ -280,6 +280,24 @@ print(a['plan.mem_peak'], a['plan.fwd_peak'], a['plan.replicas'], a['plan.feasib
     done
 }
 
+@test "lrmoe-plan and lrmoe-sim read the shared planner options alike (lib/plan_cli.c)" {
+    $REF gen "$T/in.lrm" --frames 1 --experts 16 --pairs 100
+    for o in "-P 0" "-P x" "-K 0" "-D 0" "--dtype nope" "--gpu-mem 80G" \
+             "--resident 8G" "--gpu-mem 10G --resident 10G" "--gpu-mem 10G --resident 20G" \
+             "--lambda -1" "-m -1" "-s 0"; do
+        run "$BIN/lrmoe-plan" -P 4 $o "$T/in.lrm"
+        assert_failure 2
+        a=${output#lrmoe-plan: }
+        run "$BIN/lrmoe-sim" -P 4 $o "$T/in.lrm"
+        assert_failure 2
+        assert_output "lrmoe-sim: $a"
+    done
+    # good values of the same options are accepted
+    run "$BIN/lrmoe-plan" -P 4 -K 2 -D 64 -F 32 -T 100 --gpu-mem 1G --resident 999M \
+        "$T/in.lrm"
+    assert_success
+}
+
 @test "--help and --version" {
     run "$BIN/lrmoe-plan" --help
     assert_success

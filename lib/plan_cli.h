@@ -1,0 +1,67 @@
+/* plan_cli: the planner and cost-model options that lrmoe-plan and lrmoe-sim
+ * share, parsed and checked in one place (their man pages document them).
+ *
+ * A tool puts LRMOE_PLAN_SHORTOPTS in its getopt string and
+ * LRMOE_PLAN_LONGOPTS in its option table, numbers its own long-only options
+ * from LRMOE_PLAN_OPT_END, hands every option to lrmoe_plan_cli_opt() first
+ * and calls lrmoe_plan_cli_finish() after the last one. */
+#ifndef LRMOE_PLAN_CLI_H
+#define LRMOE_PLAN_CLI_H
+
+#include "plan.h"
+
+enum {
+    LRMOE_PLAN_OPT_LAMBDA = 0x2001,
+    LRMOE_PLAN_OPT_ALPHA,
+    LRMOE_PLAN_OPT_GLPK_TIME,
+    LRMOE_PLAN_OPT_GPU_MEM,
+    LRMOE_PLAN_OPT_RESIDENT,
+    LRMOE_PLAN_OPT_FLOPS,
+    LRMOE_PLAN_OPT_DTYPE,
+    LRMOE_PLAN_OPT_END /* the tools' own long-only options start here */
+};
+
+#define LRMOE_PLAN_SHORTOPTS "P:N:G:s:m:r:q:k:M:W:B:D:F:K:T:"
+
+/* entries of a struct option table (needs <getopt.h>) */
+#define LRMOE_PLAN_LONGOPTS                                                 \
+    {"ranks", required_argument, 0, 'P'},                                   \
+    {"nodes", required_argument, 0, 'N'},                                   \
+    {"groups", required_argument, 0, 'G'},                                  \
+    {"slots", required_argument, 0, 's'},                                   \
+    {"lambda", required_argument, 0, LRMOE_PLAN_OPT_LAMBDA},                \
+    {"alpha", required_argument, 0, LRMOE_PLAN_OPT_ALPHA},                  \
+    {"min-chunk", required_argument, 0, 'm'},                               \
+    {"rates", required_argument, 0, 'r'},                                   \
+    {"quota", required_argument, 0, 'q'},                                   \
+    {"min-keep", required_argument, 0, 'k'},                                \
+    {"glpk-time", required_argument, 0, LRMOE_PLAN_OPT_GLPK_TIME},          \
+    {"hbm", required_argument, 0, 'M'},                                     \
+    {"gpu-mem", required_argument, 0, LRMOE_PLAN_OPT_GPU_MEM},              \
+    {"resident", required_argument, 0, LRMOE_PLAN_OPT_RESIDENT},            \
+    {"window", required_argument, 0, 'W'},                                  \
+    {"bw", required_argument, 0, 'B'},                                      \
+    {"flops", required_argument, 0, LRMOE_PLAN_OPT_FLOPS},                  \
+    {"hidden", required_argument, 0, 'D'},                                  \
+    {"ffn", required_argument, 0, 'F'},                                     \
+    {"topk", required_argument, 0, 'K'},                                    \
+    {"tokens", required_argument, 0, 'T'},                                  \
+    {"dtype", required_argument, 0, LRMOE_PLAN_OPT_DTYPE}
+
+typedef struct {
+    lrmoe_plan_opts_t *o;   /* the options being set */
+    double gpu, resident;   /* --gpu-mem, --resident bytes; -1 = not given */
+    int set_D, set_K, set_T, set_dtype; /* given on the command line (they
+                                           override what the stream says) */
+} lrmoe_plan_cli_t;
+
+void lrmoe_plan_cli_init(lrmoe_plan_cli_t *c, lrmoe_plan_opts_t *o);
+/* One option: 1 = one of the shared ones, applied; 0 = not one of them;
+ * -1 = a bad value (lrmoe_errmsg() says which, a usage error). */
+int lrmoe_plan_cli_opt(lrmoe_plan_cli_t *c, int ch, const char *arg);
+/* After the last option: --gpu-mem and --resident go together, resident
+ * below gpu-mem; they set o->cost gpu_mem, resident and hbm (the budget
+ * between them). 0, or -1 with the message set. */
+int lrmoe_plan_cli_finish(lrmoe_plan_cli_t *c);
+
+#endif
