@@ -153,6 +153,12 @@ int64_t lrmoe_writer_count(const lrmoe_writer_t *w);
  * Encode returns a malloc'd buffer; decode validates it fully. */
 int lrmoe_frame_encode(const lrmoe_frame_t *f, uint8_t **buf, size_t *len);
 int lrmoe_frame_decode(const uint8_t *buf, size_t len, lrmoe_frame_t *f);
+/* The next of a sequence of safetensors blobs read from fp (what
+ * safetensors.torch.save() returns, written back to back), validated like
+ * decode: 1 with the frame in f, 0 at a clean end of input (no byte of a
+ * next blob), -1 with the error set (a truncated blob, or input that is
+ * not safetensors: an lrmoe stream, zstd data, an .npy array). */
+int lrmoe_frame_fread(FILE *fp, lrmoe_frame_t *f);
 
 /* Read a whole weights stream: per-layer frames, keyed by attribute "layer"
  * (frame index when absent). Returns the frame for layer L, or NULL. */

@@ -221,6 +221,55 @@ fail:
     return -1;
 }
 
+/* fread of exactly n bytes: 0, or -1 with "truncated ..." or the I/O error */
+static int read_exact(FILE *fp, void *buf, size_t n, const char *what)
+{
+    size_t got = n ? fread(buf, 1, n, fp) : 0;
+    if (got == n) return 0;
+    if (ferror(fp)) return lrmoe_err("read error in %s: %s", what, strerror(errno));
+    return lrmoe_err("truncated: %s ends after %zu of %zu bytes", what, got, n);
+}
+
+int lrmoe_frame_fread(FILE *fp, lrmoe_frame_t *f)
+{
+    lrmoe_frame_clear(f);
+    uint8_t h8[8];
+    size_t got = fread(h8, 1, 8, fp);
+    if (got == 0 && !ferror(fp)) return 0;
+    if (got < 8) {
+        if (ferror(fp)) return lrmoe_err("read error: %s", strerror(errno));
+        return lrmoe_err("truncated: %zu bytes where a safetensors header length (8) starts", got);
+    }
+    if (!memcmp(h8, TRAILER_MAGIC, 8))
+        return lrmoe_err("this is an lrmoe stream (its trailer), not safetensors: "
+                         "lrmoe-cat reads streams");
+    if (!memcmp(h8, "\x28\xb5\x2f\xfd", 4))
+        return lrmoe_err("zstd-compressed data, not safetensors (an lrmoe stream? lrmoe-cat "
+                         "reads those)");
+    if (!memcmp(h8, "\x93NUMPY", 6))
+        return lrmoe_err(".npy data: import an .npy array from a file named NAME.npy");
+    uint64_t hlen = get_le64(h8);
+    if (hlen > LRMOE_MAX_HEADER)
+        return lrmoe_err("header length %" PRIu64 " beyond the limit (not safetensors?)", hlen);
+    char *hdr = malloc(hlen ? hlen : 1);
+    if (!hdr) return lrmoe_err("out of memory");
+    uint64_t dlen;
+    int rc = read_exact(fp, hdr, (size_t)hlen, "the safetensors header");
+    if (rc == 0 && (rc = parse_header(hdr, (size_t)hlen, f, &dlen)) < 0)
+        lrmoe_err_prefix("not a valid safetensors header");
+    free(hdr);
+    for (int i = 0; rc == 0 && i < f->ntensors; i++) {
+        char what[300];
+        snprintf(what, sizeof what, "the data of tensor %s", f->tensors[i]->name);
+        rc = read_exact(fp, f->tensors[i]->data, f->tensors[i]->nbytes, what);
+    }
+    if (rc < 0) {
+        lrmoe_frame_clear(f);
+        return -1;
+    }
+    return 1;
+}
+
 /* ------------------------------------------------------------ reader */
 
 struct lrmoe_reader {

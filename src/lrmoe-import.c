@@ -18,9 +18,11 @@ static const char *prog = "lrmoe-import";
 static void usage(FILE *fp)
 {
     fprintf(fp,
-            "Usage: %s [options] FILE|DIR...\n"
+            "Usage: %s [options] FILE|DIR|-...\n"
             "Import .safetensors files (one frame each) and .npy files (grouped into\n"
-            "frames by name) into an lrmoe stream.\n"
+            "frames by name) into an lrmoe stream. - reads standard input: safetensors\n"
+            "blobs back to back, a frame each (safetensors.torch.save() bytes written\n"
+            "in a loop).\n"
             "\n"
             "  .npy names:  fN.NAME.npy -> frame N, tensor NAME\n"
             "               NAME.N.npy  -> frame N, tensor NAME\n"
@@ -170,6 +172,12 @@ static int cmp_str(const void *a, const void *b)
 
 static int add_arg(inputs_t *in, const char *arg)
 {
+    if (!strcmp(arg, "-")) { /* standard input: safetensors blobs */
+        for (size_t i = 0; i < in->n; i++)
+            if (!strcmp(in->v[i].path, "-"))
+                return lrmoe_err("-: standard input named twice");
+        return add_input(in, arg);
+    }
     struct stat st;
     if (stat(arg, &st) < 0)
         return lrmoe_err("%s: %s", arg, strerror(errno));
@@ -268,6 +276,23 @@ static int write_frame(lrmoe_writer_t *w, lrmoe_frame_t *f, opts_t *o)
     return lrmoe_writer_write(w, f);
 }
 
+/* Standard input: safetensors blobs back to back, a frame each. */
+static int import_stdin(lrmoe_writer_t *w, lrmoe_frame_t *f, opts_t *o)
+{
+    int64_t n = 0;
+    int r;
+    while ((r = lrmoe_frame_fread(stdin, f)) == 1) {
+        if (write_frame(w, f, o) < 0)
+            return lrmoe_err_prefix("stdin: frame %" PRId64, n);
+        n++;
+    }
+    if (r < 0)
+        return lrmoe_err_prefix("stdin: frame %" PRId64, n);
+    if (n == 0)
+        return lrmoe_err("stdin: no safetensors data");
+    return 0;
+}
+
 /* Import the npy inputs v[0..n): grouped by frame number, ascending. */
 static int import_npy_group(input_t *v, size_t n, lrmoe_writer_t *w, lrmoe_frame_t *f, opts_t *o)
 {
@@ -355,7 +380,9 @@ static int run(inputs_t *in, lrmoe_writer_t *w, opts_t *o)
                 free(tmp);
                 rc = import_npy_group(in->v + i, m, w, &f, o);
                 for (size_t k = i + m; rc == 0 && k < j; k++) {
-                    if (import_safetensors(in->v[k].path, &f) < 0)
+                    if (!strcmp(in->v[k].path, "-"))
+                        rc = import_stdin(w, &f, o);
+                    else if (import_safetensors(in->v[k].path, &f) < 0)
                         rc = lrmoe_err_prefix("%s", in->v[k].path);
                     else if (write_frame(w, &f, o) < 0)
                         rc = lrmoe_err_prefix("%s", in->v[k].path);
@@ -364,6 +391,9 @@ static int run(inputs_t *in, lrmoe_writer_t *w, opts_t *o)
                 rc = import_npy_group(in->v + i, j - i, w, &f, o);
             }
             i = j;
+        } else if (!strcmp(in->v[i].path, "-")) {
+            rc = import_stdin(w, &f, o);
+            i++;
         } else {
             if (import_safetensors(in->v[i].path, &f) < 0)
                 rc = lrmoe_err_prefix("%s", in->v[i].path);
@@ -463,7 +493,7 @@ int main(int argc, char **argv)
         }
     }
     if (optind >= argc) {
-        fprintf(stderr, "%s: no input files\n", prog);
+        fprintf(stderr, "%s: no input files (- for standard input)\n", prog);
         usage(stderr);
         return 2;
     }

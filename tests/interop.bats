@@ -178,6 +178,74 @@ PY
     assert_output "st-check: 8 tensors and 3 metadata keys identical"
 }
 
+@test "stdin: safetensors blobs written back to back by the safetensors package, one frame each" {
+    need_safetensors
+    python3 - "$T/blobs" <<'EOF'
+import sys, numpy as np
+from safetensors.numpy import save
+with open(sys.argv[1], "wb") as f:
+    for step in range(3):
+        x = np.arange(12, dtype=np.float32).reshape(3, 4) + step
+        f.write(save({"router_logits": x, "ids": np.array([step], np.int64)},
+                     metadata={"step": str(step)}))
+EOF
+    "$BIN/lrmoe-import" --no-compress -o "$T/s.lrm" - < "$T/blobs"
+    python3 - "$T/s.lrm" <<'EOF'
+import sys, numpy as np
+from lrmoe_stream import read_stream
+fr = read_stream(sys.argv[1])
+assert len(fr) == 3, len(fr)
+for step, (t, a) in enumerate(fr):
+    assert a["step"] == str(step), a
+    assert np.array_equal(t["router_logits"], np.arange(12, dtype=np.float32).reshape(3, 4) + step)
+    assert t["ids"].tolist() == [step]
+EOF
+    # through a pipe, with a file after it, renamed
+    run sh -c "cat '$T/blobs' | '$BIN/lrmoe-import' -n ids=step_ids - '$T/blobs' | '$BIN/lrmoe-view'"
+    assert_failure   # the second argument is three blobs: a file holds one
+    cat "$T/blobs" | "$BIN/lrmoe-import" -n ids=step_ids -o "$T/p.lrm" -
+    run "$BIN/lrmoe-view" "$T/p.lrm"
+    assert_success
+    assert_equal "$(grep -c 'step_ids' <<< "$output")" 3
+}
+
+@test "stdin: truncated blobs, streams, zstd and npy on standard input fail naming the frame" {
+    need_safetensors
+    python3 - "$T/blobs" <<'EOF'
+import sys, numpy as np
+from safetensors.numpy import save
+with open(sys.argv[1], "wb") as f:
+    for step in range(2):
+        f.write(save({"x": np.ones((64,), np.float32)}))
+EOF
+    n=$(stat -c %s "$T/blobs")
+    for cut in 3 20 $((n - 1)); do
+        head -c "$cut" "$T/blobs" > "$T/cut"
+        run "$BIN/lrmoe-import" -o "$T/o.lrm" - < "$T/cut"
+        assert_one_error lrmoe-import
+        assert_output --partial "stdin: frame"
+        assert_output --partial "truncated"
+    done
+    "$BIN/lrmoe-import" -o "$T/z.lrm" - < "$T/blobs"
+    run "$BIN/lrmoe-import" -o "$T/o.lrm" - < "$T/z.lrm"
+    assert_one_error lrmoe-import
+    assert_output --partial "zstd"
+    "$BIN/lrmoe-import" --no-compress -o "$T/r.lrm" - < "$T/blobs"
+    run "$BIN/lrmoe-import" -o "$T/o.lrm" - < "$T/r.lrm"
+    assert_one_error lrmoe-import
+    assert_output --partial "lrmoe stream"
+    python3 -c "import numpy as np, sys; np.save(sys.stdout.buffer, np.ones(3))" > "$T/a.npy"
+    run "$BIN/lrmoe-import" -o "$T/o.lrm" - < "$T/a.npy"
+    assert_one_error lrmoe-import
+    assert_output --partial ".npy"
+    run "$BIN/lrmoe-import" -o "$T/o.lrm" - < /dev/null
+    assert_one_error lrmoe-import
+    assert_output --partial "no safetensors data"
+    run "$BIN/lrmoe-import" -o "$T/o.lrm" - -
+    assert_failure 1
+    assert_output --partial "standard input named twice"
+}
+
 @test "safetensors: --name, --attr and --tensor/--frame selection" {
     need_safetensors
     $REF st-make "$T/a.safetensors"
