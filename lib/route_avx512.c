@@ -229,8 +229,9 @@ T512 static inline void sort16x4(__m512i k[4])
 #undef STAGE4
 }
 
-/* Ties among the first K+1 sorted slots (order or choice by expert number):
- * the rank count of ranks_ties512 on the unsorted candidates instead. */
+/* The K picks, sorted, from the rank count of ranks_ties512 on the
+ * unsorted candidates: for rows whose sort keys could not order them
+ * (unequal values within 16 ulps; see weights512). */
 T512 __attribute__((noinline)) static void picks_ties512(const float *cv, __m512i idv, int c,
                                                          int K, __m512 *pv, __m512i *pid)
 {
