@@ -733,12 +733,13 @@ static int rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
                                  jb->row, (size_t)nb * E);
             xb = jb->row;
         }
+        /* the next block, in the input's dtype, to prefetch meanwhile */
+        int64_t n1 = jb->t1 - (t0 + nb) < B ? jb->t1 - (t0 + nb) : B;
+        const char *pfp = (const char *)jb->logits + (size_t)(t0 + nb) * E * esz;
+        size_t nnext = (size_t)n1 * E * esz;
         if (jb->k512) {
-            /* the next block, in the input's dtype */
-            int64_t n1 = jb->t1 - (t0 + nb) < B ? jb->t1 - (t0 + nb) : B;
-            uint32_t left = route_softmax_rows512(
-                xb, nb, E, K, full, scale, jb->ids + t0 * K, jb->w + t0 * K, jb->cv, jb->ci,
-                (const char *)jb->logits + (size_t)(t0 + nb) * E * esz, (size_t)n1 * E * esz);
+            uint32_t left = route_softmax_rows512(xb, nb, E, K, full, scale, jb->ids + t0 * K,
+                                                  jb->w + t0 * K, jb->cv, jb->ci, pfp, nnext);
             for (; left; left &= left - 1) {
                 int r = __builtin_ctz(left);
                 int64_t t = t0 + r;
@@ -751,25 +752,19 @@ static int rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
             }
             continue;
         }
-        /* the next block's input and output lines, a few per row (see
-         * route_avx512.c: a burst would stall on the fill buffers) */
-        int64_t n1 = jb->t1 - (t0 + nb) < B ? jb->t1 - (t0 + nb) : B;
-        const char *pfp = (const char *)jb->logits + (size_t)(t0 + nb) * E * esz;
-        const char *pfe = pfp + (size_t)n1 * E * esz;
-        size_t pfrow = ((size_t)(pfe - pfp) + 2 * (size_t)nb - 1) / (2 * (size_t)nb);
-        for (int b = 0; n1 > 0 && b < nb * K * 4; b += 64) {
-            _mm_prefetch((const char *)(jb->ids + (t0 + nb) * K) + b, _MM_HINT_ET0);
-            _mm_prefetch((const char *)(jb->w + (t0 + nb) * K) + b, _MM_HINT_ET0);
-        }
+        /* the next block's input lines, a few per row, and its output lines */
+        const char *pfe = pfp + nnext;
+        size_t pfrow = (nnext + 2 * (size_t)nb - 1) / (2 * (size_t)nb);
+        if (nnext)
+            route_prefetch_out(jb->ids + (t0 + nb) * K, jb->w + (t0 + nb) * K,
+                               (size_t)nb * K * 4);
         for (int r = 0; r < nb; r++) {
-            for (const char *e = pfp + pfrow < pfe ? pfp + pfrow : pfe; pfp < e; pfp += 64)
-                _mm_prefetch(pfp, _MM_HINT_T0);
+            route_prefetch_step(&pfp, pfe, pfrow);
             nc[r] = top8_stage1(xb + (size_t)r * E, E, jb->cv + r * stride,
                                 jb->ci + r * stride);
         }
         for (int r = 0; r < nb; r++) {
-            for (const char *e = pfp + pfrow < pfe ? pfp + pfrow : pfe; pfp < e; pfp += 64)
-                _mm_prefetch(pfp, _MM_HINT_T0);
+            route_prefetch_step(&pfp, pfe, pfrow);
             int64_t t = t0 + r;
             const float *cv = jb->cv + r * stride;
             const int32_t *ci = jb->ci + r * stride;

@@ -324,20 +324,13 @@ T512 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int fu
             mx[r0 + q] = m4[q];
         }
     }
-    /* the next block's lines, spread over the candidate and the pick
-     * loops: a burst of prefetches would stall on the fill buffers */
+    /* the next block's lines, spread over the candidate and the pick loops */
     const char *pfp = (const char *)next, *pfe = pfp + nnext;
     size_t pfrow = (nnext + 2 * (size_t)nb - 1) / (2 * (size_t)nb);
-#define PREFETCH(n)                                                      \
-    for (const char *e_ = pfp + (n) < pfe ? pfp + (n) : pfe; pfp < e_; pfp += 64) \
-        _mm_prefetch(pfp, _MM_HINT_T0)
-    if (nnext) /* and the lines of the outputs' next block */
-        for (int b = 0; b < nb * K * 4; b += 64) {
-            _mm_prefetch((const char *)(ids + nb * K) + b, _MM_HINT_ET0);
-            _mm_prefetch((const char *)(w + nb * K) + b, _MM_HINT_ET0);
-        }
+    if (nnext)
+        route_prefetch_out(ids + nb * K, w + nb * K, (size_t)nb * K * 4);
     for (int r = 0; r < nb; r++) {
-        PREFETCH(pfrow);
+        route_prefetch_step(&pfp, pfe, pfrow);
         nc[r] = candidates512(x + (size_t)r * E, E, bnd[r], cv + r * stride, ci + r * stride);
     }
     for (int r0 = 0; r0 < nb; r0 += 4) {
@@ -352,7 +345,7 @@ T512 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int fu
                 left |= 1u << r;
             key[q] = sortkey(v);
         }
-        PREFETCH(4 * pfrow);
+        route_prefetch_step(&pfp, pfe, 4 * pfrow);
         sort16x4(key);
         for (int q = 0; q < 4 && r0 + q < nb; q++) {
             int r = r0 + q;
@@ -363,8 +356,7 @@ T512 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int fu
                 left |= 1u << r;
         }
     }
-    PREFETCH(nnext);
-#undef PREFETCH
+    route_prefetch_step(&pfp, pfe, nnext);
     return left;
 }
 

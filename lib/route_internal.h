@@ -32,6 +32,26 @@ uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int full,
                                float scale, int32_t *ids, float *w, float *cv, int32_t *ci,
                                const void *next, size_t nnext);
 
+/* Prefetching a block ahead, spread over the work on the current block (a
+ * burst of prefetches would stall on the fill buffers, spread out they
+ * overlap the work): route_prefetch_out touches the lines the outputs'
+ * next block will be written to (n bytes at a, n at b); route_prefetch_step
+ * fetches the lines of [*p, end) up to *p + n and moves *p past them. */
+static inline void route_prefetch_out(const void *a, const void *b, size_t n)
+{
+    for (size_t i = 0; i < n; i += 64) {
+        __builtin_prefetch((const char *)a + i, 1, 3);
+        __builtin_prefetch((const char *)b + i, 1, 3);
+    }
+}
+
+static inline void route_prefetch_step(const char **p, const char *end, size_t n)
+{
+    const char *e = (size_t)(end - *p) > n ? *p + n : end;
+    for (; *p < e; *p += 64)
+        __builtin_prefetch(*p, 0, 3);
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
