@@ -61,6 +61,25 @@ static double best_read(const void *buf, size_t n, int reps, unsigned long long 
     return best;
 }
 
+/* best wall and CPU seconds of reps routings; 0, or -1 on an error */
+static int best_route(const lrmoe_route_opts_t *o, int64_t T, int64_t E, lrmoe_dtype_t dt,
+                      const void *logits, const float *bias, int32_t *ids, float *w,
+                      int64_t *load, int reps, double *best, double *best_cpu)
+{
+    *best = *best_cpu = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = lrmoe_now(), c0 = cpu_now();
+        if (lrmoe_route_topk(o, T, E, dt, logits, bias, ids, w, load) < 0) {
+            fprintf(stderr, "drv: %s\n", lrmoe_errmsg());
+            return -1;
+        }
+        double t = lrmoe_now() - t0, tc = cpu_now() - c0;
+        if (t < *best) *best = t;
+        if (tc < *best_cpu) *best_cpu = tc;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int K = atoi(argv[2]), reps = atoi(argv[3]);
@@ -107,16 +126,9 @@ int main(int argc, char **argv)
             lrmoe_route_opts_default(&o);
             o.router = v[i].r; o.k = K; o.renorm = v[i].renorm; o.threads = th;
             if (v[i].G && E % v[i].G == 0 && K <= v[i].M * (E / v[i].G)) { o.groups = v[i].G; o.topk_groups = v[i].M; }
-            double best = 1e30, bc = 1e30;
-            for (int r = 0; r < reps; r++) {
-                double t0 = lrmoe_now(), c0 = cpu_now();
-                if (lrmoe_route_topk(&o, T, E, lg->dtype, lg->data, bias, ids, w, load) < 0) {
-                    fprintf(stderr, "drv: %s\n", lrmoe_errmsg()); return 1;
-                }
-                double t = lrmoe_now() - t0, tc = cpu_now() - c0;
-                if (t < best) best = t;
-                if (tc < bc) bc = tc;
-            }
+            double best, bc;
+            if (best_route(&o, T, E, lg->dtype, lg->data, bias, ids, w, load, reps, &best, &bc) < 0)
+                return 1;
             printf("%s %d %.6f %.3f %.6f\n", v[i].name, th, best, gb / best, bc);
         }
     /* the qwen3 row again on the AVX2 kernel (what runs without AVX-512) */
@@ -125,16 +137,9 @@ int main(int argc, char **argv)
         lrmoe_route_opts_default(&o);
         o.k = K; o.renorm = 1; o.threads = 1;
         setenv("LRMOE_NO_AVX512", "1", 1);
-        double best = 1e30, bc = 1e30;
-        for (int r = 0; r < reps; r++) {
-            double t0 = lrmoe_now(), c0 = cpu_now();
-            if (lrmoe_route_topk(&o, T, E, lg->dtype, lg->data, bias, ids, w, load) < 0) {
-                fprintf(stderr, "drv: %s\n", lrmoe_errmsg()); return 1;
-            }
-            double t = lrmoe_now() - t0, tc = cpu_now() - c0;
-            if (t < best) best = t;
-            if (tc < bc) bc = tc;
-        }
+        double best, bc;
+        if (best_route(&o, T, E, lg->dtype, lg->data, bias, ids, w, load, reps, &best, &bc) < 0)
+            return 1;
         unsetenv("LRMOE_NO_AVX512");
         printf("softmax+renorm(AVX2) 1 %.6f %.3f %.6f\n", best, gb / best, bc);
     }
@@ -142,16 +147,9 @@ int main(int argc, char **argv)
         lrmoe_route_opts_t o;
         lrmoe_route_opts_default(&o);
         o.k = K; o.renorm = 1; o.threads = th;
-        double best = 1e30, bc = 1e30;
-        for (int r = 0; r < reps; r++) {
-            double t0 = lrmoe_now(), c0 = cpu_now();
-            if (lrmoe_route_topk(&o, T, E, LRMOE_BF16, lb, bias, ids, w, load) < 0) {
-                fprintf(stderr, "drv: %s\n", lrmoe_errmsg()); return 1;
-            }
-            double t = lrmoe_now() - t0, tc = cpu_now() - c0;
-            if (t < best) best = t;
-            if (tc < bc) bc = tc;
-        }
+        double best, bc;
+        if (best_route(&o, T, E, LRMOE_BF16, lb, bias, ids, w, load, reps, &best, &bc) < 0)
+            return 1;
         printf("softmax+renorm(bf16-in) %d %.6f %.3f %.6f\n", th, best, gb / best, bc);
     }
     fprintf(stderr, "%llu\n", sink & 1); /* keep the read loop */
