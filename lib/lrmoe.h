@@ -94,6 +94,10 @@ void lrmoe_frame_clear(lrmoe_frame_t *f);  /* frees everything; f reusable */
 lrmoe_tensor_t *lrmoe_frame_get(const lrmoe_frame_t *f, const char *name);
 /* get, or an error "missing tensor NAME" when absent. */
 lrmoe_tensor_t *lrmoe_frame_need(const lrmoe_frame_t *f, const char *name);
+/* Which stage writes a stream tensor ("lrmoe-route", ...), NULL if none of
+ * lrmoe's; _at(i) walks the table (NULL past its end). */
+const char *lrmoe_producer(const char *tensor);
+const char *lrmoe_producer_at(int i, const char **tensor);
 /* Create (or replace, keeping its position) a zero-filled tensor. */
 lrmoe_tensor_t *lrmoe_frame_put(lrmoe_frame_t *f, const char *name,
                                 lrmoe_dtype_t dtype, int ndim, const int64_t *shape);
