@@ -258,7 +258,7 @@ EOF
     check1 "frame 0: router_weight: shape [12,8] does not match router_logits [20,16]" -w "$T/w12.lrm" "$T/in.lrm"
     check1 "frame 0: router_weight: shape [16,8] does not match hidden [20,24] (expected [E,24])" -w "$T/w16.lrm" "$T/h.lrm"
     check1 "frame 0: missing tensor router_logits (or hidden with router_weight from --weights)" "$T/h.lrm"
-    check1 "frame 0: missing tensor hidden" -w "$T/w16.lrm" --from-hidden "$T/in.lrm"
+    check1 "frame 0: missing tensor hidden (it comes from the input (lrmoe-gen, lrmoe-import or a dump from training))" -w "$T/w16.lrm" --from-hidden "$T/in.lrm"
     run "$BIN/lrmoe-route" -w "$T/nope.lrm" "$T/in.lrm" -o "$T/out.lrm"
     assert_failure 1
     assert_output --partial "nope.lrm"
