@@ -14,6 +14,9 @@
 #define LRMOE_VERSION "0.1.0"
 #define LRMOE_MAX_DIMS 8
 #define LRMOE_MAX_HEADER (100u << 20) /* safetensors' own limit: 100 MB */
+/* What one frame may declare (lrmoe-stream(5), SECURITY): readers refuse more. */
+#define LRMOE_MAX_TENSORS (1 << 17)
+#define LRMOE_MAX_ATTRS (1 << 17)
 
 /* ---------------------------------------------------------------- errors */
 
@@ -105,10 +108,18 @@ lrmoe_tensor_t *lrmoe_frame_put_f32(lrmoe_frame_t *f, const char *name,
 lrmoe_tensor_t *lrmoe_frame_adopt(lrmoe_frame_t *f, const char *name,
                                   lrmoe_dtype_t dtype, int ndim,
                                   const int64_t *shape, void *data);
+/* adopt for a name known NOT to be in f yet (the parsers: their names are
+ * unique already): appends without looking, so building a frame of n tensors
+ * costs O(n), not O(n^2). A duplicate name here is the caller's bug. */
+lrmoe_tensor_t *lrmoe_frame_adopt_new(lrmoe_frame_t *f, const char *name,
+                                      lrmoe_dtype_t dtype, int ndim,
+                                      const int64_t *shape, void *data);
 int lrmoe_frame_del(lrmoe_frame_t *f, const char *name); /* 1 deleted, 0 absent */
 
 const char *lrmoe_frame_attr(const lrmoe_frame_t *f, const char *key); /* NULL if absent */
 int lrmoe_frame_set_attr(lrmoe_frame_t *f, const char *key, const char *val);
+/* set_attr for a key known NOT to be in f yet (appends, O(1)). */
+int lrmoe_frame_set_attr_new(lrmoe_frame_t *f, const char *key, const char *val);
 int lrmoe_frame_set_attrf(lrmoe_frame_t *f, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Parse attribute as integer/double; returns 1 found, 0 absent, -1 malformed. */
@@ -132,6 +143,9 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f);
 int64_t lrmoe_reader_index(const lrmoe_reader_t *r); /* frames read so far */
 int lrmoe_reader_compressed(const lrmoe_reader_t *r);
 void lrmoe_reader_close(lrmoe_reader_t *r);
+/* The input list of a tool that reads several streams: 0, or -1 when "-"
+ * (standard input, read once) is named twice. n == 0 means stdin alone. */
+int lrmoe_inputs_check(int n, char *const *paths);
 
 typedef struct {
     int compress;  /* 1 zstd (default), 0 raw */

@@ -564,13 +564,35 @@ static int restore_dtype(lrmoe_tensor_t *t, lrmoe_dtype_t want)
                      lrmoe_dtype_name(t->dtype), lrmoe_dtype_name(want));
 }
 
+typedef struct {
+    const char *name;
+    int pos;
+} by_name_t;
+
+static int cmp_by_name(const void *a, const void *b)
+{
+    return strcmp(((const by_name_t *)a)->name, ((const by_name_t *)b)->name);
+}
+
 int lrmoe_npy_sidecar_apply(const char *path, lrmoe_frame_t *f)
 {
     json_error_t jerr;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
         return lrmoe_err("malformed JSON: %s (line %d)", jerr.text, jerr.line);
-    int rc = -1;
+    int rc = -1, n = f->ntensors;
+    /* the frame's tensors sorted by name, so each sidecar entry is found in
+     * O(log n) (a sidecar of n tensors costs O(n log n), not O(n^2)) */
+    by_name_t *idx = malloc((size_t)(n ? n : 1) * sizeof *idx);
+    lrmoe_tensor_t **order = malloc((size_t)(n ? n : 1) * sizeof *order);
+    char *placed = calloc((size_t)(n ? n : 1), 1);
+    if (!idx || !order || !placed) {
+        lrmoe_err("out of memory");
+        goto out;
+    }
+    for (int j = 0; j < n; j++)
+        idx[j] = (by_name_t){f->tensors[j]->name, j};
+    qsort(idx, (size_t)n, sizeof *idx, cmp_by_name);
     json_t *attrs = json_object_get(root, "attrs"), *ts = json_object_get(root, "tensors");
     if (!json_is_object(root) || (attrs && !json_is_object(attrs)) || (ts && !json_is_array(ts))) {
         lrmoe_err("not a frame sidecar ({\"attrs\":{...},\"tensors\":[...]})");
@@ -578,15 +600,16 @@ int lrmoe_npy_sidecar_apply(const char *path, lrmoe_frame_t *f)
     }
     const char *k;
     json_t *v;
+    int fresh = f->nattrs == 0; /* keys are unique (JSON_REJECT_DUPLICATES) */
     json_object_foreach(attrs, k, v) {
         if (!json_is_string(v)) {
             lrmoe_err("attribute %s is not a string", k);
             goto out;
         }
-        if (lrmoe_frame_set_attr(f, k, json_string_value(v)) < 0)
+        if ((fresh ? lrmoe_frame_set_attr_new : lrmoe_frame_set_attr)(f, k, json_string_value(v)) < 0)
             goto out;
     }
-    int placed = 0;
+    int nplaced = 0;
     size_t i;
     json_array_foreach(ts, i, v) {
         const char *name = json_string_value(json_object_get(v, "name"));
@@ -600,20 +623,25 @@ int lrmoe_npy_sidecar_apply(const char *path, lrmoe_frame_t *f)
             lrmoe_err_prefix("tensor %s", name);
             goto out;
         }
-        int j;
-        for (j = placed; j < f->ntensors && strcmp(f->tensors[j]->name, name); j++)
-            ;
-        if (j == f->ntensors)
-            continue; /* not exported or removed: skip */
-        if (restore_dtype(f->tensors[j], d) < 0)
+        by_name_t key = {name, 0}, *hit = bsearch(&key, idx, (size_t)n, sizeof *idx, cmp_by_name);
+        if (!hit || placed[hit->pos])
+            continue; /* not exported or removed (or named twice): skip */
+        lrmoe_tensor_t *t = f->tensors[hit->pos];
+        if (restore_dtype(t, d) < 0)
             goto out;
-        lrmoe_tensor_t *t = f->tensors[j]; /* move to position `placed` */
-        memmove(f->tensors + placed + 1, f->tensors + placed,
-                (size_t)(j - placed) * sizeof *f->tensors);
-        f->tensors[placed++] = t;
+        placed[hit->pos] = 1;
+        order[nplaced++] = t;
     }
+    /* the sidecar's tensors first, in its order, then the others as they were */
+    for (int j = 0; j < n; j++)
+        if (!placed[j])
+            order[nplaced++] = f->tensors[j];
+    memcpy(f->tensors, order, (size_t)n * sizeof *order);
     rc = 0;
 out:
+    free(idx);
+    free(order);
+    free(placed);
     json_decref(root);
     return rc;
 }

@@ -45,7 +45,8 @@ int main(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (lrmoe_check_tty_out(io.out, io.force) < 0) {
+    if (lrmoe_inputs_check(argc - optind, argv + optind) < 0 ||
+        lrmoe_check_tty_out(io.out, io.force) < 0) {
         fprintf(stderr, "lrmoe-cat: %s\n", lrmoe_errmsg());
         return 2;
     }
