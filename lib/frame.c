@@ -1,5 +1,6 @@
 /* Frames: ordered named tensors plus string attributes. */
 #include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,17 @@ int lrmoe_tensor_check(const lrmoe_tensor_t *t, int ndim, const int64_t *dims)
                                    : snprintf(c + o, sizeof c - o, i ? ",%" PRId64 : "%" PRId64, dims[i]));
     return lrmoe_err("tensor %s: shape %s, expected [%s]", t->name,
                      lrmoe_shape_str(t, a, sizeof a), c);
+}
+
+int lrmoe_tensor_dim_int(const lrmoe_tensor_t *t, int d, int *out)
+{
+    if (d < 0 || d >= t->ndim)
+        return lrmoe_err("tensor %s: no dimension %d (it has %d)", t->name, d, t->ndim);
+    if (t->shape[d] > INT_MAX)
+        return lrmoe_err("tensor %s: dimension %d is %" PRId64 ", more than %d", t->name, d,
+                         t->shape[d], INT_MAX);
+    *out = (int)t->shape[d];
+    return 0;
 }
 
 float *lrmoe_tensor_f32(const lrmoe_tensor_t *t)

@@ -70,6 +70,9 @@ const char *lrmoe_shape_str(const lrmoe_tensor_t *t, char *buf, size_t len);
 /* 0 if t has exactly this rank and these dims (a dim < 0 matches anything);
  * otherwise -1 with "tensor NAME: shape [..], expected [..]". */
 int lrmoe_tensor_check(const lrmoe_tensor_t *t, int ndim, const int64_t *dims);
+/* Dimension d of t as an int (top-k, experts, ranks): 0, or -1 with
+ * "tensor NAME: dimension d is N, more than 2147483647" (never truncated). */
+int lrmoe_tensor_dim_int(const lrmoe_tensor_t *t, int d, int *out);
 /* A malloc'd f32 / i64 copy of the whole tensor; NULL (with error) on OOM. */
 float *lrmoe_tensor_f32(const lrmoe_tensor_t *t);
 int64_t *lrmoe_tensor_i64(const lrmoe_tensor_t *t);

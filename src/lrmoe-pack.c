@@ -129,6 +129,10 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (c.unpack && lrmoe_pack_unpack_names(c.rows, c.into) < 0) {
+        lrmoe_err_prefix("--into %s", c.into);
+        goto bad;
+    }
     if (lrmoe_check_tty_out(io.out, io.force) < 0)
         goto bad;
     const char *in = optind < argc ? argv[optind] : "-";
