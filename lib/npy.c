@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <jansson.h>
 #include "npy.h"
 
@@ -264,6 +265,7 @@ static void swap_bytes(void *data, size_t n, size_t es)
 
 int lrmoe_npy_fload(FILE *fp, lrmoe_frame_t *f, const char *name)
 {
+    off_t start = ftello(fp);
     uint8_t pre[12];
     size_t got = fread(pre, 1, 10, fp);
     if (got < 10) {
@@ -298,6 +300,16 @@ int lrmoe_npy_fload(FILE *fp, lrmoe_frame_t *f, const char *name)
     free(hdr);
     if (rc < 0)
         return -1;
+    /* A regular file tells its size: check what the header announces
+     * before allocating it (a 100-byte file may announce terabytes). */
+    struct stat st;
+    int fd = fileno(fp);
+    if (fd >= 0 && start >= 0 && !fstat(fd, &st) && S_ISREG(st.st_mode)) {
+        long long left = (long long)st.st_size - (long long)start - (long long)info.data_offset;
+        if (left < 0 || (unsigned long long)left < info.nbytes)
+            return lrmoe_err("data size mismatch: header announces %zu bytes, file holds %lld",
+                             info.nbytes, left < 0 ? 0 : left);
+    }
     if (rc > 0)
         return lrmoe_err("truncated .npy header");
     void *data = NULL;

@@ -10,8 +10,8 @@ static void usage(FILE *fp)
 {
     fprintf(fp,
         "Usage: lrmoe-cat [options] [FILE...]\n"
-        "Concatenate lrmoe streams (stdin when no FILE, or '-') into one stream,\n"
-        "re-encoded: zstd by default, raw with --no-compress.\n\n"
+        "Concatenate lrmoe streams (stdin when no FILE, or '-', at most once)\n"
+        "into one stream, re-encoded: zstd by default, raw with --no-compress.\n\n"
         "Options:\n"
         "  -o, --output FILE   write to FILE (default stdout)\n"
         "  -l, --level N       zstd level (default 3)\n"

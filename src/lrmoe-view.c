@@ -17,7 +17,7 @@ static void usage(FILE *fp)
 {
     fprintf(fp,
             "Usage: %s [options] [FILE...]\n"
-            "List the frames of lrmoe streams (stdin when no FILE or '-'): frame\n"
+            "List the frames of lrmoe streams (stdin when no FILE or '-', once): frame\n"
             "attributes, then per tensor its dtype, shape, size, min, max, mean, std\n"
             "(over finite values) and NaN/Inf counts.\n"
             "\n"
