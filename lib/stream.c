@@ -4,7 +4,6 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <jansson.h>
 #include <zstd.h>
@@ -411,7 +410,7 @@ lrmoe_reader_t *lrmoe_reader_fdopen(FILE *fp, const char *label)
 
 int lrmoe_inputs_check(int n, char *const *paths)
 {
-    int stdin_seen = n == 0; /* no path reads standard input */
+    int stdin_seen = 0;
     for (int i = 0; i < n; i++)
         if (!strcmp(paths[i], "-")) {
             if (stdin_seen)

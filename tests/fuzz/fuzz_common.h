@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "lrmoe.h"
 
 /* Allocations above 512 MiB fail (the library reports "out of memory")
@@ -26,6 +28,27 @@ const char *__asan_default_options(void)
             abort();                                                            \
         }                                                                       \
     } while (0)
+
+/* A copy of the input that ends exactly at an inaccessible page, so that a
+ * read past its end faults even inside the uninstrumented system libraries
+ * (jansson, zstd), which ASan does not see. Free with fuzz_unguard(). */
+static inline const uint8_t *fuzz_guarded(const uint8_t *data, size_t size, size_t *maplen)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), body = (size + pg - 1) / pg * pg;
+    *maplen = body + pg;
+    uint8_t *m = mmap(NULL, *maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    FUZZ_CHECK(m != MAP_FAILED, "mmap of %zu bytes failed", *maplen);
+    FUZZ_CHECK(mprotect(m + body, pg, PROT_NONE) == 0, "mprotect failed");
+    uint8_t *p = m + body - size;
+    if (size) memcpy(p, data, size);
+    return p;
+}
+
+static inline void fuzz_unguard(const uint8_t *p, size_t size, size_t maplen)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), body = (size + pg - 1) / pg * pg;
+    munmap((uint8_t *)p - (body - size), maplen);
+}
 
 static inline int fuzz_tensor_equal(const lrmoe_tensor_t *a, const lrmoe_tensor_t *b)
 {

@@ -30,4 +30,11 @@ done
 cp "$W"/x/*.safetensors "$OUT/safetensors/"
 cp "$W"/x/*.npy "$OUT/npy/"
 for f in "$W"/x32/*.npy; do cp "$f" "$OUT/npy/f32-$(basename "$f")"; done
+# and by hand, the smallest valid blob: header "{}" padded to 8, no data (so
+# the header ends where the input does), alone and as a one-frame stream
+printf '\010\000\000\000\000\000\000\000{}      ' > "$OUT/safetensors/empty-header"
+printf '{"__metadata__":{"a":"b"}}      ' > "$W/meta.json"
+{ printf '\040\000\000\000\000\000\000\000'; cat "$W/meta.json"; } > "$OUT/safetensors/attr-only"
+{ printf '\000'; cat "$OUT/safetensors/empty-header"; printf 'LRMOEEND\001\000\000\000\000\000\000\000'; } \
+    > "$OUT/stream/empty-header-m0"
 rm -rf "$W"
