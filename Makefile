@@ -88,12 +88,16 @@ $(BUILD)/src/%.o: src/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
 
-bin/.variant-$(VARIANT):
-	@mkdir -p bin && rm -f bin/.variant-* && touch $@
+# bin/.variant holds "plain" or "san"; rewritten (so newer than the tools,
+# which relink) only when the variant changes.
+bin/.variant: FORCE
+	@mkdir -p bin && { [ "$$(cat $@ 2>/dev/null)" = $(VARIANT) ] || echo $(VARIANT) > $@; }
+$(TOOLS): bin/.variant
+FORCE:
 
-bin/%: $(BUILD)/src/%.o $(BUILD)/liblrmoe.a bin/.variant-$(VARIANT)
+bin/%: $(BUILD)/src/%.o $(BUILD)/liblrmoe.a
 	@mkdir -p bin
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out bin/.variant-%,$^) $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out bin/.variant,$^) $(LDLIBS)
 
 check: all deps-test
 	@SANITIZE="$(SANITIZE)" LRMOE_BUILD="$(BUILD)" sh tests/run.sh
@@ -120,6 +124,6 @@ install: all
 clean:
 	rm -rf $(BUILD) bin
 
-.PHONY: all check check-gpu bench demo install clean deps-build deps-test fuzz
+.PHONY: all check check-gpu bench demo install clean deps-build deps-test fuzz FORCE
 .SECONDARY:
 -include $(LIB_OBJ:.o=.d) $(TOOL_SRC:src/%.c=$(BUILD)/src/%.d)

@@ -80,7 +80,9 @@ int64_t *lrmoe_tensor_i64(const lrmoe_tensor_t *t);
 /* ---------------------------------------------------------------- frames */
 
 /* One frame: an ordered set of named tensors plus string attributes
- * (safetensors __metadata__). Tensor pointers stay valid until the tensor is
+ * (safetensors __metadata__). Lookups by name (get, need, put, adopt, del,
+ * attr, set_attr) scan the frame: O(n) each; the readers build frames with
+ * the _new calls below, O(1) each. Tensor pointers stay valid until the tensor is
  * deleted or replaced, or the frame is cleared. */
 typedef struct {
     int ntensors, tcap;
