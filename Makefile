@@ -1,4 +1,5 @@
 # lrmoe: make | make check | make bench | make demo | make install PREFIX=... DESTDIR=...
+# make check SANITIZE=1 (ASan+UBSan suite) | make fuzz FUZZ_SECONDS=N
 # make check-gpu runs the CUDA kernel tests where a GPU is present.
 
 CC       ?= cc
@@ -8,6 +9,17 @@ CPPFLAGS += -Ilib
 LDLIBS   += -lzstd -ljansson -lglpk -lopenblas -lm -lpthread
 PREFIX   ?= /usr/local
 BUILD    ?= build
+# make check SANITIZE=1: ASan + UBSan (leaks on, UB fatal) in their own build
+# dir; the tools in bin/ are relinked whenever the variant changes.
+ifneq ($(SANITIZE),)
+BUILD    := $(BUILD)/san
+CFLAGS   += -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDFLAGS  += -fsanitize=address,undefined
+VARIANT  := san
+else
+VARIANT  := plain
+endif
+FUZZ_SECONDS ?= 60
 
 LIB_SRC  := $(wildcard lib/*.c)
 LIB_OBJ  := $(LIB_SRC:lib/%.c=$(BUILD)/lib/%.o)
@@ -76,12 +88,23 @@ $(BUILD)/src/%.o: src/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
 
+# bin/.variant holds "plain" or "san"; rewritten (so newer than the tools,
+# which relink) only when the variant changes.
+bin/.variant: FORCE
+	@mkdir -p bin && { [ "$$(cat $@ 2>/dev/null)" = $(VARIANT) ] || echo $(VARIANT) > $@; }
+$(TOOLS): bin/.variant
+FORCE:
+
 bin/%: $(BUILD)/src/%.o $(BUILD)/liblrmoe.a
 	@mkdir -p bin
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out bin/.variant,$^) $(LDLIBS)
 
 check: all deps-test
-	@sh tests/run.sh
+	@SANITIZE="$(SANITIZE)" LRMOE_BUILD="$(BUILD)" sh tests/run.sh
+
+# libFuzzer harnesses (tests/fuzz), FUZZ_SECONDS each; make check runs them 20 s.
+fuzz: all
+	@BUILD="$(BUILD)" sh tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 check-gpu: all
 	@BUILD="$(BUILD)" HAVE_CUDA="$(HAVE_CUDA)" sh tests/gpu/check-gpu.sh
@@ -107,7 +130,7 @@ install: all
 clean:
 	rm -rf $(BUILD) bin
 
-.PHONY: all check check-gpu bench demo install clean deps-build deps-test
+.PHONY: all check check-gpu bench demo install clean deps-build deps-test fuzz FORCE
 .PHONY: check-resources print-nvccflags
 .SECONDARY:
 -include $(LIB_OBJ:.o=.d) $(TOOL_SRC:src/%.c=$(BUILD)/src/%.d)

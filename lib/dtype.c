@@ -100,7 +100,7 @@ void lrmoe_convert_to_f32(lrmoe_dtype_t d, const void *src, float *dst, size_t n
     case LRMOE_I64: CONVERT_LOOP(int64_t, (float)s[i]); break;
     case LRMOE_F16: CONVERT_LOOP(uint16_t, lrmoe_f16_to_f32(s[i])); break;
     case LRMOE_BF16: CONVERT_LOOP(uint16_t, u2f((uint32_t)s[i] << 16)); break;
-    case LRMOE_F32: memcpy(dst, src, n * 4); break;
+    case LRMOE_F32: if (n) memcpy(dst, src, n * 4); break; /* src may be NULL when n == 0 */
     case LRMOE_F64: CONVERT_LOOP(double, (float)s[i]); break;
     default: break;
     }
@@ -120,7 +120,7 @@ void lrmoe_convert_to_f64(lrmoe_dtype_t d, const void *src, double *dst, size_t 
     case LRMOE_F16: CONVERT_LOOP(uint16_t, (double)lrmoe_f16_to_f32(s[i])); break;
     case LRMOE_BF16: CONVERT_LOOP(uint16_t, (double)u2f((uint32_t)s[i] << 16)); break;
     case LRMOE_F32: CONVERT_LOOP(float, (double)s[i]); break;
-    case LRMOE_F64: memcpy(dst, src, n * 8); break;
+    case LRMOE_F64: if (n) memcpy(dst, src, n * 8); break;
     default: break;
     }
 }
@@ -135,7 +135,7 @@ void lrmoe_convert_to_i64(lrmoe_dtype_t d, const void *src, int64_t *dst, size_t
     case LRMOE_U32: CONVERT_LOOP(uint32_t, (int64_t)s[i]); break;
     case LRMOE_I32: CONVERT_LOOP(int32_t, (int64_t)s[i]); break;
     case LRMOE_U64: CONVERT_LOOP(uint64_t, (int64_t)s[i]); break;
-    case LRMOE_I64: memcpy(dst, src, n * 8); break;
+    case LRMOE_I64: if (n) memcpy(dst, src, n * 8); break;
     case LRMOE_F16: CONVERT_LOOP(uint16_t, (int64_t)lrmoe_f16_to_f32(s[i])); break;
     case LRMOE_BF16: CONVERT_LOOP(uint16_t, (int64_t)u2f((uint32_t)s[i] << 16)); break;
     case LRMOE_F32: CONVERT_LOOP(float, (int64_t)s[i]); break;
@@ -161,7 +161,7 @@ void lrmoe_convert_from_f32(lrmoe_dtype_t d, const float *src, void *dst_, size_
     case LRMOE_I64: FROM_LOOP(int64_t, (int64_t)s[i]); break;
     case LRMOE_F16: FROM_LOOP(uint16_t, lrmoe_f32_to_f16(s[i])); break;
     case LRMOE_BF16: FROM_LOOP(uint16_t, lrmoe_f32_to_bf16(s[i])); break;
-    case LRMOE_F32: memcpy(dst_, src, n * 4); break;
+    case LRMOE_F32: if (n) memcpy(dst_, src, n * 4); break;
     case LRMOE_F64: FROM_LOOP(double, (double)s[i]); break;
     default: break;
     }

@@ -1,5 +1,6 @@
 /* Frames: ordered named tensors plus string attributes. */
 #include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,17 @@ int lrmoe_tensor_check(const lrmoe_tensor_t *t, int ndim, const int64_t *dims)
                                    : snprintf(c + o, sizeof c - o, i ? ",%" PRId64 : "%" PRId64, dims[i]));
     return lrmoe_err("tensor %s: shape %s, expected [%s]", t->name,
                      lrmoe_shape_str(t, a, sizeof a), c);
+}
+
+int lrmoe_tensor_dim_int(const lrmoe_tensor_t *t, int d, int *out)
+{
+    if (d < 0 || d >= t->ndim)
+        return lrmoe_err("tensor %s: no dimension %d (it has %d)", t->name, d, t->ndim);
+    if (t->shape[d] > INT_MAX)
+        return lrmoe_err("tensor %s: dimension %d is %" PRId64 ", more than %d", t->name, d,
+                         t->shape[d], INT_MAX);
+    *out = (int)t->shape[d];
+    return 0;
 }
 
 float *lrmoe_tensor_f32(const lrmoe_tensor_t *t)
@@ -110,14 +122,13 @@ lrmoe_tensor_t *lrmoe_frame_need(const lrmoe_frame_t *f, const char *name)
     return t;
 }
 
-/* Insert t (replacing a same-named tensor in place). */
-static lrmoe_tensor_t *insert(lrmoe_frame_t *f, lrmoe_tensor_t *t)
+/* Append t, whose name the caller knows is not in f yet. */
+static lrmoe_tensor_t *append(lrmoe_frame_t *f, lrmoe_tensor_t *t)
 {
-    int i = find(f, t->name);
-    if (i >= 0) {
-        tensor_free(f->tensors[i]);
-        f->tensors[i] = t;
-        return t;
+    if (f->ntensors >= LRMOE_MAX_TENSORS) {
+        lrmoe_err("tensor %s: more than %d tensors in one frame", t->name, LRMOE_MAX_TENSORS);
+        tensor_free(t);
+        return NULL;
     }
     if (f->ntensors == f->tcap) {
         int cap = f->tcap ? 2 * f->tcap : 16;
@@ -128,6 +139,18 @@ static lrmoe_tensor_t *insert(lrmoe_frame_t *f, lrmoe_tensor_t *t)
     }
     f->tensors[f->ntensors++] = t;
     return t;
+}
+
+/* Insert t (replacing a same-named tensor in place). */
+static lrmoe_tensor_t *insert(lrmoe_frame_t *f, lrmoe_tensor_t *t)
+{
+    int i = find(f, t->name);
+    if (i >= 0) {
+        tensor_free(f->tensors[i]);
+        f->tensors[i] = t;
+        return t;
+    }
+    return append(f, t);
 }
 
 static lrmoe_tensor_t *tensor_new(const char *name, lrmoe_dtype_t dtype, int ndim,
@@ -197,16 +220,29 @@ lrmoe_tensor_t *lrmoe_frame_put_f32(lrmoe_frame_t *f, const char *name,
     return t;
 }
 
-lrmoe_tensor_t *lrmoe_frame_adopt(lrmoe_frame_t *f, const char *name,
-                                  lrmoe_dtype_t dtype, int ndim,
-                                  const int64_t *shape, void *data)
+static lrmoe_tensor_t *adopt(lrmoe_frame_t *f, const char *name, lrmoe_dtype_t dtype,
+                             int ndim, const int64_t *shape, void *data, int is_new)
 {
     size_t nb;
     lrmoe_tensor_t *t = tensor_new(name, dtype, ndim, shape, &nb);
     if (!t) { free(data); return NULL; }
     t->data = data;
     if (!nb) { free(data); t->data = NULL; }
-    return insert(f, t);
+    return is_new ? append(f, t) : insert(f, t);
+}
+
+lrmoe_tensor_t *lrmoe_frame_adopt(lrmoe_frame_t *f, const char *name,
+                                  lrmoe_dtype_t dtype, int ndim,
+                                  const int64_t *shape, void *data)
+{
+    return adopt(f, name, dtype, ndim, shape, data, 0);
+}
+
+lrmoe_tensor_t *lrmoe_frame_adopt_new(lrmoe_frame_t *f, const char *name,
+                                      lrmoe_dtype_t dtype, int ndim,
+                                      const int64_t *shape, void *data)
+{
+    return adopt(f, name, dtype, ndim, shape, data, 1);
 }
 
 int lrmoe_frame_del(lrmoe_frame_t *f, const char *name)
@@ -227,16 +263,20 @@ const char *lrmoe_frame_attr(const lrmoe_frame_t *f, const char *key)
     return NULL;
 }
 
-int lrmoe_frame_set_attr(lrmoe_frame_t *f, const char *key, const char *val)
+static int set_attr(lrmoe_frame_t *f, const char *key, const char *val, int is_new)
 {
     char *v = strdup(val);
     if (!v) return lrmoe_err("out of memory");
-    for (int i = 0; i < f->nattrs; i++)
+    for (int i = 0; !is_new && i < f->nattrs; i++)
         if (!strcmp(f->keys[i], key)) {
             free(f->vals[i]);
             f->vals[i] = v;
             return 0;
         }
+    if (f->nattrs >= LRMOE_MAX_ATTRS) {
+        free(v);
+        return lrmoe_err("attribute %s: more than %d attributes in one frame", key, LRMOE_MAX_ATTRS);
+    }
     if (f->nattrs == f->acap) {
         int cap = f->acap ? 2 * f->acap : 16;
         char **k = realloc(f->keys, (size_t)cap * sizeof *k);
@@ -251,14 +291,33 @@ int lrmoe_frame_set_attr(lrmoe_frame_t *f, const char *key, const char *val)
     return 0;
 }
 
+int lrmoe_frame_set_attr(lrmoe_frame_t *f, const char *key, const char *val)
+{
+    return set_attr(f, key, val, 0);
+}
+
+int lrmoe_frame_set_attr_new(lrmoe_frame_t *f, const char *key, const char *val)
+{
+    return set_attr(f, key, val, 1);
+}
+
 int lrmoe_frame_set_attrf(lrmoe_frame_t *f, const char *key, const char *fmt, ...)
 {
-    char buf[4096];
+    char buf[4096], *p = buf;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    return lrmoe_frame_set_attr(f, key, buf);
+    if (n < 0) return lrmoe_err("attribute %s: cannot format its value", key);
+    if ((size_t)n >= sizeof buf) {   /* long value: format it again, whole */
+        if (!(p = malloc((size_t)n + 1))) return lrmoe_err("out of memory");
+        va_start(ap, fmt);
+        vsnprintf(p, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    int rc = lrmoe_frame_set_attr(f, key, p);
+    if (p != buf) free(p);
+    return rc;
 }
 
 int lrmoe_frame_attr_i64(const lrmoe_frame_t *f, const char *key, int64_t *out)

@@ -14,6 +14,9 @@
 #define LRMOE_VERSION "0.1.0"
 #define LRMOE_MAX_DIMS 8
 #define LRMOE_MAX_HEADER (100u << 20) /* safetensors' own limit: 100 MB */
+/* What one frame may declare (lrmoe-stream(5), SECURITY): readers refuse more. */
+#define LRMOE_MAX_TENSORS (1 << 17)
+#define LRMOE_MAX_ATTRS (1 << 17)
 
 /* ---------------------------------------------------------------- errors */
 
@@ -67,6 +70,9 @@ const char *lrmoe_shape_str(const lrmoe_tensor_t *t, char *buf, size_t len);
 /* 0 if t has exactly this rank and these dims (a dim < 0 matches anything);
  * otherwise -1 with "tensor NAME: shape [..], expected [..]". */
 int lrmoe_tensor_check(const lrmoe_tensor_t *t, int ndim, const int64_t *dims);
+/* Dimension d of t as an int (top-k, experts, ranks): 0, or -1 with
+ * "tensor NAME: dimension d is N, more than 2147483647" (never truncated). */
+int lrmoe_tensor_dim_int(const lrmoe_tensor_t *t, int d, int *out);
 /* A malloc'd f32 / i64 copy of the whole tensor; NULL (with error) on OOM. */
 float *lrmoe_tensor_f32(const lrmoe_tensor_t *t);
 int64_t *lrmoe_tensor_i64(const lrmoe_tensor_t *t);
@@ -74,7 +80,9 @@ int64_t *lrmoe_tensor_i64(const lrmoe_tensor_t *t);
 /* ---------------------------------------------------------------- frames */
 
 /* One frame: an ordered set of named tensors plus string attributes
- * (safetensors __metadata__). Tensor pointers stay valid until the tensor is
+ * (safetensors __metadata__). Lookups by name (get, need, put, adopt, del,
+ * attr, set_attr) scan the frame: O(n) each; the readers build frames with
+ * the _new calls below, O(1) each. Tensor pointers stay valid until the tensor is
  * deleted or replaced, or the frame is cleared. */
 typedef struct {
     int ntensors, tcap;
@@ -109,6 +117,12 @@ lrmoe_tensor_t *lrmoe_frame_put_f32(lrmoe_frame_t *f, const char *name,
 lrmoe_tensor_t *lrmoe_frame_adopt(lrmoe_frame_t *f, const char *name,
                                   lrmoe_dtype_t dtype, int ndim,
                                   const int64_t *shape, void *data);
+/* adopt for a name known NOT to be in f yet (the parsers: their names are
+ * unique already): appends without looking, so building a frame of n tensors
+ * costs O(n), not O(n^2). A duplicate name here is the caller's bug. */
+lrmoe_tensor_t *lrmoe_frame_adopt_new(lrmoe_frame_t *f, const char *name,
+                                      lrmoe_dtype_t dtype, int ndim,
+                                      const int64_t *shape, void *data);
 int lrmoe_frame_del(lrmoe_frame_t *f, const char *name); /* 1 deleted, 0 absent */
 /* Delete every tensor not named in names[0..n) (keep_only) or named there
  * (drop); attributes stay. The number deleted, or -1. */
@@ -117,6 +131,8 @@ int lrmoe_frame_drop(lrmoe_frame_t *f, const char *const *names, int n);
 
 const char *lrmoe_frame_attr(const lrmoe_frame_t *f, const char *key); /* NULL if absent */
 int lrmoe_frame_set_attr(lrmoe_frame_t *f, const char *key, const char *val);
+/* set_attr for a key known NOT to be in f yet (appends, O(1)). */
+int lrmoe_frame_set_attr_new(lrmoe_frame_t *f, const char *key, const char *val);
 int lrmoe_frame_set_attrf(lrmoe_frame_t *f, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Parse attribute as integer/double; returns 1 found, 0 absent, -1 malformed. */
@@ -140,6 +156,9 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f);
 int64_t lrmoe_reader_index(const lrmoe_reader_t *r); /* frames read so far */
 int lrmoe_reader_compressed(const lrmoe_reader_t *r);
 void lrmoe_reader_close(lrmoe_reader_t *r);
+/* The input list of a tool that reads several streams: 0, or -1 when "-"
+ * (standard input, read once) is named twice. n == 0 means stdin alone. */
+int lrmoe_inputs_check(int n, char *const *paths);
 
 typedef struct {
     int compress;  /* 1 zstd (default), 0 raw */

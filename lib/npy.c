@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <jansson.h>
 #include "npy.h"
 
@@ -264,6 +265,7 @@ static void swap_bytes(void *data, size_t n, size_t es)
 
 int lrmoe_npy_fload(FILE *fp, lrmoe_frame_t *f, const char *name)
 {
+    off_t start = ftello(fp);
     uint8_t pre[12];
     size_t got = fread(pre, 1, 10, fp);
     if (got < 10) {
@@ -298,6 +300,16 @@ int lrmoe_npy_fload(FILE *fp, lrmoe_frame_t *f, const char *name)
     free(hdr);
     if (rc < 0)
         return -1;
+    /* A regular file tells its size: check what the header announces
+     * before allocating it (a 100-byte file may announce terabytes). */
+    struct stat st;
+    int fd = fileno(fp);
+    if (fd >= 0 && start >= 0 && !fstat(fd, &st) && S_ISREG(st.st_mode)) {
+        long long left = (long long)st.st_size - (long long)start - (long long)info.data_offset;
+        if (left < 0 || (unsigned long long)left < info.nbytes)
+            return lrmoe_err("data size mismatch: header announces %zu bytes, file holds %lld",
+                             info.nbytes, left < 0 ? 0 : left);
+    }
     if (rc > 0)
         return lrmoe_err("truncated .npy header");
     void *data = NULL;
@@ -564,13 +576,35 @@ static int restore_dtype(lrmoe_tensor_t *t, lrmoe_dtype_t want)
                      lrmoe_dtype_name(t->dtype), lrmoe_dtype_name(want));
 }
 
+typedef struct {
+    const char *name;
+    int pos;
+} by_name_t;
+
+static int cmp_by_name(const void *a, const void *b)
+{
+    return strcmp(((const by_name_t *)a)->name, ((const by_name_t *)b)->name);
+}
+
 int lrmoe_npy_sidecar_apply(const char *path, lrmoe_frame_t *f)
 {
     json_error_t jerr;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
         return lrmoe_err("malformed JSON: %s (line %d)", jerr.text, jerr.line);
-    int rc = -1;
+    int rc = -1, n = f->ntensors;
+    /* the frame's tensors sorted by name, so each sidecar entry is found in
+     * O(log n) (a sidecar of n tensors costs O(n log n), not O(n^2)) */
+    by_name_t *idx = malloc((size_t)(n ? n : 1) * sizeof *idx);
+    lrmoe_tensor_t **order = malloc((size_t)(n ? n : 1) * sizeof *order);
+    char *placed = calloc((size_t)(n ? n : 1), 1);
+    if (!idx || !order || !placed) {
+        lrmoe_err("out of memory");
+        goto out;
+    }
+    for (int j = 0; j < n; j++)
+        idx[j] = (by_name_t){f->tensors[j]->name, j};
+    qsort(idx, (size_t)n, sizeof *idx, cmp_by_name);
     json_t *attrs = json_object_get(root, "attrs"), *ts = json_object_get(root, "tensors");
     if (!json_is_object(root) || (attrs && !json_is_object(attrs)) || (ts && !json_is_array(ts))) {
         lrmoe_err("not a frame sidecar ({\"attrs\":{...},\"tensors\":[...]})");
@@ -578,15 +612,16 @@ int lrmoe_npy_sidecar_apply(const char *path, lrmoe_frame_t *f)
     }
     const char *k;
     json_t *v;
+    int fresh = f->nattrs == 0; /* keys are unique (JSON_REJECT_DUPLICATES) */
     json_object_foreach(attrs, k, v) {
         if (!json_is_string(v)) {
             lrmoe_err("attribute %s is not a string", k);
             goto out;
         }
-        if (lrmoe_frame_set_attr(f, k, json_string_value(v)) < 0)
+        if ((fresh ? lrmoe_frame_set_attr_new : lrmoe_frame_set_attr)(f, k, json_string_value(v)) < 0)
             goto out;
     }
-    int placed = 0;
+    int nplaced = 0;
     size_t i;
     json_array_foreach(ts, i, v) {
         const char *name = json_string_value(json_object_get(v, "name"));
@@ -600,20 +635,25 @@ int lrmoe_npy_sidecar_apply(const char *path, lrmoe_frame_t *f)
             lrmoe_err_prefix("tensor %s", name);
             goto out;
         }
-        int j;
-        for (j = placed; j < f->ntensors && strcmp(f->tensors[j]->name, name); j++)
-            ;
-        if (j == f->ntensors)
-            continue; /* not exported or removed: skip */
-        if (restore_dtype(f->tensors[j], d) < 0)
+        by_name_t key = {name, 0}, *hit = bsearch(&key, idx, (size_t)n, sizeof *idx, cmp_by_name);
+        if (!hit || placed[hit->pos])
+            continue; /* not exported or removed (or named twice): skip */
+        lrmoe_tensor_t *t = f->tensors[hit->pos];
+        if (restore_dtype(t, d) < 0)
             goto out;
-        lrmoe_tensor_t *t = f->tensors[j]; /* move to position `placed` */
-        memmove(f->tensors + placed + 1, f->tensors + placed,
-                (size_t)(j - placed) * sizeof *f->tensors);
-        f->tensors[placed++] = t;
+        placed[hit->pos] = 1;
+        order[nplaced++] = t;
     }
+    /* the sidecar's tensors first, in its order, then the others as they were */
+    for (int j = 0; j < n; j++)
+        if (!placed[j])
+            order[nplaced++] = f->tensors[j];
+    memcpy(f->tensors, order, (size_t)n * sizeof *order);
     rc = 0;
 out:
+    free(idx);
+    free(order);
+    free(placed);
     json_decref(root);
     return rc;
 }

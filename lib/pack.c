@@ -378,8 +378,9 @@ int lrmoe_pack_frame(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o)
     if (lrmoe_tensor_check(tid, 2, (int64_t[]){-1, -1}) < 0)
         return -1;
     int64_t T = tid->shape[0];
-    int K = (int)tid->shape[1];
-    if (lrmoe_tensor_check(tkeep, 2, (int64_t[]){T, K}) < 0)
+    int K;
+    if (lrmoe_tensor_dim_int(tid, 1, &K) < 0 ||
+        lrmoe_tensor_check(tkeep, 2, (int64_t[]){T, K}) < 0)
         return -1;
     lrmoe_tensor_t *tw = lrmoe_frame_need(f, "topk_weights");
     lrmoe_tensor_t *tg = tw ? lrmoe_frame_need(f, "grad_output") : NULL;
@@ -574,9 +575,20 @@ out:
     return rc;
 }
 
+int lrmoe_pack_unpack_names(const char *rows_name, const char *out_name)
+{
+    if (!strcmp(out_name, rows_name) || !strcmp(out_name, "topk_ids") ||
+        !strcmp(out_name, "pack_pair"))
+        return lrmoe_err("output tensor %s would replace a tensor the unpack reads "
+                         "(topk_ids, pack_pair, the rows %s)", out_name, rows_name);
+    return 0;
+}
+
 int lrmoe_pack_unpack_frame(lrmoe_frame_t *f, const char *rows_name,
                             const char *out_name, int pairs)
 {
+    if (lrmoe_pack_unpack_names(rows_name, out_name) < 0)
+        return -1;
     lrmoe_tensor_t *tid = lrmoe_frame_need(f, "topk_ids");
     lrmoe_tensor_t *tp = tid ? lrmoe_frame_need(f, "pack_pair") : NULL;
     lrmoe_tensor_t *tr = tp ? lrmoe_frame_need(f, rows_name) : NULL;
@@ -588,7 +600,9 @@ int lrmoe_pack_unpack_frame(lrmoe_frame_t *f, const char *rows_name,
         return lrmoe_err("tensor %s: dtype %s, expected a float dtype", rows_name,
                          lrmoe_dtype_name(tr->dtype));
     int64_t T = tid->shape[0], R = tp->shape[0], D = tr->shape[1];
-    int K = (int)tid->shape[1];
+    int K;
+    if (lrmoe_tensor_dim_int(tid, 1, &K) < 0)
+        return -1;
     int64_t *pair = lrmoe_tensor_i64(tp);
     float *rows = pair ? lrmoe_tensor_f32(tr) : NULL;
     float *out = NULL;

@@ -135,5 +135,8 @@ int lrmoe_pack_frame(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o);
  * topk_ids. */
 int lrmoe_pack_unpack_frame(lrmoe_frame_t *f, const char *rows_name,
                             const char *out_name, int pairs);
+/* 0, or -1 when out_name is a tensor the unpack reads (topk_ids, pack_pair,
+ * rows_name): the output would silently replace its own input. */
+int lrmoe_pack_unpack_names(const char *rows_name, const char *out_name);
 
 #endif

@@ -426,7 +426,9 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
     if (tid->ndim != 2)
         return lrmoe_tensor_check(tid, 2, (int64_t[]){-1, -1});
     int64_t T = tid->shape[0];
-    int K = (int)tid->shape[1];
+    int K;
+    if (lrmoe_tensor_dim_int(tid, 1, &K) < 0)
+        return -1;
     int64_t N = T * K;
     int need_alpha = o->metric == LRMOE_METRIC_LRM || o->fidelity;
     int need_g = o->metric != LRMOE_METRIC_RANDOM || o->fidelity;

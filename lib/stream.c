@@ -4,8 +4,6 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <jansson.h>
 #include <zstd.h>
@@ -86,8 +84,10 @@ static int get_uint(json_t *v, uint64_t *out)
     return 0;
 }
 
-/* Parse and validate a header; on success f holds the attributes and the
- * tensors (data allocated, not filled) in data order; *datalen the byte size. */
+/* Parse and validate a header into the empty frame f; on success f holds the
+ * attributes and the tensors (data allocated, not filled) in data order;
+ * *datalen the byte size. Linear in the header: jansson rejects duplicate
+ * names with its hash table, so the frame is built by appending. */
 static int parse_header(const char *hdr, size_t hlen, lrmoe_frame_t *f, uint64_t *datalen)
 {
     json_error_t jerr;
@@ -98,6 +98,10 @@ static int parse_header(const char *hdr, size_t hlen, lrmoe_frame_t *f, uint64_t
     size_t n = json_object_size(root);
     entry_t *ents = NULL;
     if (!json_is_object(root)) { lrmoe_err("JSON header is not an object"); goto out; }
+    if (n > (size_t)LRMOE_MAX_TENSORS + 1) {
+        lrmoe_err("%zu entries: more than %d tensors in one frame", n, LRMOE_MAX_TENSORS);
+        goto out;
+    }
     ents = calloc(n ? n : 1, sizeof *ents);
     if (!ents) { lrmoe_err("out of memory"); goto out; }
     size_t ne = 0;
@@ -106,11 +110,17 @@ static int parse_header(const char *hdr, size_t hlen, lrmoe_frame_t *f, uint64_t
     json_object_foreach(root, key, val) {
         if (!strcmp(key, "__metadata__")) {
             if (!json_is_object(val)) { lrmoe_err("__metadata__ is not an object"); goto out; }
+            if (json_object_size(val) > LRMOE_MAX_ATTRS) {
+                lrmoe_err("__metadata__: %zu attributes, more than %d in one frame",
+                          json_object_size(val), LRMOE_MAX_ATTRS);
+                goto out;
+            }
             const char *k;
             json_t *v;
             json_object_foreach(val, k, v) {
                 if (!json_is_string(v)) { lrmoe_err("__metadata__ %s is not a string", k); goto out; }
-                if (lrmoe_frame_set_attr(f, k, json_string_value(v)) < 0) goto out;
+                /* keys are unique (JSON_REJECT_DUPLICATES), f was empty */
+                if (lrmoe_frame_set_attr_new(f, k, json_string_value(v)) < 0) goto out;
             }
             continue;
         }
@@ -167,7 +177,7 @@ static int parse_header(const char *hdr, size_t hlen, lrmoe_frame_t *f, uint64_t
         size_t nb = (size_t)(e->e - e->b);
         void *data = nb ? lrmoe_alloc_big(nb) : NULL;
         if (nb && !data) { lrmoe_err("out of memory: %zu bytes for tensor %s", nb, e->name); goto out; }
-        if (!lrmoe_frame_adopt(f, e->name, e->dt, e->ndim, e->shape, data)) goto out;
+        if (!lrmoe_frame_adopt_new(f, e->name, e->dt, e->ndim, e->shape, data)) goto out;
     }
     *datalen = pos;
     rc = 0;
@@ -272,45 +282,31 @@ int lrmoe_frame_fread(FILE *fp, lrmoe_frame_t *f)
 
 /* ------------------------------------------------------------ reader */
 
+/* Input is read with fread, never mapped: a mapped file that shrinks while
+ * it is read (a generator re-run onto the same path) raises SIGBUS, where a
+ * read just ends early and the stream is reported truncated. Large raw
+ * tensors are read straight into their buffers, so raw input is copied once,
+ * as from a mapping; compressed input is copied once into inbuf, which costs
+ * little beside decompressing it (tests/bench/stream.sh). */
 struct lrmoe_reader {
     FILE *fp;
     int own, zstd, done;
     char label[512];
     ZSTD_DCtx *dctx;
     uint8_t *inbuf;
-    void *map;              /* a regular file is mapped whole: no read copies */
-    size_t maplen, dropped; /* mapped bytes before `dropped` were released */
     ZSTD_inBuffer in;       /* buffered input (raw or compressed) */
     size_t last_ret;        /* last ZSTD_decompressStream result: 0 at a frame end */
     int64_t nframes;
 };
 
-#define MAPWIN (4u << 20)  /* mapped input is fed to the decoder this much at a time */
-
 static int fill(lrmoe_reader_t *r)
 {
-    if (r->map) {           /* slide the window over the mapped file */
-        if (r->in.size == r->maplen) return 0;
-        r->in.size = r->maplen - r->in.size < MAPWIN ? r->maplen : r->in.size + MAPWIN;
-        return 1;
-    }
     size_t n = fread(r->inbuf, 1, IOBUF, r->fp);
     if (n == 0 && ferror(r->fp)) return lrmoe_err("read error: %s", strerror(errno));
     r->in.src = r->inbuf;
     r->in.size = n;
     r->in.pos = 0;
     return (int)(n > 0);
-}
-
-/* Release mapped input already consumed, 8 MiB at a time, so resident
- * memory stays bounded by the frame, not by the file. */
-static void drop_consumed(lrmoe_reader_t *r)
-{
-    const size_t step = 8u << 20;
-    if (!r->map || r->in.pos < r->dropped + step) return;
-    size_t upto = r->in.pos / step * step;
-    madvise((uint8_t *)r->map + r->dropped, upto - r->dropped, MADV_DONTNEED);
-    r->dropped = upto;
 }
 
 /* Read up to n bytes; returns the count (< n only at end of input) or -1. */
@@ -320,7 +316,7 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
         size_t got = 0;
         while (got < n) {
             if (r->in.pos == r->in.size) {
-                if (!r->map && n - got >= IOBUF) {   /* large: straight into dst */
+                if (n - got >= IOBUF) {   /* large: straight into dst */
                     size_t m = fread((uint8_t *)dst + got, 1, n - got, r->fp);
                     if (m < n - got && ferror(r->fp)) return lrmoe_err("read error: %s", strerror(errno));
                     got += m;
@@ -336,7 +332,6 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
             memcpy((uint8_t *)dst + got, (const uint8_t *)r->in.src + r->in.pos, c);
             r->in.pos += c;
             got += c;
-            drop_consumed(r);
         }
         return (int64_t)got;
     }
@@ -353,7 +348,6 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
         size_t ret = ZSTD_decompressStream(r->dctx, &out, &r->in);
         if (ZSTD_isError(ret)) return lrmoe_err("zstd: %s", ZSTD_getErrorName(ret));
         r->last_ret = ret;
-        drop_consumed(r);
     }
     return (int64_t)out.pos;
 }
@@ -370,37 +364,20 @@ static lrmoe_reader_t *reader_new(FILE *fp, int own, const char *label)
     r->own = own;
     snprintf(r->label, sizeof r->label, "%s", label);
     r->in.src = r->inbuf;
-    /* A regular file read from its start is mapped whole: zstd then reads
-     * the page cache directly instead of through read() copies. */
-    struct stat st;
-    int fd = fileno(fp);
-    if (fd >= 0 && !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size > 0 &&
-        lseek(fd, 0, SEEK_CUR) == 0) {
-        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m != MAP_FAILED) {
-            madvise(m, (size_t)st.st_size, MADV_SEQUENTIAL);
-            r->map = m;
-            r->maplen = (size_t)st.st_size;
-            r->in.src = m;
-            r->in.size = r->maplen < MAPWIN ? r->maplen : MAPWIN;
-        }
-    }
     /* Sniff the zstd magic (28 b5 2f fd) from the first bytes. */
     size_t n = 0;
-    if (r->map) n = r->maplen < 4 ? r->maplen : 4;
-    else
     while (n < 4) {
         size_t m = fread(r->inbuf + n, 1, 4 - n, fp);
         if (!m) break;
         n += m;
     }
-    if (!r->map && n < 4 && ferror(fp)) {
+    if (n < 4 && ferror(fp)) {
         lrmoe_err("%s: read error: %s", label, strerror(errno));
         lrmoe_reader_close(r);
         return NULL;
     }
-    const uint8_t *head = r->map ? (const uint8_t *)r->map : r->inbuf;
-    if (!r->map) r->in.size = n;
+    const uint8_t *head = r->inbuf;
+    r->in.size = n;
     static const uint8_t zmagic[4] = {0x28, 0xb5, 0x2f, 0xfd};
     if (n == 4 && !memcmp(head, zmagic, 4)) {
         r->zstd = 1;
@@ -429,6 +406,18 @@ lrmoe_reader_t *lrmoe_reader_open(const char *path)
 lrmoe_reader_t *lrmoe_reader_fdopen(FILE *fp, const char *label)
 {
     return reader_new(fp, 0, label ? label : "<stream>");
+}
+
+int lrmoe_inputs_check(int n, char *const *paths)
+{
+    int stdin_seen = 0;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(paths[i], "-")) {
+            if (stdin_seen)
+                return lrmoe_err("-: standard input named twice (it can be read only once)");
+            stdin_seen = 1;
+        }
+    return 0;
 }
 
 int64_t lrmoe_reader_index(const lrmoe_reader_t *r) { return r->nframes; }
@@ -502,7 +491,6 @@ fail:
 void lrmoe_reader_close(lrmoe_reader_t *r)
 {
     if (!r) return;
-    if (r->map) munmap(r->map, r->maplen);
     if (r->own) fclose(r->fp);
     ZSTD_freeDCtx(r->dctx);
     free(r->inbuf);

@@ -10,8 +10,8 @@ static void usage(FILE *fp)
 {
     fprintf(fp,
         "Usage: lrmoe-cat [options] [FILE...]\n"
-        "Concatenate lrmoe streams (stdin when no FILE, or '-') into one stream,\n"
-        "re-encoded: zstd by default, raw with --no-compress.\n\n"
+        "Concatenate lrmoe streams (stdin when no FILE, or '-', at most once)\n"
+        "into one stream, re-encoded: zstd by default, raw with --no-compress.\n\n"
         "Options:\n"
         "  -o, --output FILE   write to FILE (default stdout)\n"
         "  -l, --level N       zstd level (default 3)\n"
@@ -45,7 +45,8 @@ int main(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (lrmoe_check_tty_out(io.out, io.force) < 0) {
+    if (lrmoe_inputs_check(argc - optind, argv + optind) < 0 ||
+        lrmoe_check_tty_out(io.out, io.force) < 0) {
         fprintf(stderr, "lrmoe-cat: %s\n", lrmoe_errmsg());
         return 2;
     }

@@ -26,7 +26,8 @@ static void usage(FILE *fp)
         "      --strip         delete saved_gate and saved_up after packing\n"
         "  -u, --unpack        scatter-add the rows of --rows back to tokens\n"
         "      --rows NAME     packed row tensor to unpack (default pack_grad)\n"
-        "      --into NAME     output tensor (default unpacked), [T,D] F32\n"
+        "      --into NAME     output tensor (default unpacked), [T,D] F32; not\n"
+        "                      topk_ids, pack_pair or the --rows tensor\n"
         "      --pairs         unpack to pair positions [T,K,D] without summing\n"
         "  -v, --verbose       one line per frame on stderr\n"
         "  -o, --output FILE   write to FILE (default stdout)\n"
@@ -128,6 +129,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "lrmoe-pack: too many input files\n");
         usage(stderr);
         return 2;
+    }
+    if (c.unpack && lrmoe_pack_unpack_names(c.rows, c.into) < 0) {
+        lrmoe_err_prefix("--into %s", c.into);
+        goto bad;
     }
     if (lrmoe_check_tty_out(io.out, io.force) < 0)
         goto bad;

@@ -1,5 +1,6 @@
 /* lrmoe-view: list the frames of a stream, their attributes and tensors with
  * statistics, as aligned text or one JSON object per frame. */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -16,7 +17,7 @@ static void usage(FILE *fp)
 {
     fprintf(fp,
             "Usage: %s [options] [FILE...]\n"
-            "List the frames of lrmoe streams (stdin when no FILE or '-'): frame\n"
+            "List the frames of lrmoe streams (stdin when no FILE or '-', once): frame\n"
             "attributes, then per tensor its dtype, shape, size, min, max, mean, std\n"
             "(over finite values) and NaN/Inf counts.\n"
             "\n"
@@ -265,9 +266,11 @@ static int json_frame(const lrmoe_frame_t *f, int64_t index, opts_t *o)
         json_array_append_new(arr, e);
     }
     json_object_set_new(root, "tensors", arr);
+    errno = 0;
     int rc = json_dumpf(root, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
-    putchar('\n');
+    if (putchar('\n') == EOF || ferror(stdout)) /* a full disk, a closed pipe */
+        return lrmoe_err("write error on stdout: %s", errno ? strerror(errno) : "I/O error");
     return rc < 0 ? lrmoe_err("cannot encode JSON") : 0;
 }
 
@@ -377,6 +380,10 @@ int main(int argc, char **argv)
         }
     }
     int nfiles = argc - optind, rc = 0;
+    if (lrmoe_inputs_check(nfiles, argv + optind) < 0) {
+        fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
+        return 2;
+    }
     for (int k = 0; k < (nfiles ? nfiles : 1); k++) {
         const char *path = nfiles ? argv[optind + k] : "-";
         if (nfiles > 1 && !o.json)
@@ -396,7 +403,7 @@ int main(int argc, char **argv)
         }
     if (fflush(stdout) != 0 || ferror(stdout) || fclose(stdout) != 0) {
         if (rc == 0)
-            fprintf(stderr, "%s: write error on stdout\n", prog);
+            fprintf(stderr, "%s: write error on stdout: %s\n", prog, errno ? strerror(errno) : "I/O error");
         return 1;
     }
     lrmoe_select_free(&o.sel);

@@ -41,6 +41,9 @@ if [ "$what" = test ]; then
     need_cmd bc bc                      # benchmarks' arithmetic
     need_cmd valgrind valgrind          # leak checks (interop.bats)
     [ -x /usr/bin/time ] || missing="$missing time"   # benchmarks' peak RSS
+    need_cmd clang-14 clang-14          # libFuzzer harnesses (tests/fuzz)
+    ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 ||
+        missing="$missing libclang-rt-14-dev"
 fi
 
 if [ -n "$missing" ]; then

@@ -268,3 +268,38 @@ t, a, d = read_stream('$T/p.lrm', True)[0]; print(a['pack.ranks'], dict(t)['pack
     run "$BIN/lrmoe-pack" --alloc forward --no-compress -o "$T/p.lrm" "$T/sp.lrm"
     assert_success
 }
+
+@test "unpack --into a tensor it reads (topk_ids, pack_pair, --rows) is refused, exit 2" {
+    mk --T 16 --E 4 --P 2
+    "$BIN/lrmoe-pack" "$T/scored.lrm" > "$T/p.lrm"
+    for into in topk_ids pack_pair pack_grad; do
+        run "$BIN/lrmoe-pack" -u --into $into -o "$T/u.lrm" "$T/p.lrm"
+        assert_failure 2
+        assert_output --partial "lrmoe-pack: --into $into: output tensor $into would replace a tensor the unpack reads"
+    done
+    run "$BIN/lrmoe-pack" -u --rows pack_hidden --into pack_hidden -o "$T/u.lrm" "$T/p.lrm"
+    assert_failure 2
+    run "$BIN/lrmoe-pack" -u --into unpacked2 -o "$T/u.lrm" "$T/p.lrm"
+    assert_success
+}
+
+@test "a top-k of 2^32+2 is named as it is, not truncated to an int" {
+    python3 - "$T/k.lrm" <<'PY'
+import json, struct, sys
+hdr = {"topk_ids": {"dtype": "I32", "shape": [0, 2**32 + 2], "data_offsets": [0, 0]},
+       "keep": {"dtype": "U8", "shape": [0, 2], "data_offsets": [0, 0]},
+       "pack_pair": {"dtype": "I64", "shape": [0], "data_offsets": [0, 0]},
+       "pack_grad": {"dtype": "F32", "shape": [0, 4], "data_offsets": [0, 0]}}
+h = json.dumps(hdr).encode()
+h += b" " * ((8 - len(h) % 8) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + b"LRMOEEND" + struct.pack("<Q", 1))
+PY
+    for args in "" "-u"; do
+        run "$BIN/lrmoe-pack" $args -o /dev/null "$T/k.lrm"
+        assert_failure 1
+        assert_output "lrmoe-pack: frame 0: tensor topk_ids: dimension 1 is 4294967298, more than 2147483647"
+    done
+    run "$BIN/lrmoe-score" --metric random -o /dev/null "$T/k.lrm"
+    assert_failure 1
+    assert_output "lrmoe-score: frame 0: tensor topk_ids: dimension 1 is 4294967298, more than 2147483647"
+}

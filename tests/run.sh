@@ -1,5 +1,21 @@
 #!/bin/sh
 # The whole test suite: every tests/*.bats through prove (TAP), so the output
 # ends in prove's summary ("Result: PASS" / "Files=..., Tests=...").
+# With SANITIZE set (make check SANITIZE=1) the tools in bin/ are the ASan +
+# UBSan build: every sanitizer report goes to $BUILD/sanitizer-reports/ (the
+# tool then exits non-zero, so its test fails), and tests/san/report.bats,
+# run last, lists them grouped by kind and place and fails if there is any.
+# SANITIZE_TESTS overrides the files run in that pass (default: all but
+# tests/fuzz.bats, whose harnesses are sanitized builds of their own and ran
+# in the plain pass).
 cd "$(dirname "$0")/.." || exit 1
-exec prove -f -o -e 'bats --tap' tests/*.bats
+[ -z "${SANITIZE:-}" ] && exec prove -f -o -e 'bats --tap' tests/*.bats
+R="$PWD/${LRMOE_BUILD:-build/san}/sanitizer-reports"
+rm -rf "$R"
+mkdir -p "$R"
+export LRMOE_SAN_REPORTS="$R"
+export ASAN_OPTIONS="detect_leaks=1:log_path=$R/asan:log_exe_name=1:protect_shadow_gap=0:abort_on_error=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$R/ubsan:log_exe_name=1"
+export LSAN_OPTIONS="log_path=$R/lsan:log_exe_name=1"
+files=${SANITIZE_TESTS:-$(ls tests/*.bats | grep -v '^tests/fuzz.bats$')}
+exec prove -f -o --timer -e 'bats --tap' $files tests/san/report.bats

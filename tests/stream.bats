@@ -262,3 +262,85 @@ PY
         skip "PyTorch (python3-torch) not installed: bf16 checked against NumPy bit arithmetic only"
     fi
 }
+
+@test "conversions of empty tensors pass NULL to no memcpy (dtype_test empty under UBSan)" {
+    L="$BATS_TEST_DIRNAME/../lib"
+    cc -std=c11 -O1 -fsanitize=undefined -fno-sanitize-recover=undefined -I"$L" -o "$T/dtu" \
+        "$BATS_TEST_DIRNAME/unit/dtype_test.c" "$L/dtype.c" "$L/error.c" -lm
+    run "$T/dtu" empty
+    assert_success
+    assert_output ok
+}
+
+many_bytes() { # a raw stream of one frame declaring N zero-size tensors (t) or N attributes (a)
+    python3 - "$@" <<'PY'
+import json, struct, sys
+n, kind = int(sys.argv[1]), sys.argv[2]
+if kind == "t":
+    hdr = {"t%d" % i: {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]} for i in range(n)}
+else:
+    hdr = {"__metadata__": {"a%d" % i: "" for i in range(n)}}
+h = json.dumps(hdr, separators=(",", ":")).encode()
+h += b" " * ((8 - len(h) % 8) % 8)
+sys.stdout.buffer.write(struct.pack("<Q", len(h)) + h + b"LRMOEEND" + struct.pack("<Q", 1))
+PY
+}
+
+@test "120,000 tensors or 120,000 attributes in one header: linear time (was quadratic, ~40 s)" {
+    many_bytes 120000 t | zstd -q > "$T/t.lrm"
+    many_bytes 120000 a | zstd -q > "$T/a.lrm"
+    for k in t a; do
+        # a budget 10x the measured time on a busy 2-core machine
+        run timeout 15 "$BIN/lrmoe-cat" -o "$T/out.lrm" "$T/$k.lrm"
+        assert_success
+        run timeout 15 "$BIN/lrmoe-view" -S "$T/out.lrm"
+        assert_success
+        assert_output --partial "# 1 frame, "
+    done
+    run "$BIN/lrmoe-view" -j -S "$T/a.lrm"
+    assert_success
+    python3 -c "import json,sys; a=json.loads(sys.stdin.read())['attrs']; assert len(a) == 120000 and a['a119999'] == ''" <<< "$output"
+}
+
+@test "more than 131072 tensors or attributes in one frame is refused (lrmoe-stream(5) limits)" {
+    many_bytes 131073 t > "$T/t.lrm"
+    run "$BIN/lrmoe-cat" -o /dev/null "$T/t.lrm"
+    assert_failure 1
+    assert_output --partial "more than 131072 tensors in one frame"
+    many_bytes 131073 a > "$T/a.lrm"
+    run "$BIN/lrmoe-cat" -o /dev/null "$T/a.lrm"
+    assert_failure 1
+    assert_output --partial "131073 attributes, more than 131072 in one frame"
+    many_bytes 131072 a > "$T/a.lrm"
+    run "$BIN/lrmoe-cat" -o /dev/null "$T/a.lrm"
+    assert_success
+}
+
+@test "an input file that shrinks while it is read: truncated, exit 1 (no SIGBUS)" {
+    "$BIN/lrmoe-gen" --tokens 1024 --steps 8 --no-compress -o "$T/big.lrm"
+    "$BIN/lrmoe-cat" -l 1 -o "$T/bigz.lrm" "$T/big.lrm"
+    for f in big bigz; do
+        cp "$T/$f.lrm" "$T/s.lrm"
+        # the reader blocks on the pipe after a frame or so; the file is cut under it
+        run bash -c 'set -o pipefail; "$1" --no-compress "$2" | { sleep 1; truncate -s 1M "$2"; cat > /dev/null; }' \
+            _ "$BIN/lrmoe-cat" "$T/s.lrm"
+        assert_failure 1
+        assert_output --regexp "^lrmoe-cat: $T/s.lrm: frame [0-9]+: truncated"
+        refute_output --partial "Bus error"
+    done
+}
+
+@test "standard input named twice is an error in every tool with several inputs (exit 2)" {
+    run "$BIN/lrmoe-cat" -o "$T/out.lrm" - - < "$T/ok.lrm"
+    assert_failure 2
+    assert_output "lrmoe-cat: -: standard input named twice (it can be read only once)"
+    [ ! -s "$T/out.lrm" ]
+    run "$BIN/lrmoe-view" - "$T/ok.lrm" - < "$T/ok.lrm"
+    assert_failure 2
+    assert_output "lrmoe-view: -: standard input named twice (it can be read only once)"
+    # once is fine, beside files
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/out.lrm" "$T/ok.lrm" - < "$T/ok.lrm"
+    assert_success
+    run "$BIN/lrmoe-view" -S "$T/out.lrm"
+    assert_output --partial "# 4 frames"
+}

@@ -190,3 +190,24 @@ PY
     assert_failure 1
     assert_output --partial "lrmoe-view: "
 }
+
+@test "a full disk names the write error, text and --json, small and large output" {
+    python3 - "$T/wide.lrm" <<'PY'
+import sys, numpy as np, lrmoe_stream as s
+s.write_stream(sys.argv[1], [({"x%d" % i: np.zeros(1, np.float32) for i in range(3000)}, {})])
+PY
+    for f in s wide; do
+        for opt in "" -j; do
+            run --separate-stderr sh -c "'$BIN/lrmoe-view' $opt '$T/$f.lrm' > /dev/full"
+            assert_failure 1
+            [ "$stderr" = "lrmoe-view: write error on stdout: No space left on device" ]
+        done
+    done
+}
+
+@test "standard input named twice: exit 2 before anything is read" {
+    run --separate-stderr "$BIN/lrmoe-view" - - < "$T/s.lrm"
+    assert_failure 2
+    [ "$stderr" = "lrmoe-view: -: standard input named twice (it can be read only once)" ]
+    [ -z "$output" ]
+}

@@ -1,0 +1,59 @@
+#!/bin/sh
+# Build and run the libFuzzer harnesses of tests/fuzz (clang,
+# -fsanitize=fuzzer,address,undefined) on seed corpora the tools make:
+#   tests/fuzz/run.sh [SECONDS [HARNESS...]]
+# SECONDS per harness (default 20); harnesses stream, safetensors, npy (all by
+# default). New inputs collect in $BUILD/fuzz/corpus/HARNESS and are kept for
+# the next run. Exit 1 on any finding (crash, sanitizer report, leak, failed
+# round-trip oracle, timeout, out-of-memory): the reproducer is written to
+# $BUILD/fuzz/findings/, the log tail printed. Exit 77 when clang or its
+# fuzzer runtime is missing (tests/deps.sh installs clang and
+# libclang-rt-14-dev). Needs the tools built (make) for the seeds.
+set -eu
+TOP=$(cd "$(dirname "$0")/../.." && pwd)
+SECS=${1:-20}
+[ $# -gt 0 ] && shift
+HARNESSES=${*:-stream safetensors npy}
+B="$TOP/${BUILD:-build}/fuzz"
+FUZZ_CC=${FUZZ_CC:-}
+if [ -z "$FUZZ_CC" ]; then
+    for c in clang-14 clang; do command -v $c >/dev/null 2>&1 && { FUZZ_CC=$c; break; }; done
+fi
+mkdir -p "$B/findings" "$B/corpus"
+if [ -z "$FUZZ_CC" ] || ! printf 'int LLVMFuzzerTestOneInput(const char *d, long n){(void)d;(void)n;return 0;}\n' |
+        "$FUZZ_CC" -x c -fsanitize=fuzzer,address,undefined -o "$B/probe" - >/dev/null 2>&1; then
+    echo "fuzz: no clang with the libFuzzer runtime (install clang-14 libclang-rt-14-dev)" >&2
+    exit 77
+fi
+LIBSRC="frame stream dtype error npy"
+for h in $HARNESSES; do
+    bin="$B/fuzz_$h"
+    srcs="$TOP/tests/fuzz/fuzz_$h.c"
+    for m in $LIBSRC; do srcs="$srcs $TOP/lib/$m.c"; done
+    stale=0
+    [ -x "$bin" ] || stale=1
+    for s in $srcs "$TOP"/tests/fuzz/*.h "$TOP"/lib/*.h; do [ "$s" -nt "$bin" ] && stale=1; done
+    if [ $stale = 1 ]; then
+        "$FUZZ_CC" -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
+            -fno-sanitize-recover=undefined -I"$TOP/lib" -I"$TOP/tests/fuzz" -o "$bin" $srcs \
+            -lzstd -ljansson -lm
+    fi
+done
+sh "$TOP/tests/fuzz/seeds.sh" "$TOP/bin" "$B/seeds"
+rc=0
+for h in $HARNESSES; do
+    dict=stream; [ $h = npy ] && dict=npy
+    mkdir -p "$B/corpus/$h"
+    log="$B/$h.log"
+    if "$B/fuzz_$h" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
+            -dict="$TOP/tests/fuzz/$dict.dict" -artifact_prefix="$B/findings/$h-" \
+            -print_final_stats=1 "$B/corpus/$h" "$B/seeds/$h" > "$log" 2>&1; then
+        runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+        echo "fuzz $h: ${runs:-?} runs in ${SECS} s, no finding (corpus $(ls "$B/corpus/$h" | wc -l) inputs)"
+    else
+        echo "fuzz $h: FINDING (log $log):" >&2
+        grep -v '^#[0-9]' "$log" | tail -40 >&2
+        rc=1
+    fi
+done
+exit $rc

@@ -1,0 +1,40 @@
+#!/bin/sh
+# Seed corpora for the fuzz harnesses, made by the tools themselves:
+#   seeds.sh BIN OUTDIR   -> OUTDIR/stream, OUTDIR/safetensors, OUTDIR/npy
+# A stream seed starts with the harness's mode byte (fuzz_stream.c).
+set -eu
+BIN=$1
+OUT=$2
+rm -rf "$OUT"
+mkdir -p "$OUT/stream" "$OUT/safetensors" "$OUT/npy" "$OUT/tmp"
+W="$OUT/tmp"
+"$BIN/lrmoe-gen" --tokens 4 --experts 4 --topk 2 --hidden 8 --ffn 8 --steps 2 \
+    --no-compress -o "$W/gen.lrm" --weights "$W/w.lrm"
+"$BIN/lrmoe-route" --no-compress -o "$W/route.lrm" "$W/gen.lrm"
+"$BIN/lrmoe-gen" --tokens 3 --experts 2 --topk 1 --hidden 4 --ffn 4 --dtype f32 \
+    --logits-dtype f16 --no-compress -o "$W/f32.lrm"
+"$BIN/lrmoe-cat" -l 1 -o "$W/route.zst.lrm" "$W/route.lrm"
+printf 'LRMOEEND\000\000\000\000\000\000\000\000' > "$W/empty.lrm"
+i=0
+for f in gen route f32 empty w; do
+    for mode in 0 1 2 6; do   # raw: by buffer, through zstd, by file, written back as zstd
+        i=$((i + 1))
+        { printf "\\$(printf %03o $mode)"; cat "$W/$f.lrm"; } > "$OUT/stream/$i-$f-m$mode"
+    done
+done
+for mode in 0 2; do            # zstd streams as they are
+    { printf "\\$(printf %03o $mode)"; cat "$W/route.zst.lrm"; } > "$OUT/stream/zst-m$mode"
+done
+"$BIN/lrmoe-export" -O both -d "$W/x" "$W/route.lrm"
+"$BIN/lrmoe-export" -O npy -b f32 -d "$W/x32" "$W/gen.lrm"
+cp "$W"/x/*.safetensors "$OUT/safetensors/"
+cp "$W"/x/*.npy "$OUT/npy/"
+for f in "$W"/x32/*.npy; do cp "$f" "$OUT/npy/f32-$(basename "$f")"; done
+# and by hand, the smallest valid blob: header "{}" padded to 8, no data (so
+# the header ends where the input does), alone and as a one-frame stream
+printf '\010\000\000\000\000\000\000\000{}      ' > "$OUT/safetensors/empty-header"
+printf '{"__metadata__":{"a":"b"}}      ' > "$W/meta.json"
+{ printf '\040\000\000\000\000\000\000\000'; cat "$W/meta.json"; } > "$OUT/safetensors/attr-only"
+{ printf '\000'; cat "$OUT/safetensors/empty-header"; printf 'LRMOEEND\001\000\000\000\000\000\000\000'; } \
+    > "$OUT/stream/empty-header-m0"
+rm -rf "$W"
