@@ -177,6 +177,11 @@ void lrmoe_weights_free(lrmoe_weights_t *w);
 double lrmoe_now(void); /* monotonic seconds */
 /* Refuse to write binary to a terminal unless force. */
 int lrmoe_check_tty_out(const char *path, int force);
+/* fopen(path, "w") for a --stats/--timings table: line-buffered, so every
+ * row reaches the file when it ends (a live pipeline's table can be
+ * followed with tail -f, and a stage that fails keeps the rows it wrote).
+ * NULL with errno set, like fopen. */
+FILE *lrmoe_tsv_open(const char *path);
 
 /* The frame loop every filter runs: read each frame of `in`, call fn (which
  * may read, add, replace or delete tensors and attributes; <0 stops with its

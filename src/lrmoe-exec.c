@@ -497,7 +497,7 @@ int main(int argc, char **argv)
     if (lrmoe_check_tty_out(io.out, io.force) < 0) goto usage_err;
 
     c.weights = weights;
-    if (timings && !(c.tsv = fopen(timings, "w"))) {
+    if (timings && !(c.tsv = lrmoe_tsv_open(timings))) {
         fprintf(stderr, "lrmoe-exec: %s: cannot open for writing\n", timings);
         return 1;
     }
