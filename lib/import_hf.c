@@ -309,6 +309,11 @@ static int find_groups(const lrmoe_frame_t *f, lrmoe_hf_map_t m, groups_t *gs)
         snprintf(name, sizeof name, "%sgate.e_score_correction_bias", g->prefix);
         if ((g->bias = lrmoe_frame_get(f, name))) g->used++;
     }
+    /* one block whose router was renamed already (--name ...=router_weight) */
+    if (gs->n == 1 && !gs->g[0].router && (gs->g[0].router = lrmoe_frame_get(f, "router_weight")))
+        gs->g[0].used++;
+    if (gs->n == 1 && !gs->g[0].bias && (gs->g[0].bias = lrmoe_frame_get(f, "expert_bias")))
+        gs->g[0].used++;
     return 0;
 }
 

@@ -85,6 +85,19 @@ assert_import_error() {
     assert_output --partial "layer=1 hf.layout=fused hf.left_out=0"
     assert_line --regexp '^  w_gate +F32 +\[8,16,32\]'
     assert_line --regexp '^  w_down +F32 +\[8,32,16\]'
+    # one block of a shard, its router renamed by hand as before --map existed
+    python3 - "$HF/f32/qwen3_moe/state.safetensors" "$T/l1.safetensors" <<'PY'
+import sys
+from safetensors.torch import load_file, save_file
+t = load_file(sys.argv[1])
+save_file({k[len("model.layers.1."):]: v for k, v in t.items() if k.startswith("model.layers.1.mlp.")},
+          sys.argv[2])
+PY
+    run "$BIN/lrmoe-import" -n mlp.gate.weight=router_weight -a layer=1 -o "$T/l1.lrm" "$T/l1.safetensors"
+    assert_success
+    run "$BIN/lrmoe-view" "$T/l1.lrm"
+    assert_output --partial "layer=1 hf.prefix=mlp hf.layout=fused hf.left_out=0"
+    assert_line --regexp '^  router_weight +F32 +\[8,32\]'
 }
 
 @test "HF-shaped inputs + imported weights: lrmoe-exec forward equals the HF experts module (F32)" {
