@@ -247,3 +247,30 @@ EOF
     run "$BIN/lrmoe-import" -o "$T/x.lrm" "$HF/f32/gpt_oss/state.safetensors"
     assert_import_error "experts with biases (gpt-oss: interleaved gate/up, clamped SwiGLU) have no lrmoe SwiGLU layout"
 }
+
+@test "no leaks on the mapping paths, good or bad (valgrind)" {
+    command -v valgrind >/dev/null 2>&1 || skip "valgrind not installed (tests/deps.sh installs it)"
+    VG="valgrind -q --leak-check=full --show-leak-kinds=definite,indirect,possible --errors-for-leak-kinds=definite,indirect,possible --error-exitcode=9"
+    python3 - "$T" <<'PY'
+import sys, torch
+from safetensors.torch import save_file
+d, D = sys.argv[1], 4
+save_file({"hidden": torch.randn(2, 3, D), "router_logits": torch.randn(6, 8),
+           "topk_ids": torch.full((6, 2), 9)}, d + "/range.safetensors")
+save_file({"model.layers.0.mlp.experts.0.gate_proj.weight": torch.randn(3, D),
+           "model.layers.0.mlp.experts.1.gate_proj.weight": torch.randn(3, D)}, d + "/missing.safetensors")
+save_file({"mlp.experts.gate_up_proj": torch.randn(2, 6, D), "mlp.experts.down_proj": torch.randn(2, D, 3),
+           "mlp.gate.weight": torch.randn(3, D)}, d + "/router.safetensors")
+PY
+    for f in "$HF/f32/deepseek_v3/state.safetensors" "$HF/f32/mixtral/pretrained/model.safetensors" \
+             "$HF/f32/qwen3_moe/act1.safetensors"; do
+        run $VG "$BIN/lrmoe-import" -o /dev/null "$f"
+        assert_success
+    done
+    for f in range missing router; do
+        run $VG "$BIN/lrmoe-import" -o /dev/null "$T/$f.safetensors"
+        assert_failure 1
+    done
+    run $VG "$BIN/lrmoe-import" -o /dev/null "$HF/f32/gpt_oss/state.safetensors"
+    assert_failure 1
+}
