@@ -124,7 +124,10 @@ typedef struct lrmoe_writer lrmoe_writer_t;
 
 /* path "-" or NULL is stdin. */
 lrmoe_reader_t *lrmoe_reader_open(const char *path);
-lrmoe_reader_t *lrmoe_reader_fdopen(FILE *fp, const char *label); /* does not own fp */
+/* Does not own fp. Reads fp's descriptor directly (read(2): a live pipe's
+ * frame is returned as soon as it is complete), so bytes already in fp's
+ * stdio buffer are not seen: pass a FILE nothing has read from. */
+lrmoe_reader_t *lrmoe_reader_fdopen(FILE *fp, const char *label);
 /* Read the next frame into f (cleared first). 1: a frame; 0: clean end (the
  * trailer was read and its count matched); <0: error (truncated, malformed).
  * Errors name the stream and the frame index. */
@@ -142,6 +145,8 @@ void lrmoe_wopts_default(lrmoe_wopts_t *o);
 
 /* path "-" or NULL is stdout. */
 lrmoe_writer_t *lrmoe_writer_open(const char *path, const lrmoe_wopts_t *o);
+/* Writes the frame and flushes it (a zstd flush and fflush): it is
+ * complete on the wire when the call returns. */
 int lrmoe_writer_write(lrmoe_writer_t *w, const lrmoe_frame_t *f);
 /* Write the trailer, flush and close (fclose checked). Frees w. */
 int lrmoe_writer_close(lrmoe_writer_t *w);
