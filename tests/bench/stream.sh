@@ -87,6 +87,6 @@ for what in "20 x $fm MiB:$W/many.raw" "2000 x $(($(stat -c %s "$W/small.raw") /
     zt=$(best "zstd -q -f -3 --single-thread -c '$in' > '$W/f.zst'")
     tr=$(ratio "$lt" "$zt"); sr=$(echo "scale=4; $(stat -c %s "$W/f.lrm") / $(stat -c %s "$W/f.zst")" | bc -l)
     printf '%-34s %9.3f %9.3f %7s %7s\n' "$label" "$lt" "$zt" "$tr" "$sr"
-    case $label in 20*) [ "$(echo "$tr <= 1.2 && $sr <= 1.01" | bc -l)" = 1 ] || fverdict=FAIL;; esac
+    case $label in "20 x "*) [ "$(echo "$tr <= 1.2 && $sr <= 1.01" | bc -l)" = 1 ] || fverdict=FAIL;; esac
 done
 echo "verdict: $fverdict (target on the large frames: time <= 1.2x and size <= 1.01x the zstd command; ratios = lrmoe / zstd)"
