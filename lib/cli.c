@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,19 @@ int lrmoe_check_tty_out(const char *path, int force)
     if ((!path || !strcmp(path, "-")) && isatty(STDOUT_FILENO))
         return lrmoe_err("refusing to write binary data to a terminal (use -o FILE, a pipe, or -f)");
     return 0;
+}
+
+FILE *lrmoe_tsv_open(const char *path)
+{
+    FILE *fp = fopen(path, "w");
+    /* line-buffered: each row is written out as it ends */
+    if (fp && setvbuf(fp, NULL, _IOLBF, 0) != 0) {
+        int e = errno;
+        fclose(fp);
+        errno = e;
+        return NULL;
+    }
+    return fp;
 }
 
 int lrmoe_parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out)
@@ -158,6 +172,10 @@ void lrmoe_select_free(lrmoe_select_t *s)
 
 void lrmoe_io_init(lrmoe_io_t *io)
 {
+    /* A stage whose reader went away (| lrmoe-view -F 0, | head -c) gets
+     * EPIPE from write and says so, instead of dying of SIGPIPE with its
+     * TSVs unflushed: the tools' stream writer reports every failed write. */
+    signal(SIGPIPE, SIG_IGN);
     io->out = "-";
     lrmoe_wopts_default(&io->w);
     io->force = 0;

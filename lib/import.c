@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "import.h"
+#include "import_hf.h"
 #include "npy.h"
 
 typedef struct lrmoe_import_rename {
@@ -253,7 +254,7 @@ static int write_frame(sink_t *w, lrmoe_frame_t *f, opts_t *o)
 {
     if (finish_frame(f, o) < 0)
         return -1;
-    return w->fn(f, w->index++, w->ctx);
+    return lrmoe_hf_import(f, (lrmoe_hf_map_t)o->map, w->fn, w->ctx, &w->index);
 }
 
 /* Standard input: safetensors blobs back to back, a frame each. */

@@ -24,6 +24,8 @@ typedef struct {
     char **akey, **aval;               /* --attr KEY=VAL */
     int nattr;
     int one_frame;                     /* every .npy file in one frame */
+    int map;                           /* --map: lrmoe_hf_map_t (import_hf.h),
+                                          0 = auto */
 } lrmoe_import_opts_t;
 
 void lrmoe_import_opts_init(lrmoe_import_opts_t *o);

@@ -148,7 +148,10 @@ typedef struct lrmoe_writer lrmoe_writer_t;
 
 /* path "-" or NULL is stdin. */
 lrmoe_reader_t *lrmoe_reader_open(const char *path);
-lrmoe_reader_t *lrmoe_reader_fdopen(FILE *fp, const char *label); /* does not own fp */
+/* Does not own fp. Reads fp's descriptor directly (read(2): a live pipe's
+ * frame is returned as soon as it is complete), so bytes already in fp's
+ * stdio buffer are not seen: pass a FILE nothing has read from. */
+lrmoe_reader_t *lrmoe_reader_fdopen(FILE *fp, const char *label);
 /* Read the next frame into f (cleared first). 1: a frame; 0: clean end (the
  * trailer was read and its count matched); <0: error (truncated, malformed).
  * Errors name the stream and the frame index. */
@@ -169,6 +172,8 @@ void lrmoe_wopts_default(lrmoe_wopts_t *o);
 
 /* path "-" or NULL is stdout. */
 lrmoe_writer_t *lrmoe_writer_open(const char *path, const lrmoe_wopts_t *o);
+/* Writes the frame and flushes it (a zstd flush and fflush): it is
+ * complete on the wire when the call returns. */
 int lrmoe_writer_write(lrmoe_writer_t *w, const lrmoe_frame_t *f);
 /* Write the trailer, flush and close (fclose checked). Frees w. */
 int lrmoe_writer_close(lrmoe_writer_t *w);
@@ -204,6 +209,11 @@ void lrmoe_weights_free(lrmoe_weights_t *w);
 double lrmoe_now(void); /* monotonic seconds */
 /* Refuse to write binary to a terminal unless force. */
 int lrmoe_check_tty_out(const char *path, int force);
+/* fopen(path, "w") for a --stats/--timings table: line-buffered, so every
+ * row reaches the file when it ends (a live pipeline's table can be
+ * followed with tail -f, and a stage that fails keeps the rows it wrote).
+ * NULL with errno set, like fopen. */
+FILE *lrmoe_tsv_open(const char *path);
 
 /* The frame loop every filter runs: read each frame of `in`, call fn (which
  * may read, add, replace or delete tensors and attributes; <0 stops with its

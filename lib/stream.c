@@ -282,7 +282,7 @@ int lrmoe_frame_fread(FILE *fp, lrmoe_frame_t *f)
 
 /* ------------------------------------------------------------ reader */
 
-/* Input is read with fread, never mapped: a mapped file that shrinks while
+/* Input is read with read(2), never mapped: a mapped file that shrinks while
  * it is read (a generator re-run onto the same path) raises SIGBUS, where a
  * read just ends early and the stream is reported truncated. Large raw
  * tensors are read straight into their buffers, so raw input is copied once,
@@ -299,12 +299,25 @@ struct lrmoe_reader {
     int64_t nframes;
 };
 
+/* One read(2) of at most n bytes: what a pipe holds now, without waiting
+ * for all n (fread waits for n bytes or the end, so a live stream's last
+ * frame would sit in the pipe until the next one pushed it). The reader
+ * never reads through stdio, so no stdio buffer hides bytes from it.
+ * Returns the count, 0 at the end of input, -1 on error (errno set). */
+static ssize_t read_some(FILE *fp, void *buf, size_t n)
+{
+    ssize_t m;
+    do m = read(fileno(fp), buf, n);
+    while (m < 0 && errno == EINTR);
+    return m;
+}
+
 static int fill(lrmoe_reader_t *r)
 {
-    size_t n = fread(r->inbuf, 1, IOBUF, r->fp);
-    if (n == 0 && ferror(r->fp)) return lrmoe_err("read error: %s", strerror(errno));
+    ssize_t n = read_some(r->fp, r->inbuf, IOBUF);
+    if (n < 0) return lrmoe_err("read error: %s", strerror(errno));
     r->in.src = r->inbuf;
-    r->in.size = n;
+    r->in.size = (size_t)n;
     r->in.pos = 0;
     return (int)(n > 0);
 }
@@ -317,9 +330,9 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
         while (got < n) {
             if (r->in.pos == r->in.size) {
                 if (n - got >= IOBUF) {   /* large: straight into dst */
-                    size_t m = fread((uint8_t *)dst + got, 1, n - got, r->fp);
-                    if (m < n - got && ferror(r->fp)) return lrmoe_err("read error: %s", strerror(errno));
-                    got += m;
+                    ssize_t m = read_some(r->fp, (uint8_t *)dst + got, n - got);
+                    if (m < 0) return lrmoe_err("read error: %s", strerror(errno));
+                    got += (size_t)m;
                     if (m == 0 || got == n) break;
                     continue;
                 }
@@ -336,8 +349,13 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
         return (int64_t)got;
     }
     ZSTD_outBuffer out = {dst, n, 0};
+    int starved = 0;
     while (out.pos < n) {
-        if (r->in.pos == r->in.size) {
+        /* read only when the decoder is out of work: it may still hold
+         * decoded bytes of a block whose input it has consumed, and a read
+         * then would wait on a live pipe for the next frame. After a zstd
+         * frame's end (last_ret 0) it holds nothing. */
+        if (r->in.pos == r->in.size && (starved || r->last_ret == 0)) {
             int k = fill(r);
             if (k < 0) return -1;
             if (!k) {
@@ -345,9 +363,11 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
                 break;
             }
         }
+        size_t before = out.pos;
         size_t ret = ZSTD_decompressStream(r->dctx, &out, &r->in);
         if (ZSTD_isError(ret)) return lrmoe_err("zstd: %s", ZSTD_getErrorName(ret));
         r->last_ret = ret;
+        starved = out.pos == before;
     }
     return (int64_t)out.pos;
 }
@@ -366,12 +386,9 @@ static lrmoe_reader_t *reader_new(FILE *fp, int own, const char *label)
     r->in.src = r->inbuf;
     /* Sniff the zstd magic (28 b5 2f fd) from the first bytes. */
     size_t n = 0;
-    while (n < 4) {
-        size_t m = fread(r->inbuf + n, 1, 4 - n, fp);
-        if (!m) break;
-        n += m;
-    }
-    if (n < 4 && ferror(fp)) {
+    ssize_t m = 0;
+    while (n < 4 && (m = read_some(fp, r->inbuf + n, 4 - n)) > 0) n += (size_t)m;
+    if (m < 0) {
         lrmoe_err("%s: read error: %s", label, strerror(errno));
         lrmoe_reader_close(r);
         return NULL;
@@ -516,10 +533,18 @@ void lrmoe_wopts_default(lrmoe_wopts_t *o)
     o->threads = 0;
 }
 
+/* The error of a failed write; a closed reading end (EPIPE: the tools
+ * ignore SIGPIPE, see lrmoe_cli_init) says so in words. */
+static int write_failed(const lrmoe_writer_t *w)
+{
+    if (errno == EPIPE)
+        return lrmoe_err("%s: write failed: broken pipe (the next stage stopped reading)", w->label);
+    return lrmoe_err("%s: write failed: %s", w->label, strerror(errno));
+}
+
 static int wr_raw(lrmoe_writer_t *w, const void *p, size_t n)
 {
-    if (n && fwrite(p, 1, n, w->fp) != n)
-        return lrmoe_err("%s: write failed: %s", w->label, strerror(errno));
+    if (n && fwrite(p, 1, n, w->fp) != n) return write_failed(w);
     return 0;
 }
 
@@ -591,6 +616,11 @@ int lrmoe_writer_write(lrmoe_writer_t *w, const lrmoe_frame_t *f)
     free(hdr);
     for (int i = 0; !rc && i < f->ntensors; i++)
         rc = wr(w, f->tensors[i]->data, f->tensors[i]->nbytes);
+    /* Complete the frame on the wire: end the zstd block (the frame and its
+     * window go on, so the ratio barely moves) and empty stdio's buffer, so
+     * the next stage of a live pipe gets frame n before frame n+1 exists. */
+    if (!rc && w->compress) rc = wr_zstd(w, NULL, 0, ZSTD_e_flush);
+    if (!rc && fflush(w->fp) != 0) rc = write_failed(w);
     if (!rc) w->count++;
     return rc;
 }
@@ -611,7 +641,7 @@ int lrmoe_writer_close(lrmoe_writer_t *w)
     put_le64(t + 8, (uint64_t)w->count);
     int rc = wr(w, t, 16);
     if (!rc && w->compress) rc = wr_zstd(w, NULL, 0, ZSTD_e_end);
-    if (fflush(w->fp) != 0 && !rc) rc = lrmoe_err("%s: write failed: %s", w->label, strerror(errno));
+    if (fflush(w->fp) != 0 && !rc) rc = write_failed(w);
     if (ferror(w->fp) && !rc) rc = lrmoe_err("%s: write failed", w->label);
     if (fclose(w->fp) != 0 && !rc) rc = lrmoe_err("%s: close failed: %s", w->label, strerror(errno));
     writer_free(w);

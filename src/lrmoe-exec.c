@@ -188,7 +188,7 @@ int main(int argc, char **argv)
 
     lrmoe_exec_ctx_init(&c.x, &o);
     lrmoe_exec_ctx_weights_file(&c.x, weights);
-    if (timings && !(c.tsv = fopen(timings, "w"))) {
+    if (timings && !(c.tsv = lrmoe_tsv_open(timings))) {
         fprintf(stderr, "lrmoe-exec: %s: cannot open for writing\n", timings);
         return 1;
     }

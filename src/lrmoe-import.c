@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "import.h"
+#include "import_hf.h"
 #include "lrmoe.h"
 
 static const char *prog = "lrmoe-import";
@@ -33,6 +34,12 @@ static void usage(FILE *fp)
             "  -a, --attr KEY=VAL      set a frame attribute on every frame (repeatable)\n"
             "  -1, --one-frame         put every .npy file in one frame (NAME = file\n"
             "                          name without .npy; no frame numbers, no sidecars)\n"
+            "  -m, --map MODE          Hugging Face inputs: auto (default: hidden\n"
+            "                          [B,S,D] flattened, integer topk_ids to I32 with\n"
+            "                          range checks, topk_weights to F32, transformers\n"
+            "                          expert weights to w_gate/w_up/w_down per layer),\n"
+            "                          hf (also the HF activation names hidden_states,\n"
+            "                          top_k_index, top_k_weights), none (as is)\n"
             "  -o, --output FILE       write the stream to FILE (default: stdout)\n"
             "  -l, --level N           zstd level (default 3)\n"
             "  -@, --threads N         zstd worker threads (default 0)\n"
@@ -56,6 +63,7 @@ int main(int argc, char **argv)
         {"dtype", required_argument, 0, 't'},
         {"attr", required_argument, 0, 'a'},
         {"one-frame", no_argument, 0, '1'},
+        {"map", required_argument, 0, 'm'},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         LRMOE_STREAM_LONGOPTS,
@@ -67,7 +75,7 @@ int main(int argc, char **argv)
     lrmoe_import_inputs_t in = {0};
     lrmoe_writer_t *w = NULL;
     int c, rc = 1;
-    while ((c = getopt_long(argc, argv, "n:t:a:1hV" LRMOE_STREAM_SHORTOPTS, lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:t:a:1m:hV" LRMOE_STREAM_SHORTOPTS, lopts, NULL)) != -1) {
         int r = lrmoe_io_opt(&io, c, optarg);
         if (r < 0) goto usage_err;
         if (r > 0)
@@ -85,6 +93,12 @@ int main(int argc, char **argv)
         case '1':
             o.one_frame = 1;
             break;
+        case 'm': {
+            lrmoe_hf_map_t m;
+            if (lrmoe_hf_map_parse(optarg, &m) < 0) goto usage_err;
+            o.map = (int)m;
+            break;
+        }
         case 'h':
             usage(stdout);
             rc = 0;

@@ -208,7 +208,7 @@ int main(int argc, char **argv)
     }
     const char *in = optind < argc ? argv[optind] : "-";
     if (stats_path) {
-        if (!(c.stats = fopen(stats_path, "w"))) {
+        if (!(c.stats = lrmoe_tsv_open(stats_path))) {
             fprintf(stderr, "lrmoe-plan: %s: ", stats_path);
             perror(NULL);
             return 1;

@@ -370,7 +370,7 @@ int main(int argc, char **argv)
         c.have_w = 1;
     }
     if (stats_path) {
-        if (!(c.stats = fopen(stats_path, "w"))) {
+        if (!(c.stats = lrmoe_tsv_open(stats_path))) {
             fprintf(stderr, "lrmoe-route: %s: ", stats_path);
             perror(NULL);
             if (c.have_w)

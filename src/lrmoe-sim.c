@@ -601,7 +601,7 @@ int main(int argc, char **argv)
     }
     FILE *tsv = NULL;
     if (tsv_path) {
-        tsv = fopen(tsv_path, "w");
+        tsv = lrmoe_tsv_open(tsv_path);
         if (!tsv) {
             fprintf(stderr, TOOL ": %s: %s\n", tsv_path, strerror(errno));
             lrmoe_reader_close(rd);
@@ -611,7 +611,7 @@ int main(int argc, char **argv)
     }
     FILE *rtsv = NULL;
     if (rank_path) {
-        rtsv = fopen(rank_path, "w");
+        rtsv = lrmoe_tsv_open(rank_path);
         if (!rtsv) {
             fprintf(stderr, TOOL ": %s: %s\n", rank_path, strerror(errno));
             lrmoe_reader_close(rd);

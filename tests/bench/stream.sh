@@ -73,3 +73,20 @@ for what in "lrmoe-cat raw->zstd:$W/many.raw:" "lrmoe-cat zstd->raw:$W/many.lrm:
     [ "$(echo "$r < 2.5" | bc -l)" = 1 ] || rverdict="FAIL"
 done
 echo "verdict: $rverdict (target: peak RSS < 2.5x the largest frame)"
+
+# Per-frame flush (live pipes, lrmoe-stream(5)): every frame ends in a zstd
+# flush and an fflush. Against the zstd command on the same bytes, which
+# flushes nothing: on large frames the flush must cost nothing measurable.
+"$TOP/bin/lrmoe-gen" --tokens 16 --hidden 512 --experts 64 --steps 2000 --no-compress \
+    -o "$W/small.raw"
+printf '\n%-34s %9s %9s %7s %7s\n' "frames -> zstd:3, one thread" "lrmoe s" "zstd s" "time" "size"
+fverdict=PASS
+for what in "20 x $fm MiB:$W/many.raw" "2000 x $(($(stat -c %s "$W/small.raw") / 2000 / 1024)) KiB:$W/small.raw"; do
+    label=${what%%:*}; in=${what#*:}
+    lt=$(best "'$TOP/bin/lrmoe-cat' -o '$W/f.lrm' '$in'")
+    zt=$(best "zstd -q -f -3 --single-thread -c '$in' > '$W/f.zst'")
+    tr=$(ratio "$lt" "$zt"); sr=$(echo "scale=4; $(stat -c %s "$W/f.lrm") / $(stat -c %s "$W/f.zst")" | bc -l)
+    printf '%-34s %9.3f %9.3f %7s %7s\n' "$label" "$lt" "$zt" "$tr" "$sr"
+    case $label in "20 x "*) [ "$(echo "$tr <= 1.2 && $sr <= 1.01" | bc -l)" = 1 ] || fverdict=FAIL;; esac
+done
+echo "verdict: $fverdict (target on the large frames: time <= 1.2x and size <= 1.01x the zstd command; ratios = lrmoe / zstd)"
