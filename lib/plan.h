@@ -173,10 +173,16 @@ int lrmoe_eplb_rebalance(const double *weight, int layers, int E, int num_phy,
                          int groups, int nodes, int num_gpus,
                          int *phy2log, int *phyrank, int *logcnt);
 
-/* LLEP least-loaded assignment (lambda fallback included): fills placement
- * and fwd_alloc (E,P). Returns 1 when LLA ran, 0 when it fell back to EP. */
+/* LLEP (SalesforceAIResearch/LeastLoadedEP, rule for rule; lib/plan_llep.c
+ * restates the rules): fills placement and fwd_alloc (E,P). Returns 1 when
+ * the LPT plan ran, 0 when the gate kept plain EP. lambda 0: gate off. */
 int lrmoe_llep_assign(const int64_t *load, int E, int P, double lambda,
                       double alpha, int64_t min_chunk, uint8_t *placement,
                       int64_t *fwd_alloc);
+/* The gate alone: 1 when float32 max/mean of the native rank loads >= lambda
+ * (or lambda <= 0), else 0. */
+int lrmoe_llep_gate(const int64_t *load, int E, int P, double lambda);
+/* The reference capacity int(alpha * (N // P)), N when N // P == 0, >= 1. */
+int64_t lrmoe_llep_capacity(int64_t N, int P, double alpha);
 
 #endif

@@ -78,35 +78,55 @@ read_stream('$1')"
     assert_output --partial "MISMATCH"
 }
 
-@test "llep: native fits, partial spill, full spill (hand-worked)" {
-    run "$UT" llep 4 0 1 1 10 10 10 10
-    assert_output "$(printf 'ran 1\n10 0 0 0\n0 10 0 0\n0 0 10 0\n0 0 0 10')"
+# per-GPU loads (column sums) of the fwd_alloc rows plan_test llep prints
+llep_gpu() {
+    "$UT" llep "$@" | awk 'NR > 1 { for (i = 1; i <= NF; i++) s[i] += $i; n = NF }
+        END { for (i = 1; i <= n; i++) printf "%s%d", (i > 1 ? " " : ""), s[i]; print "" }'
+}
+
+@test "llep: the reference's known vectors (LeastLoadedEP compute_llep_lpt_plan, E=16 P=4)" {
+    # an excess below m still spills; a forced remainder goes to the least
+    # loaded helper of the round; capacity int(alpha*(N//P))
+    run llep_gpu 4 0 1 16 40 10 10 10 20 10 10 0 10 10 10 0 10 10 10 0
+    assert_output "42 46 42 40"
+    run llep_gpu 4 0 1 12 30 30 30 0 46 0 0 0 52 0 0 0 52 0 0 0
+    assert_output "60 76 52 52"
+    run llep_gpu 4 0 1.1 16 2 8 12 4 10 5 0 4 1 4 4 1 2 30 5 18
+    assert_output "26 26 29 29"
+    # GPU loads 130/90/90/90: float32 ratio 1.3f < 1.3 -> plain EP
+    run "$UT" llep 4 1.3 1 16 130 0 0 0 90 0 0 0 90 0 0 0 90 0 0 0
+    assert_line --index 0 "ran 0"
+    run "$UT" llep 4 1.29 1 16 130 0 0 0 90 0 0 0 90 0 0 0 90 0 0 0
+    assert_line --index 0 "ran 1"
+}
+
+@test "llep: hand-worked rules (spill order, excess below m, forced remainder, one rank)" {
     # cap 15: e0 keeps 15, spills 10 to rank 2, 10 to rank 3, 5 to rank 1
     run "$UT" llep 4 0 1 1 40 10 5 5
     assert_output "$(printf 'ran 1\n15 5 10 10\n0 10 0 0\n0 0 5 0\n0 0 0 5')"
-    # e0's native rank is full with e1 pending: all of e0 spills
+    # excess 5 < m 10: spilled all the same (the reference never keeps it)
+    run "$UT" llep 2 0 1 10 55 45
+    assert_output "$(printf 'ran 1\n50 5\n0 45')"
+    # e2's remainder 2 finds every helper full: forced to the least loaded
+    run "$UT" llep 4 0 1 15 90 27 28 25
+    assert_output "$(printf 'ran 1\n42 15 16 17\n0 27 0 0\n2 0 26 0\n0 0 0 25')"
+    # the native full with e1 pending: all of e0 spills
     run "$UT" llep 2 0 1 1 30 30 0 0
     assert_output "$(printf 'ran 1\n0 30\n30 0\n0 0\n0 0')"
+    run "$UT" llep 1 0 1 1 7 3
+    assert_output "$(printf 'ran 1\n7\n3')"
 }
 
-@test "llep: min-chunk skip, forced assignment, excess below m stays native" {
-    # cap 42, m 15: rank 2's room 14 < m is skipped, then the remainder 16 is
-    # forced onto the least-loaded helper (rank 2)
-    run "$UT" llep 4 0 1 15 90 27 28 25
-    assert_output "$(printf 'ran 1\n42 15 16 17\n0 27 0 0\n0 0 28 0\n0 0 0 25')"
-    # alpha 0.5: cap 25, nobody has room for the last 50: forced to rank 1
-    run "$UT" llep 2 0 0.5 1 100 0
-    assert_output "$(printf 'ran 1\n25 75\n0 0')"
-    # excess 5 < m 10: the native keeps it
-    run "$UT" llep 2 0 1 10 55 45
-    assert_output "$(printf 'ran 1\n55 0\n0 45')"
-}
-
-@test "llep: lambda fallback to plain EP below the threshold" {
-    run "$UT" llep 2 1.3 1 10 55 45
-    assert_output "$(printf 'ran 0\n55 0\n0 45')"
-    run "$UT" llep 2 1.3 1 10 90 10
-    assert_output "$(printf 'ran 1\n50 40\n0 10')"
+@test "llep: C equals the Python port of the reference on 300 random cases" {
+    python3 "$BATS_TEST_DIRNAME/helpers/plan_llep_ref.py" --random 300 7 > "$T/cases.txt"
+    python3 "$BATS_TEST_DIRNAME/helpers/plan_llep_ref.py" --batch < "$T/cases.txt" > "$T/want.txt"
+    while read -r c; do "$UT" llep $c; done < "$T/cases.txt" > "$T/got.txt"
+    run diff "$T/want.txt" "$T/got.txt"
+    assert_success
+    # the oracle catches a one-pair change
+    awk 'NR == 40 { $1 = $1 + 1 } 1' "$T/got.txt" > "$T/bad.txt"
+    run diff -q "$T/want.txt" "$T/bad.txt"
+    assert_failure
 }
 
 @test "all four planners on E=128 P=8 skew and Zipf frames match the references" {

@@ -10,7 +10,7 @@
       verify every frame of OUT against the loads of IN:
       * tensors/shapes/dtypes, native placement, non-negativity, row sums
         (fwd to n_e, bwd to quota), eligibility;
-      * fixed: exactly plain EP;  llep: equal to a Python LLA;
+      * fixed: exactly plain EP;  llep: equal to the port of the reference (plan_llep_ref.py);
         eplb: equal to a Python port of DeepSeek's eplb.py;
       * lrmoe: forward and backward peaks equal the brute-force optimum over
         rank subsets for the emitted placement (and quotas), quotas within
@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lrmoe_stream import read_stream, write_stream  # noqa: E402
+import plan_llep_ref  # noqa: E402
 
 
 # ------------------------------------------------------------------ loads
@@ -99,51 +100,9 @@ def cmd_corrupt(a):
 
 # ------------------------------------------------------------------ references
 def lla(load, P, lam, alpha, m):
-    """LLEP as DESIGN.md restates it; returns fwd (E,P)."""
-    E = len(load)
-    per = E // P
-    fwd = np.zeros((E, P), dtype=np.int64)
-    pending = [int(load[r * per:(r + 1) * per].sum()) for r in range(P)]
-    N = int(load.sum())
-    if N == 0 or max(pending) / (N / P) < lam:
-        for e in range(E):
-            fwd[e, e // per] = load[e]
-        return fwd
-    cap = alpha * N / P
-    assigned = [0] * P
-    order = sorted(range(E), key=lambda e: (-int(load[e]), e))
-    for e in order:
-        nat, r = e // per, int(load[e])
-        pending[nat] -= r
-        if r == 0:
-            continue
-        eff = assigned[nat] + pending[nat]
-        room = int(cap - eff) if cap > eff else 0
-        take = min(r, room)
-        if r - take < m:
-            take = r
-        fwd[e, nat] += take
-        assigned[nat] += take
-        r -= take
-        skipped = set()
-        while r > 0:
-            helpers = [p for p in range(P) if p != nat and p not in skipped]
-            if helpers:
-                best = min(helpers, key=lambda p: (assigned[p] + pending[p], p))
-                eff = assigned[best] + pending[best]
-                room = int(cap - eff) if cap > eff else 0
-                chunk = min(r, room)
-                if chunk <= 0 or (chunk < m and chunk < r):
-                    skipped.add(best)
-                    continue
-            else:
-                others = [p for p in range(P) if p != nat] or [nat]
-                best = min(others, key=lambda p: (assigned[p] + pending[p], p))
-                chunk = r
-            fwd[e, best] += chunk
-            assigned[best] += chunk
-            r -= chunk
-    return fwd
+    """LLEP as the reference code (plan_llep_ref.py); returns fwd (E,P)."""
+    _, fwd = plan_llep_ref.plan([int(x) for x in load], P, lam, alpha, m)
+    return np.array(fwd, dtype=np.int64).reshape(len(load), P)
 
 
 def _packing(weight, packs):
