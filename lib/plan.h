@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include "lrmoe.h"
 #include "cost.h"
+#include "minpeak.h"
 
 typedef enum {
     LRMOE_PLANNER_FIXED = 0,
@@ -30,8 +31,6 @@ typedef enum {
 } lrmoe_quota_policy_t;
 
 #define LRMOE_PLAN_MAX_RATES 32
-#define LRMOE_PLAN_MAX_P 16    /* closed-form T* enumerates 2^P rank subsets;
-                                  above it an exact max-flow search */
 
 typedef struct {
     lrmoe_planner_t planner;
@@ -135,35 +134,6 @@ int lrmoe_plan_to_frame(const lrmoe_plan_t *p, lrmoe_frame_t *f);
 int lrmoe_plan_from_frame(const lrmoe_frame_t *f, lrmoe_plan_t *p);
 
 /* ------------------------------------------------------- building blocks */
-
-/* Closed-form min-peak: T* = max over non-empty rank subsets S of
- * ceil(N(S)/|S|), N(S) = sum of need[e] over experts whose eligible ranks
- * (placement row) all lie in S; enumerated for P <= LRMOE_PLAN_MAX_P, by
- * an exact parametric max-flow search above. Returns T* (>= 0) or -1.
- * An expert with need > 0 and no eligible rank gives -1. */
-int64_t lrmoe_minpeak_lb(const uint8_t *placement, const int64_t *need, int E, int P);
-
-/* Closed-form optimum of the backward peak when the quotas are free:
- * the least T such that quotas lo[e] <= K_e <= n[e], sum K_e = total can be
- * allocated with every rank <= T. -1 if total is outside [sum lo, sum n]. */
-int64_t lrmoe_minpeak_quota_lb(const uint8_t *placement, const int64_t *lo,
-                               const int64_t *n, int64_t total, int E, int P);
-
-/* Min-peak integer allocation with GLPK (glp_intopt, presolve on, terminal
- * output off, time limit tm_lim seconds): x[E,P] >= 0 only where placement,
- * rows sum to need[e] (fixed quotas) ... Returns the peak (>= 0) or -1. */
-int64_t lrmoe_alloc_glpk(const uint8_t *placement, const int64_t *need, int E, int P,
-                         double tm_lim, int64_t *x);
-/* ... or, with free quotas lo[e] <= K_e <= n[e], sum K_e = total: also
- * returns the chosen quotas in K. Among optimal solutions it prefers
- * retained pairs where pref[E,P] (may be NULL; e.g. fwd_alloc) is large. */
-int64_t lrmoe_alloc_glpk_quota(const uint8_t *placement, const int64_t *lo,
-                               const int64_t *n, int64_t total, const int64_t *pref,
-                               int E, int P, double tm_lim, int64_t *K, int64_t *x);
-/* The same fixed-quota allocation by closed form T* + max-flow (Dinic).
- * Returns the peak or -1. */
-int64_t lrmoe_alloc_flow(const uint8_t *placement, const int64_t *need, int E, int P,
-                         int64_t *x);
 
 /* DeepSeek EPLB (rebalance_experts): weight (layers,E) loads; num_phy
  * physical slots over num_gpus; hierarchical when groups % nodes == 0, else
