@@ -28,6 +28,7 @@ void lrmoe_plan_opts_default(lrmoe_plan_opts_t *o)
     o->quota = LRMOE_QUOTA_MINPEAK;
     o->min_keep = 0.25;
     o->best_effort = 0;
+    o->rebalance_every = 3000;
     o->glpk_tm_lim = 10.0;
     lrmoe_cost_default(&o->cost);
 }
@@ -113,6 +114,8 @@ int lrmoe_plan_opts_check(const lrmoe_plan_opts_t *o, int E)
         return lrmoe_err("slots per rank %d is below the %d native experts", o->slots, E / o->P);
     if (!(o->lambda >= 0) || !(o->alpha > 0) || o->min_chunk < 0)
         return lrmoe_err("llep: need lambda >= 0, alpha > 0, m >= 0");
+    if (o->rebalance_every < 0)
+        return lrmoe_err("eplb: rebalance interval %d is negative", o->rebalance_every);
     if (o->nrates <= 0)
         return lrmoe_err("no candidate rates");
     for (int i = 0; i < o->nrates; i++)
@@ -168,6 +171,8 @@ int lrmoe_plan_to_frame(const lrmoe_plan_t *p, lrmoe_frame_t *f)
         lrmoe_frame_set_attrf(f, "plan.fwd_lb", "%lld", (long long)p->fwd_lb) < 0 ||
         lrmoe_frame_set_attrf(f, "plan.bwd_lb", "%lld", (long long)p->bwd_lb) < 0 ||
         lrmoe_frame_set_attrf(f, "plan.replicas", "%d", p->replicas) < 0 ||
+        (p->have_slots &&
+         lrmoe_frame_set_attrf(f, "plan.weight_moves", "%d", p->weight_moves) < 0) ||
         lrmoe_frame_set_attrf(f, "plan.feasible", "%d", p->feasible) < 0 ||
         lrmoe_frame_set_attrf(f, "plan.mem_peak", "%.0f", p->mem_peak) < 0 ||
         lrmoe_frame_set_attrf(f, "plan.mem_peak_rank", "%d", p->mem_peak_rank) < 0 ||

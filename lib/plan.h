@@ -46,6 +46,13 @@ typedef struct {
     lrmoe_quota_policy_t quota;         /* default MINPEAK */
     double min_keep;      /* K_e >= ceil(min_keep*n_e), default 0.25 (<= every rate) */
     int best_effort;      /* lrmoe: when nothing fits, keep the last candidate */
+    int rebalance_every;  /* eplb: frames of a layer between rearrangements
+                             (3000 as vLLM's EPLB step_interval); 0 = every
+                             frame placed from its own loads (an oracle) */
+    const struct lrmoe_eplb_layout *eplb_layout; /* eplb: the physical layout
+                             this frame uses (lrmoe_eplb_step); NULL = placed
+                             from this frame's loads, weights moved from the
+                             native layout */
     double glpk_tm_lim;   /* seconds per GLPK solve, default 10 */
     lrmoe_cost_model_t cost; /* D, F, dtype bytes, tokens, K, hbm, window, bw, flops */
 } lrmoe_plan_opts_t;
@@ -79,7 +86,14 @@ typedef struct {
     int64_t fwd_lb, bwd_lb;       /* closed-form optimum T* for this placement
                                      (and, for bwd, these quotas) */
     int64_t mean_ceil;            /* ceil(N/P): the bound of any placement */
-    int replicas;                 /* instances beyond the native ones */
+    int replicas;                 /* instances beyond the native ones (eplb:
+                                     its redundant slots, P*slots - E) */
+    /* eplb's physical slots (have_slots 1): per rank (P) the replica slots
+     * charged to memory and the weight bytes sent and received this step;
+     * weight_moves: physical slots whose weights arrived this step */
+    int64_t *held;
+    double *wsend, *wrecv;
+    int have_slots, weight_moves;
     int feasible;                 /* 1 fits hbm and window; 0 best effort */
     int rate_index;               /* lrmoe: candidate chosen (-1 none) */
     char binding[256];            /* why the next better candidate failed, or
@@ -101,6 +115,11 @@ void lrmoe_plan_init(lrmoe_plan_t *p);
  * this shape keeps its arrays, zeroed, and its summary is reset). */
 int lrmoe_plan_alloc(lrmoe_plan_t *p, int E, int P);
 void lrmoe_plan_free(lrmoe_plan_t *p);
+/* The cost model (m) of plan p, with eplb's slot accounting when the plan
+ * has it (lrmoe_cost_eval_slots). rank (P) may be NULL. */
+int lrmoe_plan_eval_cost(const lrmoe_cost_model_t *m, const lrmoe_plan_t *p,
+                         const int64_t *load, lrmoe_rank_cost_t *rank,
+                         lrmoe_cost_summary_t *sum);
 
 /* Compute a plan for per-expert loads load[E] (pairs n_e >= 0).
  * Returns 0, or -1 on error: bad options/loads, GLPK failure, or (lrmoe
@@ -142,6 +161,40 @@ int lrmoe_plan_from_frame(const lrmoe_frame_t *f, lrmoe_plan_t *p);
 int lrmoe_eplb_rebalance(const double *weight, int layers, int E, int num_phy,
                          int groups, int nodes, int num_gpus,
                          int *phy2log, int *phyrank, int *logcnt);
+
+/* EPLB as deployed: a layer keeps its physical layout (P*slots physical
+ * experts, P*slots - E redundant) between rearrangements. */
+typedef struct lrmoe_eplb_layout {
+    int E, P, slots;
+    int *phy2log, *phyrank;   /* (P*slots): slot i is on rank i / slots */
+    int *logcnt;              /* (E) physical copies of each expert */
+    uint8_t *moved;           /* (P*slots) 1 where the slot's weights arrive
+                                 this frame (rearranged since the last) */
+    int nmoved;
+} lrmoe_eplb_layout_t;
+
+void lrmoe_eplb_layout_free(lrmoe_eplb_layout_t *l);
+/* dst = src (dst zeroed or a layout; its arrays are reused when sized). */
+int lrmoe_eplb_layout_copy(lrmoe_eplb_layout_t *dst, const lrmoe_eplb_layout_t *src);
+/* The layout of load placed by EPLB (slots from o, default E/P+2), moved
+ * relative to prev (NULL: the native layout, slot j < E/P of rank p holding
+ * expert p*E/P + j). */
+int lrmoe_eplb_layout_make(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
+                           const lrmoe_eplb_layout_t *prev, lrmoe_eplb_layout_t *out);
+
+/* Per-layer state of deployed EPLB: the layout in use and the loads summed
+ * since the last rearrangement. */
+typedef struct lrmoe_eplb_cache lrmoe_eplb_cache_t;
+lrmoe_eplb_cache_t *lrmoe_eplb_cache_new(void);
+void lrmoe_eplb_cache_free(lrmoe_eplb_cache_t *c);
+/* The layout frame `load` of layer `layer` uses: the first frame of a layer
+ * is placed from its own loads; after every o->rebalance_every frames the
+ * layer is rearranged from the loads summed over them (applied from the next
+ * frame, whose moved[] marks the slots that changed). rebalance_every 0:
+ * every frame from its own loads, moved relative to the previous frame.
+ * *out points into the cache (valid until the next call for that layer). */
+int lrmoe_eplb_step(lrmoe_eplb_cache_t *c, const char *layer, const lrmoe_plan_opts_t *o,
+                    const int64_t *load, int E, const lrmoe_eplb_layout_t **out);
 
 /* LLEP (SalesforceAIResearch/LeastLoadedEP, rule for rule; lib/plan_llep.c
  * restates the rules): fills placement and fwd_alloc (E,P). Returns 1 when

@@ -24,13 +24,16 @@ void lrmoe_plan_free(lrmoe_plan_t *p)
     free(p->quota);
     free(p->bwd_alloc);
     free(p->rank);
+    free(p->held);
+    free(p->wsend);
+    free(p->wrecv);
     lrmoe_plan_init(p);
 }
 
 int lrmoe_plan_alloc(lrmoe_plan_t *p, int E, int P)
 {
     if (E > 0 && P > 0 && p->E == E && p->P == P && p->placement && p->fwd_alloc &&
-        p->quota && p->bwd_alloc && p->rank) {
+        p->quota && p->bwd_alloc && p->rank && p->held && p->wsend && p->wrecv) {
         /* same shape (a scratch plan reused frame after frame): keep the
          * arrays, zero them and the summary; no allocator churn */
         lrmoe_plan_t keep = *p;
@@ -43,6 +46,12 @@ int lrmoe_plan_alloc(lrmoe_plan_t *p, int E, int P)
         p->quota = keep.quota;
         p->bwd_alloc = keep.bwd_alloc;
         p->rank = keep.rank;
+        p->held = keep.held;
+        p->wsend = keep.wsend;
+        p->wrecv = keep.wrecv;
+        memset(p->held, 0, (size_t)P * sizeof *p->held);
+        memset(p->wsend, 0, (size_t)P * sizeof *p->wsend);
+        memset(p->wrecv, 0, (size_t)P * sizeof *p->wrecv);
         memset(p->placement, 0, n);
         memset(p->fwd_alloc, 0, n * sizeof(int64_t));
         memset(p->quota, 0, (size_t)E * sizeof(int64_t));
@@ -61,7 +70,11 @@ int lrmoe_plan_alloc(lrmoe_plan_t *p, int E, int P)
     p->quota = calloc((size_t)E, sizeof(int64_t));
     p->bwd_alloc = calloc(n, sizeof(int64_t));
     p->rank = calloc((size_t)P, sizeof(lrmoe_rank_cost_t));
-    if (!p->placement || !p->fwd_alloc || !p->quota || !p->bwd_alloc || !p->rank) {
+    p->held = calloc((size_t)P, sizeof *p->held);
+    p->wsend = calloc((size_t)P, sizeof *p->wsend);
+    p->wrecv = calloc((size_t)P, sizeof *p->wrecv);
+    if (!p->placement || !p->fwd_alloc || !p->quota || !p->bwd_alloc || !p->rank || !p->held ||
+        !p->wsend || !p->wrecv) {
         lrmoe_plan_free(p);
         return lrmoe_err("plan: out of memory");
     }
@@ -153,10 +166,12 @@ void plan_summarise(lrmoe_plan_t *p, const int64_t *load)
                 fr[q] += p->fwd_alloc[i];
                 br[q] += p->bwd_alloc[i];
             }
-            if (p->placement[i] && q != e / (E / P))
+            if (p->placement[i] && q != e / (E / P) && !p->have_slots)
                 p->replicas++;
         }
     }
+    for (int q = 0; p->have_slots && q < P; q++)
+        p->replicas += (int)p->held[q];
     p->fwd_peak = p->bwd_peak = 0;
     for (int q = 0; fr && br && q < P; q++) {
         if (fr[q] > p->fwd_peak)
@@ -170,6 +185,15 @@ void plan_summarise(lrmoe_plan_t *p, const int64_t *load)
     p->mean_ceil = (p->N + P - 1) / P;
 }
 
+int lrmoe_plan_eval_cost(const lrmoe_cost_model_t *m, const lrmoe_plan_t *p,
+                         const int64_t *load, lrmoe_rank_cost_t *rank,
+                         lrmoe_cost_summary_t *sum)
+{
+    const lrmoe_cost_slots_t sl = {p->held, p->wsend, p->wrecv};
+    return lrmoe_cost_eval_slots(m, p->E, p->P, p->placement, load, p->fwd_alloc, p->quota,
+                                 p->bwd_alloc, p->have_slots ? &sl : NULL, rank, sum);
+}
+
 /* Evaluate the cost model for p and fill the summary figures. */
 int plan_cost(const lrmoe_plan_opts_t *o, lrmoe_plan_t *p, const int64_t *load,
               lrmoe_cost_summary_t *s)
@@ -177,8 +201,7 @@ int plan_cost(const lrmoe_plan_opts_t *o, lrmoe_plan_t *p, const int64_t *load,
     lrmoe_cost_summary_t tmp;
     if (!s)
         s = &tmp;
-    if (lrmoe_cost_eval(&o->cost, p->E, p->P, p->placement, load, p->fwd_alloc, p->quota,
-                        p->bwd_alloc, p->rank, s) < 0)
+    if (lrmoe_plan_eval_cost(&o->cost, p, load, p->rank, s) < 0)
         return -1;
     p->cost = *s;
     p->have_cost = 1;

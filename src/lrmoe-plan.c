@@ -23,7 +23,9 @@ static void usage(FILE *fp)
         "  -G, --groups G        eplb expert groups (default: nodes)\n"
         "  -s, --slots S         expert slots per rank (eplb, lrmoe; default E/P+2;\n"
         "                        E/P means no replicas)\n"
-        "      --lambda L        llep imbalance threshold (default 1.3)\n"
+        "      --rebalance-every N  eplb: frames of a layer between rearrangements\n"
+        "                        (default 3000; 0 = every frame from its own loads)\n"
+        "      --lambda L        llep imbalance threshold (default 1.3; 0 = no gate)\n"
         "      --alpha A         llep capacity factor (default 1.0)\n"
         "  -m, --min-chunk M     llep minimum rows per spilled chunk (default 1024)\n"
         "  -r, --rates LIST      lrmoe candidate rates (default 1.0,0.9,0.8,0.7)\n"
@@ -60,6 +62,7 @@ static void usage(FILE *fp)
 typedef struct {
     lrmoe_plan_opts_t o;
     lrmoe_plan_cli_t cli; /* the options shared with lrmoe-sim */
+    lrmoe_eplb_cache_t *eplb; /* deployed EPLB's layout per layer */
     FILE *stats;
 } ctx_t;
 
@@ -104,6 +107,15 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
     int64_t *load = lrmoe_tensor_i64(tl);
     if (!load)
         return -1;
+    if (o.planner == LRMOE_PLANNER_EPLB || o.planner == LRMOE_PLANNER_LRMOE) {
+        const lrmoe_eplb_layout_t *lay;
+        if (lrmoe_plan_opts_check(&o, E) < 0 ||
+            lrmoe_eplb_step(c->eplb, lrmoe_frame_attr(f, "layer"), &o, load, E, &lay) < 0) {
+            free(load);
+            return -1;
+        }
+        o.eplb_layout = lay;
+    }
     lrmoe_plan_t p;
     lrmoe_plan_init(&p);
     int rc = lrmoe_plan_compute(&o, load, E, &p);
@@ -218,7 +230,12 @@ int main(int argc, char **argv)
                          "\treplicas\tmem_peak_gib\tmem_peak_rank\tt_comm_ms\tt_total_ms"
                          "\tfeasible\tplan_ms\tglpk_ms\tbinding\n");
     }
+    if (!(c.eplb = lrmoe_eplb_cache_new())) {
+        fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
+        return 1;
+    }
     int64_t n = lrmoe_filter_run(in, io.out, &io.w, plan_frame, &c);
+    lrmoe_eplb_cache_free(c.eplb);
     int rc = 0;
     if (n < 0) {
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());

@@ -68,6 +68,8 @@ static void usage(FILE *fp)
         "Planner options (as lrmoe-plan):\n"
         "  -G, --groups G        eplb expert groups (default: nodes)\n"
         "  -s, --slots S         expert slots per rank (eplb, lrmoe; default E/P+2)\n"
+        "      --rebalance-every N  eplb: frames of a layer between rearrangements\n"
+        "                        (default 3000; 0 = every frame from its own loads)\n"
         "      --lambda L        llep imbalance threshold (default 1.3)\n"
         "      --alpha A         llep capacity factor (default 1.0)\n"
         "  -m, --min-chunk M     llep minimum rows per spilled chunk (default 1024)\n"
@@ -135,6 +137,7 @@ typedef struct {
     int64_t *rank_fwd, *rank_bwd; /* (np, P) */
     int do_press;
     double *frac, *rho;         /* (npress, np+1), (npress, np) */
+    lrmoe_eplb_layout_t lay;    /* deployed EPLB's layout for this frame */
 } item_t;
 
 typedef struct {
@@ -645,6 +648,13 @@ int main(int argc, char **argv)
         }
     }
 
+    lrmoe_eplb_cache_t *eplb = NULL;
+    for (int j = 0; j < np; j++)
+        if (c.pl[j].opts.planner == LRMOE_PLANNER_EPLB || c.pl[j].opts.planner == LRMOE_PLANNER_LRMOE)
+            if (!eplb && !(eplb = lrmoe_eplb_cache_new())) {
+                fprintf(stderr, TOOL ": %s\n", lrmoe_errmsg());
+                return 1;
+            }
     const int show = !quiet && isatty(2);
     const double t0 = lrmoe_now();
     double last = t0;
@@ -687,6 +697,21 @@ int main(int argc, char **argv)
             if (E0 < 0)
                 E0 = it->E;
             frame_opts(&c, &f, it->K, &it->o);
+            if (eplb) {
+                const lrmoe_eplb_layout_t *lay;
+                if (lrmoe_plan_opts_check(&it->o, it->E) < 0 ||
+                    lrmoe_eplb_step(eplb, lrmoe_frame_attr(&f, "layer"), &it->o, it->load,
+                                    it->E, &lay) < 0 ||
+                    lrmoe_eplb_layout_copy(&it->lay, lay) < 0) {
+                    fprintf(stderr, TOOL ": frame %lld: %s\n", (long long)it->index,
+                            lrmoe_errmsg());
+                    free(it->load);
+                    it->load = NULL;
+                    rc = 1;
+                    break;
+                }
+                it->o.eplb_layout = &it->lay;
+            }
             it->do_press = npr > 0 && it->index % c.pevery == 0;
             n++;
         }
@@ -813,7 +838,9 @@ int main(int argc, char **argv)
         fprintf(stderr, TOOL ": --plot %s: %s\n", plot_dir, lrmoe_errmsg());
         rc = 1;
     }
+    lrmoe_eplb_cache_free(eplb);
     for (int i = 0; i < B; i++) {
+        lrmoe_eplb_layout_free(&items[i].lay);
         free(items[i].rank_fwd);
         free(items[i].rank_bwd);
         free(items[i].frac);

@@ -155,6 +155,56 @@ llep_gpu() {
     assert_success
 }
 
+@test "eplb holds P*slots physical experts: P*slots-E redundant, charged; weights move only at a rearrangement" {
+    python3 - "$T/one.lrm" <<'EOF'
+import sys
+import numpy as np
+sys.path.insert(0, "tests/helpers")
+from lrmoe_stream import write_stream
+rng = np.random.default_rng(3)
+fr = []
+for i in range(6):
+    w = 1.0 / np.arange(1, 129) ** 1.2
+    rng.shuffle(w)
+    fr.append(({"expert_load": rng.multinomial(262144, w / w.sum()).astype(np.int64)},
+               {"layer": "7", "step": str(i)}))
+write_stream(sys.argv[1], fr)
+EOF
+    attrs() { python3 -c "
+import sys; sys.path.insert(0, 'tests/helpers')
+from lrmoe_stream import read_stream
+for t, a in read_stream('$1'):
+    print(a['plan.replicas'], a['plan.weight_moves'], int(t['placement'].sum()))"; }
+    # 8 ranks x 18 slots = 144 physical experts, 16 redundant
+    "$BIN/lrmoe-plan" -P 8 -p eplb -M 0 -S "$T/s.tsv" "$T/one.lrm" > "$T/d.lrm"
+    run attrs "$T/d.lrm"
+    # default (3000 frames): placed from the first frame, then kept
+    assert_line --index 0 --regexp '^16 [1-9][0-9]* '
+    for i in 1 2 3 4 5; do assert_line --index $i --regexp '^16 0 '; done
+    # memory: 2 redundant slots on every rank, W*(b+g) bytes each (D=2048 F=768)
+    col=$(head -1 "$T/s.tsv" | tr '\t' '\n' | grep -n '^mem_peak_gib$' | cut -d: -f1)
+    for x in $(awk -F'\t' -v c="$col" 'NR > 1 { print $c }' "$T/s.tsv"); do
+        run python3 -c "import sys; W = 3 * 2048 * 768 * 6; sys.exit(not ($x * 2**30 >= 2 * W - 1))"
+        assert_success
+    done
+    # every 2 frames: weights move at frames 0, 2, 4 only
+    "$BIN/lrmoe-plan" -P 8 -p eplb -M 0 --rebalance-every 2 "$T/one.lrm" > "$T/r.lrm"
+    run attrs "$T/r.lrm"
+    assert_line --index 1 --regexp '^16 0 '
+    assert_line --index 2 --regexp '^16 [1-9][0-9]* '
+    assert_line --index 3 --regexp '^16 0 '
+    # 0: every frame from its own loads (the reference port checks each)
+    "$BIN/lrmoe-plan" -P 8 -p eplb -M 0 --rebalance-every 0 "$T/one.lrm" > "$T/o.lrm"
+    run $REF check "$T/one.lrm" "$T/o.lrm" --planner eplb --ranks 8
+    assert_success
+    # the kept layout is frame 0's: frame 1 is not what its own loads give
+    run $REF check "$T/one.lrm" "$T/d.lrm" --planner eplb --ranks 8
+    assert_failure
+    assert_output --partial "frame 1"
+    run "$BIN/lrmoe-plan" -P 8 -p eplb --rebalance-every -1 "$T/one.lrm"
+    assert_failure 2
+}
+
 @test "lrmoe with 16 and 32 ranks (estimate-based replicas) stays consistent and optimal" {
     $REF gen "$T/in.lrm" --frames 4 --seed 20 --scenario zipf
     for P in 16 32; do

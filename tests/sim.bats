@@ -189,6 +189,9 @@ for p in ["fixed", "llep", "eplb", "lrmoe"]:
         pl, fw, bw = t["placement"], t["fwd_alloc"], t["bwd_alloc"]
         E, P = pl.shape
         rep = np.array([sum(int(pl[e, q] != 0 and q != e // (E // P)) for e in range(E)) for q in range(P)], np.int64)
+        if p == "eplb":  # EPLB holds E/P+2 physical slots on every rank: 2 redundant each
+            rep = np.full(P, 2, np.int64)
+            assert int(a["plan.replicas"]) == 2 * P, (p, "redundant slots")
         f, k = fw.sum(0).astype(np.int64), bw.sum(0).astype(np.int64)
         tok = f * 2 * D * b + f * 2 * F * b + k * (3 * D + 2 * F) * b
         charged = rep * W * (b + g) + tok
