@@ -25,7 +25,7 @@ void lrmoe_plan_opts_default(lrmoe_plan_opts_t *o)
     o->rates[1] = 0.9;
     o->rates[2] = 0.8;
     o->rates[3] = 0.7;
-    o->quota = LRMOE_QUOTA_MINPEAK;
+    o->quota = LRMOE_QUOTA_EVEN;
     o->min_keep = 0.25;
     o->best_effort = 0;
     o->rebalance_every = 3000;
@@ -60,12 +60,16 @@ int lrmoe_quota_parse(const char *s, lrmoe_quota_policy_t *out)
         *out = LRMOE_QUOTA_PROPORTIONAL;
         return 0;
     }
-    return lrmoe_err("unknown quota policy '%s' (minpeak, proportional)", s ? s : "");
+    if (s && !strcmp(s, "even")) {
+        *out = LRMOE_QUOTA_EVEN;
+        return 0;
+    }
+    return lrmoe_err("unknown quota policy '%s' (even, minpeak, proportional)", s ? s : "");
 }
 
 const char *lrmoe_quota_name(lrmoe_quota_policy_t q)
 {
-    return q == LRMOE_QUOTA_PROPORTIONAL ? "proportional" : "minpeak";
+    return q == LRMOE_QUOTA_PROPORTIONAL ? "proportional" : q == LRMOE_QUOTA_EVEN ? "even" : "minpeak";
 }
 
 static int cmp_desc(const void *a, const void *b)
@@ -171,6 +175,7 @@ int lrmoe_plan_to_frame(const lrmoe_plan_t *p, lrmoe_frame_t *f)
         lrmoe_frame_set_attrf(f, "plan.fwd_lb", "%lld", (long long)p->fwd_lb) < 0 ||
         lrmoe_frame_set_attrf(f, "plan.bwd_lb", "%lld", (long long)p->bwd_lb) < 0 ||
         lrmoe_frame_set_attrf(f, "plan.replicas", "%d", p->replicas) < 0 ||
+        (p->source[0] && lrmoe_frame_set_attr(f, "plan.source", p->source) < 0) ||
         (p->have_slots &&
          lrmoe_frame_set_attrf(f, "plan.weight_moves", "%d", p->weight_moves) < 0) ||
         lrmoe_frame_set_attrf(f, "plan.feasible", "%d", p->feasible) < 0 ||

@@ -27,7 +27,9 @@ typedef enum {
 
 typedef enum {
     LRMOE_QUOTA_MINPEAK = 0,   /* quotas that minimise the backward peak */
-    LRMOE_QUOTA_PROPORTIONAL   /* K_e = rho*n_e, largest remainders */
+    LRMOE_QUOTA_PROPORTIONAL,  /* K_e = rho*n_e, largest remainders */
+    LRMOE_QUOTA_EVEN           /* the least backward peak, then the least
+                                  largest per-expert drop fraction (default) */
 } lrmoe_quota_policy_t;
 
 #define LRMOE_PLAN_MAX_RATES 32
@@ -43,9 +45,13 @@ typedef struct {
     int64_t min_chunk;    /* llep m: min rows per spilled chunk, 1024 */
     int nrates;           /* lrmoe candidate rates, tried in decreasing order */
     double rates[LRMOE_PLAN_MAX_RATES]; /* default 1.0,0.9,0.8,0.7 */
-    lrmoe_quota_policy_t quota;         /* default MINPEAK */
+    lrmoe_quota_policy_t quota;         /* default EVEN */
     double min_keep;      /* K_e >= ceil(min_keep*n_e), default 0.25 (<= every rate) */
     int best_effort;      /* lrmoe: when nothing fits, keep the last candidate */
+    int longer_bwd;       /* lrmoe: when no rate has a fitting plan whose modelled
+                             backward is within that of keeping every pair,
+                             take a fitting one that is longer (default 0:
+                             refuse; plan.source ends in "+longer") */
     int rebalance_every;  /* eplb: frames of a layer between rearrangements
                              (3000 as vLLM's EPLB step_interval); 0 = every
                              frame placed from its own loads (an oracle) */
@@ -64,7 +70,7 @@ void lrmoe_plan_opts_default(lrmoe_plan_opts_t *o);
 /* "fixed"/"llep"/"eplb"/"lrmoe" -> 0; -1 with error otherwise. */
 int lrmoe_planner_parse(const char *s, lrmoe_planner_t *out);
 const char *lrmoe_planner_name(lrmoe_planner_t p);
-int lrmoe_quota_parse(const char *s, lrmoe_quota_policy_t *out); /* minpeak|proportional */
+int lrmoe_quota_parse(const char *s, lrmoe_quota_policy_t *out); /* even|minpeak|proportional */
 const char *lrmoe_quota_name(lrmoe_quota_policy_t q);
 /* Parse "1.0,0.9,0.8" into o->rates (each in (0,1]); sorted decreasing. */
 int lrmoe_plan_parse_rates(lrmoe_plan_opts_t *o, const char *s);
@@ -96,6 +102,9 @@ typedef struct {
     int have_slots, weight_moves;
     int feasible;                 /* 1 fits hbm and window; 0 best effort */
     int rate_index;               /* lrmoe: candidate chosen (-1 none) */
+    char source[48];              /* lrmoe: which candidate won, as
+                                     placement:forward/backward, e.g.
+                                     "lrmoe:minpeak/in-place", "llep:own/all" */
     char binding[256];            /* why the next better candidate failed, or
                                      what binds ("" when nothing does) */
     double mem_peak;              /* max over ranks of modelled bytes */

@@ -205,6 +205,16 @@ for t, a in read_stream('$1'):
     assert_failure 2
 }
 
+@test "lrmoe never loses in its own model at P = 8..128, and dropping never lengthens its backward" {
+    # random traces (E 64..384, nodes 1..16, uniform/hot/Zipf, budgets from
+    # unlimited to ones forcing rho < 1): t_total and forward peak no worse
+    # than the best baseline that fits; rho < 1 plans' modelled backward no
+    # longer than the same plan keeping every pair
+    run "$UT" never-loses 6 11 8 16 32 64 128
+    assert_success
+    assert_output --regexp '^30 traces, 0 failures \([1-9][0-9]* at rho < 1; lower peak [1-9][0-9]*, shorter t_total [1-9][0-9]*\)$'
+}
+
 @test "lrmoe with 16 and 32 ranks (estimate-based replicas) stays consistent and optimal" {
     $REF gen "$T/in.lrm" --frames 4 --seed 20 --scenario zipf
     for P in 16 32; do
@@ -219,17 +229,30 @@ for t, a in read_stream('$1'):
     done
 }
 
-@test "lrmoe under a tight budget lowers rho; peaks stay optimal (both quota policies)" {
+@test "lrmoe under a tight budget lowers rho; peaks stay optimal (every quota policy)" {
     $REF gen "$T/in.lrm" --frames 6 --seed 13
-    for q in minpeak proportional; do
-        run "$BIN/lrmoe-plan" -P 8 -M 6.3G -q $q -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
+    for q in even minpeak proportional; do
+        run "$BIN/lrmoe-plan" -P 8 -M 6.3G -q $q --longer-backward -S "$T/s.tsv" \
+            -o "$T/o.lrm" "$T/in.lrm"
         assert_success
         run $REF check "$T/in.lrm" "$T/o.lrm" --planner lrmoe --ranks 8 --quota $q --rates 1.0,0.9,0.8,0.7
         assert_success
         assert_output --partial "rho 0.900"
-        run awk -F'\t' 'NR > 1 && ($8 != "0.900000" || $20 != 1 || $23 !~ /rate 1.000: memory: rank [0-7] needs/)' "$T/s.tsv"
+        if [ $q = proportional ]; then
+            # every expert drops: with replicas the state of retained pairs
+            # may move, so a rate whose plans would all lengthen the modelled
+            # backward is passed over for a lower one
+            run awk -F'\t' 'NR > 1 && ($8 > 0.9 || $20 != 1 || $23 !~ /rate (1.000: memory: rank [0-7] needs|0\.[89]00: every plan that drops pairs and fits would lengthen)/)' "$T/s.tsv"
+        else
+            run awk -F'\t' 'NR > 1 && ($8 != "0.900000" || $20 != 1 || $23 !~ /rate 1.000: memory: rank [0-7] needs/)' "$T/s.tsv"
+        fi
         assert_output ""
     done
+    # without --longer-backward the hot95 frame (only replicated experts can
+    # drop, and their retained state may move) is refused, saying why
+    run "$BIN/lrmoe-plan" -P 8 -M 6.3G -o "$T/o.lrm" "$T/in.lrm"
+    assert_failure 1
+    assert_output --partial "frame 4: infeasible at every rate (4 tried): rate 0.700: every plan that drops pairs and fits would lengthen the modelled backward (--longer-backward allows it)"
 }
 
 @test "lrmoe: min-keep floors, a fixed --rate, proportional quotas sum to floor(rho*N)" {

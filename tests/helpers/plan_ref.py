@@ -266,22 +266,33 @@ def cmd_check(a):
             if (q < lo).any():
                 fail(i, "quota below min-keep floor")
             elig = pl.astype(bool)
+            # plan.source "placement:forward/backward": a min-peak forward
+            # (backward) is the optimum for the placement (and quotas); a
+            # baseline's own forward or the in-place / follow backward only
+            # bound it from above
+            src = ao.get("plan.source", "")
+            fsrc, bsrc = (src.split(":", 1)[1].split("/", 1) + [""])[:2] if ":" in src else ("", "")
             tf = opt_peak(elig, load, P)
-            if fpk != tf or int(ao["plan.fwd_lb"]) != tf:
-                fail(i, "forward peak %d, optimum %d" % (fpk, tf))
+            if int(ao["plan.fwd_lb"]) != tf or fpk < tf or (fsrc == "minpeak" and fpk != tf):
+                fail(i, "forward peak %d (%s), optimum %d" % (fpk, src, tf))
             if K == N:
                 tb = tf
-            elif a.quota == "minpeak":
+            elif a.quota in ("minpeak", "even"):
                 tb = opt_peak_quota(elig, lo, load, K, P)
             else:
                 tb = opt_peak(elig, q, P)
-            if bpk != tb:
-                fail(i, "backward peak %d, optimum %d" % (bpk, tb))
+            if bpk < tb or (bsrc.startswith("minpeak") and bpk != tb) or (K == N and bpk != fpk):
+                fail(i, "backward peak %d (%s), optimum %d" % (bpk, src, tb))
+            if bsrc.startswith("in-place"):
+                # only experts whose forward ran on one rank drop, there
+                for e in range(E):
+                    if q[e] < load[e] and ((fw[e] > 0).sum() != 1 or (bw[e] > fw[e]).any()):
+                        fail(i, "in-place backward moved expert %d" % e)
             if a.rates:
                 ok = [math.floor(r * N + 1e-9) if r < 1 else N for r in a.rates]
                 if K not in ok:
                     fail(i, "retained %d is not floor(rate*N) of a candidate" % K)
-            extra = " rho %.3f fwd %d=T* bwd %d=T*" % (rho, fpk, bpk)
+            extra = " rho %.3f fwd %d (T* %d) bwd %d (T* %d) %s" % (rho, fpk, tf, bpk, tb, src)
         print("ok frame %d %s E=%d P=%d peak %d replicas %s%s" %
               (i, a.planner, E, P, fpk, ao.get("plan.replicas"), extra))
 
