@@ -393,6 +393,7 @@ typedef struct {
     const int64_t *load, *lo;
     int E, P, per;
     int64_t N, total;
+    double rho;          /* the rate being tried */
     lrmoe_plan_t *best, cand, ref1;
     int have;            /* best holds a candidate that fits at this rate */
     int best_class;      /* 2: no worse than the best baseline in t_total and
@@ -440,10 +441,26 @@ static void plan_copy(lrmoe_plan_t *b, const lrmoe_plan_t *a)
     memcpy(rk, a->rank, P * sizeof *rk);
 }
 
+/* The largest per-expert drop fraction (n_e - K_e) / n_e of plan k. */
+static double max_drop(const lctx_t *c, const lrmoe_plan_t *k)
+{
+    double m = 0;
+    for (int e = 0; e < c->E; e++)
+        if (c->load[e] > 0) {
+            double d = (double)(c->load[e] - k->quota[e]) / (double)c->load[e];
+            if (d > m)
+                m = d;
+        }
+    return m;
+}
+
 /* Offer the evaluated candidate c->cand (summary and cost filled). The order:
- * fits the budgets; then class (2 when neither its t_total nor its forward
- * peak is worse than the best baseline's, 1 when its t_total is not); then
- * t_total, forward peak, backward peak. */
+ * fits the budgets; at rate 1, class (2 when neither its t_total nor its
+ * forward peak is worse than the best baseline's, 1 when its t_total is
+ * not), then t_total, forward peak, backward peak; below rate 1 (where no
+ * baseline fits, or its plan would have won at rate 1) the least backward
+ * peak, then (policy even) the least largest drop fraction, then t_total,
+ * forward peak. */
 static void offer(lctx_t *c, const char *src)
 {
     lrmoe_plan_t *k = &c->cand;
@@ -458,7 +475,24 @@ static void offer(lctx_t *c, const char *src)
     }
     const int tok = k->t_total <= c->ref_t * (1 + 1e-12);
     const int cls = tok ? 1 + (k->fwd_peak <= c->ref_pk) : 0;
-    if (c->have) {
+    if (c->have && c->total < c->N) {
+        /* dropping (no baseline fits at rate 1): the policy's objective, the
+         * least backward peak, then t_total and the forward peak */
+        const lrmoe_plan_t *b = c->best;
+        const double dk = max_drop(c, k), db = max_drop(c, b);
+        if (k->bwd_peak != b->bwd_peak) {
+            if (k->bwd_peak > b->bwd_peak)
+                return;
+        } else if (c->o->quota == LRMOE_QUOTA_EVEN && dk != db) {
+            if (dk > db) /* fidelity: the most even retention */
+                return;
+        } else if (k->t_total != b->t_total) {
+            if (k->t_total > b->t_total)
+                return;
+        } else if (k->fwd_peak >= b->fwd_peak) {
+            return;
+        }
+    } else if (c->have) {
         const lrmoe_plan_t *b = c->best;
         if (cls != c->best_class) {
             if (cls < c->best_class)
@@ -695,6 +729,30 @@ static int bwd_minpeak(lctx_t *c, const int64_t *K)
         int64_t *lf = malloc((size_t)E * sizeof *lf);
         if (!lf)
             return lrmoe_err("lrmoe: out of memory");
+        if (c->o->quota == LRMOE_QUOTA_EVEN) {
+            /* the proportional quotas, when they reach the least peak, are
+             * the most even of all */
+            quota_proportional(c->load, c->lo, E, c->rho, c->total, lf);
+            int64_t t = plan_minpeak(pl, NULL, lf, 0, E, P, lb + 1, NULL, NULL);
+            if (t < 0) {
+                free(lf);
+                return -1;
+            }
+            if (t == lb) {
+                memcpy(k->quota, lf, (size_t)E * sizeof *lf);
+                free(lf);
+                bpk = lrmoe_alloc_glpk(pl, k->quota, E, P, c->o->glpk_tm_lim, k->bwd_alloc);
+                c->glpk += lrmoe_now() - t0;
+                if (bpk < 0)
+                    return -1;
+                if (bpk != lb)
+                    return lrmoe_err("GLPK backward peak %lld differs from the optimum %lld",
+                                     (long long)bpk, (long long)lb);
+                k->bwd_lb = lb;
+                return 0;
+            }
+        }
+        /* else the least drop fraction that keeps the least peak */
         if (c->o->quota == LRMOE_QUOTA_EVEN && even_floors(c, pl, lb, lf) < 0) {
             free(lf);
             return -1;
@@ -969,6 +1027,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
             if (pass && total == N)
                 continue; /* rate 1 drops nothing: pass 0 tried it all */
             c.total = total;
+            c.rho = rho;
             c.have = 0;
             c.why[0] = 0;
             c.longer_fits = 0;
@@ -1047,6 +1106,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
         ob.cost.window = 0;
         c.o = &ob;
         c.total = total;
+        c.rho = rho;
         c.have = 0;
         c.allow_longer = 1;
         const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;

@@ -318,6 +318,48 @@ print(a['plan.mem_peak'], a['plan.fwd_peak'], a['plan.replicas'], a['plan.feasib
     assert_output "37.580964"
 }
 
+@test "quotas: the default (even) has the least backward peak; at proportional's peak, no larger dW_down error" {
+    # lrmoe-gen -> route -> exec forward -> plan -q POLICY -R RATE -> score
+    # --fidelity (the plan's quotas)
+    for wl in balanced hot:30:16; do
+        "$BIN/lrmoe-gen" --tokens 512 --hidden 256 --ffn 128 --skew $wl --seed 1 \
+            --weights "$T/w.lrm" -o "$T/g.lrm"
+        "$BIN/lrmoe-route" "$T/g.lrm" -o "$T/r.lrm"
+        "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" "$T/r.lrm" -o "$T/f.lrm"
+        for rate in 0.9 0.8; do
+            for q in even minpeak proportional; do
+                "$BIN/lrmoe-plan" -P 8 -M 0 -R $rate -q $q --longer-backward "$T/f.lrm" \
+                    -o "$T/p.lrm"
+                "$BIN/lrmoe-score" --fidelity "$T/p.lrm" -o "$T/s.lrm"
+                "$BIN/lrmoe-view" -j -S "$T/s.lrm" | python3 -c '
+import json, sys
+a = json.loads(sys.stdin.readline())["attrs"]
+print(" ".join(sys.argv[1:]), a["plan.bwd_peak"], a["score.fidelity"])' $wl $rate $q >> "$T/q.txt"
+            done
+        done
+    done
+    run python3 - "$T/q.txt" <<'EOF'
+import sys
+v = {}
+for l in open(sys.argv[1]):
+    w, r, q, p, e = l.split()
+    v.setdefault((w, r), {})[q] = (int(p), float(e))
+equal = better = 0
+for k, d in v.items():
+    assert d["even"][0] <= min(x[0] for x in d.values()), (k, d)
+    assert d["even"][1] <= d["minpeak"][1] * (1 + 1e-9), (k, d)
+    if d["even"][0] == d["proportional"][0]:
+        assert d["even"][1] <= d["proportional"][1] * (1 + 1e-9), (k, d)
+        equal += 1
+    elif d["even"][1] <= d["proportional"][1]:
+        better += 1
+assert equal > 0, "no case where proportional reaches the least peak"
+print("ok", len(v), "equal-peak", equal, "lower peak and error", better)
+EOF
+    assert_success
+    assert_output --regexp '^ok 4 equal-peak [1-9]'
+}
+
 @test "--stats writes a header and one row per frame; pass-through kept" {
     $REF gen "$T/in.lrm" --frames 5 --seed 18
     run "$BIN/lrmoe-plan" -P 8 -p llep -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
