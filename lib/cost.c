@@ -1,4 +1,5 @@
 /* Memory and communication/time model (see cost.h and lrmoe-plan(1)). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,22 @@ void lrmoe_cost_default(lrmoe_cost_model_t *m)
     m->window = 0;
     m->bw = 100e9;
     m->flops = 400e12;
+}
+
+const char *lrmoe_cost_fmt_bytes(double bytes, char *buf, size_t len)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    double v = bytes;
+    while ((v >= 1024 || v <= -1024) && u < 6) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%.0f B", v);
+    else
+        snprintf(buf, len, "%.3g %s", v, unit[u]);
+    return buf;
 }
 
 double lrmoe_cost_expert_elems(const lrmoe_cost_model_t *m)

@@ -25,6 +25,7 @@
 #ifndef LRMOE_COST_H
 #define LRMOE_COST_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
@@ -74,6 +75,10 @@ double lrmoe_cost_fwd_row_bytes(const lrmoe_cost_model_t *m);    /* 2*D*b */
 double lrmoe_cost_saved_row_bytes(const lrmoe_cost_model_t *m);  /* 2*F*b */
 double lrmoe_cost_bwd_row_bytes(const lrmoe_cost_model_t *m);    /* (3D+2F)*b */
 double lrmoe_cost_state_row_bytes(const lrmoe_cost_model_t *m);  /* (D+2F)*b */
+
+/* Bytes in adaptive binary units ("512 B", "1.50 KiB", "6.49 GiB"), into
+ * buf (>= 16 bytes); returns buf. */
+const char *lrmoe_cost_fmt_bytes(double bytes, char *buf, size_t len);
 
 /* Charged bytes of a rank from its counts (the formula above). */
 double lrmoe_cost_rank_mem(const lrmoe_cost_model_t *m, int64_t replicas,

@@ -29,6 +29,7 @@ void lrmoe_plan_opts_default(lrmoe_plan_opts_t *o)
     o->min_keep = 0.25;
     o->best_effort = 0;
     o->rebalance_every = 3000;
+    o->explain = 1;
     o->glpk_tm_lim = 10.0;
     lrmoe_cost_default(&o->cost);
 }
@@ -110,6 +111,10 @@ int lrmoe_plan_opts_check(const lrmoe_plan_opts_t *o, int E)
         return lrmoe_err("ranks must be > 0 (got %d)", o->P);
     if (E == 0)
         return lrmoe_err("expert_load has no experts");
+    if (E > LRMOE_PLAN_MAX_E || (E > 0 && (int64_t)E * o->P > LRMOE_PLAN_MAX_EP))
+        return lrmoe_err("%d experts over %d ranks: above the planner's limits (%d experts, "
+                         "%d expert x rank entries; a plan holds four [E,P] matrices)",
+                         E, o->P, LRMOE_PLAN_MAX_E, LRMOE_PLAN_MAX_EP);
     if (E > 0 && E % o->P)
         return lrmoe_err("%d ranks do not divide %d experts", o->P, E);
     if (o->nodes <= 0 || o->P % o->nodes)
@@ -182,7 +187,12 @@ int lrmoe_plan_to_frame(const lrmoe_plan_t *p, lrmoe_frame_t *f)
         lrmoe_frame_set_attrf(f, "plan.mem_peak", "%.0f", p->mem_peak) < 0 ||
         lrmoe_frame_set_attrf(f, "plan.mem_peak_rank", "%d", p->mem_peak_rank) < 0 ||
         lrmoe_frame_set_attrf(f, "plan.t_comm", "%.9g", p->t_comm) < 0 ||
-        lrmoe_frame_set_attr(f, "plan.binding", p->binding) < 0)
+        lrmoe_frame_set_attr(f, "plan.binding", p->binding) < 0 ||
+        (p->D > 0 && (lrmoe_frame_set_attrf(f, "plan.hidden", "%lld", (long long)p->D) < 0 ||
+                      lrmoe_frame_set_attrf(f, "plan.ffn", "%lld", (long long)p->F) < 0 ||
+                      lrmoe_frame_set_attrf(f, "plan.topk", "%d", p->K) < 0 ||
+                      lrmoe_frame_set_attrf(f, "plan.tokens_per_rank", "%lld",
+                                            (long long)p->tokens) < 0)))
         return -1;
     return 0;
 }
@@ -309,6 +319,10 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
         /* baselines do not adapt: an over-budget plan is reported, not refused */
         out->feasible = plan_fits(o, out, out->binding, sizeof out->binding);
     }
+    out->D = o->cost.D;
+    out->F = o->cost.F;
+    out->K = o->cost.K;
+    out->tokens = o->cost.tokens;
     if (lrmoe_plan_check(out, load) < 0)
         return lrmoe_err_prefix("planner %s produced an inconsistent plan",
                                 lrmoe_planner_name(o->planner));

@@ -33,6 +33,8 @@ typedef enum {
 } lrmoe_quota_policy_t;
 
 #define LRMOE_PLAN_MAX_RATES 32
+#define LRMOE_PLAN_MAX_E 65536        /* experts a planner accepts */
+#define LRMOE_PLAN_MAX_EP (1 << 22)   /* E*P entries (a plan is ~25 bytes each) */
 
 typedef struct {
     lrmoe_planner_t planner;
@@ -48,6 +50,10 @@ typedef struct {
     lrmoe_quota_policy_t quota;         /* default EVEN */
     double min_keep;      /* K_e >= ceil(min_keep*n_e), default 0.25 (<= every rate) */
     int best_effort;      /* lrmoe: when nothing fits, keep the last candidate */
+    int explain;          /* lrmoe: an infeasible frame's error also names the
+                             least budget at which rate 1 fits and the
+                             highest rate below the candidates that would
+                             (probed in steps of 0.05); default 1 */
     int longer_bwd;       /* lrmoe: when no rate has a fitting plan whose modelled
                              backward is within that of keeping every pair,
                              take a fitting one that is longer (default 0:
@@ -105,12 +111,16 @@ typedef struct {
     char source[48];              /* lrmoe: which candidate won, as
                                      placement:forward/backward, e.g.
                                      "lrmoe:minpeak/in-place", "llep:own/all" */
-    char binding[256];            /* why the next better candidate failed, or
+    char binding[512];            /* why the next better candidate failed, or
                                      what binds ("" when nothing does) */
     double mem_peak;              /* max over ranks of modelled bytes */
     int mem_peak_rank;
     double t_comm;                /* modelled all-to-all seconds (all phases) */
     double t_total;               /* modelled layer seconds (comm + compute) */
+    int64_t D, F, tokens;         /* the model sizes planned with: hidden, expert
+                                     FFN width, tokens per rank ... */
+    int K;                        /* ... and top-k (plan.hidden, plan.ffn,
+                                     plan.tokens_per_rank, plan.topk) */
     double plan_seconds;          /* wall time of lrmoe_plan_compute */
     double glpk_seconds;          /* of which inside GLPK */
     lrmoe_rank_cost_t *rank;      /* (P) modelled memory and bytes per rank */

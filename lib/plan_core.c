@@ -212,13 +212,28 @@ int plan_cost(const lrmoe_plan_opts_t *o, lrmoe_plan_t *p, const int64_t *load,
     return 0;
 }
 
-/* Describe what binds for plan p against the budgets; returns 1 if it fits. */
+/* Describe what binds for plan p against the budgets; returns 1 if it fits.
+ * Memory: the rank, its need split into replicas, forward buffers, saved
+ * state and backward payloads, and the budget, in adaptive units. */
 int plan_fits(const lrmoe_plan_opts_t *o, const lrmoe_plan_t *p, char *why, size_t len)
 {
-    const double G = 1024.0 * 1024.0 * 1024.0;
     if (o->cost.hbm > 0 && p->mem_peak > o->cost.hbm) {
-        snprintf(why, len, "memory: rank %d needs %.3f GiB, budget %.3f GiB", p->mem_peak_rank,
-                 p->mem_peak / G, o->cost.hbm / G);
+        char a[24], b[24], r[24], f[24], s[24], w[24];
+        const lrmoe_rank_cost_t *k = p->have_cost && p->rank ? &p->rank[p->mem_peak_rank] : NULL;
+        if (k)
+            snprintf(why, len,
+                     "memory: rank %d needs %s (replicas %s, forward buffers %s, saved state "
+                     "%s, backward payloads %s), budget %s",
+                     p->mem_peak_rank, lrmoe_cost_fmt_bytes(p->mem_peak, a, sizeof a),
+                     lrmoe_cost_fmt_bytes(k->mem_replica, r, sizeof r),
+                     lrmoe_cost_fmt_bytes(k->mem_fwd, f, sizeof f),
+                     lrmoe_cost_fmt_bytes(k->mem_saved, s, sizeof s),
+                     lrmoe_cost_fmt_bytes(k->mem_bwd, w, sizeof w),
+                     lrmoe_cost_fmt_bytes(o->cost.hbm, b, sizeof b));
+        else
+            snprintf(why, len, "memory: rank %d needs %s, budget %s", p->mem_peak_rank,
+                     lrmoe_cost_fmt_bytes(p->mem_peak, a, sizeof a),
+                     lrmoe_cost_fmt_bytes(o->cost.hbm, b, sizeof b));
         return 0;
     }
     if (o->cost.window > 0 && p->t_comm > o->cost.window) {

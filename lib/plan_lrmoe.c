@@ -404,7 +404,8 @@ typedef struct {
     int longer_fits;     /* a plan that fits was kept out: it lengthens */
     int allow_longer;    /* offer plans whose backward is longer than keeping
                             every pair (source marked "+longer") */
-    char why[256];       /* what the best non-fitting candidate hit */
+    char why[400];       /* what the best non-fitting candidate hit */
+    double min_mem1;     /* least memory of a rate-1 candidate within the window */
     char why_src[48];
     double why_mem;      /* its memory (for the closest miss) */
 } lctx_t;
@@ -464,7 +465,10 @@ static double max_drop(const lctx_t *c, const lrmoe_plan_t *k)
 static void offer(lctx_t *c, const char *src)
 {
     lrmoe_plan_t *k = &c->cand;
-    char why[200];
+    char why[400];
+    if (c->total == c->N && k->mem_peak < c->min_mem1 &&
+        !(c->o->cost.window > 0 && k->t_comm > c->o->cost.window))
+        c->min_mem1 = k->mem_peak;
     if (!plan_fits(c->o, k, why, sizeof why)) {
         if (!c->why[0] || k->mem_peak < c->why_mem) {
             snprintf(c->why, sizeof c->why, "%s", why);
@@ -518,7 +522,7 @@ static void offer(lctx_t *c, const char *src)
  * (or that it fit) still explains the rate. */
 static void reject_longer(lctx_t *c)
 {
-    char why[200];
+    char why[400];
     lrmoe_plan_t *k = &c->cand;
     if (!plan_fits(c->o, k, why, sizeof why)) {
         if (!c->why[0] || k->mem_peak < c->why_mem) {
@@ -939,6 +943,35 @@ static int extra_slots(const lrmoe_plan_opts_t *o, int E, int64_t N)
     return cap < 0 ? 0 : cap;
 }
 
+/* What an infeasible frame would need: the least budget at which rate 1
+ * fits (of the plans tried) and the highest rate below the candidates, in
+ * steps of 0.05 down to min-keep, that fits. Appended to more. */
+static void explain(const lrmoe_plan_opts_t *o, const int64_t *load, int E, double mem1,
+                    char *more, size_t len)
+{
+    char b[24];
+    size_t n = 0;
+    if (o->cost.hbm > 0 && mem1 < HUGE_VAL && mem1 > o->cost.hbm)
+        n += (size_t)snprintf(more + n, len - n, "; rate 1 fits from %s",
+                              lrmoe_cost_fmt_bytes(mem1, b, sizeof b));
+    lrmoe_plan_opts_t q = *o;
+    q.explain = 0;
+    q.best_effort = 0;
+    q.nrates = 0;
+    const double lowest = q.min_keep > 0.05 ? q.min_keep : 0.05;
+    for (double r = o->rates[o->nrates - 1] - 0.05; r >= lowest - 1e-9 && q.nrates < 16; r -= 0.05)
+        q.rates[q.nrates++] = floor(r * 100 + 0.5) / 100;
+    if (!q.nrates || n >= len)
+        return;
+    lrmoe_plan_t t;
+    lrmoe_plan_init(&t);
+    if (lrmoe_plan_alloc(&t, E, o->P) == 0 && plan_lrmoe(&q, load, E, &t) == 0)
+        snprintf(more + n, len - n, "; rate %.2f would fit", q.rates[t.rate_index]);
+    else
+        snprintf(more + n, len - n, "; no rate down to %.2f fits", q.rates[q.nrates - 1]);
+    lrmoe_plan_free(&t);
+}
+
 int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p)
 {
     const int P = o->P, per = E / P;
@@ -957,7 +990,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
         lrmoe_plan_init(&bl[i]);
     lrmoe_plan_init(&c.cand);
     int rc = -1;
-    char why[256] = "", why1[160] = "";
+    char why[480] = "", why1[400] = "";
     if (!lo || !K || !pl || !he || !hp || lrmoe_plan_alloc(&c.cand, E, P) < 0) {
         lrmoe_err("lrmoe: out of memory");
         goto out;
@@ -975,6 +1008,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
                                           LRMOE_PLANNER_EPLB};
     c.ref_t = HUGE_VAL;
     c.ref_pk = INT64_MAX;
+    c.min_mem1 = HUGE_VAL;
     int ref_fits = 0;
     for (int i = 0; i < 3; i++) {
         lrmoe_plan_opts_t ob = *o;
@@ -1086,8 +1120,11 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
     }
     if (!found) {
         if (!o->best_effort) {
-            lrmoe_err("infeasible at every rate (%d tried): %s%s", o->nrates, why,
-                      strstr(why, "lengthen") ? " (--longer-backward allows it)" : "");
+            char more[200] = "";
+            if (o->explain)
+                explain(o, load, E, c.min_mem1, more, sizeof more);
+            lrmoe_err("infeasible at every rate (%d tried): %s%s%s", o->nrates, why,
+                      strstr(why, "lengthen") ? " (--longer-backward allows it)" : "", more);
             goto out;
         }
         /* best effort: the last rate (at least its floors), budgets ignored */

@@ -819,11 +819,12 @@ int main(int argc, char **argv)
     }
     if (!rc) {
         const lrmoe_cost_model_t *m = &c.base.cost;
-        const double G = 1024.0 * 1024.0 * 1024.0;
+        char hb[24];
         printf("lrmoe-sim: %lld frames, E=%lld, P=%d over %d node(s); D=%lld F=%lld, "
-               "%d-byte storage; hbm %.3g GiB for replicas and buffers",
+               "%d-byte storage; hbm %s for replicas and buffers",
                (long long)nframes, (long long)E0, P, c.base.nodes, (long long)m->D,
-               (long long)m->F, m->dtype_bytes, m->hbm / G);
+               (long long)m->F, m->dtype_bytes,
+               m->hbm > 0 ? lrmoe_cost_fmt_bytes(m->hbm, hb, sizeof hb) : "unlimited");
         if (m->window > 0)
             printf(", window %.3g ms", m->window * 1e3);
         printf(";\n  bandwidth %.4g GB/s inside, %.4g GB/s between nodes (effective %.4g GB/s); "

@@ -271,8 +271,23 @@ for t, a in read_stream('$1'):
     $REF gen "$T/in.lrm" --frames 2 --seed 15 --scenario hot95
     run "$BIN/lrmoe-plan" -P 8 -M 4G -s 16 -o "$T/o.lrm" "$T/in.lrm"
     assert_failure 1
-    assert_output --regexp "^lrmoe-plan: frame 0: infeasible at every rate \(4 tried\): rate 0\.700: memory: rank [0-7] needs [0-9.]+ GiB, budget 4\.000 GiB$"
+    assert_output --regexp "^lrmoe-plan: frame 0: infeasible at every rate \(4 tried\): rate 0\.700: memory: rank [0-7] needs [0-9.]+ GiB \(replicas [0-9.]+ [KMG]?i?B, forward buffers [0-9.]+ GiB, saved state [0-9.]+ MiB, backward payloads [0-9.]+ GiB\), budget 4 GiB; rate 1 fits from [0-9.]+ GiB; rate 0\.[0-9]+ would fit$"
+    msg="$output"
     truncated "$T/o.lrm"
+    # the explanation holds: rate 1 fits at (just above) the budget it names,
+    # and the rate it names fits at 4G
+    m1=$(echo "$msg" | sed 's/.*rate 1 fits from \([0-9.]*\) GiB.*/\1/')
+    r=$(echo "$msg" | sed 's/.*; rate \(0\.[0-9]*\) would fit$/\1/')
+    run "$BIN/lrmoe-plan" -P 8 -M "$(python3 -c "print('%.0f' % (($m1 + 0.01) * 2**30))")" -s 16 \
+        -S "$T/m1.tsv" -o /dev/null "$T/in.lrm"
+    run awk -F'\t' 'NR == 2 { print $8 }' "$T/m1.tsv"
+    assert_output "1.000000"
+    run "$BIN/lrmoe-plan" -P 8 -M 4G -s 16 -R "$r" -o /dev/null "$T/in.lrm"
+    assert_success
+    # a budget of one byte is reported in bytes, not "0.000 GiB"
+    run "$BIN/lrmoe-plan" -P 8 -M 1 -o /dev/null "$T/in.lrm"
+    assert_failure 1
+    assert_output --partial "budget 1 B;"
     run "$BIN/lrmoe-plan" -P 8 -M 4G -s 16 -b -o "$T/o.lrm" "$T/in.lrm"
     assert_success
     run $REF check "$T/in.lrm" "$T/o.lrm" --planner lrmoe --ranks 8 --slots 16
@@ -364,8 +379,19 @@ EOF
     $REF gen "$T/in.lrm" --frames 5 --seed 18
     run "$BIN/lrmoe-plan" -P 8 -p llep -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
     assert_success
-    run awk -F'\t' 'END { print NR, NF } NR == 1 { print $1, $4, $9, $14, $23 }' "$T/s.tsv"
-    assert_output "$(printf 'frame planner fwd_peak peak_over_mean binding\n6 23')"
+    run awk -F'\t' 'END { print NR, NF } NR == 1 { print $1, $4, $9, $14, $23, $24, $25, $26, $27 }' "$T/s.tsv"
+    assert_output "$(printf 'frame planner fwd_peak peak_over_mean binding hidden ffn topk tokens_per_rank\n6 27')"
+    # the model sizes the plan was made with, in the TSV and as attributes
+    run "$BIN/lrmoe-plan" -P 8 -M 0 -D 7168 -F 2048 -K 6 -T 4096 -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
+    assert_success
+    run awk -F'\t' 'NR == 2 { print $24, $25, $26, $27 }' "$T/s.tsv"
+    assert_output "7168 2048 6 4096"
+    run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers')
+from lrmoe_stream import read_stream
+t, a = read_stream('$T/o.lrm')[0]
+print(a['plan.hidden'], a['plan.ffn'], a['plan.topk'], a['plan.tokens_per_rank'], a['plan.source'])"
+    assert_output --regexp '^7168 2048 6 4096 [a-z]+:[a-z]+/[a-z-]+'
 }
 
 @test "the consistency check rejects broken plans" {

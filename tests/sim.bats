@@ -319,6 +319,14 @@ EOF
     run "$BIN/lrmoe-sim" -P 3 "$T/tr.lrm"
     assert_failure 1
     assert_output --partial "3 ranks do not divide 16 experts"
+    # 2^20 experts: refused before planning (not a gigabyte of plans)
+    python3 -c '
+import sys, numpy as np
+from lrmoe_stream import write_stream
+write_stream(sys.argv[1], [({"expert_load": np.ones(1 << 20, np.int64)}, {})])' "$T/big.lrm"
+    run "$BIN/lrmoe-sim" -Q "$T/big.lrm"
+    assert_failure 1
+    assert_output --partial "1048576 experts over 8 ranks: above the planner's limits"
     python3 -c '
 import sys, numpy as np
 from lrmoe_stream import write_stream
