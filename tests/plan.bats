@@ -379,8 +379,8 @@ EOF
     $REF gen "$T/in.lrm" --frames 5 --seed 18
     run "$BIN/lrmoe-plan" -P 8 -p llep -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
     assert_success
-    run awk -F'\t' 'END { print NR, NF } NR == 1 { print $1, $4, $9, $14, $23, $24, $25, $26, $27 }' "$T/s.tsv"
-    assert_output "$(printf 'frame planner fwd_peak peak_over_mean binding hidden ffn topk tokens_per_rank\n6 27')"
+    run awk -F'\t' 'END { print NR, NF } NR == 1 { print $1, $4, $9, $14, $23, $24, $25, $26, $27, $28 }' "$T/s.tsv"
+    assert_output "$(printf 'frame planner fwd_peak peak_over_mean binding hidden ffn topk tokens_per_rank source\n6 28')"
     # the model sizes the plan was made with, in the TSV and as attributes
     run "$BIN/lrmoe-plan" -P 8 -M 0 -D 7168 -F 2048 -K 6 -T 4096 -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
     assert_success
