@@ -1,4 +1,5 @@
 /* Memory and communication/time model (see cost.h and lrmoe-plan(1)). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,22 @@ void lrmoe_cost_default(lrmoe_cost_model_t *m)
     m->window = 0;
     m->bw = 100e9;
     m->flops = 400e12;
+}
+
+const char *lrmoe_cost_fmt_bytes(double bytes, char *buf, size_t len)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    double v = bytes;
+    while ((v >= 1024 || v <= -1024) && u < 6) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%.0f B", v);
+    else
+        snprintf(buf, len, "%.3g %s", v, unit[u]);
+    return buf;
 }
 
 double lrmoe_cost_expert_elems(const lrmoe_cost_model_t *m)
@@ -80,6 +97,15 @@ int lrmoe_cost_eval(const lrmoe_cost_model_t *m, int E, int P,
                     const int64_t *fwd, const int64_t *quota, const int64_t *bwd,
                     lrmoe_rank_cost_t *rank, lrmoe_cost_summary_t *sum)
 {
+    return lrmoe_cost_eval_slots(m, E, P, placement, load, fwd, quota, bwd, NULL, rank, sum);
+}
+
+int lrmoe_cost_eval_slots(const lrmoe_cost_model_t *m, int E, int P,
+                          const uint8_t *placement, const int64_t *load,
+                          const int64_t *fwd, const int64_t *quota, const int64_t *bwd,
+                          const lrmoe_cost_slots_t *slots, lrmoe_rank_cost_t *rank,
+                          lrmoe_cost_summary_t *sum)
+{
     if (E <= 0 || P <= 0 || E % P)
         return lrmoe_err("cost model: %d experts not divisible over %d ranks", E, P);
     if (m->D <= 0 || m->F <= 0 || m->dtype_bytes <= 0 || m->bw <= 0 || m->flops <= 0)
@@ -131,7 +157,7 @@ int lrmoe_cost_eval(const lrmoe_cost_model_t *m, int E, int P,
                 rc[p].recv_bwd += (double)mv * state;
                 moved_e += mv;
             }
-            if (placement[i] && p != nat) {
+            if (placement[i] && p != nat && !slots) {
                 rc[p].replicas++;
                 rc[p].recv_weights += W * b;   /* weights in */
                 rc[p].send_weights += W * b;   /* gradient back */
@@ -145,6 +171,11 @@ int lrmoe_cost_eval(const lrmoe_cost_model_t *m, int E, int P,
                 if (fwd[(size_t)e * P + p])
                     rc[p].send_bwd += (double)moved_e * state *
                                       (double)fwd[(size_t)e * P + p] / (double)n;
+    }
+    for (int p = 0; slots && p < P; p++) {
+        rc[p].replicas = slots->replicas ? slots->replicas[p] : 0;
+        rc[p].send_weights = slots->send_weights ? slots->send_weights[p] : 0;
+        rc[p].recv_weights = slots->recv_weights ? slots->recv_weights[p] : 0;
     }
     for (int p = 0; p < P; p++) {
         ftot += (double)rc[p].fwd_rows;

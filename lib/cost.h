@@ -25,6 +25,7 @@
 #ifndef LRMOE_COST_H
 #define LRMOE_COST_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
@@ -75,9 +76,23 @@ double lrmoe_cost_saved_row_bytes(const lrmoe_cost_model_t *m);  /* 2*F*b */
 double lrmoe_cost_bwd_row_bytes(const lrmoe_cost_model_t *m);    /* (3D+2F)*b */
 double lrmoe_cost_state_row_bytes(const lrmoe_cost_model_t *m);  /* (D+2F)*b */
 
+/* Bytes in adaptive binary units ("512 B", "1.50 KiB", "6.49 GiB"), into
+ * buf (>= 16 bytes); returns buf. */
+const char *lrmoe_cost_fmt_bytes(double bytes, char *buf, size_t len);
+
 /* Charged bytes of a rank from its counts (the formula above). */
 double lrmoe_cost_rank_mem(const lrmoe_cost_model_t *m, int64_t replicas,
                            int64_t fwd_rows, int64_t bwd_rows);
+
+/* Per-rank overrides for planners whose weights are not "native + one
+ * copy per non-native placement" (EPLB's physical slots): replicas[p]
+ * instances charged to rank p's memory, and the weight bytes it sends and
+ * receives this step (weights moved in at a rebalance, gradients of
+ * redundant copies back to their holder). Each array (P). */
+typedef struct {
+    const int64_t *replicas;
+    const double *send_weights, *recv_weights;
+} lrmoe_cost_slots_t;
 
 /* Evaluate a plan. placement, fwd, bwd are (E,P); load and quota (E);
  * quota/bwd may be NULL (then K_e = n_e and bwd = fwd). rank (P) may be NULL.
@@ -86,5 +101,11 @@ int lrmoe_cost_eval(const lrmoe_cost_model_t *m, int E, int P,
                     const uint8_t *placement, const int64_t *load,
                     const int64_t *fwd, const int64_t *quota, const int64_t *bwd,
                     lrmoe_rank_cost_t *rank, lrmoe_cost_summary_t *sum);
+/* The same with the overrides (slots may be NULL: lrmoe_cost_eval). */
+int lrmoe_cost_eval_slots(const lrmoe_cost_model_t *m, int E, int P,
+                          const uint8_t *placement, const int64_t *load,
+                          const int64_t *fwd, const int64_t *quota, const int64_t *bwd,
+                          const lrmoe_cost_slots_t *slots, lrmoe_rank_cost_t *rank,
+                          lrmoe_cost_summary_t *sum);
 
 #endif

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include "lrmoe.h"
 #include "cost.h"
+#include "minpeak.h"
 
 typedef enum {
     LRMOE_PLANNER_FIXED = 0,
@@ -26,12 +27,14 @@ typedef enum {
 
 typedef enum {
     LRMOE_QUOTA_MINPEAK = 0,   /* quotas that minimise the backward peak */
-    LRMOE_QUOTA_PROPORTIONAL   /* K_e = rho*n_e, largest remainders */
+    LRMOE_QUOTA_PROPORTIONAL,  /* K_e = rho*n_e, largest remainders */
+    LRMOE_QUOTA_EVEN           /* the least backward peak, then the least
+                                  largest per-expert drop fraction (default) */
 } lrmoe_quota_policy_t;
 
 #define LRMOE_PLAN_MAX_RATES 32
-#define LRMOE_PLAN_MAX_P 16    /* closed-form T* enumerates 2^P rank subsets;
-                                  above it an exact max-flow search */
+#define LRMOE_PLAN_MAX_E 65536        /* experts a planner accepts */
+#define LRMOE_PLAN_MAX_EP (1 << 22)   /* E*P entries (a plan is ~25 bytes each) */
 
 typedef struct {
     lrmoe_planner_t planner;
@@ -44,9 +47,24 @@ typedef struct {
     int64_t min_chunk;    /* llep m: min rows per spilled chunk, 1024 */
     int nrates;           /* lrmoe candidate rates, tried in decreasing order */
     double rates[LRMOE_PLAN_MAX_RATES]; /* default 1.0,0.9,0.8,0.7 */
-    lrmoe_quota_policy_t quota;         /* default MINPEAK */
+    lrmoe_quota_policy_t quota;         /* default EVEN */
     double min_keep;      /* K_e >= ceil(min_keep*n_e), default 0.25 (<= every rate) */
     int best_effort;      /* lrmoe: when nothing fits, keep the last candidate */
+    int explain;          /* lrmoe: an infeasible frame's error also names the
+                             least budget at which rate 1 fits and the
+                             highest rate below the candidates that would
+                             (probed in steps of 0.05); default 1 */
+    int longer_bwd;       /* lrmoe: when no rate has a fitting plan whose modelled
+                             backward is within that of keeping every pair,
+                             take a fitting one that is longer (default 0:
+                             refuse; plan.source ends in "+longer") */
+    int rebalance_every;  /* eplb: frames of a layer between rearrangements
+                             (3000 as vLLM's EPLB step_interval); 0 = every
+                             frame placed from its own loads (an oracle) */
+    const struct lrmoe_eplb_layout *eplb_layout; /* eplb: the physical layout
+                             this frame uses (lrmoe_eplb_step); NULL = placed
+                             from this frame's loads, weights moved from the
+                             native layout */
     double glpk_tm_lim;   /* seconds per GLPK solve, default 10 */
     lrmoe_cost_model_t cost; /* D, F, dtype bytes, tokens, K, hbm, window, bw, flops */
 } lrmoe_plan_opts_t;
@@ -58,7 +76,7 @@ void lrmoe_plan_opts_default(lrmoe_plan_opts_t *o);
 /* "fixed"/"llep"/"eplb"/"lrmoe" -> 0; -1 with error otherwise. */
 int lrmoe_planner_parse(const char *s, lrmoe_planner_t *out);
 const char *lrmoe_planner_name(lrmoe_planner_t p);
-int lrmoe_quota_parse(const char *s, lrmoe_quota_policy_t *out); /* minpeak|proportional */
+int lrmoe_quota_parse(const char *s, lrmoe_quota_policy_t *out); /* even|minpeak|proportional */
 const char *lrmoe_quota_name(lrmoe_quota_policy_t q);
 /* Parse "1.0,0.9,0.8" into o->rates (each in (0,1]); sorted decreasing. */
 int lrmoe_plan_parse_rates(lrmoe_plan_opts_t *o, const char *s);
@@ -80,15 +98,29 @@ typedef struct {
     int64_t fwd_lb, bwd_lb;       /* closed-form optimum T* for this placement
                                      (and, for bwd, these quotas) */
     int64_t mean_ceil;            /* ceil(N/P): the bound of any placement */
-    int replicas;                 /* instances beyond the native ones */
+    int replicas;                 /* instances beyond the native ones (eplb:
+                                     its redundant slots, P*slots - E) */
+    /* eplb's physical slots (have_slots 1): per rank (P) the replica slots
+     * charged to memory and the weight bytes sent and received this step;
+     * weight_moves: physical slots whose weights arrived this step */
+    int64_t *held;
+    double *wsend, *wrecv;
+    int have_slots, weight_moves;
     int feasible;                 /* 1 fits hbm and window; 0 best effort */
     int rate_index;               /* lrmoe: candidate chosen (-1 none) */
-    char binding[256];            /* why the next better candidate failed, or
+    char source[48];              /* lrmoe: which candidate won, as
+                                     placement:forward/backward, e.g.
+                                     "lrmoe:minpeak/in-place", "llep:own/all" */
+    char binding[512];            /* why the next better candidate failed, or
                                      what binds ("" when nothing does) */
     double mem_peak;              /* max over ranks of modelled bytes */
     int mem_peak_rank;
     double t_comm;                /* modelled all-to-all seconds (all phases) */
     double t_total;               /* modelled layer seconds (comm + compute) */
+    int64_t D, F, tokens;         /* the model sizes planned with: hidden, expert
+                                     FFN width, tokens per rank ... */
+    int K;                        /* ... and top-k (plan.hidden, plan.ffn,
+                                     plan.tokens_per_rank, plan.topk) */
     double plan_seconds;          /* wall time of lrmoe_plan_compute */
     double glpk_seconds;          /* of which inside GLPK */
     lrmoe_rank_cost_t *rank;      /* (P) modelled memory and bytes per rank */
@@ -102,6 +134,11 @@ void lrmoe_plan_init(lrmoe_plan_t *p);
  * this shape keeps its arrays, zeroed, and its summary is reset). */
 int lrmoe_plan_alloc(lrmoe_plan_t *p, int E, int P);
 void lrmoe_plan_free(lrmoe_plan_t *p);
+/* The cost model (m) of plan p, with eplb's slot accounting when the plan
+ * has it (lrmoe_cost_eval_slots). rank (P) may be NULL. */
+int lrmoe_plan_eval_cost(const lrmoe_cost_model_t *m, const lrmoe_plan_t *p,
+                         const int64_t *load, lrmoe_rank_cost_t *rank,
+                         lrmoe_cost_summary_t *sum);
 
 /* Compute a plan for per-expert loads load[E] (pairs n_e >= 0).
  * Returns 0, or -1 on error: bad options/loads, GLPK failure, or (lrmoe
@@ -136,35 +173,6 @@ int lrmoe_plan_from_frame(const lrmoe_frame_t *f, lrmoe_plan_t *p);
 
 /* ------------------------------------------------------- building blocks */
 
-/* Closed-form min-peak: T* = max over non-empty rank subsets S of
- * ceil(N(S)/|S|), N(S) = sum of need[e] over experts whose eligible ranks
- * (placement row) all lie in S; enumerated for P <= LRMOE_PLAN_MAX_P, by
- * an exact parametric max-flow search above. Returns T* (>= 0) or -1.
- * An expert with need > 0 and no eligible rank gives -1. */
-int64_t lrmoe_minpeak_lb(const uint8_t *placement, const int64_t *need, int E, int P);
-
-/* Closed-form optimum of the backward peak when the quotas are free:
- * the least T such that quotas lo[e] <= K_e <= n[e], sum K_e = total can be
- * allocated with every rank <= T. -1 if total is outside [sum lo, sum n]. */
-int64_t lrmoe_minpeak_quota_lb(const uint8_t *placement, const int64_t *lo,
-                               const int64_t *n, int64_t total, int E, int P);
-
-/* Min-peak integer allocation with GLPK (glp_intopt, presolve on, terminal
- * output off, time limit tm_lim seconds): x[E,P] >= 0 only where placement,
- * rows sum to need[e] (fixed quotas) ... Returns the peak (>= 0) or -1. */
-int64_t lrmoe_alloc_glpk(const uint8_t *placement, const int64_t *need, int E, int P,
-                         double tm_lim, int64_t *x);
-/* ... or, with free quotas lo[e] <= K_e <= n[e], sum K_e = total: also
- * returns the chosen quotas in K. Among optimal solutions it prefers
- * retained pairs where pref[E,P] (may be NULL; e.g. fwd_alloc) is large. */
-int64_t lrmoe_alloc_glpk_quota(const uint8_t *placement, const int64_t *lo,
-                               const int64_t *n, int64_t total, const int64_t *pref,
-                               int E, int P, double tm_lim, int64_t *K, int64_t *x);
-/* The same fixed-quota allocation by closed form T* + max-flow (Dinic).
- * Returns the peak or -1. */
-int64_t lrmoe_alloc_flow(const uint8_t *placement, const int64_t *need, int E, int P,
-                         int64_t *x);
-
 /* DeepSeek EPLB (rebalance_experts): weight (layers,E) loads; num_phy
  * physical slots over num_gpus; hierarchical when groups % nodes == 0, else
  * global. Outputs phy2log (layers,num_phy), phyrank (layers,num_phy),
@@ -173,10 +181,50 @@ int lrmoe_eplb_rebalance(const double *weight, int layers, int E, int num_phy,
                          int groups, int nodes, int num_gpus,
                          int *phy2log, int *phyrank, int *logcnt);
 
-/* LLEP least-loaded assignment (lambda fallback included): fills placement
- * and fwd_alloc (E,P). Returns 1 when LLA ran, 0 when it fell back to EP. */
+/* EPLB as deployed: a layer keeps its physical layout (P*slots physical
+ * experts, P*slots - E redundant) between rearrangements. */
+typedef struct lrmoe_eplb_layout {
+    int E, P, slots;
+    int *phy2log, *phyrank;   /* (P*slots): slot i is on rank i / slots */
+    int *logcnt;              /* (E) physical copies of each expert */
+    uint8_t *moved;           /* (P*slots) 1 where the slot's weights arrive
+                                 this frame (rearranged since the last) */
+    int nmoved;
+} lrmoe_eplb_layout_t;
+
+void lrmoe_eplb_layout_free(lrmoe_eplb_layout_t *l);
+/* dst = src (dst zeroed or a layout; its arrays are reused when sized). */
+int lrmoe_eplb_layout_copy(lrmoe_eplb_layout_t *dst, const lrmoe_eplb_layout_t *src);
+/* The layout of load placed by EPLB (slots from o, default E/P+2), moved
+ * relative to prev (NULL: the native layout, slot j < E/P of rank p holding
+ * expert p*E/P + j). */
+int lrmoe_eplb_layout_make(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
+                           const lrmoe_eplb_layout_t *prev, lrmoe_eplb_layout_t *out);
+
+/* Per-layer state of deployed EPLB: the layout in use and the loads summed
+ * since the last rearrangement. */
+typedef struct lrmoe_eplb_cache lrmoe_eplb_cache_t;
+lrmoe_eplb_cache_t *lrmoe_eplb_cache_new(void);
+void lrmoe_eplb_cache_free(lrmoe_eplb_cache_t *c);
+/* The layout frame `load` of layer `layer` uses: the first frame of a layer
+ * is placed from its own loads; after every o->rebalance_every frames the
+ * layer is rearranged from the loads summed over them (applied from the next
+ * frame, whose moved[] marks the slots that changed). rebalance_every 0:
+ * every frame from its own loads, moved relative to the previous frame.
+ * *out points into the cache (valid until the next call for that layer). */
+int lrmoe_eplb_step(lrmoe_eplb_cache_t *c, const char *layer, const lrmoe_plan_opts_t *o,
+                    const int64_t *load, int E, const lrmoe_eplb_layout_t **out);
+
+/* LLEP (SalesforceAIResearch/LeastLoadedEP, rule for rule; lib/plan_llep.c
+ * restates the rules): fills placement and fwd_alloc (E,P). Returns 1 when
+ * the LPT plan ran, 0 when the gate kept plain EP. lambda 0: gate off. */
 int lrmoe_llep_assign(const int64_t *load, int E, int P, double lambda,
                       double alpha, int64_t min_chunk, uint8_t *placement,
                       int64_t *fwd_alloc);
+/* The gate alone: 1 when float32 max/mean of the native rank loads >= lambda
+ * (or lambda <= 0), else 0. */
+int lrmoe_llep_gate(const int64_t *load, int E, int P, double lambda);
+/* The reference capacity int(alpha * (N // P)), N when N // P == 0, >= 1. */
+int64_t lrmoe_llep_capacity(int64_t N, int P, double alpha);
 
 #endif

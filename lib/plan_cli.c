@@ -36,6 +36,11 @@ int lrmoe_plan_cli_opt(lrmoe_plan_cli_t *c, int ch, const char *arg)
     case LRMOE_PLAN_OPT_GLPK_TIME:
         r = lrmoe_parse_f64("--glpk-time", arg, 1e-3, 3600, &o->glpk_tm_lim);
         break;
+    case LRMOE_PLAN_OPT_LONGER: o->longer_bwd = 1; r = 0; break;
+    case LRMOE_PLAN_OPT_REBALANCE:
+        r = as_int(lrmoe_parse_i64("--rebalance-every", arg, 0, 1 << 30, &v), &v,
+                   &o->rebalance_every);
+        break;
     case 'M': r = lrmoe_parse_bytes("--hbm", arg, &o->cost.hbm); break;
     case LRMOE_PLAN_OPT_GPU_MEM: r = lrmoe_parse_bytes("--gpu-mem", arg, &c->gpu); break;
     case LRMOE_PLAN_OPT_RESIDENT: r = lrmoe_parse_bytes("--resident", arg, &c->resident); break;

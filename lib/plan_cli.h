@@ -18,6 +18,8 @@ enum {
     LRMOE_PLAN_OPT_RESIDENT,
     LRMOE_PLAN_OPT_FLOPS,
     LRMOE_PLAN_OPT_DTYPE,
+    LRMOE_PLAN_OPT_REBALANCE,
+    LRMOE_PLAN_OPT_LONGER,
     LRMOE_PLAN_OPT_END /* the tools' own long-only options start here */
 };
 
@@ -46,7 +48,9 @@ enum {
     {"ffn", required_argument, 0, 'F'},                                     \
     {"topk", required_argument, 0, 'K'},                                    \
     {"tokens", required_argument, 0, 'T'},                                  \
-    {"dtype", required_argument, 0, LRMOE_PLAN_OPT_DTYPE}
+    {"dtype", required_argument, 0, LRMOE_PLAN_OPT_DTYPE},                  \
+    {"rebalance-every", required_argument, 0, LRMOE_PLAN_OPT_REBALANCE},    \
+    {"longer-backward", no_argument, 0, LRMOE_PLAN_OPT_LONGER}
 
 typedef struct {
     lrmoe_plan_opts_t *o;   /* the options being set */

@@ -4,6 +4,7 @@
  * equal item count per pack (items by decreasing weight, stable; each to the
  * lightest pack with room, first index on ties), hierarchical over nodes.
  * Arithmetic is float32 as in the reference (weight.float()). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,42 +181,241 @@ out:
     return rc;
 }
 
-/* The eplb planner: EPLB's physical slots become placement; each expert's
- * pairs are split over its replicas as evenly as possible (replica rank r
- * gets one extra pair while r < n_e mod count), summed per GPU. The native
- * rank keeps its resident copy (placement 1) even when EPLB puts no slot
- * there. */
+/* ------------------------------------------------------------ layouts */
+
+void lrmoe_eplb_layout_free(lrmoe_eplb_layout_t *l)
+{
+    free(l->phy2log);
+    free(l->phyrank);
+    free(l->logcnt);
+    free(l->moved);
+    memset(l, 0, sizeof *l);
+}
+
+static int eplb_slots(const lrmoe_plan_opts_t *o, int E)
+{
+    return o->slots ? o->slots : E / o->P + 2;
+}
+
+int lrmoe_eplb_layout_make(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
+                           const lrmoe_eplb_layout_t *prev, lrmoe_eplb_layout_t *out)
+{
+    const int P = o->P, per = E / P, slots = eplb_slots(o, E), nphy = slots * P;
+    const int groups = o->groups ? o->groups : o->nodes;
+    if (out->E != E || out->P != P || out->slots != slots || !out->phy2log) {
+        lrmoe_eplb_layout_free(out);
+        out->phy2log = malloc((size_t)nphy * sizeof(int));
+        out->phyrank = malloc((size_t)nphy * sizeof(int));
+        out->logcnt = malloc((size_t)E * sizeof(int));
+        out->moved = malloc((size_t)nphy);
+        if (!out->phy2log || !out->phyrank || !out->logcnt || !out->moved) {
+            lrmoe_eplb_layout_free(out);
+            return lrmoe_err("eplb: out of memory");
+        }
+        out->E = E;
+        out->P = P;
+        out->slots = slots;
+    }
+    double *w = malloc((size_t)E * sizeof *w);
+    if (!w)
+        return lrmoe_err("eplb: out of memory");
+    for (int e = 0; e < E; e++)
+        w[e] = (double)load[e];
+    int rc = lrmoe_eplb_rebalance(w, 1, E, nphy, groups, o->nodes, P, out->phy2log,
+                                  out->phyrank, out->logcnt);
+    free(w);
+    if (rc < 0)
+        return -1;
+    const int same = prev && prev->E == E && prev->P == P && prev->slots == slots;
+    out->nmoved = 0;
+    for (int i = 0; i < nphy; i++) {
+        const int j = i % slots, q = i / slots;
+        const int before = same ? prev->phy2log[i] : j < per ? q * per + j : -1;
+        out->moved[i] = out->phy2log[i] != before;
+        out->nmoved += out->moved[i];
+    }
+    return 0;
+}
+
+int lrmoe_eplb_layout_copy(lrmoe_eplb_layout_t *dst, const lrmoe_eplb_layout_t *src)
+{
+    const size_t nphy = (size_t)src->P * src->slots;
+    if (dst->E != src->E || dst->P != src->P || dst->slots != src->slots || !dst->phy2log) {
+        lrmoe_eplb_layout_free(dst);
+        dst->phy2log = malloc(nphy * sizeof(int));
+        dst->phyrank = malloc(nphy * sizeof(int));
+        dst->logcnt = malloc((size_t)src->E * sizeof(int));
+        dst->moved = malloc(nphy);
+        if (!dst->phy2log || !dst->phyrank || !dst->logcnt || !dst->moved) {
+            lrmoe_eplb_layout_free(dst);
+            return lrmoe_err("eplb: out of memory");
+        }
+    }
+    dst->E = src->E;
+    dst->P = src->P;
+    dst->slots = src->slots;
+    dst->nmoved = src->nmoved;
+    memcpy(dst->phy2log, src->phy2log, nphy * sizeof(int));
+    memcpy(dst->phyrank, src->phyrank, nphy * sizeof(int));
+    memcpy(dst->logcnt, src->logcnt, (size_t)src->E * sizeof(int));
+    memcpy(dst->moved, src->moved, nphy);
+    return 0;
+}
+
+typedef struct {
+    char *layer;
+    lrmoe_eplb_layout_t cur, next;
+    double *window;     /* (E) loads since the last rearrangement */
+    int64_t frames;     /* frames of the layer since then */
+} eplb_layer_t;
+
+struct lrmoe_eplb_cache {
+    eplb_layer_t *l;
+    int n, cap;
+};
+
+lrmoe_eplb_cache_t *lrmoe_eplb_cache_new(void)
+{
+    lrmoe_eplb_cache_t *c = calloc(1, sizeof *c);
+    if (!c)
+        lrmoe_err("eplb: out of memory");
+    return c;
+}
+
+void lrmoe_eplb_cache_free(lrmoe_eplb_cache_t *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < c->n; i++) {
+        free(c->l[i].layer);
+        lrmoe_eplb_layout_free(&c->l[i].cur);
+        lrmoe_eplb_layout_free(&c->l[i].next);
+        free(c->l[i].window);
+    }
+    free(c->l);
+    free(c);
+}
+
+int lrmoe_eplb_step(lrmoe_eplb_cache_t *c, const char *layer, const lrmoe_plan_opts_t *o,
+                    const int64_t *load, int E, const lrmoe_eplb_layout_t **out)
+{
+    if (!layer)
+        layer = "";
+    eplb_layer_t *L = NULL;
+    for (int i = 0; i < c->n && !L; i++)
+        if (!strcmp(c->l[i].layer, layer))
+            L = &c->l[i];
+    if (L && (L->cur.E != E || L->cur.P != o->P || L->cur.slots != eplb_slots(o, E)))
+        return lrmoe_err("eplb: layer '%s' changed shape (%d experts over %d ranks)", layer, E,
+                         o->P);
+    if (!L) {
+        if (c->n == c->cap) {
+            int cap = c->cap ? 2 * c->cap : 16;
+            eplb_layer_t *nl = realloc(c->l, (size_t)cap * sizeof *nl);
+            if (!nl)
+                return lrmoe_err("eplb: out of memory");
+            c->l = nl;
+            c->cap = cap;
+        }
+        L = &c->l[c->n];
+        memset(L, 0, sizeof *L);
+        L->layer = strdup(layer);
+        L->window = calloc((size_t)E, sizeof *L->window);
+        if (!L->layer || !L->window ||
+            lrmoe_eplb_layout_make(o, load, E, NULL, &L->cur) < 0) {
+            free(L->layer);
+            free(L->window);
+            lrmoe_eplb_layout_free(&L->cur);
+            return L->layer && L->window ? -1 : lrmoe_err("eplb: out of memory");
+        }
+        c->n++;
+    } else if (o->rebalance_every == 0) {
+        if (lrmoe_eplb_layout_make(o, load, E, &L->cur, &L->next) < 0)
+            return -1;
+        lrmoe_eplb_layout_t t = L->cur;
+        L->cur = L->next;
+        L->next = t;
+    } else if (L->frames >= o->rebalance_every) {
+        /* rearranged after the last frame of the interval: applies now */
+        int64_t *wl = malloc((size_t)E * sizeof *wl);
+        if (!wl)
+            return lrmoe_err("eplb: out of memory");
+        for (int e = 0; e < E; e++)
+            wl[e] = (int64_t)llround(L->window[e]);
+        int r = lrmoe_eplb_layout_make(o, wl, E, &L->cur, &L->next);
+        free(wl);
+        if (r < 0)
+            return -1;
+        lrmoe_eplb_layout_t t = L->cur;
+        L->cur = L->next;
+        L->next = t;
+        memset(L->window, 0, (size_t)E * sizeof *L->window);
+        L->frames = 0;
+    } else if (L->cur.nmoved) {
+        memset(L->cur.moved, 0, (size_t)L->cur.slots * L->cur.P); /* nothing moves now */
+        L->cur.nmoved = 0;
+    }
+    for (int e = 0; e < E; e++)
+        L->window[e] += (double)load[e];
+    L->frames++;
+    *out = &L->cur;
+    return 0;
+}
+
+/* The eplb planner: the layout's physical slots become placement (the
+ * native rank keeps its resident copy, placement 1, even without a slot);
+ * each expert's pairs are split over its copies as evenly as possible (copy
+ * r gets one extra pair while r < n_e mod count), summed per GPU. Every rank
+ * is charged its slots - E/P redundant slots; weights arrive at the slots
+ * the layout moved (sent by the expert's native rank), and every redundant
+ * copy returns its weight gradient to the expert's first copy. */
 int plan_eplb(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p)
 {
     const int P = o->P, per = E / P;
-    const int slots = o->slots ? o->slots : per + 2;
-    const int groups = o->groups ? o->groups : o->nodes;
-    const int nphy = slots * P;
-    double *w = calloc((size_t)E, sizeof *w);
-    int *p2l = malloc((size_t)nphy * sizeof(int)), *rk = malloc((size_t)nphy * sizeof(int));
-    int *cnt = malloc((size_t)E * sizeof(int));
-    int rc = -1;
-    if (!w || !p2l || !rk || !cnt) {
-        lrmoe_err("eplb: out of memory");
-        goto out;
+    lrmoe_eplb_layout_t own;
+    memset(&own, 0, sizeof own);
+    const lrmoe_eplb_layout_t *L = o->eplb_layout;
+    if (L && (L->E != E || L->P != P || L->slots != eplb_slots(o, E)))
+        return lrmoe_err("eplb: the layout given is for %d experts, %d ranks, %d slots",
+                         L->E, L->P, L->slots);
+    if (!L) {
+        if (lrmoe_eplb_layout_make(o, load, E, NULL, &own) < 0)
+            return -1;
+        L = &own;
     }
-    for (int e = 0; e < E; e++)
-        w[e] = (double)load[e];
-    if (lrmoe_eplb_rebalance(w, 1, E, nphy, groups, o->nodes, P, p2l, rk, cnt) < 0)
-        goto out;
-    for (int e = 0; e < E; e++)
+    const int slots = L->slots, nphy = slots * P;
+    int *first = malloc((size_t)E * sizeof(int));
+    if (!first) {
+        lrmoe_eplb_layout_free(&own);
+        return lrmoe_err("eplb: out of memory");
+    }
+    const double wb = lrmoe_cost_expert_elems(&o->cost) * o->cost.dtype_bytes;
+    for (int e = 0; e < E; e++) {
         p->placement[(size_t)e * P + e / per] = 1;
+        first[e] = -1;
+    }
+    for (int q = 0; q < P; q++)
+        p->held[q] = slots - per;
     for (int i = 0; i < nphy; i++) {
-        int e = p2l[i], g = i / slots;
-        int64_t c = cnt[e], share = load[e] / c + (rk[i] < load[e] % c ? 1 : 0);
+        const int e = L->phy2log[i], g = i / slots;
+        const int64_t c = L->logcnt[e];
+        const int64_t share = load[e] / c + (L->phyrank[i] < load[e] % c ? 1 : 0);
         p->placement[(size_t)e * P + g] = 1;
         p->fwd_alloc[(size_t)e * P + g] += share;
+        if (L->moved[i]) {
+            p->wrecv[g] += wb;
+            p->wsend[e / per] += wb;
+        }
+        if (first[e] < 0) {
+            first[e] = g;
+        } else if (first[e] != g) {
+            p->wsend[g] += wb;
+            p->wrecv[first[e]] += wb;
+        }
     }
-    rc = 0;
-out:
-    free(w);
-    free(p2l);
-    free(rk);
-    free(cnt);
-    return rc;
+    p->have_slots = 1;
+    p->weight_moves = L->nmoved;
+    free(first);
+    lrmoe_eplb_layout_free(&own);
+    return 0;
 }

@@ -1,443 +1,13 @@
 /* LRMoE planner (Algorithm 1): for each candidate retention rate, in
  * decreasing order, choose replicas, quotas and the min-peak integer
  * allocation of forward and retained pairs (GLPK), evaluate the memory and
- * communication model, and keep the first candidate that fits.
- * Also the max-flow (Dinic) solve of the same allocation. */
-#include <glpk.h>
+ * communication model, and keep the first candidate that fits. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "plan.h"
 #include "plan_internal.h"
-
-/* ---------------------------------------------------------------- Dinic */
-
-typedef struct {
-    int n, m, cap_e;
-    int *head, *nxt, *to, *level, *it, *queue;
-    int64_t *cap;
-} flow_t;
-
-static void flow_free(flow_t *g)
-{
-    free(g->head); free(g->nxt); free(g->to); free(g->level); free(g->it);
-    free(g->queue); free(g->cap);
-    memset(g, 0, sizeof *g);
-}
-
-static int flow_init(flow_t *g, int n, int max_edges)
-{
-    memset(g, 0, sizeof *g);
-    g->n = n;
-    g->cap_e = 2 * max_edges;
-    g->head = malloc((size_t)n * sizeof(int));
-    g->level = malloc((size_t)n * sizeof(int));
-    g->it = malloc((size_t)n * sizeof(int));
-    g->queue = malloc((size_t)n * sizeof(int));
-    g->nxt = malloc((size_t)g->cap_e * sizeof(int));
-    g->to = malloc((size_t)g->cap_e * sizeof(int));
-    g->cap = malloc((size_t)g->cap_e * sizeof(int64_t));
-    if (!g->head || !g->level || !g->it || !g->queue || !g->nxt || !g->to || !g->cap) {
-        flow_free(g);
-        return lrmoe_err("max-flow: out of memory");
-    }
-    for (int i = 0; i < n; i++)
-        g->head[i] = -1;
-    return 0;
-}
-
-static int flow_edge(flow_t *g, int u, int v, int64_t c)
-{
-    int e = g->m;
-    g->to[e] = v; g->cap[e] = c; g->nxt[e] = g->head[u]; g->head[u] = e;
-    g->to[e + 1] = u; g->cap[e + 1] = 0; g->nxt[e + 1] = g->head[v]; g->head[v] = e + 1;
-    g->m += 2;
-    return e;
-}
-
-static int flow_bfs(flow_t *g, int s, int t)
-{
-    for (int i = 0; i < g->n; i++)
-        g->level[i] = -1;
-    int qh = 0, qt = 0;
-    g->level[s] = 0;
-    g->queue[qt++] = s;
-    while (qh < qt) {
-        int u = g->queue[qh++];
-        for (int e = g->head[u]; e >= 0; e = g->nxt[e])
-            if (g->cap[e] > 0 && g->level[g->to[e]] < 0) {
-                g->level[g->to[e]] = g->level[u] + 1;
-                g->queue[qt++] = g->to[e];
-            }
-    }
-    return g->level[t] >= 0;
-}
-
-static int64_t flow_dfs(flow_t *g, int u, int t, int64_t f)
-{
-    if (u == t)
-        return f;
-    for (; g->it[u] >= 0; g->it[u] = g->nxt[g->it[u]]) {
-        int e = g->it[u], v = g->to[e];
-        if (g->cap[e] > 0 && g->level[v] == g->level[u] + 1) {
-            int64_t d = flow_dfs(g, v, t, f < g->cap[e] ? f : g->cap[e]);
-            if (d > 0) {
-                g->cap[e] -= d;
-                g->cap[e ^ 1] += d;
-                return d;
-            }
-        }
-    }
-    return 0;
-}
-
-static int64_t flow_max(flow_t *g, int s, int t)
-{
-    int64_t tot = 0;
-    while (flow_bfs(g, s, t)) {
-        for (int i = 0; i < g->n; i++)
-            g->it[i] = g->head[i];
-        int64_t f;
-        while ((f = flow_dfs(g, s, t, INT64_MAX)) > 0)
-            tot += f;
-    }
-    return tot;
-}
-
-/* Bipartite network: source 0, experts 1..E, ranks E+1..E+P, sink E+P+1.
- * Returns the max flow with source caps srccap[e] and rank caps T; fills x
- * when non-NULL. */
-static int64_t bip_flow(const uint8_t *pl, const int64_t *srccap, int E, int P, int64_t T,
-                        int64_t *x)
-{
-    flow_t g;
-    int nel = 0;
-    for (size_t i = 0; i < (size_t)E * P; i++)
-        nel += pl[i] != 0;
-    if (flow_init(&g, E + P + 2, E + P + nel) < 0)
-        return -1;
-    const int s = 0, t = E + P + 1;
-    int *eid = x ? malloc((size_t)E * P * sizeof(int)) : NULL;
-    if (x && !eid) {
-        flow_free(&g);
-        return lrmoe_err("max-flow: out of memory");
-    }
-    for (int e = 0; e < E; e++)
-        if (srccap[e] > 0)
-            flow_edge(&g, s, 1 + e, srccap[e]);
-    for (int e = 0; e < E; e++)
-        for (int p = 0; p < P; p++) {
-            size_t i = (size_t)e * P + p;
-            if (eid)
-                eid[i] = -1;
-            if (pl[i] && srccap[e] > 0) {
-                int id = flow_edge(&g, 1 + e, 1 + E + p, srccap[e]);
-                if (eid)
-                    eid[i] = id;
-            }
-        }
-    for (int p = 0; p < P; p++)
-        flow_edge(&g, 1 + E + p, t, T);
-    int64_t f = flow_max(&g, s, t);
-    if (x) {
-        for (size_t i = 0; i < (size_t)E * P; i++)
-            x[i] = eid[i] >= 0 ? g.cap[eid[i] ^ 1] : 0;
-        free(eid);
-    }
-    flow_free(&g);
-    return f;
-}
-
-int64_t lrmoe_minpeak_lb_flow(const uint8_t *pl, const int64_t *need, int E, int P)
-{
-    int64_t sum = 0;
-    for (int e = 0; e < E; e++)
-        sum += need[e];
-    int64_t lo = 0, hi = sum;
-    if (bip_flow(pl, need, E, P, hi, NULL) != sum)
-        return lrmoe_err("min-peak bound: an expert with pairs has no eligible rank");
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        int64_t f = bip_flow(pl, need, E, P, mid, NULL);
-        if (f < 0)
-            return -1;
-        if (f == sum)
-            hi = mid;
-        else
-            lo = mid + 1;
-    }
-    return lo;
-}
-
-int64_t lrmoe_minpeak_quota_lb_flow(const uint8_t *pl, const int64_t *lo_e, const int64_t *n,
-                                    int64_t total, int E, int P)
-{
-    int64_t slo = 0, sn = 0;
-    for (int e = 0; e < E; e++) {
-        slo += lo_e[e];
-        sn += n[e];
-    }
-    int64_t lo = 0, hi = sn;
-    if (bip_flow(pl, lo_e, E, P, hi, NULL) != slo || bip_flow(pl, n, E, P, hi, NULL) < total)
-        return lrmoe_err("quota bound: pairs of an expert without eligible rank");
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        int64_t a = bip_flow(pl, lo_e, E, P, mid, NULL), b = bip_flow(pl, n, E, P, mid, NULL);
-        if (a < 0 || b < 0)
-            return -1;
-        if (a == slo && b >= total)
-            hi = mid;
-        else
-            lo = mid + 1;
-    }
-    return lo;
-}
-
-int64_t lrmoe_alloc_flow(const uint8_t *pl, const int64_t *need, int E, int P, int64_t *x)
-{
-    int64_t T = lrmoe_minpeak_lb(pl, need, E, P), sum = 0;
-    if (T < 0)
-        return -1;
-    for (int e = 0; e < E; e++)
-        sum += need[e];
-    int64_t f = bip_flow(pl, need, E, P, T, x);
-    if (f < 0)
-        return -1;
-    if (f != sum)
-        return lrmoe_err("max-flow: routed %lld of %lld pairs at the bound %lld", (long long)f,
-                         (long long)sum, (long long)T);
-    return T;
-}
-
-/* ---------------------------------------------------------------- GLPK */
-
-typedef struct {
-    int *ia, *ja;
-    double *ar;
-    int nnz, cap;
-} triplets_t;
-
-static int trip_add(triplets_t *t, int i, int j, double v)
-{
-    if (t->nnz + 1 >= t->cap) {
-        int c = t->cap ? 2 * t->cap : 1024;
-        int *ia = realloc(t->ia, (size_t)c * sizeof(int));
-        if (ia)
-            t->ia = ia;
-        int *ja = realloc(t->ja, (size_t)c * sizeof(int));
-        if (ja)
-            t->ja = ja;
-        double *ar = realloc(t->ar, (size_t)c * sizeof(double));
-        if (ar)
-            t->ar = ar;
-        if (!ia || !ja || !ar)
-            return lrmoe_err("GLPK: out of memory");
-        t->cap = c;
-    }
-    t->nnz++;
-    t->ia[t->nnz] = i;
-    t->ja[t->nnz] = j;
-    t->ar[t->nnz] = v;
-    return 0;
-}
-
-static void trip_free(triplets_t *t)
-{
-    free(t->ia);
-    free(t->ja);
-    free(t->ar);
-}
-
-/* Shared model: columns x_ep for eligible (e,p) with n[e] > 0, then T.
- * Experts: fixed row sum need[e] (lo == NULL) or lo[e] <= K_e <= n[e] with
- * sum K_e = total. Objective: T, minus (quota mode, pref given) a tie-break
- * below 0.4 in total that prefers x where pref is large; T stays optimal. */
-static int64_t glpk_solve(const uint8_t *pl, const int64_t *lo, const int64_t *n,
-                          int64_t total, const int64_t *pref, int E, int P, double tm_lim,
-                          int64_t *K, int64_t *x)
-{
-    const int quota = lo != NULL;
-    int64_t sum = 0;
-    int ncol = 0;
-    for (int e = 0; e < E; e++) {
-        int cnt = 0;
-        for (int p = 0; p < P; p++)
-            cnt += pl[(size_t)e * P + p] != 0;
-        if (n[e] < 0)
-            return lrmoe_err("GLPK: negative row total for expert %d", e);
-        if (n[e] > 0 && !cnt && (!quota || lo[e] > 0))
-            return lrmoe_err("GLPK: expert %d has pairs and no eligible rank", e);
-        sum += n[e];
-        if (n[e] > 0)
-            ncol += cnt;
-    }
-    if (!quota)
-        total = sum;
-    /* columns 1..ncol: eligible (e,p) with n[e] > 0 in row-major order, so
-     * an expert's columns are consecutive; cexp/crank name them, rstart and
-     * rlist list each rank's columns in increasing order (counting sort) */
-    int *cexp = malloc(((size_t)ncol + 1) * sizeof(int));
-    int *crank = malloc(((size_t)ncol + 1) * sizeof(int));
-    int *rstart = calloc((size_t)P + 1, sizeof(int));
-    int *rlist = malloc(((size_t)ncol + 1) * sizeof(int));
-    int64_t *rs = calloc((size_t)P, sizeof *rs);
-    triplets_t tr = {0};
-    glp_prob *lp = NULL;
-    int64_t rc = -1;
-    if (!cexp || !crank || !rstart || !rlist || !rs) {
-        lrmoe_err("GLPK: out of memory");
-        goto out;
-    }
-    int c = 0;
-    for (int e = 0; e < E; e++) {
-        if (n[e] <= 0)
-            continue;
-        for (int p = 0; p < P; p++)
-            if (pl[(size_t)e * P + p]) {
-                ++c;
-                cexp[c] = e;
-                crank[c] = p;
-                rstart[p + 1]++;
-            }
-    }
-    for (int p = 0; p < P; p++)
-        rstart[p + 1] += rstart[p];
-    for (int j = 1; j <= ncol; j++)
-        rlist[rstart[crank[j]]++] = j;
-    for (int p = P; p > 0; p--)
-        rstart[p] = rstart[p - 1];
-    rstart[0] = 0;
-    /* the whole matrix in one allocation: expert rows, quota row, ranks */
-    tr.cap = 2 * ncol + (quota ? ncol : 0) + P + 2;
-    tr.ia = malloc((size_t)tr.cap * sizeof(int));
-    tr.ja = malloc((size_t)tr.cap * sizeof(int));
-    tr.ar = malloc((size_t)tr.cap * sizeof(double));
-    if (!tr.ia || !tr.ja || !tr.ar) {
-        lrmoe_err("GLPK: out of memory");
-        goto out;
-    }
-    glp_term_out(GLP_OFF);
-    lp = glp_create_prob();
-    glp_set_obj_dir(lp, GLP_MIN);
-    const int cT = ncol + 1;
-    glp_add_cols(lp, ncol + 1);
-    const double eps = 0.4 / ((double)total + 1.0);
-    for (int j = 1; j <= ncol; j++) {
-        const int e = cexp[j];
-        glp_set_col_kind(lp, j, GLP_IV);
-        glp_set_col_bnds(lp, j, GLP_DB, 0.0, (double)n[e]);
-        if (quota && pref && n[e] > 0)
-            glp_set_obj_coef(lp, j, -eps * (double)pref[(size_t)e * P + crank[j]] / (double)n[e]);
-    }
-    glp_set_col_kind(lp, cT, GLP_IV);
-    glp_set_col_bnds(lp, cT, GLP_LO, 0.0, 0.0);
-    glp_set_obj_coef(lp, cT, 1.0);
-    int row = 0;
-    for (int j = 1; j <= ncol;) {
-        /* expert e = cexp[j] owns columns j..; lo = 0 experts without a
-         * rank have no column and no row (quota mode: K_e = 0) */
-        const int e = cexp[j];
-        row = glp_add_rows(lp, 1);
-        if (!quota || lo[e] == n[e])
-            glp_set_row_bnds(lp, row, GLP_FX, (double)n[e], (double)n[e]);
-        else
-            glp_set_row_bnds(lp, row, GLP_DB, (double)lo[e], (double)n[e]);
-        for (; j <= ncol && cexp[j] == e; j++)
-            if (trip_add(&tr, row, j, 1.0) < 0)
-                goto out;
-    }
-    if (quota) {
-        row = glp_add_rows(lp, 1);
-        glp_set_row_bnds(lp, row, GLP_FX, (double)total, (double)total);
-        for (int j = 1; j <= ncol; j++)
-            if (trip_add(&tr, row, j, 1.0) < 0)
-                goto out;
-    }
-    for (int p = 0; p < P; p++) {
-        row = glp_add_rows(lp, 1);
-        glp_set_row_bnds(lp, row, GLP_UP, 0.0, 0.0);
-        for (int k = rstart[p]; k < rstart[p + 1]; k++)
-            if (trip_add(&tr, row, rlist[k], 1.0) < 0)
-                goto out;
-        if (trip_add(&tr, row, cT, -1.0) < 0)
-            goto out;
-    }
-    glp_load_matrix(lp, tr.nnz, tr.ia, tr.ja, tr.ar);
-    glp_iocp parm;
-    glp_init_iocp(&parm);
-    parm.presolve = GLP_ON;
-    parm.msg_lev = GLP_MSG_OFF;
-    double ms = tm_lim * 1000.0;
-    parm.tm_lim = ms > 2e9 ? 2000000000 : (int)ms;
-    int ret = glp_intopt(lp, &parm);
-    int st = glp_mip_status(lp);
-    if (ret == GLP_ETMLIM || (ret == 0 && st == GLP_FEAS)) {
-        lrmoe_err("GLPK: time limit %.3g s reached before proving optimality", tm_lim);
-        goto out;
-    }
-    if (ret == GLP_ENOPFS || ret == GLP_ENODFS || st == GLP_NOFEAS) {
-        lrmoe_err("GLPK: allocation problem has no feasible solution");
-        goto out;
-    }
-    if (ret != 0 || st != GLP_OPT) {
-        lrmoe_err("GLPK: glp_intopt failed (return %d, status %d)", ret, st);
-        goto out;
-    }
-    memset(x, 0, (size_t)E * P * sizeof *x);
-    if (K)
-        memset(K, 0, (size_t)E * sizeof *K);
-    for (int j = 1; j <= ncol; j++) {
-        const int64_t v = (int64_t)llround(glp_mip_col_val(lp, j));
-        x[(size_t)cexp[j] * P + crank[j]] = v;
-        if (K)
-            K[cexp[j]] += v;
-        rs[crank[j]] += v;
-    }
-    int64_t peak = 0;
-    for (int p = 0; p < P; p++)
-        if (rs[p] > peak)
-            peak = rs[p];
-    rc = peak;
-out:
-    if (lp)
-        glp_delete_prob(lp);
-    trip_free(&tr);
-    free(cexp);
-    free(crank);
-    free(rstart);
-    free(rlist);
-    free(rs);
-    return rc;
-}
-
-void lrmoe_plan_thread_cleanup(void)
-{
-    glp_free_env();
-}
-
-int64_t lrmoe_alloc_glpk(const uint8_t *placement, const int64_t *need, int E, int P,
-                         double tm_lim, int64_t *x)
-{
-    return glpk_solve(placement, NULL, need, 0, NULL, E, P, tm_lim, NULL, x);
-}
-
-int64_t lrmoe_alloc_glpk_quota(const uint8_t *placement, const int64_t *lo, const int64_t *n,
-                               int64_t total, const int64_t *pref, int E, int P,
-                               double tm_lim, int64_t *K, int64_t *x)
-{
-    int64_t slo = 0, sn = 0;
-    for (int e = 0; e < E; e++) {
-        if (lo[e] < 0 || lo[e] > n[e])
-            return lrmoe_err("GLPK: lower quota of expert %d outside [0,n]", e);
-        slo += lo[e];
-        sn += n[e];
-    }
-    if (total < slo || total > sn)
-        return lrmoe_err("GLPK: retained total %lld outside [%lld,%lld]", (long long)total,
-                         (long long)slo, (long long)sn);
-    return glpk_solve(placement, lo, n, total, pref, E, P, tm_lim, K, x);
-}
 
 /* ---------------------------------------------------------------- planner */
 
@@ -541,72 +111,131 @@ static void jeval(const gctx_t *c, int e, int q, int64_t fref, int64_t bref, jv_
     o->sb = sb;
 }
 
-/* Above GREEDY_MAX_P ranks the exact greedy (2^P subsets per evaluation) is
- * too slow: with even-split load estimates per rank, replicate the heaviest
- * expert (per instance) of the most loaded rank onto the least loaded rank
- * with a free slot, while the sum of squared estimates drops. */
+/* Above GREEDY_MAX_P ranks the exact greedy (2^P subsets per evaluation)
+ * is too slow; the search works on the exact optimum T* instead (lib/
+ * minpeak.c, max-flow): at each step the bottleneck is a witness rank subset
+ * S whose bound ceil(N(S)/|S|) equals T*; an expert whose instances all lie
+ * in S holds S up, so the candidates are the C heaviest such experts (load
+ * per instance), each tried on the two least-loaded ranks outside S with a
+ * free slot (loads of a min-peak allocation). The move with the lowest new
+ * T* is taken; moves that keep T* (plateaus: S has several blockers) are
+ * allowed STALL times in a row. Additions past the last improvement are
+ * rolled back. Returns the additions kept (history in he, hp), or -1. */
 #define GREEDY_MAX_P 10
-static int place_replicas_estimate(const gctx_t *c, int extra, uint8_t *pl)
+#define SEARCH_C 4
+#define SEARCH_STALL 4
+static int place_replicas_search(const int64_t *n, int E, int P, int extra, uint8_t *pl,
+                                 int *he, int *hp)
 {
-    const int E = c->E, P = c->P, per = E / P;
+    const int maxadd = extra * P;
     int *inst = calloc((size_t)E, sizeof(int)), *reps = calloc((size_t)P, sizeof(int));
-    double *est = calloc((size_t)P, sizeof(double));
-    int added = -1;
-    if (!inst || !reps || !est) {
-        lrmoe_err("replica placement: out of memory");
+    int64_t *x = malloc((size_t)E * P * sizeof *x), *est = calloc((size_t)P, sizeof *est);
+    uint8_t *wit = malloc((size_t)P);
+    int rc = -1;
+    if (!inst || !reps || !x || !est || !wit) {
+        lrmoe_err("replica search: out of memory");
         goto out;
     }
-    for (int e = 0; e < E; e++) {
-        inst[e] = 1;
-        est[e / per] += (double)c->n[e];
-    }
-    added = 0;
-    while (added < extra * P) {
-        /* the heaviest expert (per instance) on the rank with the largest
-         * estimate that still has somewhere to go */
-        int pm = 0;
-        for (int p = 1; p < P; p++)
-            if (est[p] > est[pm])
-                pm = p;
-        int be = -1, q = -1;
-        for (int e = 0; e < E; e++) {
-            if (c->n[e] <= 0 || inst[e] >= P || !pl[(size_t)e * P + pm])
-                continue;
-            if (be >= 0 && (double)c->n[e] / inst[e] <= (double)c->n[be] / inst[be])
-                continue;
-            int t = -1;
-            for (int p = 0; p < P; p++)
-                if (reps[p] < extra && !pl[(size_t)e * P + p] && (t < 0 || est[p] < est[t]))
-                    t = p;
-            if (t >= 0) {
-                be = e;
-                q = t;
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < P; p++)
+            inst[e] += pl[(size_t)e * P + p] != 0;
+    int64_t T = plan_minpeak(pl, NULL, n, 0, E, P, -1, wit, NULL);
+    if (T < 0)
+        goto out;
+    int64_t bestT = T;
+    int added = 0, best = 0, stall = 0;
+    while (added < maxadd) {
+        int ins = 0;
+        for (int p = 0; p < P; p++)
+            ins += wit[p] != 0;
+        if (ins == P)
+            break; /* the whole rank set binds: ceil(N/P), nothing helps */
+        if (lrmoe_alloc_flow(pl, n, E, P, x) < 0)
+            goto out;
+        memset(est, 0, (size_t)P * sizeof *est);
+        for (size_t i = 0; i < (size_t)E * P; i++)
+            est[i % P] += x[i];
+        int cand[SEARCH_C], nc = 0;
+        for (int k = 0; k < SEARCH_C; k++) {
+            int bst = -1;
+            for (int e = 0; e < E; e++) {
+                if (n[e] <= 0 || inst[e] >= P)
+                    continue;
+                int in = 1, taken = 0;
+                for (int p = 0; p < P && in; p++)
+                    in = !pl[(size_t)e * P + p] || wit[p];
+                for (int j = 0; j < nc; j++)
+                    taken |= cand[j] == e;
+                if (!in || taken)
+                    continue;
+                if (bst < 0 || (double)n[e] / inst[e] > (double)n[bst] / inst[bst])
+                    bst = e;
+            }
+            if (bst < 0)
+                break;
+            cand[nc++] = bst;
+        }
+        int be = -1, bp = -1;
+        int64_t bt = INT64_MAX;
+        for (int k = 0; k < nc; k++) {
+            const int e = cand[k];
+            int q1 = -1, q2 = -1;
+            for (int q = 0; q < P; q++) {
+                if (wit[q] || reps[q] >= extra || pl[(size_t)e * P + q])
+                    continue;
+                if (q1 < 0 || est[q] < est[q1]) {
+                    q2 = q1;
+                    q1 = q;
+                } else if (q2 < 0 || est[q] < est[q2]) {
+                    q2 = q;
+                }
+            }
+            const int qs[2] = {q1, q2};
+            for (int j = 0; j < 2; j++) {
+                const int q = qs[j];
+                if (q < 0)
+                    continue;
+                pl[(size_t)e * P + q] = 1;
+                int64_t t = plan_minpeak(pl, NULL, n, 0, E, P, T, NULL, NULL);
+                pl[(size_t)e * P + q] = 0;
+                if (t < 0)
+                    goto out;
+                if (t < bt) {
+                    bt = t;
+                    be = e;
+                    bp = q;
+                }
             }
         }
-        if (be < 0)
+        if (be < 0 || bt > T)
             break;
-        /* accept while the sum of squared estimates drops */
-        double so = (double)c->n[be] / inst[be], sn = (double)c->n[be] / (inst[be] + 1);
-        double d = (est[q] + sn) * (est[q] + sn) - est[q] * est[q];
-        for (int p = 0; p < P; p++)
-            if (pl[(size_t)be * P + p])
-                d += (est[p] + sn - so) * (est[p] + sn - so) - est[p] * est[p];
-        if (!(d < 0))
+        stall = bt < T ? 0 : stall + 1;
+        if (stall > SEARCH_STALL)
             break;
-        for (int p = 0; p < P; p++)
-            if (pl[(size_t)be * P + p])
-                est[p] += sn - so;
-        est[q] += sn;
-        pl[(size_t)be * P + q] = 1;
+        pl[(size_t)be * P + bp] = 1;
         inst[be]++;
-        reps[q]++;
+        reps[bp]++;
+        he[added] = be;
+        hp[added] = bp;
         added++;
+        T = plan_minpeak(pl, NULL, n, 0, E, P, -1, wit, NULL);
+        if (T < 0)
+            goto out;
+        if (T < bestT) {
+            bestT = T;
+            best = added;
+        }
     }
+    for (int i = added - 1; i >= best; i--)
+        pl[(size_t)he[i] * P + hp[i]] = 0;
+    rc = best;
 out:
     free(inst);
     free(reps);
+    free(x);
     free(est);
-    return added;
+    free(wit);
+    return rc;
 }
 
 /* Greedy replica placement: at each step try every (expert, rank) pair with
@@ -615,21 +244,20 @@ out:
  * the pair with the lowest (objective, excess). Stop when neither drops; keep
  * the shortest prefix that reached the best objective. pl holds the natives
  * on entry. Returns the replicas added, or -1. */
-static int place_replicas(gctx_t *c, int extra, uint8_t *pl)
+static int place_replicas(gctx_t *c, int extra, uint8_t *pl, int *he, int *hp)
 {
     const int E = c->E, P = c->P, C = 6;
     const int maxadd = extra * P;
     if (maxadd <= 0 || P == 1)
         return 0;
     if (P > GREEDY_MAX_P)
-        return place_replicas_estimate(c, extra, pl);
+        return place_replicas_search(c->n, E, P, extra, pl, he, hp);
     int *inst = malloc((size_t)E * sizeof(int)), *reps = calloc((size_t)P, sizeof(int));
-    int *he = malloc((size_t)maxadd * sizeof(int)), *hp = malloc((size_t)maxadd * sizeof(int));
     c->mask = malloc((size_t)E * sizeof(uint32_t));
     c->a = malloc(((size_t)1 << P) * sizeof(int64_t));
     c->b = malloc(((size_t)1 << P) * sizeof(int64_t));
     int rc = -1;
-    if (!inst || !reps || !he || !hp || !c->mask || !c->a || !c->b) {
+    if (!inst || !reps || !c->mask || !c->a || !c->b) {
         lrmoe_err("replica placement: out of memory");
         goto out;
     }
@@ -712,8 +340,6 @@ static int place_replicas(gctx_t *c, int extra, uint8_t *pl)
 out:
     free(inst);
     free(reps);
-    free(he);
-    free(hp);
     free(c->mask);
     free(c->a);
     free(c->b);
@@ -758,142 +384,796 @@ static void quota_proportional(const int64_t *n, const int64_t *lo, int E, doubl
     }
 }
 
+/* ------------------------------------------------------------ candidates */
+
+/* The planner's state over one call: the options, the loads, the best
+ * candidate so far (in *best) and what it must beat. */
+typedef struct {
+    const lrmoe_plan_opts_t *o;
+    const int64_t *load, *lo;
+    int E, P, per;
+    int64_t N, total;
+    double rho;          /* the rate being tried */
+    lrmoe_plan_t *best, cand, ref1;
+    int have;            /* best holds a candidate that fits at this rate */
+    int best_class;      /* 2: no worse than the best baseline in t_total and
+                            forward peak, 1: in t_total only */
+    double ref_t;        /* the best baseline: the lowest t_total of those */
+    int64_t ref_pk;      /* that fit (of all when none fits), its forward peak */
+    double glpk;         /* seconds in GLPK */
+    int longer_fits;     /* a plan that fits was kept out: it lengthens */
+    int allow_longer;    /* offer plans whose backward is longer than keeping
+                            every pair (source marked "+longer") */
+    char why[400];       /* what the best non-fitting candidate hit */
+    double min_mem1;     /* least memory of a rate-1 candidate within the window */
+    char why_src[48];
+    double why_mem;      /* its memory (for the closest miss) */
+} lctx_t;
+
+static double t_bwd_of(const lrmoe_cost_summary_t *s)
+{
+    return s->t_bwd_dispatch + s->t_bwd_compute + s->t_bwd_combine;
+}
+
+/* Copy the arrays and summary of a into b (same shape, b allocated). */
+static void plan_copy(lrmoe_plan_t *b, const lrmoe_plan_t *a)
+{
+    const size_t EP = (size_t)a->E * a->P, P = (size_t)a->P;
+    uint8_t *pl = b->placement;
+    int64_t *fw = b->fwd_alloc, *q = b->quota, *bw = b->bwd_alloc, *held = b->held;
+    double *ws = b->wsend, *wr = b->wrecv;
+    lrmoe_rank_cost_t *rk = b->rank;
+    *b = *a;
+    b->placement = pl;
+    b->fwd_alloc = fw;
+    b->quota = q;
+    b->bwd_alloc = bw;
+    b->held = held;
+    b->wsend = ws;
+    b->wrecv = wr;
+    b->rank = rk;
+    memcpy(pl, a->placement, EP);
+    memcpy(fw, a->fwd_alloc, EP * sizeof *fw);
+    memcpy(q, a->quota, (size_t)a->E * sizeof *q);
+    memcpy(bw, a->bwd_alloc, EP * sizeof *bw);
+    memcpy(held, a->held, P * sizeof *held);
+    memcpy(ws, a->wsend, P * sizeof *ws);
+    memcpy(wr, a->wrecv, P * sizeof *wr);
+    memcpy(rk, a->rank, P * sizeof *rk);
+}
+
+/* The largest per-expert drop fraction (n_e - K_e) / n_e of plan k. */
+static double max_drop(const lctx_t *c, const lrmoe_plan_t *k)
+{
+    double m = 0;
+    for (int e = 0; e < c->E; e++)
+        if (c->load[e] > 0) {
+            double d = (double)(c->load[e] - k->quota[e]) / (double)c->load[e];
+            if (d > m)
+                m = d;
+        }
+    return m;
+}
+
+/* Offer the evaluated candidate c->cand (summary and cost filled). The order:
+ * fits the budgets; at rate 1, class (2 when neither its t_total nor its
+ * forward peak is worse than the best baseline's, 1 when its t_total is
+ * not), then t_total, forward peak, backward peak; below rate 1 (where no
+ * baseline fits, or its plan would have won at rate 1) the least backward
+ * peak, then (policy even) the least largest drop fraction, then t_total,
+ * forward peak. */
+static void offer(lctx_t *c, const char *src)
+{
+    lrmoe_plan_t *k = &c->cand;
+    char why[400];
+    if (c->total == c->N && k->mem_peak < c->min_mem1 &&
+        !(c->o->cost.window > 0 && k->t_comm > c->o->cost.window))
+        c->min_mem1 = k->mem_peak;
+    if (!plan_fits(c->o, k, why, sizeof why)) {
+        if (!c->why[0] || k->mem_peak < c->why_mem) {
+            snprintf(c->why, sizeof c->why, "%s", why);
+            snprintf(c->why_src, sizeof c->why_src, "%s", src);
+            c->why_mem = k->mem_peak;
+        }
+        return;
+    }
+    const int tok = k->t_total <= c->ref_t * (1 + 1e-12);
+    const int cls = tok ? 1 + (k->fwd_peak <= c->ref_pk) : 0;
+    if (c->have && c->total < c->N) {
+        /* dropping (no baseline fits at rate 1): the policy's objective, the
+         * least backward peak, then t_total and the forward peak */
+        const lrmoe_plan_t *b = c->best;
+        const double dk = max_drop(c, k), db = max_drop(c, b);
+        if (k->bwd_peak != b->bwd_peak) {
+            if (k->bwd_peak > b->bwd_peak)
+                return;
+        } else if (c->o->quota == LRMOE_QUOTA_EVEN && dk != db) {
+            if (dk > db) /* fidelity: the most even retention */
+                return;
+        } else if (k->t_total != b->t_total) {
+            if (k->t_total > b->t_total)
+                return;
+        } else if (k->fwd_peak >= b->fwd_peak) {
+            return;
+        }
+    } else if (c->have) {
+        const lrmoe_plan_t *b = c->best;
+        if (cls != c->best_class) {
+            if (cls < c->best_class)
+                return;
+        } else if (k->t_total != b->t_total) {
+            if (k->t_total > b->t_total)
+                return;
+        } else if (k->fwd_peak != b->fwd_peak) {
+            if (k->fwd_peak > b->fwd_peak)
+                return;
+        } else if (k->bwd_peak >= b->bwd_peak) {
+            return;
+        }
+    }
+    plan_copy(c->best, k);
+    snprintf(c->best->source, sizeof c->best->source, "%s", src);
+    snprintf(c->best->planner, sizeof c->best->planner, "lrmoe");
+    c->have = 1;
+    c->best_class = cls;
+}
+
+/* A candidate that would lengthen the backward: kept out, but what it hit
+ * (or that it fit) still explains the rate. */
+static void reject_longer(lctx_t *c)
+{
+    char why[400];
+    lrmoe_plan_t *k = &c->cand;
+    if (!plan_fits(c->o, k, why, sizeof why)) {
+        if (!c->why[0] || k->mem_peak < c->why_mem) {
+            snprintf(c->why, sizeof c->why, "%s", why);
+            c->why_mem = k->mem_peak;
+        }
+    } else {
+        c->longer_fits = 1;
+    }
+}
+
+/* Summary and cost of c->cand as it stands; 0 or -1. */
+static int cand_eval(lctx_t *c)
+{
+    plan_summarise(&c->cand, c->load);
+    return plan_cost(c->o, &c->cand, c->load, NULL);
+}
+
+/* Backward kept in place: only experts whose forward ran on one rank drop
+ * pairs, on that rank (their retained state never moves), every other
+ * expert keeps all its pairs where forward ran. So every rank retains at
+ * most its forward rows and nothing moves: no backward phase can take
+ * longer than with every pair kept. Among these, the least backward peak;
+ * then the most even retention (every rank's droppable experts keep the same
+ * fraction as far as the peak allows, split inside a rank by largest
+ * remainders). Returns 1 with quota and bwd_alloc of cand filled, 0 when the
+ * droppable experts cannot absorb N - total, -1 on error. */
+static int bwd_in_place(lctx_t *c)
+{
+    const int E = c->E, P = c->P;
+    lrmoe_plan_t *k = &c->cand;
+    int64_t *M = calloc((size_t)P, sizeof *M), *S = calloc((size_t)P, sizeof *S);
+    int64_t *L = calloc((size_t)P, sizeof *L), *x = calloc((size_t)P, sizeof *x);
+    int *where = malloc((size_t)E * sizeof(int));
+    int64_t *sn = malloc((size_t)E * sizeof *sn), *sl = malloc((size_t)E * sizeof *sl);
+    int64_t *sk = malloc((size_t)E * sizeof *sk);
+    int *idx = malloc((size_t)E * sizeof(int));
+    int rc = -1;
+    if (!M || !S || !L || !x || !where || !sn || !sl || !sk || !idx) {
+        lrmoe_err("lrmoe: out of memory");
+        goto out;
+    }
+    for (int e = 0; e < E; e++) {
+        int cnt = 0, w = -1;
+        for (int p = 0; p < P; p++)
+            if (k->fwd_alloc[(size_t)e * P + p] > 0) {
+                cnt++;
+                w = p;
+            }
+        where[e] = cnt == 1 ? w : -1;
+        if (cnt == 1) {
+            S[w] += c->load[e];
+            L[w] += c->lo[e];
+        } else {
+            for (int p = 0; p < P; p++)
+                M[p] += k->fwd_alloc[(size_t)e * P + p];
+        }
+    }
+    int64_t R = c->total, sL = 0, hi = 0, lo = 0;
+    for (int p = 0; p < P; p++) {
+        R -= M[p];
+        sL += L[p];
+        if (M[p] + L[p] > lo)
+            lo = M[p] + L[p];
+        if (M[p] + S[p] > hi)
+            hi = M[p] + S[p];
+    }
+    if (R < sL) {
+        rc = 0;
+        goto out;
+    }
+    /* least T with sum_p min(S_p, T - M_p) >= R */
+    while (lo < hi) {
+        const int64_t T = lo + (hi - lo) / 2;
+        int64_t room = 0;
+        for (int p = 0; p < P; p++)
+            room += T - M[p] < S[p] ? T - M[p] : S[p];
+        if (room >= R)
+            hi = T;
+        else
+            lo = T + 1;
+    }
+    const int64_t T = lo;
+    /* even retention: x_p = clamp(floor(f*S_p), L_p, cap_p), f as large as
+     * keeps sum x <= R (bisection), the rest where room is left */
+    double fl = 0, fh = 1;
+    for (int it = 0; it < 60; it++) {
+        const double f = 0.5 * (fl + fh);
+        int64_t s = 0;
+        for (int p = 0; p < P; p++) {
+            int64_t cap = T - M[p] < S[p] ? T - M[p] : S[p];
+            int64_t v = (int64_t)floor(f * (double)S[p]);
+            s += v < L[p] ? L[p] : v > cap ? cap : v;
+        }
+        if (s <= R)
+            fl = f;
+        else
+            fh = f;
+    }
+    int64_t s = 0;
+    for (int p = 0; p < P; p++) {
+        int64_t cap = T - M[p] < S[p] ? T - M[p] : S[p];
+        int64_t v = (int64_t)floor(fl * (double)S[p]);
+        x[p] = v < L[p] ? L[p] : v > cap ? cap : v;
+        s += x[p];
+    }
+    for (int p = 0; p < P && s < R; p++) {
+        int64_t cap = T - M[p] < S[p] ? T - M[p] : S[p];
+        int64_t d = cap - x[p] < R - s ? cap - x[p] : R - s;
+        x[p] += d;
+        s += d;
+    }
+    if (s != R) {
+        lrmoe_err("lrmoe: in-place backward: retained %lld of %lld (internal error)",
+                  (long long)s, (long long)R);
+        goto out;
+    }
+    memset(k->bwd_alloc, 0, (size_t)E * P * sizeof *k->bwd_alloc);
+    for (int e = 0; e < E; e++) {
+        if (where[e] >= 0)
+            continue;
+        k->quota[e] = c->load[e];
+        for (int p = 0; p < P; p++)
+            k->bwd_alloc[(size_t)e * P + p] = k->fwd_alloc[(size_t)e * P + p];
+    }
+    for (int p = 0; p < P; p++) {
+        int m = 0;
+        for (int e = 0; e < E; e++)
+            if (where[e] == p) {
+                idx[m] = e;
+                sn[m] = c->load[e];
+                sl[m] = c->lo[e];
+                m++;
+            }
+        if (!m)
+            continue;
+        quota_proportional(sn, sl, m, S[p] ? (double)x[p] / (double)S[p] : 0, x[p], sk);
+        for (int j = 0; j < m; j++) {
+            k->quota[idx[j]] = sk[j];
+            k->bwd_alloc[(size_t)idx[j] * P + p] = sk[j];
+        }
+    }
+    rc = 1;
+out:
+    free(M); free(S); free(L); free(x); free(where); free(sn); free(sl); free(sk); free(idx);
+    return rc;
+}
+
+/* Fidelity-aware floors (policy even): the least drop fraction f such that
+ * floors max(lo_e, ceil((1-f) n_e)) still reach the least backward peak T
+ * of the free quotas; written to lf. Returns 0 or -1. */
+static int even_floors(lctx_t *c, const uint8_t *pl, int64_t T, int64_t *lf)
+{
+    const int E = c->E;
+    double fl = 0, fh = 1;
+    memcpy(lf, c->lo, (size_t)E * sizeof *lf);
+    for (int it = 0; it < 18; it++) {
+        const double f = 0.5 * (fl + fh);
+        int64_t sum = 0;
+        for (int e = 0; e < E; e++) {
+            int64_t v = (int64_t)ceil((1 - f) * (double)c->load[e] - 1e-9);
+            if (v < c->lo[e])
+                v = c->lo[e];
+            if (v > c->load[e])
+                v = c->load[e];
+            lf[e] = v;
+            sum += v;
+        }
+        int ok = sum <= c->total;
+        if (ok) {
+            /* ub T+1: the search stops above T, so t <= T is exact */
+            int64_t t = plan_minpeak(pl, lf, c->load, c->total, E, c->P, T + 1, NULL, NULL);
+            if (t < 0)
+                return -1;
+            ok = t <= T;
+        }
+        if (ok)
+            fh = f;
+        else
+            fl = f;
+    }
+    for (int e = 0; e < E; e++) {
+        int64_t v = (int64_t)ceil((1 - fh) * (double)c->load[e] - 1e-9);
+        lf[e] = v < c->lo[e] ? c->lo[e] : v > c->load[e] ? c->load[e] : v;
+    }
+    return 0;
+}
+
+/* Backward at the least peak for the policy (GLPK; exactness checked
+ * against T*): free quotas (minpeak: floors lo; even: the fidelity-aware
+ * floors), or the proportional quotas K. Fills cand's quota, bwd_alloc and
+ * bwd_lb. Returns 0 or -1. */
+static int bwd_minpeak(lctx_t *c, const int64_t *K)
+{
+    lrmoe_plan_t *k = &c->cand;
+    const int E = c->E, P = c->P;
+    const uint8_t *pl = k->placement;
+    double t0 = lrmoe_now();
+    int64_t bpk, lb;
+    if (K) {
+        memcpy(k->quota, K, (size_t)E * sizeof *K);
+        bpk = lrmoe_alloc_glpk(pl, K, E, P, c->o->glpk_tm_lim, k->bwd_alloc);
+        lb = bpk < 0 ? -1 : plan_minpeak(pl, NULL, K, 0, E, P, bpk, NULL, NULL);
+    } else {
+        lb = plan_minpeak(pl, c->lo, c->load, c->total, E, P, -1, NULL, NULL);
+        if (lb < 0)
+            return -1;
+        int64_t *lf = malloc((size_t)E * sizeof *lf);
+        if (!lf)
+            return lrmoe_err("lrmoe: out of memory");
+        if (c->o->quota == LRMOE_QUOTA_EVEN) {
+            /* the proportional quotas, when they reach the least peak, are
+             * the most even of all */
+            quota_proportional(c->load, c->lo, E, c->rho, c->total, lf);
+            int64_t t = plan_minpeak(pl, NULL, lf, 0, E, P, lb + 1, NULL, NULL);
+            if (t < 0) {
+                free(lf);
+                return -1;
+            }
+            if (t == lb) {
+                memcpy(k->quota, lf, (size_t)E * sizeof *lf);
+                free(lf);
+                bpk = lrmoe_alloc_glpk(pl, k->quota, E, P, c->o->glpk_tm_lim, k->bwd_alloc);
+                c->glpk += lrmoe_now() - t0;
+                if (bpk < 0)
+                    return -1;
+                if (bpk != lb)
+                    return lrmoe_err("GLPK backward peak %lld differs from the optimum %lld",
+                                     (long long)bpk, (long long)lb);
+                k->bwd_lb = lb;
+                return 0;
+            }
+        }
+        /* else the least drop fraction that keeps the least peak */
+        if (c->o->quota == LRMOE_QUOTA_EVEN && even_floors(c, pl, lb, lf) < 0) {
+            free(lf);
+            return -1;
+        }
+        const int64_t *floors = c->o->quota == LRMOE_QUOTA_EVEN ? lf : c->lo;
+        bpk = lrmoe_alloc_glpk_quota(pl, floors, c->load, c->total, k->fwd_alloc, E, P,
+                                     c->o->glpk_tm_lim, k->quota, k->bwd_alloc);
+        if (bpk >= 0)
+            for (int e = 0; e < E; e++)
+                if (k->quota[e] < floors[e] || k->quota[e] > c->load[e]) {
+                    free(lf);
+                    return lrmoe_err("GLPK quota %lld of expert %d outside [%lld,%lld]",
+                                     (long long)k->quota[e], e, (long long)floors[e],
+                                     (long long)c->load[e]);
+                }
+        free(lf);
+    }
+    c->glpk += lrmoe_now() - t0;
+    if (bpk < 0 || lb < 0)
+        return -1;
+    if (bpk != lb)
+        return lrmoe_err("GLPK backward peak %lld differs from the optimum %lld",
+                         (long long)bpk, (long long)lb);
+    k->bwd_lb = lb;
+    return 0;
+}
+
+/* Retained pairs of cand's quotas split over the ranks in proportion to
+ * where forward ran (largest remainders). */
+static void bwd_follow(lctx_t *c)
+{
+    lrmoe_plan_t *k = &c->cand;
+    const int P = c->P;
+    for (int e = 0; e < c->E; e++) {
+        const int64_t n = c->load[e], K = k->quota[e];
+        int64_t *b = k->bwd_alloc + (size_t)e * P;
+        const int64_t *f = k->fwd_alloc + (size_t)e * P;
+        int64_t s = 0;
+        for (int p = 0; p < P; p++) {
+            b[p] = n ? (int64_t)((double)f[p] * (double)K / (double)n) : 0;
+            if (b[p] > f[p])
+                b[p] = f[p];
+            s += b[p];
+        }
+        for (int p = 0; p < P && s < K; p++)
+            if (b[p] < f[p]) {
+                int64_t d = f[p] - b[p] < K - s ? f[p] - b[p] : K - s;
+                b[p] += d;
+                s += d;
+            }
+    }
+}
+
+/* All backward variants of cand (placement and forward set) at the current
+ * rate, each offered when it does not lengthen the modelled backward of the
+ * same plan with every pair kept. K: proportional quotas (NULL: free). */
+static int try_backwards(lctx_t *c, const int64_t *K, const char *src)
+{
+    lrmoe_plan_t *k = &c->cand;
+    const int E = c->E;
+    const size_t EP = (size_t)E * c->P;
+    char name[48];
+    k->fwd_lb = plan_minpeak(k->placement, NULL, c->load, 0, E, c->P, -1, NULL, NULL);
+    if (k->fwd_lb < 0)
+        return -1;
+    memcpy(k->quota, c->load, (size_t)E * sizeof *c->load);
+    memcpy(k->bwd_alloc, k->fwd_alloc, EP * sizeof(int64_t));
+    k->bwd_lb = k->fwd_lb;
+    const int64_t flb = k->fwd_lb;
+    if (cand_eval(c) < 0)
+        return -1;
+    if (c->total == c->N) {
+        snprintf(name, sizeof name, "%s/all", src);
+        offer(c, name);
+        return 0;
+    }
+    const double t1 = t_bwd_of(&k->cost) * (1 + 1e-12);
+    /* the least peak of the policy */
+    if (bwd_minpeak(c, K) < 0)
+        return -1;
+    const int64_t blb = k->bwd_lb;
+    if (cand_eval(c) < 0)
+        return -1;
+    k->fwd_lb = flb;
+    if (t_bwd_of(&k->cost) <= t1 || c->allow_longer) {
+        snprintf(name, sizeof name, "%s/minpeak%s", src, t_bwd_of(&k->cost) <= t1 ? "" : "+longer");
+        offer(c, name);
+    } else {
+        reject_longer(c);
+    }
+    /* the same quotas where forward ran */
+    bwd_follow(c);
+    if (cand_eval(c) < 0)
+        return -1;
+    k->fwd_lb = flb;
+    k->bwd_lb = blb;
+    if (t_bwd_of(&k->cost) <= t1 || c->allow_longer) {
+        snprintf(name, sizeof name, "%s/follow%s", src, t_bwd_of(&k->cost) <= t1 ? "" : "+longer");
+        offer(c, name);
+    } else {
+        reject_longer(c);
+    }
+    if (K)
+        return 0; /* proportional quotas are fixed */
+    int r = bwd_in_place(c);
+    if (r < 0)
+        return -1;
+    if (r == 1) {
+        if (cand_eval(c) < 0)
+            return -1;
+        k->fwd_lb = flb;
+        k->bwd_lb = blb;
+        snprintf(name, sizeof name, "%s/in-place", src);
+        offer(c, name);
+    }
+    return 0;
+}
+
+/* Forward on the candidate placement pl (and, when fwd is given, that
+ * allocation as well: a baseline's own), then every backward. Replicas left
+ * without pairs by the min-peak allocation are dropped (they would cost
+ * weights for nothing). */
+static int try_placement(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl,
+                         const int64_t *K, const char *src)
+{
+    lrmoe_plan_t *k = &c->cand;
+    const int E = c->E, P = c->P;
+    const size_t EP = (size_t)E * P;
+    char name[40];
+    if (base) { /* the baseline's own plan, slot accounting included */
+        plan_copy(k, base);
+        snprintf(name, sizeof name, "%s:own", src);
+        if (try_backwards(c, K, name) < 0)
+            return -1;
+        pl = base->placement;
+    }
+    memcpy(k->placement, pl, EP);
+    if (base && base->have_slots) {
+        memcpy(k->held, base->held, (size_t)P * sizeof *k->held);
+        memcpy(k->wsend, base->wsend, (size_t)P * sizeof *k->wsend);
+        memcpy(k->wrecv, base->wrecv, (size_t)P * sizeof *k->wrecv);
+        k->have_slots = 1;
+        k->weight_moves = base->weight_moves;
+    } else {
+        k->have_slots = 0;
+        k->weight_moves = 0;
+    }
+    double t0 = lrmoe_now();
+    int64_t fpk = lrmoe_alloc_flow(k->placement, c->load, E, P, k->fwd_alloc);
+    c->glpk += lrmoe_now() - t0;
+    if (fpk < 0)
+        return lrmoe_err_prefix("forward allocation");
+    if (!k->have_slots)
+        for (int e = 0; e < E; e++)
+            for (int p = 0; p < P; p++) {
+                const size_t i = (size_t)e * P + p;
+                if (k->placement[i] && !k->fwd_alloc[i] && p != e / c->per)
+                    k->placement[i] = 0;
+            }
+    snprintf(name, sizeof name, "%s:minpeak", src);
+    return try_backwards(c, K, name);
+}
+
+/* Slots beyond the natives: -s S gives S - E/P; else what the budget holds
+ * once a balanced rank's token buffers are paid (at least 2, at most E/P
+ * more, and never more experts than exist). */
+static int extra_slots(const lrmoe_plan_opts_t *o, int E, int64_t N)
+{
+    const int P = o->P, per = E / P;
+    if (o->slots)
+        return o->slots - per;
+    int cap = per < 2 ? 2 : per;
+    if (cap > E - per)
+        cap = E - per;
+    if (o->cost.hbm > 0) {
+        const int64_t r = (N + P - 1) / P;
+        const double room = o->cost.hbm - lrmoe_cost_rank_mem(&o->cost, 0, r, r);
+        const double k = room / lrmoe_cost_replica_bytes(&o->cost);
+        if (k < cap)
+            cap = k < 2 ? 2 : (int)k;
+        if (cap > E - per)
+            cap = E - per;
+    }
+    return cap < 0 ? 0 : cap;
+}
+
+/* What an infeasible frame would need: the least budget at which rate 1
+ * fits (of the plans tried) and the highest rate below the candidates, in
+ * steps of 0.05 down to min-keep, that fits. Appended to more. */
+static void explain(const lrmoe_plan_opts_t *o, const int64_t *load, int E, double mem1,
+                    char *more, size_t len)
+{
+    char b[24];
+    size_t n = 0;
+    if (o->cost.hbm > 0 && mem1 < HUGE_VAL && mem1 > o->cost.hbm)
+        n += (size_t)snprintf(more + n, len - n, "; rate 1 fits from %s",
+                              lrmoe_cost_fmt_bytes(mem1, b, sizeof b));
+    lrmoe_plan_opts_t q = *o;
+    q.explain = 0;
+    q.best_effort = 0;
+    q.nrates = 0;
+    const double lowest = q.min_keep > 0.05 ? q.min_keep : 0.05;
+    for (double r = o->rates[o->nrates - 1] - 0.05; r >= lowest - 1e-9 && q.nrates < 16; r -= 0.05)
+        q.rates[q.nrates++] = floor(r * 100 + 0.5) / 100;
+    if (!q.nrates || n >= len)
+        return;
+    lrmoe_plan_t t;
+    lrmoe_plan_init(&t);
+    if (lrmoe_plan_alloc(&t, E, o->P) == 0 && plan_lrmoe(&q, load, E, &t) == 0)
+        snprintf(more + n, len - n, "; rate %.2f would fit", q.rates[t.rate_index]);
+    else
+        snprintf(more + n, len - n, "; no rate down to %.2f fits", q.rates[q.nrates - 1]);
+    lrmoe_plan_free(&t);
+}
+
 int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p)
 {
     const int P = o->P, per = E / P;
-    const int slots = o->slots ? o->slots : per + 2;
-    const int extra = slots - per;
     const size_t EP = (size_t)E * P;
     int64_t N = 0;
     for (int e = 0; e < E; e++)
         N += load[e];
+    const int ex = extra_slots(o, E, N);
     int64_t *lo = malloc((size_t)E * sizeof *lo), *K = malloc((size_t)E * sizeof *K);
     uint8_t *pl = malloc(EP);
+    int *he = malloc(((size_t)ex * P + 1) * sizeof(int)), *hp = malloc(((size_t)ex * P + 1) * sizeof(int));
+    lrmoe_plan_t bl[3];
+    lctx_t c;
+    memset(&c, 0, sizeof c);
+    for (int i = 0; i < 3; i++)
+        lrmoe_plan_init(&bl[i]);
+    lrmoe_plan_init(&c.cand);
     int rc = -1;
-    char why[256] = "";
-    if (!lo || !K || !pl) {
+    char why[480] = "", why1[400] = "";
+    if (!lo || !K || !pl || !he || !hp || lrmoe_plan_alloc(&c.cand, E, P) < 0) {
         lrmoe_err("lrmoe: out of memory");
         goto out;
     }
-    double glpk = 0;
-    for (int ri = 0; ri < o->nrates; ri++) {
+    c.o = o;
+    c.load = load;
+    c.lo = lo;
+    c.E = E;
+    c.P = P;
+    c.per = per;
+    c.N = N;
+    c.best = p;
+    /* the baselines at rate 1: what lrmoe must not lose to */
+    static const lrmoe_planner_t bp[3] = {LRMOE_PLANNER_FIXED, LRMOE_PLANNER_LLEP,
+                                          LRMOE_PLANNER_EPLB};
+    c.ref_t = HUGE_VAL;
+    c.ref_pk = INT64_MAX;
+    c.min_mem1 = HUGE_VAL;
+    int ref_fits = 0;
+    for (int i = 0; i < 3; i++) {
+        lrmoe_plan_opts_t ob = *o;
+        ob.planner = bp[i];
+        if (lrmoe_plan_alloc(&bl[i], E, P) < 0)
+            goto out;
+        int r = bp[i] == LRMOE_PLANNER_FIXED ? plan_fixed(&ob, load, E, &bl[i])
+                : bp[i] == LRMOE_PLANNER_LLEP
+                    ? (lrmoe_llep_assign(load, E, P, o->lambda, o->alpha, o->min_chunk,
+                                         bl[i].placement, bl[i].fwd_alloc) < 0 ? -1 : 0)
+                    : plan_eplb(&ob, load, E, &bl[i]);
+        if (r < 0)
+            goto out;
+        memcpy(bl[i].quota, load, (size_t)E * sizeof *load);
+        memcpy(bl[i].bwd_alloc, bl[i].fwd_alloc, EP * sizeof(int64_t));
+        plan_summarise(&bl[i], load);
+        if (plan_cost(&ob, &bl[i], load, NULL) < 0)
+            goto out;
+        char w[200];
+        const int fits = plan_fits(o, &bl[i], w, sizeof w);
+        if ((fits && !ref_fits) || (fits == ref_fits && (bl[i].t_total < c.ref_t ||
+                                    (bl[i].t_total == c.ref_t && bl[i].fwd_peak < c.ref_pk)))) {
+            c.ref_t = bl[i].t_total;
+            c.ref_pk = bl[i].fwd_peak;
+            ref_fits = fits;
+        }
+    }
+    /* pass 0: only plans whose modelled backward is no longer than keeping
+     * every pair; pass 1 (--longer-backward, when no rate has one): any plan
+     * that fits */
+    int found = 0;
+    for (int pass = 0; pass < 1 + (o->longer_bwd != 0) && !found; pass++) {
+        c.allow_longer = pass;
+        for (int ri = 0; ri < o->nrates && !found; ri++) {
+            const double rho = o->rates[ri];
+            const int last = ri == o->nrates - 1;
+            int64_t total = rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9);
+            int64_t slo = 0;
+            for (int e = 0; e < E; e++) {
+                int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
+                lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
+                slo += lo[e];
+            }
+            if (slo > total) {
+                snprintf(why, sizeof why,
+                         "min-keep: rate %.3f allows %lld retained pairs, min-keep %.3f needs %lld",
+                         rho, (long long)total, o->min_keep, (long long)slo);
+                continue;
+            }
+            if (pass && total == N)
+                continue; /* rate 1 drops nothing: pass 0 tried it all */
+            c.total = total;
+            c.rho = rho;
+            c.have = 0;
+            c.why[0] = 0;
+            c.longer_fits = 0;
+            const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
+            if (prop)
+                quota_proportional(load, lo, E, rho, total, K);
+            const int64_t *Kq = prop ? K : NULL;
+            /* lrmoe's own placement */
+            gctx_t jc = {load, lo, prop ? K : NULL, total, N, E, P, total < N && !prop,
+                         NULL, NULL, NULL};
+            memset(pl, 0, EP);
+            for (int e = 0; e < E; e++)
+                pl[(size_t)e * P + e / per] = 1;
+            const int nadd = place_replicas(&jc, ex, pl, he, hp);
+            if (nadd < 0)
+                goto out;
+            if (try_placement(&c, NULL, pl, Kq, "lrmoe") < 0)
+                goto out;
+            /* shorter prefixes of the additions (fewer weight transfers) */
+            for (int k = nadd / 2; k > 0; k /= 2) {
+                for (int i = nadd - 1; i >= k; i--)
+                    pl[(size_t)he[i] * P + hp[i]] = 0;
+                if (try_placement(&c, NULL, pl, Kq, "lrmoe") < 0)
+                    goto out;
+                for (int i = k; i < nadd; i++)
+                    pl[(size_t)he[i] * P + hp[i]] = 1;
+            }
+            /* the baselines' placements, with their own allocation and min-peak */
+            static const char *const bn[3] = {"fixed", "llep", "eplb"};
+            for (int i = 0; i < 3; i++)
+                if (try_placement(&c, &bl[i], NULL, Kq, bn[i]) < 0)
+                    goto out;
+            if (c.have) {
+                p->feasible = 1;
+                p->rate_index = ri;
+                if (pass) /* what the better rates hit */
+                    snprintf(p->binding, sizeof p->binding, "%s; no plan that drops pairs "
+                             "keeps the modelled backward within that of keeping them all",
+                             why1[0] ? why1 : why);
+                else
+                    snprintf(p->binding, sizeof p->binding, "%s", why);
+                found = 1;
+                rc = 0;
+                break;
+            }
+            if (c.longer_fits)
+                snprintf(why, sizeof why,
+                         "rate %.3f: every plan that drops pairs and fits would lengthen the "
+                         "modelled backward", rho);
+            else if (c.why[0])
+                snprintf(why, sizeof why, "rate %.3f: %s", rho, c.why);
+            if (!pass && ri == 0)
+                snprintf(why1, sizeof why1, "%s", why);
+            (void)last;
+        }
+    }
+    if (!found) {
+        if (!o->best_effort) {
+            char more[200] = "";
+            if (o->explain)
+                explain(o, load, E, c.min_mem1, more, sizeof more);
+            lrmoe_err("infeasible at every rate (%d tried): %s%s%s", o->nrates, why,
+                      strstr(why, "lengthen") ? " (--longer-backward allows it)" : "", more);
+            goto out;
+        }
+        /* best effort: the last rate (at least its floors), budgets ignored */
+        const int ri = o->nrates - 1;
         const double rho = o->rates[ri];
-        const int last = ri == o->nrates - 1;
-        int64_t total = rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9);
-        int64_t slo = 0;
+        int64_t total = rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9), slo = 0;
         for (int e = 0; e < E; e++) {
             int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
             lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
             slo += lo[e];
         }
-        if (slo > total) {
-            snprintf(why, sizeof why,
-                     "min-keep: rate %.3f allows %lld retained pairs, min-keep %.3f needs %lld",
-                     rho, (long long)total, o->min_keep, (long long)slo);
-            if (last && !o->best_effort) {
-                lrmoe_err("infeasible at every rate: %s", why);
-                goto out;
-            }
-            if (!last)
-                continue;
-            total = slo; /* best effort: keep the floors */
-        }
-        const int free_q = total < N && o->quota == LRMOE_QUOTA_MINPEAK;
-        if (total < N && !free_q)
+        if (slo > total)
+            total = slo;
+        lrmoe_plan_opts_t ob = *o;
+        ob.cost.hbm = 0;
+        ob.cost.window = 0;
+        c.o = &ob;
+        c.total = total;
+        c.rho = rho;
+        c.have = 0;
+        c.allow_longer = 1;
+        const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
+        if (prop)
             quota_proportional(load, lo, E, rho, total, K);
-        gctx_t jc = {load, lo, total < N && !free_q ? K : NULL, total, N, E, P, free_q,
-                     NULL, NULL, NULL};
         memset(pl, 0, EP);
         for (int e = 0; e < E; e++)
             pl[(size_t)e * P + e / per] = 1;
-        if (place_replicas(&jc, extra, pl) < 0)
+        gctx_t jc = {load, lo, prop ? K : NULL, total, N, E, P, total < N && !prop,
+                     NULL, NULL, NULL};
+        if (place_replicas(&jc, ex, pl, he, hp) < 0 ||
+            try_placement(&c, NULL, pl, prop ? K : NULL, "lrmoe") < 0)
             goto out;
-        /* allocations */
-        memcpy(p->placement, pl, EP);
-        double t0 = lrmoe_now();
-        int64_t fpk = lrmoe_alloc_glpk(pl, load, E, P, o->glpk_tm_lim, p->fwd_alloc);
-        if (fpk < 0) {
-            lrmoe_err_prefix("forward allocation at rate %.3f", rho);
-            goto out;
-        }
-        int64_t bpk;
-        if (total == N) {
-            memcpy(p->quota, load, (size_t)E * sizeof *load);
-            memcpy(p->bwd_alloc, p->fwd_alloc, EP * sizeof(int64_t));
-            bpk = fpk;
-        } else if (free_q) {
-            bpk = lrmoe_alloc_glpk_quota(pl, lo, load, total, p->fwd_alloc, E, P,
-                                         o->glpk_tm_lim, p->quota, p->bwd_alloc);
-        } else {
-            memcpy(p->quota, K, (size_t)E * sizeof *K);
-            bpk = lrmoe_alloc_glpk(pl, K, E, P, o->glpk_tm_lim, p->bwd_alloc);
-        }
-        glpk += lrmoe_now() - t0;
-        if (bpk < 0) {
-            lrmoe_err_prefix("backward allocation at rate %.3f", rho);
-            goto out;
-        }
-        /* exactness guard: GLPK's peaks must equal the optimum T*. GLPK's
-         * allocations are feasible (lrmoe_plan_check verifies the rows and
-         * eligibility, the quotas are checked below), so their peaks bound
-         * T* from above: the search stops at T* or as soon as it reaches
-         * them, and a GLPK peak above T* still shows as a mismatch */
-        if (free_q) {
-            int64_t ks = 0;
-            for (int e = 0; e < E; e++) {
-                if (p->quota[e] < lo[e] || p->quota[e] > load[e]) {
-                    lrmoe_err("GLPK quota %lld of expert %d outside [%lld,%lld]",
-                              (long long)p->quota[e], e, (long long)lo[e], (long long)load[e]);
-                    goto out;
-                }
-                ks += p->quota[e];
-            }
-            if (ks != total) {
-                lrmoe_err("GLPK quotas sum to %lld, want %lld", (long long)ks, (long long)total);
-                goto out;
-            }
-        }
-        p->fwd_lb = plan_minpeak(pl, NULL, load, 0, E, P, fpk, NULL, NULL);
-        p->bwd_lb = total == N ? p->fwd_lb
-                    : free_q   ? plan_minpeak(pl, lo, load, total, E, P, bpk, NULL, NULL)
-                               : plan_minpeak(pl, NULL, K, 0, E, P, bpk, NULL, NULL);
-        if (p->fwd_lb < 0 || p->bwd_lb < 0)
-            goto out;
-        if (fpk != p->fwd_lb || bpk != p->bwd_lb) {
-            lrmoe_err("GLPK peaks %lld/%lld differ from the optimum %lld/%lld at rate %.3f",
-                      (long long)fpk, (long long)bpk, (long long)p->fwd_lb,
-                      (long long)p->bwd_lb, rho);
-            goto out;
-        }
-        plan_summarise(p, load);
+        c.o = o;
         if (plan_cost(o, p, load, NULL) < 0)
             goto out;
-        char w2[200];
-        int fits = plan_fits(o, p, w2, sizeof w2);
-        if (fits) {
-            p->feasible = 1;
-            p->rate_index = ri;
-            snprintf(p->binding, sizeof p->binding, "%s", why); /* what the better rate hit */
-            rc = 0;
-            break;
-        }
-        snprintf(why, sizeof why, "rate %.3f: %s", rho, w2);
-        if (last) {
-            if (o->best_effort) {
-                p->feasible = 0;
-                p->rate_index = ri;
-                snprintf(p->binding, sizeof p->binding, "%s", why);
-                rc = 0;
-            } else {
-                lrmoe_err("infeasible at every rate (%d tried): %s", o->nrates, why);
-            }
-            break;
-        }
+        p->feasible = 0;
+        p->rate_index = ri;
+        snprintf(p->binding, sizeof p->binding, "%s", why);
+        rc = 0;
     }
-    p->glpk_seconds = glpk;
+    p->glpk_seconds = c.glpk;
 out:
     free(lo);
     free(K);
     free(pl);
+    free(he);
+    free(hp);
+    for (int i = 0; i < 3; i++)
+        lrmoe_plan_free(&bl[i]);
+    lrmoe_plan_free(&c.cand);
     return rc;
 }

@@ -257,8 +257,8 @@ int lrmoe_sim_row_from_plan(const lrmoe_cost_model_t *m, const lrmoe_plan_t *pla
     if (!rc)
         return lrmoe_err("out of memory");
     lrmoe_cost_summary_t s;
-    if (lrmoe_cost_eval(m, E, P, plan->placement, load, plan->fwd_alloc, plan->quota,
-                        plan->bwd_alloc, rc, &s) < 0) {
+    (void)E;
+    if (lrmoe_plan_eval_cost(m, plan, load, rc, &s) < 0) {
         free(rc);
         return -1;
     }

@@ -27,6 +27,7 @@
 
 #include "lrmoe.h"
 #include "plan.h"
+#include "plot.h"
 
 #define LRMOE_SIM_MAX_PLANNERS 16
 #define LRMOE_SIM_MAX_PRESSURE 32
@@ -169,6 +170,64 @@ double lrmoe_sim_acc_pressure_rho(const lrmoe_sim_acc_t *a, int i, int j);
 
 /* Nearest-rank quantile of v[0..n) (sorts v in place). */
 double lrmoe_sim_quantile(double *v, size_t n, double q);
+
+/* ---------------------------------------------------------- replay */
+
+/* What lrmoe_sim_run replays with. */
+typedef struct {
+    lrmoe_sim_planner_t pl[LRMOE_SIM_MAX_PLANNERS];
+    int np;
+    lrmoe_plan_opts_t base;  /* options every planner starts from */
+    int set_D, set_K, set_T, set_dtype; /* given: override the frame's sizes */
+    int experts;             /* E for topk_ids-only frames (0: from the frame) */
+    double pressure[LRMOE_SIM_MAX_PRESSURE];
+    int npress;
+    int64_t pbase, pevery;   /* pressure: tokens per rank at x1 (0: the
+                                trace's), every pevery-th frame */
+    int P;
+    int jobs;                /* worker threads (>= 1) */
+    int64_t max_frames;      /* stop after this many (-1: all) */
+    FILE *tsv, *rank_tsv;    /* per-frame / per-rank rows (may be NULL) */
+    int track_worst;         /* keep the worst frame for lrmoe_sim_plots */
+    void (*progress)(int64_t frames, double seconds, void *arg); /* per batch */
+    void *progress_arg;
+} lrmoe_sim_cfg_t;
+
+/* The frame with the worst plain-EP imbalance: its per-rank loads. */
+typedef struct {
+    double imb;
+    int64_t index;
+    char layer[32], step[32];
+    int have;
+    int64_t *before;            /* (P) plain EP */
+    int64_t *fwd, *bwd;         /* (np, P) */
+    double rho[LRMOE_SIM_MAX_PLANNERS];
+} lrmoe_sim_worst_t;
+
+
+typedef struct {
+    lrmoe_sim_acc_t acc;     /* figures of every frame */
+    lrmoe_sim_worst_t worst; /* with track_worst */
+    int64_t frames;
+    int E;                   /* experts of the first frame (-1: none) */
+} lrmoe_sim_result_t;
+
+/* Replay every frame of rd: per frame its loads (lrmoe_sim_frame_load), the
+ * model sizes from the frame unless set, deployed EPLB's layout per layer,
+ * then every planner and pressure point on a pool of c->jobs threads, in
+ * batches of 4 frames per thread; rows go to c->tsv / c->rank_tsv in frame
+ * order. 0, or -1 with the error set ("frame N: ..."). out is always
+ * initialised: free it with lrmoe_sim_result_free. */
+int lrmoe_sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, lrmoe_sim_result_t *out);
+void lrmoe_sim_result_free(lrmoe_sim_result_t *r);
+
+/* 1 when gnuplot is on PATH. */
+int lrmoe_sim_have_gnuplot(void);
+/* The figures (load, memory, latency, pressure) as gnuplot scripts, data and
+ * rendered plots in dir (which must exist); runs gnuplot with its stdout
+ * on stderr. 0 or -1. */
+int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t *c,
+                    const lrmoe_sim_acc_t *a, const lrmoe_sim_worst_t *w);
 
 /* ---------------------------------------------------------- reports */
 

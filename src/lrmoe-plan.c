@@ -23,13 +23,17 @@ static void usage(FILE *fp)
         "  -G, --groups G        eplb expert groups (default: nodes)\n"
         "  -s, --slots S         expert slots per rank (eplb, lrmoe; default E/P+2;\n"
         "                        E/P means no replicas)\n"
-        "      --lambda L        llep imbalance threshold (default 1.3)\n"
+        "      --rebalance-every N  eplb: frames of a layer between rearrangements\n"
+        "                        (default 3000; 0 = every frame from its own loads)\n"
+        "      --lambda L        llep imbalance threshold (default 1.3; 0 = no gate)\n"
         "      --alpha A         llep capacity factor (default 1.0)\n"
         "  -m, --min-chunk M     llep minimum rows per spilled chunk (default 1024)\n"
         "  -r, --rates LIST      lrmoe candidate rates (default 1.0,0.9,0.8,0.7)\n"
         "  -R, --rate X          lrmoe single rate X in (0,1]\n"
-        "  -q, --quota POLICY    minpeak (default) or proportional\n"
+        "  -q, --quota POLICY    even (default), minpeak or proportional\n"
         "  -k, --min-keep F      every expert keeps >= ceil(F*n_e) (default 0.25)\n"
+        "      --longer-backward when no rate has a plan whose modelled backward is\n"
+        "                        within that of keeping every pair, take a longer one\n"
         "  -b, --best-effort     when no rate fits, keep the last one (plan.feasible=0)\n"
         "      --glpk-time SEC   GLPK time limit per solve (default 10)\n"
         "Cost model (defaults: the LRMoE paper's setup):\n"
@@ -60,6 +64,7 @@ static void usage(FILE *fp)
 typedef struct {
     lrmoe_plan_opts_t o;
     lrmoe_plan_cli_t cli; /* the options shared with lrmoe-sim */
+    lrmoe_eplb_cache_t *eplb; /* deployed EPLB's layout per layer */
     FILE *stats;
 } ctx_t;
 
@@ -104,6 +109,15 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
     int64_t *load = lrmoe_tensor_i64(tl);
     if (!load)
         return -1;
+    if (o.planner == LRMOE_PLANNER_EPLB || o.planner == LRMOE_PLANNER_LRMOE) {
+        const lrmoe_eplb_layout_t *lay;
+        if (lrmoe_plan_opts_check(&o, E) < 0 ||
+            lrmoe_eplb_step(c->eplb, lrmoe_frame_attr(f, "layer"), &o, load, E, &lay) < 0) {
+            free(load);
+            return -1;
+        }
+        o.eplb_layout = lay;
+    }
     lrmoe_plan_t p;
     lrmoe_plan_init(&p);
     int rc = lrmoe_plan_compute(&o, load, E, &p);
@@ -118,12 +132,14 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
         attr_or_na(fp, f, "layer");
         attr_or_na(fp, f, "step");
         fprintf(fp, "\t%s\t%d\t%d\t%" PRId64 "\t%.6f\t%" PRId64 "\t%" PRId64 "\t%" PRId64
-                    "\t%" PRId64 "\t%" PRId64 "\t%.6f\t%d\t%.6f\t%d\t%.6f\t%.6f\t%d\t%.3f\t%.3f\t%s\n",
+                    "\t%" PRId64 "\t%" PRId64 "\t%.6f\t%d\t%.6f\t%d\t%.6f\t%.6f\t%d\t%.3f\t%.3f\t%s"
+                    "\t%" PRId64 "\t%" PRId64 "\t%d\t%" PRId64 "\t%s\n",
                 p.planner, E, p.P, p.N, p.rho, p.fwd_peak, p.bwd_peak, p.fwd_lb, p.bwd_lb,
                 p.mean_ceil, p.N ? (double)p.fwd_peak / ((double)p.N / p.P) : 1.0, p.replicas,
                 p.mem_peak / G, p.mem_peak_rank, p.t_comm * 1e3, p.t_total * 1e3, p.feasible,
                 p.plan_seconds * 1e3, p.glpk_seconds * 1e3,
-                p.binding[0] && !strpbrk(p.binding, "\t\n") ? p.binding : "NA");
+                p.binding[0] && !strpbrk(p.binding, "\t\n") ? p.binding : "NA", p.D, p.F, p.K,
+                p.tokens, p.source[0] ? p.source : "NA");
         if (ferror(fp))
             rc = lrmoe_err("--stats: write error");
     }
@@ -216,9 +232,15 @@ int main(int argc, char **argv)
         fprintf(c.stats, "frame\tlayer\tstep\tplanner\texperts\tranks\tpairs\trho"
                          "\tfwd_peak\tbwd_peak\tfwd_lb\tbwd_lb\tmean_ceil\tpeak_over_mean"
                          "\treplicas\tmem_peak_gib\tmem_peak_rank\tt_comm_ms\tt_total_ms"
-                         "\tfeasible\tplan_ms\tglpk_ms\tbinding\n");
+                         "\tfeasible\tplan_ms\tglpk_ms\tbinding\thidden\tffn\ttopk"
+                         "\ttokens_per_rank\tsource\n");
+    }
+    if (!(c.eplb = lrmoe_eplb_cache_new())) {
+        fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
+        return 1;
     }
     int64_t n = lrmoe_filter_run(in, io.out, &io.w, plan_frame, &c);
+    lrmoe_eplb_cache_free(c.eplb);
     int rc = 0;
     if (n < 0) {
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());

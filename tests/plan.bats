@@ -15,8 +15,8 @@ setup_file() {
     L="$BATS_TEST_DIRNAME/../lib"
     cc -std=c11 -O2 -D_GNU_SOURCE -I"$L" -o "$BATS_FILE_TMPDIR/plan_test" \
         "$BATS_TEST_DIRNAME/unit/plan_test.c" "$L/plan.c" "$L/plan_eplb.c" \
-        "$L/plan_llep.c" "$L/plan_lrmoe.c" "$L/cost.c" "$L/error.c" "$L/frame.c" "$L/producers.c" \
-        "$L/dtype.c" "$L/cli.c" "$L/stream.c" -lzstd -ljansson -lglpk -lm -lpthread
+        "$L/plan_llep.c" "$L/plan_lrmoe.c" "$L/plan_core.c" "$L/minpeak.c" \
+        "$L/cost.c" "$L/error.c" "$L/frame.c" "$L/producers.c" "$L/dtype.c" "$L/cli.c" "$L/stream.c" -lzstd -ljansson -lglpk -lm -lpthread
 }
 
 setup() {
@@ -78,35 +78,55 @@ read_stream('$1')"
     assert_output --partial "MISMATCH"
 }
 
-@test "llep: native fits, partial spill, full spill (hand-worked)" {
-    run "$UT" llep 4 0 1 1 10 10 10 10
-    assert_output "$(printf 'ran 1\n10 0 0 0\n0 10 0 0\n0 0 10 0\n0 0 0 10')"
+# per-GPU loads (column sums) of the fwd_alloc rows plan_test llep prints
+llep_gpu() {
+    "$UT" llep "$@" | awk 'NR > 1 { for (i = 1; i <= NF; i++) s[i] += $i; n = NF }
+        END { for (i = 1; i <= n; i++) printf "%s%d", (i > 1 ? " " : ""), s[i]; print "" }'
+}
+
+@test "llep: the reference's known vectors (LeastLoadedEP compute_llep_lpt_plan, E=16 P=4)" {
+    # an excess below m still spills; a forced remainder goes to the least
+    # loaded helper of the round; capacity int(alpha*(N//P))
+    run llep_gpu 4 0 1 16 40 10 10 10 20 10 10 0 10 10 10 0 10 10 10 0
+    assert_output "42 46 42 40"
+    run llep_gpu 4 0 1 12 30 30 30 0 46 0 0 0 52 0 0 0 52 0 0 0
+    assert_output "60 76 52 52"
+    run llep_gpu 4 0 1.1 16 2 8 12 4 10 5 0 4 1 4 4 1 2 30 5 18
+    assert_output "26 26 29 29"
+    # GPU loads 130/90/90/90: float32 ratio 1.3f < 1.3 -> plain EP
+    run "$UT" llep 4 1.3 1 16 130 0 0 0 90 0 0 0 90 0 0 0 90 0 0 0
+    assert_line --index 0 "ran 0"
+    run "$UT" llep 4 1.29 1 16 130 0 0 0 90 0 0 0 90 0 0 0 90 0 0 0
+    assert_line --index 0 "ran 1"
+}
+
+@test "llep: hand-worked rules (spill order, excess below m, forced remainder, one rank)" {
     # cap 15: e0 keeps 15, spills 10 to rank 2, 10 to rank 3, 5 to rank 1
     run "$UT" llep 4 0 1 1 40 10 5 5
     assert_output "$(printf 'ran 1\n15 5 10 10\n0 10 0 0\n0 0 5 0\n0 0 0 5')"
-    # e0's native rank is full with e1 pending: all of e0 spills
+    # excess 5 < m 10: spilled all the same (the reference never keeps it)
+    run "$UT" llep 2 0 1 10 55 45
+    assert_output "$(printf 'ran 1\n50 5\n0 45')"
+    # e2's remainder 2 finds every helper full: forced to the least loaded
+    run "$UT" llep 4 0 1 15 90 27 28 25
+    assert_output "$(printf 'ran 1\n42 15 16 17\n0 27 0 0\n2 0 26 0\n0 0 0 25')"
+    # the native full with e1 pending: all of e0 spills
     run "$UT" llep 2 0 1 1 30 30 0 0
     assert_output "$(printf 'ran 1\n0 30\n30 0\n0 0\n0 0')"
+    run "$UT" llep 1 0 1 1 7 3
+    assert_output "$(printf 'ran 1\n7\n3')"
 }
 
-@test "llep: min-chunk skip, forced assignment, excess below m stays native" {
-    # cap 42, m 15: rank 2's room 14 < m is skipped, then the remainder 16 is
-    # forced onto the least-loaded helper (rank 2)
-    run "$UT" llep 4 0 1 15 90 27 28 25
-    assert_output "$(printf 'ran 1\n42 15 16 17\n0 27 0 0\n0 0 28 0\n0 0 0 25')"
-    # alpha 0.5: cap 25, nobody has room for the last 50: forced to rank 1
-    run "$UT" llep 2 0 0.5 1 100 0
-    assert_output "$(printf 'ran 1\n25 75\n0 0')"
-    # excess 5 < m 10: the native keeps it
-    run "$UT" llep 2 0 1 10 55 45
-    assert_output "$(printf 'ran 1\n55 0\n0 45')"
-}
-
-@test "llep: lambda fallback to plain EP below the threshold" {
-    run "$UT" llep 2 1.3 1 10 55 45
-    assert_output "$(printf 'ran 0\n55 0\n0 45')"
-    run "$UT" llep 2 1.3 1 10 90 10
-    assert_output "$(printf 'ran 1\n50 40\n0 10')"
+@test "llep: C equals the Python port of the reference on 300 random cases" {
+    python3 "$BATS_TEST_DIRNAME/helpers/plan_llep_ref.py" --random 300 7 > "$T/cases.txt"
+    python3 "$BATS_TEST_DIRNAME/helpers/plan_llep_ref.py" --batch < "$T/cases.txt" > "$T/want.txt"
+    while read -r c; do "$UT" llep $c; done < "$T/cases.txt" > "$T/got.txt"
+    run diff "$T/want.txt" "$T/got.txt"
+    assert_success
+    # the oracle catches a one-pair change
+    awk 'NR == 40 { $1 = $1 + 1 } 1' "$T/got.txt" > "$T/bad.txt"
+    run diff -q "$T/want.txt" "$T/bad.txt"
+    assert_failure
 }
 
 @test "all four planners on E=128 P=8 skew and Zipf frames match the references" {
@@ -135,6 +155,66 @@ read_stream('$1')"
     assert_success
 }
 
+@test "eplb holds P*slots physical experts: P*slots-E redundant, charged; weights move only at a rearrangement" {
+    python3 - "$T/one.lrm" <<'EOF'
+import sys
+import numpy as np
+sys.path.insert(0, "tests/helpers")
+from lrmoe_stream import write_stream
+rng = np.random.default_rng(3)
+fr = []
+for i in range(6):
+    w = 1.0 / np.arange(1, 129) ** 1.2
+    rng.shuffle(w)
+    fr.append(({"expert_load": rng.multinomial(262144, w / w.sum()).astype(np.int64)},
+               {"layer": "7", "step": str(i)}))
+write_stream(sys.argv[1], fr)
+EOF
+    attrs() { python3 -c "
+import sys; sys.path.insert(0, 'tests/helpers')
+from lrmoe_stream import read_stream
+for t, a in read_stream('$1'):
+    print(a['plan.replicas'], a['plan.weight_moves'], int(t['placement'].sum()))"; }
+    # 8 ranks x 18 slots = 144 physical experts, 16 redundant
+    "$BIN/lrmoe-plan" -P 8 -p eplb -M 0 -S "$T/s.tsv" "$T/one.lrm" > "$T/d.lrm"
+    run attrs "$T/d.lrm"
+    # default (3000 frames): placed from the first frame, then kept
+    assert_line --index 0 --regexp '^16 [1-9][0-9]* '
+    for i in 1 2 3 4 5; do assert_line --index $i --regexp '^16 0 '; done
+    # memory: 2 redundant slots on every rank, W*(b+g) bytes each (D=2048 F=768)
+    col=$(head -1 "$T/s.tsv" | tr '\t' '\n' | grep -n '^mem_peak_gib$' | cut -d: -f1)
+    for x in $(awk -F'\t' -v c="$col" 'NR > 1 { print $c }' "$T/s.tsv"); do
+        run python3 -c "import sys; W = 3 * 2048 * 768 * 6; sys.exit(not ($x * 2**30 >= 2 * W - 1))"
+        assert_success
+    done
+    # every 2 frames: weights move at frames 0, 2, 4 only
+    "$BIN/lrmoe-plan" -P 8 -p eplb -M 0 --rebalance-every 2 "$T/one.lrm" > "$T/r.lrm"
+    run attrs "$T/r.lrm"
+    assert_line --index 1 --regexp '^16 0 '
+    assert_line --index 2 --regexp '^16 [1-9][0-9]* '
+    assert_line --index 3 --regexp '^16 0 '
+    # 0: every frame from its own loads (the reference port checks each)
+    "$BIN/lrmoe-plan" -P 8 -p eplb -M 0 --rebalance-every 0 "$T/one.lrm" > "$T/o.lrm"
+    run $REF check "$T/one.lrm" "$T/o.lrm" --planner eplb --ranks 8
+    assert_success
+    # the kept layout is frame 0's: frame 1 is not what its own loads give
+    run $REF check "$T/one.lrm" "$T/d.lrm" --planner eplb --ranks 8
+    assert_failure
+    assert_output --partial "frame 1"
+    run "$BIN/lrmoe-plan" -P 8 -p eplb --rebalance-every -1 "$T/one.lrm"
+    assert_failure 2
+}
+
+@test "lrmoe never loses in its own model at P = 8..128, and dropping never lengthens its backward" {
+    # random traces (E 64..384, nodes 1..16, uniform/hot/Zipf, budgets from
+    # unlimited to ones forcing rho < 1): t_total and forward peak no worse
+    # than the best baseline that fits; rho < 1 plans' modelled backward no
+    # longer than the same plan keeping every pair
+    run "$UT" never-loses 6 11 8 16 32 64 128
+    assert_success
+    assert_output --regexp '^30 traces, 0 failures \([1-9][0-9]* at rho < 1; lower peak [1-9][0-9]*, shorter t_total [1-9][0-9]*\)$'
+}
+
 @test "lrmoe with 16 and 32 ranks (estimate-based replicas) stays consistent and optimal" {
     $REF gen "$T/in.lrm" --frames 4 --seed 20 --scenario zipf
     for P in 16 32; do
@@ -149,17 +229,30 @@ read_stream('$1')"
     done
 }
 
-@test "lrmoe under a tight budget lowers rho; peaks stay optimal (both quota policies)" {
+@test "lrmoe under a tight budget lowers rho; peaks stay optimal (every quota policy)" {
     $REF gen "$T/in.lrm" --frames 6 --seed 13
-    for q in minpeak proportional; do
-        run "$BIN/lrmoe-plan" -P 8 -M 6.3G -q $q -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
+    for q in even minpeak proportional; do
+        run "$BIN/lrmoe-plan" -P 8 -M 6.3G -q $q --longer-backward -S "$T/s.tsv" \
+            -o "$T/o.lrm" "$T/in.lrm"
         assert_success
         run $REF check "$T/in.lrm" "$T/o.lrm" --planner lrmoe --ranks 8 --quota $q --rates 1.0,0.9,0.8,0.7
         assert_success
         assert_output --partial "rho 0.900"
-        run awk -F'\t' 'NR > 1 && ($8 != "0.900000" || $20 != 1 || $23 !~ /rate 1.000: memory: rank [0-7] needs/)' "$T/s.tsv"
+        if [ $q = proportional ]; then
+            # every expert drops: with replicas the state of retained pairs
+            # may move, so a rate whose plans would all lengthen the modelled
+            # backward is passed over for a lower one
+            run awk -F'\t' 'NR > 1 && ($8 > 0.9 || $20 != 1 || $23 !~ /rate (1.000: memory: rank [0-7] needs|0\.[89]00: every plan that drops pairs and fits would lengthen)/)' "$T/s.tsv"
+        else
+            run awk -F'\t' 'NR > 1 && ($8 != "0.900000" || $20 != 1 || $23 !~ /rate 1.000: memory: rank [0-7] needs/)' "$T/s.tsv"
+        fi
         assert_output ""
     done
+    # without --longer-backward the hot95 frame (only replicated experts can
+    # drop, and their retained state may move) is refused, saying why
+    run "$BIN/lrmoe-plan" -P 8 -M 6.3G -o "$T/o.lrm" "$T/in.lrm"
+    assert_failure 1
+    assert_output --partial "frame 4: infeasible at every rate (4 tried): rate 0.700: every plan that drops pairs and fits would lengthen the modelled backward (--longer-backward allows it)"
 }
 
 @test "lrmoe: min-keep floors, a fixed --rate, proportional quotas sum to floor(rho*N)" {
@@ -178,8 +271,23 @@ read_stream('$1')"
     $REF gen "$T/in.lrm" --frames 2 --seed 15 --scenario hot95
     run "$BIN/lrmoe-plan" -P 8 -M 4G -s 16 -o "$T/o.lrm" "$T/in.lrm"
     assert_failure 1
-    assert_output --regexp "^lrmoe-plan: frame 0: infeasible at every rate \(4 tried\): rate 0\.700: memory: rank [0-7] needs [0-9.]+ GiB, budget 4\.000 GiB$"
+    assert_output --regexp "^lrmoe-plan: frame 0: infeasible at every rate \(4 tried\): rate 0\.700: memory: rank [0-7] needs [0-9.]+ GiB \(replicas [0-9.]+ [KMG]?i?B, forward buffers [0-9.]+ GiB, saved state [0-9.]+ MiB, backward payloads [0-9.]+ GiB\), budget 4 GiB; rate 1 fits from [0-9.]+ GiB; rate 0\.[0-9]+ would fit$"
+    msg="$output"
     truncated "$T/o.lrm"
+    # the explanation holds: rate 1 fits at (just above) the budget it names,
+    # and the rate it names fits at 4G
+    m1=$(echo "$msg" | sed 's/.*rate 1 fits from \([0-9.]*\) GiB.*/\1/')
+    r=$(echo "$msg" | sed 's/.*; rate \(0\.[0-9]*\) would fit$/\1/')
+    run "$BIN/lrmoe-plan" -P 8 -M "$(python3 -c "print('%.0f' % (($m1 + 0.01) * 2**30))")" -s 16 \
+        -S "$T/m1.tsv" -o /dev/null "$T/in.lrm"
+    run awk -F'\t' 'NR == 2 { print $8 }' "$T/m1.tsv"
+    assert_output "1.000000"
+    run "$BIN/lrmoe-plan" -P 8 -M 4G -s 16 -R "$r" -o /dev/null "$T/in.lrm"
+    assert_success
+    # a budget of one byte is reported in bytes, not "0.000 GiB"
+    run "$BIN/lrmoe-plan" -P 8 -M 1 -o /dev/null "$T/in.lrm"
+    assert_failure 1
+    assert_output --partial "budget 1 B;"
     run "$BIN/lrmoe-plan" -P 8 -M 4G -s 16 -b -o "$T/o.lrm" "$T/in.lrm"
     assert_success
     run $REF check "$T/in.lrm" "$T/o.lrm" --planner lrmoe --ranks 8 --slots 16
@@ -225,12 +333,65 @@ print(a['plan.mem_peak'], a['plan.fwd_peak'], a['plan.replicas'], a['plan.feasib
     assert_output "37.580964"
 }
 
+@test "quotas: the default (even) has the least backward peak; at proportional's peak, no larger dW_down error" {
+    # lrmoe-gen -> route -> exec forward -> plan -q POLICY -R RATE -> score
+    # --fidelity (the plan's quotas)
+    for wl in balanced hot:30:16; do
+        "$BIN/lrmoe-gen" --tokens 512 --hidden 256 --ffn 128 --skew $wl --seed 1 \
+            --weights "$T/w.lrm" -o "$T/g.lrm"
+        "$BIN/lrmoe-route" "$T/g.lrm" -o "$T/r.lrm"
+        "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" "$T/r.lrm" -o "$T/f.lrm"
+        for rate in 0.9 0.8; do
+            for q in even minpeak proportional; do
+                "$BIN/lrmoe-plan" -P 8 -M 0 -R $rate -q $q --longer-backward "$T/f.lrm" \
+                    -o "$T/p.lrm"
+                "$BIN/lrmoe-score" --fidelity "$T/p.lrm" -o "$T/s.lrm"
+                "$BIN/lrmoe-view" -j -S "$T/s.lrm" | python3 -c '
+import json, sys
+a = json.loads(sys.stdin.readline())["attrs"]
+print(" ".join(sys.argv[1:]), a["plan.bwd_peak"], a["score.fidelity"])' $wl $rate $q >> "$T/q.txt"
+            done
+        done
+    done
+    run python3 - "$T/q.txt" <<'EOF'
+import sys
+v = {}
+for l in open(sys.argv[1]):
+    w, r, q, p, e = l.split()
+    v.setdefault((w, r), {})[q] = (int(p), float(e))
+equal = better = 0
+for k, d in v.items():
+    assert d["even"][0] <= min(x[0] for x in d.values()), (k, d)
+    assert d["even"][1] <= d["minpeak"][1] * (1 + 1e-9), (k, d)
+    if d["even"][0] == d["proportional"][0]:
+        assert d["even"][1] <= d["proportional"][1] * (1 + 1e-9), (k, d)
+        equal += 1
+    elif d["even"][1] <= d["proportional"][1]:
+        better += 1
+assert equal > 0, "no case where proportional reaches the least peak"
+print("ok", len(v), "equal-peak", equal, "lower peak and error", better)
+EOF
+    assert_success
+    assert_output --regexp '^ok 4 equal-peak [1-9]'
+}
+
 @test "--stats writes a header and one row per frame; pass-through kept" {
     $REF gen "$T/in.lrm" --frames 5 --seed 18
     run "$BIN/lrmoe-plan" -P 8 -p llep -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
     assert_success
-    run awk -F'\t' 'END { print NR, NF } NR == 1 { print $1, $4, $9, $14, $23 }' "$T/s.tsv"
-    assert_output "$(printf 'frame planner fwd_peak peak_over_mean binding\n6 23')"
+    run awk -F'\t' 'END { print NR, NF } NR == 1 { print $1, $4, $9, $14, $23, $24, $25, $26, $27, $28 }' "$T/s.tsv"
+    assert_output "$(printf 'frame planner fwd_peak peak_over_mean binding hidden ffn topk tokens_per_rank source\n6 28')"
+    # the model sizes the plan was made with, in the TSV and as attributes
+    run "$BIN/lrmoe-plan" -P 8 -M 0 -D 7168 -F 2048 -K 6 -T 4096 -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
+    assert_success
+    run awk -F'\t' 'NR == 2 { print $24, $25, $26, $27 }' "$T/s.tsv"
+    assert_output "7168 2048 6 4096"
+    run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers')
+from lrmoe_stream import read_stream
+t, a = read_stream('$T/o.lrm')[0]
+print(a['plan.hidden'], a['plan.ffn'], a['plan.topk'], a['plan.tokens_per_rank'], a['plan.source'])"
+    assert_output --regexp '^7168 2048 6 4096 [a-z]+:[a-z]+/[a-z-]+'
 }
 
 @test "the consistency check rejects broken plans" {

@@ -189,6 +189,9 @@ for p in ["fixed", "llep", "eplb", "lrmoe"]:
         pl, fw, bw = t["placement"], t["fwd_alloc"], t["bwd_alloc"]
         E, P = pl.shape
         rep = np.array([sum(int(pl[e, q] != 0 and q != e // (E // P)) for e in range(E)) for q in range(P)], np.int64)
+        if p == "eplb":  # EPLB holds E/P+2 physical slots on every rank: 2 redundant each
+            rep = np.full(P, 2, np.int64)
+            assert int(a["plan.replicas"]) == 2 * P, (p, "redundant slots")
         f, k = fw.sum(0).astype(np.int64), bw.sum(0).astype(np.int64)
         tok = f * 2 * D * b + f * 2 * F * b + k * (3 * D + 2 * F) * b
         charged = rep * W * (b + g) + tok
@@ -316,6 +319,14 @@ EOF
     run "$BIN/lrmoe-sim" -P 3 "$T/tr.lrm"
     assert_failure 1
     assert_output --partial "3 ranks do not divide 16 experts"
+    # 2^20 experts: refused before planning (not a gigabyte of plans)
+    python3 -c '
+import sys, numpy as np
+from lrmoe_stream import write_stream
+write_stream(sys.argv[1], [({"expert_load": np.ones(1 << 20, np.int64)}, {})])' "$T/big.lrm"
+    run "$BIN/lrmoe-sim" -Q "$T/big.lrm"
+    assert_failure 1
+    assert_output --partial "1048576 experts over 8 ranks: above the planner's limits"
     python3 -c '
 import sys, numpy as np
 from lrmoe_stream import write_stream

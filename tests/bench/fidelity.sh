@@ -67,3 +67,58 @@ print("verdict: %s: lrm has the lowest error at %s; ordering %s the paper's "
           "every rate" if best_all else "not every rate",
           "matches" if paper else "differs from"))
 PY
+
+# ---------------------------------------------------------------- quotas
+# The planner's quota policies (lrmoe-plan -q): per workload and rate, each
+# policy's backward peak (plan.bwd_peak) and the dW_down error of the pairs
+# its quotas drop (lrmoe-score --fidelity following the plan's quota).
+# Small shapes (D 256, F 128) so the forward pass stays quick; P = 8.
+QT=${QUOTA_TOKENS:-2048}
+[ "${BENCH_QUICK:-0}" = 1 ] && QT=512
+echo
+echo "quota policies: E=128 K=8 D=256 F=128, $QT tokens, P=8, -M 0, --longer-backward, seed $SEED"
+qt="$tmp/quota.tsv"
+: > "$qt"
+for wl in balanced hot:30:16 hot:80:4 hot:95:1 zipf:1.2; do
+    bin/lrmoe-gen --tokens "$QT" --hidden 256 --ffn 128 --skew "$wl" --seed "$SEED" \
+        --weights "$tmp/qw.lrm" $raw -o "$tmp/qg.lrm"
+    bin/lrmoe-route $raw "$tmp/qg.lrm" -o "$tmp/qr.lrm"
+    bin/lrmoe-exec --phase forward --weights "$tmp/qw.lrm" $raw "$tmp/qr.lrm" -o "$tmp/qf.lrm"
+    for rate in 0.9 0.8 0.7; do
+        for q in even minpeak proportional; do
+            bin/lrmoe-plan -P 8 -M 0 -R "$rate" -q "$q" --longer-backward $raw \
+                "$tmp/qf.lrm" -o "$tmp/qp.lrm"
+            bin/lrmoe-score --fidelity $raw "$tmp/qp.lrm" -o "$tmp/qs.lrm"
+            bin/lrmoe-view -j -S "$tmp/qs.lrm" | python3 -c '
+import json, sys
+a = json.loads(sys.stdin.readline())["attrs"]
+print("\t".join(sys.argv[1:] + [a["plan.bwd_peak"], a["score.fidelity"]]))
+' "$wl" "$rate" "$q" >> "$qt"
+        done
+    done
+done
+python3 - "$qt" <<'PY'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+pol = ["even", "minpeak", "proportional"]
+tab = {(w, r, q): (int(p), float(e)) for w, r, q, p, e in rows}
+print("%-10s %-5s" % ("workload", "rate") +
+      "".join(" %12s %10s" % (q + " peak", "dW err") for q in pol))
+ok_peak = ok_err = ok_eq = True
+worse = []
+for w in dict.fromkeys(r[0] for r in rows):
+    for r in ("0.9", "0.8", "0.7"):
+        v = [tab[(w, r, q)] for q in pol]
+        print("%-10s %-5s" % (w, r) + "".join(" %12d %10.5f" % x for x in v))
+        ok_peak &= v[0][0] <= min(x[0] for x in v)
+        if v[0][1] > v[2][1] * (1 + 1e-9):
+            ok_err = False
+            worse.append("%s@%s (peak %d vs %d)" % (w, r, v[0][0], v[2][0]))
+            ok_eq &= v[0][0] != v[2][0]
+print("verdict: %s: the default (even) has the least backward peak %s; its dW_down error is "
+      "%s proportional's on every workload and rate%s" % (
+          "PASS" if ok_peak and ok_err else "FAIL", "everywhere" if ok_peak else "NOT everywhere",
+          "<=" if ok_err else "NOT always <=", "" if ok_err else ": worse at " + ", ".join(worse)))
+print("verdict: %s: where proportional reaches the same backward peak, the default's error is "
+      "<= proportional's" % ("PASS" if ok_eq and ok_peak else "FAIL"))
+PY

@@ -10,7 +10,7 @@
       verify every frame of OUT against the loads of IN:
       * tensors/shapes/dtypes, native placement, non-negativity, row sums
         (fwd to n_e, bwd to quota), eligibility;
-      * fixed: exactly plain EP;  llep: equal to a Python LLA;
+      * fixed: exactly plain EP;  llep: equal to the port of the reference (plan_llep_ref.py);
         eplb: equal to a Python port of DeepSeek's eplb.py;
       * lrmoe: forward and backward peaks equal the brute-force optimum over
         rank subsets for the emitted placement (and quotas), quotas within
@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lrmoe_stream import read_stream, write_stream  # noqa: E402
+import plan_llep_ref  # noqa: E402
 
 
 # ------------------------------------------------------------------ loads
@@ -99,51 +100,9 @@ def cmd_corrupt(a):
 
 # ------------------------------------------------------------------ references
 def lla(load, P, lam, alpha, m):
-    """LLEP as DESIGN.md restates it; returns fwd (E,P)."""
-    E = len(load)
-    per = E // P
-    fwd = np.zeros((E, P), dtype=np.int64)
-    pending = [int(load[r * per:(r + 1) * per].sum()) for r in range(P)]
-    N = int(load.sum())
-    if N == 0 or max(pending) / (N / P) < lam:
-        for e in range(E):
-            fwd[e, e // per] = load[e]
-        return fwd
-    cap = alpha * N / P
-    assigned = [0] * P
-    order = sorted(range(E), key=lambda e: (-int(load[e]), e))
-    for e in order:
-        nat, r = e // per, int(load[e])
-        pending[nat] -= r
-        if r == 0:
-            continue
-        eff = assigned[nat] + pending[nat]
-        room = int(cap - eff) if cap > eff else 0
-        take = min(r, room)
-        if r - take < m:
-            take = r
-        fwd[e, nat] += take
-        assigned[nat] += take
-        r -= take
-        skipped = set()
-        while r > 0:
-            helpers = [p for p in range(P) if p != nat and p not in skipped]
-            if helpers:
-                best = min(helpers, key=lambda p: (assigned[p] + pending[p], p))
-                eff = assigned[best] + pending[best]
-                room = int(cap - eff) if cap > eff else 0
-                chunk = min(r, room)
-                if chunk <= 0 or (chunk < m and chunk < r):
-                    skipped.add(best)
-                    continue
-            else:
-                others = [p for p in range(P) if p != nat] or [nat]
-                best = min(others, key=lambda p: (assigned[p] + pending[p], p))
-                chunk = r
-            fwd[e, best] += chunk
-            assigned[best] += chunk
-            r -= chunk
-    return fwd
+    """LLEP as the reference code (plan_llep_ref.py); returns fwd (E,P)."""
+    _, fwd = plan_llep_ref.plan([int(x) for x in load], P, lam, alpha, m)
+    return np.array(fwd, dtype=np.int64).reshape(len(load), P)
 
 
 def _packing(weight, packs):
@@ -307,22 +266,33 @@ def cmd_check(a):
             if (q < lo).any():
                 fail(i, "quota below min-keep floor")
             elig = pl.astype(bool)
+            # plan.source "placement:forward/backward": a min-peak forward
+            # (backward) is the optimum for the placement (and quotas); a
+            # baseline's own forward or the in-place / follow backward only
+            # bound it from above
+            src = ao.get("plan.source", "")
+            fsrc, bsrc = (src.split(":", 1)[1].split("/", 1) + [""])[:2] if ":" in src else ("", "")
             tf = opt_peak(elig, load, P)
-            if fpk != tf or int(ao["plan.fwd_lb"]) != tf:
-                fail(i, "forward peak %d, optimum %d" % (fpk, tf))
+            if int(ao["plan.fwd_lb"]) != tf or fpk < tf or (fsrc == "minpeak" and fpk != tf):
+                fail(i, "forward peak %d (%s), optimum %d" % (fpk, src, tf))
             if K == N:
                 tb = tf
-            elif a.quota == "minpeak":
+            elif a.quota in ("minpeak", "even"):
                 tb = opt_peak_quota(elig, lo, load, K, P)
             else:
                 tb = opt_peak(elig, q, P)
-            if bpk != tb:
-                fail(i, "backward peak %d, optimum %d" % (bpk, tb))
+            if bpk < tb or (bsrc.startswith("minpeak") and bpk != tb) or (K == N and bpk != fpk):
+                fail(i, "backward peak %d (%s), optimum %d" % (bpk, src, tb))
+            if bsrc.startswith("in-place"):
+                # only experts whose forward ran on one rank drop, there
+                for e in range(E):
+                    if q[e] < load[e] and ((fw[e] > 0).sum() != 1 or (bw[e] > fw[e]).any()):
+                        fail(i, "in-place backward moved expert %d" % e)
             if a.rates:
                 ok = [math.floor(r * N + 1e-9) if r < 1 else N for r in a.rates]
                 if K not in ok:
                     fail(i, "retained %d is not floor(rate*N) of a candidate" % K)
-            extra = " rho %.3f fwd %d=T* bwd %d=T*" % (rho, fpk, bpk)
+            extra = " rho %.3f fwd %d (T* %d) bwd %d (T* %d) %s" % (rho, fpk, tf, bpk, tb, src)
         print("ok frame %d %s E=%d P=%d peak %d replicas %s%s" %
               (i, a.planner, E, P, fpk, ao.get("plan.replicas"), extra))
 

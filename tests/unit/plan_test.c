@@ -14,6 +14,15 @@
  *   plan PLANNER P LOAD...          full plan + lrmoe_plan_check
  *   check-stream FILE      lrmoe_plan_from_frame + lrmoe_plan_check per frame
  *   bench FILE             GLPK vs closed form + max-flow timings (bench/plan.sh)
+ *   never-loses COUNT SEED P...  random traces (E = 64..384, nodes 1..16,
+ *                          uniform/hot/Zipf skew, budgets from unlimited to
+ *                          ones that force rho < 1) at each P: lrmoe's t_total
+ *                          and forward peak are no worse than the best
+ *                          baseline's (lowest t_total of those whose plans
+ *                          fit the budget; lrmoe must then fit too), and a
+ *                          plan with rho < 1 has a
+ *                          modelled backward no longer than the same plan
+ *                          keeping every pair
  * Exit 0 when all checks pass; prints "FAIL ..." lines otherwise. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -534,6 +543,147 @@ static int bench(const char *path)
     return bad;
 }
 
+/* A load vector of N pairs over E experts: 0 uniform, 1 hot (one expert
+ * takes share%), 2 Zipf 1.2 (shuffled). */
+static void skewed_load(int kind, int E, int64_t N, int share, int64_t *n)
+{
+    double *w = malloc((size_t)E * sizeof *w), s = 0;
+    for (int e = 0; e < E; e++) {
+        w[e] = kind == 2 ? 1.0 / __builtin_pow(e + 1, 1.2) : 1.0;
+        s += w[e];
+    }
+    if (kind == 1) {
+        for (int e = 0; e < E; e++)
+            w[e] = (1.0 - share / 100.0) / (E - 1);
+        w[rint_(0, E - 1)] = share / 100.0;
+        s = 1.0;
+    }
+    for (int e = E - 1; kind == 2 && e > 0; e--) { /* shuffle */
+        int j = rint_(0, e);
+        double t = w[e];
+        w[e] = w[j];
+        w[j] = t;
+    }
+    int64_t left = N;
+    for (int e = 0; e < E; e++) {
+        /* expected share with +-10% noise */
+        double v = (double)N * w[e] / s * (0.9 + 0.2 * (double)(rnd() % 1000) / 1000.0);
+        n[e] = (int64_t)v;
+        if (n[e] > left)
+            n[e] = left;
+        left -= n[e];
+    }
+    n[rint_(0, E - 1)] += left;
+}
+
+static int never_loses(int count, int argc, char **argv)
+{
+    int fails = 0, total = 0, reduced = 0, cls[3] = {0, 0, 0};
+    static const int Es[] = {64, 128, 256, 384};
+    for (int a = 0; a < argc; a++) {
+        const int P = atoi(argv[a]);
+        for (int it = 0; it < count; it++) {
+            int E;
+            do
+                E = Es[rint_(0, 3)];
+            while (E % P || E < P);
+            lrmoe_plan_opts_t o;
+            lrmoe_plan_opts_default(&o);
+            o.P = P;
+            int nodes;
+            do
+                nodes = 1 << rint_(0, 4);
+            while (P % nodes);
+            o.nodes = nodes;
+            o.cost.D = rint_(0, 1) ? 2048 : 7168;
+            o.cost.F = rint_(0, 1) ? 768 : 2048;
+            o.cost.tokens = 8192;
+            const int64_t N = o.cost.tokens * o.cost.K * P;
+            int64_t *n = malloc((size_t)E * sizeof *n);
+            const int kind = rint_(0, 2), share = (int[]){30, 80, 95}[rint_(0, 2)];
+            skewed_load(kind, E, N, share, n);
+            /* budget: unlimited, or a fraction of a balanced rank's need */
+            const int64_t r = N / P;
+            const double need = lrmoe_cost_rank_mem(&o.cost, 0, r, r);
+            const int bsel = rint_(0, 3);
+            o.cost.hbm = bsel == 0 ? 0 : need * (bsel == 1 ? 1.6 : bsel == 2 ? 1.05 : 0.92);
+            o.best_effort = 0;
+            lrmoe_plan_t b[3], L;
+            double bt = 1e300;
+            int64_t bpk = 0;
+            int bfits = 0;
+            for (int i = 0; i < 3; i++) {
+                lrmoe_plan_init(&b[i]);
+                o.planner = (lrmoe_planner_t)i;
+                if (lrmoe_plan_compute(&o, n, E, &b[i]) < 0) {
+                    printf("FAIL P=%d E=%d baseline %d: %s\n", P, E, i, lrmoe_errmsg());
+                    fails++;
+                    continue;
+                }
+                const int f = b[i].feasible;
+                if ((f && !bfits) || (f == bfits && (b[i].t_total < bt ||
+                                      (b[i].t_total == bt && b[i].fwd_peak < bpk)))) {
+                    bt = b[i].t_total;
+                    bpk = b[i].fwd_peak;
+                    bfits = f;
+                }
+            }
+            o.planner = LRMOE_PLANNER_LRMOE;
+            lrmoe_plan_init(&L);
+            total++;
+            if (lrmoe_plan_compute(&o, n, E, &L) < 0) {
+                if (bfits) {
+                    printf("FAIL P=%d E=%d nodes %d kind %d hbm %.3g: lrmoe refused where a "
+                           "baseline fits: %s\n", P, E, nodes, kind, o.cost.hbm, lrmoe_errmsg());
+                    fails++;
+                }
+            } else {
+                if (bfits && (L.t_total > bt * (1 + 1e-9) || L.fwd_peak > bpk)) {
+                    printf("FAIL P=%d E=%d nodes %d kind %d/%d hbm %.3g: lrmoe t_total %.6g ms "
+                           "fwd_peak %lld (%s), best baseline %.6g ms %lld\n", P, E, nodes,
+                           kind, share, o.cost.hbm, L.t_total * 1e3, (long long)L.fwd_peak,
+                           L.source, bt * 1e3, (long long)bpk);
+                    fails++;
+                }
+                if (L.rho < 1) {
+                    reduced++;
+                    lrmoe_plan_t K;
+                    lrmoe_plan_init(&K);
+                    lrmoe_plan_alloc(&K, E, P);
+                    memcpy(K.placement, L.placement, (size_t)E * P);
+                    memcpy(K.fwd_alloc, L.fwd_alloc, (size_t)E * P * sizeof(int64_t));
+                    memcpy(K.bwd_alloc, L.fwd_alloc, (size_t)E * P * sizeof(int64_t));
+                    memcpy(K.quota, n, (size_t)E * sizeof(int64_t));
+                    memcpy(K.held, L.held, (size_t)P * sizeof(int64_t));
+                    memcpy(K.wsend, L.wsend, (size_t)P * sizeof(double));
+                    memcpy(K.wrecv, L.wrecv, (size_t)P * sizeof(double));
+                    K.have_slots = L.have_slots;
+                    lrmoe_cost_summary_t s1, s2;
+                    lrmoe_plan_eval_cost(&o.cost, &K, n, NULL, &s1);
+                    lrmoe_plan_eval_cost(&o.cost, &L, n, NULL, &s2);
+                    const double t1 = s1.t_bwd_dispatch + s1.t_bwd_compute + s1.t_bwd_combine;
+                    const double t2 = s2.t_bwd_dispatch + s2.t_bwd_compute + s2.t_bwd_combine;
+                    if (t2 > t1 * (1 + 1e-9)) {
+                        printf("FAIL P=%d E=%d: rho %.3f backward %.6g ms > %.6g ms keeping "
+                               "every pair (%s)\n", P, E, L.rho, t2 * 1e3, t1 * 1e3, L.source);
+                        fails++;
+                    }
+                    lrmoe_plan_free(&K);
+                }
+                cls[L.fwd_peak < bpk ? 2 : L.t_total < bt * (1 - 1e-9) ? 1 : 0]++;
+            }
+            for (int i = 0; i < 3; i++)
+                lrmoe_plan_free(&b[i]);
+            lrmoe_plan_free(&L);
+            free(n);
+        }
+    }
+    lrmoe_plan_thread_cleanup();
+    printf("%d traces, %d failures (%d at rho < 1; lower peak %d, shorter t_total %d)\n", total,
+           fails, reduced, cls[2], cls[1]);
+    return fails != 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -559,6 +709,10 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "dump") && argc == 4) {
         rs ^= (uint64_t)atoll(argv[3]) * 0x9E3779B97F4A7C15ull;
         return random_check(atoi(argv[2]), 1, 1, 0);
+    }
+    if (!strcmp(argv[1], "never-loses") && argc >= 5) {
+        rs ^= (uint64_t)atoll(argv[3]) * 0x9E3779B97F4A7C15ull;
+        return never_loses(atoi(argv[2]), argc - 4, argv + 4);
     }
     if (!strcmp(argv[1], "llep") && argc >= 6)
         return llep(argc - 2, argv + 2);

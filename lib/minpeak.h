@@ -1,0 +1,64 @@
+/* The min-peak solver (lib/minpeak.c), below the planners: the optimum
+ * peak T* of an allocation of pairs to eligible ranks and the allocations
+ * that reach it (closed form, max-flow, GLPK).
+ * Placement is row-major [E,P]; the library never prints. */
+#ifndef LRMOE_MINPEAK_H
+#define LRMOE_MINPEAK_H
+
+#include <stdint.h>
+
+#define LRMOE_PLAN_MAX_P 16    /* closed-form T* enumerates 2^P rank subsets;
+                                  above it an exact max-flow search */
+
+/* Closed-form min-peak: T* = max over non-empty rank subsets S of
+ * ceil(N(S)/|S|), N(S) = sum of need[e] over experts whose eligible ranks
+ * (placement row) all lie in S; enumerated for P <= LRMOE_PLAN_MAX_P, by
+ * an exact parametric max-flow search above. Returns T* (>= 0) or -1.
+ * An expert with need > 0 and no eligible rank gives -1. */
+int64_t lrmoe_minpeak_lb(const uint8_t *placement, const int64_t *need, int E, int P);
+
+/* Closed-form optimum of the backward peak when the quotas are free:
+ * the least T such that quotas lo[e] <= K_e <= n[e], sum K_e = total can be
+ * allocated with every rank <= T. -1 if total is outside [sum lo, sum n]. */
+int64_t lrmoe_minpeak_quota_lb(const uint8_t *placement, const int64_t *lo,
+                               const int64_t *n, int64_t total, int E, int P);
+
+/* Min-peak integer allocation with GLPK (glp_intopt, presolve on, terminal
+ * output off, time limit tm_lim seconds): x[E,P] >= 0 only where placement,
+ * rows sum to need[e] (fixed quotas) ... Returns the peak (>= 0) or -1. */
+int64_t lrmoe_alloc_glpk(const uint8_t *placement, const int64_t *need, int E, int P,
+                         double tm_lim, int64_t *x);
+/* ... or, with free quotas lo[e] <= K_e <= n[e], sum K_e = total: also
+ * returns the chosen quotas in K. Among optimal solutions it prefers
+ * retained pairs where pref[E,P] (may be NULL; e.g. fwd_alloc) is large. */
+int64_t lrmoe_alloc_glpk_quota(const uint8_t *placement, const int64_t *lo,
+                               const int64_t *n, int64_t total, const int64_t *pref,
+                               int E, int P, double tm_lim, int64_t *K, int64_t *x);
+/* The same fixed-quota allocation by closed form T* + max-flow (Dinic).
+ * Returns the peak or -1. */
+int64_t lrmoe_alloc_flow(const uint8_t *placement, const int64_t *need, int E, int P,
+                         int64_t *x);
+
+/* Exact min-peak optimum T* with the fast paths (lib/minpeak.c): fixed needs
+ * n[e] (lo == NULL, total ignored) or free quotas lo[e] <= K_e <= n[e] with
+ * sum K_e = total. ub: an upper bound on T* (the peak of a feasible
+ * allocation, e.g. the planner's own), or -1; when the cheap bound LB0
+ * (whole rank set, single ranks) reaches ub, T* = LB0 and nothing else runs,
+ * and the search stops once it reaches ub (if ub is not really an upper
+ * bound the result is only a lower bound). Above LRMOE_PLAN_MAX_P ranks, or when
+ * witness (P flags, may be NULL) is wanted, the parametric max-flow search
+ * (Dinkelbach steps over incremental Dinic); else the closed form. witness
+ * gets a rank subset S whose closed-form bound equals the result. how (may
+ * be NULL): 1 fast path, 2 closed form, 3 max-flow search. Returns T* or -1. */
+int64_t plan_minpeak(const uint8_t *pl, const int64_t *lo, const int64_t *n, int64_t total,
+                     int E, int P, int64_t ub, uint8_t *witness, int *how);
+/* The reference full search: bisection over [0, N] with one max-flow per
+ * probe (any P). Used by the tests against the above. */
+int64_t lrmoe_minpeak_lb_flow(const uint8_t *placement, const int64_t *need, int E, int P);
+int64_t lrmoe_minpeak_quota_lb_flow(const uint8_t *placement, const int64_t *lo,
+                                    const int64_t *n, int64_t total, int E, int P);
+
+/* Free GLPK's per-thread environment (lrmoe_plan_thread_cleanup calls it). */
+void lrmoe_minpeak_thread_cleanup(void);
+
+#endif
