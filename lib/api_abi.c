@@ -20,7 +20,8 @@ static const struct {
 } sizes[] = {
     SIZE(lrmoe_tensor_t), SIZE(lrmoe_frame_t), SIZE(lrmoe_wopts_t),
     SIZE(lrmoe_route_opts_t), SIZE(lrmoe_score_opts_t), SIZE(lrmoe_score_stats_t),
-    SIZE(lrmoe_pack_opts_t), SIZE(lrmoe_exec_dims_t), SIZE(lrmoe_exec_cfg_t),
+    SIZE(lrmoe_pack_opts_t), SIZE(lrmoe_pack_in_t), SIZE(lrmoe_pack_plan_t),
+    SIZE(lrmoe_exec_dims_t), SIZE(lrmoe_exec_cfg_t),
     SIZE(lrmoe_exec_weights_t), SIZE(lrmoe_exec_plan_t), SIZE(lrmoe_exec_fwd_t),
     SIZE(lrmoe_exec_bwd_t),
 };
