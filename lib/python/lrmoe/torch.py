@@ -65,7 +65,8 @@ class _Block:
     """One supported MoE block: its experts module, router and names."""
 
     def __init__(self, name, module, index):
-        self.name, self.module, self.experts = name, module, module.experts
+        self.name = name or type(module).__name__
+        self.module, self.experts = module, module.experts
         self.router = getattr(module, SUPPORTED[type(module).__name__])
         m = re.search(r"layers\.(\d+)\.", name + ".")
         self.layer = int(m.group(1)) if m else index
@@ -306,7 +307,10 @@ class LRMoEExperts(torch.autograd.Function):
         ids = topk_ids.detach().to(torch.int32).contiguous()
         alpha = topk_weights.detach().to(torch.float32).contiguous()
         load = torch.bincount(ids.view(-1).long(), minlength=E).numpy()
-        cf = call(layer.plan, load, T, K, dt)
+        try:
+            cf = call(layer.plan, load, T, K, dt)
+        except Error as e:
+            raise Error(f"{layer.block.name}: plan: {e}") from None
         placement, _ = cf.get("placement")
         fwd_alloc, _ = cf.get("fwd_alloc")
         quota, _ = cf.get("quota")
