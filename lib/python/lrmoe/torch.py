@@ -48,6 +48,9 @@ REFUSED = {
                  "clamped and shifted by +1, and both projections carry biases; no weights make "
                  "lrmoe's silu(x Wg^T) * (x Wu^T) Wd^T equal to it, so lrmoe refuses it",
 }
+# blocks whose routing (hidden, router_logits, grad_output) dump() writes
+# without a weights stream
+ROUTING_ONLY = {"GptOssMLP": "router"}
 _TORCH_DT = {torch.float32: "F32", torch.bfloat16: "BF16"}
 _STAGES = 6  # LRMOE_NSTAGES
 
@@ -67,11 +70,15 @@ class _Block:
     def __init__(self, name, module, index):
         self.name = name or type(module).__name__
         self.module, self.experts = module, module.experts
-        self.router = getattr(module, SUPPORTED[type(module).__name__])
+        cls = type(module).__name__
+        self.router = getattr(module, SUPPORTED.get(cls) or ROUTING_ONLY[cls])
         m = re.search(r"layers\.(\d+)\.", name + ".")
         self.layer = int(m.group(1)) if m else index
         ex = self.experts
-        self.E, twoF, self.D = ex.gate_up_proj.shape
+        if cls in ROUTING_ONLY:  # gpt-oss: gate_up_proj is (E,D,2F)
+            self.E, self.D, twoF = ex.gate_up_proj.shape
+        else:
+            self.E, twoF, self.D = ex.gate_up_proj.shape
         self.F = twoF // 2
 
     def check_swiglu(self):
@@ -92,19 +99,20 @@ class _Block:
 
 def find_blocks(model, swiglu=True):
     """The supported MoE blocks of model, in module order. One clear error
-    for a refused (gpt-oss) or unknown MoE block, or none at all."""
+    for a refused (gpt-oss, unless swiglu=False: routing only) or unknown
+    MoE block, or none at all."""
     blocks = []
     for name, m in model.named_modules():
         cls = type(m).__name__
-        if cls in REFUSED:
-            raise Error(f"{name} ({cls}): {REFUSED[cls]}")
-        if cls in SUPPORTED:
+        if cls in REFUSED and (swiglu or cls not in ROUTING_ONLY):
+            raise Error(f"{name or cls}: {REFUSED[cls]}")
+        if cls in SUPPORTED or cls in ROUTING_ONLY:
             b = _Block(name, m, len(blocks))
             if swiglu:
                 b.check_swiglu()
             blocks.append(b)
         elif _is_moe_like(m):
-            raise Error(f"{name}: unsupported MoE block {cls}; lrmoe.torch supports "
+            raise Error(f"{name or cls}: unsupported MoE block {cls}; lrmoe.torch supports "
                         + ", ".join(sorted(SUPPORTED)))
     if not blocks:
         raise Error(f"{type(model).__name__} has no MoE block of a supported family ("
@@ -319,8 +327,11 @@ class LRMoEExperts(torch.autograd.Function):
         gu = gate_up.detach()
         w_gate, w_up = gu[:, :F].contiguous(), gu[:, F:].contiguous()
         w_down = down.detach().contiguous()
+        # the packed F32 copy lrmoe-exec makes too: [W_gate; W_up; W_down] per
+        # expert, so gate and up run as one GEMM (HF's gate_up_proj is [W_gate; W_up])
+        w_f32 = torch.cat([gu.reshape(E, -1), w_down.reshape(E, -1)], dim=1).float()
         W = _lib.ExecWeights(dtype=_lib.DT[dt], w_gate=_ptr(w_gate), w_up=_ptr(w_up),
-                             w_down=_ptr(w_down))
+                             w_down=_ptr(w_down), w_f32=_ptr(w_f32))
         dims = _lib.ExecDims(T=T, E=E, K=K, D=D, F=F, P=o.ranks)
         Pl = _lib.ExecPlan(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
         out = torch.empty(T, D, dtype=hidden.dtype)
@@ -345,7 +356,7 @@ class LRMoEExperts(torch.autograd.Function):
         o.steps[layer.block.layer] = rec["step"] + 1
         rec["fwd_lib_seconds"] = call.lib
         ctx.lrmoe = dict(layer=layer, dt=dt, dims=dims, W=W, Pl=Pl, keep_alive=(
-            w_gate, w_up, w_down, placement, fwd_alloc), x=x, ids=ids, alpha=alpha,
+            w_gate, w_up, w_down, w_f32, placement, fwd_alloc), x=x, ids=ids, alpha=alpha,
             pair_rank=pair_rank, phi=phi, sg=sg, su=su, pair_out=pair_out, quota=quota,
             bwd_alloc=bwd_alloc, wdtype=gate_up.dtype, adtype=topk_weights.dtype, rec=rec)
         o.stats.append(rec)
