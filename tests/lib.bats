@@ -117,3 +117,17 @@ PY
     assert_success
     assert_output "same plans"
 }
+
+@test "every function a man3 page names is exported, and every page lints clean" {
+    syms=$(nm -D --defined-only "$SO" | awk '{ sub(/@.*/, "", $3); print $3 }')
+    n=0
+    for p in "$TOP"/man/man3/*.3; do
+        run mandoc -T lint -W warning "$p"
+        assert_output ""
+        for f in $(sed -n '/^\.SH NAME/,/^\.SH/p' "$p" | grep -oE 'lrmoe_[a-z0-9_]+'); do
+            printf '%s\n' "$syms" | grep -qx "$f" || fail "$(basename "$p") names $f, which is not exported"
+            n=$((n + 1))
+        done
+    done
+    [ "$n" -ge 40 ]
+}
