@@ -199,6 +199,7 @@ _sig("lrmoe_exec_forward", c_int, POINTER(ExecCfg), POINTER(ExecDims), POINTER(E
 _sig("lrmoe_exec_backward", c_int, POINTER(ExecCfg), POINTER(ExecDims), POINTER(ExecWeights),
      POINTER(ExecPlan), POINTER(ExecBwd), P)
 _sig("lrmoe_exec_stage_name", c_char_p, c_int)
+_sig("lrmoe_exec_native", c_int, c_int64, c_int64, c_int)
 
 VERSION = lib.lrmoe_version().decode()
 

@@ -325,7 +325,7 @@ class LRMoEExperts(torch.autograd.Function):
         bwd_alloc, _ = cf.get("bwd_alloc")
         attrs = cf.attrs()
         gu = gate_up.detach()
-        w_gate, w_up = gu[:, :F].contiguous(), gu[:, F:].contiguous()
+        w_gate, w_up = _storage_split(gu, F, placement, fwd_alloc, o.ranks)
         w_down = down.detach().contiguous()
         # the packed F32 copy lrmoe-exec makes too: [W_gate; W_up; W_down] per
         # expert, so gate and up run as one GEMM (HF's gate_up_proj is [W_gate; W_up])
@@ -435,6 +435,28 @@ class LRMoEExperts(torch.autograd.Function):
         ctx.lrmoe = None
         return (gh.to(s["x"].dtype), gtw.to(s["adtype"]), gate_up_grad, gwd.to(wdt),
                 None, None)
+
+
+def _storage_split(gu, F, placement, fwd_alloc, P):
+    """w_gate, w_up (E,F,D) in the storage dtype from HF's (E,2F,D). With
+    the packed F32 copy given, the CPU backend reads the storage arrays only
+    to send an expert to the ranks holding a replica or helper instance of
+    it (lrmoe_exec_weights_t in exec.h), so only those experts are copied;
+    the rows of the others are never read."""
+    E = gu.shape[0]
+    nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)])
+    remote = placement.astype(bool)
+    remote[np.arange(E), nat] = False
+    fa = fwd_alloc.copy()
+    fa[np.arange(E), nat] = 0
+    sent = np.nonzero(remote.any(1) | (fa > 0).any(1))[0]
+    w_gate = torch.empty(E, F, gu.shape[2], dtype=gu.dtype)
+    w_up = torch.empty_like(w_gate)
+    if len(sent):
+        idx = torch.from_numpy(sent)
+        w_gate[idx] = gu[idx, :F]
+        w_up[idx] = gu[idx, F:]
+    return w_gate, w_up
 
 
 def _num(v):
