@@ -94,7 +94,7 @@ EOF
 @test "route: every kernel path against a brute-force reference (tests/unit/route_test.c)" {
     L="$BATS_TEST_DIRNAME/../lib"
     cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$T/route_test" \
-        "$BATS_TEST_DIRNAME/unit/route_test.c" "$L/route.c" "$L/route_avx512.c" \
+        "$BATS_TEST_DIRNAME/unit/route_test.c" "$L/route.c" "$L/route_scalar.c" "$L/route_avx2.c" "$L/route_avx512.c" \
         "$L/error.c" "$L/dtype.c" -lopenblas -lm -lpthread
     run "$T/route_test"
     assert_success
