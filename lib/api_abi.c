@@ -4,6 +4,7 @@
 
 #include "api.h"
 #include "exec.h"
+#include "exec_frame.h"
 #include "pack.h"
 #include "route.h"
 #include "score.h"
@@ -23,7 +24,7 @@ static const struct {
     SIZE(lrmoe_pack_opts_t), SIZE(lrmoe_pack_in_t), SIZE(lrmoe_pack_plan_t),
     SIZE(lrmoe_exec_dims_t), SIZE(lrmoe_exec_cfg_t),
     SIZE(lrmoe_exec_weights_t), SIZE(lrmoe_exec_plan_t), SIZE(lrmoe_exec_fwd_t),
-    SIZE(lrmoe_exec_bwd_t),
+    SIZE(lrmoe_exec_bwd_t), SIZE(lrmoe_exec_frame_opts_t), SIZE(lrmoe_exec_ctx_t),
 };
 
 size_t lrmoe_abi_sizeof(const char *type)

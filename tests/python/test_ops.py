@@ -31,7 +31,8 @@ class Ops(unittest.TestCase):
         sh(f"{B}/lrmoe-exec --phase forward --weights {d}/w.lrm {d}/p.lrm -o {d}/f.lrm")
         sh(f"{B}/lrmoe-score {d}/f.lrm -o {d}/s.lrm")
         sh(f"{B}/lrmoe-pack {d}/s.lrm -o {d}/k.lrm")
-        cls.st = {n: lrmoe.read(f"{d}/{n}.lrm", bf16="raw")[0] for n in "grpfsk"}
+        sh(f"{B}/lrmoe-exec --phase backward --mode compact --weights {d}/w.lrm {d}/k.lrm -o {d}/b.lrm")
+        cls.st = {n: lrmoe.read(f"{d}/{n}.lrm", bf16="raw")[0] for n in "grpfskb"}
 
     @classmethod
     def tearDownClass(cls):
@@ -82,6 +83,22 @@ class Ops(unittest.TestCase):
         got = lrmoe.pack(**{n: s[n] for n in names}, dtypes=s.dtypes)
         self.same(got, k, ["pack_pair", "pack_rank", "pack_counts", "pack_offsets", "pack_grad",
                            "pack_hidden", "pack_gate", "pack_up"])
+
+    def test_exec_forward_and_compact_backward(self):
+        p, f, k, b = self.st["p"], self.st["f"], self.st["k"], self.st["b"]
+        w = os.path.join(self.d, "w.lrm")
+        got = lrmoe.forward(p, w)
+        self.same(got, f, ["output", "pair_rank", "phi_sqnorm", "saved_gate", "saved_up",
+                           "pair_out"])
+        self.assertIn("exec.forward.wall_s", got.attrs)
+        got = lrmoe.backward(k, w, mode="compact")
+        self.same(got, b, ["grad_hidden", "grad_w_gate", "grad_w_up", "grad_w_down",
+                           "grad_topk_weights"])
+        with self.assertRaises(lrmoe.Error) as e:
+            lrmoe.forward(p, os.path.join(self.d, "nope.lrm"))
+        self.assertIn("nope.lrm", str(e.exception))
+        with self.assertRaises(lrmoe.Error):
+            lrmoe.backward(k, w, mode="sideways")
 
     def test_bad_input(self):
         g = self.st["g"]

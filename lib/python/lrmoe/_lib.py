@@ -112,6 +112,10 @@ class ExecWeights(Structure):
         "w_gate", "w_up", "w_down", "w_gate_f32", "w_up_f32", "w_down_f32", "w_f32")]
 
 
+class ExecFrameOpts(Structure):
+    _fields_ = [("backward", c_int), ("mode", c_int), ("cfg", ExecCfg), ("ranks", c_int)]
+
+
 class ExecPlan(Structure):
     _fields_ = [("placement", c_void_p), ("fwd_alloc", c_void_p)]
 
@@ -200,6 +204,13 @@ _sig("lrmoe_exec_backward", c_int, POINTER(ExecCfg), POINTER(ExecDims), POINTER(
      POINTER(ExecPlan), POINTER(ExecBwd), P)
 _sig("lrmoe_exec_stage_name", c_char_p, c_int)
 _sig("lrmoe_exec_native", c_int, c_int64, c_int64, c_int)
+_sig("lrmoe_exec_mode_parse", c_int, c_char_p, POINTER(c_int))
+_sig("lrmoe_backend_parse", c_int, c_char_p, POINTER(c_int))
+_sig("lrmoe_exec_frame_opts_default", None, POINTER(ExecFrameOpts))
+_sig("lrmoe_exec_ctx_init", None, P, POINTER(ExecFrameOpts))
+_sig("lrmoe_exec_ctx_weights_file", None, P, c_char_p)
+_sig("lrmoe_exec_ctx_free", None, P)
+_sig("lrmoe_exec_frame", c_int, P, POINTER(Frame))
 
 VERSION = lib.lrmoe_version().decode()
 
@@ -209,7 +220,10 @@ _MIRRORS = {"lrmoe_tensor_t": Tensor, "lrmoe_frame_t": Frame, "lrmoe_wopts_t": W
             "lrmoe_pack_in_t": PackIn, "lrmoe_pack_plan_t": PackPlan,
             "lrmoe_exec_dims_t": ExecDims, "lrmoe_exec_cfg_t": ExecCfg,
             "lrmoe_exec_weights_t": ExecWeights, "lrmoe_exec_plan_t": ExecPlan,
-            "lrmoe_exec_fwd_t": ExecFwd, "lrmoe_exec_bwd_t": ExecBwd}
+            "lrmoe_exec_fwd_t": ExecFwd, "lrmoe_exec_bwd_t": ExecBwd,
+            "lrmoe_exec_frame_opts_t": ExecFrameOpts}
+# lrmoe_exec_ctx_t is only allocated here (its size), never read
+EXEC_CTX_SIZE = lib.lrmoe_abi_sizeof(b"lrmoe_exec_ctx_t")
 for _n, _s in _MIRRORS.items():
     _have = lib.lrmoe_abi_sizeof(_n.encode())
     if _have != ctypes.sizeof(_s):

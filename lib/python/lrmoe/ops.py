@@ -4,6 +4,7 @@ lrmoe_plan_cfg_run = lrmoe_plan_compute + check + to_frame,
 lrmoe_score_frame, lrmoe_pack_frame) and returns a Frame of the tensors
 (and attributes) the tool adds. No algorithm is computed in Python."""
 import ctypes
+import os
 
 import numpy as np
 
@@ -162,3 +163,59 @@ def pack(keep, topk_ids, topk_weights, grad_output, hidden, saved_gate, saved_up
                   bwd_alloc=bwd_alloc, quota=quota)
     return _frame_call(inputs, dtypes, lambda cf: check(
         lib.lrmoe_pack_frame(cf.ref, ctypes.byref(o))))
+
+
+class Exec:
+    """lrmoe-exec in-process (lrmoe_exec_frame): one phase over frames with
+    a weights stream, keeping the weights and the packed F32 copy of the
+    current layer between frames. run(frame) returns the tensors and exec.*
+    attributes the phase adds."""
+
+    def __init__(self, weights, phase="forward", mode="full", ranks=0, threads=0,
+                 backend="cpu", allow_nonfinite=False):
+        if phase not in ("forward", "backward"):
+            raise Error(f"exec: phase '{phase}': expected forward or backward")
+        o = _lib.ExecFrameOpts()
+        lib.lrmoe_exec_frame_opts_default(ctypes.byref(o))
+        m, b = ctypes.c_int(), ctypes.c_int()
+        check(lib.lrmoe_exec_mode_parse(str(mode).encode(), ctypes.byref(m)))
+        check(lib.lrmoe_backend_parse(str(backend).encode(), ctypes.byref(b)))
+        o.backward, o.mode, o.ranks = int(phase == "backward"), m.value, int(ranks)
+        o.cfg.backend, o.cfg.threads = b.value, int(threads)
+        o.cfg.allow_nonfinite = int(bool(allow_nonfinite))
+        self._path = os.fsencode(weights)  # borrowed by the context
+        self.ctx = ctypes.create_string_buffer(_lib.EXEC_CTX_SIZE)
+        lib.lrmoe_exec_ctx_init(self.ctx, ctypes.byref(o))
+        lib.lrmoe_exec_ctx_weights_file(self.ctx, self._path)
+
+    def run(self, frame, dtypes=None):
+        given = dict(frame)
+        cf = CFrame(Frame(given, getattr(frame, "attrs", {}),
+                          {**getattr(frame, "dtypes", {}), **(dtypes or {})}))
+        check(lib.lrmoe_exec_frame(self.ctx, cf.ref))
+        before = set(getattr(frame, "attrs", {}))
+        out = cf.to_frame(names={n for n in cf.names() if n not in given})
+        out.attrs = {k: v for k, v in out.attrs.items() if k not in before or k.startswith("exec.")}
+        return out
+
+    def close(self):
+        if getattr(self, "ctx", None) is not None and lib is not None:
+            lib.lrmoe_exec_ctx_free(self.ctx)
+            self.ctx = None
+
+    __del__ = close
+
+
+def forward(frame, weights, ranks=0, threads=0, backend="cpu"):
+    """The expert-parallel forward of one frame (routing, and a plan when
+    present) with the weights stream at `weights`, as lrmoe-exec --phase
+    forward: output, pair_rank, phi_sqnorm, saved_gate, saved_up, pair_out."""
+    return Exec(weights, "forward", ranks=ranks, threads=threads, backend=backend).run(frame)
+
+
+def backward(frame, weights, mode="full", ranks=0, threads=0, backend="cpu"):
+    """The backward of one frame as lrmoe-exec --phase backward --mode MODE
+    (full, masked or compact): grad_hidden, grad_w_gate, grad_w_up,
+    grad_w_down, grad_topk_weights."""
+    return Exec(weights, "backward", mode=mode, ranks=ranks, threads=threads,
+                backend=backend).run(frame)
