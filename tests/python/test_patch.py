@@ -59,6 +59,11 @@ class PatchRate1(unittest.TestCase):
         self.assertEqual(rec["ranks"], ranks)
         for k in ("fwd_peak", "bwd_peak", "replicas", "mem_peak", "feasible"):
             self.assertIn(k, rec)
+        with torch.no_grad():  # inference: no saved state, same output
+            o3 = pat(x)
+            o3 = o3[0] if isinstance(o3, tuple) else o3
+        self.assertTrue(torch.equal(o3, o1), f"{fam} no_grad output")
+        self.assertNotIn("kept", h.stats[-1])
         h.unpatch()
         o2, _, _ = run(pat, x)
         self.assertTrue(torch.equal(o2, o0), f"{fam}: unpatch restores HF's forward")

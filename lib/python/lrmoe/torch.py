@@ -336,10 +336,12 @@ class LRMoEExperts(torch.autograd.Function):
         Pl = _lib.ExecPlan(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
         out = torch.empty(T, D, dtype=hidden.dtype)
         pair_rank = torch.empty(T, K, dtype=torch.int32)
-        phi = torch.empty(T, K, dtype=torch.float32)
-        sg = torch.empty(T, K, F, dtype=hidden.dtype)
-        su = torch.empty(T, K, F, dtype=hidden.dtype)
-        pair_out = torch.empty(T, K, D, dtype=hidden.dtype)
+        # the backward's state only when a gradient will be asked for
+        train = any(ctx.needs_input_grad[:4])
+        phi = torch.empty(T, K, dtype=torch.float32) if train else None
+        sg = torch.empty(T, K, F, dtype=hidden.dtype) if train else None
+        su = torch.empty(T, K, F, dtype=hidden.dtype) if train else None
+        pair_out = torch.empty(T, K, D, dtype=hidden.dtype) if train else None
         a = _lib.ExecFwd(act_dtype=_lib.DT[dt], hidden=_ptr(x), topk_ids=_ptr(ids),
                          topk_weights=_ptr(alpha), output=_ptr(out), pair_rank=_ptr(pair_rank),
                          phi_sqnorm=_ptr(phi), saved_gate=_ptr(sg), saved_up=_ptr(su),
@@ -355,11 +357,14 @@ class LRMoEExperts(torch.autograd.Function):
                 rec[k[5:]] = _num(v)
         o.steps[layer.block.layer] = rec["step"] + 1
         rec["fwd_lib_seconds"] = call.lib
+        o.stats.append(rec)
+        if not train:
+            rec["fwd_seconds"] = time.perf_counter() - t_start
+            return out
         ctx.lrmoe = dict(layer=layer, dt=dt, dims=dims, W=W, Pl=Pl, keep_alive=(
             w_gate, w_up, w_down, w_f32, placement, fwd_alloc), x=x, ids=ids, alpha=alpha,
             pair_rank=pair_rank, phi=phi, sg=sg, su=su, pair_out=pair_out, quota=quota,
             bwd_alloc=bwd_alloc, wdtype=gate_up.dtype, adtype=topk_weights.dtype, rec=rec)
-        o.stats.append(rec)
         rec["fwd_seconds"] = time.perf_counter() - t_start
         return out
 
