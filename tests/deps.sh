@@ -66,6 +66,12 @@ if [ "$what" = test ]; then
             echo "    python3 -m pip install numpy safetensors" >&2
             exit 1; }
     fi
+    # setuptools: `pip install ./lib/python` without build isolation (offline)
+    if ! python3 -c 'import setuptools' 2>/dev/null; then
+        python3 -m pip install -q setuptools >&2 2>/dev/null ||
+            python3 -m pip install -q --break-system-packages setuptools >&2 ||
+            echo "lrmoe: setuptools not installed: the pip install test will fail" >&2
+    fi
     # PyTorch (CPU wheel) and transformers for tests/python (lrmoe.torch);
     # without them those tests skip and say why.
     if ! python3 -c 'import torch, transformers' 2>/dev/null; then
