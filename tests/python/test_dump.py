@@ -93,33 +93,46 @@ class Dump(unittest.TestCase):
     def test_cli_pipeline_reproduces_patched_layer(self):
         """dump -> lrmoe-route | lrmoe-plan | lrmoe-exec forward | lrmoe-score
         | lrmoe-pack | lrmoe-exec backward --mode compact gives the patched
-        layer's output and gradients (same library code, same plan)."""
-        for fam, router in (("qwen3_moe", "-n"), ("mixtral", "-n")):
-            with self.subTest(fam):
+        layer's output and gradients bit for bit (same library code, same
+        plan, same kept pairs), at rate 1 and below."""
+        cases = (("qwen3_moe", "-n", 1.0), ("qwen3_moe", "-n", 0.6), ("mixtral", "-n", 1.0),
+                 ("deepseek_v3", f"-r sigmoid -g 2 -m 1 -n -s 2.5 --weights {self.p('w.lrm')}", 0.8))
+        for fam, router, rate in cases:
+            with self.subTest(f"{fam} rate {rate}"):
                 blk = tiny.block(fam)
                 with lt.dump(blk, self.p("d.lrm"), weights=self.p("w.lrm")):
                     run(blk, torch.randn(2, 20, tiny.D))
                 f = lrmoe.read(self.p("d.lrm"))[0]
                 B = tiny.BIN
-                sh(f"{B}/lrmoe-route -k 2 {router} {self.p('d.lrm')} | {B}/lrmoe-plan -P 2 --rate 1.0 "
-                   f"-F {tiny.F} | {B}/lrmoe-exec --phase forward -@ 1 --weights {self.p('w.lrm')} | "
-                   f"{B}/lrmoe-score | {B}/lrmoe-pack | {B}/lrmoe-exec --phase backward --mode compact "
-                   f"-@ 1 --weights {self.p('w.lrm')} -o {self.p('cli.lrm')}")
+                sh(f"{B}/lrmoe-route -k 2 {router} {self.p('d.lrm')} | {B}/lrmoe-plan -P 2 "
+                   f"--rate {rate} -F {tiny.F} | {B}/lrmoe-exec --phase forward -@ 1 --weights "
+                   f"{self.p('w.lrm')} | {B}/lrmoe-score | {B}/lrmoe-pack | {B}/lrmoe-exec "
+                   f"--phase backward --mode compact -@ 1 --weights {self.p('w.lrm')} "
+                   f"-o {self.p('cli.lrm')}")
                 c = lrmoe.read(self.p("cli.lrm"))[0]
                 pat = copy.deepcopy(blk)
-                h = lt.patch(pat, rate=1.0, ranks=2, threads=1)
+                h = lt.patch(pat, rate=rate, ranks=2, threads=1)
                 hid = torch.from_numpy(f["hidden"]).requires_grad_(True)
                 _, w, ids = pat.gate(hid.detach())
-                # HF's routing and lrmoe-route's agree (ids exactly, weights to
-                # F32 rounding); the patched layer then runs on lrmoe-route's
-                # weights, so both sides compute the same thing
-                self.assertTrue(np.array_equal(c["topk_ids"], ids.numpy().astype(np.int32)))
-                self.assertLess(np.abs(c["topk_weights"] - w.detach().numpy()).max(), 1e-6)
+                # HF's routing and lrmoe-route's agree: the same experts per
+                # token (HF's DeepSeek order is unsorted), weights to F32
+                # rounding; the patched layer then runs on lrmoe-route's
+                # choice, so both sides compute exactly the same thing
+                o_hf, o_c = ids.argsort(1), np.argsort(c["topk_ids"], 1)
+                self.assertTrue(np.array_equal(np.take_along_axis(c["topk_ids"], o_c, 1),
+                                               ids.gather(1, o_hf).numpy()))
+                self.assertLess(np.abs(np.take_along_axis(c["topk_weights"], o_c, 1) -
+                                       w.detach().gather(1, o_hf).numpy()).max(), 1e-6)
                 alpha = torch.from_numpy(c["topk_weights"]).requires_grad_(True)
-                out = pat.experts(hid, ids, alpha)
+                out = pat.experts(hid, torch.from_numpy(c["topk_ids"]).long(), alpha)
                 out.backward(torch.from_numpy(f["grad_output"]))
                 rec = h.stats[-1]
-                self.assertEqual(c.attrs["plan.bwd_peak"], str(rec["bwd_peak"]))
+                for k in ("rho", "bwd_peak", "fwd_peak", "replicas"):
+                    self.assertEqual(str(rec[k]) if k != "rho" else f"{rec[k]:.6f}",
+                                     c.attrs[f"plan.{k}"], k)
+                self.assertEqual(rec["kept"], int(c["keep"].sum()))
+                if rate < 1:
+                    self.assertLess(rec["kept"], rec["pairs"])
                 ex = pat.experts
                 pairs = {"output": out.detach(), "grad_hidden": hid.grad,
                          "grad_topk_weights": alpha.grad,
