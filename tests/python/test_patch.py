@@ -103,7 +103,8 @@ class PatchDrop(unittest.TestCase):
         return run(blk, x)
 
     def test_drop_matches_reference(self):
-        for fam, ranks in (("qwen3_moe", 2), ("mixtral", 4), ("deepseek_v3", 2)):
+        for fam, ranks in (("qwen3_moe", 2), ("mixtral", 4), ("olmoe", 2), ("qwen2_moe", 4),
+                           ("deepseek_v3", 2), ("glm4_moe", 4)):
             with self.subTest(fam):
                 ref = tiny.block(fam)
                 pat = copy.deepcopy(ref)
