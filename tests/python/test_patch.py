@@ -79,6 +79,33 @@ class PatchRate1(unittest.TestCase):
                 self.check_family(fam, torch.bfloat16, 2e-2, ranks=4)
 
 
+class PackedWeights(unittest.TestCase):
+    """float32 experts live in lrmoe's packed layout after patch() (no copy
+    per step); parameters moved elsewhere afterwards still work (copied)."""
+
+    def test_views_and_fallback(self):
+        ref = tiny.block("qwen3_moe")
+        pat = copy.deepcopy(ref)
+        h = lt.patch(pat, rate=1.0, ranks=2)
+        ex, buf = pat.experts, h.layers[0].w_f32
+        self.assertEqual(ex.gate_up_proj.data_ptr(), buf.data_ptr())
+        self.assertFalse(ex.down_proj.is_contiguous())
+        self.assertTrue(torch.equal(ex.gate_up_proj, ref.experts.gate_up_proj))
+        self.assertTrue(torch.equal(ex.down_proj, ref.experts.down_proj))
+        x = torch.randn(2, T // 2, tiny.D)
+        o0, gx0, g0 = run(ref, x)
+        with torch.no_grad():
+            ex.gate_up_proj.data = ex.gate_up_proj.data.contiguous() * 1.0
+        o1, gx1, g1 = run(pat, x)
+        self.assertLess(rel(o1, o0), 2e-5)
+        self.assertLess(rel(g1["experts.down_proj"], g0["experts.down_proj"]), 2e-5)
+        self.assertFalse(h.layers[0].adopted)
+        self.assertNotEqual(h.layers[0].w_f32.data_ptr(), buf.data_ptr())
+        self.assertTrue(torch.equal(ex.down_proj, ref.experts.down_proj))  # untouched
+        h.unpatch()
+        self.assertTrue(ex.down_proj.is_contiguous())
+
+
 class PatchDrop(unittest.TestCase):
     """rate < 1: the gradients equal plain torch where the dropped pairs
     (the keep mask lrmoe reports) contribute nothing to dW and dx but every
