@@ -26,6 +26,16 @@ LIB_OBJ  := $(LIB_SRC:lib/%.c=$(BUILD)/lib/%.o)
 TOOL_SRC := $(wildcard src/lrmoe-*.c)
 TOOLS    := $(TOOL_SRC:src/%.c=bin/%)
 MANS     := $(wildcard man/man*/*.[1-9])
+LIBDIR   ?= $(PREFIX)/lib
+VERSION  := $(shell sed -n 's/^\#define LRMOE_VERSION "\(.*\)"/\1/p' lib/lrmoe.h)
+
+# ---- liblrmoe.so.0 (lrmoe(3)): the same -fPIC objects as liblrmoe.a, only the
+# functions declared in the public headers exported (build/liblrmoe.map is
+# generated from them), headers installed under $(PREFIX)/include/lrmoe/.
+PUB_HDR  := lib/lrmoe.h lib/cost.h lib/route.h lib/plan.h lib/score.h lib/pack.h \
+            lib/exec.h $(wildcard lib/exec_frame.h) lib/api.h
+SONAME   := liblrmoe.so.0
+PICFLAGS := -fPIC
 
 # ---- CUDA backend: built whenever nvcc is found (CUDA_HOME overridable).
 # kernels/*.cu go into liblrmoe.a; tests/gpu/*.cu (kernel tests, GPU bench)
@@ -56,7 +66,7 @@ CU_OBJ    :=
 GPU_BIN   :=
 endif
 
-all: deps-build $(TOOLS)
+all: deps-build $(TOOLS) $(BUILD)/$(SONAME) $(BUILD)/lrmoe.pc
 	@test "$(HAVE_CUDA)" = 1 || echo "lrmoe: nvcc not found (set CUDA_HOME): building CPU-only"
 
 # Build dependencies: installed with apt-get when missing and root, else named.
@@ -71,11 +81,26 @@ $(BUILD)/liblrmoe.a: $(LIB_OBJ) $(CU_OBJ)
 
 $(BUILD)/lib/%.o: lib/%.c
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(PICFLAGS) -c -o $@ $<
+
+$(BUILD)/liblrmoe.map: $(PUB_HDR) Makefile
+	@mkdir -p $(@D)
+	{ echo 'LRMOE_0 {'; echo '  global:'; \
+	  perl -0777 -ne 's{/\*.*?\*/}{}gs; s{//[^\n]*}{}g; print "    $$1;\n" while /\b(lrmoe_[a-z0-9_]+)\s*\(/g' $(PUB_HDR) | sort -u; \
+	  echo '  local: *;'; echo '};'; } > $@
+
+$(BUILD)/$(SONAME): $(LIB_OBJ) $(CU_OBJ) $(BUILD)/liblrmoe.map
+	$(CC) $(CFLAGS) $(LDFLAGS) -shared -Wl,-soname,$(SONAME) -Wl,--no-undefined \
+	  -Wl,--version-script=$(BUILD)/liblrmoe.map -o $@ $(LIB_OBJ) $(CU_OBJ) $(LDLIBS)
+	ln -sf $(SONAME) $(BUILD)/liblrmoe.so
+
+$(BUILD)/lrmoe.pc: lrmoe.pc.in Makefile
+	sed -e 's,@PREFIX@,$(PREFIX),' -e 's,@LIBDIR@,$(LIBDIR),' -e 's,@VERSION@,$(VERSION),' \
+	  lrmoe.pc.in > $@
 
 $(BUILD)/kernels/%.o: kernels/%.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+	$(NVCC) $(NVCCFLAGS) -Xcompiler $(PICFLAGS) -c -o $@ $<
 
 $(BUILD)/tests/gpu/%.o: tests/gpu/%.cu
 	@mkdir -p $(@D)
@@ -126,6 +151,14 @@ install: all
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin
 	for m in $(MANS); do d=$(DESTDIR)$(PREFIX)/share/man/$$(basename $$(dirname $$m)); \
 	  install -d $$d && install -m 644 $$m $$d || exit 1; done
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/include/lrmoe
+	install -m 755 $(BUILD)/$(SONAME) $(DESTDIR)$(LIBDIR)/liblrmoe.so.$(VERSION)
+	ln -sf liblrmoe.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/liblrmoe.so
+	install -m 644 $(BUILD)/liblrmoe.a $(DESTDIR)$(LIBDIR)
+	install -m 644 $(PUB_HDR) $(DESTDIR)$(PREFIX)/include/lrmoe
+	sed -e 's,@PREFIX@,$(PREFIX),' -e 's,@LIBDIR@,$(LIBDIR),' -e 's,@VERSION@,$(VERSION),' \
+	  lrmoe.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/lrmoe.pc
 
 clean:
 	rm -rf $(BUILD) bin

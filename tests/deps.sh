@@ -69,5 +69,23 @@ if [ "$what" = test ]; then
             echo "    python3 -m pip install numpy safetensors" >&2
             exit 1; }
     fi
+    # setuptools: `pip install ./lib/python` without build isolation (offline)
+    if ! python3 -c 'import setuptools' 2>/dev/null; then
+        python3 -m pip install -q setuptools >&2 2>/dev/null ||
+            python3 -m pip install -q --break-system-packages setuptools >&2 ||
+            echo "lrmoe: setuptools not installed: the pip install test will fail" >&2
+    fi
+    # PyTorch (CPU wheel) and transformers for tests/python (lrmoe.torch);
+    # without them those tests skip and say why.
+    if ! python3 -c 'import torch, transformers' 2>/dev/null; then
+        echo "lrmoe: installing python modules torch (CPU) transformers" >&2
+        for bsp in "" --break-system-packages; do
+            python3 -m pip install -q $bsp --index-url https://download.pytorch.org/whl/cpu \
+                torch >&2 2>/dev/null &&
+                python3 -m pip install -q $bsp transformers >&2 2>/dev/null && break
+        done
+        python3 -c 'import torch, transformers' 2>/dev/null ||
+            echo "lrmoe: torch/transformers not installed: tests/python.bats will skip them" >&2
+    fi
 fi
 exit 0

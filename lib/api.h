@@ -1,0 +1,42 @@
+/* api: what an in-process caller (a C program linked with liblrmoe.so, the
+ * Python package over ctypes) needs beyond the module headers: the library
+ * version, the sizes of the public structs (so a binding can check its
+ * mirrors against the library it loaded), and planner options set by name
+ * (the long option names of lrmoe-plan(1)), so no caller depends on the
+ * layout of lrmoe_plan_opts_t. See lrmoe(3) for the ABI rule.
+ */
+#ifndef LRMOE_API_H
+#define LRMOE_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "lrmoe.h"
+
+/* LRMOE_VERSION of the library actually loaded ("0.1.0"). */
+const char *lrmoe_version(void);
+
+/* sizeof of a public struct by its type name ("lrmoe_frame_t",
+ * "lrmoe_exec_bwd_t", ...); 0 for a name that is not one of them. */
+size_t lrmoe_abi_sizeof(const char *type);
+
+/* ------------------------------------------------------------ planner */
+
+typedef struct lrmoe_plan_cfg lrmoe_plan_cfg_t;
+
+/* Options of lrmoe-plan with its defaults (planner lrmoe, rates
+ * 1.0,0.9,0.8,0.7, the paper's cost model); NULL when out of memory. */
+lrmoe_plan_cfg_t *lrmoe_plan_cfg_new(void);
+void lrmoe_plan_cfg_free(lrmoe_plan_cfg_t *c);
+/* Set one option by its lrmoe-plan(1) long name without the dashes and its
+ * value as text, e.g. ("ranks","8"), ("hbm","16GiB"), ("planner","llep"),
+ * ("rate","0.9"), ("best-effort",NULL). 0, or -1 with the error naming the
+ * option (unknown name, bad value, a value given to a flag or missing). */
+int lrmoe_plan_cfg_set(lrmoe_plan_cfg_t *c, const char *name, const char *value);
+/* Plan the per-expert loads load[E] (as lrmoe-plan does for one frame:
+ * lrmoe_plan_compute, lrmoe_plan_check) and put the plan into f with
+ * lrmoe_plan_to_frame (tensors placement, fwd_alloc, quota, bwd_alloc and
+ * the plan.* attributes). 0, or -1 with the error set (bad options, no
+ * --ranks, infeasible). */
+int lrmoe_plan_cfg_run(lrmoe_plan_cfg_t *c, const int64_t *load, int E, lrmoe_frame_t *f);
+
+#endif

@@ -1,0 +1,87 @@
+/* api_plan: lrmoe-plan's options set by name, and one plan into a frame
+ * (see api.h). The option table is lrmoe-plan's own (plan_cli.h). */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "plan_cli.h"
+
+enum { OPT_PLANNER = LRMOE_PLAN_OPT_END, OPT_RATE, OPT_BEST_EFFORT };
+
+static const struct option names[] = {
+    LRMOE_PLAN_LONGOPTS,
+    {"planner", required_argument, 0, OPT_PLANNER},
+    {"rate", required_argument, 0, OPT_RATE},
+    {"best-effort", no_argument, 0, OPT_BEST_EFFORT},
+    {0, 0, 0, 0}};
+
+struct lrmoe_plan_cfg {
+    lrmoe_plan_opts_t o;
+    lrmoe_plan_cli_t cli;
+};
+
+lrmoe_plan_cfg_t *lrmoe_plan_cfg_new(void)
+{
+    lrmoe_plan_cfg_t *c = calloc(1, sizeof *c);
+    if (!c) {
+        lrmoe_err("out of memory");
+        return NULL;
+    }
+    lrmoe_plan_opts_default(&c->o);
+    c->o.P = 0;
+    lrmoe_plan_cli_init(&c->cli, &c->o);
+    return c;
+}
+
+void lrmoe_plan_cfg_free(lrmoe_plan_cfg_t *c)
+{
+    free(c);
+}
+
+int lrmoe_plan_cfg_set(lrmoe_plan_cfg_t *c, const char *name, const char *value)
+{
+    const struct option *op = names;
+    while (op->name && strcmp(op->name, name ? name : ""))
+        op++;
+    if (!op->name)
+        return lrmoe_err("unknown planner option '%s'", name ? name : "(null)");
+    if (op->has_arg == no_argument && value)
+        return lrmoe_err("--%s: takes no value", name);
+    if (op->has_arg != no_argument && !value)
+        return lrmoe_err("--%s: needs a value", name);
+    double d;
+    switch (op->val) {
+    case OPT_PLANNER: return lrmoe_planner_parse(value, &c->o.planner) < 0 ? -1 : 0;
+    case OPT_BEST_EFFORT: c->o.best_effort = 1; return 0;
+    case OPT_RATE:
+        if (lrmoe_parse_f64("--rate", value, -1e9, 1e9, &d) < 0)
+            return -1;
+        if (!(d > 0 && d <= 1))
+            return lrmoe_err("--rate: %g is outside (0,1]", d);
+        c->o.nrates = 1;
+        c->o.rates[0] = d;
+        return 0;
+    default: return lrmoe_plan_cli_opt(&c->cli, op->val, value) < 0 ? -1 : 0;
+    }
+}
+
+int lrmoe_plan_cfg_run(lrmoe_plan_cfg_t *c, const int64_t *load, int E, lrmoe_frame_t *f)
+{
+    if (c->o.P <= 0)
+        return lrmoe_err("--ranks P is required");
+    lrmoe_plan_opts_t o = c->o;
+    lrmoe_plan_cli_t cli = c->cli;
+    cli.o = &o;
+    if (lrmoe_plan_cli_finish(&cli) < 0 || lrmoe_plan_opts_check(&o, E) < 0)
+        return -1;
+    lrmoe_plan_t p;
+    lrmoe_plan_init(&p);
+    int rc = lrmoe_plan_compute(&o, load, E, &p);
+    if (rc == 0)
+        rc = lrmoe_plan_check(&p, load);
+    if (rc == 0)
+        rc = lrmoe_plan_to_frame(&p, f);
+    lrmoe_plan_free(&p);
+    return rc;
+}

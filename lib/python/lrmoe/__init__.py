@@ -1,0 +1,18 @@
+"""lrmoe: Python bindings of liblrmoe (ctypes over liblrmoe.so.0).
+
+    lrmoe.read / lrmoe.write / lrmoe.Reader / lrmoe.Writer   streams (lrmoe-stream(5))
+    lrmoe.route / lrmoe.plan / lrmoe.score / lrmoe.pack      the tools' work on arrays
+    lrmoe.forward / lrmoe.backward / lrmoe.Exec              lrmoe-exec on frames
+    lrmoe.torch.dump / lrmoe.torch.patch                     Hugging Face MoE models
+
+NumPy is required; PyTorch only for lrmoe.torch. The shared library is
+LRMOE_LIBRARY, else liblrmoe.so.0 on the loader's path (see lrmoe(3)).
+"""
+from ._lib import VERSION as __version__, Error, LibraryNotFound
+from .frame import Frame, Reader, Writer, bf16_to_f32, f32_to_bf16, read, write
+from .ops import Exec, Planner, backward, forward, pack, plan, route, score
+
+__all__ = ["Error", "LibraryNotFound", "Frame", "Reader", "Writer", "read", "write",
+           "bf16_to_f32", "f32_to_bf16", "route", "plan", "Planner", "score", "pack",
+           "forward", "backward", "Exec",
+           "__version__"]

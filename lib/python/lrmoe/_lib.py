@@ -1,0 +1,251 @@
+"""ctypes view of liblrmoe.so.0: loading, the mirrored public structs, and
+the error convention (a call that returns < 0 raises lrmoe.Error with the
+library's own message). Every struct mirrored here is checked against
+lrmoe_abi_sizeof() of the library actually loaded, so a binding/library
+mismatch is one clear error at import instead of memory corruption."""
+import ctypes
+import ctypes.util
+import os
+
+from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int32,
+                    c_int64, c_size_t, c_uint64, c_void_p)
+
+SONAME = "liblrmoe.so.0"
+MAX_DIMS = 8
+
+
+class Error(RuntimeError):
+    """A liblrmoe call failed; the message is the library's (lrmoe_errmsg)."""
+
+
+class LibraryNotFound(Error, OSError):
+    """liblrmoe.so.0 could not be loaded."""
+
+
+def _load():
+    tried = []
+    env = os.environ.get("LRMOE_LIBRARY")
+    cands = [env] if env else []
+    cands += [SONAME, ctypes.util.find_library("lrmoe")]
+    for c in cands:
+        if not c:
+            continue
+        try:
+            return ctypes.CDLL(c)
+        except OSError as e:
+            tried.append(f"{c}: {e}")
+            if env and c == env:
+                break
+    raise LibraryNotFound(
+        "lrmoe: cannot load " + (env or SONAME) + " (" + "; ".join(tried) + "); build it with "
+        "`make` and point LRMOE_LIBRARY at build/liblrmoe.so.0, or `make install` it "
+        "where the dynamic loader finds it")
+
+
+lib = _load()
+
+# dtypes: the order of lrmoe_dtype_t
+DTYPES = ["BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "BF16",
+          "F32", "F64"]
+DT = {n: i for i, n in enumerate(DTYPES)}
+
+
+class Tensor(Structure):
+    _fields_ = [("name", c_char_p), ("dtype", c_int), ("ndim", c_int),
+                ("shape", c_int64 * MAX_DIMS), ("nbytes", c_size_t), ("data", c_void_p)]
+
+
+class Frame(Structure):
+    _fields_ = [("ntensors", c_int), ("tcap", c_int), ("tensors", POINTER(POINTER(Tensor))),
+                ("nattrs", c_int), ("acap", c_int), ("keys", POINTER(c_char_p)),
+                ("vals", POINTER(c_char_p))]
+
+
+class WOpts(Structure):
+    _fields_ = [("compress", c_int), ("level", c_int), ("threads", c_int)]
+
+
+class RouteOpts(Structure):
+    _fields_ = [("router", c_int), ("k", c_int), ("renorm", c_int), ("scale", c_double),
+                ("groups", c_int), ("topk_groups", c_int), ("threads", c_int)]
+
+
+class ScoreOpts(Structure):
+    _fields_ = [("metric", c_int), ("drop_pct", c_double), ("seed", c_uint64),
+                ("fidelity", c_int)]
+
+
+class ScoreStats(Structure):
+    _fields_ = [("pairs", c_int64), ("kept", c_int64), ("retained", c_double),
+                ("dropped_share", c_double), ("fidelity", c_double), ("seconds", c_double)]
+
+
+class PackOpts(Structure):
+    _fields_ = [("alloc", c_int), ("P", c_int), ("strip", c_int)]
+
+
+class PackIn(Structure):
+    _fields_ = [("T", c_int64), ("K", c_int), ("E", c_int), ("P", c_int),
+                ("topk_ids", c_void_p), ("keep", c_void_p), ("pair_rank", c_void_p),
+                ("placement", c_void_p), ("bwd_alloc", c_void_p), ("quota", c_void_p)]
+
+
+class PackPlan(Structure):
+    _fields_ = [("R", c_int64), ("E", c_int), ("P", c_int), ("K", c_int), ("T", c_int64),
+                ("moved", c_int64), ("pair", c_void_p), ("rank", c_void_p),
+                ("counts", c_void_p), ("offsets", c_void_p)]
+
+
+class ExecDims(Structure):
+    _fields_ = [("T", c_int64), ("E", c_int64), ("K", c_int64), ("D", c_int64),
+                ("F", c_int64), ("P", c_int)]
+
+
+class ExecCfg(Structure):
+    _fields_ = [(n, c_int) for n in ("backend", "threads", "allow_nonfinite", "device",
+                                     "rank_threads", "cpu_clock", "gpus", "gemm",
+                                     "gemm_streams")]
+
+
+class ExecWeights(Structure):
+    _fields_ = [("dtype", c_int)] + [(n, c_void_p) for n in (
+        "w_gate", "w_up", "w_down", "w_gate_f32", "w_up_f32", "w_down_f32", "w_f32")]
+
+
+class ExecFrameOpts(Structure):
+    _fields_ = [("backward", c_int), ("mode", c_int), ("cfg", ExecCfg), ("ranks", c_int),
+                ("warmup", c_int), ("repeat", c_int)]
+
+
+class ExecPlan(Structure):
+    _fields_ = [("placement", c_void_p), ("fwd_alloc", c_void_p)]
+
+
+class ExecFwd(Structure):
+    _fields_ = [("act_dtype", c_int)] + [(n, c_void_p) for n in (
+        "hidden", "topk_ids", "topk_weights", "output", "pair_rank", "phi_sqnorm",
+        "saved_gate", "saved_up", "pair_out")]
+
+
+class ExecBwd(Structure):
+    _fields_ = ([("mode", c_int), ("act_dtype", c_int), ("grad_dtype", c_int)] +
+                [(n, c_void_p) for n in ("topk_ids", "topk_weights", "grad_output", "pair_out",
+                                         "hidden", "pair_rank", "saved_gate", "saved_up",
+                                         "keep")] +
+                [("R", c_int64)] +
+                [(n, c_void_p) for n in ("pack_pair", "pack_rank", "pack_counts",
+                                         "pack_offsets", "pack_grad", "pack_hidden",
+                                         "pack_gate", "pack_up", "grad_hidden", "grad_w_gate",
+                                         "grad_w_up", "grad_w_down", "grad_topk_weights")])
+
+
+def _sig(name, res, *args):
+    f = getattr(lib, name)
+    f.restype = res
+    f.argtypes = list(args)
+    return f
+
+
+P = c_void_p
+_sig("lrmoe_errmsg", c_char_p)
+_sig("lrmoe_version", c_char_p)
+_sig("lrmoe_abi_sizeof", c_size_t, c_char_p)
+_sig("lrmoe_dtype_size", c_size_t, c_int)
+_sig("lrmoe_convert_to_f32", None, c_int, P, P, c_size_t)
+_sig("lrmoe_convert_from_f32", None, c_int, P, P, c_size_t)
+# frames
+_sig("lrmoe_frame_init", None, POINTER(Frame))
+_sig("lrmoe_frame_clear", None, POINTER(Frame))
+_sig("lrmoe_frame_get", POINTER(Tensor), POINTER(Frame), c_char_p)
+_sig("lrmoe_frame_put", POINTER(Tensor), POINTER(Frame), c_char_p, c_int, c_int,
+     POINTER(c_int64))
+_sig("lrmoe_frame_set_attr", c_int, POINTER(Frame), c_char_p, c_char_p)
+# streams
+_sig("lrmoe_reader_open", P, c_char_p)
+_sig("lrmoe_reader_next", c_int, P, POINTER(Frame))
+_sig("lrmoe_reader_index", c_int64, P)
+_sig("lrmoe_reader_close", None, P)
+_sig("lrmoe_wopts_default", None, POINTER(WOpts))
+_sig("lrmoe_writer_open", P, c_char_p, POINTER(WOpts))
+_sig("lrmoe_writer_write", c_int, P, POINTER(Frame))
+_sig("lrmoe_writer_close", c_int, P)
+_sig("lrmoe_writer_abort", None, P)
+_sig("lrmoe_writer_count", c_int64, P)
+# route
+_sig("lrmoe_route_opts_default", None, POINTER(RouteOpts))
+_sig("lrmoe_route_parse_router", c_int, c_char_p, POINTER(c_int))
+_sig("lrmoe_route_check_opts", c_int, POINTER(RouteOpts))
+_sig("lrmoe_route_check", c_int, POINTER(RouteOpts), c_int64)
+_sig("lrmoe_route_topk", c_int, POINTER(RouteOpts), c_int64, c_int64, c_int, P, P, P, P, P)
+# plan
+_sig("lrmoe_plan_cfg_new", P)
+_sig("lrmoe_plan_cfg_free", None, P)
+_sig("lrmoe_plan_cfg_set", c_int, P, c_char_p, c_char_p)
+_sig("lrmoe_plan_cfg_run", c_int, P, P, c_int, POINTER(Frame))
+_sig("lrmoe_plan_thread_cleanup", None)
+# score
+_sig("lrmoe_score_metric_parse", c_int, c_char_p, POINTER(c_int))
+_sig("lrmoe_score_opts_default", None, POINTER(ScoreOpts))
+_sig("lrmoe_score_frame", c_int, POINTER(Frame), c_int64, POINTER(ScoreOpts),
+     POINTER(ScoreStats))
+_sig("lrmoe_score_pairs_dt", c_int, c_int, c_int64, c_int, c_int64, c_int, P, P, P, c_uint64, P)
+_sig("lrmoe_score_select", c_int, c_int64, c_int, c_int, P, P, P, c_double, P, P, P)
+# pack
+_sig("lrmoe_pack_opts_default", None, POINTER(PackOpts))
+_sig("lrmoe_pack_frame", c_int, POINTER(Frame), POINTER(PackOpts))
+_sig("lrmoe_pack_assign", c_int, POINTER(PackIn), POINTER(PackPlan))
+_sig("lrmoe_pack_plan_free", None, POINTER(PackPlan))
+_sig("lrmoe_pack_gather", None, P, c_int64, c_int, c_int, P, c_size_t, P)
+_sig("lrmoe_pack_gather_scaled_dt", None, P, c_int64, c_int, c_int64, c_int, P, P, P)
+# exec
+_sig("lrmoe_exec_cfg_default", None, POINTER(ExecCfg))
+_sig("lrmoe_exec_forward", c_int, POINTER(ExecCfg), POINTER(ExecDims), POINTER(ExecWeights),
+     POINTER(ExecPlan), POINTER(ExecFwd), P)
+_sig("lrmoe_exec_backward", c_int, POINTER(ExecCfg), POINTER(ExecDims), POINTER(ExecWeights),
+     POINTER(ExecPlan), POINTER(ExecBwd), P)
+_sig("lrmoe_exec_stage_name", c_char_p, c_int)
+_sig("lrmoe_exec_native", c_int, c_int64, c_int64, c_int)
+_sig("lrmoe_exec_mode_parse", c_int, c_char_p, POINTER(c_int))
+_sig("lrmoe_backend_parse", c_int, c_char_p, POINTER(c_int))
+_sig("lrmoe_exec_frame_opts_default", None, POINTER(ExecFrameOpts))
+_sig("lrmoe_exec_ctx_init", None, P, POINTER(ExecFrameOpts))
+_sig("lrmoe_exec_ctx_weights_file", None, P, c_char_p)
+_sig("lrmoe_exec_ctx_free", None, P)
+_sig("lrmoe_exec_frame", c_int, P, POINTER(Frame))
+
+VERSION = lib.lrmoe_version().decode()
+
+_MIRRORS = {"lrmoe_tensor_t": Tensor, "lrmoe_frame_t": Frame, "lrmoe_wopts_t": WOpts,
+            "lrmoe_route_opts_t": RouteOpts, "lrmoe_score_opts_t": ScoreOpts,
+            "lrmoe_score_stats_t": ScoreStats, "lrmoe_pack_opts_t": PackOpts,
+            "lrmoe_pack_in_t": PackIn, "lrmoe_pack_plan_t": PackPlan,
+            "lrmoe_exec_dims_t": ExecDims, "lrmoe_exec_cfg_t": ExecCfg,
+            "lrmoe_exec_weights_t": ExecWeights, "lrmoe_exec_plan_t": ExecPlan,
+            "lrmoe_exec_fwd_t": ExecFwd, "lrmoe_exec_bwd_t": ExecBwd,
+            "lrmoe_exec_frame_opts_t": ExecFrameOpts}
+# lrmoe_exec_ctx_t is only allocated here (its size), never read
+EXEC_CTX_SIZE = lib.lrmoe_abi_sizeof(b"lrmoe_exec_ctx_t")
+for _n, _s in _MIRRORS.items():
+    _have = lib.lrmoe_abi_sizeof(_n.encode())
+    if _have != ctypes.sizeof(_s):
+        raise Error(f"lrmoe: the loaded liblrmoe {VERSION} has {_n} of {_have} bytes, this "
+                    f"binding expects {ctypes.sizeof(_s)}: install matching versions")
+
+
+def errmsg():
+    m = lib.lrmoe_errmsg()
+    return m.decode("utf-8", "replace") if m else "unknown error"
+
+
+def check(rc, what=None):
+    """rc < 0 (or a NULL pointer passed as None) raises Error."""
+    if rc is None or (isinstance(rc, int) and rc < 0):
+        raise Error(f"{what}: {errmsg()}" if what else errmsg())
+    return rc
+
+
+def ptr(a):
+    """Address of a contiguous numpy array (or None)."""
+    if a is None:
+        return None
+    return a.ctypes.data

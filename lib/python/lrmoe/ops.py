@@ -1,0 +1,221 @@
+"""route, plan, score and pack on arrays: each builds the frame the tool
+would read, runs the library call the tool runs (lrmoe_route_topk,
+lrmoe_plan_cfg_run = lrmoe_plan_compute + check + to_frame,
+lrmoe_score_frame, lrmoe_pack_frame) and returns a Frame of the tensors
+(and attributes) the tool adds. No algorithm is computed in Python."""
+import ctypes
+import os
+
+import numpy as np
+
+from . import _lib
+from ._lib import Error, check, lib
+from .frame import CFrame, Frame, dtype_of
+
+_FLOAT = {"F32", "F16", "F64", "BF16"}
+
+
+def _c(a, dtype):
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def route(router_logits, k=8, router="softmax", renorm=False, scale=1.0, groups=0,
+          topk_groups=0, expert_bias=None, threads=1, dtype=None):
+    """Top-k routing of router_logits (T,E) as lrmoe-route does: returns a
+    Frame with topk_ids (T,K) I32, topk_weights (T,K) F32, expert_load (E) I64.
+    router: softmax | topk-softmax (gpt-oss) | sigmoid (DeepSeek-V3, GLM-4.5),
+    groups/topk_groups: group-limited sigmoid routing, expert_bias: (E)
+    selection-only bias. dtype="BF16" takes a uint16 array as BF16 bits."""
+    lg = np.asarray(router_logits)
+    dt = dtype or dtype_of(lg)
+    if dt not in _FLOAT:
+        raise Error(f"router_logits: dtype {dt}, expected a float dtype")
+    if lg.ndim != 2:
+        raise Error(f"router_logits: shape {list(lg.shape)}, expected [T,E]")
+    lg = np.ascontiguousarray(lg)
+    T, E = lg.shape
+    o = _lib.RouteOpts()
+    lib.lrmoe_route_opts_default(ctypes.byref(o))
+    r = ctypes.c_int()
+    check(lib.lrmoe_route_parse_router(str(router).encode(), ctypes.byref(r)))
+    o.router, o.k, o.renorm, o.scale = r.value, int(k), int(bool(renorm)), float(scale)
+    o.groups, o.topk_groups, o.threads = int(groups), int(topk_groups), int(threads)
+    check(lib.lrmoe_route_check_opts(ctypes.byref(o)))
+    check(lib.lrmoe_route_check(ctypes.byref(o), E))
+    bias = None if expert_bias is None else _c(expert_bias, np.float32)
+    if bias is not None and bias.shape != (E,):
+        raise Error(f"expert_bias: shape {list(bias.shape)}, expected [{E}]")
+    ids = np.empty((T, o.k), np.int32)
+    w = np.empty((T, o.k), np.float32)
+    load = np.empty(E, np.int64)
+    check(lib.lrmoe_route_topk(ctypes.byref(o), T, E, _lib.DT[dt], lg.ctypes.data,
+                               _lib.ptr(bias), ids.ctypes.data, w.ctypes.data,
+                               load.ctypes.data))
+    return Frame({"topk_ids": ids, "topk_weights": w, "expert_load": load})
+
+
+class Planner:
+    """lrmoe-plan's options, set by their long names (ranks=8, hbm="16GiB",
+    planner="llep", rate=0.9, best_effort=True, min_keep=0.25, ...), kept in
+    the library; run(load) plans one frame's per-expert loads."""
+
+    def __init__(self, **options):
+        self.cfg = lib.lrmoe_plan_cfg_new()
+        if not self.cfg:
+            check(-1)
+        for k, v in options.items():
+            self.set(k, v)
+
+    def set(self, name, value):
+        if value is None or value is False:
+            return
+        n = name.replace("_", "-")
+        if n == "rates" and not isinstance(value, str):
+            value = ",".join(repr(float(x)) for x in value)
+        val = None if value is True else str(value).encode()
+        check(lib.lrmoe_plan_cfg_set(self.cfg, n.encode(), val))
+
+    def run_cframe(self, expert_load):
+        load = _c(expert_load, np.int64)
+        if load.ndim != 1 or load.size == 0:
+            raise Error(f"expert_load: shape {list(load.shape)}, expected [E]")
+        cf = CFrame()
+        check(lib.lrmoe_plan_cfg_run(self.cfg, load.ctypes.data, load.size, cf.ref))
+        return cf
+
+    def run(self, expert_load):
+        return self.run_cframe(expert_load).to_frame()
+
+    def __del__(self):
+        if lib is not None and getattr(self, "cfg", None):
+            lib.lrmoe_plan_cfg_free(self.cfg)
+            self.cfg = None
+
+
+def plan(expert_load, ranks, topk_ids=None, hidden=None, **options):
+    """Plan per-expert loads (E) for `ranks` ranks as lrmoe-plan does:
+    returns a Frame with placement (E,P) U8, fwd_alloc, quota, bwd_alloc I64
+    and the plan.* attributes (plan.rho, plan.fwd_peak, plan.bwd_peak,
+    plan.replicas, plan.mem_peak, ...). Like the tool, the cost model takes
+    K and tokens per rank from topk_ids (T,K) and D from hidden (T,D) when
+    given and not set; options are lrmoe-plan's long options (planner,
+    rate, rates, hbm, window, ffn, min_keep, best_effort, ...)."""
+    opts = dict(options)
+    if topk_ids is not None:
+        t = np.asarray(topk_ids)
+        opts.setdefault("topk", t.shape[1])
+        opts.setdefault("tokens", t.shape[0] // int(ranks))
+    if hidden is not None:
+        h = np.asarray(hidden)
+        opts.setdefault("hidden", h.shape[1])
+    return Planner(ranks=ranks, **opts).run(expert_load)
+
+
+def _frame_call(inputs, dtypes, fn):
+    given = {k: v for k, v in inputs.items() if v is not None}
+    cf = CFrame(Frame(given, dtypes={k: v for k, v in (dtypes or {}).items() if k in given}))
+    fn(cf)
+    names = [n for n in cf.names() if n not in given]
+    return cf.to_frame(names=set(names))
+
+
+def score(topk_ids, topk_weights, grad_output, phi_sqnorm=None, quota=None, drop=None,
+          metric="lrm", seed=0, index=0, saved_gate=None, saved_up=None, fidelity=False,
+          dtypes=None):
+    """Pair scores and per-expert retention as lrmoe-score does: returns
+    pair_score (T,K) F32, keep (T,K) U8 (and quota when drop= percent is
+    given, score_fidelity with fidelity=True) and the score.* attributes.
+    Without drop, quota (E) says how many pairs each expert keeps."""
+    o = _lib.ScoreOpts()
+    lib.lrmoe_score_opts_default(ctypes.byref(o))
+    m = ctypes.c_int()
+    check(lib.lrmoe_score_metric_parse(str(metric).encode(), ctypes.byref(m)))
+    o.metric, o.seed, o.fidelity = m.value, int(seed), int(bool(fidelity))
+    o.drop_pct = -1.0 if drop is None else float(drop)
+    if drop is None and quota is None:
+        raise Error("score: give quota (E) or drop= (percent)")
+    st = _lib.ScoreStats()
+    inputs = dict(topk_ids=topk_ids, topk_weights=topk_weights, grad_output=grad_output,
+                  phi_sqnorm=phi_sqnorm, quota=None if drop is not None else quota,
+                  saved_gate=saved_gate, saved_up=saved_up)
+    return _frame_call(inputs, dtypes, lambda cf: check(
+        lib.lrmoe_score_frame(cf.ref, int(index), ctypes.byref(o), ctypes.byref(st))))
+
+
+_ALLOC = {"auto": 0, "plan": 1, "forward": 2}
+
+
+def pack(keep, topk_ids, topk_weights, grad_output, hidden, saved_gate, saved_up,
+         pair_rank=None, placement=None, bwd_alloc=None, quota=None, ranks=0,
+         alloc="auto", strip=False, dtypes=None):
+    """Physical packing of the retained pairs as lrmoe-pack does: returns
+    pack_pair, pack_rank, pack_counts, pack_offsets, pack_grad, pack_hidden,
+    pack_gate, pack_up and the pack.* attributes. dtypes names the stored
+    dtype of inputs given as float32 that the tool would see as BF16."""
+    if alloc not in _ALLOC:
+        raise Error(f"pack: alloc '{alloc}': expected auto, plan or forward")
+    o = _lib.PackOpts()
+    lib.lrmoe_pack_opts_default(ctypes.byref(o))
+    o.alloc, o.P, o.strip = _ALLOC[alloc], int(ranks), int(bool(strip))
+    inputs = dict(keep=keep, topk_ids=topk_ids, topk_weights=topk_weights,
+                  grad_output=grad_output, hidden=hidden, saved_gate=saved_gate,
+                  saved_up=saved_up, pair_rank=pair_rank, placement=placement,
+                  bwd_alloc=bwd_alloc, quota=quota)
+    return _frame_call(inputs, dtypes, lambda cf: check(
+        lib.lrmoe_pack_frame(cf.ref, ctypes.byref(o))))
+
+
+class Exec:
+    """lrmoe-exec in-process (lrmoe_exec_frame): one phase over frames with
+    a weights stream, keeping the weights and the packed F32 copy of the
+    current layer between frames. run(frame) returns the tensors and exec.*
+    attributes the phase adds."""
+
+    def __init__(self, weights, phase="forward", mode="full", ranks=0, threads=0,
+                 backend="cpu", allow_nonfinite=False):
+        if phase not in ("forward", "backward"):
+            raise Error(f"exec: phase '{phase}': expected forward or backward")
+        o = _lib.ExecFrameOpts()
+        lib.lrmoe_exec_frame_opts_default(ctypes.byref(o))
+        m, b = ctypes.c_int(), ctypes.c_int()
+        check(lib.lrmoe_exec_mode_parse(str(mode).encode(), ctypes.byref(m)))
+        check(lib.lrmoe_backend_parse(str(backend).encode(), ctypes.byref(b)))
+        o.backward, o.mode, o.ranks = int(phase == "backward"), m.value, int(ranks)
+        o.cfg.backend, o.cfg.threads = b.value, int(threads)
+        o.cfg.allow_nonfinite = int(bool(allow_nonfinite))
+        self._path = os.fsencode(weights)  # borrowed by the context
+        self.ctx = ctypes.create_string_buffer(_lib.EXEC_CTX_SIZE)
+        lib.lrmoe_exec_ctx_init(self.ctx, ctypes.byref(o))
+        lib.lrmoe_exec_ctx_weights_file(self.ctx, self._path)
+
+    def run(self, frame, dtypes=None):
+        given = dict(frame)
+        cf = CFrame(Frame(given, getattr(frame, "attrs", {}),
+                          {**getattr(frame, "dtypes", {}), **(dtypes or {})}))
+        check(lib.lrmoe_exec_frame(self.ctx, cf.ref))
+        before = set(getattr(frame, "attrs", {}))
+        out = cf.to_frame(names={n for n in cf.names() if n not in given})
+        out.attrs = {k: v for k, v in out.attrs.items() if k not in before or k.startswith("exec.")}
+        return out
+
+    def close(self):
+        if getattr(self, "ctx", None) is not None and lib is not None:
+            lib.lrmoe_exec_ctx_free(self.ctx)
+            self.ctx = None
+
+    __del__ = close
+
+
+def forward(frame, weights, ranks=0, threads=0, backend="cpu"):
+    """The expert-parallel forward of one frame (routing, and a plan when
+    present) with the weights stream at `weights`, as lrmoe-exec --phase
+    forward: output, pair_rank, phi_sqnorm, saved_gate, saved_up, pair_out."""
+    return Exec(weights, "forward", ranks=ranks, threads=threads, backend=backend).run(frame)
+
+
+def backward(frame, weights, mode="full", ranks=0, threads=0, backend="cpu"):
+    """The backward of one frame as lrmoe-exec --phase backward --mode MODE
+    (full, masked or compact): grad_hidden, grad_w_gate, grad_w_up,
+    grad_w_down, grad_topk_weights."""
+    return Exec(weights, "backward", mode=mode, ranks=ranks, threads=threads,
+                backend=backend).run(frame)

@@ -1,0 +1,607 @@
+"""PyTorch side of lrmoe: dump hooks and the patched (LRMoE) expert layer
+for the MoE blocks of Hugging Face transformers models.
+
+Supported blocks (transformers 5: fused expert weights gate_up_proj
+(E,2F,D) = [W_gate; W_up] per expert and down_proj (E,D,F), called as
+experts(hidden (T,D), top_k_index (T,K), top_k_weights (T,K))):
+Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE, DeepSeek-V3, GLM4-MoE. gpt-oss's
+experts are not SwiGLU (interleaved gate/up, sigmoid(1.702 g) gating,
+clamping, +1 on up, biases); no weights make lrmoe's silu(g)*u equal to
+it, so patch() and the weights of dump() refuse it with a clear message.
+
+dump(model, out, every=N, weights=PATH)  hooks writing one frame per MoE
+    block and dumped step: hidden (T,D), router_logits (T,E), grad_output
+    (T,D) (the gradient at the routed experts' output, from a tensor hook)
+    and attributes layer, step, model, topk, plus a weights stream (w_gate,
+    w_up, w_down, router_weight, expert_bias) in lrmoe's layout.
+patch(model, rate=, hbm=, metric=, ranks=)  replaces every supported
+    block's expert computation by LRMoEExperts, a torch.autograd.Function:
+    forward = lrmoe plan + expert-parallel forward in liblrmoe; backward =
+    score, per-expert selection, pack and the compact backward in liblrmoe.
+    The router and shared experts stay in torch (the router trains through
+    the returned routing-weight gradient). Per-step plan figures: .stats.
+"""
+import ctypes
+import re
+import time
+import types
+
+import numpy as np
+import torch
+
+from . import _lib
+from ._lib import Error, check, lib
+from .frame import Frame, Writer, dtype_of
+from .ops import Planner
+
+SUPPORTED = {
+    "Qwen3MoeSparseMoeBlock": "gate",
+    "MixtralSparseMoeBlock": "gate",
+    "OlmoeSparseMoeBlock": "gate",
+    "Qwen2MoeSparseMoeBlock": "gate",
+    "DeepseekV3MoE": "gate",
+    "Glm4MoeMoE": "gate",
+}
+REFUSED = {
+    "GptOssMLP": "gpt-oss experts are not SwiGLU: gate and up are interleaved, the gate is "
+                 "clamped and gated by sigmoid(alpha*g) with alpha=1.702 instead of silu, up is "
+                 "clamped and shifted by +1, and both projections carry biases; no weights make "
+                 "lrmoe's silu(x Wg^T) * (x Wu^T) Wd^T equal to it, so lrmoe refuses it",
+}
+# blocks whose routing (hidden, router_logits, grad_output) dump() writes
+# without a weights stream
+ROUTING_ONLY = {"GptOssMLP": "router"}
+_TORCH_DT = {torch.float32: "F32", torch.bfloat16: "BF16"}
+_STAGES = 6  # LRMOE_NSTAGES
+
+
+def _ptr(t):
+    return None if t is None else t.data_ptr()
+
+
+def _is_moe_like(m):
+    ex = getattr(m, "experts", None)
+    return ex is not None and hasattr(ex, "gate_up_proj") and hasattr(ex, "down_proj")
+
+
+class _Block:
+    """One supported MoE block: its experts module, router and names."""
+
+    def __init__(self, name, module, index):
+        self.name = name or type(module).__name__
+        self.module, self.experts = module, module.experts
+        cls = type(module).__name__
+        self.router = getattr(module, SUPPORTED.get(cls) or ROUTING_ONLY[cls])
+        m = re.search(r"layers\.(\d+)\.", name + ".")
+        self.layer = int(m.group(1)) if m else index
+        ex = self.experts
+        if cls in ROUTING_ONLY:  # gpt-oss: gate_up_proj is (E,D,2F)
+            self.E, self.D, twoF = ex.gate_up_proj.shape
+        else:
+            self.E, twoF, self.D = ex.gate_up_proj.shape
+        self.F = twoF // 2
+
+    def check_swiglu(self):
+        ex = self.experts
+        cfg = getattr(ex, "config", None)
+        act = getattr(cfg, "hidden_act", None)
+        if act not in ("silu", "swish"):
+            raise Error(f"{self.name}: experts use activation '{act}', not silu: lrmoe's "
+                        "experts are SwiGLU (silu(x Wg^T) * (x Wu^T) Wd^T)")
+        if getattr(ex, "has_bias", False) or getattr(ex, "is_transposed", False) or \
+                not getattr(ex, "is_concatenated", True) or not getattr(ex, "has_gate", True):
+            raise Error(f"{self.name}: expert weights are not the fused [gate; up] layout "
+                        "without biases that lrmoe maps")
+        if tuple(ex.down_proj.shape) != (self.E, self.D, self.F):
+            raise Error(f"{self.name}: down_proj is {list(ex.down_proj.shape)}, expected "
+                        f"[{self.E},{self.D},{self.F}]")
+
+
+def find_blocks(model, swiglu=True):
+    """The supported MoE blocks of model, in module order. One clear error
+    for a refused (gpt-oss, unless swiglu=False: routing only) or unknown
+    MoE block, or none at all."""
+    blocks = []
+    for name, m in model.named_modules():
+        cls = type(m).__name__
+        if cls in REFUSED and (swiglu or cls not in ROUTING_ONLY):
+            raise Error(f"{name or cls}: {REFUSED[cls]}")
+        if cls in SUPPORTED or cls in ROUTING_ONLY:
+            b = _Block(name, m, len(blocks))
+            if swiglu:
+                b.check_swiglu()
+            blocks.append(b)
+        elif _is_moe_like(m):
+            raise Error(f"{name or cls}: unsupported MoE block {cls}; lrmoe.torch supports "
+                        + ", ".join(sorted(SUPPORTED)))
+    if not blocks:
+        raise Error(f"{type(model).__name__} has no MoE block of a supported family ("
+                    + ", ".join(sorted(SUPPORTED)) + ")")
+    return blocks
+
+
+def _model_type(model):
+    return str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
+
+
+def _np(t):
+    """A CPU tensor as (numpy array, lrmoe dtype); BF16 as its raw bits."""
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16), "BF16"
+    a = t.numpy()
+    return a, dtype_of(a)
+
+
+def _put(frame, name, t):
+    frame[name], frame.dtypes[name] = _np(t)
+
+
+def weights_frame(block):
+    """lrmoe's weights layout of one block: w_gate, w_up (E,F,D), w_down
+    (E,D,F), router_weight (E,D), expert_bias (E) when the router has one."""
+    ex, F = block.experts, block.F
+    f = Frame(attrs={"layer": str(block.layer)})
+    _put(f, "w_gate", ex.gate_up_proj[:, :F])
+    _put(f, "w_up", ex.gate_up_proj[:, F:])
+    _put(f, "w_down", ex.down_proj)
+    rw = getattr(block.router, "weight", None)
+    if rw is not None:
+        _put(f, "router_weight", rw)
+    eb = getattr(block.router, "e_score_correction_bias", None)
+    if eb is not None:
+        _put(f, "expert_bias", eb.float())
+    return f
+
+
+# ------------------------------------------------------------ dump
+
+class Dump:
+    """Returned by dump(); close() (or the end of a `with`) writes the trailer
+    and removes the hooks. .frames counts the frames written."""
+
+    def __init__(self, model, out, every, weights, compress):
+        if every < 1:
+            raise Error("dump: every must be >= 1")
+        self.blocks = find_blocks(model, swiglu=weights is not None)
+        self.model_type = _model_type(model)
+        self.every, self.step, self.frames = int(every), -1, 0
+        self.hooks, self.pending = [], {}
+        if weights is not None:
+            with Writer(weights, compress=compress) as w:
+                for b in self.blocks:
+                    wf = weights_frame(b)
+                    wf.attrs["model"] = self.model_type
+                    w.write(wf)
+        self.w = Writer(out, compress=compress)
+        first = self.blocks[0]
+        for b in self.blocks:
+            self.hooks.append(b.router.register_forward_hook(self._router_hook(b)))
+            self.hooks.append(b.experts.register_forward_hook(self._experts_hook(b)))
+            if b is first:
+                self.hooks.append(b.module.register_forward_pre_hook(self._step_hook))
+
+    def _step_hook(self, module, args):
+        self.step += 1
+
+    def _dumping(self):
+        return self.w is not None and self.step >= 0 and self.step % self.every == 0
+
+    def _router_hook(self, b):
+        def hook(module, args, output):
+            if self._dumping():
+                logits = output[0] if isinstance(output, (tuple, list)) else output
+                self.pending.setdefault(b.layer, {})["router_logits"] = logits.detach()
+        return hook
+
+    def _experts_hook(self, b):
+        def hook(module, args, output):
+            if not self._dumping():
+                return
+            p = self.pending.pop(b.layer, {})
+            hidden, ids = args[0], args[1]
+            f = Frame(attrs={"layer": str(b.layer), "step": str(self.step),
+                             "model": self.model_type, "topk": str(ids.shape[-1])})
+            _put(f, "hidden", hidden.reshape(-1, hidden.shape[-1]))
+            if "router_logits" in p:
+                _put(f, "router_logits", p["router_logits"].reshape(-1, b.E))
+            if torch.is_grad_enabled() and output.requires_grad:
+                def grad_hook(g, f=f):
+                    _put(f, "grad_output", g.reshape(-1, g.shape[-1]))
+                    self._write(f)
+                output.register_hook(grad_hook)
+            else:
+                self._write(f)
+        return hook
+
+    def _write(self, f):
+        if self.w is not None:
+            self.w.write(f)
+            self.frames += 1
+
+    def close(self):
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+        if self.w is not None:
+            w, self.w = self.w, None
+            w.close()
+
+    def abort(self):
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+        if self.w is not None:
+            self.w.abort()
+            self.w = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, ev, tb):
+        self.close() if et is None else self.abort()
+
+
+def dump(model, out, every=1, weights=None, compress=True):
+    """Hook every supported MoE block of model: every `every`-th step
+    (a step = one forward of the first block) write one frame per block to
+    out (a path, "-" for stdout, a file descriptor or a file object, e.g. a
+    pipe into `lrmoe-route`), completed with grad_output when the backward
+    pass reaches the block (frames of forward-only steps have none).
+    weights: a path for the weights stream (written once, now)."""
+    return Dump(model, out, every, weights, compress)
+
+
+# ------------------------------------------------------------ patch
+
+class _Layer:
+    """Per-block state of a patched model: the planner and the records."""
+
+    def __init__(self, owner, block):
+        self.owner, self.block = owner, block
+        self.planner, self.key = None, None
+        self.w_f32 = None  # the packed F32 weights, reused step to step
+        self.adopted = False  # w_f32 is the parameters' own memory
+
+    def adopt_packed(self):
+        """Float32 experts: let gate_up_proj and down_proj become views into
+        one (E, 3FD) buffer laid out as lrmoe's packed weights, [W_gate; W_up;
+        W_down] per expert, so the forward passes the parameters' own memory
+        and copies nothing (the parameter objects stay, only .data moves)."""
+        ex = self.block.experts
+        gu, dn = ex.gate_up_proj, ex.down_proj
+        if gu.dtype != torch.float32 or dn.dtype != torch.float32 or gu.device.type != "cpu":
+            return
+        E, n1, n2 = gu.shape[0], gu[0].numel(), dn[0].numel()
+        buf = torch.empty(E, n1 + n2, dtype=torch.float32)
+        with torch.no_grad():
+            buf[:, :n1].copy_(gu.reshape(E, -1))
+            buf[:, n1:].copy_(dn.reshape(E, -1))
+        gu.data = buf[:, :n1].view(gu.shape)
+        dn.data = buf[:, n1:].view(dn.shape)
+        self.w_f32, self.adopted = buf, True
+
+    def release_packed(self):
+        ex = self.block.experts
+        for prm in (ex.gate_up_proj, ex.down_proj):  # back to HF's own layout
+            if not prm.is_contiguous():
+                prm.data = prm.data.contiguous()
+        self.w_f32, self.adopted = None, False
+
+    def packed(self, gu, down):
+        """[W_gate; W_up; W_down] per expert in F32 (lrmoe-exec's packed copy):
+        the parameters' own buffer when they still live in it (adopt_packed),
+        else a copy written into this layer's buffer of the previous step (a
+        fresh 50 MB tensor costs its page faults every step)."""
+        E = gu.shape[0]
+        n = gu[0].numel() + down[0].numel()
+        w = self.w_f32
+        if self.adopted:
+            if (w.shape == (E, n) and gu.data_ptr() == w.data_ptr() and
+                    down.data_ptr() == w.data_ptr() + 4 * gu[0].numel() and
+                    gu.stride() == (n, gu.shape[2], 1) and down.stride() == (n, down.shape[2], 1)):
+                return w
+            # a parameter was given other memory: the buffer may still back the
+            # other one, so it is never written; copies go to a buffer of our own
+            self.adopted, self.w_f32 = False, None
+        if self.w_f32 is None or self.w_f32.shape != (E, n):
+            self.w_f32 = torch.empty(E, n, dtype=torch.float32)
+        torch.cat([gu.reshape(E, -1), down.reshape(E, -1)], dim=1, out=self.w_f32) \
+            if gu.dtype == torch.float32 else self.w_f32.copy_(
+                torch.cat([gu.reshape(E, -1), down.reshape(E, -1)], dim=1))
+        return self.w_f32
+
+    def plan(self, load, T, K, dtype_name):
+        o = self.owner
+        key = (T, K, dtype_name)
+        if key != self.key:
+            opts = dict(o.plan_options)
+            opts.setdefault("tokens", max(T // o.ranks, 0))
+            opts.setdefault("topk", K)
+            opts.setdefault("hidden", self.block.D)
+            opts.setdefault("ffn", self.block.F)
+            opts.setdefault("dtype", dtype_name.lower())
+            self.planner, self.key = Planner(ranks=o.ranks, **opts), key
+        return self.planner.run_cframe(load)
+
+
+class _Call:
+    """Accumulated seconds inside liblrmoe for one layer invocation: wall
+    time and the calling thread's CPU time (robust on a shared machine, and
+    all of the work when BLAS runs one thread)."""
+
+    def __init__(self):
+        self.lib = self.lib_cpu = 0.0
+        self.t0, self.c0 = time.perf_counter(), time.thread_time()
+
+    def __call__(self, fn, *args):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        rc = fn(*args)
+        self.lib += time.perf_counter() - t0
+        self.lib_cpu += time.thread_time() - c0
+        return rc
+
+    def record(self, rec, phase):
+        rec[f"{phase}_seconds"] = time.perf_counter() - self.t0
+        rec[f"{phase}_cpu_seconds"] = time.thread_time() - self.c0
+        rec[f"{phase}_lib_seconds"] = self.lib
+        rec[f"{phase}_lib_cpu_seconds"] = self.lib_cpu
+
+
+class LRMoEExperts(torch.autograd.Function):
+    """out = sum_k alpha_tk SwiGLU_e(x_t) over the routed pairs, forward and
+    backward in liblrmoe. Inputs: hidden (T,D), topk_weights (T,K),
+    gate_up_proj (E,2F,D), down_proj (E,D,F), topk_ids (T,K), layer state."""
+
+    @staticmethod
+    def forward(ctx, hidden, topk_weights, gate_up, down, topk_ids, layer):
+        o, call = layer.owner, _Call()
+        dt = _TORCH_DT.get(hidden.dtype)
+        if dt is None:
+            raise Error(f"{layer.block.name}: hidden is {hidden.dtype}; lrmoe computes "
+                        "float32 or bfloat16 activations")
+        if gate_up.dtype != hidden.dtype or down.dtype != hidden.dtype:
+            raise Error(f"{layer.block.name}: mismatched dtypes: hidden is {hidden.dtype}, "
+                        f"expert weights are {gate_up.dtype}/{down.dtype}; convert the model "
+                        "to one dtype (model.to(dtype))")
+        if hidden.device.type != "cpu":
+            raise Error(f"{layer.block.name}: tensors on {hidden.device}; lrmoe.torch runs "
+                        "the CPU backend on CPU tensors")
+        T, D = hidden.shape
+        E, twoF, _ = gate_up.shape
+        F, K = twoF // 2, topk_ids.shape[1]
+        x = hidden.detach().contiguous()
+        ids = topk_ids.detach().to(torch.int32).contiguous()
+        alpha = topk_weights.detach().to(torch.float32).contiguous()
+        load = torch.bincount(ids.view(-1).long(), minlength=E).numpy()
+        try:
+            cf = call(layer.plan, load, T, K, dt)
+        except Error as e:
+            raise Error(f"{layer.block.name}: plan: {e}") from None
+        placement, _ = cf.get("placement")
+        fwd_alloc, _ = cf.get("fwd_alloc")
+        quota, _ = cf.get("quota")
+        bwd_alloc, _ = cf.get("bwd_alloc")
+        attrs = cf.attrs()
+        gu = gate_up.detach()
+        dn = down.detach()
+        w_gate, w_up, w_down = _storage_split(gu, dn, F, placement, fwd_alloc, o.ranks)
+        # the packed F32 copy lrmoe-exec makes too: [W_gate; W_up; W_down] per
+        # expert, so gate and up run as one GEMM (HF's gate_up_proj is [W_gate; W_up])
+        w_f32 = layer.packed(gu, dn)
+        W = _lib.ExecWeights(dtype=_lib.DT[dt], w_gate=_ptr(w_gate), w_up=_ptr(w_up),
+                             w_down=_ptr(w_down), w_f32=_ptr(w_f32))
+        dims = _lib.ExecDims(T=T, E=E, K=K, D=D, F=F, P=o.ranks)
+        Pl = _lib.ExecPlan(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
+        out = torch.empty(T, D, dtype=hidden.dtype)
+        pair_rank = torch.empty(T, K, dtype=torch.int32)
+        # the backward's state only when a gradient will be asked for
+        train = any(ctx.needs_input_grad[:4])
+        phi = torch.empty(T, K, dtype=torch.float32) if train else None
+        sg = torch.empty(T, K, F, dtype=hidden.dtype) if train else None
+        su = torch.empty(T, K, F, dtype=hidden.dtype) if train else None
+        pair_out = torch.empty(T, K, D, dtype=hidden.dtype) if train else None
+        a = _lib.ExecFwd(act_dtype=_lib.DT[dt], hidden=_ptr(x), topk_ids=_ptr(ids),
+                         topk_weights=_ptr(alpha), output=_ptr(out), pair_rank=_ptr(pair_rank),
+                         phi_sqnorm=_ptr(phi), saved_gate=_ptr(sg), saved_up=_ptr(su),
+                         pair_out=_ptr(pair_out))
+        tim = (ctypes.c_double * (o.ranks * _STAGES))()
+        check(call(lib.lrmoe_exec_forward, ctypes.byref(o.cfg), ctypes.byref(dims),
+                   ctypes.byref(W), ctypes.byref(Pl), ctypes.byref(a), tim),
+              f"{layer.block.name}: forward")
+        rec = {"layer": layer.block.layer, "step": o.steps.get(layer.block.layer, 0),
+               "pairs": T * K, "tokens": T}
+        for k, v in attrs.items():
+            if k.startswith("plan."):
+                rec[k[5:]] = _num(v)
+        o.steps[layer.block.layer] = rec["step"] + 1
+        o.stats.append(rec)
+        if not train:
+            call.record(rec, "fwd")
+            return out
+        ctx.lrmoe = dict(layer=layer, dt=dt, dims=dims, W=W, Pl=Pl, keep_alive=(
+            w_gate, w_up, w_down, w_f32, placement, fwd_alloc), x=x, ids=ids, alpha=alpha,
+            pair_rank=pair_rank, phi=phi, sg=sg, su=su, pair_out=pair_out, quota=quota,
+            bwd_alloc=bwd_alloc, wdtype=gate_up.dtype, adtype=topk_weights.dtype, rec=rec)
+        call.record(rec, "fwd")
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        s, call = ctx.lrmoe, _Call()
+        layer, rec = s["layer"], s["rec"]
+        o, d = layer.owner, s["dims"]
+        T, E, K, D, F = d.T, d.E, d.K, d.D, d.F
+        g = grad_out.contiguous()
+        gdt = _TORCH_DT.get(g.dtype)
+        if gdt is None:
+            g, gdt = g.float(), "F32"
+        ids, alpha = s["ids"], s["alpha"]
+        # score and per-expert selection (the plan's quotas)
+        score = torch.empty(T, K, dtype=torch.float32)
+        check(call(lib.lrmoe_score_pairs_dt, o.metric, T, K, D, _lib.DT[gdt], _ptr(g),
+                   _ptr(alpha), _ptr(s["phi"]), o.seed + rec["step"], _ptr(score)), "score")
+        keep = torch.empty(T, K, dtype=torch.uint8)
+        load = np.empty(E, np.int64)
+        quota = s["quota"]
+        check(call(lib.lrmoe_score_select, T, K, E, _ptr(ids), _ptr(score), quota.ctypes.data,
+                   -1.0, _ptr(keep), load.ctypes.data, None), "select")
+        # pack: assignment to the plan's backward allocation, then the rows
+        pin = _lib.PackIn(T=T, K=K, E=E, P=d.P, topk_ids=_ptr(ids), keep=_ptr(keep),
+                          pair_rank=_ptr(s["pair_rank"]), placement=s["Pl"].placement,
+                          bwd_alloc=s["bwd_alloc"].ctypes.data, quota=quota.ctypes.data)
+        pp = _lib.PackPlan()
+        check(call(lib.lrmoe_pack_assign, ctypes.byref(pin), ctypes.byref(pp)), "pack")
+        try:
+            R = pp.R
+            act = s["x"].dtype
+            esz = s["x"].element_size()
+            ph = torch.empty(R, D, dtype=act)
+            pg = torch.empty(R, F, dtype=act)
+            pu = torch.empty(R, F, dtype=act)
+            pgrad = torch.empty(R, D, dtype=torch.float32)
+            call(lib.lrmoe_pack_gather, pp.pair, R, K, 1, _ptr(s["x"]), D * esz, _ptr(ph))
+            call(lib.lrmoe_pack_gather, pp.pair, R, K, 0, _ptr(s["sg"]), F * esz, _ptr(pg))
+            call(lib.lrmoe_pack_gather, pp.pair, R, K, 0, _ptr(s["su"]), F * esz, _ptr(pu))
+            call(lib.lrmoe_pack_gather_scaled_dt, pp.pair, R, K, D, _lib.DT[gdt], _ptr(g),
+                 _ptr(alpha), _ptr(pgrad))
+            gh = torch.empty(T, D, dtype=torch.float32)
+            gwg, gwu = o.scratch_grad(E, F, D)
+            gwd = torch.empty(E, D, F, dtype=torch.float32)
+            gtw = torch.empty(T, K, dtype=torch.float32)
+            b = _lib.ExecBwd(mode=2, act_dtype=_lib.DT[s["dt"]], grad_dtype=_lib.DT[gdt],
+                             topk_ids=_ptr(ids), topk_weights=_ptr(alpha), grad_output=_ptr(g),
+                             pair_out=_ptr(s["pair_out"]), hidden=_ptr(s["x"]),
+                             pair_rank=_ptr(s["pair_rank"]), saved_gate=_ptr(s["sg"]),
+                             saved_up=_ptr(s["su"]), R=R, pack_pair=pp.pair,
+                             pack_rank=pp.rank, pack_counts=pp.counts,
+                             pack_offsets=pp.offsets, pack_grad=_ptr(pgrad),
+                             pack_hidden=_ptr(ph), pack_gate=_ptr(pg), pack_up=_ptr(pu),
+                             grad_hidden=_ptr(gh), grad_w_gate=_ptr(gwg),
+                             grad_w_up=_ptr(gwu), grad_w_down=_ptr(gwd),
+                             grad_topk_weights=_ptr(gtw))
+            tim = (ctypes.c_double * (d.P * _STAGES))()
+            check(call(lib.lrmoe_exec_backward, ctypes.byref(o.cfg), ctypes.byref(d),
+                       ctypes.byref(s["W"]), ctypes.byref(s["Pl"]), ctypes.byref(b), tim),
+                  f"{layer.block.name}: backward")
+            rec["kept"], rec["moved"] = int(R), int(pp.moved)
+        finally:
+            lib.lrmoe_pack_plan_free(ctypes.byref(pp))
+        if o.keep_masks:
+            rec["keep"] = keep.numpy().astype(bool)
+        wdt = s["wdtype"]
+        gate_up_grad = torch.cat([gwg, gwu], dim=1).to(wdt)
+        call.record(rec, "bwd")
+        ctx.lrmoe = None
+        return (gh.to(s["x"].dtype), gtw.to(s["adtype"]), gate_up_grad, gwd.to(wdt),
+                None, None)
+
+
+def _storage_split(gu, dn, F, placement, fwd_alloc, P):
+    """w_gate, w_up (E,F,D) and w_down (E,D,F) in the storage dtype from HF's
+    (E,2F,D) and (E,D,F). With the packed F32 copy given, the CPU backend
+    reads the storage arrays only to send an expert to the ranks holding a
+    replica or helper instance of it (lrmoe_exec_weights_t in exec.h), so
+    only those experts are copied; the rows of the others are never read.
+    down_proj is passed as it is when contiguous."""
+    E = gu.shape[0]
+    nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)])
+    remote = placement.astype(bool)
+    remote[np.arange(E), nat] = False
+    fa = fwd_alloc.copy()
+    fa[np.arange(E), nat] = 0
+    sent = np.nonzero(remote.any(1) | (fa > 0).any(1))[0]
+    w_gate = torch.empty(E, F, gu.shape[2], dtype=gu.dtype)
+    w_up = torch.empty_like(w_gate)
+    w_down = dn if dn.is_contiguous() else torch.empty(dn.shape, dtype=dn.dtype)
+    if len(sent):
+        idx = torch.from_numpy(sent)
+        w_gate[idx] = gu[idx, :F]
+        w_up[idx] = gu[idx, F:]
+        if w_down is not dn:
+            w_down[idx] = dn[idx]
+    return w_gate, w_up, w_down
+
+
+def _num(v):
+    try:
+        f = float(v)
+        return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
+    except ValueError:
+        return v
+
+
+class Patch:
+    """Returned by patch(): .stats is the list of per-invocation records
+    (layer, step, rho, fwd_peak, bwd_peak, fwd_lb, bwd_lb, replicas,
+    feasible, mem_peak (modelled bytes), binding, pairs, kept, moved, and
+    {fwd,bwd}_seconds / _cpu_seconds / _lib_seconds / _lib_cpu_seconds: wall
+    and thread-CPU time of the whole forward/backward and inside liblrmoe);
+    unpatch() restores the original expert forwards."""
+
+    def __init__(self, model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
+                 options):
+        self.blocks = find_blocks(model)
+        self.ranks = int(ranks)
+        for b in self.blocks:
+            if b.E % self.ranks:
+                raise Error(f"{b.name}: {b.E} experts do not split over ranks={self.ranks}")
+        m = ctypes.c_int()
+        check(lib.lrmoe_score_metric_parse(str(metric).encode(), ctypes.byref(m)))
+        self.metric, self.seed, self.keep_masks = m.value, int(seed), keep_masks
+        self.plan_options = {"planner": planner, **options}
+        if rate is not None:
+            self.plan_options["rate"] = rate
+        if hbm is not None:
+            self.plan_options["hbm"] = hbm
+        Planner(ranks=self.ranks, **self.plan_options)  # bad options fail here, once
+        self.cfg = _lib.ExecCfg()
+        lib.lrmoe_exec_cfg_default(ctypes.byref(self.cfg))
+        self.cfg.threads = int(threads if threads is not None else torch.get_num_threads())
+        self.stats, self.steps, self.layers = [], {}, []
+        self._scratch = None
+        for b in self.blocks:
+            layer = _Layer(self, b)
+            layer.adopt_packed()
+            self.layers.append(layer)
+
+            def fwd(mod, hidden_states, top_k_index, top_k_weights, layer=layer):
+                return LRMoEExperts.apply(hidden_states, top_k_weights, mod.gate_up_proj,
+                                          mod.down_proj, top_k_index, layer)
+            b.experts.forward = types.MethodType(fwd, b.experts)
+
+    def scratch_grad(self, E, F, D):
+        """Two (E,F,D) F32 buffers for grad_w_gate/grad_w_up, shared by the
+        layers (each backward concatenates them into a new gate_up gradient)."""
+        if self._scratch is None or self._scratch.shape != (2, E, F, D):
+            self._scratch = torch.empty(2, E, F, D, dtype=torch.float32)
+        return self._scratch[0], self._scratch[1]
+
+    def unpatch(self):
+        for layer in self.layers:
+            layer.release_packed()
+        for b in self.blocks:
+            if "forward" in b.experts.__dict__:
+                del b.experts.forward
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.unpatch()
+
+
+def patch(model, rate=None, hbm=None, metric="lrm", ranks=1, planner="lrmoe", threads=None,
+          seed=0, keep_masks=False, **plan_options):
+    """Replace the expert computation of every supported MoE block by
+    LRMoEExperts on `ranks` simulated expert-parallel ranks. rate: the one
+    retention rate to plan for (None: lrmoe-plan's candidate list), hbm:
+    the per-rank budget ("16GiB" or bytes), metric: lrm, gradnorm, absgrad
+    or random; other lrmoe-plan options by name (window=, min_keep=,
+    best_effort=True, ...). keep_masks=True keeps each backward's keep mask
+    in its stats record. threads: BLAS threads (default torch's).
+    float32 expert parameters are moved (their .data, not the Parameter
+    objects) into one buffer in lrmoe's packed layout, so no step copies
+    them; unpatch() gives them contiguous memory of their own again."""
+    return Patch(model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
+                 plan_options)

@@ -1,0 +1,133 @@
+#!/usr/bin/env bats
+# liblrmoe as an installed C library (lrmoe(3)): the shared object's soname
+# and exported symbols, `make install` into a staged DESTDIR/PREFIX, and a
+# small C program built against that tree with `pkg-config --cflags --libs
+# lrmoe` that plans a routed stream in-process exactly as lrmoe-plan does.
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+
+setup_file() {
+    TOP="$BATS_TEST_DIRNAME/.."
+    export STAGE="$BATS_FILE_TMPDIR/stage" PFX=/opt/lrmoe-test
+    make -C "$TOP" -s install DESTDIR="$STAGE" PREFIX="$PFX" >"$BATS_FILE_TMPDIR/install.log" 2>&1
+}
+
+setup() {
+    TOP="$BATS_TEST_DIRNAME/.."
+    BIN="$TOP/bin"
+    SO="$TOP/build/liblrmoe.so.0"
+    T="$BATS_TEST_TMPDIR"
+    LIBD="$STAGE$PFX/lib"
+}
+
+@test "build/liblrmoe.so.0 has soname liblrmoe.so.0 and is position independent" {
+    [ -f "$SO" ]
+    run readelf -d "$SO"
+    assert_success
+    assert_output --partial "Library soname: [liblrmoe.so.0]"
+    run readelf -h "$SO"
+    assert_output --partial "DYN (Shared object file)"
+    # no text relocations: every object was compiled -fPIC
+    run readelf -d "$SO"
+    refute_output --partial "TEXTREL"
+}
+
+@test "only lrmoe_* functions declared in the installed headers are exported" {
+    syms=$(nm -D --defined-only "$SO" | awk '{ sub(/@.*/, "", $3); print $3 }' |
+        grep -v '^LRMOE_0$' | sort -u)
+    n=$(printf '%s\n' "$syms" | wc -l)
+    [ "$n" -gt 100 ]
+    bad=$(printf '%s\n' "$syms" | grep -v '^lrmoe_' || true)
+    [ -z "$bad" ] || fail "exported without the lrmoe_ prefix: $bad"
+    for s in $syms; do
+        grep -qw "$s" "$LIBD"/../include/lrmoe/*.h || fail "$s is exported but in no installed header"
+    done
+    # the entry points of lrmoe(3) are there, internals are not
+    for s in lrmoe_plan_compute lrmoe_route_topk lrmoe_score_pairs lrmoe_pack_assign \
+             lrmoe_exec_forward lrmoe_exec_backward lrmoe_reader_open lrmoe_writer_open \
+             lrmoe_plan_cfg_set lrmoe_abi_sizeof lrmoe_version; do
+        printf '%s\n' "$syms" | grep -qx "$s" || fail "$s not exported"
+    done
+    for s in lrmoe_plan_cli_opt lrmoe_gen_frame lrmoe_sim_run; do
+        ! printf '%s\n' "$syms" | grep -qx "$s" || fail "internal $s exported"
+    done
+}
+
+@test "make install stages the library, the headers, lrmoe.pc and the man3 pages" {
+    [ -f "$LIBD/liblrmoe.so.0.1.0" ] || { cat "$BATS_FILE_TMPDIR/install.log"; false; }
+    [ "$(readlink "$LIBD/liblrmoe.so.0")" = liblrmoe.so.0.1.0 ]
+    [ "$(readlink "$LIBD/liblrmoe.so")" = liblrmoe.so.0 ]
+    [ -f "$LIBD/liblrmoe.a" ]
+    for h in lrmoe.h plan.h cost.h route.h score.h pack.h exec.h api.h; do
+        [ -f "$STAGE$PFX/include/lrmoe/$h" ] || fail "header $h not installed"
+    done
+    # internal headers stay private
+    for h in plan_internal.h route_internal.h plan_cli.h sim.h gen.h kref.h; do
+        [ ! -e "$STAGE$PFX/include/lrmoe/$h" ] || fail "internal header $h installed"
+    done
+    run grep -x "prefix=$PFX" "$LIBD/pkgconfig/lrmoe.pc"
+    assert_success
+    [ -f "$STAGE$PFX/share/man/man3/lrmoe.3" ]
+    [ -f "$STAGE$PFX/share/man/man3/lrmoe_plan_compute.3" ]
+}
+
+@test "every installed header compiles on its own as C and C++" {
+    for h in "$STAGE$PFX"/include/lrmoe/*.h; do
+        printf '#include <lrmoe/%s>\nint main(void){return 0;}\n' "$(basename "$h")" > "$T/h.c"
+        run cc -std=c11 -Wall -Wextra -Werror -I"$STAGE$PFX/include" -c -o "$T/h.o" "$T/h.c"
+        assert_success
+        run g++ -x c++ -std=c++17 -fsyntax-only -I"$STAGE$PFX/include" "$T/h.c"
+        assert_success
+    done
+}
+
+@test "a C program built with pkg-config against the staged tree plans frames in-process like lrmoe-plan" {
+    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
+    run pkg-config --modversion lrmoe
+    assert_success
+    assert_output "$(sed -n 's/^#define LRMOE_VERSION "\(.*\)"/\1/p' "$TOP/lib/lrmoe.h")"
+    flags=$(pkg-config --cflags --libs lrmoe)
+    case "$flags" in *"$STAGE$PFX/include"*"-L$LIBD"*) ;; *) fail "pkg-config says: $flags" ;; esac
+    run cc -std=c11 -Wall -Wextra -Werror -o "$T/plan_inproc" "$BATS_TEST_DIRNAME/lib/plan_inproc.c" $flags
+    assert_success
+    # the program runs against the staged .so, not the build tree's
+    run env LD_LIBRARY_PATH="$LIBD" ldd "$T/plan_inproc"
+    assert_output --partial "$LIBD/liblrmoe.so.0"
+    "$BIN/lrmoe-gen" --tokens 512 --experts 16 --topk 4 --hidden 64 --ffn 32 --layers 2 \
+        --zipf 1.2 --seed 5 | "$BIN/lrmoe-route" -o "$T/routed.lrm"
+    run env LD_LIBRARY_PATH="$LIBD" "$T/plan_inproc" "$T/routed.lrm" "$T/inproc.lrm" 4 64 32
+    assert_success
+    assert_line --regexp "^frame 1 rho [01]\.[0-9]+ fwd_peak [0-9]+ bwd_peak [0-9]+$"
+    "$BIN/lrmoe-plan" -P 4 -D 64 -F 32 "$T/routed.lrm" -o "$T/tool.lrm"
+    run python3 - "$BATS_TEST_DIRNAME/helpers" "$T/inproc.lrm" "$T/tool.lrm" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from lrmoe_stream import read_stream
+import numpy as np
+a, b = read_stream(sys.argv[2]), read_stream(sys.argv[3])
+assert len(a) == len(b) == 2, (len(a), len(b))
+for (ta, aa), (tb, ab) in zip(a, b):
+    for n in ("placement", "fwd_alloc", "quota", "bwd_alloc"):
+        assert np.array_equal(ta[n], tb[n]), n
+    for k in ("plan.rho", "plan.fwd_peak", "plan.bwd_peak", "plan.replicas"):
+        assert aa[k] == ab[k], (k, aa[k], ab[k])
+print("same plans")
+PY
+    assert_success
+    assert_output "same plans"
+}
+
+@test "every function a man3 page names is exported, and every page lints clean" {
+    syms=$(nm -D --defined-only "$SO" | awk '{ sub(/@.*/, "", $3); print $3 }')
+    n=0
+    for p in "$TOP"/man/man3/*.3; do
+        run mandoc -T lint -W warning "$p"
+        assert_output ""
+        for f in $(sed -n '/^\.SH NAME/,/^\.SH/p' "$p" | grep -oE 'lrmoe_[a-z0-9_]+'); do
+            printf '%s\n' "$syms" | grep -qx "$f" || fail "$(basename "$p") names $f, which is not exported"
+            n=$((n + 1))
+        done
+    done
+    [ "$n" -ge 40 ]
+}

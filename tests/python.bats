@@ -1,0 +1,57 @@
+#!/usr/bin/env bats
+# The lrmoe Python package (lib/python): `pip install ./lib/python` works,
+# and the unittest suites of tests/python run against build/liblrmoe.so.0,
+# one bats test per module (stream I/O, route/plan/score/pack against the
+# tools, patch() against the Hugging Face blocks, dump() and the CLI).
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+
+setup() {
+    TOP="$BATS_TEST_DIRNAME/.."
+    export LRMOE_LIBRARY="$TOP/build/liblrmoe.so.0"
+    export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+}
+
+need_torch() {
+    python3 -c 'import torch, transformers' 2>/dev/null ||
+        skip "torch and transformers are not installed (tests/deps.sh test installs them)"
+}
+
+unit() {
+    cd "$TOP/tests/python" || return 1
+    run python3 -W ignore::ResourceWarning -m unittest -v "$@"
+    [ "$status" -eq 0 ] || { printf '%s\n' "$output"; return 1; }
+    assert_line --regexp '^OK'
+}
+
+@test "pip install ./lib/python installs the lrmoe package, which loads the library" {
+    cp -r "$TOP/lib/python" "$BATS_TEST_TMPDIR/src"
+    run python3 -m pip install -q --no-deps --no-build-isolation --target "$BATS_TEST_TMPDIR/site" \
+        "$BATS_TEST_TMPDIR/src"
+    assert_success
+    [ -f "$BATS_TEST_TMPDIR/site/lrmoe/torch.py" ]
+    cd "$BATS_TEST_TMPDIR"
+    run env PYTHONPATH="$BATS_TEST_TMPDIR/site" python3 -c \
+        'import lrmoe, os; print(lrmoe.__version__, os.path.dirname(lrmoe.__file__))'
+    assert_success
+    assert_output "$(sed -n 's/^#define LRMOE_VERSION "\(.*\)"/\1/p' "$TOP/lib/lrmoe.h") $BATS_TEST_TMPDIR/site/lrmoe"
+}
+
+@test "python: streams through liblrmoe's reader and writer" {
+    unit test_stream
+}
+
+@test "python: route/plan/score/pack return the tools' tensors bit for bit" {
+    unit test_ops
+}
+
+@test "python: patch() equals the unpatched HF blocks (six families, f32/bf16), drops like the reference, trains alike" {
+    need_torch
+    unit test_patch
+}
+
+@test "python: dump() frames, weights, pipes, and the CLI pipeline reproduces the patched layer" {
+    need_torch
+    unit test_dump
+}

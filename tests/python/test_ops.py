@@ -1,0 +1,122 @@
+"""lrmoe.route/plan/score/pack on arrays return the tensors the tools
+write for the same input, bit for bit."""
+import os
+import subprocess
+import tempfile
+import unittest
+
+import numpy as np
+
+import tiny
+import lrmoe
+
+B = tiny.BIN
+
+
+def sh(cmd):
+    r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True)
+    if r.returncode:
+        raise AssertionError(f"{cmd}: exit {r.returncode}: {r.stderr}")
+
+
+class Ops(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        d = cls.d = cls.tmp.name
+        sh(f"{B}/lrmoe-gen --tokens 200 --experts 16 --topk 4 --hidden 32 --ffn 16 --zipf 1.1 "
+           f"--seed 11 --weights {d}/w.lrm -o {d}/g.lrm")
+        sh(f"{B}/lrmoe-route -k 4 -n {d}/g.lrm -o {d}/r.lrm")
+        sh(f"{B}/lrmoe-plan -P 4 -F 16 --rate 0.7 --hbm 1GiB {d}/r.lrm -o {d}/p.lrm")
+        sh(f"{B}/lrmoe-exec --phase forward --weights {d}/w.lrm {d}/p.lrm -o {d}/f.lrm")
+        sh(f"{B}/lrmoe-score {d}/f.lrm -o {d}/s.lrm")
+        sh(f"{B}/lrmoe-pack {d}/s.lrm -o {d}/k.lrm")
+        sh(f"{B}/lrmoe-exec --phase backward --mode compact --weights {d}/w.lrm {d}/k.lrm -o {d}/b.lrm")
+        cls.st = {n: lrmoe.read(f"{d}/{n}.lrm", bf16="raw")[0] for n in "grpfskb"}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def same(self, got, tool, names):
+        for n in names:
+            self.assertIn(n, got)
+            self.assertEqual(got.dtype(n), tool.dtypes[n], n)
+            a = lrmoe.f32_to_bf16(got[n]) if tool.dtypes[n] == "BF16" else got[n]
+            self.assertTrue(np.array_equal(a, tool[n]), n)
+
+    def test_route(self):
+        g, r = self.st["g"], self.st["r"]
+        got = lrmoe.route(g["router_logits"], k=4, renorm=True)
+        self.same(got, r, ["topk_ids", "topk_weights", "expert_load"])
+        # sigmoid, groups and a selection bias too
+        bias = np.linspace(-0.1, 0.1, 16).astype(np.float32)
+        np.save(os.path.join(self.d, "bias.npy"), bias)
+        got = lrmoe.route(g["router_logits"], k=4, router="sigmoid", groups=4, topk_groups=2,
+                          renorm=True, scale=2.5, expert_bias=bias)
+        fr = lrmoe.Frame(g, dtypes=g.dtypes)
+        fr["expert_bias"] = bias
+        lrmoe.write(os.path.join(self.d, "gb.lrm"), [fr])
+        sh(f"{B}/lrmoe-route -k 4 -r sigmoid -g 4 -m 2 -n -s 2.5 {self.d}/gb.lrm -o {self.d}/rb.lrm")
+        self.same(got, lrmoe.read(f"{self.d}/rb.lrm")[0], ["topk_ids", "topk_weights"])
+
+    def test_plan(self):
+        r, p = self.st["r"], self.st["p"]
+        got = lrmoe.plan(r["expert_load"], ranks=4, topk_ids=r["topk_ids"], hidden=r["hidden"],
+                         ffn=16, rate=0.7, hbm="1GiB")
+        self.same(got, p, ["placement", "fwd_alloc", "quota", "bwd_alloc"])
+        self.assertEqual({k: v for k, v in got.attrs.items() if k != "plan.seconds"},
+                         {k: v for k, v in p.attrs.items() if k.startswith("plan.") and k != "plan.seconds"})
+        self.assertLess(float(got.attrs["plan.rho"]), 1.0)
+
+    def test_score(self):
+        f, s = self.st["f"], self.st["s"]
+        got = lrmoe.score(f["topk_ids"], f["topk_weights"], f["grad_output"], f["phi_sqnorm"],
+                          quota=f["quota"], dtypes={"grad_output": f.dtypes["grad_output"]})
+        self.same(got, s, ["pair_score", "keep"])
+        self.assertEqual(got.attrs["score.kept"], s.attrs["score.kept"])
+
+    def test_pack(self):
+        s, k = self.st["s"], self.st["k"]
+        names = ["keep", "topk_ids", "topk_weights", "grad_output", "hidden", "saved_gate",
+                 "saved_up", "pair_rank", "placement", "bwd_alloc", "quota"]
+        got = lrmoe.pack(**{n: s[n] for n in names}, dtypes=s.dtypes)
+        self.same(got, k, ["pack_pair", "pack_rank", "pack_counts", "pack_offsets", "pack_grad",
+                           "pack_hidden", "pack_gate", "pack_up"])
+
+    def test_exec_forward_and_compact_backward(self):
+        p, f, k, b = self.st["p"], self.st["f"], self.st["k"], self.st["b"]
+        w = os.path.join(self.d, "w.lrm")
+        got = lrmoe.forward(p, w)
+        self.same(got, f, ["output", "pair_rank", "phi_sqnorm", "saved_gate", "saved_up",
+                           "pair_out"])
+        self.assertIn("exec.forward.wall_s", got.attrs)
+        got = lrmoe.backward(k, w, mode="compact")
+        self.same(got, b, ["grad_hidden", "grad_w_gate", "grad_w_up", "grad_w_down",
+                           "grad_topk_weights"])
+        with self.assertRaises(lrmoe.Error) as e:
+            lrmoe.forward(p, os.path.join(self.d, "nope.lrm"))
+        self.assertIn("nope.lrm", str(e.exception))
+        with self.assertRaises(lrmoe.Error):
+            lrmoe.backward(k, w, mode="sideways")
+
+    def test_bad_input(self):
+        g = self.st["g"]
+        with self.assertRaises(lrmoe.Error) as e:
+            lrmoe.route(g["router_logits"], k=99)
+        self.assertIn("99", str(e.exception))
+        with self.assertRaises(lrmoe.Error) as e:
+            lrmoe.route(g["router_logits"], router="nope")
+        with self.assertRaises(lrmoe.Error) as e:
+            lrmoe.plan(np.array([5, 5, 5]), ranks=2)
+        with self.assertRaises(lrmoe.Error) as e:
+            lrmoe.plan(np.array([5, 5]), ranks=2, hbm="lots")
+        self.assertIn("--hbm", str(e.exception))
+        with self.assertRaises(lrmoe.Error) as e:
+            lrmoe.score(g["router_logits"][:, :2].astype(np.int32), None, g["grad_output"],
+                        drop=10, metric="gradnorm")
+        self.assertIn("needs a float grad_output", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
