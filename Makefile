@@ -15,6 +15,16 @@ TOOL_SRC := $(wildcard src/lrmoe-*.c)
 TOOLS    := $(TOOL_SRC:src/%.c=bin/%)
 MANS     := $(wildcard man/man*/*.[1-9])
 
+# ---- oneDNN: the CPU backend's BF16 expert GEMMs (lrmoe-exec --compute bf16).
+# Detected by compiling and linking against it (HAVE_DNNL=0 builds without);
+# without it the build is F32-only and --compute bf16 says so.
+HAVE_DNNL ?= $(shell echo 'int main(void){return dnnl_version() == 0;}' | \
+    $(CC) -include oneapi/dnnl/dnnl.h -x c - -o /dev/null -ldnnl >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_DNNL),1)
+CPPFLAGS += -DLRMOE_HAVE_DNNL
+LDLIBS   += -ldnnl -lgomp
+endif
+
 # ---- CUDA backend: built whenever nvcc is found (CUDA_HOME overridable).
 # kernels/*.cu go into liblrmoe.a; tests/gpu/*.cu (kernel tests, GPU bench)
 # are built by `make` too, so a compile error anywhere in CUDA code fails it.
@@ -46,6 +56,7 @@ endif
 
 all: deps-build $(TOOLS)
 	@test "$(HAVE_CUDA)" = 1 || echo "lrmoe: nvcc not found (set CUDA_HOME): building CPU-only"
+	@test "$(HAVE_DNNL)" = 1 || echo "lrmoe: oneDNN (libdnnl-dev) not found: building without --compute bf16"
 
 # Build dependencies: installed with apt-get when missing and root, else named.
 deps-build:
