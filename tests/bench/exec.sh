@@ -139,7 +139,7 @@ for s in $SCEN; do
 done
 torch_ok=1
 # shellcheck disable=SC2086
-/usr/bin/python3 tests/bench/exec_torch.py "$tmp/f.lrm" "$tmp/w.lrm" "$THREADS" $tframes \
+python3 tests/bench/exec_torch.py "$tmp/f.lrm" "$tmp/w.lrm" "$THREADS" $tframes \
     > "$tmp/torch.tsv" 2> "$tmp/torch.err" || torch_ok=0
 
 python3 - "$tmp" "$SCEN" "$PLANNERS" "$FWD_FLOPS" "$BWD_FLOPS" "$dense_f" "$dense_b" "$torch_ok" "$BLAS" "$RANK_THREADS" <<'EOF'
