@@ -16,14 +16,14 @@ TOOLS    := $(TOOL_SRC:src/%.c=bin/%)
 MANS     := $(wildcard man/man*/*.[1-9])
 
 # ---- oneDNN: the CPU backend's BF16 expert GEMMs (lrmoe-exec --compute bf16).
-# Detected by compiling and linking against it (HAVE_DNNL=0 builds without);
-# without it the build is F32-only and --compute bf16 says so.
-HAVE_DNNL ?= $(shell echo 'int main(void){return dnnl_version() == 0;}' | \
-    $(CC) -include oneapi/dnnl/dnnl.h -x c - -o /dev/null -ldnnl >/dev/null 2>&1 && echo 1)
-ifeq ($(HAVE_DNNL),1)
-CPPFLAGS += -DLRMOE_HAVE_DNNL
-LDLIBS   += -ldnnl -lgomp
-endif
+# Detected once, when the first object is compiled (after deps-build, which
+# installs libdnnl-dev as root), by compiling and linking against it;
+# HAVE_DNNL=0 builds without. Without it the build is F32-only and
+# --compute bf16 says so.
+HAVE_DNNL ?= $(eval HAVE_DNNL := $(shell echo 'int main(void){return dnnl_version() == 0;}' | \
+    $(CC) -include oneapi/dnnl/dnnl.h -x c - -o /dev/null -ldnnl >/dev/null 2>&1 && echo 1))$(HAVE_DNNL)
+CPPFLAGS += $(if $(filter 1,$(HAVE_DNNL)),-DLRMOE_HAVE_DNNL)
+LDLIBS   += $(if $(filter 1,$(HAVE_DNNL)),-ldnnl -lgomp)
 
 # ---- CUDA backend: built whenever nvcc is found (CUDA_HOME overridable).
 # kernels/*.cu go into liblrmoe.a; tests/gpu/*.cu (kernel tests, GPU bench)
@@ -67,6 +67,8 @@ deps-test: deps-build
 $(BUILD)/liblrmoe.a: $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(@D)
 	$(AR) rcs $@ $^
+
+$(LIB_OBJ) $(TOOL_SRC:src/%.c=$(BUILD)/src/%.o): | deps-build
 
 $(BUILD)/lib/%.o: lib/%.c
 	@mkdir -p $(@D)
