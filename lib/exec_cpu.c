@@ -434,7 +434,7 @@ typedef struct {
 static const void *opnd(worker_t *k, int i, const float *src, int64_t n)
 {
     if (lrmoe_gemm_dtype(k->gm) == LRMOE_F32) return src;
-    lrmoe_convert_from_f32(LRMOE_BF16, src, k->ob[i], (size_t)n);
+    lrmoe_gemm_to_bf16(src, k->ob[i], (size_t)n);
     return k->ob[i];
 }
 
@@ -604,9 +604,14 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
         for (int64_t j = 0; j < n; j++) {
             int64_t u = L->u[i0 + j];
             if (a->phi_sqnorm) a->phi_sqnorm[u] = sq[j];
-            if (a->saved_gate)
+            /* BF16 saved state: the vectorised rounding (same bits) */
+            if (a->saved_gate && adt == LRMOE_BF16)
+                lrmoe_gemm_to_bf16(H + j * 2 * F, (char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F);
+            else if (a->saved_gate)
                 lrmoe_convert_from_f32(adt, H + j * 2 * F, (char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F);
-            if (a->saved_up)
+            if (a->saved_up && adt == LRMOE_BF16)
+                lrmoe_gemm_to_bf16(H + j * 2 * F + F, (char *)a->saved_up + (size_t)(u * F) * as, (size_t)F);
+            else if (a->saved_up)
                 lrmoe_convert_from_f32(adt, H + j * 2 * F + F, (char *)a->saved_up + (size_t)(u * F) * as, (size_t)F);
         }
         double t2 = now_();
@@ -815,8 +820,8 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
             }
             if (odt == LRMOE_F32) lrmoe_convert_to_f32(adt, xs, Xs + j * D, (size_t)D);
             else if (adt == LRMOE_BF16) memcpy((char *)k->ob[2] + (size_t)(j * D) * 2, xs, (size_t)D * 2);
-            else lrmoe_convert_from_f32(LRMOE_BF16, (const float *)xs,
-                                        (char *)k->ob[2] + (size_t)(j * D) * 2, (size_t)D);
+            else lrmoe_gemm_to_bf16((const float *)xs, (char *)k->ob[2] + (size_t)(j * D) * 2,
+                                    (size_t)D);
             lrmoe_convert_to_f32(adt, gs, hg + j * F, (size_t)F);
             lrmoe_convert_to_f32(adt, us, hu + j * F, (size_t)F);
         }

@@ -35,6 +35,20 @@ int lrmoe_gemm_have_dnnl(void)
 #endif
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+__attribute__((optimize("O3"), target_clones("arch=skylake-avx512", "avx2", "default")))
+#endif
+void lrmoe_gemm_to_bf16(const float *restrict src, void *restrict dst, size_t n)
+{
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, 4);
+        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+        d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+    }
+}
+
 /* Pack rows x cols of src (dtype sdt, row stride ld) into dst (dtype ddt)
  * as a (drows, dcols) row-major matrix, zero-filling the extra rows/columns. */
 static void pack(const void *src, lrmoe_dtype_t sdt, int64_t rows, int64_t cols, int64_t ld,
@@ -46,7 +60,7 @@ static void pack(const void *src, lrmoe_dtype_t sdt, int64_t rows, int64_t cols,
         char *d = (char *)dst + (size_t)(i * dcols) * ds;
         if (sdt == ddt) memcpy(d, s, (size_t)cols * ds);
         else if (ddt == LRMOE_F32) lrmoe_convert_to_f32(sdt, s, (float *)d, (size_t)cols);
-        else lrmoe_convert_from_f32(ddt, (const float *)s, d, (size_t)cols);
+        else lrmoe_gemm_to_bf16((const float *)s, d, (size_t)cols);
         if (dcols > cols) memset(d + (size_t)cols * ds, 0, (size_t)(dcols - cols) * ds);
     }
     if (drows > rows)

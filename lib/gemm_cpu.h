@@ -62,6 +62,12 @@ lrmoe_compute_t lrmoe_gemm_compute(const lrmoe_gemm_t *g);
  * one F32 operand in several GEMMs converts it once to this dtype. */
 lrmoe_dtype_t lrmoe_gemm_dtype(const lrmoe_gemm_t *g);
 
+/* n F32 values to BF16: lrmoe_f32_to_bf16's rounding (nearest even, NaN
+ * kept quiet), bit for bit, branch-free and built for AVX-512/AVX2 where the
+ * CPU has them (3x the scalar loop here): the BF16 compute's operand and
+ * saved-state conversion. */
+void lrmoe_gemm_to_bf16(const float *src, void *dst, size_t n);
+
 int lrmoe_gemm(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
                const void *A, lrmoe_dtype_t adt, int64_t lda,
                const void *B, lrmoe_dtype_t bdt, int64_t ldb,

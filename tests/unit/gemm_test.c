@@ -49,6 +49,27 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: gemm_test f32|bf16\n");
         return 2;
     }
+    /* the vectorised F32 -> BF16 rounding equals the scalar one on every
+     * kind of value (random bit patterns: normals, denormals, Inf, NaN) */
+    {
+        enum { NV = 1 << 16 };
+        static float v[NV];
+        static uint16_t h[NV];
+        for (int i = 0; i < NV; i++) {
+            rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+            uint32_t u = (uint32_t)(rs >> 32);
+            if (i < 8) u = (uint32_t[]){0, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u,
+                                        0x7f800001u, 0x00000001u, 0x7f7fffffu}[i];
+            memcpy(&v[i], &u, 4);
+        }
+        lrmoe_gemm_to_bf16(v, h, NV);
+        for (int i = 0; i < NV; i++)
+            if (h[i] != lrmoe_f32_to_bf16(v[i])) {
+                printf("FAIL to_bf16 at %d: %04x, scalar %04x\n", i, h[i], lrmoe_f32_to_bf16(v[i]));
+                return 1;
+            }
+        printf("to_bf16: %d values equal the scalar rounding\n", NV);
+    }
     lrmoe_gemm_t *g = lrmoe_gemm_new(cm, 1);
     if (!g) { fprintf(stderr, "gemm_test: %s\n", lrmoe_errmsg()); return 1; }
     const int round = cm == LRMOE_COMPUTE_BF16;
