@@ -16,6 +16,8 @@
 #   than one alone here), so the dense reference runs under the same
 #   concurrency: RANK_THREADS copies at once, their mean rate (each best of 2).
 #   The rate of one copy alone is printed too, with the efficiency against it.
+#   lrmoe-exec runs --compute f32 here (its reference is sgemm; the BF16
+#   path is benchmarked against PyTorch and oneDNN in tests/bench/cpu.sh).
 #   The gemm stage counts the expert GEMMs only (lrmoe-exec keeps a packed
 #   F32 copy of each layer's weights, gate and up fused into one N=2F GEMM);
 #   saved-state conversion is in the act stage.
@@ -104,9 +106,9 @@ while [ $r -lt "$REPS" ]; do all="$all $frames"; r=$((r + 1)); done
 bin/lrmoe-cat $raw $all > "$tmp/in.lrm"
 
 # ---- one forward and one backward invocation over all frames
-bin/lrmoe-exec --phase forward -j "$RANK_THREADS" -@ "$THREADS" --clock "$CLOCK" --weights "$tmp/w.lrm" --timings "$tmp/f.tsv" \
+bin/lrmoe-exec --phase forward --compute f32 -j "$RANK_THREADS" -@ "$THREADS" --clock "$CLOCK" --weights "$tmp/w.lrm" --timings "$tmp/f.tsv" \
     $raw -o "$tmp/f.lrm" "$tmp/in.lrm"
-bin/lrmoe-exec --phase backward -j "$RANK_THREADS" -@ "$THREADS" --clock "$CLOCK" --weights "$tmp/w.lrm" --timings "$tmp/b.tsv" \
+bin/lrmoe-exec --phase backward --compute f32 -j "$RANK_THREADS" -@ "$THREADS" --clock "$CLOCK" --weights "$tmp/w.lrm" --timings "$tmp/b.tsv" \
     $raw -o /dev/null "$tmp/f.lrm"
 
 NP=$((TOKENS * 8))
