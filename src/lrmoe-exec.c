@@ -33,6 +33,9 @@ static void usage(FILE *fp)
         "                        (loop, default) or grouped (cublasGemmGroupedBatchedEx)\n"
         "      --gemm-streams N  cuda: streams of the loop GEMM, 1 to 8 (default 4)\n"
         "      --timings FILE    write per-rank, per-stage seconds as TSV\n"
+        "      --repeat N        run the layer N times, report the median of each\n"
+        "                        stage per rank (default 1)\n"
+        "      --warmup M        untimed runs before the timed ones (default 0)\n"
         "      --allow-nonfinite accept NaN/Inf in the inputs\n"
         "  -o, --output FILE     write to FILE (default stdout)\n"
         "  -l, --level N         zstd level (default 3)\n"
@@ -66,7 +69,7 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 }
 
 enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_TIMINGS, OPT_NONFINITE,
-       OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS,
+       OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS, OPT_REPEAT, OPT_WARMUP,
        OPT_COMPUTE };
 
 int main(int argc, char **argv)
@@ -87,6 +90,8 @@ int main(int argc, char **argv)
         {"gemm", required_argument, 0, OPT_GEMM},
         {"gemm-streams", required_argument, 0, OPT_GEMM_STREAMS},
         {"compute", required_argument, 0, OPT_COMPUTE},
+        {"repeat", required_argument, 0, OPT_REPEAT},
+        {"warmup", required_argument, 0, OPT_WARMUP},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
@@ -152,6 +157,14 @@ int main(int argc, char **argv)
             o.cfg.compute = (int)cm;
             break;
         }
+        case OPT_REPEAT:
+            if (lrmoe_parse_i64("--repeat", optarg, 1, 1000, &v) < 0) goto usage_err;
+            o.repeat = (int)v;
+            break;
+        case OPT_WARMUP:
+            if (lrmoe_parse_i64("--warmup", optarg, 0, 1000, &v) < 0) goto usage_err;
+            o.warmup = (int)v;
+            break;
         case OPT_NONFINITE: o.cfg.allow_nonfinite = 1; break;
         case OPT_CLOCK:
             if (!strcmp(optarg, "cpu")) o.cfg.cpu_clock = 1;
