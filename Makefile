@@ -37,6 +37,16 @@ PUB_HDR  := lib/lrmoe.h lib/cost.h lib/route.h lib/plan.h lib/score.h lib/pack.h
 SONAME   := liblrmoe.so.0
 PICFLAGS := -fPIC
 
+# ---- oneDNN: the CPU backend's BF16 expert GEMMs (lrmoe-exec --compute bf16).
+# Detected once, when the first object is compiled (after deps-build, which
+# installs libdnnl-dev as root), by compiling and linking against it;
+# HAVE_DNNL=0 builds without. Without it the build is F32-only and
+# --compute bf16 says so.
+HAVE_DNNL ?= $(eval HAVE_DNNL := $(shell echo 'int main(void){return dnnl_version() == 0;}' | \
+    $(CC) -include oneapi/dnnl/dnnl.h -x c - -o /dev/null -ldnnl >/dev/null 2>&1 && echo 1))$(HAVE_DNNL)
+CPPFLAGS += $(if $(filter 1,$(HAVE_DNNL)),-DLRMOE_HAVE_DNNL)
+LDLIBS   += $(if $(filter 1,$(HAVE_DNNL)),-ldnnl -lgomp)
+
 # ---- CUDA backend: built whenever nvcc is found (CUDA_HOME overridable).
 # kernels/*.cu go into liblrmoe.a; tests/gpu/*.cu (kernel tests, GPU bench)
 # are built by `make` too, so a compile error anywhere in CUDA code fails it.
@@ -68,6 +78,7 @@ endif
 
 all: deps-build $(TOOLS) $(BUILD)/$(SONAME) $(BUILD)/lrmoe.pc
 	@test "$(HAVE_CUDA)" = 1 || echo "lrmoe: nvcc not found (set CUDA_HOME): building CPU-only"
+	@test "$(HAVE_DNNL)" = 1 || echo "lrmoe: oneDNN (libdnnl-dev) not found: building without --compute bf16"
 
 # Build dependencies: installed with apt-get when missing and root, else named.
 deps-build:
@@ -78,6 +89,8 @@ deps-test: deps-build
 $(BUILD)/liblrmoe.a: $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(@D)
 	$(AR) rcs $@ $^
+
+$(LIB_OBJ) $(TOOL_SRC:src/%.c=$(BUILD)/src/%.o): | deps-build
 
 $(BUILD)/lib/%.o: lib/%.c
 	@mkdir -p $(@D)

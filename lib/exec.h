@@ -85,6 +85,8 @@ typedef struct {
                              device (device + r mod G) mod visible */
     int gemm;             /* CUDA: lrmoe_exec_gemm_t, the expert GEMM implementation */
     int gemm_streams;     /* CUDA: streams of the loop GEMM (0: backend default, 4) */
+    int compute;          /* CPU: lrmoe_compute_t (lib/gemm_cpu.h), the expert GEMMs'
+                             numerics: auto (0), f32 (exact) or bf16 (oneDNN) */
 } lrmoe_exec_cfg_t;
 void lrmoe_exec_cfg_default(lrmoe_exec_cfg_t *c);
 

@@ -14,7 +14,6 @@
  *   The reverse all-to-all mirrors it: d sends in its receive layout and s
  *   receives in its send layout.
  */
-#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -23,6 +22,7 @@
 #include <time.h>
 #include "comm.h"
 #include "exec.h"
+#include "gemm_cpu.h"
 #include "swiglu.h"
 
 void openblas_set_num_threads(int num_threads);
@@ -249,14 +249,23 @@ out:
 
 /* ---------------------------------------------------------------- weights */
 
-/* Expert weights of one instance in F32: the caller's F32 weights (or F32
- * copies) for native experts, the replica buffer (converted to F32 when it
- * arrives) for replicas/helpers, else converted into the scratch. */
+/* Expert weights of one instance. f32 compute: in F32, the caller's F32
+ * weights (or F32 copies) for native experts, the replica buffer (converted
+ * to F32 when it arrives) for replicas/helpers, else converted into the
+ * scratch. bf16 compute (raw): in their stored dtype, never copied for
+ * native experts; a replica stays as it arrived. */
 typedef struct {
-    float **rep;           /* (E) replica (3 matrices, F32) on the current rank */
+    char **rep;            /* (E) replica (3 matrices: F32, or stored dtype when raw) */
     float *scratch;        /* 3*F*D */
     char *stage;           /* 3 matrices in storage dtype: p2p landing buffer */
+    int raw;               /* bf16 compute: weights in their stored dtype */
 } wcache_t;
+
+/* One instance's three matrices and their dtype. */
+typedef struct {
+    const void *g, *u, *d;
+    lrmoe_dtype_t dt;
+} ew_t;
 
 static size_t wmat_bytes(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w)
 {
@@ -275,16 +284,16 @@ static int fetch_replicas(lrmoe_comm_t *c, const lrmoe_exec_dims_t *d,
         int need = nat != r && (cnt[r * d->E + e] > 0 || (placement && placement[e * d->P + r]));
         if (!need) continue;
         size_t n = (size_t)(d->F * d->D);
-        float *rep = malloc(3 * n * sizeof *rep);
+        char *rep = malloc(wc->raw ? 3 * mb : 3 * n * sizeof(float));
         if (!rep) return lrmoe_err("exec: out of memory (replica of expert %lld)", (long long)e);
         wc->rep[e] = rep;
-        /* F32 storage lands directly in the replica; BF16 in the staging buffer */
-        char *buf = w->dtype == LRMOE_F32 ? (char *)rep : wc->stage;
+        /* F32 storage (or raw) lands directly in the replica; BF16 in the staging buffer */
+        char *buf = w->dtype == LRMOE_F32 || wc->raw ? rep : wc->stage;
         if (c->p2p(c, nat, (const char *)w->w_gate + e * mb, r, buf, mb) < 0 ||
             c->p2p(c, nat, (const char *)w->w_up + e * mb, r, buf + mb, mb) < 0 ||
             c->p2p(c, nat, (const char *)w->w_down + e * mb, r, buf + 2 * mb, mb) < 0)
             return -1;
-        if (w->dtype != LRMOE_F32) lrmoe_convert_to_f32(w->dtype, buf, rep, 3 * n);
+        if (w->dtype != LRMOE_F32 && !wc->raw) lrmoe_convert_to_f32(w->dtype, buf, (float *)rep, 3 * n);
     }
     TIM(r, LRMOE_STAGE_WEIGHTS) += now_() - t0;
     return 0;
@@ -295,28 +304,38 @@ static void drop_replicas(int64_t E, wcache_t *wc)
     for (int64_t e = 0; e < E; e++) { free(wc->rep[e]); wc->rep[e] = NULL; }
 }
 
-/* F32 views of expert e's three matrices on the current rank. */
+/* Expert e's three matrices on the current rank (F32 views, or the stored
+ * dtype when raw). */
 static void expert_w(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
-                     wcache_t *wc, int64_t e, const float **wg, const float **wu,
-                     const float **wd)
+                     wcache_t *wc, int64_t e, ew_t *o)
 {
     size_t mb = wmat_bytes(d, w), n = (size_t)(d->F * d->D);
+    if (wc->raw) {
+        const char *b = wc->rep[e];
+        o->dt = w->dtype;
+        if (b) { o->g = b; o->u = b + mb; o->d = b + 2 * mb; return; }
+        o->g = (const char *)w->w_gate + e * mb; o->u = (const char *)w->w_up + e * mb;
+        o->d = (const char *)w->w_down + e * mb;
+        return;
+    }
+    o->dt = LRMOE_F32;
     if (wc->rep[e]) {
-        *wg = wc->rep[e]; *wu = wc->rep[e] + n; *wd = wc->rep[e] + 2 * n;
+        const float *b = (const float *)wc->rep[e];
+        o->g = b; o->u = b + n; o->d = b + 2 * n;
         return;
     }
     if (w->w_f32) { /* packed [gate; up; down] per expert */
         const float *b = w->w_f32 + e * 3 * n;
-        *wg = b; *wu = b + n; *wd = b + 2 * n;
+        o->g = b; o->u = b + n; o->d = b + 2 * n;
         return;
     }
     if (w->dtype == LRMOE_F32) {
-        *wg = (const float *)w->w_gate + e * n; *wu = (const float *)w->w_up + e * n;
-        *wd = (const float *)w->w_down + e * n;
+        o->g = (const float *)w->w_gate + e * n; o->u = (const float *)w->w_up + e * n;
+        o->d = (const float *)w->w_down + e * n;
         return;
     }
     if (w->w_gate_f32 && w->w_up_f32 && w->w_down_f32) {
-        *wg = w->w_gate_f32 + e * n; *wu = w->w_up_f32 + e * n; *wd = w->w_down_f32 + e * n;
+        o->g = w->w_gate_f32 + e * n; o->u = w->w_up_f32 + e * n; o->d = w->w_down_f32 + e * n;
         return;
     }
     const char *g = (const char *)w->w_gate + e * mb, *u = (const char *)w->w_up + e * mb,
@@ -324,7 +343,7 @@ static void expert_w(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
     lrmoe_convert_to_f32(w->dtype, g, wc->scratch, n);
     lrmoe_convert_to_f32(w->dtype, u, wc->scratch + n, n);
     lrmoe_convert_to_f32(w->dtype, dn, wc->scratch + 2 * n, n);
-    *wg = wc->scratch; *wu = wc->scratch + n; *wd = wc->scratch + 2 * n;
+    o->g = wc->scratch; o->u = wc->scratch + n; o->d = wc->scratch + 2 * n;
 }
 
 /* ---------------------------------------------------------------- checks */
@@ -355,16 +374,22 @@ static int act_ok(lrmoe_dtype_t dt, const char *what)
 }
 
 /* BLAS threads per rank: all of cfg->threads when ranks run one at a time,
- * else cfg->threads split over the concurrent ranks (at least 1). */
+ * else cfg->threads split over the concurrent ranks (at least 1); 0 leaves
+ * the library default. */
+static int rank_blas_threads(const lrmoe_exec_cfg_t *cfg)
+{
+    if (cfg->rank_threads > 1) {
+        int t = cfg->threads > 0 ? cfg->threads / cfg->rank_threads : 1;
+        return t > 0 ? t : 1;
+    }
+    return cfg->threads > 0 ? cfg->threads : 0;
+}
+
 static void blas_threads(const lrmoe_exec_cfg_t *cfg)
 {
     g_cpu_clock = cfg->cpu_clock;
-    if (cfg->rank_threads > 1) {
-        int t = cfg->threads > 0 ? cfg->threads / cfg->rank_threads : 1;
-        openblas_set_num_threads(t > 0 ? t : 1);
-    } else if (cfg->threads > 0) {
-        openblas_set_num_threads(cfg->threads);
-    }
+    int t = rank_blas_threads(cfg);
+    if (t > 0) openblas_set_num_threads(t);
 }
 
 /* ---------------------------------------------------------------- rank pool */
@@ -379,6 +404,8 @@ typedef struct {
     const layout_t *L;
     double *tim;
     int64_t maxn;
+    lrmoe_compute_t compute;  /* resolved: f32 or bf16 (gemm_cpu.h) */
+    int gthreads;             /* GEMM threads of each rank (0: library default) */
     lrmoe_exec_fwd_t *fa;     /* forward */
     float *X;                 /* forward: (M,D) x rows, y written over them */
     lrmoe_exec_bwd_t *ba;     /* backward */
@@ -397,7 +424,19 @@ typedef struct {
     float *s[6];              /* (maxn,F) each, consecutive in one block (s[0]):
                                  s[i] and s[i+1] together form an (maxn,2F) buffer */
     float *sq;                /* (maxn) */
+    lrmoe_gemm_t *gm;         /* this worker's GEMM context */
+    void *ob[4];              /* bf16 compute: operands converted once, in one
+                                 block: (maxn,D), (maxn,2F), (maxn,D), (maxn,F) */
 } worker_t;
+
+/* n F32 values as the GEMM's operand dtype: src itself (f32 compute) or
+ * converted once into the worker's BF16 slot i (bf16 compute). */
+static const void *opnd(worker_t *k, int i, const float *src, int64_t n)
+{
+    if (lrmoe_gemm_dtype(k->gm) == LRMOE_F32) return src;
+    lrmoe_gemm_to_bf16(src, k->ob[i], (size_t)n);
+    return k->ob[i];
+}
 
 static void worker_free(worker_t *k, int64_t E)
 {
@@ -405,6 +444,8 @@ static void worker_free(worker_t *k, int64_t E)
     free(k->wc.rep); free(k->wc.scratch); free(k->wc.stage);
     free(k->Xs); free(k->sq);
     free(k->s[0]);
+    free(k->ob[0]);
+    lrmoe_gemm_free(k->gm);
     memset(k, 0, sizeof *k);
 }
 
@@ -419,10 +460,23 @@ static int worker_init(worker_t *k, const job_t *J)
     k->Xs = J->ba ? malloc((size_t)(J->maxn * d->D) * sizeof(float)) : NULL;
     k->sq = malloc((size_t)J->maxn * sizeof(float));
     k->wc.rep = calloc((size_t)d->E, sizeof *k->wc.rep);
-    if (J->w->dtype != LRMOE_F32) {
+    k->wc.raw = J->compute == LRMOE_COMPUTE_BF16;
+    if (k->wc.raw) {
+        size_t m = (size_t)J->maxn;
+        ok &= (k->ob[0] = malloc(m * (size_t)(2 * d->D + 3 * d->F) * 2)) != NULL;
+        if (ok) {
+            k->ob[1] = (char *)k->ob[0] + m * (size_t)d->D * 2;
+            k->ob[2] = (char *)k->ob[1] + m * (size_t)(2 * d->F) * 2;
+            k->ob[3] = (char *)k->ob[2] + m * (size_t)d->D * 2;
+        }
+    } else if (J->w->dtype != LRMOE_F32) {
         k->wc.scratch = malloc((size_t)(3 * d->F * d->D) * sizeof(float));
         k->wc.stage = malloc(3 * wmat_bytes(d, J->w));
         ok &= k->wc.scratch && k->wc.stage;
+    }
+    if (ok && !(k->gm = lrmoe_gemm_new(J->compute, J->gthreads))) {
+        worker_free(k, d->E);
+        return -1;
     }
     if (!ok || (J->ba && !k->Xs) || !k->sq || !k->wc.rep) {
         worker_free(k, d->E);
@@ -432,6 +486,7 @@ static int worker_init(worker_t *k, const job_t *J)
     /* touch the scratch now so page faults do not land in the timed stages */
     memset(k->s[0], 0, 6 * nf);
     if (k->Xs) memset(k->Xs, 0, (size_t)(J->maxn * d->D) * sizeof(float));
+    if (k->ob[0]) memset(k->ob[0], 0, (size_t)J->maxn * (size_t)(2 * d->D + 3 * d->F) * 2);
     return 0;
 }
 
@@ -528,35 +583,42 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
         int64_t n = L->cnt[r * E + e], i0 = L->seg[r * E + e];
         if (!n) continue;
         double t0 = now_();
-        const float *wg, *wu, *wd;
-        expert_w(d, J->w, &k->wc, e, &wg, &wu, &wd);
+        ew_t w;
+        expert_w(d, J->w, &k->wc, e, &w);
+        const size_t ws = lrmoe_dtype_size(w.dt);
+        const lrmoe_dtype_t odt = lrmoe_gemm_dtype(k->gm);
         float *x = J->X + i0 * D;
+        const void *xo = opnd(k, 0, x, n * D);
         // x is (n,D), [wg; wu] is (2F,D): H = x [W_gate; W_up]^T is (n,2F),
         // one GEMM when the two matrices are consecutive (packed copies,
         // replicas), else two writing the halves of H
-        if (wu == wg + FD) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)(2 * F), (int)D,
-                        1.0f, x, (int)D, wg, (int)D, 0.0f, H, (int)(2 * F));
-        } else {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)D,
-                        1.0f, x, (int)D, wg, (int)D, 0.0f, H, (int)(2 * F));
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)F, (int)D,
-                        1.0f, x, (int)D, wu, (int)D, 0.0f, H + F, (int)(2 * F));
+        if ((const char *)w.u == (const char *)w.g + FD * ws) {
+            if (lrmoe_gemm(k->gm, 0, 1, n, 2 * F, D, xo, odt, D, w.g, w.dt, D, 0, H, 2 * F) < 0)
+                return -1;
+        } else if (lrmoe_gemm(k->gm, 0, 1, n, F, D, xo, odt, D, w.g, w.dt, D, 0, H, 2 * F) < 0 ||
+                   lrmoe_gemm(k->gm, 0, 1, n, F, D, xo, odt, D, w.u, w.dt, D, 0, H + F, 2 * F) < 0) {
+            return -1;
         }
         double t1 = now_();
         lrmoe_swiglu_fwd_ld(n, F, H, H + F, 2 * F, phi, F, sq);
         for (int64_t j = 0; j < n; j++) {
             int64_t u = L->u[i0 + j];
             if (a->phi_sqnorm) a->phi_sqnorm[u] = sq[j];
-            if (a->saved_gate)
+            /* BF16 saved state: the vectorised rounding (same bits) */
+            if (a->saved_gate && adt == LRMOE_BF16)
+                lrmoe_gemm_to_bf16(H + j * 2 * F, (char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F);
+            else if (a->saved_gate)
                 lrmoe_convert_from_f32(adt, H + j * 2 * F, (char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F);
-            if (a->saved_up)
+            if (a->saved_up && adt == LRMOE_BF16)
+                lrmoe_gemm_to_bf16(H + j * 2 * F + F, (char *)a->saved_up + (size_t)(u * F) * as, (size_t)F);
+            else if (a->saved_up)
                 lrmoe_convert_from_f32(adt, H + j * 2 * F + F, (char *)a->saved_up + (size_t)(u * F) * as, (size_t)F);
         }
         double t2 = now_();
         // phi is (n,F), wd is (D,F): y = phi W_down^T is (n,D), written over x
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)D, (int)F,
-                    1.0f, phi, (int)F, wd, (int)F, 0.0f, x, (int)D);
+        if (lrmoe_gemm(k->gm, 0, 1, n, D, F, opnd(k, 1, phi, n * F), odt, F, w.d, w.dt, F, 0,
+                       x, D) < 0)
+            return -1;
         double t3 = now_();
         TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
         TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
@@ -624,6 +686,8 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
     memset(&J, 0, sizeof J);
     J.d = d; J.w = w; J.placement = placement; J.comm = &comm; J.L = &L; J.tim = tim;
     J.maxn = maxn; J.fa = a; J.X = X;
+    J.gthreads = rank_blas_threads(cfg);
+    if (lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, w->dtype, &J.compute) < 0) goto out;
     if (run_ranks(&J, fwd_rank, cfg->rank_threads) < 0) goto out;
 
     /* combine: y rows back to the token owners, out_t = sum_k alpha_tk y_tk */
@@ -733,10 +797,14 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
             float *b = J->rgrad[r * E + e]; /* allocated by the caller */
             gwg = b; gwu = b + FD; gwd = b + 2 * FD;
         }
-        const float *wg, *wu, *wd;
-        expert_w(d, J->w, &k->wc, e, &wg, &wu, &wd);
+        ew_t w;
+        expert_w(d, J->w, &k->wc, e, &w);
+        const size_t ws = lrmoe_dtype_size(w.dt);
+        const lrmoe_dtype_t odt = lrmoe_gemm_dtype(k->gm);
+        const size_t os = lrmoe_dtype_size(odt);
         /* saved state of the segment: x, h_g, h_u (n rows), loaded to F32
-         * (elementwise: counted with the activation stage) */
+         * (bf16 compute: x straight to BF16; elementwise: counted with the
+         * activation stage) */
         double ts = now_();
         for (int64_t j = 0; j < n; j++) {
             int64_t i = i0 + j, u = L->u[i];
@@ -750,36 +818,38 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
                 gs = (const char *)a->saved_gate + (size_t)(u * F) * as;
                 us = (const char *)a->saved_up + (size_t)(u * F) * as;
             }
-            lrmoe_convert_to_f32(adt, xs, Xs + j * D, (size_t)D);
+            if (odt == LRMOE_F32) lrmoe_convert_to_f32(adt, xs, Xs + j * D, (size_t)D);
+            else if (adt == LRMOE_BF16) memcpy((char *)k->ob[2] + (size_t)(j * D) * 2, xs, (size_t)D * 2);
+            else lrmoe_gemm_to_bf16((const float *)xs, (char *)k->ob[2] + (size_t)(j * D) * 2,
+                                    (size_t)D);
             lrmoe_convert_to_f32(adt, gs, hg + j * F, (size_t)F);
             lrmoe_convert_to_f32(adt, us, hu + j * F, (size_t)F);
         }
         double te = now_();
         float *dy = J->DY + i0 * D;
+        const void *dyo = opnd(k, 0, dy, n * D), *xso = odt == LRMOE_F32 ? (const void *)Xs : k->ob[2];
         // dy is (n,D), wd is (D,F): dphi = dy W_down is (n,F)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)F, (int)D,
-                    1.0f, dy, (int)D, wd, (int)F, 0.0f, dphi, (int)F);
+        if (lrmoe_gemm(k->gm, 0, 0, n, F, D, dyo, odt, D, w.d, w.dt, F, 0, dphi, F) < 0) return -1;
         double t1 = now_();
         lrmoe_swiglu_bwd_ld(n, F, hg, hu, F, dphi, G, G + F, 2 * F, phi);
         double t2 = now_();
         // grad W_down (D,F) = dy^T phi; grad W_gate/W_up (F,D) = dg^T x, du^T x
         // (dg, du are the halves of G, row stride 2F)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)D, (int)F, (int)n,
-                    1.0f, dy, (int)D, phi, (int)F, 0.0f, gwd, (int)F);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)F, (int)D, (int)n,
-                    1.0f, G, (int)(2 * F), Xs, (int)D, 0.0f, gwg, (int)D);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)F, (int)D, (int)n,
-                    1.0f, G + F, (int)(2 * F), Xs, (int)D, 0.0f, gwu, (int)D);
+        const char *Go = opnd(k, 1, G, n * 2 * F);
+        if (lrmoe_gemm(k->gm, 1, 0, D, F, n, dyo, odt, D, opnd(k, 3, phi, n * F), odt, F, 0,
+                       gwd, F) < 0 ||
+            lrmoe_gemm(k->gm, 1, 0, F, D, n, Go, odt, 2 * F, xso, odt, D, 0, gwg, D) < 0 ||
+            lrmoe_gemm(k->gm, 1, 0, F, D, n, Go + F * os, odt, 2 * F, xso, odt, D, 0, gwu, D) < 0)
+            return -1;
         // dx (n,D) = dg W_gate + du W_up = G [W_gate; W_up], written over dy:
         // one GEMM with K = 2F when the matrices are consecutive
-        if (wu == wg + FD) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)D, (int)(2 * F),
-                        1.0f, G, (int)(2 * F), wg, (int)D, 0.0f, dy, (int)D);
-        } else {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)D, (int)F,
-                        1.0f, G, (int)(2 * F), wg, (int)D, 0.0f, dy, (int)D);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)D, (int)F,
-                        1.0f, G + F, (int)(2 * F), wu, (int)D, 1.0f, dy, (int)D);
+        if ((const char *)w.u == (const char *)w.g + FD * ws) {
+            if (lrmoe_gemm(k->gm, 0, 0, n, D, 2 * F, Go, odt, 2 * F, w.g, w.dt, D, 0, dy, D) < 0)
+                return -1;
+        } else if (lrmoe_gemm(k->gm, 0, 0, n, D, F, Go, odt, 2 * F, w.g, w.dt, D, 0, dy, D) < 0 ||
+                   lrmoe_gemm(k->gm, 0, 0, n, D, F, Go + F * os, odt, 2 * F, w.u, w.dt, D, 1,
+                              dy, D) < 0) {
+            return -1;
         }
         double t3 = now_();
         TIM(r, LRMOE_STAGE_GEMM) += (ts - t0) + (t1 - te) + (t3 - t2);
@@ -885,6 +955,8 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
     memset(&J, 0, sizeof J);
     J.d = d; J.w = w; J.placement = placement; J.comm = &comm; J.L = &L; J.tim = tim;
     J.maxn = maxn; J.ba = a; J.DY = DY; J.rgrad = rgrad;
+    J.gthreads = rank_blas_threads(cfg);
+    if (lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, w->dtype, &J.compute) < 0) goto out;
     if (run_ranks(&J, bwd_rank, cfg->rank_threads) < 0) goto out;
 
     /* gradient reduction: helpers send their weight gradients to the owner,

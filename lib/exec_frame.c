@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "exec_frame.h"
+#include "gemm_cpu.h"
 #include "plan.h"
 
 void lrmoe_exec_frame_opts_default(lrmoe_exec_frame_opts_t *o)
@@ -175,7 +176,12 @@ static int frame_weights(lrmoe_exec_ctx_t *c, int64_t layer, lrmoe_exec_weights_
         return lrmoe_err("weights: w_gate, w_up, w_down have different dtypes");
     memset(W, 0, sizeof *W);
     W->dtype = wg->dtype; W->w_gate = wg->data; W->w_up = wu->data; W->w_down = wd->data;
+    /* bf16 compute multiplies the weights in their stored dtype: no copy */
+    lrmoe_compute_t cm = LRMOE_COMPUTE_F32;
     if (c->o.cfg.backend == LRMOE_BACKEND_CPU &&
+        lrmoe_gemm_resolve((lrmoe_compute_t)c->o.cfg.compute, W->dtype, &cm) < 0)
+        return -1;
+    if (c->o.cfg.backend == LRMOE_BACKEND_CPU && cm == LRMOE_COMPUTE_F32 &&
         (W->dtype == LRMOE_F32 || W->dtype == LRMOE_BF16)) {
         if (pack_f32(c, layer, wg, wu, wd) < 0) return -1;
         W->w_f32 = c->f32;
@@ -486,6 +492,11 @@ int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
     if ((c->o.backward ? run_backward : run_forward)(c, f, &d, &W, &XP, ids, tw) < 0) goto out;
     c->critical = lrmoe_exec_critical(P, c->tim);
     rc = timing_attrs(c, f);
+    if (!rc && c->o.cfg.backend == LRMOE_BACKEND_CPU) { /* the GEMMs' numerics */
+        lrmoe_compute_t cm;
+        rc = lrmoe_gemm_resolve((lrmoe_compute_t)c->o.cfg.compute, W.dtype, &cm);
+        if (!rc) rc = lrmoe_frame_set_attr(f, "exec.compute", lrmoe_compute_name(cm));
+    }
 out:
     lrmoe_plan_free(&plan);
     return rc;

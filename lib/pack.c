@@ -2,6 +2,7 @@
  * rows into destination-major, expert-major segments, and the inverse
  * scatter-add. See pack.h for the layout and the assignment rule. */
 #include "pack.h"
+#include "par.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -299,6 +300,7 @@ void lrmoe_pack_opts_default(lrmoe_pack_opts_t *o)
     o->alloc = LRMOE_PACK_ALLOC_AUTO;
     o->P = 0;
     o->strip = 0;
+    o->threads = 1;
 }
 
 /* integer tensor -> malloc'd i32 (values outside i32 become -1) */
@@ -354,15 +356,44 @@ static uint8_t *to_u8(const lrmoe_tensor_t *t)
     return o;
 }
 
+/* The gathers over packed-row ranges (each range writes only its rows). */
+typedef struct {
+    const int64_t *pair;
+    int K, by_token;
+    int64_t D;
+    lrmoe_dtype_t gdt;
+    const void *src;
+    size_t row_bytes;
+    const float *alpha;
+    void *dst;
+} gather_job_t;
+
+static int gather_rows(void *vp, int64_t i0, int64_t i1)
+{
+    const gather_job_t *j = vp;
+    lrmoe_pack_gather(j->pair + i0, i1 - i0, j->K, j->by_token, j->src, j->row_bytes,
+                      (char *)j->dst + (size_t)i0 * j->row_bytes);
+    return 0;
+}
+
+static int gather_scaled_rows(void *vp, int64_t i0, int64_t i1)
+{
+    const gather_job_t *j = vp;
+    lrmoe_pack_gather_scaled_dt(j->pair + i0, i1 - i0, j->K, j->D, j->gdt, j->src, j->alpha,
+                                (float *)j->dst + i0 * j->D);
+    return 0;
+}
+
 static int put_rows(lrmoe_frame_t *f, const char *name, const lrmoe_tensor_t *src,
-                    const lrmoe_pack_plan_t *pl, int by_token)
+                    const lrmoe_pack_plan_t *pl, int by_token, int threads)
 {
     int64_t W = src->shape[src->ndim - 1];
     size_t rb = (size_t)W * lrmoe_dtype_size(src->dtype);
     void *d = lrmoe_alloc_big((size_t)pl->R * rb);
     if (!d)
         return lrmoe_err("out of memory (%s)", name);
-    lrmoe_pack_gather(pl->pair, pl->R, pl->K, by_token, src->data, rb, d);
+    gather_job_t j = {pl->pair, pl->K, by_token, 0, src->dtype, src->data, rb, NULL, d};
+    lrmoe_parallel_ranges(pl->R, threads, 256, gather_rows, &j);
     /* adopt owns d from here, also on failure */
     return lrmoe_frame_adopt(f, name, src->dtype, 2, (int64_t[]){pl->R, W}, d)
                ? 0 : -1;
@@ -485,17 +516,19 @@ int lrmoe_pack_frame(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o)
         lrmoe_err("out of memory");
         goto out;
     }
-    lrmoe_pack_gather_scaled_dt(pl.pair, pl.R, K, D, tg->dtype, tg->data, alpha,
-                                pg);
+    {
+        gather_job_t j = {pl.pair, K, 1, D, tg->dtype, tg->data, 0, alpha, pg};
+        lrmoe_parallel_ranges(pl.R, o->threads, 256, gather_scaled_rows, &j);
+    }
     /* adopt owns (and on failure frees) the buffer it is given */
     if (!lrmoe_frame_adopt(f, "pack_grad", LRMOE_F32, 2, (int64_t[]){pl.R, D}, pg))
         goto out;
     /* the source tensors were looked up before any put; re-fetch them since
      * a put may grow the frame's tensor table (pointers stay valid, but be
      * explicit about which tensor we read) */
-    if (put_rows(f, "pack_hidden", lrmoe_frame_get(f, "hidden"), &pl, 1) < 0 ||
-        put_rows(f, "pack_gate", lrmoe_frame_get(f, "saved_gate"), &pl, 0) < 0 ||
-        put_rows(f, "pack_up", lrmoe_frame_get(f, "saved_up"), &pl, 0) < 0)
+    if (put_rows(f, "pack_hidden", lrmoe_frame_get(f, "hidden"), &pl, 1, o->threads) < 0 ||
+        put_rows(f, "pack_gate", lrmoe_frame_get(f, "saved_gate"), &pl, 0, o->threads) < 0 ||
+        put_rows(f, "pack_up", lrmoe_frame_get(f, "saved_up"), &pl, 0, o->threads) < 0)
         goto out;
     {
         void *d = pl.pair;

@@ -120,6 +120,7 @@ typedef struct {
     lrmoe_pack_alloc_t alloc;
     int P;        /* ranks when no tensor says (placement/bwd_alloc); 0 = unknown */
     int strip;    /* delete saved_gate/saved_up after packing */
+    int threads;  /* gather threads (<= 1: one); the output does not depend on it */
 } lrmoe_pack_opts_t;
 void lrmoe_pack_opts_default(lrmoe_pack_opts_t *o);
 

@@ -1,5 +1,6 @@
 /* score: backward pair scores, per-expert retention, gradient fidelity.
  * See score.h for the metrics, the order and the selection. */
+#include "par.h"
 #include "score.h"
 
 #include <cblas.h>
@@ -68,25 +69,33 @@ int lrmoe_score_pairs(lrmoe_metric_t m, int64_t T, int K, int64_t D,
                                 seed, score);
 }
 
-int lrmoe_score_pairs_dt(lrmoe_metric_t m, int64_t T, int K, int64_t D,
-                         lrmoe_dtype_t gdt, const void *g, const float *alpha,
-                         const float *phi_sqnorm, uint64_t seed, float *score)
+typedef struct {
+    lrmoe_metric_t m;
+    int K;
+    int64_t D;
+    lrmoe_dtype_t gdt;
+    const void *g;
+    const float *alpha, *phi_sqnorm;
+    uint64_t seed;
+    float *score;
+} pairs_job_t;
+
+/* tokens [t0, t1) of lrmoe_score_pairs_dt */
+static int score_tokens(void *vp, int64_t t0, int64_t t1)
 {
-    if (m == LRMOE_METRIC_LRM && (!alpha || !phi_sqnorm))
-        return lrmoe_err("metric lrm needs topk_weights and phi_sqnorm");
-    if (m != LRMOE_METRIC_RANDOM &&
-        ((!g && T * D > 0) || !lrmoe_dtype_is_float(gdt)))
-        return lrmoe_err("metric %s needs a float grad_output",
-                         lrmoe_score_metric_name(m));
+    const pairs_job_t *j = vp;
+    const lrmoe_metric_t m = j->m;
+    const int K = j->K;
+    const int64_t D = j->D;
     float *row = NULL;
     if (m != LRMOE_METRIC_RANDOM &&
         !(row = malloc((size_t)(D ? D : 1) * sizeof *row)))
         return lrmoe_err("out of memory");
-    const size_t rb = (size_t)D * lrmoe_dtype_size(gdt);
-    for (int64_t t = 0; t < T; t++) {
+    const size_t rb = (size_t)D * lrmoe_dtype_size(j->gdt);
+    for (int64_t t = t0; t < t1; t++) {
         double gt = 0;
         if (m != LRMOE_METRIC_RANDOM) {
-            lrmoe_convert_to_f32(gdt, (const char *)g + (size_t)t * rb, row,
+            lrmoe_convert_to_f32(j->gdt, (const char *)j->g + (size_t)t * rb, row,
                                  (size_t)D);
             if (m == LRMOE_METRIC_ABSGRAD)
                 for (int64_t d = 0; d < D; d++)
@@ -100,12 +109,12 @@ int lrmoe_score_pairs_dt(lrmoe_metric_t m, int64_t T, int K, int64_t D,
             double s;
             switch (m) {
             case LRMOE_METRIC_LRM: {
-                double a = alpha[u];
-                s = a * a * gt * (double)phi_sqnorm[u];
+                double a = j->alpha[u];
+                s = a * a * gt * (double)j->phi_sqnorm[u];
                 break;
             }
             case LRMOE_METRIC_RANDOM:
-                s = lrmoe_score_random(seed, u);
+                s = lrmoe_score_random(j->seed, u);
                 break;
             default:
                 s = gt;
@@ -115,11 +124,34 @@ int lrmoe_score_pairs_dt(lrmoe_metric_t m, int64_t T, int K, int64_t D,
                 free(row);
                 return bad_score(u, K, s);
             }
-            score[u] = sf == 0.0f ? 0.0f : sf; /* no -0 */
+            j->score[u] = sf == 0.0f ? 0.0f : sf; /* no -0 */
         }
     }
     free(row);
     return 0;
+}
+
+/* lrmoe_score_pairs_dt over token ranges on `threads` threads (same bits) */
+static int score_pairs_mt(lrmoe_metric_t m, int64_t T, int K, int64_t D,
+                          lrmoe_dtype_t gdt, const void *g, const float *alpha,
+                          const float *phi_sqnorm, uint64_t seed, float *score,
+                          int threads)
+{
+    if (m == LRMOE_METRIC_LRM && (!alpha || !phi_sqnorm))
+        return lrmoe_err("metric lrm needs topk_weights and phi_sqnorm");
+    if (m != LRMOE_METRIC_RANDOM &&
+        ((!g && T * D > 0) || !lrmoe_dtype_is_float(gdt)))
+        return lrmoe_err("metric %s needs a float grad_output",
+                         lrmoe_score_metric_name(m));
+    pairs_job_t j = {m, K, D, gdt, g, alpha, phi_sqnorm, seed, score};
+    return lrmoe_parallel_ranges(T, threads, 64, score_tokens, &j);
+}
+
+int lrmoe_score_pairs_dt(lrmoe_metric_t m, int64_t T, int K, int64_t D,
+                         lrmoe_dtype_t gdt, const void *g, const float *alpha,
+                         const float *phi_sqnorm, uint64_t seed, float *score)
+{
+    return score_pairs_mt(m, T, K, D, gdt, g, alpha, phi_sqnorm, seed, score, 1);
 }
 
 /* ---------------------------------------------------------------- select */
@@ -195,10 +227,49 @@ static void select_top(uint64_t *a, int64_t n, int64_t q, uint64_t *rng)
     }
 }
 
+typedef struct {
+    uint64_t *keys;
+    const int64_t *off, *load, *quota;
+    double drop_pct;
+    uint8_t *keep;
+} select_job_t;
+
+/* experts [e0, e1): the top quota of each bucket; the kept set does not
+ * depend on the pivots (keys are distinct), so each expert has its own
+ * pivot stream and experts can run in any order */
+static int select_experts(void *vp, int64_t e0, int64_t e1)
+{
+    const select_job_t *j = vp;
+    for (int64_t e = e0; e < e1; e++) {
+        int64_t n = j->load[e];
+        int64_t q = j->quota ? j->quota[e] : lrmoe_score_drop_quota(n, j->drop_pct);
+        uint64_t *a = j->keys + j->off[e];
+        uint64_t rng = 0x5EEDull ^ (uint64_t)e;
+        select_top(a, n, q, &rng);
+        for (int64_t i = 0; i < q; i++)
+            j->keep[key_pair(a[i])] = 1;
+    }
+    return 0;
+}
+
+static int score_select_mt(int64_t T, int K, int E, const int32_t *topk_ids,
+                           const float *score, const int64_t *quota,
+                           double drop_pct, uint8_t *keep, int64_t *load,
+                           int64_t *quota_out, int threads);
+
 int lrmoe_score_select(int64_t T, int K, int E, const int32_t *topk_ids,
                        const float *score, const int64_t *quota,
                        double drop_pct, uint8_t *keep, int64_t *load,
                        int64_t *quota_out)
+{
+    return score_select_mt(T, K, E, topk_ids, score, quota, drop_pct, keep, load,
+                           quota_out, 1);
+}
+
+static int score_select_mt(int64_t T, int K, int E, const int32_t *topk_ids,
+                           const float *score, const int64_t *quota,
+                           double drop_pct, uint8_t *keep, int64_t *load,
+                           int64_t *quota_out, int threads)
 {
     int64_t N = T * K;
     if (N >= (int64_t)0xFFFFFFFF)
@@ -251,16 +322,10 @@ int lrmoe_score_select(int64_t T, int K, int E, const int32_t *topk_ids,
         free(pos);
     }
     memset(keep, 0, (size_t)N);
-    uint64_t rng = 0x5EEDull;
-    for (int e = 0; e < E; e++) {
-        int64_t n = load[e];
-        int64_t q = quota ? quota[e] : lrmoe_score_drop_quota(n, drop_pct);
-        uint64_t *a = keys + off[e];
-        select_top(a, n, q, &rng);
-        for (int64_t i = 0; i < q; i++)
-            keep[key_pair(a[i])] = 1;
+    {
+        select_job_t j = {keys, off, load, quota, drop_pct, keep};
+        rc = lrmoe_parallel_ranges(E, threads, 1, select_experts, &j);
     }
-    rc = 0;
 out:
     free(off);
     free(keys);
@@ -383,6 +448,7 @@ void lrmoe_score_opts_default(lrmoe_score_opts_t *o)
     o->drop_pct = -1;
     o->seed = 0;
     o->fidelity = 0;
+    o->threads = 1;
 }
 
 /* (T,K) integer tensor -> malloc'd i32 */
@@ -497,12 +563,12 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
         lrmoe_err("out of memory");
         goto out;
     }
-    if (lrmoe_score_pairs_dt(o->metric, T, K, D, tg ? tg->dtype : LRMOE_F32,
-                          tg ? tg->data : NULL, alpha, phi,
-                          o->seed + (uint64_t)index, score) < 0)
+    if (score_pairs_mt(o->metric, T, K, D, tg ? tg->dtype : LRMOE_F32,
+                       tg ? tg->data : NULL, alpha, phi,
+                       o->seed + (uint64_t)index, score, o->threads) < 0)
         goto out;
-    if (lrmoe_score_select(T, K, E, ids, score, quota, o->drop_pct, keep, load,
-                           qout) < 0)
+    if (score_select_mt(T, K, E, ids, score, quota, o->drop_pct, keep, load,
+                        qout, o->threads) < 0)
         goto out;
     double tsel = lrmoe_now() - t0;
 

@@ -84,6 +84,8 @@ typedef struct {
     double drop_pct;      /* < 0: use the frame's quota tensor */
     uint64_t seed;        /* random metric; frame index is added */
     int fidelity;         /* also compute score_fidelity */
+    int threads;          /* scoring and selection threads (<= 1: one); the
+                             results do not depend on it */
 } lrmoe_score_opts_t;
 void lrmoe_score_opts_default(lrmoe_score_opts_t *o);
 

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "exec_frame.h"
+#include "gemm_cpu.h"
 #include "lrmoe.h"
 
 static void usage(FILE *fp)
@@ -21,6 +22,10 @@ static void usage(FILE *fp)
         "  -P, --ranks P         expert-parallel ranks (default: the plan's, else 1)\n"
         "      --mode M          backward: full (default), masked (keep) or compact\n"
         "      --backend B       cpu (default) or cuda\n"
+        "      --compute C       cpu: expert GEMM numerics: f32 (exact, OpenBLAS),\n"
+        "                        bf16 (BF16 operands, F32 accumulation, oneDNN) or\n"
+        "                        auto (default: bf16 for BF16 weights where oneDNN\n"
+        "                        runs BF16 natively, else f32)\n"
         "      --gpus N          cuda: devices to use (default 0: all visible)\n"
         "      --device N        cuda: first device (default 0); rank r runs on\n"
         "                        device (N + r mod G) mod visible, G = --gpus\n"
@@ -34,7 +39,8 @@ static void usage(FILE *fp)
         "      --allow-nonfinite accept NaN/Inf in the inputs\n"
         "  -o, --output FILE     write to FILE (default stdout)\n"
         "  -l, --level N         zstd level (default 3)\n"
-        "  -@, --threads N       BLAS and zstd threads (default 0: library default)\n"
+        "  -@, --threads N       GEMM (OpenBLAS, oneDNN) and zstd threads (default 0:\n"
+        "                        the libraries' defaults)\n"
         "  -j, --rank-threads N  compute N ranks at a time, threads/N BLAS threads\n"
         "                        each (default 1: one rank at a time)\n"
         "      --clock C         stage clock: wall (default, monotonic) or cpu (CPU\n"
@@ -63,7 +69,8 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 }
 
 enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_TIMINGS, OPT_NONFINITE,
-       OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS, OPT_REPEAT, OPT_WARMUP };
+       OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS, OPT_REPEAT, OPT_WARMUP,
+       OPT_COMPUTE };
 
 int main(int argc, char **argv)
 {
@@ -82,6 +89,7 @@ int main(int argc, char **argv)
         {"device", required_argument, 0, OPT_DEVICE},
         {"gemm", required_argument, 0, OPT_GEMM},
         {"gemm-streams", required_argument, 0, OPT_GEMM_STREAMS},
+        {"compute", required_argument, 0, OPT_COMPUTE},
         {"repeat", required_argument, 0, OPT_REPEAT},
         {"warmup", required_argument, 0, OPT_WARMUP},
         {"help", no_argument, 0, 'h'},
@@ -140,6 +148,15 @@ int main(int argc, char **argv)
             if (lrmoe_parse_i64("--gemm-streams", optarg, 1, 8, &v) < 0) goto usage_err;
             o.cfg.gemm_streams = (int)v;
             break;
+        case OPT_COMPUTE: {
+            lrmoe_compute_t cm;
+            if (lrmoe_compute_parse(optarg, &cm) < 0) {
+                lrmoe_err_prefix("--compute");
+                goto usage_err;
+            }
+            o.cfg.compute = (int)cm;
+            break;
+        }
         case OPT_REPEAT:
             if (lrmoe_parse_i64("--repeat", optarg, 1, 1000, &v) < 0) goto usage_err;
             o.repeat = (int)v;
@@ -183,6 +200,16 @@ int main(int argc, char **argv)
             lrmoe_err("--clock cpu: only with --backend cpu");
             goto usage_err;
         }
+    }
+    if (o.cfg.compute != LRMOE_COMPUTE_AUTO && o.cfg.backend != LRMOE_BACKEND_CPU) {
+        lrmoe_err("--compute: only with --backend cpu (the CUDA backend computes in BF16 "
+                  "with F32 accumulation)");
+        goto usage_err;
+    }
+    if (o.cfg.compute == LRMOE_COMPUTE_BF16 && !lrmoe_gemm_have_dnnl()) {
+        lrmoe_err("--compute bf16: this build has no oneDNN (install libdnnl-dev and "
+                  "rebuild; --compute f32 is the exact path)");
+        goto usage_err;
     }
     if (lrmoe_check_tty_out(io.out, io.force) < 0) goto usage_err;
 

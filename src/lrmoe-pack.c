@@ -32,7 +32,8 @@ static void usage(FILE *fp)
         "  -v, --verbose       one line per frame on stderr\n"
         "  -o, --output FILE   write to FILE (default stdout)\n"
         "  -l, --level N       zstd level (default 3)\n"
-        "  -@, --threads N     zstd worker threads (default 0)\n"
+        "  -@, --threads N     gather threads and zstd workers (default 0: one\n"
+        "                      gather thread); output does not depend on N\n"
         "      --no-compress   write a raw stream\n"
         "  -f, --force         write binary to a terminal\n"
         "  -h, --help          this help\n"
@@ -134,6 +135,7 @@ int main(int argc, char **argv)
         lrmoe_err_prefix("--into %s", c.into);
         goto bad;
     }
+    c.o.threads = io.w.threads > 1 ? io.w.threads : 1;
     if (lrmoe_check_tty_out(io.out, io.force) < 0)
         goto bad;
     const char *in = optind < argc ? argv[optind] : "-";

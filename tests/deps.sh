@@ -59,6 +59,15 @@ if [ -n "$missing" ]; then
     fi
 fi
 
+# Optional: oneDNN for the BF16 expert GEMMs (lrmoe-exec --compute bf16);
+# installed when we are root, else the build is F32-only (the Makefile says so).
+if [ ! -e /usr/include/oneapi/dnnl/dnnl.h ] && [ "$(id -u)" = 0 ] &&
+    command -v apt-get >/dev/null 2>&1; then
+    echo "lrmoe: installing libdnnl-dev (oneDNN: BF16 GEMMs)" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libdnnl-dev; } >&2 ||
+        echo "lrmoe: libdnnl-dev not installed: building without --compute bf16" >&2
+fi
+
 if [ "$what" = test ]; then
     # Python helpers for the reference checks and interop tests.
     if ! python3 -c 'import numpy, safetensors' 2>/dev/null; then

@@ -400,3 +400,113 @@ print('ok')"
     assert_output --partial "tensor hidden: shape [16,16], expected [16,32]"
     assert_output --partial "weights stream $D/w2.lrm (layer 0) have D=32 F=12 E=8"
 }
+
+# ---- --compute (lib/gemm_cpu.c): f32 is the exact reference (tolerance 1e-5
+# of max|ref| on F32 storage, 2e-2 on BF16 storage as above); bf16 rounds every
+# GEMM operand to BF16 and accumulates in F32: tolerance 2e-2 of max|ref| on
+# either storage (measured 2e-3..8e-3 here).
+
+# oneDNN in this build (the Makefile's test) and a native BF16 matmul on this CPU
+have_bf16() {
+    "$EXEC" --phase forward --compute bf16 --weights /nonexistent </dev/null >/dev/null 2>&1
+    [ $? -ne 2 ]
+}
+
+@test "exec --compute: usage errors exit 2; bf16 without oneDNN says so" {
+    run "$EXEC" --phase forward --compute fp8 --weights x
+    assert_equal "$status" 2
+    assert_line --partial "lrmoe-exec: --compute: unknown compute 'fp8'"
+    run "$EXEC" --phase forward --compute bf16 --backend cuda --weights x
+    assert_equal "$status" 2
+    assert_line --partial "--compute: only with --backend cpu"
+    run "$EXEC" --help
+    assert_output --partial "--compute C"
+    if ! have_bf16; then
+        run "$EXEC" --phase forward --compute bf16 --weights x
+        assert_equal "$status" 2
+        assert_line --partial "this build has no oneDNN"
+    fi
+}
+
+@test "exec --compute: the GEMM module against float64 for every transpose, dtype, stride and odd K (tests/unit/gemm_test.c)" {
+    L="$BATS_TEST_DIRNAME/../lib"
+    DN=""
+    if echo 'int main(void){return dnnl_version() == 0;}' |
+        cc -include oneapi/dnnl/dnnl.h -x c - -o /dev/null -ldnnl >/dev/null 2>&1; then
+        DN="-DLRMOE_HAVE_DNNL -ldnnl -lgomp"
+    fi
+    # shellcheck disable=SC2086
+    cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/gt" "$BATS_TEST_DIRNAME/unit/gemm_test.c" \
+        "$L/gemm_cpu.c" "$L/dtype.c" "$L/error.c" -lopenblas -lm $DN
+    run "$D/gt" f32
+    assert_success
+    assert_output --partial "224 cases, 0 failed"
+    [ -n "$DN" ] || skip "oneDNN (libdnnl-dev) not installed: the bf16 GEMM path is not built"
+    run "$D/gt" bf16
+    assert_success
+    assert_output --partial "224 cases, 0 failed"
+}
+
+@test "exec --compute: f32 and bf16 match the float64 reference on F32 and BF16 storage, P=1,3, replicas, compact" {
+    have_bf16 || skip "this build has no oneDNN: --compute bf16 unavailable"
+    for dt in f32 bf16; do
+        python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 37 --E 8 --K 2 --D 16 --F 12 \
+            --skew 3 --zero-experts 1 --dtype "$dt"
+        tf=1e-5; [ "$dt" = bf16 ] && tf=2e-2
+        for c in f32 bf16; do
+            tol=$tf; [ "$c" = bf16 ] && tol=2e-2
+            for P in 1 3; do
+                run "$EXEC" --phase forward --compute "$c" --weights "$D/w.lrm" -P "$P" \
+                    --no-compress -o "$D/f.lrm" "$D/in.lrm"
+                assert_success
+                run python3 "$REF" check-fwd "$D/f.lrm" "$D/w.lrm" --P "$P" --tol "$tol"
+                assert_success
+                run "$EXEC" --phase backward --compute "$c" --weights "$D/w.lrm" --no-compress \
+                    -o "$D/b$c.lrm" "$D/f.lrm"
+                assert_success
+                run python3 "$REF" check-bwd "$D/b$c.lrm" "$D/w.lrm" --tol "$tol"
+                assert_success
+                run pyedit "a=read_stream('$D/b$c.lrm')[0][1]; assert a['exec.compute'] == '$c', a"
+                assert_success
+            done
+        done
+        # bf16 really rounds (it is not the f32 path under another name) ...
+        run python3 "$REF" compare "$D/bbf16.lrm" "$D/bf32.lrm" grad_w_down --tol 1e-6
+        assert_failure
+        # ... but stays within BF16 rounding of it
+        run python3 "$REF" compare "$D/bbf16.lrm" "$D/bf32.lrm" output $GRADS --tol 2e-2
+        assert_success
+    done
+    # replicas and helpers (weights by p2p, kept in their stored dtype), compact
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 45 --E 8 --K 2 --D 16 --F 12 --skew 3 --dtype bf16
+    python3 "$REF" plan "$D/in.lrm" "$D/pl.lrm" --P 4 --replicas --seed 2
+    "$EXEC" --phase forward --compute bf16 --weights "$D/w.lrm" --no-compress -o "$D/f.lrm" "$D/pl.lrm"
+    run python3 "$REF" check-fwd "$D/f.lrm" "$D/w.lrm" --P 4 --tol 2e-2
+    assert_success
+    python3 "$REF" keep "$D/f.lrm" "$D/k.lrm" --rate 0.55
+    python3 "$REF" pack "$D/k.lrm" "$D/p.lrm" --P 4 --scatter 9
+    "$EXEC" --phase backward --compute bf16 --mode compact --weights "$D/w.lrm" --no-compress \
+        -o "$D/c.lrm" "$D/p.lrm"
+    run python3 "$REF" check-bwd "$D/c.lrm" "$D/w.lrm" --mode compact --tol 2e-2
+    assert_success
+    # ranks computed concurrently give bit-identical bf16 results
+    "$EXEC" --phase backward --compute bf16 --mode compact -j 2 -@ 2 --weights "$D/w.lrm" \
+        --no-compress -o "$D/cj.lrm" "$D/p.lrm"
+    run python3 "$REF" compare "$D/cj.lrm" "$D/c.lrm" $GRADS --tol 0
+    assert_success
+}
+
+@test "exec --compute auto: bf16 for BF16 weights where BF16 is native, f32 for F32 weights" {
+    for dt in f32 bf16; do
+        python3 "$REF" make "$D/in$dt.lrm" "$D/w$dt.lrm" --T 20 --E 4 --K 2 --D 8 --F 6 --dtype "$dt"
+        "$EXEC" --phase forward --weights "$D/w$dt.lrm" --no-compress -o "$D/f$dt.lrm" "$D/in$dt.lrm"
+    done
+    run pyedit "print(read_stream('$D/ff32.lrm')[0][1]['exec.compute'])"
+    assert_output "f32"
+    run pyedit "print(read_stream('$D/fbf16.lrm')[0][1]['exec.compute'])"
+    if have_bf16 && grep -q -E 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+        assert_output "bf16"
+    else
+        assert_output "f32"
+    fi
+}

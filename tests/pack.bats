@@ -303,3 +303,24 @@ PY
     assert_failure 1
     assert_output "lrmoe-score: frame 0: tensor topk_ids: dimension 1 is 4294967298, more than 2147483647"
 }
+
+@test "-@ N: threaded gathers give the same packed tensors as one thread" {
+    mk --T 700 --E 12 --P 4 --rate 0.7 --dtype BF16
+    "$BIN/lrmoe-pack" -@ 1 -o "$T/p1.lrm" "$T/scored.lrm"
+    for n in 2 3; do
+        "$BIN/lrmoe-pack" -@ "$n" -o "$T/p$n.lrm" "$T/scored.lrm"
+        run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+import numpy as np
+a, b = read_stream('$T/p1.lrm'), read_stream('$T/p$n.lrm')
+assert len(a) == len(b) == 2
+for (ta, _), (tb, _) in zip(a, b):
+    assert sorted(ta) == sorted(tb)
+    for k in ta: assert np.array_equal(ta[k], tb[k]), k
+print('same')"
+        assert_success
+        assert_output "same"
+    done
+    run $REF check-pack "$T/p3.lrm"
+    assert_success
+}

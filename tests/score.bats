@@ -161,3 +161,27 @@ PY
     assert_success
     assert_output ""
 }
+
+@test "-@ N: threaded scoring and selection give the same bits as one thread (every metric, --drop)" {
+    mk --T 700 --E 12 --rate 0.6 --dtype BF16
+    for m in lrm gradnorm absgrad random; do
+        "$BIN/lrmoe-score" --metric "$m" -@ 1 -o "$T/s1.lrm" "$T/in.lrm"
+        for n in 2 3; do
+            "$BIN/lrmoe-score" --metric "$m" -@ "$n" -o "$T/s$n.lrm" "$T/in.lrm"
+            run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+import numpy as np
+a, b = read_stream('$T/s1.lrm'), read_stream('$T/s$n.lrm')
+assert len(a) == len(b) == 2
+for (ta, _), (tb, _) in zip(a, b):
+    assert sorted(ta) == sorted(tb)
+    for k in ta: assert np.array_equal(ta[k], tb[k]), k
+print('same')"
+            assert_success
+            assert_output "same"
+        done
+    done
+    "$BIN/lrmoe-score" --drop 30 -@ 3 -o "$T/d3.lrm" "$T/in.lrm"
+    run $REF check-score "$T/in.lrm" "$T/d3.lrm" --metric lrm --drop 30
+    assert_success
+}

@@ -16,6 +16,8 @@
 #   than one alone here), so the dense reference runs under the same
 #   concurrency: RANK_THREADS copies at once, their mean rate (each best of 2).
 #   The rate of one copy alone is printed too, with the efficiency against it.
+#   lrmoe-exec runs --compute f32 here (its reference is sgemm; the BF16
+#   path is benchmarked against PyTorch and oneDNN in tests/bench/cpu.sh).
 #   The gemm stage counts the expert GEMMs only (lrmoe-exec keeps a packed
 #   F32 copy of each layer's weights, gate and up fused into one N=2F GEMM);
 #   saved-state conversion is in the act stage.
@@ -104,9 +106,9 @@ while [ $r -lt "$REPS" ]; do all="$all $frames"; r=$((r + 1)); done
 bin/lrmoe-cat $raw $all > "$tmp/in.lrm"
 
 # ---- one forward and one backward invocation over all frames
-bin/lrmoe-exec --phase forward -j "$RANK_THREADS" -@ "$THREADS" --clock "$CLOCK" --weights "$tmp/w.lrm" --timings "$tmp/f.tsv" \
+bin/lrmoe-exec --phase forward --compute f32 -j "$RANK_THREADS" -@ "$THREADS" --clock "$CLOCK" --weights "$tmp/w.lrm" --timings "$tmp/f.tsv" \
     $raw -o "$tmp/f.lrm" "$tmp/in.lrm"
-bin/lrmoe-exec --phase backward -j "$RANK_THREADS" -@ "$THREADS" --clock "$CLOCK" --weights "$tmp/w.lrm" --timings "$tmp/b.tsv" \
+bin/lrmoe-exec --phase backward --compute f32 -j "$RANK_THREADS" -@ "$THREADS" --clock "$CLOCK" --weights "$tmp/w.lrm" --timings "$tmp/b.tsv" \
     $raw -o /dev/null "$tmp/f.lrm"
 
 NP=$((TOKENS * 8))
@@ -139,7 +141,7 @@ for s in $SCEN; do
 done
 torch_ok=1
 # shellcheck disable=SC2086
-/usr/bin/python3 tests/bench/exec_torch.py "$tmp/f.lrm" "$tmp/w.lrm" "$THREADS" $tframes \
+python3 tests/bench/exec_torch.py "$tmp/f.lrm" "$tmp/w.lrm" "$THREADS" $tframes \
     > "$tmp/torch.tsv" 2> "$tmp/torch.err" || torch_ok=0
 
 python3 - "$tmp" "$SCEN" "$PLANNERS" "$FWD_FLOPS" "$BWD_FLOPS" "$dense_f" "$dense_b" "$torch_ok" "$BLAS" "$RANK_THREADS" <<'EOF'

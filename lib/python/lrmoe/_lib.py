@@ -72,7 +72,7 @@ class RouteOpts(Structure):
 
 class ScoreOpts(Structure):
     _fields_ = [("metric", c_int), ("drop_pct", c_double), ("seed", c_uint64),
-                ("fidelity", c_int)]
+                ("fidelity", c_int), ("threads", c_int)]
 
 
 class ScoreStats(Structure):
@@ -81,7 +81,7 @@ class ScoreStats(Structure):
 
 
 class PackOpts(Structure):
-    _fields_ = [("alloc", c_int), ("P", c_int), ("strip", c_int)]
+    _fields_ = [("alloc", c_int), ("P", c_int), ("strip", c_int), ("threads", c_int)]
 
 
 class PackIn(Structure):
@@ -104,7 +104,7 @@ class ExecDims(Structure):
 class ExecCfg(Structure):
     _fields_ = [(n, c_int) for n in ("backend", "threads", "allow_nonfinite", "device",
                                      "rank_threads", "cpu_clock", "gpus", "gemm",
-                                     "gemm_streams")]
+                                     "gemm_streams", "compute")]
 
 
 class ExecWeights(Structure):

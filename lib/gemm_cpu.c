@@ -1,0 +1,400 @@
+/* CPU GEMMs: OpenBLAS sgemm (f32) and oneDNN BF16 matmul (bf16). See gemm_cpu.h. */
+#include <cblas.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include "gemm_cpu.h"
+#ifdef LRMOE_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+void omp_set_num_threads(int n);
+#endif
+
+int lrmoe_compute_parse(const char *s, lrmoe_compute_t *c)
+{
+    if (!strcmp(s, "auto")) { *c = LRMOE_COMPUTE_AUTO; return 0; }
+    if (!strcmp(s, "f32")) { *c = LRMOE_COMPUTE_F32; return 0; }
+    if (!strcmp(s, "bf16")) { *c = LRMOE_COMPUTE_BF16; return 0; }
+    return lrmoe_err("unknown compute '%s' (auto, f32, bf16)", s);
+}
+
+const char *lrmoe_compute_name(lrmoe_compute_t c)
+{
+    switch (c) {
+    case LRMOE_COMPUTE_F32: return "f32";
+    case LRMOE_COMPUTE_BF16: return "bf16";
+    default: return "auto";
+    }
+}
+
+int lrmoe_gemm_have_dnnl(void)
+{
+#ifdef LRMOE_HAVE_DNNL
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+__attribute__((optimize("O3"), target_clones("arch=skylake-avx512", "avx2", "default")))
+#endif
+void lrmoe_gemm_to_bf16(const float *restrict src, void *restrict dst, size_t n)
+{
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, 4);
+        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+        d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+    }
+}
+
+/* Pack rows x cols of src (dtype sdt, row stride ld) into dst (dtype ddt)
+ * as a (drows, dcols) row-major matrix, zero-filling the extra rows/columns. */
+static void pack(const void *src, lrmoe_dtype_t sdt, int64_t rows, int64_t cols, int64_t ld,
+                 void *dst, lrmoe_dtype_t ddt, int64_t drows, int64_t dcols)
+{
+    const size_t ss = lrmoe_dtype_size(sdt), ds = lrmoe_dtype_size(ddt);
+    for (int64_t i = 0; i < rows; i++) {
+        const char *s = (const char *)src + (size_t)(i * ld) * ss;
+        char *d = (char *)dst + (size_t)(i * dcols) * ds;
+        if (sdt == ddt) memcpy(d, s, (size_t)cols * ds);
+        else if (ddt == LRMOE_F32) lrmoe_convert_to_f32(sdt, s, (float *)d, (size_t)cols);
+        else lrmoe_gemm_to_bf16((const float *)s, d, (size_t)cols);
+        if (dcols > cols) memset(d + (size_t)cols * ds, 0, (size_t)(dcols - cols) * ds);
+    }
+    if (drows > rows)
+        memset((char *)dst + (size_t)(rows * dcols) * ds, 0, (size_t)((drows - rows) * dcols) * ds);
+}
+
+#ifdef LRMOE_HAVE_DNNL
+typedef struct {
+    int ta, tb, acc;
+    int64_t M, N, K, ldc;     /* fixed-shape entries; all -1 for the runtime ones */
+    dnnl_primitive_t p;
+} prim_t;
+#endif
+
+struct lrmoe_gemm {
+    lrmoe_compute_t c;
+    void *scr[2];             /* conversion scratch of A and B */
+    size_t cap[2];
+#ifdef LRMOE_HAVE_DNNL
+    dnnl_engine_t eng;
+    dnnl_stream_t st;
+    prim_t *pc;
+    int npc, cpc;
+#endif
+};
+
+static void *scratch(lrmoe_gemm_t *g, int i, size_t bytes)
+{
+    if (bytes > g->cap[i]) {
+        void *p = realloc(g->scr[i], bytes);
+        if (!p) { lrmoe_err("gemm: out of memory (%zu bytes of scratch)", bytes); return NULL; }
+        g->scr[i] = p;
+        g->cap[i] = bytes;
+    }
+    return g->scr[i];
+}
+
+lrmoe_compute_t lrmoe_gemm_compute(const lrmoe_gemm_t *g) { return g->c; }
+
+lrmoe_dtype_t lrmoe_gemm_dtype(const lrmoe_gemm_t *g)
+{
+    return g->c == LRMOE_COMPUTE_BF16 ? LRMOE_BF16 : LRMOE_F32;
+}
+
+/* ---------------------------------------------------------------- f32 */
+
+static int gemm_f32(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                    const void *A, lrmoe_dtype_t adt, int64_t lda,
+                    const void *B, lrmoe_dtype_t bdt, int64_t ldb,
+                    int acc, float *C, int64_t ldc)
+{
+    const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    if (adt != LRMOE_F32) {
+        void *s = scratch(g, 0, (size_t)(ar * ac) * sizeof(float));
+        if (!s) return -1;
+        pack(A, adt, ar, ac, lda, s, LRMOE_F32, ar, ac);
+        A = s; lda = ac;
+    }
+    if (bdt != LRMOE_F32) {
+        void *s = scratch(g, 1, (size_t)(br * bc) * sizeof(float));
+        if (!s) return -1;
+        pack(B, bdt, br, bc, ldb, s, LRMOE_F32, br, bc);
+        B = s; ldb = bc;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, acc ? 1.0f : 0.0f,
+                C, (int)ldc);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- bf16 */
+
+#ifdef LRMOE_HAVE_DNNL
+#define RT DNNL_RUNTIME_DIM_VAL
+
+static int dnnl_fail(const char *what, dnnl_status_t s)
+{
+    return lrmoe_err("gemm: oneDNN %s failed (status %d)", what, (int)s);
+}
+
+/* (rows, cols) with row stride ld, or its transpose view when t */
+static dnnl_status_t md2(dnnl_memory_desc_t *m, int64_t r, int64_t c, int t, int64_t ld,
+                         dnnl_data_type_t dt)
+{
+    dnnl_dims_t d = {0}, s = {0};
+    d[0] = r; d[1] = c;
+    if (t) { s[0] = 1; s[1] = ld; } else { s[0] = ld; s[1] = 1; }
+    return dnnl_memory_desc_init_by_strides(m, 2, d, dt, s);
+}
+
+/* The matmul primitive for (ta, tb, acc) with runtime dims (M < 0) or this
+ * fixed shape; made once per context, oneDNN's own cache shares the rest. */
+static dnnl_primitive_t prim(lrmoe_gemm_t *g, int ta, int tb, int acc, int64_t M, int64_t N,
+                             int64_t K, int64_t ldc)
+{
+    for (int i = 0; i < g->npc; i++) {
+        prim_t *q = &g->pc[i];
+        if (q->ta == ta && q->tb == tb && q->acc == acc && q->M == M && q->N == N &&
+            q->K == K && q->ldc == ldc)
+            return q->p;
+    }
+    if (g->npc == g->cpc) {
+        int nc = g->cpc ? 2 * g->cpc : 16;
+        prim_t *np = realloc(g->pc, (size_t)nc * sizeof *np);
+        if (!np) { lrmoe_err("gemm: out of memory"); return NULL; }
+        g->pc = np; g->cpc = nc;
+    }
+    const int rt = M < 0;
+    dnnl_memory_desc_t a, b, c;
+    dnnl_status_t s;
+    if (rt) {
+        if ((s = md2(&a, RT, RT, ta, RT, dnnl_bf16)) || (s = md2(&b, RT, RT, tb, RT, dnnl_bf16)) ||
+            (s = md2(&c, RT, RT, 0, RT, dnnl_f32))) {
+            dnnl_fail("memory descriptor", s);
+            return NULL;
+        }
+    } else if ((s = md2(&a, M, K, ta, ta ? M : K, dnnl_bf16)) ||
+               (s = md2(&b, K, N, tb, tb ? K : N, dnnl_bf16)) ||
+               (s = md2(&c, M, N, 0, ldc, dnnl_f32))) {
+        dnnl_fail("memory descriptor", s);
+        return NULL;
+    }
+    dnnl_matmul_desc_t d;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t p = NULL;
+    if ((s = dnnl_matmul_desc_init(&d, &a, &b, NULL, &c))) { dnnl_fail("matmul descriptor", s); return NULL; }
+    if ((s = dnnl_primitive_attr_create(&attr))) { dnnl_fail("attributes", s); return NULL; }
+    if (acc && ((s = dnnl_post_ops_create(&po)) || (s = dnnl_post_ops_append_sum(po, 1.0f)) ||
+                (s = dnnl_primitive_attr_set_post_ops(attr, po)))) {
+        dnnl_fail("sum post-op", s);
+        goto out;
+    }
+    if ((s = dnnl_primitive_desc_create(&pd, &d, attr, g->eng, NULL))) {
+        dnnl_fail("BF16 matmul (is BF16 supported on this CPU?)", s);
+        goto out;
+    }
+    if ((s = dnnl_primitive_create(&p, pd))) { dnnl_fail("primitive", s); p = NULL; goto out; }
+    g->pc[g->npc++] = (prim_t){ta, tb, acc, M, N, K, ldc, p};
+out:
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(attr);
+    return p;
+}
+
+static int run(lrmoe_gemm_t *g, dnnl_primitive_t p, int ta, int tb, int64_t M, int64_t N,
+               int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, float *C,
+               int64_t ldc)
+{
+    dnnl_memory_desc_t a, b, c;
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
+    dnnl_status_t s;
+    int rc = -1;
+    if ((s = md2(&a, M, K, ta, lda, dnnl_bf16)) || (s = md2(&b, K, N, tb, ldb, dnnl_bf16)) ||
+        (s = md2(&c, M, N, 0, ldc, dnnl_f32)) ||
+        (s = dnnl_memory_create(&ma, &a, g->eng, (void *)A)) ||
+        (s = dnnl_memory_create(&mb, &b, g->eng, (void *)B)) ||
+        (s = dnnl_memory_create(&mc, &c, g->eng, C))) {
+        dnnl_fail("memory", s);
+        goto out;
+    }
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+    if ((s = dnnl_primitive_execute(p, g->st, 3, args)) || (s = dnnl_stream_wait(g->st))) {
+        dnnl_fail("matmul", s);
+        goto out;
+    }
+    rc = 0;
+out:
+    if (ma) dnnl_memory_destroy(ma);
+    if (mb) dnnl_memory_destroy(mb);
+    if (mc) dnnl_memory_destroy(mc);
+    return rc;
+}
+
+/* K rounding of the fixed-shape (ta) GEMMs */
+#define KQ 16
+
+static int gemm_bf16(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                     const void *A, lrmoe_dtype_t adt, int64_t lda,
+                     const void *B, lrmoe_dtype_t bdt, int64_t ldb,
+                     int acc, float *C, int64_t ldc)
+{
+    const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    if (!ta) {
+        /* K fixed by the layer (D, F): the runtime-dims primitive */
+        if (adt != LRMOE_BF16) {
+            void *s = scratch(g, 0, (size_t)(ar * ac) * 2);
+            if (!s) return -1;
+            pack(A, adt, ar, ac, lda, s, LRMOE_BF16, ar, ac);
+            A = s; lda = ac;
+        }
+        if (bdt != LRMOE_BF16) {
+            void *s = scratch(g, 1, (size_t)(br * bc) * 2);
+            if (!s) return -1;
+            pack(B, bdt, br, bc, ldb, s, LRMOE_BF16, br, bc);
+            B = s; ldb = bc;
+        }
+        dnnl_primitive_t p = prim(g, ta, tb, acc, -1, -1, -1, -1);
+        return p ? run(g, p, ta, tb, M, N, K, A, lda, B, ldb, C, ldc) : -1;
+    }
+    /* weight gradients: K = the segment's rows, rounded up to KQ with zeros */
+    const int64_t KP = (K + KQ - 1) / KQ * KQ;
+    /* both operands packed (zero rows to KP) for the fixed-shape primitive */
+    if (adt != LRMOE_BF16 || KP != K || lda != ac) {
+        void *s = scratch(g, 0, (size_t)(KP * ac) * 2);
+        if (!s) return -1;
+        pack(A, adt, ar, ac, lda, s, LRMOE_BF16, KP, ac);
+        A = s; lda = ac;
+    }
+    const int64_t pr = tb ? br : KP, pcol = tb ? KP : bc;
+    if (bdt != LRMOE_BF16 || KP != K || ldb != pcol) {
+        void *s = scratch(g, 1, (size_t)(pr * pcol) * 2);
+        if (!s) return -1;
+        pack(B, bdt, br, bc, ldb, s, LRMOE_BF16, pr, pcol);
+        B = s; ldb = pcol;
+    }
+    dnnl_primitive_t p = prim(g, ta, tb, acc, M, N, KP, ldc);
+    return p ? run(g, p, ta, tb, M, N, KP, A, lda, B, ldb, C, ldc) : -1;
+}
+#undef KQ
+
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+static int probe_native;
+static char probe_impl[128] = "none";
+
+static void probe(void)
+{
+    dnnl_engine_t eng;
+    if (dnnl_engine_create(&eng, dnnl_cpu, 0)) return;
+    dnnl_memory_desc_t a, b, c;
+    dnnl_matmul_desc_t d;
+    dnnl_primitive_desc_t pd;
+    if (!md2(&a, 64, 64, 0, 64, dnnl_bf16) && !md2(&b, 64, 64, 1, 64, dnnl_bf16) &&
+        !md2(&c, 64, 64, 0, 64, dnnl_f32) && !dnnl_matmul_desc_init(&d, &a, &b, NULL, &c) &&
+        !dnnl_primitive_desc_create(&pd, &d, NULL, eng, NULL)) {
+        const char *impl = NULL;
+        if (!dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) && impl) {
+            snprintf(probe_impl, sizeof probe_impl, "%s", impl);
+            /* brgemm names its ISA: AMX or AVX512_BF16 multiply BF16 in
+             * hardware; plain AVX512/AVX2 emulate it (no faster than sgemm) */
+            probe_native = !strstr(impl, "ref") && (strstr(impl, "amx") || strstr(impl, "bf16"));
+        }
+        dnnl_primitive_desc_destroy(pd);
+    }
+    dnnl_engine_destroy(eng);
+}
+#endif
+
+int lrmoe_gemm_bf16_native(const char **impl)
+{
+#ifdef LRMOE_HAVE_DNNL
+    pthread_once(&probe_once, probe);
+    if (impl) *impl = probe_impl;
+    return probe_native;
+#else
+    if (impl) *impl = "none (built without oneDNN)";
+    return 0;
+#endif
+}
+
+int lrmoe_gemm_resolve(lrmoe_compute_t want, lrmoe_dtype_t wdt, lrmoe_compute_t *out)
+{
+    if (want == LRMOE_COMPUTE_BF16 && !lrmoe_gemm_have_dnnl())
+        return lrmoe_err("--compute bf16: this build has no oneDNN (install libdnnl-dev "
+                         "and rebuild); --compute f32 is the exact path");
+    if (want == LRMOE_COMPUTE_AUTO)
+        want = wdt == LRMOE_BF16 && lrmoe_gemm_bf16_native(NULL) ? LRMOE_COMPUTE_BF16
+                                                                 : LRMOE_COMPUTE_F32;
+    *out = want;
+    return 0;
+}
+
+lrmoe_gemm_t *lrmoe_gemm_new(lrmoe_compute_t compute, int threads)
+{
+    lrmoe_gemm_t *g = calloc(1, sizeof *g);
+    if (!g) { lrmoe_err("gemm: out of memory"); return NULL; }
+    g->c = compute == LRMOE_COMPUTE_BF16 ? LRMOE_COMPUTE_BF16 : LRMOE_COMPUTE_F32;
+    if (g->c == LRMOE_COMPUTE_BF16) {
+#ifdef LRMOE_HAVE_DNNL
+        dnnl_status_t s;
+        if ((s = dnnl_engine_create(&g->eng, dnnl_cpu, 0))) {
+            dnnl_fail("engine", s);
+            free(g);
+            return NULL;
+        }
+        if ((s = dnnl_stream_create(&g->st, g->eng, dnnl_stream_default_flags))) {
+            dnnl_fail("stream", s);
+            dnnl_engine_destroy(g->eng);
+            free(g);
+            return NULL;
+        }
+        if (threads > 0) omp_set_num_threads(threads);
+#else
+        (void)threads;
+        free(g);
+        lrmoe_gemm_resolve(LRMOE_COMPUTE_BF16, LRMOE_BF16, &compute);
+        return NULL;
+#endif
+    }
+    return g;
+}
+
+void lrmoe_gemm_free(lrmoe_gemm_t *g)
+{
+    if (!g) return;
+#ifdef LRMOE_HAVE_DNNL
+    for (int i = 0; i < g->npc; i++) dnnl_primitive_destroy(g->pc[i].p);
+    free(g->pc);
+    if (g->st) dnnl_stream_destroy(g->st);
+    if (g->eng) dnnl_engine_destroy(g->eng);
+#endif
+    free(g->scr[0]);
+    free(g->scr[1]);
+    free(g);
+}
+
+int lrmoe_gemm(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
+               const void *A, lrmoe_dtype_t adt, int64_t lda,
+               const void *B, lrmoe_dtype_t bdt, int64_t ldb,
+               int acc, float *C, int64_t ldc)
+{
+    if (M <= 0 || N <= 0) return 0;
+    if (K <= 0) { /* an empty sum */
+        if (!acc)
+            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
+        return 0;
+    }
+    if ((adt != LRMOE_F32 && adt != LRMOE_BF16) || (bdt != LRMOE_F32 && bdt != LRMOE_BF16))
+        return lrmoe_err("gemm: operands must be F32 or BF16");
+#ifdef LRMOE_HAVE_DNNL
+    if (g->c == LRMOE_COMPUTE_BF16)
+        return gemm_bf16(g, ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, acc, C, ldc);
+#endif
+    return gemm_f32(g, ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, acc, C, ldc);
+}

@@ -1,0 +1,76 @@
+/* CPU GEMMs of the expert layer behind one small interface (lib/exec_cpu.c
+ * calls it for every expert GEMM).
+ *
+ *   C (M,N) F32  =  op(A) op(B)  [+ C when acc]
+ *
+ * op(X) = X, or X^T when its trans flag is set; A is stored (M,K) row-major
+ * with row stride lda, or (K,M) when ta; B is (K,N), or (N,K) when tb. Each
+ * operand is F32 or BF16, independently.
+ *
+ * Two computes:
+ *   f32   the exact reference: BF16 operands are widened to F32 (exact) and
+ *         OpenBLAS sgemm multiplies in F32 with F32 accumulation.
+ *   bf16  oneDNN matmul with BF16 operands and F32 accumulation (AMX or
+ *         AVX512_BF16 where the CPU has them): F32 operands are rounded to
+ *         BF16 (nearest even) first, the products of two BF16 values are exact
+ *         in F32 and the sums are F32, as in cuBLAS' BF16 GEMM with F32
+ *         compute. Needs a build with oneDNN (LRMOE_HAVE_DNNL).
+ *
+ * A context belongs to one thread (it holds that thread's conversion scratch
+ * and its cached oneDNN primitives: one with runtime dimensions per
+ * (ta, tb, acc) for the GEMMs whose K is fixed, and fixed-shape ones for the
+ * weight-gradient GEMMs (ta: K is the row count), whose K is rounded up to a
+ * multiple of 16 with zero rows so that a frame's many segment sizes share a
+ * few primitives; zero rows add exact zeros). Nothing here prints or exits.
+ */
+#ifndef LRMOE_GEMM_CPU_H
+#define LRMOE_GEMM_CPU_H
+
+#include <stdint.h>
+#include "lrmoe.h"
+
+typedef enum {
+    LRMOE_COMPUTE_AUTO = 0,  /* bf16 for BF16-stored weights when the build and
+                                the CPU run BF16 GEMMs natively, else f32 */
+    LRMOE_COMPUTE_F32 = 1,
+    LRMOE_COMPUTE_BF16 = 2
+} lrmoe_compute_t;
+
+/* "auto", "f32", "bf16" -> 0; name for printing. */
+int lrmoe_compute_parse(const char *s, lrmoe_compute_t *c);
+const char *lrmoe_compute_name(lrmoe_compute_t c);
+
+/* 1 when this build has oneDNN, 0 otherwise. */
+int lrmoe_gemm_have_dnnl(void);
+/* 1 when oneDNN runs BF16 matmul on this CPU with a native (non-reference)
+ * implementation; *impl (may be NULL) gets oneDNN's implementation name. */
+int lrmoe_gemm_bf16_native(const char **impl);
+
+/* The compute for weights stored as wdt: f32 and bf16 as asked (bf16 fails
+ * without oneDNN: "this build has no oneDNN"), auto as documented above. */
+int lrmoe_gemm_resolve(lrmoe_compute_t want, lrmoe_dtype_t wdt, lrmoe_compute_t *out);
+
+typedef struct lrmoe_gemm lrmoe_gemm_t;
+
+/* A context for the calling thread; compute is F32 or BF16 (resolved).
+ * threads > 0: the GEMM threads of this thread (OpenMP threads for oneDNN;
+ * the caller sets OpenBLAS' own). NULL with the error set on failure. */
+lrmoe_gemm_t *lrmoe_gemm_new(lrmoe_compute_t compute, int threads);
+void lrmoe_gemm_free(lrmoe_gemm_t *g);
+lrmoe_compute_t lrmoe_gemm_compute(const lrmoe_gemm_t *g);
+/* The operand dtype the compute multiplies: F32 or BF16. A caller that uses
+ * one F32 operand in several GEMMs converts it once to this dtype. */
+lrmoe_dtype_t lrmoe_gemm_dtype(const lrmoe_gemm_t *g);
+
+/* n F32 values to BF16: lrmoe_f32_to_bf16's rounding (nearest even, NaN
+ * kept quiet), bit for bit, branch-free and built for AVX-512/AVX2 where the
+ * CPU has them (3x the scalar loop here): the BF16 compute's operand and
+ * saved-state conversion. */
+void lrmoe_gemm_to_bf16(const float *src, void *dst, size_t n);
+
+int lrmoe_gemm(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
+               const void *A, lrmoe_dtype_t adt, int64_t lda,
+               const void *B, lrmoe_dtype_t bdt, int64_t ldb,
+               int acc, float *C, int64_t ldc);
+
+#endif

@@ -1,0 +1,197 @@
+#!/bin/sh
+# Benchmark the CPU expert layer (issue 17): lrmoe-exec forward and full
+# backward with BF16 GEMMs (--compute bf16: oneDNN, BF16 operands, F32
+# accumulation) and F32 GEMMs (--compute f32: OpenBLAS sgemm, the exact path)
+# against PyTorch's fastest CPU path on the same tensors (tests/bench/
+# exec_torch.py in BF16: a per-expert loop and torch._grouped_mm; the faster
+# of the two per row counts), at several token counts.
+# Shape: qwen3-30b-a3b (E=128 K=8 D=2048 F=768), BF16 storage, one rank, one
+# thread on both sides, uniform routing. Clock: the CPU time of the computing
+# thread on both sides (lrmoe-exec --clock cpu, exec.PHASE.critical_s = the
+# whole layer call; PyTorch time.thread_time around the layer / backward), so
+# other load on a shared machine does not inflate either; best of REPS copies.
+# GEMM efficiency = (expert GEMM FLOPs / gemm stage seconds, which include the
+# operands' BF16 conversion) / rate of ONE dense oneDNN BF16 matmul of the same
+# FLOPs (tests/bench/dense_bf16.c, a fixed-shape primitive, same clock).
+# Process overhead: one-frame lrmoe-exec processes (the default --compute)
+# under /usr/bin/time: share of the process' CPU time (user+sys) outside the
+# layer call, and of its elapsed time outside the layer's wall time.
+# Targets (issue 17): BF16 >= 1.3x PyTorch's best on every size and phase;
+# GEMM efficiency >= 0.85; <= 20% of a one-frame process outside the layer.
+# Usage: tests/bench/cpu.sh   env TOKENS (default "1024 2048 4096";
+#   BENCH_QUICK=1: "256 512"), REPS (default 2), TORCH=0 skips PyTorch.
+set -eu
+cd "$(dirname "$0")/../.."
+if [ "${BENCH_QUICK:-0}" = 1 ]; then dT="256 512"; else dT="1024 2048 4096"; fi
+TOKENS=${TOKENS:-$dT}; REPS=${REPS:-2}; TORCH=${TORCH:-1}
+for t in gen route exec cat; do
+    [ -x bin/lrmoe-$t ] || { echo "cpu.sh: bin/lrmoe-$t missing: run make first" >&2; exit 1; }
+done
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/lrmoe-bench-cpu.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT INT TERM
+raw="--no-compress"
+echo "lrmoe-exec CPU bench: qwen3-30b-a3b (E=128 K=8 D=2048 F=768, BF16 storage), tokens {$TOKENS},"
+echo "  1 rank, 1 thread, uniform routing, thread CPU clock on both sides, best of $REPS"
+echo "  CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')," \
+     "BF16 in hardware: $(grep -q amx_bf16 /proc/cpuinfo && echo AMX || { grep -q avx512_bf16 /proc/cpuinfo && echo AVX512_BF16 || echo no; })"
+
+computes="f32"
+if echo 'int main(void){return dnnl_version() == 0;}' |
+    cc -include oneapi/dnnl/dnnl.h -x c - -o "$tmp/probe" -ldnnl >/dev/null 2>&1 &&
+    cc -O2 -o "$tmp/dense" tests/bench/dense_bf16.c -ldnnl -lgomp; then
+    computes="bf16 f32"
+else
+    echo "  oneDNN (libdnnl-dev) not found: no BF16 path, no dense BF16 reference"
+fi
+
+# ---- inputs: one routed frame per size, REPS copies of each in one stream
+first=$(echo $TOKENS | cut -d' ' -f1)
+bin/lrmoe-gen --tokens "$first" --weights "$tmp/w.lrm" --seed 1 $raw > /dev/null
+frames=""
+for T in $TOKENS; do
+    bin/lrmoe-gen --tokens "$T" --seed 1 $raw | bin/lrmoe-route $raw > "$tmp/r$T.lrm"
+    frames="$frames $tmp/r$T.lrm"
+done
+all=""; r=0
+while [ "$r" -lt "$REPS" ]; do all="$all $frames"; r=$((r + 1)); done
+# shellcheck disable=SC2086
+bin/lrmoe-cat $raw $all > "$tmp/in.lrm"
+
+# ---- lrmoe-exec, each compute: one forward and one backward process over all frames
+for c in $computes; do
+    bin/lrmoe-exec --phase forward --compute "$c" -@ 1 --clock cpu --weights "$tmp/w.lrm" \
+        --timings "$tmp/f$c.tsv" $raw -o "$tmp/f$c.lrm" "$tmp/in.lrm"
+    bin/lrmoe-exec --phase backward --compute "$c" -@ 1 --clock cpu --weights "$tmp/w.lrm" \
+        --timings "$tmp/b$c.tsv" $raw -o /dev/null "$tmp/f$c.lrm"
+done
+last=$(echo $computes | cut -d' ' -f1)
+
+# ---- PyTorch BF16: per-expert loop and torch._grouped_mm, every frame
+nfr=$(( $(echo $TOKENS | wc -w) * REPS ))
+idx=$(seq 0 $((nfr - 1)) | tr '\n' ' ')
+torch_ok=0
+if [ "$TORCH" = 1 ]; then
+    torch_ok=1
+    for impl in loop grouped; do
+        # shellcheck disable=SC2086
+        python3 tests/bench/exec_torch.py --dtype bf16 --impl "$impl" --clock cpu \
+            "$tmp/f$last.lrm" "$tmp/w.lrm" 1 $idx > "$tmp/t$impl.tsv" 2> "$tmp/t$impl.err" ||
+            { echo "PyTorch $impl failed: $(tail -c 300 "$tmp/t$impl.err")"; : > "$tmp/t$impl.tsv"; }
+    done
+fi
+
+# ---- dense oneDNN BF16 matmul of each phase's FLOPs (forward 6*NP*D*F, backward 12*NP*D*F)
+: > "$tmp/dense.tsv"
+if [ -x "$tmp/dense" ]; then
+    for T in $TOKENS; do
+        NP=$((T * 8))
+        echo "$T fwd $("$tmp/dense" $((3 * NP)) 768 2048 1)" >> "$tmp/dense.tsv"
+        echo "$T bwd $("$tmp/dense" $((6 * NP)) 768 2048 1)" >> "$tmp/dense.tsv"
+    done
+fi
+
+# ---- one-frame processes at the default compute: time outside the layer
+mid=$(echo $TOKENS | awk '{print $(int((NF + 1) / 2))}')
+bin/lrmoe-cat $raw "$tmp/r$mid.lrm" > "$tmp/one.lrm"
+/usr/bin/time -f "%e %U %S %M" -o "$tmp/ptf" bin/lrmoe-exec --phase forward -@ 1 --clock cpu \
+    --weights "$tmp/w.lrm" --timings "$tmp/of.tsv" $raw -o "$tmp/of.lrm" "$tmp/one.lrm"
+/usr/bin/time -f "%e %U %S %M" -o "$tmp/ptb" bin/lrmoe-exec --phase backward -@ 1 --clock cpu \
+    --weights "$tmp/w.lrm" --timings "$tmp/ob.tsv" $raw -o /dev/null "$tmp/of.lrm"
+dflt=$(python3 -c "
+import sys; sys.path.insert(0, 'tests/helpers'); from lrmoe_stream import read_stream
+print(read_stream('$tmp/of.lrm')[0][1].get('exec.compute', '?'))")
+
+python3 - "$tmp" "$TOKENS" "$REPS" "$computes" "$torch_ok" "$mid" "$dflt" <<'EOF'
+import sys
+tmp, toks, reps, computes = sys.argv[1], [int(x) for x in sys.argv[2].split()], int(sys.argv[3]), sys.argv[4].split()
+torch_ok, mid, dflt = sys.argv[5] == "1", sys.argv[6], sys.argv[7]
+nt = len(toks)
+
+def tsv(p):
+    rows = [l.rstrip("\n").split("\t") for l in open(p)]
+    return [dict(zip(rows[0], r)) for r in rows[1:]]
+
+def best_exec(p):
+    """per size: (best critical_s total, best gemm_s) over the REPS copies"""
+    out = {}
+    for r in tsv(p):
+        T = toks[int(r["frame"]) % nt]
+        tot, gm = float(r["total_s"]), float(r["gemm_s"])
+        o = out.get(T, (1e30, 1e30))
+        out[T] = (min(o[0], tot), min(o[1], gm))
+    return out
+
+ex = {(c, ph): best_exec(f"{tmp}/{ph[0]}{c}.tsv") for c in computes for ph in ("fwd", "bwd")}
+th = {}
+for impl in ("loop", "grouped"):
+    try:
+        for line in open(f"{tmp}/t{impl}.tsv"):
+            fr, tf, tb, rel = line.split()
+            T = toks[int(fr) % nt]
+            for ph, v in (("fwd", float(tf)), ("bwd", float(tb))):
+                k = (impl, ph, T)
+                th[k] = min(th.get(k, 1e30), v)
+    except FileNotFoundError:
+        pass
+dense = {}
+for line in open(f"{tmp}/dense.tsv"):
+    T, ph, sec, gf, impl = line.split()
+    dense[(int(T), ph)] = (float(gf), impl)
+if dense:
+    print("dense oneDNN BF16 reference:", next(iter(dense.values()))[1],
+          " ".join(f"{T}/{ph} {v[0]:.0f}" for (T, ph), v in sorted(dense.items())), "GFLOP/s")
+print()
+hdr = f"{'tokens':>6s} {'phase':5s} {'bf16_ms':>9s} {'f32_ms':>9s} {'torch_loop':>10s} {'torch_grp':>10s} " \
+      f"{'bf16/torch':>10s} {'f32/torch':>9s} {'bf16_vs_f32':>11s} {'gemm_GF/s':>9s} {'gemm_eff':>8s}"
+print(hdr)
+speed, effs = [], []
+for T in toks:
+    NP = T * 8
+    for ph in ("fwd", "bwd"):
+        fl = (6 if ph == "fwd" else 12) * NP * 2048 * 768
+        b = ex.get(("bf16", ph), {}).get(T)
+        f = ex.get(("f32", ph), {}).get(T)
+        tl, tg = th.get(("loop", ph, T)), th.get(("grouped", ph, T))
+        tbest = min([v for v in (tl, tg) if v is not None], default=None)
+        ms = lambda v: f"{v * 1e3:9.1f}" if v is not None else f"{'-':>9s}"
+        ms10 = lambda v: f"{v * 1e3:10.1f}" if v is not None else f"{'-':>10s}"
+        sb = tbest / b[0] if b and tbest else None
+        sf = tbest / f[0] if f and tbest else None
+        gfs = fl / b[1] / 1e9 if b else None
+        eff = gfs / dense[(T, ph)][0] if b and (T, ph) in dense else None
+        if sb is not None: speed.append(sb)
+        if eff is not None: effs.append(eff)
+        x = lambda v, w: f"{v:{w - 1}.2f}x" if v is not None else f"{'-':>{w}s}"
+        print(f"{T:6d} {ph:5s} {ms(b[0] if b else None)} {ms(f[0] if f else None)} {ms10(tl)} {ms10(tg)} "
+              f"{x(sb, 10)} {x(sf, 9)} {x(f[0] / b[0] if b and f else None, 11)} "
+              f"{(f'{gfs:9.0f}' if gfs else f'{chr(45):>9s}')} {(f'{eff:8.2f}' if eff is not None else f'{chr(45):>8s}')}")
+print("(ms: thread CPU time of the layer call; x/torch = PyTorch's faster BF16 path / lrmoe's: > 1 is faster;")
+print(" gemm_GF/s and gemm_eff: the bf16 path's gemm stage against the dense oneDNN BF16 matmul)")
+print()
+
+def proc(ph, tim, tsvp):
+    e, u, s, rss = open(tim).read().split()[:4]
+    r = tsv(tsvp)[0]
+    lay_cpu, lay_wall = float(r["total_s"]), float(r["wall_s"])
+    cpu = float(u) + float(s)
+    return (f"{ph:8s} elapsed {float(e):6.2f} s (layer wall {lay_wall:5.2f} s, outside {1 - lay_wall / float(e):4.0%}); "
+            f"cpu {cpu:6.2f} s = user {float(u):.2f} + sys {float(s):.2f} (layer {lay_cpu:5.2f} s, outside "
+            f"{1 - lay_cpu / cpu:4.0%}); max RSS {int(rss) / 1024:.0f} MiB"), 1 - lay_cpu / cpu
+pf, of = proc("forward", f"{tmp}/ptf", f"{tmp}/of.tsv")
+pb, ob = proc("backward", f"{tmp}/ptb", f"{tmp}/ob.tsv")
+print(f"one-frame processes at {mid} tokens, default compute ({dflt}):")
+print("  " + pf)
+print("  " + pb)
+print()
+v = []
+if speed:
+    v.append(f"BF16 vs PyTorch's best min {min(speed):.2f}x (target >= 1.3x on every size): "
+             + ("PASS" if min(speed) >= 1.3 else "BELOW TARGET"))
+else:
+    v.append("BF16 vs PyTorch: not measured (" + ("no oneDNN" if "bf16" not in computes else "PyTorch off or failed") + ")")
+if effs:
+    v.append(f"GEMM efficiency min {min(effs):.2f} (target >= 0.85): " + ("PASS" if min(effs) >= 0.85 else "BELOW TARGET"))
+v.append(f"outside the layer (process CPU) max {max(of, ob):.0%} (target <= 20%): "
+         + ("PASS" if max(of, ob) <= 0.2 else "BELOW TARGET"))
+print("verdict: " + "; ".join(v))
+EOF

@@ -1,0 +1,116 @@
+/* lib/gemm_cpu.c against a float64 reference, for every (ta, tb, acc), both
+ * operand dtypes, strided operands and sizes that are not multiples of the
+ * K rounding (16): compute f32 against the exact operands, compute bf16
+ * against the operands rounded to BF16 (what the path promises: BF16
+ * operands, F32 accumulation). Prints one line per case, exits 1 on a miss.
+ * usage: gemm_test f32|bf16 */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "gemm_cpu.h"
+
+static uint64_t rs = 88172645463325252ull;
+static float rnd(void)
+{
+    rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+    return (float)((double)(rs >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* rows x cols matrix with row stride ld (ld >= cols) in dtype dt; *ref gets
+ * the values the compute sees (rounded to BF16 when round) as doubles,
+ * packed (rows, cols) */
+static void *mat(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, int round,
+                 double **ref)
+{
+    size_t es = lrmoe_dtype_size(dt);
+    char *m = malloc((size_t)(rows * ld) * es + 1);
+    *ref = malloc((size_t)(rows * cols) * sizeof **ref + 1);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < ld; j++) {
+            float v = rnd();
+            if (dt == LRMOE_BF16) {
+                uint16_t h = lrmoe_f32_to_bf16(v);
+                memcpy(m + (size_t)(i * ld + j) * 2, &h, 2);
+                v = lrmoe_bf16_to_f32(h);
+            } else {
+                memcpy(m + (size_t)(i * ld + j) * 4, &v, 4);
+            }
+            if (j < cols)
+                (*ref)[i * cols + j] = round ? lrmoe_bf16_to_f32(lrmoe_f32_to_bf16(v)) : v;
+        }
+    return m;
+}
+
+int main(int argc, char **argv)
+{
+    lrmoe_compute_t cm;
+    if (argc != 2 || lrmoe_compute_parse(argv[1], &cm) < 0 || cm == LRMOE_COMPUTE_AUTO) {
+        fprintf(stderr, "usage: gemm_test f32|bf16\n");
+        return 2;
+    }
+    /* the vectorised F32 -> BF16 rounding equals the scalar one on every
+     * kind of value (random bit patterns: normals, denormals, Inf, NaN) */
+    {
+        enum { NV = 1 << 16 };
+        static float v[NV];
+        static uint16_t h[NV];
+        for (int i = 0; i < NV; i++) {
+            rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+            uint32_t u = (uint32_t)(rs >> 32);
+            if (i < 8) u = (uint32_t[]){0, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u,
+                                        0x7f800001u, 0x00000001u, 0x7f7fffffu}[i];
+            memcpy(&v[i], &u, 4);
+        }
+        lrmoe_gemm_to_bf16(v, h, NV);
+        for (int i = 0; i < NV; i++)
+            if (h[i] != lrmoe_f32_to_bf16(v[i])) {
+                printf("FAIL to_bf16 at %d: %04x, scalar %04x\n", i, h[i], lrmoe_f32_to_bf16(v[i]));
+                return 1;
+            }
+        printf("to_bf16: %d values equal the scalar rounding\n", NV);
+    }
+    lrmoe_gemm_t *g = lrmoe_gemm_new(cm, 1);
+    if (!g) { fprintf(stderr, "gemm_test: %s\n", lrmoe_errmsg()); return 1; }
+    const int round = cm == LRMOE_COMPUTE_BF16;
+    static const int64_t sz[][3] = {{1, 1, 1}, {7, 5, 3}, {37, 48, 64}, {64, 96, 33},
+                                    {130, 72, 200}, {5, 300, 17}, {33, 17, 0}};
+    int fails = 0, cases = 0;
+    for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++)
+        for (int f = 0; f < 32; f++) {
+            int ta = f & 1, tb = (f >> 1) & 1, acc = (f >> 2) & 1;
+            lrmoe_dtype_t adt = (f >> 3) & 1 ? LRMOE_BF16 : LRMOE_F32;
+            lrmoe_dtype_t bdt = (f >> 4) & 1 ? LRMOE_BF16 : LRMOE_F32;
+            int64_t M = sz[s][0], N = sz[s][1], K = sz[s][2];
+            int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+            int64_t lda = ac + (s & 1) * 3, ldb = bc + (s & 2), ldc = N + (s & 1) * 5;
+            double *ra, *rb, *rc;
+            void *A = mat(ar, ac, lda, adt, round, &ra), *B = mat(br, bc, ldb, bdt, round, &rb);
+            float *C = (float *)mat(M, N, ldc, LRMOE_F32, 0, &rc);
+            int rcode = lrmoe_gemm(g, ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, acc, C, ldc);
+            double err = 0, mx = 1e-30;
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    double r = acc ? rc[i * N + j] : 0;
+                    for (int64_t k = 0; k < K; k++)
+                        r += (ta ? ra[k * ac + i] : ra[i * ac + k]) *
+                             (tb ? rb[j * bc + k] : rb[k * bc + j]);
+                    err = fmax(err, fabs(C[i * ldc + j] - r));
+                    mx = fmax(mx, fabs(r));
+                }
+            /* F32 accumulation of K terms of size <= 1: a few ulps of F32 */
+            int ok = rcode == 0 && err / mx <= 1e-5;
+            cases++;
+            if (!ok) {
+                fails++;
+                printf("FAIL %s M=%lld N=%lld K=%lld ta=%d tb=%d acc=%d A=%s B=%s relerr %.3e%s%s\n",
+                       argv[1], (long long)M, (long long)N, (long long)K, ta, tb, acc,
+                       lrmoe_dtype_name(adt), lrmoe_dtype_name(bdt), err / mx,
+                       rcode ? ": " : "", rcode ? lrmoe_errmsg() : "");
+            }
+            free(A); free(B); free(C); free(ra); free(rb); free(rc);
+        }
+    printf("gemm %s: %d cases, %d failed\n", argv[1], cases, fails);
+    lrmoe_gemm_free(g);
+    return fails ? 1 : 0;
+}
