@@ -95,6 +95,13 @@ void lrmoe_comm_mpi_abort(lrmoe_comm_t *c, int code);
 int lrmoe_comm_mpi_finalize(lrmoe_comm_t *c);
 /* Broadcast n bytes from rank root (any size: sent in pieces). */
 int lrmoe_comm_mpi_bcast(lrmoe_comm_t *c, void *buf, size_t n, int root);
+/* Rows of row_bytes through root: scatterv sends counts[r] rows of sendbuf
+ * (rank-major) to rank r, which receives its nrecv rows into recvbuf;
+ * gatherv is the reverse (counts and recvbuf are read on root only). */
+int lrmoe_comm_mpi_scatterv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                            const int64_t *counts, void *recvbuf, int64_t nrecv, int root);
+int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                           int64_t nsend, void *recvbuf, const int64_t *counts, int root);
 #if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
 /* CUDA under MPI: a context on GPU (local rank mod visible devices) and the
  * NCCL communicator of this rank (ncclGetUniqueId on rank 0, broadcast over

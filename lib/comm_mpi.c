@@ -219,6 +219,64 @@ int lrmoe_comm_mpi_bcast(lrmoe_comm_t *c, void *buf, size_t n, int root)
     return 0;
 }
 
+/* counts (P) rows as ints with rank-major displacements; -1 past INT_MAX */
+static int int_counts(int P, const int64_t *counts, int *ic, int *id)
+{
+    int64_t acc = 0;
+    for (int r = 0; r < P; r++) {
+        if (counts[r] < 0 || counts[r] > INT_MAX || acc > INT_MAX)
+            return lrmoe_err("more than %d rows in one scatter/gather", INT_MAX);
+        ic[r] = (int)counts[r];
+        id[r] = (int)acc;
+        acc += counts[r];
+    }
+    return 0;
+}
+
+/* Scatter (gather = 0) or gather (1) of rows of row_bytes through root. */
+static int rows_v(lrmoe_comm_t *c, int gather, size_t row_bytes, const void *sendbuf,
+                  const int64_t *counts, void *recvbuf, int64_t mine, int root)
+{
+    mpi_ctx_t *x = mx(c);
+    const int P = c->P;
+    if (mine < 0 || mine > INT_MAX) return lrmoe_err("%lld rows in one call", (long long)mine);
+    if (row_bytes == 0 || row_bytes > INT_MAX) return lrmoe_err("row of %zu bytes", row_bytes);
+    int *v = NULL;
+    if (x->rank == root) {
+        if (!(v = malloc((size_t)P * 2 * sizeof *v))) return lrmoe_err("out of memory");
+        if (int_counts(P, counts, v, v + P) < 0) { free(v); return -1; }
+    }
+    MPI_Datatype row;
+    int e;
+    if ((e = MPI_Type_contiguous((int)row_bytes, MPI_BYTE, &row)) != MPI_SUCCESS ||
+        (e = MPI_Type_commit(&row)) != MPI_SUCCESS) {
+        free(v);
+        return mpi_fail(e, "MPI_Type_contiguous");
+    }
+    static char dummy[1];
+    if (gather)
+        e = MPI_Gatherv(sendbuf ? sendbuf : dummy, (int)mine, row, recvbuf ? recvbuf : dummy,
+                        v, v ? v + P : NULL, row, root, x->comm);
+    else
+        e = MPI_Scatterv(sendbuf ? sendbuf : dummy, v, v ? v + P : NULL, row,
+                         recvbuf ? recvbuf : dummy, (int)mine, row, root, x->comm);
+    MPI_Type_free(&row);
+    free(v);
+    return e == MPI_SUCCESS ? 0 : mpi_fail(e, gather ? "MPI_Gatherv" : "MPI_Scatterv");
+}
+
+int lrmoe_comm_mpi_scatterv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                            const int64_t *counts, void *recvbuf, int64_t nrecv, int root)
+{
+    return rows_v(c, 0, row_bytes, sendbuf, counts, recvbuf, nrecv, root);
+}
+
+int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                           int64_t nsend, void *recvbuf, const int64_t *counts, int root)
+{
+    return rows_v(c, 1, row_bytes, sendbuf, counts, recvbuf, nsend, root);
+}
+
 #ifdef LRMOE_HAVE_CUDA
 #include "../kernels/comm_cuda.h"
 
@@ -272,6 +330,20 @@ int lrmoe_comm_mpi_finalize(lrmoe_comm_t *c) { (void)c; return lrmoe_err(NOT_BUI
 int lrmoe_comm_mpi_bcast(lrmoe_comm_t *c, void *buf, size_t n, int root)
 {
     (void)c; (void)buf; (void)n; (void)root;
+    return lrmoe_err(NOT_BUILT);
+}
+int lrmoe_comm_mpi_scatterv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                            const int64_t *counts, void *recvbuf, int64_t nrecv, int root)
+{
+    (void)c; (void)row_bytes; (void)sendbuf; (void)counts; (void)recvbuf; (void)nrecv;
+    (void)root;
+    return lrmoe_err(NOT_BUILT);
+}
+int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                           int64_t nsend, void *recvbuf, const int64_t *counts, int root)
+{
+    (void)c; (void)row_bytes; (void)sendbuf; (void)nsend; (void)recvbuf; (void)counts;
+    (void)root;
     return lrmoe_err(NOT_BUILT);
 }
 #endif
