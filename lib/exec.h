@@ -202,7 +202,7 @@ int lrmoe_exec_backward(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                         lrmoe_exec_bwd_t *a, double *timings);
 
 /* Backend implementations behind the two entry points (same arguments).
- * lib/exec.c routes backend CUDA to the _cuda pair only when the build
+ * lib/exec.c (the dispatcher) routes backend CUDA to the _cuda pair only when the build
  * defines LRMOE_HAVE_CUDA and kernels/exec_cuda.cu exists (the CUDA backend
  * then must define both functions there); otherwise
  * backend CUDA fails with "this build has no CUDA support". */
@@ -245,6 +245,14 @@ int lrmoe_exec_critical(int P, const double *timings);
 
 /* 0 if all n values are finite, else -1 "NAME: non-finite value at index I". */
 int lrmoe_exec_check_finite(lrmoe_dtype_t dt, const void *x, size_t n, const char *name);
+
+/* Every floating input the phase reads (hidden, topk_weights; backward:
+ * grad_output, pair_out and the mode's saved state or packed rows) must be
+ * finite unless cfg->allow_nonfinite. Both backends call these. */
+int lrmoe_exec_check_fwd_inputs(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                                const lrmoe_exec_fwd_t *a);
+int lrmoe_exec_check_bwd_inputs(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                                const lrmoe_exec_bwd_t *a);
 
 /* Validate the packed rows of a compact backward (both backends call it). */
 int lrmoe_exec_check_pack(int P, int64_t T, int64_t K, int64_t E, const int32_t *topk,

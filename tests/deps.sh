@@ -44,6 +44,7 @@ if [ "$what" = test ]; then
     need_cmd python3 python3
     need_cmd gnuplot gnuplot-nox
     need_cmd bc bc                      # benchmarks' arithmetic
+    need_cmd valgrind valgrind          # leak checks (interop.bats)
     [ -x /usr/bin/time ] || missing="$missing time"   # benchmarks' peak RSS
 fi
 

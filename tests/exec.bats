@@ -343,3 +343,28 @@ no_trailer() {
     assert_fails_clean
     assert_line --partial "nope.lrm"
 }
+
+@test "exec: non-finite saved state or packed rows in backward is an error in every mode (--allow-nonfinite accepts it)" {
+    for t in gen route score pack; do
+        [ -x "$BIN/lrmoe-$t" ] || skip "bin/lrmoe-$t not built"
+    done
+    "$BIN/lrmoe-gen" --tokens 32 --experts 4 --topk 2 --hidden 16 --ffn 8 --dtype f32 \
+        --weights "$D/w.lrm" --seed 5 --no-compress |
+        "$BIN/lrmoe-route" -k 2 --no-compress |
+        "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --no-compress |
+        "$BIN/lrmoe-score" --drop 25 --no-compress -o "$D/s.lrm"
+    "$BIN/lrmoe-pack" -P 2 --no-compress -o "$D/p.lrm" "$D/s.lrm"
+    # mode:tensor pairs: each tensor the mode reads, poisoned with +Inf
+    for mt in full:saved_gate full:saved_up full:pair_out masked:saved_up \
+              compact:pack_gate compact:pack_up compact:pack_hidden compact:pair_out; do
+        m=${mt%%:*} n=${mt#*:}
+        src="$D/s.lrm"; [ "$m" = compact ] && src="$D/p.lrm"
+        pyedit "f=read_stream('$src', True); t,a,d=f[0]; t=dict(t); x=t['$n'].copy(); x.reshape(-1)[1]=np.inf; t['$n']=x; write_stream('$D/inf.lrm', [(t,a,d)])"
+        run sh -c "'$EXEC' --phase backward --mode $m --weights '$D/w.lrm' --no-compress '$D/inf.lrm' > '$D/o.lrm'"
+        assert_fails_clean
+        assert_output --partial "$n: non-finite"
+        no_trailer "$D/o.lrm"
+        run sh -c "'$EXEC' --phase backward --mode $m --allow-nonfinite --weights '$D/w.lrm' --no-compress '$D/inf.lrm' > '$D/o.lrm'"
+        assert_success
+    done
+}

@@ -490,3 +490,27 @@ PY
     run "$BIN/lrmoe-export" -O safetensors -d "$T/o-slash2" "$T/slash.lrm"
     assert_success
 }
+
+@test "import: no leaks on success or on any error path, with --name/--dtype/--attr; an empty directory is an error" {
+    command -v valgrind >/dev/null 2>&1 || skip "valgrind not installed (tests/deps.sh installs it)"
+    python3 -c "import numpy as np; np.save('$T/f0.hidden.npy', np.zeros((4,3),np.float32)); np.save('$T/f0.ids.npy', np.zeros((4,2),np.uint16))"
+    mkdir -p "$T/empty"
+    VG="valgrind -q --leak-check=full --show-leak-kinds=definite,indirect,possible --errors-for-leak-kinds=definite,indirect,possible --error-exitcode=9"
+    while IFS='|' read -r want args; do
+        run sh -c "$VG '$BIN/lrmoe-import' $args -o '$T/o.lrm' < /dev/null"
+        [ "$status" -eq "$want" ] || { echo "rc=$status want $want: $args"; echo "$output"; return 1; }
+    done <<LIST
+0|--name hidden=h --dtype ids=bf16 --attr a=b -a c=d '$T/f0.hidden.npy' '$T/f0.ids.npy'
+1|--name nope=x --attr a=b '$T/f0.hidden.npy'
+1|--dtype f32=bf16 '$T/f0.hidden.npy'
+2|--attr bad '$T/f0.hidden.npy'
+2|--name hidden= '$T/f0.hidden.npy'
+2|--dtype =bf16 '$T/f0.hidden.npy'
+1|'$T/empty'
+1|--dtype bf16 --name a=b '$T/nonexistent.npy'
+1|- -
+LIST
+    run "$BIN/lrmoe-import" "$T/empty"
+    assert_failure
+    assert_output --partial "directory holds no .npy or .safetensors files"
+}

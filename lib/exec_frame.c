@@ -1,0 +1,417 @@
+/* Frame-level exec: a frame's tensors -> lrmoe_exec_forward/backward -> the
+ * frame's new tensors and exec.* attributes (lib/exec_frame.h). */
+#include <stdlib.h>
+#include <string.h>
+#include "exec_frame.h"
+#include "plan.h"
+
+void lrmoe_exec_frame_opts_default(lrmoe_exec_frame_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->mode = LRMOE_MODE_FULL;
+    lrmoe_exec_cfg_default(&o->cfg);
+}
+
+void lrmoe_exec_ctx_init(lrmoe_exec_ctx_t *c, const lrmoe_exec_frame_opts_t *o)
+{
+    memset(c, 0, sizeof *c);
+    if (o) c->o = *o;
+    else lrmoe_exec_frame_opts_default(&c->o);
+    c->f32_layer = -1;
+    c->layer = -1;
+}
+
+static void drop_f32(lrmoe_exec_ctx_t *c)
+{
+    free(c->f32);
+    c->f32 = NULL;
+    c->f32_layer = -1;
+}
+
+void lrmoe_exec_ctx_free(lrmoe_exec_ctx_t *c)
+{
+    drop_f32(c);
+    if (c->w == &c->w_own) lrmoe_weights_free(&c->w_own);
+    free(c->tim);
+    memset(c, 0, sizeof *c);
+    c->f32_layer = -1;
+}
+
+void lrmoe_exec_ctx_weights_file(lrmoe_exec_ctx_t *c, const char *path)
+{
+    c->weights_path = path;
+}
+
+static int check_weights(const lrmoe_weights_t *w, const char *what)
+{
+    static const char *nm[3] = {"w_gate", "w_up", "w_down"};
+    for (int i = 0; i < w->n; i++)
+        for (int j = 0; j < 3; j++) {
+            lrmoe_tensor_t *t = lrmoe_frame_get(&w->frames[i], nm[j]);
+            if (t && lrmoe_exec_check_finite(t->dtype, t->data,
+                                             (size_t)lrmoe_tensor_numel(t), nm[j]) < 0)
+                return lrmoe_err_prefix("%s: layer %lld", what, (long long)w->layer[i]);
+        }
+    return 0;
+}
+
+int lrmoe_exec_ctx_weights(lrmoe_exec_ctx_t *c, const lrmoe_weights_t *w)
+{
+    if (!c->o.cfg.allow_nonfinite && check_weights(w, "weights") < 0) return -1;
+    drop_f32(c);
+    if (c->w == &c->w_own) lrmoe_weights_free(&c->w_own);
+    c->w = w;
+    return 0;
+}
+
+static int load_weights(lrmoe_exec_ctx_t *c)
+{
+    if (c->w) return 0;
+    if (!c->weights_path) return lrmoe_err("weights: none given");
+    if (lrmoe_weights_load(c->weights_path, &c->w_own) < 0)
+        return lrmoe_err_prefix("%s", c->weights_path);
+    c->w = &c->w_own;
+    if (!c->o.cfg.allow_nonfinite && check_weights(c->w, c->weights_path) < 0) return -1;
+    return 0;
+}
+
+/* Packed F32 copy of one layer's weights, made once per layer (not per
+ * frame or call): expert e's block is [W_gate (F,D); W_up (F,D); W_down (D,F)]
+ * so the backend runs gate and up as one GEMM with N = 2F. */
+static int pack_f32(lrmoe_exec_ctx_t *c, int64_t layer, const lrmoe_tensor_t *wg,
+                    const lrmoe_tensor_t *wu, const lrmoe_tensor_t *wd)
+{
+    if (c->f32_layer == layer) return 0;
+    drop_f32(c);
+    const int64_t E = wg->shape[0];
+    const size_t n = (size_t)(wg->shape[1] * wg->shape[2]);
+    const size_t es = lrmoe_dtype_size(wg->dtype);
+    c->f32 = malloc((size_t)E * 3 * n * sizeof(float));
+    if (!c->f32)
+        return lrmoe_err("weights layer %lld: out of memory for the F32 copy",
+                         (long long)layer);
+    for (int64_t e = 0; e < E; e++) {
+        float *b = c->f32 + (size_t)e * 3 * n;
+        lrmoe_convert_to_f32(wg->dtype, (const char *)wg->data + (size_t)e * n * es, b, n);
+        lrmoe_convert_to_f32(wu->dtype, (const char *)wu->data + (size_t)e * n * es, b + n, n);
+        lrmoe_convert_to_f32(wd->dtype, (const char *)wd->data + (size_t)e * n * es, b + 2 * n, n);
+    }
+    c->f32_layer = layer;
+    return 0;
+}
+
+/* tensor with the given rank and dims (-1: any) and one of the dtypes */
+static lrmoe_tensor_t *need(lrmoe_frame_t *f, const char *name, int ndim,
+                            const int64_t *dims, int nd, const lrmoe_dtype_t *dts)
+{
+    lrmoe_tensor_t *t = lrmoe_frame_need(f, name);
+    if (!t || lrmoe_tensor_check(t, ndim, dims) < 0) return NULL;
+    for (int i = 0; i < nd; i++)
+        if (t->dtype == dts[i]) return t;
+    lrmoe_err("tensor %s: dtype %s not accepted", name, lrmoe_dtype_name(t->dtype));
+    return NULL;
+}
+
+/* A new output tensor with its pages faulted in before the timed call
+ * (output buffers are persistent in a real step). */
+static lrmoe_tensor_t *put(lrmoe_frame_t *f, const char *name, lrmoe_dtype_t dt, int ndim,
+                           const int64_t *dims)
+{
+    lrmoe_tensor_t *t = lrmoe_frame_put(f, name, dt, ndim, dims);
+    if (t && t->data) memset(t->data, 0, t->nbytes);
+    return t;
+}
+
+static const lrmoe_dtype_t DT_ACT[2] = {LRMOE_BF16, LRMOE_F32};
+static const lrmoe_dtype_t DT_F32[1] = {LRMOE_F32};
+static const lrmoe_dtype_t DT_I32[1] = {LRMOE_I32};
+static const lrmoe_dtype_t DT_I64[1] = {LRMOE_I64};
+static const lrmoe_dtype_t DT_U8[2] = {LRMOE_U8, LRMOE_BOOL};
+
+/* The layer's weights (E, F, D from them) and, on the CPU, its F32 copy. */
+static int frame_weights(lrmoe_exec_ctx_t *c, int64_t layer, lrmoe_exec_weights_t *W,
+                         int64_t *E, int64_t *F, int64_t *D)
+{
+    if (load_weights(c) < 0) return -1;
+    const lrmoe_frame_t *wf = lrmoe_weights_layer(c->w, layer);
+    if (!wf) return lrmoe_err("weights: no frame for layer %lld", (long long)layer);
+    lrmoe_tensor_t *wg = lrmoe_frame_need(wf, "w_gate"), *wu = lrmoe_frame_need(wf, "w_up"),
+                   *wd = lrmoe_frame_need(wf, "w_down");
+    if (!wg || !wu || !wd) return lrmoe_err_prefix("weights layer %lld", (long long)layer);
+    if (wg->ndim != 3) return lrmoe_err("weights: w_gate must be [E,F,D]");
+    *E = wg->shape[0]; *F = wg->shape[1]; *D = wg->shape[2];
+    const int64_t efd[3] = {*E, *F, *D}, edf[3] = {*E, *D, *F};
+    if (lrmoe_tensor_check(wu, 3, efd) < 0 || lrmoe_tensor_check(wd, 3, edf) < 0)
+        return lrmoe_err_prefix("weights layer %lld", (long long)layer);
+    if (wu->dtype != wg->dtype || wd->dtype != wg->dtype)
+        return lrmoe_err("weights: w_gate, w_up, w_down have different dtypes");
+    memset(W, 0, sizeof *W);
+    W->dtype = wg->dtype; W->w_gate = wg->data; W->w_up = wu->data; W->w_down = wd->data;
+    if (c->o.cfg.backend == LRMOE_BACKEND_CPU &&
+        (W->dtype == LRMOE_F32 || W->dtype == LRMOE_BF16)) {
+        if (pack_f32(c, layer, wg, wu, wd) < 0) return -1;
+        W->w_f32 = c->f32;
+    }
+    return 0;
+}
+
+/* P and the plan: the plan's when the frame has one (checked against the
+ * routing), else --ranks, else (backward) pack_counts' rows or the forward's
+ * exec.ranks, else 1. */
+static int frame_plan(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_tensor_t *ids,
+                      int64_t E, lrmoe_plan_t *plan, lrmoe_exec_plan_t *XP, int *Pout)
+{
+    int P = c->o.ranks;
+    if (!P && c->o.backward) {
+        lrmoe_tensor_t *pc = lrmoe_frame_get(f, "pack_counts");
+        int64_t v = 0;
+        if (c->o.mode == LRMOE_MODE_COMPACT && pc && pc->ndim == 2 && pc->shape[0] > 0 &&
+            pc->shape[0] <= 4096)
+            P = (int)pc->shape[0];
+        else if (lrmoe_frame_attr_i64(f, "exec.ranks", &v) == 1 && v > 0 && v <= 4096)
+            P = (int)v;
+    }
+    if (!P) P = 1;
+    *Pout = P;
+    XP->placement = NULL;
+    XP->fwd_alloc = NULL;
+    if (!lrmoe_frame_get(f, "placement")) return 0;
+    if (lrmoe_plan_from_frame(f, plan) < 0) return lrmoe_err_prefix("plan");
+    const int64_t T = ids->shape[0], K = ids->shape[1];
+    int64_t *load = calloc((size_t)plan->E, sizeof *load);
+    if (!load) return lrmoe_err("out of memory");
+    const int32_t *id = ids->data;
+    int bad = 0;
+    for (int64_t u = 0; u < T * K; u++) {
+        if (id[u] < 0 || id[u] >= plan->E) { bad = 1; break; }
+        load[id[u]]++;
+    }
+    int rc = 0;
+    if (plan->E != E)
+        rc = lrmoe_err("plan has E=%d experts but the weights have %lld", plan->E, (long long)E);
+    else if (c->o.ranks && c->o.ranks != plan->P)
+        rc = lrmoe_err("--ranks %d but the plan is for %d ranks", c->o.ranks, plan->P);
+    else if (lrmoe_plan_check(plan, bad ? NULL : load) < 0)
+        rc = lrmoe_err_prefix("plan");
+    free(load);
+    if (rc < 0) return -1;
+    *Pout = plan->P;
+    XP->placement = plan->placement;
+    XP->fwd_alloc = plan->fwd_alloc;
+    return 0;
+}
+
+static int run_forward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_dims_t *d,
+                       const lrmoe_exec_weights_t *W, const lrmoe_exec_plan_t *XP,
+                       const lrmoe_tensor_t *ids, const lrmoe_tensor_t *tw)
+{
+    const int64_t T = d->T, K = d->K, D = d->D, F = d->F;
+    const int64_t td[2] = {T, D}, tk[2] = {T, K}, tkf[3] = {T, K, F}, tkd[3] = {T, K, D};
+    lrmoe_tensor_t *h = need(f, "hidden", 2, td, 2, DT_ACT);
+    if (!h) return -1;
+    const lrmoe_dtype_t adt = h->dtype;
+    lrmoe_exec_fwd_t a = {0};
+    a.act_dtype = adt;
+    a.hidden = h->data;
+    a.topk_ids = ids->data;
+    a.topk_weights = tw->data;
+    lrmoe_tensor_t *o = put(f, "output", adt, 2, td),
+                   *pr = put(f, "pair_rank", LRMOE_I32, 2, tk),
+                   *pn = put(f, "phi_sqnorm", LRMOE_F32, 2, tk),
+                   *sg = put(f, "saved_gate", adt, 3, tkf),
+                   *su = put(f, "saved_up", adt, 3, tkf),
+                   *po = put(f, "pair_out", adt, 3, tkd);
+    if (!o || !pr || !pn || !sg || !su || !po) return -1;
+    a.output = o->data; a.pair_rank = pr->data; a.phi_sqnorm = pn->data;
+    a.saved_gate = sg->data; a.saved_up = su->data; a.pair_out = po->data;
+    double t0 = lrmoe_now();
+    if (lrmoe_exec_forward(&c->o.cfg, d, W, XP, &a, c->tim) < 0) return -1;
+    c->wall = lrmoe_now() - t0;
+    return 0;
+}
+
+/* The backward inputs of a mode into a. */
+static int backward_inputs(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_dims_t *d,
+                           const lrmoe_dtype_t *adt, lrmoe_exec_bwd_t *a)
+{
+    const int64_t T = d->T, K = d->K, D = d->D, F = d->F, E = d->E, P = d->P;
+    const int64_t tk[2] = {T, K}, tkf[3] = {T, K, F};
+    const char *mode = lrmoe_exec_mode_name(c->o.mode);
+    if (c->o.mode != LRMOE_MODE_COMPACT) {
+        const int64_t td[2] = {T, D};
+        lrmoe_tensor_t *h = need(f, "hidden", 2, td, 1, adt),
+                       *pr = need(f, "pair_rank", 2, tk, 1, DT_I32),
+                       *sg = need(f, "saved_gate", 3, tkf, 1, adt),
+                       *su = need(f, "saved_up", 3, tkf, 1, adt);
+        if (!h || !pr || !sg || !su) return lrmoe_err_prefix("backward %s", mode);
+        a->hidden = h->data; a->pair_rank = pr->data;
+        a->saved_gate = sg->data; a->saved_up = su->data;
+        if (c->o.mode == LRMOE_MODE_MASKED) {
+            lrmoe_tensor_t *kp = need(f, "keep", 2, tk, 2, DT_U8);
+            if (!kp) return lrmoe_err_prefix("backward masked");
+            a->keep = kp->data;
+        }
+        return 0;
+    }
+    const int64_t any1[1] = {-1};
+    lrmoe_tensor_t *pp = need(f, "pack_pair", 1, any1, 1, DT_I64);
+    if (!pp) return lrmoe_err_prefix("backward compact");
+    const int64_t R = pp->shape[0];
+    const int64_t r1[1] = {R}, pe[2] = {P, E}, rd[2] = {R, D}, rf[2] = {R, F};
+    lrmoe_tensor_t *pk = need(f, "pack_rank", 1, r1, 1, DT_I32),
+                   *pc = need(f, "pack_counts", 2, pe, 1, DT_I64),
+                   *pf = need(f, "pack_offsets", 2, pe, 1, DT_I64),
+                   *pg = need(f, "pack_grad", 2, rd, 1, DT_F32),
+                   *ph = need(f, "pack_hidden", 2, rd, 1, adt),
+                   *pa = need(f, "pack_gate", 2, rf, 1, adt),
+                   *pu = need(f, "pack_up", 2, rf, 1, adt);
+    if (!pk || !pc || !pf || !pg || !ph || !pa || !pu)
+        return lrmoe_err_prefix("backward compact");
+    a->R = R; a->pack_pair = pp->data; a->pack_rank = pk->data;
+    a->pack_counts = pc->data; a->pack_offsets = pf->data; a->pack_grad = pg->data;
+    a->pack_hidden = ph->data; a->pack_gate = pa->data; a->pack_up = pu->data;
+    return 0;
+}
+
+static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_dims_t *d,
+                        const lrmoe_exec_weights_t *W, const lrmoe_exec_plan_t *XP,
+                        const lrmoe_tensor_t *ids, const lrmoe_tensor_t *tw)
+{
+    const int64_t T = d->T, K = d->K, D = d->D, F = d->F, E = d->E;
+    const int64_t td[2] = {T, D}, tk[2] = {T, K}, tkd[3] = {T, K, D};
+    lrmoe_exec_bwd_t a = {0};
+    a.mode = c->o.mode;
+    lrmoe_tensor_t *g = need(f, "grad_output", 2, td, 2, DT_ACT);
+    lrmoe_tensor_t *po = need(f, "pair_out", 3, tkd, 2, DT_ACT);
+    if (!g || !po) return -1;
+    a.act_dtype = po->dtype;
+    a.grad_dtype = g->dtype;
+    a.topk_ids = ids->data;
+    a.topk_weights = tw->data;
+    a.grad_output = g->data;
+    a.pair_out = po->data;
+    const lrmoe_dtype_t adt[1] = {po->dtype};
+    if (backward_inputs(c, f, d, adt, &a) < 0) return -1;
+    const int64_t efd[3] = {E, F, D}, edf[3] = {E, D, F};
+    lrmoe_tensor_t *gh = put(f, "grad_hidden", LRMOE_F32, 2, td),
+                   *gg = put(f, "grad_w_gate", LRMOE_F32, 3, efd),
+                   *gu = put(f, "grad_w_up", LRMOE_F32, 3, efd),
+                   *gd = put(f, "grad_w_down", LRMOE_F32, 3, edf),
+                   *gt = put(f, "grad_topk_weights", LRMOE_F32, 2, tk);
+    if (!gh || !gg || !gu || !gd || !gt) return -1;
+    a.grad_hidden = gh->data; a.grad_w_gate = gg->data; a.grad_w_up = gu->data;
+    a.grad_w_down = gd->data; a.grad_topk_weights = gt->data;
+    double t0 = lrmoe_now();
+    if (lrmoe_exec_backward(&c->o.cfg, d, W, XP, &a, c->tim) < 0) return -1;
+    c->wall = lrmoe_now() - t0;
+    return 0;
+}
+
+/* exec.<phase>.<stage>_s (per rank, comma-separated), .critical_rank,
+ * .critical_s, .wall_s, exec.ranks, exec.backend, exec.backward.mode. */
+static int timing_attrs(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
+{
+    const int P = c->P;
+    const double *tim = c->tim;
+    const char *ph = c->o.backward ? "backward" : "forward";
+    char key[64];
+    size_t cap = (size_t)P * 24 + 16;
+    char *buf = malloc(cap);
+    if (!buf) return lrmoe_err("out of memory");
+    double ctot = 0;
+    for (int s = 0; s <= LRMOE_NSTAGES; s++) {
+        size_t len = 0;
+        buf[0] = 0;
+        for (int r = 0; r < P; r++) {
+            double v = 0;
+            if (s < LRMOE_NSTAGES) v = tim[r * LRMOE_NSTAGES + s];
+            else for (int k = 0; k < LRMOE_NSTAGES; k++) v += tim[r * LRMOE_NSTAGES + k];
+            if (s == LRMOE_NSTAGES && r == c->critical) ctot = v;
+            len += (size_t)snprintf(buf + len, cap - len, "%s%.6g", r ? "," : "", v);
+        }
+        snprintf(key, sizeof key, "exec.%s.%s_s", ph,
+                 s < LRMOE_NSTAGES ? lrmoe_exec_stage_name(s) : "total");
+        if (lrmoe_frame_set_attr(f, key, buf) < 0) { free(buf); return -1; }
+    }
+    free(buf);
+    snprintf(key, sizeof key, "exec.%s.critical_rank", ph);
+    if (lrmoe_frame_set_attrf(f, key, "%d", c->critical) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.critical_s", ph);
+    if (lrmoe_frame_set_attrf(f, key, "%.6g", ctot) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.wall_s", ph);
+    if (lrmoe_frame_set_attrf(f, key, "%.6g", c->wall) < 0) return -1;
+    if (lrmoe_frame_set_attrf(f, "exec.ranks", "%d", P) < 0 ||
+        lrmoe_frame_set_attr(f, "exec.backend", lrmoe_backend_name(c->o.cfg.backend)) < 0)
+        return -1;
+    if (c->o.backward &&
+        lrmoe_frame_set_attr(f, "exec.backward.mode", lrmoe_exec_mode_name(c->o.mode)) < 0)
+        return -1;
+    return 0;
+}
+
+int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
+{
+    int64_t layer = 0;
+    if (lrmoe_frame_attr_i64(f, "layer", &layer) < 0)
+        return lrmoe_err("attribute layer: not an integer");
+    lrmoe_exec_weights_t W;
+    int64_t E = 0, F = 0, D = 0;
+    if (frame_weights(c, layer, &W, &E, &F, &D) < 0) return -1;
+
+    const int64_t any2[2] = {-1, -1};
+    lrmoe_tensor_t *ids = need(f, "topk_ids", 2, any2, 1, DT_I32);
+    if (!ids) return -1;
+    const int64_t T = ids->shape[0], K = ids->shape[1];
+    const int64_t tk[2] = {T, K};
+    lrmoe_tensor_t *tw = need(f, "topk_weights", 2, tk, 1, DT_F32);
+    if (!tw) return -1;
+    lrmoe_tensor_t *lg = lrmoe_frame_get(f, "router_logits");
+    if (lg && lg->ndim == 2 && lg->shape[1] != E)
+        return lrmoe_err("weights have E=%lld experts but router_logits has %lld",
+                         (long long)E, (long long)lg->shape[1]);
+
+    lrmoe_plan_t plan;
+    lrmoe_plan_init(&plan);
+    lrmoe_exec_plan_t XP;
+    int P = 1, rc = -1;
+    if (frame_plan(c, f, ids, E, &plan, &XP, &P) < 0) goto out;
+    if (P > c->tim_cap) {
+        double *t = realloc(c->tim, (size_t)P * LRMOE_NSTAGES * sizeof *t);
+        if (!t) { lrmoe_err("out of memory"); goto out; }
+        c->tim = t;
+        c->tim_cap = P;
+    }
+    memset(c->tim, 0, (size_t)P * LRMOE_NSTAGES * sizeof *c->tim);
+    c->layer = layer;
+    c->P = P;
+    c->wall = 0;
+    const lrmoe_exec_dims_t d = {T, E, K, D, F, P};
+    if ((c->o.backward ? run_backward : run_forward)(c, f, &d, &W, &XP, ids, tw) < 0) goto out;
+    c->critical = lrmoe_exec_critical(P, c->tim);
+    rc = timing_attrs(c, f);
+out:
+    lrmoe_plan_free(&plan);
+    return rc;
+}
+
+int lrmoe_exec_timings_tsv(FILE *fp, int header, const lrmoe_exec_ctx_t *c, int64_t frame)
+{
+    if (header) {
+        fprintf(fp, "frame\tlayer\tphase\tmode\trank");
+        for (int s = 0; s < LRMOE_NSTAGES; s++) fprintf(fp, "\t%s_s", lrmoe_exec_stage_name(s));
+        fprintf(fp, "\ttotal_s\tcritical\twall_s\n");
+    }
+    const char *ph = c->o.backward ? "backward" : "forward";
+    for (int r = 0; r < c->P; r++) {
+        double tot = 0;
+        fprintf(fp, "%lld\t%lld\t%s\t%s\t%d", (long long)frame, (long long)c->layer, ph,
+                c->o.backward ? lrmoe_exec_mode_name(c->o.mode) : "-", r);
+        for (int s = 0; s < LRMOE_NSTAGES; s++) {
+            fprintf(fp, "\t%.6f", c->tim[r * LRMOE_NSTAGES + s]);
+            tot += c->tim[r * LRMOE_NSTAGES + s];
+        }
+        fprintf(fp, "\t%.6f\t%d\t%.6f\n", tot, r == c->critical, c->wall);
+    }
+    if (ferror(fp)) return lrmoe_err("write error");
+    return 0;
+}
