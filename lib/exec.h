@@ -85,6 +85,10 @@ typedef struct {
                              device (device + r mod G) mod visible */
     int gemm;             /* CUDA: lrmoe_exec_gemm_t, the expert GEMM implementation */
     int gemm_streams;     /* CUDA: streams of the loop GEMM (0: backend default, 4) */
+    struct lrmoe_comm *comm; /* CPU: NULL, the backend's in-process communicator;
+                             else the caller's (lib/comm.h), e.g. MPI with one
+                             rank per process (comm->self: this process
+                             computes only that rank; lib/exec_mpi.h) */
 } lrmoe_exec_cfg_t;
 void lrmoe_exec_cfg_default(lrmoe_exec_cfg_t *c);
 

@@ -161,6 +161,7 @@ static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
         return lrmoe_err("exec: out of memory");
     }
     for (int s = 0; s < P; s++) {
+        if (!lrmoe_comm_local(c, s)) continue;
         double t0 = now_();
         char *sb = send + (size_t)L->sbase[s] * row_bytes;
         for (int d = 0; d < P; d++) {
@@ -176,6 +177,7 @@ static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
     int rc = c->alltoallv(c, row_bytes, (const void *const *)sp, L->counts, L->sdispls,
                           (void *const *)rp, L->rdispls, sec);
     for (int d = 0; d < P && !rc; d++) {
+        if (!lrmoe_comm_local(c, d)) continue;
         double t0 = now_();
         for (int s = 0; s < P; s++) pos[s] = L->rdispls[(size_t)d * P + s];
         for (int64_t i = L->base[d]; i < L->base[d + 1]; i++) {
@@ -217,6 +219,7 @@ static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
             rd2[(size_t)s * P + d] = L->sdispls[(size_t)s * P + d];
         }
     for (int d = 0; d < P; d++) {
+        if (!lrmoe_comm_local(c, d)) continue;
         double t0 = now_();
         char *sb = send + (size_t)L->base[d] * row_bytes;
         for (int s = 0; s < P; s++) pos[s] = L->rdispls[(size_t)d * P + s];
@@ -233,6 +236,7 @@ static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
                       (void *const *)rp, rd2, sec);
     for (int64_t u = 0; u < L->T * L->K; u++) upos[u] = -1;
     for (int s = 0; s < P && !rc; s++) {
+        if (!lrmoe_comm_local(c, s)) continue;
         double t0 = now_();
         for (int d = 0; d < P; d++) {
             int64_t k = L->sbase[s] + L->sdispls[(size_t)s * P + d];
@@ -263,17 +267,29 @@ static size_t wmat_bytes(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t 
     return (size_t)(d->F * d->D) * lrmoe_dtype_size(w->dtype);
 }
 
-/* Bring the replica/helper weights of rank r in by p2p (stage weights). */
+/* Bring the replica/helper weights of rank r in by p2p (stage weights).
+ * With one rank per process (c->self) every process walks the instances
+ * (q, e) of all ranks in the same order, sending the experts it owns to the
+ * ranks that need them and receiving its own, so sends and receives pair up. */
 static int fetch_replicas(lrmoe_comm_t *c, const lrmoe_exec_dims_t *d,
                           const lrmoe_exec_weights_t *w, const uint8_t *placement,
                           const int64_t *cnt, int r, wcache_t *wc, double *tim)
 {
     double t0 = now_();
     size_t mb = wmat_bytes(d, w);
+    for (int q = c->self ? 0 : r; q < (c->self ? d->P : r + 1); q++)
     for (int64_t e = 0; e < d->E; e++) {
         int nat = lrmoe_exec_native(e, d->E, d->P);
-        int need = nat != r && (cnt[r * d->E + e] > 0 || (placement && placement[e * d->P + r]));
+        int need = nat != q && (cnt[q * d->E + e] > 0 || (placement && placement[e * d->P + q]));
         if (!need) continue;
+        if (q != r) { /* another process's instance: send it when r owns e */
+            if (nat == r &&
+                (c->p2p(c, r, (const char *)w->w_gate + e * mb, q, NULL, mb) < 0 ||
+                 c->p2p(c, r, (const char *)w->w_up + e * mb, q, NULL, mb) < 0 ||
+                 c->p2p(c, r, (const char *)w->w_down + e * mb, q, NULL, mb) < 0))
+                return -1;
+            continue;
+        }
         size_t n = (size_t)(d->F * d->D);
         float *rep = malloc(3 * n * sizeof *rep);
         if (!rep) return lrmoe_err("exec: out of memory (replica of expert %lld)", (long long)e);
@@ -462,16 +478,18 @@ static void *pool_main(void *vp)
 }
 
 /* Run fn for every rank: one at a time (nthreads <= 1) or on nthreads
- * workers taking ranks in ascending order. */
+ * workers taking ranks in ascending order; with one rank per process, for
+ * this process's rank only. */
 static int run_ranks(job_t *J, rank_fn fn, int nthreads)
 {
     int P = J->d->P;
-    if (nthreads > P) nthreads = P;
+    if (nthreads > P || J->comm->self) nthreads = J->comm->self ? 1 : P;
     if (nthreads <= 1) {
         worker_t k;
         if (worker_init(&k, J) < 0) return -1;
         int rc = 0;
         for (int r = 0; r < P && !rc; r++) {
+            if (!lrmoe_comm_local(J->comm, r)) continue;
             rc = fn(J, &k, r);
             drop_replicas(J->d->E, &k.wc);
         }
@@ -592,7 +610,12 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
     int64_t *upos = NULL;
     int rc = -1;
     memset(&L, 0, sizeof L);
-    if (!tim || lrmoe_comm_cpu_init_clock(&comm, P, now_) < 0) { free(tloc); return lrmoe_err("exec: out of memory"); }
+    if (cfg->comm && cfg->comm->P != P) {
+        free(tloc);
+        return lrmoe_err("exec: %d ranks but the communicator has %d", P, cfg->comm->P);
+    }
+    if (cfg->comm) comm = *cfg->comm; /* borrowed: not freed here */
+    if (!tim || (!cfg->comm && lrmoe_comm_cpu_init_clock(&comm, P, now_) < 0)) { free(tloc); return lrmoe_err("exec: out of memory"); }
     if (layout_pairs(&L, P, T, K, E, a->topk_ids, a->pair_rank) < 0) goto out;
 
     const int64_t M = L.M;
@@ -633,6 +656,7 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
         if (!acc) { lrmoe_err("exec: out of memory"); goto out; }
         float *yrow = acc + D;
         for (int s = 0; s < P; s++) {
+            if (!lrmoe_comm_local(&comm, s)) continue;
             double t0 = now_();
             int64_t t_lo = (int64_t)s * T / P, t_hi = (int64_t)(s + 1) * T / P;
             for (int64_t t = t_lo; t < t_hi; t++) {
@@ -655,7 +679,7 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
 out:
     free(bufA); free(bufB); free(X); free(upos);
     layout_free(&L);
-    lrmoe_comm_free(&comm);
+    if (!cfg->comm) lrmoe_comm_free(&comm);
     free(tloc);
     return rc;
 }
@@ -830,7 +854,12 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
     int64_t *upos = NULL;
     int rc = -1;
     memset(&L, 0, sizeof L);
-    if (!tim || lrmoe_comm_cpu_init_clock(&comm, P, now_) < 0) { free(tloc); return lrmoe_err("exec: out of memory"); }
+    if (cfg->comm && cfg->comm->P != P) {
+        free(tloc);
+        return lrmoe_err("exec: %d ranks but the communicator has %d", P, cfg->comm->P);
+    }
+    if (cfg->comm) comm = *cfg->comm; /* borrowed: not freed here */
+    if (!tim || (!cfg->comm && lrmoe_comm_cpu_init_clock(&comm, P, now_) < 0)) { free(tloc); return lrmoe_err("exec: out of memory"); }
     if (compact) {
         if (layout_packed(&L, P, T, K, E, a->topk_ids, a, placement) < 0) goto out;
     } else {
@@ -867,7 +896,8 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
     /* helper weight-gradient buffers, allocated and faulted in up front */
     for (int r = 0; r < P; r++)
         for (int64_t e = 0; e < E; e++)
-            if (L.cnt[r * E + e] && lrmoe_exec_native(e, E, P) != r) {
+            if (L.cnt[r * E + e] && lrmoe_exec_native(e, E, P) != r &&
+                lrmoe_comm_local(&comm, r)) {
                 float *b = malloc(3 * FD * sizeof(float));
                 if (!b) { lrmoe_err("exec: out of memory (helper gradients)"); goto out; }
                 memset(b, 0, 3 * FD * sizeof(float));
@@ -888,14 +918,16 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
     if (run_ranks(&J, bwd_rank, cfg->rank_threads) < 0) goto out;
 
     /* gradient reduction: helpers send their weight gradients to the owner,
-     * which adds them in ascending helper rank */
+     * which adds them in ascending helper rank (with one rank per process,
+     * each process takes the sends and receives that are its own) */
     {
         float *recvb = NULL;
         for (int64_t e = 0; e < E; e++) {
             int nat = lrmoe_exec_native(e, E, P);
             for (int p = 0; p < P; p++) {
                 float *g = rgrad[p * E + e];
-                if (!g) continue;
+                if (!L.cnt[p * E + e] || nat == p) continue; /* no helper gradient */
+                if (!lrmoe_comm_local(&comm, p) && !lrmoe_comm_local(&comm, nat)) continue;
                 if (!recvb && !(recvb = malloc(3 * FD * sizeof(float)))) {
                     lrmoe_err("exec: out of memory"); goto out;
                 }
@@ -906,12 +938,13 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
                 double t1 = now_();
                 float *og = a->grad_w_gate + e * FD, *ou = a->grad_w_up + e * FD,
                       *od = a->grad_w_down + e * FD;
-                for (size_t j = 0; j < FD; j++) {
-                    og[j] += recvb[j]; ou[j] += recvb[FD + j]; od[j] += recvb[2 * FD + j];
-                }
+                if (lrmoe_comm_local(&comm, nat))
+                    for (size_t j = 0; j < FD; j++) {
+                        og[j] += recvb[j]; ou[j] += recvb[FD + j]; od[j] += recvb[2 * FD + j];
+                    }
                 double t2 = now_();
-                TIM(p, LRMOE_STAGE_GRADRED) += t1 - t0;
-                TIM(nat, LRMOE_STAGE_GRADRED) += t2 - t0;
+                if (lrmoe_comm_local(&comm, p)) TIM(p, LRMOE_STAGE_GRADRED) += t1 - t0;
+                if (lrmoe_comm_local(&comm, nat)) TIM(nat, LRMOE_STAGE_GRADRED) += t2 - t0;
                 free(g);
                 rgrad[p * E + e] = NULL;
             }
@@ -927,6 +960,7 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
         float *yrow = malloc(rowf);
         if (!yrow) { lrmoe_err("exec: out of memory"); goto out; }
         for (int s = 0; s < P; s++) {
+            if (!lrmoe_comm_local(&comm, s)) continue;
             double t0 = now_();
             int64_t t_lo = (int64_t)s * T / P, t_hi = (int64_t)(s + 1) * T / P;
             for (int64_t t = t_lo; t < t_hi; t++) {
@@ -957,7 +991,7 @@ out:
     free(rgrad);
     free(bufA); free(bufB); free(DY); free(tmp); free(upos);
     layout_free(&L);
-    lrmoe_comm_free(&comm);
+    if (!cfg->comm) lrmoe_comm_free(&comm);
     free(tloc);
     return rc;
 }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "exec_frame.h"
+#include "exec_mpi.h"
 #include "plan.h"
 
 void lrmoe_exec_frame_opts_default(lrmoe_exec_frame_opts_t *o)
@@ -225,7 +226,9 @@ static int run_forward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_d
     a.output = o->data; a.pair_rank = pr->data; a.phi_sqnorm = pn->data;
     a.saved_gate = sg->data; a.saved_up = su->data; a.pair_out = po->data;
     double t0 = lrmoe_now();
-    if (lrmoe_exec_forward(&c->o.cfg, d, W, XP, &a, c->tim) < 0) return -1;
+    if ((c->mpi ? lrmoe_exec_mpi_forward(c->mpi, &c->o.cfg, d, c->layer, W, XP, &a, c->tim)
+                : lrmoe_exec_forward(&c->o.cfg, d, W, XP, &a, c->tim)) < 0)
+        return -1;
     c->wall = lrmoe_now() - t0;
     return 0;
 }
@@ -302,7 +305,9 @@ static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_
     a.grad_hidden = gh->data; a.grad_w_gate = gg->data; a.grad_w_up = gu->data;
     a.grad_w_down = gd->data; a.grad_topk_weights = gt->data;
     double t0 = lrmoe_now();
-    if (lrmoe_exec_backward(&c->o.cfg, d, W, XP, &a, c->tim) < 0) return -1;
+    if ((c->mpi ? lrmoe_exec_mpi_backward(c->mpi, &c->o.cfg, d, c->layer, W, XP, &a, c->tim)
+                : lrmoe_exec_backward(&c->o.cfg, d, W, XP, &a, c->tim)) < 0)
+        return -1;
     c->wall = lrmoe_now() - t0;
     return 0;
 }
@@ -346,6 +351,7 @@ static int timing_attrs(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
     if (c->o.backward &&
         lrmoe_frame_set_attr(f, "exec.backward.mode", lrmoe_exec_mode_name(c->o.mode)) < 0)
         return -1;
+    if (c->mpi && lrmoe_exec_mpi_attrs(c->mpi, f, ph) < 0) return -1;
     return 0;
 }
 

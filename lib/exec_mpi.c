@@ -627,6 +627,43 @@ int lrmoe_exec_mpi_serve(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg)
     }
 }
 
+/* ---------------------------------------------------------------- attributes */
+
+static int list_attr(lrmoe_frame_t *f, const char *key, int P, const int64_t *iv,
+                     const double *dv)
+{
+    size_t cap = (size_t)P * 24 + 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return lrmoe_err("out of memory");
+    buf[0] = 0;
+    for (int r = 0; r < P; r++)
+        len += iv ? (size_t)snprintf(buf + len, cap - len, "%s%lld", r ? "," : "", (long long)iv[r])
+                  : (size_t)snprintf(buf + len, cap - len, "%s%.6g", r ? "," : "", dv[r]);
+    int rc = lrmoe_frame_set_attr(f, key, buf);
+    free(buf);
+    return rc;
+}
+
+int lrmoe_exec_mpi_attrs(const lrmoe_exec_mpi_t *m, lrmoe_frame_t *f, const char *phase)
+{
+    char key[64];
+    snprintf(key, sizeof key, "exec.%s.a2a_bytes", phase);
+    if (list_attr(f, key, m->P, m->a2a_bytes, NULL) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.p2p_bytes", phase);
+    if (list_attr(f, key, m->P, m->p2p_bytes, NULL) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.a2a_s", phase);
+    if (list_attr(f, key, m->P, NULL, m->a2a_s) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.scatter_s", phase);
+    if (lrmoe_frame_set_attrf(f, key, "%.6g", m->scatter_s) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.gather_s", phase);
+    if (lrmoe_frame_set_attrf(f, key, "%.6g", m->gather_s) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.scatter_bytes", phase);
+    if (lrmoe_frame_set_attrf(f, key, "%lld", (long long)m->scatter_bytes) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.gather_bytes", phase);
+    if (lrmoe_frame_set_attrf(f, key, "%lld", (long long)m->gather_bytes) < 0) return -1;
+    return lrmoe_frame_set_attr(f, "exec.launcher", "mpi");
+}
+
 /* ---------------------------------------------------------------- setup */
 
 int lrmoe_exec_mpi_open(lrmoe_exec_mpi_t *m, int *argc, char ***argv, const char *weights)

@@ -32,7 +32,7 @@
 #include "comm.h"
 #include "exec.h"
 
-typedef struct {
+typedef struct lrmoe_exec_mpi {
     lrmoe_comm_t comm;
     int rank, P;
     const char *weights;   /* path of the weights stream (ranks > 0 read it) */
@@ -68,5 +68,11 @@ int lrmoe_exec_mpi_end(lrmoe_exec_mpi_t *m);
 int lrmoe_exec_mpi_serve(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg);
 /* MPI_Finalize and free. */
 int lrmoe_exec_mpi_close(lrmoe_exec_mpi_t *m);
+
+/* Rank 0, after a job: its MPI attributes on frame f (phase "forward" or
+ * "backward"): exec.PH.a2a_bytes, .p2p_bytes (bytes each rank sent), .a2a_s
+ * (seconds each rank spent in MPI_Alltoallv), exec.PH.scatter_s/.gather_s
+ * and .scatter_bytes/.gather_bytes (rank 0's share traffic), exec.launcher mpi. */
+int lrmoe_exec_mpi_attrs(const lrmoe_exec_mpi_t *m, lrmoe_frame_t *f, const char *phase);
 
 #endif
