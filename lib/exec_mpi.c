@@ -201,7 +201,7 @@ static void layers_free(lrmoe_exec_mpi_t *m)
 static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite)
 {
     lrmoe_weights_t W;
-    if (lrmoe_weights_load(m->weights, &W) < 0) return lrmoe_err_prefix("%s", m->weights);
+    if (lrmoe_weights_load(m->weights, &W) < 0) return -1;
     int rc = 0;
     if (!(m->layers = calloc((size_t)(W.n ? W.n : 1), sizeof *m->layers))) {
         lrmoe_weights_free(&W);
