@@ -85,7 +85,9 @@ int lrmoe_comm_mpi_rank(const lrmoe_comm_t *c);
 /* Rank among the processes of this host (MPI_COMM_TYPE_SHARED): picks the GPU. */
 int lrmoe_comm_mpi_local_rank(const lrmoe_comm_t *c);
 /* Bytes this process sent by all-to-all-v and by p2p since the last reset
- * (to itself included: a rank's rows to itself still cross its buffers). */
+ * (to itself included: a rank's rows to itself still cross its buffers), and
+ * its seconds inside MPI_Alltoallv after the counts exchange (which lines
+ * the ranks up, so this is transfer time rather than waiting). */
 void lrmoe_comm_mpi_sent(const lrmoe_comm_t *c, int64_t *a2a_bytes, int64_t *p2p_bytes,
                          double *a2a_sec);
 void lrmoe_comm_mpi_reset(lrmoe_comm_t *c);

@@ -71,7 +71,8 @@ int lrmoe_exec_mpi_close(lrmoe_exec_mpi_t *m);
 
 /* Rank 0, after a job: its MPI attributes on frame f (phase "forward" or
  * "backward"): exec.PH.a2a_bytes, .p2p_bytes (bytes each rank sent), .a2a_s
- * (seconds each rank spent in MPI_Alltoallv), exec.PH.scatter_s/.gather_s
+ * (each rank's seconds moving rows in MPI_Alltoallv, after the counts
+ * exchange), exec.PH.scatter_s/.gather_s
  * and .scatter_bytes/.gather_bytes (rank 0's share traffic), exec.launcher mpi. */
 int lrmoe_exec_mpi_attrs(const lrmoe_exec_mpi_t *m, lrmoe_frame_t *f, const char *phase);
 
