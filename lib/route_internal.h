@@ -1,8 +1,11 @@
-/* route_internal.h: kernels of route.c that live in their own files
- * (liblrmoe-internal; not installed). */
+/* route_internal.h: what the router's dispatcher (route.c) and its paths
+ * (route_scalar.c, route_avx2.c, route_avx512.c) share (liblrmoe-internal;
+ * not installed). The dispatcher calls the paths; the paths call only each
+ * other's row functions (a SIMD path's fallback rows) and what is here. */
 #ifndef LRMOE_ROUTE_INTERNAL_H
 #define LRMOE_ROUTE_INTERNAL_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -78,6 +81,97 @@ static inline __m256 route_exp_neg256(__m256 x)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+#endif
+
+
+/* ------------------------------------------------------------ shared by route.c,
+ * route_scalar.c and route_avx2.c (the dispatcher and its paths) */
+
+#include "route.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define ROUTE_X86 1
+#endif
+
+enum { EMAX = 1024 }; /* vector top-K path: E <= EMAX (stack arrays) */
+
+/* Insert (v, j) into the descending list tv/ti whose slot `pos` is free;
+ * equal values stay ahead of the newcomer (lower index wins ties because
+ * experts are visited in increasing index). */
+#define INSERT(tv, ti, pos, v, j)                                  \
+    do {                                                           \
+        int p_ = (pos);                                            \
+        while (p_ > 0 && (tv)[p_ - 1] < (v)) {                     \
+            (tv)[p_] = (tv)[p_ - 1];                               \
+            (ti)[p_] = (ti)[p_ - 1];                               \
+            p_--;                                                  \
+        }                                                          \
+        (tv)[p_] = (v);                                            \
+        (ti)[p_] = (j);                                            \
+    } while (0)
+
+typedef int (*topk_fn)(const float *, int, int, float *, int32_t *, int *);
+typedef float (*expsum_fn)(const float *, int, float);
+typedef void (*weights_fn)(const float *, int, float, float, float, float *);
+
+enum { ERR_NONE = 0, ERR_NAN, ERR_ALLNEG, ERR_OOM };
+
+typedef struct {
+    const lrmoe_route_opts_t *o;
+    int E, K;
+    lrmoe_dtype_t dt;
+    const void *logits;
+    const float *bias;
+    int32_t *ids;
+    float *w;
+    int64_t t0, t1;
+    int64_t *load;       /* (E) private counts */
+    int64_t err_token;
+    int err_expert, err;
+    topk_fn topk;
+    expsum_fn expsum;
+    weights_fn weights;
+    int fast;            /* rows_softmax_avx2 applies */
+    int k512;            /* ...and route_softmax_rows512 */
+    int sigfast;         /* row_sigmoid_filter applies */
+    double bmax;         /* max |expert_bias| (0 without) */
+    float *cv, *row;     /* scratch of rows_softmax_avx2 */
+    int32_t *ci, *rank;
+} job_t;
+
+
+static inline double route_sigmoid(double x)
+{
+    return 1.0 / (1.0 + exp(-x));
+}
+
+/* route_scalar.c */
+int route_topk_scalar(const float *x, int E, int K, float *tv, int32_t *ti, int *bad);
+float route_expsum_scalar(const float *x, int E, float m);
+void route_weights_scalar(const float *tv, int K, float m, float s, float scale, float *w);
+/* Top-K over double keys, optionally only experts whose group is allowed. */
+void route_topk_f64(const double *key, int E, int K, const unsigned char *gok,
+                    int gsize, double *tv, int32_t *ti);
+/* Softmax routers on one row. 0, or ERR_* with *bad set. */
+int route_row_softmax(const job_t *jb, const float *x, int32_t *ids, float *w,
+                      float *tv, int *bad);
+/* Sigmoid router on one row; key (E) and gscore/gok (G) are scratch. */
+int route_row_sigmoid(const job_t *jb, const float *x, int32_t *ids, float *w,
+                      double *key, double *tv, double *gscore, unsigned char *gok,
+                      int *bad);
+
+#ifdef ROUTE_X86
+/* route_avx2.c (callers check AVX2/FMA first; route_avx2_init once before
+ * route_topk_avx2) */
+void route_avx2_init(void);
+int route_topk_avx2(const float *x, int E, int K, float *tv, int32_t *ti, int *bad);
+float route_expsum_avx2(const float *x, int E, float m);
+void route_weights_avx2(const float *tv, int K, float m, float s, float scale, float *w);
+int route_rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad);
+int route_row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, float *w,
+                             double *key, float *ka, int32_t *cj, float *tvf, double *tv,
+                             double *gscore, unsigned char *gok, double *sge,
+                             int64_t *seen, int64_t t, int *bad);
 #endif
 
 #endif

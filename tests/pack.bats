@@ -144,7 +144,7 @@ PY
     assert_output "lrmoe-pack: frame 0: keep: value 2 at pair 0 (expected 0 or 1)"
     run "$BIN/lrmoe-pack" -o "$T/out.lrm" "$T/in.lrm"
     assert_failure 1
-    assert_output "lrmoe-pack: frame 0: missing tensor keep"
+    assert_output "lrmoe-pack: frame 0: missing tensor keep (lrmoe-score writes it: run that first)"
     "$BIN/lrmoe-pack" "$T/scored.lrm" > "$T/p.lrm"
     $REF corrupt "$T/p.lrm" "$T/bad.lrm" duppair
     run "$BIN/lrmoe-pack" -u -o "$T/out.lrm" "$T/bad.lrm"
