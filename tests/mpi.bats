@@ -18,6 +18,12 @@ setup() {
     MPIRUN="timeout 120 mpirun --mca btl tcp,self --oversubscribe"
 }
 
+teardown() {
+    # the namespaces of the two-host test (their veth pair goes with them)
+    [ -z "${NS_A:-}" ] || ip netns del "$NS_A" 2>/dev/null || true
+    [ -z "${NS_B:-}" ] || ip netns del "$NS_B" 2>/dev/null || true
+}
+
 # skip (saying why) unless mpirun exists and lrmoe-exec was built with MPI
 need_mpi() {
     command -v mpirun >/dev/null || skip "mpirun not installed (openmpi-bin)"
@@ -303,4 +309,45 @@ write_stream('$D/nan.lrm', [(t, a)])"
     run $MPIRUN -np 2 "$EXEC" --phase forward --backend cuda --weights "$D/w.lrm" -o "$D/o.lrm" "$D/r.lrm"
     assert_failure
     assert_line --partial "--backend cuda under MPI"
+}
+
+@test "mpi: two hosts in network namespaces joined by a veth pair: the same answer over TCP between them" {
+    need_mpi
+    command -v ip >/dev/null || skip "ip (iproute2) not installed"
+    NS_A="lrmA$$" NS_B="lrmB$$"
+    ip netns add "$NS_A" 2>/dev/null || skip "cannot create network namespaces here (needs root and CAP_SYS_ADMIN)"
+    ip netns add "$NS_B"
+    local net="10.$((64 + $$ % 64)).$(($$ % 250)).0"
+    local a="${net%.0}.1" b="${net%.0}.2"
+    ip link add "va$$" type veth peer name "vb$$"
+    ip link set "va$$" netns "$NS_A"
+    ip link set "vb$$" netns "$NS_B"
+    ip -n "$NS_A" addr add "$a/24" dev "va$$"
+    ip -n "$NS_B" addr add "$b/24" dev "vb$$"
+    ip -n "$NS_A" link set "va$$" up
+    ip -n "$NS_B" link set "vb$$" up
+    ip -n "$NS_A" link set lo up
+    ip -n "$NS_B" link set lo up
+    # mpirun starts its daemon on "host" $b through this agent instead of ssh
+    printf '%s\n' '#!/bin/sh' "echo \"\$1\" >> '$D/agent.log'" \
+        "case \$1 in $a) ns=$NS_A ;; $b) ns=$NS_B ;; *) exit 1 ;; esac" \
+        'shift; exec ip netns exec "$ns" sh -c "$*"' > "$D/agent.sh"
+    chmod +x "$D/agent.sh"
+    printf '%s slots=1\n%s slots=1\n' "$a" "$b" > "$D/hosts"
+    local NSRUN="timeout 120 ip netns exec $NS_A mpirun --hostfile $D/hosts -np 2 \
+        --mca plm_rsh_agent $D/agent.sh --mca btl tcp,self \
+        --mca btl_tcp_if_include $net/24 --mca oob_tcp_if_include $net/24"
+    routed 48 bf16
+    "$BIN/lrmoe-plan" --planner eplb --ranks 2 --no-compress "$D/r.lrm" > "$D/p.lrm"
+    run $NSRUN "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress -o "$D/f2.lrm" "$D/p.lrm"
+    assert_success
+    run $NSRUN "$EXEC" --phase backward --weights "$D/w.lrm" -@ 1 --no-compress -o "$D/b2.lrm" "$D/f2.lrm"
+    assert_success
+    "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress "$D/p.lrm" |
+        "$EXEC" --phase backward --weights "$D/w.lrm" -@ 1 --no-compress -o "$D/b1.lrm"
+    run same "$D/b2.lrm" "$D/b1.lrm"
+    assert_success
+    # rank 1 ran on the other "host"
+    run grep -c "^$b\$" "$D/agent.log"
+    assert_output 2
 }
