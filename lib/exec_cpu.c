@@ -141,6 +141,25 @@ static int layout_packed(layout_t *L, int P, int64_t T, int64_t K, int64_t E,
     return layout_finish(L);
 }
 
+/* Fault in (zero) the exchange buffers before the timed stages: by_src
+ * holds rows by source rank (the forward exchange's send, the reverse's
+ * receive), by_dst and rows by destination (layout order), row_bytes and
+ * rows_bytes each. All M rows when every rank lives in this process; with
+ * one rank per process only that rank's, so the rest is never touched. */
+static void touch_rows(const lrmoe_comm_t *c, const layout_t *L, char *by_src, char *by_dst,
+                       size_t row_bytes, char *rows, size_t rows_bytes)
+{
+    int64_t s0 = 0, s1 = L->M, d0 = 0, d1 = L->M;
+    if (c->self) {
+        int r = c->self - 1;
+        s0 = L->sbase[r]; s1 = L->sbase[r + 1];
+        d0 = L->base[r]; d1 = L->base[r + 1];
+    }
+    memset(by_src + (size_t)s0 * row_bytes, 0, (size_t)(s1 - s0) * row_bytes);
+    memset(by_dst + (size_t)d0 * row_bytes, 0, (size_t)(d1 - d0) * row_bytes);
+    memset(rows + (size_t)d0 * rows_bytes, 0, (size_t)(d1 - d0) * rows_bytes);
+}
+
 /* Rows of the forward direction (token owner s -> destination d).
  * fill(ctx, i, dst) writes row i (row_bytes) for source rank owner[i].
  * After the all-to-all, rank d's rows are converted to F32 into out (M,width)
@@ -620,7 +639,8 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
 
     const int64_t M = L.M;
     int64_t maxn = 1;
-    for (int64_t j = 0; j < P * E; j++) if (L.cnt[j] > maxn) maxn = L.cnt[j];
+    for (int64_t j = 0; j < P * E; j++)
+        if (L.cnt[j] > maxn && lrmoe_comm_local(&comm, (int)(j / E))) maxn = L.cnt[j];
     size_t rowb = (size_t)D * as;
     bufA = malloc((size_t)(M ? M : 1) * rowb);
     bufB = malloc((size_t)(M ? M : 1) * rowb);
@@ -633,9 +653,7 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
     }
     /* communication buffers are persistent in a real step: fault them in
      * before the timed stages */
-    memset(bufA, 0, (size_t)M * rowb);
-    memset(bufB, 0, (size_t)M * rowb);
-    memset(X, 0, (size_t)(M * D) * sizeof *X);
+    touch_rows(&comm, &L, bufA, bufB, rowb, (char *)X, (size_t)D * sizeof *X);
 
     /* dispatch: token rows (storage dtype) to the ranks running their pairs */
     fill_tok_t ft = {&L, a->hidden, rowb};
@@ -876,7 +894,8 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
 
     const int64_t M = L.M;
     int64_t maxn = 1;
-    for (int64_t j = 0; j < P * E; j++) if (L.cnt[j] > maxn) maxn = L.cnt[j];
+    for (int64_t j = 0; j < P * E; j++)
+        if (L.cnt[j] > maxn && lrmoe_comm_local(&comm, (int)(j / E))) maxn = L.cnt[j];
     size_t rowf = (size_t)D * sizeof(float);
     size_t FD = (size_t)(F * D);
     bufA = malloc((size_t)(M ? M : 1) * rowf);
@@ -890,9 +909,7 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
                   (long long)D, (long long)F);
         goto out;
     }
-    memset(bufA, 0, (size_t)M * rowf);
-    memset(bufB, 0, (size_t)M * rowf);
-    memset(DY, 0, (size_t)M * rowf);
+    touch_rows(&comm, &L, bufA, bufB, rowf, (char *)DY, rowf);
     /* helper weight-gradient buffers, allocated and faulted in up front */
     for (int r = 0; r < P; r++)
         for (int64_t e = 0; e < E; e++)
