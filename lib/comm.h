@@ -107,7 +107,7 @@ int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbu
 #if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
 /* CUDA under MPI: a context on GPU (local rank mod visible devices) and the
  * NCCL communicator of this rank (ncclGetUniqueId on rank 0, broadcast over
- * mpi, ncclCommInitRank): kernels/comm_nccl.cu lrmoe_comm_cuda_init_rank. */
+ * mpi, ncclCommInitRank): lrmoe_comm_cuda_init_rank, kernels/comm_nccl_rank.cu. */
 struct lrmoe_kcu_ctx;
 int lrmoe_comm_mpi_nccl_init(lrmoe_comm_t *mpi, int nstreams, struct lrmoe_kcu_ctx **ctx,
                              lrmoe_comm_t *out);
