@@ -148,21 +148,23 @@ static int move_rows(lrmoe_exec_mpi_t *m, const job_t *J, int gather, int kind, 
             goto out;
         }
         if (gather) sel_pack(&mine, rowb, loc, mbuf);
-        for (int r = 0, at = 0; me == 0 && !gather && r < P; r++) { /* pack per rank */
+        int64_t at = 0;
+        for (int r = 0; me == 0 && !gather && r < P; r++) { /* pack per rank */
             sel_t s;
             if (sel_make(J, kind, r, &s) < 0) goto out;
             sel_pack(&s, rowb, src, buf + (size_t)at * rowb);
-            at += (int)s.n;
+            at += s.n;
             free(s.idx);
         }
         rc = gather ? lrmoe_comm_mpi_gatherv(&m->comm, rowb, mbuf, mine.n, buf, counts, 0)
                     : lrmoe_comm_mpi_scatterv(&m->comm, rowb, buf, counts, mbuf, mine.n, 0);
         if (!rc && !gather) sel_unpack(&mine, rowb, mbuf, loc);
-        for (int r = 0, at = 0; !rc && me == 0 && gather && r < P; r++) {
+        at = 0;
+        for (int r = 0; !rc && me == 0 && gather && r < P; r++) {
             sel_t s;
             if ((rc = sel_make(J, kind, r, &s)) < 0) break;
             sel_unpack(&s, rowb, buf + (size_t)at * rowb, src);
-            at += (int)s.n;
+            at += s.n;
             free(s.idx);
         }
     }
