@@ -76,9 +76,32 @@ CU_OBJ    :=
 GPU_BIN   :=
 endif
 
+# ---- MPI: lrmoe-exec runs one rank per process under mpirun whenever
+# OpenMPI is found (mpicc --showme, else pkg-config ompi-c); MPI=0 builds
+# without it (then running under mpirun says MPI support is not built).
+# The detection is written to $(BUILD)/mpi.mk after tests/deps.sh has run
+# (which installs OpenMPI when root), so a fresh clone builds with it.
+MPICC ?= mpicc
+ifneq ($(MPI),0)
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+-include $(BUILD)/mpi.mk
+endif
+endif
+$(BUILD)/mpi.mk: tests/deps.sh
+	@sh tests/deps.sh build
+	@mkdir -p $(@D)
+	@{ echo "MPI_CFLAGS := $$($(MPICC) --showme:compile 2>/dev/null || pkg-config --cflags ompi-c 2>/dev/null)"; \
+	   echo "MPI_LIBS := $$($(MPICC) --showme:link 2>/dev/null || pkg-config --libs ompi-c 2>/dev/null)"; } > $@
+ifneq ($(strip $(MPI_LIBS)),)
+HAVE_MPI  := 1
+CPPFLAGS  += -DLRMOE_HAVE_MPI $(MPI_CFLAGS)
+LDLIBS    += $(MPI_LIBS)
+endif
+
 all: deps-build $(TOOLS) $(BUILD)/$(SONAME) $(BUILD)/lrmoe.pc
 	@test "$(HAVE_CUDA)" = 1 || echo "lrmoe: nvcc not found (set CUDA_HOME): building CPU-only"
 	@test "$(HAVE_DNNL)" = 1 || echo "lrmoe: oneDNN (libdnnl-dev) not found: building without --compute bf16"
+	@test "$(HAVE_MPI)" = 1 || echo "lrmoe: OpenMPI not found (libopenmpi-dev): lrmoe-exec without MPI"
 
 # Build dependencies: installed with apt-get when missing and root, else named.
 deps-build:

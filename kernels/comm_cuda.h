@@ -27,6 +27,12 @@ extern "C" {
  * NCCL (fails when devices repeat), 0 device copies, -1 NCCL when the P
  * devices are distinct and P > 1. */
 int lrmoe_comm_cuda_init(lrmoe_comm_t *c, int P, lrmoe_kcu_ctx_t *const *ctx, int use_nccl);
+/* One rank of P ranks living in P processes (MPI, across hosts): rank 0's
+ * ncclUniqueId reaches every rank through bcast (the caller broadcasts the
+ * bytes over MPI: lrmoe_comm_mpi_bcast), then ncclCommInitRank on ctx's
+ * device. c->self = rank+1 (comm.h). */
+int lrmoe_comm_cuda_init_rank(lrmoe_comm_t *c, int P, int rank, lrmoe_kcu_ctx_t *ctx,
+                              int (*bcast)(void *buf, size_t bytes, void *arg), void *arg);
 /* 1 when c moves data through NCCL. */
 int lrmoe_comm_cuda_is_nccl(const lrmoe_comm_t *c);
 

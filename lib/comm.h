@@ -20,6 +20,11 @@ struct lrmoe_comm {
     int P;
     int backend;   /* lrmoe_backend_t of exec.h */
     void *ctx;     /* backend state (NCCL communicators, streams), NULL on CPU */
+    /* 0: all P ranks live in this process (the single-controller view).
+     * r+1: this process is rank r only (one process per rank, MPI): the
+     * exec touches only rank r's buffers and a call moves only what rank r
+     * sends and receives (send[r], recv[r]; the others are not read). */
+    int self;
 
     /* All-to-all-v. For every source rank s and destination d:
      *   send[s] + sdispls[s*P+d]*elem_size  holds  counts[s*P+d] elements
@@ -42,6 +47,12 @@ struct lrmoe_comm {
     void (*destroy)(lrmoe_comm_t *c);
 };
 
+/* 1 when rank r's work is done by this process (see self). */
+static inline int lrmoe_comm_local(const lrmoe_comm_t *c, int r)
+{
+    return c->self == 0 || c->self == r + 1;
+}
+
 /* A CPU communicator (memcpy) for P ranks. Free with lrmoe_comm_free.
  * rank_sec is measured with lrmoe_now (monotonic), or with now (NULL:
  * lrmoe_now) in the _clock variant. */
@@ -52,5 +63,54 @@ void lrmoe_comm_free(lrmoe_comm_t *c);
 /* Exclusive prefix sums of the rows of a (P,P) count matrix, as displacements:
  * sdispls[s*P+d] = sum_{d'<d} counts[s*P+d'];  rdispls[d*P+s] = sum_{s'<s} counts[s'*P+d]. */
 void lrmoe_comm_displs(int P, const int64_t *counts, int64_t *sdispls, int64_t *rdispls);
+
+/* ---------------------------------------------------------------- MPI
+ * One process per rank (lib/comm_mpi.c, built when OpenMPI is found; the
+ * functions exist in every build and fail with "MPI support is not built").
+ * all-to-all-v: every rank first sends its row of counts to every peer
+ * (MPI_Alltoall) and checks them against the counts it expects, then
+ * MPI_Alltoallv moves the rows (one MPI datatype of elem_size bytes, so
+ * counts are rows). p2p: MPI_Send on src, MPI_Recv on dst, nothing on the
+ * others; every process must walk the same sequence of p2p calls. */
+
+/* 1 when this build has MPI support. */
+int lrmoe_comm_mpi_built(void);
+/* 1 when the environment says this process was started by an MPI launcher
+ * (mpirun/mpiexec: OMPI_COMM_WORLD_SIZE; srun/PMIx: PMIX_RANK; PMI_RANK). */
+int lrmoe_comm_mpi_launched(void);
+/* MPI_Init and a communicator over MPI_COMM_WORLD: c->P is the world size,
+ * c->self the world rank + 1. */
+int lrmoe_comm_mpi_init(lrmoe_comm_t *c, int *argc, char ***argv);
+int lrmoe_comm_mpi_rank(const lrmoe_comm_t *c);
+/* Rank among the processes of this host (MPI_COMM_TYPE_SHARED): picks the GPU. */
+int lrmoe_comm_mpi_local_rank(const lrmoe_comm_t *c);
+/* Bytes this process sent by all-to-all-v and by p2p since the last reset
+ * (to itself included: a rank's rows to itself still cross its buffers), and
+ * its seconds inside MPI_Alltoallv after the counts exchange (which lines
+ * the ranks up, so this is transfer time rather than waiting). */
+void lrmoe_comm_mpi_sent(const lrmoe_comm_t *c, int64_t *a2a_bytes, int64_t *p2p_bytes,
+                         double *a2a_sec);
+void lrmoe_comm_mpi_reset(lrmoe_comm_t *c);
+/* Kill the whole job (MPI_Abort): the caller has printed why. */
+void lrmoe_comm_mpi_abort(lrmoe_comm_t *c, int code);
+/* MPI_Finalize; c is unusable afterwards. */
+int lrmoe_comm_mpi_finalize(lrmoe_comm_t *c);
+/* Broadcast n bytes from rank root (any size: sent in pieces). */
+int lrmoe_comm_mpi_bcast(lrmoe_comm_t *c, void *buf, size_t n, int root);
+/* Rows of row_bytes through root: scatterv sends counts[r] rows of sendbuf
+ * (rank-major) to rank r, which receives its nrecv rows into recvbuf;
+ * gatherv is the reverse (counts and recvbuf are read on root only). */
+int lrmoe_comm_mpi_scatterv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                            const int64_t *counts, void *recvbuf, int64_t nrecv, int root);
+int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                           int64_t nsend, void *recvbuf, const int64_t *counts, int root);
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+/* CUDA under MPI: a context on GPU (local rank mod visible devices) and the
+ * NCCL communicator of this rank (ncclGetUniqueId on rank 0, broadcast over
+ * mpi, ncclCommInitRank): lrmoe_comm_cuda_init_rank, kernels/comm_nccl_rank.cu. */
+struct lrmoe_kcu_ctx;
+int lrmoe_comm_mpi_nccl_init(lrmoe_comm_t *mpi, int nstreams, struct lrmoe_kcu_ctx **ctx,
+                             lrmoe_comm_t *out);
+#endif
 
 #endif

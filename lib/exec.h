@@ -87,6 +87,10 @@ typedef struct {
     int gemm_streams;     /* CUDA: streams of the loop GEMM (0: backend default, 4) */
     int compute;          /* CPU: lrmoe_compute_t (lib/gemm_cpu.h), the expert GEMMs'
                              numerics: auto (0), f32 (exact) or bf16 (oneDNN) */
+    struct lrmoe_comm *comm; /* CPU: NULL, the backend's in-process communicator;
+                             else the caller's (lib/comm.h), e.g. MPI with one
+                             rank per process (comm->self: this process
+                             computes only that rank; lib/exec_mpi.h) */
 } lrmoe_exec_cfg_t;
 void lrmoe_exec_cfg_default(lrmoe_exec_cfg_t *c);
 

@@ -141,6 +141,25 @@ static int layout_packed(layout_t *L, int P, int64_t T, int64_t K, int64_t E,
     return layout_finish(L);
 }
 
+/* Fault in (zero) the exchange buffers before the timed stages: by_src
+ * holds rows by source rank (the forward exchange's send, the reverse's
+ * receive), by_dst and rows by destination (layout order), row_bytes and
+ * rows_bytes each. All M rows when every rank lives in this process; with
+ * one rank per process only that rank's, so the rest is never touched. */
+static void touch_rows(const lrmoe_comm_t *c, const layout_t *L, char *by_src, char *by_dst,
+                       size_t row_bytes, char *rows, size_t rows_bytes)
+{
+    int64_t s0 = 0, s1 = L->M, d0 = 0, d1 = L->M;
+    if (c->self) {
+        int r = c->self - 1;
+        s0 = L->sbase[r]; s1 = L->sbase[r + 1];
+        d0 = L->base[r]; d1 = L->base[r + 1];
+    }
+    memset(by_src + (size_t)s0 * row_bytes, 0, (size_t)(s1 - s0) * row_bytes);
+    memset(by_dst + (size_t)d0 * row_bytes, 0, (size_t)(d1 - d0) * row_bytes);
+    memset(rows + (size_t)d0 * rows_bytes, 0, (size_t)(d1 - d0) * rows_bytes);
+}
+
 /* Rows of the forward direction (token owner s -> destination d).
  * fill(ctx, i, dst) writes row i (row_bytes) for source rank owner[i].
  * After the all-to-all, rank d's rows are converted to F32 into out (M,width)
@@ -161,6 +180,7 @@ static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
         return lrmoe_err("exec: out of memory");
     }
     for (int s = 0; s < P; s++) {
+        if (!lrmoe_comm_local(c, s)) continue;
         double t0 = now_();
         char *sb = send + (size_t)L->sbase[s] * row_bytes;
         for (int d = 0; d < P; d++) {
@@ -176,6 +196,7 @@ static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
     int rc = c->alltoallv(c, row_bytes, (const void *const *)sp, L->counts, L->sdispls,
                           (void *const *)rp, L->rdispls, sec);
     for (int d = 0; d < P && !rc; d++) {
+        if (!lrmoe_comm_local(c, d)) continue;
         double t0 = now_();
         for (int s = 0; s < P; s++) pos[s] = L->rdispls[(size_t)d * P + s];
         for (int64_t i = L->base[d]; i < L->base[d + 1]; i++) {
@@ -217,6 +238,7 @@ static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
             rd2[(size_t)s * P + d] = L->sdispls[(size_t)s * P + d];
         }
     for (int d = 0; d < P; d++) {
+        if (!lrmoe_comm_local(c, d)) continue;
         double t0 = now_();
         char *sb = send + (size_t)L->base[d] * row_bytes;
         for (int s = 0; s < P; s++) pos[s] = L->rdispls[(size_t)d * P + s];
@@ -233,6 +255,7 @@ static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
                       (void *const *)rp, rd2, sec);
     for (int64_t u = 0; u < L->T * L->K; u++) upos[u] = -1;
     for (int s = 0; s < P && !rc; s++) {
+        if (!lrmoe_comm_local(c, s)) continue;
         double t0 = now_();
         for (int d = 0; d < P; d++) {
             int64_t k = L->sbase[s] + L->sdispls[(size_t)s * P + d];
@@ -272,17 +295,29 @@ static size_t wmat_bytes(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t 
     return (size_t)(d->F * d->D) * lrmoe_dtype_size(w->dtype);
 }
 
-/* Bring the replica/helper weights of rank r in by p2p (stage weights). */
+/* Bring the replica/helper weights of rank r in by p2p (stage weights).
+ * With one rank per process (c->self) every process walks the instances
+ * (q, e) of all ranks in the same order, sending the experts it owns to the
+ * ranks that need them and receiving its own, so sends and receives pair up. */
 static int fetch_replicas(lrmoe_comm_t *c, const lrmoe_exec_dims_t *d,
                           const lrmoe_exec_weights_t *w, const uint8_t *placement,
                           const int64_t *cnt, int r, wcache_t *wc, double *tim)
 {
     double t0 = now_();
     size_t mb = wmat_bytes(d, w);
+    for (int q = c->self ? 0 : r; q < (c->self ? d->P : r + 1); q++)
     for (int64_t e = 0; e < d->E; e++) {
         int nat = lrmoe_exec_native(e, d->E, d->P);
-        int need = nat != r && (cnt[r * d->E + e] > 0 || (placement && placement[e * d->P + r]));
+        int need = nat != q && (cnt[q * d->E + e] > 0 || (placement && placement[e * d->P + q]));
         if (!need) continue;
+        if (q != r) { /* another process's instance: send it when r owns e */
+            if (nat == r &&
+                (c->p2p(c, r, (const char *)w->w_gate + e * mb, q, NULL, mb) < 0 ||
+                 c->p2p(c, r, (const char *)w->w_up + e * mb, q, NULL, mb) < 0 ||
+                 c->p2p(c, r, (const char *)w->w_down + e * mb, q, NULL, mb) < 0))
+                return -1;
+            continue;
+        }
         size_t n = (size_t)(d->F * d->D);
         char *rep = malloc(wc->raw ? 3 * mb : 3 * n * sizeof(float));
         if (!rep) return lrmoe_err("exec: out of memory (replica of expert %lld)", (long long)e);
@@ -517,16 +552,18 @@ static void *pool_main(void *vp)
 }
 
 /* Run fn for every rank: one at a time (nthreads <= 1) or on nthreads
- * workers taking ranks in ascending order. */
+ * workers taking ranks in ascending order; with one rank per process, for
+ * this process's rank only. */
 static int run_ranks(job_t *J, rank_fn fn, int nthreads)
 {
     int P = J->d->P;
-    if (nthreads > P) nthreads = P;
+    if (nthreads > P || J->comm->self) nthreads = J->comm->self ? 1 : P;
     if (nthreads <= 1) {
         worker_t k;
         if (worker_init(&k, J) < 0) return -1;
         int rc = 0;
         for (int r = 0; r < P && !rc; r++) {
+            if (!lrmoe_comm_local(J->comm, r)) continue;
             rc = fn(J, &k, r);
             drop_replicas(J->d->E, &k.wc);
         }
@@ -654,12 +691,18 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
     int64_t *upos = NULL;
     int rc = -1;
     memset(&L, 0, sizeof L);
-    if (!tim || lrmoe_comm_cpu_init_clock(&comm, P, now_) < 0) { free(tloc); return lrmoe_err("exec: out of memory"); }
+    if (cfg->comm && cfg->comm->P != P) {
+        free(tloc);
+        return lrmoe_err("exec: %d ranks but the communicator has %d", P, cfg->comm->P);
+    }
+    if (cfg->comm) comm = *cfg->comm; /* borrowed: not freed here */
+    if (!tim || (!cfg->comm && lrmoe_comm_cpu_init_clock(&comm, P, now_) < 0)) { free(tloc); return lrmoe_err("exec: out of memory"); }
     if (layout_pairs(&L, P, T, K, E, a->topk_ids, a->pair_rank) < 0) goto out;
 
     const int64_t M = L.M;
     int64_t maxn = 1;
-    for (int64_t j = 0; j < P * E; j++) if (L.cnt[j] > maxn) maxn = L.cnt[j];
+    for (int64_t j = 0; j < P * E; j++)
+        if (L.cnt[j] > maxn && lrmoe_comm_local(&comm, (int)(j / E))) maxn = L.cnt[j];
     size_t rowb = (size_t)D * as;
     bufA = malloc((size_t)(M ? M : 1) * rowb);
     bufB = malloc((size_t)(M ? M : 1) * rowb);
@@ -672,9 +715,7 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
     }
     /* communication buffers are persistent in a real step: fault them in
      * before the timed stages */
-    memset(bufA, 0, (size_t)M * rowb);
-    memset(bufB, 0, (size_t)M * rowb);
-    memset(X, 0, (size_t)(M * D) * sizeof *X);
+    touch_rows(&comm, &L, bufA, bufB, rowb, (char *)X, (size_t)D * sizeof *X);
 
     /* dispatch: token rows (storage dtype) to the ranks running their pairs */
     fill_tok_t ft = {&L, a->hidden, rowb};
@@ -697,6 +738,7 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
         if (!acc) { lrmoe_err("exec: out of memory"); goto out; }
         float *yrow = acc + D;
         for (int s = 0; s < P; s++) {
+            if (!lrmoe_comm_local(&comm, s)) continue;
             double t0 = now_();
             int64_t t_lo = (int64_t)s * T / P, t_hi = (int64_t)(s + 1) * T / P;
             for (int64_t t = t_lo; t < t_hi; t++) {
@@ -719,7 +761,7 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
 out:
     free(bufA); free(bufB); free(X); free(upos);
     layout_free(&L);
-    lrmoe_comm_free(&comm);
+    if (!cfg->comm) lrmoe_comm_free(&comm);
     free(tloc);
     return rc;
 }
@@ -900,7 +942,12 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
     int64_t *upos = NULL;
     int rc = -1;
     memset(&L, 0, sizeof L);
-    if (!tim || lrmoe_comm_cpu_init_clock(&comm, P, now_) < 0) { free(tloc); return lrmoe_err("exec: out of memory"); }
+    if (cfg->comm && cfg->comm->P != P) {
+        free(tloc);
+        return lrmoe_err("exec: %d ranks but the communicator has %d", P, cfg->comm->P);
+    }
+    if (cfg->comm) comm = *cfg->comm; /* borrowed: not freed here */
+    if (!tim || (!cfg->comm && lrmoe_comm_cpu_init_clock(&comm, P, now_) < 0)) { free(tloc); return lrmoe_err("exec: out of memory"); }
     if (compact) {
         if (layout_packed(&L, P, T, K, E, a->topk_ids, a, placement) < 0) goto out;
     } else {
@@ -917,7 +964,8 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
 
     const int64_t M = L.M;
     int64_t maxn = 1;
-    for (int64_t j = 0; j < P * E; j++) if (L.cnt[j] > maxn) maxn = L.cnt[j];
+    for (int64_t j = 0; j < P * E; j++)
+        if (L.cnt[j] > maxn && lrmoe_comm_local(&comm, (int)(j / E))) maxn = L.cnt[j];
     size_t rowf = (size_t)D * sizeof(float);
     size_t FD = (size_t)(F * D);
     bufA = malloc((size_t)(M ? M : 1) * rowf);
@@ -931,13 +979,12 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
                   (long long)D, (long long)F);
         goto out;
     }
-    memset(bufA, 0, (size_t)M * rowf);
-    memset(bufB, 0, (size_t)M * rowf);
-    memset(DY, 0, (size_t)M * rowf);
+    touch_rows(&comm, &L, bufA, bufB, rowf, (char *)DY, rowf);
     /* helper weight-gradient buffers, allocated and faulted in up front */
     for (int r = 0; r < P; r++)
         for (int64_t e = 0; e < E; e++)
-            if (L.cnt[r * E + e] && lrmoe_exec_native(e, E, P) != r) {
+            if (L.cnt[r * E + e] && lrmoe_exec_native(e, E, P) != r &&
+                lrmoe_comm_local(&comm, r)) {
                 float *b = malloc(3 * FD * sizeof(float));
                 if (!b) { lrmoe_err("exec: out of memory (helper gradients)"); goto out; }
                 memset(b, 0, 3 * FD * sizeof(float));
@@ -960,14 +1007,16 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
     if (run_ranks(&J, bwd_rank, cfg->rank_threads) < 0) goto out;
 
     /* gradient reduction: helpers send their weight gradients to the owner,
-     * which adds them in ascending helper rank */
+     * which adds them in ascending helper rank (with one rank per process,
+     * each process takes the sends and receives that are its own) */
     {
         float *recvb = NULL;
         for (int64_t e = 0; e < E; e++) {
             int nat = lrmoe_exec_native(e, E, P);
             for (int p = 0; p < P; p++) {
                 float *g = rgrad[p * E + e];
-                if (!g) continue;
+                if (!L.cnt[p * E + e] || nat == p) continue; /* no helper gradient */
+                if (!lrmoe_comm_local(&comm, p) && !lrmoe_comm_local(&comm, nat)) continue;
                 if (!recvb && !(recvb = malloc(3 * FD * sizeof(float)))) {
                     lrmoe_err("exec: out of memory"); goto out;
                 }
@@ -978,12 +1027,13 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
                 double t1 = now_();
                 float *og = a->grad_w_gate + e * FD, *ou = a->grad_w_up + e * FD,
                       *od = a->grad_w_down + e * FD;
-                for (size_t j = 0; j < FD; j++) {
-                    og[j] += recvb[j]; ou[j] += recvb[FD + j]; od[j] += recvb[2 * FD + j];
-                }
+                if (lrmoe_comm_local(&comm, nat))
+                    for (size_t j = 0; j < FD; j++) {
+                        og[j] += recvb[j]; ou[j] += recvb[FD + j]; od[j] += recvb[2 * FD + j];
+                    }
                 double t2 = now_();
-                TIM(p, LRMOE_STAGE_GRADRED) += t1 - t0;
-                TIM(nat, LRMOE_STAGE_GRADRED) += t2 - t0;
+                if (lrmoe_comm_local(&comm, p)) TIM(p, LRMOE_STAGE_GRADRED) += t1 - t0;
+                if (lrmoe_comm_local(&comm, nat)) TIM(nat, LRMOE_STAGE_GRADRED) += t2 - t0;
                 free(g);
                 rgrad[p * E + e] = NULL;
             }
@@ -999,6 +1049,7 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
         float *yrow = malloc(rowf);
         if (!yrow) { lrmoe_err("exec: out of memory"); goto out; }
         for (int s = 0; s < P; s++) {
+            if (!lrmoe_comm_local(&comm, s)) continue;
             double t0 = now_();
             int64_t t_lo = (int64_t)s * T / P, t_hi = (int64_t)(s + 1) * T / P;
             for (int64_t t = t_lo; t < t_hi; t++) {
@@ -1029,7 +1080,7 @@ out:
     free(rgrad);
     free(bufA); free(bufB); free(DY); free(tmp); free(upos);
     layout_free(&L);
-    lrmoe_comm_free(&comm);
+    if (!cfg->comm) lrmoe_comm_free(&comm);
     free(tloc);
     return rc;
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 #include "exec_frame.h"
 #include "gemm_cpu.h"
+#include "exec_mpi.h"
 #include "plan.h"
 
 void lrmoe_exec_frame_opts_default(lrmoe_exec_frame_opts_t *o)
@@ -250,22 +251,25 @@ static double median(double *v, int n)
 /* The layer call, warmup untimed runs then repeat timed ones; c->tim and
  * c->wall get the medians (the outputs are those of the last run: every run
  * writes the same values). */
-typedef int (*layer_fn)(const lrmoe_exec_cfg_t *, const lrmoe_exec_dims_t *,
+typedef int (*layer_fn)(const lrmoe_exec_ctx_t *, const lrmoe_exec_dims_t *,
                         const lrmoe_exec_weights_t *, const lrmoe_exec_plan_t *, void *,
                         double *);
 
-static int fwd_call(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+/* One layer call: in this process, or (c->mpi) spread over the MPI ranks. */
+static int fwd_call(const lrmoe_exec_ctx_t *c, const lrmoe_exec_dims_t *d,
                     const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *p, void *a,
                     double *tim)
 {
-    return lrmoe_exec_forward(cfg, d, w, p, a, tim);
+    if (c->mpi) return lrmoe_exec_mpi_forward(c->mpi, &c->o.cfg, d, c->layer, w, p, a, tim);
+    return lrmoe_exec_forward(&c->o.cfg, d, w, p, a, tim);
 }
 
-static int bwd_call(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+static int bwd_call(const lrmoe_exec_ctx_t *c, const lrmoe_exec_dims_t *d,
                     const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *p, void *a,
                     double *tim)
 {
-    return lrmoe_exec_backward(cfg, d, w, p, a, tim);
+    if (c->mpi) return lrmoe_exec_mpi_backward(c->mpi, &c->o.cfg, d, c->layer, w, p, a, tim);
+    return lrmoe_exec_backward(&c->o.cfg, d, w, p, a, tim);
 }
 
 static int timed(lrmoe_exec_ctx_t *c, layer_fn fn, const lrmoe_exec_dims_t *d,
@@ -274,10 +278,10 @@ static int timed(lrmoe_exec_ctx_t *c, layer_fn fn, const lrmoe_exec_dims_t *d,
     const int N = c->o.repeat, P = d->P;
     const size_t per = (size_t)P * LRMOE_NSTAGES;
     for (int i = 0; i < c->o.warmup; i++)
-        if (fn(&c->o.cfg, d, W, XP, a, c->tim) < 0) return -1;
+        if (fn(c, d, W, XP, a, c->tim) < 0) return -1;
     if (N == 1) {
         double t0 = lrmoe_now();
-        if (fn(&c->o.cfg, d, W, XP, a, c->tim) < 0) return -1;
+        if (fn(c, d, W, XP, a, c->tim) < 0) return -1;
         c->wall = lrmoe_now() - t0;
         return 0;
     }
@@ -292,7 +296,7 @@ static int timed(lrmoe_exec_ctx_t *c, layer_fn fn, const lrmoe_exec_dims_t *d,
     }
     for (int i = 0; i < N; i++) {
         double t0 = lrmoe_now();
-        if (fn(&c->o.cfg, d, W, XP, a, c->rep + (size_t)i * per) < 0) return -1;
+        if (fn(c, d, W, XP, a, c->rep + (size_t)i * per) < 0) return -1;
         c->wall_rep[i] = lrmoe_now() - t0;
     }
     double *col = c->wall_rep; /* reused as scratch after the wall median */
@@ -449,6 +453,7 @@ static int timing_attrs(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
         snprintf(key, sizeof key, "exec.%s.warmup", ph);
         if (lrmoe_frame_set_attrf(f, key, "%d", c->o.warmup) < 0) return -1;
     }
+    if (c->mpi && lrmoe_exec_mpi_attrs(c->mpi, f, ph) < 0) return -1;
     return 0;
 }
 

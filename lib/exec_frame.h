@@ -49,6 +49,9 @@ typedef struct {
     int tim_cap, rep_cap;
     double wall;             /* seconds of the whole exec call */
     int critical;            /* rank with the largest stage total */
+    /* NULL: the P ranks run in this process; else this is rank 0 of an MPI
+     * job and every frame is spread over its processes (lib/exec_mpi.h) */
+    struct lrmoe_exec_mpi *mpi;
 } lrmoe_exec_ctx_t;
 
 void lrmoe_exec_ctx_init(lrmoe_exec_ctx_t *c, const lrmoe_exec_frame_opts_t *o);

@@ -5,13 +5,15 @@
 #include <string.h>
 #include "exec_frame.h"
 #include "gemm_cpu.h"
+#include "exec_mpi.h"
 #include "lrmoe.h"
 
 static void usage(FILE *fp)
 {
     fprintf(fp,
         "Usage: lrmoe-exec --phase forward|backward --weights FILE [options] [FILE]\n"
-        "Run each frame's MoE layer on P expert-parallel ranks (one process):\n"
+        "Run each frame's MoE layer on P expert-parallel ranks (one process, or\n"
+        "one process per rank under mpirun -np P):\n"
         "forward adds output, pair_rank, phi_sqnorm, saved_gate, saved_up, pair_out;\n"
         "backward adds grad_hidden, grad_w_gate, grad_w_up, grad_w_down,\n"
         "grad_topk_weights. The plan (placement, fwd_alloc) is realised when the\n"
@@ -32,6 +34,8 @@ static void usage(FILE *fp)
         "      --gemm G          cuda: expert GEMMs as a loop of cublasGemmEx\n"
         "                        (loop, default) or grouped (cublasGemmGroupedBatchedEx)\n"
         "      --gemm-streams N  cuda: streams of the loop GEMM, 1 to 8 (default 4)\n"
+        "      --launcher L      auto (default: mpi when started by mpirun/srun),\n"
+        "                        mpi (one rank per MPI process) or none\n"
         "      --timings FILE    write per-rank, per-stage seconds as TSV\n"
         "      --repeat N        run the layer N times, report the median of each\n"
         "                        stage per rank (default 1)\n"
@@ -70,7 +74,38 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 
 enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_TIMINGS, OPT_NONFINITE,
        OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS, OPT_REPEAT, OPT_WARMUP,
-       OPT_COMPUTE };
+       OPT_COMPUTE, OPT_LAUNCHER };
+
+/* Under MPI: ranks > 0 serve rank 0's jobs; rank 0 runs the filter. An
+ * error while a job is spread over the ranks kills the job (MPI_Abort)
+ * after one message naming the rank; otherwise the ranks leave cleanly. */
+static int run_mpi(lrmoe_exec_mpi_t *m, ctx_t *c, const lrmoe_exec_frame_opts_t *o,
+                   const char *in, const char *out, const lrmoe_wopts_t *w)
+{
+    if (m->rank != 0) {
+        if (lrmoe_exec_mpi_serve(m, &o->cfg) < 0) {
+            fprintf(stderr, "lrmoe-exec: rank %d: %s\n", m->rank, lrmoe_errmsg());
+            lrmoe_comm_mpi_abort(&m->comm, 1);
+            return 1;
+        }
+        return lrmoe_exec_mpi_close(m) < 0 ? 1 : 0;
+    }
+    c->x.mpi = m;
+    int rc = 0;
+    if (lrmoe_filter_run(in, out, w, on_frame, c) < 0) {
+        if (m->in_flight) {
+            fprintf(stderr, "lrmoe-exec: rank 0: %s\n", lrmoe_errmsg());
+            lrmoe_comm_mpi_abort(&m->comm, 1);
+        }
+        fprintf(stderr, "lrmoe-exec: %s\n", lrmoe_errmsg());
+        rc = 1;
+    }
+    if (lrmoe_exec_mpi_end(m) < 0 || lrmoe_exec_mpi_close(m) < 0) {
+        if (!rc) fprintf(stderr, "lrmoe-exec: %s\n", lrmoe_errmsg());
+        rc = 1;
+    }
+    return rc;
+}
 
 int main(int argc, char **argv)
 {
@@ -90,6 +125,7 @@ int main(int argc, char **argv)
         {"gemm", required_argument, 0, OPT_GEMM},
         {"gemm-streams", required_argument, 0, OPT_GEMM_STREAMS},
         {"compute", required_argument, 0, OPT_COMPUTE},
+        {"launcher", required_argument, 0, OPT_LAUNCHER},
         {"repeat", required_argument, 0, OPT_REPEAT},
         {"warmup", required_argument, 0, OPT_WARMUP},
         {"help", no_argument, 0, 'h'},
@@ -102,7 +138,7 @@ int main(int argc, char **argv)
     lrmoe_exec_frame_opts_t o;
     lrmoe_exec_frame_opts_default(&o);
     const char *phase = NULL, *weights = NULL, *timings = NULL;
-    int mode_set = 0, ch;
+    int mode_set = 0, ch, launcher = -1; /* -1 auto, 0 none, 1 mpi */
     int64_t v;
     while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "P:j:hV", longopts, NULL)) != -1) {
         int r = lrmoe_io_opt(&io, ch, optarg);
@@ -166,6 +202,15 @@ int main(int argc, char **argv)
             o.warmup = (int)v;
             break;
         case OPT_NONFINITE: o.cfg.allow_nonfinite = 1; break;
+        case OPT_LAUNCHER:
+            if (!strcmp(optarg, "auto")) launcher = -1;
+            else if (!strcmp(optarg, "none")) launcher = 0;
+            else if (!strcmp(optarg, "mpi")) launcher = 1;
+            else {
+                lrmoe_err("--launcher: '%s' is not auto, mpi or none", optarg);
+                goto usage_err;
+            }
+            break;
         case OPT_CLOCK:
             if (!strcmp(optarg, "cpu")) o.cfg.cpu_clock = 1;
             else if (strcmp(optarg, "wall")) {
@@ -211,17 +256,49 @@ int main(int argc, char **argv)
                   "rebuild; --compute f32 is the exact path)");
         goto usage_err;
     }
-    if (lrmoe_check_tty_out(io.out, io.force) < 0) goto usage_err;
+    int mpi = launcher == 1 || (launcher < 0 && lrmoe_comm_mpi_launched());
+    if (mpi && !lrmoe_comm_mpi_built()) {
+        lrmoe_err("%s: MPI support is not built into this lrmoe-exec (install "
+                  "libopenmpi-dev and openmpi-bin, then make clean all)",
+                  launcher == 1 ? "--launcher mpi" : "started by an MPI launcher");
+        goto usage_err;
+    }
+    if (mpi && o.cfg.backend != LRMOE_BACKEND_CPU) {
+        lrmoe_err("--backend %s under MPI: only the cpu backend runs one rank per process "
+                  "in this version", lrmoe_backend_name(o.cfg.backend));
+        goto usage_err;
+    }
+    lrmoe_exec_mpi_t m;
+    if (mpi) {
+        if (lrmoe_exec_mpi_open(&m, &argc, &argv, weights) < 0) {
+            fprintf(stderr, "lrmoe-exec: MPI: %s\n", lrmoe_errmsg());
+            return 1;
+        }
+        if (o.ranks && o.ranks != m.P) {
+            if (m.rank == 0)
+                fprintf(stderr, "lrmoe-exec: --ranks %d but the MPI job has %d processes "
+                        "(mpirun -np)\n", o.ranks, m.P);
+            lrmoe_exec_mpi_close(&m);
+            return 2;
+        }
+        o.ranks = m.P;
+    }
+    /* under mpirun stdout is always a pty (OpenMPI forwards it to mpirun's
+     * stdout): the terminal check would refuse every run */
+    if (!mpi && lrmoe_check_tty_out(io.out, io.force) < 0) goto usage_err;
 
     lrmoe_exec_ctx_init(&c.x, &o);
     lrmoe_exec_ctx_weights_file(&c.x, weights);
-    if (timings && !(c.tsv = lrmoe_tsv_open(timings))) {
+    if (timings && (!mpi || m.rank == 0) && !(c.tsv = lrmoe_tsv_open(timings))) {
         fprintf(stderr, "lrmoe-exec: %s: cannot open for writing\n", timings);
+        if (mpi) lrmoe_comm_mpi_abort(&m.comm, 1);
         return 1;
     }
     const char *in = optind < argc ? argv[optind] : "-";
     int rc = 0;
-    if (lrmoe_filter_run(in, io.out, &io.w, on_frame, &c) < 0) {
+    if (mpi) {
+        rc = run_mpi(&m, &c, &o, in, io.out, &io.w);
+    } else if (lrmoe_filter_run(in, io.out, &io.w, on_frame, &c) < 0) {
         fprintf(stderr, "lrmoe-exec: %s\n", lrmoe_errmsg());
         rc = 1;
     }

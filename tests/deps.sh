@@ -17,6 +17,9 @@ need_lib() { # library package: something may provide the header alone
         >/dev/null 2>&1 || missing="$missing $2"
 }
 need_cmd() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
+# optional: installed when we are root, else named without failing
+optional=""
+want_cmd() { command -v "$1" >/dev/null 2>&1 || optional="$optional $2"; }
 need_dir() { [ -d "$1" ] || missing="$missing $2"; }
 
 need_hdr zstd.h libzstd-dev
@@ -29,6 +32,8 @@ need_lib glpk libglpk-dev
 need_lib openblas libopenblas-dev
 need_cmd cc gcc
 need_cmd make make
+want_cmd mpicc libopenmpi-dev           # lrmoe-exec under mpirun (MPI)
+want_cmd mpirun openmpi-bin
 if [ "$what" = test ]; then
     need_cmd bats bats
     need_dir /usr/lib/bats/bats-support bats-support
@@ -46,6 +51,11 @@ if [ "$what" = test ]; then
         missing="$missing libclang-rt-14-dev"
 fi
 
+if [ -n "$optional" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    missing="$missing$optional"
+elif [ -n "$optional" ]; then
+    echo "lrmoe: optional (MPI support of lrmoe-exec): sudo apt-get install$optional" >&2
+fi
 if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "lrmoe: installing:$missing" >&2

@@ -104,7 +104,7 @@ class ExecDims(Structure):
 class ExecCfg(Structure):
     _fields_ = [(n, c_int) for n in ("backend", "threads", "allow_nonfinite", "device",
                                      "rank_threads", "cpu_clock", "gpus", "gemm",
-                                     "gemm_streams", "compute")]
+                                     "gemm_streams", "compute")] + [("comm", c_void_p)]
 
 
 class ExecWeights(Structure):

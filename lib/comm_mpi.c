@@ -1,0 +1,352 @@
+/* MPI communicator: one process per expert-parallel rank (see comm.h).
+ *
+ * Built with MPI when the Makefile finds OpenMPI (LRMOE_HAVE_MPI); without
+ * it every function below exists and fails with "MPI support is not built",
+ * so tools can say so instead of silently running one process. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include "lrmoe.h"
+#include "comm.h"
+#include "exec.h"
+
+int lrmoe_comm_mpi_launched(void)
+{
+    static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+        if (getenv(vars[i])) return 1;
+    return 0;
+}
+
+#ifdef LRMOE_HAVE_MPI
+#include <mpi.h>
+
+enum { TAG_P2P = 7 };
+/* largest piece of one MPI call, in bytes (int counts) */
+#define PIECE ((size_t)1 << 30)
+
+typedef struct {
+    MPI_Comm comm;
+    int rank, size, local_rank;
+    int64_t a2a_bytes, p2p_bytes;
+    double a2a_sec;
+} mpi_ctx_t;
+
+static mpi_ctx_t *mx(const lrmoe_comm_t *c) { return (mpi_ctx_t *)c->ctx; }
+
+static int mpi_fail(int rc, const char *what)
+{
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    if (MPI_Error_string(rc, s, &n) != MPI_SUCCESS) snprintf(s, sizeof s, "error %d", rc);
+    return lrmoe_err("%s: %s", what, s);
+}
+
+int lrmoe_comm_mpi_built(void) { return 1; }
+
+static int mpi_alltoallv(lrmoe_comm_t *c, size_t es, const void *const *send,
+                         const int64_t *counts, const int64_t *sdispls, void *const *recv,
+                         const int64_t *rdispls, double *rank_sec)
+{
+    mpi_ctx_t *x = mx(c);
+    const int P = c->P, me = x->rank;
+    int *v = malloc((size_t)P * 5 * sizeof *v);
+    if (!v) return lrmoe_err("alltoallv: out of memory");
+    int *sc = v, *sd = v + P, *rc = v + 2 * P, *rd = v + 3 * P, *got = v + 4 * P;
+    int ret = -1;
+    int64_t out = 0, in = 0;
+    for (int p = 0; p < P; p++) {
+        int64_t ns = counts[(size_t)me * P + p], nr = counts[(size_t)p * P + me];
+        if (ns < 0 || nr < 0) {
+            lrmoe_err("alltoallv: negative count between ranks %d and %d", me, p);
+            goto out;
+        }
+        if (ns > INT_MAX || nr > INT_MAX || sdispls[(size_t)me * P + p] > INT_MAX ||
+            rdispls[(size_t)me * P + p] > INT_MAX) {
+            lrmoe_err("alltoallv: more than %d rows between ranks %d and %d", INT_MAX, me, p);
+            goto out;
+        }
+        sc[p] = (int)ns;
+        sd[p] = (int)sdispls[(size_t)me * P + p];
+        rd[p] = (int)rdispls[(size_t)me * P + p];
+        out += ns;
+        in += nr;
+    }
+    if ((out && !send[me]) || (in && !recv[me])) {
+        lrmoe_err("alltoallv: NULL buffer on rank %d", me);
+        goto out;
+    }
+    double t0 = lrmoe_now();
+    /* counts first: every rank learns what it receives from its peers */
+    int e = MPI_Alltoall(sc, 1, MPI_INT, got, 1, MPI_INT, x->comm);
+    if (e != MPI_SUCCESS) { mpi_fail(e, "MPI_Alltoall (counts)"); goto out; }
+    for (int s = 0; s < P; s++) {
+        if (got[s] != counts[(size_t)s * P + me]) {
+            lrmoe_err("alltoallv: rank %d sends %d rows to rank %d, which expects %lld "
+                      "(the ranks disagree about the layout)", s, got[s], me,
+                      (long long)counts[(size_t)s * P + me]);
+            goto out;
+        }
+        rc[s] = got[s];
+    }
+    MPI_Datatype row;
+    if ((e = MPI_Type_contiguous((int)es, MPI_BYTE, &row)) != MPI_SUCCESS ||
+        (e = MPI_Type_commit(&row)) != MPI_SUCCESS) {
+        mpi_fail(e, "MPI_Type_contiguous");
+        goto out;
+    }
+    static char dummy[1];
+    /* the counts exchange has lined the ranks up: from here on the time is
+     * the transfer's (a2a_sec), not a wait for a slower rank */
+    double t1 = lrmoe_now();
+    e = MPI_Alltoallv(send[me] ? send[me] : dummy, sc, sd, row,
+                      recv[me] ? recv[me] : dummy, rc, rd, row, x->comm);
+    MPI_Type_free(&row);
+    if (e != MPI_SUCCESS) { mpi_fail(e, "MPI_Alltoallv"); goto out; }
+    double t2 = lrmoe_now();
+    if (rank_sec) rank_sec[me] += t2 - t0;
+    x->a2a_bytes += out * (int64_t)es;
+    x->a2a_sec += t2 - t1;
+    ret = 0;
+out:
+    free(v);
+    return ret;
+}
+
+static int mpi_p2p(lrmoe_comm_t *c, int src, const void *sendbuf, int dst, void *recvbuf,
+                   size_t bytes)
+{
+    mpi_ctx_t *x = mx(c);
+    if (src < 0 || src >= c->P || dst < 0 || dst >= c->P)
+        return lrmoe_err("p2p: rank out of range (%d -> %d, P=%d)", src, dst, c->P);
+    if (src != x->rank && dst != x->rank) return 0;
+    if (src == dst) {
+        if (bytes && sendbuf != recvbuf) memmove(recvbuf, sendbuf, bytes);
+        return 0;
+    }
+    for (size_t off = 0; off < bytes; off += PIECE) {
+        int n = (int)(bytes - off < PIECE ? bytes - off : PIECE), e;
+        if (src == x->rank)
+            e = MPI_Send((const char *)sendbuf + off, n, MPI_BYTE, dst, TAG_P2P, x->comm);
+        else
+            e = MPI_Recv((char *)recvbuf + off, n, MPI_BYTE, src, TAG_P2P, x->comm,
+                         MPI_STATUS_IGNORE);
+        if (e != MPI_SUCCESS)
+            return mpi_fail(e, src == x->rank ? "MPI_Send" : "MPI_Recv");
+    }
+    if (src == x->rank) x->p2p_bytes += (int64_t)bytes;
+    return 0;
+}
+
+static void mpi_destroy(lrmoe_comm_t *c)
+{
+    mpi_ctx_t *x = mx(c);
+    if (!x) return;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Comm_free(&x->comm);
+    free(x);
+    c->ctx = NULL;
+}
+
+int lrmoe_comm_mpi_init(lrmoe_comm_t *c, int *argc, char ***argv)
+{
+    memset(c, 0, sizeof *c);
+    int inited = 0, prov = 0, e;
+    MPI_Initialized(&inited);
+    if (!inited && (e = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &prov)) != MPI_SUCCESS)
+        return mpi_fail(e, "MPI_Init_thread");
+    mpi_ctx_t *x = calloc(1, sizeof *x);
+    if (!x) return lrmoe_err("comm: out of memory");
+    if ((e = MPI_Comm_dup(MPI_COMM_WORLD, &x->comm)) != MPI_SUCCESS) {
+        free(x);
+        return mpi_fail(e, "MPI_Comm_dup");
+    }
+    /* errors come back as return codes (the tool prints and aborts) */
+    MPI_Comm_set_errhandler(x->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(x->comm, &x->rank);
+    MPI_Comm_size(x->comm, &x->size);
+    MPI_Comm node;
+    x->local_rank = 0;
+    if (MPI_Comm_split_type(x->comm, MPI_COMM_TYPE_SHARED, x->rank, MPI_INFO_NULL, &node) ==
+        MPI_SUCCESS) {
+        MPI_Comm_rank(node, &x->local_rank);
+        MPI_Comm_free(&node);
+    }
+    c->P = x->size;
+    c->self = x->rank + 1;
+    c->backend = LRMOE_BACKEND_CPU;
+    c->ctx = x;
+    c->alltoallv = mpi_alltoallv;
+    c->p2p = mpi_p2p;
+    c->destroy = mpi_destroy;
+    return 0;
+}
+
+int lrmoe_comm_mpi_rank(const lrmoe_comm_t *c) { return mx(c)->rank; }
+int lrmoe_comm_mpi_local_rank(const lrmoe_comm_t *c) { return mx(c)->local_rank; }
+
+void lrmoe_comm_mpi_sent(const lrmoe_comm_t *c, int64_t *a2a_bytes, int64_t *p2p_bytes,
+                         double *a2a_sec)
+{
+    if (a2a_bytes) *a2a_bytes = mx(c)->a2a_bytes;
+    if (p2p_bytes) *p2p_bytes = mx(c)->p2p_bytes;
+    if (a2a_sec) *a2a_sec = mx(c)->a2a_sec;
+}
+
+void lrmoe_comm_mpi_reset(lrmoe_comm_t *c)
+{
+    mx(c)->a2a_bytes = mx(c)->p2p_bytes = 0;
+    mx(c)->a2a_sec = 0;
+}
+
+void lrmoe_comm_mpi_abort(lrmoe_comm_t *c, int code)
+{
+    MPI_Abort(c && c->ctx ? mx(c)->comm : MPI_COMM_WORLD, code);
+}
+
+int lrmoe_comm_mpi_finalize(lrmoe_comm_t *c)
+{
+    lrmoe_comm_free(c);
+    int e = MPI_Finalize();
+    return e == MPI_SUCCESS ? 0 : mpi_fail(e, "MPI_Finalize");
+}
+
+int lrmoe_comm_mpi_bcast(lrmoe_comm_t *c, void *buf, size_t n, int root)
+{
+    for (size_t off = 0; off < n; off += PIECE) {
+        int k = (int)(n - off < PIECE ? n - off : PIECE);
+        int e = MPI_Bcast((char *)buf + off, k, MPI_BYTE, root, mx(c)->comm);
+        if (e != MPI_SUCCESS) return mpi_fail(e, "MPI_Bcast");
+    }
+    return 0;
+}
+
+/* counts (P) rows as ints with rank-major displacements; -1 past INT_MAX */
+static int int_counts(int P, const int64_t *counts, int *ic, int *id)
+{
+    int64_t acc = 0;
+    for (int r = 0; r < P; r++) {
+        if (counts[r] < 0 || counts[r] > INT_MAX || acc > INT_MAX)
+            return lrmoe_err("more than %d rows in one scatter/gather", INT_MAX);
+        ic[r] = (int)counts[r];
+        id[r] = (int)acc;
+        acc += counts[r];
+    }
+    return 0;
+}
+
+/* Scatter (gather = 0) or gather (1) of rows of row_bytes through root. */
+static int rows_v(lrmoe_comm_t *c, int gather, size_t row_bytes, const void *sendbuf,
+                  const int64_t *counts, void *recvbuf, int64_t mine, int root)
+{
+    mpi_ctx_t *x = mx(c);
+    const int P = c->P;
+    if (mine < 0 || mine > INT_MAX) return lrmoe_err("%lld rows in one call", (long long)mine);
+    if (row_bytes == 0 || row_bytes > INT_MAX) return lrmoe_err("row of %zu bytes", row_bytes);
+    int *v = NULL;
+    if (x->rank == root) {
+        if (!(v = malloc((size_t)P * 2 * sizeof *v))) return lrmoe_err("out of memory");
+        if (int_counts(P, counts, v, v + P) < 0) { free(v); return -1; }
+    }
+    MPI_Datatype row;
+    int e;
+    if ((e = MPI_Type_contiguous((int)row_bytes, MPI_BYTE, &row)) != MPI_SUCCESS ||
+        (e = MPI_Type_commit(&row)) != MPI_SUCCESS) {
+        free(v);
+        return mpi_fail(e, "MPI_Type_contiguous");
+    }
+    static char dummy[1];
+    if (gather)
+        e = MPI_Gatherv(sendbuf ? sendbuf : dummy, (int)mine, row, recvbuf ? recvbuf : dummy,
+                        v, v ? v + P : NULL, row, root, x->comm);
+    else
+        e = MPI_Scatterv(sendbuf ? sendbuf : dummy, v, v ? v + P : NULL, row,
+                         recvbuf ? recvbuf : dummy, (int)mine, row, root, x->comm);
+    MPI_Type_free(&row);
+    free(v);
+    return e == MPI_SUCCESS ? 0 : mpi_fail(e, gather ? "MPI_Gatherv" : "MPI_Scatterv");
+}
+
+int lrmoe_comm_mpi_scatterv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                            const int64_t *counts, void *recvbuf, int64_t nrecv, int root)
+{
+    return rows_v(c, 0, row_bytes, sendbuf, counts, recvbuf, nrecv, root);
+}
+
+int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                           int64_t nsend, void *recvbuf, const int64_t *counts, int root)
+{
+    return rows_v(c, 1, row_bytes, sendbuf, counts, recvbuf, nsend, root);
+}
+
+#ifdef LRMOE_HAVE_CUDA
+#include "../kernels/comm_cuda.h"
+
+static int bcast_cb(void *buf, size_t n, void *arg)
+{
+    return lrmoe_comm_mpi_bcast((lrmoe_comm_t *)arg, buf, n, 0);
+}
+
+/* The NCCL communicator of this MPI rank: one GPU per rank, the one of
+ * index (local rank mod visible devices) on this host; the ncclUniqueId of
+ * rank 0 is broadcast over MPI, so the communicator spans hosts. */
+int lrmoe_comm_mpi_nccl_init(lrmoe_comm_t *mpi, int nstreams, lrmoe_kcu_ctx_t **ctx,
+                             lrmoe_comm_t *out)
+{
+    int n = lrmoe_kcu_device_count();
+    if (n < 1) return lrmoe_err_prefix("rank %d: no CUDA device", mx(mpi)->rank);
+    if (lrmoe_kcu_ctx_create(mx(mpi)->local_rank % n, nstreams, ctx) < 0) return -1;
+    if (lrmoe_comm_cuda_init_rank(out, mpi->P, mx(mpi)->rank, *ctx, bcast_cb, mpi) < 0) {
+        lrmoe_kcu_ctx_destroy(*ctx);
+        *ctx = NULL;
+        return -1;
+    }
+    return 0;
+}
+#endif
+
+#else /* no MPI in this build */
+
+#define NOT_BUILT "MPI support is not built (install libopenmpi-dev and openmpi-bin, " \
+                  "then rebuild: make clean all)"
+
+int lrmoe_comm_mpi_built(void) { return 0; }
+int lrmoe_comm_mpi_init(lrmoe_comm_t *c, int *argc, char ***argv)
+{
+    (void)argc; (void)argv;
+    memset(c, 0, sizeof *c);
+    return lrmoe_err(NOT_BUILT);
+}
+int lrmoe_comm_mpi_rank(const lrmoe_comm_t *c) { (void)c; return 0; }
+int lrmoe_comm_mpi_local_rank(const lrmoe_comm_t *c) { (void)c; return 0; }
+void lrmoe_comm_mpi_sent(const lrmoe_comm_t *c, int64_t *a, int64_t *p, double *s)
+{
+    (void)c;
+    if (a) *a = 0;
+    if (p) *p = 0;
+    if (s) *s = 0;
+}
+void lrmoe_comm_mpi_reset(lrmoe_comm_t *c) { (void)c; }
+void lrmoe_comm_mpi_abort(lrmoe_comm_t *c, int code) { (void)c; (void)code; }
+int lrmoe_comm_mpi_finalize(lrmoe_comm_t *c) { (void)c; return lrmoe_err(NOT_BUILT); }
+int lrmoe_comm_mpi_bcast(lrmoe_comm_t *c, void *buf, size_t n, int root)
+{
+    (void)c; (void)buf; (void)n; (void)root;
+    return lrmoe_err(NOT_BUILT);
+}
+int lrmoe_comm_mpi_scatterv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                            const int64_t *counts, void *recvbuf, int64_t nrecv, int root)
+{
+    (void)c; (void)row_bytes; (void)sendbuf; (void)counts; (void)recvbuf; (void)nrecv;
+    (void)root;
+    return lrmoe_err(NOT_BUILT);
+}
+int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                           int64_t nsend, void *recvbuf, const int64_t *counts, int root)
+{
+    (void)c; (void)row_bytes; (void)sendbuf; (void)nsend; (void)recvbuf; (void)counts;
+    (void)root;
+    return lrmoe_err(NOT_BUILT);
+}
+#endif

@@ -1,0 +1,692 @@
+/* lrmoe-exec under MPI: rank 0 scatters each job's shares, every process
+ * runs its rank of the CPU backend, rank 0 gathers (see exec_mpi.h). All MPI
+ * calls go through comm.h, so this file builds with and without MPI. */
+#include <stdlib.h>
+#include <string.h>
+#include "exec_mpi.h"
+#include "lrmoe.h"
+
+struct lrmoe_exec_mpi_layer {
+    int64_t layer, E, F, D;
+    lrmoe_dtype_t dtype;
+    void *w[3];            /* w_gate, w_up, w_down: global shape, native experts only */
+    float *f32;            /* (E, 3*F*D) packed F32, native experts only */
+};
+
+enum { OP_END = 0, OP_FWD = 1, OP_BWD = 2 };
+enum { HAVE_PLAN = 1, HAVE_PHI = 2, HAVE_SG = 4, HAVE_SU = 8, HAVE_PO = 16, HAVE_PACKRANK = 32 };
+
+/* What rank 0 broadcasts before every job (all int64 for one MPI_BYTE bcast). */
+typedef struct {
+    int64_t op, layer, T, E, K, D, F, P, R, mode, act, grad, wdtype, have, allow_nonfinite;
+} hdr_t;
+
+/* The rows of one tensor a rank holds. */
+enum { SEL_TOK, SEL_TOKPAIR, SEL_PAIR_ON, SEL_TOK_ON, SEL_PACK_SRC, SEL_PACK_DST, SEL_NATIVE };
+typedef struct { int64_t n, lo; int64_t *idx; } sel_t;   /* idx NULL: rows [lo, lo+n) */
+
+/* One job as every rank sees it. Metadata pointers are the caller's on
+ * rank 0 and owned (in own[]) elsewhere. */
+typedef struct {
+    hdr_t h;
+    int P, me;
+    const int32_t *ids, *pair_rank, *pack_rank;
+    const float *tw;
+    const uint8_t *placement, *keep;
+    const int64_t *fwd_alloc, *pack_pair, *pack_counts, *pack_offsets;
+    void *own[48];
+    int nown;
+} job_t;
+
+static void *job_alloc(job_t *J, size_t n)
+{
+    if (J->nown >= (int)(sizeof J->own / sizeof *J->own)) return NULL;
+    void *p = calloc(n ? n : 1, 1);
+    if (p) J->own[J->nown++] = p;
+    return p;
+}
+
+static void job_free(job_t *J)
+{
+    for (int i = 0; i < J->nown; i++) free(J->own[i]);
+    J->nown = 0;
+}
+
+static int sel_make(const job_t *J, int kind, int r, sel_t *s)
+{
+    const hdr_t *h = &J->h;
+    const int P = J->P;
+    memset(s, 0, sizeof *s);
+    int64_t tlo = h->T * r / P, thi = h->T * (r + 1) / P;
+    switch (kind) {
+    case SEL_TOK: s->lo = tlo; s->n = thi - tlo; return 0;
+    case SEL_TOKPAIR: s->lo = tlo * h->K; s->n = (thi - tlo) * h->K; return 0;
+    case SEL_PACK_DST:
+        s->lo = J->pack_offsets[(int64_t)r * h->E];
+        for (int64_t e = 0; e < h->E; e++) s->n += J->pack_counts[(int64_t)r * h->E + e];
+        return 0;
+    case SEL_NATIVE:
+        s->lo = -1;
+        for (int64_t e = 0; e < h->E; e++)
+            if (lrmoe_exec_native(e, h->E, P) == r) {
+                if (s->lo < 0) s->lo = e;
+                s->n++;
+            }
+        if (s->lo < 0) s->lo = 0;
+        return 0;
+    default: break;
+    }
+    int64_t cap = kind == SEL_PACK_SRC ? h->R : kind == SEL_TOK_ON ? h->T : h->T * h->K;
+    s->idx = malloc((size_t)(cap > 0 ? cap : 1) * sizeof *s->idx);
+    if (!s->idx) return lrmoe_err("out of memory (row index)");
+    if (kind == SEL_PAIR_ON) {
+        for (int64_t u = 0; u < cap; u++)
+            if (J->pair_rank[u] == r) s->idx[s->n++] = u;
+    } else if (kind == SEL_TOK_ON) {
+        for (int64_t t = 0; t < cap; t++)
+            for (int64_t k = 0; k < h->K; k++)
+                if (J->pair_rank[t * h->K + k] == r) { s->idx[s->n++] = t; break; }
+    } else { /* SEL_PACK_SRC */
+        for (int64_t i = 0; i < cap; i++)
+            if (lrmoe_exec_token_owner(J->pack_pair[i] / h->K, h->T, P) == r)
+                s->idx[s->n++] = i;
+    }
+    return 0;
+}
+
+static int sel_contiguous(int kind)
+{
+    return kind == SEL_TOK || kind == SEL_TOKPAIR || kind == SEL_PACK_DST || kind == SEL_NATIVE;
+}
+
+/* rows of s between a global-shaped array and a packed buffer */
+static void sel_pack(const sel_t *s, size_t rowb, const void *arr, char *buf)
+{
+    for (int64_t j = 0; j < s->n; j++)
+        memcpy(buf + (size_t)j * rowb, (const char *)arr + (size_t)s->idx[j] * rowb, rowb);
+}
+
+static void sel_unpack(const sel_t *s, size_t rowb, const char *buf, void *arr)
+{
+    for (int64_t j = 0; j < s->n; j++)
+        memcpy((char *)arr + (size_t)s->idx[j] * rowb, buf + (size_t)j * rowb, rowb);
+}
+
+/* Move one tensor's rows: scatter (from rank 0's src into every rank's loc)
+ * or gather (from every rank's loc into rank 0's src). Contiguous row sets
+ * lie rank after rank from row 0, so they move without a copy. */
+static int move_rows(lrmoe_exec_mpi_t *m, const job_t *J, int gather, int kind, size_t rowb,
+                     void *src, void *loc)
+{
+    const int P = J->P, me = J->me;
+    sel_t mine;
+    int64_t *counts = NULL;
+    char *buf = NULL, *mbuf = NULL;
+    int rc = -1;
+    if (sel_make(J, kind, me, &mine) < 0) return -1;
+    int64_t total = 0;
+    if (me == 0) {
+        if (!(counts = malloc((size_t)P * sizeof *counts))) { lrmoe_err("out of memory"); goto out; }
+        for (int r = 0; r < P; r++) {
+            sel_t s;
+            if (sel_make(J, kind, r, &s) < 0) goto out;
+            counts[r] = s.n;
+            total += s.n;
+            free(s.idx);
+        }
+    }
+    double t0 = lrmoe_now();
+    if (sel_contiguous(kind)) {
+        char *l = (char *)loc + (size_t)mine.lo * rowb;
+        rc = gather ? lrmoe_comm_mpi_gatherv(&m->comm, rowb, l, mine.n, src, counts, 0)
+                    : lrmoe_comm_mpi_scatterv(&m->comm, rowb, src, counts, l, mine.n, 0);
+    } else {
+        if (!(mbuf = malloc((size_t)(mine.n ? mine.n : 1) * rowb)) ||
+            (me == 0 && !(buf = malloc((size_t)(total ? total : 1) * rowb)))) {
+            lrmoe_err("out of memory (%lld rows of %zu bytes)", (long long)(me ? mine.n : total),
+                      rowb);
+            goto out;
+        }
+        if (gather) sel_pack(&mine, rowb, loc, mbuf);
+        int64_t at = 0;
+        for (int r = 0; me == 0 && !gather && r < P; r++) { /* pack per rank */
+            sel_t s;
+            if (sel_make(J, kind, r, &s) < 0) goto out;
+            sel_pack(&s, rowb, src, buf + (size_t)at * rowb);
+            at += s.n;
+            free(s.idx);
+        }
+        rc = gather ? lrmoe_comm_mpi_gatherv(&m->comm, rowb, mbuf, mine.n, buf, counts, 0)
+                    : lrmoe_comm_mpi_scatterv(&m->comm, rowb, buf, counts, mbuf, mine.n, 0);
+        if (!rc && !gather) sel_unpack(&mine, rowb, mbuf, loc);
+        at = 0;
+        for (int r = 0; !rc && me == 0 && gather && r < P; r++) {
+            sel_t s;
+            if ((rc = sel_make(J, kind, r, &s)) < 0) break;
+            sel_unpack(&s, rowb, buf + (size_t)at * rowb, src);
+            at += s.n;
+            free(s.idx);
+        }
+    }
+    if (me == 0) {
+        double dt = lrmoe_now() - t0;
+        if (gather) { m->gather_s += dt; m->gather_bytes += total * (int64_t)rowb; }
+        else { m->scatter_s += dt; m->scatter_bytes += total * (int64_t)rowb; }
+    }
+out:
+    free(mine.idx); free(counts); free(buf); free(mbuf);
+    return rc;
+}
+
+/* A metadata array: rank 0's (*p, the caller's) to every rank (allocated). */
+static int meta(lrmoe_exec_mpi_t *m, job_t *J, const void **p, size_t bytes)
+{
+    if (J->me != 0 && !(*p = job_alloc(J, bytes))) return lrmoe_err("out of memory");
+    return lrmoe_comm_mpi_bcast(&m->comm, (void *)*p, bytes, 0);
+}
+
+/* ---------------------------------------------------------------- weights */
+
+static void layers_free(lrmoe_exec_mpi_t *m)
+{
+    for (int i = 0; i < m->nlayers; i++) {
+        for (int j = 0; j < 3; j++) free(m->layers[i].w[j]);
+        free(m->layers[i].f32);
+    }
+    free(m->layers);
+    m->layers = NULL;
+    m->nlayers = 0;
+}
+
+/* Ranks > 0, first job: every layer of the weights stream, native experts
+ * only (the others are never read: replicas come from the owner by p2p). */
+static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite)
+{
+    lrmoe_weights_t W;
+    if (lrmoe_weights_load(m->weights, &W) < 0) return -1;
+    int rc = 0;
+    if (!(m->layers = calloc((size_t)(W.n ? W.n : 1), sizeof *m->layers))) {
+        lrmoe_weights_free(&W);
+        return lrmoe_err("out of memory");
+    }
+    static const char *nm[3] = {"w_gate", "w_up", "w_down"};
+    for (int i = 0; i < W.n && !rc; i++) {
+        struct lrmoe_exec_mpi_layer *L = &m->layers[m->nlayers++];
+        L->layer = W.layer[i];
+        lrmoe_tensor_t *t[3];
+        for (int j = 0; j < 3 && !rc; j++)
+            if (!(t[j] = lrmoe_frame_need(&W.frames[i], nm[j])) || t[j]->ndim != 3)
+                rc = lrmoe_err("%s: layer %lld: %s missing or not 3-D", m->weights,
+                               (long long)L->layer, nm[j]);
+        if (rc) break;
+        L->E = t[0]->shape[0]; L->F = t[0]->shape[1]; L->D = t[0]->shape[2];
+        L->dtype = t[0]->dtype;
+        const size_t n = (size_t)(L->F * L->D), es = lrmoe_dtype_size(L->dtype);
+        for (int j = 0; j < 3 && !rc; j++)
+            if (lrmoe_tensor_numel(t[j]) != L->E * (int64_t)n || t[j]->dtype != L->dtype)
+                rc = lrmoe_err("%s: layer %lld: w_gate, w_up, w_down differ in shape or dtype",
+                               m->weights, (long long)L->layer);
+        for (int j = 0; j < 3 && !rc; j++)
+            if (!(L->w[j] = calloc((size_t)L->E * n, es))) rc = lrmoe_err("out of memory");
+        if (!rc && !(L->f32 = calloc((size_t)L->E * 3 * n, sizeof(float))))
+            rc = lrmoe_err("out of memory");
+        for (int64_t e = 0; e < L->E && !rc; e++) {
+            if (L->E < m->P || lrmoe_exec_native(e, L->E, m->P) != m->rank) continue;
+            for (int j = 0; j < 3 && !rc; j++) {
+                const char *s = (const char *)t[j]->data + (size_t)e * n * es;
+                if (!allow_nonfinite &&
+                    lrmoe_exec_check_finite(L->dtype, s, n, nm[j]) < 0)
+                    rc = lrmoe_err_prefix("%s: layer %lld: expert %lld", m->weights,
+                                          (long long)L->layer, (long long)e);
+                memcpy((char *)L->w[j] + (size_t)e * n * es, s, n * es);
+                lrmoe_convert_to_f32(L->dtype, s, L->f32 + ((size_t)e * 3 + j) * n, n);
+            }
+        }
+    }
+    lrmoe_weights_free(&W);
+    return rc;
+}
+
+static int rank_weights(lrmoe_exec_mpi_t *m, const hdr_t *h, lrmoe_exec_weights_t *w)
+{
+    if (!m->layers && layers_load(m, (int)h->allow_nonfinite) < 0) return -1;
+    for (int i = 0; i < m->nlayers; i++) {
+        struct lrmoe_exec_mpi_layer *L = &m->layers[i];
+        if (L->layer != h->layer) continue;
+        if (L->E != h->E || L->F != h->F || L->D != h->D || (int64_t)L->dtype != h->wdtype)
+            return lrmoe_err("%s: layer %lld is [%lld,%lld,%lld] %s here but rank 0's is "
+                             "[%lld,%lld,%lld] %s", m->weights, (long long)h->layer,
+                             (long long)L->E, (long long)L->F, (long long)L->D,
+                             lrmoe_dtype_name(L->dtype), (long long)h->E, (long long)h->F,
+                             (long long)h->D, lrmoe_dtype_name((lrmoe_dtype_t)h->wdtype));
+        memset(w, 0, sizeof *w);
+        w->dtype = L->dtype;
+        w->w_gate = L->w[0]; w->w_up = L->w[1]; w->w_down = L->w[2];
+        w->w_f32 = L->f32;
+        return 0;
+    }
+    return lrmoe_err("%s: no frame for layer %lld", m->weights, (long long)h->layer);
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+static int job_meta(lrmoe_exec_mpi_t *m, job_t *J, const lrmoe_exec_plan_t *plan,
+                    lrmoe_exec_plan_t *lp)
+{
+    const hdr_t *h = &J->h;
+    const size_t TK = (size_t)(h->T * h->K), EP = (size_t)(h->E * h->P);
+    memset(lp, 0, sizeof *lp);
+    if (meta(m, J, (const void **)&J->ids, TK * sizeof(int32_t)) < 0 ||
+        meta(m, J, (const void **)&J->tw, TK * sizeof(float)) < 0)
+        return -1;
+    if (h->have & HAVE_PLAN) {
+        if (J->me == 0) { J->placement = plan->placement; J->fwd_alloc = plan->fwd_alloc; }
+        if (meta(m, J, (const void **)&J->placement, EP) < 0 ||
+            meta(m, J, (const void **)&J->fwd_alloc, EP * sizeof(int64_t)) < 0)
+            return -1;
+        lp->placement = J->placement;
+        lp->fwd_alloc = J->fwd_alloc;
+    }
+    return 0;
+}
+
+/* This rank's stage times and bytes to rank 0 (timings (P, NSTAGES) there). */
+static int job_stats(lrmoe_exec_mpi_t *m, const job_t *J, const double *tim, double *timings)
+{
+    const int P = J->P;
+    double mine[LRMOE_NSTAGES + 3];
+    memcpy(mine, tim + (size_t)J->me * LRMOE_NSTAGES, LRMOE_NSTAGES * sizeof *mine);
+    int64_t a2a = 0, p2p = 0;
+    double a2a_s = 0;
+    lrmoe_comm_mpi_sent(&m->comm, &a2a, &p2p, &a2a_s);
+    mine[LRMOE_NSTAGES] = (double)a2a;
+    mine[LRMOE_NSTAGES + 1] = (double)p2p;
+    mine[LRMOE_NSTAGES + 2] = a2a_s;
+    double *all = NULL;
+    int64_t *ones = NULL;
+    if (J->me == 0) {
+        all = malloc((size_t)P * sizeof mine);
+        ones = malloc((size_t)P * sizeof *ones);
+        if (!all || !ones) { free(all); free(ones); return lrmoe_err("out of memory"); }
+        for (int r = 0; r < P; r++) ones[r] = 1;
+    }
+    int rc = lrmoe_comm_mpi_gatherv(&m->comm, sizeof mine, mine, 1, all, ones, 0);
+    if (!rc && J->me == 0) {
+        for (int r = 0; r < P; r++) {
+            const double *v = all + (size_t)r * (LRMOE_NSTAGES + 3);
+            if (timings) memcpy(timings + (size_t)r * LRMOE_NSTAGES, v, LRMOE_NSTAGES * sizeof *v);
+            m->a2a_bytes[r] = (int64_t)v[LRMOE_NSTAGES];
+            m->p2p_bytes[r] = (int64_t)v[LRMOE_NSTAGES + 1];
+            m->a2a_s[r] = v[LRMOE_NSTAGES + 2];
+        }
+    }
+    free(all); free(ones);
+    return rc;
+}
+
+/* Forward on every rank; ca/cplan/w/timings are rank 0's caller's (NULL elsewhere). */
+static int job_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t *J,
+                       const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *cplan,
+                       lrmoe_exec_fwd_t *ca, double *timings)
+{
+    const hdr_t *h = &J->h;
+    const int64_t T = h->T, K = h->K, D = h->D, F = h->F;
+    const lrmoe_dtype_t adt = (lrmoe_dtype_t)h->act;
+    const size_t as = lrmoe_dtype_size(adt), TK = (size_t)(T * K);
+    lrmoe_exec_plan_t lp;
+    lrmoe_exec_weights_t lw;
+    if (J->me == 0) { J->ids = ca->topk_ids; J->tw = ca->topk_weights; }
+    if (job_meta(m, J, cplan, &lp) < 0) return -1;
+    if (J->me != 0 && rank_weights(m, h, &lw) < 0) return -1;
+    lrmoe_exec_fwd_t a;
+    memset(&a, 0, sizeof a);
+    a.act_dtype = adt;
+    a.topk_ids = J->ids;
+    a.topk_weights = J->tw;
+    void *hid = job_alloc(J, (size_t)(T * D) * as);
+    a.output = job_alloc(J, (size_t)(T * D) * as);
+    a.pair_rank = job_alloc(J, TK * sizeof(int32_t));
+    if (h->have & HAVE_PHI) a.phi_sqnorm = job_alloc(J, TK * sizeof(float));
+    if (h->have & HAVE_SG) a.saved_gate = job_alloc(J, TK * (size_t)F * as);
+    if (h->have & HAVE_SU) a.saved_up = job_alloc(J, TK * (size_t)F * as);
+    if (h->have & HAVE_PO) a.pair_out = job_alloc(J, TK * (size_t)D * as);
+    double *tim = job_alloc(J, (size_t)J->P * LRMOE_NSTAGES * sizeof(double));
+    if (!hid || !a.output || !a.pair_rank || !tim || ((h->have & HAVE_PHI) && !a.phi_sqnorm) ||
+        ((h->have & HAVE_SG) && !a.saved_gate) || ((h->have & HAVE_SU) && !a.saved_up) ||
+        ((h->have & HAVE_PO) && !a.pair_out))
+        return lrmoe_err("out of memory (T=%lld, K=%lld, D=%lld, F=%lld)", (long long)T,
+                         (long long)K, (long long)D, (long long)F);
+    a.hidden = hid;
+    if (move_rows(m, J, 0, SEL_TOK, (size_t)D * as, J->me ? NULL : (void *)ca->hidden, hid) < 0)
+        return -1;
+    lrmoe_exec_cfg_t c = *cfg;
+    c.comm = &m->comm;
+    lrmoe_exec_dims_t d = {T, h->E, K, D, F, J->P};
+    lrmoe_comm_mpi_reset(&m->comm);
+    if (lrmoe_exec_forward_cpu(&c, &d, J->me ? &lw : w, (h->have & HAVE_PLAN) ? &lp : NULL,
+                               &a, tim) < 0)
+        return -1;
+    J->pair_rank = a.pair_rank;
+    int g = 0;
+    g |= move_rows(m, J, 1, SEL_TOK, (size_t)D * as, J->me ? NULL : ca->output, a.output);
+    if (!g && a.phi_sqnorm)
+        g |= move_rows(m, J, 1, SEL_PAIR_ON, sizeof(float), J->me ? NULL : ca->phi_sqnorm,
+                       a.phi_sqnorm);
+    if (!g && a.saved_gate)
+        g |= move_rows(m, J, 1, SEL_PAIR_ON, (size_t)F * as, J->me ? NULL : ca->saved_gate,
+                       a.saved_gate);
+    if (!g && a.saved_up)
+        g |= move_rows(m, J, 1, SEL_PAIR_ON, (size_t)F * as, J->me ? NULL : ca->saved_up,
+                       a.saved_up);
+    if (!g && a.pair_out)
+        g |= move_rows(m, J, 1, SEL_TOKPAIR, (size_t)D * as, J->me ? NULL : ca->pair_out,
+                       a.pair_out);
+    if (g) return -1;
+    if (J->me == 0) memcpy(ca->pair_rank, a.pair_rank, TK * sizeof(int32_t));
+    return job_stats(m, J, tim, timings);
+}
+
+static int job_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t *J,
+                        const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *cplan,
+                        lrmoe_exec_bwd_t *ca, double *timings)
+{
+    const hdr_t *h = &J->h;
+    const int64_t T = h->T, K = h->K, D = h->D, F = h->F, E = h->E, R = h->R;
+    const int P = J->P;
+    const lrmoe_dtype_t adt = (lrmoe_dtype_t)h->act, gdt = (lrmoe_dtype_t)h->grad;
+    const size_t as = lrmoe_dtype_size(adt), gs = lrmoe_dtype_size(gdt), TK = (size_t)(T * K);
+    const size_t FD = (size_t)(F * D);
+    const lrmoe_exec_mode_t mode = (lrmoe_exec_mode_t)h->mode;
+    const int compact = mode == LRMOE_MODE_COMPACT;
+    lrmoe_exec_plan_t lp;
+    lrmoe_exec_weights_t lw;
+    if (J->me == 0) {
+        J->ids = ca->topk_ids; J->tw = ca->topk_weights;
+        J->pair_rank = ca->pair_rank; J->keep = ca->keep;
+        J->pack_pair = ca->pack_pair; J->pack_rank = ca->pack_rank;
+        J->pack_counts = ca->pack_counts; J->pack_offsets = ca->pack_offsets;
+    }
+    if (job_meta(m, J, cplan, &lp) < 0) return -1;
+    if (!compact && meta(m, J, (const void **)&J->pair_rank, TK * sizeof(int32_t)) < 0) return -1;
+    if (mode == LRMOE_MODE_MASKED && meta(m, J, (const void **)&J->keep, TK) < 0) return -1;
+    if (compact &&
+        (meta(m, J, (const void **)&J->pack_pair, (size_t)R * sizeof(int64_t)) < 0 ||
+         meta(m, J, (const void **)&J->pack_counts, (size_t)(P * E) * sizeof(int64_t)) < 0 ||
+         meta(m, J, (const void **)&J->pack_offsets, (size_t)(P * E) * sizeof(int64_t)) < 0 ||
+         ((h->have & HAVE_PACKRANK) &&
+          meta(m, J, (const void **)&J->pack_rank, (size_t)R * sizeof(int32_t)) < 0)))
+        return -1;
+    if (J->me != 0 && rank_weights(m, h, &lw) < 0) return -1;
+    lrmoe_exec_bwd_t a;
+    memset(&a, 0, sizeof a);
+    a.mode = mode;
+    a.act_dtype = adt;
+    a.grad_dtype = gdt;
+    a.topk_ids = J->ids;
+    a.topk_weights = J->tw;
+    a.pair_rank = J->pair_rank;
+    a.keep = J->keep;
+    a.R = R;
+    a.pack_pair = J->pack_pair; a.pack_rank = J->pack_rank;
+    a.pack_counts = J->pack_counts; a.pack_offsets = J->pack_offsets;
+    void *go = job_alloc(J, (size_t)(T * D) * gs), *po = job_alloc(J, TK * (size_t)D * as);
+    void *hid = NULL, *sg = NULL, *su = NULL, *pg = NULL, *ph = NULL, *pa = NULL, *pu = NULL;
+    int ok = go && po;
+    if (!compact) {
+        ok &= (hid = job_alloc(J, (size_t)(T * D) * as)) && (sg = job_alloc(J, TK * (size_t)F * as)) &&
+              (su = job_alloc(J, TK * (size_t)F * as));
+    } else {
+        ok &= (pg = job_alloc(J, (size_t)(R * D) * sizeof(float))) &&
+              (ph = job_alloc(J, (size_t)(R * D) * as)) && (pa = job_alloc(J, (size_t)(R * F) * as)) &&
+              (pu = job_alloc(J, (size_t)(R * F) * as));
+    }
+    a.grad_hidden = job_alloc(J, (size_t)(T * D) * sizeof(float));
+    a.grad_topk_weights = job_alloc(J, TK * sizeof(float));
+    a.grad_w_gate = job_alloc(J, (size_t)E * FD * sizeof(float));
+    a.grad_w_up = job_alloc(J, (size_t)E * FD * sizeof(float));
+    a.grad_w_down = job_alloc(J, (size_t)E * FD * sizeof(float));
+    double *tim = job_alloc(J, (size_t)P * LRMOE_NSTAGES * sizeof(double));
+    if (!ok || !a.grad_hidden || !a.grad_topk_weights || !a.grad_w_gate || !a.grad_w_up ||
+        !a.grad_w_down || !tim)
+        return lrmoe_err("out of memory (T=%lld, K=%lld, D=%lld, F=%lld, R=%lld)", (long long)T,
+                         (long long)K, (long long)D, (long long)F, (long long)R);
+    a.grad_output = go; a.pair_out = po;
+    a.hidden = hid; a.saved_gate = sg; a.saved_up = su;
+    a.pack_grad = pg; a.pack_hidden = ph; a.pack_gate = pa; a.pack_up = pu;
+    const int z = J->me != 0;
+#define SRC(x) (z ? NULL : (void *)(x))
+    int g = move_rows(m, J, 0, SEL_TOK, (size_t)D * gs, SRC(ca->grad_output), go);
+    if (!g) g = move_rows(m, J, 0, SEL_TOKPAIR, (size_t)D * as, SRC(ca->pair_out), po);
+    if (!g && !compact) {
+        g = move_rows(m, J, 0, SEL_TOK_ON, (size_t)D * as, SRC(ca->hidden), hid);
+        if (!g) g = move_rows(m, J, 0, SEL_PAIR_ON, (size_t)F * as, SRC(ca->saved_gate), sg);
+        if (!g) g = move_rows(m, J, 0, SEL_PAIR_ON, (size_t)F * as, SRC(ca->saved_up), su);
+    } else if (!g) {
+        g = move_rows(m, J, 0, SEL_PACK_SRC, (size_t)D * sizeof(float), SRC(ca->pack_grad), pg);
+        if (!g) g = move_rows(m, J, 0, SEL_PACK_DST, (size_t)D * as, SRC(ca->pack_hidden), ph);
+        if (!g) g = move_rows(m, J, 0, SEL_PACK_DST, (size_t)F * as, SRC(ca->pack_gate), pa);
+        if (!g) g = move_rows(m, J, 0, SEL_PACK_DST, (size_t)F * as, SRC(ca->pack_up), pu);
+    }
+    if (g) return -1;
+    lrmoe_exec_cfg_t c = *cfg;
+    c.comm = &m->comm;
+    lrmoe_exec_dims_t d = {T, E, K, D, F, P};
+    lrmoe_comm_mpi_reset(&m->comm);
+    if (lrmoe_exec_backward_cpu(&c, &d, z ? &lw : w, (h->have & HAVE_PLAN) ? &lp : NULL, &a,
+                                tim) < 0)
+        return -1;
+    g = move_rows(m, J, 1, SEL_TOK, (size_t)D * sizeof(float), SRC(ca->grad_hidden), a.grad_hidden);
+    if (!g) g = move_rows(m, J, 1, SEL_TOK, (size_t)K * sizeof(float), SRC(ca->grad_topk_weights),
+                          a.grad_topk_weights);
+    if (!g) g = move_rows(m, J, 1, SEL_NATIVE, FD * sizeof(float), SRC(ca->grad_w_gate), a.grad_w_gate);
+    if (!g) g = move_rows(m, J, 1, SEL_NATIVE, FD * sizeof(float), SRC(ca->grad_w_up), a.grad_w_up);
+    if (!g) g = move_rows(m, J, 1, SEL_NATIVE, FD * sizeof(float), SRC(ca->grad_w_down), a.grad_w_down);
+#undef SRC
+    if (g) return -1;
+    return job_stats(m, J, tim, timings);
+}
+
+/* ---------------------------------------------------------------- rank 0 */
+
+static int hdr_send(lrmoe_exec_mpi_t *m, hdr_t *h)
+{
+    m->in_flight = h->op != OP_END;
+    m->scatter_s = m->gather_s = 0;
+    m->scatter_bytes = m->gather_bytes = 0;
+    return lrmoe_comm_mpi_bcast(&m->comm, h, sizeof *h, 0);
+}
+
+static int hdr_common(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
+                      const lrmoe_exec_dims_t *d, int64_t layer,
+                      const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan, hdr_t *h)
+{
+    if (m->rank != 0) return lrmoe_err("exec: only rank 0 submits jobs");
+    if (d->P != m->P)
+        return lrmoe_err("%d ranks but the job was started with %d MPI processes "
+                         "(mpirun -np must match the plan's or --ranks' P)", d->P, m->P);
+    if (cfg->backend != LRMOE_BACKEND_CPU)
+        return lrmoe_err("backend %s under MPI: only the cpu backend runs one rank per process "
+                         "in this build", lrmoe_backend_name(cfg->backend));
+    if (d->P > d->E)
+        return lrmoe_err("%d ranks for %lld experts: every rank needs a native expert",
+                         d->P, (long long)d->E);
+    memset(h, 0, sizeof *h);
+    h->layer = layer;
+    h->T = d->T; h->E = d->E; h->K = d->K; h->D = d->D; h->F = d->F; h->P = d->P;
+    h->wdtype = w->dtype;
+    h->allow_nonfinite = cfg->allow_nonfinite;
+    if (plan && plan->placement && plan->fwd_alloc) h->have |= HAVE_PLAN;
+    else if (plan && (plan->placement || plan->fwd_alloc))
+        return lrmoe_err("exec under MPI: a plan needs both placement and fwd_alloc");
+    return 0;
+}
+
+int lrmoe_exec_mpi_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
+                           const lrmoe_exec_dims_t *d, int64_t layer,
+                           const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                           lrmoe_exec_fwd_t *a, double *timings)
+{
+    job_t J;
+    memset(&J, 0, sizeof J);
+    if (hdr_common(m, cfg, d, layer, w, plan, &J.h) < 0) return -1;
+    if (!a->hidden || !a->topk_ids || !a->topk_weights || !a->output || !a->pair_rank)
+        return lrmoe_err("forward: missing hidden, topk_ids, topk_weights, output or pair_rank");
+    /* what every rank would find wrong, found here before any rank starts */
+    if (lrmoe_exec_assign(d->T, d->K, d->E, d->P, a->topk_ids,
+                          (J.h.have & HAVE_PLAN) ? plan->fwd_alloc : NULL,
+                          (J.h.have & HAVE_PLAN) ? plan->placement : NULL, a->pair_rank) < 0)
+        return -1;
+    J.h.op = OP_FWD;
+    J.h.act = a->act_dtype;
+    J.h.have |= (a->phi_sqnorm ? HAVE_PHI : 0) | (a->saved_gate ? HAVE_SG : 0) |
+                (a->saved_up ? HAVE_SU : 0) | (a->pair_out ? HAVE_PO : 0);
+    J.P = m->P;
+    J.me = 0;
+    int rc = hdr_send(m, &J.h);
+    if (!rc) rc = job_forward(m, cfg, &J, w, plan, a, timings);
+    job_free(&J);
+    if (!rc) m->in_flight = 0;
+    return rc;
+}
+
+int lrmoe_exec_mpi_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
+                            const lrmoe_exec_dims_t *d, int64_t layer,
+                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                            lrmoe_exec_bwd_t *a, double *timings)
+{
+    job_t J;
+    memset(&J, 0, sizeof J);
+    if (hdr_common(m, cfg, d, layer, w, plan, &J.h) < 0) return -1;
+    const int compact = a->mode == LRMOE_MODE_COMPACT;
+    if (!a->topk_ids || !a->topk_weights || !a->grad_output || !a->pair_out ||
+        !a->grad_hidden || !a->grad_w_gate || !a->grad_w_up || !a->grad_w_down ||
+        !a->grad_topk_weights)
+        return lrmoe_err("backward: missing topk_ids, topk_weights, grad_output, pair_out "
+                         "or an output array");
+    if (!compact && (!a->hidden || !a->pair_rank || !a->saved_gate || !a->saved_up))
+        return lrmoe_err("backward %s: needs hidden, pair_rank, saved_gate and saved_up",
+                         lrmoe_exec_mode_name(a->mode));
+    if (a->mode == LRMOE_MODE_MASKED && !a->keep) return lrmoe_err("backward masked: needs keep");
+    for (int64_t u = 0; u < d->T * d->K; u++) {
+        if (a->topk_ids[u] < 0 || a->topk_ids[u] >= d->E)
+            return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
+                             (long long)(u / d->K), (long long)(u % d->K), a->topk_ids[u],
+                             (long long)d->E);
+        if (!compact && (a->pair_rank[u] < 0 || a->pair_rank[u] >= d->P))
+            return lrmoe_err("pair_rank[%lld,%lld]: rank %d out of range [0,%d)",
+                             (long long)(u / d->K), (long long)(u % d->K), a->pair_rank[u],
+                             d->P);
+    }
+    if (compact && lrmoe_exec_check_pack(d->P, d->T, d->K, d->E, a->topk_ids, a,
+                                         (J.h.have & HAVE_PLAN) ? plan->placement : NULL) < 0)
+        return -1;
+    J.h.op = OP_BWD;
+    J.h.mode = a->mode;
+    J.h.act = a->act_dtype;
+    J.h.grad = a->grad_dtype;
+    J.h.R = compact ? a->R : 0;
+    J.h.have |= (compact && a->pack_rank) ? HAVE_PACKRANK : 0;
+    J.P = m->P;
+    J.me = 0;
+    int rc = hdr_send(m, &J.h);
+    if (!rc) rc = job_backward(m, cfg, &J, w, plan, a, timings);
+    job_free(&J);
+    if (!rc) m->in_flight = 0;
+    return rc;
+}
+
+int lrmoe_exec_mpi_end(lrmoe_exec_mpi_t *m)
+{
+    hdr_t h;
+    memset(&h, 0, sizeof h);
+    h.op = OP_END;
+    return hdr_send(m, &h);
+}
+
+/* ---------------------------------------------------------------- ranks > 0 */
+
+int lrmoe_exec_mpi_serve(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg)
+{
+    for (;;) {
+        job_t J;
+        memset(&J, 0, sizeof J);
+        if (lrmoe_comm_mpi_bcast(&m->comm, &J.h, sizeof J.h, 0) < 0) return -1;
+        if (J.h.op == OP_END) return 0;
+        m->in_flight = 1;
+        J.P = m->P;
+        J.me = m->rank;
+        int rc;
+        if (J.h.P != m->P || (J.h.op != OP_FWD && J.h.op != OP_BWD))
+            rc = lrmoe_err("job header: op %lld for %lld ranks (bad header from rank 0)",
+                           (long long)J.h.op, (long long)J.h.P);
+        else if (J.h.op == OP_FWD)
+            rc = job_forward(m, cfg, &J, NULL, NULL, NULL, NULL);
+        else
+            rc = job_backward(m, cfg, &J, NULL, NULL, NULL, NULL);
+        job_free(&J);
+        if (rc < 0) return -1;
+        m->in_flight = 0;
+    }
+}
+
+/* ---------------------------------------------------------------- attributes */
+
+static int list_attr(lrmoe_frame_t *f, const char *key, int P, const int64_t *iv,
+                     const double *dv)
+{
+    size_t cap = (size_t)P * 24 + 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return lrmoe_err("out of memory");
+    buf[0] = 0;
+    for (int r = 0; r < P; r++)
+        len += iv ? (size_t)snprintf(buf + len, cap - len, "%s%lld", r ? "," : "", (long long)iv[r])
+                  : (size_t)snprintf(buf + len, cap - len, "%s%.6g", r ? "," : "", dv[r]);
+    int rc = lrmoe_frame_set_attr(f, key, buf);
+    free(buf);
+    return rc;
+}
+
+int lrmoe_exec_mpi_attrs(const lrmoe_exec_mpi_t *m, lrmoe_frame_t *f, const char *phase)
+{
+    char key[64];
+    snprintf(key, sizeof key, "exec.%s.a2a_bytes", phase);
+    if (list_attr(f, key, m->P, m->a2a_bytes, NULL) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.p2p_bytes", phase);
+    if (list_attr(f, key, m->P, m->p2p_bytes, NULL) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.a2a_s", phase);
+    if (list_attr(f, key, m->P, NULL, m->a2a_s) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.scatter_s", phase);
+    if (lrmoe_frame_set_attrf(f, key, "%.6g", m->scatter_s) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.gather_s", phase);
+    if (lrmoe_frame_set_attrf(f, key, "%.6g", m->gather_s) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.scatter_bytes", phase);
+    if (lrmoe_frame_set_attrf(f, key, "%lld", (long long)m->scatter_bytes) < 0) return -1;
+    snprintf(key, sizeof key, "exec.%s.gather_bytes", phase);
+    if (lrmoe_frame_set_attrf(f, key, "%lld", (long long)m->gather_bytes) < 0) return -1;
+    return lrmoe_frame_set_attr(f, "exec.launcher", "mpi");
+}
+
+/* ---------------------------------------------------------------- setup */
+
+int lrmoe_exec_mpi_open(lrmoe_exec_mpi_t *m, int *argc, char ***argv, const char *weights)
+{
+    memset(m, 0, sizeof *m);
+    if (lrmoe_comm_mpi_init(&m->comm, argc, argv) < 0) return -1;
+    m->rank = lrmoe_comm_mpi_rank(&m->comm);
+    m->P = m->comm.P;
+    m->weights = weights;
+    m->a2a_bytes = calloc((size_t)m->P, sizeof *m->a2a_bytes);
+    m->p2p_bytes = calloc((size_t)m->P, sizeof *m->p2p_bytes);
+    m->a2a_s = calloc((size_t)m->P, sizeof *m->a2a_s);
+    if (!m->a2a_bytes || !m->p2p_bytes || !m->a2a_s) return lrmoe_err("out of memory");
+    return 0;
+}
+
+int lrmoe_exec_mpi_close(lrmoe_exec_mpi_t *m)
+{
+    layers_free(m);
+    free(m->a2a_bytes); free(m->p2p_bytes); free(m->a2a_s);
+    m->a2a_bytes = m->p2p_bytes = NULL;
+    m->a2a_s = NULL;
+    return lrmoe_comm_mpi_finalize(&m->comm);
+}

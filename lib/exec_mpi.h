@@ -1,0 +1,79 @@
+/* lrmoe-exec under MPI: one expert-parallel rank per process (lib/exec_mpi.c).
+ *
+ * Rank 0 holds the frame. For every job (one forward or backward call) it
+ * broadcasts a header and the routing metadata (topk_ids, topk_weights, the
+ * plan, pair_rank/keep or the pack index: O(T*K) small integers), then
+ * scatters each data tensor by rows (MPI_Scatterv): rank r receives only
+ *   hidden, grad_output, pair_out   the rows of the tokens it owns
+ *   hidden (backward full/masked)   the rows of tokens with a pair on r
+ *   saved_gate, saved_up            the rows of the pairs that ran on r
+ *   pack_grad                       packed rows whose token r owns
+ *   pack_hidden, pack_gate, pack_up r's destination segments
+ * Every rank then runs its own rank of the CPU backend (exec_cpu.c with the
+ * MPI communicator of comm.h: MPI_Alltoallv for the rows, MPI_Send/Recv for
+ * replica weights and helper weight gradients, summed at the owner), and
+ * rank 0 gathers the results (MPI_Gatherv) into the caller's arrays, with
+ * each rank's stage times and bytes sent.
+ *
+ * Weights: each rank reads the weights stream itself (a shared file system
+ * on a cluster) at its first job and keeps only its native experts of every
+ * layer (replicas and helpers receive theirs from the owner by p2p, as in a
+ * training step where only the owner holds the current weights).
+ *
+ * Arrays on ranks > 0 are allocated in the global shape with calloc and
+ * only their share is written, so untouched pages cost no memory.
+ * Nothing prints or exits; an error after a job's header went out leaves the
+ * ranks inside collectives: the caller must then lrmoe_comm_mpi_abort
+ * (lrmoe_exec_mpi_t.in_flight says so).
+ */
+#ifndef LRMOE_EXEC_MPI_H
+#define LRMOE_EXEC_MPI_H
+
+#include "comm.h"
+#include "exec.h"
+
+typedef struct lrmoe_exec_mpi {
+    lrmoe_comm_t comm;
+    int rank, P;
+    const char *weights;   /* path of the weights stream (ranks > 0 read it) */
+    int in_flight;         /* 1 between a job's header and its gather */
+    /* ranks > 0: native experts of every layer of the weights stream */
+    int nlayers;
+    struct lrmoe_exec_mpi_layer *layers;
+    /* rank 0, after each job: per-rank bytes sent by all-to-all-v and p2p,
+     * seconds inside MPI_Alltoallv (P each), and rank 0's scatter/gather */
+    int64_t *a2a_bytes, *p2p_bytes;
+    double *a2a_s;
+    double scatter_s, gather_s;
+    int64_t scatter_bytes, gather_bytes;
+} lrmoe_exec_mpi_t;
+
+/* MPI_Init and the communicator; m->rank, m->P. weights: the path every
+ * rank > 0 loads (rank 0 passes its weights to each call). */
+int lrmoe_exec_mpi_open(lrmoe_exec_mpi_t *m, int *argc, char ***argv, const char *weights);
+/* Rank 0: one job spread over the P = m->P processes. d->P must be m->P;
+ * layer picks the weights frame of the ranks > 0. Same arguments and
+ * results as lrmoe_exec_forward/backward (timings (P, NSTAGES)). */
+int lrmoe_exec_mpi_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
+                           const lrmoe_exec_dims_t *d, int64_t layer,
+                           const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                           lrmoe_exec_fwd_t *a, double *timings);
+int lrmoe_exec_mpi_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
+                            const lrmoe_exec_dims_t *d, int64_t layer,
+                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                            lrmoe_exec_bwd_t *a, double *timings);
+/* Rank 0: no more jobs; the other ranks leave lrmoe_exec_mpi_serve. */
+int lrmoe_exec_mpi_end(lrmoe_exec_mpi_t *m);
+/* Ranks > 0: run rank 0's jobs until it ends (0) or one fails (-1). */
+int lrmoe_exec_mpi_serve(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg);
+/* MPI_Finalize and free. */
+int lrmoe_exec_mpi_close(lrmoe_exec_mpi_t *m);
+
+/* Rank 0, after a job: its MPI attributes on frame f (phase "forward" or
+ * "backward"): exec.PH.a2a_bytes, .p2p_bytes (bytes each rank sent), .a2a_s
+ * (each rank's seconds moving rows in MPI_Alltoallv, after the counts
+ * exchange), exec.PH.scatter_s/.gather_s
+ * and .scatter_bytes/.gather_bytes (rank 0's share traffic), exec.launcher mpi. */
+int lrmoe_exec_mpi_attrs(const lrmoe_exec_mpi_t *m, lrmoe_frame_t *f, const char *phase);
+
+#endif

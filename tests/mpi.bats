@@ -1,0 +1,353 @@
+#!/usr/bin/env bats
+# lrmoe-exec under mpirun (one EP rank per process, lib/exec_mpi.c): the
+# output of `mpirun -np P lrmoe-exec` equals the single-process `-P P` run bit
+# for bit; per-rank attributes; faults end the job quickly with one message
+# naming the rank. OpenMPI over TCP (--mca btl tcp,self), as root.
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+
+setup() {
+    BIN="$BATS_TEST_DIRNAME/../bin"
+    TOP="$BATS_TEST_DIRNAME/.."
+    HELP="$BATS_TEST_DIRNAME/helpers"
+    D="$BATS_TEST_TMPDIR"
+    EXEC="$BIN/lrmoe-exec"
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    # every job ends (or is killed) within this bound: nothing may hang
+    MPIRUN="timeout 120 mpirun --mca btl tcp,self --oversubscribe"
+}
+
+teardown() {
+    # the namespaces of the two-host test (their veth pair goes with them)
+    [ -z "${NS_A:-}" ] || ip netns del "$NS_A" 2>/dev/null || true
+    [ -z "${NS_B:-}" ] || ip netns del "$NS_B" 2>/dev/null || true
+}
+
+# skip (saying why) unless mpirun exists and lrmoe-exec was built with MPI
+need_mpi() {
+    command -v mpirun >/dev/null || skip "mpirun not installed (openmpi-bin)"
+    run $MPIRUN -np 1 "$EXEC" --phase forward --weights "$D/none.lrm" "$D/none.lrm"
+    if [[ "$output" == *"MPI support is not built"* ]]; then
+        skip "lrmoe-exec built without MPI (libopenmpi-dev missing at build time)"
+    fi
+}
+
+# the two streams have the same tensors, bytes, dtypes and non-exec attributes
+same() {
+    python3 - "$HELP" "$1" "$2" <<'EOF'
+import sys
+sys.path.insert(0, sys.argv[1])
+from lrmoe_stream import read_stream
+a = read_stream(sys.argv[2], with_dtypes=True)
+b = read_stream(sys.argv[3], with_dtypes=True)
+bad = []
+if len(a) != len(b):
+    sys.exit("frames: %d vs %d" % (len(a), len(b)))
+for i, ((ta, aa, da), (tb, ab, db)) in enumerate(zip(a, b)):
+    if set(ta) != set(tb):
+        bad.append("frame %d: tensors %s vs %s" % (i, sorted(ta), sorted(tb)))
+        continue
+    for n in sorted(ta):
+        if da[n] != db[n] or ta[n].shape != tb[n].shape or ta[n].tobytes() != tb[n].tobytes():
+            bad.append("frame %d: %s differs" % (i, n))
+    # exec.* and every stage's own clock readings (score.seconds, ...) vary
+    def kept(x):
+        return {k: v for k, v in x.items()
+                if not k.startswith("exec.") and not k.endswith(("seconds", "_s"))}
+    ka, kb = kept(aa), kept(ab)
+    if ka != kb:
+        bad.append("frame %d: attributes differ" % i)
+    for k in ("exec.ranks", "exec.backend", "exec.backward.mode"):
+        if aa.get(k) != ab.get(k):
+            bad.append("frame %d: %s %s vs %s" % (i, k, aa.get(k), ab.get(k)))
+if bad:
+    sys.exit("\n".join(bad))
+print("identical: %d frames" % len(a))
+EOF
+}
+
+no_trailer() {
+    run python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream; read_stream('$1')"
+    assert_failure
+    assert_output --partial "no trailer"
+}
+
+# exactly one "lrmoe-exec:" line in $output, naming rank $1 and containing $2
+one_message() {
+    local n
+    n=$(printf '%s\n' "$output" | grep -c '^lrmoe-exec: ')
+    assert_equal "$n" 1
+    assert_line --regexp "^lrmoe-exec: rank $1: .*$2"
+}
+
+# gen | route into $D/r.lrm: T tokens, E=8, K=2, D=32, F=16
+routed() { # T dtype [extra gen options]
+    "$BIN/lrmoe-gen" --tokens "$1" --experts 8 --topk 2 --hidden 32 --ffn 16 --dtype "$2" \
+        --skew hot:50:2 --weights "$D/w.lrm" --seed 3 --no-compress "${@:3}" |
+        "$BIN/lrmoe-route" -k 2 --no-compress -o "$D/r.lrm"
+}
+
+# forward, then full, masked and compact backward, under mpirun -np P and
+# in one process with -P P: every output stream identical. $1 = P, then the
+# planners, one frame each (none: plain EP without a plan, alone in its
+# stream: score drops 30%, pack -P P; with plans the quotas are the plan's).
+compare_all() {
+    local P=$1 pl PP="" m in
+    shift
+    if [ "$1" = none ]; then
+        cp "$D/r.lrm" "$D/p.lrm"
+        PP="-P $P"
+    else
+        for pl in "$@"; do
+            "$BIN/lrmoe-plan" --planner "$pl" --ranks "$P" --rates 1.0,0.8,0.7 --min-chunk 4 \
+                --no-compress "$D/r.lrm" > "$D/p-$pl.lrm"
+        done
+        (cd "$D" && "$BIN/lrmoe-cat" --no-compress $(printf 'p-%s.lrm ' "$@") > p.lrm)
+    fi
+    "$EXEC" --phase forward --weights "$D/w.lrm" $PP -@ 1 --no-compress "$D/p.lrm" > "$D/f1.lrm"
+    run $MPIRUN -np "$P" "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress \
+        -o "$D/f2.lrm" "$D/p.lrm"
+    assert_success
+    run same "$D/f2.lrm" "$D/f1.lrm"
+    assert_success
+    assert_output "identical: $# frames"
+    if [ "$1" = none ]; then
+        "$BIN/lrmoe-score" --drop 30 --no-compress "$D/f1.lrm" > "$D/s.lrm"
+        "$BIN/lrmoe-pack" -P "$P" --no-compress "$D/s.lrm" > "$D/pk.lrm"
+    else
+        "$BIN/lrmoe-score" --no-compress "$D/f1.lrm" > "$D/s.lrm"
+        "$BIN/lrmoe-pack" --no-compress "$D/s.lrm" > "$D/pk.lrm"
+    fi
+    for m in full masked compact; do
+        in="$D/s.lrm"
+        [ "$m" = compact ] && in="$D/pk.lrm"
+        "$EXEC" --phase backward --mode "$m" --weights "$D/w.lrm" -@ 1 --no-compress "$in" \
+            > "$D/b1.lrm"
+        run $MPIRUN -np "$P" "$EXEC" --phase backward --mode "$m" --weights "$D/w.lrm" -@ 1 \
+            --no-compress -o "$D/b2.lrm" "$in"
+        assert_success
+        run same "$D/b2.lrm" "$D/b1.lrm"
+        assert_success
+    done
+}
+
+@test "mpi: --launcher is documented and checked; usage errors exit 2" {
+    run "$EXEC" --help
+    assert_success
+    assert_output --partial "--launcher"
+    run "$EXEC" --phase forward --weights x --launcher ssh
+    assert_equal "$status" 2
+    assert_line --partial "--launcher: 'ssh' is not auto, mpi or none"
+}
+
+@test "mpi: a build without MPI says so under --launcher mpi and under an MPI launcher" {
+    # the library and lrmoe-exec compiled here without LRMOE_HAVE_MPI (and CUDA)
+    mkdir -p "$D/o"
+    for f in "$TOP"/lib/*.c "$TOP"/src/lrmoe-exec.c; do
+        cc -O0 -std=c11 -D_GNU_SOURCE -pthread -I"$TOP/lib" -c -o "$D/o/$(basename "$f" .c).o" "$f" ||
+            return 1
+    done
+    cc -o "$D/exec-nompi" "$D"/o/*.o -lzstd -ljansson -lglpk -lopenblas -lm -lpthread
+    run "$D/exec-nompi" --phase forward --weights x --launcher mpi
+    assert_equal "$status" 2
+    assert_line --partial "lrmoe-exec: --launcher mpi: MPI support is not built"
+    run env OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 "$D/exec-nompi" --phase forward --weights x
+    assert_equal "$status" 2
+    assert_line --partial "started by an MPI launcher: MPI support is not built"
+    # --launcher none still runs one process
+    routed 20 f32
+    run "$D/exec-nompi" --phase forward --weights "$D/w.lrm" -P 2 --launcher none -o "$D/f.lrm" "$D/r.lrm"
+    assert_success
+}
+
+@test "mpi: forward and full/masked/compact backward equal -P P bit for bit, F32, no plan (P=2, 4) and every planner (P=4)" {
+    need_mpi
+    routed 61 f32
+    compare_all 2 none
+    compare_all 4 none
+    compare_all 4 fixed llep eplb lrmoe
+}
+
+@test "mpi: BF16, P=3 (T and E not divisible by P) and an lrmoe plan with replicas, bit for bit" {
+    need_mpi
+    routed 61 bf16
+    compare_all 3 none
+    compare_all 4 lrmoe
+    # the lrmoe plan has replicas, so weights and gradients crossed point to point
+    run python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
+t, a = read_stream('$D/b2.lrm')[0]
+print(a['plan.replicas'], a['exec.backward.p2p_bytes'])"
+    assert_success
+    refute_output --regexp '^0 '
+    refute_output --regexp ' 0,0,0,0$'
+}
+
+@test "mpi: in a pipeline (stdin and stdout through mpirun, zstd, several steps and layers)" {
+    need_mpi
+    "$BIN/lrmoe-gen" --tokens 40 --experts 8 --topk 2 --hidden 32 --ffn 16 --dtype bf16 \
+        --steps 2 --layers 2 --weights "$D/w.lrm" --seed 5 |
+        "$BIN/lrmoe-route" -k 2 | "$BIN/lrmoe-plan" --planner llep --ranks 2 --min-chunk 2 > "$D/p.lrm"
+    $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 < "$D/p.lrm" |
+        "$BIN/lrmoe-score" | "$BIN/lrmoe-pack" |
+        $MPIRUN -np 2 "$EXEC" --phase backward --mode compact --weights "$D/w.lrm" -@ 1 \
+        > "$D/mpi.lrm"
+    "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 < "$D/p.lrm" |
+        "$BIN/lrmoe-score" | "$BIN/lrmoe-pack" |
+        "$EXEC" --phase backward --mode compact --weights "$D/w.lrm" -@ 1 > "$D/one.lrm"
+    run same "$D/mpi.lrm" "$D/one.lrm"
+    assert_success
+    assert_output "identical: 4 frames"
+}
+
+@test "mpi: per-rank times, bytes and the critical rank are frame attributes; --timings on rank 0" {
+    need_mpi
+    routed 64 bf16
+    run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress \
+        --timings "$D/t.tsv" -o "$D/f.lrm" "$D/r.lrm"
+    assert_success
+    # bytes each rank sent by all-to-all: its tokens' pairs out, the rows it
+    # computed back, D=32 BF16 each
+    run python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
+import numpy as np
+t, a = read_stream('$D/f.lrm')[0]
+T, K = t['topk_ids'].shape; P = 2
+pr = t['pair_rank'].reshape(-1)
+want = [((T * (r + 1) // P - T * r // P) * K + int((pr == r).sum())) * 32 * 2 for r in range(P)]
+got = [int(x) for x in a['exec.forward.a2a_bytes'].split(',')]
+assert got == want, (got, want)
+for k in ('exec.forward.total_s', 'exec.forward.gemm_s', 'exec.forward.a2a_s'):
+    v = [float(x) for x in a[k].split(',')]
+    assert len(v) == P and all(x > 0 for x in v), (k, v)
+tot = [float(x) for x in a['exec.forward.total_s'].split(',')]
+assert int(a['exec.forward.critical_rank']) == int(np.argmax(tot))
+assert a['exec.launcher'] == 'mpi' and a['exec.ranks'] == '2'
+assert int(a['exec.forward.scatter_bytes']) == T * 32 * 2
+print('ok')"
+    assert_success
+    assert_output "ok"
+    # one TSV, written by rank 0: a header and one row per rank
+    run awk -F'\t' 'NR > 1 {n++} END {print NR, n}' "$D/t.tsv"
+    assert_output "3 2"
+}
+
+@test "mpi: a rank whose share is bad (NaN in its rows) ends the job: one message naming it, no trailer" {
+    need_mpi
+    routed 64 f32
+    # token 50 belongs to rank 1 of 2
+    python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import *
+import numpy as np
+fr = read_stream('$D/r.lrm')
+t, a = fr[0]
+h = t['hidden'].copy(); h[50, 3] = np.nan; t['hidden'] = h
+write_stream('$D/nan.lrm', [(t, a)])"
+    run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress \
+        -o "$D/o.lrm" "$D/nan.lrm"
+    assert_failure
+    [ "$status" -ne 124 ]
+    one_message 1 "hidden: non-finite value at flat index $((50 * 32 + 3))"
+    no_trailer "$D/o.lrm"
+}
+
+@test "mpi: a rank out of memory ends the job: one message naming it, no trailer" {
+    need_mpi
+    "$BIN/lrmoe-gen" --tokens 8192 --experts 8 --topk 2 --hidden 256 --ffn 512 --dtype bf16 \
+        --weights "$D/w.lrm" --seed 3 --no-compress |
+        "$BIN/lrmoe-route" -k 2 --no-compress -o "$D/r.lrm"
+    # rank 1's address space is capped at what it has once MPI is up (read
+    # while rank 0 waits on an empty fifo) plus 64 MiB; the job needs more
+    printf '%s\n' '#!/bin/sh' \
+        'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then echo $$ > "$0.pid"; [ -n "$3" ] && ulimit -v "$3"; fi' \
+        'exec "$1" --phase forward --weights "$2" -@ 1 -o "$0.out" "$4"' > "$D/rank.sh"
+    mkfifo "$D/in"
+    $MPIRUN -np 2 sh "$D/rank.sh" "$EXEC" "$D/w.lrm" "" "$D/in" 2>/dev/null &
+    local job=$! vm="" i
+    for i in $(seq 100); do
+        [ -s "$D/rank.sh.pid" ] && break
+        sleep 0.1
+    done
+    sleep 2
+    vm=$(awk '/^VmSize/ {print $2}' "/proc/$(cat "$D/rank.sh.pid")/status")
+    : > "$D/in" # an empty input: that job ends by itself
+    wait "$job" || true
+    [ -n "$vm" ]
+    run $MPIRUN -np 2 sh "$D/rank.sh" "$EXEC" "$D/w.lrm" $((vm + 65536)) "$D/r.lrm"
+    assert_failure
+    [ "$status" -ne 124 ]
+    one_message 1 "out of memory"
+    no_trailer "$D/rank.sh.out"
+}
+
+@test "mpi: a rank killed with SIGKILL ends the job within the bound, naming the rank; no trailer" {
+    need_mpi
+    routed 64 f32
+    # rank 1 dies 1 s in, while rank 0 still waits for its input
+    printf '%s\n' '#!/bin/sh' \
+        'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 1; kill -9 $$) & fi' \
+        'exec "$1" --phase forward --weights "$2" -@ 1 -o "$0.out"' > "$D/kill.sh"
+    local t0=$SECONDS
+    run sh -c "(sleep 4; cat '$D/r.lrm') | $MPIRUN -np 2 sh '$D/kill.sh' '$EXEC' '$D/w.lrm'"
+    assert_failure
+    [ "$status" -ne 124 ]
+    [ $((SECONDS - t0)) -lt 60 ]
+    assert_output --regexp "rank 1 .*signal 9"
+    no_trailer "$D/kill.sh.out"
+}
+
+@test "mpi: P mismatches and the cuda backend are refused before any rank starts work" {
+    need_mpi
+    routed 40 f32
+    run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" --ranks 4 -o "$D/o.lrm" "$D/r.lrm"
+    assert_failure
+    assert_line --partial "lrmoe-exec: --ranks 4 but the MPI job has 2 processes"
+    "$BIN/lrmoe-plan" --planner fixed --ranks 4 --no-compress "$D/r.lrm" > "$D/p4.lrm"
+    run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" -o "$D/o.lrm" "$D/p4.lrm"
+    assert_failure
+    [ "$status" -ne 124 ]
+    assert_line --partial "but the plan is for 4 ranks"
+    no_trailer "$D/o.lrm"
+    run $MPIRUN -np 2 "$EXEC" --phase forward --backend cuda --weights "$D/w.lrm" -o "$D/o.lrm" "$D/r.lrm"
+    assert_failure
+    assert_line --partial "--backend cuda under MPI"
+}
+
+@test "mpi: two hosts in network namespaces joined by a veth pair: the same answer over TCP between them" {
+    need_mpi
+    command -v ip >/dev/null || skip "ip (iproute2) not installed"
+    NS_A="lrmA$$" NS_B="lrmB$$"
+    ip netns add "$NS_A" 2>/dev/null || skip "cannot create network namespaces here (needs root and CAP_SYS_ADMIN)"
+    ip netns add "$NS_B"
+    local net="10.$((64 + $$ % 64)).$(($$ % 250)).0"
+    local a="${net%.0}.1" b="${net%.0}.2"
+    ip link add "va$$" type veth peer name "vb$$"
+    ip link set "va$$" netns "$NS_A"
+    ip link set "vb$$" netns "$NS_B"
+    ip -n "$NS_A" addr add "$a/24" dev "va$$"
+    ip -n "$NS_B" addr add "$b/24" dev "vb$$"
+    ip -n "$NS_A" link set "va$$" up
+    ip -n "$NS_B" link set "vb$$" up
+    ip -n "$NS_A" link set lo up
+    ip -n "$NS_B" link set lo up
+    # mpirun starts its daemon on "host" $b through this agent instead of ssh
+    printf '%s\n' '#!/bin/sh' "echo \"\$1\" >> '$D/agent.log'" \
+        "case \$1 in $a) ns=$NS_A ;; $b) ns=$NS_B ;; *) exit 1 ;; esac" \
+        'shift; exec ip netns exec "$ns" sh -c "$*"' > "$D/agent.sh"
+    chmod +x "$D/agent.sh"
+    printf '%s slots=1\n%s slots=1\n' "$a" "$b" > "$D/hosts"
+    local NSRUN="timeout 120 ip netns exec $NS_A mpirun --hostfile $D/hosts -np 2 \
+        --mca plm_rsh_agent $D/agent.sh --mca btl tcp,self \
+        --mca btl_tcp_if_include $net/24 --mca oob_tcp_if_include $net/24"
+    routed 48 bf16
+    "$BIN/lrmoe-plan" --planner eplb --ranks 2 --no-compress "$D/r.lrm" > "$D/p.lrm"
+    run $NSRUN "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress -o "$D/f2.lrm" "$D/p.lrm"
+    assert_success
+    run $NSRUN "$EXEC" --phase backward --weights "$D/w.lrm" -@ 1 --no-compress -o "$D/b2.lrm" "$D/f2.lrm"
+    assert_success
+    "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress "$D/p.lrm" |
+        "$EXEC" --phase backward --weights "$D/w.lrm" -@ 1 --no-compress -o "$D/b1.lrm"
+    run same "$D/b2.lrm" "$D/b1.lrm"
+    assert_success
+    # rank 1 ran on the other "host"
+    run grep -c "^$b\$" "$D/agent.log"
+    assert_output 2
+}
