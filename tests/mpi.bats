@@ -169,17 +169,19 @@ compare_all() {
     compare_all 4 fixed llep eplb lrmoe
 }
 
-@test "mpi: BF16, P=3 (T and E not divisible by P) and an lrmoe plan with replicas, bit for bit" {
+@test "mpi: BF16, P=3 (T and E not divisible by P), lrmoe and eplb plans (replicas), bit for bit" {
     need_mpi
     routed 61 bf16
     compare_all 3 none
-    compare_all 4 lrmoe
-    # the lrmoe plan has replicas, so weights and gradients crossed point to point
+    compare_all 4 lrmoe eplb
+    # EPLB's plan holds redundant experts (lrmoe's may need none), so weights
+    # and gradients crossed point to point
     run python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
-t, a = read_stream('$D/b2.lrm')[0]
-print(a['plan.replicas'], a['exec.backward.p2p_bytes'])"
+t, a = read_stream('$D/b2.lrm')[1]
+print(a['plan.planner'], a['plan.replicas'], a['exec.backward.p2p_bytes'])"
     assert_success
-    refute_output --regexp '^0 '
+    assert_output --regexp '^eplb '
+    refute_output --regexp '^eplb 0 '
     refute_output --regexp ' 0,0,0,0$'
 }
 

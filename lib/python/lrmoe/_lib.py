@@ -101,6 +101,10 @@ class ExecDims(Structure):
                 ("F", c_int64), ("P", c_int)]
 
 
+# lrmoe_compute_t (lib/gemm_cpu.h): lrmoe_exec_cfg_t.compute
+COMPUTE_AUTO, COMPUTE_F32, COMPUTE_BF16 = 0, 1, 2
+
+
 class ExecCfg(Structure):
     _fields_ = [(n, c_int) for n in ("backend", "threads", "allow_nonfinite", "device",
                                      "rank_threads", "cpu_clock", "gpus", "gemm",

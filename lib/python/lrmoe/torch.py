@@ -558,6 +558,9 @@ class Patch:
         self.cfg = _lib.ExecCfg()
         lib.lrmoe_exec_cfg_default(ctypes.byref(self.cfg))
         self.cfg.threads = int(threads if threads is not None else torch.get_num_threads())
+        # F32 numerics: the layer hands liblrmoe packed F32 weights (w_f32) and,
+        # in storage dtype, only the experts that cross ranks
+        self.cfg.compute = _lib.COMPUTE_F32
         self.stats, self.steps, self.layers = [], {}, []
         self._scratch = None
         for b in self.blocks:
