@@ -438,10 +438,7 @@ extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_
     const lrmoe_dtype_t adt = a->act_dtype;
     const size_t as = lrmoe_dtype_size(adt);
     const int abf = adt == LRMOE_BF16;
-    if (!cfg->allow_nonfinite &&
-        (lrmoe_exec_check_finite(adt, a->hidden, (size_t)(T * D), "hidden") < 0 ||
-         lrmoe_exec_check_finite(LRMOE_F32, a->topk_weights, (size_t)(T * K), "topk_weights") < 0))
-        return -1;
+    if (lrmoe_exec_check_fwd_inputs(cfg, d, a) < 0) return -1;
     const uint8_t *placement = plan ? plan->placement : NULL;
     if (lrmoe_exec_assign(T, K, E, P, a->topk_ids, plan ? plan->fwd_alloc : NULL, placement,
                           a->pair_rank) < 0)
@@ -617,12 +614,7 @@ extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe
         if (a->topk_ids[u] < 0 || a->topk_ids[u] >= E)
             return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
                              (long long)(u / K), (long long)(u % K), a->topk_ids[u], (long long)E);
-    if (!cfg->allow_nonfinite &&
-        (lrmoe_exec_check_finite(a->grad_dtype, a->grad_output, (size_t)(T * D), "grad_output") < 0 ||
-         lrmoe_exec_check_finite(LRMOE_F32, a->topk_weights, (size_t)(T * K), "topk_weights") < 0 ||
-         (compact && lrmoe_exec_check_finite(LRMOE_F32, a->pack_grad, (size_t)(a->R * D), "pack_grad") < 0) ||
-         (!compact && lrmoe_exec_check_finite(adt, a->hidden, (size_t)(T * D), "hidden") < 0)))
-        return -1;
+    if (lrmoe_exec_check_bwd_inputs(cfg, d, a) < 0) return -1;
     const uint8_t *placement = plan ? plan->placement : NULL;
     std::vector<double> tloc;
     double *tim = timings;

@@ -9,6 +9,7 @@ void lrmoe_exec_frame_opts_default(lrmoe_exec_frame_opts_t *o)
 {
     memset(o, 0, sizeof *o);
     o->mode = LRMOE_MODE_FULL;
+    o->repeat = 1;
     lrmoe_exec_cfg_default(&o->cfg);
 }
 
@@ -17,6 +18,8 @@ void lrmoe_exec_ctx_init(lrmoe_exec_ctx_t *c, const lrmoe_exec_frame_opts_t *o)
     memset(c, 0, sizeof *c);
     if (o) c->o = *o;
     else lrmoe_exec_frame_opts_default(&c->o);
+    if (c->o.repeat < 1) c->o.repeat = 1;
+    if (c->o.warmup < 0) c->o.warmup = 0;
     c->f32_layer = -1;
     c->layer = -1;
 }
@@ -33,6 +36,8 @@ void lrmoe_exec_ctx_free(lrmoe_exec_ctx_t *c)
     drop_f32(c);
     if (c->w == &c->w_own) lrmoe_weights_free(&c->w_own);
     free(c->tim);
+    free(c->rep);
+    free(c->wall_rep);
     memset(c, 0, sizeof *c);
     c->f32_layer = -1;
 }
@@ -110,6 +115,29 @@ static lrmoe_tensor_t *need(lrmoe_frame_t *f, const char *name, int ndim,
         if (t->dtype == dts[i]) return t;
     lrmoe_err("tensor %s: dtype %s not accepted", name, lrmoe_dtype_name(t->dtype));
     return NULL;
+}
+
+/* need() for a tensor whose expected shape holds D or F, which come from the
+ * weights: a mismatch names the weights stream and its dimensions, since
+ * weights of another model are the likelier cause than bad data. */
+static lrmoe_tensor_t *need_m(const lrmoe_exec_ctx_t *c, const lrmoe_exec_dims_t *d,
+                              lrmoe_frame_t *f, const char *name, int ndim,
+                              const int64_t *dims, int nd, const lrmoe_dtype_t *dts)
+{
+    lrmoe_tensor_t *t = lrmoe_frame_get(f, name);
+    int shape_bad = t && lrmoe_tensor_check(t, ndim, dims) < 0;
+    t = need(f, name, ndim, dims, nd, dts);
+    if (!t && shape_bad) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", lrmoe_errmsg());
+        lrmoe_err("%s; the weights %s%s (layer %lld) have D=%lld F=%lld E=%lld: "
+                  "are they this model's?", why,
+                  c->weights_path && c->w == &c->w_own ? "stream " : "",
+                  c->weights_path && c->w == &c->w_own ? c->weights_path : "given",
+                  (long long)c->layer, (long long)d->D, (long long)d->F,
+                  (long long)d->E);
+    }
+    return t;
 }
 
 /* A new output tensor with its pages faulted in before the timed call
@@ -201,13 +229,82 @@ static int frame_plan(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_tensor_
     return 0;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The layer call, warmup untimed runs then repeat timed ones; c->tim and
+ * c->wall get the medians (the outputs are those of the last run: every run
+ * writes the same values). */
+typedef int (*layer_fn)(const lrmoe_exec_cfg_t *, const lrmoe_exec_dims_t *,
+                        const lrmoe_exec_weights_t *, const lrmoe_exec_plan_t *, void *,
+                        double *);
+
+static int fwd_call(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                    const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *p, void *a,
+                    double *tim)
+{
+    return lrmoe_exec_forward(cfg, d, w, p, a, tim);
+}
+
+static int bwd_call(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                    const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *p, void *a,
+                    double *tim)
+{
+    return lrmoe_exec_backward(cfg, d, w, p, a, tim);
+}
+
+static int timed(lrmoe_exec_ctx_t *c, layer_fn fn, const lrmoe_exec_dims_t *d,
+                 const lrmoe_exec_weights_t *W, const lrmoe_exec_plan_t *XP, void *a)
+{
+    const int N = c->o.repeat, P = d->P;
+    const size_t per = (size_t)P * LRMOE_NSTAGES;
+    for (int i = 0; i < c->o.warmup; i++)
+        if (fn(&c->o.cfg, d, W, XP, a, c->tim) < 0) return -1;
+    if (N == 1) {
+        double t0 = lrmoe_now();
+        if (fn(&c->o.cfg, d, W, XP, a, c->tim) < 0) return -1;
+        c->wall = lrmoe_now() - t0;
+        return 0;
+    }
+    if ((size_t)N * per > (size_t)c->rep_cap) {
+        double *r = realloc(c->rep, (size_t)N * per * sizeof *r);
+        if (!r) return lrmoe_err("out of memory");
+        c->rep = r;
+        double *wr = realloc(c->wall_rep, (size_t)N * sizeof *wr);
+        if (!wr) return lrmoe_err("out of memory");
+        c->wall_rep = wr;
+        c->rep_cap = (int)((size_t)N * per);
+    }
+    for (int i = 0; i < N; i++) {
+        double t0 = lrmoe_now();
+        if (fn(&c->o.cfg, d, W, XP, a, c->rep + (size_t)i * per) < 0) return -1;
+        c->wall_rep[i] = lrmoe_now() - t0;
+    }
+    double *col = c->wall_rep; /* reused as scratch after the wall median */
+    c->wall = median(c->wall_rep, N);
+    for (size_t j = 0; j < per; j++) {
+        for (int i = 0; i < N; i++) col[i] = c->rep[(size_t)i * per + j];
+        c->tim[j] = median(col, N);
+    }
+    return 0;
+}
+
 static int run_forward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_dims_t *d,
                        const lrmoe_exec_weights_t *W, const lrmoe_exec_plan_t *XP,
                        const lrmoe_tensor_t *ids, const lrmoe_tensor_t *tw)
 {
     const int64_t T = d->T, K = d->K, D = d->D, F = d->F;
     const int64_t td[2] = {T, D}, tk[2] = {T, K}, tkf[3] = {T, K, F}, tkd[3] = {T, K, D};
-    lrmoe_tensor_t *h = need(f, "hidden", 2, td, 2, DT_ACT);
+    lrmoe_tensor_t *h = need_m(c, d, f, "hidden", 2, td, 2, DT_ACT);
     if (!h) return -1;
     const lrmoe_dtype_t adt = h->dtype;
     lrmoe_exec_fwd_t a = {0};
@@ -224,10 +321,7 @@ static int run_forward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_d
     if (!o || !pr || !pn || !sg || !su || !po) return -1;
     a.output = o->data; a.pair_rank = pr->data; a.phi_sqnorm = pn->data;
     a.saved_gate = sg->data; a.saved_up = su->data; a.pair_out = po->data;
-    double t0 = lrmoe_now();
-    if (lrmoe_exec_forward(&c->o.cfg, d, W, XP, &a, c->tim) < 0) return -1;
-    c->wall = lrmoe_now() - t0;
-    return 0;
+    return timed(c, fwd_call, d, W, XP, &a);
 }
 
 /* The backward inputs of a mode into a. */
@@ -239,10 +333,10 @@ static int backward_inputs(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_ex
     const char *mode = lrmoe_exec_mode_name(c->o.mode);
     if (c->o.mode != LRMOE_MODE_COMPACT) {
         const int64_t td[2] = {T, D};
-        lrmoe_tensor_t *h = need(f, "hidden", 2, td, 1, adt),
+        lrmoe_tensor_t *h = need_m(c, d, f, "hidden", 2, td, 1, adt),
                        *pr = need(f, "pair_rank", 2, tk, 1, DT_I32),
-                       *sg = need(f, "saved_gate", 3, tkf, 1, adt),
-                       *su = need(f, "saved_up", 3, tkf, 1, adt);
+                       *sg = need_m(c, d, f, "saved_gate", 3, tkf, 1, adt),
+                       *su = need_m(c, d, f, "saved_up", 3, tkf, 1, adt);
         if (!h || !pr || !sg || !su) return lrmoe_err_prefix("backward %s", mode);
         a->hidden = h->data; a->pair_rank = pr->data;
         a->saved_gate = sg->data; a->saved_up = su->data;
@@ -261,10 +355,10 @@ static int backward_inputs(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_ex
     lrmoe_tensor_t *pk = need(f, "pack_rank", 1, r1, 1, DT_I32),
                    *pc = need(f, "pack_counts", 2, pe, 1, DT_I64),
                    *pf = need(f, "pack_offsets", 2, pe, 1, DT_I64),
-                   *pg = need(f, "pack_grad", 2, rd, 1, DT_F32),
-                   *ph = need(f, "pack_hidden", 2, rd, 1, adt),
-                   *pa = need(f, "pack_gate", 2, rf, 1, adt),
-                   *pu = need(f, "pack_up", 2, rf, 1, adt);
+                   *pg = need_m(c, d, f, "pack_grad", 2, rd, 1, DT_F32),
+                   *ph = need_m(c, d, f, "pack_hidden", 2, rd, 1, adt),
+                   *pa = need_m(c, d, f, "pack_gate", 2, rf, 1, adt),
+                   *pu = need_m(c, d, f, "pack_up", 2, rf, 1, adt);
     if (!pk || !pc || !pf || !pg || !ph || !pa || !pu)
         return lrmoe_err_prefix("backward compact");
     a->R = R; a->pack_pair = pp->data; a->pack_rank = pk->data;
@@ -281,8 +375,8 @@ static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_
     const int64_t td[2] = {T, D}, tk[2] = {T, K}, tkd[3] = {T, K, D};
     lrmoe_exec_bwd_t a = {0};
     a.mode = c->o.mode;
-    lrmoe_tensor_t *g = need(f, "grad_output", 2, td, 2, DT_ACT);
-    lrmoe_tensor_t *po = need(f, "pair_out", 3, tkd, 2, DT_ACT);
+    lrmoe_tensor_t *g = need_m(c, d, f, "grad_output", 2, td, 2, DT_ACT);
+    lrmoe_tensor_t *po = need_m(c, d, f, "pair_out", 3, tkd, 2, DT_ACT);
     if (!g || !po) return -1;
     a.act_dtype = po->dtype;
     a.grad_dtype = g->dtype;
@@ -301,10 +395,7 @@ static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_
     if (!gh || !gg || !gu || !gd || !gt) return -1;
     a.grad_hidden = gh->data; a.grad_w_gate = gg->data; a.grad_w_up = gu->data;
     a.grad_w_down = gd->data; a.grad_topk_weights = gt->data;
-    double t0 = lrmoe_now();
-    if (lrmoe_exec_backward(&c->o.cfg, d, W, XP, &a, c->tim) < 0) return -1;
-    c->wall = lrmoe_now() - t0;
-    return 0;
+    return timed(c, bwd_call, d, W, XP, &a);
 }
 
 /* exec.<phase>.<stage>_s (per rank, comma-separated), .critical_rank,
@@ -346,6 +437,12 @@ static int timing_attrs(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
     if (c->o.backward &&
         lrmoe_frame_set_attr(f, "exec.backward.mode", lrmoe_exec_mode_name(c->o.mode)) < 0)
         return -1;
+    if (c->o.repeat > 1 || c->o.warmup > 0) {
+        snprintf(key, sizeof key, "exec.%s.repeat", ph);
+        if (lrmoe_frame_set_attrf(f, key, "%d", c->o.repeat) < 0) return -1;
+        snprintf(key, sizeof key, "exec.%s.warmup", ph);
+        if (lrmoe_frame_set_attrf(f, key, "%d", c->o.warmup) < 0) return -1;
+    }
     return 0;
 }
 

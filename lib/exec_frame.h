@@ -25,6 +25,9 @@ typedef struct {
     lrmoe_exec_cfg_t cfg;    /* backend, threads, ... (lrmoe_exec_cfg_default) */
     int ranks;               /* P: 0 = the plan's, else (backward) the frame's
                                 record (pack_counts rows, exec.ranks), else 1 */
+    int warmup;              /* untimed runs of the layer before the timed ones */
+    int repeat;              /* timed runs (>= 1): each stage's time per rank and
+                                the wall time are the medians over them */
 } lrmoe_exec_frame_opts_t;
 void lrmoe_exec_frame_opts_default(lrmoe_exec_frame_opts_t *o);
 
@@ -40,8 +43,10 @@ typedef struct {
     /* the last frame run */
     int64_t layer;
     int P;
-    double *tim;             /* (P, LRMOE_NSTAGES) seconds */
-    int tim_cap;
+    double *tim;             /* (P, LRMOE_NSTAGES) seconds (medians over repeats) */
+    double *rep;             /* (repeat, P, LRMOE_NSTAGES) scratch */
+    double *wall_rep;        /* (repeat) */
+    int tim_cap, rep_cap;
     double wall;             /* seconds of the whole exec call */
     int critical;            /* rank with the largest stage total */
 } lrmoe_exec_ctx_t;

@@ -102,7 +102,11 @@ lrmoe_tensor_t *lrmoe_frame_get(const lrmoe_frame_t *f, const char *name)
 lrmoe_tensor_t *lrmoe_frame_need(const lrmoe_frame_t *f, const char *name)
 {
     lrmoe_tensor_t *t = lrmoe_frame_get(f, name);
-    if (!t) lrmoe_err("missing tensor %s", name);
+    const char *by = t ? NULL : lrmoe_producer(name);
+    if (!t && by && !strncmp(by, "lrmoe-", 6))
+        lrmoe_err("missing tensor %s (%s writes it: run that first)", name, by);
+    else if (!t && by) lrmoe_err("missing tensor %s (it comes from %s)", name, by);
+    else if (!t) lrmoe_err("missing tensor %s", name);
     return t;
 }
 

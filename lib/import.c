@@ -217,8 +217,15 @@ int lrmoe_import_safetensors(const char *path, lrmoe_frame_t *f)
         if (m == MAP_FAILED) {
             rc = lrmoe_err("%s", strerror(errno));
         } else {
-            rc = lrmoe_frame_decode(m, len, f);
-            if (rc < 0)
+            const unsigned char *b = m;
+            if (len >= 4 && !memcmp(b, "PK\003\004", 4))
+                rc = lrmoe_err("a zip archive, as torch.save() writes, not safetensors: save "
+                               "with safetensors.torch.save_file(tensors, path), or write "
+                               "safetensors.torch.save(tensors) bytes to lrmoe-import -");
+            else if (len >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5)
+                rc = lrmoe_err("a Python pickle (legacy torch.save()), not safetensors: save "
+                               "with safetensors.torch.save_file(tensors, path)");
+            else if ((rc = lrmoe_frame_decode(m, len, f)) < 0)
                 lrmoe_err_prefix("not a valid safetensors file");
             munmap(m, len);
         }

@@ -94,6 +94,10 @@ void lrmoe_frame_clear(lrmoe_frame_t *f);  /* frees everything; f reusable */
 lrmoe_tensor_t *lrmoe_frame_get(const lrmoe_frame_t *f, const char *name);
 /* get, or an error "missing tensor NAME" when absent. */
 lrmoe_tensor_t *lrmoe_frame_need(const lrmoe_frame_t *f, const char *name);
+/* Which stage writes a stream tensor ("lrmoe-route", ...), NULL if none of
+ * lrmoe's; _at(i) walks the table (NULL past its end). */
+const char *lrmoe_producer(const char *tensor);
+const char *lrmoe_producer_at(int i, const char **tensor);
 /* Create (or replace, keeping its position) a zero-filled tensor. */
 lrmoe_tensor_t *lrmoe_frame_put(lrmoe_frame_t *f, const char *name,
                                 lrmoe_dtype_t dtype, int ndim, const int64_t *shape);
@@ -106,6 +110,10 @@ lrmoe_tensor_t *lrmoe_frame_adopt(lrmoe_frame_t *f, const char *name,
                                   lrmoe_dtype_t dtype, int ndim,
                                   const int64_t *shape, void *data);
 int lrmoe_frame_del(lrmoe_frame_t *f, const char *name); /* 1 deleted, 0 absent */
+/* Delete every tensor not named in names[0..n) (keep_only) or named there
+ * (drop); attributes stay. The number deleted, or -1. */
+int lrmoe_frame_keep_only(lrmoe_frame_t *f, const char *const *names, int n);
+int lrmoe_frame_drop(lrmoe_frame_t *f, const char *const *names, int n);
 
 const char *lrmoe_frame_attr(const lrmoe_frame_t *f, const char *key); /* NULL if absent */
 int lrmoe_frame_set_attr(lrmoe_frame_t *f, const char *key, const char *val);

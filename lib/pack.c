@@ -103,7 +103,9 @@ int lrmoe_pack_assign(const lrmoe_pack_in_t *in, lrmoe_pack_plan_t *out)
             }
             if (s != kept[e]) {
                 lrmoe_err("bwd_alloc: expert %d allocates %lld rows but %lld "
-                          "pairs are kept", e, (long long)s, (long long)kept[e]);
+                          "pairs are kept (the keep mask is not the plan's quotas, as after "
+                          "lrmoe-score --drop: pack with --alloc forward)", e, (long long)s,
+                          (long long)kept[e]);
                 goto out;
             }
         }
@@ -417,9 +419,12 @@ int lrmoe_pack_frame(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o)
     }
     if (!P)
         P = o->P;
+    int64_t xr = 0;
+    if (!P && lrmoe_frame_attr_i64(f, "exec.ranks", &xr) == 1 && xr > 0 && xr <= 1 << 20)
+        P = (int)xr; /* the ranks the forward ran on (lrmoe-exec records them) */
     if (!P)
         return lrmoe_err("cannot tell the number of ranks: no bwd_alloc or "
-                         "placement tensor (give --ranks)");
+                         "placement tensor and no exec.ranks attribute (give --ranks)");
     if (o->P && o->P != P)
         return lrmoe_err("--ranks %d disagrees with the plan's %d ranks", o->P, P);
     if (tq) {

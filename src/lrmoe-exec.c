@@ -28,6 +28,9 @@ static void usage(FILE *fp)
         "                        (loop, default) or grouped (cublasGemmGroupedBatchedEx)\n"
         "      --gemm-streams N  cuda: streams of the loop GEMM, 1 to 8 (default 4)\n"
         "      --timings FILE    write per-rank, per-stage seconds as TSV\n"
+        "      --repeat N        run the layer N times, report the median of each\n"
+        "                        stage per rank (default 1)\n"
+        "      --warmup M        untimed runs before the timed ones (default 0)\n"
         "      --allow-nonfinite accept NaN/Inf in the inputs\n"
         "  -o, --output FILE     write to FILE (default stdout)\n"
         "  -l, --level N         zstd level (default 3)\n"
@@ -60,7 +63,7 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 }
 
 enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_TIMINGS, OPT_NONFINITE,
-       OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS };
+       OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS, OPT_REPEAT, OPT_WARMUP };
 
 int main(int argc, char **argv)
 {
@@ -79,6 +82,8 @@ int main(int argc, char **argv)
         {"device", required_argument, 0, OPT_DEVICE},
         {"gemm", required_argument, 0, OPT_GEMM},
         {"gemm-streams", required_argument, 0, OPT_GEMM_STREAMS},
+        {"repeat", required_argument, 0, OPT_REPEAT},
+        {"warmup", required_argument, 0, OPT_WARMUP},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
@@ -134,6 +139,14 @@ int main(int argc, char **argv)
         case OPT_GEMM_STREAMS:
             if (lrmoe_parse_i64("--gemm-streams", optarg, 1, 8, &v) < 0) goto usage_err;
             o.cfg.gemm_streams = (int)v;
+            break;
+        case OPT_REPEAT:
+            if (lrmoe_parse_i64("--repeat", optarg, 1, 1000, &v) < 0) goto usage_err;
+            o.repeat = (int)v;
+            break;
+        case OPT_WARMUP:
+            if (lrmoe_parse_i64("--warmup", optarg, 0, 1000, &v) < 0) goto usage_err;
+            o.warmup = (int)v;
             break;
         case OPT_NONFINITE: o.cfg.allow_nonfinite = 1; break;
         case OPT_CLOCK:

@@ -27,6 +27,9 @@ static void usage(FILE *fp)
         "  -m, --topk-groups M   ...and pick only inside the M best groups\n"
         "  -w, --weights FILE    weights stream (router_weight, expert_bias per layer)\n"
         "      --from-hidden     compute logits from hidden even if router_logits exist\n"
+        "      --loads-only      keep only expert_load (and rank_load) and the\n"
+        "                        attributes: a trace for lrmoe-sim of kilobytes\n"
+        "  -v, --verbose         notes on standard error (K's default, ignored bias)\n"
         "Statistics:\n"
         "  -p, --ep P            also per-rank load under plain EP over P ranks\n"
         "  -S, --stats FILE      write a TSV table, one row per frame, to FILE\n"
@@ -40,13 +43,16 @@ static void usage(FILE *fp)
         "  -V, --version         print the version\n");
 }
 
-enum { OPT_FROM_HIDDEN = 0x2001 };
+enum { OPT_FROM_HIDDEN = 0x2001, OPT_LOADS_ONLY };
 
 typedef struct {
     lrmoe_route_opts_t ro;
     int64_t ep;           /* 0: no per-rank load */
     int k_given;          /* -k given: ignore the frames' topk attribute */
     int from_hidden;
+    int loads_only;       /* drop every tensor but the loads after routing */
+    int verbose;
+    int noted_k, noted_bias; /* each note once */
     lrmoe_weights_t w;
     int have_w;
     const char *wpath;
@@ -84,6 +90,7 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
     const lrmoe_frame_t *wf = NULL;
     /* K: --topk, else the frame's topk attribute (lrmoe-gen writes it), else 8 */
     lrmoe_route_opts_t ro = c->ro;
+    const char *k_from = c->k_given ? "option" : "default";
     if (!c->k_given) {
         int64_t k;
         int rc = lrmoe_frame_attr_i64(f, "topk", &k);
@@ -94,6 +101,11 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
             if (k < 1 || k > INT32_MAX)
                 return lrmoe_err("attribute topk %" PRId64 ": must be at least 1", k);
             ro.k = (int)k;
+            k_from = "frame";
+        } else if (c->verbose && !c->noted_k) {
+            fprintf(stderr, "lrmoe-route: note: frame %" PRId64 " has no topk attribute and "
+                    "-k was not given: K=%d (route.topk_from=default)\n", index, ro.k);
+            c->noted_k = 1;
         }
     }
     if (c->have_w && !(wf = weights_for(c, f)))
@@ -155,8 +167,20 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
         dt = lg->dtype;
     }
 
-    /* selection-only bias: the frame's expert_bias, else the weights' */
+    /* selection-only bias: the frame's expert_bias, else the weights'; the
+     * softmax routers have none, so one found there is recorded as ignored */
     float *bias = NULL;
+    const char *bias_use = "none";
+    if (ro.router != LRMOE_ROUTER_SIGMOID &&
+        (lrmoe_frame_get(f, "expert_bias") || (wf && lrmoe_frame_get(wf, "expert_bias")))) {
+        bias_use = "ignored";
+        if (c->verbose && !c->noted_bias) {
+            fprintf(stderr, "lrmoe-route: note: frame %" PRId64 ": expert_bias ignored by the "
+                    "%s router (only sigmoid uses it: -r sigmoid)\n", index,
+                    lrmoe_route_router_name(ro.router));
+            c->noted_bias = 1;
+        }
+    }
     if (ro.router == LRMOE_ROUTER_SIGMOID) {
         lrmoe_tensor_t *bt = lrmoe_frame_get(f, "expert_bias");
         if (!bt && wf)
@@ -167,6 +191,7 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
                 free(computed);
                 return -1;
             }
+            bias_use = "used";
         }
     }
 
@@ -197,6 +222,8 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
     }
     if (lrmoe_frame_set_attr(f, "route.router", lrmoe_route_router_name(ro.router)) < 0 ||
         lrmoe_frame_set_attrf(f, "route.topk", "%d", K) < 0 ||
+        lrmoe_frame_set_attr(f, "route.topk_from", k_from) < 0 ||
+        lrmoe_frame_set_attr(f, "route.expert_bias", bias_use) < 0 ||
         lrmoe_frame_set_attrf(f, "route.renorm", "%d", ro.renorm) < 0 ||
         lrmoe_frame_set_attrf(f, "route.scale", "%.17g", ro.scale) < 0 ||
         lrmoe_frame_set_attrf(f, "route.expert_max", "%" PRId64, es.max) < 0 ||
@@ -239,6 +266,11 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
         if (ferror(fp))
             return lrmoe_err("--stats: write error");
     }
+    if (c->loads_only) {
+        static const char *keep[] = {"expert_load", "rank_load"};
+        if (lrmoe_frame_keep_only(f, keep, 2) < 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -254,6 +286,8 @@ int main(int argc, char **argv)
         {"topk-groups", required_argument, 0, 'm'},
         {"weights", required_argument, 0, 'w'},
         {"from-hidden", no_argument, 0, OPT_FROM_HIDDEN},
+        {"loads-only", no_argument, 0, OPT_LOADS_ONLY},
+        {"verbose", no_argument, 0, 'v'},
         {"ep", required_argument, 0, 'p'},
         {"stats", required_argument, 0, 'S'},
         {"help", no_argument, 0, 'h'},
@@ -268,7 +302,7 @@ int main(int argc, char **argv)
     int ch;
     int64_t v;
     double d;
-    while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "k:r:ns:g:m:w:p:S:hV",
+    while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "k:r:ns:g:m:w:p:S:vhV",
                              longopts, NULL)) != -1) {
         int r = lrmoe_io_opt(&io, ch, optarg);
         if (r > 0)
@@ -296,6 +330,8 @@ int main(int argc, char **argv)
                 break;
             case 'w': c.wpath = optarg; break;
             case OPT_FROM_HIDDEN: c.from_hidden = 1; break;
+            case OPT_LOADS_ONLY: c.loads_only = 1; break;
+            case 'v': c.verbose = 1; break;
             case 'p': r = lrmoe_parse_i64("--ep", optarg, 1, INT32_MAX, &c.ep); break;
             case 'S': stats_path = optarg; break;
             case 'h': usage(stdout); return 0;

@@ -368,3 +368,35 @@ no_trailer() {
         assert_success
     done
 }
+
+@test "exec: --repeat/--warmup give the same tensors and record themselves; bad values exit 2" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 40 --E 8 --K 2 --D 16 --F 12
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --no-compress -o "$D/a.lrm" "$D/in.lrm"
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --repeat 5 --warmup 2 --no-compress \
+        --timings "$D/t.tsv" -o "$D/b.lrm" "$D/in.lrm"
+    run pyedit "
+a=read_stream('$D/a.lrm', True)[0]; b=read_stream('$D/b.lrm', True)[0]
+ta=dict(a[0]); tb=dict(b[0])
+for n in ('output','pair_rank','phi_sqnorm','saved_gate','saved_up','pair_out'):
+    assert np.array_equal(ta[n], tb[n]), n
+m=b[1]
+assert m['exec.forward.repeat']=='5' and m['exec.forward.warmup']=='2', m
+assert 'exec.forward.repeat' not in a[1]
+print('ok')"
+    assert_success
+    assert_output "ok"
+    [ "$(wc -l < "$D/t.tsv")" -eq 3 ]
+    run "$EXEC" --phase forward --weights "$D/w.lrm" --repeat 0 "$D/in.lrm"
+    assert_equal "$status" 2
+    run "$EXEC" --phase forward --weights "$D/w.lrm" --warmup -1 "$D/in.lrm"
+    assert_equal "$status" 2
+}
+
+@test "exec: weights of another model are named in the error, with their dimensions" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 16 --E 8 --K 2 --D 16 --F 12
+    python3 "$REF" make "$D/in2.lrm" "$D/w2.lrm" --T 16 --E 8 --K 2 --D 32 --F 12
+    run sh -c "'$EXEC' --phase forward --weights '$D/w2.lrm' --no-compress '$D/in.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    assert_output --partial "tensor hidden: shape [16,16], expected [16,32]"
+    assert_output --partial "weights stream $D/w2.lrm (layer 0) have D=32 F=12 E=8"
+}

@@ -514,3 +514,18 @@ LIST
     assert_failure
     assert_output --partial "directory holds no .npy or .safetensors files"
 }
+
+@test "import: a torch.save() file (zip or legacy pickle) is recognised and the error says what to do" {
+    python3 -c 'import torch' 2>/dev/null || skip "torch not installed (tests/deps.sh installs it)"
+    python3 -c "
+import torch
+torch.save({'hidden': torch.zeros(2, 3)}, '$T/t.pt')
+torch.save({'hidden': torch.zeros(2, 3)}, '$T/old.pt', _use_new_zipfile_serialization=False)"
+    run "$BIN/lrmoe-import" -o "$T/o.lrm" "$T/t.pt"
+    assert_failure 1
+    assert_output --partial "a zip archive, as torch.save() writes, not safetensors"
+    assert_output --partial "safetensors.torch.save_file"
+    run "$BIN/lrmoe-import" -o "$T/o.lrm" "$T/old.pt"
+    assert_failure 1
+    assert_output --partial "a Python pickle (legacy torch.save())"
+}

@@ -118,7 +118,7 @@ PY
     $REF corrupt "$T/scored.lrm" "$T/bad.lrm" keepless
     run "$BIN/lrmoe-pack" -o "$T/out.lrm" "$T/bad.lrm"
     assert_failure 1
-    assert_output --regexp "^lrmoe-pack: frame 0: bwd_alloc: expert [0-9]+ allocates [0-9]+ rows but [0-9]+ pairs are kept$"
+    assert_output --regexp "^lrmoe-pack: frame 0: bwd_alloc: expert [0-9]+ allocates [0-9]+ rows but [0-9]+ pairs are kept \(the keep mask is not the plan.s quotas, as after lrmoe-score --drop: pack with --alloc forward\)$"
     truncated "$T/out.lrm"
 }
 
@@ -144,7 +144,7 @@ PY
     assert_output "lrmoe-pack: frame 0: keep: value 2 at pair 0 (expected 0 or 1)"
     run "$BIN/lrmoe-pack" -o "$T/out.lrm" "$T/in.lrm"
     assert_failure 1
-    assert_output "lrmoe-pack: frame 0: missing tensor keep"
+    assert_output "lrmoe-pack: frame 0: missing tensor keep (lrmoe-score writes it: run that first)"
     "$BIN/lrmoe-pack" "$T/scored.lrm" > "$T/p.lrm"
     $REF corrupt "$T/p.lrm" "$T/bad.lrm" duppair
     run "$BIN/lrmoe-pack" -u -o "$T/out.lrm" "$T/bad.lrm"
@@ -241,4 +241,30 @@ PY
         assert_success
         assert_output --partial "ok"
     done
+}
+
+@test "pack: the rank count comes from the forward's exec.ranks; a --drop keep mask against a plan names --alloc forward" {
+    for t in gen route plan exec score; do
+        [ -x "$BIN/lrmoe-$t" ] || skip "bin/lrmoe-$t not built"
+    done
+    "$BIN/lrmoe-gen" --tokens 128 --experts 8 --topk 2 --hidden 16 --ffn 8 --weights "$T/w.lrm" \
+        --no-compress | "$BIN/lrmoe-route" --no-compress -o "$T/r.lrm"
+    # unplanned forward on 2 ranks: pack needs no --ranks
+    "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" -P 2 --no-compress "$T/r.lrm" |
+        "$BIN/lrmoe-score" --drop 20 --no-compress -o "$T/s.lrm"
+    run "$BIN/lrmoe-pack" --no-compress -o "$T/p.lrm" "$T/s.lrm"
+    assert_success
+    run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+t, a, d = read_stream('$T/p.lrm', True)[0]; print(a['pack.ranks'], dict(t)['pack_counts'].shape[0])"
+    assert_output "2 2"
+    # planned forward, then --drop: the plan's bwd_alloc no longer sums to the kept pairs
+    "$BIN/lrmoe-plan" -P 2 -D 16 -F 8 --no-compress "$T/r.lrm" |
+        "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" --no-compress |
+        "$BIN/lrmoe-score" --drop 20 --no-compress -o "$T/sp.lrm"
+    run "$BIN/lrmoe-pack" --no-compress -o "$T/p.lrm" "$T/sp.lrm"
+    assert_failure 1
+    assert_output --partial "pack with --alloc forward"
+    run "$BIN/lrmoe-pack" --alloc forward --no-compress -o "$T/p.lrm" "$T/sp.lrm"
+    assert_success
 }

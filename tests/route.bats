@@ -258,7 +258,7 @@ EOF
     check1 "frame 0: router_weight: shape [12,8] does not match router_logits [20,16]" -w "$T/w12.lrm" "$T/in.lrm"
     check1 "frame 0: router_weight: shape [16,8] does not match hidden [20,24] (expected [E,24])" -w "$T/w16.lrm" "$T/h.lrm"
     check1 "frame 0: missing tensor router_logits (or hidden with router_weight from --weights)" "$T/h.lrm"
-    check1 "frame 0: missing tensor hidden" -w "$T/w16.lrm" --from-hidden "$T/in.lrm"
+    check1 "frame 0: missing tensor hidden (it comes from the input (lrmoe-gen, lrmoe-import or a dump from training))" -w "$T/w16.lrm" --from-hidden "$T/in.lrm"
     run "$BIN/lrmoe-route" -w "$T/nope.lrm" "$T/in.lrm" -o "$T/out.lrm"
     assert_failure 1
     assert_output --partial "nope.lrm"
@@ -297,4 +297,50 @@ EOF
         route_check "$T/g.lrm" -k 8 -n -p 8
         route_check "$T/g.lrm" -k 4 -r topk-softmax
     done
+}
+
+@test "route: K's source and an ignored expert_bias are recorded (route.topk_from, route.expert_bias) and noted with -v" {
+    gen "$T/in.lrm" --tokens 32 --experts 8 --bias
+    run sh -c "'$BIN/lrmoe-route' -v --no-compress '$T/in.lrm' 2>'$T/err' > '$T/o.lrm'"
+    assert_success
+    run cat "$T/err"
+    assert_output --partial "has no topk attribute and -k was not given: K=8"
+    assert_output --partial "expert_bias ignored by the softmax router"
+    [ "$(grep -c note: "$T/err")" -eq 2 ]   # once each, not per frame
+    run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+for t, a, d in read_stream('$T/o.lrm', True):
+    assert a['route.topk_from'] == 'default' and a['route.expert_bias'] == 'ignored', a
+print('ok')"
+    assert_output "ok"
+    # -k given, sigmoid router: the bias is used; without -v nothing is printed
+    run sh -c "'$BIN/lrmoe-route' -k 2 -r sigmoid --no-compress '$T/in.lrm' 2>'$T/err' > '$T/o.lrm'"
+    assert_success
+    [ ! -s "$T/err" ]
+    run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+t, a, d = read_stream('$T/o.lrm', True)[0]
+print(a['route.topk_from'], a['route.expert_bias'])"
+    assert_output "option used"
+}
+
+@test "route: --loads-only keeps expert_load (and rank_load) and the attributes; lrmoe-sim reads it like the full trace" {
+    [ -x "$BIN/lrmoe-sim" ] || skip "bin/lrmoe-sim not built"
+    gen "$T/in.lrm" --tokens 256 --experts 16 --frames 2
+    "$BIN/lrmoe-route" -k 2 -p 4 --no-compress -o "$T/full.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-route" -k 2 -p 4 --loads-only --no-compress -o "$T/lo.lrm" "$T/in.lrm"
+    run python3 -c "
+import sys, numpy as np; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+F = read_stream('$T/full.lrm', True); L = read_stream('$T/lo.lrm', True)
+assert len(F) == len(L) == 2
+for (tf, af, _), (tl, al, _) in zip(F, L):
+    tf, tl = dict(tf), dict(tl)
+    assert sorted(tl) == ['expert_load', 'rank_load'], sorted(tl)
+    assert np.array_equal(tf['expert_load'], tl['expert_load']) and af == al
+print('ok')"
+    assert_output "ok"
+    # the same report, but for the measured planner wall time (a line and its p99)
+    a=$("$BIN/lrmoe-sim" -P 4 -E 16 -D 64 -F 32 "$T/full.lrm" 2>&1 | sed "/wall time/,+1d")
+    b=$("$BIN/lrmoe-sim" -P 4 -E 16 -D 64 -F 32 "$T/lo.lrm" 2>&1 | sed "/wall time/,+1d")
+    [ -n "$a" ] && [ "$a" = "$b" ]
 }

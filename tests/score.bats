@@ -107,7 +107,7 @@ PY
     $REF corrupt "$T/in.lrm" "$T/bad.lrm" nophi
     run "$BIN/lrmoe-score" -o "$T/out.lrm" "$T/bad.lrm"
     assert_failure 1
-    assert_output "lrmoe-score: frame 0: missing tensor phi_sqnorm"
+    assert_output "lrmoe-score: frame 0: missing tensor phi_sqnorm (lrmoe-exec --phase forward writes it: run that first)"
     truncated "$T/out.lrm"
     # the gradient-only metrics do not need it
     run "$BIN/lrmoe-score" -m gradnorm -o "$T/out.lrm" "$T/bad.lrm"
