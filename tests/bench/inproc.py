@@ -4,9 +4,11 @@ Rows: Hugging Face's eager block (its per-expert loop) and the patched
 block at several (ranks, rate); time = forward + backward of the whole
 block (router included, the same in both), best of REPS. For the patched
 rows: the seconds inside liblrmoe calls (plan, exec forward, score, select,
-pack, exec backward, timed around each ctypes call) and the share of the
-LRMoEExperts forward+backward spent outside them (marshalling: weight
-layout copies, buffer allocation, dtype casts; target < 5%).
+pack, exec backward, wall time around each ctypes call) and the share of
+the LRMoEExperts forward+backward spent outside them (marshalling: weight
+layout copies, buffer allocation, dtype casts; target < 5%), in CPU time of
+the calling thread (with one thread it does all the work, and other load
+on a shared machine does not inflate it).
 Usage: python3 tests/bench/inproc.py [TOKENS]   (env REPS, default 3)"""
 import copy
 import os
@@ -77,9 +79,9 @@ for ranks, rate in ((1, 1.0), (4, 1.0), (4, 0.8)):
     b = copy.deepcopy(hf)
     h = lt.patch(b, rate=rate, ranks=ranks, threads=1)
     t, r = best(b, x, g, h)
-    fn = r["fwd_seconds"] + r["bwd_seconds"]
     lib_s = r["fwd_lib_seconds"] + r["bwd_lib_seconds"]
-    out = (fn - lib_s) / fn
+    fn_cpu = r["fwd_cpu_seconds"] + r["bwd_cpu_seconds"]
+    out = (fn_cpu - r["fwd_lib_cpu_seconds"] - r["bwd_lib_cpu_seconds"]) / fn_cpu
     worst = max(worst, out)
     if ranks == 1:
         t1 = t

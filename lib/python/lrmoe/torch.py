@@ -260,6 +260,20 @@ class _Layer:
     def __init__(self, owner, block):
         self.owner, self.block = owner, block
         self.planner, self.key = None, None
+        self.w_f32 = None  # the packed F32 weights, reused step to step
+
+    def packed(self, gu, down):
+        """[W_gate; W_up; W_down] per expert in F32 (lrmoe-exec's packed copy),
+        written into this layer's buffer of the previous step when it has the
+        shape (a fresh 50 MB tensor costs its page faults every step)."""
+        E = gu.shape[0]
+        n = gu[0].numel() + down[0].numel()
+        if self.w_f32 is None or self.w_f32.shape != (E, n):
+            self.w_f32 = torch.empty(E, n, dtype=torch.float32)
+        torch.cat([gu.reshape(E, -1), down.reshape(E, -1)], dim=1, out=self.w_f32) \
+            if gu.dtype == torch.float32 else self.w_f32.copy_(
+                torch.cat([gu.reshape(E, -1), down.reshape(E, -1)], dim=1))
+        return self.w_f32
 
     def plan(self, load, T, K, dtype_name):
         o = self.owner
@@ -276,16 +290,26 @@ class _Layer:
 
 
 class _Call:
-    """Accumulated seconds inside liblrmoe for one layer invocation."""
+    """Accumulated seconds inside liblrmoe for one layer invocation: wall
+    time and the calling thread's CPU time (robust on a shared machine, and
+    all of the work when BLAS runs one thread)."""
 
     def __init__(self):
-        self.lib = 0.0
+        self.lib = self.lib_cpu = 0.0
+        self.t0, self.c0 = time.perf_counter(), time.thread_time()
 
     def __call__(self, fn, *args):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         rc = fn(*args)
         self.lib += time.perf_counter() - t0
+        self.lib_cpu += time.thread_time() - c0
         return rc
+
+    def record(self, rec, phase):
+        rec[f"{phase}_seconds"] = time.perf_counter() - self.t0
+        rec[f"{phase}_cpu_seconds"] = time.thread_time() - self.c0
+        rec[f"{phase}_lib_seconds"] = self.lib
+        rec[f"{phase}_lib_cpu_seconds"] = self.lib_cpu
 
 
 class LRMoEExperts(torch.autograd.Function):
@@ -295,7 +319,6 @@ class LRMoEExperts(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, topk_weights, gate_up, down, topk_ids, layer):
-        t_start = time.perf_counter()
         o, call = layer.owner, _Call()
         dt = _TORCH_DT.get(hidden.dtype)
         if dt is None:
@@ -329,7 +352,7 @@ class LRMoEExperts(torch.autograd.Function):
         w_down = down.detach().contiguous()
         # the packed F32 copy lrmoe-exec makes too: [W_gate; W_up; W_down] per
         # expert, so gate and up run as one GEMM (HF's gate_up_proj is [W_gate; W_up])
-        w_f32 = torch.cat([gu.reshape(E, -1), w_down.reshape(E, -1)], dim=1).float()
+        w_f32 = layer.packed(gu, w_down)
         W = _lib.ExecWeights(dtype=_lib.DT[dt], w_gate=_ptr(w_gate), w_up=_ptr(w_up),
                              w_down=_ptr(w_down), w_f32=_ptr(w_f32))
         dims = _lib.ExecDims(T=T, E=E, K=K, D=D, F=F, P=o.ranks)
@@ -356,21 +379,19 @@ class LRMoEExperts(torch.autograd.Function):
             if k.startswith("plan."):
                 rec[k[5:]] = _num(v)
         o.steps[layer.block.layer] = rec["step"] + 1
-        rec["fwd_lib_seconds"] = call.lib
         o.stats.append(rec)
         if not train:
-            rec["fwd_seconds"] = time.perf_counter() - t_start
+            call.record(rec, "fwd")
             return out
         ctx.lrmoe = dict(layer=layer, dt=dt, dims=dims, W=W, Pl=Pl, keep_alive=(
             w_gate, w_up, w_down, w_f32, placement, fwd_alloc), x=x, ids=ids, alpha=alpha,
             pair_rank=pair_rank, phi=phi, sg=sg, su=su, pair_out=pair_out, quota=quota,
             bwd_alloc=bwd_alloc, wdtype=gate_up.dtype, adtype=topk_weights.dtype, rec=rec)
-        rec["fwd_seconds"] = time.perf_counter() - t_start
+        call.record(rec, "fwd")
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        t_start = time.perf_counter()
         s, call = ctx.lrmoe, _Call()
         layer, rec = s["layer"], s["rec"]
         o, d = layer.owner, s["dims"]
@@ -409,8 +430,7 @@ class LRMoEExperts(torch.autograd.Function):
             call(lib.lrmoe_pack_gather_scaled_dt, pp.pair, R, K, D, _lib.DT[gdt], _ptr(g),
                  _ptr(alpha), _ptr(pgrad))
             gh = torch.empty(T, D, dtype=torch.float32)
-            gwg = torch.empty(E, F, D, dtype=torch.float32)
-            gwu = torch.empty(E, F, D, dtype=torch.float32)
+            gwg, gwu = o.scratch_grad(E, F, D)
             gwd = torch.empty(E, D, F, dtype=torch.float32)
             gtw = torch.empty(T, K, dtype=torch.float32)
             b = _lib.ExecBwd(mode=2, act_dtype=_lib.DT[s["dt"]], grad_dtype=_lib.DT[gdt],
@@ -435,8 +455,7 @@ class LRMoEExperts(torch.autograd.Function):
             rec["keep"] = keep.numpy().astype(bool)
         wdt = s["wdtype"]
         gate_up_grad = torch.cat([gwg, gwu], dim=1).to(wdt)
-        rec["bwd_lib_seconds"] = call.lib
-        rec["bwd_seconds"] = time.perf_counter() - t_start
+        call.record(rec, "bwd")
         ctx.lrmoe = None
         return (gh.to(s["x"].dtype), gtw.to(s["adtype"]), gate_up_grad, gwd.to(wdt),
                 None, None)
@@ -476,7 +495,8 @@ class Patch:
     """Returned by patch(): .stats is the list of per-invocation records
     (layer, step, rho, fwd_peak, bwd_peak, fwd_lb, bwd_lb, replicas,
     feasible, mem_peak (modelled bytes), binding, pairs, kept, moved, and
-    the seconds spent in liblrmoe / in the whole forward and backward);
+    {fwd,bwd}_seconds / _cpu_seconds / _lib_seconds / _lib_cpu_seconds: wall
+    and thread-CPU time of the whole forward/backward and inside liblrmoe);
     unpatch() restores the original expert forwards."""
 
     def __init__(self, model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
@@ -499,6 +519,7 @@ class Patch:
         lib.lrmoe_exec_cfg_default(ctypes.byref(self.cfg))
         self.cfg.threads = int(threads if threads is not None else torch.get_num_threads())
         self.stats, self.steps, self.layers = [], {}, []
+        self._scratch = None
         for b in self.blocks:
             layer = _Layer(self, b)
             self.layers.append(layer)
@@ -507,6 +528,13 @@ class Patch:
                 return LRMoEExperts.apply(hidden_states, top_k_weights, mod.gate_up_proj,
                                           mod.down_proj, top_k_index, layer)
             b.experts.forward = types.MethodType(fwd, b.experts)
+
+    def scratch_grad(self, E, F, D):
+        """Two (E,F,D) F32 buffers for grad_w_gate/grad_w_up, shared by the
+        layers (each backward concatenates them into a new gate_up gradient)."""
+        if self._scratch is None or self._scratch.shape != (2, E, F, D):
+            self._scratch = torch.empty(2, E, F, D, dtype=torch.float32)
+        return self._scratch[0], self._scratch[1]
 
     def unpatch(self):
         for b in self.blocks:
