@@ -41,6 +41,8 @@ if [ "$what" = test ]; then
     need_cmd bc bc                      # benchmarks' arithmetic
     need_cmd valgrind valgrind          # leak checks (interop.bats)
     [ -x /usr/bin/time ] || missing="$missing time"   # benchmarks' peak RSS
+    # lrmoe-study's corpus (tests/study.bats): the fortunes package's texts
+    [ -f /usr/share/games/fortunes/science ] || missing="$missing fortunes"
 fi
 
 if [ -n "$missing" ]; then
