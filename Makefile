@@ -111,6 +111,12 @@ check: all deps-test
 check-gpu: all
 	@BUILD="$(BUILD)" HAVE_CUDA="$(HAVE_CUDA)" sh tests/gpu/check-gpu.sh
 
+# Kernel registers/shared/local memory against kernels/kcu_launch.h (no GPU).
+check-resources:
+	@NVCC="$(NVCC)" NVCCFLAGS="$(NVCCFLAGS)" sh tests/gpu/check-resources.sh
+print-nvccflags:
+	@echo $(NVCCFLAGS)
+
 bench: all deps-test
 	@sh tests/bench/run.sh
 
@@ -135,5 +141,6 @@ clean:
 	rm -rf $(BUILD) bin
 
 .PHONY: all check check-gpu bench demo install clean deps-build deps-test
+.PHONY: check-resources print-nvccflags
 .SECONDARY:
 -include $(LIB_OBJ:.o=.d) $(TOOL_SRC:src/%.c=$(BUILD)/src/%.d)

@@ -6,7 +6,10 @@
  * send/receive pair. When ranks share a device (one GPU with P > 1 ranks, or
  * more ranks than GPUs) NCCL cannot hold two ranks of one device, so every
  * transfer is a device copy (cudaMemcpyAsync, cudaMemcpyDefault) instead; the
- * data path is the same. Buffers are device pointers of each rank's device.
+ * data path is the same. Buffers are device pointers of each rank's device,
+ * from its default memory pool; init grants every used device access to
+ * the other used devices' pools where peer access is possible
+ * (cudaMemPoolSetAccess: peer access does not cover pool memory).
  * Each operation completes before it returns (all ranks' streams are
  * synchronised), so the exec can time it per rank. Only built with CUDA.
  */

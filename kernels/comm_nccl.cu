@@ -145,6 +145,40 @@ static void cuda_destroy(lrmoe_comm_t *c)
     c->ctx = NULL;
 }
 
+/* Every buffer comes from a device's default memory pool (cudaMallocAsync),
+ * and peer access (cudaDeviceEnablePeerAccess) does not extend to pool
+ * memory: another device reaches it only after cudaMemPoolSetAccess. Grant
+ * each used device read/write access to every other used device's pool
+ * wherever the hardware allows it (cudaDeviceCanAccessPeer), so NCCL's P2P
+ * transport may touch a peer's buffers directly (all ranks live in this
+ * process) and device copies between pools run peer to peer. Pairs without
+ * peer capability stay as they are: NCCL picks another transport and the
+ * copies are staged by the driver. */
+static int pool_access(int P, lrmoe_kcu_ctx_t *const *ctx)
+{
+    for (int a = 0; a < P; a++) {
+        int da = ctx[a]->device, seen = 0;
+        for (int x = 0; x < a; x++) seen |= ctx[x]->device == da;
+        if (seen) continue;
+        cudaMemPool_t pool;
+        KCU_CUDA(cudaDeviceGetDefaultMemPool(&pool, da));
+        for (int b = 0; b < P; b++) {
+            int db = ctx[b]->device, dup = db == da, can = 0;
+            for (int x = 0; x < b; x++) dup |= ctx[x]->device == db;
+            if (dup) continue;
+            KCU_CUDA(cudaDeviceCanAccessPeer(&can, db, da));
+            if (!can) continue;
+            cudaMemAccessDesc d;
+            memset(&d, 0, sizeof d);
+            d.location.type = cudaMemLocationTypeDevice;
+            d.location.id = db;
+            d.flags = cudaMemAccessFlagsProtReadWrite;
+            KCU_CUDA(cudaMemPoolSetAccess(pool, &d, 1));
+        }
+    }
+    return 0;
+}
+
 int lrmoe_comm_cuda_init(lrmoe_comm_t *c, int P, lrmoe_kcu_ctx_t *const *ctx, int use_nccl)
 {
     memset(c, 0, sizeof *c);
@@ -155,6 +189,8 @@ int lrmoe_comm_cuda_init(lrmoe_comm_t *c, int P, lrmoe_kcu_ctx_t *const *ctx, in
             if (ctx[a]->device == ctx[b]->device) distinct = 0;
     if (use_nccl == 1 && !distinct)
         return lrmoe_err("comm: NCCL needs one device per rank (ranks share a device)");
+    if (pool_access(P, ctx) < 0 || restore() < 0)
+        return lrmoe_err_prefix("comm: pool access between devices");
     cstate_t *s = (cstate_t *)calloc(1, sizeof *s);
     if (!s) return lrmoe_err("out of memory");
     s->P = P;

@@ -86,26 +86,62 @@ static int grouped_aligned(const lrmoe_gemm_t *x)
 /* Rows of an F32 C's BF16 temporary: n rounded up to 8 elements (16 bytes). */
 static int64_t tmp_ld(int64_t n) { return (n + 7) & ~(int64_t)7; }
 
+/* Join side streams 0..n-1 back into the main stream. When an event cannot
+ * be recorded or waited for, the host waits for that side stream instead,
+ * so whatever happens nothing queued on a side stream outlives the call
+ * unordered (the caller frees operands on the main stream next). Returns
+ * the first failure, cudaSuccess when every join was stream-ordered. */
+static cudaError_t join_side(lrmoe_kcu_ctx_t *c, int n)
+{
+    cudaError_t first = cudaSuccess;
+    for (int i = 0; i < n; i++) {
+        cudaError_t e = cudaEventRecord(c->ev_join[i], c->side[i]);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(c->stream, c->ev_join[i], 0);
+        if (e != cudaSuccess) {
+            (void)cudaStreamSynchronize(c->side[i]);
+            if (first == cudaSuccess) first = e;
+        }
+    }
+    return first;
+}
+
+/* Fork side streams 0..n-1 from the main stream; *forked = how many wait on
+ * the fork (the ones join_side must join even when this fails). */
+static int fork_side(lrmoe_kcu_ctx_t *c, int n, int *forked)
+{
+    *forked = 0;
+    KCU_CUDA(cudaEventRecord(c->ev_fork, c->stream));
+    for (int i = 0; i < n; i++) {
+        KCU_CUDA(cudaStreamWaitEvent(c->side[i], c->ev_fork, 0));
+        *forked = i + 1;
+    }
+    return 0;
+}
+
+/* The join after a fork, error or not; rc is the work's status (<0: its
+ * message is set and stays the one reported). */
+static int join_after(lrmoe_kcu_ctx_t *c, int forked, int rc)
+{
+    cudaError_t e = join_side(c, forked);
+    if (e != cudaSuccess && rc == 0)
+        rc = lrmoe_err("cudaEventRecord/cudaStreamWaitEvent: %s", cudaGetErrorString(e));
+    return rc;
+}
+
 static int gemm_loop(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
 {
-    KCU_CUDA(cudaEventRecord(c->ev_fork, c->stream));
-    for (int i = 0; i < c->nstreams; i++) KCU_CUDA(cudaStreamWaitEvent(c->side[i], c->ev_fork, 0));
-    int next = 0;
-    for (int i = 0; i < ngemm; i++) {
+    int forked = 0, rc = fork_side(c, c->nstreams, &forked), next = 0;
+    for (int i = 0; rc == 0 && i < ngemm; i++) {
         const lrmoe_gemm_t *x = &g[i];
         if (!x->m || !x->n) continue;
         int sidx = next++ % c->nstreams;
         if (!x->k) {
-            if (x->beta == 0.0f && zero_c(x, c->side[sidx]) < 0) return -1;
+            if (x->beta == 0.0f) rc = zero_c(x, c->side[sidx]);
             continue;
         }
-        if (gemm_one(c->blas[sidx], x) < 0) return -1;
+        rc = gemm_one(c->blas[sidx], x);
     }
-    for (int i = 0; i < c->nstreams; i++) {
-        KCU_CUDA(cudaEventRecord(c->ev_join[i], c->side[i]));
-        KCU_CUDA(cudaStreamWaitEvent(c->stream, c->ev_join[i], 0));
-    }
-    return 0;
+    return join_after(c, forked, rc);
 }
 
 /* One group's F32 output from its BF16 temporary (m, n) with row stride
@@ -130,6 +166,10 @@ __global__ void k_widen(const widen_t *w)
     }
 }
 
+/* The grouped call's host arrays, carved out of one pinned staging slot
+ * (kcu_stage, kcu_internal.h): per group the sizes and scalars cuBLAS reads
+ * on the host, the three pointer arrays and the widen descriptors the
+ * device reads after cudaMemcpyAsync. */
 struct grouped_bufs {
     int *mi, *ni, *ki, *lda, *ldb, *ldc, *gsz;
     cublasOperation_t *ta, *tb;
@@ -139,42 +179,73 @@ struct grouped_bufs {
     widen_t *hw;
 };
 
+static size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+/* Lay the arrays for n groups out in `base` (NULL: only size them); returns
+ * the bytes used. The three pointer arrays are adjacent (one copy). */
+static size_t grouped_layout(size_t n, char *base, grouped_bufs *b)
+{
+    size_t off = 0;
+#define GB_TAKE(field, type, count) do { \
+        if (base) b->field = (type *)(base + off); \
+        off = al16(off + (count) * sizeof(type)); } while (0)
+    GB_TAKE(ha, const void *, 3 * n);
+    GB_TAKE(hw, widen_t, n);
+    GB_TAKE(mi, int, n); GB_TAKE(ni, int, n); GB_TAKE(ki, int, n);
+    GB_TAKE(lda, int, n); GB_TAKE(ldb, int, n); GB_TAKE(ldc, int, n); GB_TAKE(gsz, int, n);
+    GB_TAKE(ta, cublasOperation_t, n); GB_TAKE(tb, cublasOperation_t, n);
+    GB_TAKE(alpha, float, n); GB_TAKE(beta, float, n);
+#undef GB_TAKE
+    if (base) {
+        b->hb = b->ha + n;
+        b->hc = (void **)(b->ha + 2 * n);
+    }
+    return off;
+}
+
+/* The next staging slot, at least `bytes` long, once the call that last
+ * used it has run (kcu_stage). */
+static int stage_take(lrmoe_kcu_ctx_t *c, size_t bytes, kcu_stage **out)
+{
+    kcu_stage *st = &c->stage[c->stage_next];
+    *out = NULL;
+    if (st->pending) {
+        KCU_CUDA(cudaEventSynchronize(st->done));
+        st->pending = 0;
+    }
+    if (st->bytes < bytes) {
+        size_t nb = st->bytes ? st->bytes : 4096;
+        while (nb < bytes) nb *= 2;
+        if (st->host) KCU_CUDA(cudaFreeHost(st->host));
+        st->host = NULL;
+        st->bytes = 0;
+        KCU_CUDA(cudaMallocHost(&st->host, nb));
+        st->bytes = nb;
+    }
+    c->stage_next = (c->stage_next + 1) % KCU_STAGE_SLOTS;
+    *out = st;
+    return 0;
+}
+
 static int gemm_grouped(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
 {
     cudaStream_t s = c->side[0];
-    int rc = -1, ng = 0, nw = 0;
+    int rc = -1, ng = 0, nw = 0, forked = 0;
     size_t tmp_elems = 0;
     uint16_t *tmp = NULL;
     void **dptr = NULL;
     widen_t *dw = NULL;
+    kcu_stage *st = NULL;
     grouped_bufs b;
     memset(&b, 0, sizeof b);
     size_t n = (size_t)(ngemm ? ngemm : 1);
-    b.mi = (int *)malloc(n * sizeof(int)); b.ni = (int *)malloc(n * sizeof(int));
-    b.ki = (int *)malloc(n * sizeof(int)); b.lda = (int *)malloc(n * sizeof(int));
-    b.ldb = (int *)malloc(n * sizeof(int)); b.ldc = (int *)malloc(n * sizeof(int));
-    b.gsz = (int *)malloc(n * sizeof(int));
-    b.ta = (cublasOperation_t *)malloc(n * sizeof(cublasOperation_t));
-    b.tb = (cublasOperation_t *)malloc(n * sizeof(cublasOperation_t));
-    b.alpha = (float *)malloc(n * sizeof(float)); b.beta = (float *)malloc(n * sizeof(float));
-    b.ha = (const void **)malloc(3 * n * sizeof(void *));
-    b.hw = (widen_t *)malloc(n * sizeof(widen_t));
-    if (!b.mi || !b.ni || !b.ki || !b.lda || !b.ldb || !b.ldc || !b.gsz || !b.ta || !b.tb ||
-        !b.alpha || !b.beta || !b.ha || !b.hw) {
-        lrmoe_err("out of memory");
-        goto out;
-    }
-    b.hb = b.ha + n;
-    b.hc = (void **)(b.ha + 2 * n);
+    if (stage_take(c, grouped_layout(n, NULL, NULL), &st) < 0) return -1;
+    grouped_layout(n, (char *)st->host, &b);
     /* BF16 temporaries for F32 outputs */
     for (int i = 0; i < ngemm; i++)
         if (g[i].m && g[i].n && g[i].k && !g[i].c_bf16 && grouped_aligned(&g[i]))
             tmp_elems += (size_t)g[i].m * (size_t)tmp_ld(g[i].n);
-    if (cudaEventRecord(c->ev_fork, c->stream) != cudaSuccess ||
-        cudaStreamWaitEvent(s, c->ev_fork, 0) != cudaSuccess) {
-        lrmoe_err("cudaEventRecord/cudaStreamWaitEvent: %s", cudaGetErrorString(cudaGetLastError()));
-        goto out;
-    }
+    if (fork_side(c, 1, &forked) < 0) goto out;
     if (tmp_elems) {
         cudaError_t e = cudaMallocAsync((void **)&tmp, tmp_elems * 2, s);
         if (e != cudaSuccess) { lrmoe_err("cudaMallocAsync: %s", cudaGetErrorString(e)); goto out; }
@@ -212,23 +283,27 @@ static int gemm_grouped(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
         }
     }
     if (ng) {
+        /* pointer arrays live in device memory (cuBLAS reads them there),
+         * copied from the pinned slot, packed: A of every group, then B,
+         * then C (hb and hc start right after the ng used entries) */
+        if (ng < (int)n) {
+            memmove(b.ha + ng, b.hb, (size_t)ng * sizeof(void *));
+            memmove(b.ha + 2 * ng, b.hc, (size_t)ng * sizeof(void *));
+        }
         cudaError_t e = cudaMallocAsync((void **)&dptr, 3 * (size_t)ng * sizeof(void *), s);
-        if (e != cudaSuccess) { lrmoe_err("cudaMallocAsync: %s", cudaGetErrorString(e)); goto out; }
-        /* pointer arrays live in device memory (cuBLAS reads them there);
-         * from pageable host memory the copy has consumed the source when
-         * cudaMemcpyAsync returns */
-        e = cudaMemcpyAsync(dptr, b.ha, (size_t)ng * sizeof(void *), cudaMemcpyHostToDevice, s);
         if (e == cudaSuccess)
-            e = cudaMemcpyAsync(dptr + ng, b.hb, (size_t)ng * sizeof(void *), cudaMemcpyHostToDevice, s);
-        if (e == cudaSuccess)
-            e = cudaMemcpyAsync(dptr + 2 * ng, b.hc, (size_t)ng * sizeof(void *), cudaMemcpyHostToDevice, s);
-        if (e != cudaSuccess) { lrmoe_err("cudaMemcpyAsync: %s", cudaGetErrorString(e)); goto out; }
-        cublasStatus_t st = cublasGemmGroupedBatchedEx(
+            e = cudaMemcpyAsync(dptr, b.ha, 3 * (size_t)ng * sizeof(void *),
+                                cudaMemcpyHostToDevice, s);
+        if (e != cudaSuccess) {
+            lrmoe_err("cudaMallocAsync/cudaMemcpyAsync: %s", cudaGetErrorString(e));
+            goto out;
+        }
+        cublasStatus_t bs = cublasGemmGroupedBatchedEx(
             c->blas[0], b.ta, b.tb, b.mi, b.ni, b.ki, b.alpha, (const void *const *)dptr,
             CUDA_R_16BF, b.lda, (const void *const *)(dptr + ng), CUDA_R_16BF, b.ldb, b.beta,
             (void *const *)(dptr + 2 * ng), CUDA_R_16BF, b.ldc, ng, b.gsz, CUBLAS_COMPUTE_32F);
-        if (st != CUBLAS_STATUS_SUCCESS) {
-            lrmoe_err("cublasGemmGroupedBatchedEx: %s", cublasGetStatusString(st));
+        if (bs != CUBLAS_STATUS_SUCCESS) {
+            lrmoe_err("cublasGemmGroupedBatchedEx: %s", cublasGetStatusString(bs));
             goto out;
         }
     }
@@ -236,27 +311,26 @@ static int gemm_grouped(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
         cudaError_t e = cudaMallocAsync((void **)&dw, (size_t)nw * sizeof(widen_t), s);
         if (e == cudaSuccess)
             e = cudaMemcpyAsync(dw, b.hw, (size_t)nw * sizeof(widen_t), cudaMemcpyHostToDevice, s);
-        if (e != cudaSuccess) { lrmoe_err("cudaMemcpyAsync: %s", cudaGetErrorString(e)); goto out; }
+        if (e != cudaSuccess) {
+            lrmoe_err("cudaMallocAsync/cudaMemcpyAsync: %s", cudaGetErrorString(e));
+            goto out;
+        }
         for (int base = 0; base < nw; base += 65535) {
             int cnt = nw - base < 65535 ? nw - base : 65535;
-            k_widen<<<dim3(64, (unsigned)cnt), 256, 0, s>>>(dw + base);
+            k_widen<<<dim3(64, (unsigned)cnt), KCU_THREADS(k_widen), 0, s>>>(dw + base);
             e = cudaGetLastError();
             if (e != cudaSuccess) { lrmoe_err("kernel widen: %s", cudaGetErrorString(e)); goto out; }
         }
     }
     rc = 0;
 out:
+    /* the slot may be refilled once everything queued above has run */
+    if (cudaEventRecord(st->done, s) == cudaSuccess) st->pending = 1;
+    else (void)cudaStreamSynchronize(s);
     if (dptr) (void)cudaFreeAsync(dptr, s);
     if (dw) (void)cudaFreeAsync(dw, s);
     if (tmp) (void)cudaFreeAsync(tmp, s);
-    if (cudaEventRecord(c->ev_join[0], s) != cudaSuccess ||
-        cudaStreamWaitEvent(c->stream, c->ev_join[0], 0) != cudaSuccess) {
-        if (rc == 0) rc = lrmoe_err("cudaEventRecord/cudaStreamWaitEvent: %s",
-                                    cudaGetErrorString(cudaGetLastError()));
-    }
-    free(b.mi); free(b.ni); free(b.ki); free(b.lda); free(b.ldb); free(b.ldc); free(b.gsz);
-    free(b.ta); free(b.tb); free(b.alpha); free(b.beta); free(b.ha); free(b.hw);
-    return rc;
+    return join_after(c, forked, rc);
 }
 
 int lrmoe_kcu_gemm(int ngemm, const lrmoe_gemm_t *g)

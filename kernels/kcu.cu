@@ -39,14 +39,31 @@ int lrmoe_kcu_device_count(void)
     return n;
 }
 
+/* Every allocation of this backend comes from the device's default pool
+ * (cudaMallocAsync). With the default release threshold of 0 each
+ * synchronisation hands the pool's free memory back to the driver and the
+ * next allocation maps it again; keep it instead (it goes back at
+ * lrmoe_kcu_ctx_destroy, cudaMemPoolTrimTo). */
+static int pool_keep(int device)
+{
+    cudaMemPool_t pool;
+    uint64_t keep = UINT64_MAX;
+    KCU_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
+    KCU_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    return 0;
+}
+
 static int ctx_init(lrmoe_kcu_ctx_t *c, int device, int nstreams)
 {
     c->device = device;
     c->nstreams = nstreams;
     c->gemm_impl = LRMOE_GEMM_LOOP;
     KCU_CUDA(cudaSetDevice(device));
+    if (pool_keep(device) < 0) return -1;
     KCU_CUDA(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     KCU_CUDA(cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming));
+    for (int i = 0; i < KCU_STAGE_SLOTS; i++)
+        KCU_CUDA(cudaEventCreateWithFlags(&c->stage[i].done, cudaEventDisableTiming));
     for (int i = 0; i < nstreams; i++) {
         KCU_CUDA(cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking));
         KCU_CUDA(cudaEventCreateWithFlags(&c->ev_join[i], cudaEventDisableTiming));
@@ -76,16 +93,29 @@ void lrmoe_kcu_ctx_destroy(lrmoe_kcu_ctx_t *c)
 {
     if (!c) return;
     /* Teardown statuses are ignored on purpose: the context is going away and
-     * an earlier error is the one worth reporting. */
+     * an earlier error is the one worth reporting. Every stream drains before
+     * anything it may still use goes: the side streams too (a GEMM queued
+     * there reads operands and uses its cuBLAS handle and staging). */
     (void)cudaSetDevice(c->device);
     if (c->stream) (void)cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < KCU_MAX_STREAMS; i++)
+        if (c->side[i]) (void)cudaStreamSynchronize(c->side[i]);
     for (int i = 0; i < KCU_MAX_STREAMS; i++) {
         if (c->blas[i]) (void)cublasDestroy(c->blas[i]);
         if (c->side[i]) (void)cudaStreamDestroy(c->side[i]);
         if (c->ev_join[i]) (void)cudaEventDestroy(c->ev_join[i]);
     }
+    for (int i = 0; i < KCU_STAGE_SLOTS; i++) {
+        if (c->stage[i].host) (void)cudaFreeHost(c->stage[i].host);
+        if (c->stage[i].done) (void)cudaEventDestroy(c->stage[i].done);
+    }
     if (c->ev_fork) (void)cudaEventDestroy(c->ev_fork);
     if (c->stream) (void)cudaStreamDestroy(c->stream);
+    {   /* the pool's unused memory back to the driver (pool_keep) */
+        cudaMemPool_t pool;
+        if (cudaDeviceGetDefaultMemPool(&pool, c->device) == cudaSuccess)
+            (void)cudaMemPoolTrimTo(pool, 0);
+    }
     if (cur_ctx == c) cur_ctx = NULL;
     free(c);
 }
@@ -240,8 +270,6 @@ __device__ __forceinline__ double warp_sum(double v)
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (int64_t)gridDim.x * blockDim.x)
 
-static const int TPB = 256;
-
 /* Launch check inside a function that cleans up at `out:`. */
 #define KCU_LAUNCHED_GOTO(name) do { cudaError_t e_ = cudaGetLastError(); \
     if (e_ != cudaSuccess) { lrmoe_err("kernel %s: %s", name, cudaGetErrorString(e_)); goto out; } } while (0)
@@ -261,7 +289,8 @@ int lrmoe_kcu_bf16_to_f32(int64_t n, const uint16_t *src, float *dst)
 {
     if (n < 0) return lrmoe_err("bf16_to_f32: negative count");
     if (!n) return 0;
-    k_bf16_to_f32<<<kcu_blocks(n, TPB), TPB, 0, kcu_stream()>>>(n, src, dst);
+    k_bf16_to_f32<<<KCU_GRID(k_bf16_to_f32, n), KCU_THREADS(k_bf16_to_f32), 0, kcu_stream()>>>(
+        n, src, dst);
     KCU_LAUNCHED("bf16_to_f32");
     return 0;
 }
@@ -270,7 +299,8 @@ int lrmoe_kcu_f32_to_bf16(int64_t n, const float *src, uint16_t *dst)
 {
     if (n < 0) return lrmoe_err("f32_to_bf16: negative count");
     if (!n) return 0;
-    k_f32_to_bf16<<<kcu_blocks(n, TPB), TPB, 0, kcu_stream()>>>(n, src, dst);
+    k_f32_to_bf16<<<KCU_GRID(k_f32_to_bf16, n), KCU_THREADS(k_f32_to_bf16), 0, kcu_stream()>>>(
+        n, src, dst);
     KCU_LAUNCHED("f32_to_bf16");
     return 0;
 }
@@ -298,7 +328,8 @@ int lrmoe_kcu_mask_rows(int64_t nrows, int64_t row, const uint8_t *mask, float *
 {
     int64_t n = nrows * row;
     if (n <= 0) return 0;
-    k_mask_rows<<<kcu_blocks(n, TPB), TPB, 0, kcu_stream()>>>(n, row, mask, x);
+    k_mask_rows<<<KCU_GRID(k_mask_rows, n), KCU_THREADS(k_mask_rows), 0, kcu_stream()>>>(
+        n, row, mask, x);
     KCU_LAUNCHED("mask_rows");
     return 0;
 }
@@ -311,7 +342,7 @@ __global__ void k_add(int64_t n, const float *s, float *d)
 int lrmoe_kcu_add(int64_t n, const float *src, float *dst)
 {
     if (n <= 0) return 0;
-    k_add<<<kcu_blocks(n, TPB), TPB, 0, kcu_stream()>>>(n, src, dst);
+    k_add<<<KCU_GRID(k_add, n), KCU_THREADS(k_add), 0, kcu_stream()>>>(n, src, dst);
     KCU_LAUNCHED("add");
     return 0;
 }
@@ -350,8 +381,8 @@ int lrmoe_kcu_pair_score(int64_t T, int K, int64_t D, const float *g, const floa
     if (!T) return 0;
     kflag_t f;
     if (flag_new(&f) < 0) return -1;
-    k_pair_score<<<kcu_blocks(T * 32, TPB), TPB, 0, kcu_stream()>>>(T, K, D, g, alpha,
-                                                                      phi_sqnorm, score, f.d);
+    k_pair_score<<<KCU_GRID(k_pair_score, T * 32), KCU_THREADS(k_pair_score), 0, kcu_stream()>>>(
+        T, K, D, g, alpha, phi_sqnorm, score, f.d);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
         flag_drop(&f);
@@ -377,7 +408,8 @@ int lrmoe_kcu_row_sqnorm(int64_t n, int64_t d, const float *x, float *out)
 {
     if (n < 0 || d < 0) return lrmoe_err("row_sqnorm: bad sizes");
     if (!n) return 0;
-    k_row_sqnorm<<<kcu_blocks(n * 32, TPB), TPB, 0, kcu_stream()>>>(n, d, x, out);
+    k_row_sqnorm<<<KCU_GRID(k_row_sqnorm, n * 32), KCU_THREADS(k_row_sqnorm), 0, kcu_stream()>>>(
+        n, d, x, out);
     KCU_LAUNCHED("row_sqnorm");
     return 0;
 }
@@ -403,14 +435,16 @@ __global__ void k_iota(int64_t N, int32_t *v)
 }
 
 /* Single block: start[0..n] = exclusive prefix sum of cnt[0..n) (u64). */
-__global__ void k_scan_small(int n, const unsigned long long *cnt, int64_t *start)
+__global__ void __launch_bounds__(KCU_THREADS(k_scan_small))
+k_scan_small(int n, const unsigned long long *cnt, int64_t *start)
 {
-    typedef cub::BlockScan<long long, 1024> Scan;
+    const int B = KCU_THREADS(k_scan_small);
+    typedef cub::BlockScan<long long, B> Scan;
     __shared__ typename Scan::TempStorage tmp;
     __shared__ long long carry;
     if (threadIdx.x == 0) carry = 0;
     __syncthreads();
-    for (int base = 0; base < n; base += 1024) {
+    for (int base = 0; base < n; base += B) {
         int i = base + threadIdx.x;
         long long v = i < n ? (long long)cnt[i] : 0, ex, total;
         Scan(tmp).ExclusiveSum(v, ex, total);
@@ -465,14 +499,15 @@ static int bucket_build(int64_t N, int E, const int32_t *ids, const float *score
         goto out;
     if (lrmoe_kcu_memset(b->cnt, 0, (size_t)E * 8) < 0) goto out;
     if (N) {
-        k_expert_hist<<<kcu_blocks(N, TPB), TPB, 0, s>>>(N, E, ids, score, b->cnt, fl);
+        k_expert_hist<<<KCU_GRID(k_expert_hist, N), KCU_THREADS(k_expert_hist), 0, s>>>(
+            N, E, ids, score, b->cnt, fl);
         { cudaError_t e = cudaGetLastError();
           if (e != cudaSuccess) { lrmoe_err("kernel expert_hist: %s", cudaGetErrorString(e)); goto out; } }
-        k_iota<<<kcu_blocks(N, TPB), TPB, 0, s>>>(N, iota);
+        k_iota<<<KCU_GRID(k_iota, N), KCU_THREADS(k_iota), 0, s>>>(N, iota);
         { cudaError_t e = cudaGetLastError();
           if (e != cudaSuccess) { lrmoe_err("kernel iota: %s", cudaGetErrorString(e)); goto out; } }
     }
-    k_scan_small<<<1, 1024, 0, s>>>(E, b->cnt, b->start);
+    k_scan_small<<<1, KCU_THREADS(k_scan_small), 0, s>>>(E, b->cnt, b->start);
     { cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) { lrmoe_err("kernel scan_small: %s", cudaGetErrorString(e)); goto out; } }
     if (N) {
@@ -511,11 +546,11 @@ __device__ __forceinline__ uint32_t ord32(float f)
  * expert's list (4 passes of 8 bits), then a marking pass in u order that
  * keeps keys above the threshold and the first `need` keys equal to it
  * (lower u first: the CPU's tie rule). */
-__global__ void __launch_bounds__(256) k_select(int E, const int32_t *list, const int64_t *start,
-                                                const float *score, const int64_t *quota,
-                                                uint8_t *keep, unsigned long long *fl)
+__global__ void __launch_bounds__(KCU_THREADS(k_select))
+k_select(int E, const int32_t *list, const int64_t *start, const float *score,
+         const int64_t *quota, uint8_t *keep, unsigned long long *fl)
 {
-    typedef cub::BlockScan<int, 256> Scan;
+    typedef cub::BlockScan<int, KCU_THREADS(k_select)> Scan;
     __shared__ typename Scan::TempStorage tmp;
     __shared__ unsigned hist[256];
     __shared__ uint32_t s_prefix;
@@ -595,10 +630,12 @@ int lrmoe_kcu_select(int64_t T, int K, int E, const int32_t *topk_ids, const flo
     bucket_t b;
     if (flag_new(&f) < 0) return -1;
     if (bucket_build(N, E, topk_ids, score, f.d, &b) < 0) { flag_drop(&f); return -1; }
-    k_select<<<E, 256, 0, kcu_stream()>>>(E, b.list, b.start, score, quota, keep, f.d);
+    k_select<<<E, KCU_THREADS(k_select), 0, kcu_stream()>>>(
+        E, b.list, b.start, score, quota, keep, f.d);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) {
-        k_load_out<<<kcu_blocks(E, TPB), TPB, 0, kcu_stream()>>>(E, b.start, load);
+        k_load_out<<<KCU_GRID(k_load_out, E), KCU_THREADS(k_load_out), 0, kcu_stream()>>>(
+            E, b.start, load);
         e = cudaGetLastError();
     }
     bucket_free(&b);
@@ -644,16 +681,18 @@ __global__ void k_alloc_forward(int64_t N, int E, int P, const int32_t *ids,
 
 /* Single block: counts[p,e] = alloc[e,p], offsets = exclusive prefix in
  * row-major (P,E); checks negatives and the total against R. */
-__global__ void k_counts_offsets(int E, int P, const int64_t *alloc, int64_t R,
-                                 int64_t *counts, int64_t *offsets, unsigned long long *fl)
+__global__ void __launch_bounds__(KCU_THREADS(k_counts_offsets))
+k_counts_offsets(int E, int P, const int64_t *alloc, int64_t R, int64_t *counts,
+                 int64_t *offsets, unsigned long long *fl)
 {
-    typedef cub::BlockScan<long long, 1024> Scan;
+    const int B = KCU_THREADS(k_counts_offsets);
+    typedef cub::BlockScan<long long, B> Scan;
     __shared__ typename Scan::TempStorage tmp;
     __shared__ long long carry;
     int64_t n = (int64_t)E * P;
     if (threadIdx.x == 0) carry = 0;
     __syncthreads();
-    for (int64_t base = 0; base < n; base += 1024) {
+    for (int64_t base = 0; base < n; base += B) {
         int64_t i = base + threadIdx.x; /* row-major (p,e) */
         long long v = 0, ex, total;
         if (i < n) {
@@ -684,9 +723,8 @@ __global__ void k_counts_offsets(int E, int P, const int64_t *alloc, int64_t R,
  * every slice in parallel from its own starting counters. Inside a warp,
  * __match_any_sync groups the lanes of one rank and the popcount of the
  * lower peers is a lane's index. Shared memory: alloc, totals and cumulative
- * remainders (3*P long long) and tab (WALK_WARPS*P int). */
-#define WALK_WARPS 32
-#define WALK_MAX_P 256
+ * remainders (3*P long long) and tab (WALK_WARPS*P int): WALK_SMEM(P).
+ * WALK_WARPS, WALK_MAX_P and WALK_SMEM are in kcu_launch.h. */
 
 /* tab[w][p] := sum of tab[w'][p] over w' < w (exclusive, per rank), and
  * tot[p] := the sum over all warps. */
@@ -703,7 +741,7 @@ __device__ void walk_scan(int P, int *tab, long long *tot)
     }
 }
 
-__global__ void __launch_bounds__(WALK_WARPS * 32)
+__global__ void __launch_bounds__(KCU_THREADS(k_pack_walk))
 k_pack_walk(int E, int P, const int32_t *list, const int64_t *start, const uint8_t *keep,
             const int32_t *pair_rank, const int64_t *alloc, const int64_t *offsets, int64_t R,
             int32_t *dest, int64_t *out_pair, int32_t *out_rank, unsigned long long *fl)
@@ -849,7 +887,8 @@ int lrmoe_kcu_pack_assign(int64_t T, int K, int E, int P, const int32_t *topk_id
     if (bucket_build(N, E, topk_ids, NULL, f.d, &b) < 0) { flag_drop(&f); return -1; }
     if (lrmoe_kcu_alloc((void **)&dest, (size_t)(N ? N : 1) * 4) < 0) goto out;
     if (N) {
-        k_check_pairs<<<kcu_blocks(N, TPB), TPB, 0, s>>>(N, K, P, keep, pair_rank, f.d);
+        k_check_pairs<<<KCU_GRID(k_check_pairs, N), KCU_THREADS(k_check_pairs), 0, s>>>(
+            N, K, P, keep, pair_rank, f.d);
         KCU_LAUNCHED_GOTO("check_pairs");
     }
     if (!bwd_alloc) {
@@ -857,15 +896,16 @@ int lrmoe_kcu_pack_assign(int64_t T, int K, int E, int P, const int32_t *topk_id
             lrmoe_kcu_memset(alloc, 0, (size_t)E * P * 8) < 0)
             goto out;
         if (N) {
-            k_alloc_forward<<<kcu_blocks(N, TPB), TPB, 0, s>>>(N, E, P, topk_ids, keep, pair_rank,
-                                                               (unsigned long long *)alloc);
+            k_alloc_forward<<<KCU_GRID(k_alloc_forward, N), KCU_THREADS(k_alloc_forward), 0, s>>>(
+                N, E, P, topk_ids, keep, pair_rank, (unsigned long long *)alloc);
             KCU_LAUNCHED_GOTO("alloc_forward");
         }
         bwd_alloc = alloc;
     }
-    k_counts_offsets<<<1, 1024, 0, s>>>(E, P, bwd_alloc, R, counts, offsets, f.d);
+    k_counts_offsets<<<1, KCU_THREADS(k_counts_offsets), 0, s>>>(
+        E, P, bwd_alloc, R, counts, offsets, f.d);
     KCU_LAUNCHED_GOTO("counts_offsets");
-    k_pack_walk<<<E, WALK_WARPS * 32, (size_t)P * (3 * 8 + WALK_WARPS * 4), s>>>(
+    k_pack_walk<<<E, KCU_THREADS(k_pack_walk), WALK_SMEM(P), s>>>(
         E, P, b.list, b.start, keep, pair_rank, bwd_alloc, offsets, R, dest, pair, rank, f.d);
     KCU_LAUNCHED_GOTO("pack_walk");
     rc = 0;
@@ -901,16 +941,16 @@ int lrmoe_kcu_pack_gather(const int64_t *pair, int64_t R, int K, int by_token, c
     uintptr_t al = (uintptr_t)src | (uintptr_t)dst;
     if (row_bytes % 16 == 0 && al % 16 == 0) {
         int64_t nv = (int64_t)(row_bytes / 16);
-        k_gather<uint4><<<kcu_blocks(R * nv, TPB), TPB, 0, s>>>(pair, R, K, by_token,
-                                                                (const uint4 *)src, nv, (uint4 *)dst);
+        k_gather<uint4><<<KCU_GRID(k_gather, R * nv), KCU_THREADS(k_gather), 0, s>>>(
+            pair, R, K, by_token, (const uint4 *)src, nv, (uint4 *)dst);
     } else if (row_bytes % 4 == 0 && al % 4 == 0) {
         int64_t nv = (int64_t)(row_bytes / 4);
-        k_gather<uint32_t><<<kcu_blocks(R * nv, TPB), TPB, 0, s>>>(pair, R, K, by_token,
-                                                                   (const uint32_t *)src, nv, (uint32_t *)dst);
+        k_gather<uint32_t><<<KCU_GRID(k_gather, R * nv), KCU_THREADS(k_gather), 0, s>>>(
+            pair, R, K, by_token, (const uint32_t *)src, nv, (uint32_t *)dst);
     } else {
         int64_t nv = (int64_t)row_bytes;
-        k_gather<uint8_t><<<kcu_blocks(R * nv, TPB), TPB, 0, s>>>(pair, R, K, by_token,
-                                                                  (const uint8_t *)src, nv, (uint8_t *)dst);
+        k_gather<uint8_t><<<KCU_GRID(k_gather, R * nv), KCU_THREADS(k_gather), 0, s>>>(
+            pair, R, K, by_token, (const uint8_t *)src, nv, (uint8_t *)dst);
     }
     KCU_LAUNCHED("pack_gather");
     return 0;
@@ -931,7 +971,9 @@ int lrmoe_kcu_pack_gather_scaled(const int64_t *pair, int64_t R, int K, int64_t 
 {
     if (R < 0 || K < 1 || D < 0) return lrmoe_err("pack_gather_scaled: bad sizes");
     if (!R || !D) return 0;
-    k_gather_scaled<<<kcu_blocks(R * D, TPB), TPB, 0, kcu_stream()>>>(pair, R, K, D, g, alpha, dst);
+    cudaStream_t s = kcu_stream();
+    k_gather_scaled<<<KCU_GRID(k_gather_scaled, R * D), KCU_THREADS(k_gather_scaled), 0, s>>>(
+        pair, R, K, D, g, alpha, dst);
     KCU_LAUNCHED("pack_gather_scaled");
     return 0;
 }
@@ -951,8 +993,9 @@ int lrmoe_kcu_pack_gather_scaled_bf16(const int64_t *pair, int64_t R, int K, int
 {
     if (R < 0 || K < 1 || D < 0) return lrmoe_err("pack_gather_scaled_bf16: bad sizes");
     if (!R || !D) return 0;
-    k_gather_scaled_bf16<<<kcu_blocks(R * D, TPB), TPB, 0, kcu_stream()>>>(pair, R, K, D, g,
-                                                                            alpha, dst);
+    cudaStream_t s = kcu_stream();
+    k_gather_scaled_bf16<<<KCU_GRID(k_gather_scaled_bf16, R * D), KCU_THREADS(k_gather_scaled_bf16), 0, s>>>(
+        pair, R, K, D, g, alpha, dst);
     KCU_LAUNCHED("pack_gather_scaled_bf16");
     return 0;
 }
@@ -1000,10 +1043,12 @@ int lrmoe_kcu_pack_unpack(const int64_t *pair, int64_t R, const float *rows, int
         lrmoe_kcu_free(inv);
         return -1;
     }
-    if (R) k_inverse<<<kcu_blocks(R, TPB), TPB, 0, s>>>(pair, R, N, inv, f.d);
+    if (R) k_inverse<<<KCU_GRID(k_inverse, R), KCU_THREADS(k_inverse), 0, s>>>(
+        pair, R, N, inv, f.d);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) {
-        k_unpack<<<kcu_blocks(T * D, TPB), TPB, 0, s>>>(T, K, D, inv, rows, out);
+        k_unpack<<<KCU_GRID(k_unpack, T * D), KCU_THREADS(k_unpack), 0, s>>>(
+            T, K, D, inv, rows, out);
         e = cudaGetLastError();
     }
     lrmoe_kcu_free(inv);
@@ -1047,7 +1092,8 @@ int lrmoe_kcu_swiglu_fwd(int64_t n, int64_t F, const float *g, const float *u, f
 {
     if (n < 0 || F < 0) return lrmoe_err("swiglu_fwd: bad sizes");
     if (!n) return 0;
-    k_swiglu_fwd<<<kcu_blocks(n * 32, TPB), TPB, 0, kcu_stream()>>>(n, F, g, u, phi, sqnorm);
+    k_swiglu_fwd<<<KCU_GRID(k_swiglu_fwd, n * 32), KCU_THREADS(k_swiglu_fwd), 0, kcu_stream()>>>(
+        n, F, g, u, phi, sqnorm);
     KCU_LAUNCHED("swiglu_fwd");
     return 0;
 }
@@ -1072,7 +1118,8 @@ int lrmoe_kcu_swiglu_bwd(int64_t n, int64_t F, const float *g, const float *u,
     if (n < 0 || F < 0) return lrmoe_err("swiglu_bwd: bad sizes");
     int64_t m = n * F;
     if (!m) return 0;
-    k_swiglu_bwd<<<kcu_blocks(m, TPB), TPB, 0, kcu_stream()>>>(m, g, u, dphi, dg, du, phi);
+    k_swiglu_bwd<<<KCU_GRID(k_swiglu_bwd, m), KCU_THREADS(k_swiglu_bwd), 0, kcu_stream()>>>(
+        m, g, u, dphi, dg, du, phi);
     KCU_LAUNCHED("swiglu_bwd");
     return 0;
 }
@@ -1099,7 +1146,9 @@ int lrmoe_kcu_swiglu_bwd_bf16(int64_t n, int64_t F, const uint16_t *g, const uin
     if (n < 0 || F < 0) return lrmoe_err("swiglu_bwd_bf16: bad sizes");
     int64_t m = n * F;
     if (!m) return 0;
-    k_swiglu_bwd_bf16<<<kcu_blocks(m, TPB), TPB, 0, kcu_stream()>>>(m, g, u, dphi, dg, du, phi);
+    cudaStream_t s = kcu_stream();
+    k_swiglu_bwd_bf16<<<KCU_GRID(k_swiglu_bwd_bf16, m), KCU_THREADS(k_swiglu_bwd_bf16), 0, s>>>(
+        m, g, u, dphi, dg, du, phi);
     KCU_LAUNCHED("swiglu_bwd_bf16");
     return 0;
 }
@@ -1126,7 +1175,8 @@ int lrmoe_kcu_combine(int64_t T, int K, int64_t D, const float *alpha, const int
 {
     if (T < 0 || K < 1 || D < 0) return lrmoe_err("combine: bad sizes");
     if (!T || !D) return 0;
-    k_combine<<<kcu_blocks(T * D, TPB), TPB, 0, kcu_stream()>>>(T, K, D, alpha, row, y, out);
+    k_combine<<<KCU_GRID(k_combine, T * D), KCU_THREADS(k_combine), 0, kcu_stream()>>>(
+        T, K, D, alpha, row, y, out);
     KCU_LAUNCHED("combine");
     return 0;
 }
@@ -1155,7 +1205,8 @@ int lrmoe_kcu_pair_dot(int64_t T, int K, int64_t D, const float *g, const int64_
     if (T < 0 || K < 1 || D < 0) return lrmoe_err("pair_dot: bad sizes");
     int64_t N = T * K;
     if (!N) return 0;
-    k_pair_dot<<<kcu_blocks(N * 32, TPB), TPB, 0, kcu_stream()>>>(N, K, D, g, row, y, out);
+    k_pair_dot<<<KCU_GRID(k_pair_dot, N * 32), KCU_THREADS(k_pair_dot), 0, kcu_stream()>>>(
+        N, K, D, g, row, y, out);
     KCU_LAUNCHED("pair_dot");
     return 0;
 }

@@ -33,7 +33,10 @@ const char *lrmoe_gemm_impl_name(lrmoe_gemm_impl_t impl);
 typedef struct lrmoe_kcu_ctx lrmoe_kcu_ctx_t;
 
 /* A context on device `device`: one main stream, nstreams (>= 1) side streams
- * for the GEMM loop, a cuBLAS handle per side stream. */
+ * for the GEMM loop, a cuBLAS handle per side stream, pinned staging for the
+ * grouped GEMM's arrays. Creating one sets the device's default memory pool
+ * to keep freed memory (release threshold UINT64_MAX); destroying it waits
+ * for the main and every side stream, then trims the pool. */
 int lrmoe_kcu_ctx_create(int device, int nstreams, lrmoe_kcu_ctx_t **out);
 void lrmoe_kcu_ctx_destroy(lrmoe_kcu_ctx_t *c);
 /* Make c the calling thread's current context (also cudaSetDevice). */

@@ -8,8 +8,24 @@ extern "C" {
 #include "lrmoe.h"
 }
 #include "kcu.h"
+#include "kcu_launch.h"
 
 #define KCU_MAX_STREAMS 8
+
+/* Pinned host staging of the grouped GEMM's argument arrays (gemm.cu), kept
+ * for the context's life. cudaMemcpyAsync from pageable memory promises
+ * nothing about when the source has been read, so the arrays the device
+ * reads are copied from pinned memory. `done` is recorded after all the
+ * work of the call that filled a slot (its copies, and cuBLAS, which reads
+ * the size arrays on the host), and the slot is refilled only once it has
+ * passed. Two slots used in turn let the host run one call ahead. */
+#define KCU_STAGE_SLOTS 2
+struct kcu_stage {
+    void *host;        /* cudaMallocHost, `bytes` long */
+    size_t bytes;
+    cudaEvent_t done;
+    int pending;       /* `done` recorded since the slot was last waited for */
+};
 
 struct lrmoe_kcu_ctx {
     int device;
@@ -19,6 +35,8 @@ struct lrmoe_kcu_ctx {
     cublasHandle_t blas[KCU_MAX_STREAMS];  /* one per side stream */
     cudaEvent_t ev_fork, ev_join[KCU_MAX_STREAMS];
     lrmoe_gemm_impl_t gemm_impl;
+    struct kcu_stage stage[KCU_STAGE_SLOTS];
+    int stage_next;
 };
 
 /* Every call is checked; the message names the call and its status string. */
@@ -51,5 +69,8 @@ static inline unsigned kcu_blocks(int64_t work, int per_block, unsigned cap = 65
     if (b > (int64_t)cap) b = cap;
     return (unsigned)b;
 }
+/* Grid of a grid-stride kernel k over `work` threads' worth of items, at the
+ * block size of its launch table row (kcu_launch.h). */
+#define KCU_GRID(k, work) kcu_blocks((work), KCU_THREADS(k))
 
 #endif

@@ -42,13 +42,38 @@ static void die(const char *what)
 }
 #define OK(x) do { if ((x) < 0) die(#x); } while (0)
 
-/* device buffer with host mirror */
+/* device buffer with a pinned host staging copy for its life: put() copies
+ * the vector there and from there to the device, so the asynchronous copy
+ * reads memory nobody frees or changes under it (from pageable memory the
+ * runtime promises nothing about when the source has been read); the next
+ * put() first waits for the stream, so the previous copy has run. */
 template <typename X> struct dbuf {
     X *d = nullptr;
+    X *stage = nullptr;
     size_t n = 0;
     explicit dbuf(size_t n_) : n(n_) { OK(lrmoe_kcu_alloc((void **)&d, (n ? n : 1) * sizeof(X))); }
-    ~dbuf() { lrmoe_kcu_free(d); }
-    void put(const std::vector<X> &h) { OK(lrmoe_kcu_h2d(d, h.data(), n * sizeof(X))); }
+    ~dbuf()
+    {
+        lrmoe_kcu_free(d);
+        if (stage) {
+            (void)lrmoe_kcu_sync();
+            (void)cudaFreeHost(stage);
+        }
+    }
+    void put(const std::vector<X> &h)
+    {
+        if (!stage) {
+            cudaError_t e = cudaMallocHost((void **)&stage, (n ? n : 1) * sizeof(X));
+            if (e != cudaSuccess) {
+                fprintf(stderr, "test-kernels: cudaMallocHost: %s\n", cudaGetErrorString(e));
+                exit(1);
+            }
+        } else {
+            OK(lrmoe_kcu_sync());
+        }
+        memcpy(stage, h.data(), n * sizeof(X));
+        OK(lrmoe_kcu_h2d(d, stage, n * sizeof(X)));
+    }
     void poison() { OK(lrmoe_kcu_memset(d, 0xFF, (n ? n : 1) * sizeof(X))); }
     std::vector<X> get()
     {

@@ -79,6 +79,33 @@ class PatchRate1(unittest.TestCase):
                 self.check_family(fam, torch.bfloat16, 2e-2, ranks=4)
 
 
+class PackedWeights(unittest.TestCase):
+    """float32 experts live in lrmoe's packed layout after patch() (no copy
+    per step); parameters moved elsewhere afterwards still work (copied)."""
+
+    def test_views_and_fallback(self):
+        ref = tiny.block("qwen3_moe")
+        pat = copy.deepcopy(ref)
+        h = lt.patch(pat, rate=1.0, ranks=2)
+        ex, buf = pat.experts, h.layers[0].w_f32
+        self.assertEqual(ex.gate_up_proj.data_ptr(), buf.data_ptr())
+        self.assertFalse(ex.down_proj.is_contiguous())
+        self.assertTrue(torch.equal(ex.gate_up_proj, ref.experts.gate_up_proj))
+        self.assertTrue(torch.equal(ex.down_proj, ref.experts.down_proj))
+        x = torch.randn(2, T // 2, tiny.D)
+        o0, gx0, g0 = run(ref, x)
+        with torch.no_grad():
+            ex.gate_up_proj.data = ex.gate_up_proj.data.contiguous() * 1.0
+        o1, gx1, g1 = run(pat, x)
+        self.assertLess(rel(o1, o0), 2e-5)
+        self.assertLess(rel(g1["experts.down_proj"], g0["experts.down_proj"]), 2e-5)
+        self.assertFalse(h.layers[0].adopted)
+        self.assertNotEqual(h.layers[0].w_f32.data_ptr(), buf.data_ptr())
+        self.assertTrue(torch.equal(ex.down_proj, ref.experts.down_proj))  # untouched
+        h.unpatch()
+        self.assertTrue(ex.down_proj.is_contiguous())
+
+
 class PatchDrop(unittest.TestCase):
     """rate < 1: the gradients equal plain torch where the dropped pairs
     (the keep mask lrmoe reports) contribute nothing to dW and dx but every
@@ -103,14 +130,17 @@ class PatchDrop(unittest.TestCase):
         return run(blk, x)
 
     def test_drop_matches_reference(self):
-        for fam, ranks in (("qwen3_moe", 2), ("mixtral", 4), ("olmoe", 2), ("qwen2_moe", 4),
-                           ("deepseek_v3", 2), ("glm4_moe", 4)):
-            with self.subTest(fam):
-                ref = tiny.block(fam)
+        cases = [(f, r, torch.float32, 2e-5) for f, r in (
+            ("qwen3_moe", 2), ("mixtral", 4), ("olmoe", 2), ("qwen2_moe", 4), ("deepseek_v3", 2),
+            ("glm4_moe", 4))] + [("qwen3_moe", 2, torch.bfloat16, 2e-2),
+                                 ("deepseek_v3", 4, torch.bfloat16, 2e-2)]
+        for fam, ranks, dtype, tol in cases:
+            with self.subTest(f"{fam} {dtype}"):
+                ref = tiny.block(fam, dtype=dtype)
                 pat = copy.deepcopy(ref)
                 h = lt.patch(pat, rate=0.6, ranks=ranks, keep_masks=True)
                 torch.manual_seed(9)
-                x = torch.randn(2, T // 2, tiny.D)
+                x = torch.randn(2, T // 2, tiny.D).to(dtype)
                 o1, gx1, g1 = run(pat, x)
                 rec = h.stats[-1]
                 keep = rec["keep"]
@@ -118,12 +148,12 @@ class PatchDrop(unittest.TestCase):
                 self.assertEqual(int(keep.sum()), rec["kept"])
                 self.assertAlmostEqual(rec["rho"], rec["kept"] / rec["pairs"], places=5)
                 o0, gx0, g0 = self.reference(ref, x, keep)
-                self.assertLess(rel(o1, o0), 2e-5)
-                self.assertLess(rel(gx1, gx0), 2e-5)
+                self.assertLess(rel(o1, o0), tol)
+                self.assertLess(rel(gx1, gx0), tol)
                 for n in g0:
-                    self.assertLess(rel(g1[n], g0[n]), 2e-5, f"{fam} grad {n}")
+                    self.assertLess(rel(g1[n], g0[n]), tol, f"{fam} grad {n}")
                 # and they differ from the full gradient: the drop is real
-                full = tiny.block(fam)
+                full = tiny.block(fam, dtype=dtype)
                 _, gxf, _ = run(full, x)
                 self.assertGreater(rel(gx1, gxf), 1e-3)
 

@@ -113,7 +113,8 @@ class ExecWeights(Structure):
 
 
 class ExecFrameOpts(Structure):
-    _fields_ = [("backward", c_int), ("mode", c_int), ("cfg", ExecCfg), ("ranks", c_int)]
+    _fields_ = [("backward", c_int), ("mode", c_int), ("cfg", ExecCfg), ("ranks", c_int),
+                ("warmup", c_int), ("repeat", c_int)]
 
 
 class ExecPlan(Structure):

@@ -261,13 +261,49 @@ class _Layer:
         self.owner, self.block = owner, block
         self.planner, self.key = None, None
         self.w_f32 = None  # the packed F32 weights, reused step to step
+        self.adopted = False  # w_f32 is the parameters' own memory
+
+    def adopt_packed(self):
+        """Float32 experts: let gate_up_proj and down_proj become views into
+        one (E, 3FD) buffer laid out as lrmoe's packed weights, [W_gate; W_up;
+        W_down] per expert, so the forward passes the parameters' own memory
+        and copies nothing (the parameter objects stay, only .data moves)."""
+        ex = self.block.experts
+        gu, dn = ex.gate_up_proj, ex.down_proj
+        if gu.dtype != torch.float32 or dn.dtype != torch.float32 or gu.device.type != "cpu":
+            return
+        E, n1, n2 = gu.shape[0], gu[0].numel(), dn[0].numel()
+        buf = torch.empty(E, n1 + n2, dtype=torch.float32)
+        with torch.no_grad():
+            buf[:, :n1].copy_(gu.reshape(E, -1))
+            buf[:, n1:].copy_(dn.reshape(E, -1))
+        gu.data = buf[:, :n1].view(gu.shape)
+        dn.data = buf[:, n1:].view(dn.shape)
+        self.w_f32, self.adopted = buf, True
+
+    def release_packed(self):
+        ex = self.block.experts
+        for prm in (ex.gate_up_proj, ex.down_proj):  # back to HF's own layout
+            if not prm.is_contiguous():
+                prm.data = prm.data.contiguous()
+        self.w_f32, self.adopted = None, False
 
     def packed(self, gu, down):
-        """[W_gate; W_up; W_down] per expert in F32 (lrmoe-exec's packed copy),
-        written into this layer's buffer of the previous step when it has the
-        shape (a fresh 50 MB tensor costs its page faults every step)."""
+        """[W_gate; W_up; W_down] per expert in F32 (lrmoe-exec's packed copy):
+        the parameters' own buffer when they still live in it (adopt_packed),
+        else a copy written into this layer's buffer of the previous step (a
+        fresh 50 MB tensor costs its page faults every step)."""
         E = gu.shape[0]
         n = gu[0].numel() + down[0].numel()
+        w = self.w_f32
+        if self.adopted:
+            if (w.shape == (E, n) and gu.data_ptr() == w.data_ptr() and
+                    down.data_ptr() == w.data_ptr() + 4 * gu[0].numel() and
+                    gu.stride() == (n, gu.shape[2], 1) and down.stride() == (n, down.shape[2], 1)):
+                return w
+            # a parameter was given other memory: the buffer may still back the
+            # other one, so it is never written; copies go to a buffer of our own
+            self.adopted, self.w_f32 = False, None
         if self.w_f32 is None or self.w_f32.shape != (E, n):
             self.w_f32 = torch.empty(E, n, dtype=torch.float32)
         torch.cat([gu.reshape(E, -1), down.reshape(E, -1)], dim=1, out=self.w_f32) \
@@ -348,11 +384,11 @@ class LRMoEExperts(torch.autograd.Function):
         bwd_alloc, _ = cf.get("bwd_alloc")
         attrs = cf.attrs()
         gu = gate_up.detach()
-        w_gate, w_up = _storage_split(gu, F, placement, fwd_alloc, o.ranks)
-        w_down = down.detach().contiguous()
+        dn = down.detach()
+        w_gate, w_up, w_down = _storage_split(gu, dn, F, placement, fwd_alloc, o.ranks)
         # the packed F32 copy lrmoe-exec makes too: [W_gate; W_up; W_down] per
         # expert, so gate and up run as one GEMM (HF's gate_up_proj is [W_gate; W_up])
-        w_f32 = layer.packed(gu, w_down)
+        w_f32 = layer.packed(gu, dn)
         W = _lib.ExecWeights(dtype=_lib.DT[dt], w_gate=_ptr(w_gate), w_up=_ptr(w_up),
                              w_down=_ptr(w_down), w_f32=_ptr(w_f32))
         dims = _lib.ExecDims(T=T, E=E, K=K, D=D, F=F, P=o.ranks)
@@ -461,12 +497,13 @@ class LRMoEExperts(torch.autograd.Function):
                 None, None)
 
 
-def _storage_split(gu, F, placement, fwd_alloc, P):
-    """w_gate, w_up (E,F,D) in the storage dtype from HF's (E,2F,D). With
-    the packed F32 copy given, the CPU backend reads the storage arrays only
-    to send an expert to the ranks holding a replica or helper instance of
-    it (lrmoe_exec_weights_t in exec.h), so only those experts are copied;
-    the rows of the others are never read."""
+def _storage_split(gu, dn, F, placement, fwd_alloc, P):
+    """w_gate, w_up (E,F,D) and w_down (E,D,F) in the storage dtype from HF's
+    (E,2F,D) and (E,D,F). With the packed F32 copy given, the CPU backend
+    reads the storage arrays only to send an expert to the ranks holding a
+    replica or helper instance of it (lrmoe_exec_weights_t in exec.h), so
+    only those experts are copied; the rows of the others are never read.
+    down_proj is passed as it is when contiguous."""
     E = gu.shape[0]
     nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)])
     remote = placement.astype(bool)
@@ -476,11 +513,14 @@ def _storage_split(gu, F, placement, fwd_alloc, P):
     sent = np.nonzero(remote.any(1) | (fa > 0).any(1))[0]
     w_gate = torch.empty(E, F, gu.shape[2], dtype=gu.dtype)
     w_up = torch.empty_like(w_gate)
+    w_down = dn if dn.is_contiguous() else torch.empty(dn.shape, dtype=dn.dtype)
     if len(sent):
         idx = torch.from_numpy(sent)
         w_gate[idx] = gu[idx, :F]
         w_up[idx] = gu[idx, F:]
-    return w_gate, w_up
+        if w_down is not dn:
+            w_down[idx] = dn[idx]
+    return w_gate, w_up, w_down
 
 
 def _num(v):
@@ -522,6 +562,7 @@ class Patch:
         self._scratch = None
         for b in self.blocks:
             layer = _Layer(self, b)
+            layer.adopt_packed()
             self.layers.append(layer)
 
             def fwd(mod, hidden_states, top_k_index, top_k_weights, layer=layer):
@@ -537,6 +578,8 @@ class Patch:
         return self._scratch[0], self._scratch[1]
 
     def unpatch(self):
+        for layer in self.layers:
+            layer.release_packed()
         for b in self.blocks:
             if "forward" in b.experts.__dict__:
                 del b.experts.forward
@@ -556,6 +599,9 @@ def patch(model, rate=None, hbm=None, metric="lrm", ranks=1, planner="lrmoe", th
     the per-rank budget ("16GiB" or bytes), metric: lrm, gradnorm, absgrad
     or random; other lrmoe-plan options by name (window=, min_keep=,
     best_effort=True, ...). keep_masks=True keeps each backward's keep mask
-    in its stats record. threads: BLAS threads (default torch's)."""
+    in its stats record. threads: BLAS threads (default torch's).
+    float32 expert parameters are moved (their .data, not the Parameter
+    objects) into one buffer in lrmoe's packed layout, so no step copies
+    them; unpatch() gives them contiguous memory of their own again."""
     return Patch(model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
                  plan_options)

@@ -1,0 +1,154 @@
+#!/usr/bin/env bats
+# Build-time resource check of the CUDA kernels, no GPU needed
+# (tests/gpu/check-resources.sh, tests/gpu/resources.py): every kernel's
+# registers, shared and local memory from the ptxas report of a compile
+# with make's NVCCFLAGS, joined with its row of the launch table
+# (kernels/kcu_launch.h). A kernel that could not launch at the block size
+# its launcher uses fails `make check` here, not on the first GPU run.
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+
+setup() {
+    TOP="$BATS_TEST_DIRNAME/.."
+    RES="$TOP/tests/gpu/resources.py"
+    D="$BATS_TEST_TMPDIR"
+}
+
+# a copy of the sources the check compiles (kernels/, lib/ headers)
+copy_tree() {
+    mkdir -p "$D/tree/kernels" "$D/tree/lib"
+    cp "$TOP"/kernels/* "$D/tree/kernels/"
+    cp "$TOP"/lib/*.h "$D/tree/lib/"
+}
+
+@test "cuda-resources: every kernel of kernels/ fits the launch its launcher makes (sm_90)" {
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH: no CUDA objects to check"
+    run make -s --no-print-directory -C "$TOP" check-resources
+    echo "$output"
+    assert_success
+    assert_output --regexp 'check-resources: [0-9]+ kernels of the launch table checked, [0-9]+ library \(CUB\) kernels checked per thread only, 0 problem\(s\)'
+    refute_output --partial "FAIL"
+    # the two single-block scans run at 512 threads, every file was read
+    assert_line --regexp '^k_scan_small +kcu\.cu +512 '
+    assert_line --regexp '^k_counts_offsets +kcu\.cu +512 '
+    assert_line --regexp '^k_pack_walk +kcu\.cu +1024 .* 128\+38912 '
+    assert_line --regexp '^k_widen +gemm\.cu +256 '
+    # one line per row of the table: none missing, none extra
+    n=$(cc -std=c11 -I"$TOP/kernels" -o "$D/lt" "$TOP/tests/gpu/launch-table.c" && "$D/lt" | wc -l)
+    [ "$n" -gt 20 ]
+    assert_output --regexp "check-resources: $n kernels of the launch table"
+}
+
+@test "cuda-resources: the original defect fails it: k_scan_small at 1024 threads, no bound" {
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH"
+    copy_tree
+    # back to the first version: BlockScan<long long, 1024>, launched with
+    # 1024 threads, no __launch_bounds__ (ptxas gives it ~89 registers)
+    sed -i 's/X(k_scan_small, *KCU_SCAN_TPB,/X(k_scan_small, 1024,/' "$D/tree/kernels/kcu_launch.h"
+    sed -i 's/^__global__ void __launch_bounds__(KCU_THREADS(k_scan_small))$/__global__ void/' \
+        "$D/tree/kernels/kcu.cu"
+    ! cmp -s "$TOP/kernels/kcu.cu" "$D/tree/kernels/kcu.cu"
+    ! cmp -s "$TOP/kernels/kcu_launch.h" "$D/tree/kernels/kcu_launch.h"
+    run sh "$TOP/tests/gpu/check-resources.sh" "$D/tree"
+    echo "$output"
+    assert_equal "$status" 1
+    assert_line --regexp '^k_scan_small +kcu\.cu +1024 +(6[5-9]|[7-9][0-9]|1[0-9][0-9]) .* FAIL$'
+    assert_output --regexp 'FAIL kcu\.cu: kernel k_scan_small: [0-9]+ registers x 1024 threads = [0-9]+ a block > 65536 on sm_90'
+    assert_output --regexp 'FAIL kcu\.cu:[0-9]+: kernel k_scan_small: 1024 threads a block and no __launch_bounds__'
+    # the others still pass
+    assert_line --regexp '^k_counts_offsets +kcu\.cu +512 .* ok$'
+}
+
+# A fake ptxas report and table for the checker alone (no nvcc needed).
+fake_report() {
+    cat > "$D/k.ptxas" <<'EOF'
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z5k_bigPf' for 'sm_90'
+ptxas info    : Function properties for _Z5k_bigPf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 64 registers, used 1 barriers, 16384 bytes smem, 360 bytes cmem[0]
+ptxas info    : Compiling entry function '_Z7k_spillPf' for 'sm_90'
+ptxas info    : Function properties for _Z7k_spillPf
+    24 bytes stack frame, 16 bytes spill stores, 16 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers, 24 bytes cumulative stack size
+ptxas info    : Compiling entry function '_Z6k_tmplIiEvPT_' for 'sm_90'
+ptxas info    : Function properties for _Z6k_tmplIiEvPT_
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 65 registers, used 0 barriers
+ptxas info    : Compiling entry function '_ZN3cub6detail11EmptyKernelIvEEvv' for 'sm_90'
+ptxas info    : Function properties for _ZN3cub6detail11EmptyKernelIvEEvv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 4 registers, used 0 barriers
+EOF
+    cat > "$D/k.cu" <<'EOF'
+__global__ void __launch_bounds__(KCU_THREADS(k_big)) k_big(float *x) { }
+__global__ void k_spill(float *x) { }
+template <typename V>
+__global__ void __launch_bounds__(KCU_THREADS(k_tmpl)) k_tmpl(V *x) { }
+void go(float *x, int *y)
+{
+    k_big<<<1, KCU_THREADS(k_big), 0, 0>>>(x);
+    k_spill<<<KCU_GRID(k_spill, 5), KCU_THREADS(k_spill), 0, s>>>(x);
+    k_tmpl<int><<<dim3(4, 2), KCU_THREADS(k_tmpl), 0, s>>>(y);
+}
+EOF
+}
+
+@test "cuda-resources: the checker passes a report that fits and fails each limit on its own" {
+    fake_report
+    printf 'k_big 512 0 0\nk_spill 256 0 24\nk_tmpl 1024 0 0\n' > "$D/t"
+    # 65 registers at 1024 threads: 72 allocated a thread, 73728 a block
+    run python3 "$RES" --table "$D/t" --ptxas "$D/k.ptxas" --src "$D/k.cu"
+    echo "$output"
+    assert_failure
+    assert_line --regexp '^k_tmpl +k\.cu +1024 +65 +73728/65536 .* FAIL$'
+    assert_output --partial "FAIL k.cu: kernel k_tmpl: 65 registers x 1024 threads = 73728 a block > 65536 on sm_90"
+    assert_output --partial "1 problem(s)"
+    # 64 fit exactly
+    sed -i "s/Used 65 registers/Used 64 registers/" "$D/k.ptxas"
+    run python3 "$RES" --table "$D/t" --ptxas "$D/k.ptxas" --src "$D/k.cu"
+    echo "$output"
+    assert_success
+    assert_line --regexp '^k_big +k\.cu +512 +64 +32768/65536 +16384\+0 .* ok$'
+    assert_line --regexp '^k_tmpl +k\.cu +1024 +64 +65536/65536 .* ok$'
+    assert_output --partial "0 problem(s)"
+    # shared memory: 16 KiB static + 40 KiB dynamic > 48 KiB
+    printf 'k_big 512 40960 0\nk_spill 256 0 24\nk_tmpl 512 0 0\n' > "$D/t"
+    run python3 "$RES" --table "$D/t" --ptxas "$D/k.ptxas" --src "$D/k.cu"
+    assert_failure
+    assert_output --partial "FAIL k.cu: kernel k_big: shared 16384 B static + 40960 B dynamic > 49152 B"
+    assert_output --partial "1 problem(s)"
+    # local memory past the budget
+    printf 'k_big 512 0 0\nk_spill 256 0 8\nk_tmpl 512 0 0\n' > "$D/t"
+    run python3 "$RES" --table "$D/t" --ptxas "$D/k.ptxas" --src "$D/k.cu"
+    assert_failure
+    assert_output --partial "FAIL k.cu: kernel k_spill: local memory 24 B stack frame, 16 B spill stores > budget 8 B"
+    assert_output --partial "1 problem(s)"
+}
+
+@test "cuda-resources: the checker fails a kernel without a row, a stale row, a wrong launch or bound" {
+    fake_report
+    sed -i "s/Used 65 registers/Used 40 registers/" "$D/k.ptxas"
+    # no row for k_tmpl; a row for a kernel that is gone
+    printf 'k_big 512 0 0\nk_spill 256 0 24\nk_gone 256 0 0\n' > "$D/t"
+    run python3 "$RES" --table "$D/t" --ptxas "$D/k.ptxas" --src "$D/k.cu"
+    assert_failure
+    assert_output --partial "FAIL k.cu: kernel k_tmpl has no row in the launch table"
+    assert_output --partial "FAIL launch table row k_gone names no compiled kernel"
+    # a launch with a literal block size; a bound that is not the table's
+    printf 'k_big 512 0 0\nk_spill 256 0 24\nk_tmpl 512 0 0\n' > "$D/t"
+    sed -i 's/k_spill<<<KCU_GRID(k_spill, 5), KCU_THREADS(k_spill)/k_spill<<<KCU_GRID(k_spill, 5), 256/' "$D/k.cu"
+    sed -i 's/__launch_bounds__(KCU_THREADS(k_big)) k_big/__launch_bounds__(512) k_big/' "$D/k.cu"
+    run python3 "$RES" --table "$D/t" --ptxas "$D/k.ptxas" --src "$D/k.cu"
+    assert_failure
+    assert_output --partial "FAIL k.cu:8: launch of k_spill: block size '256', not KCU_THREADS(k_spill)"
+    assert_output --partial "FAIL k.cu:1: kernel k_big: __launch_bounds__(512), not KCU_THREADS(k_big)"
+    # a 512-thread kernel without its bound (even though today's 64 fit)
+    sed -i 's/__launch_bounds__(512) k_big/k_big/' "$D/k.cu"
+    run python3 "$RES" --table "$D/t" --ptxas "$D/k.ptxas" --src "$D/k.cu"
+    assert_failure
+    assert_output --partial "FAIL k.cu:1: kernel k_big: 512 threads a block and no __launch_bounds__(KCU_THREADS(k_big))"
+    # library kernels are listed, not looked up in the table
+    assert_line --regexp '^EmptyKernel +k\.cu .* ok \(library\)$'
+}
