@@ -14,7 +14,9 @@
 
 /* torch is imported before the package so that PyTorch's own NCCL is
  * loaded first when liblrmoe was built with the CUDA backend (which links
- * the toolkit's libnccl); a missing torch is the module's error to report */
+ * the toolkit's libnccl; loaded the other way round, libtorch_cuda fails
+ * on an undefined NCCL symbol); a missing torch is the module's error to
+ * report, a package or library that does not load is one line here */
 static const char BOOT[] =
     "import runpy, sys\n"
     "try:\n"
@@ -22,6 +24,11 @@ static const char BOOT[] =
     "except ImportError:\n"
     "    pass\n"
     "sys.argv[0] = '" TOOL "'\n"
+    "try:\n"
+    "    import lrmoe\n"
+    "except Exception as e:\n"
+    "    sys.stderr.write('" TOOL ": %s\\n' % e)\n"
+    "    sys.exit(1)\n"
     "runpy.run_module('lrmoe.study', run_name='__main__', alter_sys=True)\n";
 
 static int exists(const char *dir, const char *rel, char *out, size_t n)
