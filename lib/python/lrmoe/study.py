@@ -20,9 +20,9 @@ METRICS = ["lrm", "gradnorm", "absgrad", "random"]
 
 # the default study is sized for ~30 minutes on a shared 2-core machine
 DEFAULTS = dict(layers=4, hidden=128, heads=4, experts=16, topk=4, ffn=64, seq=128, batch=8,
-                steps=150, eval_every=10, val_batches=16, lr=3e-3, warmup=15, ranks=4)
+                steps=150, eval_every=10, val_batches=64, lr=3e-3, warmup=15, ranks=4)
 QUICK = dict(layers=2, hidden=64, heads=2, experts=8, topk=2, ffn=32, seq=64, batch=4,
-             steps=60, eval_every=5, val_batches=8, lr=3e-3, warmup=5, ranks=2)
+             steps=60, eval_every=5, val_batches=16, lr=3e-3, warmup=5, ranks=2)
 
 
 class StudyError(Exception):
@@ -66,7 +66,7 @@ def parser():
         a(f"--{k}", type=int, metavar="N", help=f"model/training size (default {DEFAULTS[k]}; "
           f"--quick {QUICK[k]})")
     a("--eval-every", type=int, metavar="N", help="validation every N steps (default 10)")
-    a("--val-batches", type=int, metavar="N", help="validation windows (default 16)")
+    a("--val-batches", type=int, metavar="N", help="validation windows (default 64; --quick 16)")
     a("--lr", type=float, metavar="X", help="peak AdamW learning rate (default 3e-3)")
     a("--warmup", type=int, metavar="N", help="linear warm-up steps (default 15)")
     a("--clip", type=float, default=1.0, metavar="X", help="gradient-norm clip (default 1)")
