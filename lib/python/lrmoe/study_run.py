@@ -262,8 +262,14 @@ def train(cfg, corpus, spec, row_cb=None):
                 gr["lr"] = _lr(cfg, step)
             if patch is not None:
                 del patch.stats[:]
-            out = model(input_ids=torch.from_numpy(x), labels=torch.from_numpy(y))
-            loss = out.loss
+            # the loss on the targets y (x shifted by one) as evaluate() computes
+            # it; HF's labels= would shift them once more
+            out = model(input_ids=torch.from_numpy(x))
+            logits = out.logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     torch.from_numpy(y).reshape(-1))
+            if cfg.aux_loss > 0 and getattr(out, "aux_loss", None) is not None:
+                loss = loss + cfg.aux_loss * out.aux_loss
             if not torch.isfinite(loss):
                 raise Error(f"{spec['name']}: step {step}: training loss is {loss.item()}")
             opt.zero_grad(set_to_none=True)
