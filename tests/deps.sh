@@ -49,6 +49,8 @@ if [ "$what" = test ]; then
     need_cmd clang-14 clang-14          # libFuzzer harnesses (tests/fuzz)
     ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 ||
         missing="$missing libclang-rt-14-dev"
+    # lrmoe-study's corpus (tests/study.bats): the fortunes package's texts
+    [ -f /usr/share/games/fortunes/science ] || missing="$missing fortunes"
 fi
 
 if [ -n "$optional" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

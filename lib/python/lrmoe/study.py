@@ -1,0 +1,257 @@
+"""lrmoe-study: does backward recalibration reach the same loss sooner?
+
+Trains a tiny random-init Qwen3-MoE causal LM (Hugging Face transformers)
+on byte-level text from the Debian fortunes packages, every MoE layer's
+forward and backward in liblrmoe (lrmoe.torch.patch), for C0, C10, C20,
+C30 (percent of backward pairs dropped) x the selection metrics lrm,
+gradnorm, absgrad and random, plus a memory-pressure run whose retention
+the planner picks under a modelled per-rank HBM budget; then writes a TSV
+per run, the two tables (Markdown and TSV) and loss figures (PNG, SVG).
+Run it as `lrmoe-study` or `python3 -m lrmoe.study`; see lrmoe-study(1).
+"""
+import argparse
+import os
+import shlex
+import sys
+import time
+
+PROG = "lrmoe-study"
+METRICS = ["lrm", "gradnorm", "absgrad", "random"]
+
+# the default study is sized for ~30 minutes on a shared 2-core machine
+DEFAULTS = dict(layers=4, hidden=128, heads=4, experts=16, topk=4, ffn=64, seq=128, batch=8,
+                steps=150, eval_every=10, val_batches=64, lr=3e-3, warmup=15, ranks=4)
+QUICK = dict(layers=2, hidden=64, heads=2, experts=8, topk=2, ffn=32, seq=64, batch=4,
+             steps=60, eval_every=5, val_batches=16, lr=3e-3, warmup=5, ranks=2)
+
+
+class StudyError(Exception):
+    pass
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def add_usage(self, usage, actions, groups, prefix=None):
+        super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        prog=PROG, formatter_class=_Formatter,
+        usage=f"{PROG} [options]",
+        description="Train a tiny Qwen3-MoE LM through liblrmoe for C0/C10/C20/C30 x "
+                    "{lrm,gradnorm,absgrad,random} and a memory-pressure run; write per-run "
+                    "TSVs, Table 1/Table 2 analogues and loss figures into --out.",
+        epilog="Exit status: 0 success, 1 failure (bad corpus, training or plotting "
+               "error, --check-hf mismatch), 2 usage.  See lrmoe-study(1).")
+    a = p.add_argument
+    a("-o", "--out", default="lrmoe-study-out", help="output directory (default %(default)s)")
+    a("-Q", "--quick", action="store_true",
+      help="the small study (2 layers, 60 steps: about a minute)")
+    a("-c", "--corpus", action="append", metavar="PATH",
+      help="text file or directory (repeatable; default /usr/share/games/fortunes)")
+    a("--runs", metavar="LIST",
+      help="comma-separated subset of runs: C0, C<n>-<metric>, hbm-<metric>, hf")
+    a("--drops", default="10,20,30", metavar="LIST",
+      help="percent of backward pairs dropped, comma-separated (default %(default)s)")
+    a("--metrics", default=",".join(METRICS), metavar="LIST",
+      help="selection metrics (default %(default)s)")
+    a("--hbm", metavar="BYTES",
+      help="per-rank budget of the memory-pressure run (default: --hbm-frac of C0's "
+           "modelled peak at step 0)")
+    a("--hbm-frac", type=float, default=0.9, metavar="F",
+      help="fraction of C0's modelled peak for the budget (default %(default)s)")
+    a("--no-hbm", action="store_true", help="skip the memory-pressure run")
+    for k in ("layers", "hidden", "heads", "experts", "topk", "ffn", "seq", "batch",
+              "steps", "ranks"):
+        a(f"--{k}", type=int, metavar="N", help=f"model/training size (default {DEFAULTS[k]}; "
+          f"--quick {QUICK[k]})")
+    a("--eval-every", type=int, metavar="N", help="validation every N steps (default 10)")
+    a("--val-batches", type=int, metavar="N", help="validation windows (default 64; --quick 16)")
+    a("--lr", type=float, metavar="X", help="peak AdamW learning rate (default 3e-3)")
+    a("--warmup", type=int, metavar="N", help="linear warm-up steps (default 15)")
+    a("--clip", type=float, default=1.0, metavar="X", help="gradient-norm clip (default 1)")
+    a("--seed", type=int, default=0, metavar="N", help="model and selection seed (default 0)")
+    a("--data-seed", type=int, default=0, metavar="N", help="batch-order seed (default 0)")
+    a("--threads", type=int, default=1, metavar="N", help="torch and liblrmoe threads "
+      "(default 1)")
+    a("--aux-loss", type=float, default=0.0, metavar="X",
+      help="Switch-style auxiliary balance loss coefficient (default 0: none)")
+    a("--bias-rate", type=float, default=0.0, metavar="X",
+      help="auxiliary-loss-free balance: per-step router bias update (default 0: off)")
+    a("--check-hf", type=int, default=0, metavar="N",
+      help="only check: N steps of C0 through lrmoe against the unpatched model; exit 1 if "
+           "the training loss differs by more than --tol")
+    a("--tol", type=float, default=1e-4, metavar="X",
+      help="relative tolerance of --check-hf (default %(default)s)")
+    a("-V", "--version", action="store_true", help="print the version and exit")
+    return p
+
+
+def config(args):
+    base = dict(QUICK if args.quick else DEFAULTS)
+    for k in list(base):
+        v = getattr(args, k, None)
+        if v is not None:
+            base[k] = v
+    for k in ("clip", "seed", "data_seed", "threads", "aux_loss", "bias_rate"):
+        base[k] = getattr(args, k)
+    cfg = argparse.Namespace(**base)
+    for k in ("layers", "hidden", "heads", "experts", "topk", "ffn", "seq", "batch", "steps",
+              "ranks", "eval_every", "val_batches", "threads"):
+        if getattr(cfg, k) < 1:
+            raise UsageError(f"--{k.replace('_', '-')} must be >= 1")
+    if cfg.hidden % cfg.heads:
+        raise UsageError("--hidden must be a multiple of --heads")
+    if cfg.experts % cfg.ranks:
+        raise UsageError(f"--experts {cfg.experts} do not split over --ranks {cfg.ranks}")
+    if cfg.topk > cfg.experts:
+        raise UsageError("--topk must not exceed --experts")
+    return cfg
+
+
+class UsageError(Exception):
+    pass
+
+
+def _list(s, what):
+    out = [x.strip() for x in s.split(",") if x.strip()]
+    if not out:
+        raise UsageError(f"--{what}: empty list")
+    return out
+
+
+def run_specs(args):
+    metrics = _list(args.metrics, "metrics")
+    for m in metrics:
+        if m not in METRICS:
+            raise UsageError(f"--metrics: unknown metric '{m}' (lrm, gradnorm, absgrad, random)")
+    drops = []
+    for d in _list(args.drops, "drops"):
+        try:
+            c = int(d)
+        except ValueError:
+            raise UsageError(f"--drops: '{d}' is not an integer percent") from None
+        if not 0 < c < 100:
+            raise UsageError(f"--drops: {c} is outside (0,100)")
+        drops.append(c)
+    specs = [dict(name="C0", patched=True, rate=1.0, metric="lrm")]
+    for c in drops:
+        for m in metrics:
+            specs.append(dict(name=f"C{c}-{m}", patched=True, rate=1 - c / 100, metric=m))
+    if not args.no_hbm:
+        specs.append(dict(name="hbm-lrm", patched=True, rate=None, metric="lrm",
+                          hbm=args.hbm, hbm_run=True))
+    specs.append(dict(name="hf", patched=False))
+    if args.runs:
+        want = _list(args.runs, "runs")
+        known = {s["name"] for s in specs}
+        for w in want:
+            if w not in known:
+                raise UsageError(f"--runs: unknown run '{w}' (one of {', '.join(sorted(known))})")
+        specs = [s for s in specs if s["name"] in want]
+    else:
+        specs = [s for s in specs if s["name"] != "hf"]
+    return specs, metrics, drops
+
+
+def log(msg):
+    print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+
+
+def load_corpus(args, cfg):
+    from .study_data import DEFAULT_CORPUS, Corpus
+    paths = args.corpus or [DEFAULT_CORPUS]
+    need_train = 4 * cfg.batch * (cfg.seq + 1)
+    need_val = cfg.val_batches * (cfg.seq + 1)
+    return Corpus(paths, need_train=need_train, need_val=need_val)
+
+
+def check_hf(args, cfg, corpus):
+    from .study_run import train
+    cfg.steps = args.check_hf
+    cfg.eval_every = cfg.steps + 1
+    hf = train(cfg, corpus, dict(name="hf", patched=False))
+    lr = train(cfg, corpus, dict(name="C0", patched=True, rate=1.0, metric="lrm"))
+    worst = 0.0
+    for a, b in zip(hf, lr):
+        rel = abs(a["loss"] - b["loss"]) / max(abs(a["loss"]), 1e-30)
+        worst = max(worst, rel)
+        print(f"{a['step']}\t{a['loss']:.8g}\t{b['loss']:.8g}\t{rel:.3g}")
+    ok = worst <= args.tol
+    log(f"check-hf: {cfg.steps} steps, largest relative training-loss difference "
+        f"{worst:.3g} (tolerance {args.tol:g}): {'ok' if ok else 'MISMATCH'}")
+    return 0 if ok else 1
+
+
+def study(args, cfg, corpus):
+    from .study_report import report, write_run
+    from .study_run import train
+    specs, metrics, drops = run_specs(args)
+    out = args.out
+    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
+    runs, t_all = {}, time.time()
+    log(f"corpus: {len(corpus.files)} files, {corpus.train.size} training and "
+        f"{corpus.val.size} validation bytes; {len(specs)} runs of {cfg.steps} steps -> {out}")
+    for i, spec in enumerate(specs):
+        if spec.get("hbm_run") and spec.get("hbm") is None:
+            if "C0" not in runs:
+                raise StudyError("the memory-pressure run needs --hbm BYTES when C0 is not run")
+            spec["hbm"] = int(args.hbm_frac * runs["C0"]["rows"][0]["mem_peak"])
+        if spec.get("hbm_run"):
+            spec["rates"] = "1,0.95,0.9,0.85,0.8,0.75,0.7,0.65,0.6,0.55,0.5"
+        t0 = time.time()
+        rows = train(cfg, corpus, spec)
+        write_run(os.path.join(out, "runs", spec["name"] + ".tsv"), rows)
+        runs[spec["name"]] = {"spec": spec, "rows": rows}
+        ev = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
+        log(f"[{i + 1}/{len(specs)}] {spec['name']}: {time.time() - t0:.0f} s, final train "
+            f"loss {rows[-1]['loss']:.4f}, validation {ev[-1]:.4f}"
+            + (f", budget {spec['hbm']} bytes, mean rho "
+               f"{sum(r['rho'] for r in rows) / len(rows):.3f}" if spec.get("hbm_run") else ""))
+    params = dict(vars(cfg))
+    params["hbm"] = next((s["hbm"] for s in specs if s.get("hbm_run")), None)
+    params["corpus"] = ",".join(args.corpus or ["/usr/share/games/fortunes"])
+    order = [s["name"] for s in specs]
+    path = report(out, runs, order, metrics, drops, params,
+                  " ".join(shlex.quote(a) for a in [PROG] + sys.argv[1:]))
+    log(f"done in {time.time() - t_all:.0f} s: {path}")
+    return 0
+
+
+def main(argv=None):
+    p = parser()
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if args.version:
+        from . import __version__
+        print(f"{PROG} (lrmoe) {__version__}")
+        return 0
+    try:
+        cfg = config(args)
+        if not args.check_hf:
+            run_specs(args)  # a bad list fails before any training
+    except UsageError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    try:
+        from .study_data import CorpusError
+        try:
+            corpus = load_corpus(args, cfg)
+        except CorpusError as e:
+            raise StudyError(f"corpus: {e}") from None
+        return check_hf(args, cfg, corpus) if args.check_hf else study(args, cfg, corpus)
+    except UsageError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    except (StudyError, RuntimeError, OSError, ImportError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""One training run of lrmoe-study: a tiny random-init Qwen3-MoE causal LM
+(Hugging Face transformers) whose MoE experts run in liblrmoe through
+lrmoe.torch.patch, and the per-step record of what happened in them.
+
+What each step records, and where it comes from (nothing is modelled in
+Python; the figures are liblrmoe's):
+  loss                 training cross-entropy (nats/byte) of the step's batch
+  val_loss             validation loss every --eval-every steps (else empty)
+  moe_fwd_s/moe_bwd_s  wall seconds of the patched MoE layers' forward and
+                       backward, all layers (Patch.stats fwd_seconds,
+                       bwd_seconds), moe_fwd_cpu_s/moe_bwd_cpu_s the same
+                       as the calling thread's CPU seconds (fwd/bwd_cpu_
+                       seconds: with one thread all of the work, and robust
+                       on a shared machine), and lib_fwd_s/lib_bwd_s: the
+                       wall seconds inside liblrmoe calls
+  gpu_model_s          modelled GPU seconds of the step's MoE layers:
+                       lrmoe_cost_eval (lib/cost.h) of each layer's plan
+                       (t_comm + forward and backward compute), summed
+  rho, mem_peak        the plan's retention rate (mean over layers) and the
+                       modelled per-rank peak bytes (max over layers)
+  kept, pairs          backward pairs retained / routed, all layers
+  grad_err             the true relative error of dW_down from the dropped
+                       pairs (lrmoe_score_fidelity, lrmoe-score --fidelity),
+                       mean over layers; 0 when nothing is dropped
+"""
+import ctypes
+import math
+import time
+
+import numpy as np
+import torch
+
+from . import _lib
+from ._lib import Error, check, lib
+
+FIELDS = ["step", "loss", "val_loss", "moe_fwd_s", "moe_bwd_s", "moe_fwd_cpu_s",
+          "moe_bwd_cpu_s", "lib_fwd_s", "lib_bwd_s", "gpu_model_s", "rho", "mem_peak", "kept", "pairs", "grad_err", "step_s"]
+
+
+# ---------------------------------------------------------------- cost model
+
+class CostModel(ctypes.Structure):  # lrmoe_cost_model_t (lib/cost.h)
+    _fields_ = [("D", ctypes.c_int64), ("F", ctypes.c_int64), ("K", ctypes.c_int),
+                ("tokens", ctypes.c_int64), ("dtype_bytes", ctypes.c_int),
+                ("grad_bytes", ctypes.c_int)] + [
+        (n, ctypes.c_double) for n in ("gpu_mem", "resident", "hbm", "window", "bw", "flops")]
+
+
+class CostSummary(ctypes.Structure):  # lrmoe_cost_summary_t
+    _fields_ = [("mem_peak", ctypes.c_double), ("mem_peak_rank", ctypes.c_int)] + [
+        (n, ctypes.c_double) for n in (
+            "t_dispatch", "t_combine", "t_bwd_dispatch", "t_bwd_combine", "t_weights",
+            "t_comm", "t_fwd_compute", "t_bwd_compute", "t_total", "bytes_total")]
+
+
+_P = ctypes.c_void_p
+lib.lrmoe_cost_default.restype = None
+lib.lrmoe_cost_default.argtypes = [ctypes.POINTER(CostModel)]
+lib.lrmoe_cost_eval.restype = ctypes.c_int
+lib.lrmoe_cost_eval.argtypes = [ctypes.POINTER(CostModel), ctypes.c_int, ctypes.c_int,
+                                _P, _P, _P, _P, _P, _P, ctypes.POINTER(CostSummary)]
+lib.lrmoe_score_fidelity.restype = ctypes.c_int
+lib.lrmoe_score_fidelity.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+                                     ctypes.c_int64, ctypes.c_int64, _P, _P, _P, _P, _P, _P,
+                                     _P, ctypes.POINTER(ctypes.c_double)]
+
+
+def _np_ptr(a):
+    return a.ctypes.data
+
+
+def layer_cost(state, D, F, ranks):
+    """lrmoe_cost_eval of one layer invocation's plan: (summary)."""
+    ids = state["ids"]
+    T, K = ids.shape
+    _, _, _, _, placement, fwd_alloc = state["keep_alive"]
+    E = placement.shape[0]
+    load = np.bincount(ids.view(-1).numpy().astype(np.int64), minlength=E).astype(np.int64)
+    quota = np.ascontiguousarray(state["quota"], np.int64)
+    bwd = np.ascontiguousarray(state["bwd_alloc"], np.int64)
+    m = CostModel()
+    lib.lrmoe_cost_default(ctypes.byref(m))
+    m.D, m.F, m.K, m.tokens = D, F, K, T // ranks
+    m.dtype_bytes = state["x"].element_size()
+    s = CostSummary()
+    pl = np.ascontiguousarray(placement, np.uint8)
+    fa = np.ascontiguousarray(fwd_alloc, np.int64)
+    check(lib.lrmoe_cost_eval(ctypes.byref(m), E, ranks, _np_ptr(pl), _np_ptr(load),
+                              _np_ptr(fa), _np_ptr(quota), _np_ptr(bwd), None,
+                              ctypes.byref(s)), "cost model")
+    return s
+
+
+def layer_fidelity(state, g, keep, E):
+    """The relative Frobenius error of dW_down from the dropped pairs
+    (lrmoe_score_fidelity over the layer's saved pre-activations)."""
+    ids, alpha = state["ids"], state["alpha"]
+    T, K = ids.shape
+    D = g.shape[-1]
+    F = state["sg"].shape[-1]
+    g = g.reshape(T, D).detach().float().contiguous()
+    sg = state["sg"].float().contiguous()
+    su = state["su"].float().contiguous()
+    keep = np.ascontiguousarray(keep, np.uint8)
+    err = np.empty(E, np.float64)
+    overall = ctypes.c_double()
+    check(lib.lrmoe_score_fidelity(T, K, E, D, F, ids.data_ptr(), _np_ptr(keep), g.data_ptr(),
+                                   alpha.data_ptr(), sg.data_ptr(), su.data_ptr(),
+                                   _np_ptr(err), ctypes.byref(overall)), "fidelity")
+    return overall.value
+
+
+# ---------------------------------------------------------------- model
+
+def build_model(cfg, seed):
+    """The tiny Qwen3-MoE causal LM of the study, random init from seed."""
+    import transformers as tf
+    tf.logging.set_verbosity_error()
+    c = tf.Qwen3MoeConfig(
+        vocab_size=256, hidden_size=cfg.hidden, intermediate_size=2 * cfg.hidden,
+        moe_intermediate_size=cfg.ffn, num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads, num_key_value_heads=max(1, cfg.heads // 2),
+        head_dim=cfg.hidden // cfg.heads, num_experts=cfg.experts,
+        num_experts_per_tok=cfg.topk, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], max_position_embeddings=max(64, cfg.seq),
+        output_router_logits=cfg.aux_loss > 0, router_aux_loss_coef=cfg.aux_loss,
+        tie_word_embeddings=False, use_cache=False)
+    torch.manual_seed(seed)
+    return tf.Qwen3MoeForCausalLM(c).float()
+
+
+class BiasBalancer:
+    """The auxiliary-loss-free balance of DeepSeek-V3: a per-expert bias
+    added to the router's probabilities for the top-k choice only (the
+    weights stay the unbiased probabilities), moved by `rate` against each
+    expert's load error after every step. Training-loop logic, not lrmoe's."""
+
+    def __init__(self, model, rate):
+        from transformers.models.qwen3_moe import modeling_qwen3_moe as q3
+        self.rate, self.routers = float(rate), []
+        for m in model.modules():
+            if isinstance(m, q3.Qwen3MoeTopKRouter):
+                m.register_buffer("lrmoe_bias", torch.zeros(m.num_experts), persistent=False)
+                m.lrmoe_load = torch.zeros(m.num_experts)
+                m.forward = self._forward(m)
+                self.routers.append(m)
+
+    @staticmethod
+    def _forward(r):
+        def forward(hidden_states):
+            h = hidden_states.reshape(-1, r.hidden_dim)
+            logits = torch.nn.functional.linear(h, r.weight)
+            probs = torch.softmax(logits, dtype=torch.float, dim=-1)
+            ids = torch.topk(probs.detach() + r.lrmoe_bias, r.top_k, dim=-1).indices
+            top = probs.gather(1, ids)
+            if r.norm_topk_prob:
+                top = top / top.sum(dim=-1, keepdim=True)
+            if torch.is_grad_enabled():
+                r.lrmoe_load += torch.bincount(ids.view(-1), minlength=r.num_experts)
+            return logits, top.to(logits.dtype), ids
+        return forward
+
+    def update(self):
+        for r in self.routers:
+            err = r.lrmoe_load.mean() - r.lrmoe_load
+            r.lrmoe_bias += self.rate * torch.sign(err)
+            r.lrmoe_load.zero_()
+
+
+# ---------------------------------------------------------------- capture
+
+class Capture:
+    """Forward hooks on the patched experts: keeps each invocation's saved
+    state (the autograd node's context, which LRMoEExperts keeps as
+    ctx.lrmoe) and the gradient arriving at its output, for the fidelity
+    and the cost model after the backward pass."""
+
+    def __init__(self, patch):
+        self.items, self.hooks = [], []
+        for b in patch.blocks:
+            self.hooks.append(b.experts.register_forward_hook(self._hook(b)))
+
+    def _hook(self, b):
+        def hook(module, args, output):
+            if not (torch.is_grad_enabled() and output.requires_grad):
+                return
+            state = getattr(output.grad_fn, "lrmoe", None)
+            if not isinstance(state, dict) or "sg" not in state:
+                raise Error("lrmoe.torch.LRMoEExperts no longer keeps its saved state as "
+                            "ctx.lrmoe; lrmoe.study_run.Capture must follow it")
+            item = {"block": b, "state": state}
+            output.register_hook(lambda g, item=item: item.__setitem__("g", g.detach()))
+            self.items.append(item)
+        return hook
+
+    def take(self):
+        items, self.items = self.items, []
+        return items
+
+    def close(self):
+        for h in self.hooks:
+            h.remove()
+
+
+# ---------------------------------------------------------------- training
+
+def _lr(cfg, step):
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    p = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
+
+
+def evaluate(model, vx, vy, chunk):
+    """Mean validation cross-entropy over the fixed windows."""
+    tot, n = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, vx.shape[0], chunk):
+            x = torch.from_numpy(vx[i:i + chunk])
+            y = torch.from_numpy(vy[i:i + chunk])
+            logits = model(input_ids=x).logits
+            tot += torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum").item()
+            n += y.numel()
+    return tot / n
+
+
+def _plan_extra(spec):
+    """The memory-pressure run: its candidate rates, and best effort (a
+    step whose loads fit no candidate keeps the last one, marked
+    infeasible, instead of failing the run)."""
+    if spec.get("hbm") is None:
+        return {}
+    return {"best_effort": True, **({"rates": spec["rates"]} if spec.get("rates") else {})}
+
+
+def train(cfg, corpus, spec, row_cb=None):
+    """Train one run. spec: dict(name, patched, rate, hbm, metric).
+    Returns the list of per-step rows (dicts of FIELDS)."""
+    import lrmoe.torch as lt
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    model = build_model(cfg, cfg.seed)
+    model.train()
+    patch = cap = None
+    if spec["patched"]:
+        patch = lt.patch(model, rate=spec.get("rate"), hbm=spec.get("hbm"),
+                         metric=spec.get("metric", "lrm"), ranks=cfg.ranks, seed=cfg.seed,
+                         threads=cfg.threads, keep_masks=True, **_plan_extra(spec))
+        cap = Capture(patch)
+    balancer = BiasBalancer(model, cfg.bias_rate) if cfg.bias_rate > 0 else None
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                            weight_decay=0.0)
+    data = corpus.batches(cfg.data_seed, cfg.batch, cfg.seq)
+    vx, vy = corpus.validation(cfg.val_batches, cfg.seq)
+    rows = []
+    try:
+        for step in range(cfg.steps):
+            t0 = time.perf_counter()
+            x, y = next(data)
+            for gr in opt.param_groups:
+                gr["lr"] = _lr(cfg, step)
+            if patch is not None:
+                del patch.stats[:]
+            # the loss on the targets y (x shifted by one) as evaluate() computes
+            # it; HF's labels= would shift them once more
+            out = model(input_ids=torch.from_numpy(x))
+            logits = out.logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     torch.from_numpy(y).reshape(-1))
+            if cfg.aux_loss > 0 and getattr(out, "aux_loss", None) is not None:
+                loss = loss + cfg.aux_loss * out.aux_loss
+            if not torch.isfinite(loss):
+                raise Error(f"{spec['name']}: step {step}: training loss is {loss.item()}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            row = {"step": step, "loss": loss.item()}
+            if patch is not None:
+                row.update(_moe_row(cfg, patch, cap, spec))
+            opt.step()
+            if balancer is not None:
+                balancer.update()
+            row["step_s"] = time.perf_counter() - t0
+            if step % cfg.eval_every == 0 or step == cfg.steps - 1:
+                if patch is not None:
+                    del patch.stats[:]
+                model.eval()
+                row["val_loss"] = evaluate(model, vx, vy, cfg.batch)
+                model.train()
+            rows.append(row)
+            if row_cb:
+                row_cb(row)
+    finally:
+        if cap is not None:
+            cap.close()
+        if patch is not None:
+            patch.unpatch()
+    return rows
+
+
+def _moe_row(cfg, patch, cap, spec):
+    recs = [r for r in patch.stats if "bwd_seconds" in r]
+    items = cap.take()
+    if len(items) != len(recs) or len(recs) != len(patch.blocks):
+        raise Error(f"{spec['name']}: {len(recs)} MoE backward records and {len(items)} "
+                    f"captured invocations for {len(patch.blocks)} layers")
+    gpu, errs = 0.0, []
+    for it, rec in zip(items, recs):
+        st = it["state"]
+        if st["rec"] is not rec:
+            raise Error("captured invocation and stats record disagree")
+        b = it["block"]
+        s = layer_cost(st, b.D, b.F, cfg.ranks)
+        if abs(s.mem_peak - rec["mem_peak"]) > 1e-6 * max(1.0, rec["mem_peak"]):
+            raise Error(f"cost model mirror: mem_peak {s.mem_peak} != the plan's "
+                        f"{rec['mem_peak']}")
+        gpu += s.t_total
+        errs.append(layer_fidelity(st, it["g"], rec["keep"], b.E))
+        del rec["keep"]
+    return {"moe_fwd_s": sum(r["fwd_seconds"] for r in recs),
+            "moe_bwd_s": sum(r["bwd_seconds"] for r in recs),
+            "moe_fwd_cpu_s": sum(r["fwd_cpu_seconds"] for r in recs),
+            "moe_bwd_cpu_s": sum(r["bwd_cpu_seconds"] for r in recs),
+            "lib_fwd_s": sum(r["fwd_lib_seconds"] for r in recs),
+            "lib_bwd_s": sum(r["bwd_lib_seconds"] for r in recs),
+            "gpu_model_s": gpu,
+            "rho": float(np.mean([r["rho"] for r in recs])),
+            "mem_peak": max(r["mem_peak"] for r in recs),
+            "kept": sum(r["kept"] for r in recs), "pairs": sum(r["pairs"] for r in recs),
+            "grad_err": float(np.mean(errs))}

@@ -1,0 +1,140 @@
+#!/usr/bin/env bats
+# lrmoe-study (lrmoe.study): the smoke version of the training study.
+# C0 through liblrmoe trains exactly like the unpatched Hugging Face model;
+# C30 with every selection metric trains (finite, decreasing loss) and drops
+# what it says; the tables and figures are written; bad corpora are clear
+# errors. The whole file takes about a minute on two cores.
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+
+setup_file() {
+    export TOP="$BATS_TEST_DIRNAME/.."
+    export STUDY="$TOP/bin/lrmoe-study"
+    export OUT="$BATS_FILE_TMPDIR/out"
+    # the smoke study, shared by the tests below
+    if python3 -c 'import torch, transformers' 2>/dev/null &&
+        [ -f /usr/share/games/fortunes/science ]; then
+        "$STUDY" --quick --steps 30 --runs C0,C30-lrm,C30-gradnorm,C30-absgrad,C30-random,hbm-lrm \
+            -o "$OUT" >"$BATS_FILE_TMPDIR/stdout" 2>"$BATS_FILE_TMPDIR/stderr"
+        echo $? >"$BATS_FILE_TMPDIR/rc"
+    fi
+}
+
+setup() {
+    python3 -c 'import torch, transformers' 2>/dev/null ||
+        skip "torch or transformers not installed (tests/deps.sh test installs them)"
+}
+
+need_fortunes() {
+    [ -f /usr/share/games/fortunes/science ] ||
+        skip "the Debian package fortunes is not installed (tests/deps.sh test installs it)"
+}
+
+col() { # file column-name: the column's values, one a line (blank rows kept out)
+    awk -F'\t' -v c="$2" 'NR==1{for(i=1;i<=NF;i++) if($i==c) k=i; next} k && $k!=""{print $k}' "$1"
+}
+
+@test "30 steps of C0 through liblrmoe equal 30 steps of the unpatched model (rel <= 1e-4, f32)" {
+    need_fortunes
+    run "$STUDY" --quick --check-hf 30
+    assert_success
+    assert_output --partial "largest relative training-loss difference"
+    # an independent look at the printed per-step losses: step hf lrmoe rel
+    n=$(printf '%s\n' "$output" | awk -F'\t' 'NF==4 && $1 ~ /^[0-9]+$/' | wc -l)
+    [ "$n" -eq 30 ]
+    printf '%s\n' "$output" | awk -F'\t' 'NF==4 && $1 ~ /^[0-9]+$/ {
+        r = ($2 - $3) / $2; if (r < 0) r = -r; if (r > 1e-4 || $2 != $2 + 0) bad = 1 }
+        END { exit bad }'
+}
+
+@test "the smoke study runs C0, C30 x four metrics and the memory-pressure run" {
+    need_fortunes
+    [ "$(cat "$BATS_FILE_TMPDIR/rc")" = 0 ] || fail "$(cat "$BATS_FILE_TMPDIR/stderr")"
+    for r in C0 C30-lrm C30-gradnorm C30-absgrad C30-random hbm-lrm; do
+        [ -s "$OUT/runs/$r.tsv" ] || fail "no runs/$r.tsv"
+        [ "$(col "$OUT/runs/$r.tsv" loss | wc -l)" -eq 30 ] || fail "$r: not 30 rows"
+    done
+}
+
+@test "C30 with each metric: finite, decreasing training and validation loss" {
+    need_fortunes
+    for m in lrm gradnorm absgrad random; do
+        f="$OUT/runs/C30-$m.tsv"
+        col "$f" loss | awk '{ if ($1 != $1 + 0 || $1 ~ /nan|inf/) bad = 1; v[NR] = $1 }
+            END { a = (v[1] + v[2] + v[3] + v[4] + v[5]) / 5
+                  b = (v[NR] + v[NR-1] + v[NR-2] + v[NR-3] + v[NR-4]) / 5
+                  exit bad || !(b < a - 0.5) }' || fail "C30-$m: training loss not finite and decreasing"
+        col "$f" val_loss | awk '{ v[NR] = $1 } END { exit !(NR >= 3 && v[NR] < v[1]) }' ||
+            fail "C30-$m: validation loss did not decrease"
+    done
+}
+
+@test "C30 drops 30% of the backward pairs with a non-zero gradient error; C0 drops none" {
+    need_fortunes
+    for m in lrm gradnorm absgrad random; do
+        f="$OUT/runs/C30-$m.tsv"
+        paste <(col "$f" kept) <(col "$f" pairs) <(col "$f" rho) <(col "$f" grad_err) | awk '{
+            s = $1 / $2; if (s < 0.69 || s > 0.71 || $3 < 0.69 || $3 > 0.71 || !($4 > 0)) bad = 1 }
+            END { exit bad }' || fail "C30-$m: kept share, rho or grad_err off"
+    done
+    paste <(col "$OUT/runs/C0.tsv" kept) <(col "$OUT/runs/C0.tsv" pairs) \
+        <(col "$OUT/runs/C0.tsv" grad_err) | awk '$1 != $2 || $3 != 0 { bad = 1 } END { exit bad }'
+    # every measured and modelled time is there and positive
+    for c in moe_fwd_s moe_bwd_s moe_fwd_cpu_s moe_bwd_cpu_s gpu_model_s; do
+        col "$OUT/runs/C30-lrm.tsv" "$c" | awk '!($1 > 0) { bad = 1 } END { exit bad || NR != 30 }' ||
+            fail "$c missing or not positive"
+    done
+}
+
+@test "the memory-pressure run's retention comes from the planner under the budget" {
+    need_fortunes
+    assert [ -n "$(grep 'hbm-lrm:.*budget' "$BATS_FILE_TMPDIR/stderr")" ]
+    # the budget is 0.9 x C0's modelled peak, so some step keeps less than everything
+    col "$OUT/runs/hbm-lrm.tsv" rho | awk '$1 < 1 { n++ } END { exit !(n > 0) }'
+}
+
+@test "tables (Markdown and TSV) and figures (PNG and SVG) are written" {
+    need_fortunes
+    for f in table1.tsv table2.tsv summary.tsv report.md loss-C30.png loss-C30.svg \
+        loss-lrm.png loss-lrm.svg; do
+        [ -s "$OUT/$f" ] || fail "no $f"
+    done
+    [ "$(head -c 4 "$OUT/loss-C30.png" | od -An -c | tr -d ' ')" = '211PNG' ]
+    grep -q '<svg' "$OUT/loss-C30.svg"
+    run cat "$OUT/report.md"
+    assert_output --partial "## Table 1"
+    assert_output --partial "## Table 2"
+    assert_output --partial "![loss-C30.png](loss-C30.png)"
+    # Table 2 has a number for every metric at C30
+    [ "$(col "$OUT/table2.tsv" C30 | wc -l)" -eq 4 ]
+    # Table 1: both targets for each run; C0 reaches its own targets
+    [ "$(awk -F'\t' 'NR>1' "$OUT/table1.tsv" | wc -l)" -eq 12 ]
+    awk -F'\t' '$3 == "C0" && $4 == "not reached" { bad = 1 } END { exit bad }' "$OUT/table1.tsv"
+}
+
+@test "a missing corpus file is a clear error (exit 1)" {
+    run "$STUDY" --quick -c "$BATS_TEST_TMPDIR/nothing-here" -o "$BATS_TEST_TMPDIR/o"
+    assert_failure 1
+    assert_output --partial "lrmoe-study: corpus: $BATS_TEST_TMPDIR/nothing-here: no such file or directory"
+}
+
+@test "a corpus too small for the windows is a clear error (exit 1)" {
+    head -c 2000 "$TOP/README.md" >"$BATS_TEST_TMPDIR/small.txt"
+    run "$STUDY" --quick -c "$BATS_TEST_TMPDIR/small.txt" -o "$BATS_TEST_TMPDIR/o"
+    assert_failure 1
+    assert_output --regexp "lrmoe-study: corpus: .*small.txt: too small: [0-9]+ training and [0-9]+ validation bytes"
+    [ ! -e "$BATS_TEST_TMPDIR/o/runs" ]
+}
+
+@test "bad options and lists are usage errors (exit 2)" {
+    run "$STUDY" --drops 100
+    assert_failure 2
+    assert_output --partial "--drops: 100 is outside (0,100)"
+    run "$STUDY" --metrics lrm,nope
+    assert_failure 2
+    run "$STUDY" --runs C0,C99-lrm
+    assert_failure 2
+    run "$STUDY" --experts 10 --ranks 4
+    assert_failure 2
+}
