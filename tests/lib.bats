@@ -89,7 +89,10 @@ setup() {
     assert_output "$(sed -n 's/^#define LRMOE_VERSION "\(.*\)"/\1/p' "$TOP/lib/lrmoe.h")"
     flags=$(pkg-config --cflags --libs lrmoe)
     case "$flags" in *"$STAGE$PFX/include"*"-L$LIBD"*) ;; *) fail "pkg-config says: $flags" ;; esac
-    run cc -std=c11 -Wall -Wextra -Werror -o "$T/plan_inproc" "$BATS_TEST_DIRNAME/lib/plan_inproc.c" $flags
+    # under make check SANITIZE=1 the staged library is the ASan + UBSan
+    # build, whose runtime the program must then link first
+    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
+        -o "$T/plan_inproc" "$BATS_TEST_DIRNAME/lib/plan_inproc.c" $flags
     assert_success
     # the program runs against the staged .so, not the build tree's
     run env LD_LIBRARY_PATH="$LIBD" ldd "$T/plan_inproc"

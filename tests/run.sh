@@ -7,7 +7,7 @@
 # run last, lists them grouped by kind and place and fails if there is any.
 # SANITIZE_TESTS overrides the files run in that pass (default: all but
 # tests/fuzz.bats, whose harnesses are sanitized builds of their own and ran
-# in the plain pass).
+# in the plain pass, and tests/mpi.bats, see below).
 cd "$(dirname "$0")/.." || exit 1
 [ -z "${SANITIZE:-}" ] && exec prove -f -o -e 'bats --tap' tests/*.bats
 R="$PWD/${LRMOE_BUILD:-build/san}/sanitizer-reports"
@@ -17,5 +17,10 @@ export LRMOE_SAN_REPORTS="$R"
 export ASAN_OPTIONS="detect_leaks=1:log_path=$R/asan:log_exe_name=1:protect_shadow_gap=0:abort_on_error=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$R/ubsan:log_exe_name=1"
 export LSAN_OPTIONS="log_path=$R/lsan:log_exe_name=1"
-files=${SANITIZE_TESTS:-$(ls tests/*.bats | grep -v '^tests/fuzz.bats$')}
+# tests/mpi.bats stays out as well: OpenMPI never frees its own start-up
+# allocations (LeakSanitizer reports inside libmpi, libopen-pal, hwloc and
+# components it has unloaded, which no suppression can name), and its
+# out-of-memory fault test limits the address space below what ASan's shadow
+# needs. The plain pass runs it.
+files=${SANITIZE_TESTS:-$(ls tests/*.bats | grep -v -e '^tests/fuzz.bats$' -e '^tests/mpi.bats$')}
 exec prove -f -o --timer -e 'bats --tap' $files tests/san/report.bats
