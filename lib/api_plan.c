@@ -77,11 +77,7 @@ int lrmoe_plan_cfg_run(lrmoe_plan_cfg_t *c, const int64_t *load, int E, lrmoe_fr
         return -1;
     lrmoe_plan_t p;
     lrmoe_plan_init(&p);
-    int rc = lrmoe_plan_compute(&o, load, E, &p);
-    if (rc == 0)
-        rc = lrmoe_plan_check(&p, load);
-    if (rc == 0)
-        rc = lrmoe_plan_to_frame(&p, f);
+    int rc = lrmoe_plan_frame(&o, NULL, load, E, f, &p); /* no EPLB layout state */
     lrmoe_plan_free(&p);
     return rc;
 }

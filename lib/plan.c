@@ -329,3 +329,19 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
     out->plan_seconds = lrmoe_now() - t0;
     return 0;
 }
+
+int lrmoe_plan_frame(const lrmoe_plan_opts_t *o, lrmoe_eplb_cache_t *cache,
+                     const int64_t *load, int E, lrmoe_frame_t *f, lrmoe_plan_t *p)
+{
+    lrmoe_plan_opts_t oo = *o;
+    if (cache && (o->planner == LRMOE_PLANNER_EPLB || o->planner == LRMOE_PLANNER_LRMOE)) {
+        const lrmoe_eplb_layout_t *lay;
+        if (lrmoe_plan_opts_check(o, E) < 0 ||
+            lrmoe_eplb_step(cache, lrmoe_frame_attr(f, "layer"), o, load, E, &lay) < 0)
+            return -1;
+        oo.eplb_layout = lay;
+    }
+    if (lrmoe_plan_compute(&oo, load, E, p) < 0 || lrmoe_plan_check(p, load) < 0)
+        return -1;
+    return lrmoe_plan_to_frame(p, f);
+}

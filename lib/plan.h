@@ -215,6 +215,14 @@ void lrmoe_eplb_cache_free(lrmoe_eplb_cache_t *c);
 int lrmoe_eplb_step(lrmoe_eplb_cache_t *c, const char *layer, const lrmoe_plan_opts_t *o,
                     const int64_t *load, int E, const lrmoe_eplb_layout_t **out);
 
+/* One frame's plan as lrmoe-plan makes it: for the eplb and lrmoe planners
+ * the options are checked against E and the layer's deployed EPLB layout is
+ * taken from cache (NULL: placed from this frame's loads), then the plan is
+ * computed into p (lrmoe_plan_init'ed by the caller, freed by it), checked
+ * against load, and its tensors and plan.* attributes are added to f. */
+int lrmoe_plan_frame(const lrmoe_plan_opts_t *o, lrmoe_eplb_cache_t *cache,
+                     const int64_t *load, int E, lrmoe_frame_t *f, lrmoe_plan_t *p);
+
 /* LLEP (SalesforceAIResearch/LeastLoadedEP, rule for rule; lib/plan_llep.c
  * restates the rules): fills placement and fwd_alloc (E,P). Returns 1 when
  * the LPT plan ran, 0 when the gate kept plain EP. lambda 0: gate off. */

@@ -109,22 +109,9 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
     int64_t *load = lrmoe_tensor_i64(tl);
     if (!load)
         return -1;
-    if (o.planner == LRMOE_PLANNER_EPLB || o.planner == LRMOE_PLANNER_LRMOE) {
-        const lrmoe_eplb_layout_t *lay;
-        if (lrmoe_plan_opts_check(&o, E) < 0 ||
-            lrmoe_eplb_step(c->eplb, lrmoe_frame_attr(f, "layer"), &o, load, E, &lay) < 0) {
-            free(load);
-            return -1;
-        }
-        o.eplb_layout = lay;
-    }
     lrmoe_plan_t p;
     lrmoe_plan_init(&p);
-    int rc = lrmoe_plan_compute(&o, load, E, &p);
-    if (rc == 0)
-        rc = lrmoe_plan_check(&p, load);
-    if (rc == 0)
-        rc = lrmoe_plan_to_frame(&p, f);
+    int rc = lrmoe_plan_frame(&o, c->eplb, load, E, f, &p);
     if (rc == 0 && c->stats) {
         FILE *fp = c->stats;
         const double G = 1024.0 * 1024.0 * 1024.0;
