@@ -35,8 +35,15 @@ int lrmoe_plan_cfg_set(lrmoe_plan_cfg_t *c, const char *name, const char *value)
 /* Plan the per-expert loads load[E] (as lrmoe-plan does for one frame:
  * lrmoe_plan_compute, lrmoe_plan_check) and put the plan into f with
  * lrmoe_plan_to_frame (tensors placement, fwd_alloc, quota, bwd_alloc and
- * the plan.* attributes). 0, or -1 with the error set (bad options, no
- * --ranks, infeasible). */
+ * the plan.* attributes). Like lrmoe-plan, c keeps deployed EPLB's layout
+ * per layer (the frame attribute "layer" of f, "" without one) for the
+ * eplb and lrmoe planners: successive runs on the frames of a stream give
+ * lrmoe-plan's plans frame by frame (--rebalance-every). 0, or -1 with the
+ * error set (bad options, no --ranks, infeasible, a layer whose experts,
+ * ranks or slots changed). */
 int lrmoe_plan_cfg_run(lrmoe_plan_cfg_t *c, const int64_t *load, int E, lrmoe_frame_t *f);
+/* Forget the kept EPLB layouts (a new stream, or options that change a
+ * layer's shape). 0, or -1 (out of memory; c keeps its layouts). */
+int lrmoe_plan_cfg_reset(lrmoe_plan_cfg_t *c);
 
 #endif

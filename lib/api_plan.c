@@ -1,5 +1,8 @@
 /* api_plan: lrmoe-plan's options set by name, and one plan into a frame
- * (see api.h). The option table is lrmoe-plan's own (plan_cli.h). */
+ * (see api.h). The option table is lrmoe-plan's own (plan_cli.h). The cfg
+ * keeps lrmoe-plan's state between frames: deployed EPLB's layout per
+ * layer (lrmoe_eplb_cache_t), so a sequence of runs plans like one
+ * lrmoe-plan over the same frames. */
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +22,7 @@ static const struct option names[] = {
 struct lrmoe_plan_cfg {
     lrmoe_plan_opts_t o;
     lrmoe_plan_cli_t cli;
+    lrmoe_eplb_cache_t *eplb; /* per layer, as lrmoe-plan keeps it */
 };
 
 lrmoe_plan_cfg_t *lrmoe_plan_cfg_new(void)
@@ -26,6 +30,10 @@ lrmoe_plan_cfg_t *lrmoe_plan_cfg_new(void)
     lrmoe_plan_cfg_t *c = calloc(1, sizeof *c);
     if (!c) {
         lrmoe_err("out of memory");
+        return NULL;
+    }
+    if (!(c->eplb = lrmoe_eplb_cache_new())) {
+        free(c);
         return NULL;
     }
     lrmoe_plan_opts_default(&c->o);
@@ -36,7 +44,20 @@ lrmoe_plan_cfg_t *lrmoe_plan_cfg_new(void)
 
 void lrmoe_plan_cfg_free(lrmoe_plan_cfg_t *c)
 {
+    if (!c)
+        return;
+    lrmoe_eplb_cache_free(c->eplb);
     free(c);
+}
+
+int lrmoe_plan_cfg_reset(lrmoe_plan_cfg_t *c)
+{
+    lrmoe_eplb_cache_t *n = lrmoe_eplb_cache_new();
+    if (!n)
+        return -1;
+    lrmoe_eplb_cache_free(c->eplb);
+    c->eplb = n;
+    return 0;
 }
 
 int lrmoe_plan_cfg_set(lrmoe_plan_cfg_t *c, const char *name, const char *value)
@@ -77,7 +98,7 @@ int lrmoe_plan_cfg_run(lrmoe_plan_cfg_t *c, const int64_t *load, int E, lrmoe_fr
         return -1;
     lrmoe_plan_t p;
     lrmoe_plan_init(&p);
-    int rc = lrmoe_plan_frame(&o, NULL, load, E, f, &p); /* no EPLB layout state */
+    int rc = lrmoe_plan_frame(&o, c->eplb, load, E, f, &p);
     lrmoe_plan_free(&p);
     return rc;
 }

@@ -134,3 +134,46 @@ PY
     done
     [ "$n" -ge 40 ]
 }
+
+@test "one lrmoe_plan_cfg_t keeps EPLB's layouts: in-process plans equal lrmoe-plan's frame by frame with --rebalance-every 2" {
+    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
+    flags=$(pkg-config --cflags --libs lrmoe)
+    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
+        -o "$T/plan_cfg" "$BATS_TEST_DIRNAME/lib/plan_cfg_inproc.c" $flags
+    assert_success
+    # 2 layers x 4 steps, loads drifting from step to step
+    "$BIN/lrmoe-gen" --tokens 512 --experts 16 --topk 4 --hidden 64 --ffn 32 --layers 2 \
+        --steps 4 --zipf 1.2 --drift 3 --seed 5 | "$BIN/lrmoe-route" -o "$T/routed.lrm"
+    for p in eplb lrmoe; do
+        run env LD_LIBRARY_PATH="$LIBD" "$T/plan_cfg" "$T/routed.lrm" "$T/in-$p.lrm" ranks=4 \
+            planner=$p hidden=64 ffn=32 topk=4 tokens=128 rebalance-every=2
+        assert_success
+        if [ $p = eplb ]; then
+            # weights move at a layer's frames 0 and 2 (stream frames 0,1 and 4,5) only
+            assert_line --regexp "^frame 0 layer 0 weight_moves [1-9][0-9]*$"
+            assert_line "frame 2 layer 0 weight_moves 0"
+            assert_line --regexp "^frame 5 layer 1 weight_moves [1-9][0-9]*$"
+        fi
+        "$BIN/lrmoe-plan" --ranks 4 --planner $p --ffn 32 --rebalance-every 2 "$T/routed.lrm" \
+            -o "$T/tool-$p.lrm"
+    done
+    run python3 - "$BATS_TEST_DIRNAME/helpers" "$T" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from lrmoe_stream import read_stream
+import numpy as np
+for p in ("eplb", "lrmoe"):
+    a = read_stream(f"{sys.argv[2]}/in-{p}.lrm")
+    b = read_stream(f"{sys.argv[2]}/tool-{p}.lrm")
+    assert len(a) == len(b) == 8, (len(a), len(b))
+    for i, ((ta, aa), (tb, ab)) in enumerate(zip(a, b)):
+        for n in ("placement", "fwd_alloc", "quota", "bwd_alloc"):
+            assert np.array_equal(ta[n], tb[n]), (p, i, n)
+        ka = {k: v for k, v in aa.items() if k.startswith("plan.") and k != "plan.seconds"}
+        kb = {k: v for k, v in ab.items() if k.startswith("plan.") and k != "plan.seconds"}
+        assert ka == kb, (p, i, set(ka.items()) ^ set(kb.items()))
+print("same plans")
+PY
+    assert_success
+    assert_output "same plans"
+}

@@ -69,6 +69,41 @@ class Ops(unittest.TestCase):
                          {k: v for k, v in p.attrs.items() if k.startswith("plan.") and k != "plan.seconds"})
         self.assertLess(float(got.attrs["plan.rho"]), 1.0)
 
+    def test_planner_keeps_eplb_layouts(self):
+        """One Planner over the frames of a 2-layer, 4-step stream equals
+        lrmoe-plan --rebalance-every 2 frame by frame (eplb and lrmoe);
+        a fresh Planner per frame (no kept layouts) does not."""
+        d = self.d
+        sh(f"{B}/lrmoe-gen --tokens 512 --experts 16 --topk 4 --hidden 64 --ffn 32 --layers 2 "
+           f"--steps 4 --zipf 1.2 --drift 3 --seed 5 | {B}/lrmoe-route -o {d}/r2.lrm")
+        frames = lrmoe.read(f"{d}/r2.lrm")
+        for planner in ("eplb", "lrmoe"):
+            sh(f"{B}/lrmoe-plan --ranks 4 --planner {planner} --ffn 32 --rebalance-every 2 "
+               f"{d}/r2.lrm -o {d}/p2-{planner}.lrm")
+            tool = lrmoe.read(f"{d}/p2-{planner}.lrm")
+            opts = dict(ranks=4, planner=planner, hidden=64, ffn=32, topk=4, tokens=128,
+                        rebalance_every=2)
+            pl = lrmoe.Planner(**opts)
+            fresh_differs = 0
+            for i, (fr, t) in enumerate(zip(frames, tool)):
+                got = pl.run(fr["expert_load"], layer=fr.attrs["layer"])
+                self.assertEqual(got.attrs["layer"], fr.attrs["layer"])
+                self.same(got, t, ["placement", "fwd_alloc", "quota", "bwd_alloc"])
+                self.assertEqual({k: v for k, v in got.attrs.items()
+                                  if k.startswith("plan.") and k != "plan.seconds"},
+                                 {k: v for k, v in t.attrs.items()
+                                  if k.startswith("plan.") and k != "plan.seconds"}, (planner, i))
+                one = lrmoe.Planner(**opts).run(fr["expert_load"])
+                fresh_differs += not np.array_equal(one["placement"], t["placement"])
+            self.assertEqual(len(tool), 8)
+            if planner == "eplb":  # frames 1, 3, 5, 7 of each layer use an older layout
+                self.assertGreater(fresh_differs, 0)
+            # reset(): the next frame is a layer's first again
+            pl.reset()
+            got = pl.run(frames[2]["expert_load"], layer=frames[2].attrs["layer"])
+            self.assertTrue(np.array_equal(
+                got["placement"], lrmoe.Planner(**opts).run(frames[2]["expert_load"])["placement"]))
+
     def test_score(self):
         f, s = self.st["f"], self.st["s"]
         got = lrmoe.score(f["topk_ids"], f["topk_weights"], f["grad_output"], f["phi_sqnorm"],

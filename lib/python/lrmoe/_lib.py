@@ -186,6 +186,7 @@ _sig("lrmoe_plan_cfg_new", P)
 _sig("lrmoe_plan_cfg_free", None, P)
 _sig("lrmoe_plan_cfg_set", c_int, P, c_char_p, c_char_p)
 _sig("lrmoe_plan_cfg_run", c_int, P, P, c_int, POINTER(Frame))
+_sig("lrmoe_plan_cfg_reset", c_int, P)
 _sig("lrmoe_plan_thread_cleanup", None)
 # score
 _sig("lrmoe_score_metric_parse", c_int, c_char_p, POINTER(c_int))

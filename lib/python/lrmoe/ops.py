@@ -57,7 +57,10 @@ def route(router_logits, k=8, router="softmax", renorm=False, scale=1.0, groups=
 class Planner:
     """lrmoe-plan's options, set by their long names (ranks=8, hbm="16GiB",
     planner="llep", rate=0.9, best_effort=True, min_keep=0.25, ...), kept in
-    the library; run(load) plans one frame's per-expert loads."""
+    the library; run(load) plans one frame's per-expert loads. Like
+    lrmoe-plan, a Planner keeps deployed EPLB's layout per layer from run to
+    run (rebalance_every=N), so running it on the frames of a stream in
+    order gives lrmoe-plan's plans frame by frame; reset() forgets them."""
 
     def __init__(self, **options):
         self.cfg = lib.lrmoe_plan_cfg_new()
@@ -75,16 +78,25 @@ class Planner:
         val = None if value is True else str(value).encode()
         check(lib.lrmoe_plan_cfg_set(self.cfg, n.encode(), val))
 
-    def run_cframe(self, expert_load):
+    def reset(self):
+        """Forget the EPLB layouts kept so far (a new stream)."""
+        check(lib.lrmoe_plan_cfg_reset(self.cfg))
+
+    def run_cframe(self, expert_load, layer=None):
         load = _c(expert_load, np.int64)
         if load.ndim != 1 or load.size == 0:
             raise Error(f"expert_load: shape {list(load.shape)}, expected [E]")
         cf = CFrame()
+        if layer is not None:  # the key of the kept layout, as the frame's attribute
+            check(lib.lrmoe_frame_set_attr(cf.ref, b"layer", str(layer).encode()), "layer")
         check(lib.lrmoe_plan_cfg_run(self.cfg, load.ctypes.data, load.size, cf.ref))
         return cf
 
-    def run(self, expert_load):
-        return self.run_cframe(expert_load).to_frame()
+    def run(self, expert_load, layer=None):
+        """Plan expert_load (E) of layer `layer` (the frame attribute; None:
+        one unnamed layer); the Frame holds the plan tensors and plan.*
+        attributes (and layer when given)."""
+        return self.run_cframe(expert_load, layer).to_frame()
 
     def __del__(self):
         if lib is not None and getattr(self, "cfg", None):
@@ -99,7 +111,9 @@ def plan(expert_load, ranks, topk_ids=None, hidden=None, **options):
     plan.replicas, plan.mem_peak, ...). Like the tool, the cost model takes
     K and tokens per rank from topk_ids (T,K) and D from hidden (T,D) when
     given and not set; options are lrmoe-plan's long options (planner,
-    rate, rates, hbm, window, ffn, min_keep, best_effort, ...)."""
+    rate, rates, hbm, window, ffn, min_keep, best_effort, ...). One call
+    plans one frame: to plan a sequence of frames with the EPLB layouts
+    kept between them (as lrmoe-plan does), use one Planner."""
     opts = dict(options)
     if topk_ids is not None:
         t = np.asarray(topk_ids)

@@ -315,13 +315,17 @@ class _Layer:
         o = self.owner
         key = (T, K, dtype_name)
         if key != self.key:
-            opts = dict(o.plan_options)
-            opts.setdefault("tokens", max(T // o.ranks, 0))
-            opts.setdefault("topk", K)
-            opts.setdefault("hidden", self.block.D)
-            opts.setdefault("ffn", self.block.F)
-            opts.setdefault("dtype", dtype_name.lower())
-            self.planner, self.key = Planner(ranks=o.ranks, **opts), key
+            shape = {"tokens": max(T // o.ranks, 0), "topk": K, "dtype": dtype_name.lower()}
+            shape = {k: v for k, v in shape.items() if o.plan_options.get(k) is None}
+            if self.planner is None:
+                opts = dict(o.plan_options, **shape)
+                opts.setdefault("hidden", self.block.D)
+                opts.setdefault("ffn", self.block.F)
+                self.planner = Planner(ranks=o.ranks, **opts)
+            else:  # the same planner: its EPLB layout carries over, as in lrmoe-plan
+                for k, v in shape.items():
+                    self.planner.set(k, v)
+            self.key = key
         return self.planner.run_cframe(load)
 
 
