@@ -181,6 +181,7 @@ int lrmoe_plan_to_frame(const lrmoe_plan_t *p, lrmoe_frame_t *f)
         lrmoe_frame_set_attrf(f, "plan.bwd_lb", "%lld", (long long)p->bwd_lb) < 0 ||
         lrmoe_frame_set_attrf(f, "plan.replicas", "%d", p->replicas) < 0 ||
         (p->source[0] && lrmoe_frame_set_attr(f, "plan.source", p->source) < 0) ||
+        (p->llep[0] && lrmoe_frame_set_attr(f, "plan.llep", p->llep) < 0) ||
         (p->have_slots &&
          lrmoe_frame_set_attrf(f, "plan.weight_moves", "%d", p->weight_moves) < 0) ||
         lrmoe_frame_set_attrf(f, "plan.feasible", "%d", p->feasible) < 0 ||
@@ -289,13 +290,18 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
         return -1;
     snprintf(out->planner, sizeof out->planner, "%s", lrmoe_planner_name(o->planner));
     out->feasible = 1;
+    out->llep[0] = 0;
     int r;
     switch (o->planner) {
     case LRMOE_PLANNER_FIXED: r = plan_fixed(o, load, E, out); break;
-    case LRMOE_PLANNER_LLEP:
-        r = lrmoe_llep_assign(load, E, o->P, o->lambda, o->alpha, o->min_chunk, out->placement,
-                              out->fwd_alloc) < 0 ? -1 : 0;
+    case LRMOE_PLANNER_LLEP: {
+        lrmoe_llep_reason_t why;
+        r = lrmoe_llep_assign_why(load, E, o->P, o->lambda, o->alpha, o->min_chunk,
+                                  out->placement, out->fwd_alloc, &why) < 0 ? -1 : 0;
+        if (r == 0)
+            snprintf(out->llep, sizeof out->llep, "%s", lrmoe_llep_reason_name(why));
         break;
+    }
     case LRMOE_PLANNER_EPLB: r = plan_eplb(o, load, E, out); break;
     case LRMOE_PLANNER_LRMOE: r = plan_lrmoe(o, load, E, out); break;
     default: r = lrmoe_err("unknown planner %d", (int)o->planner);

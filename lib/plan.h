@@ -111,6 +111,8 @@ typedef struct {
     char source[48];              /* lrmoe: which candidate won, as
                                      placement:forward/backward, e.g.
                                      "lrmoe:minpeak/in-place", "llep:own/all" */
+    char llep[12];                /* planner llep: why its plan is what it is
+                                     (lrmoe_llep_reason_name; "" otherwise) */
     char binding[512];            /* why the next better candidate failed, or
                                      what binds ("" when nothing does) */
     double mem_peak;              /* max over ranks of modelled bytes */
@@ -229,6 +231,22 @@ int lrmoe_plan_frame(const lrmoe_plan_opts_t *o, lrmoe_eplb_cache_t *cache,
 int lrmoe_llep_assign(const int64_t *load, int E, int P, double lambda,
                       double alpha, int64_t min_chunk, uint8_t *placement,
                       int64_t *fwd_alloc);
+/* Why LLEP's plan is what it is (the attribute plan.llep, lib/plan_llep.c):
+ * the gate kept plain EP; the plan ran but nothing was over capacity (plain
+ * EP); pairs spilled, all in chunks below min_chunk; a chunk of >= min_chunk
+ * spilled. */
+typedef enum {
+    LRMOE_LLEP_GATE,
+    LRMOE_LLEP_CAPACITY,
+    LRMOE_LLEP_MINCHUNK,
+    LRMOE_LLEP_SPILLED
+} lrmoe_llep_reason_t;
+/* lrmoe_llep_assign, and *why (set when it returns >= 0). */
+int lrmoe_llep_assign_why(const int64_t *load, int E, int P, double lambda,
+                          double alpha, int64_t min_chunk, uint8_t *placement,
+                          int64_t *fwd_alloc, lrmoe_llep_reason_t *why);
+/* "gate", "capacity", "minchunk", "spilled". */
+const char *lrmoe_llep_reason_name(lrmoe_llep_reason_t r);
 /* The gate alone: 1 when float32 max/mean of the native rank loads >= lambda
  * (or lambda <= 0), else 0. */
 int lrmoe_llep_gate(const int64_t *load, int E, int P, double lambda);

@@ -25,7 +25,15 @@
  *                 that order gives each helper with room the chunk
  *                 min(rest, room) unless it is < m and not the whole rest;
  *                 what is left goes to the first helper of that order.
- * With one rank everything stays native. */
+ * With one rank everything stays native.
+ *
+ * Why the plan is what it is (lrmoe_llep_assign_why, plan.llep): "gate"
+ * (the gate kept plain EP), "capacity" (the plan ran but no rank's native
+ * load was over the capacity: nothing spilled, plain EP), "minchunk"
+ * (pairs spilled, but every spilled chunk is below m: remainders and forced
+ * chunks, as on small batches; the reference never keeps such a chunk on
+ * the native, so m alone never leaves plain EP) and "spilled" (at least one
+ * chunk of >= m rows spilled). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,8 +104,10 @@ static int sort_helpers(const int64_t *assigned, const int64_t *pending, int P, 
     return k;
 }
 
-int lrmoe_llep_assign(const int64_t *load, int E, int P, double lambda, double alpha,
-                      int64_t min_chunk, uint8_t *placement, int64_t *fwd)
+/* The plan; *maxchunk is the largest chunk given to a helper (0: none).
+ * Returns 1 when the LPT plan ran, 0 when the gate kept plain EP, -1. */
+static int llep_run(const int64_t *load, int E, int P, double lambda, double alpha,
+                    int64_t min_chunk, uint8_t *placement, int64_t *fwd, int64_t *maxchunk)
 {
     if (E <= 0 || P <= 0 || E % P)
         return lrmoe_err("llep: %d ranks do not divide %d experts", P, E);
@@ -110,6 +120,7 @@ int lrmoe_llep_assign(const int64_t *load, int E, int P, double lambda, double a
     int *h = malloc((size_t)P * sizeof(int));
     llep_key_t *ord = malloc((size_t)E * sizeof *ord);
     int ran = 1;
+    *maxchunk = 0;
     if (!pending || !assigned || !key || !avail0 || !h || !ord) {
         ran = lrmoe_err("llep: out of memory");
         goto out;
@@ -137,6 +148,8 @@ int lrmoe_llep_assign(const int64_t *load, int E, int P, double lambda, double a
         fwd[(size_t)e * P + (p)] += (c);                                                   \
         placement[(size_t)e * P + (p)] = 1;                                                \
         assigned[p] += (c);                                                                \
+        if ((p) != nat && (c) > *maxchunk)                                                 \
+            *maxchunk = (c);                                                               \
     } while (0)
     for (int i = 0; i < E; i++) {
         const int e = ord[i].id, nat = e / per;
@@ -203,4 +216,36 @@ out:
     free(h);
     free(ord);
     return ran;
+}
+
+int lrmoe_llep_assign(const int64_t *load, int E, int P, double lambda, double alpha,
+                      int64_t min_chunk, uint8_t *placement, int64_t *fwd)
+{
+    int64_t mc;
+    return llep_run(load, E, P, lambda, alpha, min_chunk, placement, fwd, &mc);
+}
+
+int lrmoe_llep_assign_why(const int64_t *load, int E, int P, double lambda, double alpha,
+                          int64_t min_chunk, uint8_t *placement, int64_t *fwd,
+                          lrmoe_llep_reason_t *why)
+{
+    int64_t mc;
+    const int ran = llep_run(load, E, P, lambda, alpha, min_chunk, placement, fwd, &mc);
+    if (ran >= 0)
+        *why = !ran      ? LRMOE_LLEP_GATE
+               : mc == 0 ? LRMOE_LLEP_CAPACITY
+               : mc < min_chunk ? LRMOE_LLEP_MINCHUNK
+                                : LRMOE_LLEP_SPILLED;
+    return ran;
+}
+
+const char *lrmoe_llep_reason_name(lrmoe_llep_reason_t r)
+{
+    switch (r) {
+    case LRMOE_LLEP_GATE: return "gate";
+    case LRMOE_LLEP_CAPACITY: return "capacity";
+    case LRMOE_LLEP_MINCHUNK: return "minchunk";
+    case LRMOE_LLEP_SPILLED: return "spilled";
+    }
+    return "?";
 }

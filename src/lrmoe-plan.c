@@ -120,13 +120,14 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
         attr_or_na(fp, f, "step");
         fprintf(fp, "\t%s\t%d\t%d\t%" PRId64 "\t%.6f\t%" PRId64 "\t%" PRId64 "\t%" PRId64
                     "\t%" PRId64 "\t%" PRId64 "\t%.6f\t%d\t%.6f\t%d\t%.6f\t%.6f\t%d\t%.3f\t%.3f\t%s"
-                    "\t%" PRId64 "\t%" PRId64 "\t%d\t%" PRId64 "\t%s\n",
+                    "\t%" PRId64 "\t%" PRId64 "\t%d\t%" PRId64 "\t%s",
                 p.planner, E, p.P, p.N, p.rho, p.fwd_peak, p.bwd_peak, p.fwd_lb, p.bwd_lb,
                 p.mean_ceil, p.N ? (double)p.fwd_peak / ((double)p.N / p.P) : 1.0, p.replicas,
                 p.mem_peak / G, p.mem_peak_rank, p.t_comm * 1e3, p.t_total * 1e3, p.feasible,
                 p.plan_seconds * 1e3, p.glpk_seconds * 1e3,
                 p.binding[0] && !strpbrk(p.binding, "\t\n") ? p.binding : "NA", p.D, p.F, p.K,
                 p.tokens, p.source[0] ? p.source : "NA");
+        fprintf(fp, "\t%s\n", p.llep[0] ? p.llep : "NA");
         if (ferror(fp))
             rc = lrmoe_err("--stats: write error");
     }
@@ -220,7 +221,7 @@ int main(int argc, char **argv)
                          "\tfwd_peak\tbwd_peak\tfwd_lb\tbwd_lb\tmean_ceil\tpeak_over_mean"
                          "\treplicas\tmem_peak_gib\tmem_peak_rank\tt_comm_ms\tt_total_ms"
                          "\tfeasible\tplan_ms\tglpk_ms\tbinding\thidden\tffn\ttopk"
-                         "\ttokens_per_rank\tsource\n");
+                         "\ttokens_per_rank\tsource\tllep\n");
     }
     if (!(c.eplb = lrmoe_eplb_cache_new())) {
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());

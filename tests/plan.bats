@@ -380,7 +380,7 @@ EOF
     run "$BIN/lrmoe-plan" -P 8 -p llep -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
     assert_success
     run awk -F'\t' 'END { print NR, NF } NR == 1 { print $1, $4, $9, $14, $23, $24, $25, $26, $27, $28 }' "$T/s.tsv"
-    assert_output "$(printf 'frame planner fwd_peak peak_over_mean binding hidden ffn topk tokens_per_rank source\n6 28')"
+    assert_output "$(printf 'frame planner fwd_peak peak_over_mean binding hidden ffn topk tokens_per_rank source\n6 29')"
     # the model sizes the plan was made with, in the TSV and as attributes
     run "$BIN/lrmoe-plan" -P 8 -M 0 -D 7168 -F 2048 -K 6 -T 4096 -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
     assert_success
@@ -466,4 +466,53 @@ print(a['plan.hidden'], a['plan.ffn'], a['plan.topk'], a['plan.tokens_per_rank']
     run "$BIN/lrmoe-plan" --version
     assert_success
     assert_output --regexp "^lrmoe-plan \(lrmoe\) [0-9]"
+}
+
+@test "llep says why its plan is what it is: plan.llep and the --stats llep column (gate, capacity, minchunk, spilled)" {
+    # E=16 P=4: balanced (max/mean 1), and natives 70/40/30/30 pairs (1.65;
+    # N = 170, capacity int(170 // 4) = 42)
+    python3 - "$T/bal.lrm" "$T/skew.lrm" <<'EOF'
+import sys
+import numpy as np
+sys.path.insert(0, "tests/helpers")
+from lrmoe_stream import write_stream
+write_stream(sys.argv[1], [({"expert_load": np.full(16, 10, np.int64)}, {"layer": "0"})])
+skew = [40, 10, 10, 10, 20, 10, 10, 0, 10, 10, 10, 0, 10, 10, 10, 0]
+write_stream(sys.argv[2], [({"expert_load": np.array(skew, np.int64)}, {"layer": "0"})])
+EOF
+    why() { # stream options... -> "attribute column replicas"
+        "$BIN/lrmoe-plan" --ranks 4 --planner llep --stats "$T/s.tsv" -o "$T/o.lrm" "$@" || return 1
+        python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers')
+from lrmoe_stream import read_stream
+t, a = read_stream('$T/o.lrm')[0]
+print(a.get('plan.llep', '-'), end=' ')"
+        awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+                    { print $c["llep"], $c["replicas"] }' "$T/s.tsv"
+    }
+    run why "$T/bal.lrm"                            # 1 < lambda 1.3
+    assert_output "gate gate 0"
+    run why "$T/skew.lrm" --lambda 1.7              # 1.65 < 1.7
+    assert_output "gate gate 0"
+    run why "$T/skew.lrm" --lambda 0 --alpha 2      # capacity 84 >= 70: nothing over it
+    assert_output "capacity capacity 0"
+    # expert 0 (40 pairs): the native takes 12, 28 spill. At m 1024 (the
+    # default) and 31 no helper's room of 12 makes a chunk: the 28 are
+    # forced onto rank 2, which then spills 10 (expert 8) and 4 (expert 9):
+    # every chunk below m (the reference's per-GPU loads [42,46,42,40])
+    run why "$T/skew.lrm"
+    assert_output "minchunk minchunk 3"
+    run why "$T/skew.lrm" --min-chunk 31
+    assert_output "minchunk minchunk 3"
+    # at m 28 the same plan has a chunk of m rows; at m 10 chunks of 12 spill
+    run why "$T/skew.lrm" --min-chunk 28
+    assert_output "spilled spilled 3"
+    run why "$T/skew.lrm" --min-chunk 10
+    assert_output "spilled spilled 6"
+    # other planners carry no plan.llep, and NA in the column
+    "$BIN/lrmoe-plan" --ranks 4 --planner fixed --stats "$T/s.tsv" -o "$T/o.lrm" "$T/skew.lrm"
+    run awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next } { print $c["llep"] }' "$T/s.tsv"
+    assert_output "NA"
+    run "$BIN/lrmoe-view" "$T/o.lrm"
+    refute_output --partial "plan.llep"
 }
