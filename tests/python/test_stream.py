@@ -1,5 +1,6 @@
 """lrmoe.read/write/Reader/Writer against the tools and the independent
 Python reader of tests/helpers (lrmoe_stream.py)."""
+import ctypes
 import os
 import subprocess
 import sys
@@ -96,6 +97,24 @@ class Stream(unittest.TestCase):
         self.assertEqual(lrmoe.__version__,
                          subprocess.run([os.path.join(tiny.BIN, "lrmoe-cat"), "--version"],
                                         capture_output=True, text=True).stdout.split()[-1])
+
+    def test_mirrors_match_the_library(self):
+        """Every ctypes struct mirror has lrmoe_abi_sizeof's size; a wrong one is refused."""
+        from lrmoe import _lib
+        try:
+            from lrmoe import study_run  # the cost-model mirrors (needs torch)
+        except ImportError as e:
+            self.skipTest(f"lrmoe.study_run does not import: {e}")
+        for name, st in list(_lib._MIRRORS.items()) + [
+                ("lrmoe_cost_model_t", study_run.CostModel),
+                ("lrmoe_cost_summary_t", study_run.CostSummary)]:
+            self.assertEqual(_lib.lib.lrmoe_abi_sizeof(name.encode()), ctypes.sizeof(st), name)
+
+        class Short(ctypes.Structure):
+            _fields_ = [("D", ctypes.c_int64)]
+        with self.assertRaises(lrmoe.Error) as e:
+            _lib.check_mirror("lrmoe_cost_model_t", Short)
+        self.assertIn("lrmoe_cost_model_t of", str(e.exception))
 
 
 if __name__ == "__main__":

@@ -230,11 +230,18 @@ _MIRRORS = {"lrmoe_tensor_t": Tensor, "lrmoe_frame_t": Frame, "lrmoe_wopts_t": W
             "lrmoe_exec_frame_opts_t": ExecFrameOpts}
 # lrmoe_exec_ctx_t is only allocated here (its size), never read
 EXEC_CTX_SIZE = lib.lrmoe_abi_sizeof(b"lrmoe_exec_ctx_t")
+
+
+def check_mirror(name, struct):
+    """Refuse a ctypes mirror whose size is not the loaded library's."""
+    have = lib.lrmoe_abi_sizeof(name.encode())
+    if have != ctypes.sizeof(struct):
+        raise Error(f"lrmoe: the loaded liblrmoe {VERSION} has {name} of {have} bytes, this "
+                    f"binding expects {ctypes.sizeof(struct)}: install matching versions")
+
+
 for _n, _s in _MIRRORS.items():
-    _have = lib.lrmoe_abi_sizeof(_n.encode())
-    if _have != ctypes.sizeof(_s):
-        raise Error(f"lrmoe: the loaded liblrmoe {VERSION} has {_n} of {_have} bytes, this "
-                    f"binding expects {ctypes.sizeof(_s)}: install matching versions")
+    check_mirror(_n, _s)
 
 
 def errmsg():

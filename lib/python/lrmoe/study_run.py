@@ -55,6 +55,9 @@ class CostSummary(ctypes.Structure):  # lrmoe_cost_summary_t
             "t_comm", "t_fwd_compute", "t_bwd_compute", "t_total", "bytes_total")]
 
 
+_lib.check_mirror("lrmoe_cost_model_t", CostModel)
+_lib.check_mirror("lrmoe_cost_summary_t", CostSummary)
+
 _P = ctypes.c_void_p
 lib.lrmoe_cost_default.restype = None
 lib.lrmoe_cost_default.argtypes = [ctypes.POINTER(CostModel)]
