@@ -60,6 +60,11 @@ run() { # label base -> $tmp/label.txt
 }
 run literal $BASE
 run anchored "$ANCHOR"
+# a diagnostic, not the paper's setting: the anchored run with one more
+# candidate rate below the bound computed at the end (0.6)
+bin/lrmoe-sim --quiet --ranks $P --hidden $D --ffn $F --topk $K --hbm $HBM \
+    --pressure 16,20 --pressure-base "$ANCHOR" --planners lrmoe --rates 1.0,0.9,0.8,0.7,0.6 \
+    "$tmp/r.lrm" > "$tmp/rate06.txt"
 
 # The pressure table of lrmoe-sim's report, columns looked up by name from
 # its header line ("batch multiplier  fixed llep ... ideal").
@@ -113,3 +118,5 @@ echo "  why: forward buffers and saved state ($FWD B per pair, $(awk -v f=$FWD -
     'BEGIN { printf "%.0f", 100 * f / (f + b) }')% of a pair's bytes) are charged at every rate;"
 echo "  at 20x a balanced rank fits only for rho <= $need, below lrmoe's last default rate 0.7," \
      "where a balanced rank fits ${at07}% of the batch"
+echo "  diagnostic (not the paper's setting): with --rates 1.0,...,0.6 lrmoe keeps" \
+     "$(get "$tmp/rate06.txt" x20 lrmoe)% at 20x (rho $(awk '/^x20 /{ x = 1; next } x && $1 == "rho" { print $3; exit }' "$tmp/rate06.txt"))"
