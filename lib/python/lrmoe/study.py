@@ -45,7 +45,7 @@ def parser():
                "error, --check-hf mismatch), 2 usage.  See lrmoe-study(1).")
     a = p.add_argument
     a("-o", "--out", default="lrmoe-study-out", help="output directory (default %(default)s)")
-    a("-Q", "--quick", action="store_true",
+    a("--quick", action="store_true",
       help="the small study (2 layers, 60 steps: about a minute)")
     a("-c", "--corpus", action="append", metavar="PATH",
       help="text file or directory (repeatable; default /usr/share/games/fortunes)")
@@ -196,7 +196,7 @@ def study(args, cfg, corpus):
         if spec.get("hbm_run") and spec.get("hbm") is None:
             if "C0" not in runs:
                 raise StudyError("the memory-pressure run needs --hbm BYTES when C0 is not run")
-            spec["hbm"] = int(args.hbm_frac * runs["C0"]["rows"][0]["mem_peak"])
+            spec["hbm"] = int(args.hbm_frac * runs["C0"]["rows"][0]["mem_peak_bytes"])
         if spec.get("hbm_run"):
             spec["rates"] = "1,0.95,0.9,0.85,0.8,0.75,0.7,0.65,0.6,0.55,0.5"
         t0 = time.time()
