@@ -5,6 +5,8 @@
   options_table.py check PAGE BIN...    compare the table in PAGE with each
                                         BIN's --help both ways; exit 1 with
                                         one line per difference
+  options_table.py update PAGE BIN...   rewrite the table in PAGE from the
+                                        --help of each BIN
 
 An option of --help is an indented line "-X, --long ARG  meaning" or
 "--long ARG  meaning" (argparse: "-X ARG, --long ARG"); the meaning may go
@@ -55,11 +57,20 @@ def meaning(d):
 
 
 def rows(binaries):
+    out = []
     for b in binaries:
         t = os.path.basename(b)
         for s, l, a, d in help_options(b):
-            print("\t".join([esc(t), esc("-" + s) if s else "", esc("--" + l), esc(a),
-                             "T{\n" + meaning(d) + "\nT}"]))
+            out.append("\t".join([esc(t), esc("-" + s) if s else "", esc("--" + l), esc(a),
+                                  "T{\n" + meaning(d) + "\nT}"]) + "\n")
+    return "".join(out)
+
+
+def update(page, binaries):
+    src = open(page).read()
+    i = src.index("\n_\n", src.index("options-table-begin")) + 3
+    j = src.index(".TE\n", i)
+    open(page, "w").write(src[:i] + rows(binaries) + src[j:])
 
 
 def page_options(page):
@@ -120,7 +131,9 @@ ALLOWED_PAIRS = [{"planner", "planners"}, {"jobs", "rank-threads"}, {"output", "
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "rows":
-        rows(sys.argv[2:])
+        sys.stdout.write(rows(sys.argv[2:]))
+    elif len(sys.argv) >= 4 and sys.argv[1] == "update":
+        update(sys.argv[2], sys.argv[3:])
     elif len(sys.argv) >= 4 and sys.argv[1] == "check":
         sys.exit(check(sys.argv[2], sys.argv[3:]))
     else:

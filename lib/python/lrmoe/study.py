@@ -34,6 +34,18 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
 
 
+def _size(v):
+    """A budget for messages: bytes in adaptive binary units ("1.5 MiB", as
+    liblrmoe prints them); a string (--hbm as given) as it is."""
+    if isinstance(v, str):
+        return v
+    v, u = float(v), 0
+    while abs(v) >= 1024 and u < 6:
+        v, u = v / 1024, u + 1
+    unit = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")[u]
+    return f"{v:.0f} {unit}" if u == 0 or abs(v) >= 100 else f"{v:.3g} {unit}"
+
+
 def parser():
     p = argparse.ArgumentParser(
         prog=PROG, formatter_class=_Formatter,
@@ -206,7 +218,7 @@ def study(args, cfg, corpus):
         ev = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
         log(f"[{i + 1}/{len(specs)}] {spec['name']}: {time.time() - t0:.0f} s, final train "
             f"loss {rows[-1]['loss']:.4f}, validation {ev[-1]:.4f}"
-            + (f", budget {spec['hbm']} bytes, mean rho "
+            + (f", budget {_size(spec['hbm'])}, mean rho "
                f"{sum(r['rho'] for r in rows) / len(rows):.3f}" if spec.get("hbm_run") else ""))
     params = dict(vars(cfg))
     params["hbm"] = next((s["hbm"] for s in specs if s.get("hbm_run")), None)
