@@ -189,7 +189,7 @@ pipe_inputs() {
     pipe_inputs
     for pl in fixed llep eplb lrmoe; do
         case $pl in
-        llep) opts="-m 1 --lambda 1.0" ;;
+        llep) opts="--min-chunk 1 --lambda 1.0" ;;
         lrmoe) opts="-R 0.7" ;;
         *) opts="" ;;
         esac
