@@ -82,7 +82,8 @@ static void usage(FILE *fp)
         "      --longer-backward when no rate has a plan whose modelled backward is\n"
         "                        within that of keeping every pair, take a longer one\n"
         "      --glpk-time SEC   GLPK time limit per solve (default 10)\n"
-        "BYTES take K, M, G, T (powers of 1024) or KB, MB, GB, TB (powers of 1000).\n"
+        "BYTES: a number and a unit in any case: K, M, G, T or KiB, MiB, GiB, TiB are\n"
+        "powers of 1024 (16g = 16GiB), KB, MB, GB, TB powers of 1000 (lrmoe(7)).\n"
         "  -h, --help            this help\n"
         "  -V, --version         print the version\n");
 }
