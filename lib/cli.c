@@ -1,5 +1,6 @@
 /* Plumbing shared by the tools: stream options, the frame loop, number
  * parsing, clocks. Nothing here prints. */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -28,15 +29,40 @@ int lrmoe_check_tty_out(const char *path, int force)
 
 FILE *lrmoe_tsv_open(const char *path)
 {
-    FILE *fp = fopen(path, "w");
+    return lrmoe_stats_open(path, NULL);
+}
+
+FILE *lrmoe_stats_open(const char *path, const char *stream_out)
+{
+    FILE *fp;
+    if (!strcmp(path, "-"))
+        fp = stream_out && !strcmp(stream_out, "-") ? stderr : stdout;
+    else
+        fp = fopen(path, "w");
     /* line-buffered: each row is written out as it ends */
     if (fp && setvbuf(fp, NULL, _IOLBF, 0) != 0) {
         int e = errno;
-        fclose(fp);
+        if (fp != stdout && fp != stderr)
+            fclose(fp);
         errno = e;
         return NULL;
     }
     return fp;
+}
+
+void lrmoe_tsv_attr(FILE *fp, const lrmoe_frame_t *f, const char *key)
+{
+    const char *v = lrmoe_frame_attr(f, key);
+    fprintf(fp, "\t%s", v && *v && !strpbrk(v, "\t\n") ? v : "NA");
+}
+
+int lrmoe_stats_close(FILE *fp)
+{
+    if (!fp)
+        return 0;
+    if (fp == stdout || fp == stderr)
+        return fflush(fp) != 0 || ferror(fp) ? EOF : 0;
+    return fclose(fp);
 }
 
 int lrmoe_parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out)
@@ -70,26 +96,30 @@ int lrmoe_parse_bytes(const char *opt, const char *s, double *out)
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (end == s || errno)
-        return lrmoe_err("%s: '%s' is not a size", opt, s);
-    double mul = 1;
+    if (end == s || errno || !isfinite(v))
+        return lrmoe_err("%s: '%s' is not a size (e.g. 16GiB, 512M, 1.5g, 100e9)", opt, s);
     const char *u = end;
+    while (*u == ' ')
+        u++;
+    double mul = 1;
     if (*u) {
-        char c = *u;
+        /* K, M, G, T, P, any case: alone or with iB powers of 1024, with B
+         * powers of 1000; B alone: bytes */
+        static const char letters[] = "kmgtp";
+        const char *l = strchr(letters, tolower((unsigned char)*u));
+        const char *rest = l ? u + 1 : u;
+        int n = l ? (int)(l - letters) + 1 : 0;
         double base = 1024;
-        if (u[1] == 'B' && u[2] == 0)
+        if (tolower((unsigned char)rest[0]) == 'i' && tolower((unsigned char)rest[1]) == 'b' &&
+            !rest[2] && n)
+            base = 1024;
+        else if (tolower((unsigned char)rest[0]) == 'b' && !rest[1])
             base = 1000;
-        else if (!(u[1] == 0 || (u[1] == 'i' && u[2] == 'B' && u[3] == 0) ||
-                   (c == 'B' && u[1] == 0)))
-            return lrmoe_err("%s: bad unit in '%s'", opt, s);
-        switch (c) {
-        case 'B': mul = 1; break;
-        case 'k': case 'K': mul = base; break;
-        case 'M': mul = base * base; break;
-        case 'G': mul = base * base * base; break;
-        case 'T': mul = base * base * base * base; break;
-        default: return lrmoe_err("%s: bad unit in '%s'", opt, s);
-        }
+        else if (rest[0] || !n)
+            return lrmoe_err("%s: bad unit in '%s' (B, K, M, G, T, P: powers of 1024, also "
+                             "KiB...; KB, MB, GB...: powers of 1000; any case)", opt, s);
+        while (n--)
+            mul *= base;
     }
     v *= mul;
     if (!(v >= 0) || v > 1e18)

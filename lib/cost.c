@@ -34,8 +34,9 @@ const char *lrmoe_cost_fmt_bytes(double bytes, char *buf, size_t len)
         v /= 1024;
         u++;
     }
-    if (u == 0)
-        snprintf(buf, len, "%.0f B", v);
+    /* three significant digits, but no exponent: 1000..1023 of a unit as is */
+    if (u == 0 || v >= 100 || v <= -100)
+        snprintf(buf, len, "%.0f %s", v, unit[u]);
     else
         snprintf(buf, len, "%.3g %s", v, unit[u]);
     return buf;

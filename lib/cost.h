@@ -76,7 +76,8 @@ double lrmoe_cost_saved_row_bytes(const lrmoe_cost_model_t *m);  /* 2*F*b */
 double lrmoe_cost_bwd_row_bytes(const lrmoe_cost_model_t *m);    /* (3D+2F)*b */
 double lrmoe_cost_state_row_bytes(const lrmoe_cost_model_t *m);  /* (D+2F)*b */
 
-/* Bytes in adaptive binary units ("512 B", "1.50 KiB", "6.49 GiB"), into
+/* Bytes in adaptive binary units, three significant digits and no exponent
+ * ("512 B", "1.5 KiB", "6.49 GiB", "1000 KiB"), into
  * buf (>= 16 bytes); returns buf. */
 const char *lrmoe_cost_fmt_bytes(double bytes, char *buf, size_t len);
 

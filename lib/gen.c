@@ -541,6 +541,7 @@ int lrmoe_gen_frame(const lrmoe_gen_opts_t *o, int64_t layer, int64_t step,
     if (set_common_attrs(o, layer, f) < 0 ||
         lrmoe_frame_set_attrf(f, "step", "%lld", (long long)step) < 0 ||
         lrmoe_frame_set_attrf(f, "topk", "%lld", (long long)o->K) < 0 ||
+        lrmoe_frame_set_attrf(f, "ffn", "%lld", (long long)o->F) < 0 ||
         lrmoe_frame_set_attr(f, "gen.skew", lrmoe_gen_skew_str(o, skew, sizeof skew)) < 0)
         goto out;
     if (o->drift > 0 && lrmoe_frame_set_attrf(f, "gen.drift", "%g", o->drift) < 0)

@@ -214,6 +214,18 @@ int lrmoe_check_tty_out(const char *path, int force);
  * followed with tail -f, and a stage that fails keeps the rows it wrote).
  * NULL with errno set, like fopen. */
 FILE *lrmoe_tsv_open(const char *path);
+/* A tool's statistics file (--stats and the like): "-" is standard output,
+ * or standard error when the tool's own output goes there (stream_out is
+ * "-": its -o value, or "-" for a tool whose report is on stdout); NULL
+ * stream_out: the tool writes nothing else to stdout. Line-buffered; NULL
+ * with errno set. lrmoe_tsv_open(p) is lrmoe_stats_open(p, NULL). */
+FILE *lrmoe_stats_open(const char *path, const char *stream_out);
+/* Close what lrmoe_stats_open returned (flushes a standard stream, closes a
+ * file): 0, or EOF on a write error. NULL is a no-op. */
+int lrmoe_stats_close(FILE *fp);
+/* A TSV cell: a tab, then attribute key of f, or NA when it is absent,
+ * empty or holds a tab or newline. */
+void lrmoe_tsv_attr(FILE *fp, const lrmoe_frame_t *f, const char *key);
 
 /* The frame loop every filter runs: read each frame of `in`, call fn (which
  * may read, add, replace or delete tensors and attributes; <0 stops with its
@@ -266,9 +278,10 @@ int lrmoe_select_frame(const lrmoe_select_t *s, int64_t i);
 int lrmoe_select_tensor(const lrmoe_select_t *s, const char *name); /* marks it seen */
 void lrmoe_select_free(lrmoe_select_t *s);
 int lrmoe_parse_f64(const char *opt, const char *s, double lo, double hi, double *out);
-/* A byte size or rate: a number with an optional unit K, M, G, T (or k)
- * meaning powers of 1024, also written KiB, MiB...; KB, MB, GB, TB are powers
- * of 1000; B is bytes ("16GiB", "1.5G", "100e9", "50GB"). Must be >= 0 and
+/* A byte size or rate (BYTES, lrmoe(7)): a number, optional spaces, an
+ * optional unit in any case: K, M, G, T, P alone or with iB are powers of
+ * 1024 (16g = 16G = 16GiB = 16 * 2^30); with B alone powers of 1000 (16GB =
+ * 16gb = 16e9); B is bytes ("1.5G", "100e9", "512 MiB"). Must be >= 0 and
  * <= 1e18. 0 ok, -1 with error naming opt. */
 int lrmoe_parse_bytes(const char *opt, const char *s, double *out);
 

@@ -1,11 +1,15 @@
 /* plan_cli: options shared by lrmoe-plan and lrmoe-sim (see plan_cli.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "plan_cli.h"
 
 void lrmoe_plan_cli_init(lrmoe_plan_cli_t *c, lrmoe_plan_opts_t *o)
 {
     c->o = o;
     c->gpu = c->resident = -1;
-    c->set_D = c->set_K = c->set_T = c->set_dtype = 0;
+    c->set_D = c->set_F = c->set_K = c->set_T = c->set_dtype = 0;
 }
 
 /* r, the result of parsing into *v, and *v into *out when it parsed (v is
@@ -29,10 +33,10 @@ int lrmoe_plan_cli_opt(lrmoe_plan_cli_t *c, int ch, const char *arg)
     case 's': r = as_int(lrmoe_parse_i64("--slots", arg, 1, 1 << 20, &v), &v, &o->slots); break;
     case LRMOE_PLAN_OPT_LAMBDA: r = lrmoe_parse_f64("--lambda", arg, 0, 1e9, &o->lambda); break;
     case LRMOE_PLAN_OPT_ALPHA: r = lrmoe_parse_f64("--alpha", arg, 1e-9, 1e9, &o->alpha); break;
-    case 'm': r = lrmoe_parse_i64("--min-chunk", arg, 0, INT64_MAX / 4, &o->min_chunk); break;
-    case 'r': r = lrmoe_plan_parse_rates(o, arg); break;
+    case LRMOE_PLAN_OPT_MIN_CHUNK: r = lrmoe_parse_i64("--min-chunk", arg, 0, INT64_MAX / 4, &o->min_chunk); break;
+    case LRMOE_PLAN_OPT_RATES: r = lrmoe_plan_parse_rates(o, arg); break;
     case 'q': r = lrmoe_quota_parse(arg, &o->quota); break;
-    case 'k': r = lrmoe_parse_f64("--min-keep", arg, 0, 1, &o->min_keep); break;
+    case LRMOE_PLAN_OPT_MIN_KEEP: r = lrmoe_parse_f64("--min-keep", arg, 0, 1, &o->min_keep); break;
     case LRMOE_PLAN_OPT_GLPK_TIME:
         r = lrmoe_parse_f64("--glpk-time", arg, 1e-3, 3600, &o->glpk_tm_lim);
         break;
@@ -51,12 +55,15 @@ int lrmoe_plan_cli_opt(lrmoe_plan_cli_t *c, int ch, const char *arg)
         r = lrmoe_parse_i64("--hidden", arg, 1, 1 << 24, &o->cost.D);
         c->set_D = 1;
         break;
-    case 'F': r = lrmoe_parse_i64("--ffn", arg, 1, 1 << 24, &o->cost.F); break;
-    case 'K':
+    case LRMOE_PLAN_OPT_FFN:
+        r = lrmoe_parse_i64("--ffn", arg, 1, 1 << 24, &o->cost.F);
+        c->set_F = 1;
+        break;
+    case 'k':
         r = as_int(lrmoe_parse_i64("--topk", arg, 1, 1 << 20, &v), &v, &o->cost.K);
         c->set_K = 1;
         break;
-    case 'T':
+    case LRMOE_PLAN_OPT_TOKENS:
         r = lrmoe_parse_i64("--tokens", arg, 0, INT64_C(1) << 40, &o->cost.tokens);
         c->set_T = 1;
         break;
@@ -79,11 +86,121 @@ int lrmoe_plan_cli_finish(lrmoe_plan_cli_t *c)
         return lrmoe_err("--gpu-mem and --resident go together");
     if (c->gpu < 0)
         return 0;
-    if (!(c->resident < c->gpu))
-        return lrmoe_err("--resident %.0f bytes leaves no memory of --gpu-mem %.0f bytes "
-                         "for replicas and buffers", c->resident, c->gpu);
+    if (!(c->resident < c->gpu)) {
+        char r[24], g[24];
+        return lrmoe_err("--resident %s leaves no memory of --gpu-mem %s for replicas and "
+                         "buffers", lrmoe_cost_fmt_bytes(c->resident, r, sizeof r),
+                         lrmoe_cost_fmt_bytes(c->gpu, g, sizeof g));
+    }
     c->o->cost.gpu_mem = c->gpu;
     c->o->cost.resident = c->resident;
     c->o->cost.hbm = c->gpu - c->resident;
+    return 0;
+}
+
+/* One size a frame may say: the first of its sources that is there. */
+typedef struct {
+    int64_t v;          /* 0: the frame does not say */
+    char from[96];      /* "saved_gate [512,4,128]", "attribute ffn" */
+} said_t;
+
+/* tensor `name` of ndim dimensions: its dimension `dim` */
+static void from_tensor(said_t *s, const lrmoe_frame_t *f, const char *name, int ndim, int dim)
+{
+    const lrmoe_tensor_t *t;
+    if (s->v || !(t = lrmoe_frame_get(f, name)) || t->ndim != ndim || t->shape[dim] <= 0)
+        return;
+    char sh[64];
+    s->v = t->shape[dim];
+    snprintf(s->from, sizeof s->from, "%s %s", name, lrmoe_shape_str(t, sh, sizeof sh));
+}
+
+static void from_attr(said_t *s, const lrmoe_frame_t *f, const char *key)
+{
+    int64_t v;
+    if (s->v || lrmoe_frame_attr_i64(f, key, &v) != 1 || v <= 0 || v > (INT64_C(1) << 40))
+        return;
+    s->v = v;
+    snprintf(s->from, sizeof s->from, "attribute %s=%lld", key, (long long)v);
+}
+
+/* the option's value *opt against what the frame said: given and different
+ * is an error; not given, the frame's value (or the earlier plan's hint) */
+static int settle(const char *opt, const char *sym, int given, const said_t *s,
+                  const lrmoe_frame_t *f, const char *hint, int64_t *opt_v)
+{
+    if (s->v) {
+        if (given && *opt_v != s->v)
+            return lrmoe_err("%s %lld disagrees with the frame: %s=%lld (%s); drop %s or "
+                             "give %lld", opt, (long long)*opt_v, sym, (long long)s->v,
+                             s->from, opt, (long long)s->v);
+        *opt_v = s->v;
+        return 0;
+    }
+    int64_t v;
+    if (!given && hint && lrmoe_frame_attr_i64(f, hint, &v) == 1 && v > 0 && v <= (INT64_C(1) << 40))
+        *opt_v = v;
+    return 0;
+}
+
+int lrmoe_plan_cli_frame(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, int P, int k_hint,
+                         lrmoe_cost_model_t *m)
+{
+    static const lrmoe_plan_cli_t none = {0};
+    if (!c)
+        c = &none;
+    said_t D = {0}, F = {0}, K = {0}, T = {0};
+    from_tensor(&D, f, "hidden", 2, 1);
+    from_tensor(&D, f, "grad_output", 2, 1);
+    from_tensor(&D, f, "output", 2, 1);
+    from_tensor(&D, f, "pack_hidden", 2, 1);
+    from_tensor(&D, f, "w_gate", 3, 2);
+    from_tensor(&F, f, "saved_gate", 3, 2);
+    from_tensor(&F, f, "saved_up", 3, 2);
+    from_tensor(&F, f, "w_gate", 3, 1);
+    from_tensor(&F, f, "w_up", 3, 1);
+    from_tensor(&F, f, "w_down", 3, 2);
+    from_attr(&F, f, "ffn");
+    from_tensor(&K, f, "topk_ids", 2, 1);
+    from_tensor(&K, f, "saved_gate", 3, 1);
+    from_attr(&K, f, "route.topk");
+    from_attr(&K, f, "topk");
+    if (!K.v && k_hint > 0) {
+        K.v = k_hint;
+        snprintf(K.from, sizeof K.from, "its pairs per token");
+    }
+    from_tensor(&T, f, "topk_ids", 2, 0);
+    from_tensor(&T, f, "hidden", 2, 0);
+    const lrmoe_tensor_t *tl = lrmoe_frame_get(f, "expert_load");
+    if (!T.v && K.v && tl && tl->ndim == 1 && !lrmoe_dtype_is_float(tl->dtype)) {
+        int64_t *load = lrmoe_tensor_i64(tl);
+        if (!load)
+            return -1;
+        int64_t n = 0;
+        for (int64_t e = 0; e < tl->shape[0]; e++)
+            n += load[e];
+        free(load);
+        if (n > 0 && n % K.v == 0) {
+            T.v = n / K.v;
+            snprintf(T.from, sizeof T.from, "expert_load: %lld pairs over K=%lld", (long long)n,
+                     (long long)K.v);
+        }
+    }
+    if (T.v && P > 0) { /* tokens per rank */
+        T.v /= P;
+        size_t n = strlen(T.from);
+        snprintf(T.from + n, sizeof T.from - n, " over %d ranks", P);
+    }
+    int64_t k = m->K;
+    if (settle("--hidden", "D", c->set_D, &D, f, "plan.hidden", &m->D) < 0 ||
+        settle("--ffn", "F", c->set_F, &F, f, "plan.ffn", &m->F) < 0 ||
+        settle("--topk", "K", c->set_K, &K, f, "plan.topk", &k) < 0 ||
+        settle("--tokens", "tokens per rank", c->set_T, &T, f, "plan.tokens_per_rank",
+               &m->tokens) < 0)
+        return -1;
+    m->K = (int)k;
+    const lrmoe_tensor_t *hd = lrmoe_frame_get(f, "hidden");
+    if (hd && hd->ndim == 2 && !c->set_dtype)
+        m->dtype_bytes = (int)lrmoe_dtype_size(hd->dtype);
     return 0;
 }

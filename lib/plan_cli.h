@@ -20,10 +20,18 @@ enum {
     LRMOE_PLAN_OPT_DTYPE,
     LRMOE_PLAN_OPT_REBALANCE,
     LRMOE_PLAN_OPT_LONGER,
+    LRMOE_PLAN_OPT_MIN_CHUNK,
+    LRMOE_PLAN_OPT_RATES,
+    LRMOE_PLAN_OPT_MIN_KEEP,
+    LRMOE_PLAN_OPT_FFN,
+    LRMOE_PLAN_OPT_TOKENS,
     LRMOE_PLAN_OPT_END /* the tools' own long-only options start here */
 };
 
-#define LRMOE_PLAN_SHORTOPTS "P:N:G:s:m:r:q:k:M:W:B:D:F:K:T:"
+/* Short letters follow lrmoe(7)'s option table (one letter, one meaning in
+ * every tool): -k is --topk; --min-chunk, --rates, --min-keep, --ffn and
+ * --tokens are long only (-F and -T are --frame and --tensor elsewhere). */
+#define LRMOE_PLAN_SHORTOPTS "P:N:G:s:q:k:M:W:B:D:"
 
 /* entries of a struct option table (needs <getopt.h>) */
 #define LRMOE_PLAN_LONGOPTS                                                 \
@@ -33,10 +41,10 @@ enum {
     {"slots", required_argument, 0, 's'},                                   \
     {"lambda", required_argument, 0, LRMOE_PLAN_OPT_LAMBDA},                \
     {"alpha", required_argument, 0, LRMOE_PLAN_OPT_ALPHA},                  \
-    {"min-chunk", required_argument, 0, 'm'},                               \
-    {"rates", required_argument, 0, 'r'},                                   \
+    {"min-chunk", required_argument, 0, LRMOE_PLAN_OPT_MIN_CHUNK},          \
+    {"rates", required_argument, 0, LRMOE_PLAN_OPT_RATES},                  \
     {"quota", required_argument, 0, 'q'},                                   \
-    {"min-keep", required_argument, 0, 'k'},                                \
+    {"min-keep", required_argument, 0, LRMOE_PLAN_OPT_MIN_KEEP},            \
     {"glpk-time", required_argument, 0, LRMOE_PLAN_OPT_GLPK_TIME},          \
     {"hbm", required_argument, 0, 'M'},                                     \
     {"gpu-mem", required_argument, 0, LRMOE_PLAN_OPT_GPU_MEM},              \
@@ -45,9 +53,9 @@ enum {
     {"bw", required_argument, 0, 'B'},                                      \
     {"flops", required_argument, 0, LRMOE_PLAN_OPT_FLOPS},                  \
     {"hidden", required_argument, 0, 'D'},                                  \
-    {"ffn", required_argument, 0, 'F'},                                     \
-    {"topk", required_argument, 0, 'K'},                                    \
-    {"tokens", required_argument, 0, 'T'},                                  \
+    {"ffn", required_argument, 0, LRMOE_PLAN_OPT_FFN},                      \
+    {"topk", required_argument, 0, 'k'},                                    \
+    {"tokens", required_argument, 0, LRMOE_PLAN_OPT_TOKENS},                \
     {"dtype", required_argument, 0, LRMOE_PLAN_OPT_DTYPE},                  \
     {"rebalance-every", required_argument, 0, LRMOE_PLAN_OPT_REBALANCE},    \
     {"longer-backward", no_argument, 0, LRMOE_PLAN_OPT_LONGER}
@@ -55,8 +63,9 @@ enum {
 typedef struct {
     lrmoe_plan_opts_t *o;   /* the options being set */
     double gpu, resident;   /* --gpu-mem, --resident bytes; -1 = not given */
-    int set_D, set_K, set_T, set_dtype; /* given on the command line (they
-                                           override what the stream says) */
+    int set_D, set_F, set_K, set_T, set_dtype; /* given on the command line:
+                                           a frame that says otherwise is an
+                                           error (lrmoe_plan_cli_frame) */
 } lrmoe_plan_cli_t;
 
 void lrmoe_plan_cli_init(lrmoe_plan_cli_t *c, lrmoe_plan_opts_t *o);
@@ -67,5 +76,21 @@ int lrmoe_plan_cli_opt(lrmoe_plan_cli_t *c, int ch, const char *arg);
  * below gpu-mem; they set o->cost gpu_mem, resident and hbm (the budget
  * between them). 0, or -1 with the message set. */
 int lrmoe_plan_cli_finish(lrmoe_plan_cli_t *c);
+
+/* The model sizes of one frame of P ranks, into m (which holds the options'
+ * values): D, F, K and tokens per rank wherever the frame says them, and the
+ * storage dtype from hidden unless --dtype was given.
+ *   D  hidden, grad_output, output [T,D]; pack_hidden [R,D]; w_gate [E,F,D]
+ *   F  saved_gate, saved_up [T,K,F]; w_gate, w_up [E,F,D]; w_down [E,D,F];
+ *      the attribute ffn (lrmoe-gen)
+ *   K  topk_ids [T,K]; saved_gate [T,K,F]; route.topk, topk; k_hint (> 0)
+ *   T  tokens per rank: T/P of topk_ids, hidden [T,D]; sum(expert_load)/K/P
+ *      when K is known
+ * An option the command line gave (c->set_*) that disagrees with the frame
+ * is an error naming both (-1); where the frame does not say, the option, else
+ * the plan.hidden/ffn/topk/tokens_per_rank attributes of an earlier
+ * lrmoe-plan, else the default stands. c may be NULL (nothing given). */
+int lrmoe_plan_cli_frame(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, int P, int k_hint,
+                         lrmoe_cost_model_t *m);
 
 #endif

@@ -27,6 +27,7 @@
 
 #include "lrmoe.h"
 #include "plan.h"
+#include "plan_cli.h"
 #include "plot.h"
 
 #define LRMOE_SIM_MAX_PLANNERS 16
@@ -178,7 +179,8 @@ typedef struct {
     lrmoe_sim_planner_t pl[LRMOE_SIM_MAX_PLANNERS];
     int np;
     lrmoe_plan_opts_t base;  /* options every planner starts from */
-    int set_D, set_K, set_T, set_dtype; /* given: override the frame's sizes */
+    lrmoe_plan_cli_t given;  /* which model sizes the command line gave (they
+                                must agree with the frames') */
     int experts;             /* E for topk_ids-only frames (0: from the frame) */
     double pressure[LRMOE_SIM_MAX_PRESSURE];
     int npress;
@@ -210,6 +212,8 @@ typedef struct {
     lrmoe_sim_worst_t worst; /* with track_worst */
     int64_t frames;
     int E;                   /* experts of the first frame (-1: none) */
+    lrmoe_cost_model_t model; /* the first frame's model sizes (D, F, K, ...) */
+    int model_varies;        /* a later frame's D, F, K or dtype differ */
 } lrmoe_sim_result_t;
 
 /* Replay every frame of rd: per frame its loads (lrmoe_sim_frame_load), the

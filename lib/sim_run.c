@@ -132,26 +132,11 @@ static void *worker(void *arg)
 }
 
 /* The frame's copy of the options: model sizes from the frame, as lrmoe-plan
- * takes them. */
-static void frame_opts(const lrmoe_sim_cfg_t *c, const lrmoe_frame_t *f, int K, lrmoe_plan_opts_t *o)
+ * takes them (lrmoe_plan_cli_frame). */
+static int frame_opts(const lrmoe_sim_cfg_t *c, const lrmoe_frame_t *f, int K, lrmoe_plan_opts_t *o)
 {
     *o = c->base;
-    const lrmoe_tensor_t *ti = lrmoe_frame_get(f, "topk_ids");
-    if (ti && ti->ndim == 2) {
-        if (!c->set_K)
-            o->cost.K = (int)ti->shape[1];
-        if (!c->set_T)
-            o->cost.tokens = ti->shape[0] / o->P;
-    } else if (K > 0 && !c->set_K) {
-        o->cost.K = K;
-    }
-    const lrmoe_tensor_t *hd = lrmoe_frame_get(f, "hidden");
-    if (hd && hd->ndim == 2) {
-        if (!c->set_D)
-            o->cost.D = hd->shape[1];
-        if (!c->set_dtype)
-            o->cost.dtype_bytes = (int)lrmoe_dtype_size(hd->dtype);
-    }
+    return lrmoe_plan_cli_frame(&c->given, f, o->P, K, &o->cost);
 }
 
 static void copy_attr(char *dst, size_t len, const lrmoe_frame_t *f, const char *key)
@@ -404,6 +389,7 @@ int lrmoe_sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, lrmoe_sim_result
             }
     const double t0 = lrmoe_now();
     int64_t nframes = 0, E0 = -1;
+    int have_model = 0;
     lrmoe_frame_t f;
     lrmoe_frame_init(&f);
     int eof = 0;
@@ -437,7 +423,21 @@ int lrmoe_sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, lrmoe_sim_result
             }
             if (E0 < 0)
                 E0 = it->E;
-            frame_opts(c, &f, it->K, &it->o);
+            if (frame_opts(c, &f, it->K, &it->o) < 0) {
+                rc = lrmoe_err_prefix("frame %lld", (long long)it->index);
+                free(it->load);
+                it->load = NULL;
+                break;
+            }
+            if (!have_model) {
+                out->model = it->o.cost;
+                have_model = 1;
+            } else if (!out->model_varies &&
+                       (it->o.cost.D != out->model.D || it->o.cost.F != out->model.F ||
+                        it->o.cost.K != out->model.K ||
+                        it->o.cost.dtype_bytes != out->model.dtype_bytes)) {
+                out->model_varies = 1;
+            }
             if (eplb) {
                 const lrmoe_eplb_layout_t *lay;
                 if (lrmoe_plan_opts_check(&it->o, it->E) < 0 ||

@@ -36,7 +36,9 @@ static void usage(FILE *fp)
         "      --gemm-streams N  cuda: streams of the loop GEMM, 1 to 8 (default 4)\n"
         "      --launcher L      auto (default: mpi when started by mpirun/srun),\n"
         "                        mpi (one rank per MPI process) or none\n"
-        "      --timings FILE    write per-rank, per-stage seconds as TSV\n"
+        "  -S, --stats FILE      write per-rank, per-stage seconds as TSV (- : stdout,\n"
+        "                        or stderr when the stream goes there)\n"
+        "      --timings FILE    old name of --stats\n"
         "      --repeat N        run the layer N times, report the median of each\n"
         "                        stage per rank (default 1)\n"
         "      --warmup M        untimed runs before the timed ones (default 0)\n"
@@ -67,12 +69,12 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
     if (lrmoe_exec_frame(&c->x, f) < 0) return -1;
     if (!c->tsv) return 0;
     if (lrmoe_exec_timings_tsv(c->tsv, !c->tsv_header, &c->x, index) < 0)
-        return lrmoe_err_prefix("--timings");
+        return lrmoe_err_prefix("--stats");
     c->tsv_header = 1;
     return 0;
 }
 
-enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_TIMINGS, OPT_NONFINITE,
+enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_NONFINITE,
        OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS, OPT_REPEAT, OPT_WARMUP,
        OPT_COMPUTE, OPT_LAUNCHER };
 
@@ -117,7 +119,8 @@ int main(int argc, char **argv)
         {"rank-threads", required_argument, 0, 'j'},
         {"mode", required_argument, 0, OPT_MODE},
         {"backend", required_argument, 0, OPT_BACKEND},
-        {"timings", required_argument, 0, OPT_TIMINGS},
+        {"stats", required_argument, 0, 'S'},
+        {"timings", required_argument, 0, 'S'},
         {"allow-nonfinite", no_argument, 0, OPT_NONFINITE},
         {"clock", required_argument, 0, OPT_CLOCK},
         {"gpus", required_argument, 0, OPT_GPUS},
@@ -140,7 +143,7 @@ int main(int argc, char **argv)
     const char *phase = NULL, *weights = NULL, *timings = NULL;
     int mode_set = 0, ch, launcher = -1; /* -1 auto, 0 none, 1 mpi */
     int64_t v;
-    while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "P:j:hV", longopts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "P:j:S:hV", longopts, NULL)) != -1) {
         int r = lrmoe_io_opt(&io, ch, optarg);
         if (r > 0) continue;
         if (r < 0) goto usage_err;
@@ -162,7 +165,7 @@ int main(int argc, char **argv)
         case OPT_BACKEND:
             if (lrmoe_backend_parse(optarg, &o.cfg.backend) < 0) goto usage_err;
             break;
-        case OPT_TIMINGS: timings = optarg; break;
+        case 'S': timings = optarg; break;
         case OPT_GPUS:
             if (lrmoe_parse_i64("--gpus", optarg, 0, 4096, &v) < 0) goto usage_err;
             o.cfg.gpus = (int)v;
@@ -289,7 +292,7 @@ int main(int argc, char **argv)
 
     lrmoe_exec_ctx_init(&c.x, &o);
     lrmoe_exec_ctx_weights_file(&c.x, weights);
-    if (timings && (!mpi || m.rank == 0) && !(c.tsv = lrmoe_tsv_open(timings))) {
+    if (timings && (!mpi || m.rank == 0) && !(c.tsv = lrmoe_stats_open(timings, io.out))) {
         fprintf(stderr, "lrmoe-exec: %s: cannot open for writing\n", timings);
         if (mpi) lrmoe_comm_mpi_abort(&m.comm, 1);
         return 1;
@@ -302,7 +305,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "lrmoe-exec: %s\n", lrmoe_errmsg());
         rc = 1;
     }
-    if (c.tsv && fclose(c.tsv) != 0 && !rc) {
+    if (c.tsv && lrmoe_stats_close(c.tsv) != 0 && !rc) {
         fprintf(stderr, "lrmoe-exec: %s: write error\n", timings);
         rc = 1;
     }

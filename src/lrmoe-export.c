@@ -25,7 +25,7 @@ static void usage(FILE *fp)
             "  -O, --format FMT        npy, safetensors or both (default npy)\n"
             "  -F, --frame N[-M]       export frame N (or frames N..M); repeatable\n"
             "  -T, --tensor NAME       export tensor NAME only; repeatable\n"
-            "  -b, --bf16-as TYPE      BF16 in .npy as u16 (raw bits, default) or f32\n"
+            "      --bf16-as TYPE      BF16 in .npy as u16 (raw bits, default) or f32\n"
             "  -v, --verbose           name each file written on stderr\n"
             "  -h, --help              show this help\n"
             "  -V, --version           show the version\n",
@@ -142,6 +142,9 @@ static int run(const char *in, opts_t *o)
     return 0;
 }
 
+/* long only: -b is --best-effort (lrmoe(7)) */
+enum { OPT_BF16_AS = 0x100 };
+
 int main(int argc, char **argv)
 {
     static const struct option lopts[] = {
@@ -149,7 +152,7 @@ int main(int argc, char **argv)
         {"format", required_argument, 0, 'O'},
         {"frame", required_argument, 0, 'F'},
         {"tensor", required_argument, 0, 'T'},
-        {"bf16-as", required_argument, 0, 'b'},
+        {"bf16-as", required_argument, 0, OPT_BF16_AS},
         {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
@@ -160,7 +163,7 @@ int main(int argc, char **argv)
     o.dir = ".";
     o.npy = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "d:O:F:T:b:vhV", lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "d:O:F:T:vhV", lopts, NULL)) != -1) {
         switch (c) {
         case 'd':
             o.dir = optarg;
@@ -190,7 +193,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             break;
-        case 'b':
+        case OPT_BF16_AS:
             if (!strcmp(optarg, "u16") || !strcmp(optarg, "uint16"))
                 o.bf16_f32 = 0;
             else if (!strcmp(optarg, "f32") || !strcmp(optarg, "float32"))

@@ -26,7 +26,7 @@ static void usage(FILE *fp)
             "  *.frame.json and *.safetensors files, sorted by name.\n"
             "\n"
             "Options:\n"
-            "  -n, --name OLD=NEW      rename tensor OLD to NEW (repeatable)\n"
+            "      --name OLD=NEW      rename tensor OLD to NEW (repeatable)\n"
             "  -t, --dtype [NAME=]DT   reinterpret the bytes of tensor NAME as DT (same\n"
             "                          element size); without NAME, every integer tensor\n"
             "                          of DT's element size (e.g. --dtype bf16 for the\n"
@@ -34,7 +34,7 @@ static void usage(FILE *fp)
             "  -a, --attr KEY=VAL      set a frame attribute on every frame (repeatable)\n"
             "  -1, --one-frame         put every .npy file in one frame (NAME = file\n"
             "                          name without .npy; no frame numbers, no sidecars)\n"
-            "  -m, --map MODE          Hugging Face inputs: auto (default: hidden\n"
+            "      --map MODE          Hugging Face inputs: auto (default: hidden\n"
             "                          [B,S,D] flattened, integer topk_ids to I32 with\n"
             "                          range checks, topk_weights to F32, transformers\n"
             "                          expert weights to w_gate/w_up/w_down per layer),\n"
@@ -56,14 +56,17 @@ static int write_one(lrmoe_frame_t *f, int64_t index, void *w)
     return lrmoe_writer_write(w, f);
 }
 
+/* long only: -n and -m are --renorm and --metric (lrmoe(7)) */
+enum { OPT_NAME = 0x100, OPT_MAP };
+
 int main(int argc, char **argv)
 {
     static const struct option lopts[] = {
-        {"name", required_argument, 0, 'n'},
+        {"name", required_argument, 0, OPT_NAME},
         {"dtype", required_argument, 0, 't'},
         {"attr", required_argument, 0, 'a'},
         {"one-frame", no_argument, 0, '1'},
-        {"map", required_argument, 0, 'm'},
+        {"map", required_argument, 0, OPT_MAP},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         LRMOE_STREAM_LONGOPTS,
@@ -75,13 +78,13 @@ int main(int argc, char **argv)
     lrmoe_import_inputs_t in = {0};
     lrmoe_writer_t *w = NULL;
     int c, rc = 1;
-    while ((c = getopt_long(argc, argv, "n:t:a:1m:hV" LRMOE_STREAM_SHORTOPTS, lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "t:a:1hV" LRMOE_STREAM_SHORTOPTS, lopts, NULL)) != -1) {
         int r = lrmoe_io_opt(&io, c, optarg);
         if (r < 0) goto usage_err;
         if (r > 0)
             continue;
         switch (c) {
-        case 'n':
+        case OPT_NAME:
             if (lrmoe_import_opts_rename(&o, optarg) < 0) goto usage_err;
             break;
         case 't':
@@ -93,7 +96,7 @@ int main(int argc, char **argv)
         case '1':
             o.one_frame = 1;
             break;
-        case 'm': {
+        case OPT_MAP: {
             lrmoe_hf_map_t m;
             if (lrmoe_hf_map_parse(optarg, &m) < 0) goto usage_err;
             o.map = (int)m;

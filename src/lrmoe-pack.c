@@ -1,6 +1,7 @@
 /* lrmoe-pack: assign retained pairs to backward instances and gather their
  * rows into dense destination-major, expert-major segments; --unpack
  * scatter-adds packed row results back to token positions. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +19,7 @@ static void usage(FILE *fp)
         "into pack_pair, pack_rank, pack_counts, pack_offsets, pack_grad,\n"
         "pack_hidden, pack_gate and pack_up.\n\n"
         "Options:\n"
-        "  -a, --alloc HOW     auto (default: bwd_alloc if present, else forward),\n"
+        "      --alloc HOW     auto (default: bwd_alloc if present, else forward),\n"
         "                      plan (bwd_alloc required) or forward (every kept\n"
         "                      pair stays on the rank that ran its forward)\n"
         "  -P, --ranks N       number of ranks when the frame has no placement,\n"
@@ -29,6 +30,9 @@ static void usage(FILE *fp)
         "      --into NAME     output tensor (default unpacked), [T,D] F32; not\n"
         "                      topk_ids, pack_pair or the --rows tensor\n"
         "      --pairs         unpack to pair positions [T,K,D] without summing\n"
+        "  -S, --stats FILE    one TSV row per frame: pairs kept and dropped, rows\n"
+        "                      moved, bytes packed, time (- : stdout, or stderr\n"
+        "                      when the stream goes there)\n"
         "  -v, --verbose       one line per frame on stderr\n"
         "  -o, --output FILE   write to FILE (default stdout)\n"
         "  -l, --level N       zstd level (default 3)\n"
@@ -44,14 +48,59 @@ typedef struct {
     lrmoe_pack_opts_t o;
     int unpack, pairs, verbose;
     const char *rows, *into;
+    FILE *stats;
 } ctx_t;
+
+/* The --stats row of a frame just packed or unpacked: pairs routed, rows
+ * kept (packed) or unpacked, pairs dropped, rows moved off their forward
+ * rank, bytes of the tensors written, wall time. */
+static int stats_row(FILE *fp, const lrmoe_frame_t *f, int64_t index, const ctx_t *c,
+                     double seconds)
+{
+    const lrmoe_tensor_t *ti = lrmoe_frame_get(f, "topk_ids");
+    int64_t pairs = ti && ti->ndim == 2 ? ti->shape[0] * ti->shape[1] : -1, rows = -1,
+            moved = -1;
+    double bytes = 0;
+    if (c->unpack) {
+        const lrmoe_tensor_t *r = lrmoe_frame_get(f, c->rows), *o = lrmoe_frame_get(f, c->into);
+        rows = r && r->ndim >= 1 ? r->shape[0] : -1;
+        bytes = o ? (double)o->nbytes : 0;
+    } else {
+        if (lrmoe_frame_attr_i64(f, "pack.rows", &rows) != 1)
+            rows = -1;
+        if (lrmoe_frame_attr_i64(f, "pack.moved", &moved) != 1)
+            moved = -1;
+        for (int i = 0; i < f->ntensors; i++)
+            if (!strncmp(f->tensors[i]->name, "pack_", 5))
+                bytes += (double)f->tensors[i]->nbytes;
+    }
+    fprintf(fp, "%lld", (long long)index);
+    lrmoe_tsv_attr(fp, f, "layer");
+    lrmoe_tsv_attr(fp, f, "step");
+    fprintf(fp, "\t%s", c->unpack ? "unpack" : "pack");
+    const int64_t cell[4] = {pairs, rows, pairs >= 0 && rows >= 0 && !c->unpack ? pairs - rows : -1,
+                             moved};
+    for (int k = 0; k < 4; k++)
+        if (cell[k] >= 0)
+            fprintf(fp, "\t%lld", (long long)cell[k]);
+        else
+            fputs("\tNA", fp);
+    fprintf(fp, "\t%.0f\t%.3f\n", bytes, seconds * 1e3);
+    return ferror(fp) ? lrmoe_err("--stats: write error") : 0;
+}
 
 static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 {
     ctx_t *c = vctx;
-    if (c->unpack)
-        return lrmoe_pack_unpack_frame(f, c->rows, c->into, c->pairs);
+    const double t0 = lrmoe_now();
+    if (c->unpack) {
+        if (lrmoe_pack_unpack_frame(f, c->rows, c->into, c->pairs) < 0)
+            return -1;
+        return c->stats ? stats_row(c->stats, f, index, c, lrmoe_now() - t0) : 0;
+    }
     if (lrmoe_pack_frame(f, &c->o) < 0)
+        return -1;
+    if (c->stats && stats_row(c->stats, f, index, c, lrmoe_now() - t0) < 0)
         return -1;
     if (c->verbose) {
         const char *rows = lrmoe_frame_attr(f, "pack.rows");
@@ -65,19 +114,20 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
     return 0;
 }
 
-enum { OPT_STRIP = 0x2001, OPT_ROWS, OPT_INTO, OPT_PAIRS };
+enum { OPT_STRIP = 0x2001, OPT_ROWS, OPT_INTO, OPT_PAIRS, OPT_ALLOC };
 
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         LRMOE_STREAM_LONGOPTS,
-        {"alloc", required_argument, 0, 'a'},
+        {"alloc", required_argument, 0, OPT_ALLOC},
         {"ranks", required_argument, 0, 'P'},
         {"strip", no_argument, 0, OPT_STRIP},
         {"unpack", no_argument, 0, 'u'},
         {"rows", required_argument, 0, OPT_ROWS},
         {"into", required_argument, 0, OPT_INTO},
         {"pairs", no_argument, 0, OPT_PAIRS},
+        {"stats", required_argument, 0, 'S'},
         {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
@@ -88,9 +138,10 @@ int main(int argc, char **argv)
     lrmoe_pack_opts_default(&c.o);
     c.rows = "pack_grad";
     c.into = "unpacked";
+    const char *stats_path = NULL;
     int ch;
     int64_t v;
-    while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "a:P:uvhV",
+    while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "P:uS:vhV",
                              longopts, NULL)) != -1) {
         int r = lrmoe_io_opt(&io, ch, optarg);
         if (r > 0)
@@ -98,7 +149,7 @@ int main(int argc, char **argv)
         if (r < 0)
             goto bad;
         switch (ch) {
-        case 'a':
+        case OPT_ALLOC:
             if (!strcmp(optarg, "auto"))
                 c.o.alloc = LRMOE_PACK_ALLOC_AUTO;
             else if (!strcmp(optarg, "plan"))
@@ -120,6 +171,7 @@ int main(int argc, char **argv)
         case OPT_ROWS: c.rows = optarg; break;
         case OPT_INTO: c.into = optarg; break;
         case OPT_PAIRS: c.pairs = 1; break;
+        case 'S': stats_path = optarg; break;
         case 'v': c.verbose = 1; break;
         case 'h': usage(stdout); return 0;
         case 'V': printf("lrmoe-pack (lrmoe) %s\n", LRMOE_VERSION); return 0;
@@ -139,11 +191,24 @@ int main(int argc, char **argv)
     if (lrmoe_check_tty_out(io.out, io.force) < 0)
         goto bad;
     const char *in = optind < argc ? argv[optind] : "-";
+    if (stats_path) {
+        if (!(c.stats = lrmoe_stats_open(stats_path, io.out))) {
+            fprintf(stderr, "lrmoe-pack: %s: %s\n", stats_path, strerror(errno));
+            return 1;
+        }
+        fprintf(c.stats, "frame\tlayer\tstep\top\tpairs\trows\tdropped\tmoved\twritten_bytes"
+                         "\ttime_ms\n");
+    }
+    int rc = 0;
     if (lrmoe_filter_run(in, io.out, &io.w, on_frame, &c) < 0) {
         fprintf(stderr, "lrmoe-pack: %s\n", lrmoe_errmsg());
-        return 1;
+        rc = 1;
     }
-    return 0;
+    if (lrmoe_stats_close(c.stats) != 0 && !rc) {
+        fprintf(stderr, "lrmoe-pack: %s: write failed\n", stats_path);
+        rc = 1;
+    }
+    return rc;
 bad:
     fprintf(stderr, "lrmoe-pack: %s\n", lrmoe_errmsg());
     return 2;

@@ -27,11 +27,11 @@ static void usage(FILE *fp)
         "                        (default 3000; 0 = every frame from its own loads)\n"
         "      --lambda L        llep imbalance threshold (default 1.3; 0 = no gate)\n"
         "      --alpha A         llep capacity factor (default 1.0)\n"
-        "  -m, --min-chunk M     llep minimum rows per spilled chunk (default 1024)\n"
-        "  -r, --rates LIST      lrmoe candidate rates (default 1.0,0.9,0.8,0.7)\n"
+        "      --min-chunk M     llep minimum rows per spilled chunk (default 1024)\n"
+        "      --rates LIST      lrmoe candidate rates (default 1.0,0.9,0.8,0.7)\n"
         "  -R, --rate X          lrmoe single rate X in (0,1]\n"
         "  -q, --quota POLICY    even (default), minpeak or proportional\n"
-        "  -k, --min-keep F      every expert keeps >= ceil(F*n_e) (default 0.25)\n"
+        "      --min-keep F      every expert keeps >= ceil(F*n_e) (default 0.25)\n"
         "      --longer-backward when no rate has a plan whose modelled backward is\n"
         "                        within that of keeping every pair, take a longer one\n"
         "  -b, --best-effort     when no rate fits, keep the last one (plan.feasible=0)\n"
@@ -44,13 +44,18 @@ static void usage(FILE *fp)
         "  -W, --window SEC      all-to-all window (default 0 = unlimited)\n"
         "  -B, --bw BYTES/S      all-to-all bandwidth per rank (default 100e9)\n"
         "      --flops F         expert GEMM FLOP/s per rank (default 400e12)\n"
-        "  -D, --hidden D        hidden size (default: from hidden, else 2048)\n"
-        "  -F, --ffn F           expert FFN width (default 768)\n"
-        "  -K, --topk K          top-k (default: from topk_ids, else 8)\n"
-        "  -T, --tokens T        tokens per rank (default: from topk_ids, else 32768)\n"
+        "Model sizes, for frames that do not say them (lrmoe(7); an option that\n"
+        "disagrees with a frame is an error):\n"
+        "  -D, --hidden D        hidden size (default 2048; frames: hidden [T,D])\n"
+        "      --ffn F           expert FFN width (default 768; frames: saved_gate\n"
+        "                        [T,K,F], attribute ffn)\n"
+        "  -k, --topk K          top-k (default 8; frames: topk_ids [T,K], route.topk)\n"
+        "      --tokens T        tokens per rank (default 32768; frames: T/P)\n"
         "      --dtype NAME      storage dtype (default: of hidden, else BF16)\n"
-        "  -S, --stats FILE      write one TSV row per frame to FILE\n"
-        "BYTES take K, M, G, T (powers of 1024) or KB, MB, GB, TB (powers of 1000).\n"
+        "  -S, --stats FILE      write one TSV row per frame to FILE (- : stdout, or\n"
+        "                        stderr when the stream goes there)\n"
+        "BYTES: a number and a unit in any case: K, M, G, T or KiB, MiB, GiB, TiB are\n"
+        "powers of 1024 (16g = 16GiB), KB, MB, GB, TB powers of 1000 (lrmoe(7)).\n"
         "Stream options:\n"
         "  -o, --output FILE     write to FILE (default stdout)\n"
         "  -l, --level N         zstd level (default 3)\n"
@@ -91,21 +96,9 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
     if (lg && (lg->ndim != 2 || lg->shape[1] != E))
         return lrmoe_err("expert_load: %d experts, router_logits is %s", E,
                          lrmoe_shape_str(lg, b2, sizeof b2));
-    /* model sizes from the frame unless given */
-    lrmoe_tensor_t *ti = lrmoe_frame_get(f, "topk_ids");
-    if (ti && ti->ndim == 2) {
-        if (!c->cli.set_K)
-            o.cost.K = (int)ti->shape[1];
-        if (!c->cli.set_T)
-            o.cost.tokens = ti->shape[0] / o.P;
-    }
-    lrmoe_tensor_t *hd = lrmoe_frame_get(f, "hidden");
-    if (hd && hd->ndim == 2) {
-        if (!c->cli.set_D)
-            o.cost.D = hd->shape[1];
-        if (!c->cli.set_dtype)
-            o.cost.dtype_bytes = (int)lrmoe_dtype_size(hd->dtype);
-    }
+    /* model sizes from the frame; a given option must agree with it */
+    if (lrmoe_plan_cli_frame(&c->cli, f, o.P, 0, &o.cost) < 0)
+        return -1;
     int64_t *load = lrmoe_tensor_i64(tl);
     if (!load)
         return -1;
@@ -212,7 +205,7 @@ int main(int argc, char **argv)
     }
     const char *in = optind < argc ? argv[optind] : "-";
     if (stats_path) {
-        if (!(c.stats = lrmoe_tsv_open(stats_path))) {
+        if (!(c.stats = lrmoe_stats_open(stats_path, io.out))) {
             fprintf(stderr, "lrmoe-plan: %s: ", stats_path);
             perror(NULL);
             return 1;
@@ -235,7 +228,7 @@ int main(int argc, char **argv)
         rc = 1;
     }
     lrmoe_plan_thread_cleanup();
-    if (c.stats && fclose(c.stats) != 0 && !rc) {
+    if (c.stats && lrmoe_stats_close(c.stats) != 0 && !rc) {
         fprintf(stderr, "lrmoe-plan: %s: ", stats_path);
         perror(NULL);
         rc = 1;

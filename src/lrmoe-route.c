@@ -22,17 +22,19 @@ static void usage(FILE *fp)
         "                        attribute, else 8)\n"
         "  -r, --router NAME     softmax (default), topk-softmax (gpt-oss), sigmoid\n"
         "  -n, --renorm          renormalise the K weights to sum to 1\n"
-        "  -s, --scale S         routed scaling factor (default 1)\n"
-        "  -g, --groups G        sigmoid: split experts into G groups...\n"
-        "  -m, --topk-groups M   ...and pick only inside the M best groups\n"
+        "      --scale S         routed scaling factor (default 1)\n"
+        "  -G, --groups G        sigmoid: split experts into G groups...\n"
+        "      --topk-groups M   ...and pick only inside the M best groups\n"
         "  -w, --weights FILE    weights stream (router_weight, expert_bias per layer)\n"
         "      --from-hidden     compute logits from hidden even if router_logits exist\n"
         "      --loads-only      keep only expert_load (and rank_load) and the\n"
         "                        attributes: a trace for lrmoe-sim of kilobytes\n"
         "  -v, --verbose         notes on standard error (K's default, ignored bias)\n"
         "Statistics:\n"
-        "  -p, --ep P            also per-rank load under plain EP over P ranks\n"
+        "  -P, --ranks P         also per-rank load under plain EP over P ranks\n"
+        "      --ep P            old name of --ranks\n"
         "  -S, --stats FILE      write a TSV table, one row per frame, to FILE\n"
+        "                        (- : stdout, or stderr when the stream goes there)\n"
         "Stream options:\n"
         "  -o, --output FILE     write to FILE (default stdout)\n"
         "  -l, --level N         zstd level (default 3)\n"
@@ -43,7 +45,7 @@ static void usage(FILE *fp)
         "  -V, --version         print the version\n");
 }
 
-enum { OPT_FROM_HIDDEN = 0x2001, OPT_LOADS_ONLY };
+enum { OPT_FROM_HIDDEN = 0x2001, OPT_LOADS_ONLY, OPT_SCALE, OPT_TOPK_GROUPS };
 
 typedef struct {
     lrmoe_route_opts_t ro;
@@ -281,14 +283,15 @@ int main(int argc, char **argv)
         {"topk", required_argument, 0, 'k'},
         {"router", required_argument, 0, 'r'},
         {"renorm", no_argument, 0, 'n'},
-        {"scale", required_argument, 0, 's'},
-        {"groups", required_argument, 0, 'g'},
-        {"topk-groups", required_argument, 0, 'm'},
+        {"scale", required_argument, 0, OPT_SCALE},
+        {"groups", required_argument, 0, 'G'},
+        {"topk-groups", required_argument, 0, OPT_TOPK_GROUPS},
         {"weights", required_argument, 0, 'w'},
         {"from-hidden", no_argument, 0, OPT_FROM_HIDDEN},
         {"loads-only", no_argument, 0, OPT_LOADS_ONLY},
         {"verbose", no_argument, 0, 'v'},
-        {"ep", required_argument, 0, 'p'},
+        {"ranks", required_argument, 0, 'P'},
+        {"ep", required_argument, 0, 'P'},
         {"stats", required_argument, 0, 'S'},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
@@ -302,7 +305,7 @@ int main(int argc, char **argv)
     int ch;
     int64_t v;
     double d;
-    while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "k:r:ns:g:m:w:p:S:vhV",
+    while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "k:r:nG:w:P:S:vhV",
                              longopts, NULL)) != -1) {
         int r = lrmoe_io_opt(&io, ch, optarg);
         if (r > 0)
@@ -316,15 +319,15 @@ int main(int argc, char **argv)
                 break;
             case 'r': r = lrmoe_route_parse_router(optarg, &c.ro.router); break;
             case 'n': c.ro.renorm = 1; break;
-            case 's':
+            case OPT_SCALE:
                 r = lrmoe_parse_f64("--scale", optarg, -1e30, 1e30, &d);
                 c.ro.scale = d;
                 break;
-            case 'g':
+            case 'G':
                 r = lrmoe_parse_i64("--groups", optarg, 1, INT32_MAX, &v);
                 c.ro.groups = (int)v;
                 break;
-            case 'm':
+            case OPT_TOPK_GROUPS:
                 r = lrmoe_parse_i64("--topk-groups", optarg, 1, INT32_MAX, &v);
                 c.ro.topk_groups = (int)v;
                 break;
@@ -332,7 +335,7 @@ int main(int argc, char **argv)
             case OPT_FROM_HIDDEN: c.from_hidden = 1; break;
             case OPT_LOADS_ONLY: c.loads_only = 1; break;
             case 'v': c.verbose = 1; break;
-            case 'p': r = lrmoe_parse_i64("--ep", optarg, 1, INT32_MAX, &c.ep); break;
+            case 'P': r = lrmoe_parse_i64("--ranks", optarg, 1, INT32_MAX, &c.ep); break;
             case 'S': stats_path = optarg; break;
             case 'h': usage(stdout); return 0;
             case 'V': printf("lrmoe-route (lrmoe) %s\n", LRMOE_VERSION); return 0;
@@ -370,7 +373,7 @@ int main(int argc, char **argv)
         c.have_w = 1;
     }
     if (stats_path) {
-        if (!(c.stats = lrmoe_tsv_open(stats_path))) {
+        if (!(c.stats = lrmoe_stats_open(stats_path, io.out))) {
             fprintf(stderr, "lrmoe-route: %s: ", stats_path);
             perror(NULL);
             if (c.have_w)
@@ -390,7 +393,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "lrmoe-route: %s\n", lrmoe_errmsg());
         rc = 1;
     }
-    if (c.stats && fclose(c.stats) != 0 && !rc) {
+    if (c.stats && lrmoe_stats_close(c.stats) != 0 && !rc) {
         fprintf(stderr, "lrmoe-route: %s: ", stats_path);
         perror(NULL);
         rc = 1;

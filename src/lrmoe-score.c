@@ -1,5 +1,6 @@
 /* lrmoe-score: score every (token, expert) pair of the backward pass and keep
  * the highest-scoring ones inside each expert's quota. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,11 +18,13 @@ static void usage(FILE *fp)
         "Options:\n"
         "  -m, --metric NAME   lrm (default: alpha^2 ||g||^2 ||phi||^2), gradnorm,\n"
         "                      absgrad or random\n"
-        "  -d, --drop C        drop C percent of each expert's pairs (0..100) instead\n"
+        "      --drop C        drop C percent of each expert's pairs (0..100) instead\n"
         "                      of the plan's quota; writes quota\n"
-        "  -s, --seed N        seed of the random metric (default 0)\n"
+        "      --seed N        seed of the random metric (default 0)\n"
         "      --fidelity      also write score_fidelity, the relative error of\n"
         "                      each expert's dW_down (needs saved_gate, saved_up)\n"
+        "  -S, --stats FILE    one TSV row per frame: pairs kept and dropped, time\n"
+        "                      (- : stdout, or stderr when the stream goes there)\n"
         "  -v, --verbose       one line per frame on stderr\n"
         "  -o, --output FILE   write to FILE (default stdout)\n"
         "  -l, --level N       zstd level (default 3)\n"
@@ -36,6 +39,7 @@ static void usage(FILE *fp)
 typedef struct {
     lrmoe_score_opts_t o;
     int verbose;
+    FILE *stats;
 } ctx_t;
 
 static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
@@ -53,18 +57,35 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
             fprintf(stderr, ", fidelity %.6g", st.fidelity);
         fprintf(stderr, ", %.3f ms\n", st.seconds * 1e3);
     }
+    if (c->stats) {
+        FILE *fp = c->stats;
+        fprintf(fp, "%lld", (long long)index);
+        lrmoe_tsv_attr(fp, f, "layer");
+        lrmoe_tsv_attr(fp, f, "step");
+        fprintf(fp, "\t%s\t%lld\t%lld\t%lld\t%.6f\t%.6g", lrmoe_score_metric_name(c->o.metric),
+                (long long)st.pairs, (long long)st.kept, (long long)(st.pairs - st.kept),
+                st.retained, st.dropped_share);
+        if (st.fidelity >= 0)
+            fprintf(fp, "\t%.6g", st.fidelity);
+        else
+            fputs("\tNA", fp);
+        fprintf(fp, "\t%.3f\n", st.seconds * 1e3);
+        if (ferror(fp))
+            return lrmoe_err("--stats: write error");
+    }
     return 0;
 }
 
-enum { OPT_FIDELITY = 0x2001 };
+enum { OPT_FIDELITY = 0x2001, OPT_DROP, OPT_SEED };
 
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         LRMOE_STREAM_LONGOPTS,
         {"metric", required_argument, 0, 'm'},
-        {"drop", required_argument, 0, 'd'},
-        {"seed", required_argument, 0, 's'},
+        {"drop", required_argument, 0, OPT_DROP},
+        {"seed", required_argument, 0, OPT_SEED},
+        {"stats", required_argument, 0, 'S'},
         {"fidelity", no_argument, 0, OPT_FIDELITY},
         {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
@@ -75,9 +96,11 @@ int main(int argc, char **argv)
     lrmoe_io_init(&io);
     lrmoe_score_opts_default(&c.o);
     c.verbose = 0;
+    c.stats = NULL;
+    const char *stats_path = NULL;
     int ch;
     int64_t seed;
-    while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "m:d:s:vhV",
+    while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "m:S:vhV",
                              longopts, NULL)) != -1) {
         int r = lrmoe_io_opt(&io, ch, optarg);
         if (r > 0)
@@ -89,16 +112,17 @@ int main(int argc, char **argv)
             if (lrmoe_score_metric_parse(optarg, &c.o.metric) < 0)
                 goto bad;
             break;
-        case 'd':
+        case OPT_DROP:
             if (lrmoe_parse_f64("--drop", optarg, 0, 100, &c.o.drop_pct) < 0)
                 goto bad;
             break;
-        case 's':
+        case OPT_SEED:
             if (lrmoe_parse_i64("--seed", optarg, 0, INT64_MAX, &seed) < 0)
                 goto bad;
             c.o.seed = (uint64_t)seed;
             break;
         case OPT_FIDELITY: c.o.fidelity = 1; break;
+        case 'S': stats_path = optarg; break;
         case 'v': c.verbose = 1; break;
         case 'h': usage(stdout); return 0;
         case 'V': printf("lrmoe-score (lrmoe) %s\n", LRMOE_VERSION); return 0;
@@ -114,11 +138,24 @@ int main(int argc, char **argv)
     if (lrmoe_check_tty_out(io.out, io.force) < 0)
         goto bad;
     const char *in = optind < argc ? argv[optind] : "-";
+    if (stats_path) {
+        if (!(c.stats = lrmoe_stats_open(stats_path, io.out))) {
+            fprintf(stderr, "lrmoe-score: %s: %s\n", stats_path, strerror(errno));
+            return 1;
+        }
+        fprintf(c.stats, "frame\tlayer\tstep\tmetric\tpairs\tkept\tdropped\tretained"
+                         "\tdropped_score_share\tfidelity\tscore_ms\n");
+    }
+    int rc = 0;
     if (lrmoe_filter_run(in, io.out, &io.w, on_frame, &c) < 0) {
         fprintf(stderr, "lrmoe-score: %s\n", lrmoe_errmsg());
-        return 1;
+        rc = 1;
     }
-    return 0;
+    if (lrmoe_stats_close(c.stats) != 0 && !rc) {
+        fprintf(stderr, "lrmoe-score: %s: write failed\n", stats_path);
+        rc = 1;
+    }
+    return rc;
 bad:
     fprintf(stderr, "lrmoe-score: %s\n", lrmoe_errmsg());
     return 2;

@@ -33,9 +33,12 @@ static void usage(FILE *fp)
         "  -p, --planners LIST   planners to compare (default fixed,llep,eplb,lrmoe);\n"
         "                        lrmoe@R is lrmoe at the single rate R\n"
         "  -E, --experts E       experts, for frames with topk_ids only\n"
-        "  -t, --tsv FILE        one TSV row per frame and planner\n"
-        "  -R, --rank-tsv FILE   one TSV row per frame, planner and rank: forward and\n"
-        "                        backward pairs\n"
+        "  -S, --stats FILE      one TSV row per frame and planner (- : standard\n"
+        "                        error, stdout carries the report)\n"
+        "      --tsv FILE        old name of --stats\n"
+        "      --rank-stats FILE one TSV row per frame, planner and rank: forward\n"
+        "                        and backward pairs\n"
+        "      --rank-tsv FILE   old name of --rank-stats\n"
         "  -x, --pressure LIST   effective-throughput experiment at these batch\n"
         "                        multipliers, e.g. 1,2,4,8,16,20\n"
         "      --pressure-base T tokens per rank at multiplier 1 (default: the trace's)\n"
@@ -43,7 +46,7 @@ static void usage(FILE *fp)
         "  -g, --plot DIR        write figures (gnuplot) into DIR\n"
         "      --plot-format F   svg (default) or png\n"
         "  -j, --jobs N          planner threads (default: online CPUs, at most 8)\n"
-        "  -n, --frames N        stop after N frames\n"
+        "      --frames N        stop after N frames\n"
         "  -Q, --quiet           no progress line\n"
         "Cluster (defaults: the LRMoE paper's setup, one node of 8 GPUs):\n"
         "  -P, --ranks P         expert-parallel ranks (default 8; must divide E)\n"
@@ -56,11 +59,14 @@ static void usage(FILE *fp)
         "      --bw-inter BYTES/S  per rank between nodes (default 50e9)\n"
         "  -W, --window SEC      all-to-all window (default 0 = unlimited)\n"
         "      --flops F         expert GEMM FLOP/s per rank (default 400e12)\n"
-        "Model (default: from the frame, else the paper's):\n"
-        "  -D, --hidden D        hidden size (from hidden [T,D], else 2048)\n"
-        "  -F, --ffn F           expert FFN width (default 768)\n"
-        "  -K, --topk K          top-k (from topk_ids, else 8)\n"
-        "  -T, --tokens T        tokens per rank (from topk_ids, else 32768)\n"
+        "Model sizes, for frames that do not say them (lrmoe(7); an option that\n"
+        "disagrees with a frame is an error):\n"
+        "  -D, --hidden D        hidden size (default 2048; frames: hidden [T,D])\n"
+        "      --ffn F           expert FFN width (default 768; frames: saved_gate\n"
+        "                        [T,K,F], attribute ffn)\n"
+        "  -k, --topk K          top-k (default 8; frames: topk_ids [T,K], route.topk);\n"
+        "                        converts --pressure-base tokens into pairs\n"
+        "      --tokens T        tokens per rank (default 32768; frames: T/P)\n"
         "      --dtype NAME      storage dtype (of hidden, else BF16)\n"
         "Planner options (as lrmoe-plan):\n"
         "  -G, --groups G        eplb expert groups (default: nodes)\n"
@@ -69,19 +75,21 @@ static void usage(FILE *fp)
         "                        (default 3000; 0 = every frame from its own loads)\n"
         "      --lambda L        llep imbalance threshold (default 1.3)\n"
         "      --alpha A         llep capacity factor (default 1.0)\n"
-        "  -m, --min-chunk M     llep minimum rows per spilled chunk (default 1024)\n"
-        "  -r, --rates LIST      lrmoe candidate rates (default 1.0,0.9,0.8,0.7)\n"
+        "      --min-chunk M     llep minimum rows per spilled chunk (default 1024)\n"
+        "      --rates LIST      lrmoe candidate rates (default 1.0,0.9,0.8,0.7)\n"
         "  -q, --quota POLICY    even (default), minpeak or proportional\n"
-        "  -k, --min-keep F      every expert keeps >= ceil(F*n_e) (default 0.25)\n"
+        "      --min-keep F      every expert keeps >= ceil(F*n_e) (default 0.25)\n"
         "      --longer-backward when no rate has a plan whose modelled backward is\n"
         "                        within that of keeping every pair, take a longer one\n"
         "      --glpk-time SEC   GLPK time limit per solve (default 10)\n"
-        "BYTES take K, M, G, T (powers of 1024) or KB, MB, GB, TB (powers of 1000).\n"
+        "BYTES: a number and a unit in any case: K, M, G, T or KiB, MiB, GiB, TiB are\n"
+        "powers of 1024 (16g = 16GiB), KB, MB, GB, TB powers of 1000 (lrmoe(7)).\n"
         "  -h, --help            this help\n"
         "  -V, --version         print the version\n");
 }
 
-enum { OPT_BW_INTER = LRMOE_PLAN_OPT_END, OPT_PBASE, OPT_PEVERY, OPT_PLOTFMT };
+enum { OPT_BW_INTER = LRMOE_PLAN_OPT_END, OPT_PBASE, OPT_PEVERY, OPT_PLOTFMT, OPT_RANK_STATS,
+       OPT_FRAMES };
 
 /* "1,2,4" -> multipliers (each > 0). Returns the count or -1. */
 static int parse_list(const char *opt, const char *s, double *out, int max)
@@ -136,15 +144,17 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"planners", required_argument, 0, 'p'},
         {"experts", required_argument, 0, 'E'},
-        {"tsv", required_argument, 0, 't'},
-        {"rank-tsv", required_argument, 0, 'R'},
+        {"stats", required_argument, 0, 'S'},
+        {"tsv", required_argument, 0, 'S'},
+        {"rank-stats", required_argument, 0, OPT_RANK_STATS},
+        {"rank-tsv", required_argument, 0, OPT_RANK_STATS},
         {"pressure", required_argument, 0, 'x'},
         {"pressure-base", required_argument, 0, OPT_PBASE},
         {"pressure-every", required_argument, 0, OPT_PEVERY},
         {"plot", required_argument, 0, 'g'},
         {"plot-format", required_argument, 0, OPT_PLOTFMT},
         {"jobs", required_argument, 0, 'j'},
-        {"frames", required_argument, 0, 'n'},
+        {"frames", required_argument, 0, OPT_FRAMES},
         {"quiet", no_argument, 0, 'Q'},
         {"bw-inter", required_argument, 0, OPT_BW_INTER},
         LRMOE_PLAN_LONGOPTS,
@@ -163,7 +173,7 @@ int main(int argc, char **argv)
     int quiet = 0, ch;
     lrmoe_plan_cli_t cli;
     lrmoe_plan_cli_init(&cli, &c.base);
-    while ((ch = getopt_long(argc, argv, "p:E:t:R:x:g:j:n:Q" LRMOE_PLAN_SHORTOPTS "hV", longopts,
+    while ((ch = getopt_long(argc, argv, "p:E:S:x:g:j:Q" LRMOE_PLAN_SHORTOPTS "hV", longopts,
                              NULL)) != -1) {
         int r = lrmoe_plan_cli_opt(&cli, ch, optarg);
         if (r > 0)
@@ -175,15 +185,15 @@ int main(int argc, char **argv)
             r = lrmoe_parse_i64("--experts", optarg, 1, 1 << 20, &v);
             c.experts = (int)v;
             break;
-        case 't': tsv_path = optarg; break;
-        case 'R': rank_path = optarg; break;
+        case 'S': tsv_path = optarg; break;
+        case OPT_RANK_STATS: rank_path = optarg; break;
         case 'x': r = c.npress = parse_list("--pressure", optarg, c.pressure, LRMOE_SIM_MAX_PRESSURE); break;
         case OPT_PBASE: r = lrmoe_parse_i64("--pressure-base", optarg, 1, INT64_C(1) << 40, &c.pbase); break;
         case OPT_PEVERY: r = lrmoe_parse_i64("--pressure-every", optarg, 1, INT64_C(1) << 40, &c.pevery); break;
         case 'g': plot_dir = optarg; break;
         case OPT_PLOTFMT: r = lrmoe_plot_fmt_parse(optarg, &fmt); break;
         case 'j': r = lrmoe_parse_i64("--jobs", optarg, 1, 256, &jobs); break;
-        case 'n': r = lrmoe_parse_i64("--frames", optarg, 0, INT64_MAX, &max_frames); break;
+        case OPT_FRAMES: r = lrmoe_parse_i64("--frames", optarg, 0, INT64_MAX, &max_frames); break;
         case 'Q': quiet = 1; break;
         case OPT_BW_INTER: r = lrmoe_parse_bytes("--bw-inter", optarg, &bw_inter); break;
         case 'h': usage(stdout); return 0;
@@ -203,10 +213,7 @@ int main(int argc, char **argv)
         fprintf(stderr, TOOL ": %s\n", lrmoe_errmsg());
         return 2;
     }
-    c.set_D = cli.set_D;
-    c.set_K = cli.set_K;
-    c.set_T = cli.set_T;
-    c.set_dtype = cli.set_dtype;
+    c.given = cli;
     c.P = c.base.P;
     if (c.base.nodes <= 0 || c.P % c.base.nodes) {
         fprintf(stderr, TOOL ": %d nodes do not divide %d ranks\n", c.base.nodes, c.P);
@@ -248,7 +255,7 @@ int main(int argc, char **argv)
     }
     FILE *tsv = NULL;
     if (tsv_path) {
-        tsv = lrmoe_tsv_open(tsv_path);
+        tsv = lrmoe_stats_open(tsv_path, "-");
         if (!tsv) {
             fprintf(stderr, TOOL ": %s: %s\n", tsv_path, strerror(errno));
             lrmoe_reader_close(rd);
@@ -258,7 +265,7 @@ int main(int argc, char **argv)
     }
     FILE *rtsv = NULL;
     if (rank_path) {
-        rtsv = lrmoe_tsv_open(rank_path);
+        rtsv = lrmoe_stats_open(rank_path, "-");
         if (!rtsv) {
             fprintf(stderr, TOOL ": %s: %s\n", rank_path, strerror(errno));
             lrmoe_reader_close(rd);
@@ -288,21 +295,24 @@ int main(int argc, char **argv)
     if (pr.shown)
         fprintf(stderr, "\r\033[K");
     lrmoe_reader_close(rd);
-    if (rtsv && fclose(rtsv) != 0 && !rc) {
+    if (rtsv && lrmoe_stats_close(rtsv) != 0 && !rc) {
         fprintf(stderr, TOOL ": %s: write failed\n", rank_path);
         rc = 1;
     }
-    if (tsv && fclose(tsv) != 0 && !rc) {
+    if (tsv && lrmoe_stats_close(tsv) != 0 && !rc) {
         fprintf(stderr, TOOL ": %s: write failed\n", tsv_path);
         rc = 1;
     }
     if (!rc) {
-        const lrmoe_cost_model_t *m = &c.base.cost;
+        /* the sizes the run used: the first frame's (from the frame or the
+         * options, lrmoe_plan_cli_frame) */
+        const lrmoe_cost_model_t *m = nframes > 0 ? &res.model : &c.base.cost;
         char hb[24];
-        printf("lrmoe-sim: %lld frames, E=%lld, P=%d over %d node(s); D=%lld F=%lld, "
-               "%d-byte storage; hbm %s for replicas and buffers",
+        printf("lrmoe-sim: %lld frames, E=%lld, P=%d over %d node(s); D=%lld F=%lld K=%d, "
+               "%d-byte storage%s; hbm %s for replicas and buffers",
                (long long)nframes, (long long)E0, P, c.base.nodes, (long long)m->D,
-               (long long)m->F, m->dtype_bytes,
+               (long long)m->F, m->K, m->dtype_bytes,
+               res.model_varies ? " (frame 0; later frames differ)" : "",
                m->hbm > 0 ? lrmoe_cost_fmt_bytes(m->hbm, hb, sizeof hb) : "unlimited");
         if (m->window > 0)
             printf(", window %.3g ms", m->window * 1e3);

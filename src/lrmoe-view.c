@@ -22,11 +22,11 @@ static void usage(FILE *fp)
             "(over finite values) and NaN/Inf counts.\n"
             "\n"
             "Options:\n"
-            "  -j, --json           one JSON object per frame and line\n"
+            "      --json           one JSON object per frame and line\n"
             "  -F, --frame N[-M]    show frame N (or frames N..M); repeatable\n"
             "  -T, --tensor NAME    show tensor NAME only; repeatable\n"
-            "  -n, --values N       print the first N values of each tensor\n"
-            "  -S, --no-stats       skip min/max/mean/std/NaN/Inf (faster)\n"
+            "      --values N       print the first N values of each tensor\n"
+            "      --no-stats       skip min/max/mean/std/NaN/Inf (faster)\n"
             "  -h, --help           show this help\n"
             "  -V, --version        show the version\n",
             prog);
@@ -325,14 +325,17 @@ static int view(const char *path, opts_t *o)
     return 0;
 }
 
+/* long only: -j, -n and -S mean --jobs, --renorm and --stats (lrmoe(7)) */
+enum { OPT_JSON = 0x100, OPT_VALUES, OPT_NO_STATS };
+
 int main(int argc, char **argv)
 {
     static const struct option lopts[] = {
-        {"json", no_argument, 0, 'j'},
+        {"json", no_argument, 0, OPT_JSON},
         {"frame", required_argument, 0, 'F'},
         {"tensor", required_argument, 0, 'T'},
-        {"values", required_argument, 0, 'n'},
-        {"no-stats", no_argument, 0, 'S'},
+        {"values", required_argument, 0, OPT_VALUES},
+        {"no-stats", no_argument, 0, OPT_NO_STATS},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
@@ -341,9 +344,9 @@ int main(int argc, char **argv)
     lrmoe_select_init(&o.sel);
     o.stats = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "jF:T:n:ShV", lopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "F:T:hV", lopts, NULL)) != -1) {
         switch (c) {
-        case 'j':
+        case OPT_JSON:
             o.json = 1;
             break;
         case 'F': {
@@ -359,13 +362,13 @@ int main(int argc, char **argv)
                 return 1;
             }
             break;
-        case 'n':
+        case OPT_VALUES:
             if (lrmoe_parse_i64("--values", optarg, 0, INT64_MAX, &o.values) < 0) {
                 fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
                 return 2;
             }
             break;
-        case 'S':
+        case OPT_NO_STATS:
             o.stats = 0;
             break;
         case 'h':

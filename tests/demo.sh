@@ -16,7 +16,7 @@ lrmoe-gen $MODEL --tokens 8192 --hot 80:4 --seed 7 --weights "$W/weights.lrm" -o
 
 echo "== the LRMoE step: route | plan | forward | score | pack | compact backward"
 lrmoe-route -k 8 --ep $P --stats "$W/route.tsv" "$W/input.lrm" |
-  lrmoe-plan --planner lrmoe --ranks $P -F 128 --hbm 53M --stats "$W/plan.tsv" |
+  lrmoe-plan --planner lrmoe --ranks $P --ffn 128 --hbm 53M --stats "$W/plan.tsv" |
   lrmoe-exec --phase forward --weights "$W/weights.lrm" --ranks $P |
   lrmoe-score |
   lrmoe-pack |
@@ -41,7 +41,7 @@ echo "== every planner on the same frame (peak = busiest rank's pairs)"
 printf '%-8s %10s %10s %10s %8s %s\n' planner fwd_peak bwd_peak lower_bnd rho feasible
 for pl in fixed llep eplb lrmoe; do
     lrmoe-route -k 8 "$W/input.lrm" |
-      lrmoe-plan --planner $pl --ranks $P -F 128 --hbm 53M --best-effort |
+      lrmoe-plan --planner $pl --ranks $P --ffn 128 --hbm 53M --best-effort |
       lrmoe-view --json --no-stats | python3 -c '
 import json, sys
 a = json.loads(sys.stdin.readline())["attrs"]

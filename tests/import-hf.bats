@@ -93,7 +93,7 @@ t = load_file(sys.argv[1])
 save_file({k[len("model.layers.1."):]: v for k, v in t.items() if k.startswith("model.layers.1.mlp.")},
           sys.argv[2])
 PY
-    run "$BIN/lrmoe-import" -n mlp.gate.weight=router_weight -a layer=1 -o "$T/l1.lrm" "$T/l1.safetensors"
+    run "$BIN/lrmoe-import" --name mlp.gate.weight=router_weight --attr layer=1 -o "$T/l1.lrm" "$T/l1.safetensors"
     assert_success
     run "$BIN/lrmoe-view" "$T/l1.lrm"
     assert_output --partial "layer=1 hf.prefix=mlp hf.layout=fused hf.left_out=0"

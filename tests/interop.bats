@@ -140,7 +140,7 @@ np.save(f"{sys.argv[1]}/hidden.npy", s.f32_to_bf16(x))
 np.save(f"{sys.argv[1]}/ids.npy", np.arange(4, dtype=np.uint16))
 PY
     "$BIN/lrmoe-import" --no-compress -t hidden=bf16 -o "$T/s.lrm" "$T/hidden.npy" "$T/ids.npy"
-    run "$BIN/lrmoe-view" -S "$T/s.lrm"
+    run "$BIN/lrmoe-view" --no-stats "$T/s.lrm"
     assert_line --regexp '^  hidden +BF16 +\[6,5\]'
     assert_line --regexp '^  ids +U16 +\[4\]'
     "$BIN/lrmoe-export" -d "$T/u" "$T/s.lrm"
@@ -159,7 +159,7 @@ assert np.load(f"{d}/f/f000.ids.npy").dtype == np.uint16  # not BF16: untouched
 PY
     # the global form converts every 16-bit integer array
     "$BIN/lrmoe-import" --no-compress -t bf16 -o "$T/g.lrm" "$T/hidden.npy" "$T/ids.npy"
-    run "$BIN/lrmoe-view" -S "$T/g.lrm"
+    run "$BIN/lrmoe-view" --no-stats "$T/g.lrm"
     assert_line --regexp '^  ids +BF16 +\[4\]'
 }
 
@@ -201,9 +201,9 @@ for step, (t, a) in enumerate(fr):
     assert t["ids"].tolist() == [step]
 EOF
     # through a pipe, with a file after it, renamed
-    run sh -c "cat '$T/blobs' | '$BIN/lrmoe-import' -n ids=step_ids - '$T/blobs' | '$BIN/lrmoe-view'"
+    run sh -c "cat '$T/blobs' | '$BIN/lrmoe-import' --name ids=step_ids - '$T/blobs' | '$BIN/lrmoe-view'"
     assert_failure   # the second argument is three blobs: a file holds one
-    cat "$T/blobs" | "$BIN/lrmoe-import" -n ids=step_ids -o "$T/p.lrm" -
+    cat "$T/blobs" | "$BIN/lrmoe-import" --name ids=step_ids -o "$T/p.lrm" -
     run "$BIN/lrmoe-view" "$T/p.lrm"
     assert_success
     assert_equal "$(grep -c 'step_ids' <<< "$output")" 3
@@ -250,7 +250,7 @@ EOF
     need_safetensors
     $REF st-make "$T/a.safetensors"
     cp "$T/a.safetensors" "$T/b.safetensors"
-    "$BIN/lrmoe-import" --no-compress -n hidden=x -n load=expert_load -a step=99 -a run=r1 \
+    "$BIN/lrmoe-import" --no-compress --name hidden=x --name load=expert_load --attr step=99 --attr run=r1 \
         -o "$T/s.lrm" "$T/a.safetensors" "$T/b.safetensors"
     "$BIN/lrmoe-export" -O both -F 1 -T x -T expert_load -d "$T/o" "$T/s.lrm"
     run ls "$T/o"
@@ -272,9 +272,9 @@ PY
     assert_output --partial "nosuch"
     run "$BIN/lrmoe-export" --frame 5 -d "$T/o3" "$T/s.lrm"
     assert_one_error lrmoe-export
-    run "$BIN/lrmoe-import" -n nosuch=y -o "$T/x.lrm" "$T/a.safetensors"
+    run "$BIN/lrmoe-import" --name nosuch=y -o "$T/x.lrm" "$T/a.safetensors"
     assert_one_error lrmoe-import
-    run "$BIN/lrmoe-import" -n hidden=load -o "$T/x.lrm" "$T/a.safetensors"
+    run "$BIN/lrmoe-import" --name hidden=load -o "$T/x.lrm" "$T/a.safetensors"
     assert_one_error lrmoe-import
     assert_output --partial "already exists"
 }
@@ -335,7 +335,7 @@ for (ta, _, da), (tb, ab, db) in zip(a, b):
         assert da[k] == db[k] and ta[k].shape == tb[k].shape and ta[k].tobytes() == tb[k].tobytes(), k
 PY
     # --bf16-as f32 .npy files come back exactly through their sidecars
-    "$BIN/lrmoe-export" -b f32 -d "$T/f" "$T/g.lrm"
+    "$BIN/lrmoe-export" --bf16-as f32 -d "$T/f" "$T/g.lrm"
     "$BIN/lrmoe-import" --no-compress -o "$T/f32.lrm" "$T/f"
     run cmp "$T/g.lrm" "$T/f32.lrm"
     assert_success
@@ -365,7 +365,7 @@ PY
     assert_output --partial "the sidecar says BF16"
     # order and dtypes restored from the sidecar
     "$BIN/lrmoe-import" --no-compress -o "$T/o.lrm" "$T/f003.a.npy" "$T/f003.b.npy" "$T/f003.frame.json"
-    run "$BIN/lrmoe-view" -S "$T/o.lrm"
+    run "$BIN/lrmoe-view" --no-stats "$T/o.lrm"
     assert_line --index 0 --partial "layer=3"
     assert_line --index 2 --regexp '^  b +I16 '
     assert_line --index 3 --regexp '^  a +BF16 '

@@ -102,7 +102,7 @@ setup() {
     run env LD_LIBRARY_PATH="$LIBD" "$T/plan_inproc" "$T/routed.lrm" "$T/inproc.lrm" 4 64 32
     assert_success
     assert_line --regexp "^frame 1 rho [01]\.[0-9]+ fwd_peak [0-9]+ bwd_peak [0-9]+$"
-    "$BIN/lrmoe-plan" -P 4 -D 64 -F 32 "$T/routed.lrm" -o "$T/tool.lrm"
+    "$BIN/lrmoe-plan" -P 4 -D 64 --ffn 32 "$T/routed.lrm" -o "$T/tool.lrm"
     run python3 - "$BATS_TEST_DIRNAME/helpers" "$T/inproc.lrm" "$T/tool.lrm" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[1])

@@ -189,7 +189,7 @@ pipe_inputs() {
     pipe_inputs
     for pl in fixed llep eplb lrmoe; do
         case $pl in
-        llep) opts="-m 1 --lambda 1.0" ;;
+        llep) opts="--min-chunk 1 --lambda 1.0" ;;
         lrmoe) opts="-R 0.7" ;;
         *) opts="" ;;
         esac
@@ -259,7 +259,7 @@ import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream 
 t, a, d = read_stream('$T/p.lrm', True)[0]; print(a['pack.ranks'], dict(t)['pack_counts'].shape[0])"
     assert_output "2 2"
     # planned forward, then --drop: the plan's bwd_alloc no longer sums to the kept pairs
-    "$BIN/lrmoe-plan" -P 2 -D 16 -F 8 --no-compress "$T/r.lrm" |
+    "$BIN/lrmoe-plan" -P 2 -D 16 --ffn 8 --no-compress "$T/r.lrm" |
         "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" --no-compress |
         "$BIN/lrmoe-score" --drop 20 --no-compress -o "$T/sp.lrm"
     run "$BIN/lrmoe-pack" --no-compress -o "$T/p.lrm" "$T/sp.lrm"

@@ -143,7 +143,7 @@ llep_gpu() {
 
 @test "llep options and eplb hierarchy (nodes, groups, slots) match the references" {
     $REF gen "$T/in.lrm" --frames 6 --seed 12 --experts 64 --pairs 100000
-    "$BIN/lrmoe-plan" -P 8 -p llep --lambda 1.1 --alpha 1.2 -m 300 "$T/in.lrm" > "$T/l.lrm"
+    "$BIN/lrmoe-plan" -P 8 -p llep --lambda 1.1 --alpha 1.2 --min-chunk 300 "$T/in.lrm" > "$T/l.lrm"
     run $REF check "$T/in.lrm" "$T/l.lrm" --planner llep --ranks 8 --lambda 1.1 --alpha 1.2 --min-chunk 300
     assert_success
     "$BIN/lrmoe-plan" -P 8 -p eplb -N 2 -G 8 -s 10 "$T/in.lrm" > "$T/e.lrm"
@@ -257,11 +257,11 @@ for t, a in read_stream('$1'):
 
 @test "lrmoe: min-keep floors, a fixed --rate, proportional quotas sum to floor(rho*N)" {
     $REF gen "$T/in.lrm" --frames 6 --seed 14 --experts 32 --pairs 50000
-    run "$BIN/lrmoe-plan" -P 4 -R 0.6 -k 0.5 -M 0 -o "$T/o.lrm" "$T/in.lrm"
+    run "$BIN/lrmoe-plan" -P 4 -R 0.6 --min-keep 0.5 -M 0 -o "$T/o.lrm" "$T/in.lrm"
     assert_success
     run $REF check "$T/in.lrm" "$T/o.lrm" --planner lrmoe --ranks 4 --rates 0.6 --min-keep 0.5
     assert_success
-    run "$BIN/lrmoe-plan" -P 4 -R 0.6 -q proportional -k 0 -s 8 -M 0 -o "$T/p.lrm" "$T/in.lrm"
+    run "$BIN/lrmoe-plan" -P 4 -R 0.6 -q proportional --min-keep 0 -s 8 -M 0 -o "$T/p.lrm" "$T/in.lrm"
     assert_success
     run $REF check "$T/in.lrm" "$T/p.lrm" --planner lrmoe --ranks 4 --rates 0.6 --min-keep 0 --quota proportional --slots 8
     assert_success
@@ -294,7 +294,7 @@ for t, a in read_stream('$1'):
     assert_success
     assert_output --partial "rho 0.700"
     # min-keep larger than every rate
-    run "$BIN/lrmoe-plan" -P 8 -R 0.5 -k 0.8 -M 0 "$T/in.lrm"
+    run "$BIN/lrmoe-plan" -P 8 -R 0.5 --min-keep 0.8 -M 0 "$T/in.lrm"
     assert_failure 1
     assert_output --partial "min-keep"
 }
@@ -346,7 +346,7 @@ print(a['plan.mem_peak'], a['plan.fwd_peak'], a['plan.replicas'], a['plan.feasib
                 "$BIN/lrmoe-plan" -P 8 -M 0 -R $rate -q $q --longer-backward "$T/f.lrm" \
                     -o "$T/p.lrm"
                 "$BIN/lrmoe-score" --fidelity "$T/p.lrm" -o "$T/s.lrm"
-                "$BIN/lrmoe-view" -j -S "$T/s.lrm" | python3 -c '
+                "$BIN/lrmoe-view" --json --no-stats "$T/s.lrm" | python3 -c '
 import json, sys
 a = json.loads(sys.stdin.readline())["attrs"]
 print(" ".join(sys.argv[1:]), a["plan.bwd_peak"], a["score.fidelity"])' $wl $rate $q >> "$T/q.txt"
@@ -382,7 +382,7 @@ EOF
     run awk -F'\t' 'END { print NR, NF } NR == 1 { print $1, $4, $9, $14, $23, $24, $25, $26, $27, $28 }' "$T/s.tsv"
     assert_output "$(printf 'frame planner fwd_peak peak_over_mean binding hidden ffn topk tokens_per_rank source\n6 29')"
     # the model sizes the plan was made with, in the TSV and as attributes
-    run "$BIN/lrmoe-plan" -P 8 -M 0 -D 7168 -F 2048 -K 6 -T 4096 -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
+    run "$BIN/lrmoe-plan" -P 8 -M 0 -D 7168 --ffn 2048 --topk 6 --tokens 4096 -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
     assert_success
     run awk -F'\t' 'NR == 2 { print $24, $25, $26, $27 }' "$T/s.tsv"
     assert_output "7168 2048 6 4096"
@@ -432,8 +432,8 @@ print(a['plan.hidden'], a['plan.ffn'], a['plan.topk'], a['plan.tokens_per_rank']
     run "$BIN/lrmoe-plan" "$T/in.lrm"
     assert_failure 2
     assert_output --partial "--ranks P is required"
-    for o in "-R 0" "-R 1.5" "-r 1.0,0" "-r 0.9,,0.8" "-M -1G" "-M 5X" "-B 0" "-W -1" \
-             "-p nope" "-q nope" "-k 1.5" "--glpk-time 0" "--gpu-mem 80G" \
+    for o in "-R 0" "-R 1.5" "--rates 1.0,0" "--rates 0.9,,0.8" "-M -1G" "-M 5X" "-B 0" "-W -1" \
+             "-p nope" "-q nope" "--min-keep 1.5" "--glpk-time 0" "--gpu-mem 80G" \
              "--gpu-mem 10G --resident 20G"; do
         run "$BIN/lrmoe-plan" -P 4 $o "$T/in.lrm"
         assert_failure 2
@@ -443,9 +443,9 @@ print(a['plan.hidden'], a['plan.ffn'], a['plan.topk'], a['plan.tokens_per_rank']
 
 @test "lrmoe-plan and lrmoe-sim read the shared planner options alike (lib/plan_cli.c)" {
     $REF gen "$T/in.lrm" --frames 1 --experts 16 --pairs 100
-    for o in "-P 0" "-P x" "-K 0" "-D 0" "--dtype nope" "--gpu-mem 80G" \
+    for o in "-P 0" "-P x" "-k 0" "-D 0" "--dtype nope" "--gpu-mem 80G" \
              "--resident 8G" "--gpu-mem 10G --resident 10G" "--gpu-mem 10G --resident 20G" \
-             "--lambda -1" "-m -1" "-s 0"; do
+             "--lambda -1" "--min-chunk -1" "-s 0"; do
         run "$BIN/lrmoe-plan" -P 4 $o "$T/in.lrm"
         assert_failure 2
         a=${output#lrmoe-plan: }
@@ -454,7 +454,7 @@ print(a['plan.hidden'], a['plan.ffn'], a['plan.topk'], a['plan.tokens_per_rank']
         assert_output "lrmoe-sim: $a"
     done
     # good values of the same options are accepted
-    run "$BIN/lrmoe-plan" -P 4 -K 2 -D 64 -F 32 -T 100 --gpu-mem 1G --resident 999M \
+    run "$BIN/lrmoe-plan" -P 4 --topk 2 -D 64 --ffn 32 --tokens 100 --gpu-mem 1G --resident 999M \
         "$T/in.lrm"
     assert_success
 }

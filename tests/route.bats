@@ -70,7 +70,7 @@ route_check() {
     for dt in F32 BF16; do
         for kind in ties extreme inf; do
             gen "$T/in.lrm" --tokens 400 --experts 128 --kind $kind --dtype $dt --seed 17
-            for r in "-k 8 -n" "-k 5 -r topk-softmax" "-k 8 -r sigmoid -g 8 -m 4"; do
+            for r in "-k 8 -n" "-k 5 -r topk-softmax" "-k 8 -r sigmoid -G 8 --topk-groups 4"; do
                 "$BIN/lrmoe-route" $r --no-compress -o "$T/a.lrm" "$T/in.lrm"
                 for path in LRMOE_NO_AVX512 LRMOE_NO_SIMD; do
                 env "$path=1" "$BIN/lrmoe-route" $r --no-compress -o "$T/b.lrm" "$T/in.lrm"
@@ -128,7 +128,7 @@ EOF
 
 @test "route: sigmoid group-limited selection" {
     gen "$T/in.lrm" --tokens 200 --experts 64 --kind mix --frames 3 --bias --seed 9
-    route_check "$T/in.lrm" -k 8 -r sigmoid -g 8 -m 4 -n -s 2.5
+    route_check "$T/in.lrm" -k 8 -r sigmoid -G 8 --topk-groups 4 -n --scale 2.5
     route_check "$T/in.lrm" -k 6 -r sigmoid --groups 16 --topk-groups 3
     route_check "$T/in.lrm" -k 2 -r sigmoid --groups 64 --topk-groups 2
 }
@@ -167,7 +167,7 @@ EOF
 
 @test "route: -@ threads give the same stream as one thread" {
     gen "$T/in.lrm" --tokens 1000 --experts 64 --kind ties --seed 10 --bias
-    for r in "-k 8" "-k 8 -r sigmoid -g 8 -m 2 -n"; do
+    for r in "-k 8" "-k 8 -r sigmoid -G 8 --topk-groups 2 -n"; do
         "$BIN/lrmoe-route" $r --no-compress -o "$T/a.lrm" "$T/in.lrm"
         "$BIN/lrmoe-route" $r --no-compress -@ 3 -o "$T/b.lrm" "$T/in.lrm"
         cmp "$T/a.lrm" "$T/b.lrm"
@@ -177,7 +177,7 @@ EOF
 @test "route: --ep rank load, imbalance attributes and the stats TSV" {
     gen "$T/in.lrm" --tokens 300 --experts 32 --frames 3 --seed 11
     route_check "$T/in.lrm" -k 4 --ep 4
-    route_check "$T/in.lrm" -k 4 -p 8 -r sigmoid
+    route_check "$T/in.lrm" -k 4 -P 8 -r sigmoid
     run head -1 "$T/stats.tsv"
     assert_output --partial "expert_imbalance"
     [ "$(wc -l < "$T/stats.tsv")" -eq 4 ]
@@ -252,8 +252,8 @@ EOF
         assert_output "lrmoe-route: $msg"
     }
     check1 "frame 0: top-k 17 exceeds the 16 experts" -k 17 "$T/in.lrm"
-    check1 "frame 0: 3 groups do not divide the 16 experts" -r sigmoid -g 3 -m 1 "$T/in.lrm"
-    check1 "frame 0: top-k 8 exceeds the 4 experts in 1 of 4 groups" -r sigmoid -k 8 -g 4 -m 1 "$T/in.lrm"
+    check1 "frame 0: 3 groups do not divide the 16 experts" -r sigmoid -G 3 --topk-groups 1 "$T/in.lrm"
+    check1 "frame 0: top-k 8 exceeds the 4 experts in 1 of 4 groups" -r sigmoid -k 8 -G 4 --topk-groups 1 "$T/in.lrm"
     check1 "frame 0: 3 ranks do not divide the 16 experts" -k 2 --ep 3 "$T/in.lrm"
     check1 "frame 0: router_weight: shape [12,8] does not match router_logits [20,16]" -w "$T/w12.lrm" "$T/in.lrm"
     check1 "frame 0: router_weight: shape [16,8] does not match hidden [20,24] (expected [E,24])" -w "$T/w16.lrm" "$T/h.lrm"
@@ -271,14 +271,14 @@ EOF
 
 @test "route: usage errors exit 2" {
     gen "$T/in.lrm" --tokens 20 --experts 16
-    for args in "-k 0" "-k x" "-r foo" "-r sigmoid -g 4 -m 5" "-g 4 -m 2" \
-                "-r sigmoid -g 4" "--ep 0" "--from-hidden" "--bogus" "a b"; do
+    for args in "-k 0" "-k x" "-r foo" "-r sigmoid -G 4 --topk-groups 5" "-G 4 --topk-groups 2" \
+                "-r sigmoid -G 4" "--ep 0" "--from-hidden" "--bogus" "a b"; do
         run "$BIN/lrmoe-route" $args -o "$T/out.lrm" "$T/in.lrm"
         assert_failure 2
     done
     run "$BIN/lrmoe-route" -k 0 -o "$T/out.lrm" "$T/in.lrm"
     assert_output "lrmoe-route: --topk: 0 is out of range [1, 2147483647]"
-    run "$BIN/lrmoe-route" -r sigmoid -g 4 -m 5 -o "$T/out.lrm" "$T/in.lrm"
+    run "$BIN/lrmoe-route" -r sigmoid --groups 4 --topk-groups 5 -o "$T/out.lrm" "$T/in.lrm"
     assert_output "lrmoe-route: topk-groups 5 exceeds the 4 groups"
 }
 
@@ -294,7 +294,7 @@ EOF
     for dt in f32 bf16; do
         "$BIN/lrmoe-gen" --preset qwen3-30b-a3b --tokens 512 --hidden 8 --ffn 8 --steps 2 \
             --logits-dtype $dt --zipf 1.2 --seed 3 -o "$T/g.lrm"
-        route_check "$T/g.lrm" -k 8 -n -p 8
+        route_check "$T/g.lrm" -k 8 -n -P 8
         route_check "$T/g.lrm" -k 4 -r topk-softmax
     done
 }
@@ -327,8 +327,8 @@ print(a['route.topk_from'], a['route.expert_bias'])"
 @test "route: --loads-only keeps expert_load (and rank_load) and the attributes; lrmoe-sim reads it like the full trace" {
     [ -x "$BIN/lrmoe-sim" ] || skip "bin/lrmoe-sim not built"
     gen "$T/in.lrm" --tokens 256 --experts 16 --frames 2
-    "$BIN/lrmoe-route" -k 2 -p 4 --no-compress -o "$T/full.lrm" "$T/in.lrm"
-    "$BIN/lrmoe-route" -k 2 -p 4 --loads-only --no-compress -o "$T/lo.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-route" -k 2 --ranks 4 --no-compress -o "$T/full.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-route" -k 2 --ranks 4 --loads-only --no-compress -o "$T/lo.lrm" "$T/in.lrm"
     run python3 -c "
 import sys, numpy as np; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
 F = read_stream('$T/full.lrm', True); L = read_stream('$T/lo.lrm', True)
@@ -339,8 +339,10 @@ for (tf, af, _), (tl, al, _) in zip(F, L):
     assert np.array_equal(tf['expert_load'], tl['expert_load']) and af == al
 print('ok')"
     assert_output "ok"
-    # the same report, but for the measured planner wall time (a line and its p99)
-    a=$("$BIN/lrmoe-sim" -P 4 -E 16 -D 64 -F 32 "$T/full.lrm" 2>&1 | sed "/wall time/,+1d")
-    b=$("$BIN/lrmoe-sim" -P 4 -E 16 -D 64 -F 32 "$T/lo.lrm" 2>&1 | sed "/wall time/,+1d")
+    # the same report, but for the measured planner wall time (a line and its
+    # p99); -D is the full trace's own (grad_output [T,2]): the loads-only one
+    # no longer says it, and an option that disagrees with a frame is an error
+    a=$("$BIN/lrmoe-sim" -P 4 -E 16 -D 2 --ffn 32 "$T/full.lrm" 2>&1 | sed "/wall time/,+1d")
+    b=$("$BIN/lrmoe-sim" -P 4 -E 16 -D 2 --ffn 32 "$T/lo.lrm" 2>&1 | sed "/wall time/,+1d")
     [ -n "$a" ] && [ "$a" = "$b" ]
 }

@@ -33,7 +33,7 @@ truncated() {
     for dt in F32 BF16; do
         mk --dtype $dt --T 80 --seed 3
         for m in gradnorm absgrad random; do
-            "$BIN/lrmoe-score" -m $m -s 7 "$T/in.lrm" > "$T/out.lrm"
+            "$BIN/lrmoe-score" -m $m --seed 7 "$T/in.lrm" > "$T/out.lrm"
             run $REF check-score "$T/in.lrm" "$T/out.lrm" --metric $m --seed 7
             assert_success
         done

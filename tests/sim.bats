@@ -57,7 +57,7 @@ col() {
         $4 == p { print $k; exit }' "$1"
 }
 
-TINY=(-P 2 -D 4 -F 2 --bw 1000 --flops 1000)
+TINY=(-P 2 -D 4 --ffn 2 --bw 1000 --flops 1000)
 
 @test "sim: --help, --version, usage errors exit 2" {
     run "$BIN/lrmoe-sim" --help
@@ -80,25 +80,25 @@ TINY=(-P 2 -D 4 -F 2 --bw 1000 --flops 1000)
 
 @test "sim: hand-computed fixed EP on E=4, P=2 (memory, time, bytes)" {
     one "$T/h.lrm" 6,2,1,1
-    run "$BIN/lrmoe-sim" "${TINY[@]}" -M 0 -p fixed -t "$T/h.tsv" "$T/h.lrm"
+    run "$BIN/lrmoe-sim" "${TINY[@]}" -M 0 -p fixed --stats "$T/h.tsv" "$T/h.lrm"
     assert_success
     # rank 0 holds experts 0,1: 8 rows; W = 3*D*F = 24 elements, b = 2
     # fwd 8*2*4*2 = 128, saved 8*2*2*2 = 64, bwd 8*(3*4+2*2)*2 = 256
     [ "$(col "$T/h.tsv" fixed fwd_peak)" = 8 ]
     [ "$(col "$T/h.tsv" fixed lower_bound)" = 5 ]
     [ "$(col "$T/h.tsv" fixed peak_over_lb)" = 1.6 ]
-    [ "$(col "$T/h.tsv" fixed mem_base)" = 96 ]
-    [ "$(col "$T/h.tsv" fixed mem_replica)" = 0 ]
-    [ "$(col "$T/h.tsv" fixed mem_tokens)" = 448 ]
-    [ "$(col "$T/h.tsv" fixed mem_subtotal)" = 544 ]
+    [ "$(col "$T/h.tsv" fixed mem_base_bytes)" = 96 ]
+    [ "$(col "$T/h.tsv" fixed mem_replica_bytes)" = 0 ]
+    [ "$(col "$T/h.tsv" fixed mem_tokens_bytes)" = 448 ]
+    [ "$(col "$T/h.tsv" fixed mem_subtotal_bytes)" = 544 ]
     # rows of D*b = 8 bytes; rank 0 receives 8*(1/2) rows, rank 1 sends 4: 32 B
     # per phase at 1000 B/s, forward and backward: 0.064 s each way
-    [ "$(col "$T/h.tsv" fixed t_dispatch)" = 0.064 ]
-    [ "$(col "$T/h.tsv" fixed t_combine)" = 0.064 ]
+    [ "$(col "$T/h.tsv" fixed t_dispatch_s)" = 0.064 ]
+    [ "$(col "$T/h.tsv" fixed t_combine_s)" = 0.064 ]
     # 8 rows * 6*D*F = 384 FLOP forward, 768 backward at 1000 FLOP/s
-    [ "$(col "$T/h.tsv" fixed t_compute)" = 1.152 ]
-    [ "$(col "$T/h.tsv" fixed t_backward)" = 0.832 ]
-    [ "$(col "$T/h.tsv" fixed t_total)" = 1.28 ]
+    [ "$(col "$T/h.tsv" fixed t_compute_s)" = 1.152 ]
+    [ "$(col "$T/h.tsv" fixed t_backward_s)" = 0.832 ]
+    [ "$(col "$T/h.tsv" fixed t_total_s)" = 1.28 ]
     # rank 0 sends 8+32+8+32 and receives 32+8+32+8 bytes
     [ "$(col "$T/h.tsv" fixed a2a_bytes)" = 80 ]
     [ "$(col "$T/h.tsv" fixed layer)" = 3 ]
@@ -107,21 +107,21 @@ TINY=(-P 2 -D 4 -F 2 --bw 1000 --flops 1000)
 
 @test "sim: hand-computed LLEP spill with one replica on E=4, P=2" {
     one "$T/h.lrm" 10,0,0,0
-    run "$BIN/lrmoe-sim" "${TINY[@]}" -M 0 -p llep --lambda 1 -m 0 -t "$T/h.tsv" "$T/h.lrm"
+    run "$BIN/lrmoe-sim" "${TINY[@]}" -M 0 -p llep --lambda 1 --min-chunk 0 --stats "$T/h.tsv" "$T/h.lrm"
     assert_success
     # capacity 10/2: rank 0 keeps 5, 5 spill to rank 1 which gets a replica:
     # W*(b+g) = 24*(2+4) = 144 bytes; rank 1 is the busiest (144 + 5*24 + 5*32)
     [ "$(col "$T/h.tsv" llep fwd_peak)" = 5 ]
     [ "$(col "$T/h.tsv" llep replicas)" = 1 ]
-    [ "$(col "$T/h.tsv" llep mem_replica)" = 144 ]
-    [ "$(col "$T/h.tsv" llep mem_tokens)" = 280 ]
-    [ "$(col "$T/h.tsv" llep mem_charged)" = 424 ]
-    [ "$(col "$T/h.tsv" llep mem_subtotal)" = 520 ]
+    [ "$(col "$T/h.tsv" llep mem_replica_bytes)" = 144 ]
+    [ "$(col "$T/h.tsv" llep mem_tokens_bytes)" = 280 ]
+    [ "$(col "$T/h.tsv" llep mem_charged_bytes)" = 424 ]
+    [ "$(col "$T/h.tsv" llep mem_subtotal_bytes)" = 520 ]
     # weights 24*2 bytes out and the gradient back: 0.048 s
-    [ "$(col "$T/h.tsv" llep t_weights)" = 0.048 ]
-    [ "$(col "$T/h.tsv" llep t_dispatch)" = 0.04 ]
-    [ "$(col "$T/h.tsv" llep t_compute)" = 0.72 ]
-    [ "$(col "$T/h.tsv" llep t_total)" = 0.848 ]
+    [ "$(col "$T/h.tsv" llep t_weights_s)" = 0.048 ]
+    [ "$(col "$T/h.tsv" llep t_dispatch_s)" = 0.04 ]
+    [ "$(col "$T/h.tsv" llep t_compute_s)" = 0.72 ]
+    [ "$(col "$T/h.tsv" llep t_total_s)" = 0.848 ]
     [ "$(col "$T/h.tsv" llep a2a_bytes)" = 128 ]
 }
 
@@ -129,15 +129,15 @@ TINY=(-P 2 -D 4 -F 2 --bw 1000 --flops 1000)
     one "$T/h.lrm" 6,2,1,1,0,0,0,0
     # a rank sends 1/3 of its bytes inside its node, 2/3 outside:
     # max(B/3/300, 2B/3/100) = B/150
-    run "$BIN/lrmoe-sim" -P 4 -N 2 -D 4 -F 2 --bw 300 --bw-inter 100 --flops 1000 -M 0 \
-        -p fixed -t "$T/a.tsv" "$T/h.lrm"
+    run "$BIN/lrmoe-sim" -P 4 -N 2 -D 4 --ffn 2 --bw 300 --bw-inter 100 --flops 1000 -M 0 \
+        -p fixed --stats "$T/a.tsv" "$T/h.lrm"
     assert_success
     assert_output --partial "effective 1.5e-07 GB/s"
-    run "$BIN/lrmoe-sim" -P 4 -D 4 -F 2 --bw 150 --flops 1000 -M 0 -p fixed -t "$T/b.tsv" "$T/h.lrm"
+    run "$BIN/lrmoe-sim" -P 4 -D 4 --ffn 2 --bw 150 --flops 1000 -M 0 -p fixed --stats "$T/b.tsv" "$T/h.lrm"
     assert_success
-    [ "$(col "$T/a.tsv" fixed t_dispatch)" = "$(col "$T/b.tsv" fixed t_dispatch)" ]
+    [ "$(col "$T/a.tsv" fixed t_dispatch_s)" = "$(col "$T/b.tsv" fixed t_dispatch_s)" ]
     # rank 0: 8 rows in, (3/4)*8 rows of 8 bytes = 48 B per phase at 150 B/s
-    [ "$(col "$T/a.tsv" fixed t_dispatch)" = 0.64 ]
+    [ "$(col "$T/a.tsv" fixed t_dispatch_s)" = 0.64 ]
 }
 
 @test "sim: pressure by hand (fixed and the ideal bound)" {
@@ -153,9 +153,9 @@ TINY=(-P 2 -D 4 -F 2 --bw 1000 --flops 1000)
 
 @test "sim: per-frame plan figures equal lrmoe-plan's for every planner" {
     gen "$T/tr.lrm" 32 2 3 16384 1.2 5
-    M=(-P 4 -D 256 -F 128 -M 7M)
+    M=(-P 4 -D 256 --ffn 128 -M 7M)
     # three threads: GLPK in worker threads must give the single-threaded plans
-    run "$BIN/lrmoe-sim" "${M[@]}" -j 3 -t "$T/sim.tsv" -R "$T/rank.tsv" "$T/tr.lrm"
+    run "$BIN/lrmoe-sim" "${M[@]}" -j 3 --stats "$T/sim.tsv" --rank-stats "$T/rank.tsv" "$T/tr.lrm"
     assert_success
     for p in fixed llep eplb lrmoe; do
         "$BIN/lrmoe-plan" -p "$p" "${M[@]}" -b --stats "$T/plan-$p.tsv" -o "$T/plan-$p.lrm" \
@@ -181,10 +181,10 @@ for p in ["fixed", "llep", "eplb", "lrmoe"]:
         for k in ["fwd_peak", "bwd_peak", "fwd_lb", "bwd_lb", "replicas", "feasible"]:
             assert float(s[k]) == float(r[k]), (p, r["frame"], k, s[k], r[k])
         assert abs(float(s["rho"]) - float(r["rho"])) < 1e-6, (p, "rho")
-        assert abs(float(s["mem_charged"]) / G - float(r["mem_peak_gib"])) < 2e-6, (p, "mem")
-        t_comm = float(s["t_dispatch"]) + float(s["t_combine"]) + float(s["t_weights"])
+        assert abs(float(s["mem_charged_bytes"]) / G - float(r["mem_peak_gib"])) < 2e-6, (p, "mem")
+        t_comm = float(s["t_dispatch_s"]) + float(s["t_combine_s"]) + float(s["t_weights_s"])
         assert abs(t_comm * 1e3 - float(r["t_comm_ms"])) < 2e-6, (p, "t_comm")
-        assert abs(float(s["t_total"]) * 1e3 - float(r["t_total_ms"])) < 2e-6, (p, "t_total")
+        assert abs(float(s["t_total_s"]) * 1e3 - float(r["t_total_ms"])) < 2e-6, (p, "t_total_s")
         # the memory split, independently from the plan tensors
         pl, fw, bw = t["placement"], t["fwd_alloc"], t["bwd_alloc"]
         E, P = pl.shape
@@ -196,9 +196,9 @@ for p in ["fixed", "llep", "eplb", "lrmoe"]:
         tok = f * 2 * D * b + f * 2 * F * b + k * (3 * D + 2 * F) * b
         charged = rep * W * (b + g) + tok
         q = int(np.argmax(charged))
-        assert float(s["mem_replica"]) == rep[q] * W * (b + g), (p, "replica")
-        assert float(s["mem_tokens"]) == tok[q], (p, "tokens")
-        assert float(s["mem_base"]) == (E // P) * W * b
+        assert float(s["mem_replica_bytes"]) == rep[q] * W * (b + g), (p, "replica")
+        assert float(s["mem_tokens_bytes"]) == tok[q], (p, "tokens")
+        assert float(s["mem_base_bytes"]) == (E // P) * W * b
         assert float(s["fwd_peak"]) == f.max() and float(s["bwd_peak"]) == k.max()
         assert ranks[(r["frame"], p)] == list(zip(f.tolist(), k.tolist())), (p, "per-rank loads")
         reduced += float(s["rho"]) < 1
@@ -223,9 +223,9 @@ for t, a in read_stream(T + "/k.lrm"):
     out.append(({"expert_load": np.bincount(t["topk_ids"].ravel(), minlength=16).astype(np.int64)}, a))
 write_stream(T + "/l.lrm", out)
 EOF
-    run "$BIN/lrmoe-sim" -P 4 -E 16 -p fixed,llep,lrmoe -t "$T/k.tsv" "$T/k.lrm"
+    run "$BIN/lrmoe-sim" -P 4 -E 16 -p fixed,llep,lrmoe --stats "$T/k.tsv" "$T/k.lrm"
     assert_success
-    run "$BIN/lrmoe-sim" -P 4 -K 2 -p fixed,llep,lrmoe -t "$T/l.tsv" "$T/l.lrm"
+    run "$BIN/lrmoe-sim" -P 4 --topk 2 -p fixed,llep,lrmoe --stats "$T/l.tsv" "$T/l.lrm"
     assert_success
     # everything but the planner wall time
     diff <(cut -f1-29 "$T/k.tsv") <(cut -f1-29 "$T/l.tsv")
@@ -237,10 +237,10 @@ EOF
 
 @test "sim: table means and p99 equal numpy over the TSV; -j 1 and -j 2 agree" {
     gen "$T/tr.lrm" 32 4 30 8192 1.1 3
-    run "$BIN/lrmoe-sim" -P 8 -j 2 -p fixed,llep,eplb -t "$T/a.tsv" "$T/tr.lrm"
+    run "$BIN/lrmoe-sim" -P 8 -j 2 -p fixed,llep,eplb --stats "$T/a.tsv" "$T/tr.lrm"
     assert_success
     echo "$output" > "$T/table.txt"
-    "$BIN/lrmoe-sim" -P 8 -j 1 -p fixed,llep,eplb -t "$T/b.tsv" "$T/tr.lrm" > /dev/null
+    "$BIN/lrmoe-sim" -P 8 -j 1 -p fixed,llep,eplb --stats "$T/b.tsv" "$T/tr.lrm" > /dev/null
     diff <(cut -f1-29 "$T/a.tsv") <(cut -f1-29 "$T/b.tsv")
     run python3 - "$T" <<'EOF'
 import csv, math, sys
@@ -251,8 +251,8 @@ lines = open(T + "/table.txt").read().splitlines()
 def row(label):
     i = [k for k, l in enumerate(lines) if l.startswith(label)][0]
     return [float(x) for x in lines[i].split()[-3:]], [float(x) for x in lines[i + 1].split()[-3:]]
-checks = {"forward peak  ": ("fwd_peak", 1), "memory: token buffers": ("mem_tokens", 1024.0 ** -3),
-          "time: layer total": ("t_total", 1e3), "all-to-all, busiest rank": ("a2a_bytes", 1024.0 ** -2)}
+checks = {"forward peak  ": ("fwd_peak", 1), "memory: token buffers": ("mem_tokens_bytes", 1024.0 ** -3),
+          "time: layer total": ("t_total_s", 1e3), "all-to-all, busiest rank": ("a2a_bytes", 1024.0 ** -2)}
 for label, (k, sc) in checks.items():
     mean, p99 = row(label)
     for j, p in enumerate(["fixed", "llep", "eplb"]):
@@ -272,8 +272,8 @@ EOF
     # the scale of issue 8 on a short trace: worker threads must not share
     # planner state (LLEP once sorted through a global and diverged here)
     gen "$T/big.lrm" 256 48 20 2097152 1.1 8
-    "$BIN/lrmoe-sim" -Q -P 64 -N 8 -j 2 -p fixed,llep,eplb,lrmoe -t "$T/a.tsv" "$T/big.lrm" > /dev/null
-    "$BIN/lrmoe-sim" -Q -P 64 -N 8 -j 1 -p fixed,llep,eplb,lrmoe -t "$T/b.tsv" "$T/big.lrm" > /dev/null
+    "$BIN/lrmoe-sim" -Q -P 64 -N 8 -j 2 -p fixed,llep,eplb,lrmoe --stats "$T/a.tsv" "$T/big.lrm" > /dev/null
+    "$BIN/lrmoe-sim" -Q -P 64 -N 8 -j 1 -p fixed,llep,eplb,lrmoe --stats "$T/b.tsv" "$T/big.lrm" > /dev/null
     [ "$(wc -l < "$T/a.tsv")" -eq $((48 * 20 * 4 + 1)) ]
     diff <(cut -f1-29 "$T/a.tsv") <(cut -f1-29 "$T/b.tsv")
     # every plan reaches or certifies its bound: fixed peak == T*, lrmoe at T*

@@ -67,7 +67,7 @@ assert_tsv_rows() { # FILE ROWS_PER_FRAME
     # -j 1 reads 4 frames per batch: rows of frames 0-3 come before frame 4
     mkfifo "$T/q"
     run $LIVE --batch 4 --rows "$T/s.tsv:2" --rows "$T/sr.tsv:4" "$T/g.lrm" \
-        "'$BIN/lrmoe-sim' -Q -j 1 -P 2 -p fixed,lrmoe --tsv '$T/s.tsv' -R '$T/sr.tsv' '$T/q' >/dev/null &
+        "'$BIN/lrmoe-sim' -Q -j 1 -P 2 -p fixed,lrmoe --stats '$T/s.tsv' --rank-stats '$T/sr.tsv' '$T/q' >/dev/null &
          '$BIN/lrmoe-route' --no-compress | tee '$T/q'; wait \$!"
     assert_success
     assert_line --regexp "^frames 4-7 out after "

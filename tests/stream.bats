@@ -293,11 +293,11 @@ PY
         # a budget 10x the measured time on a busy 2-core machine
         run timeout 15 "$BIN/lrmoe-cat" -o "$T/out.lrm" "$T/$k.lrm"
         assert_success
-        run timeout 15 "$BIN/lrmoe-view" -S "$T/out.lrm"
+        run timeout 15 "$BIN/lrmoe-view" --no-stats "$T/out.lrm"
         assert_success
         assert_output --partial "# 1 frame, "
     done
-    run "$BIN/lrmoe-view" -j -S "$T/a.lrm"
+    run "$BIN/lrmoe-view" --json --no-stats "$T/a.lrm"
     assert_success
     python3 -c "import json,sys; a=json.loads(sys.stdin.read())['attrs']; assert len(a) == 120000 and a['a119999'] == ''" <<< "$output"
 }
@@ -341,6 +341,6 @@ PY
     # once is fine, beside files
     run "$BIN/lrmoe-cat" --no-compress -o "$T/out.lrm" "$T/ok.lrm" - < "$T/ok.lrm"
     assert_success
-    run "$BIN/lrmoe-view" -S "$T/out.lrm"
+    run "$BIN/lrmoe-view" --no-stats "$T/out.lrm"
     assert_output --partial "# 4 frames"
 }

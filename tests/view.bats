@@ -88,8 +88,8 @@ PY
 }
 
 @test "--values N prints the exact stored values (text and JSON)" {
-    "$BIN/lrmoe-view" --json -n 40 -F 0 -T hidden -T half "$T/s.lrm" > "$T/v.json"
-    "$BIN/lrmoe-view" -n 40 -F 0 -T hidden -T half "$T/s.lrm" > "$T/v.txt"
+    "$BIN/lrmoe-view" --json --values 40 -F 0 -T hidden -T half "$T/s.lrm" > "$T/v.json"
+    "$BIN/lrmoe-view" --values 40 -F 0 -T hidden -T half "$T/s.lrm" > "$T/v.txt"
     python3 - "$T" <<'PY'
 import sys, json, re, numpy as np, lrmoe_stream as s
 d = sys.argv[1]
@@ -151,7 +151,7 @@ PY
     assert_line --regexp '^  ids '
     refute_line --regexp '^  u8 '
     assert_line --partial "reading stopped after the last selected frame"
-    run "$BIN/lrmoe-view" --frame 0-1 --json -S "$T/s.lrm"
+    run "$BIN/lrmoe-view" --frame 0-1 --json --no-stats "$T/s.lrm"
     assert_equal "${#lines[@]}" 2
     refute_output --partial '"mean"'
     run "$BIN/lrmoe-view" -F 9 "$T/s.lrm"
@@ -164,10 +164,10 @@ PY
 
 @test "reads stdin and zstd streams; several files get headers" {
     zstd -q -c "$T/s.lrm" > "$T/z.lrm"
-    run sh -c "'$BIN/lrmoe-view' -S < '$T/z.lrm'"
+    run sh -c "'$BIN/lrmoe-view' --no-stats < '$T/z.lrm'"
     assert_success
     assert_line --regexp '^# 3 frames, 17 tensors, .*; zstd stream, clean end$'
-    run "$BIN/lrmoe-view" -S "$T/s.lrm" "$T/z.lrm"
+    run "$BIN/lrmoe-view" --no-stats "$T/s.lrm" "$T/z.lrm"
     assert_line "==> $T/s.lrm <=="
     assert_line "==> $T/z.lrm <=="
 }
@@ -197,7 +197,7 @@ import sys, numpy as np, lrmoe_stream as s
 s.write_stream(sys.argv[1], [({"x%d" % i: np.zeros(1, np.float32) for i in range(3000)}, {})])
 PY
     for f in s wide; do
-        for opt in "" -j; do
+        for opt in "" --json; do
             run --separate-stderr sh -c "'$BIN/lrmoe-view' $opt '$T/$f.lrm' > /dev/full"
             assert_failure 1
             [ "$stderr" = "lrmoe-view: write error on stdout: No space left on device" ]

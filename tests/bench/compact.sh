@@ -48,7 +48,7 @@ raw="--no-compress"
 
 # one attribute of frame 0 of a stream
 attr() {
-    bin/lrmoe-view -j -S "$1" | python3 -c '
+    bin/lrmoe-view --json --no-stats "$1" | python3 -c '
 import json, sys
 a = json.loads(sys.stdin.readline())["attrs"]
 print(a.get(sys.argv[1], ""))' "$2"
@@ -67,7 +67,7 @@ echo "expert load imbalance (max/mean): $(attr "$tmp/f.lrm" route.expert_imbalan
 run() {
     bin/lrmoe-exec --phase backward --mode "$1" --weights "$tmp/w.lrm" \
         -P "$P" -@ "$THREADS" --clock "$CLOCK" $raw "$2" -o "$tmp/b.lrm"
-    bin/lrmoe-view -j -S "$tmp/b.lrm" | python3 -c '
+    bin/lrmoe-view --json --no-stats "$tmp/b.lrm" | python3 -c '
 import json, sys
 a = json.loads(sys.stdin.readline())["attrs"]
 print(a["exec.backward.critical_s"], sum(float(x) for x in a["exec.backward.total_s"].split(",")))'

@@ -34,9 +34,9 @@ out="$tmp/fid.tsv"
 : > "$out"
 for m in lrm gradnorm absgrad random; do
     for C in 10 20 30; do
-        bin/lrmoe-score -m "$m" --drop "$C" --fidelity -s "$SEED" $raw \
+        bin/lrmoe-score -m "$m" --drop "$C" --fidelity --seed "$SEED" $raw \
             "$tmp/f.lrm" -o "$tmp/s.lrm"
-        bin/lrmoe-view -j -S -T score_fidelity "$tmp/s.lrm" | python3 -c '
+        bin/lrmoe-view --json --no-stats -T score_fidelity "$tmp/s.lrm" | python3 -c '
 import json, sys
 v = [float(json.loads(l)["attrs"]["score.fidelity"]) for l in sys.stdin if l.strip()]
 print("%s\t%s\t%.6g\t%.6g\t%.6g" % (sys.argv[1], sys.argv[2], sum(v) / len(v), min(v), max(v)))
@@ -89,7 +89,7 @@ for wl in balanced hot:30:16 hot:80:4 hot:95:1 zipf:1.2; do
             bin/lrmoe-plan -P 8 -M 0 -R "$rate" -q "$q" --longer-backward $raw \
                 "$tmp/qf.lrm" -o "$tmp/qp.lrm"
             bin/lrmoe-score --fidelity $raw "$tmp/qp.lrm" -o "$tmp/qs.lrm"
-            bin/lrmoe-view -j -S "$tmp/qs.lrm" | python3 -c '
+            bin/lrmoe-view --json --no-stats "$tmp/qs.lrm" | python3 -c '
 import json, sys
 a = json.loads(sys.stdin.readline())["attrs"]
 print("\t".join(sys.argv[1:] + [a["plan.bwd_peak"], a["score.fidelity"]]))

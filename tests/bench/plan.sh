@@ -105,21 +105,23 @@ for cfg in 128:8:1 256:32:4 256:64:8 384:64:8 384:128:16; do
     for sk in zipf hot80; do
         python3 tests/helpers/plan_ref.py gen "$tmp/s.lrm" --experts "$E" --frames "$SFRAMES" \
             --seed 7 --scenario "$sk" --pairs $((8192 * 8 * P))
-        bin/lrmoe-sim -Q -j 2 -P "$P" -N "$NODES" -T 8192 -K 8 -D 7168 -F 2048 \
-            -t "$tmp/s.tsv" "$tmp/s.lrm" > /dev/null
+        bin/lrmoe-sim -Q -j 2 -P "$P" -N "$NODES" --tokens 8192 --topk 8 -D 7168 --ffn 2048 \
+            --stats "$tmp/s.tsv" "$tmp/s.lrm" > /dev/null
+        [ -s "$tmp/scale.tsv" ] || sed -n '1s/^/config\t/p' "$tmp/s.tsv" > "$tmp/scale.tsv"
         awk -F'\t' -v c="$E:$P:$NODES:$sk" 'NR > 1 { print c "\t" $0 }' "$tmp/s.tsv" >> "$tmp/scale.tsv"
     done
 done
 python3 - "$tmp/scale.tsv" <<'PY'
 import sys, math
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
-head = "frame layer step planner rho fwd_peak fwd_mean fwd_imbalance bwd_peak".split()
-# sim TSV columns (after the config): see lrmoe_sim_tsv_header
-cols = ["frame", "layer", "step", "planner", "rho", "fwd_peak", "fwd_mean", "fwd_imbalance",
-        "bwd_peak", "bwd_mean", "bwd_imbalance", "lower_bound", "fwd_lb", "bwd_lb",
-        "peak_over_lb", "replicas", "a2a_bytes", "mem_base", "mem_replica", "mem_tokens",
-        "mem_subtotal", "mem_charged", "t_dispatch", "t_compute", "t_combine", "t_weights",
-        "t_backward", "t_total", "feasible", "plan_ms"]
+# columns by name from lrmoe-sim's header (units in the names since lrmoe 0.1:
+# t_total_s, mem_charged_bytes; the old unsuffixed names are accepted too)
+cols, rows = rows[0][1:], rows[1:]
+def col(d, name, *old):
+    for k in (name,) + old:
+        if k in d:
+            return d[k]
+    raise KeyError(name)
 data = {}
 for r in rows:
     d = dict(zip(cols, r[1:]))
@@ -135,11 +137,11 @@ frames = 0
 for c, pl in data.items():
     for p in ("fixed", "llep", "eplb", "lrmoe"):
         v = pl[p]
-        f = lambda k: [float(x[k]) for x in v]
+        f = lambda k, *o: [float(col(x, k, *o)) for x in v]
         print("%-16s %-6s %8.3f %8.3f %10.0f %9.3f %6.1f %8.2f %8.3f %8.3f" % (
             c, p, sum(f("fwd_imbalance")) / len(v), q(f("fwd_imbalance"), 0.99),
-            sum(f("bwd_peak")) / len(v), 1e3 * sum(f("t_total")) / len(v),
-            sum(f("replicas")) / len(v), sum(f("mem_charged")) / len(v) / 2**30,
+            sum(f("bwd_peak")) / len(v), 1e3 * sum(f("t_total_s", "t_total")) / len(v),
+            sum(f("replicas")) / len(v), sum(f("mem_charged_bytes", "mem_charged")) / len(v) / 2**30,
             q(f("plan_ms"), 0.5), q(f("plan_ms"), 0.99)))
     for i in range(len(pl["lrmoe"])):
         b = [pl[p][i] for p in ("fixed", "llep", "eplb")]
@@ -147,9 +149,10 @@ for c, pl in data.items():
         frames += 1
         if not fit:
             continue
-        best = min(fit, key=lambda x: (float(x["t_total"]), float(x["fwd_peak"])))
+        best = min(fit, key=lambda x: (float(col(x, "t_total_s", "t_total")), float(x["fwd_peak"])))
         L = pl["lrmoe"][i]
-        if (float(L["t_total"]) > float(best["t_total"]) * (1 + 1e-9) or
+        if (float(col(L, "t_total_s", "t_total")) >
+                float(col(best, "t_total_s", "t_total")) * (1 + 1e-9) or
                 float(L["fwd_peak"]) > float(best["fwd_peak"])):
             lose += 1
 print("verdict: %s: lrmoe <= the best baseline (t_total and forward peak) on every frame "
@@ -158,7 +161,7 @@ PY
 # plan time at E=256 P=64 with a budget that forces rho < 1
 python3 tests/helpers/plan_ref.py gen "$tmp/t.lrm" --experts 256 --frames "$SFRAMES" --seed 9 \
     --scenario zipf --pairs $((8192 * 8 * 64))
-bin/lrmoe-plan -P 64 -N 8 -T 8192 -K 8 -D 7168 -F 2048 -M 5.6G --longer-backward \
+bin/lrmoe-plan -P 64 -N 8 --tokens 8192 --topk 8 -D 7168 --ffn 2048 -M 5.6G --longer-backward \
     -S "$tmp/t.tsv" -o /dev/null "$tmp/t.lrm" || true
 awk -F'\t' 'NR > 1 { print $21, $8 }' "$tmp/t.tsv" | sort -g | awk '
     { t[NR] = $1; if ($2 < 1) red++ }

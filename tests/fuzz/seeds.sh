@@ -26,7 +26,7 @@ for mode in 0 2; do            # zstd streams as they are
     { printf "\\$(printf %03o $mode)"; cat "$W/route.zst.lrm"; } > "$OUT/stream/zst-m$mode"
 done
 "$BIN/lrmoe-export" -O both -d "$W/x" "$W/route.lrm"
-"$BIN/lrmoe-export" -O npy -b f32 -d "$W/x32" "$W/gen.lrm"
+"$BIN/lrmoe-export" -O npy --bf16-as f32 -d "$W/x32" "$W/gen.lrm"
 cp "$W"/x/*.safetensors "$OUT/safetensors/"
 cp "$W"/x/*.npy "$OUT/npy/"
 for f in "$W"/x32/*.npy; do cp "$f" "$OUT/npy/f32-$(basename "$f")"; done

@@ -96,7 +96,7 @@ class Dump(unittest.TestCase):
         layer's output and gradients bit for bit (same library code, same
         plan, same kept pairs), at rate 1 and below."""
         cases = (("qwen3_moe", "-n", 1.0), ("qwen3_moe", "-n", 0.6), ("mixtral", "-n", 1.0),
-                 ("deepseek_v3", f"-r sigmoid -g 2 -m 1 -n -s 2.5 --weights {self.p('w.lrm')}", 0.8))
+                 ("deepseek_v3", f"-r sigmoid --groups 2 --topk-groups 1 -n --scale 2.5 --weights {self.p('w.lrm')}", 0.8))
         for fam, router, rate in cases:
             with self.subTest(f"{fam} rate {rate}"):
                 blk = tiny.block(fam)
@@ -105,7 +105,7 @@ class Dump(unittest.TestCase):
                 f = lrmoe.read(self.p("d.lrm"))[0]
                 B = tiny.BIN
                 sh(f"{B}/lrmoe-route -k 2 {router} {self.p('d.lrm')} | {B}/lrmoe-plan -P 2 "
-                   f"--rate {rate} -F {tiny.F} | {B}/lrmoe-exec --phase forward -@ 1 --weights "
+                   f"--rate {rate} --ffn {tiny.F} | {B}/lrmoe-exec --phase forward -@ 1 --weights "
                    f"{self.p('w.lrm')} | {B}/lrmoe-score | {B}/lrmoe-pack | {B}/lrmoe-exec "
                    f"--phase backward --mode compact -@ 1 --weights {self.p('w.lrm')} "
                    f"-o {self.p('cli.lrm')}")

@@ -27,7 +27,7 @@ class Ops(unittest.TestCase):
         sh(f"{B}/lrmoe-gen --tokens 200 --experts 16 --topk 4 --hidden 32 --ffn 16 --zipf 1.1 "
            f"--seed 11 --weights {d}/w.lrm -o {d}/g.lrm")
         sh(f"{B}/lrmoe-route -k 4 -n {d}/g.lrm -o {d}/r.lrm")
-        sh(f"{B}/lrmoe-plan -P 4 -F 16 --rate 0.7 --hbm 1GiB {d}/r.lrm -o {d}/p.lrm")
+        sh(f"{B}/lrmoe-plan -P 4 --ffn 16 --rate 0.7 --hbm 1GiB {d}/r.lrm -o {d}/p.lrm")
         sh(f"{B}/lrmoe-exec --phase forward --weights {d}/w.lrm {d}/p.lrm -o {d}/f.lrm")
         sh(f"{B}/lrmoe-score {d}/f.lrm -o {d}/s.lrm")
         sh(f"{B}/lrmoe-pack {d}/s.lrm -o {d}/k.lrm")
@@ -57,7 +57,7 @@ class Ops(unittest.TestCase):
         fr = lrmoe.Frame(g, dtypes=g.dtypes)
         fr["expert_bias"] = bias
         lrmoe.write(os.path.join(self.d, "gb.lrm"), [fr])
-        sh(f"{B}/lrmoe-route -k 4 -r sigmoid -g 4 -m 2 -n -s 2.5 {self.d}/gb.lrm -o {self.d}/rb.lrm")
+        sh(f"{B}/lrmoe-route -k 4 -r sigmoid --groups 4 --topk-groups 2 -n --scale 2.5 {self.d}/gb.lrm -o {self.d}/rb.lrm")
         self.same(got, lrmoe.read(f"{self.d}/rb.lrm")[0], ["topk_ids", "topk_weights"])
 
     def test_plan(self):

@@ -51,7 +51,7 @@ class Stream(unittest.TestCase):
             for n in x:
                 self.assertTrue(np.array_equal(x[n], y[n]), n)
         # and the tools read what Python wrote
-        r = subprocess.run([os.path.join(tiny.BIN, "lrmoe-view"), "-S", out], capture_output=True,
+        r = subprocess.run([os.path.join(tiny.BIN, "lrmoe-view"), "--no-stats", out], capture_output=True,
                            text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("hidden", r.stdout)

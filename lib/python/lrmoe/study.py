@@ -34,6 +34,18 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
 
 
+def _size(v):
+    """A budget for messages: bytes in adaptive binary units ("1.5 MiB", as
+    liblrmoe prints them); a string (--hbm as given) as it is."""
+    if isinstance(v, str):
+        return v
+    v, u = float(v), 0
+    while abs(v) >= 1024 and u < 6:
+        v, u = v / 1024, u + 1
+    unit = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")[u]
+    return f"{v:.0f} {unit}" if u == 0 or abs(v) >= 100 else f"{v:.3g} {unit}"
+
+
 def parser():
     p = argparse.ArgumentParser(
         prog=PROG, formatter_class=_Formatter,
@@ -45,7 +57,7 @@ def parser():
                "error, --check-hf mismatch), 2 usage.  See lrmoe-study(1).")
     a = p.add_argument
     a("-o", "--out", default="lrmoe-study-out", help="output directory (default %(default)s)")
-    a("-Q", "--quick", action="store_true",
+    a("--quick", action="store_true",
       help="the small study (2 layers, 60 steps: about a minute)")
     a("-c", "--corpus", action="append", metavar="PATH",
       help="text file or directory (repeatable; default /usr/share/games/fortunes)")
@@ -196,7 +208,7 @@ def study(args, cfg, corpus):
         if spec.get("hbm_run") and spec.get("hbm") is None:
             if "C0" not in runs:
                 raise StudyError("the memory-pressure run needs --hbm BYTES when C0 is not run")
-            spec["hbm"] = int(args.hbm_frac * runs["C0"]["rows"][0]["mem_peak"])
+            spec["hbm"] = int(args.hbm_frac * runs["C0"]["rows"][0]["mem_peak_bytes"])
         if spec.get("hbm_run"):
             spec["rates"] = "1,0.95,0.9,0.85,0.8,0.75,0.7,0.65,0.6,0.55,0.5"
         t0 = time.time()
@@ -206,7 +218,7 @@ def study(args, cfg, corpus):
         ev = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
         log(f"[{i + 1}/{len(specs)}] {spec['name']}: {time.time() - t0:.0f} s, final train "
             f"loss {rows[-1]['loss']:.4f}, validation {ev[-1]:.4f}"
-            + (f", budget {spec['hbm']} bytes, mean rho "
+            + (f", budget {_size(spec['hbm'])}, mean rho "
                f"{sum(r['rho'] for r in rows) / len(rows):.3f}" if spec.get("hbm_run") else ""))
     params = dict(vars(cfg))
     params["hbm"] = next((s["hbm"] for s in specs if s.get("hbm_run")), None)

@@ -18,7 +18,7 @@ Python; the figures are liblrmoe's):
                        (t_comm + forward and backward compute), summed; a
                        plan on EPLB's placement is evaluated without EPLB's
                        slot accounting (the planner's own figure differs)
-  rho, mem_peak        the plan's retention rate (mean over layers) and the
+  rho, mem_peak_bytes  the plan's retention rate (mean over layers) and the
                        modelled per-rank peak bytes (max over layers)
   kept, pairs          backward pairs retained / routed, all layers
   grad_err             the true relative error of dW_down from the dropped
@@ -36,7 +36,7 @@ from . import _lib
 from ._lib import Error, check, lib
 
 FIELDS = ["step", "loss", "val_loss", "moe_fwd_s", "moe_bwd_s", "moe_fwd_cpu_s",
-          "moe_bwd_cpu_s", "lib_fwd_s", "lib_bwd_s", "gpu_model_s", "rho", "mem_peak", "kept", "pairs", "grad_err", "step_s"]
+          "moe_bwd_cpu_s", "lib_fwd_s", "lib_bwd_s", "gpu_model_s", "rho", "mem_peak_bytes", "kept", "pairs", "grad_err", "step_s"]
 
 
 # ---------------------------------------------------------------- cost model
@@ -336,6 +336,6 @@ def _moe_row(cfg, patch, cap, spec):
             "lib_bwd_s": sum(r["bwd_lib_seconds"] for r in recs),
             "gpu_model_s": gpu,
             "rho": float(np.mean([r["rho"] for r in recs])),
-            "mem_peak": max(r["mem_peak"] for r in recs),
+            "mem_peak_bytes": max(r["mem_peak"] for r in recs),
             "kept": sum(r["kept"] for r in recs), "pairs": sum(r["pairs"] for r in recs),
             "grad_err": float(np.mean(errs))}

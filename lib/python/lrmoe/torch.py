@@ -201,7 +201,8 @@ class Dump:
             p = self.pending.pop(b.layer, {})
             hidden, ids = args[0], args[1]
             f = Frame(attrs={"layer": str(b.layer), "step": str(self.step),
-                             "model": self.model_type, "topk": str(ids.shape[-1])})
+                             "model": self.model_type, "topk": str(ids.shape[-1]),
+                             "ffn": str(b.F)})
             _put(f, "hidden", hidden.reshape(-1, hidden.shape[-1]))
             if "router_logits" in p:
                 _put(f, "router_logits", p["router_logits"].reshape(-1, b.E))
