@@ -137,8 +137,12 @@ int lrmoe_plan_opts_check(const lrmoe_plan_opts_t *o, int E)
     if (m->D <= 0 || m->F <= 0 || m->K <= 0 || m->tokens < 0 || m->dtype_bytes <= 0 ||
         m->grad_bytes < 0)
         return lrmoe_err("cost model: D, F, K, dtype bytes must be > 0");
-    if (!(m->hbm >= 0) || m->hbm > 1e18)
-        return lrmoe_err("hbm budget %g bytes is negative or absurd", m->hbm);
+    if (!(m->hbm >= 0) || m->hbm > 1e18) {
+        char b[32];
+        return lrmoe_err("hbm budget %s is negative or absurd",
+                         m->hbm > 1e18 ? lrmoe_cost_fmt_bytes(m->hbm, b, sizeof b)
+                         : m->hbm != m->hbm ? "NaN" : "below 0");
+    }
     if (!(m->window >= 0) || m->window > 1e6)
         return lrmoe_err("window %g s is negative or absurd", m->window);
     if (!(m->bw > 0) || m->bw > 1e18)
