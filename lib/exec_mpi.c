@@ -4,21 +4,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include "exec_mpi.h"
+#include "gemm_cpu.h"
 #include "lrmoe.h"
 
 struct lrmoe_exec_mpi_layer {
     int64_t layer, E, F, D;
     lrmoe_dtype_t dtype;
     void *w[3];            /* w_gate, w_up, w_down: global shape, native experts only */
-    float *f32;            /* (E, 3*F*D) packed F32, native experts only */
+    float *f32;            /* (E, 3*F*D) packed F32, native experts only; made at
+                            * the first f32-compute job (bf16 compute needs none) */
 };
 
 enum { OP_END = 0, OP_FWD = 1, OP_BWD = 2 };
 enum { HAVE_PLAN = 1, HAVE_PHI = 2, HAVE_SG = 4, HAVE_SU = 8, HAVE_PO = 16, HAVE_PACKRANK = 32 };
 
-/* What rank 0 broadcasts before every job (all int64 for one MPI_BYTE bcast). */
+/* What rank 0 broadcasts before every job (all int64 for one MPI_BYTE bcast).
+ * compute: the CPU GEMM numerics rank 0 resolved (f32 or bf16, never auto),
+ * which every rank uses: `auto` resolved per host could differ between hosts
+ * (a rank whose CPU or oneDNN lacks native BF16 would pick f32). */
 typedef struct {
-    int64_t op, layer, T, E, K, D, F, P, R, mode, act, grad, wdtype, have, allow_nonfinite;
+    int64_t op, layer, T, E, K, D, F, P, R, mode, act, grad, wdtype, have, allow_nonfinite,
+        compute;
 } hdr_t;
 
 /* The rows of one tensor a rank holds. */
@@ -228,8 +234,6 @@ static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite)
                                m->weights, (long long)L->layer);
         for (int j = 0; j < 3 && !rc; j++)
             if (!(L->w[j] = calloc((size_t)L->E * n, es))) rc = lrmoe_err("out of memory");
-        if (!rc && !(L->f32 = calloc((size_t)L->E * 3 * n, sizeof(float))))
-            rc = lrmoe_err("out of memory");
         for (int64_t e = 0; e < L->E && !rc; e++) {
             if (L->E < m->P || lrmoe_exec_native(e, L->E, m->P) != m->rank) continue;
             for (int j = 0; j < 3 && !rc; j++) {
@@ -239,12 +243,28 @@ static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite)
                     rc = lrmoe_err_prefix("%s: layer %lld: expert %lld", m->weights,
                                           (long long)L->layer, (long long)e);
                 memcpy((char *)L->w[j] + (size_t)e * n * es, s, n * es);
-                lrmoe_convert_to_f32(L->dtype, s, L->f32 + ((size_t)e * 3 + j) * n, n);
             }
         }
     }
     lrmoe_weights_free(&W);
     return rc;
+}
+
+/* The packed F32 copy [gate; up; down] of L's native experts (f32 compute). */
+static int layer_f32(lrmoe_exec_mpi_t *m, struct lrmoe_exec_mpi_layer *L)
+{
+    if (L->f32) return 0;
+    const size_t n = (size_t)(L->F * L->D), es = lrmoe_dtype_size(L->dtype);
+    if (!(L->f32 = calloc((size_t)L->E * 3 * n, sizeof(float))))
+        return lrmoe_err("%s: layer %lld: out of memory for the F32 copy", m->weights,
+                         (long long)L->layer);
+    for (int64_t e = 0; e < L->E; e++) {
+        if (L->E < m->P || lrmoe_exec_native(e, L->E, m->P) != m->rank) continue;
+        for (int j = 0; j < 3; j++)
+            lrmoe_convert_to_f32(L->dtype, (const char *)L->w[j] + (size_t)e * n * es,
+                                 L->f32 + ((size_t)e * 3 + j) * n, n);
+    }
+    return 0;
 }
 
 static int rank_weights(lrmoe_exec_mpi_t *m, const hdr_t *h, lrmoe_exec_weights_t *w)
@@ -259,10 +279,13 @@ static int rank_weights(lrmoe_exec_mpi_t *m, const hdr_t *h, lrmoe_exec_weights_
                              (long long)L->E, (long long)L->F, (long long)L->D,
                              lrmoe_dtype_name(L->dtype), (long long)h->E, (long long)h->F,
                              (long long)h->D, lrmoe_dtype_name((lrmoe_dtype_t)h->wdtype));
+        int f32 = h->compute == LRMOE_COMPUTE_F32 &&
+                  (L->dtype == LRMOE_F32 || L->dtype == LRMOE_BF16);
+        if (f32 && layer_f32(m, L) < 0) return -1;
         memset(w, 0, sizeof *w);
         w->dtype = L->dtype;
         w->w_gate = L->w[0]; w->w_up = L->w[1]; w->w_down = L->w[2];
-        w->w_f32 = L->f32;
+        w->w_f32 = f32 ? L->f32 : NULL;
         return 0;
     }
     return lrmoe_err("%s: no frame for layer %lld", m->weights, (long long)h->layer);
@@ -361,6 +384,7 @@ static int job_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t *
         return -1;
     lrmoe_exec_cfg_t c = *cfg;
     c.comm = &m->comm;
+    c.compute = (int)h->compute;
     lrmoe_exec_dims_t d = {T, h->E, K, D, F, J->P};
     lrmoe_comm_mpi_reset(&m->comm);
     if (lrmoe_exec_forward_cpu(&c, &d, J->me ? &lw : w, (h->have & HAVE_PLAN) ? &lp : NULL,
@@ -470,6 +494,7 @@ static int job_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t 
     if (g) return -1;
     lrmoe_exec_cfg_t c = *cfg;
     c.comm = &m->comm;
+    c.compute = (int)h->compute;
     lrmoe_exec_dims_t d = {T, E, K, D, F, P};
     lrmoe_comm_mpi_reset(&m->comm);
     if (lrmoe_exec_backward_cpu(&c, &d, z ? &lw : w, (h->have & HAVE_PLAN) ? &lp : NULL, &a,
@@ -515,6 +540,9 @@ static int hdr_common(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
     h->T = d->T; h->E = d->E; h->K = d->K; h->D = d->D; h->F = d->F; h->P = d->P;
     h->wdtype = w->dtype;
     h->allow_nonfinite = cfg->allow_nonfinite;
+    lrmoe_compute_t cm = LRMOE_COMPUTE_F32;
+    if (lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, w->dtype, &cm) < 0) return -1;
+    h->compute = cm;
     if (plan && plan->placement && plan->fwd_alloc) h->have |= HAVE_PLAN;
     else if (plan && (plan->placement || plan->fwd_alloc))
         return lrmoe_err("exec under MPI: a plan needs both placement and fwd_alloc");

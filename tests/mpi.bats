@@ -185,6 +185,62 @@ print(a['plan.planner'], a['plan.replicas'], a['exec.backward.p2p_bytes'])"
     refute_output --regexp ' 0,0,0,0$'
 }
 
+# the exec.compute attribute of every frame of $1
+compute_of() {
+    python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
+print(' '.join(sorted({a['exec.compute'] for t, a in read_stream('$1')})))"
+}
+
+@test "mpi: BF16 weights under --compute f32, bf16 and auto: every rank uses rank 0's numerics, bit for bit" {
+    need_mpi
+    routed 61 bf16
+    local c
+    # explicit numerics, forward and full backward, P=3
+    for c in f32 bf16; do
+        "$EXEC" --phase forward --compute $c --weights "$D/w.lrm" -P 3 -@ 1 --no-compress \
+            "$D/r.lrm" > "$D/f1-$c.lrm"
+        run $MPIRUN -np 3 "$EXEC" --phase forward --compute $c --weights "$D/w.lrm" -@ 1 \
+            --no-compress -o "$D/f2.lrm" "$D/r.lrm"
+        assert_success
+        run same "$D/f2.lrm" "$D/f1-$c.lrm"
+        assert_success
+        run compute_of "$D/f2.lrm"
+        assert_output "$c"
+        "$EXEC" --phase backward --compute $c --weights "$D/w.lrm" -@ 1 --no-compress \
+            "$D/f1-$c.lrm" > "$D/b1.lrm"
+        run $MPIRUN -np 3 "$EXEC" --phase backward --compute $c --weights "$D/w.lrm" -@ 1 \
+            --no-compress -o "$D/b2.lrm" "$D/f1-$c.lrm"
+        assert_success
+        run same "$D/b2.lrm" "$D/b1.lrm"
+        assert_success
+    done
+    # auto resolved by each host alone would differ between hosts of
+    # different CPUs; DNNL_MAX_CPU_ISA=AVX2 plays such a host (no native BF16:
+    # auto is f32 there). Rank 0 on that host: all ranks run f32.
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 3 -@ 1 --no-compress "$D/r.lrm" > "$D/fa.lrm"
+    DNNL_MAX_CPU_ISA=AVX2 "$EXEC" --phase forward --weights "$D/w.lrm" -P 3 -@ 1 \
+        --no-compress "$D/r.lrm" > "$D/fx.lrm"
+    if [ "$(compute_of "$D/fa.lrm")" != bf16 ] || [ "$(compute_of "$D/fx.lrm")" != f32 ]; then
+        skip "auto is $(compute_of "$D/fa.lrm") here and $(compute_of "$D/fx.lrm") under DNNL_MAX_CPU_ISA=AVX2: no mixed hosts to play"
+    fi
+    local A="--phase forward --weights $D/w.lrm -@ 1 --no-compress -o $D/fm.lrm $D/r.lrm"
+    run $MPIRUN -np 1 -x DNNL_MAX_CPU_ISA=AVX2 "$EXEC" $A : -np 2 "$EXEC" $A
+    assert_success
+    run same "$D/fm.lrm" "$D/f1-f32.lrm"
+    assert_success
+    # rank 0 on a native-BF16 host, the others not: the answer is rank 0's
+    # bf16 one, or the job fails naming a rank that cannot run it; never a mix
+    run $MPIRUN -np 1 "$EXEC" $A : -np 2 -x DNNL_MAX_CPU_ISA=AVX2 "$EXEC" $A
+    if [ "$status" = 0 ]; then
+        run same "$D/fm.lrm" "$D/f1-bf16.lrm"
+        assert_success
+    else
+        [ "$status" -ne 124 ]
+        assert_line --regexp "^lrmoe-exec: rank [12]: .*BF16"
+        no_trailer "$D/fm.lrm"
+    fi
+}
+
 @test "mpi: in a pipeline (stdin and stdout through mpirun, zstd, several steps and layers)" {
     need_mpi
     "$BIN/lrmoe-gen" --tokens 40 --experts 8 --topk 2 --hidden 32 --ffn 16 --dtype bf16 \
