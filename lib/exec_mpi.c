@@ -24,7 +24,7 @@ enum { HAVE_PLAN = 1, HAVE_PHI = 2, HAVE_SG = 4, HAVE_SU = 8, HAVE_PO = 16, HAVE
  * (a rank whose CPU or oneDNN lacks native BF16 would pick f32). */
 typedef struct {
     int64_t op, layer, T, E, K, D, F, P, R, mode, act, grad, wdtype, have, allow_nonfinite,
-        compute;
+        compute, backend;
 } hdr_t;
 
 /* The rows of one tensor a rank holds. */
@@ -279,7 +279,7 @@ static int rank_weights(lrmoe_exec_mpi_t *m, const hdr_t *h, lrmoe_exec_weights_
                              (long long)L->E, (long long)L->F, (long long)L->D,
                              lrmoe_dtype_name(L->dtype), (long long)h->E, (long long)h->F,
                              (long long)h->D, lrmoe_dtype_name((lrmoe_dtype_t)h->wdtype));
-        int f32 = h->compute == LRMOE_COMPUTE_F32 &&
+        int f32 = h->backend == LRMOE_BACKEND_CPU && h->compute == LRMOE_COMPUTE_F32 &&
                   (L->dtype == LRMOE_F32 || L->dtype == LRMOE_BF16);
         if (f32 && layer_f32(m, L) < 0) return -1;
         memset(w, 0, sizeof *w);
@@ -292,6 +292,31 @@ static int rank_weights(lrmoe_exec_mpi_t *m, const hdr_t *h, lrmoe_exec_weights_
 }
 
 /* ---------------------------------------------------------------- jobs */
+
+/* The exec configuration of a job on this rank: the caller's, with rank 0's
+ * backend and numerics and this rank's communicator (for CUDA: the NCCL one,
+ * made at the first CUDA job; every rank reaches it at the same job). */
+static int job_cfg(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, const hdr_t *h,
+                   lrmoe_exec_cfg_t *c)
+{
+    *c = *cfg;
+    c->comm = &m->comm;
+    c->compute = (int)h->compute;
+    c->backend = (lrmoe_backend_t)h->backend;
+    if (h->backend != LRMOE_BACKEND_CUDA) return 0;
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+    if (!m->gpu_ok) {
+        if (lrmoe_comm_mpi_nccl_init(&m->comm, cfg->gemm_streams > 0 ? cfg->gemm_streams : 4,
+                                     &m->gpu_ctx, &m->gpu) < 0)
+            return -1;
+        m->gpu_ok = 1;
+    }
+    c->comm = &m->gpu;
+    return 0;
+#else
+    return lrmoe_err("backend cuda under MPI: this build has no CUDA support");
+#endif
+}
 
 static int job_meta(lrmoe_exec_mpi_t *m, job_t *J, const lrmoe_exec_plan_t *plan,
                     lrmoe_exec_plan_t *lp)
@@ -322,6 +347,14 @@ static int job_stats(lrmoe_exec_mpi_t *m, const job_t *J, const double *tim, dou
     int64_t a2a = 0, p2p = 0;
     double a2a_s = 0;
     lrmoe_comm_mpi_sent(&m->comm, &a2a, &p2p, &a2a_s);
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+    if (m->gpu_ok) { /* what crossed NCCL */
+        int64_t ga = 0, gp = 0;
+        double gs = 0;
+        lrmoe_comm_cuda_rank_take(&m->gpu, &ga, &gp, &gs);
+        a2a += ga; p2p += gp; a2a_s += gs;
+    }
+#endif
     mine[LRMOE_NSTAGES] = (double)a2a;
     mine[LRMOE_NSTAGES + 1] = (double)p2p;
     mine[LRMOE_NSTAGES + 2] = a2a_s;
@@ -382,12 +415,11 @@ static int job_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t *
     a.hidden = hid;
     if (move_rows(m, J, 0, SEL_TOK, (size_t)D * as, J->me ? NULL : (void *)ca->hidden, hid) < 0)
         return -1;
-    lrmoe_exec_cfg_t c = *cfg;
-    c.comm = &m->comm;
-    c.compute = (int)h->compute;
+    lrmoe_exec_cfg_t c;
+    if (job_cfg(m, cfg, h, &c) < 0) return -1;
     lrmoe_exec_dims_t d = {T, h->E, K, D, F, J->P};
     lrmoe_comm_mpi_reset(&m->comm);
-    if (lrmoe_exec_forward_cpu(&c, &d, J->me ? &lw : w, (h->have & HAVE_PLAN) ? &lp : NULL,
+    if (lrmoe_exec_forward(&c, &d, J->me ? &lw : w, (h->have & HAVE_PLAN) ? &lp : NULL,
                                &a, tim) < 0)
         return -1;
     J->pair_rank = a.pair_rank;
@@ -492,12 +524,11 @@ static int job_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t 
         if (!g) g = move_rows(m, J, 0, SEL_PACK_DST, (size_t)F * as, SRC(ca->pack_up), pu);
     }
     if (g) return -1;
-    lrmoe_exec_cfg_t c = *cfg;
-    c.comm = &m->comm;
-    c.compute = (int)h->compute;
+    lrmoe_exec_cfg_t c;
+    if (job_cfg(m, cfg, h, &c) < 0) return -1;
     lrmoe_exec_dims_t d = {T, E, K, D, F, P};
     lrmoe_comm_mpi_reset(&m->comm);
-    if (lrmoe_exec_backward_cpu(&c, &d, z ? &lw : w, (h->have & HAVE_PLAN) ? &lp : NULL, &a,
+    if (lrmoe_exec_backward(&c, &d, z ? &lw : w, (h->have & HAVE_PLAN) ? &lp : NULL, &a,
                                 tim) < 0)
         return -1;
     g = move_rows(m, J, 1, SEL_TOK, (size_t)D * sizeof(float), SRC(ca->grad_hidden), a.grad_hidden);
@@ -529,9 +560,14 @@ static int hdr_common(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
     if (d->P != m->P)
         return lrmoe_err("%d ranks but the job was started with %d MPI processes "
                          "(mpirun -np must match the plan's or --ranks' P)", d->P, m->P);
-    if (cfg->backend != LRMOE_BACKEND_CPU)
-        return lrmoe_err("backend %s under MPI: only the cpu backend runs one rank per process "
-                         "in this build", lrmoe_backend_name(cfg->backend));
+    if (cfg->backend != LRMOE_BACKEND_CPU && !lrmoe_exec_mpi_cuda_built())
+        return lrmoe_err("backend %s under MPI: this build has no CUDA support",
+                         lrmoe_backend_name(cfg->backend));
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+    /* rank 0 without a GPU: a plain error before any rank starts the job */
+    if (cfg->backend == LRMOE_BACKEND_CUDA && !m->gpu_ok && lrmoe_comm_mpi_nccl_devices() < 1)
+        return lrmoe_err_prefix("backend cuda: no usable CUDA device");
+#endif
     if (d->P > d->E)
         return lrmoe_err("%d ranks for %lld experts: every rank needs a native expert",
                          d->P, (long long)d->E);
@@ -540,8 +576,11 @@ static int hdr_common(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
     h->T = d->T; h->E = d->E; h->K = d->K; h->D = d->D; h->F = d->F; h->P = d->P;
     h->wdtype = w->dtype;
     h->allow_nonfinite = cfg->allow_nonfinite;
+    h->backend = cfg->backend;
     lrmoe_compute_t cm = LRMOE_COMPUTE_F32;
-    if (lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, w->dtype, &cm) < 0) return -1;
+    if (cfg->backend == LRMOE_BACKEND_CPU &&
+        lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, w->dtype, &cm) < 0)
+        return -1;
     h->compute = cm;
     if (plan && plan->placement && plan->fwd_alloc) h->have |= HAVE_PLAN;
     else if (plan && (plan->placement || plan->fwd_alloc))
@@ -691,6 +730,12 @@ int lrmoe_exec_mpi_attrs(const lrmoe_exec_mpi_t *m, lrmoe_frame_t *f, const char
     if (lrmoe_frame_set_attrf(f, key, "%lld", (long long)m->scatter_bytes) < 0) return -1;
     snprintf(key, sizeof key, "exec.%s.gather_bytes", phase);
     if (lrmoe_frame_set_attrf(f, key, "%lld", (long long)m->gather_bytes) < 0) return -1;
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+    if (m->gpu_ok &&
+        lrmoe_frame_set_attr(f, "exec.gpu_comm",
+                             lrmoe_comm_mpi_nccl_is_nccl(&m->gpu) ? "nccl" : "mpi-staged") < 0)
+        return -1;
+#endif
     return lrmoe_frame_set_attr(f, "exec.launcher", "mpi");
 }
 
@@ -710,9 +755,25 @@ int lrmoe_exec_mpi_open(lrmoe_exec_mpi_t *m, int *argc, char ***argv, const char
     return 0;
 }
 
+int lrmoe_exec_mpi_cuda_built(void)
+{
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int lrmoe_exec_mpi_close(lrmoe_exec_mpi_t *m)
 {
     layers_free(m);
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+    if (m->gpu_ok) {
+        lrmoe_comm_mpi_nccl_free(&m->gpu, m->gpu_ctx);
+        m->gpu_ok = 0;
+        m->gpu_ctx = NULL;
+    }
+#endif
     free(m->a2a_bytes); free(m->p2p_bytes); free(m->a2a_s);
     m->a2a_bytes = m->p2p_bytes = NULL;
     m->a2a_s = NULL;

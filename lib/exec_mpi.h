@@ -11,7 +11,10 @@
  *   pack_hidden, pack_gate, pack_up r's destination segments
  * Every rank then runs its own rank of the CPU backend (exec_cpu.c with the
  * MPI communicator of comm.h: MPI_Alltoallv for the rows, MPI_Send/Recv for
- * replica weights and helper weight gradients, summed at the owner), and
+ * replica weights and helper weight gradients, summed at the owner) or of
+ * the CUDA backend (kernels/exec_cuda.cu on one GPU per rank, the GPU of
+ * index local rank mod visible devices, with the NCCL communicator that
+ * rank 0's ncclUniqueId, broadcast over MPI, bootstraps), and
  * rank 0 gathers the results (MPI_Gatherv) into the caller's arrays, with
  * each rank's stage times and bytes sent.
  *
@@ -46,6 +49,11 @@ typedef struct lrmoe_exec_mpi {
     double *a2a_s;
     double scatter_s, gather_s;
     int64_t scatter_bytes, gather_bytes;
+    /* --backend cuda: this rank's GPU context and NCCL communicator, made at
+     * the first CUDA job (lrmoe_comm_mpi_nccl_init) */
+    lrmoe_comm_t gpu;
+    struct lrmoe_kcu_ctx *gpu_ctx;
+    int gpu_ok;
 } lrmoe_exec_mpi_t;
 
 /* MPI_Init and the communicator; m->rank, m->P. weights: the path every
@@ -66,6 +74,8 @@ int lrmoe_exec_mpi_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
 int lrmoe_exec_mpi_end(lrmoe_exec_mpi_t *m);
 /* Ranks > 0: run rank 0's jobs until it ends (0) or one fails (-1). */
 int lrmoe_exec_mpi_serve(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg);
+/* 1 when --backend cuda can run one rank per process (built with MPI and CUDA). */
+int lrmoe_exec_mpi_cuda_built(void);
 /* MPI_Finalize and free. */
 int lrmoe_exec_mpi_close(lrmoe_exec_mpi_t *m);
 
@@ -73,7 +83,9 @@ int lrmoe_exec_mpi_close(lrmoe_exec_mpi_t *m);
  * "backward"): exec.PH.a2a_bytes, .p2p_bytes (bytes each rank sent), .a2a_s
  * (each rank's seconds moving rows in MPI_Alltoallv, after the counts
  * exchange), exec.PH.scatter_s/.gather_s
- * and .scatter_bytes/.gather_bytes (rank 0's share traffic), exec.launcher mpi. */
+ * and .scatter_bytes/.gather_bytes (rank 0's share traffic), exec.launcher mpi;
+ * with --backend cuda exec.gpu_comm nccl (a GPU per rank) or mpi-staged
+ * (ranks sharing a GPU: through host memory and MPI). */
 int lrmoe_exec_mpi_attrs(const lrmoe_exec_mpi_t *m, lrmoe_frame_t *f, const char *phase);
 
 #endif

@@ -263,9 +263,9 @@ int main(int argc, char **argv)
                   launcher == 1 ? "--launcher mpi" : "started by an MPI launcher");
         goto usage_err;
     }
-    if (mpi && o.cfg.backend != LRMOE_BACKEND_CPU) {
-        lrmoe_err("--backend %s under MPI: only the cpu backend runs one rank per process "
-                  "in this version", lrmoe_backend_name(o.cfg.backend));
+    if (mpi && o.cfg.backend != LRMOE_BACKEND_CPU && !lrmoe_exec_mpi_cuda_built()) {
+        lrmoe_err("--backend %s under MPI: this lrmoe-exec is built without CUDA",
+                  lrmoe_backend_name(o.cfg.backend));
         goto usage_err;
     }
     lrmoe_exec_mpi_t m;

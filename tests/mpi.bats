@@ -364,9 +364,91 @@ write_stream('$D/nan.lrm', [(t, a)])"
     [ "$status" -ne 124 ]
     assert_line --partial "but the plan is for 4 ranks"
     no_trailer "$D/o.lrm"
+    # --backend cuda: refused by a build without CUDA; with CUDA and no GPU,
+    # rank 0 says so before the job starts
     run $MPIRUN -np 2 "$EXEC" --phase forward --backend cuda --weights "$D/w.lrm" -o "$D/o.lrm" "$D/r.lrm"
     assert_failure
-    assert_line --partial "--backend cuda under MPI"
+    [ "$status" -ne 124 ]
+    if nm "$EXEC" | grep -q ' T lrmoe_exec_forward_cuda$'; then
+        if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+            skip "a GPU is present (tests/gpu/device-check.sh runs the CUDA backend under mpirun)"
+        fi
+        assert_line --regexp "^lrmoe-exec: frame 0: backend cuda: no usable CUDA device: "
+    else
+        assert_line --partial "--backend cuda under MPI: this lrmoe-exec is built without CUDA"
+    fi
+}
+
+@test "mpi: --backend cuda, one GPU per rank: exec_cuda.cu's per-rank path (fake device, NCCL bootstrap over MPI) equals the in-process CUDA path bit for bit" {
+    need_mpi
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the CUDA headers are needed)"
+    command -v mpicc >/dev/null 2>&1 || skip "mpicc not installed (libopenmpi-dev)"
+    # lrmoe-exec whose CUDA backend runs on the kernels' CPU references
+    # (tests/gpu/fake-kcu.c: device memory is host memory, poisoned when
+    # allocated), built with MPI: under mpirun each rank makes its context
+    # on GPU local-rank mod visible and its communicator: from rank 0's id
+    # sent over MPI when every rank has its own GPU, else staged through MPI
+    run env FAKE_MPI=1 sh "$TOP/tests/gpu/build-fake.sh" "$D/fake"
+    assert_success
+    local X="$D/fake/lrmoe-exec-fake" P pl m in
+    routed 61 bf16
+    for P in 2 4; do
+        pl=none
+        [ $P = 4 ] && pl=eplb
+        if [ $pl = none ]; then
+            "$X" --phase forward --backend cuda --weights "$D/w.lrm" -P $P --no-compress \
+                "$D/r.lrm" > "$D/c1.lrm"
+            in="$D/r.lrm"
+        else
+            "$BIN/lrmoe-plan" --planner eplb --ranks $P --min-chunk 4 --no-compress "$D/r.lrm" \
+                > "$D/p.lrm"
+            "$X" --phase forward --backend cuda --weights "$D/w.lrm" --no-compress "$D/p.lrm" \
+                > "$D/c1.lrm"
+            in="$D/p.lrm"
+        fi
+        # P=2: two fake devices, a GPU per rank (the NCCL path); P=4: one
+        # device shared by all ranks (staged through host memory and MPI)
+        run $MPIRUN -np $P -x LRMOE_FAKE_DEVICES=$((P == 2 ? 2 : 1)) "$X" --phase forward \
+            --backend cuda --weights "$D/w.lrm" --no-compress -o "$D/c2.lrm" "$in"
+        assert_success
+        run same "$D/c2.lrm" "$D/c1.lrm"
+        assert_success
+        run python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
+print(read_stream('$D/c2.lrm')[0][1]['exec.gpu_comm'])"
+        assert_output "$([ $P = 2 ] && echo nccl || echo mpi-staged)"
+        if [ $pl = none ]; then
+            "$BIN/lrmoe-score" --drop 30 --no-compress "$D/c1.lrm" > "$D/s.lrm"
+            "$BIN/lrmoe-pack" -P $P --no-compress "$D/s.lrm" > "$D/pk.lrm"
+        else
+            "$BIN/lrmoe-score" --no-compress "$D/c1.lrm" > "$D/s.lrm"
+            "$BIN/lrmoe-pack" --no-compress "$D/s.lrm" > "$D/pk.lrm"
+        fi
+        for m in full masked compact; do
+            in="$D/s.lrm"
+            [ $m = compact ] && in="$D/pk.lrm"
+            "$X" --phase backward --mode $m --backend cuda --weights "$D/w.lrm" --no-compress \
+                "$in" > "$D/b1.lrm"
+            run $MPIRUN -np $P -x LRMOE_FAKE_DEVICES=$((P == 2 ? 2 : 1)) "$X" --phase backward \
+                --mode $m --backend cuda --weights "$D/w.lrm" --no-compress -o "$D/b2.lrm" "$in"
+            assert_success
+            run same "$D/b2.lrm" "$D/b1.lrm"
+            assert_success
+        done
+    done
+    # the EPLB plan's replicas moved weights and gradients point to point
+    run python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
+t, a = read_stream('$D/b2.lrm')[0]
+print(a['exec.backend'], a['exec.launcher'], a['plan.replicas'], a['exec.backward.p2p_bytes'])"
+    assert_success
+    assert_output --regexp '^cuda mpi [1-9][0-9]* '
+    refute_output --regexp ' 0,0,0,0$'
+    # no device on rank 1: one message naming it, no trailer, no hang
+    local A="--phase forward --backend cuda --weights $D/w.lrm --no-compress -o $D/o.lrm $D/r.lrm"
+    run $MPIRUN -np 1 "$X" $A : -np 1 -x LRMOE_FAKE_DEVICES=0 "$X" $A
+    assert_failure
+    [ "$status" -ne 124 ]
+    one_message 1 "backend cuda: no usable CUDA device"
+    no_trailer "$D/o.lrm"
 }
 
 @test "mpi: two hosts in network namespaces joined by a veth pair: the same answer over TCP between them" {
