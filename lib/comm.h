@@ -107,6 +107,10 @@ int lrmoe_comm_mpi_scatterv(lrmoe_comm_t *c, size_t row_bytes, const void *sendb
                             const int64_t *counts, void *recvbuf, int64_t nrecv, int root);
 int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
                            int64_t nsend, void *recvbuf, const int64_t *counts, int root);
+/* Every rank's nsend rows to every rank: recvbuf holds counts[r] rows of
+ * rank r, rank after rank (counts given on every rank). */
+int lrmoe_comm_mpi_allgatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                              int64_t nsend, void *recvbuf, const int64_t *counts);
 #if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
 /* CUDA under MPI: a context on GPU (local rank mod visible devices) and the
  * communicator of this rank, out->device = the context. When every rank has

@@ -236,7 +236,8 @@ static int int_counts(int P, const int64_t *counts, int *ic, int *id)
     return 0;
 }
 
-/* Scatter (gather = 0) or gather (1) of rows of row_bytes through root. */
+/* Scatter (gather = 0), gather (1) of rows of row_bytes through root, or
+ * allgather (2: counts on every rank, root unused). */
 static int rows_v(lrmoe_comm_t *c, int gather, size_t row_bytes, const void *sendbuf,
                   const int64_t *counts, void *recvbuf, int64_t mine, int root)
 {
@@ -245,7 +246,7 @@ static int rows_v(lrmoe_comm_t *c, int gather, size_t row_bytes, const void *sen
     if (mine < 0 || mine > INT_MAX) return lrmoe_err("%lld rows in one call", (long long)mine);
     if (row_bytes == 0 || row_bytes > INT_MAX) return lrmoe_err("row of %zu bytes", row_bytes);
     int *v = NULL;
-    if (x->rank == root) {
+    if (x->rank == root || gather == 2) {
         if (!(v = malloc((size_t)P * 2 * sizeof *v))) return lrmoe_err("out of memory");
         if (int_counts(P, counts, v, v + P) < 0) { free(v); return -1; }
     }
@@ -257,7 +258,10 @@ static int rows_v(lrmoe_comm_t *c, int gather, size_t row_bytes, const void *sen
         return mpi_fail(e, "MPI_Type_contiguous");
     }
     static char dummy[1];
-    if (gather)
+    if (gather == 2)
+        e = MPI_Allgatherv(sendbuf ? sendbuf : dummy, (int)mine, row, recvbuf ? recvbuf : dummy,
+                           v, v + P, row, x->comm);
+    else if (gather)
         e = MPI_Gatherv(sendbuf ? sendbuf : dummy, (int)mine, row, recvbuf ? recvbuf : dummy,
                         v, v ? v + P : NULL, row, root, x->comm);
     else
@@ -265,7 +269,15 @@ static int rows_v(lrmoe_comm_t *c, int gather, size_t row_bytes, const void *sen
                          recvbuf ? recvbuf : dummy, (int)mine, row, root, x->comm);
     MPI_Type_free(&row);
     free(v);
-    return e == MPI_SUCCESS ? 0 : mpi_fail(e, gather ? "MPI_Gatherv" : "MPI_Scatterv");
+    return e == MPI_SUCCESS ? 0
+                            : mpi_fail(e, gather == 2 ? "MPI_Allgatherv"
+                                          : gather ? "MPI_Gatherv" : "MPI_Scatterv");
+}
+
+int lrmoe_comm_mpi_allgatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                              int64_t nsend, void *recvbuf, const int64_t *counts)
+{
+    return rows_v(c, 2, row_bytes, sendbuf, counts, recvbuf, nsend, 0);
 }
 
 int lrmoe_comm_mpi_scatterv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
@@ -485,6 +497,12 @@ int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbu
 {
     (void)c; (void)row_bytes; (void)sendbuf; (void)nsend; (void)recvbuf; (void)counts;
     (void)root;
+    return lrmoe_err(NOT_BUILT);
+}
+int lrmoe_comm_mpi_allgatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                              int64_t nsend, void *recvbuf, const int64_t *counts)
+{
+    (void)c; (void)row_bytes; (void)sendbuf; (void)nsend; (void)recvbuf; (void)counts;
     return lrmoe_err(NOT_BUILT);
 }
 #endif

@@ -54,6 +54,11 @@ typedef struct lrmoe_exec_mpi {
     lrmoe_comm_t gpu;
     struct lrmoe_kcu_ctx *gpu_ctx;
     int gpu_ok;
+    /* per-rank inputs (lrmoe_exec_mpi_per_rank): every rank reads and writes
+     * its own stream; agreed: the last error was found alike on every rank
+     * from data all of them hold (rank 0 alone reports it, nobody aborts) */
+    int shard, agreed;
+    int64_t jobs;          /* jobs run so far */
 } lrmoe_exec_mpi_t;
 
 /* MPI_Init and the communicator; m->rank, m->P. weights: the path every
@@ -70,10 +75,28 @@ int lrmoe_exec_mpi_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
                             const lrmoe_exec_dims_t *d, int64_t layer,
                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                             lrmoe_exec_bwd_t *a, double *timings);
-/* Rank 0: no more jobs; the other ranks leave lrmoe_exec_mpi_serve. */
+/* Rank 0: no more jobs; the other ranks leave lrmoe_exec_mpi_serve (per-rank
+ * inputs: every rank, and all must end at the same frame). */
 int lrmoe_exec_mpi_end(lrmoe_exec_mpi_t *m);
 /* Ranks > 0: run rank 0's jobs until it ends (0) or one fails (-1). */
 int lrmoe_exec_mpi_serve(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg);
+/* Per-rank inputs: from now on every rank calls lrmoe_exec_mpi_forward/
+ * backward itself, with its own frame holding only its token rows: rows
+ * [r*T/P, (r+1)*T/P) of the T tokens of all ranks' frames together, of every
+ * [T,...] and [T,K,...] tensor (hidden, topk_ids, topk_weights, grad_output,
+ * pair_rank, keep, saved_gate, saved_up, pair_out); the plan and the other
+ * tensors alike on every rank. Nothing is scattered or gathered: the
+ * routing is all-gathered, the rows whose pair runs on another rank than
+ * their token's owner (backward hidden and saved state) are exchanged by
+ * all-to-all, and the outputs come back the same way (forward saved state
+ * and phi_sqnorm to the token owner). Each rank's outputs are its token
+ * rows; its grad_w_* hold its native experts' gradients (other experts
+ * zero). Compact backward needs the global pack: refused. Every rank ends
+ * with lrmoe_exec_mpi_end, which fails when another rank still has frames. */
+void lrmoe_exec_mpi_per_rank(lrmoe_exec_mpi_t *m);
+/* pattern with every "%r" replaced by rank (out of n bytes: -1 when it does
+ * not fit or holds no %r). */
+int lrmoe_exec_mpi_rank_path(const char *pattern, int rank, char *out, size_t n);
 /* 1 when --backend cuda can run one rank per process (built with MPI and CUDA). */
 int lrmoe_exec_mpi_cuda_built(void);
 /* MPI_Finalize and free. */
@@ -85,7 +108,9 @@ int lrmoe_exec_mpi_close(lrmoe_exec_mpi_t *m);
  * exchange), exec.PH.scatter_s/.gather_s
  * and .scatter_bytes/.gather_bytes (rank 0's share traffic), exec.launcher mpi;
  * with --backend cuda exec.gpu_comm nccl (a GPU per rank) or mpi-staged
- * (ranks sharing a GPU: through host memory and MPI). */
+ * (ranks sharing a GPU: through host memory and MPI). Per-rank inputs: on
+ * every rank, exec.inputs per-rank, and scatter_* / gather_* are this rank's
+ * exchange of input / output rows that live off their token's owner. */
 int lrmoe_exec_mpi_attrs(const lrmoe_exec_mpi_t *m, lrmoe_frame_t *f, const char *phase);
 
 #endif

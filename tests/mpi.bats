@@ -289,6 +289,136 @@ print('ok')"
     assert_output "3 2"
 }
 
+# shard_py split IN P PATTERN: rank r's token rows of every frame of IN
+# into PATTERN (%r = r): rows [r*T/P, (r+1)*T/P) of the [T,...] tensors;
+# shard_py join PATTERN P OUT: the reverse, grad_w_* rows from each expert's
+# owner (the other shards hold zeros there)
+shard_py() {
+    python3 - "$HELP" "$@" <<'EOF'
+import sys
+sys.path.insert(0, sys.argv[1])
+from lrmoe_stream import read_stream, write_stream
+import numpy as np
+TOK = {'hidden', 'router_logits', 'grad_output', 'topk_ids', 'topk_weights', 'pair_rank',
+       'keep', 'saved_gate', 'saved_up', 'pair_out', 'phi_sqnorm', 'output', 'pair_score',
+       'grad_hidden', 'grad_topk_weights'}
+GW = ('grad_w_gate', 'grad_w_up', 'grad_w_down')
+op, a, P, b = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+if op == 'split':
+    fr = read_stream(a, with_dtypes=True)
+    for r in range(P):
+        out = []
+        for t, at, d in fr:
+            T = t['topk_ids'].shape[0]
+            lo, hi = T * r // P, T * (r + 1) // P
+            out.append(({n: (v[lo:hi] if n in TOK else v) for n, v in t.items()}, at, d))
+        write_stream(b.replace('%r', str(r)), out)
+else:
+    sh = [read_stream(a.replace('%r', str(r)), with_dtypes=True) for r in range(P)]
+    out = []
+    for i, (t0, a0, d0) in enumerate(sh[0]):
+        t = {}
+        for n in t0:
+            if n in TOK:
+                t[n] = np.concatenate([s[i][0][n] for s in sh])
+            elif n in GW:
+                E = t0[n].shape[0]
+                t[n] = np.stack([sh[((e + 1) * P - 1) // E][i][0][n][e] for e in range(E)])
+            else:
+                t[n] = t0[n]
+        out.append((t, a0, d0))
+    write_stream(b, out)
+EOF
+}
+
+@test "mpi: --per-rank: each rank reads and writes its own token rows; the shards joined equal the scattered run bit for bit" {
+    need_mpi
+    routed 61 bf16
+    local P pl m
+    # P=3: plain EP, T and E not divisible by P; P=4: an EPLB plan (replicas)
+    for P in 3 4; do
+        if [ $P = 4 ]; then
+            "$BIN/lrmoe-plan" --planner eplb --ranks $P --min-chunk 4 --no-compress "$D/r.lrm" \
+                > "$D/p.lrm"
+        else
+            cp "$D/r.lrm" "$D/p.lrm"
+        fi
+        "$BIN/lrmoe-cat" --no-compress "$D/p.lrm" "$D/p.lrm" > "$D/p2.lrm" # two frames
+        run $MPIRUN -np $P "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress \
+            -o "$D/f.lrm" "$D/p2.lrm"
+        assert_success
+        shard_py split "$D/p2.lrm" $P "$D/p.%r.lrm"
+        run $MPIRUN -np $P "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress \
+            --per-rank -o "$D/f.%r.lrm" "$D/p.%r.lrm"
+        assert_success
+        shard_py join "$D/f.%r.lrm" $P "$D/fj.lrm"
+        run same "$D/fj.lrm" "$D/f.lrm"
+        assert_success
+        assert_output "identical: 2 frames"
+        if [ $P = 4 ]; then
+            "$BIN/lrmoe-score" --no-compress "$D/f.lrm" > "$D/s.lrm"
+        else
+            "$BIN/lrmoe-score" --drop 30 --no-compress "$D/f.lrm" > "$D/s.lrm"
+        fi
+        shard_py split "$D/s.lrm" $P "$D/s.%r.lrm"
+        for m in full masked; do
+            run $MPIRUN -np $P "$EXEC" --phase backward --mode $m --weights "$D/w.lrm" -@ 1 \
+                --no-compress -o "$D/b.lrm" "$D/s.lrm"
+            assert_success
+            run $MPIRUN -np $P "$EXEC" --phase backward --mode $m --weights "$D/w.lrm" -@ 1 \
+                --no-compress --per-rank -o "$D/b.%r.lrm" "$D/s.%r.lrm"
+            assert_success
+            shard_py join "$D/b.%r.lrm" $P "$D/bj.lrm"
+            run same "$D/bj.lrm" "$D/b.lrm"
+            assert_success
+        done
+    done
+    # the EPLB plan's replicas crossed point to point; every shard says so
+    run python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
+t, a = read_stream('$D/b.2.lrm')[0]
+print(a['exec.inputs'], a['exec.launcher'], a['exec.backward.p2p_bytes'])"
+    assert_output --regexp '^per-rank mpi '
+    refute_output --regexp ' 0,0,0,0$'
+}
+
+@test "mpi: --per-rank refuses what it cannot run, and inputs that disagree end the job with one message" {
+    need_mpi
+    routed 40 f32
+    run "$EXEC" --phase forward --weights "$D/w.lrm" --per-rank -o "$D/o.%r.lrm" "$D/r.%r.lrm"
+    assert_equal "$status" 2
+    assert_line --partial "--per-rank: only under an MPI launcher"
+    run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" --per-rank -o "$D/o.lrm" \
+        "$D/r.%r.lrm"
+    assert_equal "$status" 2
+    [ "$(grep -c '^lrmoe-exec: --per-rank: FILE and --output must each hold %r' <<< "$output")" = 1 ]
+    run $MPIRUN -np 2 "$EXEC" --phase backward --mode compact --weights "$D/w.lrm" --per-rank \
+        -o "$D/o.%r.lrm" "$D/r.%r.lrm"
+    assert_equal "$status" 2
+    assert_line --partial "backward compact needs the global pack"
+    # rows not in the ranks' ranges: 40 tokens as 25 + 15
+    python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import *
+fr = read_stream('$D/r.lrm', with_dtypes=True)
+for r, (lo, hi) in enumerate(((0, 25), (25, 40))):
+    write_stream('$D/u.%d.lrm' % r, [({n: (v[lo:hi] if v.shape[:1] == (40,) else v) for n, v in t.items()}, a, d) for t, a, d in fr])"
+    run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" --per-rank -o "$D/o.%r.lrm" \
+        "$D/u.%r.lrm"
+    assert_failure
+    [ "$status" -ne 124 ]
+    [ "$(grep -c '^lrmoe-exec: ' <<< "$output")" = 1 ]
+    assert_line --partial "rank 0 has 25 tokens, but rank r must hold rows [r*T/P, (r+1)*T/P) of all T=40: 20"
+    no_trailer "$D/o.0.lrm"
+    # rank 1's input has one frame more than rank 0's
+    shard_py split "$D/r.lrm" 2 "$D/v.%r.lrm"
+    "$BIN/lrmoe-cat" --no-compress "$D/v.1.lrm" "$D/v.1.lrm" > "$D/v2.lrm"
+    mv "$D/v2.lrm" "$D/v.1.lrm"
+    run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" --per-rank -o "$D/o.%r.lrm" \
+        "$D/v.%r.lrm"
+    assert_failure
+    [ "$status" -ne 124 ]
+    [ "$(grep -c '^lrmoe-exec: ' <<< "$output")" = 1 ]
+    assert_line --partial "per-rank inputs: rank 0's input ended after 1 frames, rank 1's has more"
+}
+
 @test "mpi: a rank whose share is bad (NaN in its rows) ends the job: one message naming it, no trailer" {
     need_mpi
     routed 64 f32
