@@ -289,47 +289,8 @@ print('ok')"
     assert_output "3 2"
 }
 
-# shard_py split IN P PATTERN: rank r's token rows of every frame of IN
-# into PATTERN (%r = r): rows [r*T/P, (r+1)*T/P) of the [T,...] tensors;
-# shard_py join PATTERN P OUT: the reverse, grad_w_* rows from each expert's
-# owner (the other shards hold zeros there)
-shard_py() {
-    python3 - "$HELP" "$@" <<'EOF'
-import sys
-sys.path.insert(0, sys.argv[1])
-from lrmoe_stream import read_stream, write_stream
-import numpy as np
-TOK = {'hidden', 'router_logits', 'grad_output', 'topk_ids', 'topk_weights', 'pair_rank',
-       'keep', 'saved_gate', 'saved_up', 'pair_out', 'phi_sqnorm', 'output', 'pair_score',
-       'grad_hidden', 'grad_topk_weights'}
-GW = ('grad_w_gate', 'grad_w_up', 'grad_w_down')
-op, a, P, b = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
-if op == 'split':
-    fr = read_stream(a, with_dtypes=True)
-    for r in range(P):
-        out = []
-        for t, at, d in fr:
-            T = t['topk_ids'].shape[0]
-            lo, hi = T * r // P, T * (r + 1) // P
-            out.append(({n: (v[lo:hi] if n in TOK else v) for n, v in t.items()}, at, d))
-        write_stream(b.replace('%r', str(r)), out)
-else:
-    sh = [read_stream(a.replace('%r', str(r)), with_dtypes=True) for r in range(P)]
-    out = []
-    for i, (t0, a0, d0) in enumerate(sh[0]):
-        t = {}
-        for n in t0:
-            if n in TOK:
-                t[n] = np.concatenate([s[i][0][n] for s in sh])
-            elif n in GW:
-                E = t0[n].shape[0]
-                t[n] = np.stack([sh[((e + 1) * P - 1) // E][i][0][n][e] for e in range(E)])
-            else:
-                t[n] = t0[n]
-        out.append((t, a0, d0))
-    write_stream(b, out)
-EOF
-}
+# per-rank streams (tests/helpers/lrmoe_shard.py): split IN P PATTERN, join PATTERN P OUT
+shard_py() { python3 "$HELP/lrmoe_shard.py" "$@"; }
 
 @test "mpi: --per-rank: each rank reads and writes its own token rows; the shards joined equal the scattered run bit for bit" {
     need_mpi
@@ -482,7 +443,7 @@ write_stream('$D/nan.lrm', [(t, a)])"
     no_trailer "$D/kill.sh.out"
 }
 
-@test "mpi: P mismatches and the cuda backend are refused before any rank starts work" {
+@test "mpi: P mismatches are refused before any rank starts work; --backend cuda without a GPU (or without CUDA) fails cleanly" {
     need_mpi
     routed 40 f32
     run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" --ranks 4 -o "$D/o.lrm" "$D/r.lrm"
