@@ -526,6 +526,22 @@ print(read_stream('$D/c2.lrm')[0][1]['exec.gpu_comm'])"
             assert_success
         done
     done
+    # --per-rank on the CUDA path too (P=4, EPLB forward, then full backward)
+    shard_py split "$D/p.lrm" 4 "$D/p.%r.lrm"
+    run $MPIRUN -np 4 "$X" --phase forward --backend cuda --weights "$D/w.lrm" --no-compress \
+        --per-rank -o "$D/c.%r.lrm" "$D/p.%r.lrm"
+    assert_success
+    shard_py join "$D/c.%r.lrm" 4 "$D/cj.lrm"
+    run same "$D/cj.lrm" "$D/c1.lrm"
+    assert_success
+    shard_py split "$D/s.lrm" 4 "$D/s.%r.lrm"
+    "$X" --phase backward --backend cuda --weights "$D/w.lrm" --no-compress "$D/s.lrm" > "$D/b1.lrm"
+    run $MPIRUN -np 4 "$X" --phase backward --backend cuda --weights "$D/w.lrm" --no-compress \
+        --per-rank -o "$D/b.%r.lrm" "$D/s.%r.lrm"
+    assert_success
+    shard_py join "$D/b.%r.lrm" 4 "$D/bj.lrm"
+    run same "$D/bj.lrm" "$D/b1.lrm"
+    assert_success
     # the EPLB plan's replicas moved weights and gradients point to point
     run python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
 t, a = read_stream('$D/b2.lrm')[0]
