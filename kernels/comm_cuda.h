@@ -30,9 +30,15 @@ int lrmoe_comm_cuda_init(lrmoe_comm_t *c, int P, lrmoe_kcu_ctx_t *const *ctx, in
 /* One rank of P ranks living in P processes (MPI, across hosts): rank 0's
  * ncclUniqueId reaches every rank through bcast (the caller broadcasts the
  * bytes over MPI: lrmoe_comm_mpi_bcast), then ncclCommInitRank on ctx's
- * device. c->self = rank+1 (comm.h). */
+ * device. c->self = rank+1, c->device = ctx (comm.h). */
 int lrmoe_comm_cuda_init_rank(lrmoe_comm_t *c, int P, int rank, lrmoe_kcu_ctx_t *ctx,
                               int (*bcast)(void *buf, size_t bytes, void *arg), void *arg);
+/* The PCI bus id of ctx's device into buf (n bytes): which ranks share a GPU. */
+int lrmoe_comm_cuda_device_key(lrmoe_kcu_ctx_t *ctx, char *buf, size_t n);
+/* Bytes this rank sent by all-to-all-v and by p2p, and its seconds in the
+ * all-to-all-v, since the last call (then zeroed); zeros for other comms. */
+void lrmoe_comm_cuda_rank_take(lrmoe_comm_t *c, int64_t *a2a_bytes, int64_t *p2p_bytes,
+                               double *a2a_sec);
 /* 1 when c moves data through NCCL. */
 int lrmoe_comm_cuda_is_nccl(const lrmoe_comm_t *c);
 

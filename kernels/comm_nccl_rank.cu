@@ -19,7 +19,13 @@
  * rank: the caller picks it from the MPI local rank). c->self is rank+1:
  * alltoallv moves only send[rank]/recv[rank], p2p only what this rank
  * sends or receives. */
-typedef struct { int P, rank; lrmoe_kcu_ctx_t *ctx; ncclComm_t comm; } rstate_t;
+typedef struct {
+    int P, rank;
+    lrmoe_kcu_ctx_t *ctx;
+    ncclComm_t comm;
+    int64_t a2a_bytes, p2p_bytes; /* sent by this rank since the last take */
+    double a2a_sec;
+} rstate_t;
 
 static int rank_alltoallv(lrmoe_comm_t *c, size_t es, const void *const *send,
                           const int64_t *counts, const int64_t *sdispls, void *const *recv,
@@ -34,6 +40,7 @@ static int rank_alltoallv(lrmoe_comm_t *c, size_t es, const void *const *send,
     for (int p = 0; p < P; p++) {
         int64_t ns = counts[(size_t)me * P + p], nr = counts[(size_t)p * P + me];
         ncclResult_t r = ncclSuccess;
+        if (ns > 0) s->a2a_bytes += ns * (int64_t)es;
         if (ns > 0)
             r = ncclSend((const char *)send[me] + (size_t)sdispls[(size_t)me * P + p] * es,
                          (size_t)ns * es, ncclUint8, p, s->comm, st);
@@ -48,6 +55,7 @@ static int rank_alltoallv(lrmoe_comm_t *c, size_t es, const void *const *send,
     }
     KCU_NCCL(ncclGroupEnd());
     KCU_CUDA(cudaStreamSynchronize(st));
+    s->a2a_sec += lrmoe_now() - t0;
     if (rank_sec) rank_sec[me] += lrmoe_now() - t0;
     return 0;
 }
@@ -64,6 +72,7 @@ static int rank_p2p(lrmoe_comm_t *c, int src, const void *sendbuf, int dst, void
         if (sendbuf != recvbuf)
             KCU_CUDA(cudaMemcpyAsync(recvbuf, sendbuf, bytes, cudaMemcpyDefault, st));
     } else if (src == s->rank) {
+        s->p2p_bytes += (int64_t)bytes;
         KCU_NCCL(ncclSend(sendbuf, bytes, ncclUint8, dst, s->comm, st));
     } else {
         KCU_NCCL(ncclRecv(recvbuf, bytes, ncclUint8, src, s->comm, st));
@@ -104,8 +113,25 @@ int lrmoe_comm_cuda_init_rank(lrmoe_comm_t *c, int P, int rank, lrmoe_kcu_ctx_t 
     c->self = rank + 1;
     c->backend = 1; /* LRMOE_BACKEND_CUDA */
     c->ctx = s;
+    c->device = ctx;
     c->alltoallv = rank_alltoallv;
     c->p2p = rank_p2p;
     c->destroy = rank_destroy;
     return 0;
+}
+
+int lrmoe_comm_cuda_device_key(lrmoe_kcu_ctx_t *ctx, char *buf, size_t n)
+{
+    KCU_CUDA(cudaDeviceGetPCIBusId(buf, (int)n, lrmoe_kcu_device(ctx)));
+    return 0;
+}
+
+void lrmoe_comm_cuda_rank_take(lrmoe_comm_t *c, int64_t *a2a_bytes, int64_t *p2p_bytes,
+                               double *a2a_sec)
+{
+    rstate_t *s = c && c->self ? (rstate_t *)c->ctx : NULL;
+    *a2a_bytes = s ? s->a2a_bytes : 0;
+    *p2p_bytes = s ? s->p2p_bytes : 0;
+    *a2a_sec = s ? s->a2a_sec : 0;
+    if (s) { s->a2a_bytes = s->p2p_bytes = 0; s->a2a_sec = 0; }
 }

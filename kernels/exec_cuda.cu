@@ -26,6 +26,15 @@
  *
  * Timings: stages are timed on the host around work that is synchronised per
  * rank, so each rank's seconds are its own device time plus launch overhead.
+ *
+ * One rank per process (MPI, lib/exec_mpi.c): cfg->comm is then the rank's
+ * NCCL communicator from lrmoe_comm_cuda_init_rank (self = rank+1), whose
+ * context (the GPU that local rank picked) this rank runs on. Every loop over
+ * ranks does only the local rank's device work; the host metadata (layout,
+ * orders) is still computed for all ranks, identically everywhere, and the
+ * p2p transfers (replica weights, helper gradients) are walked in one global
+ * order by every process, each sending or receiving its part, so the NCCL
+ * sends and receives pair up.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -118,7 +127,8 @@ static int layout_packed(layout_t &L, int P, int64_t T, int64_t K, int64_t E,
 /* ---------------------------------------------------------------- ranks */
 
 struct rank_t {
-    lrmoe_kcu_ctx_t *ctx = nullptr;
+    lrmoe_kcu_ctx_t *ctx = nullptr;       /* nullptr: a rank of another process */
+    int own_ctx = 1;                      /* 0: the rank communicator's context */
     int64_t t_lo = 0, t_hi = 0;
     std::vector<void *> mem;              /* device allocations to free */
     std::vector<void *> wst;              /* (E) expert weights, storage dtype (3 matrices) */
@@ -131,8 +141,11 @@ struct run_t {
     std::vector<rank_t> rk;
     lrmoe_comm_t comm;
     int comm_ok = 0;
+    lrmoe_comm_t *cm = &comm;  /* the communicator: comm, or the caller's rank comm */
+    int self = 0;              /* 0: all ranks here; r+1: only rank r (comm.h) */
     double *tim = nullptr;
 
+    int loc(int r) const { return self == 0 || self == r + 1; }
     int use(int r) { return lrmoe_kcu_use(rk[r].ctx); }
 
     /* device memory on rank r (freed at the end) */
@@ -179,16 +192,31 @@ static int run_init(run_t &R, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims
     if (cfg->device < 0 || cfg->device >= ndev)
         return lrmoe_err("backend cuda: device %d out of range (%d devices)", cfg->device, ndev);
     R.rk.resize(R.P);
+    for (int r = 0; r < R.P; r++) {
+        R.rk[r].t_lo = (int64_t)r * d->T / R.P;
+        R.rk[r].t_hi = (int64_t)(r + 1) * d->T / R.P;
+        R.rk[r].wst.assign(d->E, nullptr);
+        R.rk[r].wbf.assign(d->E, nullptr);
+    }
+    if (cfg->comm && cfg->comm->self) { /* one rank of an MPI job: its comm and GPU */
+        lrmoe_comm_t *c = cfg->comm;
+        if (c->backend != LRMOE_BACKEND_CUDA || c->P != R.P || c->self > R.P)
+            return lrmoe_err("backend cuda: the communicator is not a CUDA one of %d ranks", R.P);
+        R.cm = c;
+        R.self = c->self;
+        rank_t &me = R.rk[c->self - 1];
+        if (!(me.ctx = (lrmoe_kcu_ctx_t *)c->device))
+            return lrmoe_err("backend cuda: the rank communicator has no device context");
+        me.own_ctx = 0;
+        lrmoe_kcu_set_gemm(me.ctx, impl);
+        return 0;
+    }
     std::vector<lrmoe_kcu_ctx_t *> ctxs(R.P);
     for (int r = 0; r < R.P; r++) {
         int dev = (cfg->device + r % gpus) % ndev;
         if (lrmoe_kcu_ctx_create(dev, streams, &R.rk[r].ctx) < 0) return -1;
         lrmoe_kcu_set_gemm(R.rk[r].ctx, impl);
         ctxs[r] = R.rk[r].ctx;
-        R.rk[r].t_lo = (int64_t)r * d->T / R.P;
-        R.rk[r].t_hi = (int64_t)(r + 1) * d->T / R.P;
-        R.rk[r].wst.assign(d->E, nullptr);
-        R.rk[r].wbf.assign(d->E, nullptr);
     }
     if (lrmoe_comm_cuda_init(&R.comm, R.P, ctxs.data(), -1) < 0) return -1;
     R.comm_ok = 1;
@@ -205,7 +233,8 @@ static void run_free(run_t &R)
         }
     }
     if (R.comm_ok) lrmoe_comm_free(&R.comm);
-    for (int r = 0; r < (int)R.rk.size(); r++) lrmoe_kcu_ctx_destroy(R.rk[r].ctx);
+    for (int r = 0; r < (int)R.rk.size(); r++)
+        if (R.rk[r].own_ctx) lrmoe_kcu_ctx_destroy(R.rk[r].ctx);
     R.rk.clear();
     (void)lrmoe_kcu_use(nullptr);
 }
@@ -226,6 +255,7 @@ static int load_weights(run_t &R, const lrmoe_exec_weights_t *w, const layout_t 
     int isbf = w->dtype == LRMOE_BF16;
     double *tim = R.tim;
     for (int r = 0; r < P; r++) {
+        if (!R.loc(r)) continue;
         double t0 = lrmoe_now();
         for (int64_t e = 0; e < E; e++) {
             if (lrmoe_exec_native(e, E, P) != r) continue;
@@ -245,15 +275,19 @@ static int load_weights(run_t &R, const lrmoe_exec_weights_t *w, const layout_t 
         for (int64_t e = 0; e < E; e++) {
             int nat = lrmoe_exec_native(e, E, P);
             int need = nat != r && (L.cnt[r * E + e] > 0 || (placement && placement[e * P + r]));
-            if (!need) continue;
-            char *buf;
-            if (R.dalloc(r, &buf, 3 * mb) < 0) return -1;
-            R.rk[r].wst[e] = buf;
-            if (R.comm.p2p(&R.comm, nat, R.rk[nat].wst[e], r, buf, 3 * mb) < 0) return -1;
+            if (!need || (!R.loc(r) && !R.loc(nat))) continue;
+            char *buf = nullptr;
+            if (R.loc(r)) {
+                if (R.dalloc(r, &buf, 3 * mb) < 0) return -1;
+                R.rk[r].wst[e] = buf;
+            }
+            if (R.cm->p2p(R.cm, nat, R.loc(nat) ? R.rk[nat].wst[e] : nullptr, r, buf, 3 * mb) < 0)
+                return -1;
         }
-        TIM(r, LRMOE_STAGE_WEIGHTS) += lrmoe_now() - t0;
+        if (R.loc(r)) TIM(r, LRMOE_STAGE_WEIGHTS) += lrmoe_now() - t0;
     }
     for (int r = 0; r < P; r++) {
+        if (!R.loc(r)) continue;
         double t0 = lrmoe_now();
         for (int64_t e = 0; e < E; e++) {
             if (!R.rk[r].wst[e]) continue;
@@ -286,12 +320,14 @@ static int exchange_fwd(run_t &R, const layout_t &L, size_t row_bytes,
     std::vector<void *> recv(P, nullptr);
     std::vector<double> sec(P, 0.0);
     for (int d = 0; d < P; d++)
-        if (R.dalloc(d, &recv[d], (size_t)(L.base[d + 1] - L.base[d]) * row_bytes) < 0) return -1;
-    if (R.comm.alltoallv(&R.comm, row_bytes, (const void *const *)sendbuf.data(), L.counts.data(),
+        if (R.loc(d) && R.dalloc(d, &recv[d], (size_t)(L.base[d + 1] - L.base[d]) * row_bytes) < 0)
+            return -1;
+    if (R.cm->alltoallv(R.cm, row_bytes, (const void *const *)sendbuf.data(), L.counts.data(),
                          L.sdispls.data(), (void *const *)recv.data(), L.rdispls.data(),
                          sec.data()) < 0)
         return -1;
     for (int d = 0; d < P; d++) {
+        if (!R.loc(d)) continue;
         double t0 = lrmoe_now();
         int64_t n = L.base[d + 1] - L.base[d];
         std::vector<int64_t> perm(n ? n : 1);
@@ -327,6 +363,7 @@ static int exchange_rev(run_t &R, const layout_t &L, size_t row_bytes, std::vect
             rd2[(size_t)s * P + d] = L.sdispls[(size_t)s * P + d];
         }
     for (int d = 0; d < P; d++) {
+        if (!R.loc(d)) continue;
         double t0 = lrmoe_now();
         int64_t n = L.base[d + 1] - L.base[d];
         /* send position of row i is its receive position; as a gather:
@@ -343,12 +380,14 @@ static int exchange_rev(run_t &R, const layout_t &L, size_t row_bytes, std::vect
         TIM(d, stage) += lrmoe_now() - t0;
     }
     for (int s = 0; s < P; s++)
-        if (R.dalloc(s, &recv[s], (size_t)(L.sbase[s + 1] - L.sbase[s]) * row_bytes) < 0) return -1;
-    if (R.comm.alltoallv(&R.comm, row_bytes, (const void *const *)send.data(), cnt2.data(),
+        if (R.loc(s) && R.dalloc(s, &recv[s], (size_t)(L.sbase[s + 1] - L.sbase[s]) * row_bytes) < 0)
+            return -1;
+    if (R.cm->alltoallv(R.cm, row_bytes, (const void *const *)send.data(), cnt2.data(),
                          sd2.data(), (void *const *)recv.data(), rd2.data(), sec.data()) < 0)
         return -1;
     upos.assign((size_t)(L.T * L.K), -1);
     for (int s = 0; s < P; s++) {
+        if (!R.loc(s)) continue;
         double t0 = lrmoe_now();
         for (int d = 0; d < P; d++) {
             int64_t k = L.sdispls[(size_t)s * P + d];
@@ -460,6 +499,7 @@ extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_
 
     /* dispatch: token rows (storage dtype) from their owners to the ranks */
     for (int s = 0; s < P; s++) {
+        if (!R.loc(s)) continue;
         double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
         int64_t nt = rs.t_hi - rs.t_lo;
@@ -480,6 +520,7 @@ extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_
 
     /* experts: h_g, h_u = x W^T (F32), phi = silu(h_g) h_u, y = phi W_down^T */
     for (int r = 0; r < P; r++) {
+        if (!R.loc(r)) continue;
         int64_t n = L.base[r + 1] - L.base[r], b0 = L.base[r];
         if (!n) continue;
         double t0 = lrmoe_now();
@@ -548,6 +589,7 @@ extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_
     /* combine: y rows back to the token owners, out_t = sum_k alpha_tk y_tk */
     CK(exchange_rev(R, L, rowb, Yst, recv, upos, LRMOE_STAGE_COMBINE));
     for (int s = 0; s < P; s++) {
+        if (!R.loc(s)) continue;
         double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
         int64_t nt = rs.t_hi - rs.t_lo, nr = L.sbase[s + 1] - L.sbase[s];
@@ -647,6 +689,7 @@ extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe
     /* dispatch: dy rows (F32) from the token owners to the ranks: alpha_u g_t
      * (masked: zero where keep_u == 0), compact: the pack_grad rows */
     for (int s = 0; s < P; s++) {
+        if (!R.loc(s)) continue;
         double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
         int64_t nt = rs.t_hi - rs.t_lo;
@@ -697,6 +740,7 @@ extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe
 
     /* experts, rank by rank */
     for (int r = 0; r < P; r++) {
+        if (!R.loc(r)) continue;
         int64_t n = L.base[r + 1] - L.base[r], b0 = L.base[r];
         double t0 = lrmoe_now();
         /* weight-gradient buffers of every instance with rows; the owner of an
@@ -799,18 +843,22 @@ extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe
         float *own = wgrad[(size_t)nat * E + e];
         float *rb = nullptr;
         for (int p = 0; p < P; p++) {
-            if (p == nat || !wgrad[(size_t)p * E + e]) continue;
+            /* a helper's buffer exists where it ran rows of e (also when
+             * that rank lives in another process) */
+            if (p == nat || L.cnt[(size_t)p * E + e] == 0 || (!R.loc(p) && !R.loc(nat))) continue;
             double t0 = lrmoe_now();
-            if (!rb) CK(R.dalloc(nat, &rb, 3 * FD * 4));
-            CK(R.comm.p2p(&R.comm, p, wgrad[(size_t)p * E + e], nat, rb, 3 * FD * 4));
+            if (R.loc(nat) && !rb) CK(R.dalloc(nat, &rb, 3 * FD * 4));
+            CK(R.cm->p2p(R.cm, p, R.loc(p) ? wgrad[(size_t)p * E + e] : nullptr, nat, rb,
+                         3 * FD * 4));
             double t1 = lrmoe_now();
+            if (R.loc(p)) TIM(p, LRMOE_STAGE_GRADRED) += t1 - t0;
+            if (!R.loc(nat)) continue;
             CK(R.use(nat));
             CK(lrmoe_kcu_add((int64_t)(3 * FD), rb, own));
             CK(R.sync(nat));
-            double t2 = lrmoe_now();
-            TIM(p, LRMOE_STAGE_GRADRED) += t1 - t0;
-            TIM(nat, LRMOE_STAGE_GRADRED) += t2 - t0;
+            TIM(nat, LRMOE_STAGE_GRADRED) += lrmoe_now() - t0;
         }
+        if (!R.loc(nat)) continue;
         double t0 = lrmoe_now();
         CK(R.use(nat));
         CK(lrmoe_kcu_d2h(a->grad_w_gate + e * FD, own, FD * 4));
@@ -824,6 +872,7 @@ extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe
      * (ascending k); router gradient g_t . y_u over all pairs */
     CK(exchange_rev(R, L, rowf, DX, recv, upos, LRMOE_STAGE_COMBINE));
     for (int s = 0; s < P; s++) {
+        if (!R.loc(s)) continue;
         double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
         int64_t nt = rs.t_hi - rs.t_lo;

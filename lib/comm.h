@@ -25,6 +25,9 @@ struct lrmoe_comm {
      * exec touches only rank r's buffers and a call moves only what rank r
      * sends and receives (send[r], recv[r]; the others are not read). */
     int self;
+    /* CUDA rank communicators (one process per rank): the rank's device
+     * context (lrmoe_kcu_ctx_t), which the CUDA exec runs on; else NULL. */
+    void *device;
 
     /* All-to-all-v. For every source rank s and destination d:
      *   send[s] + sdispls[s*P+d]*elem_size  holds  counts[s*P+d] elements
@@ -104,13 +107,33 @@ int lrmoe_comm_mpi_scatterv(lrmoe_comm_t *c, size_t row_bytes, const void *sendb
                             const int64_t *counts, void *recvbuf, int64_t nrecv, int root);
 int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
                            int64_t nsend, void *recvbuf, const int64_t *counts, int root);
+/* Every rank's nsend rows to every rank: recvbuf holds counts[r] rows of
+ * rank r, rank after rank (counts given on every rank). */
+int lrmoe_comm_mpi_allgatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                              int64_t nsend, void *recvbuf, const int64_t *counts);
 #if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
 /* CUDA under MPI: a context on GPU (local rank mod visible devices) and the
- * NCCL communicator of this rank (ncclGetUniqueId on rank 0, broadcast over
- * mpi, ncclCommInitRank): lrmoe_comm_cuda_init_rank, kernels/comm_nccl_rank.cu. */
+ * communicator of this rank, out->device = the context. When every rank has
+ * a GPU of its own: NCCL (ncclGetUniqueId on rank 0, broadcast over mpi,
+ * ncclCommInitRank: lrmoe_comm_cuda_init_rank, kernels/comm_nccl_rank.cu).
+ * When two ranks share a GPU (host name and PCI bus id, gathered from every
+ * rank), which one NCCL communicator cannot hold: every transfer is staged
+ * through host memory and mpi (device to host, MPI_Alltoallv or
+ * MPI_Send/Recv, host to device). */
 struct lrmoe_kcu_ctx;
 int lrmoe_comm_mpi_nccl_init(lrmoe_comm_t *mpi, int nstreams, struct lrmoe_kcu_ctx **ctx,
                              lrmoe_comm_t *out);
+/* 1 when gpu (from lrmoe_comm_mpi_nccl_init) uses NCCL, 0 when it stages
+ * through host memory and MPI. */
+int lrmoe_comm_mpi_nccl_is_nccl(const lrmoe_comm_t *gpu);
+/* CUDA devices this process sees (< 0 with the reason set when none). */
+int lrmoe_comm_mpi_nccl_devices(void);
+/* Free what lrmoe_comm_mpi_nccl_init made (the communicator, then the context). */
+void lrmoe_comm_mpi_nccl_free(lrmoe_comm_t *gpu, struct lrmoe_kcu_ctx *ctx);
+/* Bytes this rank sent through NCCL by all-to-all-v and p2p, and its seconds
+ * in the all-to-all-v, since the last call (kernels/comm_nccl_rank.cu). */
+void lrmoe_comm_cuda_rank_take(lrmoe_comm_t *c, int64_t *a2a_bytes, int64_t *p2p_bytes,
+                               double *a2a_sec);
 #endif
 
 #endif

@@ -236,7 +236,8 @@ static int int_counts(int P, const int64_t *counts, int *ic, int *id)
     return 0;
 }
 
-/* Scatter (gather = 0) or gather (1) of rows of row_bytes through root. */
+/* Scatter (gather = 0), gather (1) of rows of row_bytes through root, or
+ * allgather (2: counts on every rank, root unused). */
 static int rows_v(lrmoe_comm_t *c, int gather, size_t row_bytes, const void *sendbuf,
                   const int64_t *counts, void *recvbuf, int64_t mine, int root)
 {
@@ -245,7 +246,7 @@ static int rows_v(lrmoe_comm_t *c, int gather, size_t row_bytes, const void *sen
     if (mine < 0 || mine > INT_MAX) return lrmoe_err("%lld rows in one call", (long long)mine);
     if (row_bytes == 0 || row_bytes > INT_MAX) return lrmoe_err("row of %zu bytes", row_bytes);
     int *v = NULL;
-    if (x->rank == root) {
+    if (x->rank == root || gather == 2) {
         if (!(v = malloc((size_t)P * 2 * sizeof *v))) return lrmoe_err("out of memory");
         if (int_counts(P, counts, v, v + P) < 0) { free(v); return -1; }
     }
@@ -257,7 +258,10 @@ static int rows_v(lrmoe_comm_t *c, int gather, size_t row_bytes, const void *sen
         return mpi_fail(e, "MPI_Type_contiguous");
     }
     static char dummy[1];
-    if (gather)
+    if (gather == 2)
+        e = MPI_Allgatherv(sendbuf ? sendbuf : dummy, (int)mine, row, recvbuf ? recvbuf : dummy,
+                           v, v + P, row, x->comm);
+    else if (gather)
         e = MPI_Gatherv(sendbuf ? sendbuf : dummy, (int)mine, row, recvbuf ? recvbuf : dummy,
                         v, v ? v + P : NULL, row, root, x->comm);
     else
@@ -265,7 +269,15 @@ static int rows_v(lrmoe_comm_t *c, int gather, size_t row_bytes, const void *sen
                          recvbuf ? recvbuf : dummy, (int)mine, row, root, x->comm);
     MPI_Type_free(&row);
     free(v);
-    return e == MPI_SUCCESS ? 0 : mpi_fail(e, gather ? "MPI_Gatherv" : "MPI_Scatterv");
+    return e == MPI_SUCCESS ? 0
+                            : mpi_fail(e, gather == 2 ? "MPI_Allgatherv"
+                                          : gather ? "MPI_Gatherv" : "MPI_Scatterv");
+}
+
+int lrmoe_comm_mpi_allgatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                              int64_t nsend, void *recvbuf, const int64_t *counts)
+{
+    return rows_v(c, 2, row_bytes, sendbuf, counts, recvbuf, nsend, 0);
 }
 
 int lrmoe_comm_mpi_scatterv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
@@ -281,6 +293,7 @@ int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbu
 }
 
 #ifdef LRMOE_HAVE_CUDA
+#include <unistd.h>
 #include "../kernels/comm_cuda.h"
 
 static int bcast_cb(void *buf, size_t n, void *arg)
@@ -288,21 +301,158 @@ static int bcast_cb(void *buf, size_t n, void *arg)
     return lrmoe_comm_mpi_bcast((lrmoe_comm_t *)arg, buf, n, 0);
 }
 
-/* The NCCL communicator of this MPI rank: one GPU per rank, the one of
- * index (local rank mod visible devices) on this host; the ncclUniqueId of
- * rank 0 is broadcast over MPI, so the communicator spans hosts. */
+int lrmoe_comm_mpi_nccl_devices(void)
+{
+    return lrmoe_kcu_device_count(); /* < 0 with the reason when none */
+}
+
+/* ---- ranks sharing a GPU: every transfer through host memory and MPI */
+
+typedef struct {
+    lrmoe_comm_t *mpi;
+    lrmoe_kcu_ctx_t *ctx;
+} staged_t;
+
+/* bytes from the device to a fresh host buffer (or back: up = 0) */
+static int stage(lrmoe_kcu_ctx_t *ctx, int up, void *dev, void *host, size_t bytes)
+{
+    if (!bytes) return 0;
+    if (lrmoe_kcu_use(ctx) < 0) return -1;
+    int rc = up ? lrmoe_kcu_d2h(host, dev, bytes) : lrmoe_kcu_h2d(dev, host, bytes);
+    return rc < 0 ? -1 : lrmoe_kcu_sync();
+}
+
+static int staged_alltoallv(lrmoe_comm_t *c, size_t es, const void *const *send,
+                            const int64_t *counts, const int64_t *sdispls, void *const *recv,
+                            const int64_t *rdispls, double *rank_sec)
+{
+    staged_t *st = (staged_t *)c->ctx;
+    const int P = c->P, me = c->self - 1;
+    int64_t ns = 0, nr = 0; /* extents in elements */
+    for (int p = 0; p < P; p++) {
+        int64_t a = sdispls[(size_t)me * P + p] + counts[(size_t)me * P + p];
+        int64_t b = rdispls[(size_t)me * P + p] + counts[(size_t)p * P + me];
+        if (a > ns) ns = a;
+        if (b > nr) nr = b;
+    }
+    char *hs = malloc((size_t)(ns ? ns : 1) * es), *hr = malloc((size_t)(nr ? nr : 1) * es);
+    const void **sv = calloc((size_t)P, sizeof *sv);
+    void **rv = calloc((size_t)P, sizeof *rv);
+    int rc = -1;
+    if (!hs || !hr || !sv || !rv) {
+        lrmoe_err("alltoallv: out of memory for %lld + %lld host rows", (long long)ns,
+                  (long long)nr);
+        goto out;
+    }
+    sv[me] = hs;
+    rv[me] = hr;
+    if (stage(st->ctx, 1, (void *)send[me], hs, (size_t)ns * es) < 0 ||
+        st->mpi->alltoallv(st->mpi, es, sv, counts, sdispls, rv, rdispls, rank_sec) < 0 ||
+        stage(st->ctx, 0, recv[me], hr, (size_t)nr * es) < 0)
+        goto out;
+    rc = 0;
+out:
+    free(hs); free(hr); free(sv); free(rv);
+    return rc;
+}
+
+static int staged_p2p(lrmoe_comm_t *c, int src, const void *sendbuf, int dst, void *recvbuf,
+                      size_t bytes)
+{
+    staged_t *st = (staged_t *)c->ctx;
+    const int me = c->self - 1;
+    if (!bytes || (src != me && dst != me)) return 0;
+    if (src == dst) {
+        if (lrmoe_kcu_use(st->ctx) < 0 || lrmoe_kcu_d2d(recvbuf, sendbuf, bytes) < 0) return -1;
+        return lrmoe_kcu_sync();
+    }
+    char *h = malloc(bytes);
+    if (!h) return lrmoe_err("p2p: out of memory for %zu host bytes", bytes);
+    int rc = src == me ? (stage(st->ctx, 1, (void *)sendbuf, h, bytes) < 0 ||
+                          st->mpi->p2p(st->mpi, src, h, dst, NULL, bytes) < 0 ? -1 : 0)
+                       : (st->mpi->p2p(st->mpi, src, NULL, dst, h, bytes) < 0 ||
+                          stage(st->ctx, 0, recvbuf, h, bytes) < 0 ? -1 : 0);
+    free(h);
+    return rc;
+}
+
+static void staged_destroy(lrmoe_comm_t *c)
+{
+    free(c->ctx);
+    c->ctx = NULL;
+}
+
+int lrmoe_comm_mpi_nccl_is_nccl(const lrmoe_comm_t *gpu)
+{
+    return gpu->alltoallv != staged_alltoallv;
+}
+
+/* "host/PCI bus id" of this rank's GPU from every rank: 1 when two ranks
+ * share one (the same answer on every rank). */
+static int shared_gpu(lrmoe_comm_t *mpi, lrmoe_kcu_ctx_t *ctx, int *shared)
+{
+    enum { KEY = 192 };
+    char key[KEY], *all = NULL;
+    memset(key, 0, sizeof key);
+    if (gethostname(key, 96) != 0) snprintf(key, 96, "?");
+    key[95] = 0;
+    size_t n = strlen(key);
+    key[n++] = '/';
+    if (lrmoe_comm_cuda_device_key(ctx, key + n, KEY - n - 1) < 0) return -1;
+    if (!(all = malloc((size_t)mpi->P * KEY))) return lrmoe_err("out of memory");
+    int e = MPI_Allgather(key, KEY, MPI_BYTE, all, KEY, MPI_BYTE, mx(mpi)->comm);
+    if (e != MPI_SUCCESS) { free(all); return mpi_fail(e, "MPI_Allgather"); }
+    *shared = 0;
+    for (int a = 0; a < mpi->P && !*shared; a++)
+        for (int b = a + 1; b < mpi->P; b++)
+            if (!memcmp(all + (size_t)a * KEY, all + (size_t)b * KEY, KEY)) { *shared = 1; break; }
+    free(all);
+    return 0;
+}
+
+/* The communicator of this MPI rank: one GPU per rank, the one of index
+ * (local rank mod visible devices) on this host; NCCL with rank 0's
+ * ncclUniqueId broadcast over MPI (so it spans hosts), or staged through
+ * MPI when ranks share a GPU. */
 int lrmoe_comm_mpi_nccl_init(lrmoe_comm_t *mpi, int nstreams, lrmoe_kcu_ctx_t **ctx,
                              lrmoe_comm_t *out)
 {
-    int n = lrmoe_kcu_device_count();
-    if (n < 1) return lrmoe_err_prefix("rank %d: no CUDA device", mx(mpi)->rank);
+    memset(out, 0, sizeof *out);
+    int n = lrmoe_comm_mpi_nccl_devices(), shared = 0;
+    if (n < 1) return lrmoe_err_prefix("backend cuda: no usable CUDA device");
     if (lrmoe_kcu_ctx_create(mx(mpi)->local_rank % n, nstreams, ctx) < 0) return -1;
-    if (lrmoe_comm_cuda_init_rank(out, mpi->P, mx(mpi)->rank, *ctx, bcast_cb, mpi) < 0) {
+    int rc = shared_gpu(mpi, *ctx, &shared);
+    if (!rc && !shared) {
+        rc = lrmoe_comm_cuda_init_rank(out, mpi->P, mx(mpi)->rank, *ctx, bcast_cb, mpi);
+    } else if (!rc) {
+        staged_t *st = calloc(1, sizeof *st);
+        if (!st) {
+            rc = lrmoe_err("out of memory");
+        } else {
+            st->mpi = mpi;
+            st->ctx = *ctx;
+            out->P = mpi->P;
+            out->self = mpi->self;
+            out->backend = LRMOE_BACKEND_CUDA;
+            out->ctx = st;
+            out->alltoallv = staged_alltoallv;
+            out->p2p = staged_p2p;
+            out->destroy = staged_destroy;
+        }
+    }
+    if (rc < 0) {
         lrmoe_kcu_ctx_destroy(*ctx);
         *ctx = NULL;
         return -1;
     }
+    out->device = *ctx;
     return 0;
+}
+
+void lrmoe_comm_mpi_nccl_free(lrmoe_comm_t *gpu, lrmoe_kcu_ctx_t *ctx)
+{
+    lrmoe_comm_free(gpu);
+    lrmoe_kcu_ctx_destroy(ctx);
 }
 #endif
 
@@ -347,6 +497,12 @@ int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbu
 {
     (void)c; (void)row_bytes; (void)sendbuf; (void)nsend; (void)recvbuf; (void)counts;
     (void)root;
+    return lrmoe_err(NOT_BUILT);
+}
+int lrmoe_comm_mpi_allgatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
+                              int64_t nsend, void *recvbuf, const int64_t *counts)
+{
+    (void)c; (void)row_bytes; (void)sendbuf; (void)nsend; (void)recvbuf; (void)counts;
     return lrmoe_err(NOT_BUILT);
 }
 #endif

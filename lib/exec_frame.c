@@ -226,7 +226,9 @@ static int frame_plan(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_tensor_
         rc = lrmoe_err("plan has E=%d experts but the weights have %lld", plan->E, (long long)E);
     else if (c->o.ranks && c->o.ranks != plan->P)
         rc = lrmoe_err("--ranks %d but the plan is for %d ranks", c->o.ranks, plan->P);
-    else if (lrmoe_plan_check(plan, bad ? NULL : load) < 0)
+    /* per-rank inputs (MPI): this frame holds one rank's tokens, so the loads
+     * are checked against all ranks' routing there (lrmoe_exec_assign) */
+    else if (lrmoe_plan_check(plan, bad || (c->mpi && c->mpi->shard) ? NULL : load) < 0)
         rc = lrmoe_err_prefix("plan");
     free(load);
     if (rc < 0) return -1;

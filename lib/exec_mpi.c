@@ -4,21 +4,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include "exec_mpi.h"
+#include "gemm_cpu.h"
 #include "lrmoe.h"
 
 struct lrmoe_exec_mpi_layer {
     int64_t layer, E, F, D;
     lrmoe_dtype_t dtype;
     void *w[3];            /* w_gate, w_up, w_down: global shape, native experts only */
-    float *f32;            /* (E, 3*F*D) packed F32, native experts only */
+    float *f32;            /* (E, 3*F*D) packed F32, native experts only; made at
+                            * the first f32-compute job (bf16 compute needs none) */
 };
 
 enum { OP_END = 0, OP_FWD = 1, OP_BWD = 2 };
 enum { HAVE_PLAN = 1, HAVE_PHI = 2, HAVE_SG = 4, HAVE_SU = 8, HAVE_PO = 16, HAVE_PACKRANK = 32 };
 
-/* What rank 0 broadcasts before every job (all int64 for one MPI_BYTE bcast). */
+/* What rank 0 broadcasts before every job (all int64 for one MPI_BYTE bcast).
+ * compute: the CPU GEMM numerics rank 0 resolved (f32 or bf16, never auto),
+ * which every rank uses: `auto` resolved per host could differ between hosts
+ * (a rank whose CPU or oneDNN lacks native BF16 would pick f32). */
 typedef struct {
-    int64_t op, layer, T, E, K, D, F, P, R, mode, act, grad, wdtype, have, allow_nonfinite;
+    int64_t op, layer, T, E, K, D, F, P, R, mode, act, grad, wdtype, have, allow_nonfinite,
+        compute, backend;
 } hdr_t;
 
 /* The rows of one tensor a rank holds. */
@@ -228,8 +234,6 @@ static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite)
                                m->weights, (long long)L->layer);
         for (int j = 0; j < 3 && !rc; j++)
             if (!(L->w[j] = calloc((size_t)L->E * n, es))) rc = lrmoe_err("out of memory");
-        if (!rc && !(L->f32 = calloc((size_t)L->E * 3 * n, sizeof(float))))
-            rc = lrmoe_err("out of memory");
         for (int64_t e = 0; e < L->E && !rc; e++) {
             if (L->E < m->P || lrmoe_exec_native(e, L->E, m->P) != m->rank) continue;
             for (int j = 0; j < 3 && !rc; j++) {
@@ -239,12 +243,28 @@ static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite)
                     rc = lrmoe_err_prefix("%s: layer %lld: expert %lld", m->weights,
                                           (long long)L->layer, (long long)e);
                 memcpy((char *)L->w[j] + (size_t)e * n * es, s, n * es);
-                lrmoe_convert_to_f32(L->dtype, s, L->f32 + ((size_t)e * 3 + j) * n, n);
             }
         }
     }
     lrmoe_weights_free(&W);
     return rc;
+}
+
+/* The packed F32 copy [gate; up; down] of L's native experts (f32 compute). */
+static int layer_f32(lrmoe_exec_mpi_t *m, struct lrmoe_exec_mpi_layer *L)
+{
+    if (L->f32) return 0;
+    const size_t n = (size_t)(L->F * L->D), es = lrmoe_dtype_size(L->dtype);
+    if (!(L->f32 = calloc((size_t)L->E * 3 * n, sizeof(float))))
+        return lrmoe_err("%s: layer %lld: out of memory for the F32 copy", m->weights,
+                         (long long)L->layer);
+    for (int64_t e = 0; e < L->E; e++) {
+        if (L->E < m->P || lrmoe_exec_native(e, L->E, m->P) != m->rank) continue;
+        for (int j = 0; j < 3; j++)
+            lrmoe_convert_to_f32(L->dtype, (const char *)L->w[j] + (size_t)e * n * es,
+                                 L->f32 + ((size_t)e * 3 + j) * n, n);
+    }
+    return 0;
 }
 
 static int rank_weights(lrmoe_exec_mpi_t *m, const hdr_t *h, lrmoe_exec_weights_t *w)
@@ -259,16 +279,44 @@ static int rank_weights(lrmoe_exec_mpi_t *m, const hdr_t *h, lrmoe_exec_weights_
                              (long long)L->E, (long long)L->F, (long long)L->D,
                              lrmoe_dtype_name(L->dtype), (long long)h->E, (long long)h->F,
                              (long long)h->D, lrmoe_dtype_name((lrmoe_dtype_t)h->wdtype));
+        int f32 = h->backend == LRMOE_BACKEND_CPU && h->compute == LRMOE_COMPUTE_F32 &&
+                  (L->dtype == LRMOE_F32 || L->dtype == LRMOE_BF16);
+        if (f32 && layer_f32(m, L) < 0) return -1;
         memset(w, 0, sizeof *w);
         w->dtype = L->dtype;
         w->w_gate = L->w[0]; w->w_up = L->w[1]; w->w_down = L->w[2];
-        w->w_f32 = L->f32;
+        w->w_f32 = f32 ? L->f32 : NULL;
         return 0;
     }
     return lrmoe_err("%s: no frame for layer %lld", m->weights, (long long)h->layer);
 }
 
 /* ---------------------------------------------------------------- jobs */
+
+/* The exec configuration of a job on this rank: the caller's, with rank 0's
+ * backend and numerics and this rank's communicator (for CUDA: the NCCL one,
+ * made at the first CUDA job; every rank reaches it at the same job). */
+static int job_cfg(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, const hdr_t *h,
+                   lrmoe_exec_cfg_t *c)
+{
+    *c = *cfg;
+    c->comm = &m->comm;
+    c->compute = (int)h->compute;
+    c->backend = (lrmoe_backend_t)h->backend;
+    if (h->backend != LRMOE_BACKEND_CUDA) return 0;
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+    if (!m->gpu_ok) {
+        if (lrmoe_comm_mpi_nccl_init(&m->comm, cfg->gemm_streams > 0 ? cfg->gemm_streams : 4,
+                                     &m->gpu_ctx, &m->gpu) < 0)
+            return -1;
+        m->gpu_ok = 1;
+    }
+    c->comm = &m->gpu;
+    return 0;
+#else
+    return lrmoe_err("backend cuda under MPI: this build has no CUDA support");
+#endif
+}
 
 static int job_meta(lrmoe_exec_mpi_t *m, job_t *J, const lrmoe_exec_plan_t *plan,
                     lrmoe_exec_plan_t *lp)
@@ -290,28 +338,47 @@ static int job_meta(lrmoe_exec_mpi_t *m, job_t *J, const lrmoe_exec_plan_t *plan
     return 0;
 }
 
-/* This rank's stage times and bytes to rank 0 (timings (P, NSTAGES) there). */
-static int job_stats(lrmoe_exec_mpi_t *m, const job_t *J, const double *tim, double *timings)
+/* This rank's bytes sent by all-to-all and p2p and its all-to-all seconds
+ * since the job's exec call started (read right after it). */
+static void job_sent(lrmoe_exec_mpi_t *m, double sent[3])
 {
-    const int P = J->P;
-    double mine[LRMOE_NSTAGES + 3];
-    memcpy(mine, tim + (size_t)J->me * LRMOE_NSTAGES, LRMOE_NSTAGES * sizeof *mine);
     int64_t a2a = 0, p2p = 0;
     double a2a_s = 0;
     lrmoe_comm_mpi_sent(&m->comm, &a2a, &p2p, &a2a_s);
-    mine[LRMOE_NSTAGES] = (double)a2a;
-    mine[LRMOE_NSTAGES + 1] = (double)p2p;
-    mine[LRMOE_NSTAGES + 2] = a2a_s;
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+    if (m->gpu_ok) { /* what crossed NCCL */
+        int64_t ga = 0, gp = 0;
+        double gs = 0;
+        lrmoe_comm_cuda_rank_take(&m->gpu, &ga, &gp, &gs);
+        a2a += ga; p2p += gp; a2a_s += gs;
+    }
+#endif
+    sent[0] = (double)a2a;
+    sent[1] = (double)p2p;
+    sent[2] = a2a_s;
+}
+
+/* This rank's stage times and sent (job_sent) to rank 0 (timings (P,
+ * NSTAGES) there), or to every rank with per-rank inputs. */
+static int job_stats(lrmoe_exec_mpi_t *m, const job_t *J, const double *tim, double *timings,
+                     const double sent[3])
+{
+    const int P = J->P;
+    const int all_ranks = m->shard;
+    double mine[LRMOE_NSTAGES + 3];
+    memcpy(mine, tim + (size_t)J->me * LRMOE_NSTAGES, LRMOE_NSTAGES * sizeof *mine);
+    memcpy(mine + LRMOE_NSTAGES, sent, 3 * sizeof *mine);
     double *all = NULL;
     int64_t *ones = NULL;
-    if (J->me == 0) {
+    if (J->me == 0 || all_ranks) {
         all = malloc((size_t)P * sizeof mine);
         ones = malloc((size_t)P * sizeof *ones);
         if (!all || !ones) { free(all); free(ones); return lrmoe_err("out of memory"); }
         for (int r = 0; r < P; r++) ones[r] = 1;
     }
-    int rc = lrmoe_comm_mpi_gatherv(&m->comm, sizeof mine, mine, 1, all, ones, 0);
-    if (!rc && J->me == 0) {
+    int rc = all_ranks ? lrmoe_comm_mpi_allgatherv(&m->comm, sizeof mine, mine, 1, all, ones)
+                       : lrmoe_comm_mpi_gatherv(&m->comm, sizeof mine, mine, 1, all, ones, 0);
+    if (!rc && (J->me == 0 || all_ranks)) {
         for (int r = 0; r < P; r++) {
             const double *v = all + (size_t)r * (LRMOE_NSTAGES + 3);
             if (timings) memcpy(timings + (size_t)r * LRMOE_NSTAGES, v, LRMOE_NSTAGES * sizeof *v);
@@ -359,13 +426,15 @@ static int job_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t *
     a.hidden = hid;
     if (move_rows(m, J, 0, SEL_TOK, (size_t)D * as, J->me ? NULL : (void *)ca->hidden, hid) < 0)
         return -1;
-    lrmoe_exec_cfg_t c = *cfg;
-    c.comm = &m->comm;
+    lrmoe_exec_cfg_t c;
+    if (job_cfg(m, cfg, h, &c) < 0) return -1;
     lrmoe_exec_dims_t d = {T, h->E, K, D, F, J->P};
     lrmoe_comm_mpi_reset(&m->comm);
-    if (lrmoe_exec_forward_cpu(&c, &d, J->me ? &lw : w, (h->have & HAVE_PLAN) ? &lp : NULL,
+    if (lrmoe_exec_forward(&c, &d, J->me ? &lw : w, (h->have & HAVE_PLAN) ? &lp : NULL,
                                &a, tim) < 0)
         return -1;
+    double sent[3];
+    job_sent(m, sent);
     J->pair_rank = a.pair_rank;
     int g = 0;
     g |= move_rows(m, J, 1, SEL_TOK, (size_t)D * as, J->me ? NULL : ca->output, a.output);
@@ -383,7 +452,7 @@ static int job_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t *
                        a.pair_out);
     if (g) return -1;
     if (J->me == 0) memcpy(ca->pair_rank, a.pair_rank, TK * sizeof(int32_t));
-    return job_stats(m, J, tim, timings);
+    return job_stats(m, J, tim, timings, sent);
 }
 
 static int job_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t *J,
@@ -468,13 +537,15 @@ static int job_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t 
         if (!g) g = move_rows(m, J, 0, SEL_PACK_DST, (size_t)F * as, SRC(ca->pack_up), pu);
     }
     if (g) return -1;
-    lrmoe_exec_cfg_t c = *cfg;
-    c.comm = &m->comm;
+    lrmoe_exec_cfg_t c;
+    if (job_cfg(m, cfg, h, &c) < 0) return -1;
     lrmoe_exec_dims_t d = {T, E, K, D, F, P};
     lrmoe_comm_mpi_reset(&m->comm);
-    if (lrmoe_exec_backward_cpu(&c, &d, z ? &lw : w, (h->have & HAVE_PLAN) ? &lp : NULL, &a,
+    if (lrmoe_exec_backward(&c, &d, z ? &lw : w, (h->have & HAVE_PLAN) ? &lp : NULL, &a,
                                 tim) < 0)
         return -1;
+    double sent[3];
+    job_sent(m, sent);
     g = move_rows(m, J, 1, SEL_TOK, (size_t)D * sizeof(float), SRC(ca->grad_hidden), a.grad_hidden);
     if (!g) g = move_rows(m, J, 1, SEL_TOK, (size_t)K * sizeof(float), SRC(ca->grad_topk_weights),
                           a.grad_topk_weights);
@@ -483,10 +554,435 @@ static int job_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t 
     if (!g) g = move_rows(m, J, 1, SEL_NATIVE, FD * sizeof(float), SRC(ca->grad_w_down), a.grad_w_down);
 #undef SRC
     if (g) return -1;
-    return job_stats(m, J, tim, timings);
+    return job_stats(m, J, tim, timings, sent);
 }
 
 /* ---------------------------------------------------------------- rank 0 */
+
+static int hdr_common(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
+                      const lrmoe_exec_dims_t *d, int64_t layer,
+                      const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan, hdr_t *h);
+
+/* ---------------------------------------------------------------- per-rank inputs */
+
+/* Rows of a global-shaped array that move between ranks, in the one order
+ * every rank walks: MV_TO_PAIR pair rows u from the owner of token u/K to
+ * the rank computing u; MV_TO_OWNER back; MV_TOK_TO_PAIRS token rows t from
+ * their owner to every other rank computing a pair of t. */
+enum { MV_TO_PAIR, MV_TO_OWNER, MV_TOK_TO_PAIRS };
+
+typedef struct {
+    int P, me, fill;
+    int64_t *counts;         /* (P,P) rows source s -> destination d */
+    int64_t *spos, *rpos;    /* (P) next slot per destination / source */
+    int64_t *sidx, *ridx;    /* rows this rank sends / receives, in slot order */
+} mv_t;
+
+static void mv_add(mv_t *v, int64_t i, int s, int d)
+{
+    if (s == d) return;
+    if (!v->fill) { v->counts[(size_t)s * v->P + d]++; return; }
+    if (s == v->me) v->sidx[v->spos[d]++] = i;
+    if (d == v->me) v->ridx[v->rpos[s]++] = i;
+}
+
+static void mv_walk(const job_t *J, int kind, mv_t *v)
+{
+    const int64_t T = J->h.T, K = J->h.K;
+    for (int64_t t = 0; t < T; t++) {
+        int o = lrmoe_exec_token_owner(t, T, J->P);
+        for (int64_t k = 0; k < K; k++) {
+            int q = J->pair_rank[t * K + k], dup = 0;
+            if (kind == MV_TO_PAIR) mv_add(v, t * K + k, o, q);
+            else if (kind == MV_TO_OWNER) mv_add(v, t * K + k, q, o);
+            else {
+                for (int64_t j = 0; j < k && !dup; j++) dup = J->pair_rank[t * K + j] == q;
+                if (!dup) mv_add(v, t, o, q);
+            }
+        }
+    }
+}
+
+/* Move the rows of arr (global shape, rows of rowb bytes) as kind says, by
+ * all-to-all-v; time and bytes sent go to rank's scatter (out = 0) or
+ * gather (out = 1) figures. */
+static int redistribute(lrmoe_exec_mpi_t *m, const job_t *J, int kind, int out, size_t rowb,
+                        void *arr)
+{
+    const int P = J->P, me = J->me;
+    mv_t v;
+    memset(&v, 0, sizeof v);
+    v.P = P; v.me = me;
+    int64_t *sd = calloc((size_t)P * P * 3 + 2 * (size_t)P, sizeof *sd);
+    const void **sv = calloc((size_t)P, sizeof *sv);
+    void **rv = calloc((size_t)P, sizeof *rv);
+    char *sb = NULL, *rb = NULL;
+    int rc = -1;
+    if (!sd || !sv || !rv) { lrmoe_err("out of memory (row exchange)"); goto out; }
+    v.counts = sd + (size_t)P * P;
+    int64_t *rd = sd + 2 * (size_t)P * P;
+    v.spos = sd + 3 * (size_t)P * P;
+    v.rpos = v.spos + P;
+    mv_walk(J, kind, &v);
+    lrmoe_comm_displs(P, v.counts, sd, rd);
+    int64_t ns = 0, nr = 0;
+    for (int p = 0; p < P; p++) {
+        ns += v.counts[(size_t)me * P + p];
+        nr += v.counts[(size_t)p * P + me];
+        v.spos[p] = sd[(size_t)me * P + p];
+        v.rpos[p] = rd[(size_t)me * P + p];
+    }
+    v.sidx = malloc((size_t)(ns + nr + 1) * sizeof *v.sidx);
+    sb = malloc((size_t)(ns ? ns : 1) * rowb);
+    rb = malloc((size_t)(nr ? nr : 1) * rowb);
+    if (!v.sidx || !sb || !rb) {
+        lrmoe_err("out of memory (row exchange: %lld + %lld rows of %zu bytes)", (long long)ns,
+                  (long long)nr, rowb);
+        goto out;
+    }
+    v.ridx = v.sidx + ns;
+    v.fill = 1;
+    mv_walk(J, kind, &v);
+    double t0 = lrmoe_now();
+    for (int64_t j = 0; j < ns; j++)
+        memcpy(sb + (size_t)j * rowb, (const char *)arr + (size_t)v.sidx[j] * rowb, rowb);
+    sv[me] = sb;
+    rv[me] = rb;
+    if (m->comm.alltoallv(&m->comm, rowb, sv, v.counts, sd, rv, rd, NULL) < 0) goto out;
+    for (int64_t j = 0; j < nr; j++)
+        memcpy((char *)arr + (size_t)v.ridx[j] * rowb, rb + (size_t)j * rowb, rowb);
+    double dt = lrmoe_now() - t0;
+    if (out) { m->gather_s += dt; m->gather_bytes += ns * (int64_t)rowb; }
+    else { m->scatter_s += dt; m->scatter_bytes += ns * (int64_t)rowb; }
+    rc = 0;
+out:
+    free(sd); free(sv); free(rv); free(sb); free(rb); free(v.sidx);
+    return rc;
+}
+
+/* An error every rank finds alike from data all of them hold. */
+static int agreed(lrmoe_exec_mpi_t *m)
+{
+    m->agreed = 1;
+    return -1;
+}
+
+/* Every rank's job header to every rank: the frames must agree (but for T,
+ * and the numerics, which are rank 0's); T becomes the total; Tr[r] each
+ * rank's tokens. An END header meeting a job is an error on both sides. */
+static int shard_hdr(lrmoe_exec_mpi_t *m, job_t *J, int64_t *Tr)
+{
+    const int P = J->P;
+    hdr_t *all = job_alloc(J, (size_t)P * sizeof *all);
+    int64_t *ones = job_alloc(J, (size_t)P * sizeof *ones);
+    if (!all || !ones) return lrmoe_err("out of memory");
+    for (int r = 0; r < P; r++) ones[r] = 1;
+    m->scatter_s = m->gather_s = 0;
+    m->scatter_bytes = m->gather_bytes = 0;
+    if (lrmoe_comm_mpi_allgatherv(&m->comm, sizeof *all, &J->h, 1, all, ones) < 0) return -1;
+    int64_t T = 0;
+    for (int r = 0; r < P; r++) {
+        if ((all[r].op == OP_END) != (all[0].op == OP_END)) {
+            int e = all[r].op == OP_END ? r : 0, g = e == r ? 0 : r;
+            lrmoe_err("per-rank inputs: rank %d's input ended after %lld frames, rank %d's has "
+                      "more", e, (long long)m->jobs, g);
+            return agreed(m);
+        }
+        hdr_t x = all[r];
+        x.T = all[0].T;
+        x.compute = all[0].compute;
+        if (memcmp(&x, &all[0], sizeof x)) {
+            lrmoe_err("per-rank inputs: frame %lld of rank %d differs from rank 0's (layer %lld "
+                      "vs %lld, or the dimensions, dtypes, plan or options)", (long long)m->jobs,
+                      r, (long long)all[r].layer, (long long)all[0].layer);
+            return agreed(m);
+        }
+        Tr[r] = all[r].T;
+        T += all[r].T;
+    }
+    for (int r = 0; r < P && J->h.op != OP_END; r++)
+        if (Tr[r] != T * (r + 1) / P - T * r / P) {
+            lrmoe_err("per-rank inputs: frame %lld: rank %d has %lld tokens, but rank r must "
+                      "hold rows [r*T/P, (r+1)*T/P) of all T=%lld: %lld", (long long)m->jobs, r,
+                      (long long)Tr[r], (long long)T, (long long)(T * (r + 1) / P - T * r / P));
+            return agreed(m);
+        }
+    J->h.T = T;
+    J->h.compute = all[0].compute;
+    return 0;
+}
+
+/* rows of a local array (n rows of rowb) at row lo of a global-shaped copy */
+static void *spread(job_t *J, const void *loc, int64_t n, int64_t lo, int64_t rows, size_t rowb)
+{
+    char *g = job_alloc(J, (size_t)rows * rowb);
+    if (g && n) memcpy(g + (size_t)lo * rowb, loc, (size_t)n * rowb);
+    return g;
+}
+
+/* the routing of all ranks: every rank's n rows of rowb to everyone */
+static void *gather_all(lrmoe_exec_mpi_t *m, job_t *J, const void *loc, int64_t n,
+                        const int64_t *Tr, size_t rowb)
+{
+    char *g = job_alloc(J, (size_t)J->h.T * rowb);
+    if (!g) { lrmoe_err("out of memory"); return NULL; }
+    return lrmoe_comm_mpi_allgatherv(&m->comm, rowb, loc, n, g, Tr) < 0 ? NULL : g;
+}
+
+static int shard_begin(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
+                       const lrmoe_exec_dims_t *d, int64_t layer, const lrmoe_exec_weights_t *w,
+                       const lrmoe_exec_plan_t *plan, job_t *J)
+{
+    memset(J, 0, sizeof *J);
+    m->agreed = 0;
+    J->P = m->P;
+    J->me = m->rank;
+    return hdr_common(m, cfg, d, layer, w, plan, &J->h);
+}
+
+/* the plan (rank 0's) and the global routing on every rank */
+static int shard_meta(lrmoe_exec_mpi_t *m, job_t *J, const lrmoe_exec_dims_t *d,
+                      const int32_t *ids, const float *tw, const lrmoe_exec_plan_t *plan,
+                      lrmoe_exec_plan_t *lp, const int64_t *Tr)
+{
+    const int64_t K = J->h.K, EP = J->h.E * J->h.P;
+    memset(lp, 0, sizeof *lp);
+    if (!(J->ids = gather_all(m, J, ids, d->T, Tr, (size_t)K * sizeof *ids)) ||
+        !(J->tw = gather_all(m, J, tw, d->T, Tr, (size_t)K * sizeof *tw)))
+        return -1;
+    if (J->h.have & HAVE_PLAN) {
+        /* every rank's copy, rank 0's values */
+        uint8_t *pl = job_alloc(J, (size_t)EP);
+        int64_t *fa = job_alloc(J, (size_t)EP * sizeof *fa);
+        if (!pl || !fa) return lrmoe_err("out of memory");
+        memcpy(pl, plan->placement, (size_t)EP);
+        memcpy(fa, plan->fwd_alloc, (size_t)EP * sizeof *fa);
+        if (lrmoe_comm_mpi_bcast(&m->comm, pl, (size_t)EP, 0) < 0 ||
+            lrmoe_comm_mpi_bcast(&m->comm, fa, (size_t)EP * sizeof *fa, 0) < 0)
+            return -1;
+        J->placement = pl; J->fwd_alloc = fa;
+        lp->placement = pl; lp->fwd_alloc = fa;
+    }
+    return 0;
+}
+
+static int shard_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
+                         const lrmoe_exec_dims_t *d, int64_t layer,
+                         const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                         lrmoe_exec_fwd_t *a, double *timings)
+{
+    job_t J;
+    const int P = m->P;
+    int64_t *Tr = calloc((size_t)P, sizeof *Tr);
+    int rc = -1;
+    if (!Tr) return lrmoe_err("out of memory");
+    if (shard_begin(m, cfg, d, layer, w, plan, &J) < 0) goto out;
+    J.h.op = OP_FWD;
+    J.h.act = a->act_dtype;
+    J.h.have |= (a->phi_sqnorm ? HAVE_PHI : 0) | (a->saved_gate ? HAVE_SG : 0) |
+                (a->saved_up ? HAVE_SU : 0) | (a->pair_out ? HAVE_PO : 0);
+    if (shard_hdr(m, &J, Tr) < 0) goto out;
+    {
+    const int64_t T = J.h.T, K = J.h.K, D = J.h.D, F = J.h.F, n = d->T;
+    const int64_t lo = T * J.me / P;
+    const size_t as = lrmoe_dtype_size(a->act_dtype), TK = (size_t)(T * K);
+    lrmoe_exec_plan_t lp;
+    if (shard_meta(m, &J, d, a->topk_ids, a->topk_weights, plan, &lp, Tr) < 0) goto out;
+    lrmoe_exec_fwd_t g = *a;
+    g.topk_ids = J.ids;
+    g.topk_weights = J.tw;
+    int32_t *pr = job_alloc(&J, TK * sizeof *pr);
+    if (!pr) { lrmoe_err("out of memory"); goto out; }
+    if (lrmoe_exec_assign(T, K, J.h.E, P, J.ids, lp.fwd_alloc, lp.placement, pr) < 0) {
+        agreed(m);
+        goto out;
+    }
+    g.hidden = spread(&J, a->hidden, n, lo, T, (size_t)D * as);
+    g.output = job_alloc(&J, (size_t)(T * D) * as);
+    g.pair_rank = pr;
+    g.phi_sqnorm = a->phi_sqnorm ? job_alloc(&J, TK * sizeof(float)) : NULL;
+    g.saved_gate = a->saved_gate ? job_alloc(&J, TK * (size_t)F * as) : NULL;
+    g.saved_up = a->saved_up ? job_alloc(&J, TK * (size_t)F * as) : NULL;
+    g.pair_out = a->pair_out ? job_alloc(&J, TK * (size_t)D * as) : NULL;
+    double *tim = job_alloc(&J, (size_t)P * LRMOE_NSTAGES * sizeof *tim);
+    if (!g.hidden || !g.output || !tim || (a->phi_sqnorm && !g.phi_sqnorm) ||
+        (a->saved_gate && !g.saved_gate) || (a->saved_up && !g.saved_up) ||
+        (a->pair_out && !g.pair_out)) {
+        lrmoe_err("out of memory (T=%lld, K=%lld, D=%lld, F=%lld)", (long long)T, (long long)K,
+                  (long long)D, (long long)F);
+        goto out;
+    }
+    lrmoe_exec_cfg_t c;
+    if (job_cfg(m, cfg, &J.h, &c) < 0) goto out;
+    lrmoe_exec_dims_t gd = {T, J.h.E, K, D, F, P};
+    lrmoe_comm_mpi_reset(&m->comm);
+    if (lrmoe_exec_forward(&c, &gd, w, (J.h.have & HAVE_PLAN) ? &lp : NULL, &g, tim) < 0)
+        goto out;
+    double sent[3];
+    job_sent(m, sent);
+    J.pair_rank = g.pair_rank;
+    /* phi_sqnorm and saved state were written where the pair ran */
+    if ((g.phi_sqnorm && redistribute(m, &J, MV_TO_OWNER, 1, sizeof(float), g.phi_sqnorm) < 0) ||
+        (g.saved_gate &&
+         redistribute(m, &J, MV_TO_OWNER, 1, (size_t)F * as, g.saved_gate) < 0) ||
+        (g.saved_up && redistribute(m, &J, MV_TO_OWNER, 1, (size_t)F * as, g.saved_up) < 0))
+        goto out;
+    const size_t nk = (size_t)(n * K), ok = (size_t)(lo * K);
+    memcpy(a->output, (char *)g.output + (size_t)(lo * D) * as, (size_t)(n * D) * as);
+    memcpy(a->pair_rank, pr + ok, nk * sizeof *pr);
+    if (a->phi_sqnorm) memcpy(a->phi_sqnorm, g.phi_sqnorm + ok, nk * sizeof(float));
+    if (a->saved_gate)
+        memcpy(a->saved_gate, (char *)g.saved_gate + ok * F * as, nk * (size_t)F * as);
+    if (a->saved_up) memcpy(a->saved_up, (char *)g.saved_up + ok * F * as, nk * (size_t)F * as);
+    if (a->pair_out) memcpy(a->pair_out, (char *)g.pair_out + ok * D * as, nk * (size_t)D * as);
+    rc = job_stats(m, &J, tim, timings, sent);
+    }
+out:
+    job_free(&J);
+    free(Tr);
+    if (!rc) m->jobs++;
+    return rc;
+}
+
+static int shard_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
+                          const lrmoe_exec_dims_t *d, int64_t layer,
+                          const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                          lrmoe_exec_bwd_t *a, double *timings)
+{
+    job_t J;
+    const int P = m->P;
+    int64_t *Tr = calloc((size_t)P, sizeof *Tr);
+    int rc = -1;
+    if (!Tr) return lrmoe_err("out of memory");
+    if (shard_begin(m, cfg, d, layer, w, plan, &J) < 0) goto out;
+    if (a->mode == LRMOE_MODE_COMPACT) {
+        lrmoe_err("per-rank inputs: backward compact needs the global pack of lrmoe-pack "
+                  "(use full or masked)");
+        agreed(m);
+        goto out;
+    }
+    if (!a->hidden || !a->pair_rank || !a->saved_gate || !a->saved_up ||
+        (a->mode == LRMOE_MODE_MASKED && !a->keep)) {
+        lrmoe_err("backward %s: needs hidden, pair_rank, saved_gate and saved_up%s",
+                  lrmoe_exec_mode_name(a->mode), a->mode == LRMOE_MODE_MASKED ? " and keep" : "");
+        goto out;
+    }
+    J.h.op = OP_BWD;
+    J.h.mode = a->mode;
+    J.h.act = a->act_dtype;
+    J.h.grad = a->grad_dtype;
+    if (shard_hdr(m, &J, Tr) < 0) goto out;
+    {
+    const int64_t T = J.h.T, K = J.h.K, D = J.h.D, F = J.h.F, E = J.h.E, n = d->T;
+    const int64_t lo = T * J.me / P;
+    const size_t as = lrmoe_dtype_size(a->act_dtype), gs = lrmoe_dtype_size(a->grad_dtype);
+    const size_t TK = (size_t)(T * K), FD = (size_t)(F * D);
+    lrmoe_exec_plan_t lp;
+    if (shard_meta(m, &J, d, a->topk_ids, a->topk_weights, plan, &lp, Tr) < 0) goto out;
+    int32_t *pr = gather_all(m, &J, a->pair_rank, n, Tr, (size_t)K * sizeof(int32_t));
+    if (!pr) goto out;
+    for (size_t u = 0; u < TK; u++)
+        if (pr[u] < 0 || pr[u] >= P) {
+            lrmoe_err("pair_rank[%lld,%lld]: rank %d out of range [0,%d)", (long long)(u / K),
+                      (long long)(u % K), pr[u], P);
+            agreed(m);
+            goto out;
+        }
+    J.pair_rank = pr;
+    lrmoe_exec_bwd_t g = *a;
+    g.topk_ids = J.ids;
+    g.topk_weights = J.tw;
+    g.pair_rank = pr;
+    if (a->mode == LRMOE_MODE_MASKED && !(g.keep = gather_all(m, &J, a->keep, n, Tr, (size_t)K)))
+        goto out;
+    g.grad_output = spread(&J, a->grad_output, n, lo, T, (size_t)D * gs);
+    g.pair_out = spread(&J, a->pair_out, n * K, lo * K, T * K, (size_t)D * as);
+    g.hidden = spread(&J, a->hidden, n, lo, T, (size_t)D * as);
+    g.saved_gate = spread(&J, a->saved_gate, n * K, lo * K, T * K, (size_t)F * as);
+    g.saved_up = spread(&J, a->saved_up, n * K, lo * K, T * K, (size_t)F * as);
+    g.grad_hidden = job_alloc(&J, (size_t)(T * D) * sizeof(float));
+    g.grad_topk_weights = job_alloc(&J, TK * sizeof(float));
+    g.grad_w_gate = job_alloc(&J, (size_t)E * FD * sizeof(float));
+    g.grad_w_up = job_alloc(&J, (size_t)E * FD * sizeof(float));
+    g.grad_w_down = job_alloc(&J, (size_t)E * FD * sizeof(float));
+    double *tim = job_alloc(&J, (size_t)P * LRMOE_NSTAGES * sizeof *tim);
+    if (!g.grad_output || !g.pair_out || !g.hidden || !g.saved_gate || !g.saved_up ||
+        !g.grad_hidden || !g.grad_topk_weights || !g.grad_w_gate || !g.grad_w_up ||
+        !g.grad_w_down || !tim) {
+        lrmoe_err("out of memory (T=%lld, K=%lld, D=%lld, F=%lld)", (long long)T, (long long)K,
+                  (long long)D, (long long)F);
+        goto out;
+    }
+    /* the hidden rows and saved state of pairs that run off their token's rank */
+    if (redistribute(m, &J, MV_TOK_TO_PAIRS, 0, (size_t)D * as, (void *)g.hidden) < 0 ||
+        redistribute(m, &J, MV_TO_PAIR, 0, (size_t)F * as, (void *)g.saved_gate) < 0 ||
+        redistribute(m, &J, MV_TO_PAIR, 0, (size_t)F * as, (void *)g.saved_up) < 0)
+        goto out;
+    lrmoe_exec_cfg_t c;
+    if (job_cfg(m, cfg, &J.h, &c) < 0) goto out;
+    lrmoe_exec_dims_t gd = {T, E, K, D, F, P};
+    lrmoe_comm_mpi_reset(&m->comm);
+    if (lrmoe_exec_backward(&c, &gd, w, (J.h.have & HAVE_PLAN) ? &lp : NULL, &g, tim) < 0)
+        goto out;
+    double sent[3];
+    job_sent(m, sent);
+    memcpy(a->grad_hidden, g.grad_hidden + lo * D, (size_t)(n * D) * sizeof(float));
+    memcpy(a->grad_topk_weights, g.grad_topk_weights + lo * K, (size_t)(n * K) * sizeof(float));
+    for (int64_t e = 0; e < E; e++) { /* the gradients this rank owns */
+        if (lrmoe_exec_native(e, E, P) != J.me) continue;
+        memcpy(a->grad_w_gate + e * FD, g.grad_w_gate + e * FD, FD * sizeof(float));
+        memcpy(a->grad_w_up + e * FD, g.grad_w_up + e * FD, FD * sizeof(float));
+        memcpy(a->grad_w_down + e * FD, g.grad_w_down + e * FD, FD * sizeof(float));
+    }
+    rc = job_stats(m, &J, tim, timings, sent);
+    }
+out:
+    job_free(&J);
+    free(Tr);
+    if (!rc) m->jobs++;
+    return rc;
+}
+
+static int shard_end(lrmoe_exec_mpi_t *m)
+{
+    job_t J;
+    memset(&J, 0, sizeof J);
+    m->agreed = 0;
+    J.P = m->P;
+    J.me = m->rank;
+    J.h.op = OP_END;
+    int64_t *Tr = calloc((size_t)m->P, sizeof *Tr);
+    int rc = Tr ? shard_hdr(m, &J, Tr) : lrmoe_err("out of memory");
+    job_free(&J);
+    free(Tr);
+    return rc;
+}
+
+void lrmoe_exec_mpi_per_rank(lrmoe_exec_mpi_t *m)
+{
+    m->shard = 1;
+}
+
+int lrmoe_exec_mpi_rank_path(const char *pattern, int rank, char *out, size_t n)
+{
+    size_t k = 0;
+    int found = 0;
+    for (const char *p = pattern; *p; p++) {
+        if (p[0] == '%' && p[1] == 'r') {
+            int w = snprintf(out + k, k < n ? n - k : 0, "%d", rank);
+            if (w < 0) return -1;
+            k += (size_t)w;
+            p++;
+            found = 1;
+            continue;
+        }
+        if (k + 1 < n) out[k] = *p;
+        k++;
+    }
+    if (k >= n || !found) return -1;
+    out[k] = 0;
+    return 0;
+}
 
 static int hdr_send(lrmoe_exec_mpi_t *m, hdr_t *h)
 {
@@ -500,13 +996,18 @@ static int hdr_common(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
                       const lrmoe_exec_dims_t *d, int64_t layer,
                       const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan, hdr_t *h)
 {
-    if (m->rank != 0) return lrmoe_err("exec: only rank 0 submits jobs");
+    if (m->rank != 0 && !m->shard) return lrmoe_err("exec: only rank 0 submits jobs");
     if (d->P != m->P)
         return lrmoe_err("%d ranks but the job was started with %d MPI processes "
                          "(mpirun -np must match the plan's or --ranks' P)", d->P, m->P);
-    if (cfg->backend != LRMOE_BACKEND_CPU)
-        return lrmoe_err("backend %s under MPI: only the cpu backend runs one rank per process "
-                         "in this build", lrmoe_backend_name(cfg->backend));
+    if (cfg->backend != LRMOE_BACKEND_CPU && !lrmoe_exec_mpi_cuda_built())
+        return lrmoe_err("backend %s under MPI: this build has no CUDA support",
+                         lrmoe_backend_name(cfg->backend));
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+    /* rank 0 without a GPU: a plain error before any rank starts the job */
+    if (cfg->backend == LRMOE_BACKEND_CUDA && !m->gpu_ok && lrmoe_comm_mpi_nccl_devices() < 1)
+        return lrmoe_err_prefix("backend cuda: no usable CUDA device");
+#endif
     if (d->P > d->E)
         return lrmoe_err("%d ranks for %lld experts: every rank needs a native expert",
                          d->P, (long long)d->E);
@@ -515,6 +1016,12 @@ static int hdr_common(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
     h->T = d->T; h->E = d->E; h->K = d->K; h->D = d->D; h->F = d->F; h->P = d->P;
     h->wdtype = w->dtype;
     h->allow_nonfinite = cfg->allow_nonfinite;
+    h->backend = cfg->backend;
+    lrmoe_compute_t cm = LRMOE_COMPUTE_F32;
+    if (cfg->backend == LRMOE_BACKEND_CPU &&
+        lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, w->dtype, &cm) < 0)
+        return -1;
+    h->compute = cm;
     if (plan && plan->placement && plan->fwd_alloc) h->have |= HAVE_PLAN;
     else if (plan && (plan->placement || plan->fwd_alloc))
         return lrmoe_err("exec under MPI: a plan needs both placement and fwd_alloc");
@@ -526,6 +1033,7 @@ int lrmoe_exec_mpi_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                            lrmoe_exec_fwd_t *a, double *timings)
 {
+    if (m->shard) return shard_forward(m, cfg, d, layer, w, plan, a, timings);
     job_t J;
     memset(&J, 0, sizeof J);
     if (hdr_common(m, cfg, d, layer, w, plan, &J.h) < 0) return -1;
@@ -554,6 +1062,7 @@ int lrmoe_exec_mpi_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                             lrmoe_exec_bwd_t *a, double *timings)
 {
+    if (m->shard) return shard_backward(m, cfg, d, layer, w, plan, a, timings);
     job_t J;
     memset(&J, 0, sizeof J);
     if (hdr_common(m, cfg, d, layer, w, plan, &J.h) < 0) return -1;
@@ -597,6 +1106,7 @@ int lrmoe_exec_mpi_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
 
 int lrmoe_exec_mpi_end(lrmoe_exec_mpi_t *m)
 {
+    if (m->shard) return shard_end(m);
     hdr_t h;
     memset(&h, 0, sizeof h);
     h.op = OP_END;
@@ -663,6 +1173,13 @@ int lrmoe_exec_mpi_attrs(const lrmoe_exec_mpi_t *m, lrmoe_frame_t *f, const char
     if (lrmoe_frame_set_attrf(f, key, "%lld", (long long)m->scatter_bytes) < 0) return -1;
     snprintf(key, sizeof key, "exec.%s.gather_bytes", phase);
     if (lrmoe_frame_set_attrf(f, key, "%lld", (long long)m->gather_bytes) < 0) return -1;
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+    if (m->gpu_ok &&
+        lrmoe_frame_set_attr(f, "exec.gpu_comm",
+                             lrmoe_comm_mpi_nccl_is_nccl(&m->gpu) ? "nccl" : "mpi-staged") < 0)
+        return -1;
+#endif
+    if (m->shard && lrmoe_frame_set_attr(f, "exec.inputs", "per-rank") < 0) return -1;
     return lrmoe_frame_set_attr(f, "exec.launcher", "mpi");
 }
 
@@ -682,9 +1199,25 @@ int lrmoe_exec_mpi_open(lrmoe_exec_mpi_t *m, int *argc, char ***argv, const char
     return 0;
 }
 
+int lrmoe_exec_mpi_cuda_built(void)
+{
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int lrmoe_exec_mpi_close(lrmoe_exec_mpi_t *m)
 {
     layers_free(m);
+#if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
+    if (m->gpu_ok) {
+        lrmoe_comm_mpi_nccl_free(&m->gpu, m->gpu_ctx);
+        m->gpu_ok = 0;
+        m->gpu_ctx = NULL;
+    }
+#endif
     free(m->a2a_bytes); free(m->p2p_bytes); free(m->a2a_s);
     m->a2a_bytes = m->p2p_bytes = NULL;
     m->a2a_s = NULL;

@@ -11,7 +11,10 @@
  *   pack_hidden, pack_gate, pack_up r's destination segments
  * Every rank then runs its own rank of the CPU backend (exec_cpu.c with the
  * MPI communicator of comm.h: MPI_Alltoallv for the rows, MPI_Send/Recv for
- * replica weights and helper weight gradients, summed at the owner), and
+ * replica weights and helper weight gradients, summed at the owner) or of
+ * the CUDA backend (kernels/exec_cuda.cu on one GPU per rank, the GPU of
+ * index local rank mod visible devices, with the NCCL communicator that
+ * rank 0's ncclUniqueId, broadcast over MPI, bootstraps), and
  * rank 0 gathers the results (MPI_Gatherv) into the caller's arrays, with
  * each rank's stage times and bytes sent.
  *
@@ -46,6 +49,16 @@ typedef struct lrmoe_exec_mpi {
     double *a2a_s;
     double scatter_s, gather_s;
     int64_t scatter_bytes, gather_bytes;
+    /* --backend cuda: this rank's GPU context and NCCL communicator, made at
+     * the first CUDA job (lrmoe_comm_mpi_nccl_init) */
+    lrmoe_comm_t gpu;
+    struct lrmoe_kcu_ctx *gpu_ctx;
+    int gpu_ok;
+    /* per-rank inputs (lrmoe_exec_mpi_per_rank): every rank reads and writes
+     * its own stream; agreed: the last error was found alike on every rank
+     * from data all of them hold (rank 0 alone reports it, nobody aborts) */
+    int shard, agreed;
+    int64_t jobs;          /* jobs run so far */
 } lrmoe_exec_mpi_t;
 
 /* MPI_Init and the communicator; m->rank, m->P. weights: the path every
@@ -62,10 +75,30 @@ int lrmoe_exec_mpi_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
                             const lrmoe_exec_dims_t *d, int64_t layer,
                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                             lrmoe_exec_bwd_t *a, double *timings);
-/* Rank 0: no more jobs; the other ranks leave lrmoe_exec_mpi_serve. */
+/* Rank 0: no more jobs; the other ranks leave lrmoe_exec_mpi_serve (per-rank
+ * inputs: every rank, and all must end at the same frame). */
 int lrmoe_exec_mpi_end(lrmoe_exec_mpi_t *m);
 /* Ranks > 0: run rank 0's jobs until it ends (0) or one fails (-1). */
 int lrmoe_exec_mpi_serve(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg);
+/* Per-rank inputs: from now on every rank calls lrmoe_exec_mpi_forward/
+ * backward itself, with its own frame holding only its token rows: rows
+ * [r*T/P, (r+1)*T/P) of the T tokens of all ranks' frames together, of every
+ * [T,...] and [T,K,...] tensor (hidden, topk_ids, topk_weights, grad_output,
+ * pair_rank, keep, saved_gate, saved_up, pair_out); the plan and the other
+ * tensors alike on every rank. Nothing is scattered or gathered: the
+ * routing is all-gathered, the rows whose pair runs on another rank than
+ * their token's owner (backward hidden and saved state) are exchanged by
+ * all-to-all, and the outputs come back the same way (forward saved state
+ * and phi_sqnorm to the token owner). Each rank's outputs are its token
+ * rows; its grad_w_* hold its native experts' gradients (other experts
+ * zero). Compact backward needs the global pack: refused. Every rank ends
+ * with lrmoe_exec_mpi_end, which fails when another rank still has frames. */
+void lrmoe_exec_mpi_per_rank(lrmoe_exec_mpi_t *m);
+/* pattern with every "%r" replaced by rank (out of n bytes: -1 when it does
+ * not fit or holds no %r). */
+int lrmoe_exec_mpi_rank_path(const char *pattern, int rank, char *out, size_t n);
+/* 1 when --backend cuda can run one rank per process (built with MPI and CUDA). */
+int lrmoe_exec_mpi_cuda_built(void);
 /* MPI_Finalize and free. */
 int lrmoe_exec_mpi_close(lrmoe_exec_mpi_t *m);
 
@@ -73,7 +106,11 @@ int lrmoe_exec_mpi_close(lrmoe_exec_mpi_t *m);
  * "backward"): exec.PH.a2a_bytes, .p2p_bytes (bytes each rank sent), .a2a_s
  * (each rank's seconds moving rows in MPI_Alltoallv, after the counts
  * exchange), exec.PH.scatter_s/.gather_s
- * and .scatter_bytes/.gather_bytes (rank 0's share traffic), exec.launcher mpi. */
+ * and .scatter_bytes/.gather_bytes (rank 0's share traffic), exec.launcher mpi;
+ * with --backend cuda exec.gpu_comm nccl (a GPU per rank) or mpi-staged
+ * (ranks sharing a GPU: through host memory and MPI). Per-rank inputs: on
+ * every rank, exec.inputs per-rank, and scatter_* / gather_* are this rank's
+ * exchange of input / output rows that live off their token's owner. */
 int lrmoe_exec_mpi_attrs(const lrmoe_exec_mpi_t *m, lrmoe_frame_t *f, const char *phase);
 
 #endif

@@ -36,6 +36,9 @@ static void usage(FILE *fp)
         "      --gemm-streams N  cuda: streams of the loop GEMM, 1 to 8 (default 4)\n"
         "      --launcher L      auto (default: mpi when started by mpirun/srun),\n"
         "                        mpi (one rank per MPI process) or none\n"
+        "      --per-rank        under MPI: rank r reads FILE and writes --output\n"
+        "                        with %%r replaced by r (its token rows), nothing\n"
+        "                        goes through rank 0\n"
         "  -S, --stats FILE      write per-rank, per-stage seconds as TSV (- : stdout,\n"
         "                        or stderr when the stream goes there)\n"
         "      --timings FILE    old name of --stats\n"
@@ -76,7 +79,7 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 
 enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_NONFINITE,
        OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS, OPT_REPEAT, OPT_WARMUP,
-       OPT_COMPUTE, OPT_LAUNCHER };
+       OPT_COMPUTE, OPT_LAUNCHER, OPT_PER_RANK };
 
 /* Under MPI: ranks > 0 serve rank 0's jobs; rank 0 runs the filter. An
  * error while a job is spread over the ranks kills the job (MPI_Abort)
@@ -84,6 +87,17 @@ enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_NONFINITE,
 static int run_mpi(lrmoe_exec_mpi_t *m, ctx_t *c, const lrmoe_exec_frame_opts_t *o,
                    const char *in, const char *out, const lrmoe_wopts_t *w)
 {
+    if (m->shard) { /* every rank runs the filter on its own streams */
+        c->x.mpi = m;
+        int bad = lrmoe_filter_run(in, out, w, on_frame, c) < 0;
+        if (!bad && lrmoe_exec_mpi_end(m) < 0) bad = 1;
+        if (bad && !m->agreed) { /* this rank alone: the others wait in a collective */
+            fprintf(stderr, "lrmoe-exec: rank %d: %s\n", m->rank, lrmoe_errmsg());
+            lrmoe_comm_mpi_abort(&m->comm, 1);
+        }
+        if (bad && m->rank == 0) fprintf(stderr, "lrmoe-exec: %s\n", lrmoe_errmsg());
+        return lrmoe_exec_mpi_close(m) < 0 || bad;
+    }
     if (m->rank != 0) {
         if (lrmoe_exec_mpi_serve(m, &o->cfg) < 0) {
             fprintf(stderr, "lrmoe-exec: rank %d: %s\n", m->rank, lrmoe_errmsg());
@@ -129,6 +143,7 @@ int main(int argc, char **argv)
         {"gemm-streams", required_argument, 0, OPT_GEMM_STREAMS},
         {"compute", required_argument, 0, OPT_COMPUTE},
         {"launcher", required_argument, 0, OPT_LAUNCHER},
+        {"per-rank", no_argument, 0, OPT_PER_RANK},
         {"repeat", required_argument, 0, OPT_REPEAT},
         {"warmup", required_argument, 0, OPT_WARMUP},
         {"help", no_argument, 0, 'h'},
@@ -141,7 +156,7 @@ int main(int argc, char **argv)
     lrmoe_exec_frame_opts_t o;
     lrmoe_exec_frame_opts_default(&o);
     const char *phase = NULL, *weights = NULL, *timings = NULL;
-    int mode_set = 0, ch, launcher = -1; /* -1 auto, 0 none, 1 mpi */
+    int mode_set = 0, ch, launcher = -1, per_rank = 0; /* launcher -1 auto, 0 none, 1 mpi */
     int64_t v;
     while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "P:j:S:hV", longopts, NULL)) != -1) {
         int r = lrmoe_io_opt(&io, ch, optarg);
@@ -205,6 +220,7 @@ int main(int argc, char **argv)
             o.warmup = (int)v;
             break;
         case OPT_NONFINITE: o.cfg.allow_nonfinite = 1; break;
+        case OPT_PER_RANK: per_rank = 1; break;
         case OPT_LAUNCHER:
             if (!strcmp(optarg, "auto")) launcher = -1;
             else if (!strcmp(optarg, "none")) launcher = 0;
@@ -260,15 +276,19 @@ int main(int argc, char **argv)
         goto usage_err;
     }
     int mpi = launcher == 1 || (launcher < 0 && lrmoe_comm_mpi_launched());
+    if (per_rank && !mpi) {
+        lrmoe_err("--per-rank: only under an MPI launcher (mpirun, srun)");
+        goto usage_err;
+    }
     if (mpi && !lrmoe_comm_mpi_built()) {
         lrmoe_err("%s: MPI support is not built into this lrmoe-exec (install "
                   "libopenmpi-dev and openmpi-bin, then make clean all)",
                   launcher == 1 ? "--launcher mpi" : "started by an MPI launcher");
         goto usage_err;
     }
-    if (mpi && o.cfg.backend != LRMOE_BACKEND_CPU) {
-        lrmoe_err("--backend %s under MPI: only the cpu backend runs one rank per process "
-                  "in this version", lrmoe_backend_name(o.cfg.backend));
+    if (mpi && o.cfg.backend != LRMOE_BACKEND_CPU && !lrmoe_exec_mpi_cuda_built()) {
+        lrmoe_err("--backend %s under MPI: this lrmoe-exec is built without CUDA",
+                  lrmoe_backend_name(o.cfg.backend));
         goto usage_err;
     }
     lrmoe_exec_mpi_t m;
@@ -285,6 +305,25 @@ int main(int argc, char **argv)
             return 2;
         }
         o.ranks = m.P;
+    }
+    char in_r[4096], out_r[4096];
+    if (per_rank) { /* every rank its own FILE and --output */
+        const char *why = NULL;
+        if (optind >= argc || !io.out)
+            why = "needs FILE and --output, each with %r for the rank";
+        else if (lrmoe_exec_mpi_rank_path(argv[optind], m.rank, in_r, sizeof in_r) < 0 ||
+                 lrmoe_exec_mpi_rank_path(io.out, m.rank, out_r, sizeof out_r) < 0)
+            why = "FILE and --output must each hold %r (the rank)";
+        else if (o.backward && o.mode == LRMOE_MODE_COMPACT)
+            why = "backward compact needs the global pack of lrmoe-pack (use full or masked)";
+        if (why) {
+            if (m.rank == 0) fprintf(stderr, "lrmoe-exec: --per-rank: %s\n", why);
+            lrmoe_exec_mpi_close(&m);
+            return 2;
+        }
+        argv[optind] = in_r;
+        io.out = out_r;
+        lrmoe_exec_mpi_per_rank(&m);
     }
     /* under mpirun stdout is always a pty (OpenMPI forwards it to mpirun's
      * stdout): the terminal check would refuse every run */

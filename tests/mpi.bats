@@ -185,6 +185,62 @@ print(a['plan.planner'], a['plan.replicas'], a['exec.backward.p2p_bytes'])"
     refute_output --regexp ' 0,0,0,0$'
 }
 
+# the exec.compute attribute of every frame of $1
+compute_of() {
+    python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
+print(' '.join(sorted({a['exec.compute'] for t, a in read_stream('$1')})))"
+}
+
+@test "mpi: BF16 weights under --compute f32, bf16 and auto: every rank uses rank 0's numerics, bit for bit" {
+    need_mpi
+    routed 61 bf16
+    local c
+    # explicit numerics, forward and full backward, P=3
+    for c in f32 bf16; do
+        "$EXEC" --phase forward --compute $c --weights "$D/w.lrm" -P 3 -@ 1 --no-compress \
+            "$D/r.lrm" > "$D/f1-$c.lrm"
+        run $MPIRUN -np 3 "$EXEC" --phase forward --compute $c --weights "$D/w.lrm" -@ 1 \
+            --no-compress -o "$D/f2.lrm" "$D/r.lrm"
+        assert_success
+        run same "$D/f2.lrm" "$D/f1-$c.lrm"
+        assert_success
+        run compute_of "$D/f2.lrm"
+        assert_output "$c"
+        "$EXEC" --phase backward --compute $c --weights "$D/w.lrm" -@ 1 --no-compress \
+            "$D/f1-$c.lrm" > "$D/b1.lrm"
+        run $MPIRUN -np 3 "$EXEC" --phase backward --compute $c --weights "$D/w.lrm" -@ 1 \
+            --no-compress -o "$D/b2.lrm" "$D/f1-$c.lrm"
+        assert_success
+        run same "$D/b2.lrm" "$D/b1.lrm"
+        assert_success
+    done
+    # auto resolved by each host alone would differ between hosts of
+    # different CPUs; DNNL_MAX_CPU_ISA=AVX2 plays such a host (no native BF16:
+    # auto is f32 there). Rank 0 on that host: all ranks run f32.
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 3 -@ 1 --no-compress "$D/r.lrm" > "$D/fa.lrm"
+    DNNL_MAX_CPU_ISA=AVX2 "$EXEC" --phase forward --weights "$D/w.lrm" -P 3 -@ 1 \
+        --no-compress "$D/r.lrm" > "$D/fx.lrm"
+    if [ "$(compute_of "$D/fa.lrm")" != bf16 ] || [ "$(compute_of "$D/fx.lrm")" != f32 ]; then
+        skip "auto is $(compute_of "$D/fa.lrm") here and $(compute_of "$D/fx.lrm") under DNNL_MAX_CPU_ISA=AVX2: no mixed hosts to play"
+    fi
+    local A="--phase forward --weights $D/w.lrm -@ 1 --no-compress -o $D/fm.lrm $D/r.lrm"
+    run $MPIRUN -np 1 -x DNNL_MAX_CPU_ISA=AVX2 "$EXEC" $A : -np 2 "$EXEC" $A
+    assert_success
+    run same "$D/fm.lrm" "$D/f1-f32.lrm"
+    assert_success
+    # rank 0 on a native-BF16 host, the others not: the answer is rank 0's
+    # bf16 one, or the job fails naming a rank that cannot run it; never a mix
+    run $MPIRUN -np 1 "$EXEC" $A : -np 2 -x DNNL_MAX_CPU_ISA=AVX2 "$EXEC" $A
+    if [ "$status" = 0 ]; then
+        run same "$D/fm.lrm" "$D/f1-bf16.lrm"
+        assert_success
+    else
+        [ "$status" -ne 124 ]
+        assert_line --regexp "^lrmoe-exec: rank [12]: .*BF16"
+        no_trailer "$D/fm.lrm"
+    fi
+}
+
 @test "mpi: in a pipeline (stdin and stdout through mpirun, zstd, several steps and layers)" {
     need_mpi
     "$BIN/lrmoe-gen" --tokens 40 --experts 8 --topk 2 --hidden 32 --ffn 16 --dtype bf16 \
@@ -231,6 +287,97 @@ print('ok')"
     # one TSV, written by rank 0: a header and one row per rank
     run awk -F'\t' 'NR > 1 {n++} END {print NR, n}' "$D/t.tsv"
     assert_output "3 2"
+}
+
+# per-rank streams (tests/helpers/lrmoe_shard.py): split IN P PATTERN, join PATTERN P OUT
+shard_py() { python3 "$HELP/lrmoe_shard.py" "$@"; }
+
+@test "mpi: --per-rank: each rank reads and writes its own token rows; the shards joined equal the scattered run bit for bit" {
+    need_mpi
+    routed 61 bf16
+    local P pl m
+    # P=3: plain EP, T and E not divisible by P; P=4: an EPLB plan (replicas)
+    for P in 3 4; do
+        if [ $P = 4 ]; then
+            "$BIN/lrmoe-plan" --planner eplb --ranks $P --min-chunk 4 --no-compress "$D/r.lrm" \
+                > "$D/p.lrm"
+        else
+            cp "$D/r.lrm" "$D/p.lrm"
+        fi
+        "$BIN/lrmoe-cat" --no-compress "$D/p.lrm" "$D/p.lrm" > "$D/p2.lrm" # two frames
+        run $MPIRUN -np $P "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress \
+            -o "$D/f.lrm" "$D/p2.lrm"
+        assert_success
+        shard_py split "$D/p2.lrm" $P "$D/p.%r.lrm"
+        run $MPIRUN -np $P "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress \
+            --per-rank -o "$D/f.%r.lrm" "$D/p.%r.lrm"
+        assert_success
+        shard_py join "$D/f.%r.lrm" $P "$D/fj.lrm"
+        run same "$D/fj.lrm" "$D/f.lrm"
+        assert_success
+        assert_output "identical: 2 frames"
+        if [ $P = 4 ]; then
+            "$BIN/lrmoe-score" --no-compress "$D/f.lrm" > "$D/s.lrm"
+        else
+            "$BIN/lrmoe-score" --drop 30 --no-compress "$D/f.lrm" > "$D/s.lrm"
+        fi
+        shard_py split "$D/s.lrm" $P "$D/s.%r.lrm"
+        for m in full masked; do
+            run $MPIRUN -np $P "$EXEC" --phase backward --mode $m --weights "$D/w.lrm" -@ 1 \
+                --no-compress -o "$D/b.lrm" "$D/s.lrm"
+            assert_success
+            run $MPIRUN -np $P "$EXEC" --phase backward --mode $m --weights "$D/w.lrm" -@ 1 \
+                --no-compress --per-rank -o "$D/b.%r.lrm" "$D/s.%r.lrm"
+            assert_success
+            shard_py join "$D/b.%r.lrm" $P "$D/bj.lrm"
+            run same "$D/bj.lrm" "$D/b.lrm"
+            assert_success
+        done
+    done
+    # the EPLB plan's replicas crossed point to point; every shard says so
+    run python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
+t, a = read_stream('$D/b.2.lrm')[0]
+print(a['exec.inputs'], a['exec.launcher'], a['exec.backward.p2p_bytes'])"
+    assert_output --regexp '^per-rank mpi '
+    refute_output --regexp ' 0,0,0,0$'
+}
+
+@test "mpi: --per-rank refuses what it cannot run, and inputs that disagree end the job with one message" {
+    need_mpi
+    routed 40 f32
+    run "$EXEC" --phase forward --weights "$D/w.lrm" --per-rank -o "$D/o.%r.lrm" "$D/r.%r.lrm"
+    assert_equal "$status" 2
+    assert_line --partial "--per-rank: only under an MPI launcher"
+    run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" --per-rank -o "$D/o.lrm" \
+        "$D/r.%r.lrm"
+    assert_equal "$status" 2
+    [ "$(grep -c '^lrmoe-exec: --per-rank: FILE and --output must each hold %r' <<< "$output")" = 1 ]
+    run $MPIRUN -np 2 "$EXEC" --phase backward --mode compact --weights "$D/w.lrm" --per-rank \
+        -o "$D/o.%r.lrm" "$D/r.%r.lrm"
+    assert_equal "$status" 2
+    assert_line --partial "backward compact needs the global pack"
+    # rows not in the ranks' ranges: 40 tokens as 25 + 15
+    python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import *
+fr = read_stream('$D/r.lrm', with_dtypes=True)
+for r, (lo, hi) in enumerate(((0, 25), (25, 40))):
+    write_stream('$D/u.%d.lrm' % r, [({n: (v[lo:hi] if v.shape[:1] == (40,) else v) for n, v in t.items()}, a, d) for t, a, d in fr])"
+    run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" --per-rank -o "$D/o.%r.lrm" \
+        "$D/u.%r.lrm"
+    assert_failure
+    [ "$status" -ne 124 ]
+    [ "$(grep -c '^lrmoe-exec: ' <<< "$output")" = 1 ]
+    assert_line --partial "rank 0 has 25 tokens, but rank r must hold rows [r*T/P, (r+1)*T/P) of all T=40: 20"
+    no_trailer "$D/o.0.lrm"
+    # rank 1's input has one frame more than rank 0's
+    shard_py split "$D/r.lrm" 2 "$D/v.%r.lrm"
+    "$BIN/lrmoe-cat" --no-compress "$D/v.1.lrm" "$D/v.1.lrm" > "$D/v2.lrm"
+    mv "$D/v2.lrm" "$D/v.1.lrm"
+    run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" --per-rank -o "$D/o.%r.lrm" \
+        "$D/v.%r.lrm"
+    assert_failure
+    [ "$status" -ne 124 ]
+    [ "$(grep -c '^lrmoe-exec: ' <<< "$output")" = 1 ]
+    assert_line --partial "per-rank inputs: rank 0's input ended after 1 frames, rank 1's has more"
 }
 
 @test "mpi: a rank whose share is bad (NaN in its rows) ends the job: one message naming it, no trailer" {
@@ -296,7 +443,7 @@ write_stream('$D/nan.lrm', [(t, a)])"
     no_trailer "$D/kill.sh.out"
 }
 
-@test "mpi: P mismatches and the cuda backend are refused before any rank starts work" {
+@test "mpi: P mismatches are refused before any rank starts work; --backend cuda without a GPU (or without CUDA) fails cleanly" {
     need_mpi
     routed 40 f32
     run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" --ranks 4 -o "$D/o.lrm" "$D/r.lrm"
@@ -308,9 +455,107 @@ write_stream('$D/nan.lrm', [(t, a)])"
     [ "$status" -ne 124 ]
     assert_line --partial "but the plan is for 4 ranks"
     no_trailer "$D/o.lrm"
+    # --backend cuda: refused by a build without CUDA; with CUDA and no GPU,
+    # rank 0 says so before the job starts
     run $MPIRUN -np 2 "$EXEC" --phase forward --backend cuda --weights "$D/w.lrm" -o "$D/o.lrm" "$D/r.lrm"
     assert_failure
-    assert_line --partial "--backend cuda under MPI"
+    [ "$status" -ne 124 ]
+    if nm "$EXEC" | grep -q ' T lrmoe_exec_forward_cuda$'; then
+        if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+            skip "a GPU is present (tests/gpu/device-check.sh runs the CUDA backend under mpirun)"
+        fi
+        assert_line --regexp "^lrmoe-exec: frame 0: backend cuda: no usable CUDA device: "
+    else
+        assert_line --partial "--backend cuda under MPI: this lrmoe-exec is built without CUDA"
+    fi
+}
+
+@test "mpi: --backend cuda, one GPU per rank: exec_cuda.cu's per-rank path (fake device, NCCL bootstrap over MPI) equals the in-process CUDA path bit for bit" {
+    need_mpi
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the CUDA headers are needed)"
+    command -v mpicc >/dev/null 2>&1 || skip "mpicc not installed (libopenmpi-dev)"
+    # lrmoe-exec whose CUDA backend runs on the kernels' CPU references
+    # (tests/gpu/fake-kcu.c: device memory is host memory, poisoned when
+    # allocated), built with MPI: under mpirun each rank makes its context
+    # on GPU local-rank mod visible and its communicator: from rank 0's id
+    # sent over MPI when every rank has its own GPU, else staged through MPI
+    run env FAKE_MPI=1 sh "$TOP/tests/gpu/build-fake.sh" "$D/fake"
+    assert_success
+    local X="$D/fake/lrmoe-exec-fake" P pl m in
+    routed 61 bf16
+    for P in 2 4; do
+        pl=none
+        [ $P = 4 ] && pl=eplb
+        if [ $pl = none ]; then
+            "$X" --phase forward --backend cuda --weights "$D/w.lrm" -P $P --no-compress \
+                "$D/r.lrm" > "$D/c1.lrm"
+            in="$D/r.lrm"
+        else
+            "$BIN/lrmoe-plan" --planner eplb --ranks $P --min-chunk 4 --no-compress "$D/r.lrm" \
+                > "$D/p.lrm"
+            "$X" --phase forward --backend cuda --weights "$D/w.lrm" --no-compress "$D/p.lrm" \
+                > "$D/c1.lrm"
+            in="$D/p.lrm"
+        fi
+        # P=2: two fake devices, a GPU per rank (the NCCL path); P=4: one
+        # device shared by all ranks (staged through host memory and MPI)
+        run $MPIRUN -np $P -x LRMOE_FAKE_DEVICES=$((P == 2 ? 2 : 1)) "$X" --phase forward \
+            --backend cuda --weights "$D/w.lrm" --no-compress -o "$D/c2.lrm" "$in"
+        assert_success
+        run same "$D/c2.lrm" "$D/c1.lrm"
+        assert_success
+        run python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
+print(read_stream('$D/c2.lrm')[0][1]['exec.gpu_comm'])"
+        assert_output "$([ $P = 2 ] && echo nccl || echo mpi-staged)"
+        if [ $pl = none ]; then
+            "$BIN/lrmoe-score" --drop 30 --no-compress "$D/c1.lrm" > "$D/s.lrm"
+            "$BIN/lrmoe-pack" -P $P --no-compress "$D/s.lrm" > "$D/pk.lrm"
+        else
+            "$BIN/lrmoe-score" --no-compress "$D/c1.lrm" > "$D/s.lrm"
+            "$BIN/lrmoe-pack" --no-compress "$D/s.lrm" > "$D/pk.lrm"
+        fi
+        for m in full masked compact; do
+            in="$D/s.lrm"
+            [ $m = compact ] && in="$D/pk.lrm"
+            "$X" --phase backward --mode $m --backend cuda --weights "$D/w.lrm" --no-compress \
+                "$in" > "$D/b1.lrm"
+            run $MPIRUN -np $P -x LRMOE_FAKE_DEVICES=$((P == 2 ? 2 : 1)) "$X" --phase backward \
+                --mode $m --backend cuda --weights "$D/w.lrm" --no-compress -o "$D/b2.lrm" "$in"
+            assert_success
+            run same "$D/b2.lrm" "$D/b1.lrm"
+            assert_success
+        done
+    done
+    # --per-rank on the CUDA path too (P=4, EPLB forward, then full backward)
+    shard_py split "$D/p.lrm" 4 "$D/p.%r.lrm"
+    run $MPIRUN -np 4 "$X" --phase forward --backend cuda --weights "$D/w.lrm" --no-compress \
+        --per-rank -o "$D/c.%r.lrm" "$D/p.%r.lrm"
+    assert_success
+    shard_py join "$D/c.%r.lrm" 4 "$D/cj.lrm"
+    run same "$D/cj.lrm" "$D/c1.lrm"
+    assert_success
+    shard_py split "$D/s.lrm" 4 "$D/s.%r.lrm"
+    "$X" --phase backward --backend cuda --weights "$D/w.lrm" --no-compress "$D/s.lrm" > "$D/b1.lrm"
+    run $MPIRUN -np 4 "$X" --phase backward --backend cuda --weights "$D/w.lrm" --no-compress \
+        --per-rank -o "$D/b.%r.lrm" "$D/s.%r.lrm"
+    assert_success
+    shard_py join "$D/b.%r.lrm" 4 "$D/bj.lrm"
+    run same "$D/bj.lrm" "$D/b1.lrm"
+    assert_success
+    # the EPLB plan's replicas moved weights and gradients point to point
+    run python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
+t, a = read_stream('$D/b2.lrm')[0]
+print(a['exec.backend'], a['exec.launcher'], a['plan.replicas'], a['exec.backward.p2p_bytes'])"
+    assert_success
+    assert_output --regexp '^cuda mpi [1-9][0-9]* '
+    refute_output --regexp ' 0,0,0,0$'
+    # no device on rank 1: one message naming it, no trailer, no hang
+    local A="--phase forward --backend cuda --weights $D/w.lrm --no-compress -o $D/o.lrm $D/r.lrm"
+    run $MPIRUN -np 1 "$X" $A : -np 1 -x LRMOE_FAKE_DEVICES=0 "$X" $A
+    assert_failure
+    [ "$status" -ne 124 ]
+    one_message 1 "backend cuda: no usable CUDA device"
+    no_trailer "$D/o.lrm"
 }
 
 @test "mpi: two hosts in network namespaces joined by a veth pair: the same answer over TCP between them" {

@@ -11,6 +11,10 @@
 #     memcpy of the same bytes per rank (numpy copy, best of 5);
 #   scatter + gather through rank 0 per frame (rank 0's seconds and bytes) and
 #     its share of the exec wall time;
+#   how that cost scales with P and the frame size (forward at TOKENS/4 too);
+#   the same frames with --per-rank inputs (each rank reads and writes its
+#     own token rows; only rows whose pair runs elsewhere cross, by
+#     all-to-all): exec wall against the scattered run;
 #   the end-to-end wall of the whole command (MPI start-up included).
 # Usage: tests/bench/mpi.sh [TOKENS [FRAMES]]   BENCH_QUICK=1: 512 tokens
 set -eu
@@ -48,10 +52,16 @@ run() {
     t1=$(now)
     echo "$t0 $t1" | awk '{printf "%.6f\n", $2 - $1}' > "$tmp/$n.wall"
 }
+SMALL=$((TOKENS / 4))
+bin/lrmoe-gen --tokens "$SMALL" --experts $E --topk $K --hidden $HID --ffn $FFN --dtype $DT \
+    --skew hot:50:2 --steps "$FRAMES" --seed 1 $raw |
+    bin/lrmoe-route -k $K $raw -o "$tmp/rs.lrm"
+shard() { python3 tests/helpers/lrmoe_shard.py "$@"; }
 for P in 2 4; do
     # an llep plan: spilled experts run on helpers, so weights and weight
     # gradients cross point to point too
     bin/lrmoe-plan --planner llep --ranks $P --min-chunk 16 $raw "$tmp/r.lrm" > "$tmp/p$P.lrm"
+    bin/lrmoe-plan --planner llep --ranks $P --min-chunk 16 $raw "$tmp/rs.lrm" > "$tmp/ps$P.lrm"
     run in$P.f bin/lrmoe-exec --phase forward --weights "$tmp/w.lrm" -@ 1 $raw \
         -o "$tmp/in$P.f.lrm" "$tmp/p$P.lrm"
     run in$P.b bin/lrmoe-exec --phase backward --weights "$tmp/w.lrm" -@ 1 $raw \
@@ -60,9 +70,17 @@ for P in 2 4; do
         -o "$tmp/mpi$P.f.lrm" "$tmp/p$P.lrm"
     run mpi$P.b $MPIRUN -np $P bin/lrmoe-exec --phase backward --weights "$tmp/w.lrm" -@ 1 $raw \
         -o "$tmp/mpi$P.b.lrm" "$tmp/in$P.f.lrm"
+    run small$P.f $MPIRUN -np $P bin/lrmoe-exec --phase forward --weights "$tmp/w.lrm" -@ 1 $raw \
+        -o "$tmp/small$P.f.lrm" "$tmp/ps$P.lrm"
+    shard split "$tmp/p$P.lrm" $P "$tmp/p$P.%r.lrm"
+    shard split "$tmp/in$P.f.lrm" $P "$tmp/in$P.f.%r.lrm"
+    run pr$P.f $MPIRUN -np $P bin/lrmoe-exec --phase forward --weights "$tmp/w.lrm" -@ 1 $raw \
+        --per-rank -o "$tmp/pr$P.f.%r.lrm" "$tmp/p$P.%r.lrm"
+    run pr$P.b $MPIRUN -np $P bin/lrmoe-exec --phase backward --weights "$tmp/w.lrm" -@ 1 $raw \
+        --per-rank -o "$tmp/pr$P.b.%r.lrm" "$tmp/in$P.f.%r.lrm"
 done
 
-python3 - "$tmp" <<'EOF'
+python3 - "$tmp" "$TOKENS" "$SMALL" <<'EOF'
 import sys, time
 import numpy as np
 sys.path.insert(0, "tests/helpers")
@@ -132,6 +150,54 @@ for P in (2, 4):
             P, ph, r["a2a"], r["bw"] / 1e9, m / 1e9, r["bw"] / m, r["sgb"], r["sg"],
             100 * r["sg"] / r["wall"]))
 print()
+# scatter + gather against P and frame size (forward)
+TOK, SMALL = int(sys.argv[2]), int(sys.argv[3])
+print("%-6s %-8s %12s %12s %12s %8s" % ("P", "tokens", "sg_B/frame", "sg_s/frame",
+                                        "sg_MB/s", "sg/wall"))
+sgs = {}
+for P in (2, 4):
+    for n, path in ((SMALL, "%s/small%d.f.lrm" % (tmp, P)), (TOK, "%s/mpi%d.f.lrm" % (tmp, P))):
+        r = stats(path, "forward")
+        sgs[(P, n)] = r
+        print("%-6d %-8d %12.0f %12.5f %12.1f %7.1f%%" % (P, n, r["sgb"], r["sg"],
+              r["sgb"] / r["sg"] / 1e6, 100 * r["sg"] / r["wall"]))
+size_x = [sgs[(P, TOK)]["sg"] / sgs[(P, SMALL)]["sg"] for P in (2, 4)]
+bytes_x = [sgs[(P, TOK)]["sgb"] / sgs[(P, SMALL)]["sgb"] for P in (2, 4)]
+p_x = [sgs[(4, n)]["sg"] / sgs[(2, n)]["sg"] for n in (SMALL, TOK)]
+print()
+
+# per-rank inputs: every rank's own stream (per rank: exchange of rows off
+# their owner, and its wall). Every rank's exec ends at the same collective
+# but starts when it has read its frame, so a rank that came early also
+# waits for the others: the frame's wall is the smallest (the last rank's)
+def shard_stats(pattern, P, ph):
+    ex, exb, wall = [], [], []
+    for r in range(P):
+        for i, (t, a) in enumerate(read_stream(pattern.replace("%r", str(r)))):
+            x = float(a["exec.%s.scatter_s" % ph]) + float(a["exec.%s.gather_s" % ph])
+            b = float(a["exec.%s.scatter_bytes" % ph]) + float(a["exec.%s.gather_bytes" % ph])
+            w = float(a["exec.%s.wall_s" % ph])
+            if r == 0:
+                ex.append(x); exb.append(b); wall.append(w)
+            else:
+                ex[i] = max(ex[i], x); exb[i] += b; wall[i] = min(wall[i], w)
+    return dict(ex=np.mean(ex), exb=np.mean(exb), wall=np.mean(wall))
+
+print("%-6s %-9s %12s %12s %8s %14s %12s %12s" % ("P", "phase", "scat_wall_s", "perrank_s",
+      "ratio", "xchg_B/frame", "sg_B/frame", "xchg_s"))
+prr = []
+for P in (2, 4):
+    for ph, tag in (("forward", "f"), ("backward", "b")):
+        s_ = rows[("mpi", P, ph)]
+        q = shard_stats("%s/pr%d.%s.%%r.lrm" % (tmp, P, tag), P, ph)
+        prr.append(q["wall"] / s_["wall"])
+        print("%-6d %-9s %12.5f %12.5f %8.3f %14.0f %12.0f %12.5f" % (
+            P, ph, s_["wall"], q["wall"], q["wall"] / s_["wall"], q["exb"], s_["sgb"], q["ex"]))
+print()
+print("verdict: scatter+gather seconds per frame x%.2f-%.2f for x%.2f the bytes (tokens %d -> %d); "
+      "x%.2f-%.2f from P=2 to P=4 at the same frame; --per-rank exec wall is %.2f-%.2f of the "
+      "scattered run's" % (min(size_x), max(size_x), min(bytes_x), SMALL, TOK, min(p_x), max(p_x),
+                           min(prr), max(prr)))
 sp = [rows[("in", P, ph)]["wall"] / rows[("mpi", P, ph)]["wall"]
       for P in (2, 4) for ph in ("forward", "backward")]
 print("verdict: MPI_Alltoallv over TCP reaches %.3f-%.3f of memcpy bandwidth; "

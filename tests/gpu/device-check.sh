@@ -11,7 +11,8 @@
 #       (run tool: carry ["build/gpu-carry"], timeout_s 540)
 #
 # Results: $OUT/summary.txt (short table, also printed last), build.log,
-# check-gpu.txt, bench-gpu.txt, nvidia-smi.txt. Exit 0 when the checks pass.
+# check-gpu.txt, bench-gpu.txt, mpi-cuda.txt (tests/gpu/check-mpi-cuda.sh),
+# nvidia-smi.txt. Exit 0 when the checks pass.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 CARRY=build/gpu-carry
@@ -83,7 +84,7 @@ if [ $have_nccl = 0 ]; then
 fi
 
 B=build/dev
-TARGETS="bin/lrmoe-exec bin/lrmoe-gen bin/lrmoe-route bin/lrmoe-score bin/lrmoe-pack $B/tests/gpu/test-kernels $B/tests/gpu/bench-gpu"
+TARGETS="bin/lrmoe-exec bin/lrmoe-gen bin/lrmoe-route bin/lrmoe-score bin/lrmoe-pack bin/lrmoe-plan $B/tests/gpu/test-kernels $B/tests/gpu/bench-gpu"
 # the targets themselves, not `all`: deps-build would try apt-get, which has
 # no network there
 if timeout 150 make -j16 BUILD=$B CUDA_HOME="$CH" ${CLD:+CUDA_LIBDIR=$CLD} $TARGETS > "$OUT/build.log" 2>&1; then
@@ -116,8 +117,23 @@ else
     rc=1
 fi
 cat "$OUT/bench-gpu.txt" >> "$S"
+
+# issue 18: the CUDA backend under mpirun -np 2, the two ranks sharing the
+# GPU, against --backend cpu and the in-process CUDA run (needs OpenMPI on
+# this machine at build time; otherwise it says NOT run)
+timeout 150 sh tests/gpu/check-mpi-cuda.sh > "$OUT/mpi-cuda.txt" 2>&1
+mrc=$?
+if grep -q '^check-mpi-cuda: PASS' "$OUT/mpi-cuda.txt"; then
+    note "mpi-cuda: PASS ($(el)): $(grep -c '^ok' "$OUT/mpi-cuda.txt") ok lines, $(grep -m1 'exec.gpu_comm' "$OUT/mpi-cuda.txt" | sed 's/^ *//')"
+elif grep -q '^check-mpi-cuda: NOT run' "$OUT/mpi-cuda.txt"; then
+    note "mpi-cuda: $(grep '^check-mpi-cuda: NOT run' "$OUT/mpi-cuda.txt") ($(el))"
+else
+    rc=1
+    note "mpi-cuda: FAIL (exit $mrc, 124 = timeout) ($(el)):"
+    grep -E '^(FAIL|check-mpi-cuda)' "$OUT/mpi-cuda.txt" | head -20 | tee -a "$S"
+fi
 echo "----"
 cat "$OUT/bench-gpu.txt"
 echo "----"
-grep -E '^(build|check-gpu|bench-gpu|device|[0-9]+ of)' "$S"
+grep -E '^(build|check-gpu|bench-gpu|mpi-cuda|device|[0-9]+ of)' "$S"
 exit $rc

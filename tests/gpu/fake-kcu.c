@@ -11,6 +11,7 @@
  * against --backend cpu; on a GPU, make check-gpu runs the real thing.
  * Not part of liblrmoe.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "lrmoe.h"
@@ -183,3 +184,54 @@ int lrmoe_comm_cuda_init(lrmoe_comm_t *c, int P, lrmoe_kcu_ctx_t *const *ctx, in
     return lrmoe_comm_cpu_init(c, P);
 }
 int lrmoe_comm_cuda_is_nccl(const lrmoe_comm_t *c) { (void)c; return 0; }
+
+/* One rank per process (lib/exec_mpi.c, lrmoe_comm_mpi_nccl_init; MPI
+ * builds only). Ranks on distinct fake devices (LRMOE_FAKE_DEVICES=N) get
+ * the bootstrap as on NCCL up to ncclCommInitRank (rank 0 makes a 128-byte
+ * id, the caller's bcast carries it over MPI, every rank checks it got rank
+ * 0's bytes); since fake device memory is host memory, the rank's
+ * communicator is then the MPI one itself (arg: MPI_Alltoallv,
+ * MPI_Send/Recv), tagged CUDA. Ranks sharing a device use comm_mpi.c's
+ * host-staged communicator, as on a GPU. */
+int lrmoe_comm_cuda_device_key(lrmoe_kcu_ctx_t *ctx, char *buf, size_t n);
+void lrmoe_comm_cuda_rank_take(lrmoe_comm_t *c, int64_t *a2a_bytes, int64_t *p2p_bytes,
+                               double *a2a_sec);
+
+int lrmoe_comm_cuda_device_key(lrmoe_kcu_ctx_t *ctx, char *buf, size_t n)
+{
+    snprintf(buf, n, "fake:%d", ctx->device);
+    return 0;
+}
+/* the MPI communicator counted the bytes already */
+void lrmoe_comm_cuda_rank_take(lrmoe_comm_t *c, int64_t *a2a_bytes, int64_t *p2p_bytes,
+                               double *a2a_sec)
+{
+    (void)c;
+    *a2a_bytes = *p2p_bytes = 0;
+    *a2a_sec = 0;
+}
+
+#ifdef LRMOE_HAVE_MPI
+int lrmoe_comm_cuda_init_rank(lrmoe_comm_t *c, int P, int rank, lrmoe_kcu_ctx_t *ctx,
+                              int (*bcast)(void *buf, size_t bytes, void *arg), void *arg);
+
+int lrmoe_comm_cuda_init_rank(lrmoe_comm_t *c, int P, int rank, lrmoe_kcu_ctx_t *ctx,
+                              int (*bcast)(void *buf, size_t bytes, void *arg), void *arg)
+{
+    unsigned char id[128];
+    memset(c, 0, sizeof *c);
+    memset(id, 0, sizeof id);
+    if (rank == 0)
+        for (int i = 0; i < 128; i++) id[i] = (unsigned char)(i * 7 + 1);
+    if (bcast(id, sizeof id, arg) < 0) return -1;
+    for (int i = 0; i < 128; i++)
+        if (id[i] != (unsigned char)(i * 7 + 1))
+            return lrmoe_err("fake ncclCommInitRank: rank %d of %d got another id than rank 0's",
+                             rank, P);
+    *c = *(const lrmoe_comm_t *)arg;
+    c->backend = 1; /* LRMOE_BACKEND_CUDA */
+    c->destroy = NULL;
+    c->device = ctx;
+    return 0;
+}
+#endif
