@@ -840,10 +840,26 @@ static void fc_free(fcand_t *f)
     memset(f, 0, sizeof *f);
 }
 
-/* Keep cand's placement and forward (and, evaluated with every pair kept,
- * its backward time) as candidate f. Returns 0 or -1. */
-static int fc_take(lctx_t *c, fcand_t *f, const char *name, int64_t flb)
+/* 1 when candidates a and b are the same plan (P ranks). */
+static int fc_same(const fcand_t *a, const fcand_t *b, int P)
 {
+    if (a->npl != b->npl || a->nfw != b->nfw || a->have_slots != b->have_slots ||
+        memcmp(a->pidx, b->pidx, (size_t)a->npl * sizeof *a->pidx) ||
+        memcmp(a->fidx, b->fidx, (size_t)a->nfw * sizeof *a->fidx) ||
+        memcmp(a->fval, b->fval, (size_t)a->nfw * sizeof *a->fval))
+        return 0;
+    return !a->have_slots || (a->weight_moves == b->weight_moves &&
+                              !memcmp(a->held, b->held, (size_t)P * sizeof *a->held) &&
+                              !memcmp(a->wsend, b->wsend, (size_t)P * sizeof *a->wsend) &&
+                              !memcmp(a->wrecv, b->wrecv, (size_t)P * sizeof *a->wrecv));
+}
+
+/* Keep cand's placement and forward (and, evaluated with every pair kept,
+ * its backward time) as candidate fc[*nfc], unless an earlier one is the
+ * same plan (it would tie and lose every comparison). Returns 0 or -1. */
+static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t flb)
+{
+    fcand_t *f = &fc[*nfc];
     const lrmoe_plan_t *k = &c->cand;
     const size_t EP = (size_t)c->E * c->P;
     int npl = 0, nfw = 0;
@@ -890,6 +906,12 @@ static int fc_take(lctx_t *c, fcand_t *f, const char *name, int64_t flb)
         memcpy(f->wsend, k->wsend, (size_t)c->P * sizeof *f->wsend);
         memcpy(f->wrecv, k->wrecv, (size_t)c->P * sizeof *f->wrecv);
     }
+    for (int i = 0; i < *nfc; i++)
+        if (fc_same(&fc[i], f, c->P)) {
+            fc_free(f);
+            return 0;
+        }
+    (*nfc)++;
     if (c->pre1) { /* rate 1 comes first: offer it as it stands */
         char all[56];
         c->cand.fwd_lb = c->cand.bwd_lb = flb;
@@ -934,16 +956,12 @@ static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl
     char name[40];
     int64_t flb = -1;
     if (base) {
-        plan_copy(k, base);
+        plan_copy(k, base); /* evaluated with every pair kept */
         flb = plan_minpeak(base->placement, NULL, c->load, 0, E, P, -1, NULL, NULL);
         if (flb < 0)
             return -1;
-        memcpy(k->quota, c->load, (size_t)E * sizeof *c->load);
-        memcpy(k->bwd_alloc, k->fwd_alloc, EP * sizeof(int64_t));
-        if (cand_eval(c) < 0)
-            return -1;
         snprintf(name, sizeof name, "%s:own", src);
-        if (fc_take(c, &fc[(*nfc)++], name, flb) < 0)
+        if (fc_take(c, fc, nfc, name, flb) < 0)
             return -1;
         pl = base->placement;
     }
@@ -976,7 +994,7 @@ static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl
     if (cand_eval(c) < 0)
         return -1;
     snprintf(name, sizeof name, "%s:minpeak", src);
-    return fc_take(c, &fc[(*nfc)++], name, fpk);
+    return fc_take(c, fc, nfc, name, fpk);
 }
 
 /* lrmoe's own placement pl (nadd additions, history he/hp) and its shorter
