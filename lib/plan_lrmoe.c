@@ -409,6 +409,7 @@ typedef struct {
     double glpk;         /* seconds in GLPK */
     int longer_fits;     /* a plan that fits was kept out: it lengthens */
     int pruned;          /* candidates skipped by the backward bound */
+    const int64_t *kprop; /* policy even below rate 1: the proportional quotas */
     int pre1;            /* rate 1 is the first rate: the forward candidates
                             are offered at it as they are built */
     int allow_longer;    /* offer plans whose backward is longer than keeping
@@ -480,6 +481,14 @@ static int beats(const lctx_t *c, const slot_t *sl, int cls)
         const double dk = max_drop(c, k), db = max_drop(c, b);
         if (k->bwd_peak != b->bwd_peak)
             return k->bwd_peak < b->bwd_peak;
+        if (c->o->quota == LRMOE_QUOTA_EVEN && c->kprop) {
+            /* the proportional quotas, where they reach this peak: the same
+             * pairs as policy proportional keeps, so no larger error */
+            const size_t qb = (size_t)c->E * sizeof *c->kprop;
+            const int pk = !memcmp(k->quota, c->kprop, qb), pb = !memcmp(b->quota, c->kprop, qb);
+            if (pk != pb)
+                return pk;
+        }
         if (c->o->quota == LRMOE_QUOTA_EVEN && dk != db)
             return dk < db; /* fidelity: the most even retention */
         if (k->t_total != b->t_total)
@@ -1315,9 +1324,10 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
         if (c.allow_longer)
             c.any.have = 0;
         const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
-        if (prop)
+        if (total < N && (prop || o->quota == LRMOE_QUOTA_EVEN))
             quota_proportional(load, lo, E, rho, total, K);
         const int64_t *Kq = prop ? K : NULL;
+        c.kprop = total < N && o->quota == LRMOE_QUOTA_EVEN ? K : NULL;
         if (!cached) { /* lrmoe's own placement at this rate */
             gctx_t jc = {load, lo, Kq, total, N, E, P, total < N && !prop, NULL, NULL, NULL};
             memset(pl, 0, EP);
@@ -1404,6 +1414,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
         c.strict.have = c.any.have = 0;
         c.any.p = anyp;
         c.allow_longer = 1;
+        c.kprop = NULL;
         const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
         if (prop)
             quota_proportional(load, lo, E, rho, total, K);

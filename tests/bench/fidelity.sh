@@ -75,40 +75,58 @@ PY
 # Small shapes (D 256, F 128) so the forward pass stays quick; P = 8.
 QT=${QUOTA_TOKENS:-2048}
 [ "${BENCH_QUICK:-0}" = 1 ] && QT=512
-quota_oracle() { # plan_frame rate out: writes out and out's peak to $tmp/qo.peak
+quota_oracle() { # plan_stream rate mode(own|prev) out: writes out, its last frame's peak to $tmp/qo.peak
     python3 - "$@" "$tmp/qo.peak" <<'PY'
 import math, sys
 import numpy as np
 sys.path.insert(0, "tests/helpers")
 from lrmoe_stream import read_stream, write_stream, bf16_to_f32
-src, rate, dst, peakf = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
-(t, a, d), = read_stream(src, with_dtypes=True)
-f32 = lambda k: bf16_to_f32(t[k]) if d[k] == "BF16" else t[k].astype(np.float32)
-ids = t["topk_ids"].reshape(-1).astype(np.int64)
-Kt = t["topk_ids"].shape[1]
-g = f32("grad_output").astype(np.float64)
-R = (f32("topk_weights").astype(np.float64).reshape(-1) ** 2 *
-     np.repeat((g * g).sum(1), Kt) * f32("phi_sqnorm").astype(np.float64).reshape(-1))
+src, rate, mode, dst, peakf = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+frames = read_stream(src, with_dtypes=True)
+
+def scores(fr):
+    t, a, d = fr
+    f32 = lambda k: bf16_to_f32(t[k]) if d[k] == "BF16" else t[k].astype(np.float32)
+    ids = t["topk_ids"].reshape(-1).astype(np.int64)
+    g = f32("grad_output").astype(np.float64)
+    R = (f32("topk_weights").astype(np.float64).reshape(-1) ** 2 *
+         np.repeat((g * g).sum(1), t["topk_ids"].shape[1]) *
+         f32("phi_sqnorm").astype(np.float64).reshape(-1))
+    return ids, R
+
+t, a, d = frames[-1]
+ids, R = scores(frames[-1])
 pl = t["placement"].astype(bool)
 E, P = pl.shape
 n = np.bincount(ids, minlength=E)
+# the marginal value of an expert's j-th pair (best first): its own sorted
+# scores (own), or the previous frame's profile of the expert at the same
+# quantile (prev; an expert without pairs there takes the pooled profile)
+if mode == "own":
+    prof = [np.sort(R[ids == e])[::-1] for e in range(E)]
+else:
+    pids, pR = scores(frames[-2])
+    pool = np.sort(pR)[::-1]
+    prof = []
+    for e in range(E):
+        v = np.sort(pR[pids == e])[::-1]
+        v = v if len(v) else pool
+        prof.append(v[np.minimum(len(v) - 1, (np.arange(n[e]) * len(v)) // max(n[e], 1))])
 N = int(n.sum())
 total = int(math.floor(rate * N + 1e-9))
 lo = np.minimum(n, np.ceil(0.25 * n - 1e-9).astype(np.int64))  # --min-keep 0.25
 T = int(a["plan.bwd_peak"])
 S = np.arange(1 << P)
 mask = (pl * (1 << np.arange(P))).sum(1)
-cap = T * np.array([bin(x).count("1") for x in S])
+pc = np.array([bin(x).count("1") for x in S])
+cap = T * pc
 sup = [np.nonzero((S & m) == m)[0] for m in mask]        # rank subsets holding e
 load = np.zeros(1 << P, dtype=np.int64)
 for e in range(E):
     load[sup[e]] += lo[e]
 assert (load[1:] <= cap[1:]).all(), "the floors do not route at the plan's peak"
 K = lo.copy()
-cand = []
-for e in range(E):
-    v = np.sort(R[ids == e])[::-1]
-    cand += [(v[j], e) for j in range(lo[e], n[e])]
+cand = [(prof[e][j], e) for e in range(E) for j in range(lo[e], n[e])]
 cand.sort(key=lambda x: -x[0])
 left = total - int(K.sum())
 for v, e in cand:
@@ -120,18 +138,17 @@ for v, e in cand:
         left -= 1
 assert left == 0, "the quotas do not reach the total at the plan's peak"
 t["quota"] = K.astype(np.int64)
-write_stream(dst, [(t, a, d)])
-pc = cap[1:] // T if T > 0 else np.ones(len(S) - 1, dtype=np.int64)
-open(peakf, "w").write("%d\n" % int(np.max(-(-load[1:] // pc))))  # T* of the quotas
+write_stream(dst, frames[:-1] + [(t, a, d)])
+open(peakf, "w").write("%d\n" % int(np.max(-(-load[1:] // pc[1:]))))  # T* of the quotas
 PY
 }
 
 echo
-echo "quota policies: E=128 K=8 D=256 F=128, $QT tokens, P=8, --hbm 0, --longer-backward, seed $SEED"
+echo "quota policies: E=128 K=8 D=256 F=128, $QT tokens x 2 steps (rows: step 2), P=8, --hbm 0, --longer-backward, seed $SEED"
 qt="$tmp/quota.tsv"
 : > "$qt"
 for wl in balanced hot:30:16 hot:80:4 hot:95:1 zipf:1.2; do
-    bin/lrmoe-gen --tokens "$QT" --hidden 256 --ffn 128 --skew "$wl" --seed "$SEED" \
+    bin/lrmoe-gen --tokens "$QT" --steps 2 --hidden 256 --ffn 128 --skew "$wl" --seed "$SEED" \
         --weights "$tmp/qw.lrm" $raw -o "$tmp/qg.lrm"
     bin/lrmoe-route $raw "$tmp/qg.lrm" -o "$tmp/qr.lrm"
     bin/lrmoe-exec --phase forward --weights "$tmp/qw.lrm" $raw "$tmp/qr.lrm" -o "$tmp/qf.lrm"
@@ -142,36 +159,40 @@ for wl in balanced hot:30:16 hot:80:4 hot:95:1 zipf:1.2; do
             bin/lrmoe-score --fidelity $raw "$tmp/qp.lrm" -o "$tmp/qs.lrm"
             bin/lrmoe-view --json --no-stats "$tmp/qs.lrm" | python3 -c '
 import json, sys
-a = json.loads(sys.stdin.readline())["attrs"]
+a = json.loads(sys.stdin.readlines()[1])["attrs"]
 print("\t".join(sys.argv[1:] + [a["plan.bwd_peak"], a["score.fidelity"]]))
 ' "$wl" "$rate" "$q" >> "$qt"
             [ "$q" = even ] && cp "$tmp/qp.lrm" "$tmp/qe.lrm"
         done
-        # the score-profile criterion, as an oracle: on the default's plan
-        # (placement, least backward peak T), the quotas that keep the most
-        # score mass (this step's own LRM scores, sorted per expert) among
-        # those that route at T, by greedy water-filling on the marginal
-        # scores (exact: a separable concave objective over a polymatroid)
-        quota_oracle "$tmp/qe.lrm" "$rate" "$tmp/qo.lrm"
-        bin/lrmoe-score --fidelity $raw "$tmp/qo.lrm" -o "$tmp/qs.lrm"
-        bin/lrmoe-view --json --no-stats "$tmp/qs.lrm" | python3 -c '
+        # the score-profile criterion on the default's plan (placement, least
+        # backward peak T): the quotas that keep the most predicted score
+        # mass among those that route at T, by greedy water-filling on the
+        # marginal scores (exact: a separable concave objective over a
+        # polymatroid); predicted by this step's own LRM scores (oracle) or
+        # by the previous step's profile of each expert (prev)
+        for mode in own prev; do
+            quota_oracle "$tmp/qe.lrm" "$rate" "$mode" "$tmp/qo.lrm"
+            bin/lrmoe-score --fidelity $raw "$tmp/qo.lrm" -o "$tmp/qs.lrm"
+            bin/lrmoe-view --json --no-stats "$tmp/qs.lrm" | python3 -c '
 import json, sys
-a = json.loads(sys.stdin.readline())["attrs"]
-print("\t".join(sys.argv[1:] + [sys.argv[3], a["score.fidelity"]]))
-' "$wl" "$rate" oracle "$(cat "$tmp/qo.peak")" >> "$qt"
+a = json.loads(sys.stdin.readlines()[1])["attrs"]
+print("\t".join(sys.argv[1:] + [a["score.fidelity"]]))
+' "$wl" "$rate" "$mode" "$(cat "$tmp/qo.peak")" >> "$qt"
+        done
     done
 done
 python3 - "$qt" <<'PY'
 import sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
-pol = ["even", "minpeak", "proportional", "oracle"]
+pol = ["even", "minpeak", "proportional", "own", "prev"]
 tab = {(w, r, q): (int(p), float(e)) for w, r, q, p, e in rows}
-print("oracle: the quotas that keep the most LRM score mass of this very step at the "
-      "default's peak (an upper bound on a profile from the previous step)")
+print("step 2 of 2; own, prev: the quotas that keep the most predicted LRM score mass at the "
+      "default's peak, predicted by this step's own scores (an oracle: the planner runs before "
+      "they exist) or by each expert's score profile of the previous step")
 print("%-10s %-5s" % ("workload", "rate") +
       "".join(" %12s %10s" % (q + " peak", "dW err") for q in pol))
 ok_peak = True
-orc = []     # (row, default, proportional, oracle)
+orc = []     # (row, default, proportional, own, prev)
 eq = []      # rows where proportional reaches the default's backward peak
 lower = []   # rows where the default's peak is lower than proportional's
 for w in dict.fromkeys(r[0] for r in rows):
@@ -179,7 +200,7 @@ for w in dict.fromkeys(r[0] for r in rows):
         v = [tab[(w, r, q)] for q in pol]
         print("%-10s %-5s" % (w, r) + "".join(" %12d %10.5f" % x for x in v))
         ok_peak &= v[0][0] <= min(x[0] for x in v[:3])
-        orc.append(("%s@%s" % (w, r), v[0], v[2], v[3]))
+        orc.append(("%s@%s" % (w, r), v[0], v[2], v[3], v[4]))
         row = ("%s@%s" % (w, r), v[0], v[2])
         (eq if v[0][0] == v[2][0] else lower if v[0][0] < v[2][0] else []).append(row)
 worse = lambda rs: [n for n, d, p in rs if d[1] > p[1] * (1 + 1e-9)]
@@ -195,20 +216,20 @@ print("verdict: %s: where the default reaches a lower backward peak than proport
           "" if not wl else ": higher at " + ", ".join(
               "%s (peak %d vs %d, error %.5f vs %.5f)" % (n, d[0], p[0], d[1], p[1])
               for n, d, p in lower if n in wl)))
-# the score-profile criterion (oracle): same peak as the default; its error
-# against proportional's where proportional reaches that peak, and against
-# the default's everywhere
-o_peak = all(o[0] == dd[0] for n, dd, p, o in orc)
-o_eq = [n for n, dd, p, o in orc if p[0] == dd[0] and o[1] > p[1] * (1 + 1e-9)]
-o_def = [n for n, dd, p, o in orc if o[1] > dd[1] * (1 + 1e-9)]
-o_lo = [n for n, dd, p, o in orc if dd[0] < p[0] and o[1] > p[1] * (1 + 1e-9)]
-print("verdict: %s: the oracle score-profile quotas reach the default's backward peak on every "
-      "row, an error <= proportional's where proportional reaches that peak%s, and <= the "
-      "default's on every row%s" % (
-          "PASS" if o_peak and not o_eq and not o_def else "FAIL",
-          "" if not o_eq else " (NOT at " + ", ".join(o_eq) + ")",
-          "" if not o_def else " (NOT at " + ", ".join(o_def) + ")"))
-print("verdict: %s: where the default's peak is lower than proportional's, the oracle's error "
-      "is <= proportional's%s" % ("PASS" if not o_lo else "FAIL",
-                                  "" if not o_lo else " (NOT at " + ", ".join(o_lo) + ")"))
+# the score-profile criterion (own: oracle, prev: the previous step's
+# profile): same peak as the default; its error against proportional's where
+# proportional reaches that peak, against proportional's where the default's
+# peak is lower, and against the default's everywhere
+for k, label in ((3, "own (oracle)"), (4, "prev")):
+    rs = [(x[0], x[1], x[2], x[k]) for x in orc]
+    o_peak = [n for n, dd, p, o in rs if o[0] != dd[0]]
+    o_eq = [n for n, dd, p, o in rs if p[0] == dd[0] and o[1] > p[1] * (1 + 1e-9)]
+    o_lo = [n for n, dd, p, o in rs if dd[0] < p[0] and o[1] > p[1] * (1 + 1e-9)]
+    o_def = [n for n, dd, p, o in rs if o[1] > dd[1] * (1 + 1e-9)]
+    nb = lambda l: "" if not l else " (NOT at " + ", ".join(l) + ")"
+    print("verdict: %s: score-profile quotas, %s: the default's backward peak on every row%s; "
+          "error <= proportional's where proportional reaches that peak%s and where the "
+          "default's peak is lower%s; error <= the default's on every row%s" % (
+              "PASS" if not (o_peak or o_eq or o_lo or o_def) else "FAIL", label,
+              nb(o_peak), nb(o_eq), nb(o_lo), nb(o_def)))
 PY
