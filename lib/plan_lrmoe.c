@@ -1,7 +1,10 @@
 /* LRMoE planner (Algorithm 1): for each candidate retention rate, in
  * decreasing order, choose replicas, quotas and the min-peak integer
- * allocation of forward and retained pairs (GLPK), evaluate the memory and
- * communication model, and keep the first candidate that fits. */
+ * allocation of forward and retained pairs (exact T* and max-flow, lib/
+ * minpeak.c), evaluate the memory and communication model, and keep the
+ * first rate with a candidate that fits. The forward candidates (placements
+ * and their forward allocations) do not depend on the rate: built once per
+ * frame. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -406,9 +409,9 @@ typedef struct {
     lrmoe_plan_t cand;
     double ref_t;        /* the best baseline: the lowest t_total of those */
     int64_t ref_pk;      /* that fit (of all when none fits), its forward peak */
-    double glpk;         /* seconds in GLPK */
+    double glpk;         /* seconds in the min-peak allocations (max-flow;
+                            reported as glpk_seconds) */
     int longer_fits;     /* a plan that fits was kept out: it lengthens */
-    int pruned;          /* candidates skipped by the backward bound */
     const int64_t *kprop; /* policy even below rate 1: the proportional quotas */
     int pre1;            /* rate 1 is the first rate: the forward candidates
                             are offered at it as they are built */
@@ -761,7 +764,10 @@ static int bwd_minpeak(lctx_t *c, const int64_t *K, int64_t lb)
         if (c->o->quota == LRMOE_QUOTA_EVEN) {
             /* the proportional quotas, when they reach the least peak, are
              * the most even of all */
-            quota_proportional(c->load, c->lo, E, c->rho, c->total, lf);
+            if (c->kprop)
+                memcpy(lf, c->kprop, (size_t)E * sizeof *lf);
+            else
+                quota_proportional(c->load, c->lo, E, c->rho, c->total, lf);
             t = plan_minpeak(pl, NULL, lf, 0, E, P, lb + 1, NULL, NULL) == lb;
             if (t) {
                 memcpy(k->quota, lf, (size_t)E * sizeof *lf);
@@ -1083,13 +1089,11 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
         if (lb < 0)
             return -1;
         if (c->strict.have && lb > c->strict.p->bwd_peak) {
-            c->pruned++;
             return 0;
         }
         const double mlb = f->base_min + (double)lb * B;
         if (c->o->cost.hbm > 0 && mlb > c->o->cost.hbm &&
             (c->strict.have || c->longer_fits || (c->why[0] && c->why_mem <= mlb))) {
-            c->pruned++;
             return 0;
         }
         if (ub < 0 || lb < ub)
