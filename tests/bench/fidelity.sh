@@ -162,7 +162,7 @@ import json, sys
 a = json.loads(sys.stdin.readlines()[1])["attrs"]
 print("\t".join(sys.argv[1:] + [a["plan.bwd_peak"], a["score.fidelity"]]))
 ' "$wl" "$rate" "$q" >> "$qt"
-            [ "$q" = even ] && cp "$tmp/qp.lrm" "$tmp/qe.lrm"
+            if [ "$q" = even ]; then cp "$tmp/qp.lrm" "$tmp/qe.lrm"; fi
         done
         # the score-profile criterion on the default's plan (placement, least
         # backward peak T): the quotas that keep the most predicted score
