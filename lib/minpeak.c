@@ -546,6 +546,129 @@ static int64_t flow_max(flow_t *g, int s, int t)
     return tot;
 }
 
+/* Max flow from the current one, at most limit more units. */
+static int64_t flow_max_upto(flow_t *g, int s, int t, int64_t limit)
+{
+    int64_t tot = 0;
+    while (tot < limit && flow_bfs(g, s, t)) {
+        for (int i = 0; i < g->n; i++)
+            g->it[i] = g->head[i];
+        int64_t f;
+        while (tot < limit && (f = flow_dfs(g, s, t, limit - tot)) > 0)
+            tot += f;
+    }
+    return tot;
+}
+
+/* Push d along s -> e -> p -> t (arcs se, ep, pt). */
+static void flow_push3(flow_t *g, int se, int ep, int pt, int64_t d)
+{
+    g->cap[se] -= d; g->cap[se ^ 1] += d;
+    g->cap[ep] -= d; g->cap[ep ^ 1] += d;
+    g->cap[pt] -= d; g->cap[pt ^ 1] += d;
+}
+
+int64_t lrmoe_alloc_flow_quota(const uint8_t *pl, const int64_t *lo, const int64_t *n,
+                               int64_t total, const int64_t *pref, int E, int P, int64_t T,
+                               int64_t *K, int64_t *x)
+{
+    flow_t g;
+    int nel = 0;
+    int64_t slo = 0;
+    for (int e = 0; e < E; e++) {
+        if (lo[e] < 0 || lo[e] > n[e])
+            return lrmoe_err("quota allocation: lower quota of expert %d outside [0,n]", e);
+        slo += lo[e];
+    }
+    for (size_t i = 0; i < (size_t)E * P; i++)
+        nel += pl[i] != 0;
+    if (flow_init(&g, E + P + 2, E + P + nel) < 0)
+        return -1;
+    const int s = 0, t = E + P + 1;
+    int *eid = malloc((size_t)E * P * sizeof(int)), *sid = malloc((size_t)E * sizeof(int));
+    int64_t rc = -1;
+    if (!eid || !sid) {
+        lrmoe_err("quota allocation: out of memory");
+        goto out;
+    }
+    for (int e = 0; e < E; e++)
+        sid[e] = n[e] > 0 ? flow_edge(&g, s, 1 + e, lo[e]) : -1;
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < P; p++) {
+            size_t i = (size_t)e * P + p;
+            eid[i] = pl[i] && n[e] > 0 ? flow_edge(&g, 1 + e, 1 + E + p, n[e]) : -1;
+        }
+    const int pt0 = g.m;
+    for (int p = 0; p < P; p++)
+        flow_edge(&g, 1 + E + p, t, T);
+    /* the floors first, greedily where pref lies, then by max-flow; then
+     * the rest up to total (augmenting paths never lower a source arc's
+     * flow, so the floors hold): a share of each expert's pref room in
+     * proportion, what pref still has room for, and max-flow */
+    int64_t f = 0, room = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        if (pass == 2) {
+            for (int e = 0; e < E; e++)
+                if (sid[e] >= 0)
+                    g.cap[sid[e]] += n[e] - lo[e];
+            room = 0;
+            for (size_t i = 0; pref && i < (size_t)E * P; i++)
+                if (eid[i] >= 0 && pref[i] > g.cap[eid[i] ^ 1])
+                    room += pref[i] - g.cap[eid[i] ^ 1];
+        }
+        const int64_t want = pass < 2 ? slo : total;
+        const double share = pass == 2 && room > 0 ? (double)(total - f) / (double)room : 1;
+        for (int e = 0; pref && e < E && f < want; e++) {
+            if (sid[e] < 0)
+                continue;
+            for (int p = 0; p < P && f < want && g.cap[sid[e]] > 0; p++) {
+                const size_t i = (size_t)e * P + p;
+                if (eid[i] < 0 || pref[i] <= g.cap[eid[i] ^ 1])
+                    continue;
+                int64_t d = pref[i] - g.cap[eid[i] ^ 1];
+                if (share < 1)
+                    d = (int64_t)((double)d * share);
+                if (d > g.cap[sid[e]])
+                    d = g.cap[sid[e]];
+                if (d > g.cap[pt0 + 2 * p])
+                    d = g.cap[pt0 + 2 * p];
+                if (d > want - f)
+                    d = want - f;
+                if (d > 0) {
+                    flow_push3(&g, sid[e], eid[i], pt0 + 2 * p, d);
+                    f += d;
+                }
+            }
+        }
+        if (pass == 1 || pass == 3)
+            f += flow_max_upto(&g, s, t, want - f);
+        if (pass == 1 && f != slo) {
+            lrmoe_err("quota allocation: the floors do not route at peak %lld", (long long)T);
+            goto out;
+        }
+    }
+    if (f != total) {
+        lrmoe_err("quota allocation: %lld of %lld retained pairs route at peak %lld",
+                  (long long)f, (long long)total, (long long)T);
+        goto out;
+    }
+    memset(K, 0, (size_t)E * sizeof *K);
+    int64_t peak = 0;
+    for (size_t i = 0; i < (size_t)E * P; i++) {
+        x[i] = eid[i] >= 0 ? g.cap[eid[i] ^ 1] : 0;
+        K[i / P] += x[i];
+    }
+    for (int p = 0; p < P; p++)
+        if (g.cap[pt0 + 2 * p + 1] > peak)
+            peak = g.cap[pt0 + 2 * p + 1];
+    rc = peak;
+out:
+    free(eid);
+    free(sid);
+    flow_free(&g);
+    return rc;
+}
+
 /* Bipartite network: source 0, experts 1..E, ranks E+1..E+P, sink E+P+1.
  * Returns the max flow with source caps srccap[e] and rank caps T; fills x
  * when non-NULL. */
@@ -578,9 +701,30 @@ static int64_t bip_flow(const uint8_t *pl, const int64_t *srccap, int E, int P, 
                     eid[i] = id;
             }
         }
+    const int pt0 = g.m;
     for (int p = 0; p < P; p++)
         flow_edge(&g, 1 + E + p, t, T);
-    int64_t f = flow_max(&g, s, t);
+    /* greedy start: each expert fills its ranks in order; Dinic the rest */
+    int64_t f = 0;
+    for (int e = 0, se = 0; e < E; e++) {
+        if (srccap[e] <= 0)
+            continue;
+        int64_t rem = srccap[e];
+        for (int a = g.head[1 + e]; rem > 0 && a >= 0; a = g.nxt[a]) {
+            const int v = g.to[a];
+            if ((a & 1) || v <= E || v > E + P)
+                continue; /* the reverse of the source arc */
+            const int pt = pt0 + 2 * (v - 1 - E);
+            int64_t d = rem < g.cap[pt] ? rem : g.cap[pt];
+            if (d > 0 && g.cap[a] >= d) {
+                flow_push3(&g, se, a, pt, d);
+                rem -= d;
+                f += d;
+            }
+        }
+        se += 2;
+    }
+    f += flow_max(&g, s, t);
     if (x) {
         for (size_t i = 0; i < (size_t)E * P; i++)
             x[i] = eid[i] >= 0 ? g.cap[eid[i] ^ 1] : 0;
@@ -588,6 +732,121 @@ static int64_t bip_flow(const uint8_t *pl, const int64_t *srccap, int E, int P, 
     }
     flow_free(&g);
     return f;
+}
+
+/* An incremental routing network (see minpeak.h): the bipartite network
+ * at sink caps T with the committed needs routed; a try raises the source
+ * caps, routes greedily along each expert's arcs and then by max-flow, and
+ * keeps the result only when everything routes (else the snapshot of the
+ * capacities comes back). */
+struct lrmoe_route_net {
+    flow_t g;
+    int E, P, pt0;
+    int *sid, *eoff, *earc, *erank;
+    int64_t *need, *save, flow, want;
+};
+
+void lrmoe_route_net_free(lrmoe_route_net_t *r)
+{
+    if (!r)
+        return;
+    flow_free(&r->g);
+    free(r->sid);
+    free(r->eoff);
+    free(r->earc);
+    free(r->erank);
+    free(r->need);
+    free(r->save);
+    free(r);
+}
+
+lrmoe_route_net_t *lrmoe_route_net_new(const uint8_t *pl, int E, int P, int64_t T)
+{
+    lrmoe_route_net_t *r = calloc(1, sizeof *r);
+    int nel = 0;
+    for (size_t i = 0; i < (size_t)E * P; i++)
+        nel += pl[i] != 0;
+    if (!r || flow_init(&r->g, E + P + 2, E + P + nel) < 0) {
+        free(r);
+        lrmoe_err("routing network: out of memory");
+        return NULL;
+    }
+    r->E = E;
+    r->P = P;
+    r->sid = malloc((size_t)E * sizeof(int));
+    r->eoff = malloc(((size_t)E + 1) * sizeof(int));
+    r->earc = malloc(((size_t)nel + 1) * sizeof(int));
+    r->erank = malloc(((size_t)nel + 1) * sizeof(int));
+    r->need = calloc((size_t)E, sizeof *r->need);
+    r->save = malloc((size_t)r->g.cap_e * sizeof *r->save);
+    if (!r->sid || !r->eoff || !r->earc || !r->erank || !r->need || !r->save) {
+        lrmoe_route_net_free(r);
+        lrmoe_err("routing network: out of memory");
+        return NULL;
+    }
+    const int s = 0, t = E + P + 1;
+    for (int e = 0; e < E; e++)
+        r->sid[e] = flow_edge(&r->g, s, 1 + e, 0);
+    int k = 0;
+    for (int e = 0; e < E; e++) {
+        r->eoff[e] = k;
+        for (int p = 0; p < P; p++)
+            if (pl[(size_t)e * P + p]) {
+                r->earc[k] = flow_edge(&r->g, 1 + e, 1 + E + p, INT64_MAX / 4);
+                r->erank[k++] = p;
+            }
+    }
+    r->eoff[E] = k;
+    r->pt0 = r->g.m;
+    for (int p = 0; p < P; p++)
+        flow_edge(&r->g, 1 + E + p, t, T);
+    return r;
+}
+
+int lrmoe_route_net_try(lrmoe_route_net_t *r, const int64_t *need)
+{
+    flow_t *g = &r->g;
+    const int E = r->E, P = r->P;
+    int64_t add = 0;
+    for (int e = 0; e < E; e++) {
+        if (need[e] < r->need[e])
+            return lrmoe_err("routing network: need of expert %d went down", e);
+        add += need[e] - r->need[e];
+    }
+    memcpy(r->save, g->cap, (size_t)g->m * sizeof *g->cap);
+    int64_t f = 0;
+    for (int e = 0; e < E; e++) {
+        int64_t d = need[e] - r->need[e];
+        g->cap[r->sid[e]] += d;
+        for (int j = r->eoff[e]; d > 0 && j < r->eoff[e + 1]; j++) {
+            const int pt = r->pt0 + 2 * r->erank[j];
+            const int64_t x = d < g->cap[pt] ? d : g->cap[pt];
+            if (x > 0) {
+                flow_push3(g, r->sid[e], r->earc[j], pt, x);
+                d -= x;
+                f += x;
+            }
+        }
+    }
+    if (f < add)
+        f += flow_max_upto(g, 0, E + P + 1, add - f);
+    if (f < add) {
+        memcpy(g->cap, r->save, (size_t)g->m * sizeof *g->cap);
+        return 0;
+    }
+    memcpy(r->need, need, (size_t)E * sizeof *need);
+    return 1;
+}
+
+int lrmoe_flow_routes(const uint8_t *pl, const int64_t *need, int E, int P, int64_t T)
+{
+    int64_t sum = 0;
+    for (int e = 0; e < E; e++)
+        sum += need[e];
+    if (sum > T * P)
+        return 0;
+    int64_t f = bip_flow(pl, need, E, P, T, NULL);
+    return f < 0 ? -1 : f == sum;
 }
 
 int64_t lrmoe_minpeak_lb_flow(const uint8_t *pl, const int64_t *need, int E, int P)
@@ -637,9 +896,16 @@ int64_t lrmoe_minpeak_quota_lb_flow(const uint8_t *pl, const int64_t *lo_e, cons
 
 int64_t lrmoe_alloc_flow(const uint8_t *pl, const int64_t *need, int E, int P, int64_t *x)
 {
-    int64_t T = lrmoe_minpeak_lb(pl, need, E, P), sum = 0;
+    int64_t T = lrmoe_minpeak_lb(pl, need, E, P);
     if (T < 0)
         return -1;
+    return lrmoe_alloc_flow_at(pl, need, E, P, T, x);
+}
+
+int64_t lrmoe_alloc_flow_at(const uint8_t *pl, const int64_t *need, int E, int P, int64_t T,
+                            int64_t *x)
+{
+    int64_t sum = 0;
     for (int e = 0; e < E; e++)
         sum += need[e];
     int64_t f = bip_flow(pl, need, E, P, T, x);

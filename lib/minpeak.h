@@ -38,6 +38,18 @@ int64_t lrmoe_alloc_glpk_quota(const uint8_t *placement, const int64_t *lo,
  * Returns the peak or -1. */
 int64_t lrmoe_alloc_flow(const uint8_t *placement, const int64_t *need, int E, int P,
                          int64_t *x);
+/* Free quotas lo[e] <= K_e <= n[e], sum K_e = total, allocated with every
+ * rank <= T (e.g. plan_minpeak's optimum) by max-flow; retained pairs go
+ * first where pref[E,P] (may be NULL; e.g. fwd_alloc) has room, the rest
+ * in proportion to that room. Fills K and x; returns the peak (<= T), or
+ * -1 when T is below the optimum. */
+int64_t lrmoe_alloc_flow_quota(const uint8_t *placement, const int64_t *lo, const int64_t *n,
+                               int64_t total, const int64_t *pref, int E, int P, int64_t T,
+                               int64_t *K, int64_t *x);
+/* The same at a known optimum T (e.g. from plan_minpeak): max-flow only.
+ * Returns T, or -1 when not every pair routes at T. */
+int64_t lrmoe_alloc_flow_at(const uint8_t *placement, const int64_t *need, int E, int P,
+                            int64_t T, int64_t *x);
 
 /* Exact min-peak optimum T* with the fast paths (lib/minpeak.c): fixed needs
  * n[e] (lo == NULL, total ignored) or free quotas lo[e] <= K_e <= n[e] with
@@ -52,6 +64,18 @@ int64_t lrmoe_alloc_flow(const uint8_t *placement, const int64_t *need, int E, i
  * be NULL): 1 fast path, 2 closed form, 3 max-flow search. Returns T* or -1. */
 int64_t plan_minpeak(const uint8_t *pl, const int64_t *lo, const int64_t *n, int64_t total,
                      int E, int P, int64_t ub, uint8_t *witness, int *how);
+/* 1 when every need[e] routes to its eligible ranks with each rank <= T
+ * (one max-flow), 0 when not, -1 on error. */
+int lrmoe_flow_routes(const uint8_t *placement, const int64_t *need, int E, int P, int64_t T);
+/* An incremental routing check at a fixed peak T (e.g. the floors of a
+ * bisection, which only rise): new builds the network of the placement with
+ * nothing routed; try(need) returns 1 and keeps the routing when every
+ * need[e] (each >= the last kept one) routes with each rank <= T, 0 (the
+ * last kept routing stays) when not, -1 on error. */
+typedef struct lrmoe_route_net lrmoe_route_net_t;
+lrmoe_route_net_t *lrmoe_route_net_new(const uint8_t *placement, int E, int P, int64_t T);
+int lrmoe_route_net_try(lrmoe_route_net_t *r, const int64_t *need);
+void lrmoe_route_net_free(lrmoe_route_net_t *r);
 /* The reference full search: bisection over [0, N] with one max-flow per
  * probe (any P). Used by the tests against the above. */
 int64_t lrmoe_minpeak_lb_flow(const uint8_t *placement, const int64_t *need, int E, int P);

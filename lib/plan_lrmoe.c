@@ -1,7 +1,10 @@
 /* LRMoE planner (Algorithm 1): for each candidate retention rate, in
  * decreasing order, choose replicas, quotas and the min-peak integer
- * allocation of forward and retained pairs (GLPK), evaluate the memory and
- * communication model, and keep the first candidate that fits. */
+ * allocation of forward and retained pairs (exact T* and max-flow, lib/
+ * minpeak.c), evaluate the memory and communication model, and keep the
+ * first rate with a candidate that fits. The forward candidates (placements
+ * and their forward allocations) do not depend on the rate: built once per
+ * frame. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,129 +115,126 @@ static void jeval(const gctx_t *c, int e, int q, int64_t fref, int64_t bref, jv_
 }
 
 /* Above GREEDY_MAX_P ranks the exact greedy (2^P subsets per evaluation)
- * is too slow; the search works on the exact optimum T* instead (lib/
- * minpeak.c, max-flow): at each step the bottleneck is a witness rank subset
- * S whose bound ceil(N(S)/|S|) equals T*; an expert whose instances all lie
- * in S holds S up, so the candidates are the C heaviest such experts (load
- * per instance), each tried on the two least-loaded ranks outside S with a
- * free slot (loads of a min-peak allocation). The move with the lowest new
- * T* is taken; moves that keep T* (plateaus: S has several blockers) are
- * allowed STALL times in a row. Additions past the last improvement are
- * rolled back. Returns the additions kept (history in he, hp), or -1. */
+ * is too slow; the search is a spill at a capacity T found by bisection.
+ * spill_at: experts by load, largest first; the native rank keeps what fits
+ * under T counting the loads of its experts not yet visited (LLEP's
+ * effective load), the excess goes in chunks to the ranks with the most
+ * room under T that have a free slot and no instance of the expert, each
+ * chunk a replica. Returns 1 when every pair fits (pl: natives plus the
+ * replicas, he/hp their order, *nadd their count), 0 when the slots or the
+ * room run out. The allocation it builds keeps every rank <= T, so the
+ * placement's optimum T* (max-flow, computed by the caller) is <= T. */
 #define GREEDY_MAX_P 10
-#define SEARCH_C 4
-#define SEARCH_STALL 4
+static int spill_at(const int64_t *n, const int *ord, int E, int P, int extra, int64_t T,
+                    int64_t *as, int64_t *pend, int *used, uint8_t *pl, int *he, int *hp,
+                    int *nadd)
+{
+    const int per = E / P;
+    memset(as, 0, (size_t)P * sizeof *as);
+    memset(pend, 0, (size_t)P * sizeof *pend);
+    memset(used, 0, (size_t)P * sizeof *used);
+    memset(pl, 0, (size_t)E * P);
+    for (int e = 0; e < E; e++) {
+        pend[e / per] += n[e];
+        pl[(size_t)e * P + e / per] = 1;
+    }
+    int k = 0;
+    for (int i = 0; i < E; i++) {
+        const int e = ord[i], r = e / per;
+        pend[r] -= n[e];
+        int64_t keep = T - as[r] - pend[r];
+        keep = keep < 0 ? 0 : keep > n[e] ? n[e] : keep;
+        as[r] += keep;
+        int64_t rem = n[e] - keep;
+        while (rem > 0) {
+            int q = -1;
+            int64_t room = 0;
+            for (int p = 0; p < P; p++) {
+                const int64_t w = T - as[p] - pend[p];
+                if (used[p] < extra && !pl[(size_t)e * P + p] && w > room) {
+                    room = w;
+                    q = p;
+                }
+            }
+            if (q < 0)
+                return 0;
+            const int64_t d = rem < room ? rem : room;
+            as[q] += d;
+            used[q]++;
+            pl[(size_t)e * P + q] = 1;
+            he[k] = e;
+            hp[k] = q;
+            k++;
+            rem -= d;
+        }
+    }
+    *nadd = k;
+    return 1;
+}
+
+typedef struct {
+    int64_t n;
+    int e;
+} eload_t;
+
+static int by_load_desc(const void *a, const void *b)
+{
+    const eload_t *x = a, *y = b;
+    return x->n != y->n ? (x->n < y->n ? 1 : -1) : (x->e > y->e) - (x->e < y->e);
+}
+
+/* The least T in [ceil(N/P), the natives' peak] at which spill_at fits
+ * (bisection), and its placement. Returns the replicas added, or -1. */
 static int place_replicas_search(const int64_t *n, int E, int P, int extra, uint8_t *pl,
                                  int *he, int *hp)
 {
-    const int maxadd = extra * P;
-    int *inst = calloc((size_t)E, sizeof(int)), *reps = calloc((size_t)P, sizeof(int));
-    int64_t *x = malloc((size_t)E * P * sizeof *x), *est = calloc((size_t)P, sizeof *est);
-    uint8_t *wit = malloc((size_t)P);
+    const int per = E / P;
+    int *ord = malloc((size_t)E * sizeof *ord), *used = malloc((size_t)P * sizeof *used);
+    int64_t *as = malloc((size_t)P * sizeof *as), *pend = malloc((size_t)P * sizeof *pend);
     int rc = -1;
-    if (!inst || !reps || !x || !est || !wit) {
+    if (!ord || !used || !as || !pend) {
+        lrmoe_err("replica search: out of memory");
+        goto out;
+    }
+    int64_t N = 0, hi = 0;
+    memset(as, 0, (size_t)P * sizeof *as);
+    for (int e = 0; e < E; e++) {
+        ord[e] = e;
+        N += n[e];
+        as[e / per] += n[e];
+    }
+    for (int p = 0; p < P; p++)
+        hi = as[p] > hi ? as[p] : hi;
+    int64_t lo = (N + P - 1) / P;
+    eload_t *el = malloc((size_t)E * sizeof *el);
+    if (!el) {
         lrmoe_err("replica search: out of memory");
         goto out;
     }
     for (int e = 0; e < E; e++)
-        for (int p = 0; p < P; p++)
-            inst[e] += pl[(size_t)e * P + p] != 0;
-    int64_t T = plan_minpeak(pl, NULL, n, 0, E, P, -1, wit, NULL);
-    if (T < 0)
-        goto out;
-    int64_t bestT = T;
-    int added = 0, best = 0, stall = 0;
-    while (added < maxadd) {
-        int ins = 0;
-        for (int p = 0; p < P; p++)
-            ins += wit[p] != 0;
-        if (ins == P)
-            break; /* the whole rank set binds: ceil(N/P), nothing helps */
-        if (lrmoe_alloc_flow(pl, n, E, P, x) < 0)
-            goto out;
-        memset(est, 0, (size_t)P * sizeof *est);
-        for (size_t i = 0; i < (size_t)E * P; i++)
-            est[i % P] += x[i];
-        int cand[SEARCH_C], nc = 0;
-        for (int k = 0; k < SEARCH_C; k++) {
-            int bst = -1;
-            for (int e = 0; e < E; e++) {
-                if (n[e] <= 0 || inst[e] >= P)
-                    continue;
-                int in = 1, taken = 0;
-                for (int p = 0; p < P && in; p++)
-                    in = !pl[(size_t)e * P + p] || wit[p];
-                for (int j = 0; j < nc; j++)
-                    taken |= cand[j] == e;
-                if (!in || taken)
-                    continue;
-                if (bst < 0 || (double)n[e] / inst[e] > (double)n[bst] / inst[bst])
-                    bst = e;
-            }
-            if (bst < 0)
-                break;
-            cand[nc++] = bst;
-        }
-        int be = -1, bp = -1;
-        int64_t bt = INT64_MAX;
-        for (int k = 0; k < nc; k++) {
-            const int e = cand[k];
-            int q1 = -1, q2 = -1;
-            for (int q = 0; q < P; q++) {
-                if (wit[q] || reps[q] >= extra || pl[(size_t)e * P + q])
-                    continue;
-                if (q1 < 0 || est[q] < est[q1]) {
-                    q2 = q1;
-                    q1 = q;
-                } else if (q2 < 0 || est[q] < est[q2]) {
-                    q2 = q;
-                }
-            }
-            const int qs[2] = {q1, q2};
-            for (int j = 0; j < 2; j++) {
-                const int q = qs[j];
-                if (q < 0)
-                    continue;
-                pl[(size_t)e * P + q] = 1;
-                int64_t t = plan_minpeak(pl, NULL, n, 0, E, P, T, NULL, NULL);
-                pl[(size_t)e * P + q] = 0;
-                if (t < 0)
-                    goto out;
-                if (t < bt) {
-                    bt = t;
-                    be = e;
-                    bp = q;
-                }
-            }
-        }
-        if (be < 0 || bt > T)
-            break;
-        stall = bt < T ? 0 : stall + 1;
-        if (stall > SEARCH_STALL)
-            break;
-        pl[(size_t)be * P + bp] = 1;
-        inst[be]++;
-        reps[bp]++;
-        he[added] = be;
-        hp[added] = bp;
-        added++;
-        T = plan_minpeak(pl, NULL, n, 0, E, P, -1, wit, NULL);
-        if (T < 0)
-            goto out;
-        if (T < bestT) {
-            bestT = T;
-            best = added;
-        }
+        el[e] = (eload_t){n[e], e};
+    qsort(el, (size_t)E, sizeof *el, by_load_desc); /* a total order: ties by index */
+    for (int e = 0; e < E; e++)
+        ord[e] = el[e].e;
+    free(el);
+    int nadd = 0;
+    while (lo < hi) {
+        const int64_t T = lo + (hi - lo) / 2;
+        if (spill_at(n, ord, E, P, extra, T, as, pend, used, pl, he, hp, &nadd))
+            hi = T;
+        else
+            lo = T + 1;
     }
-    for (int i = added - 1; i >= best; i--)
-        pl[(size_t)he[i] * P + hp[i]] = 0;
-    rc = best;
+    if (!spill_at(n, ord, E, P, extra, hi, as, pend, used, pl, he, hp, &nadd)) {
+        lrmoe_err("replica search: no spill at the natives' peak (internal error)");
+        goto out;
+    }
+    rc = nadd;
 out:
-    free(inst);
-    free(reps);
-    free(x);
-    free(est);
-    free(wit);
+    free(ord);
+    free(used);
+    free(as);
+    free(pend);
     return rc;
 }
 
@@ -386,6 +386,14 @@ static void quota_proportional(const int64_t *n, const int64_t *lo, int E, doubl
 
 /* ------------------------------------------------------------ candidates */
 
+/* A best-so-far: the plan, whether it holds a candidate that fits at this
+ * rate, and its class (2: no worse than the best baseline in t_total and
+ * forward peak, 1: in t_total only). */
+typedef struct {
+    lrmoe_plan_t *p;
+    int have, cls;
+} slot_t;
+
 /* The planner's state over one call: the options, the loads, the best
  * candidate so far (in *best) and what it must beat. */
 typedef struct {
@@ -394,14 +402,19 @@ typedef struct {
     int E, P, per;
     int64_t N, total;
     double rho;          /* the rate being tried */
-    lrmoe_plan_t *best, cand, ref1;
-    int have;            /* best holds a candidate that fits at this rate */
-    int best_class;      /* 2: no worse than the best baseline in t_total and
-                            forward peak, 1: in t_total only */
+    slot_t strict;       /* the best candidate that fits and does not
+                            lengthen the modelled backward */
+    slot_t any;          /* the best that fits, longer or not (used only
+                            with --longer-backward, below rate 1) */
+    lrmoe_plan_t cand;
     double ref_t;        /* the best baseline: the lowest t_total of those */
     int64_t ref_pk;      /* that fit (of all when none fits), its forward peak */
-    double glpk;         /* seconds in GLPK */
+    double glpk;         /* seconds in the min-peak allocations (max-flow;
+                            reported as glpk_seconds) */
     int longer_fits;     /* a plan that fits was kept out: it lengthens */
+    const int64_t *kprop; /* policy even below rate 1: the proportional quotas */
+    int pre1;            /* rate 1 is the first rate: the forward candidates
+                            are offered at it as they are built */
     int allow_longer;    /* offer plans whose backward is longer than keeping
                             every pair (source marked "+longer") */
     char why[400];       /* what the best non-fitting candidate hit */
@@ -455,14 +468,61 @@ static double max_drop(const lctx_t *c, const lrmoe_plan_t *k)
     return m;
 }
 
-/* Offer the evaluated candidate c->cand (summary and cost filled). The order:
- * fits the budgets; at rate 1, class (2 when neither its t_total nor its
- * forward peak is worse than the best baseline's, 1 when its t_total is
- * not), then t_total, forward peak, backward peak; below rate 1 (where no
- * baseline fits, or its plan would have won at rate 1) the least backward
- * peak, then (policy even) the least largest drop fraction, then t_total,
- * forward peak. */
-static void offer(lctx_t *c, const char *src)
+/* Whether the evaluated candidate c->cand beats the best of slot b. The
+ * order: at rate 1, class (2 when neither its t_total nor its forward peak
+ * is worse than the best baseline's, 1 when its t_total is not), then
+ * t_total, forward peak, backward peak; below rate 1 (where no baseline
+ * fits, or its plan would have won at rate 1) the least backward peak, then
+ * (policy even) the least largest drop fraction, then t_total, forward
+ * peak. */
+static int beats(const lctx_t *c, const slot_t *sl, int cls)
+{
+    const lrmoe_plan_t *k = &c->cand, *b = sl->p;
+    if (!sl->have)
+        return 1;
+    if (c->total < c->N) {
+        const double dk = max_drop(c, k), db = max_drop(c, b);
+        if (k->bwd_peak != b->bwd_peak)
+            return k->bwd_peak < b->bwd_peak;
+        if (c->o->quota == LRMOE_QUOTA_EVEN && c->kprop) {
+            /* the proportional quotas, where they reach this peak: the same
+             * pairs as policy proportional keeps, so no larger error */
+            const size_t qb = (size_t)c->E * sizeof *c->kprop;
+            const int pk = !memcmp(k->quota, c->kprop, qb), pb = !memcmp(b->quota, c->kprop, qb);
+            if (pk != pb)
+                return pk;
+        }
+        if (c->o->quota == LRMOE_QUOTA_EVEN && dk != db)
+            return dk < db; /* fidelity: the most even retention */
+        if (k->t_total != b->t_total)
+            return k->t_total < b->t_total;
+        return k->fwd_peak < b->fwd_peak;
+    }
+    if (cls != sl->cls)
+        return cls > sl->cls;
+    if (k->t_total != b->t_total)
+        return k->t_total < b->t_total;
+    if (k->fwd_peak != b->fwd_peak)
+        return k->fwd_peak < b->fwd_peak;
+    return k->bwd_peak < b->bwd_peak;
+}
+
+static void take(const lctx_t *c, slot_t *sl, int cls, const char *src)
+{
+    plan_copy(sl->p, &c->cand);
+    snprintf(sl->p->source, sizeof sl->p->source, "%s", src);
+    snprintf(sl->p->planner, sizeof sl->p->planner, "lrmoe");
+    sl->have = 1;
+    sl->cls = cls;
+}
+
+/* Offer the evaluated candidate c->cand (summary and cost filled) named
+ * src; longer: its modelled backward is longer than the same plan keeping
+ * every pair. A candidate that does not fit only explains the rate (the
+ * closest miss by memory); one that fits goes to the strict slot unless it
+ * is longer, and (with --longer-backward, below rate 1) to the any slot,
+ * its name ending in "+longer" when it is. */
+static void submit(lctx_t *c, const char *src, int longer)
 {
     lrmoe_plan_t *k = &c->cand;
     char why[400];
@@ -479,58 +539,14 @@ static void offer(lctx_t *c, const char *src)
     }
     const int tok = k->t_total <= c->ref_t * (1 + 1e-12);
     const int cls = tok ? 1 + (k->fwd_peak <= c->ref_pk) : 0;
-    if (c->have && c->total < c->N) {
-        /* dropping (no baseline fits at rate 1): the policy's objective, the
-         * least backward peak, then t_total and the forward peak */
-        const lrmoe_plan_t *b = c->best;
-        const double dk = max_drop(c, k), db = max_drop(c, b);
-        if (k->bwd_peak != b->bwd_peak) {
-            if (k->bwd_peak > b->bwd_peak)
-                return;
-        } else if (c->o->quota == LRMOE_QUOTA_EVEN && dk != db) {
-            if (dk > db) /* fidelity: the most even retention */
-                return;
-        } else if (k->t_total != b->t_total) {
-            if (k->t_total > b->t_total)
-                return;
-        } else if (k->fwd_peak >= b->fwd_peak) {
-            return;
-        }
-    } else if (c->have) {
-        const lrmoe_plan_t *b = c->best;
-        if (cls != c->best_class) {
-            if (cls < c->best_class)
-                return;
-        } else if (k->t_total != b->t_total) {
-            if (k->t_total > b->t_total)
-                return;
-        } else if (k->fwd_peak != b->fwd_peak) {
-            if (k->fwd_peak > b->fwd_peak)
-                return;
-        } else if (k->bwd_peak >= b->bwd_peak) {
-            return;
-        }
-    }
-    plan_copy(c->best, k);
-    snprintf(c->best->source, sizeof c->best->source, "%s", src);
-    snprintf(c->best->planner, sizeof c->best->planner, "lrmoe");
-    c->have = 1;
-    c->best_class = cls;
-}
-
-/* A candidate that would lengthen the backward: kept out, but what it hit
- * (or that it fit) still explains the rate. */
-static void reject_longer(lctx_t *c)
-{
-    char why[400];
-    lrmoe_plan_t *k = &c->cand;
-    if (!plan_fits(c->o, k, why, sizeof why)) {
-        if (!c->why[0] || k->mem_peak < c->why_mem) {
-            snprintf(c->why, sizeof c->why, "%s", why);
-            c->why_mem = k->mem_peak;
-        }
-    } else {
+    if (longer)
         c->longer_fits = 1;
+    else if (beats(c, &c->strict, cls))
+        take(c, &c->strict, cls, src);
+    if (c->allow_longer && c->total < c->N && beats(c, &c->any, cls)) {
+        char name[48];
+        snprintf(name, sizeof name, "%.40s%s", src, longer ? "+longer" : "");
+        take(c, &c->any, cls, name);
     }
 }
 
@@ -671,6 +687,9 @@ out:
     return rc;
 }
 
+/* Bisection steps of the even floors: the drop fraction to 2^-12. */
+#define EVEN_STEPS 12
+
 /* Fidelity-aware floors (policy even): the least drop fraction f such that
  * floors max(lo_e, ceil((1-f) n_e)) still reach the least backward peak T
  * of the free quotas; written to lf. Returns 0 or -1. */
@@ -678,8 +697,17 @@ static int even_floors(lctx_t *c, const uint8_t *pl, int64_t T, int64_t *lf)
 {
     const int E = c->E;
     double fl = 0, fh = 1;
-    memcpy(lf, c->lo, (size_t)E * sizeof *lf);
-    for (int it = 0; it < 18; it++) {
+    /* the floors only rise from the last that routed (f below fh) */
+    lrmoe_route_net_t *net = lrmoe_route_net_new(pl, E, c->P, T);
+    if (!net)
+        return -1;
+    int r0 = lrmoe_route_net_try(net, c->lo);
+    if (r0 != 1) {
+        lrmoe_route_net_free(net);
+        return r0 < 0 ? -1 : lrmoe_err("lrmoe: the floors do not route at the least "
+                                       "backward peak (internal error)");
+    }
+    for (int it = 0; it < EVEN_STEPS; it++) {
         const double f = 0.5 * (fl + fh);
         int64_t sum = 0;
         for (int e = 0; e < E; e++) {
@@ -691,19 +719,20 @@ static int even_floors(lctx_t *c, const uint8_t *pl, int64_t T, int64_t *lf)
             lf[e] = v;
             sum += v;
         }
+        /* the free-quota peak with floors lf is <= T iff the floors route
+         * at T: the other family of bounds (the total must route) holds at
+         * T, the least peak with the floors lo <= lf */
         int ok = sum <= c->total;
-        if (ok) {
-            /* ub T+1: the search stops above T, so t <= T is exact */
-            int64_t t = plan_minpeak(pl, lf, c->load, c->total, E, c->P, T + 1, NULL, NULL);
-            if (t < 0)
-                return -1;
-            ok = t <= T;
+        if (ok && (ok = lrmoe_route_net_try(net, lf)) < 0) {
+            lrmoe_route_net_free(net);
+            return -1;
         }
         if (ok)
             fh = f;
         else
             fl = f;
     }
+    lrmoe_route_net_free(net);
     for (int e = 0; e < E; e++) {
         int64_t v = (int64_t)ceil((1 - fh) * (double)c->load[e] - 1e-9);
         lf[e] = v < c->lo[e] ? c->lo[e] : v > c->load[e] ? c->load[e] : v;
@@ -711,75 +740,63 @@ static int even_floors(lctx_t *c, const uint8_t *pl, int64_t T, int64_t *lf)
     return 0;
 }
 
-/* Backward at the least peak for the policy (GLPK; exactness checked
- * against T*): free quotas (minpeak: floors lo; even: the fidelity-aware
- * floors), or the proportional quotas K. Fills cand's quota, bwd_alloc and
- * bwd_lb. Returns 0 or -1. */
-static int bwd_minpeak(lctx_t *c, const int64_t *K)
+/* Backward at the least peak for the policy: free quotas (minpeak: floors
+ * lo; even: the proportional quotas when they reach the least peak, else
+ * the fidelity-aware floors), or the proportional quotas K. The optimum T*
+ * by plan_minpeak, the allocation at it by max-flow (retained pairs first
+ * where forward ran). Fills cand's quota, bwd_alloc and bwd_lb. Returns 0
+ * or -1. */
+static int bwd_minpeak(lctx_t *c, const int64_t *K, int64_t lb)
 {
     lrmoe_plan_t *k = &c->cand;
     const int E = c->E, P = c->P;
     const uint8_t *pl = k->placement;
     double t0 = lrmoe_now();
-    int64_t bpk, lb;
+    int64_t bpk;
+    int64_t *lf = NULL;
     if (K) {
         memcpy(k->quota, K, (size_t)E * sizeof *K);
-        bpk = lrmoe_alloc_glpk(pl, K, E, P, c->o->glpk_tm_lim, k->bwd_alloc);
-        lb = bpk < 0 ? -1 : plan_minpeak(pl, NULL, K, 0, E, P, bpk, NULL, NULL);
+        bpk = lrmoe_alloc_flow_at(pl, K, E, P, lb, k->bwd_alloc);
     } else {
-        lb = plan_minpeak(pl, c->lo, c->load, c->total, E, P, -1, NULL, NULL);
-        if (lb < 0)
-            return -1;
-        int64_t *lf = malloc((size_t)E * sizeof *lf);
-        if (!lf)
+        if (!(lf = malloc((size_t)E * sizeof *lf)))
             return lrmoe_err("lrmoe: out of memory");
+        int t = -1;
         if (c->o->quota == LRMOE_QUOTA_EVEN) {
             /* the proportional quotas, when they reach the least peak, are
              * the most even of all */
-            quota_proportional(c->load, c->lo, E, c->rho, c->total, lf);
-            int64_t t = plan_minpeak(pl, NULL, lf, 0, E, P, lb + 1, NULL, NULL);
-            if (t < 0) {
+            if (c->kprop)
+                memcpy(lf, c->kprop, (size_t)E * sizeof *lf);
+            else
+                quota_proportional(c->load, c->lo, E, c->rho, c->total, lf);
+            t = plan_minpeak(pl, NULL, lf, 0, E, P, lb + 1, NULL, NULL) == lb;
+            if (t) {
+                memcpy(k->quota, lf, (size_t)E * sizeof *lf);
+                bpk = lrmoe_alloc_flow_at(pl, k->quota, E, P, lb, k->bwd_alloc);
+            } else if (even_floors(c, pl, lb, lf) < 0) { /* else the least drop fraction */
                 free(lf);
                 return -1;
             }
-            if (t == lb) {
-                memcpy(k->quota, lf, (size_t)E * sizeof *lf);
-                free(lf);
-                bpk = lrmoe_alloc_glpk(pl, k->quota, E, P, c->o->glpk_tm_lim, k->bwd_alloc);
-                c->glpk += lrmoe_now() - t0;
-                if (bpk < 0)
-                    return -1;
-                if (bpk != lb)
-                    return lrmoe_err("GLPK backward peak %lld differs from the optimum %lld",
-                                     (long long)bpk, (long long)lb);
-                k->bwd_lb = lb;
-                return 0;
-            }
         }
-        /* else the least drop fraction that keeps the least peak */
-        if (c->o->quota == LRMOE_QUOTA_EVEN && even_floors(c, pl, lb, lf) < 0) {
-            free(lf);
-            return -1;
-        }
-        const int64_t *floors = c->o->quota == LRMOE_QUOTA_EVEN ? lf : c->lo;
-        bpk = lrmoe_alloc_glpk_quota(pl, floors, c->load, c->total, k->fwd_alloc, E, P,
-                                     c->o->glpk_tm_lim, k->quota, k->bwd_alloc);
-        if (bpk >= 0)
-            for (int e = 0; e < E; e++)
+        if (!t || c->o->quota != LRMOE_QUOTA_EVEN) {
+            const int64_t *floors = c->o->quota == LRMOE_QUOTA_EVEN ? lf : c->lo;
+            bpk = lrmoe_alloc_flow_quota(pl, floors, c->load, c->total, k->fwd_alloc, E, P, lb,
+                                         k->quota, k->bwd_alloc);
+            for (int e = 0; bpk >= 0 && e < E; e++)
                 if (k->quota[e] < floors[e] || k->quota[e] > c->load[e]) {
                     free(lf);
-                    return lrmoe_err("GLPK quota %lld of expert %d outside [%lld,%lld]",
-                                     (long long)k->quota[e], e, (long long)floors[e],
-                                     (long long)c->load[e]);
+                    return lrmoe_err("lrmoe: quota %lld of expert %d outside [%lld,%lld] "
+                                     "(internal error)", (long long)k->quota[e], e,
+                                     (long long)floors[e], (long long)c->load[e]);
                 }
+        }
         free(lf);
     }
     c->glpk += lrmoe_now() - t0;
-    if (bpk < 0 || lb < 0)
+    if (bpk < 0)
         return -1;
     if (bpk != lb)
-        return lrmoe_err("GLPK backward peak %lld differs from the optimum %lld",
-                         (long long)bpk, (long long)lb);
+        return lrmoe_err("lrmoe: backward peak %lld differs from the optimum %lld "
+                         "(internal error)", (long long)bpk, (long long)lb);
     k->bwd_lb = lb;
     return 0;
 }
@@ -810,86 +827,156 @@ static void bwd_follow(lctx_t *c)
     }
 }
 
-/* All backward variants of cand (placement and forward set) at the current
- * rate, each offered when it does not lengthen the modelled backward of the
- * same plan with every pair kept. K: proportional quotas (NULL: free). */
-static int try_backwards(lctx_t *c, const int64_t *K, const char *src)
+/* A forward candidate: a placement with its forward allocation (and EPLB's
+ * slot accounting), which does not depend on the rate; kept sparse (an
+ * expert lives on a few ranks), so a frame's candidates cost O(E + replicas)
+ * each, built once per frame and loaded into cand at every rate. */
+typedef struct {
+    char name[40];      /* "placement:forward" */
+    int64_t flb;        /* the forward optimum T* of the placement */
+    double t1;          /* modelled backward keeping every pair */
+    double base_min;    /* the least replica + forward charge of a rank */
+    int npl, nfw;       /* entries of the placement, nonzero forward cells */
+    int32_t *pidx, *fidx;
+    int64_t *fval;
+    int have_slots, weight_moves;
+    int64_t *held;      /* (P) with have_slots */
+    double *wsend, *wrecv;
+} fcand_t;
+
+static void fc_free(fcand_t *f)
 {
-    lrmoe_plan_t *k = &c->cand;
-    const int E = c->E;
-    const size_t EP = (size_t)E * c->P;
-    char name[48];
-    k->fwd_lb = plan_minpeak(k->placement, NULL, c->load, 0, E, c->P, -1, NULL, NULL);
-    if (k->fwd_lb < 0)
-        return -1;
-    memcpy(k->quota, c->load, (size_t)E * sizeof *c->load);
-    memcpy(k->bwd_alloc, k->fwd_alloc, EP * sizeof(int64_t));
-    k->bwd_lb = k->fwd_lb;
-    const int64_t flb = k->fwd_lb;
-    if (cand_eval(c) < 0)
-        return -1;
-    if (c->total == c->N) {
-        snprintf(name, sizeof name, "%s/all", src);
-        offer(c, name);
+    free(f->pidx);
+    free(f->fidx);
+    free(f->fval);
+    free(f->held);
+    free(f->wsend);
+    free(f->wrecv);
+    memset(f, 0, sizeof *f);
+}
+
+/* 1 when candidates a and b are the same plan (P ranks). */
+static int fc_same(const fcand_t *a, const fcand_t *b, int P)
+{
+    if (a->npl != b->npl || a->nfw != b->nfw || a->have_slots != b->have_slots ||
+        memcmp(a->pidx, b->pidx, (size_t)a->npl * sizeof *a->pidx) ||
+        memcmp(a->fidx, b->fidx, (size_t)a->nfw * sizeof *a->fidx) ||
+        memcmp(a->fval, b->fval, (size_t)a->nfw * sizeof *a->fval))
         return 0;
+    return !a->have_slots || (a->weight_moves == b->weight_moves &&
+                              !memcmp(a->held, b->held, (size_t)P * sizeof *a->held) &&
+                              !memcmp(a->wsend, b->wsend, (size_t)P * sizeof *a->wsend) &&
+                              !memcmp(a->wrecv, b->wrecv, (size_t)P * sizeof *a->wrecv));
+}
+
+/* Keep cand's placement and forward (and, evaluated with every pair kept,
+ * its backward time) as candidate fc[*nfc], unless an earlier one is the
+ * same plan (it would tie and lose every comparison). Returns 0 or -1. */
+static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t flb)
+{
+    fcand_t *f = &fc[*nfc];
+    const lrmoe_plan_t *k = &c->cand;
+    const size_t EP = (size_t)c->E * c->P;
+    int npl = 0, nfw = 0;
+    for (size_t i = 0; i < EP; i++) {
+        npl += k->placement[i] != 0;
+        nfw += k->fwd_alloc[i] != 0;
     }
-    const double t1 = t_bwd_of(&k->cost) * (1 + 1e-12);
-    /* the least peak of the policy */
-    if (bwd_minpeak(c, K) < 0)
-        return -1;
-    const int64_t blb = k->bwd_lb;
-    if (cand_eval(c) < 0)
-        return -1;
-    k->fwd_lb = flb;
-    if (t_bwd_of(&k->cost) <= t1 || c->allow_longer) {
-        snprintf(name, sizeof name, "%s/minpeak%s", src, t_bwd_of(&k->cost) <= t1 ? "" : "+longer");
-        offer(c, name);
-    } else {
-        reject_longer(c);
+    memset(f, 0, sizeof *f);
+    snprintf(f->name, sizeof f->name, "%s", name);
+    f->flb = flb;
+    f->t1 = t_bwd_of(&k->cost);
+    f->base_min = HUGE_VAL;
+    for (int p = 0; p < c->P; p++) {
+        const lrmoe_rank_cost_t *r = &k->rank[p];
+        const double b = r->mem_replica + r->mem_fwd + r->mem_saved;
+        if (b < f->base_min)
+            f->base_min = b;
     }
-    /* the same quotas where forward ran */
-    bwd_follow(c);
-    if (cand_eval(c) < 0)
-        return -1;
-    k->fwd_lb = flb;
-    k->bwd_lb = blb;
-    if (t_bwd_of(&k->cost) <= t1 || c->allow_longer) {
-        snprintf(name, sizeof name, "%s/follow%s", src, t_bwd_of(&k->cost) <= t1 ? "" : "+longer");
-        offer(c, name);
-    } else {
-        reject_longer(c);
+    f->pidx = malloc(((size_t)npl + 1) * sizeof *f->pidx);
+    f->fidx = malloc(((size_t)nfw + 1) * sizeof *f->fidx);
+    f->fval = malloc(((size_t)nfw + 1) * sizeof *f->fval);
+    f->have_slots = k->have_slots;
+    f->weight_moves = k->weight_moves;
+    if (k->have_slots) {
+        f->held = malloc((size_t)c->P * sizeof *f->held);
+        f->wsend = malloc((size_t)c->P * sizeof *f->wsend);
+        f->wrecv = malloc((size_t)c->P * sizeof *f->wrecv);
     }
-    if (K)
-        return 0; /* proportional quotas are fixed */
-    int r = bwd_in_place(c);
-    if (r < 0)
-        return -1;
-    if (r == 1) {
-        if (cand_eval(c) < 0)
-            return -1;
-        k->fwd_lb = flb;
-        k->bwd_lb = blb;
-        snprintf(name, sizeof name, "%s/in-place", src);
-        offer(c, name);
+    if (!f->pidx || !f->fidx || !f->fval ||
+        (k->have_slots && (!f->held || !f->wsend || !f->wrecv))) {
+        fc_free(f);
+        return lrmoe_err("lrmoe: out of memory");
+    }
+    for (size_t i = 0; i < EP; i++) {
+        if (k->placement[i])
+            f->pidx[f->npl++] = (int32_t)i;
+        if (k->fwd_alloc[i]) {
+            f->fidx[f->nfw] = (int32_t)i;
+            f->fval[f->nfw++] = k->fwd_alloc[i];
+        }
+    }
+    if (k->have_slots) {
+        memcpy(f->held, k->held, (size_t)c->P * sizeof *f->held);
+        memcpy(f->wsend, k->wsend, (size_t)c->P * sizeof *f->wsend);
+        memcpy(f->wrecv, k->wrecv, (size_t)c->P * sizeof *f->wrecv);
+    }
+    for (int i = 0; i < *nfc; i++)
+        if (fc_same(&fc[i], f, c->P)) {
+            fc_free(f);
+            return 0;
+        }
+    (*nfc)++;
+    if (c->pre1) { /* rate 1 comes first: offer it as it stands */
+        char all[56];
+        c->cand.fwd_lb = c->cand.bwd_lb = flb;
+        snprintf(all, sizeof all, "%s/all", name);
+        submit(c, all, 0);
     }
     return 0;
 }
 
-/* Forward on the candidate placement pl (and, when fwd is given, that
- * allocation as well: a baseline's own), then every backward. Replicas left
- * without pairs by the min-peak allocation are dropped (they would cost
- * weights for nothing). */
-static int try_placement(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl,
-                         const int64_t *K, const char *src)
+/* Candidate f into cand: placement, forward, slot accounting. */
+static void fc_load(lctx_t *c, const fcand_t *f)
+{
+    lrmoe_plan_t *k = &c->cand;
+    const size_t EP = (size_t)c->E * c->P;
+    memset(k->placement, 0, EP);
+    memset(k->fwd_alloc, 0, EP * sizeof *k->fwd_alloc);
+    for (int i = 0; i < f->npl; i++)
+        k->placement[f->pidx[i]] = 1;
+    for (int i = 0; i < f->nfw; i++)
+        k->fwd_alloc[f->fidx[i]] = f->fval[i];
+    k->have_slots = f->have_slots;
+    k->weight_moves = f->weight_moves;
+    if (f->have_slots) {
+        memcpy(k->held, f->held, (size_t)c->P * sizeof *k->held);
+        memcpy(k->wsend, f->wsend, (size_t)c->P * sizeof *k->wsend);
+        memcpy(k->wrecv, f->wrecv, (size_t)c->P * sizeof *k->wrecv);
+    }
+}
+
+/* The forward candidates of a placement, appended to fc[*nfc]: when base is
+ * given, the baseline's own plan (slot accounting included); then the
+ * min-peak forward on the placement (pl, or base's). Replicas left without
+ * pairs by the min-peak allocation are dropped (they would cost weights for
+ * nothing; T* stays: the allocation still routes). Each is evaluated with
+ * every pair kept. Returns 0 or -1. */
+static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl,
+                          const char *src, fcand_t *fc, int *nfc)
 {
     lrmoe_plan_t *k = &c->cand;
     const int E = c->E, P = c->P;
     const size_t EP = (size_t)E * P;
     char name[40];
-    if (base) { /* the baseline's own plan, slot accounting included */
-        plan_copy(k, base);
+    int64_t flb = -1;
+    if (base) {
+        plan_copy(k, base); /* evaluated with every pair kept */
+        flb = plan_minpeak(base->placement, NULL, c->load, 0, E, P, -1, NULL, NULL);
+        if (flb < 0)
+            return -1;
         snprintf(name, sizeof name, "%s:own", src);
-        if (try_backwards(c, K, name) < 0)
+        if (fc_take(c, fc, nfc, name, flb) < 0)
             return -1;
         pl = base->placement;
     }
@@ -905,7 +992,8 @@ static int try_placement(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl,
         k->weight_moves = 0;
     }
     double t0 = lrmoe_now();
-    int64_t fpk = lrmoe_alloc_flow(k->placement, c->load, E, P, k->fwd_alloc);
+    int64_t fpk = flb >= 0 ? lrmoe_alloc_flow_at(k->placement, c->load, E, P, flb, k->fwd_alloc)
+                           : lrmoe_alloc_flow(k->placement, c->load, E, P, k->fwd_alloc);
     c->glpk += lrmoe_now() - t0;
     if (fpk < 0)
         return lrmoe_err_prefix("forward allocation");
@@ -916,8 +1004,133 @@ static int try_placement(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl,
                 if (k->placement[i] && !k->fwd_alloc[i] && p != e / c->per)
                     k->placement[i] = 0;
             }
+    memcpy(k->quota, c->load, (size_t)E * sizeof *c->load);
+    memcpy(k->bwd_alloc, k->fwd_alloc, EP * sizeof(int64_t));
+    if (cand_eval(c) < 0)
+        return -1;
     snprintf(name, sizeof name, "%s:minpeak", src);
-    return try_backwards(c, K, name);
+    return fc_take(c, fc, nfc, name, fpk);
+}
+
+/* lrmoe's own placement pl (nadd additions, history he/hp) and its shorter
+ * prefixes of the additions (1/2, 1/4, ...: fewer weight transfers). */
+static int own_candidates(lctx_t *c, uint8_t *pl, int nadd, const int *he, const int *hp,
+                          fcand_t *fc, int *nfc)
+{
+    const int P = c->P;
+    if (fwd_candidates(c, NULL, pl, "lrmoe", fc, nfc) < 0)
+        return -1;
+    for (int k = nadd / 2; k > 0; k /= 2) {
+        for (int i = nadd - 1; i >= k; i--)
+            pl[(size_t)he[i] * P + hp[i]] = 0;
+        int r = fwd_candidates(c, NULL, pl, "lrmoe", fc, nfc);
+        for (int i = k; i < nadd; i++)
+            pl[(size_t)he[i] * P + hp[i]] = 1;
+        if (r < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Candidates a placement search with nadd additions yields. */
+static int own_count(int nadd)
+{
+    int n = 1;
+    for (int k = nadd / 2; k > 0; k /= 2)
+        n++;
+    return n;
+}
+
+/* All backward variants of forward candidate f at the current rate, each
+ * submitted with whether it lengthens the modelled backward of the same
+ * plan with every pair kept. K: proportional quotas (NULL: free). */
+static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
+{
+    lrmoe_plan_t *k = &c->cand;
+    const int E = c->E;
+    const size_t EP = (size_t)E * c->P;
+    const int64_t flb = f->flb;
+    const char *src = f->name;
+    char name[56];
+    fc_load(c, f);
+    if (c->total == c->N) {
+        memcpy(k->quota, c->load, (size_t)E * sizeof *c->load);
+        memcpy(k->bwd_alloc, k->fwd_alloc, EP * sizeof(int64_t));
+        if (cand_eval(c) < 0)
+            return -1;
+        k->fwd_lb = k->bwd_lb = flb;
+        snprintf(name, sizeof name, "%s/all", src);
+        submit(c, name, 0);
+        return 0;
+    }
+    const double t1 = f->t1 * (1 + 1e-12);
+    /* the least backward peak of this placement bounds every backward of
+     * it: when it is above the best that fits (and does not lengthen), no
+     * variant can win either slot (the any slot's best is no higher) */
+    /* memory: some rank retains lb rows, on top of at least the least
+     * replica + forward charge of any rank; when that is over the budget no
+     * variant fits, and the candidate only matters for the explanation: not
+     * once a plan fits here or a closer miss is known. Both tests need only
+     * to know that lb reaches a threshold, so the search stops there (ub). */
+    const double B = lrmoe_cost_bwd_row_bytes(&c->o->cost);
+    const int explained = c->strict.have || c->longer_fits || c->why[0];
+    int64_t ub = c->strict.have ? c->strict.p->bwd_peak + 1 : -1;
+    if (c->o->cost.hbm > 0 && explained) {
+        const double r = floor((c->o->cost.hbm - f->base_min) / B) + 1;
+        const int64_t m = r < 1 ? 1 : r > 4e18 ? INT64_MAX : (int64_t)r;
+        if (ub < 0 || m < ub)
+            ub = m;
+    }
+    int64_t lb = -1;
+    for (int exact = 0; exact < 2; exact++) {
+        lb = K ? plan_minpeak(k->placement, NULL, K, 0, E, c->P, exact ? -1 : ub, NULL, NULL)
+               : plan_minpeak(k->placement, c->lo, c->load, c->total, E, c->P,
+                              exact ? -1 : ub, NULL, NULL);
+        if (lb < 0)
+            return -1;
+        if (c->strict.have && lb > c->strict.p->bwd_peak) {
+            return 0;
+        }
+        const double mlb = f->base_min + (double)lb * B;
+        if (c->o->cost.hbm > 0 && mlb > c->o->cost.hbm &&
+            (c->strict.have || c->longer_fits || (c->why[0] && c->why_mem <= mlb))) {
+            return 0;
+        }
+        if (ub < 0 || lb < ub)
+            break; /* exact: below the threshold the search ran to T* */
+    }
+    /* the least peak of the policy */
+    if (bwd_minpeak(c, K, lb) < 0)
+        return -1;
+    const int64_t blb = k->bwd_lb;
+    if (cand_eval(c) < 0)
+        return -1;
+    k->fwd_lb = flb;
+    k->bwd_lb = blb;
+    snprintf(name, sizeof name, "%s/minpeak", src);
+    submit(c, name, t_bwd_of(&k->cost) > t1);
+    /* the same quotas where forward ran */
+    bwd_follow(c);
+    if (cand_eval(c) < 0)
+        return -1;
+    k->fwd_lb = flb;
+    k->bwd_lb = blb;
+    snprintf(name, sizeof name, "%s/follow", src);
+    submit(c, name, t_bwd_of(&k->cost) > t1);
+    if (K)
+        return 0; /* proportional quotas are fixed */
+    int r = bwd_in_place(c);
+    if (r < 0)
+        return -1;
+    if (r == 1) {
+        if (cand_eval(c) < 0)
+            return -1;
+        k->fwd_lb = flb;
+        k->bwd_lb = blb;
+        snprintf(name, sizeof name, "%s/in-place", src);
+        submit(c, name, 0);
+    }
+    return 0;
 }
 
 /* Slots beyond the natives: -s S gives S - E/P; else what the budget holds
@@ -990,7 +1203,9 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
         lrmoe_plan_init(&bl[i]);
     lrmoe_plan_init(&c.cand);
     int rc = -1;
-    char why[480] = "", why1[400] = "";
+    char why[480] = "", why1[400] = "", alt_why[480] = "";
+    fcand_t *fc = NULL;
+    lrmoe_plan_t *anyp = NULL;
     if (!lo || !K || !pl || !he || !hp || lrmoe_plan_alloc(&c.cand, E, P) < 0) {
         lrmoe_err("lrmoe: out of memory");
         goto out;
@@ -1002,7 +1217,6 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
     c.P = P;
     c.per = per;
     c.N = N;
-    c.best = p;
     /* the baselines at rate 1: what lrmoe must not lose to */
     static const lrmoe_planner_t bp[3] = {LRMOE_PLANNER_FIXED, LRMOE_PLANNER_LLEP,
                                           LRMOE_PLANNER_EPLB};
@@ -1036,89 +1250,138 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
             ref_fits = fits;
         }
     }
-    /* pass 0: only plans whose modelled backward is no longer than keeping
-     * every pair; pass 1 (--longer-backward, when no rate has one): any plan
-     * that fits */
-    int found = 0;
-    for (int pass = 0; pass < 1 + (o->longer_bwd != 0) && !found; pass++) {
-        c.allow_longer = pass;
-        for (int ri = 0; ri < o->nrates && !found; ri++) {
-            const double rho = o->rates[ri];
-            const int last = ri == o->nrates - 1;
-            int64_t total = rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9);
-            int64_t slo = 0;
-            for (int e = 0; e < E; e++) {
-                int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
-                lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
-                slo += lo[e];
-            }
-            if (slo > total) {
-                snprintf(why, sizeof why,
-                         "min-keep: rate %.3f allows %lld retained pairs, min-keep %.3f needs %lld",
-                         rho, (long long)total, o->min_keep, (long long)slo);
-                continue;
-            }
-            if (pass && total == N)
-                continue; /* rate 1 drops nothing: pass 0 tried it all */
-            c.total = total;
-            c.rho = rho;
-            c.have = 0;
+    /* the forward candidates: above GREEDY_MAX_P ranks the replica search
+     * works on the loads alone, so its placements (and the baselines') are
+     * the same at every rate; below it the greedy objective weighs the
+     * rate's quotas, and lrmoe's own candidates are made per rate */
+    const int cached = P > GREEDY_MAX_P;
+    const int nown = own_count(ex * P);
+    fc = calloc((size_t)2 * nown + 6, sizeof *fc);
+    if (!fc) {
+        lrmoe_err("lrmoe: out of memory");
+        goto out;
+    }
+    fcand_t *fo = fc + nown + 6; /* per-rate own candidates (not cached) */
+    int nfc = 0, nfo = 0;
+    c.strict.p = p;
+    c.pre1 = cached && o->rates[0] >= 1.0;
+    if (c.pre1) { /* the state of rate 1, as the rate loop sets it */
+        for (int e = 0; e < E; e++) {
+            int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
+            lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
+        }
+        c.total = N;
+        c.rho = 1.0;
+    }
+    if (cached) {
+        gctx_t jc = {load, lo, NULL, N, N, E, P, 0, NULL, NULL, NULL};
+        memset(pl, 0, EP);
+        for (int e = 0; e < E; e++)
+            pl[(size_t)e * P + e / per] = 1;
+        const int nadd = place_replicas(&jc, ex, pl, he, hp);
+        if (nadd < 0 || own_candidates(&c, pl, nadd, he, hp, fc, &nfc) < 0)
+            goto out;
+    }
+    static const char *const bn[3] = {"fixed", "llep", "eplb"};
+    for (int i = 0; i < 3; i++)
+        if (fwd_candidates(&c, &bl[i], NULL, bn[i], fc, &nfc) < 0)
+            goto out;
+    const int pre1 = c.pre1;
+    c.pre1 = 0;
+    /* rates in decreasing order: the first with a fitting plan whose
+     * modelled backward is no longer than keeping every pair wins; with
+     * --longer-backward, when no rate has one, the first rate below 1 with
+     * any fitting plan (kept in the any slot while the search goes on) */
+    int found = 0, alt_ri = -1;
+    if (o->longer_bwd) {
+        if (!(anyp = malloc(sizeof *anyp)))
+            goto oom;
+        lrmoe_plan_init(anyp);
+        if (lrmoe_plan_alloc(anyp, E, P) < 0)
+            goto out;
+    }
+    c.any.p = anyp;
+    for (int ri = 0; ri < o->nrates; ri++) {
+        const double rho = o->rates[ri];
+        int64_t total = rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9);
+        int64_t slo = 0;
+        for (int e = 0; e < E; e++) {
+            int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
+            lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
+            slo += lo[e];
+        }
+        if (slo > total) {
+            snprintf(why, sizeof why,
+                     "min-keep: rate %.3f allows %lld retained pairs, min-keep %.3f needs %lld",
+                     rho, (long long)total, o->min_keep, (long long)slo);
+            continue;
+        }
+        const int done = ri == 0 && pre1; /* offered as they were built */
+        c.total = total;
+        c.rho = rho;
+        if (!done) {
+            c.strict.have = 0;
             c.why[0] = 0;
             c.longer_fits = 0;
-            const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
-            if (prop)
-                quota_proportional(load, lo, E, rho, total, K);
-            const int64_t *Kq = prop ? K : NULL;
-            /* lrmoe's own placement */
-            gctx_t jc = {load, lo, prop ? K : NULL, total, N, E, P, total < N && !prop,
-                         NULL, NULL, NULL};
+        }
+        c.allow_longer = o->longer_bwd && alt_ri < 0;
+        if (c.allow_longer)
+            c.any.have = 0;
+        const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
+        if (total < N && (prop || o->quota == LRMOE_QUOTA_EVEN))
+            quota_proportional(load, lo, E, rho, total, K);
+        const int64_t *Kq = prop ? K : NULL;
+        c.kprop = total < N && o->quota == LRMOE_QUOTA_EVEN ? K : NULL;
+        if (!cached) { /* lrmoe's own placement at this rate */
+            gctx_t jc = {load, lo, Kq, total, N, E, P, total < N && !prop, NULL, NULL, NULL};
             memset(pl, 0, EP);
             for (int e = 0; e < E; e++)
                 pl[(size_t)e * P + e / per] = 1;
             const int nadd = place_replicas(&jc, ex, pl, he, hp);
-            if (nadd < 0)
+            if (nadd < 0 || own_candidates(&c, pl, nadd, he, hp, fo, &nfo) < 0)
                 goto out;
-            if (try_placement(&c, NULL, pl, Kq, "lrmoe") < 0)
-                goto out;
-            /* shorter prefixes of the additions (fewer weight transfers) */
-            for (int k = nadd / 2; k > 0; k /= 2) {
-                for (int i = nadd - 1; i >= k; i--)
-                    pl[(size_t)he[i] * P + hp[i]] = 0;
-                if (try_placement(&c, NULL, pl, Kq, "lrmoe") < 0)
-                    goto out;
-                for (int i = k; i < nadd; i++)
-                    pl[(size_t)he[i] * P + hp[i]] = 1;
-            }
-            /* the baselines' placements, with their own allocation and min-peak */
-            static const char *const bn[3] = {"fixed", "llep", "eplb"};
-            for (int i = 0; i < 3; i++)
-                if (try_placement(&c, &bl[i], NULL, Kq, bn[i]) < 0)
-                    goto out;
-            if (c.have) {
-                p->feasible = 1;
-                p->rate_index = ri;
-                if (pass) /* what the better rates hit */
-                    snprintf(p->binding, sizeof p->binding, "%s; no plan that drops pairs "
-                             "keeps the modelled backward within that of keeping them all",
-                             why1[0] ? why1 : why);
-                else
-                    snprintf(p->binding, sizeof p->binding, "%s", why);
-                found = 1;
-                rc = 0;
-                break;
-            }
-            if (c.longer_fits)
-                snprintf(why, sizeof why,
-                         "rate %.3f: every plan that drops pairs and fits would lengthen the "
-                         "modelled backward", rho);
-            else if (c.why[0])
-                snprintf(why, sizeof why, "rate %.3f: %s", rho, c.why);
-            if (!pass && ri == 0)
-                snprintf(why1, sizeof why1, "%s", why);
-            (void)last;
         }
+        for (int i = 0; i < nfo; i++)
+            if (try_backwards(&c, Kq, &fo[i]) < 0)
+                goto out;
+        for (int i = 0; i < nfc && !done; i++)
+            if (try_backwards(&c, Kq, &fc[i]) < 0)
+                goto out;
+        for (; nfo > 0; nfo--)
+            fc_free(&fo[nfo - 1]);
+        if (c.strict.have) {
+            p->feasible = 1;
+            p->rate_index = ri;
+            snprintf(p->binding, sizeof p->binding, "%s", why);
+            found = 1;
+            break;
+        }
+        if (c.allow_longer && c.any.have) {
+            alt_ri = ri;
+            snprintf(alt_why, sizeof alt_why, "%s", why1[0] ? why1 : why);
+        }
+        if (c.longer_fits)
+            snprintf(why, sizeof why,
+                     "rate %.3f: every plan that drops pairs and fits would lengthen the "
+                     "modelled backward", rho);
+        else if (c.why[0])
+            snprintf(why, sizeof why, "rate %.3f: %s", rho, c.why);
+        if (ri == 0)
+            snprintf(why1, sizeof why1, "%s", why);
     }
-    if (!found) {
+    if (!found && alt_ri >= 0) {
+        plan_copy(p, anyp);
+        snprintf(p->source, sizeof p->source, "%s", anyp->source);
+        snprintf(p->planner, sizeof p->planner, "lrmoe");
+        p->feasible = 1;
+        p->rate_index = alt_ri;
+        snprintf(p->binding, sizeof p->binding, "%s; no plan that drops pairs keeps the "
+                 "modelled backward within that of keeping them all", alt_why);
+        found = 1;
+    }
+    if (found) {
+        rc = 0;
+    } else {
         if (!o->best_effort) {
             char more[200] = "";
             if (o->explain)
@@ -1127,7 +1390,8 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
                       strstr(why, "lengthen") ? " (--longer-backward allows it)" : "", more);
             goto out;
         }
-        /* best effort: the last rate (at least its floors), budgets ignored */
+        /* best effort: the last rate (at least its floors), budgets ignored,
+         * lrmoe's own placement, any backward */
         const int ri = o->nrates - 1;
         const double rho = o->rates[ri];
         int64_t total = rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9), slo = 0;
@@ -1138,26 +1402,44 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
         }
         if (slo > total)
             total = slo;
+        if (!anyp) {
+            if (!(anyp = malloc(sizeof *anyp)))
+                goto oom;
+            lrmoe_plan_init(anyp);
+            if (lrmoe_plan_alloc(anyp, E, P) < 0)
+                goto out;
+        }
         lrmoe_plan_opts_t ob = *o;
         ob.cost.hbm = 0;
         ob.cost.window = 0;
         c.o = &ob;
         c.total = total;
         c.rho = rho;
-        c.have = 0;
+        c.strict.have = c.any.have = 0;
+        c.any.p = anyp;
         c.allow_longer = 1;
+        c.kprop = NULL;
         const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
         if (prop)
             quota_proportional(load, lo, E, rho, total, K);
-        memset(pl, 0, EP);
-        for (int e = 0; e < E; e++)
-            pl[(size_t)e * P + e / per] = 1;
-        gctx_t jc = {load, lo, prop ? K : NULL, total, N, E, P, total < N && !prop,
-                     NULL, NULL, NULL};
-        if (place_replicas(&jc, ex, pl, he, hp) < 0 ||
-            try_placement(&c, NULL, pl, prop ? K : NULL, "lrmoe") < 0)
+        if (!cached) {
+            gctx_t jc = {load, lo, prop ? K : NULL, total, N, E, P, total < N && !prop,
+                         NULL, NULL, NULL};
+            memset(pl, 0, EP);
+            for (int e = 0; e < E; e++)
+                pl[(size_t)e * P + e / per] = 1;
+            const int nadd = place_replicas(&jc, ex, pl, he, hp);
+            if (nadd < 0 || fwd_candidates(&c, NULL, pl, "lrmoe", fo, &nfo) < 0)
+                goto out;
+        }
+        if (try_backwards(&c, prop ? K : NULL, cached ? &fc[0] : &fo[0]) < 0)
             goto out;
         c.o = o;
+        if (c.any.have) {
+            plan_copy(p, anyp);
+            snprintf(p->source, sizeof p->source, "%s", anyp->source);
+            snprintf(p->planner, sizeof p->planner, "lrmoe");
+        }
         if (plan_cost(o, p, load, NULL) < 0)
             goto out;
         p->feasible = 0;
@@ -1166,7 +1448,17 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
         rc = 0;
     }
     p->glpk_seconds = c.glpk;
+    goto out;
+oom:
+    lrmoe_err("lrmoe: out of memory");
 out:
+    for (int i = 0; fc && i < 2 * own_count(ex * P) + 6; i++)
+        fc_free(&fc[i]);
+    free(fc);
+    if (anyp) {
+        lrmoe_plan_free(anyp);
+        free(anyp);
+    }
     free(lo);
     free(K);
     free(pl);

@@ -516,3 +516,41 @@ print(a.get('plan.llep', '-'), end=' ')"
     run "$BIN/lrmoe-view" "$T/o.lrm"
     refute_output --partial "plan.llep"
 }
+
+@test "quotas: on every frame of a stream where proportional reaches the default's peak, the default keeps the same pairs" {
+    # two steps of hot 30:16: on the second, the least largest drop fraction
+    # alone picks quotas with a larger dW_down error than proportional's at
+    # the same peak; the default prefers the proportional quotas there
+    "$BIN/lrmoe-gen" --tokens 512 --steps 2 --hidden 256 --ffn 128 --skew hot:30:16 --seed 1 \
+        --weights "$T/w.lrm" -o "$T/g.lrm"
+    "$BIN/lrmoe-route" "$T/g.lrm" -o "$T/r.lrm"
+    "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" "$T/r.lrm" -o "$T/f.lrm"
+    for rate in 0.8 0.7; do
+        for q in even proportional; do
+            "$BIN/lrmoe-plan" --ranks 8 --hbm 0 --rate $rate --quota $q --longer-backward \
+                "$T/f.lrm" -o "$T/p.lrm"
+            "$BIN/lrmoe-score" --fidelity "$T/p.lrm" -o "$T/s.lrm"
+            "$BIN/lrmoe-view" --json --no-stats "$T/s.lrm" | python3 -c '
+import json, sys
+for i, l in enumerate(sys.stdin):
+    a = json.loads(l)["attrs"]
+    print(" ".join(sys.argv[1:]), i, a["plan.bwd_peak"], a["score.fidelity"])' $rate $q >> "$T/q.txt"
+        done
+    done
+    run python3 - "$T/q.txt" <<'EOF'
+import sys
+v = {}
+for l in open(sys.argv[1]):
+    r, q, i, p, e = l.split()
+    v.setdefault((r, i), {})[q] = (int(p), float(e))
+equal = 0
+for k, d in sorted(v.items()):
+    assert d["even"][0] <= d["proportional"][0], (k, d)
+    if d["even"][0] == d["proportional"][0]:
+        assert d["even"][1] <= d["proportional"][1] * (1 + 1e-9), (k, d)
+        equal += 1
+print("ok", len(v), "frames, equal peak", equal)
+EOF
+    assert_success
+    assert_output "ok 4 frames, equal peak 4"
+}

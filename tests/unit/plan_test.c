@@ -3,7 +3,10 @@
  *   eplb-readme            the DeepSeek EPLB README example, exact phy2log
  *   random COUNT SEED      random instances: GLPK peak == closed-form T* ==
  *                          max-flow peak == flow-bisection bound; quota
- *                          variant likewise; every allocation consistent
+ *                          variant likewise (GLPK, and max-flow at T* with
+ *                          GLPK's, no or a random preference, refused below
+ *                          T*); the incremental routing check equals a
+ *                          fresh max-flow; every allocation consistent
  *   random-large COUNT SEED  the same with 17..24 ranks (bounds by max-flow)
  *   fastpath COUNT SEED    the min-peak fast path and parametric max-flow
  *                          search vs the full bisection search and the closed
@@ -196,6 +199,69 @@ static int random_check(int count, int tiny, int dump, int large)
                    (long long)qg, (long long)qlb, (long long)qlbf);
             fails++;
         }
+        /* the max-flow quota allocation at the optimum; pref: GLPK's x,
+         * none, or random */
+        int64_t *xf = malloc((size_t)E * P * sizeof *xf), *Kf = malloc((size_t)E * sizeof *Kf);
+        int64_t *kept = malloc((size_t)E * sizeof *kept);
+        const int pk = it % 3;
+        for (size_t i = 0; pk == 2 && i < (size_t)E * P; i++)
+            xf[i] = pl[i] ? (int64_t)(rnd() % 100) : 0;
+        int64_t *pref = pk == 0 ? x : pk == 1 ? NULL : xf;
+        int64_t qf = lrmoe_alloc_flow_quota(pl, lo, n, total, pref, E, P, qlb, Kf, xf);
+        if (qf < 0) {
+            printf("FAIL flow-quota instance %d: %s\n", it, lrmoe_errmsg());
+            fails++;
+        } else {
+            int64_t fs = 0;
+            for (int e = 0; e < E; e++) {
+                fs += Kf[e];
+                if (Kf[e] < lo[e] || Kf[e] > n[e]) {
+                    printf("FAIL flow-quota %d: %lld outside [%lld,%lld]\n", e,
+                           (long long)Kf[e], (long long)lo[e], (long long)n[e]);
+                    fails++;
+                }
+            }
+            if (fs != total || qf != qlb) {
+                printf("FAIL flow-quota instance %d: sum %lld (want %lld), peak %lld (T* %lld)\n",
+                       it, (long long)fs, (long long)total, (long long)qf, (long long)qlb);
+                fails++;
+            }
+            fails += consistent(pl, Kf, xf, E, P, qf, "flow-quota");
+        }
+        /* below the optimum it must refuse */
+        if (qlb > 0 && lrmoe_alloc_flow_quota(pl, lo, n, total, NULL, E, P, qlb - 1, Kf, xf) >= 0) {
+            printf("FAIL flow-quota instance %d: allocated below T* %lld\n", it, (long long)qlb);
+            fails++;
+        }
+        /* the incremental routing check against a fresh max-flow: needs
+         * rise from the floors (each try from the last kept routing, after a
+         * refusal too), the last try the loads, which route at their T*
+         * (every other instance checks at 3/4 of it, where some refuse) */
+        const int64_t rT = it % 2 ? lb : 3 * lb / 4; /* below T*: refusals */
+        lrmoe_route_net_t *rn = lrmoe_route_net_new(pl, E, P, rT);
+        memcpy(kept, lo, (size_t)E * sizeof *kept);
+        for (int step = 0; rn && step < 8; step++) {
+            const int64_t part = rint_(1, 4);
+            for (int e = 0; e < E; e++)
+                Kf[e] = step == 7 ? n[e] : step == 0 ? lo[e]
+                        : kept[e] + (int64_t)(rnd() % (uint64_t)((n[e] - kept[e]) / part + 1));
+            int a = lrmoe_route_net_try(rn, Kf), b = lrmoe_flow_routes(pl, Kf, E, P, rT);
+            if (a != b || (step == 7 && rT == lb && a != 1)) {
+                printf("FAIL route-net instance %d step %d: incremental %d, fresh %d\n", it, step,
+                       a, b);
+                fails++;
+            }
+            if (a == 1)
+                memcpy(kept, Kf, (size_t)E * sizeof *kept);
+        }
+        if (!rn) {
+            printf("FAIL route-net: %s\n", lrmoe_errmsg());
+            fails++;
+        }
+        lrmoe_route_net_free(rn);
+        free(xf);
+        free(Kf);
+        free(kept);
         if (dump) {
             printf("%d %d |", P, E);
             for (int e = 0; e < E; e++) {
