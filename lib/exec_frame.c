@@ -624,6 +624,9 @@ int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
         rc = lrmoe_gemm_resolve((lrmoe_compute_t)c->o.cfg.compute, W.dtype, &cm);
         if (!rc) rc = lrmoe_frame_set_attr(f, "exec.compute", lrmoe_compute_name(cm));
     }
+    if (!rc) /* how the weights came in: mapped (a raw file), read, or the caller's */
+        rc = lrmoe_frame_set_attr(f, "exec.weights", c->w != &c->w_own ? "given"
+                                                     : c->wmap.base ? "mapped" : "read");
 out:
     lrmoe_plan_free(&plan);
     return rc;
