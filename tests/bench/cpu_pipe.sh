@@ -66,12 +66,19 @@ for set in default raw 1 3; do
         stage 6 $o -o /dev/null "$tmp/s5.$set"
         t1=$(now)
         echo "$t0 $t1" > "$tmp/$run.e"
-        : > "$tmp/cat.$set"
-        for i in 0 1 2 3 4 5; do
-            tm "cat$i.$set" bin/lrmoe-cat $o -o /dev/null "$tmp/s$i.$set"
-            echo "$(stat -c %s "$tmp/s$i.$set") $(cat "$tmp/cat$i.$set.t")" >> "$tmp/cat.$set"
+        # the edges' cost at what the writer used on each: the default is raw
+        # on a pipe and level 1 on a file (lib/stream.c)
+        for via in pipe file; do
+            e=$o
+            [ "$set" = default ] && { [ $via = pipe ] && e="--no-compress" || e="--level 1"; }
+            : > "$tmp/cat.$via.$set"
+            for i in 0 1 2 3 4 5; do
+                bin/lrmoe-cat $e -o "$tmp/e.lrm" "$tmp/s$i.$set"
+                tm "cat$i.$set" bin/lrmoe-cat $e -o /dev/null "$tmp/e.lrm"
+                echo "$(stat -c %s "$tmp/e.lrm") $(cat "$tmp/cat$i.$set.t")" >> "$tmp/cat.$via.$set"
+            done
         done
-        rm -f "$tmp"/s[0-5]."$set"
+        rm -f "$tmp"/s[0-5]."$set" "$tmp/e.lrm"
     }
 done
 
@@ -103,21 +110,22 @@ for st in ("default", "raw", "1", "3"):
               100 * lw / (t1 - t0), " ".join("%8.2f" % x for x in c)))
 print("(cpu_s: user + sys of all stages; layer_s: the two exec layer calls' wall time)")
 print()
-print("%-8s %12s %12s %10s %10s" % ("setting", "stream_MB", "stream_cpu", "of_pipe", "of_file"))
+print("%-8s %-5s %12s %12s %10s" % ("setting", "via", "stream_MB", "stream_cpu", "of_cpu"))
 share = {}
 for st in ("default", "raw", "1", "3"):
-    rows = [l.split() for l in open(f"{tmp}/cat.{st}")]
-    mb = sum(int(r[0]) for r in rows) / 1e6
-    sc = sum(float(r[1]) + float(r[2]) for r in rows)
-    share[st] = sc / res[f"pipe.{st}"][1]
-    print("%-8s %12.1f %12.2f %9.1f%% %9.1f%%" % (st, mb, sc, 100 * share[st],
-                                                 100 * sc / res[f"file.{st}"][1]))
-print("(stream_MB: the six intermediate streams' bytes; stream_cpu: lrmoe-cat re-encoding each "
-      "at the setting, one decode + one encode per edge)")
+    for via in ("pipe", "file"):
+        rows = [l.split() for l in open(f"{tmp}/cat.{via}.{st}")]
+        mb = sum(int(r[0]) for r in rows) / 1e6
+        sc = sum(float(r[1]) + float(r[2]) for r in rows)
+        share[(st, via)] = sc / res[f"{via}.{st}"][1]
+        print("%-8s %-5s %12.1f %12.2f %9.1f%%" % (st, via, mb, sc, 100 * share[(st, via)]))
+print("(stream_MB: the six intermediate streams' bytes as the writer made them on that medium; "
+      "stream_cpu: lrmoe-cat re-encoding each alike, one decode + one encode per edge; "
+      "of_cpu: share of that run's pipeline CPU)")
 e, c, lw = res["pipe.default"]
 print()
 print("verdict: pipeline layer share at the defaults %.2f (target >= 0.7): %s; "
       "stream I/O + compression %.1f%% of the pipeline CPU at the defaults (target <= 15%%): %s"
-      % (lw / e, "PASS" if lw / e >= 0.7 else "BELOW TARGET", 100 * share["default"],
-         "PASS" if share["default"] <= 0.15 else "ABOVE TARGET"))
+      % (lw / e, "PASS" if lw / e >= 0.7 else "BELOW TARGET", 100 * share[("default", "pipe")],
+         "PASS" if share[("default", "pipe")] <= 0.15 else "ABOVE TARGET"))
 EOF
