@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include "exec_frame.h"
 #include "gemm_cpu.h"
+#include "weights_map.h"
 #include "exec_mpi.h"
 #include "plan.h"
 
@@ -39,8 +40,11 @@ static void drop_f32(lrmoe_exec_ctx_t *c)
 static void drop_weights(lrmoe_exec_ctx_t *c)
 {
     if (c->w == &c->w_own) {
-        if (c->wmap.base) lrmoe_weights_unmap(&c->w_own, &c->wmap);
+        lrmoe_wmap_t m = {c->wmap_base, c->wmap_len};
+        if (m.base) lrmoe_weights_unmap(&c->w_own, &m);
         else lrmoe_weights_free(&c->w_own);
+        c->wmap_base = NULL;
+        c->wmap_len = 0;
     }
     free(c->wok);
     c->wok = NULL;
@@ -77,9 +81,13 @@ static int load_weights(lrmoe_exec_ctx_t *c)
 {
     if (c->w) return 0;
     if (!c->weights_path) return lrmoe_err("weights: none given");
-    if (!lrmoe_weights_map(c->weights_path, &c->w_own, &c->wmap) &&
-        lrmoe_weights_load(c->weights_path, &c->w_own) < 0)
+    lrmoe_wmap_t m;
+    if (lrmoe_weights_map(c->weights_path, &c->w_own, &m)) {
+        c->wmap_base = m.base;
+        c->wmap_len = m.len;
+    } else if (lrmoe_weights_load(c->weights_path, &c->w_own) < 0) {
         return lrmoe_err_prefix("%s", c->weights_path);
+    }
     c->w = &c->w_own;
     return 0;
 }
@@ -626,7 +634,7 @@ int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
     }
     if (!rc) /* how the weights came in: mapped (a raw file), read, or the caller's */
         rc = lrmoe_frame_set_attr(f, "exec.weights", c->w != &c->w_own ? "given"
-                                                     : c->wmap.base ? "mapped" : "read");
+                                                     : c->wmap_base ? "mapped" : "read");
 out:
     lrmoe_plan_free(&plan);
     return rc;
