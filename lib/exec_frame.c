@@ -2,8 +2,10 @@
  * frame's new tensors and exec.* attributes (lib/exec_frame.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "exec_frame.h"
 #include "gemm_cpu.h"
+#include "weights_map.h"
 #include "exec_mpi.h"
 #include "plan.h"
 
@@ -29,14 +31,30 @@ void lrmoe_exec_ctx_init(lrmoe_exec_ctx_t *c, const lrmoe_exec_frame_opts_t *o)
 static void drop_f32(lrmoe_exec_ctx_t *c)
 {
     free(c->f32);
+    free(c->f32_done);
     c->f32 = NULL;
+    c->f32_done = NULL;
     c->f32_layer = -1;
+}
+
+static void drop_weights(lrmoe_exec_ctx_t *c)
+{
+    if (c->w == &c->w_own) {
+        lrmoe_wmap_t m = {c->wmap_base, c->wmap_len};
+        if (m.base) lrmoe_weights_unmap(&c->w_own, &m);
+        else lrmoe_weights_free(&c->w_own);
+        c->wmap_base = NULL;
+        c->wmap_len = 0;
+    }
+    free(c->wok);
+    c->wok = NULL;
+    c->wok_E = 0;
 }
 
 void lrmoe_exec_ctx_free(lrmoe_exec_ctx_t *c)
 {
     drop_f32(c);
-    if (c->w == &c->w_own) lrmoe_weights_free(&c->w_own);
+    drop_weights(c);
     free(c->tim);
     free(c->rep);
     free(c->wall_rep);
@@ -49,61 +67,144 @@ void lrmoe_exec_ctx_weights_file(lrmoe_exec_ctx_t *c, const char *path)
     c->weights_path = path;
 }
 
-static int check_weights(const lrmoe_weights_t *w, const char *what)
-{
-    static const char *nm[3] = {"w_gate", "w_up", "w_down"};
-    for (int i = 0; i < w->n; i++)
-        for (int j = 0; j < 3; j++) {
-            lrmoe_tensor_t *t = lrmoe_frame_get(&w->frames[i], nm[j]);
-            if (t && lrmoe_exec_check_finite(t->dtype, t->data,
-                                             (size_t)lrmoe_tensor_numel(t), nm[j]) < 0)
-                return lrmoe_err_prefix("%s: layer %lld", what, (long long)w->layer[i]);
-        }
-    return 0;
-}
-
 int lrmoe_exec_ctx_weights(lrmoe_exec_ctx_t *c, const lrmoe_weights_t *w)
 {
-    if (!c->o.cfg.allow_nonfinite && check_weights(w, "weights") < 0) return -1;
     drop_f32(c);
-    if (c->w == &c->w_own) lrmoe_weights_free(&c->w_own);
+    drop_weights(c);
     c->w = w;
     return 0;
 }
 
+/* A raw weights file is mapped (no copy: lib/weights_map.h); anything else
+ * is read. */
 static int load_weights(lrmoe_exec_ctx_t *c)
 {
     if (c->w) return 0;
     if (!c->weights_path) return lrmoe_err("weights: none given");
-    if (lrmoe_weights_load(c->weights_path, &c->w_own) < 0)
+    lrmoe_wmap_t m;
+    if (lrmoe_weights_map(c->weights_path, &c->w_own, &m)) {
+        c->wmap_base = m.base;
+        c->wmap_len = m.len;
+    } else if (lrmoe_weights_load(c->weights_path, &c->w_own) < 0) {
         return lrmoe_err_prefix("%s", c->weights_path);
+    }
     c->w = &c->w_own;
-    if (!c->o.cfg.allow_nonfinite && check_weights(c->w, c->weights_path) < 0) return -1;
     return 0;
 }
 
-/* Packed F32 copy of one layer's weights, made once per layer (not per
- * frame or call): expert e's block is [W_gate (F,D); W_up (F,D); W_down (D,F)]
- * so the backend runs gate and up as one GEMM with N = 2F. */
-static int pack_f32(lrmoe_exec_ctx_t *c, int64_t layer, const lrmoe_tensor_t *wg,
-                    const lrmoe_tensor_t *wu, const lrmoe_tensor_t *wd)
+/* used[e] = 1 for every expert some pair of the frame is routed to (ids are
+ * range-checked by the caller's need() and the backend; out-of-range ones
+ * are skipped here and reported there) */
+static void used_experts(const lrmoe_tensor_t *ids, int64_t E, uint8_t *used)
 {
-    if (c->f32_layer == layer) return 0;
-    drop_f32(c);
+    memset(used, 0, (size_t)E);
+    const int32_t *id = ids->data;
+    const int64_t n = ids->shape[0] * ids->shape[1];
+    for (int64_t u = 0; u < n; u++)
+        if (id[u] >= 0 && id[u] < E) used[id[u]] = 1;
+}
+
+/* Index of the first non-finite value of x[0..n) or -1: BF16/F16 by the
+ * exponent bits, F32 by its bits, a block at a time without an early exit so
+ * that the scan vectorises (the weights are scanned at memory speed). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+__attribute__((optimize("O3"), target_clones("avx512f", "avx2", "default")))
+#endif
+static int64_t first_nonfinite(lrmoe_dtype_t dt, const void *x, size_t n)
+{
+    enum { B = 4096 };
+    for (size_t i0 = 0; i0 < n; i0 += B) {
+        size_t m = n - i0 < B ? n - i0 : B;
+        unsigned any = 0;
+        if (dt == LRMOE_BF16 || dt == LRMOE_F16) {
+            const uint16_t *h = (const uint16_t *)x + i0, e = dt == LRMOE_BF16 ? 0x7f80 : 0x7c00;
+            for (size_t i = 0; i < m; i++) any |= (h[i] & e) == e;
+        } else if (dt == LRMOE_F32) {
+            const uint32_t *f = (const uint32_t *)x + i0;
+            for (size_t i = 0; i < m; i++) any |= (f[i] & 0x7f800000u) == 0x7f800000u;
+        } else {
+            return -1;
+        }
+        if (!any) continue;
+        for (size_t i = 0; i < m; i++) {
+            int bad = dt == LRMOE_F32
+                          ? (((const uint32_t *)x)[i0 + i] & 0x7f800000u) == 0x7f800000u
+                          : (((const uint16_t *)x)[i0 + i] & (dt == LRMOE_BF16 ? 0x7f80 : 0x7c00)) ==
+                                (dt == LRMOE_BF16 ? 0x7f80 : 0x7c00);
+            if (bad) return (int64_t)(i0 + i);
+        }
+    }
+    return -1;
+}
+
+/* Each used expert's three matrices of weights frame wi, checked finite
+ * once per context (c->wok remembers which were); F64 weights take the
+ * common check over the whole tensor. */
+static int check_weights(lrmoe_exec_ctx_t *c, int wi, int64_t layer, const uint8_t *used,
+                         int64_t E)
+{
+    static const char *nm[3] = {"w_gate", "w_up", "w_down"};
+    if (c->wok_E != E) {
+        free(c->wok);
+        c->wok_E = 0;
+        if (!(c->wok = calloc((size_t)c->w->n * (size_t)E, 1))) return lrmoe_err("out of memory");
+        c->wok_E = E;
+    }
+    uint8_t *ok = c->wok + (size_t)wi * (size_t)E;
+    const lrmoe_frame_t *wf = &c->w->frames[wi];
+    const char *what = c->weights_path && c->w == &c->w_own ? c->weights_path : "weights";
+    for (int j = 0; j < 3; j++) {
+        const lrmoe_tensor_t *t = lrmoe_frame_get(wf, nm[j]);
+        if (t->dtype == LRMOE_F64) {
+            if (!ok[0] && lrmoe_exec_check_finite(t->dtype, t->data,
+                                                  (size_t)lrmoe_tensor_numel(t), nm[j]) < 0)
+                return lrmoe_err_prefix("%s: layer %lld", what, (long long)layer);
+            continue;
+        }
+        const size_t per = (size_t)(t->shape[1] * t->shape[2]), es = lrmoe_dtype_size(t->dtype);
+        for (int64_t e = 0; e < E; e++) {
+            if (!used[e] || ok[e]) continue;
+            int64_t i = first_nonfinite(t->dtype, (const char *)t->data + (size_t)e * per * es, per);
+            if (i >= 0)
+                return lrmoe_err("%s: layer %lld: %s: non-finite value at flat index %lld "
+                                 "(use --allow-nonfinite)", what, (long long)layer, nm[j],
+                                 (long long)((size_t)e * per + (size_t)i));
+        }
+    }
+    for (int64_t e = 0; e < E; e++) ok[e] |= used[e];
+    return 0;
+}
+
+/* Packed F32 copy of one layer's weights (--compute f32 only), made lazily:
+ * each used expert once per layer (not per frame or call), the others never
+ * (their pages are never touched). Expert e's block is [W_gate (F,D); W_up
+ * (F,D); W_down (D,F)] so the backend runs gate and up as one GEMM with
+ * N = 2F. */
+static int pack_f32(lrmoe_exec_ctx_t *c, int64_t layer, const lrmoe_tensor_t *wg,
+                    const lrmoe_tensor_t *wu, const lrmoe_tensor_t *wd, const uint8_t *used)
+{
     const int64_t E = wg->shape[0];
     const size_t n = (size_t)(wg->shape[1] * wg->shape[2]);
     const size_t es = lrmoe_dtype_size(wg->dtype);
-    c->f32 = malloc((size_t)E * 3 * n * sizeof(float));
-    if (!c->f32)
-        return lrmoe_err("weights layer %lld: out of memory for the F32 copy",
-                         (long long)layer);
+    if (c->f32_layer != layer) {
+        drop_f32(c);
+        c->f32 = malloc((size_t)E * 3 * n * sizeof(float));
+        c->f32_done = calloc((size_t)E, 1);
+        if (!c->f32 || !c->f32_done) {
+            drop_f32(c);
+            return lrmoe_err("weights layer %lld: out of memory for the F32 copy",
+                             (long long)layer);
+        }
+        c->f32_layer = layer;
+    }
     for (int64_t e = 0; e < E; e++) {
+        if (!used[e] || c->f32_done[e]) continue;
         float *b = c->f32 + (size_t)e * 3 * n;
         lrmoe_convert_to_f32(wg->dtype, (const char *)wg->data + (size_t)e * n * es, b, n);
         lrmoe_convert_to_f32(wu->dtype, (const char *)wu->data + (size_t)e * n * es, b + n, n);
         lrmoe_convert_to_f32(wd->dtype, (const char *)wd->data + (size_t)e * n * es, b + 2 * n, n);
+        c->f32_done[e] = 1;
     }
-    c->f32_layer = layer;
     return 0;
 }
 
@@ -142,14 +243,25 @@ static lrmoe_tensor_t *need_m(const lrmoe_exec_ctx_t *c, const lrmoe_exec_dims_t
     return t;
 }
 
-/* A new output tensor with its pages faulted in before the timed call
- * (output buffers are persistent in a real step). */
-static lrmoe_tensor_t *put(lrmoe_frame_t *f, const char *name, lrmoe_dtype_t dt, int ndim,
-                           const int64_t *dims)
+/* A new output tensor. The CPU backend in this process writes every element
+ * of every output (lib/exec_cpu.c), so its outputs are neither zeroed nor
+ * pre-faulted (lrmoe_frame_put would zero them): their pages are faulted
+ * in once, by the layer's own writes (repeat and warmup runs reuse them).
+ * Other backends and MPI jobs get zeroed outputs. */
+static lrmoe_tensor_t *put(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const char *name,
+                           lrmoe_dtype_t dt, int ndim, const int64_t *dims)
 {
-    lrmoe_tensor_t *t = lrmoe_frame_put(f, name, dt, ndim, dims);
-    if (t && t->data) memset(t->data, 0, t->nbytes);
-    return t;
+    if (c->o.cfg.backend != LRMOE_BACKEND_CPU || c->mpi)
+        return lrmoe_frame_put(f, name, dt, ndim, dims);
+    size_t nb = lrmoe_dtype_size(dt);
+    for (int i = 0; i < ndim; i++) nb *= (size_t)dims[i];
+    void *p = nb ? lrmoe_alloc_big(nb) : NULL;
+    if (p && nb >= (4u << 20)) madvise(p, (nb + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1), MADV_NOHUGEPAGE);
+    if (nb && !p) {
+        lrmoe_err("out of memory: %zu bytes for tensor %s", nb, name);
+        return NULL;
+    }
+    return lrmoe_frame_adopt(f, name, dt, ndim, dims, p);
 }
 
 static const lrmoe_dtype_t DT_ACT[2] = {LRMOE_BF16, LRMOE_F32};
@@ -158,13 +270,14 @@ static const lrmoe_dtype_t DT_I32[1] = {LRMOE_I32};
 static const lrmoe_dtype_t DT_I64[1] = {LRMOE_I64};
 static const lrmoe_dtype_t DT_U8[2] = {LRMOE_U8, LRMOE_BOOL};
 
-/* The layer's weights (E, F, D from them) and, on the CPU, its F32 copy. */
+/* The layer's weights (E, F, D from them), validated; *wi their frame. */
 static int frame_weights(lrmoe_exec_ctx_t *c, int64_t layer, lrmoe_exec_weights_t *W,
-                         int64_t *E, int64_t *F, int64_t *D)
+                         int *wi, int64_t *E, int64_t *F, int64_t *D)
 {
     if (load_weights(c) < 0) return -1;
     const lrmoe_frame_t *wf = lrmoe_weights_layer(c->w, layer);
     if (!wf) return lrmoe_err("weights: no frame for layer %lld", (long long)layer);
+    *wi = (int)(wf - c->w->frames);
     lrmoe_tensor_t *wg = lrmoe_frame_need(wf, "w_gate"), *wu = lrmoe_frame_need(wf, "w_up"),
                    *wd = lrmoe_frame_need(wf, "w_down");
     if (!wg || !wu || !wd) return lrmoe_err_prefix("weights layer %lld", (long long)layer);
@@ -177,17 +290,32 @@ static int frame_weights(lrmoe_exec_ctx_t *c, int64_t layer, lrmoe_exec_weights_
         return lrmoe_err("weights: w_gate, w_up, w_down have different dtypes");
     memset(W, 0, sizeof *W);
     W->dtype = wg->dtype; W->w_gate = wg->data; W->w_up = wu->data; W->w_down = wd->data;
-    /* bf16 compute multiplies the weights in their stored dtype: no copy */
-    lrmoe_compute_t cm = LRMOE_COMPUTE_F32;
-    if (c->o.cfg.backend == LRMOE_BACKEND_CPU &&
-        lrmoe_gemm_resolve((lrmoe_compute_t)c->o.cfg.compute, W->dtype, &cm) < 0)
-        return -1;
-    if (c->o.cfg.backend == LRMOE_BACKEND_CPU && cm == LRMOE_COMPUTE_F32 &&
-        (W->dtype == LRMOE_F32 || W->dtype == LRMOE_BF16)) {
-        if (pack_f32(c, layer, wg, wu, wd) < 0) return -1;
-        W->w_f32 = c->f32;
-    }
     return 0;
+}
+
+/* What the frame's routing needs of the weights before the layer runs: its
+ * experts checked finite (once each) and, on the CPU with f32 compute, in
+ * the packed F32 copy. bf16 compute multiplies the stored dtype: no copy. */
+static int weights_for(lrmoe_exec_ctx_t *c, int wi, int64_t layer, const lrmoe_tensor_t *ids,
+                       lrmoe_exec_weights_t *W, int64_t E)
+{
+    uint8_t *used = malloc((size_t)(E > 0 ? E : 1));
+    if (!used) return lrmoe_err("out of memory");
+    used_experts(ids, E, used);
+    int rc = 0;
+    if (!c->o.cfg.allow_nonfinite) rc = check_weights(c, wi, layer, used, E);
+    lrmoe_compute_t cm = LRMOE_COMPUTE_F32;
+    if (!rc && c->o.cfg.backend == LRMOE_BACKEND_CPU)
+        rc = lrmoe_gemm_resolve((lrmoe_compute_t)c->o.cfg.compute, W->dtype, &cm);
+    if (!rc && c->o.cfg.backend == LRMOE_BACKEND_CPU && cm == LRMOE_COMPUTE_F32 &&
+        (W->dtype == LRMOE_F32 || W->dtype == LRMOE_BF16)) {
+        const lrmoe_frame_t *wf = &c->w->frames[wi];
+        rc = pack_f32(c, layer, lrmoe_frame_get(wf, "w_gate"), lrmoe_frame_get(wf, "w_up"),
+                      lrmoe_frame_get(wf, "w_down"), used);
+        if (!rc) W->w_f32 = c->f32;
+    }
+    free(used);
+    return rc;
 }
 
 /* P and the plan: the plan's when the frame has one (checked against the
@@ -324,12 +452,12 @@ static int run_forward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_d
     a.hidden = h->data;
     a.topk_ids = ids->data;
     a.topk_weights = tw->data;
-    lrmoe_tensor_t *o = put(f, "output", adt, 2, td),
-                   *pr = put(f, "pair_rank", LRMOE_I32, 2, tk),
-                   *pn = put(f, "phi_sqnorm", LRMOE_F32, 2, tk),
-                   *sg = put(f, "saved_gate", adt, 3, tkf),
-                   *su = put(f, "saved_up", adt, 3, tkf),
-                   *po = put(f, "pair_out", adt, 3, tkd);
+    lrmoe_tensor_t *o = put(c, f, "output", adt, 2, td),
+                   *pr = put(c, f, "pair_rank", LRMOE_I32, 2, tk),
+                   *pn = put(c, f, "phi_sqnorm", LRMOE_F32, 2, tk),
+                   *sg = put(c, f, "saved_gate", adt, 3, tkf),
+                   *su = put(c, f, "saved_up", adt, 3, tkf),
+                   *po = put(c, f, "pair_out", adt, 3, tkd);
     if (!o || !pr || !pn || !sg || !su || !po) return -1;
     a.output = o->data; a.pair_rank = pr->data; a.phi_sqnorm = pn->data;
     a.saved_gate = sg->data; a.saved_up = su->data; a.pair_out = po->data;
@@ -399,11 +527,11 @@ static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_
     const lrmoe_dtype_t adt[1] = {po->dtype};
     if (backward_inputs(c, f, d, adt, &a) < 0) return -1;
     const int64_t efd[3] = {E, F, D}, edf[3] = {E, D, F};
-    lrmoe_tensor_t *gh = put(f, "grad_hidden", LRMOE_F32, 2, td),
-                   *gg = put(f, "grad_w_gate", LRMOE_F32, 3, efd),
-                   *gu = put(f, "grad_w_up", LRMOE_F32, 3, efd),
-                   *gd = put(f, "grad_w_down", LRMOE_F32, 3, edf),
-                   *gt = put(f, "grad_topk_weights", LRMOE_F32, 2, tk);
+    lrmoe_tensor_t *gh = put(c, f, "grad_hidden", LRMOE_F32, 2, td),
+                   *gg = put(c, f, "grad_w_gate", LRMOE_F32, 3, efd),
+                   *gu = put(c, f, "grad_w_up", LRMOE_F32, 3, efd),
+                   *gd = put(c, f, "grad_w_down", LRMOE_F32, 3, edf),
+                   *gt = put(c, f, "grad_topk_weights", LRMOE_F32, 2, tk);
     if (!gh || !gg || !gu || !gd || !gt) return -1;
     a.grad_hidden = gh->data; a.grad_w_gate = gg->data; a.grad_w_up = gu->data;
     a.grad_w_down = gd->data; a.grad_topk_weights = gt->data;
@@ -466,7 +594,8 @@ int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
         return lrmoe_err("attribute layer: not an integer");
     lrmoe_exec_weights_t W;
     int64_t E = 0, F = 0, D = 0;
-    if (frame_weights(c, layer, &W, &E, &F, &D) < 0) return -1;
+    int wi = 0;
+    if (frame_weights(c, layer, &W, &wi, &E, &F, &D) < 0) return -1;
 
     const int64_t any2[2] = {-1, -1};
     lrmoe_tensor_t *ids = need(f, "topk_ids", 2, any2, 1, DT_I32);
@@ -479,6 +608,7 @@ int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
     if (lg && lg->ndim == 2 && lg->shape[1] != E)
         return lrmoe_err("weights have E=%lld experts but router_logits has %lld",
                          (long long)E, (long long)lg->shape[1]);
+    if (weights_for(c, wi, layer, ids, &W, E) < 0) return -1;
 
     lrmoe_plan_t plan;
     lrmoe_plan_init(&plan);
@@ -504,6 +634,9 @@ int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
         rc = lrmoe_gemm_resolve((lrmoe_compute_t)c->o.cfg.compute, W.dtype, &cm);
         if (!rc) rc = lrmoe_frame_set_attr(f, "exec.compute", lrmoe_compute_name(cm));
     }
+    if (!rc) /* how the weights came in: mapped (a raw file), read, or the caller's */
+        rc = lrmoe_frame_set_attr(f, "exec.weights", c->w != &c->w_own ? "given"
+                                                     : c->wmap_base ? "mapped" : "read");
 out:
     lrmoe_plan_free(&plan);
     return rc;

@@ -10,8 +10,9 @@
  *   backward adds grad_hidden, grad_w_gate, grad_w_up, grad_w_down,
  *            grad_topk_weights.
  * Weights are matched to the frame by its `layer` attribute. A context keeps
- * the weights and, on the CPU, one packed F32 copy of the current layer
- * between frames. Nothing here prints or exits: -1 with lrmoe_err set. */
+ * the weights (a raw weights file is mapped: lib/weights_map.h) and, on the
+ * CPU with --compute f32, one packed F32 copy of the current layer between
+ * frames. Nothing here prints or exits: -1 with lrmoe_err set. */
 #ifndef LRMOE_EXEC_FRAME_H
 #define LRMOE_EXEC_FRAME_H
 
@@ -52,6 +53,15 @@ typedef struct {
     /* NULL: the P ranks run in this process; else this is rank 0 of an MPI
      * job and every frame is spread over its processes (lib/exec_mpi.h) */
     struct lrmoe_exec_mpi *mpi;
+    /* a raw weights file is mapped, not read (w_own then borrows from it;
+     * lib/weights_map.h): the mapping, NULL when none */
+    void *wmap_base;
+    size_t wmap_len;
+    /* experts whose weights were checked finite: (w->n, wok_E) flags, each
+     * expert checked once, the first time a frame routes pairs to it */
+    uint8_t *wok;
+    int64_t wok_E;
+    uint8_t *f32_done;       /* (E): experts of f32_layer already in f32 */
 } lrmoe_exec_ctx_t;
 
 void lrmoe_exec_ctx_init(lrmoe_exec_ctx_t *c, const lrmoe_exec_frame_opts_t *o);
@@ -59,8 +69,10 @@ void lrmoe_exec_ctx_init(lrmoe_exec_ctx_t *c, const lrmoe_exec_frame_opts_t *o);
  * `lrmoe-gen --weights w.lrm | ... | lrmoe-exec --weights w.lrm` has no race.
  * PATH is borrowed. */
 void lrmoe_exec_ctx_weights_file(lrmoe_exec_ctx_t *c, const char *path);
-/* Use weights the caller holds (borrowed for the context's life); checked
- * for non-finite values now unless cfg.allow_nonfinite. */
+/* Use weights the caller holds (borrowed for the context's life). Unless
+ * cfg.allow_nonfinite, an expert's weights are checked for non-finite values
+ * the first time a frame routes pairs to it (weights of experts no frame
+ * uses are never read). */
 int lrmoe_exec_ctx_weights(lrmoe_exec_ctx_t *c, const lrmoe_weights_t *w);
 void lrmoe_exec_ctx_free(lrmoe_exec_ctx_t *c);
 

@@ -35,18 +35,9 @@ int lrmoe_gemm_have_dnnl(void)
 #endif
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-__attribute__((optimize("O3"), target_clones("arch=skylake-avx512", "avx2", "default")))
-#endif
-void lrmoe_gemm_to_bf16(const float *restrict src, void *restrict dst, size_t n)
+void lrmoe_gemm_to_bf16(const float *src, void *dst, size_t n)
 {
-    uint16_t *d = dst;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, src + i, 4);
-        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-        d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-    }
+    lrmoe_convert_from_f32(LRMOE_BF16, src, dst, n);   /* the vectorised kernel of lib/dtype.c */
 }
 
 /* Pack rows x cols of src (dtype sdt, row stride ld) into dst (dtype ddt)

@@ -163,9 +163,12 @@ void lrmoe_reader_close(lrmoe_reader_t *r);
  * (standard input, read once) is named twice. n == 0 means stdin alone. */
 int lrmoe_inputs_check(int n, char *const *paths);
 
+/* The default level: zstd level 1 on a regular file, raw (no compression) on
+ * a pipe, socket, terminal or device (lrmoe(7), COMPRESSION). */
+#define LRMOE_LEVEL_AUTO 1000
 typedef struct {
     int compress;  /* 1 zstd (default), 0 raw */
-    int level;     /* zstd level, default 3 */
+    int level;     /* zstd level -7..22, default LRMOE_LEVEL_AUTO */
     int threads;   /* zstd worker threads, 0 = single-threaded */
 } lrmoe_wopts_t;
 void lrmoe_wopts_default(lrmoe_wopts_t *o);

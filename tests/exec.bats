@@ -510,3 +510,56 @@ have_bf16() {
         assert_output "f32"
     fi
 }
+
+@test "exec: a raw weights file is mapped, zstd or piped weights are read, with the same bits; a truncated raw file keeps the reader's error" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 24 --E 8 --K 2 --D 16 --F 12 --dtype bf16
+    "$BIN/lrmoe-cat" --no-compress -o "$D/wr.lrm" "$D/w.lrm"
+    "$BIN/lrmoe-cat" -o "$D/wz.lrm" "$D/w.lrm"
+    for c in f32 bf16; do
+        for src in wr wz pipe; do
+            wf="$D/$src.lrm"; [ $src = pipe ] && wf=/dev/stdin
+            run sh -c "cat '$D/wr.lrm' | '$EXEC' --phase forward --compute $c --weights $wf --no-compress -o '$D/f$src.lrm' '$D/in.lrm' &&
+                       cat '$D/wr.lrm' | '$EXEC' --phase backward --compute $c --weights $wf --no-compress -o '$D/b$src.lrm' '$D/f$src.lrm'"
+            assert_success
+        done
+        run pyedit "
+for src, how in (('wr', 'mapped'), ('wz', 'read'), ('pipe', 'read')):
+    t, a = read_stream('$D/b%s.lrm' % src)[0]
+    assert a['exec.weights'] == how, (src, a['exec.weights'])
+    r, _ = read_stream('$D/bwr.lrm')[0]
+    for n in r: assert r[n].tobytes() == t[n].tobytes(), (src, n)
+print('same')"
+        assert_success
+        assert_output same
+    done
+    head -c 3000 "$D/wr.lrm" > "$D/wt.lrm"
+    run sh -c "'$EXEC' --phase forward --weights '$D/wt.lrm' --no-compress '$D/in.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    assert_output --partial "$D/wt.lrm: frame 0: truncated"
+}
+
+@test "exec: non-finite weights are an error in the experts a frame uses, once per expert; unused experts are not read" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 24 --E 8 --K 2 --D 16 --F 12 --dtype bf16
+    # route every token to experts 0..5: experts 6 and 7 are unused
+    pyedit "f=read_stream('$D/in.lrm', True); t,a,d=f[0]; t=dict(t); T=t['topk_ids'].shape[0]
+t['topk_ids']=np.array([[i % 3, 3 + i % 3] for i in range(T)], dtype=np.int32); write_stream('$D/in6.lrm', [(t,a,d)])"
+    for c in f32 bf16; do
+        # NaN in unused expert 7's w_gate: accepted, outputs finite
+        pyedit "f=read_stream('$D/w.lrm', True); t,a,d=f[0]; t=dict(t); x=t['w_gate'].copy(); x[7,1,2]=0x7fc0 if x.dtype == np.uint16 else np.nan; t['w_gate']=x; write_stream('$D/wn.lrm', [(t,a,d)])"
+        run sh -c "'$EXEC' --phase forward --compute $c --weights '$D/wn.lrm' --no-compress -o '$D/o.lrm' '$D/in6.lrm'"
+        assert_success
+        run pyedit "t=read_stream('$D/o.lrm')[0][0]; assert np.isfinite(t['output']).all(); print('finite')"
+        assert_output finite
+        # Inf in used expert 2's w_up: an error naming the flat index, unless --allow-nonfinite
+        pyedit "f=read_stream('$D/w.lrm', True); t,a,d=f[0]; t=dict(t); x=t['w_up'].copy(); x[2,3,4]=0x7f80 if x.dtype == np.uint16 else np.inf; t['w_up']=x; write_stream('$D/wi.lrm', [(t,a,d)])"
+        run sh -c "'$EXEC' --phase forward --compute $c --weights '$D/wi.lrm' --no-compress '$D/in6.lrm' > '$D/o.lrm'"
+        assert_fails_clean
+        assert_output --partial "$D/wi.lrm: layer 0: w_up: non-finite value at flat index $((2 * 12 * 16 + 3 * 16 + 4)) (use --allow-nonfinite)"
+        no_trailer "$D/o.lrm"
+        run sh -c "'$EXEC' --phase backward --compute $c --weights '$D/wi.lrm' --no-compress '$D/in6.lrm' > '$D/o.lrm'"
+        assert_fails_clean
+        assert_output --partial "w_up: non-finite value"
+        run sh -c "'$EXEC' --phase forward --compute $c --allow-nonfinite --weights '$D/wi.lrm' --no-compress -o '$D/o.lrm' '$D/in6.lrm'"
+        assert_success
+    done
+}

@@ -344,3 +344,22 @@ PY
     run "$BIN/lrmoe-view" --no-stats "$T/out.lrm"
     assert_output --partial "# 4 frames"
 }
+
+@test "stream: default compression by destination: zstd level 1 to a regular file, raw to a pipe or device; --level and --no-compress override" {
+    magic() { head -c 4 "$1" | od -An -tx1 | tr -d ' \n'; }
+    "$BIN/lrmoe-cat" -o "$T/dflt.lrm" "$T/ok.lrm"
+    "$BIN/lrmoe-cat" --level 1 -o "$T/l1.lrm" "$T/ok.lrm"
+    [ "$(magic "$T/dflt.lrm")" = 28b52ffd ]
+    cmp "$T/dflt.lrm" "$T/l1.lrm"
+    "$BIN/lrmoe-cat" "$T/ok.lrm" > "$T/redir.lrm"        # stdout onto a file: a file
+    cmp "$T/redir.lrm" "$T/l1.lrm"
+    "$BIN/lrmoe-cat" "$T/ok.lrm" | cat > "$T/pipe.lrm"    # a pipe: raw
+    "$BIN/lrmoe-cat" --no-compress -o "$T/raw.lrm" "$T/ok.lrm"
+    cmp "$T/pipe.lrm" "$T/raw.lrm"
+    "$BIN/lrmoe-cat" --level 3 "$T/ok.lrm" | cat > "$T/p3.lrm"
+    "$BIN/lrmoe-cat" --level 3 -o "$T/l3.lrm" "$T/ok.lrm"
+    cmp "$T/p3.lrm" "$T/l3.lrm"
+    [ "$(magic "$T/p3.lrm")" = 28b52ffd ]
+    run "$BIN/lrmoe-view" -S "$T/pipe.lrm"
+    assert_output --partial "# 2 frames"
+}

@@ -18,9 +18,9 @@
 #                   backward: one process scores and packs the rows of all P
 #                   ranks, as exec runs all P ranks; a real rank packs only
 #                   its own rows, so `overhead` is the pessimistic figure.
-# Each lrmoe-exec call spends most of its wall time outside the timed layer
-# (reading 1.2 GB of weights and making their packed F32 copy once per layer,
-# faulting in gradient buffers), so a run takes minutes whatever TOKENS is.
+# Each backward runs once untimed first (--warmup 1): the layer's outputs
+# are faulted in by their first writes, which would otherwise count in the
+# timed call (a real step reuses its gradient buffers).
 # Inside the timed backward the per-rank cost that does not shrink with rho
 # is writing the weight gradients of the rank's E/P experts (3*F*D floats
 # each, whatever their row count), which keeps realised/ideal below 1 at small
@@ -65,7 +65,7 @@ echo "expert load imbalance (max/mean): $(attr "$tmp/f.lrm" route.expert_imbalan
 
 # one backward: run MODE IN -> "crit sum" (critical rank, sum over ranks)
 run() {
-    bin/lrmoe-exec --phase backward --mode "$1" --weights "$tmp/w.lrm" \
+    bin/lrmoe-exec --phase backward --mode "$1" --warmup 1 --weights "$tmp/w.lrm" \
         -P "$P" -@ "$THREADS" --clock "$CLOCK" $raw "$2" -o "$tmp/b.lrm"
     bin/lrmoe-view --json --no-stats "$tmp/b.lrm" | python3 -c '
 import json, sys
@@ -140,4 +140,6 @@ print("verdict: %s: C30 compact realised/ideal %.3f (target >= 0.9), "
       "score+select+pack %.2f%% of the compact backward (target <= 10%%); "
       "masked best speedup %.3fx (masking saves nothing: ~1x)" % (
           "PASS" if ok else "FAIL", ri, 100 * ov, msp))
+print("verdict (issue 17): C30 compact realised/ideal including score and pack %.3f "
+      "(target >= 0.95): %s" % (ri, "PASS" if ri >= 0.95 else "BELOW TARGET"))
 PY

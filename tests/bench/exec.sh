@@ -106,9 +106,9 @@ while [ $r -lt "$REPS" ]; do all="$all $frames"; r=$((r + 1)); done
 bin/lrmoe-cat $raw $all > "$tmp/in.lrm"
 
 # ---- one forward and one backward invocation over all frames
-bin/lrmoe-exec --phase forward --compute f32 -j "$RANK_THREADS" -@ "$THREADS" --clock "$CLOCK" --weights "$tmp/w.lrm" --timings "$tmp/f.tsv" \
+bin/lrmoe-exec --phase forward --compute f32 --warmup 1 -j "$RANK_THREADS" -@ "$THREADS" --clock "$CLOCK" --weights "$tmp/w.lrm" --timings "$tmp/f.tsv" \
     $raw -o "$tmp/f.lrm" "$tmp/in.lrm"
-bin/lrmoe-exec --phase backward --compute f32 -j "$RANK_THREADS" -@ "$THREADS" --clock "$CLOCK" --weights "$tmp/w.lrm" --timings "$tmp/b.tsv" \
+bin/lrmoe-exec --phase backward --compute f32 --warmup 1 -j "$RANK_THREADS" -@ "$THREADS" --clock "$CLOCK" --weights "$tmp/w.lrm" --timings "$tmp/b.tsv" \
     $raw -o /dev/null "$tmp/f.lrm"
 
 NP=$((TOKENS * 8))

@@ -1,0 +1,193 @@
+/* Mapped raw weights streams (lib/weights_map.h). The layout is
+ * lrmoe-stream(5): safetensors frames (8-byte little-endian header length,
+ * JSON header, data) and the trailer "LRMOEEND" + 8-byte frame count. The
+ * mapping is accepted only when every frame parses exactly as the stream
+ * reader would accept it; any doubt answers 0 and the reader runs instead,
+ * so errors keep the reader's wording. */
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <jansson.h>
+#include "weights_map.h"
+
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+typedef struct {
+    const char *name;
+    lrmoe_dtype_t dt;
+    int ndim;
+    int64_t shape[LRMOE_MAX_DIMS];
+    uint64_t b, e;
+} ent_t;
+
+static int by_begin(const void *x, const void *y)
+{
+    const ent_t *a = x, *b = y;
+    return a->b < b->b ? -1 : a->b > b->b;
+}
+
+/* One tensor entry of the header; 0 or -1 (not exactly valid). */
+static int entry(const char *key, json_t *val, ent_t *e)
+{
+    json_t *dt = json_object_get(val, "dtype"), *sh = json_object_get(val, "shape"),
+           *off = json_object_get(val, "data_offsets");
+    if (!*key || !json_is_object(val) || !json_is_string(dt) || !json_is_array(sh) ||
+        !json_is_array(off) || json_array_size(off) != 2 ||
+        json_array_size(sh) > LRMOE_MAX_DIMS)
+        return -1;
+    const char *dn = json_string_value(dt);
+    int found = 0;
+    for (int i = 0; i < LRMOE_NDTYPES && !found; i++)
+        if (!strcmp(dn, lrmoe_dtype_name((lrmoe_dtype_t)i))) { e->dt = (lrmoe_dtype_t)i; found = 1; }
+    if (!found) return -1;
+    e->name = key;
+    e->ndim = (int)json_array_size(sh);
+    uint64_t need = lrmoe_dtype_size(e->dt);
+    for (int d = 0; d < e->ndim; d++) {
+        json_t *x = json_array_get(sh, (size_t)d);
+        if (!json_is_integer(x) || json_integer_value(x) < 0) return -1;
+        uint64_t v = (uint64_t)json_integer_value(x);
+        if (v && need > (UINT64_MAX >> 2) / v) return -1;
+        need *= v;
+        e->shape[d] = (int64_t)v;
+    }
+    json_t *b = json_array_get(off, 0), *en = json_array_get(off, 1);
+    if (!json_is_integer(b) || !json_is_integer(en) || json_integer_value(b) < 0 ||
+        json_integer_value(en) < json_integer_value(b))
+        return -1;
+    e->b = (uint64_t)json_integer_value(b);
+    e->e = (uint64_t)json_integer_value(en);
+    return e->e - e->b == need ? 0 : -1;
+}
+
+/* The frame whose header is hdr[0..hlen) and whose data starts at data
+ * (avail bytes left in the file) into the empty f; its data length into
+ * *dlen. 0 or -1. */
+static int frame_at(const char *hdr, size_t hlen, const uint8_t *data, uint64_t avail,
+                    lrmoe_frame_t *f, uint64_t *dlen)
+{
+    json_t *root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, NULL);
+    ent_t *ents = NULL;
+    int rc = -1;
+    size_t n = root ? json_object_size(root) : 0;
+    if (!json_is_object(root) || n > (size_t)LRMOE_MAX_TENSORS + 1 ||
+        !(ents = calloc(n ? n : 1, sizeof *ents)))
+        goto out;
+    size_t ne = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val) {
+        if (strcmp(key, "__metadata__")) {
+            if (entry(key, val, &ents[ne++]) < 0) goto out;
+            continue;
+        }
+        if (!json_is_object(val) || json_object_size(val) > LRMOE_MAX_ATTRS) goto out;
+        const char *k;
+        json_t *v;
+        json_object_foreach(val, k, v)
+            if (!json_is_string(v) || lrmoe_frame_set_attr_new(f, k, json_string_value(v)) < 0)
+                goto out;
+    }
+    qsort(ents, ne, sizeof *ents, by_begin);
+    uint64_t pos = 0;
+    for (size_t i = 0; i < ne; i++) {
+        if (ents[i].b != pos) goto out;   /* a gap or an overlap */
+        pos = ents[i].e;
+    }
+    if (pos > avail) goto out;             /* truncated */
+    for (size_t i = 0; i < ne; i++) {
+        const ent_t *e = &ents[i];
+        const uint8_t *p = e->e > e->b ? data + e->b : NULL;
+        if (p && (uintptr_t)p % lrmoe_dtype_size(e->dt)) goto out; /* misaligned */
+        if (!lrmoe_frame_adopt_new(f, e->name, e->dt, e->ndim, e->shape, (void *)p)) goto out;
+    }
+    *dlen = pos;
+    rc = 0;
+out:
+    free(ents);
+    json_decref(root);
+    return rc;
+}
+
+static void frames_drop(lrmoe_weights_t *w)
+{
+    for (int i = 0; i < w->n; i++)
+        for (int j = 0; j < w->frames[i].ntensors; j++) w->frames[i].tensors[j]->data = NULL;
+    lrmoe_weights_free(w);
+}
+
+static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w)
+{
+    static const char TRAILER[8] = {'L', 'R', 'M', 'O', 'E', 'E', 'N', 'D'};
+    size_t at = 0;
+    int cap = 0;
+    for (;;) {
+        if (len - at < 8) return -1;
+        if (!memcmp(b + at, TRAILER, 8))
+            return len - at == 16 && le64(b + at + 8) == (uint64_t)w->n ? 0 : -1;
+        uint64_t hlen = le64(b + at);
+        if (hlen < 2 || hlen > LRMOE_MAX_HEADER || hlen > len - at - 8) return -1;
+        if (w->n == cap) {
+            cap = cap ? 2 * cap : 8;
+            lrmoe_frame_t *fr = realloc(w->frames, (size_t)cap * sizeof *fr);
+            if (fr) w->frames = fr;
+            int64_t *ly = fr ? realloc(w->layer, (size_t)cap * sizeof *ly) : NULL;
+            if (!ly) return -1;
+            w->layer = ly;
+        }
+        lrmoe_frame_t *f = &w->frames[w->n];
+        lrmoe_frame_init(f);
+        w->layer[w->n++] = 0;
+        const size_t d0 = at + 8 + (size_t)hlen;
+        uint64_t dlen = 0;
+        if (frame_at((const char *)b + at + 8, (size_t)hlen, b + d0, len - d0, f, &dlen) < 0)
+            return -1;
+        int64_t l = w->n - 1;
+        if (lrmoe_frame_attr_i64(f, "layer", &l) < 0) return -1;
+        for (int i = 0; i + 1 < w->n; i++)
+            if (w->layer[i] == l) return -1;
+        w->layer[w->n - 1] = l;
+        at = d0 + (size_t)dlen;
+    }
+}
+
+int lrmoe_weights_map(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m)
+{
+    memset(w, 0, sizeof *w);
+    memset(m, 0, sizeof *m);
+    if (!path || !strcmp(path, "-")) return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat st;
+    void *p = MAP_FAILED;
+    if (!fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size >= 16)
+        p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return 0;
+    const size_t len = (size_t)st.st_size;
+    if (!memcmp(p, "\x28\xb5\x2f\xfd", 4)) { munmap(p, len); return 0; } /* zstd */
+    if (walk(p, len, w) < 0) {
+        frames_drop(w);
+        munmap(p, len);
+        return 0;
+    }
+    m->base = p;
+    m->len = len;
+    return 1;
+}
+
+void lrmoe_weights_unmap(lrmoe_weights_t *w, lrmoe_wmap_t *m)
+{
+    frames_drop(w);
+    if (m->base) munmap(m->base, m->len);
+    memset(m, 0, sizeof *m);
+}
