@@ -14,7 +14,7 @@ static void usage(FILE *fp)
         "into one stream, re-encoded: zstd by default, raw with --no-compress.\n\n"
         "Options:\n"
         "  -o, --output FILE   write to FILE (default stdout)\n"
-        "  -l, --level N       zstd level (default 3)\n"
+        "  -l, --level N       zstd level (default: 1 to a file, raw to a pipe)\n"
         "  -@, --threads N     zstd worker threads (default 0)\n"
         "      --no-compress   write a raw stream\n"
         "  -f, --force         write binary to a terminal\n"

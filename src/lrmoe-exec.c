@@ -47,7 +47,7 @@ static void usage(FILE *fp)
         "      --warmup M        untimed runs before the timed ones (default 0)\n"
         "      --allow-nonfinite accept NaN/Inf in the inputs\n"
         "  -o, --output FILE     write to FILE (default stdout)\n"
-        "  -l, --level N         zstd level (default 3)\n"
+        "  -l, --level N         zstd level (default: 1 to a file, raw to a pipe)\n"
         "  -@, --threads N       GEMM (OpenBLAS, oneDNN) and zstd threads (default 0:\n"
         "                        the libraries' defaults)\n"
         "  -j, --rank-threads N  compute N ranks at a time, threads/N BLAS threads\n"

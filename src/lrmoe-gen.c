@@ -46,7 +46,7 @@ static void usage(FILE *fp)
         "      --router-init M   router_weight: zero (default) or normal\n"
         "Output:\n"
         "  -o, --output FILE     write to FILE (default stdout)\n"
-        "  -l, --level N         zstd level (default 3)\n"
+        "  -l, --level N         zstd level (default: 1 to a file, raw to a pipe)\n"
         "  -@, --threads N       generator and zstd worker threads (default 0: one)\n"
         "      --no-compress     write a raw stream\n"
         "  -f, --force           write binary to a terminal\n"
@@ -228,7 +228,11 @@ int main(int argc, char **argv)
     lrmoe_frame_t f;
     lrmoe_frame_init(&f);
     if (weights) {
-        lrmoe_writer_t *w = lrmoe_writer_open(weights, &io.w);
+        /* weights raw unless -l says otherwise: lrmoe-exec maps a raw
+         * weights file instead of reading it (lrmoe-exec(1)) */
+        lrmoe_wopts_t wo = io.w;
+        if (wo.level == LRMOE_LEVEL_AUTO) wo.compress = 0;
+        lrmoe_writer_t *w = lrmoe_writer_open(weights, &wo);
         if (!w)
             FAIL(1);
         for (int64_t l = 0; l < layers; l++)

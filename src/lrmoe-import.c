@@ -41,7 +41,7 @@ static void usage(FILE *fp)
             "                          hf (also the HF activation names hidden_states,\n"
             "                          top_k_index, top_k_weights), none (as is)\n"
             "  -o, --output FILE       write the stream to FILE (default: stdout)\n"
-            "  -l, --level N           zstd level (default 3)\n"
+            "  -l, --level N           zstd level (default: 1 to a file, raw to a pipe)\n"
             "  -@, --threads N         zstd worker threads (default 0)\n"
             "      --no-compress       write a raw stream\n"
             "  -f, --force             write binary data to a terminal\n"

@@ -35,7 +35,7 @@ static void usage(FILE *fp)
         "                      when the stream goes there)\n"
         "  -v, --verbose       one line per frame on stderr\n"
         "  -o, --output FILE   write to FILE (default stdout)\n"
-        "  -l, --level N       zstd level (default 3)\n"
+        "  -l, --level N       zstd level (default: 1 to a file, raw to a pipe)\n"
         "  -@, --threads N     gather threads and zstd workers (default 0: one\n"
         "                      gather thread); output does not depend on N\n"
         "      --no-compress   write a raw stream\n"

@@ -58,7 +58,7 @@ static void usage(FILE *fp)
         "powers of 1024 (16g = 16GiB), KB, MB, GB, TB powers of 1000 (lrmoe(7)).\n"
         "Stream options:\n"
         "  -o, --output FILE     write to FILE (default stdout)\n"
-        "  -l, --level N         zstd level (default 3)\n"
+        "  -l, --level N         zstd level (default: 1 to a file, raw to a pipe)\n"
         "  -@, --threads N       zstd workers\n"
         "      --no-compress     write a raw stream\n"
         "  -f, --force           write binary to a terminal\n"

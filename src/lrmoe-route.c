@@ -37,7 +37,7 @@ static void usage(FILE *fp)
         "                        (- : stdout, or stderr when the stream goes there)\n"
         "Stream options:\n"
         "  -o, --output FILE     write to FILE (default stdout)\n"
-        "  -l, --level N         zstd level (default 3)\n"
+        "  -l, --level N         zstd level (default: 1 to a file, raw to a pipe)\n"
         "  -@, --threads N       routing threads over token blocks, zstd workers\n"
         "      --no-compress     write a raw stream\n"
         "  -f, --force           write binary to a terminal\n"

@@ -27,7 +27,7 @@ static void usage(FILE *fp)
         "                      (- : stdout, or stderr when the stream goes there)\n"
         "  -v, --verbose       one line per frame on stderr\n"
         "  -o, --output FILE   write to FILE (default stdout)\n"
-        "  -l, --level N       zstd level (default 3)\n"
+        "  -l, --level N       zstd level (default: 1 to a file, raw to a pipe)\n"
         "  -@, --threads N     scoring threads and zstd workers (default 0: one\n"
         "                      scoring thread); results do not depend on N\n"
         "      --no-compress   write a raw stream\n"
