@@ -307,17 +307,18 @@ static int view(const char *path, opts_t *o)
             break;
         }
     }
-    int compressed = lrmoe_reader_compressed(r);
+    int compressed = lrmoe_reader_compressed(r), plain = lrmoe_reader_plain(r);
     lrmoe_frame_clear(&f);
     lrmoe_reader_close(r);
     if (rc < 0)
         return -1;
     if (!o->json) {
         char hb[32];
-        printf("%s# %" PRId64 " frame%s%s, %" PRId64 " tensor%s, %s; %s stream, %s\n", shown ? "\n" : "",
+        printf("%s# %" PRId64 " frame%s%s, %" PRId64 " tensor%s, %s; %s, %s\n", shown ? "\n" : "",
                i, i == 1 ? "" : "s", stopped ? " read" : "", ntens, ntens == 1 ? "" : "s", human(bytes, hb, sizeof hb),
-               compressed ? "zstd" : "raw",
-               stopped ? "reading stopped after the last selected frame" : "clean end");
+               plain ? "plain safetensors file" : compressed ? "zstd stream" : "raw stream",
+               stopped ? "reading stopped after the last selected frame"
+                       : plain ? "one frame, no trailer" : "clean end");
     }
     if (o->sel.nranges && o->sel.last != INT64_MAX && o->sel.last >= i)
         return lrmoe_err("--frame %" PRId64 ": the stream has %" PRId64 " frame%s", o->sel.last, i,

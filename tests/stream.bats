@@ -81,10 +81,10 @@ PY
     assert_equal "${#lines[@]}" 1
 }
 
-@test "empty input is a truncated stream" {
+@test "empty input is an error that says so, not a truncated frame 0" {
     run "$BIN/lrmoe-cat" /dev/null -o /dev/null
     assert_failure 1
-    assert_output --partial "without a trailer"
+    assert_output "lrmoe-cat: /dev/null: empty file (no frame, no trailer)"
 }
 
 @test "wrong magic: a zstd-looking header that is not zstd" {
