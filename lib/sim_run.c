@@ -405,6 +405,70 @@ int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t
     return 0;
 }
 
+int lrmoe_sim_plot_trace(const char *path, const lrmoe_plan_cli_t *cli, const char *file)
+{
+    if (!path || !strcmp(path, "-"))
+        return lrmoe_err("the trace is read once more for the figure: name it as a FILE "
+                         "argument, not standard input");
+    size_t fl = strlen(file);
+    lrmoe_plot_fmt_t fmt;
+    if (fl > 4 && !strcmp(file + fl - 4, ".svg"))
+        fmt = LRMOE_PLOT_SVG;
+    else if (fl > 4 && !strcmp(file + fl - 4, ".png"))
+        fmt = LRMOE_PLOT_PNG;
+    else
+        return lrmoe_err("the name must end in .svg or .png");
+    if (!lrmoe_plot_have_gnuplot())
+        return lrmoe_err("gnuplot not found in PATH (Debian: apt-get install gnuplot-nox)");
+    char dir[4096], name[1024];
+    const char *slash = strrchr(file, '/');
+    if (slash && (size_t)(slash - file) >= sizeof dir)
+        return lrmoe_err("path too long");
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - file) : 1, slash ? file : ".");
+    if (slash && slash == file)
+        snprintf(dir, sizeof dir, "/");
+    const char *base = slash ? slash + 1 : file;
+    snprintf(name, sizeof name, "%.*s", (int)(strlen(base) - 4), base);
+    if (!*name)
+        return lrmoe_err("no name before the extension");
+
+    lrmoe_sim_cfg_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return lrmoe_err("out of memory");
+    c->base = *cli->o;
+    c->set_D = cli->set_D;
+    c->set_K = cli->set_K;
+    c->set_T = cli->set_T;
+    c->set_dtype = cli->set_dtype;
+    c->P = c->base.P;
+    c->jobs = 1;
+    c->max_frames = -1;
+    c->track_worst = 1;
+    c->np = lrmoe_sim_parse_planners("fixed,llep,eplb,lrmoe", &c->base, c->pl,
+                                     LRMOE_SIM_MAX_PLANNERS);
+    int rc = c->np < 0 ? -1 : 0;
+    lrmoe_reader_t *rd = rc ? NULL : lrmoe_reader_open(path);
+    lrmoe_sim_result_t res;
+    memset(&res, 0, sizeof res);
+    if (!rc && !rd)
+        rc = -1;
+    if (!rc)
+        rc = lrmoe_sim_run(c, rd, &res);
+    lrmoe_reader_close(rd);
+    if (!rc && res.frames == 0)
+        rc = lrmoe_err("%s: no frames", path);
+    if (!rc) {
+        char title[512];
+        worst_title(title, sizeof title, &res.worst);
+        rc = plot_load(dir, name, fmt, c, &res.worst, title);
+    }
+    if (!rc)
+        rc = lrmoe_plot_render(dir, name, fmt);
+    lrmoe_sim_result_free(&res); /* zeroed or filled: both free */
+    free(c);
+    return rc;
+}
+
 static void free_items(item_t *items, int n)
 {
     for (int i = 0; i < n; i++) {
