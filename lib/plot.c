@@ -487,8 +487,9 @@ int lrmoe_plot_svg_portable(const char *path)
         free(out);
         return lrmoe_err("out of memory");
     }
-    /* then every <rect> without a stroke gets stroke='none' (ImageMagick
-     * would draw a black frame around the figure's background) */
+    /* then, tag by tag: a <rect> without a stroke gets stroke='none'
+     * (ImageMagick would draw a black frame around the figure's
+     * background), and currentColor in a tag that sets color is written out */
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     fp = fopen(tmp, "wb");
@@ -497,12 +498,24 @@ int lrmoe_plot_svg_portable(const char *path)
         return lrmoe_err("%s: %s", tmp, strerror(errno));
     }
     p = out;
-    for (const char *r; (r = strstr(p, "<rect ")) != NULL;) {
-        const char *re = strchr(r, '>');
-        if (!re) break;
-        fwrite(p, 1, (size_t)(r - p) + 5, fp);
-        if (!memmem(r, (size_t)(re - r), "stroke", 6)) fputs(" stroke='none'", fp);
-        p = r + 5;
+    const char *od = strstr(out, "<defs>"), *ode = od ? strstr(od, "</defs>") : NULL;
+    for (const char *t; (t = strchr(p, '<')) != NULL;) {
+        const char *te = strchr(t, '>');
+        if (!te) break;
+        te++;
+        fwrite(p, 1, (size_t)(t - p), fp);
+        p = te;
+        size_t cl = 0;
+        const char *col = od && ode && t > od && t < ode ? NULL : attr_in(t, te, "color", &cl);
+        if (!strncmp(t, "<rect ", 6) && !memmem(t, (size_t)(te - t), "stroke", 6)) {
+            fwrite(t, 1, 5, fp);
+            fputs(" stroke='none'", fp);
+            fwrite(t + 5, 1, (size_t)(te - t - 5), fp);
+        } else if (col && memmem(t, (size_t)(te - t), "currentColor", 12)) {
+            put_colored(fp, t, te, col, cl);
+        } else {
+            fwrite(t, 1, (size_t)(te - t), fp);
+        }
     }
     fputs(p, fp);
     free(out);
