@@ -97,9 +97,9 @@ static void preamble(FILE *fp, const char *name, lrmoe_plot_fmt_t fmt, const lrm
     fprintf(fp, "\nset title ");
     /* the note as the title's last line: the legend below keeps its
      * automatic margin */
-    char title[2048];
-    snprintf(title, sizeof title, "%s%s%s", o->title ? o->title : "", o->note ? "\n" : "",
-             o->note ? o->note : "");
+    char title[2048]; /* and an empty line for the y label above the axis */
+    snprintf(title, sizeof title, "%s%s%s%s", o->title ? o->title : "", o->note ? "\n" : "",
+             o->note ? o->note : "", o->ylabel ? "\n" : "");
     put_str(fp, title);
     fprintf(fp, "\nset datafile separator \"\\t\"\n");
     /* the legend outside the data, on the right */
@@ -114,7 +114,7 @@ static void preamble(FILE *fp, const char *name, lrmoe_plot_fmt_t fmt, const lrm
     if (o->ylabel) { /* horizontal, above the axis: renderers disagree on rotated text */
         fprintf(fp, "set label ");
         put_str(fp, o->ylabel);
-        fprintf(fp, " at graph 0, graph 1 left offset -1,0.8\n");
+        fprintf(fp, " at graph 0, graph 1 left offset -1,1\n");
     }
 }
 
@@ -158,8 +158,9 @@ int lrmoe_plot_stacked(const char *dir, const char *name, lrmoe_plot_fmt_t fmt,
     lrmoe_plot_opts_t oo = *o;
     char note[1024];
     if (o->ref_y > 0 && !ref) { /* far above the bars: say so instead of squashing them */
-        snprintf(note, sizeof note, "%s%s%s: %.4g, above the plotted range", o->note ? o->note : "",
-                 o->note ? "; " : "", o->ref_label ? o->ref_label : "reference", o->ref_y);
+        snprintf(note, sizeof note, "%s%s%s = %.4g %s: above the plotted range",
+                 o->note ? o->note : "", o->note ? "\n" : "", o->ref_label ? o->ref_label : "reference",
+                 o->ref_y, o->ylabel ? o->ylabel : "");
         oo.note = note;
     }
     preamble(fp, name, fmt, &oo);

@@ -314,15 +314,17 @@ int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t
         char hb[32];
         snprintf(ref, sizeof ref, "budget: base experts + --hbm %s",
                  hbm > 0 ? lrmoe_cost_fmt_bytes(hbm, hb, sizeof hb) : "unlimited");
-        snprintf(note, sizeof note, "crosses: the memory of each infeasible frame (over the "
-                 "budget or the window)%s", hbm > 0 ? "" : "\nno budget (--hbm 0)");
+        snprintf(note, sizeof note, "%s%s%s",
+                 nm ? "crosses: the memory of each infeasible frame (over the budget or the window)"
+                    : "",
+                 nm && hbm <= 0 ? "\n" : "", hbm > 0 ? "" : "no budget (--hbm 0)");
         snprintf(title, sizeof title,
                  "modelled GPU memory per MoE layer at the busiest rank\n(bars: mean over %zu "
                  "frames)", a->n);
         lrmoe_plot_opts_init(&o);
         o.title = title;
         o.ylabel = "GiB (modelled)";
-        o.note = note;
+        o.note = *note ? note : NULL;
         o.ref_y = hbm > 0 ? base + hbm / GIB : 0;
         o.ref_label = ref;
         o.nmarks = (int)nm;
@@ -386,8 +388,8 @@ int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t
         o.title = title;
         o.xlabel = "batch-size multiplier (log2 scale)";
         o.ylabel = "% of offered batch that fits (modelled)";
-        o.note = "ideal: keeps every pair (no dropping), perfectly balanced, same budget and\n"
-                 "window; planners that drop pairs (lrmoe) can exceed it";
+        o.note = "ideal: keeps every pair (no dropping), perfectly balanced, same budget\n"
+                 "and window; planners that drop pairs (lrmoe) can lie above it";
         int sorted = 1; /* a log2 axis needs positive, increasing multipliers */
         for (int i = 0; i < c->npress; i++)
             sorted &= x[i] > 0 && (i == 0 || x[i] > x[i - 1]);

@@ -53,7 +53,7 @@ col() { head -1 "$1" | tr '\t' '\n' | grep -n "^$2" | head -1 | cut -d: -f1; }
     # a budget far above the bars is named, not drawn
     "$BIN/lrmoe-sim" --ranks 8 --plot "$T/f" "$D/tr.lrm" > /dev/null
     if grep -q '^set arrow' "$T/f/memory.gp"; then fail "a budget line 40x above the bars"; fi
-    grep -q 'budget: base experts + --hbm 16 GiB: 16.* above the plotted range' "$T/f/memory.gp"
+    grep -q 'budget: base experts + --hbm 16 GiB = 16.* GiB (modelled): above the plotted range' "$T/f/memory.gp"
     if grep -q 'infeasible"' "$T/f/memory.gp"; then fail "infeasible marks without infeasible frames"; fi
 }
 
