@@ -44,7 +44,8 @@ static int thin(lrmoe_frame_t *f, const thin_t *t)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* main without the --keep/--drop lists, which main frees on every path */
+static int cat_main(int argc, char **argv, thin_t *th)
 {
     static const struct option longopts[] = {
         LRMOE_STREAM_LONGOPTS,
@@ -55,7 +56,6 @@ int main(int argc, char **argv)
         {0, 0, 0, 0}};
     lrmoe_io_t io;
     lrmoe_io_init(&io);
-    thin_t th = {{0}, {0}};
     int c;
     while ((c = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "hV", longopts, NULL)) != -1) {
         int r = lrmoe_io_opt(&io, c, optarg);
@@ -67,7 +67,7 @@ int main(int argc, char **argv)
         switch (c) {
         case OPT_KEEP:
         case OPT_DROP:
-            if (lrmoe_names_add(c == OPT_KEEP ? &th.keep : &th.drop, optarg) < 0) {
+            if (lrmoe_names_add(c == OPT_KEEP ? &th->keep : &th->drop, optarg) < 0) {
                 fprintf(stderr, "lrmoe-cat: --%s: %s\n", c == OPT_KEEP ? "keep" : "drop", lrmoe_errmsg());
                 return 2;
             }
@@ -95,16 +95,14 @@ int main(int argc, char **argv)
         if (!r) { rc = -1; break; }
         int k;
         while ((k = lrmoe_reader_next(r, &f)) == 1)
-            if (thin(&f, &th) < 0 || lrmoe_writer_write(w, &f) < 0) { k = -1; break; }
+            if (thin(&f, th) < 0 || lrmoe_writer_write(w, &f) < 0) { k = -1; break; }
         if (k < 0) rc = -1;
         lrmoe_reader_close(r);
     }
     lrmoe_frame_clear(&f);
-    if (!rc && (lrmoe_names_unmatched(&th.keep, "--keep") < 0 ||
-                lrmoe_names_unmatched(&th.drop, "--drop") < 0))
+    if (!rc && (lrmoe_names_unmatched(&th->keep, "--keep") < 0 ||
+                lrmoe_names_unmatched(&th->drop, "--drop") < 0))
         rc = -1;  /* a misspelt name: no trailer, so the next stage fails too */
-    lrmoe_names_free(&th.keep);
-    lrmoe_names_free(&th.drop);
     if (rc < 0) {
         fprintf(stderr, "lrmoe-cat: %s\n", lrmoe_errmsg());
         lrmoe_writer_abort(w);
@@ -115,4 +113,13 @@ int main(int argc, char **argv)
         return 1;
     }
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    thin_t th = {{0}, {0}};
+    int rc = cat_main(argc, argv, &th);
+    lrmoe_names_free(&th.keep);
+    lrmoe_names_free(&th.drop);
+    return rc;
 }

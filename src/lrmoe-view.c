@@ -597,6 +597,7 @@ static int diff_main(int nfiles, char *const *files, opts_t *o)
     if (nfiles != 2 || o->json || o->values) {
         fprintf(stderr, "%s: --diff compares two streams: --diff [--frame R] [--tensor NAME] "
                         "[--atol X] [--rtol X] A B\n", prog);
+        lrmoe_select_free(&o->sel);
         return 2;
     }
     int r = view_diff(files[0], files[1], o);
