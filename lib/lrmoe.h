@@ -128,6 +128,25 @@ int lrmoe_frame_del(lrmoe_frame_t *f, const char *name); /* 1 deleted, 0 absent 
  * (drop); attributes stay. The number deleted, or -1. */
 int lrmoe_frame_keep_only(lrmoe_frame_t *f, const char *const *names, int n);
 int lrmoe_frame_drop(lrmoe_frame_t *f, const char *const *names, int n);
+/* Both, with shell globs: a tensor matches pats[k] when its name equals it
+ * or fnmatch(3) matches it ("grad_*", "w_[gu]*"); keep != 0 deletes the
+ * tensors that match none, keep == 0 those that match one. hits (may be
+ * NULL) counts per pattern the tensors that matched it first. The number
+ * deleted, or -1. */
+int lrmoe_frame_thin(lrmoe_frame_t *f, const char *const *pats, int n, int keep, int64_t *hits);
+/* A list of names or globs from options like --keep a,b --keep 'c*', with
+ * a hit count per entry (pass v, n, hits to lrmoe_frame_thin). */
+typedef struct {
+    char **v;
+    int n;
+    int64_t *hits;
+} lrmoe_names_t;
+/* Append the comma-separated names of list; -1 on an empty name. */
+int lrmoe_names_add(lrmoe_names_t *l, const char *list);
+/* -1 with "OPT NAME: no tensor of that name in any frame" for the first
+ * entry nothing matched, else 0. */
+int lrmoe_names_unmatched(const lrmoe_names_t *l, const char *opt);
+void lrmoe_names_free(lrmoe_names_t *l);
 
 const char *lrmoe_frame_attr(const lrmoe_frame_t *f, const char *key); /* NULL if absent */
 int lrmoe_frame_set_attr(lrmoe_frame_t *f, const char *key, const char *val);
@@ -158,6 +177,10 @@ lrmoe_reader_t *lrmoe_reader_fdopen(FILE *fp, const char *label);
 int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f);
 int64_t lrmoe_reader_index(const lrmoe_reader_t *r); /* frames read so far */
 int lrmoe_reader_compressed(const lrmoe_reader_t *r);
+/* 1 after the clean end of a plain safetensors file: one raw frame that
+ * fills a regular file, with no trailer, read as a one-frame stream
+ * (lrmoe-stream(5)); through a pipe that is an error. */
+int lrmoe_reader_plain(const lrmoe_reader_t *r);
 void lrmoe_reader_close(lrmoe_reader_t *r);
 /* The input list of a tool that reads several streams: 0, or -1 when "-"
  * (standard input, read once) is named twice. n == 0 means stdin alone. */

@@ -232,6 +232,12 @@ int lrmoe_sim_have_gnuplot(void);
  * on stderr. 0 or -1. */
 int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t *c,
                     const lrmoe_sim_acc_t *a, const lrmoe_sim_worst_t *w);
+/* lrmoe-plan --plot FILE: replay the trace at path (a file: it is read
+ * again by the caller) through fixed, llep, eplb and lrmoe with cli's
+ * options and draw the per-rank load of its worst plain-EP frame before
+ * and after each (lrmoe_sim_plots' load figure) as FILE, which ends in .svg
+ * or .png; FILE's .gp and .dat are left beside it. 0, or -1 with error. */
+int lrmoe_sim_plot_trace(const char *path, const lrmoe_plan_cli_t *cli, const char *file);
 
 /* ---------------------------------------------------------- reports */
 

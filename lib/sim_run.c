@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "plot.h"
@@ -181,165 +180,277 @@ static void track_worst(lrmoe_sim_worst_t *w, const lrmoe_sim_cfg_t *c, const it
 
 int lrmoe_sim_have_gnuplot(void)
 {
-    const char *path = getenv("PATH");
-    if (!path)
-        return 0;
-    char *dup = strdup(path), *save = NULL;
-    int ok = 0;
-    for (char *d = strtok_r(dup, ":", &save); d && !ok; d = strtok_r(NULL, ":", &save)) {
-        char buf[4096];
-        snprintf(buf, sizeof buf, "%s/gnuplot", *d ? d : ".");
-        ok = access(buf, X_OK) == 0;
-    }
-    free(dup);
-    return ok;
+    return lrmoe_plot_have_gnuplot();
 }
 
-/* Run gnuplot NAME.gp inside dir; 0 ok, -1 with error. */
-static int run_gnuplot(const char *dir, const char *name)
+/* Per-rank pairs before planning (plain EP) and after, forward and (when
+ * it drops pairs) backward, of every planner but fixed, on frame w. */
+static int plot_load(const char *dir, const char *name, lrmoe_plot_fmt_t fmt,
+                     const lrmoe_sim_cfg_t *c, const lrmoe_sim_worst_t *w, const char *title)
 {
-    char gp[1024];
-    snprintf(gp, sizeof gp, "%s.gp", name);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0)
-        return lrmoe_err("gnuplot: fork: %s", strerror(errno));
-    if (pid == 0) {
-        if (chdir(dir) != 0)
-            _exit(127);
-        if (!freopen("/dev/null", "r", stdin) || dup2(2, 1) < 0)
-            _exit(127);
-        execlp("gnuplot", "gnuplot", gp, (char *)NULL);
-        _exit(127);
+    const int np = c->np, P = c->P;
+    int ns = 1 + np;
+    for (int j = 0; j < np; j++)
+        ns += w->rho[j] < 1;
+    double *x = malloc(P * sizeof *x), *y = malloc((size_t)ns * P * sizeof *y);
+    const char **sl = malloc(ns * sizeof *sl);
+    char (*names)[64] = calloc(ns, sizeof *names);
+    if (!x || !y || !sl || !names) {
+        free(x); free(y); free(sl); free(names);
+        return lrmoe_err("out of memory");
     }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
-            return lrmoe_err("gnuplot: wait: %s", strerror(errno));
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        return lrmoe_err("gnuplot %s/%s failed (status %d)", dir, gp,
-                         WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-    return 0;
+    int s = 0;
+    for (int p = 0; p < P; p++) {
+        x[p] = p;
+        y[p] = (double)w->before[p];
+    }
+    sl[s++] = "before: plain EP (= fixed)";
+    for (int j = 0; j < np; j++) {
+        if (c->pl[j].opts.planner == LRMOE_PLANNER_FIXED)
+            continue; /* the same as before */
+        snprintf(names[s], 64, "%s forward", c->pl[j].label);
+        sl[s] = names[s];
+        for (int p = 0; p < P; p++)
+            y[(size_t)s * P + p] = (double)w->fwd[(size_t)j * P + p];
+        s++;
+        if (w->rho[j] < 1) {
+            snprintf(names[s], 64, "%s backward (rho %.2f)", c->pl[j].label, w->rho[j]);
+            sl[s] = names[s];
+            for (int p = 0; p < P; p++)
+                y[(size_t)s * P + p] = (double)w->bwd[(size_t)j * P + p];
+            s++;
+        }
+    }
+    lrmoe_plot_opts_t o;
+    lrmoe_plot_opts_init(&o);
+    o.title = title;
+    o.xlabel = "rank";
+    o.ylabel = "token-expert pairs";
+    o.steps = 1;
+    int r = lrmoe_plot_lines(dir, name, fmt, &o, P, x, s, sl, y);
+    free(x); free(y); free(sl); free(names);
+    return r;
+}
+
+static void worst_title(char *title, size_t len, const lrmoe_sim_worst_t *w)
+{
+    snprintf(title, len,
+             "pairs per rank before and after planning\n(modelled cluster: planned, not measured)\n"
+             "frame %lld (layer %s, step %s): the worst plain-EP peak/mean, %.2f",
+             (long long)w->index, w->layer, w->step, w->imb);
 }
 
 int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t *c,
                     const lrmoe_sim_acc_t *a, const lrmoe_sim_worst_t *w)
 {
-    const int np = c->np, P = c->P;
+    const int np = c->np;
+    const double GIB = 1024.0 * 1024.0 * 1024.0;
     const char *labels[LRMOE_SIM_MAX_PLANNERS];
     for (int j = 0; j < np; j++)
         labels[j] = c->pl[j].label;
     char title[512];
+    lrmoe_plot_opts_t o;
 
     /* 1. load per rank before and after planning (the worst frame) */
-    {
-        int ns = 1 + np;
-        for (int j = 0; j < np; j++)
-            ns += w->rho[j] < 1;
-        double *x = malloc(P * sizeof *x), *y = malloc((size_t)ns * P * sizeof *y);
-        const char **sl = malloc(ns * sizeof *sl);
-        int *dash = calloc(ns, sizeof *dash);
-        char (*names)[64] = calloc(ns, sizeof *names);
-        if (!x || !y || !sl || !dash || !names) {
-            free(x); free(y); free(sl); free(dash); free(names);
-            return lrmoe_err("out of memory");
-        }
-        int s = 0;
-        for (int p = 0; p < P; p++) {
-            x[p] = p;
-            y[p] = (double)w->before[p];
-        }
-        sl[s++] = "before: plain EP (= fixed)";
-        for (int j = 0; j < np; j++) {
-            if (c->pl[j].opts.planner == LRMOE_PLANNER_FIXED) {
-                ns--; /* the same as before */
-                continue;
-            }
-            snprintf(names[s], 64, "%s forward", labels[j]);
-            sl[s] = names[s];
-            for (int p = 0; p < P; p++)
-                y[(size_t)s * P + p] = (double)w->fwd[(size_t)j * P + p];
-            s++;
-            if (w->rho[j] < 1) {
-                snprintf(names[s], 64, "%s backward (rho %.2f)", labels[j], w->rho[j]);
-                sl[s] = names[s];
-                dash[s] = 1;
-                for (int p = 0; p < P; p++)
-                    y[(size_t)s * P + p] = (double)w->bwd[(size_t)j * P + p];
-                s++;
-            }
-        }
-        snprintf(title, sizeof title,
-                 "pairs per rank before and after planning (modelled cluster: planned, not measured)\n"
-                 "frame %lld (layer %s, step %s): the worst plain-EP peak/mean, %.2f",
-                 (long long)w->index, w->layer, w->step, w->imb);
-        int r = lrmoe_plot_lines(dir, "load", fmt, title, "rank", "token-expert pairs", P, x,
-                                 ns, sl, y, dash, 1);
-        free(x); free(y); free(sl); free(dash); free(names);
-        if (r < 0)
-            return -1;
-    }
-    /* 2. memory breakdown (Figure 7) */
+    worst_title(title, sizeof title, w);
+    if (plot_load(dir, "load", fmt, c, w, title) < 0)
+        return -1;
+    /* 2. memory breakdown (Figure 7), the budget, the infeasible frames */
     {
         static const char *seg[] = {"base experts", "replicas", "token buffers"};
         static const int km[] = {LRMOE_SIM_MEM_BASE, LRMOE_SIM_MEM_REPLICA, LRMOE_SIM_MEM_TOKENS};
-        double v[LRMOE_SIM_MAX_PLANNERS * 3];
-        for (int j = 0; j < np; j++)
+        double v[LRMOE_SIM_MAX_PLANNERS * 3], base = 0;
+        for (int j = 0; j < np; j++) {
             for (int s = 0; s < 3; s++)
-                v[j * 3 + s] = lrmoe_sim_acc_mean(a, j, km[s]) / (1024.0 * 1024.0 * 1024.0);
+                v[j * 3 + s] = lrmoe_sim_acc_mean(a, j, km[s]) / GIB;
+            if (v[j * 3] > base)
+                base = v[j * 3];
+        }
+        /* every infeasible frame at its bar, and a count above it */
+        size_t nm = 0;
+        const size_t wd = (size_t)np * LRMOE_SIM_NMETRICS;
+        for (size_t i = 0; i < a->n; i++)
+            for (int j = 0; j < np; j++)
+                nm += a->v[i * wd + (size_t)j * LRMOE_SIM_NMETRICS + LRMOE_SIM_FEASIBLE] == 0;
+        double *mb = malloc((nm ? nm : 1) * sizeof *mb), *my = malloc((nm ? nm : 1) * sizeof *my);
+        char (*bn)[64] = calloc((size_t)np, sizeof *bn);
+        const char *bnp[LRMOE_SIM_MAX_PLANNERS];
+        if (!mb || !my || !bn) {
+            free(mb); free(my); free(bn);
+            return lrmoe_err("out of memory");
+        }
+        size_t k = 0;
+        for (int j = 0; j < np; j++) {
+            size_t cnt = 0;
+            for (size_t i = 0; i < a->n; i++) {
+                const float *r = a->v + i * wd + (size_t)j * LRMOE_SIM_NMETRICS;
+                if (r[LRMOE_SIM_FEASIBLE] != 0)
+                    continue;
+                mb[k] = j;
+                my[k++] = r[LRMOE_SIM_MEM_SUBTOTAL] / GIB;
+                cnt++;
+            }
+            if (cnt)
+                snprintf(bn[j], 64, "%zu of %zu infeasible", cnt, a->n);
+            bnp[j] = cnt ? bn[j] : NULL;
+        }
+        char ref[160], note[256];
+        const double hbm = c->base.cost.hbm;
+        char hb[32];
+        snprintf(ref, sizeof ref, "budget: base experts + --hbm %s",
+                 hbm > 0 ? lrmoe_cost_fmt_bytes(hbm, hb, sizeof hb) : "unlimited");
+        snprintf(note, sizeof note, "%s%s%s",
+                 nm ? "crosses: the memory of each infeasible frame (over the budget or the window)"
+                    : "",
+                 nm && hbm <= 0 ? "\n" : "", hbm > 0 ? "" : "no budget (--hbm 0)");
         snprintf(title, sizeof title,
-                 "modelled GPU memory per MoE layer at the busiest rank (mean over %zu frames)",
-                 a->n);
-        if (lrmoe_plot_stacked(dir, "memory", fmt, title, "GiB (modelled)", np, labels, 3, seg,
-                               v) < 0)
+                 "modelled GPU memory per MoE layer at the busiest rank\n(bars: mean over %zu "
+                 "frames)", a->n);
+        lrmoe_plot_opts_init(&o);
+        o.title = title;
+        o.ylabel = "GiB (modelled)";
+        o.note = *note ? note : NULL;
+        o.ref_y = hbm > 0 ? base + hbm / GIB : 0;
+        o.ref_label = ref;
+        o.nmarks = (int)nm;
+        o.mark_bar = mb;
+        o.mark_y = my;
+        o.mark_label = "an infeasible frame";
+        o.bar_notes = bnp;
+        int r = lrmoe_plot_stacked(dir, "memory", fmt, &o, np, labels, 3, seg, v);
+        free(mb); free(my); free(bn);
+        if (r < 0)
             return -1;
     }
-    /* 3. latency breakdown (Figure 8) */
+    /* 3. latency (Figure 8): forward, backward on its own, replica weights */
     {
-        static const char *seg[] = {"expert compute", "dispatch all-to-all",
-                                    "combine all-to-all", "replica weights"};
-        static const int km[] = {LRMOE_SIM_T_COMPUTE, LRMOE_SIM_T_DISPATCH, LRMOE_SIM_T_COMBINE,
-                                 LRMOE_SIM_T_WEIGHTS};
-        double v[LRMOE_SIM_MAX_PLANNERS * 4];
-        for (int j = 0; j < np; j++)
-            for (int s = 0; s < 4; s++)
-                v[j * 4 + s] = lrmoe_sim_acc_mean(a, j, km[s]) * 1e3;
+        static const char *seg[] = {"forward: dispatch + compute + combine",
+                                    "backward: dispatch + compute + combine",
+                                    "replica weights out, gradients back"};
+        double v[LRMOE_SIM_MAX_PLANNERS * 3];
+        char (*bn)[64] = calloc((size_t)np, sizeof *bn);
+        const char *bnp[LRMOE_SIM_MAX_PLANNERS];
+        if (!bn)
+            return lrmoe_err("out of memory");
+        for (int j = 0; j < np; j++) {
+            double parts = lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_DISPATCH) +
+                           lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_COMPUTE) +
+                           lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_COMBINE);
+            double bwd = lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_BWD);
+            v[j * 3] = (parts - bwd) * 1e3;
+            v[j * 3 + 1] = bwd * 1e3;
+            v[j * 3 + 2] = lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_WEIGHTS) * 1e3;
+            snprintf(bn[j], 64, "backward %.3g ms", bwd * 1e3);
+            bnp[j] = bn[j];
+        }
         snprintf(title, sizeof title,
-                 "modelled MoE-layer latency, forward + backward critical path "
-                 "(mean over %zu frames)", a->n);
-        if (lrmoe_plot_stacked(dir, "latency", fmt, title, "ms (modelled)", np, labels, 4, seg,
-                               v) < 0)
+                 "modelled MoE-layer latency on the critical path (mean over %zu frames)", a->n);
+        lrmoe_plot_opts_init(&o);
+        o.title = title;
+        o.ylabel = "ms (modelled)";
+        o.bar_notes = bnp;
+        o.note = "each part: the slowest rank of each stage (bulk-synchronous, lrmoe-sim(1))";
+        int r = lrmoe_plot_stacked(dir, "latency", fmt, &o, np, labels, 3, seg, v);
+        free(bn);
+        if (r < 0)
             return -1;
     }
     /* 4. effective throughput vs pressure (Figure 6) */
     if (c->npress && a->npress_frames) {
         double x[LRMOE_SIM_MAX_PRESSURE], y[(LRMOE_SIM_MAX_PLANNERS + 1) * LRMOE_SIM_MAX_PRESSURE];
         const char *sl[LRMOE_SIM_MAX_PLANNERS + 1];
-        int dash[LRMOE_SIM_MAX_PLANNERS + 1] = {0};
         for (int i = 0; i < c->npress; i++)
             x[i] = c->pressure[i];
         for (int j = 0; j <= np; j++) {
-            sl[j] = j < np ? labels[j] : "ideal full (balanced, uncompressed)";
-            dash[j] = j == np;
+            sl[j] = j < np ? labels[j] : "ideal (keeps every pair)";
             for (int i = 0; i < c->npress; i++)
                 y[(size_t)j * c->npress + i] = 100 * lrmoe_sim_acc_pressure(a, i, j);
         }
         snprintf(title, sizeof title,
                  "modelled effective backward throughput under batch pressure (%zu frames)",
                  a->npress_frames);
-        if (lrmoe_plot_lines(dir, "pressure", fmt, title, "batch-size multiplier",
-                             "% of offered batch that fits (modelled)", c->npress, x, np + 1,
-                             sl, y, dash, 0) < 0)
+        lrmoe_plot_opts_init(&o);
+        o.title = title;
+        o.xlabel = "batch-size multiplier (log2 scale)";
+        o.ylabel = "% of offered batch that fits (modelled)";
+        o.note = "ideal: keeps every pair (no dropping), perfectly balanced, same budget\n"
+                 "and window; planners that drop pairs (lrmoe) can lie above it";
+        int sorted = 1; /* a log2 axis needs positive, increasing multipliers */
+        for (int i = 0; i < c->npress; i++)
+            sorted &= x[i] > 0 && (i == 0 || x[i] > x[i - 1]);
+        o.log2x = sorted && c->npress > 1;
+        if (lrmoe_plot_lines(dir, "pressure", fmt, &o, c->npress, x, np + 1, sl, y) < 0)
             return -1;
     }
     static const char *names[] = {"load", "memory", "latency", "pressure"};
     for (int i = 0; i < 4; i++) {
         if (i == 3 && !(c->npress && a->npress_frames))
             break;
-        if (run_gnuplot(dir, names[i]) < 0)
+        if (lrmoe_plot_render(dir, names[i], fmt) < 0)
             return -1;
     }
     return 0;
+}
+
+int lrmoe_sim_plot_trace(const char *path, const lrmoe_plan_cli_t *cli, const char *file)
+{
+    if (!path || !strcmp(path, "-"))
+        return lrmoe_err("the trace is read once more for the figure: name it as a FILE "
+                         "argument, not standard input");
+    size_t fl = strlen(file);
+    lrmoe_plot_fmt_t fmt;
+    if (fl > 4 && !strcmp(file + fl - 4, ".svg"))
+        fmt = LRMOE_PLOT_SVG;
+    else if (fl > 4 && !strcmp(file + fl - 4, ".png"))
+        fmt = LRMOE_PLOT_PNG;
+    else
+        return lrmoe_err("the name must end in .svg or .png");
+    if (!lrmoe_plot_have_gnuplot())
+        return lrmoe_err("gnuplot not found in PATH (Debian: apt-get install gnuplot-nox)");
+    char dir[4096], name[1024];
+    const char *slash = strrchr(file, '/');
+    if (slash && (size_t)(slash - file) >= sizeof dir)
+        return lrmoe_err("path too long");
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - file) : 1, slash ? file : ".");
+    if (slash && slash == file)
+        snprintf(dir, sizeof dir, "/");
+    const char *base = slash ? slash + 1 : file;
+    snprintf(name, sizeof name, "%.*s", (int)(strlen(base) - 4), base);
+    if (!*name)
+        return lrmoe_err("no name before the extension");
+
+    lrmoe_sim_cfg_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return lrmoe_err("out of memory");
+    c->base = *cli->o;
+    c->given = *cli;
+    c->P = c->base.P;
+    c->jobs = 1;
+    c->max_frames = -1;
+    c->track_worst = 1;
+    c->np = lrmoe_sim_parse_planners("fixed,llep,eplb,lrmoe", &c->base, c->pl,
+                                     LRMOE_SIM_MAX_PLANNERS);
+    int rc = c->np < 0 ? -1 : 0;
+    lrmoe_reader_t *rd = rc ? NULL : lrmoe_reader_open(path);
+    lrmoe_sim_result_t res;
+    memset(&res, 0, sizeof res);
+    if (!rc && !rd)
+        rc = -1;
+    if (!rc)
+        rc = lrmoe_sim_run(c, rd, &res);
+    lrmoe_reader_close(rd);
+    if (!rc && res.frames == 0)
+        rc = lrmoe_err("%s: no frames", path);
+    if (!rc) {
+        char title[512];
+        worst_title(title, sizeof title, &res.worst);
+        rc = plot_load(dir, name, fmt, c, &res.worst, title);
+    }
+    if (!rc)
+        rc = lrmoe_plot_render(dir, name, fmt);
+    lrmoe_sim_result_free(&res); /* zeroed or filled: both free */
+    free(c);
+    return rc;
 }
 
 static void free_items(item_t *items, int n)

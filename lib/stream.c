@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 #include <sys/stat.h>
 #include <jansson.h>
@@ -87,9 +88,12 @@ static int get_uint(json_t *v, uint64_t *out)
 
 /* Parse and validate a header into the empty frame f; on success f holds the
  * attributes and the tensors (data allocated, not filled) in data order;
- * *datalen the byte size. Linear in the header: jansson rejects duplicate
+ * *datalen the byte size. avail is how many data bytes the input can still
+ * hold (UINT64_MAX: unknown, a pipe or compressed input): a header that
+ * declares more is "truncated" before anything is allocated. Linear in the header: jansson rejects duplicate
  * names with its hash table, so the frame is built by appending. */
-static int parse_header(const char *hdr, size_t hlen, lrmoe_frame_t *f, uint64_t *datalen)
+static int parse_header(const char *hdr, size_t hlen, lrmoe_frame_t *f, uint64_t *datalen,
+                        uint64_t avail)
 {
     json_error_t jerr;
     json_t *root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &jerr);
@@ -173,6 +177,11 @@ static int parse_header(const char *hdr, size_t hlen, lrmoe_frame_t *f, uint64_t
         if (ents[i].b > pos) { lrmoe_err("tensor %s: gap in data before it (offset %" PRIu64 ", expected %" PRIu64 ")", ents[i].name, ents[i].b, pos); goto out; }
         pos = ents[i].e;
     }
+    if (pos > avail) {
+        lrmoe_err("truncated: the tensors need %" PRIu64 " bytes of data, the input holds %" PRIu64,
+                  pos, avail);
+        goto out;
+    }
     for (size_t i = 0; i < ne; i++) {
         entry_t *e = &ents[i];
         size_t nb = (size_t)(e->e - e->b);
@@ -216,7 +225,8 @@ int lrmoe_frame_decode(const uint8_t *buf, size_t len, lrmoe_frame_t *f)
     if (hlen > LRMOE_MAX_HEADER || hlen > len - 8)
         return lrmoe_err("header length %" PRIu64 " beyond the file (%zu bytes) or limit", hlen, len);
     uint64_t dlen;
-    if (parse_header((const char *)buf + 8, (size_t)hlen, f, &dlen) < 0) goto fail;
+    if (parse_header((const char *)buf + 8, (size_t)hlen, f, &dlen, (uint64_t)(len - 8 - hlen)) < 0)
+        goto fail;
     if (dlen != len - 8 - hlen) {
         lrmoe_err("data is %" PRIu64 " bytes but the tensors need %" PRIu64, (uint64_t)(len - 8 - hlen), dlen);
         goto fail;
@@ -266,7 +276,7 @@ int lrmoe_frame_fread(FILE *fp, lrmoe_frame_t *f)
     if (!hdr) return lrmoe_err("out of memory");
     uint64_t dlen;
     int rc = read_exact(fp, hdr, (size_t)hlen, "the safetensors header");
-    if (rc == 0 && (rc = parse_header(hdr, (size_t)hlen, f, &dlen)) < 0)
+    if (rc == 0 && (rc = parse_header(hdr, (size_t)hlen, f, &dlen, UINT64_MAX)) < 0)
         lrmoe_err_prefix("not a valid safetensors header");
     free(hdr);
     for (int i = 0; rc == 0 && i < f->ntensors; i++) {
@@ -298,6 +308,12 @@ struct lrmoe_reader {
     ZSTD_inBuffer in;       /* buffered input (raw or compressed) */
     size_t last_ret;        /* last ZSTD_decompressStream result: 0 at a frame end */
     int64_t nframes;
+    int regular;            /* a regular file: its size is known and fixed */
+    int st_name;            /* ... named *.safetensors: may be a plain safetensors file */
+    uint64_t avail;         /* raw regular file: bytes left after what rd delivered */
+    uint64_t start, got;    /* raw regular file: offset at open, bytes rd delivered */
+    int plain;              /* read as one plain safetensors file (no trailer) */
+    int nothing;            /* not one byte arrived */
 };
 
 /* One read(2) of at most n bytes: what a pipe holds now, without waiting
@@ -347,6 +363,8 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
             r->in.pos += c;
             got += c;
         }
+        if (r->regular) r->avail = r->avail > got ? r->avail - got : 0;
+        r->got += got;
         return (int64_t)got;
     }
     ZSTD_outBuffer out = {dst, n, 0};
@@ -396,6 +414,14 @@ static lrmoe_reader_t *reader_new(FILE *fp, int own, const char *label)
     }
     const uint8_t *head = r->inbuf;
     r->in.size = n;
+    struct stat st;
+    off_t at = lseek(fileno(fp), 0, SEEK_CUR);
+    r->regular = fstat(fileno(fp), &st) == 0 && S_ISREG(st.st_mode) && at >= 0 && st.st_size >= at;
+    r->avail = r->regular ? (uint64_t)(st.st_size - at) + n : UINT64_MAX;
+    r->start = r->regular ? (uint64_t)at - n : 0;
+    r->nothing = n == 0;
+    size_t ll = strlen(label);
+    r->st_name = r->regular && fp != stdin && ll > 12 && !strcasecmp(label + ll - 12, ".safetensors");
     static const uint8_t zmagic[4] = {0x28, 0xb5, 0x2f, 0xfd};
     if (n == 4 && !memcmp(head, zmagic, 4)) {
         r->zstd = 1;
@@ -459,6 +485,40 @@ static int read_trailer(lrmoe_reader_t *r)
     return 0;
 }
 
+/* The end of input where a frame or the trailer should start. Three cases
+ * are not the plain "truncated": nothing at all arrived (the stage before
+ * failed, or the file is empty); exactly one raw frame filling a whole
+ * regular file named *.safetensors (a plain safetensors file: accepted as
+ * a one-frame stream, lrmoe-stream(5)); one raw frame anywhere else, which
+ * stays an error that says what to do: byte for byte it is also a raw
+ * stream cut after its first frame (a stage that failed on frame 1, a file
+ * cut under the reader), and only the name tells them apart. */
+static int at_end(lrmoe_reader_t *r)
+{
+    if (r->nframes == 0) {
+        if (r->fp == stdin)
+            lrmoe_err("%s: empty input (no frame, no trailer): the previous stage failed", r->label);
+        else if (r->nothing)
+            lrmoe_err("%s: empty file (no frame, no trailer)", r->label);
+        else
+            lrmoe_err("%s: empty stream (no frame, no trailer): the stage that wrote it failed",
+                      r->label);
+        return -2;
+    }
+    struct stat st;
+    if (r->nframes == 1 && !r->zstd && r->st_name && fstat(fileno(r->fp), &st) == 0 &&
+        (uint64_t)st.st_size == r->start + r->got) {  /* and the file did not change */
+        r->plain = 1;
+        r->done = 1;
+        return 0;
+    }
+    if (r->nframes == 1 && !r->zstd)
+        return lrmoe_err("truncated: the stream ends without a trailer after one raw frame (if it "
+                         "is a plain safetensors file: readers take one as a frame when it is "
+                         "named *.safetensors, and lrmoe-import -o x.lrm FILE converts it)");
+    return lrmoe_err("truncated: the stream ends without a trailer");
+}
+
 int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
 {
     lrmoe_frame_clear(f);
@@ -468,7 +528,9 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
     int64_t n = rd(r, h8, 8);
     if (n < 0) goto fail;
     if (n == 0) {
-        lrmoe_err("truncated: the stream ends without a trailer");
+        int e = at_end(r);
+        if (e == 0) return 0;
+        if (e == -2) return -1;  /* "empty input": no frame to name */
         goto fail;
     }
     if (n < 8) { lrmoe_err("truncated inside the frame header"); goto fail; }
@@ -482,13 +544,18 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
                   LRMOE_MAX_HEADER, r->nframes ? "" : ": not an lrmoe stream or safetensors file");
         goto fail;
     }
+    if (!r->zstd && hlen > r->avail) {  /* before allocating what cannot arrive */
+        lrmoe_err("truncated inside the frame header (%" PRIu64 " bytes declared, %" PRIu64
+                  " left in the file)", hlen, r->avail);
+        goto fail;
+    }
     hdr = malloc(hlen);
     if (!hdr) { lrmoe_err("out of memory"); goto fail; }
     n = rd(r, hdr, hlen);
     if (n < 0) goto fail;
     if ((uint64_t)n < hlen) { lrmoe_err("truncated inside the frame header"); goto fail; }
     uint64_t dlen;
-    if (parse_header(hdr, hlen, f, &dlen) < 0) goto fail;
+    if (parse_header(hdr, hlen, f, &dlen, r->zstd ? UINT64_MAX : r->avail) < 0) goto fail;
     free(hdr);
     hdr = NULL;
     for (int i = 0; i < f->ntensors; i++) {
@@ -505,6 +572,8 @@ fail:
     lrmoe_frame_clear(f);
     return lrmoe_err_prefix("%s: frame %" PRId64, r->label, r->nframes);
 }
+
+int lrmoe_reader_plain(const lrmoe_reader_t *r) { return r->plain; }
 
 void lrmoe_reader_close(lrmoe_reader_t *r)
 {

@@ -1,4 +1,5 @@
-/* lrmoe-cat: concatenate streams, re-encode (raw/zstd, level, threads). */
+/* lrmoe-cat: concatenate streams, re-encode (raw/zstd, level, threads),
+ * keep or drop tensors by name. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -13,6 +14,11 @@ static void usage(FILE *fp)
         "Concatenate lrmoe streams (stdin when no FILE, or '-', at most once)\n"
         "into one stream, re-encoded: zstd by default, raw with --no-compress.\n\n"
         "Options:\n"
+        "      --keep LIST     keep only the tensors named in LIST (comma-separated\n"
+        "                      names or shell globs: --keep 'expert_load,plan_*')\n"
+        "      --drop LIST     drop the tensors named in LIST (after --keep)\n"
+        "                      (both repeatable; a name or glob that matches no tensor\n"
+        "                      in any frame is an error; attributes always stay)\n"
         "  -o, --output FILE   write to FILE (default stdout)\n"
         "  -l, --level N       zstd level (default: 1 to a file, raw to a pipe)\n"
         "  -@, --threads N     zstd worker threads (default 0)\n"
@@ -22,10 +28,29 @@ static void usage(FILE *fp)
         "  -V, --version       print the version\n");
 }
 
-int main(int argc, char **argv)
+enum { OPT_KEEP = 0x2001, OPT_DROP };
+
+/* Thin one frame: --keep's names, then --drop's. */
+typedef struct {
+    lrmoe_names_t keep, drop;
+} thin_t;
+
+static int thin(lrmoe_frame_t *f, const thin_t *t)
+{
+    if (t->keep.n && lrmoe_frame_thin(f, (const char *const *)t->keep.v, t->keep.n, 1, t->keep.hits) < 0)
+        return -1;
+    if (t->drop.n && lrmoe_frame_thin(f, (const char *const *)t->drop.v, t->drop.n, 0, t->drop.hits) < 0)
+        return -1;
+    return 0;
+}
+
+/* main without the --keep/--drop lists, which main frees on every path */
+static int cat_main(int argc, char **argv, thin_t *th)
 {
     static const struct option longopts[] = {
         LRMOE_STREAM_LONGOPTS,
+        {"keep", required_argument, 0, OPT_KEEP},
+        {"drop", required_argument, 0, OPT_DROP},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
@@ -40,6 +65,13 @@ int main(int argc, char **argv)
             return 2;
         }
         switch (c) {
+        case OPT_KEEP:
+        case OPT_DROP:
+            if (lrmoe_names_add(c == OPT_KEEP ? &th->keep : &th->drop, optarg) < 0) {
+                fprintf(stderr, "lrmoe-cat: --%s: %s\n", c == OPT_KEEP ? "keep" : "drop", lrmoe_errmsg());
+                return 2;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         case 'V': printf("lrmoe-cat (lrmoe) %s\n", LRMOE_VERSION); return 0;
         default: usage(stderr); return 2;
@@ -63,11 +95,14 @@ int main(int argc, char **argv)
         if (!r) { rc = -1; break; }
         int k;
         while ((k = lrmoe_reader_next(r, &f)) == 1)
-            if (lrmoe_writer_write(w, &f) < 0) { k = -1; break; }
+            if (thin(&f, th) < 0 || lrmoe_writer_write(w, &f) < 0) { k = -1; break; }
         if (k < 0) rc = -1;
         lrmoe_reader_close(r);
     }
     lrmoe_frame_clear(&f);
+    if (!rc && (lrmoe_names_unmatched(&th->keep, "--keep") < 0 ||
+                lrmoe_names_unmatched(&th->drop, "--drop") < 0))
+        rc = -1;  /* a misspelt name: no trailer, so the next stage fails too */
     if (rc < 0) {
         fprintf(stderr, "lrmoe-cat: %s\n", lrmoe_errmsg());
         lrmoe_writer_abort(w);
@@ -78,4 +113,13 @@ int main(int argc, char **argv)
         return 1;
     }
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    thin_t th = {{0}, {0}};
+    int rc = cat_main(argc, argv, &th);
+    lrmoe_names_free(&th.keep);
+    lrmoe_names_free(&th.drop);
+    return rc;
 }

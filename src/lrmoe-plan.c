@@ -9,6 +9,7 @@
 
 #include "lrmoe.h"
 #include "plan_cli.h"
+#include "sim.h"
 
 static void usage(FILE *fp)
 {
@@ -54,6 +55,9 @@ static void usage(FILE *fp)
         "      --dtype NAME      storage dtype (default: of hidden, else BF16)\n"
         "  -S, --stats FILE      write one TSV row per frame to FILE (- : stdout, or\n"
         "                        stderr when the stream goes there)\n"
+        "      --plot FILE       draw pairs per rank before and after fixed, llep, eplb\n"
+        "                        and lrmoe on the trace's worst frame (FILE.svg or .png;\n"
+        "                        gnuplot; the trace must be a FILE argument)\n"
         "BYTES: a number and a unit in any case: K, M, G, T or KiB, MiB, GiB, TiB are\n"
         "powers of 1024 (16g = 16GiB), KB, MB, GB, TB powers of 1000 (lrmoe(7)).\n"
         "Stream options:\n"
@@ -138,6 +142,7 @@ int main(int argc, char **argv)
         {"best-effort", no_argument, 0, 'b'},
         LRMOE_PLAN_LONGOPTS,
         {"stats", required_argument, 0, 'S'},
+        {"plot", required_argument, 0, LRMOE_PLAN_OPT_END},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
@@ -148,7 +153,7 @@ int main(int argc, char **argv)
     lrmoe_plan_opts_default(&c.o);
     c.o.P = 0;
     lrmoe_plan_cli_init(&c.cli, &c.o);
-    const char *stats_path = NULL;
+    const char *stats_path = NULL, *plot_path = NULL;
     int ch;
     double d;
     while ((ch = getopt_long(argc, argv,
@@ -173,6 +178,7 @@ int main(int argc, char **argv)
                 break;
             case 'b': c.o.best_effort = 1; break;
             case 'S': stats_path = optarg; break;
+            case LRMOE_PLAN_OPT_END: plot_path = optarg; break;
             case 'h': usage(stdout); return 0;
             case 'V': printf("lrmoe-plan (lrmoe) %s\n", LRMOE_VERSION); return 0;
             default: usage(stderr); return 2;
@@ -215,6 +221,10 @@ int main(int argc, char **argv)
                          "\treplicas\tmem_peak_gib\tmem_peak_rank\tt_comm_ms\tt_total_ms"
                          "\tfeasible\tplan_ms\tglpk_ms\tbinding\thidden\tffn\ttopk"
                          "\ttokens_per_rank\tsource\tllep\n");
+    }
+    if (plot_path && lrmoe_sim_plot_trace(in, &c.cli, plot_path) < 0) {
+        fprintf(stderr, "lrmoe-plan: --plot %s: %s\n", plot_path, lrmoe_errmsg());
+        return 1;
     }
     if (!(c.eplb = lrmoe_eplb_cache_new())) {
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());

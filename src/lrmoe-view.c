@@ -9,6 +9,7 @@
 #include <string.h>
 #include <jansson.h>
 #include "lrmoe.h"
+#include "diff.h"
 #include "stats.h"
 
 static const char *prog = "lrmoe-view";
@@ -17,24 +18,33 @@ static void usage(FILE *fp)
 {
     fprintf(fp,
             "Usage: %s [options] [FILE...]\n"
+            "       %s --diff [options] A B\n"
             "List the frames of lrmoe streams (stdin when no FILE or '-', once): frame\n"
-            "attributes, then per tensor its dtype, shape, size, min, max, mean, std\n"
-            "(over finite values) and NaN/Inf counts.\n"
+            "attributes one per line, grouped by prefix, then per tensor its dtype, shape,\n"
+            "size, min, max, mean, std (over finite values) and NaN/Inf counts.\n"
+            "With --diff, compare stream A with stream B frame by frame: attributes and\n"
+            "tensors only in one, other values, shapes, dtypes; per tensor how many values\n"
+            "differ, the max abs and max rel difference (against B) and the first index.\n"
+            "Exit 0 same, 1 different, 2 trouble (like cmp).\n"
             "\n"
             "Options:\n"
             "      --json           one JSON object per frame and line\n"
             "  -F, --frame N[-M]    show frame N (or frames N..M); repeatable\n"
             "  -T, --tensor NAME    show tensor NAME only; repeatable\n"
-            "      --values N       print the first N values of each tensor\n"
+            "      --values N       print values: N of a vector, N rows of N of a matrix\n"
+            "      --diff           compare two streams (A B)\n"
+            "      --atol X         --diff: values within X + rtol*|b| are the same (0)\n"
+            "      --rtol X         --diff: relative tolerance (0)\n"
             "      --no-stats       skip min/max/mean/std/NaN/Inf (faster)\n"
             "  -h, --help           show this help\n"
             "  -V, --version        show the version\n",
-            prog);
+            prog, prog);
 }
 
 typedef struct {
-    int json, stats;
+    int json, stats, diff;
     int64_t values;
+    double atol, rtol;
     lrmoe_select_t sel;
 } opts_t;
 
@@ -88,15 +98,13 @@ static void print_attr_value(const char *v)
     putchar('"');
 }
 
-static void print_values(const lrmoe_tensor_t *t, int64_t n)
+/* Values from flat index i0 (n of them) on one or more lines of at most
+ * 100 columns, each after `indent` columns; "(+left more)" at the end. */
+static void print_run(const lrmoe_tensor_t *t, int64_t i0, int64_t n, int64_t left, int col,
+                      int indent)
 {
-    int64_t numel = lrmoe_tensor_numel(t);
-    if (n > numel)
-        n = numel;
     char buf[64];
-    int col = printf("    values[0:%" PRId64 "]:", n);
-    int indent = col;
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = i0; i < i0 + n; i++) {
         const char *s = lrmoe_stats_value_str(t->dtype, t->data, (size_t)i, buf, sizeof buf);
         int w = (int)strlen(s) + 1;
         if (col + w > 100 && col > indent) {
@@ -105,9 +113,98 @@ static void print_values(const lrmoe_tensor_t *t, int64_t n)
         }
         col += printf(" %s", s);
     }
-    if (n < numel)
-        printf(" ...");
+    if (left > 0)
+        printf(" ... (+%" PRId64 " more)", left);
     putchar('\n');
+}
+
+/* --values N: a vector's first N values; anything of 2 or more dimensions
+ * as rows of its last dimension, the first N rows of the first N values,
+ * each row headed by its index, with how much was left out. */
+static void print_values(const lrmoe_tensor_t *t, int64_t n)
+{
+    int64_t numel = lrmoe_tensor_numel(t);
+    if (t->ndim < 2) {
+        int64_t k = n < numel ? n : numel;
+        int col = printf("    values[0:%" PRId64 "]:", k);
+        print_run(t, 0, k, numel - k, col, col);
+        return;
+    }
+    int64_t cols = t->shape[t->ndim - 1], rows = cols ? numel / cols : 0;
+    if (!cols) { /* rows of nothing */
+        for (int d = 0; d < t->ndim - 1; d++)
+            rows = d ? rows * t->shape[d] : t->shape[d];
+    }
+    int64_t nr = n < rows ? n : rows, nc = n < cols ? n : cols;
+    for (int64_t r = 0; r < nr; r++) {
+        char idx[160];
+        size_t o = 0;
+        int64_t rem = r;
+        int64_t pos[LRMOE_MAX_DIMS];
+        for (int d = t->ndim - 2; d >= 0; d--) {
+            pos[d] = t->shape[d] ? rem % t->shape[d] : 0;
+            rem = t->shape[d] ? rem / t->shape[d] : 0;
+        }
+        for (int d = 0; d < t->ndim - 1 && o < sizeof idx; d++)
+            o += (size_t)snprintf(idx + o, sizeof idx - o, d ? ",%" PRId64 : "%" PRId64, pos[d]);
+        int col = printf("    [%s]:", idx);
+        print_run(t, r * cols, nc, cols - nc, col, col);
+    }
+    if (rows > nr)
+        printf("    ... (+%" PRId64 " more row%s of %" PRId64 ")\n", rows - nr,
+               rows - nr == 1 ? "" : "s", cols);
+}
+
+/* An attribute's place in the listing: its prefix (what comes before the
+ * first '.', length 0 without one) and the group it falls in. */
+typedef struct {
+    const char *key;
+    size_t pl;
+    int idx, grp;
+} akey_t;
+
+static int cmp_prefix(const void *x, const void *y)
+{
+    const akey_t *a = x, *b = y;
+    size_t m = a->pl < b->pl ? a->pl : b->pl;
+    int c = memcmp(a->key, b->key, m);
+    if (c || a->pl != b->pl)
+        return c ? c : a->pl < b->pl ? -1 : 1;
+    return a->idx - b->idx;
+}
+
+static int cmp_group(const void *x, const void *y)
+{
+    const akey_t *a = x, *b = y;
+    return a->grp != b->grp ? (a->grp < b->grp ? -1 : 1) : a->idx - b->idx;
+}
+
+/* Attributes one per line, KEY=VALUE: those without a prefix first, then
+ * each prefix's group (route.*, plan.*, exec.*) in the order its first key
+ * appears, keys in frame order within a group. O(n log n). */
+static void print_attrs(const lrmoe_frame_t *f)
+{
+    akey_t *a = malloc((size_t)(f->nattrs ? f->nattrs : 1) * sizeof *a);
+    for (int i = 0; a && i < f->nattrs; i++) {
+        const char *d = strchr(f->keys[i], '.');
+        a[i] = (akey_t){f->keys[i], d ? (size_t)(d - f->keys[i]) : 0, i, 0};
+    }
+    if (a) {
+        qsort(a, (size_t)f->nattrs, sizeof *a, cmp_prefix);
+        for (int i = 0; i < f->nattrs; i++) /* a run's first key has its lowest index */
+            a[i].grp = !a[i].pl ? -1
+                       : i && a[i - 1].pl == a[i].pl && !memcmp(a[i - 1].key, a[i].key, a[i].pl)
+                           ? a[i - 1].grp
+                           : a[i].idx;
+        qsort(a, (size_t)f->nattrs, sizeof *a, cmp_group);
+    }
+    for (int i = 0; i < f->nattrs; i++) { /* without memory: frame order */
+        int k = a ? a[i].idx : i;
+        printf("  %s=", f->keys[k]);
+        print_attr_value(f->vals[k]);
+        putchar('\n');
+    }
+    free(a);
 }
 
 static void text_frame(const lrmoe_frame_t *f, int64_t index, opts_t *o)
@@ -116,13 +213,10 @@ static void text_frame(const lrmoe_frame_t *f, int64_t index, opts_t *o)
     for (int i = 0; i < f->ntensors; i++)
         total += f->tensors[i]->nbytes;
     char hb[32];
-    printf("frame %" PRId64 "  (%d tensor%s, %s)", index, f->ntensors, f->ntensors == 1 ? "" : "s",
-           human(total, hb, sizeof hb));
-    for (int i = 0; i < f->nattrs; i++) {
-        printf(i ? " %s=" : "  %s=", f->keys[i]);
-        print_attr_value(f->vals[i]);
-    }
-    putchar('\n');
+    printf("frame %" PRId64 "  (%d tensor%s, %s; %d attribute%s)\n", index, f->ntensors,
+           f->ntensors == 1 ? "" : "s", human(total, hb, sizeof hb), f->nattrs,
+           f->nattrs == 1 ? "" : "s");
+    print_attrs(f);
     int ncol = o->stats ? NCOL : C_SIZE + 1;
     row_t *rows = calloc((size_t)f->ntensors + 1, sizeof *rows);
     const lrmoe_tensor_t **ts = calloc((size_t)f->ntensors + 1, sizeof *ts);
@@ -274,6 +368,175 @@ static int json_frame(const lrmoe_frame_t *f, int64_t index, opts_t *o)
     return rc < 0 ? lrmoe_err("cannot encode JSON") : 0;
 }
 
+/* ------------------------------------------------------------ --diff */
+
+typedef struct {
+    const char *a, *b; /* the paths */
+    int64_t frame;
+    int64_t attrs, tensors; /* differences of each kind */
+} diff_ctx_t;
+
+/* Flat index i of t as [i,j,...]. */
+static const char *index_str(const lrmoe_tensor_t *t, int64_t i, char *buf, size_t len)
+{
+    int64_t pos[LRMOE_MAX_DIMS];
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        pos[d] = t->shape[d] ? i % t->shape[d] : 0;
+        i = t->shape[d] ? i / t->shape[d] : 0;
+    }
+    size_t o = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; d < t->ndim && o < len; d++)
+        o += (size_t)snprintf(buf + o, len - o, d ? ",%" PRId64 : "%" PRId64, pos[d]);
+    if (o < len)
+        snprintf(buf + o, len - o, "]");
+    return buf;
+}
+
+static void print_values_differ(const lrmoe_tensor_t *ta, const lrmoe_tensor_t *tb, const lrmoe_diff_t *d)
+{
+    char ix[200], va[64], vb[64];
+    printf("%" PRId64 " of %" PRId64 " values differ", d->ndiff, d->n);
+    if (d->ndiff > d->nan_only)
+        printf(", max abs %.6g, max rel %.6g", d->max_abs, d->max_rel);
+    if (d->nan_only)
+        printf(", %" PRId64 " NaN on one side", d->nan_only);
+    printf("; first at %s: %s vs %s", index_str(ta, d->first, ix, sizeof ix),
+           lrmoe_stats_value_str(ta->dtype, ta->data, (size_t)d->first, va, sizeof va),
+           lrmoe_stats_value_str(tb->dtype, tb->data, (size_t)d->first, vb, sizeof vb));
+}
+
+static int diff_item(const lrmoe_diff_item_t *it, void *arg)
+{
+    diff_ctx_t *c = arg;
+    char sa[128], sb[128];
+    printf("frame %" PRId64 ": ", c->frame);
+    switch (it->kind) {
+    case LRMOE_DIFF_ATTR_ONLY_A:
+    case LRMOE_DIFF_ATTR_ONLY_B:
+        printf("attribute %s only in %s: ", it->name, it->va ? c->a : c->b);
+        print_attr_value(it->va ? it->va : it->vb);
+        c->attrs++;
+        break;
+    case LRMOE_DIFF_ATTR_VALUE:
+        printf("attribute %s: ", it->name);
+        print_attr_value(it->va);
+        fputs(" vs ", stdout);
+        print_attr_value(it->vb);
+        c->attrs++;
+        break;
+    case LRMOE_DIFF_TENSOR_ONLY_A:
+    case LRMOE_DIFF_TENSOR_ONLY_B: {
+        const lrmoe_tensor_t *t = it->ta ? it->ta : it->tb;
+        printf("tensor %s only in %s (%s %s)", it->name, it->ta ? c->a : c->b,
+               lrmoe_dtype_name(t->dtype), lrmoe_shape_str(t, sa, sizeof sa));
+        c->tensors++;
+        break;
+    }
+    case LRMOE_DIFF_SHAPE:
+        printf("tensor %s: shape %s vs %s (values not compared)", it->name,
+               lrmoe_shape_str(it->ta, sa, sizeof sa), lrmoe_shape_str(it->tb, sb, sizeof sb));
+        c->tensors++;
+        break;
+    case LRMOE_DIFF_DTYPE:
+        printf("tensor %s: dtype %s vs %s; ", it->name, lrmoe_dtype_name(it->ta->dtype),
+               lrmoe_dtype_name(it->tb->dtype));
+        if (it->d->ndiff)
+            print_values_differ(it->ta, it->tb, it->d);
+        else
+            printf("the values are the same as numbers");
+        c->tensors++;
+        break;
+    case LRMOE_DIFF_VALUES:
+        printf("tensor %s: ", it->name);
+        print_values_differ(it->ta, it->tb, it->d);
+        c->tensors++;
+        break;
+    }
+    putchar('\n');
+    return ferror(stdout) ? lrmoe_err("write error on stdout: %s", strerror(errno)) : 0;
+}
+
+/* Drop the tensors --tensor did not select (both frames). */
+static int select_tensors(lrmoe_frame_t *f, opts_t *o)
+{
+    if (!o->sel.ntensors)
+        return 0;
+    for (int i = f->ntensors - 1; i >= 0; i--)
+        if (!lrmoe_select_tensor(&o->sel, f->tensors[i]->name) &&
+            lrmoe_frame_del(f, f->tensors[i]->name) != 1)
+            return lrmoe_err("tensor %s: could not be removed", f->tensors[i]->name);
+    return 0;
+}
+
+/* 0 same, 1 different, -1 trouble (error set). */
+static int view_diff(const char *pa, const char *pb, opts_t *o)
+{
+    lrmoe_reader_t *ra = lrmoe_reader_open(pa), *rb = ra ? lrmoe_reader_open(pb) : NULL;
+    lrmoe_frame_t fa, fb;
+    lrmoe_frame_init(&fa);
+    lrmoe_frame_init(&fb);
+    diff_ctx_t c = {pa, pb, 0, 0, 0};
+    int64_t frames = 0, only = 0;
+    int rc = ra && rb ? 0 : -1;
+    while (rc == 0) {
+        int ka = lrmoe_reader_next(ra, &fa);
+        int kb = ka < 0 ? 0 : lrmoe_reader_next(rb, &fb);
+        if (ka < 0 || kb < 0) {
+            rc = -1;
+            break;
+        }
+        if (!ka && !kb)
+            break;
+        if (lrmoe_select_frame(&o->sel, c.frame)) {
+            if (!ka || !kb) { /* one stream ended: count what the other has left */
+                lrmoe_reader_t *r = ka ? ra : rb;
+                lrmoe_frame_t *f = ka ? &fa : &fb;
+                int k = 1;
+                for (; k == 1 && c.frame + only <= o->sel.last; k = lrmoe_reader_next(r, f))
+                    only += lrmoe_select_frame(&o->sel, c.frame + only) ? 1 : 0;
+                if (k < 0 && c.frame + only <= o->sel.last) {
+                    rc = -1;
+                    break;
+                }
+                printf("frames %" PRId64 " on: %" PRId64 " only in %s (%s ends after %" PRId64
+                       " frame%s)\n", c.frame, only, ka ? pa : pb, ka ? pb : pa, c.frame,
+                       c.frame == 1 ? "" : "s");
+                break;
+            }
+            if (select_tensors(&fa, o) < 0 || select_tensors(&fb, o) < 0 ||
+                lrmoe_diff_frames(&fa, &fb, o->atol, o->rtol, diff_item, &c) < 0) {
+                rc = -1;
+                break;
+            }
+            frames++;
+        }
+        c.frame++;
+        if (c.frame > o->sel.last)
+            break;
+    }
+    lrmoe_frame_clear(&fa);
+    lrmoe_frame_clear(&fb);
+    lrmoe_reader_close(ra);
+    lrmoe_reader_close(rb);
+    if (rc < 0)
+        return -1;
+    if (o->sel.nranges && o->sel.last != INT64_MAX && o->sel.last >= c.frame + only)
+        return lrmoe_err("--frame %" PRId64 ": the streams have %" PRId64 " frame%s", o->sel.last,
+                         c.frame + only, c.frame + only == 1 ? "" : "s");
+    int differ = c.attrs || c.tensors || only;
+    printf("# %" PRId64 " frame%s compared: ", frames, frames == 1 ? "" : "s");
+    if (!differ)
+        printf("the same\n");
+    else if (only)
+        printf("%" PRId64 " attribute and %" PRId64 " tensor difference%s, %" PRId64
+               " frame%s in one stream only\n", c.attrs, c.tensors,
+               c.attrs + c.tensors == 1 ? "" : "s", only, only == 1 ? "" : "s");
+    else
+        printf("%" PRId64 " attribute and %" PRId64 " tensor difference%s\n", c.attrs, c.tensors,
+               c.attrs + c.tensors == 1 ? "" : "s");
+    return differ;
+}
+
 /* ------------------------------------------------------------ main loop */
 
 static int view(const char *path, opts_t *o)
@@ -307,17 +570,18 @@ static int view(const char *path, opts_t *o)
             break;
         }
     }
-    int compressed = lrmoe_reader_compressed(r);
+    int compressed = lrmoe_reader_compressed(r), plain = lrmoe_reader_plain(r);
     lrmoe_frame_clear(&f);
     lrmoe_reader_close(r);
     if (rc < 0)
         return -1;
     if (!o->json) {
         char hb[32];
-        printf("%s# %" PRId64 " frame%s%s, %" PRId64 " tensor%s, %s; %s stream, %s\n", shown ? "\n" : "",
+        printf("%s# %" PRId64 " frame%s%s, %" PRId64 " tensor%s, %s; %s, %s\n", shown ? "\n" : "",
                i, i == 1 ? "" : "s", stopped ? " read" : "", ntens, ntens == 1 ? "" : "s", human(bytes, hb, sizeof hb),
-               compressed ? "zstd" : "raw",
-               stopped ? "reading stopped after the last selected frame" : "clean end");
+               plain ? "plain safetensors file" : compressed ? "zstd stream" : "raw stream",
+               stopped ? "reading stopped after the last selected frame"
+                       : plain ? "one frame, no trailer" : "clean end");
     }
     if (o->sel.nranges && o->sel.last != INT64_MAX && o->sel.last >= i)
         return lrmoe_err("--frame %" PRId64 ": the stream has %" PRId64 " frame%s", o->sel.last, i,
@@ -326,7 +590,34 @@ static int view(const char *path, opts_t *o)
 }
 
 /* long only: -j, -n and -S mean --jobs, --renorm and --stats (lrmoe(7)) */
-enum { OPT_JSON = 0x100, OPT_VALUES, OPT_NO_STATS };
+enum { OPT_JSON = 0x100, OPT_VALUES, OPT_NO_STATS, OPT_DIFF, OPT_ATOL, OPT_RTOL };
+
+/* --diff A B: exit 0 same, 1 different, 2 trouble (cmp's convention). */
+static int diff_main(int nfiles, char *const *files, opts_t *o)
+{
+    if (nfiles != 2 || o->json || o->values) {
+        fprintf(stderr, "%s: --diff compares two streams: --diff [--frame R] [--tensor NAME] "
+                        "[--atol X] [--rtol X] A B\n", prog);
+        lrmoe_select_free(&o->sel);
+        return 2;
+    }
+    int r = view_diff(files[0], files[1], o);
+    if (r < 0)
+        fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
+    for (int k = 0; k < o->sel.ntensors && r >= 0; k++)
+        if (!o->sel.seen[k]) {
+            fprintf(stderr, "%s: --tensor %s: no such tensor in the selected frames\n", prog,
+                    o->sel.tensors[k]);
+            r = -1;
+        }
+    if (fflush(stdout) != 0 || ferror(stdout) || fclose(stdout) != 0) {
+        if (r >= 0)
+            fprintf(stderr, "%s: write error on stdout: %s\n", prog, errno ? strerror(errno) : "I/O error");
+        r = -1;
+    }
+    lrmoe_select_free(&o->sel);
+    return r < 0 ? 2 : r;
+}
 
 int main(int argc, char **argv)
 {
@@ -336,6 +627,9 @@ int main(int argc, char **argv)
         {"tensor", required_argument, 0, 'T'},
         {"values", required_argument, 0, OPT_VALUES},
         {"no-stats", no_argument, 0, OPT_NO_STATS},
+        {"diff", no_argument, 0, OPT_DIFF},
+        {"atol", required_argument, 0, OPT_ATOL},
+        {"rtol", required_argument, 0, OPT_RTOL},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
@@ -371,6 +665,17 @@ int main(int argc, char **argv)
         case OPT_NO_STATS:
             o.stats = 0;
             break;
+        case OPT_DIFF:
+            o.diff = 1;
+            break;
+        case OPT_ATOL:
+        case OPT_RTOL:
+            if (lrmoe_parse_f64(c == OPT_ATOL ? "--atol" : "--rtol", optarg, 0, INFINITY,
+                                c == OPT_ATOL ? &o.atol : &o.rtol) < 0) {
+                fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
+                return 2;
+            }
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -387,6 +692,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
         return 2;
     }
+    if (o.diff)
+        return diff_main(nfiles, argv + optind, &o);
     for (int k = 0; k < (nfiles ? nfiles : 1); k++) {
         const char *path = nfiles ? argv[optind + k] : "-";
         if (nfiles > 1 && !o.json)

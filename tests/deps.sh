@@ -43,6 +43,9 @@ if [ "$what" = test ]; then
     need_cmd zstd zstd
     need_cmd python3 python3
     need_cmd gnuplot gnuplot-nox
+    need_cmd rsvg-convert librsvg2-bin  # plot.bats: SVGs drawn the same by rsvg...
+    need_cmd convert imagemagick        # ...and by ImageMagick
+    fc-list 2>/dev/null | grep -q 'DejaVu Sans' || missing="$missing fonts-dejavu-core" # the figures' font
     need_cmd bc bc                      # benchmarks' arithmetic
     need_cmd valgrind valgrind          # leak checks (interop.bats)
     [ -x /usr/bin/time ] || missing="$missing time"   # benchmarks' peak RSS

@@ -59,7 +59,8 @@ assert_import_error() {
     assert_equal "$(grep -c 'router_weight, expert_bias' <<< "$output")" 2
     # Mixtral's layout by its names
     run "$BIN/lrmoe-view" "$T/mixtral.lrm"
-    assert_output --partial "hf.prefix=model.layers.0.block_sparse_moe hf.layout=mixtral"
+    assert_line "  hf.prefix=model.layers.0.block_sparse_moe"
+    assert_line "  hf.layout=mixtral"
 }
 
 @test "state_dict() of transformers 5 modules (fused gate_up_proj [E,2F,D], down_proj [E,D,F]): bit-equal" {
@@ -69,7 +70,9 @@ assert_import_error() {
         assert_success
         specs+=("$HF/f32/$f:$T/$f.lrm")
         run "$BIN/lrmoe-view" "$T/$f.lrm"
-        assert_output --partial "layer=1 hf.prefix=model.layers.1.mlp hf.layout=fused"
+        assert_line "  layer=1"
+        assert_line "  hf.prefix=model.layers.1.mlp"
+        assert_line "  hf.layout=fused"
         # attention, norms, embeddings and shared experts are left out, and counted
         assert_output --regexp "hf.left_out=[1-9][0-9]*"
     done
@@ -82,7 +85,9 @@ assert_import_error() {
     run "$BIN/lrmoe-import" --attr layer=1 -o "$T/w1.lrm" "$HF/f32/qwen3_moe/experts1.safetensors"
     assert_success
     run "$BIN/lrmoe-view" "$T/w1.lrm"
-    assert_output --partial "layer=1 hf.layout=fused hf.left_out=0"
+    assert_line "  layer=1"
+    assert_line "  hf.layout=fused"
+    assert_line "  hf.left_out=0"
     assert_line --regexp '^  w_gate +F32 +\[8,16,32\]'
     assert_line --regexp '^  w_down +F32 +\[8,32,16\]'
     # one block of a shard, its router renamed by hand as before --map existed
@@ -96,7 +101,10 @@ PY
     run "$BIN/lrmoe-import" --name mlp.gate.weight=router_weight --attr layer=1 -o "$T/l1.lrm" "$T/l1.safetensors"
     assert_success
     run "$BIN/lrmoe-view" "$T/l1.lrm"
-    assert_output --partial "layer=1 hf.prefix=mlp hf.layout=fused hf.left_out=0"
+    assert_line "  layer=1"
+    assert_line "  hf.prefix=mlp"
+    assert_line "  hf.layout=fused"
+    assert_line "  hf.left_out=0"
     assert_line --regexp '^  router_weight +F32 +\[8,32\]'
 }
 

@@ -366,9 +366,10 @@ PY
     # order and dtypes restored from the sidecar
     "$BIN/lrmoe-import" --no-compress -o "$T/o.lrm" "$T/f003.a.npy" "$T/f003.b.npy" "$T/f003.frame.json"
     run "$BIN/lrmoe-view" --no-stats "$T/o.lrm"
-    assert_line --index 0 --partial "layer=3"
-    assert_line --index 2 --regexp '^  b +I16 '
-    assert_line --index 3 --regexp '^  a +BF16 '
+    assert_line "  layer=3"
+    for i in "${!lines[@]}"; do [[ "${lines[$i]}" == "  tensor "* ]] && h=$i; done
+    assert_line --index $((h + 1)) --regexp '^  b +I16 '
+    assert_line --index $((h + 2)) --regexp '^  a +BF16 '
 }
 
 @test "bad input: garbage, bad headers, size mismatch, unknown dtypes" {

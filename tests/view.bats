@@ -103,29 +103,36 @@ for e in o["tensors"]:
     r = ref[e["name"]].astype(np.float64)
     assert got.shape == r.shape
     assert np.array_equal(got, r, equal_nan=True), e["name"]
-# text: shortest decimal that rounds back to the same stored value
+# text: rows of the last dimension (the first 40 rows of the first 40
+# values), shortest decimals that round back to the same stored value
 txt = open(f"{d}/v.txt").read()
 for name, conv in (("hidden", lambda v: s.f32_to_bf16(np.float32(v).reshape(1))[0]),
                    ("half", lambda v: np.float16(v).view(np.uint16))):
     m = re.search(r"^  %s .*\n((?:    .*\n)+)" % name, txt, re.M)
-    vals = " ".join(m.group(1).split()).split("]:", 1)[1].split()
-    vals = [v for v in vals if v != "..."]
-    want = t[name].ravel()[:40]
-    assert len(vals) == len(want), (name, len(vals))
-    for v, w in zip(vals, want):
-        got = conv(float(v))
-        bits = w if name == "hidden" else np.float16(w).view(np.uint16)
-        if np.isnan(float(v)):
-            assert v == "nan"
-        else:
-            assert got == bits, (name, v, w)
+    rows = re.split(r"\n    (?=\[)", m.group(1).strip())
+    want = t[name][:40, :40]
+    assert len(rows) == want.shape[0], (name, len(rows))
+    for i, (row, w) in enumerate(zip(rows, want)):
+        head, vals = row.split("]:", 1)
+        assert head == "[%d" % i, head
+        vals = vals.split()
+        assert len(vals) == len(w), (name, i, len(vals))
+        for v, x in zip(vals, w):
+            bits = x if name == "hidden" else np.float16(x).view(np.uint16)
+            if np.isnan(float(v)):
+                assert v == "nan"
+            else:
+                assert conv(float(v)) == bits, (name, v, x)
 PY
 }
 
 @test "text layout: aligned columns, attributes, summary line" {
     run "$BIN/lrmoe-view" "$T/s.lrm"
     assert_success
-    assert_line --index 0 --regexp '^frame 0  \(4 tensors, .*\)  layer=0 step=4 model="test model"$'
+    assert_line --index 0 --regexp '^frame 0  \(4 tensors, .*; 3 attributes\)$'
+    assert_line --index 1 '  layer=0'
+    assert_line --index 2 '  step=4'
+    assert_line --index 3 '  model="test model"'
     assert_line --regexp '^  tensor +dtype +shape +size +min +max +mean +std +nan +inf$'
     assert_line --regexp '^  hidden +BF16 +\[33,17\] +1.1 KiB .* 2 +2$'
     assert_line --regexp '^  load +I64 +\[3\] +24 B +-3 +4611686018427387904 '
@@ -210,4 +217,158 @@ PY
     assert_failure 2
     [ "$stderr" = "lrmoe-view: -: standard input named twice (it can be read only once)" ]
     [ -z "$output" ]
+}
+
+@test "attributes: one per line, unprefixed first, then grouped by prefix in order of first appearance" {
+    python3 - "$T/a.lrm" <<'PY'
+import sys, numpy as np, lrmoe_stream as s
+attrs = {"plan.rho": "0.9", "layer": "3", "route.topk": "8", "plan.planner": "lrmoe",
+         "step": "7", "exec.ranks": "4", "route.router": "softmax", "plan.note": "two words"}
+s.write_stream(sys.argv[1], [({"x": np.zeros(2, np.float32)}, attrs)])
+PY
+    run "$BIN/lrmoe-view" --no-stats "$T/a.lrm"
+    assert_success
+    want=('frame 0  (1 tensor, 8 B; 8 attributes)' '  layer=3' '  step=7' '  plan.rho=0.9'
+          '  plan.planner=lrmoe' '  plan.note="two words"' '  route.topk=8' '  route.router=softmax'
+          '  exec.ranks=4')
+    for i in "${!want[@]}"; do
+        assert_line --index "$i" "${want[$i]}"
+    done
+    assert_line --index 9 --regexp '^  tensor +dtype'
+}
+
+@test "--values: matrices and higher as rows of the last dimension, saying what was left out" {
+    python3 - "$T/m.lrm" <<'PY'
+import sys, numpy as np, lrmoe_stream as s
+s.write_stream(sys.argv[1], [({"m": np.arange(50, dtype=np.int32).reshape(5, 10),
+                               "c": np.arange(24, dtype=np.int64).reshape(2, 3, 4),
+                               "v": np.arange(7, dtype=np.int16),
+                               "e": np.zeros((3, 0), np.float32)}, {})])
+PY
+    run "$BIN/lrmoe-view" --no-stats --values 3 "$T/m.lrm"
+    assert_success
+    assert_line '    [0]: 0 1 2 ... (+7 more)'
+    assert_line '    [2]: 20 21 22 ... (+7 more)'
+    refute_line --partial '    [3]:'
+    assert_line '    ... (+2 more rows of 10)'
+    assert_line '    [0,0]: 0 1 2 ... (+1 more)'
+    assert_line '    [0,2]: 8 9 10 ... (+1 more)'
+    assert_line '    ... (+3 more rows of 4)'
+    assert_line '    values[0:3]: 0 1 2 ... (+4 more)'
+    assert_line '    [0]:'
+    run "$BIN/lrmoe-view" --no-stats --values 10 -T m "$T/m.lrm"
+    assert_line '    [4]: 40 41 42 43 44 45 46 47 48 49'
+    refute_output --partial 'more'
+}
+
+# a pair of streams that differ in known places
+mk_pair() {
+    python3 - "$T" <<'PY'
+import sys, numpy as np, lrmoe_stream as s
+d = sys.argv[1]
+x = np.arange(12, dtype=np.float32).reshape(3, 4)
+y = x.copy(); y[1, 2] = 6.5; y[2, 3] = np.nan; y[2, 0] = 7.0   # 6 -> 6.5, 11 -> nan, 8 -> 7
+ids = np.array([1, 2, 3], np.int32)
+a = [({"x": x, "ids": ids, "only_a": np.zeros(2, np.uint8)}, {"layer": 0, "k": "1"}),
+     ({"x": x}, {"layer": 1}), ({"x": x}, {"layer": 2})]
+b = [({"ids": ids.astype(np.int64), "x": y, "only_b": np.zeros((2, 2), np.float32)},
+      {"layer": 0, "k": "2", "new": "yes"}),
+     ({"x": x.reshape(4, 3)}, {"layer": 1})]
+s.write_stream(f"{d}/a.lrm", a)
+s.write_stream(f"{d}/b.lrm", b)
+s.write_stream(f"{d}/a2.lrm", a[:2])
+PY
+}
+
+@test "--diff: per tensor count, max abs, max rel, first index; missing and extra tensors and attributes; exit 1" {
+    mk_pair
+    run --separate-stderr "$BIN/lrmoe-view" --diff "$T/a.lrm" "$T/b.lrm"
+    assert_failure 1
+    [ -z "$stderr" ]
+    want=("frame 0: attribute k: 1 vs 2"
+          "frame 0: attribute new only in $T/b.lrm: yes"
+          "frame 0: tensor x: 3 of 12 values differ, max abs 1, max rel 0.142857, 1 NaN on one side; first at [1,2]: 6 vs 6.5"
+          "frame 0: tensor ids: dtype I32 vs I64; the values are the same as numbers"
+          "frame 0: tensor only_a only in $T/a.lrm (U8 [2])"
+          "frame 0: tensor only_b only in $T/b.lrm (F32 [2,2])"
+          "frame 1: tensor x: shape [3,4] vs [4,3] (values not compared)"
+          "frames 2 on: 1 only in $T/a.lrm ($T/b.lrm ends after 2 frames)"
+          "# 2 frames compared: 2 attribute and 5 tensor differences, 1 frame in one stream only")
+    for i in "${!want[@]}"; do
+        assert_line --index "$i" "${want[$i]}"
+    done
+    assert_equal "${#lines[@]}" "${#want[@]}"
+}
+
+@test "--diff: the same stream (raw vs zstd) is exit 0; tolerances; --frame and --tensor select; trouble is exit 2" {
+    mk_pair
+    "$BIN/lrmoe-cat" -o "$T/az.lrm" "$T/a.lrm"
+    run "$BIN/lrmoe-view" --diff "$T/a.lrm" "$T/az.lrm"
+    assert_success
+    assert_output "# 3 frames compared: the same"
+    # only frame 0's x: 6 vs 6.5 and 8 vs 7 are within atol 1, the NaN never is
+    run "$BIN/lrmoe-view" --diff --frame 0 --tensor x --atol 1 "$T/a.lrm" "$T/b.lrm"
+    assert_failure 1
+    assert_line --index 0 "frame 0: attribute k: 1 vs 2"
+    assert_line --index 2 "frame 0: tensor x: 1 of 12 values differ, 1 NaN on one side; first at [2,3]: 11 vs nan"
+    # rtol is against B: |6-6.5|/6.5 = 0.077, |8-7|/7 = 0.143
+    run "$BIN/lrmoe-view" --diff --frame 0 --tensor x --rtol 0.1 "$T/a.lrm" "$T/b.lrm"
+    assert_line --index 2 --partial "tensor x: 2 of 12 values differ, max abs 1, max rel 0.142857"
+    run "$BIN/lrmoe-view" --diff --frame 0-1 "$T/a2.lrm" "$T/a.lrm"
+    assert_success
+    assert_output "# 2 frames compared: the same"
+    run "$BIN/lrmoe-view" --diff "$T/a2.lrm" "$T/a.lrm"
+    assert_failure 1
+    assert_line "frames 2 on: 1 only in $T/a.lrm ($T/a2.lrm ends after 2 frames)"
+    # trouble: exit 2 (cmp's convention), also for usage
+    head -c 100 "$T/a.lrm" > "$T/cut.lrm"
+    run --separate-stderr "$BIN/lrmoe-view" --diff "$T/a.lrm" "$T/cut.lrm"
+    assert_failure 2
+    [[ "$stderr" == "lrmoe-view: $T/cut.lrm: frame 0: truncated"* ]]
+    run "$BIN/lrmoe-view" --diff "$T/a.lrm" "$T/nonexistent.lrm"
+    assert_failure 2
+    run "$BIN/lrmoe-view" --diff "$T/a.lrm"
+    assert_failure 2
+    assert_output --partial "--diff compares two streams"
+    run "$BIN/lrmoe-view" --diff --tensor nosuch "$T/a.lrm" "$T/a.lrm"
+    assert_failure 2
+    run "$BIN/lrmoe-view" --diff --atol -1 "$T/a.lrm" "$T/a.lrm"
+    assert_failure 2
+}
+
+@test "lrmoe_diff_tensor: max abs/rel, first index, NaN, integers beyond 2^53 (the library's pure core)" {
+    L="$BATS_TEST_DIRNAME/../lib"
+    cat > "$T/d.c" <<'C'
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "diff.h"
+static lrmoe_tensor_t mk(lrmoe_dtype_t dt, void *p, int64_t n)
+{
+    lrmoe_tensor_t t = {"t", dt, 1, {n}, (size_t)n * lrmoe_dtype_size(dt), p};
+    return t;
+}
+int main(void)
+{
+    float a[5] = {1, -0.0f, NAN, INFINITY, 4}, b[5] = {1, 0.0f, NAN, INFINITY, 0};
+    lrmoe_tensor_t ta = mk(LRMOE_F32, a, 5), tb = mk(LRMOE_F32, b, 5);
+    lrmoe_diff_t d;
+    lrmoe_diff_tensor(&ta, &tb, 0, 0, &d);
+    printf("%lld %lld %lld %g %g\n", (long long)d.ndiff, (long long)d.first, (long long)d.nan_only, d.max_abs, d.max_rel);
+    b[4] = 4; a[0] = NAN;
+    lrmoe_diff_tensor(&ta, &tb, 0, 0, &d);
+    printf("%lld %lld %lld\n", (long long)d.ndiff, (long long)d.first, (long long)d.nan_only);
+    long long x[2] = {(1LL << 62) + 1, -5}, y[2] = {1LL << 62, -5};
+    lrmoe_tensor_t xa = mk(LRMOE_I64, x, 2), ya = mk(LRMOE_I64, y, 2);
+    lrmoe_diff_tensor(&xa, &ya, 0, 0, &d);
+    printf("%lld %lld %g\n", (long long)d.ndiff, (long long)d.first, d.max_abs);
+    return 0;
+}
+C
+    cc -std=c11 -O2 -I"$L" -o "$T/d" "$T/d.c" "$L/diff.c" "$L/dtype.c" "$L/error.c" "$L/frame.c" "$L/producers.c" -lm
+    run "$T/d"
+    assert_success
+    assert_line --index 0 "1 4 0 4 inf"
+    assert_line --index 1 "1 0 1"
+    assert_line --index 2 "1 0 1"
 }

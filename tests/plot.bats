@@ -1,0 +1,173 @@
+#!/usr/bin/env bats
+# Figures for reports (lib/plot.c, lib/sim_run.c): lrmoe-sim --plot and
+# lrmoe-plan --plot. The scripts are checked against the TSV the same run
+# wrote (columns looked up by name), and the SVGs are rendered by rsvg and by
+# ImageMagick, which must draw the same picture.
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+bats_require_minimum_version 1.5.0
+
+setup_file() {
+    command -v gnuplot > /dev/null || return 0
+    BIN="$BATS_TEST_DIRNAME/../bin"
+    D="$BATS_FILE_TMPDIR"
+    "$BIN/lrmoe-gen" --tokens 8192 --layers 2 --steps 4 --skew zipf:1.2 |
+        "$BIN/lrmoe-route" --loads-only > "$D/tr.lrm"
+    # a budget that fixed overruns on every frame; pressure at 1..20
+    "$BIN/lrmoe-sim" --ranks 8 --hbm 300M --pressure 1,2,4,8,16,20 --pressure-base 5000 \
+        --tsv "$D/s.tsv" --plot "$D/figs" "$D/tr.lrm" > "$D/sim.out"
+}
+
+setup() {
+    command -v gnuplot > /dev/null || skip "gnuplot not installed (tests/deps.sh installs gnuplot-nox)"
+    BIN="$BATS_TEST_DIRNAME/../bin"
+    D="$BATS_FILE_TMPDIR"
+    T="$BATS_TEST_TMPDIR"
+}
+
+# column of the TSV whose name starts with $2 (old or new unit suffix)
+col() { head -1 "$1" | tr '\t' '\n' | grep -n "^$2" | head -1 | cut -d: -f1; }
+
+@test "memory: the budget line at base experts + --hbm, every infeasible frame marked and counted" {
+    gp="$D/figs/memory.gp"
+    base=$(col "$D/s.tsv" mem_base)
+    pl=$(col "$D/s.tsv" planner)
+    fe=$(col "$D/s.tsv" feasible)
+    [ -n "$base" ] && [ -n "$fe" ]
+    # the line: the largest planner's mean base + 300 MiB, in GiB
+    want=$(awk -F'\t' -v b="$base" -v p="$pl" 'NR > 1 { s[$p] += $b; n[$p]++ }
+        END { m = 0; for (k in s) if (s[k] / n[k] > m) m = s[k] / n[k]; printf "%.6f", (m + 300 * 2^20) / 2^30 }' "$D/s.tsv")
+    got=$(sed -n 's/^set arrow from graph 0, first \([0-9.e+-]*\) to graph 1.*nohead.*dt 2.*/\1/p' "$gp")
+    [ -n "$got" ] || fail "no budget line in memory.gp"
+    awk -v a="$got" -v b="$want" 'BEGIN { exit !(a - b < 1e-6 && b - a < 1e-6) }' || fail "budget $got, want $want"
+    grep -q 'title "budget: base experts + --hbm 300 MiB"' "$gp"
+    # one cross per infeasible (frame, planner) of the TSV, at its planner's bar
+    ninf=$(awk -F'\t' -v f="$fe" 'NR > 1 && $f == 0' "$D/s.tsv" | wc -l)
+    [ "$ninf" -gt 0 ]
+    nmark=$(awk 'blk == 1 && /^[0-9]/ { n++ } /^$/ { e++; if (e == 2) blk = 1 } END { print n + 0 }' "$D/figs/memory.dat")
+    assert_equal "$nmark" "$ninf"
+    grep -q "index 1 using 1:2 with points pt 2 .*title \"an infeasible frame\"" "$gp"
+    nfixed=$(awk -F'\t' -v f="$fe" -v p="$pl" 'NR > 1 && $f == 0 && $p == "fixed"' "$D/s.tsv" | wc -l)
+    grep -q "set label \"$nfixed of 8 infeasible\" at 0," "$gp"
+    # a budget far above the bars is named, not drawn
+    "$BIN/lrmoe-sim" --ranks 8 --plot "$T/f" "$D/tr.lrm" > /dev/null
+    if grep -q '^set arrow' "$T/f/memory.gp"; then fail "a budget line 40x above the bars"; fi
+    grep -q 'budget: base experts + --hbm 16 GiB = 16.* GiB (modelled): above the plotted range' "$T/f/memory.gp"
+    if grep -q 'infeasible"' "$T/f/memory.gp"; then fail "infeasible marks without infeasible frames"; fi
+}
+
+@test "latency: forward, backward on its own and replica weights add up to the TSV's layer total" {
+    tb=$(col "$D/s.tsv" t_backward)
+    tt=$(col "$D/s.tsv" t_total)
+    pl=$(col "$D/s.tsv" planner)
+    head -1 "$D/figs/latency.dat" | grep -q 'backward: dispatch + compute + combine'
+    for p in fixed llep eplb lrmoe; do
+        read -r bwd tot < <(awk -F'\t' -v p="$p" -v c="$pl" -v b="$tb" -v t="$tt" \
+            'NR > 1 && $c == p { s += $b; u += $t; n++ } END { printf "%.9g %.9g\n", s / n * 1e3, u / n * 1e3 }' "$D/s.tsv")
+        awk -F'\t' -v p="$p" -v b="$bwd" -v t="$tot" '$1 == p {
+            d = $3 - b; e = $2 + $3 + $4 - t
+            exit !(d * d < 1e-12 * b * b + 1e-18 && e * e < 1e-10 * t * t) }' "$D/figs/latency.dat" ||
+            fail "$p: latency.dat $(grep "^$p" "$D/figs/latency.dat"), want backward $bwd total $tot"
+        grep -q "set label \"backward [0-9.]* ms\" at" "$D/figs/latency.gp"
+    done
+}
+
+@test "pressure: a log2 axis with a tic at 1,2,4,8,16,20; the ideal curve says it keeps every pair" {
+    gp="$D/figs/pressure.gp"
+    grep -q '^set logscale x 2$' "$gp"
+    grep -q '^set xtics ("1" 1, "2" 2, "4" 4, "8" 8, "16" 16, "20" 20)$' "$gp"
+    grep -q 'title "ideal (keeps every pair)"' "$gp"
+    grep -q 'ideal: keeps every pair (no dropping)' "$gp"
+    # the lines are the TSV-independent pressure table of the summary
+    grep -q '^x20 ' "$D/sim.out"
+}
+
+@test "every figure: legend outside the data, one style per series (dash type and point type), one font" {
+    for f in load pressure; do
+        gp="$D/figs/$f.gp"
+        grep -q '^set key outside' "$gp"
+        n=$(grep -c '^set style line' "$gp")
+        [ "$n" -ge 4 ]
+        # no two series share a dash type or a point type
+        [ "$(sed -n 's/^set style line [0-9]* .* dt \([^ ]*\) pt \([0-9]*\) .*/\1/p' "$gp" | sort -u | wc -l)" -eq "$n" ]
+        [ "$(sed -n 's/^set style line [0-9]* .* pt \([0-9]*\) .*/\1/p' "$gp" | sort -u | wc -l)" -eq "$n" ]
+        # every series is drawn and has a legend entry of its own style
+        for k in $(seq 1 "$n"); do
+            grep -q "ls $k notitle" "$gp"
+            grep -q "NaN with linespoints ls $k title" "$gp"
+        done
+    done
+    for f in load memory latency pressure; do
+        grep -q '^set key outside' "$D/figs/$f.gp"
+        grep -q 'font "DejaVu Sans,12"' "$D/figs/$f.gp"
+        grep -q '<svg' "$D/figs/$f.svg"
+        grep -qi 'modelled' "$D/figs/$f.svg"
+    done
+}
+
+@test "SVGs draw the same in rsvg and ImageMagick (gnuplot's own SVG does not)" {
+    command -v rsvg-convert > /dev/null || skip "rsvg-convert not installed (tests/deps.sh installs librsvg2-bin)"
+    command -v convert > /dev/null || skip "ImageMagick's convert not installed (tests/deps.sh installs imagemagick)"
+    # differing pixels at a quarter of the size (fonts and antialiasing
+    # differ by a pixel; a missing marker or a stray line does not)
+    differ() {
+        rsvg-convert -b white -o "$T/a.png" "$1"
+        convert "$1" -background white -flatten "$T/b.png"
+        convert "$T/a.png" -resize 25% "$T/a4.png"
+        convert "$T/b.png" -resize 25% "$T/b4.png"
+        compare -metric AE -fuzz 20% "$T/a4.png" "$T/b4.png" null: 2>&1 || true
+    }
+    mkdir "$T/raw"
+    for f in load memory latency pressure; do
+        n=$(differ "$D/figs/$f.svg")
+        [ "$n" -lt 120 ] || fail "$f.svg: $n of 36000 pixels differ between rsvg and ImageMagick"
+        if sed '/<defs>/,/<\/defs>/d' "$D/figs/$f.svg" | grep -q -e '<use ' -e currentColor; then
+            fail "$f.svg: <use> or currentColor outside <defs>"
+        fi
+        # the control: the same script's SVG straight from gnuplot
+        cp "$D/figs/$f.gp" "$D/figs/$f.dat" "$T/raw/"
+        (cd "$T/raw" && gnuplot "$f.gp")
+        n=$(differ "$T/raw/$f.svg")
+        [ "$n" -gt 300 ] || fail "raw $f.svg: only $n pixels differ: the check cannot tell"
+    done
+}
+
+@test "lrmoe-plan --plot FILE: pairs per rank before and after every planner on the trace's worst frame" {
+    "$BIN/lrmoe-gen" --tokens 4096 --skew hot:50:2 | "$BIN/lrmoe-route" > "$T/one.lrm"
+    run "$BIN/lrmoe-plan" --ranks 8 --rates 1,0.8,0.6 --hbm 100M --plot "$T/p.svg" -o "$T/out.lrm" "$T/one.lrm"
+    assert_success
+    grep -q '<svg' "$T/p.svg"
+    head -1 "$T/p.dat" | grep -q $'^# x\tbefore: plain EP (= fixed)\tllep forward\teplb forward\tlrmoe forward'
+    # the plan's stream is the same as without --plot
+    "$BIN/lrmoe-plan" --ranks 8 --rates 1,0.8,0.6 --hbm 100M -o "$T/ref.lrm" "$T/one.lrm"
+    run "$BIN/lrmoe-view" --diff "$T/out.lrm" "$T/ref.lrm"
+    assert_success
+    # before: expert_load summed over each rank's native experts (E/P each)
+    python3 - "$T" "$BATS_TEST_DIRNAME/helpers" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+import numpy as np
+from lrmoe_stream import read_stream
+d = sys.argv[1]
+(t, a), = read_stream(f"{d}/out.lrm")
+load = t["expert_load"].astype(np.int64)
+before = load.reshape(8, -1).sum(1)
+fwd = t["fwd_alloc"].astype(np.int64).sum(0)
+rows = [l.split("\t") for l in open(f"{d}/p.dat").read().splitlines()[1:]]
+assert [int(float(r[1])) for r in rows] == before.tolist(), (rows, before)
+# lrmoe's forward column is the plan lrmoe-plan wrote (same options, same frame)
+assert [int(float(r[4])) for r in rows] == fwd.tolist(), (rows, fwd)
+assert sum(int(float(r[2])) for r in rows) == load.sum()
+PY
+    # PNG by the extension; errors say what to do
+    run "$BIN/lrmoe-plan" --ranks 8 --plot "$T/p.png" -o /dev/null "$T/one.lrm"
+    assert_success
+    [ "$(head -c 4 "$T/p.png" | od -An -c | tr -d ' ')" = '211PNG' ]
+    run "$BIN/lrmoe-plan" --ranks 8 --plot "$T/p.svg" -o /dev/null < "$T/one.lrm"
+    assert_failure 1
+    assert_output "lrmoe-plan: --plot $T/p.svg: the trace is read once more for the figure: name it as a FILE argument, not standard input"
+    run "$BIN/lrmoe-plan" --ranks 8 --plot "$T/p.pdf" -o /dev/null "$T/one.lrm"
+    assert_failure 1
+    assert_output "lrmoe-plan: --plot $T/p.pdf: the name must end in .svg or .png"
+}
