@@ -138,12 +138,25 @@ for v, e in cand:
         left -= 1
 assert left == 0, "the quotas do not reach the total at the plan's peak"
 t["quota"] = K.astype(np.int64)
+if a.get("plan.keep"):
+    a["plan.keep"] = "global"  # the new quotas have no by-rank bwd_alloc
 write_stream(dst, frames[:-1] + [(t, a, d)])
 open(peakf, "w").write("%d\n" % int(np.max(-(-load[1:] // pc[1:]))))  # T* of the quotas
 PY
 }
 
+set_keep() { # stream keep(global|by-rank) out: every frame's plan.keep set
+    python3 - "$@" <<'PY'
+import sys
+sys.path.insert(0, "tests/helpers")
+from lrmoe_stream import read_stream, write_stream
+fr = read_stream(sys.argv[1], with_dtypes=True)
+write_stream(sys.argv[3], [(t, dict(a, **{"plan.keep": sys.argv[2]}), d) for t, a, d in fr])
+PY
+}
+
 echo
+: > "$tmp/keep.tsv"
 echo "quota policies: E=128 K=8 D=256 F=128, $QT tokens x 2 steps (rows: step 2), P=8, --hbm 0, --longer-backward, seed $SEED"
 qt="$tmp/quota.tsv"
 : > "$qt"
@@ -163,6 +176,17 @@ a = json.loads(sys.stdin.readlines()[1])["attrs"]
 print("\t".join(sys.argv[1:] + [a["plan.bwd_peak"], a["score.fidelity"]]))
 ' "$wl" "$rate" "$q" >> "$qt"
             if [ "$q" = even ]; then cp "$tmp/qp.lrm" "$tmp/qe.lrm"; fi
+        done
+        # the default's plan scored with each keep rule (same quotas and
+        # bwd_alloc): the global top-K_e of each expert, or by forward rank
+        for keep in global by-rank; do
+            set_keep "$tmp/qe.lrm" "$keep" "$tmp/qk.lrm"
+            bin/lrmoe-score --fidelity $raw "$tmp/qk.lrm" -o "$tmp/qs.lrm"
+            bin/lrmoe-view --json --no-stats "$tmp/qs.lrm" | python3 -c '
+import json, sys
+a = json.loads(sys.stdin.readlines()[1])["attrs"]
+print("\t".join(sys.argv[1:] + [a["score.fidelity"]]))
+' "$wl" "$rate" "$keep" - >> "$tmp/keep.tsv"
         done
         # the score-profile criterion on the default's plan (placement, least
         # backward peak T): the quotas that keep the most predicted score
@@ -232,4 +256,23 @@ for k, label in ((3, "own (oracle)"), (4, "prev")):
           "default's peak is lower%s; error <= the default's on every row%s" % (
               "PASS" if not (o_peak or o_eq or o_lo or o_def) else "FAIL", label,
               nb(o_peak), nb(o_eq), nb(o_lo), nb(o_def)))
+PY
+python3 - "$tmp/keep.tsv" <<'PY'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+tab = {(w, r, k): float(e) for w, r, k, _, e in rows}
+print()
+print("keep rule at the default's quotas and bwd_alloc (step 2 of 2): dW_down error of the "
+      "global top-K_e of each expert and of the top bwd_alloc[e,p] by forward rank "
+      "(plan.keep=by-rank)")
+print("%-10s %-5s %10s %10s %8s" % ("workload", "rate", "global", "by-rank", "ratio"))
+rat = []
+for w, r in dict.fromkeys((w, r) for w, r, _, _, _ in rows):
+    g, b = tab[(w, r, "global")], tab[(w, r, "by-rank")]
+    rat.append(b / g if g > 0 else float("nan"))
+    print("%-10s %-5s %10.5f %10.5f %8.3f" % (w, r, g, b, rat[-1]))
+ok = [x for x in rat if x == x]
+ok.sort()
+print("keep rule: by-rank / global dW_down error over %d rows: median %.3f, min %.3f, max %.3f" % (
+    len(ok), ok[(len(ok) - 1) // 2], ok[0], ok[-1]))
 PY
