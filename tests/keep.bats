@@ -135,3 +135,30 @@ PY
     assert_failure
     assert_output --partial "bwd_alloc"
 }
+
+@test "by-rank: the Python API (lrmoe.ops.score with keep_rule) keeps what lrmoe-score keeps" {
+    python3 -c 'import numpy' 2>/dev/null || skip "numpy is not installed"
+    pipeline
+    run env LRMOE_LIBRARY="$BATS_TEST_DIRNAME/../build/liblrmoe.so.0" \
+        PYTHONPATH="$BATS_TEST_DIRNAME/../lib/python" python3 - "$H" "$T/f.lrm" "$T/s.lrm" <<'PY'
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from lrmoe_stream import read_stream
+from lrmoe import ops
+nby = 0
+for i, ((t, a), (o, _)) in enumerate(zip(read_stream(sys.argv[2]), read_stream(sys.argv[3]))):
+    rule = a.get("plan.keep")
+    nby += rule == "by-rank"
+    r = ops.score(t["topk_ids"], t["topk_weights"], t["grad_output"], phi_sqnorm=t["phi_sqnorm"],
+                  quota=t["quota"], index=i, bwd_alloc=t["bwd_alloc"], pair_rank=t["pair_rank"],
+                  keep_rule=rule)
+    assert np.array_equal(r["keep"], o["keep"]), (i, rule)
+    assert (r.attrs.get("score.keep") == "by-rank") == (rule == "by-rank"), (i, r.attrs)
+assert nby > 0, "no by-rank frame"
+print("ok", nby)
+PY
+    echo "$output"
+    assert_success
+    assert_output --regexp '^ok [1-9]'
+}
