@@ -34,7 +34,7 @@ echo "scenarios: uniform hot30 hot50 hot80 hot95 zipf1.2 (cycled); slots E/P+2"
 echo "cost model: D=2048 F=768 BF16, hbm 16 GiB (0 = unlimited below), bw 100e9 B/s"
 echo
 printf '%-22s %9s %9s %9s %9s %8s %9s %9s %6s\n' planner "plan_med" "plan_p99" \
-    "peak/mean" "worst" "replicas" "peak/T*" "glpk_med" "rho"
+    "peak/mean" "worst" "replicas" "peak/T*" "solv_med" "rho"
 printf '%-22s %9s %9s %9s %9s %8s %9s %9s %6s\n' "" ms ms "(mean)" "(max)" "(mean)" \
     "(max)" ms "(min)"
 
@@ -50,7 +50,7 @@ summ() { # name tsv
           if (pt > mx) mx = pt; if (bt > mx) mx = bt
           if (n == 1 || $cRho < rho) rho = $cRho }
         END {
-            # sort the plan and GLPK times (insertion sort: n is small)
+            # sort the plan and solver times (insertion sort: n is small)
             for (i = 2; i <= n; i++) { v = t[i]; j = i - 1
                 while (j > 0 && t[j] > v) { t[j + 1] = t[j]; j-- } t[j + 1] = v }
             for (i = 2; i <= n; i++) { v = g[i]; j = i - 1
