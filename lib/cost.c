@@ -134,8 +134,9 @@ int lrmoe_cost_eval_slots(const lrmoe_cost_model_t *m, int E, int P,
             for (int p = 0; p < P; p++)
                 n += fwd[(size_t)e * P + p];
         K = quota ? quota[e] : n;
-        /* retained pairs of e known to stay on p at least (worst case over
-         * which K_e of the n_e are selected) */
+        /* retained pairs of e known to stay on p at least: the worst case
+         * over which K_e of the n_e are selected (all drops on p), or, when
+         * lrmoe-score keeps by forward rank, min(fwd, bwd) */
         int64_t moved_e = 0;
         for (int p = 0; p < P; p++) {
             size_t i = (size_t)e * P + p;
@@ -149,7 +150,7 @@ int lrmoe_cost_eval_slots(const lrmoe_cost_model_t *m, int E, int P,
                 continue;
             rc[p].fwd_rows += fwd[i];
             rc[p].bwd_rows += bwd[i];
-            int64_t stay = fwd[i] - (n - K);
+            int64_t stay = m->keep_by_rank ? fwd[i] : fwd[i] - (n - K);
             if (stay < 0)
                 stay = 0;
             int64_t mv = bwd[i] - stay;

@@ -41,6 +41,9 @@ typedef struct {
     double window;        /* seconds allowed for all-to-all; 0 = unlimited */
     double bw;            /* all-to-all bytes/s per rank and direction (100e9) */
     double flops;         /* sustained expert GEMM FLOP/s per rank (400e12) */
+    int keep_by_rank;     /* lrmoe-score keeps by forward rank (plan.keep=by-rank):
+                             the state moved onto p for e is max(0, bwd - fwd);
+                             0: the worst case over the selected identities */
 } lrmoe_cost_model_t;
 
 void lrmoe_cost_default(lrmoe_cost_model_t *m);

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "plan.h"
 #include "plan_internal.h"
@@ -189,6 +190,10 @@ int lrmoe_plan_to_frame(const lrmoe_plan_t *p, lrmoe_frame_t *f)
         (p->have_slots &&
          lrmoe_frame_set_attrf(f, "plan.weight_moves", "%d", p->weight_moves) < 0) ||
         lrmoe_frame_set_attrf(f, "plan.feasible", "%d", p->feasible) < 0 ||
+        /* only by-rank plans carry it; a re-planned frame's stale one is
+         * overwritten with the default */
+        ((p->keep_by_rank || lrmoe_frame_attr(f, "plan.keep")) &&
+         lrmoe_frame_set_attr(f, "plan.keep", p->keep_by_rank ? "by-rank" : "global") < 0) ||
         lrmoe_frame_set_attrf(f, "plan.mem_peak", "%.0f", p->mem_peak) < 0 ||
         lrmoe_frame_set_attrf(f, "plan.mem_peak_rank", "%d", p->mem_peak_rank) < 0 ||
         lrmoe_frame_set_attrf(f, "plan.t_comm", "%.9g", p->t_comm) < 0 ||
@@ -245,6 +250,8 @@ int lrmoe_plan_from_frame(const lrmoe_frame_t *f, lrmoe_plan_t *p)
     s = lrmoe_frame_attr(f, "plan.binding");
     if (s)
         snprintf(p->binding, sizeof p->binding, "%s", s);
+    s = lrmoe_frame_attr(f, "plan.keep");
+    p->keep_by_rank = s && !strcmp(s, "by-rank");
     int64_t v;
     double d;
     if (get_i64_attr(f, "plan.fwd_peak", &p->fwd_peak) < 0 ||
@@ -276,10 +283,19 @@ void lrmoe_plan_thread_cleanup(void)
     lrmoe_minpeak_thread_cleanup();
 }
 
+/* thread CPU seconds (the plan time without the other processes of a
+ * shared machine) */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
                        lrmoe_plan_t *out)
 {
-    double t0 = lrmoe_now();
+    double t0 = lrmoe_now(), c0 = cpu_now();
     if (lrmoe_plan_opts_check(o, E) < 0)
         return -1;
     int64_t N = 0;
@@ -337,6 +353,7 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
         return lrmoe_err_prefix("planner %s produced an inconsistent plan",
                                 lrmoe_planner_name(o->planner));
     out->plan_seconds = lrmoe_now() - t0;
+    out->plan_cpu_seconds = cpu_now() - c0;
     return 0;
 }
 

@@ -129,6 +129,10 @@ typedef struct {
     lrmoe_cost_summary_t cost;    /* the model's summary of this plan ... */
     int have_cost;                /* ... and of rank[]: 1 when lrmoe_plan_compute
                                      evaluated them (0 after from_frame) */
+    int keep_by_rank;             /* the modelled backward assumes lrmoe-score
+                                     keeps by forward rank (plan.keep=by-rank;
+                                     cost model keep_by_rank) */
+    double plan_cpu_seconds;      /* thread CPU time of lrmoe_plan_compute */
 } lrmoe_plan_t;
 
 void lrmoe_plan_init(lrmoe_plan_t *p);

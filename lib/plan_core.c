@@ -190,7 +190,9 @@ int lrmoe_plan_eval_cost(const lrmoe_cost_model_t *m, const lrmoe_plan_t *p,
                          lrmoe_cost_summary_t *sum)
 {
     const lrmoe_cost_slots_t sl = {p->held, p->wsend, p->wrecv};
-    return lrmoe_cost_eval_slots(m, p->E, p->P, p->placement, load, p->fwd_alloc, p->quota,
+    lrmoe_cost_model_t mk = *m;
+    mk.keep_by_rank = m->keep_by_rank || p->keep_by_rank;
+    return lrmoe_cost_eval_slots(&mk, p->E, p->P, p->placement, load, p->fwd_alloc, p->quota,
                                  p->bwd_alloc, p->have_slots ? &sl : NULL, rank, sum);
 }
 

@@ -473,7 +473,7 @@ static double max_drop(const lctx_t *c, const lrmoe_plan_t *k)
  * is worse than the best baseline's, 1 when its t_total is not), then
  * t_total, forward peak, backward peak; below rate 1 (where no baseline
  * fits, or its plan would have won at rate 1) the least backward peak, then
- * (policy even) the least largest drop fraction, then t_total, forward
+ * the global keep before by-rank, then (policy even) the least largest drop fraction, then t_total, forward
  * peak. */
 static int beats(const lctx_t *c, const slot_t *sl, int cls)
 {
@@ -484,6 +484,10 @@ static int beats(const lctx_t *c, const slot_t *sl, int cls)
         const double dk = max_drop(c, k), db = max_drop(c, b);
         if (k->bwd_peak != b->bwd_peak)
             return k->bwd_peak < b->bwd_peak;
+        /* the global top-K_e keep where it reaches this peak: by-rank
+         * selection only when the backward needs it */
+        if (k->keep_by_rank != b->keep_by_rank)
+            return !k->keep_by_rank;
         if (c->o->quota == LRMOE_QUOTA_EVEN && c->kprop) {
             /* the proportional quotas, where they reach this peak: the same
              * pairs as policy proportional keeps, so no larger error */
@@ -550,11 +554,41 @@ static void submit(lctx_t *c, const char *src, int longer)
     }
 }
 
-/* Summary and cost of c->cand as it stands; 0 or -1. */
+/* Summary and cost of c->cand as it stands (global keep); 0 or -1. */
 static int cand_eval(lctx_t *c)
 {
+    c->cand.keep_by_rank = 0;
     plan_summarise(&c->cand, c->load);
     return plan_cost(c->o, &c->cand, c->load, NULL);
+}
+
+/* Submit the evaluated backward c->cand (rate below 1) named src; t1: the
+ * modelled backward of the same plan keeping every pair. When it is longer
+ * with lrmoe-score's global top-K_e (the worst case over which pairs are
+ * kept), the same plan with the keep by forward rank (plan.keep=by-rank:
+ * the state moved onto p for e is max(0, bwd - fwd)) is offered instead if
+ * that is not longer; else the longer one is. 0 or -1. */
+static int submit_bwd(lctx_t *c, const char *src, double t1)
+{
+    lrmoe_plan_t *k = &c->cand;
+    if (t_bwd_of(&k->cost) <= t1) {
+        submit(c, src, 0);
+        return 0;
+    }
+    k->keep_by_rank = 1;
+    if (plan_cost(c->o, k, c->load, NULL) < 0)
+        return -1;
+    if (t_bwd_of(&k->cost) <= t1) {
+        char name[48];
+        snprintf(name, sizeof name, "%.39s+by-rank", src);
+        submit(c, name, 0);
+        return 0;
+    }
+    k->keep_by_rank = 0;
+    if (plan_cost(c->o, k, c->load, NULL) < 0)
+        return -1;
+    submit(c, src, 1);
+    return 0;
 }
 
 /* Backward kept in place: only experts whose forward ran on one rank drop
@@ -1108,7 +1142,8 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
     k->fwd_lb = flb;
     k->bwd_lb = blb;
     snprintf(name, sizeof name, "%s/minpeak", src);
-    submit(c, name, t_bwd_of(&k->cost) > t1);
+    if (submit_bwd(c, name, t1) < 0)
+        return -1;
     /* the same quotas where forward ran */
     bwd_follow(c);
     if (cand_eval(c) < 0)
@@ -1116,7 +1151,8 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
     k->fwd_lb = flb;
     k->bwd_lb = blb;
     snprintf(name, sizeof name, "%s/follow", src);
-    submit(c, name, t_bwd_of(&k->cost) > t1);
+    if (submit_bwd(c, name, t1) < 0)
+        return -1;
     if (K)
         return 0; /* proportional quotas are fixed */
     int r = bwd_in_place(c);

@@ -332,6 +332,146 @@ out:
     return rc;
 }
 
+/* ------------------------------------------------- select by forward rank */
+
+typedef struct {
+    uint64_t *keys;
+    const int64_t *off;   /* (E*P+1): bucket (e,p) is [off[e*P+p], off[e*P+p+1]) */
+    const int64_t *bwd;   /* (E,P) */
+    int P;
+    uint8_t *keep;
+} rank_job_t;
+
+/* experts [e0, e1): the top min(bwd, n_ep) of each (e,p) bucket, then the
+ * best of the rest of e up to quota_e = sum_p bwd[e,p] */
+static int select_by_rank(void *vp, int64_t e0, int64_t e1)
+{
+    const rank_job_t *j = vp;
+    const int P = j->P;
+    for (int64_t e = e0; e < e1; e++) {
+        uint64_t rng = 0x5EEDull ^ (uint64_t)e;
+        int64_t extra = 0;
+        for (int p = 0; p < P; p++) {
+            const int64_t b = e * P + p, n = j->off[b + 1] - j->off[b];
+            const int64_t w = j->bwd[b], q = w < n ? w : n;
+            uint64_t *a = j->keys + j->off[b];
+            extra += w - q;
+            select_top(a, n, q, &rng);
+            for (int64_t i = 0; i < q; i++)
+                j->keep[key_pair(a[i])] = 1;
+        }
+        if (extra <= 0)
+            continue;
+        /* the unkept keys of e to the front, then their top extra */
+        uint64_t *a = j->keys + j->off[e * P];
+        const int64_t n = j->off[(e + 1) * P] - j->off[e * P];
+        int64_t m = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (!j->keep[key_pair(a[i])])
+                swap64(&a[i], &a[m++]);
+        select_top(a, m, extra, &rng);
+        for (int64_t i = 0; i < extra; i++)
+            j->keep[key_pair(a[i])] = 1;
+    }
+    return 0;
+}
+
+static int score_select_rank_mt(int64_t T, int K, int E, int P, const int32_t *topk_ids,
+                                const float *score, const int32_t *pair_rank,
+                                const int64_t *bwd_alloc, uint8_t *keep, int64_t *load,
+                                int64_t *quota_out, int threads)
+{
+    int64_t N = T * K;
+    if (N >= (int64_t)0xFFFFFFFF)
+        return lrmoe_err("too many pairs (%lld) for one frame", (long long)N);
+    if (P <= 0 || (!pair_rank && E % P))
+        return lrmoe_err("by-rank selection: %d experts over %d ranks, and no pair_rank",
+                         E, P);
+    const int64_t EP = (int64_t)E * P;
+    int64_t *off = calloc((size_t)EP + 1, sizeof *off);
+    uint64_t *keys = malloc((size_t)(N ? N : 1) * sizeof *keys);
+    int32_t *rk = malloc((size_t)(N ? N : 1) * sizeof *rk);
+    int rc = -1;
+    if (!off || !keys || !rk) {
+        lrmoe_err("out of memory");
+        goto out;
+    }
+    memset(load, 0, (size_t)E * sizeof *load);
+    for (int64_t u = 0; u < N; u++) {
+        int32_t e = topk_ids[u];
+        if (e < 0 || e >= E) {
+            lrmoe_err("topk_ids: expert %d at pair %lld out of range [0,%d)",
+                      (int)e, (long long)u, E);
+            goto out;
+        }
+        if (isnan(score[u])) {
+            bad_score(u, K, score[u]);
+            goto out;
+        }
+        /* without pair_rank, as lrmoe-pack: the expert's native rank */
+        int32_t r = pair_rank ? pair_rank[u] : (int32_t)(e / (E / P));
+        if (r < 0 || r >= P) {
+            lrmoe_err("pair_rank: rank %d at pair %lld out of range [0,%d)", (int)r,
+                      (long long)u, P);
+            goto out;
+        }
+        rk[u] = r;
+        load[e]++;
+        off[(int64_t)e * P + r + 1]++;
+    }
+    for (int e = 0; e < E; e++) {
+        int64_t q = 0;
+        for (int p = 0; p < P; p++) {
+            int64_t w = bwd_alloc[(int64_t)e * P + p];
+            if (w < 0) {
+                lrmoe_err("bwd_alloc: expert %d rank %d is negative (%lld)", e, p,
+                          (long long)w);
+                goto out;
+            }
+            q += w;
+        }
+        if (q > load[e]) {
+            lrmoe_err("bwd_alloc: expert %d allocates %lld rows but has %lld routed pairs",
+                      e, (long long)q, (long long)load[e]);
+            goto out;
+        }
+        if (quota_out)
+            quota_out[e] = q;
+    }
+    for (int64_t b = 0; b < EP; b++)
+        off[b + 1] += off[b];
+    {
+        int64_t *pos = malloc((size_t)(EP ? EP : 1) * sizeof *pos);
+        if (!pos) {
+            lrmoe_err("out of memory");
+            goto out;
+        }
+        memcpy(pos, off, (size_t)EP * sizeof *pos);
+        for (int64_t u = 0; u < N; u++)
+            keys[pos[(int64_t)topk_ids[u] * P + rk[u]]++] = make_key(score[u], u);
+        free(pos);
+    }
+    memset(keep, 0, (size_t)N);
+    {
+        rank_job_t j = {keys, off, bwd_alloc, P, keep};
+        rc = lrmoe_parallel_ranges(E, threads, 1, select_by_rank, &j);
+    }
+out:
+    free(off);
+    free(keys);
+    free(rk);
+    return rc;
+}
+
+int lrmoe_score_select_by_rank(int64_t T, int K, int E, int P, const int32_t *topk_ids,
+                               const float *score, const int32_t *pair_rank,
+                               const int64_t *bwd_alloc, uint8_t *keep, int64_t *load,
+                               int64_t *quota_out)
+{
+    return score_select_rank_mt(T, K, E, P, topk_ids, score, pair_rank, bwd_alloc, keep,
+                                load, quota_out, 1);
+}
+
 /* -------------------------------------------------------------- fidelity */
 
 static inline float silu(float x)
@@ -499,6 +639,7 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
     int need_alpha = o->metric == LRMOE_METRIC_LRM || o->fidelity;
     int need_g = o->metric != LRMOE_METRIC_RANDOM || o->fidelity;
     lrmoe_tensor_t *tw = NULL, *tg = NULL, *tphi = NULL, *tq = NULL;
+    lrmoe_tensor_t *tba = NULL, *tpr = NULL; /* plan.keep=by-rank */
     if (need_alpha) {
         if (!(tw = lrmoe_frame_need(f, "topk_weights")) ||
             lrmoe_tensor_check(tw, 2, (int64_t[]){T, K}) < 0)
@@ -524,6 +665,17 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
         if (lrmoe_tensor_check(tq, 1, (int64_t[]){-1}) < 0)
             return -1;
         E = (int)tq->shape[0];
+        const char *kp = lrmoe_frame_attr(f, "plan.keep");
+        if (kp && strcmp(kp, "by-rank") && strcmp(kp, "global"))
+            return lrmoe_err("attribute plan.keep: '%s' (expected by-rank or global)", kp);
+        if (kp && !strcmp(kp, "by-rank")) {
+            if (!(tba = lrmoe_frame_need(f, "bwd_alloc")) ||
+                lrmoe_tensor_check(tba, 2, (int64_t[]){E, -1}) < 0)
+                return -1;
+            if ((tpr = lrmoe_frame_get(f, "pair_rank")) &&
+                lrmoe_tensor_check(tpr, 2, (int64_t[]){T, K}) < 0)
+                return -1;
+        }
     } else {
         lrmoe_tensor_t *t;
         if ((t = lrmoe_frame_get(f, "expert_load")) && t->ndim == 1)
@@ -537,7 +689,8 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
     float *alpha = NULL, *g = NULL, *phi = NULL, *gate = NULL, *up = NULL;
     float *score = malloc((size_t)(N ? N : 1) * sizeof *score);
     uint8_t *keep = malloc((size_t)(N ? N : 1));
-    int64_t *quota = NULL, *load = NULL, *qout = NULL;
+    int64_t *quota = NULL, *load = NULL, *qout = NULL, *ba = NULL;
+    int32_t *prank = NULL;
     double *err = NULL;
     if (!score || !keep) {
         lrmoe_err("out of memory");
@@ -567,8 +720,21 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
                        tg ? tg->data : NULL, alpha, phi,
                        o->seed + (uint64_t)index, score, o->threads) < 0)
         goto out;
-    if (score_select_mt(T, K, E, ids, score, quota, o->drop_pct, keep, load,
-                        qout, o->threads) < 0)
+    if (tba) {
+        const int P = (int)tba->shape[1];
+        if (!(ba = lrmoe_tensor_i64(tba)) || (tpr && !(prank = ids_i32(tpr))))
+            goto out;
+        if (score_select_rank_mt(T, K, E, P, ids, score, prank, ba, keep, load, qout,
+                                 o->threads) < 0)
+            goto out;
+        for (int e = 0; e < E; e++)
+            if (qout[e] != quota[e]) {
+                lrmoe_err("bwd_alloc: expert %d allocates %lld rows but its quota is %lld",
+                          e, (long long)qout[e], (long long)quota[e]);
+                goto out;
+            }
+    } else if (score_select_mt(T, K, E, ids, score, quota, o->drop_pct, keep, load,
+                               qout, o->threads) < 0)
         goto out;
     double tsel = lrmoe_now() - t0;
 
@@ -633,7 +799,8 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
         lrmoe_frame_set_attrf(f, "score.kept", "%lld", (long long)kept) < 0 ||
         lrmoe_frame_set_attrf(f, "score.retained", "%.6f", retained) < 0 ||
         lrmoe_frame_set_attrf(f, "score.dropped_share", "%.6g", share) < 0 ||
-        lrmoe_frame_set_attrf(f, "score.seconds", "%.6f", tsel) < 0)
+        lrmoe_frame_set_attrf(f, "score.seconds", "%.6f", tsel) < 0 ||
+        (tba && lrmoe_frame_set_attr(f, "score.keep", "by-rank") < 0))
         goto out;
     if (o->drop_pct >= 0 &&
         lrmoe_frame_set_attrf(f, "score.drop", "%g", o->drop_pct) < 0)
@@ -662,6 +829,8 @@ out:
     free(quota);
     free(load);
     free(qout);
+    free(ba);
+    free(prank);
     free(err);
     return rc;
 }

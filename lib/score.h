@@ -64,6 +64,21 @@ int lrmoe_score_select(int64_t T, int K, int E, const int32_t *topk_ids,
                        double drop_pct, uint8_t *keep, int64_t *load,
                        int64_t *quota_out);
 
+/* Select by forward rank (the plan's attribute plan.keep=by-rank): quota_e =
+ * sum_p bwd_alloc[e,p] (bwd_alloc (E,P)); inside each bucket of pairs of
+ * expert e that ran on rank p (pair_rank (T,K); NULL: the native rank
+ * e/(E/P), as lrmoe-pack assumes) keep the min(bwd_alloc[e,p], n_ep)
+ * highest-ranked pairs, then the highest-ranked of e's remaining pairs up
+ * to quota_e. So at most max(0, bwd_alloc[e,p] - n_ep) retained rows of e
+ * need state moved onto p by lrmoe-pack. load (E) receives n_e and
+ * quota_out (E, may be NULL) quota_e. Fails as lrmoe_score_select, and when
+ * a pair_rank is outside [0,P), an entry of bwd_alloc is negative, or
+ * quota_e > n_e. */
+int lrmoe_score_select_by_rank(int64_t T, int K, int E, int P, const int32_t *topk_ids,
+                               const float *score, const int32_t *pair_rank,
+                               const int64_t *bwd_alloc, uint8_t *keep, int64_t *load,
+                               int64_t *quota_out);
+
 /* Fidelity of a keep mask for the protected projection (FC2, dW_down):
  * per expert e, err[e] = ||sum_{u of e, dropped} delta_u phi_u^T||_F /
  * ||sum_{u of e} delta_u phi_u^T||_F with delta_u = alpha_u g_t, and
@@ -102,7 +117,9 @@ typedef struct {
  * quota (unless drop_pct >= 0; then quota is written), saved_gate/saved_up
  * (fidelity); write pair_score, keep, score_fidelity (E) F32 (fidelity) and
  * attributes score.metric, score.kept, score.retained, score.dropped_share,
- * score.fidelity. */
+ * score.fidelity. With the attribute plan.keep=by-rank (and drop_pct < 0)
+ * it selects by forward rank (lrmoe_score_select_by_rank, reading bwd_alloc
+ * and pair_rank if present) and writes score.keep=by-rank. */
 int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
                       const lrmoe_score_opts_t *o, lrmoe_score_stats_t *st);
 

@@ -124,7 +124,7 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
                 p.plan_seconds * 1e3, p.glpk_seconds * 1e3,
                 p.binding[0] && !strpbrk(p.binding, "\t\n") ? p.binding : "NA", p.D, p.F, p.K,
                 p.tokens, p.source[0] ? p.source : "NA");
-        fprintf(fp, "\t%s\n", p.llep[0] ? p.llep : "NA");
+        fprintf(fp, "\t%s\t%.3f\n", p.llep[0] ? p.llep : "NA", p.plan_cpu_seconds * 1e3);
         if (ferror(fp))
             rc = lrmoe_err("--stats: write error");
     }
@@ -219,8 +219,8 @@ int main(int argc, char **argv)
         fprintf(c.stats, "frame\tlayer\tstep\tplanner\texperts\tranks\tpairs\trho"
                          "\tfwd_peak\tbwd_peak\tfwd_lb\tbwd_lb\tmean_ceil\tpeak_over_mean"
                          "\treplicas\tmem_peak_gib\tmem_peak_rank\tt_comm_ms\tt_total_ms"
-                         "\tfeasible\tplan_ms\tglpk_ms\tbinding\thidden\tffn\ttopk"
-                         "\ttokens_per_rank\tsource\tllep\n");
+                         "\tfeasible\tplan_ms\tsolver_ms\tbinding\thidden\tffn\ttopk"
+                         "\ttokens_per_rank\tsource\tllep\tplan_cpu_ms\n");
     }
     if (plot_path && lrmoe_sim_plot_trace(in, &c.cli, plot_path) < 0) {
         fprintf(stderr, "lrmoe-plan: --plot %s: %s\n", plot_path, lrmoe_errmsg());

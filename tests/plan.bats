@@ -249,10 +249,14 @@ for t, a in read_stream('$1'):
         assert_output ""
     done
     # without --longer-backward the hot95 frame (only replicated experts can
-    # drop, and their retained state may move) is refused, saying why
-    run "$BIN/lrmoe-plan" -P 8 -M 6.3G -o "$T/o.lrm" "$T/in.lrm"
-    assert_failure 1
-    assert_output --partial "frame 4: infeasible at every rate (4 tried): rate 0.700: every plan that drops pairs and fits would lengthen the modelled backward (--longer-backward allows it)"
+    # drop, and their retained state may move under the global keep) plans
+    # with the keep by forward rank (plan.keep=by-rank, tests/keep.bats);
+    # without that rule it was refused ("every plan that drops pairs and
+    # fits would lengthen the modelled backward")
+    run "$BIN/lrmoe-plan" -P 8 -M 6.3G -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
+    assert_success
+    run awk -F'\t' 'NR == 6 { print $8, $28 }' "$T/s.tsv"
+    assert_output --regexp '^0\.900000 [a-z]+:[a-z]+/[a-z-]+\+by-rank$'
 }
 
 @test "lrmoe: min-keep floors, a fixed --rate, proportional quotas sum to floor(rho*N)" {
@@ -380,7 +384,7 @@ EOF
     run "$BIN/lrmoe-plan" -P 8 -p llep -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
     assert_success
     run awk -F'\t' 'END { print NR, NF } NR == 1 { print $1, $4, $9, $14, $23, $24, $25, $26, $27, $28 }' "$T/s.tsv"
-    assert_output "$(printf 'frame planner fwd_peak peak_over_mean binding hidden ffn topk tokens_per_rank source\n6 29')"
+    assert_output "$(printf 'frame planner fwd_peak peak_over_mean binding hidden ffn topk tokens_per_rank source\n6 30')"
     # the model sizes the plan was made with, in the TSV and as attributes
     run "$BIN/lrmoe-plan" -P 8 -M 0 -D 7168 --ffn 2048 --topk 6 --tokens 4096 -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
     assert_success

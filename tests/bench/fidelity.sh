@@ -138,8 +138,20 @@ for v, e in cand:
         left -= 1
 assert left == 0, "the quotas do not reach the total at the plan's peak"
 t["quota"] = K.astype(np.int64)
+if a.get("plan.keep"):
+    a["plan.keep"] = "global"  # the new quotas have no by-rank bwd_alloc
 write_stream(dst, frames[:-1] + [(t, a, d)])
 open(peakf, "w").write("%d\n" % int(np.max(-(-load[1:] // pc[1:]))))  # T* of the quotas
+PY
+}
+
+set_keep() { # stream keep(global|by-rank) out: every frame's plan.keep set
+    python3 - "$@" <<'PY'
+import sys
+sys.path.insert(0, "tests/helpers")
+from lrmoe_stream import read_stream, write_stream
+fr = read_stream(sys.argv[1], with_dtypes=True)
+write_stream(sys.argv[3], [(t, dict(a, **{"plan.keep": sys.argv[2]}), d) for t, a, d in fr])
 PY
 }
 
@@ -232,4 +244,71 @@ for k, label in ((3, "own (oracle)"), (4, "prev")):
           "default's peak is lower%s; error <= the default's on every row%s" % (
               "PASS" if not (o_peak or o_eq or o_lo or o_def) else "FAIL", label,
               nb(o_peak), nb(o_eq), nb(o_lo), nb(o_def)))
+PY
+# keep rule (plan.keep): at the same plan (quotas and bwd_alloc), the global
+# top-K_e of each expert against the top bwd_alloc[e,p] of the pairs that ran
+# on each forward rank. Small shapes where lrmoe-plan's strict backward rule
+# needs by-rank on some frames (E=16 K=4 D=48 F=32, P=4, as tests/keep.bats).
+KT=512; KS=4
+[ "${BENCH_QUICK:-0}" = 1 ] && KS=3
+: > "$tmp/keep.tsv"
+for wl in balanced hot:80:2 hot:95:1 zipf:1.2; do
+  for ks in "$SEED" $((SEED + 4)); do
+    bin/lrmoe-gen --tokens $KT --experts 16 --topk 4 --hidden 48 --ffn 32 --steps $KS \
+        --skew "$wl" --seed "$ks" --weights "$tmp/kw.lrm" $raw -o "$tmp/kg.lrm"
+    bin/lrmoe-route --topk 4 $raw "$tmp/kg.lrm" -o "$tmp/kr.lrm"
+    for rate in 0.9 0.8 0.7; do
+        # planned before the forward, which runs the plan: pair_rank is
+        # where each pair ran under it
+        bin/lrmoe-plan --ranks 4 --rate "$rate" --longer-backward $raw "$tmp/kr.lrm" \
+            -o "$tmp/kq.lrm"
+        bin/lrmoe-exec --phase forward --weights "$tmp/kw.lrm" $raw "$tmp/kq.lrm" \
+            -o "$tmp/kp.lrm"
+        for keep in global by-rank; do
+            set_keep "$tmp/kp.lrm" "$keep" "$tmp/kk.lrm"
+            bin/lrmoe-score --fidelity $raw "$tmp/kk.lrm" -o "$tmp/ks_$keep.lrm"
+        done
+        python3 - "$tmp/kp.lrm" "$tmp/ks_global.lrm" "$tmp/ks_by-rank.lrm" "$wl" "$rate" \
+            >> "$tmp/keep.tsv" <<'PY'
+import sys
+sys.path.insert(0, "tests/helpers")
+from lrmoe_stream import read_stream
+p, g, b = (read_stream(f) for f in sys.argv[1:4])
+for i, ((_, pa), (gt, ga), (bt, ba)) in enumerate(zip(p, g, b)):
+    print("\t".join([sys.argv[4], sys.argv[5], str(i), pa.get("plan.keep", "global"),
+                     str(int((gt["keep"] != bt["keep"]).sum())), str(gt["keep"].size),
+                     ga["score.fidelity"], ba["score.fidelity"]]))
+PY
+    done
+  done
+done
+python3 - "$tmp/keep.tsv" "$SEED" $((SEED + 4)) <<'PY'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+print()
+print("keep rule at the same plan (E=16 K=4 D=48 F=32, 512 tokens, P=4, seeds %s and %s): dW_down "
+      "error of the global top-K_e and of the keep by forward rank, mean over the frames; "
+      "'planned' counts the frames lrmoe-plan marked plan.keep=by-rank" % (sys.argv[2], sys.argv[3]))
+print("%-10s %-5s %8s %12s %10s %10s %8s" % ("workload", "rate", "planned", "pairs differ",
+                                             "global", "by-rank", "ratio"))
+rat, rat_p = [], []
+for w, r in dict.fromkeys((x[0], x[1]) for x in rows):
+    v = [x for x in rows if x[0] == w and x[1] == r]
+    nb = sum(x[3] == "by-rank" for x in v)
+    dif = sum(int(x[4]) for x in v)
+    g = sum(float(x[6]) for x in v) / len(v)
+    b = sum(float(x[7]) for x in v) / len(v)
+    print("%-10s %-5s %5d/%-2d %12d %10.5f %10.5f %8.3f" % (w, r, nb, len(v), dif, g, b,
+                                                          b / g if g > 0 else float("nan")))
+    for x in v:
+        if float(x[6]) > 0 and int(x[4]) > 0:
+            rat.append(float(x[7]) / float(x[6]))
+            if x[3] == "by-rank":
+                rat_p.append(rat[-1])
+def st(l):
+    l = sorted(l)
+    return ("%d frames: median %.3f, min %.3f, max %.3f" % (len(l), l[(len(l) - 1) // 2], l[0],
+                                                            l[-1])) if l else "no frames"
+print("keep rule: by-rank / global dW_down error where the masks differ, %s; on the frames "
+      "planned by-rank, %s" % (st(rat), st(rat_p)))
 PY

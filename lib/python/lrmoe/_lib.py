@@ -195,6 +195,7 @@ _sig("lrmoe_score_frame", c_int, POINTER(Frame), c_int64, POINTER(ScoreOpts),
      POINTER(ScoreStats))
 _sig("lrmoe_score_pairs_dt", c_int, c_int, c_int64, c_int, c_int64, c_int, P, P, P, c_uint64, P)
 _sig("lrmoe_score_select", c_int, c_int64, c_int, c_int, P, P, P, c_double, P, P, P)
+_sig("lrmoe_score_select_by_rank", c_int, c_int64, c_int, c_int, c_int, P, P, P, P, P, P, P)
 # pack
 _sig("lrmoe_pack_opts_default", None, POINTER(PackOpts))
 _sig("lrmoe_pack_frame", c_int, POINTER(Frame), POINTER(PackOpts))

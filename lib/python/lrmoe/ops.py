@@ -125,9 +125,10 @@ def plan(expert_load, ranks, topk_ids=None, hidden=None, **options):
     return Planner(ranks=ranks, **opts).run(expert_load)
 
 
-def _frame_call(inputs, dtypes, fn):
+def _frame_call(inputs, dtypes, fn, attrs=None):
     given = {k: v for k, v in inputs.items() if v is not None}
-    cf = CFrame(Frame(given, dtypes={k: v for k, v in (dtypes or {}).items() if k in given}))
+    cf = CFrame(Frame(given, attrs=attrs,
+                      dtypes={k: v for k, v in (dtypes or {}).items() if k in given}))
     fn(cf)
     names = [n for n in cf.names() if n not in given]
     return cf.to_frame(names=set(names))
@@ -135,11 +136,13 @@ def _frame_call(inputs, dtypes, fn):
 
 def score(topk_ids, topk_weights, grad_output, phi_sqnorm=None, quota=None, drop=None,
           metric="lrm", seed=0, index=0, saved_gate=None, saved_up=None, fidelity=False,
-          dtypes=None):
+          dtypes=None, bwd_alloc=None, pair_rank=None, keep_rule=None):
     """Pair scores and per-expert retention as lrmoe-score does: returns
     pair_score (T,K) F32, keep (T,K) U8 (and quota when drop= percent is
     given, score_fidelity with fidelity=True) and the score.* attributes.
-    Without drop, quota (E) says how many pairs each expert keeps."""
+    Without drop, quota (E) says how many pairs each expert keeps;
+    keep_rule="by-rank" (a plan's plan.keep) keeps by forward rank from
+    bwd_alloc (E,P) and pair_rank (T,K), as lrmoe-score(1) describes."""
     o = _lib.ScoreOpts()
     lib.lrmoe_score_opts_default(ctypes.byref(o))
     m = ctypes.c_int()
@@ -151,9 +154,12 @@ def score(topk_ids, topk_weights, grad_output, phi_sqnorm=None, quota=None, drop
     st = _lib.ScoreStats()
     inputs = dict(topk_ids=topk_ids, topk_weights=topk_weights, grad_output=grad_output,
                   phi_sqnorm=phi_sqnorm, quota=None if drop is not None else quota,
-                  saved_gate=saved_gate, saved_up=saved_up)
+                  saved_gate=saved_gate, saved_up=saved_up, bwd_alloc=bwd_alloc,
+                  pair_rank=pair_rank)
+    attrs = {"plan.keep": keep_rule} if keep_rule else None
     return _frame_call(inputs, dtypes, lambda cf: check(
-        lib.lrmoe_score_frame(cf.ref, int(index), ctypes.byref(o), ctypes.byref(st))))
+        lib.lrmoe_score_frame(cf.ref, int(index), ctypes.byref(o), ctypes.byref(st))),
+        attrs=attrs)
 
 
 _ALLOC = {"auto": 0, "plan": 1, "forward": 2}

@@ -45,7 +45,8 @@ class CostModel(ctypes.Structure):  # lrmoe_cost_model_t (lib/cost.h)
     _fields_ = [("D", ctypes.c_int64), ("F", ctypes.c_int64), ("K", ctypes.c_int),
                 ("tokens", ctypes.c_int64), ("dtype_bytes", ctypes.c_int),
                 ("grad_bytes", ctypes.c_int)] + [
-        (n, ctypes.c_double) for n in ("gpu_mem", "resident", "hbm", "window", "bw", "flops")]
+        (n, ctypes.c_double) for n in ("gpu_mem", "resident", "hbm", "window", "bw", "flops")] + [
+        ("keep_by_rank", ctypes.c_int)]
 
 
 class CostSummary(ctypes.Structure):  # lrmoe_cost_summary_t

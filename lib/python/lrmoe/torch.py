@@ -449,8 +449,15 @@ class LRMoEExperts(torch.autograd.Function):
         keep = torch.empty(T, K, dtype=torch.uint8)
         load = np.empty(E, np.int64)
         quota = s["quota"]
-        check(call(lib.lrmoe_score_select, T, K, E, _ptr(ids), _ptr(score), quota.ctypes.data,
-                   -1.0, _ptr(keep), load.ctypes.data, None), "select")
+        if rec.get("keep") == "by-rank":
+            # the plan's backward relies on the keep by forward rank
+            # (plan.keep=by-rank, lrmoe-score(1)): bwd_alloc's row sums are the quotas
+            check(call(lib.lrmoe_score_select_by_rank, T, K, E, d.P, _ptr(ids), _ptr(score),
+                       _ptr(s["pair_rank"]), s["bwd_alloc"].ctypes.data, _ptr(keep),
+                       load.ctypes.data, None), "select")
+        else:
+            check(call(lib.lrmoe_score_select, T, K, E, _ptr(ids), _ptr(score),
+                       quota.ctypes.data, -1.0, _ptr(keep), load.ctypes.data, None), "select")
         # pack: assignment to the plan's backward allocation, then the rows
         pin = _lib.PackIn(T=T, K=K, E=E, P=d.P, topk_ids=_ptr(ids), keep=_ptr(keep),
                           pair_rank=_ptr(s["pair_rank"]), placement=s["Pl"].placement,
