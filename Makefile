@@ -29,12 +29,12 @@ MANS     := $(wildcard man/man*/*.[1-9])
 LIBDIR   ?= $(PREFIX)/lib
 VERSION  := $(shell sed -n 's/^\#define LRMOE_VERSION "\(.*\)"/\1/p' lib/lrmoe.h)
 
-# ---- liblrmoe.so.0 (lrmoe(3)): the same -fPIC objects as liblrmoe.a, only the
+# ---- liblrmoe.so.1 (lrmoe(3)): the same -fPIC objects as liblrmoe.a, only the
 # functions declared in the public headers exported (build/liblrmoe.map is
 # generated from them), headers installed under $(PREFIX)/include/lrmoe/.
 PUB_HDR  := lib/lrmoe.h lib/cost.h lib/route.h lib/plan.h lib/score.h lib/pack.h \
             lib/minpeak.h lib/exec.h $(wildcard lib/exec_frame.h) lib/api.h
-SONAME   := liblrmoe.so.0
+SONAME   := liblrmoe.so.1
 PICFLAGS := -fPIC
 
 # ---- oneDNN: the CPU backend's BF16 expert GEMMs (lrmoe-exec --compute bf16).
@@ -121,7 +121,7 @@ $(BUILD)/lib/%.o: lib/%.c
 
 $(BUILD)/liblrmoe.map: $(PUB_HDR) Makefile
 	@mkdir -p $(@D)
-	{ echo 'LRMOE_0 {'; echo '  global:'; \
+	{ echo 'LRMOE_1 {'; echo '  global:'; \
 	  perl -0777 -ne 's{/\*.*?\*/}{}gs; s{//[^\n]*}{}g; print "    $$1;\n" while /\b(lrmoe_[a-z0-9_]+)\s*\(/g' $(PUB_HDR) | sort -u; \
 	  echo '  local: *;'; echo '};'; } > $@
 

@@ -16,16 +16,16 @@ setup_file() {
 setup() {
     TOP="$BATS_TEST_DIRNAME/.."
     BIN="$TOP/bin"
-    SO="$TOP/build/liblrmoe.so.0"
+    SO="$TOP/build/liblrmoe.so.1"
     T="$BATS_TEST_TMPDIR"
     LIBD="$STAGE$PFX/lib"
 }
 
-@test "build/liblrmoe.so.0 has soname liblrmoe.so.0 and is position independent" {
+@test "build/liblrmoe.so.1 has soname liblrmoe.so.1 and is position independent" {
     [ -f "$SO" ]
     run readelf -d "$SO"
     assert_success
-    assert_output --partial "Library soname: [liblrmoe.so.0]"
+    assert_output --partial "Library soname: [liblrmoe.so.1]"
     run readelf -h "$SO"
     assert_output --partial "DYN (Shared object file)"
     # no text relocations: every object was compiled -fPIC
@@ -35,7 +35,7 @@ setup() {
 
 @test "only lrmoe_* functions declared in the installed headers are exported" {
     syms=$(nm -D --defined-only "$SO" | awk '{ sub(/@.*/, "", $3); print $3 }' |
-        grep -v '^LRMOE_0$' | sort -u)
+        grep -v '^LRMOE_1$' | sort -u)
     n=$(printf '%s\n' "$syms" | wc -l)
     [ "$n" -gt 100 ]
     bad=$(printf '%s\n' "$syms" | grep -v '^lrmoe_' || true)
@@ -55,9 +55,9 @@ setup() {
 }
 
 @test "make install stages the library, the headers, lrmoe.pc and the man3 pages" {
-    [ -f "$LIBD/liblrmoe.so.0.1.0" ] || { cat "$BATS_FILE_TMPDIR/install.log"; false; }
-    [ "$(readlink "$LIBD/liblrmoe.so.0")" = liblrmoe.so.0.1.0 ]
-    [ "$(readlink "$LIBD/liblrmoe.so")" = liblrmoe.so.0 ]
+    [ -f "$LIBD/liblrmoe.so.0.2.0" ] || { cat "$BATS_FILE_TMPDIR/install.log"; false; }
+    [ "$(readlink "$LIBD/liblrmoe.so.1")" = liblrmoe.so.0.2.0 ]
+    [ "$(readlink "$LIBD/liblrmoe.so")" = liblrmoe.so.1 ]
     [ -f "$LIBD/liblrmoe.a" ]
     for h in lrmoe.h plan.h cost.h route.h score.h pack.h exec.h api.h; do
         [ -f "$STAGE$PFX/include/lrmoe/$h" ] || fail "header $h not installed"
@@ -96,7 +96,7 @@ setup() {
     assert_success
     # the program runs against the staged .so, not the build tree's
     run env LD_LIBRARY_PATH="$LIBD" ldd "$T/plan_inproc"
-    assert_output --partial "$LIBD/liblrmoe.so.0"
+    assert_output --partial "$LIBD/liblrmoe.so.1"
     "$BIN/lrmoe-gen" --tokens 512 --experts 16 --topk 4 --hidden 64 --ffn 32 --layers 2 \
         --zipf 1.2 --seed 5 | "$BIN/lrmoe-route" -o "$T/routed.lrm"
     run env LD_LIBRARY_PATH="$LIBD" "$T/plan_inproc" "$T/routed.lrm" "$T/inproc.lrm" 4 64 32

@@ -243,9 +243,9 @@ class BadInput(unittest.TestCase):
     def test_missing_library(self):
         r = subprocess.run([sys.executable, "-c", "import lrmoe"], capture_output=True, text=True,
                            env={"PYTHONPATH": tiny.os.path.join(tiny.TOP, "lib", "python"),
-                                "LRMOE_LIBRARY": "/nonexistent/liblrmoe.so.0"})
+                                "LRMOE_LIBRARY": "/nonexistent/liblrmoe.so.1"})
         self.assertNotEqual(r.returncode, 0)
-        self.assertIn("lrmoe: cannot load /nonexistent/liblrmoe.so.0", r.stderr)
+        self.assertIn("lrmoe: cannot load /nonexistent/liblrmoe.so.1", r.stderr)
         self.assertIn("LibraryNotFound", r.stderr)
 
 

@@ -1,4 +1,4 @@
-"""lrmoe: Python bindings of liblrmoe (ctypes over liblrmoe.so.0).
+"""lrmoe: Python bindings of liblrmoe (ctypes over liblrmoe.so.1).
 
     lrmoe.read / lrmoe.write / lrmoe.Reader / lrmoe.Writer   streams (lrmoe-stream(5))
     lrmoe.route / lrmoe.plan / lrmoe.score / lrmoe.pack      the tools' work on arrays
@@ -6,7 +6,7 @@
     lrmoe.torch.dump / lrmoe.torch.patch                     Hugging Face MoE models
 
 NumPy is required; PyTorch only for lrmoe.torch. The shared library is
-LRMOE_LIBRARY, else liblrmoe.so.0 on the loader's path (see lrmoe(3)).
+LRMOE_LIBRARY, else liblrmoe.so.1 on the loader's path (see lrmoe(3)).
 """
 from ._lib import VERSION as __version__, Error, LibraryNotFound
 from .frame import Frame, Reader, Writer, bf16_to_f32, f32_to_bf16, read, write

@@ -1,4 +1,4 @@
-"""ctypes view of liblrmoe.so.0: loading, the mirrored public structs, and
+"""ctypes view of liblrmoe.so.1: loading, the mirrored public structs, and
 the error convention (a call that returns < 0 raises lrmoe.Error with the
 library's own message). Every struct mirrored here is checked against
 lrmoe_abi_sizeof() of the library actually loaded, so a binding/library
@@ -10,7 +10,7 @@ import os
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int32,
                     c_int64, c_size_t, c_uint64, c_void_p)
 
-SONAME = "liblrmoe.so.0"
+SONAME = "liblrmoe.so.1"
 MAX_DIMS = 8
 
 
@@ -19,7 +19,7 @@ class Error(RuntimeError):
 
 
 class LibraryNotFound(Error, OSError):
-    """liblrmoe.so.0 could not be loaded."""
+    """liblrmoe.so.1 could not be loaded."""
 
 
 def _load():
@@ -38,7 +38,7 @@ def _load():
                 break
     raise LibraryNotFound(
         "lrmoe: cannot load " + (env or SONAME) + " (" + "; ".join(tried) + "); build it with "
-        "`make` and point LRMOE_LIBRARY at build/liblrmoe.so.0, or `make install` it "
+        "`make` and point LRMOE_LIBRARY at build/liblrmoe.so.1, or `make install` it "
         "where the dynamic loader finds it")
 
 
