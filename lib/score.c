@@ -266,6 +266,15 @@ int lrmoe_score_select(int64_t T, int K, int E, const int32_t *topk_ids,
                            quota_out, 1);
 }
 
+/* Pair u's expert e in [0,E) and its score not NaN; -1 with the error set. */
+static int check_pair(int64_t u, int32_t e, int E, int K, const float *score)
+{
+    if (e < 0 || e >= E)
+        return lrmoe_err("topk_ids: expert %d at pair %lld out of range [0,%d)", (int)e,
+                         (long long)u, E);
+    return isnan(score[u]) ? bad_score(u, K, score[u]) : 0;
+}
+
 static int score_select_mt(int64_t T, int K, int E, const int32_t *topk_ids,
                            const float *score, const int64_t *quota,
                            double drop_pct, uint8_t *keep, int64_t *load,
@@ -287,15 +296,8 @@ static int score_select_mt(int64_t T, int K, int E, const int32_t *topk_ids,
     memset(load, 0, (size_t)E * sizeof *load);
     for (int64_t u = 0; u < N; u++) {
         int32_t e = topk_ids[u];
-        if (e < 0 || e >= E) {
-            lrmoe_err("topk_ids: expert %d at pair %lld out of range [0,%d)",
-                      (int)e, (long long)u, E);
+        if (check_pair(u, e, E, K, score) < 0)
             goto out;
-        }
-        if (isnan(score[u])) {
-            bad_score(u, K, score[u]);
-            goto out;
-        }
         load[e]++;
     }
     for (int e = 0; e < E; e++) {
@@ -399,15 +401,8 @@ static int score_select_rank_mt(int64_t T, int K, int E, int P, const int32_t *t
     memset(load, 0, (size_t)E * sizeof *load);
     for (int64_t u = 0; u < N; u++) {
         int32_t e = topk_ids[u];
-        if (e < 0 || e >= E) {
-            lrmoe_err("topk_ids: expert %d at pair %lld out of range [0,%d)",
-                      (int)e, (long long)u, E);
+        if (check_pair(u, e, E, K, score) < 0)
             goto out;
-        }
-        if (isnan(score[u])) {
-            bad_score(u, K, score[u]);
-            goto out;
-        }
         /* without pair_rank, as lrmoe-pack: the expert's native rank */
         int32_t r = pair_rank ? pair_rank[u] : (int32_t)(e / (E / P));
         if (r < 0 || r >= P) {
