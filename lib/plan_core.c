@@ -99,13 +99,11 @@ int lrmoe_plan_check(const lrmoe_plan_t *p, const int64_t *load)
             return lrmoe_err("placement[%d,%d]: native rank does not hold expert %d", e, nat, e);
         for (int q = 0; q < P; q++) {
             size_t i = (size_t)e * P + q;
-            if (!(q & 7) && q + 8 <= P &&
-                plan_zero8(p->placement + i, p->fwd_alloc + i, p->bwd_alloc + i)) {
-                q += 7;
+            const int skip = plan_skip(p, i, q, P);
+            if (skip) { /* sparse: nothing held, nothing to check or sum */
+                q += skip - 1;
                 continue;
             }
-            if (!p->placement[i] && !(p->fwd_alloc[i] | p->bwd_alloc[i]))
-                continue; /* sparse: nothing held, nothing to check or sum */
             if (p->placement[i] > 1)
                 return lrmoe_err("placement[%d,%d]: %u is not 0 or 1", e, q, p->placement[i]);
             if (p->fwd_alloc[i] < 0)
@@ -155,13 +153,11 @@ void plan_summarise(lrmoe_plan_t *p, const int64_t *load)
         K += p->quota[e];
         for (int q = 0; q < P; q++) {
             size_t i = (size_t)e * P + q;
-            if (!(q & 7) && q + 8 <= P &&
-                plan_zero8(p->placement + i, p->fwd_alloc + i, p->bwd_alloc + i)) {
-                q += 7;
+            const int skip = plan_skip(p, i, q, P);
+            if (skip) { /* sparse: nothing held, nothing to check or sum */
+                q += skip - 1;
                 continue;
             }
-            if (!p->placement[i] && !(p->fwd_alloc[i] | p->bwd_alloc[i]))
-                continue; /* sparse: adds nothing */
             if (fr) {
                 fr[q] += p->fwd_alloc[i];
                 br[q] += p->bwd_alloc[i];

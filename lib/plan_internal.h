@@ -18,6 +18,15 @@ static inline int plan_zero8(const uint8_t *pl, const int64_t *f, const int64_t 
     return !w && !acc;
 }
 
+/* How many entries from (e, q) a row scan of p can skip (i = e*P + q): 8 at
+ * an aligned all-zero block, 1 at one entry that holds nothing, else 0. */
+static inline int plan_skip(const lrmoe_plan_t *p, size_t i, int q, int P)
+{
+    if (!(q & 7) && q + 8 <= P && plan_zero8(p->placement + i, p->fwd_alloc + i, p->bwd_alloc + i))
+        return 8;
+    return !p->placement[i] && !(p->fwd_alloc[i] | p->bwd_alloc[i]);
+}
+
 /* the planners (plan_eplb.c, plan_lrmoe.c) */
 int plan_eplb(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p);
 int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p);
