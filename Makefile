@@ -48,8 +48,12 @@ CPPFLAGS += $(if $(filter 1,$(HAVE_DNNL)),-DLRMOE_HAVE_DNNL)
 LDLIBS   += $(if $(filter 1,$(HAVE_DNNL)),-ldnnl -lgomp)
 
 # ---- CUDA backend: built whenever nvcc is found (CUDA_HOME overridable).
-# kernels/*.cu go into liblrmoe.a; tests/gpu/*.cu (kernel tests, GPU bench)
-# are built by `make` too, so a compile error anywhere in CUDA code fails it.
+# kernels/*.cu go into liblrmoe.a (the tools, tests/gpu) and into the module
+# liblrmoe-cuda.so.1 (with kernels/module.c), the only object linked against
+# cudart/cublas/nccl: liblrmoe.so.1 dlopens it on first use of the CUDA
+# backend (lib/cuda_module.c, kernels/cuda_module.h), so a Python user's
+# `import lrmoe` loads no CUDA library. tests/gpu/*.cu (kernel tests, GPU
+# bench) are built by `make` too, so a compile error anywhere in CUDA code fails it.
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null))
 CUDA_ARCH ?= sm_90
 NVCC      := $(CUDA_HOME)/bin/nvcc
@@ -68,12 +72,18 @@ NVCCFLAGS ?= -O2
 NVCCFLAGS += -std=c++17 -arch=$(CUDA_ARCH) -DLRMOE_HAVE_CUDA -Ilib -Ikernels \
              -Xcompiler -Wall,-Wextra -MMD -MP
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib))
-LDLIBS    += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart -lcublas -lnccl -lstdc++
-all: deps-build $(GPU_BIN)
--include $(CU_OBJ:.o=.d) $(GPU_BIN:=.d)
+CUDA_LDLIBS := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart -lcublas -lnccl -lstdc++
+CUDA_MOD  := liblrmoe-cuda.so.1
+CUDA_LOADER := $(BUILD)/lib/cuda_module.o
+$(CUDA_LOADER): CPPFLAGS += -DLRMOE_CUDA_LOADER
+all: deps-build $(GPU_BIN) $(BUILD)/$(CUDA_MOD)
+-include $(CU_OBJ:.o=.d) $(GPU_BIN:=.d) $(BUILD)/kernels/module.d
 else
 CU_OBJ    :=
 GPU_BIN   :=
+CUDA_LDLIBS :=
+CUDA_MOD  :=
+CUDA_LOADER :=
 endif
 
 # ---- MPI: lrmoe-exec runs one rank per process under mpirun whenever
@@ -109,7 +119,7 @@ deps-build:
 deps-test: deps-build
 	@sh tests/deps.sh test
 
-$(BUILD)/liblrmoe.a: $(LIB_OBJ) $(CU_OBJ)
+$(BUILD)/liblrmoe.a: $(filter-out $(CUDA_LOADER),$(LIB_OBJ)) $(CU_OBJ)
 	@mkdir -p $(@D)
 	$(AR) rcs $@ $^
 
@@ -125,10 +135,20 @@ $(BUILD)/liblrmoe.map: $(PUB_HDR) Makefile
 	  perl -0777 -ne 's{/\*.*?\*/}{}gs; s{//[^\n]*}{}g; print "    $$1;\n" while /\b(lrmoe_[a-z0-9_]+)\s*\(/g' $(PUB_HDR) | sort -u; \
 	  echo '  local: *;'; echo '};'; } > $@
 
-$(BUILD)/$(SONAME): $(LIB_OBJ) $(CU_OBJ) $(BUILD)/liblrmoe.map
+$(BUILD)/$(SONAME): $(LIB_OBJ) $(BUILD)/liblrmoe.map
 	$(CC) $(CFLAGS) $(LDFLAGS) -shared -Wl,-soname,$(SONAME) -Wl,--no-undefined \
-	  -Wl,--version-script=$(BUILD)/liblrmoe.map -o $@ $(LIB_OBJ) $(CU_OBJ) $(LDLIBS)
+	  -Wl,--version-script=$(BUILD)/liblrmoe.map -o $@ $(LIB_OBJ) $(LDLIBS) -ldl
 	ln -sf $(SONAME) $(BUILD)/liblrmoe.so
+
+# the CUDA module: exports lrmoe_cuda_module_init only
+$(BUILD)/$(CUDA_MOD): $(CU_OBJ) $(BUILD)/kernels/module.o kernels/cuda_module.map
+	$(CC) $(CFLAGS) $(LDFLAGS) -shared -Wl,-soname,$(CUDA_MOD) -Wl,--no-undefined \
+	  -Wl,--version-script=kernels/cuda_module.map -o $@ $(CU_OBJ) $(BUILD)/kernels/module.o \
+	  $(CUDA_LDLIBS)
+
+$(BUILD)/kernels/module.o: kernels/module.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(PICFLAGS) -Ikernels -c -o $@ $<
 
 $(BUILD)/lrmoe.pc: lrmoe.pc.in Makefile
 	sed -e 's,@PREFIX@,$(PREFIX),' -e 's,@LIBDIR@,$(LIBDIR),' -e 's,@VERSION@,$(VERSION),' \
@@ -143,7 +163,7 @@ $(BUILD)/tests/gpu/%.o: tests/gpu/%.cu
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
 $(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(BUILD)/liblrmoe.a
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
 
 $(BUILD)/src/%.o: src/%.c
 	@mkdir -p $(@D)
@@ -158,7 +178,7 @@ FORCE:
 
 bin/%: $(BUILD)/src/%.o $(BUILD)/liblrmoe.a
 	@mkdir -p bin
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out bin/.variant,$^) $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out bin/.variant,$^) $(LDLIBS) $(CUDA_LDLIBS)
 
 check: all deps-test
 	@SANITIZE="$(SANITIZE)" LRMOE_BUILD="$(BUILD)" sh tests/run.sh
@@ -191,6 +211,7 @@ install: all
 	install -m 755 $(BUILD)/$(SONAME) $(DESTDIR)$(LIBDIR)/liblrmoe.so.$(VERSION)
 	ln -sf liblrmoe.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/liblrmoe.so
+	$(if $(CUDA_MOD),install -m 755 $(BUILD)/$(CUDA_MOD) $(DESTDIR)$(LIBDIR))
 	install -m 644 $(BUILD)/liblrmoe.a $(DESTDIR)$(LIBDIR)
 	install -m 644 $(PUB_HDR) $(DESTDIR)$(PREFIX)/include/lrmoe
 	sed -e 's,@PREFIX@,$(PREFIX),' -e 's,@LIBDIR@,$(LIBDIR),' -e 's,@VERSION@,$(VERSION),' \
