@@ -20,6 +20,8 @@ else
 VARIANT  := plain
 endif
 FUZZ_SECONDS ?= 60
+# `make` is `make all` whichever rule comes first (CPU-only, the first one is mpi.mk)
+.DEFAULT_GOAL := all
 
 LIB_SRC  := $(wildcard lib/*.c)
 LIB_OBJ  := $(LIB_SRC:lib/%.c=$(BUILD)/lib/%.o)
