@@ -177,3 +177,71 @@ PY
     assert_success
     assert_output "same plans"
 }
+
+# A CUDA build (liblrmoe.a has the kernels) must have built the module; a
+# CPU-only one has neither.
+cuda_build() {
+    if [ -f "$TOP/build/liblrmoe-cuda.so.1" ]; then return 0; fi
+    if ar t "$TOP/build/liblrmoe.a" | grep -qx kcu.o; then
+        fail "liblrmoe.a has the CUDA kernels but build/liblrmoe-cuda.so.1 was not built"
+    fi
+    skip "CPU-only build (no nvcc at build time): no CUDA module"
+}
+
+@test "liblrmoe.so.1 needs no CUDA library; the CUDA module liblrmoe-cuda.so.1 does and exports only its entry point" {
+    run readelf -d "$SO"
+    assert_success
+    refute_output --regexp 'NEEDED.*\[lib(cudart|cublas|cublasLt|nccl)\.so'
+    cuda_build
+    run readelf -d "$TOP/build/liblrmoe-cuda.so.1"
+    assert_output --partial "Library soname: [liblrmoe-cuda.so.1]"
+    for l in libcudart libcublas libnccl; do
+        assert_output --regexp "NEEDED.*\[$l\.so"
+    done
+    run sh -c "nm -D --defined-only '$TOP/build/liblrmoe-cuda.so.1' | awk '\$2 == \"T\" { print \$3 }'"
+    assert_output "lrmoe_cuda_module_init@@LRMOE_CUDA_MODULE_1"
+}
+
+# cuda_inproc against the staged tree, with ENV... in front
+cuda_inproc() {
+    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
+    cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
+        -o "$T/cuda_inproc" "$BATS_TEST_DIRNAME/lib/cuda_inproc.c" $(pkg-config --cflags --libs lrmoe) \
+        -Wl,-rpath,"$LIBD" || return 1
+    # a run path, not LD_LIBRARY_PATH, which dlopen would search for the
+    # module's bare name; the CUDA runtime's own start-up allocations are
+    # not this test's leaks
+    run env ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" "$@" "$T/cuda_inproc"
+}
+
+@test "make install stages liblrmoe-cuda.so.1 next to liblrmoe.so.1, which loads it from there on the first CUDA call only" {
+    cuda_build
+    [ -f "$LIBD/liblrmoe-cuda.so.1" ] || { cat "$BATS_FILE_TMPDIR/install.log"; fail "module not installed"; }
+    cuda_inproc
+    assert_success
+    # nothing CUDA before the first call; then the staged module, from the
+    # staged directory, whatever the device says
+    refute_line --regexp '^mapped before:'
+    assert_line "mapped after: $LIBD/liblrmoe-cuda.so.1"
+    assert_line --regexp '^mapped after: .*/libnccl\.so'
+    refute_output --partial "cannot load the CUDA module"
+    assert_line --regexp '^call 1: '
+}
+
+@test "a CUDA module that does not load is one clear error naming its path and why, for every CUDA call" {
+    cuda_build
+    cuda_inproc LRMOE_CUDA_MODULE="$T/nowhere/liblrmoe-cuda.so.1"
+    assert_success
+    for i in 1 2; do
+        assert_line "call $i: backend cuda: cannot load the CUDA module $T/nowhere/liblrmoe-cuda.so.1: cannot open shared object file: No such file or directory (the path LRMOE_CUDA_MODULE names)"
+    done
+    refute_line --regexp '^mapped'
+    # a file that is no lrmoe module
+    cuda_inproc LRMOE_CUDA_MODULE="$LIBD/liblrmoe.so.1"
+    assert_line "call 1: backend cuda: cannot load the CUDA module $LIBD/liblrmoe.so.1: it has no lrmoe_cuda_module_init (not an lrmoe CUDA module)"
+    # the staged library without the module next to it
+    mv "$LIBD/liblrmoe-cuda.so.1" "$T/moved.so"
+    cuda_inproc
+    mv "$T/moved.so" "$LIBD/liblrmoe-cuda.so.1"
+    assert_line "call 1: backend cuda: cannot load the CUDA module $LIBD/liblrmoe-cuda.so.1: cannot open shared object file: No such file or directory (set LRMOE_CUDA_MODULE to its path)"
+}

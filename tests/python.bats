@@ -55,3 +55,32 @@ unit() {
     need_torch
     unit test_dump
 }
+
+# The bug of liblrmoe linking the toolkit's libnccl.so.2: imported before
+# torch, it shadowed PyTorch's by soname and libtorch_cuda failed on an
+# undefined NCCL symbol. Now the CUDA backend is the module
+# liblrmoe-cuda.so.1, loaded on first use.
+@test "python: import lrmoe before torch (and after) works, a patched block runs, the CUDA module uses torch's CUDA libraries" {
+    need_torch
+    D="$BATS_TEST_TMPDIR"
+    B="$TOP/bin"
+    step=-
+    if [ -f "$TOP/build/liblrmoe-cuda.so.1" ]; then
+        "$B/lrmoe-gen" --tokens 64 --experts 8 --topk 2 --hidden 16 --ffn 8 --seed 1 \
+            --weights "$D/w.lrm" | "$B/lrmoe-route" --topk 2 |
+            "$B/lrmoe-plan" --ranks 2 --ffn 8 -o "$D/p.lrm"
+        step="$D/p.lrm,$D/w.lrm"
+    else
+        echo "# CPU-only build (no build/liblrmoe-cuda.so.1): the CUDA module checks are left out" >&3
+    fi
+    cd "$D"
+    for order in lrmoe-first torch-first; do
+        run env PYTHONPATH="$TOP/lib/python:$TOP/tests/python" python3 -W ignore \
+            "$TOP/tests/python/import_order.py" "$order" "$step"
+        [ "$status" -eq 0 ] || { printf '%s\n' "$output"; return 1; }
+        [ "$order" = torch-first ] || assert_line "ok import lrmoe maps no CUDA library"
+        assert_line "ok $order: import torch and import lrmoe"
+        assert_line --regexp "^ok patched forward and backward equal torch's"
+        [ "$step" = - ] || assert_line --regexp "^ok the CUDA module (uses|loaded)"
+    done
+}
