@@ -84,3 +84,8 @@ unit() {
         [ "$step" = - ] || assert_line --regexp "^ok the CUDA module (uses|loaded)"
     done
 }
+
+@test "python: patch() on a plan that keeps by forward rank keeps, moves and trains like the tool pipeline" {
+    need_torch
+    unit test_byrank
+}

@@ -417,8 +417,8 @@ class LRMoEExperts(torch.autograd.Function):
         rec = {"layer": layer.block.layer, "step": o.steps.get(layer.block.layer, 0),
                "pairs": T * K, "tokens": T}
         for k, v in attrs.items():
-            if k.startswith("plan."):
-                rec[k[5:]] = _num(v)
+            if k.startswith("plan."):  # plan.keep as keep_rule: "keep" is the mask
+                rec["keep_rule" if k == "plan.keep" else k[5:]] = _num(v)
         o.steps[layer.block.layer] = rec["step"] + 1
         o.stats.append(rec)
         if not train:
@@ -449,7 +449,7 @@ class LRMoEExperts(torch.autograd.Function):
         keep = torch.empty(T, K, dtype=torch.uint8)
         load = np.empty(E, np.int64)
         quota = s["quota"]
-        if rec.get("keep") == "by-rank":
+        if rec.get("keep_rule") == "by-rank":
             # the plan's backward relies on the keep by forward rank
             # (plan.keep=by-rank, lrmoe-score(1)): bwd_alloc's row sums are the quotas
             check(call(lib.lrmoe_score_select_by_rank, T, K, E, d.P, _ptr(ids), _ptr(score),
@@ -546,7 +546,9 @@ def _num(v):
 class Patch:
     """Returned by patch(): .stats is the list of per-invocation records
     (layer, step, rho, fwd_peak, bwd_peak, fwd_lb, bwd_lb, replicas,
-    feasible, mem_peak (modelled bytes), binding, pairs, kept, moved, and
+    feasible, mem_peak (modelled bytes), binding, pairs, kept, moved,
+    keep_rule ("by-rank" when the plan keeps pairs by forward rank,
+    plan.keep of lrmoe-stream(5)), keep (the mask, with keep_masks=True), and
     {fwd,bwd}_seconds / _cpu_seconds / _lib_seconds / _lib_cpu_seconds: wall
     and thread-CPU time of the whole forward/backward and inside liblrmoe);
     unpatch() restores the original expert forwards."""
