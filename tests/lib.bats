@@ -179,26 +179,28 @@ PY
 }
 
 # A CUDA build (liblrmoe.a has the kernels) must have built the module; a
-# CPU-only one has neither.
+# CPU-only one has neither. The build that make check built and installed
+# (build/san under SANITIZE=1).
+BD() { echo "$TOP/${LRMOE_BUILD:-build}"; }
 cuda_build() {
-    if [ -f "$TOP/build/liblrmoe-cuda.so.1" ]; then return 0; fi
-    if ar t "$TOP/build/liblrmoe.a" | grep -qx kcu.o; then
-        fail "liblrmoe.a has the CUDA kernels but build/liblrmoe-cuda.so.1 was not built"
+    if [ -f "$(BD)/liblrmoe-cuda.so.1" ]; then return 0; fi
+    if ar t "$(BD)/liblrmoe.a" | grep -qx kcu.o; then
+        fail "liblrmoe.a has the CUDA kernels but $(BD)/liblrmoe-cuda.so.1 was not built"
     fi
     skip "CPU-only build (no nvcc at build time): no CUDA module"
 }
 
 @test "liblrmoe.so.1 needs no CUDA library; the CUDA module liblrmoe-cuda.so.1 does and exports only its entry point" {
-    run readelf -d "$SO"
+    run readelf -d "$(BD)/liblrmoe.so.1"
     assert_success
     refute_output --regexp 'NEEDED.*\[lib(cudart|cublas|cublasLt|nccl)\.so'
     cuda_build
-    run readelf -d "$TOP/build/liblrmoe-cuda.so.1"
+    run readelf -d "$(BD)/liblrmoe-cuda.so.1"
     assert_output --partial "Library soname: [liblrmoe-cuda.so.1]"
     for l in libcudart libcublas libnccl; do
         assert_output --regexp "NEEDED.*\[$l\.so"
     done
-    run sh -c "nm -D --defined-only '$TOP/build/liblrmoe-cuda.so.1' | awk '\$2 == \"T\" { print \$3 }'"
+    run sh -c "nm -D --defined-only '$(BD)/liblrmoe-cuda.so.1' | awk '\$2 == \"T\" { print \$3 }'"
     assert_output "lrmoe_cuda_module_init@@LRMOE_CUDA_MODULE_1"
 }
 

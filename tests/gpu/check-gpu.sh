@@ -5,6 +5,9 @@
 #  2. lrmoe-exec --backend cuda against --backend cpu on the same streams:
 #     forward, and backward full, masked and compact (LOOP and GROUPED GEMMs,
 #     P = 1, 3, 4, BF16 and F32 storage).
+#  3. the in-process forward through liblrmoe.so.1 and its CUDA module
+#     (tests/gpu/inproc.py) against lrmoe-exec's, with and without torch
+#     imported first.
 # Without CUDA in the build, or without a usable device, it says so and exits
 # 0 WITHOUT claiming a pass. Exit 1 when any check fails.
 #
@@ -103,6 +106,21 @@ for dt in $DTS; do
         done
     done
 done
+
+# in-process: liblrmoe.so.1 loads the CUDA module on the first CUDA call;
+# its forward equals the tool's (f32, P=4: the last of the loop above), and
+# again with torch imported first (the module then on torch's CUDA libraries)
+if [ -n "$FAKE" ]; then
+    echo "skip in-process: fake device"
+elif [ -f "$BUILD/liblrmoe-cuda.so.1" ] && [ -f "$BUILD/liblrmoe.so.1" ]; then
+    for first in plain torch; do
+        step "in-process forward cuda (liblrmoe.so.1 + module, $first) = lrmoe-exec cuda" \
+            env LRMOE_LIBRARY="$BUILD/liblrmoe.so.1" PYTHONPATH=lib/python \
+            python3 tests/gpu/inproc.py "$T/pl.lrm" "$T/w.lrm" "$T/fg.lrm" 4 cuda $first
+    done
+else
+    echo "skip in-process: $BUILD/liblrmoe.so.1 or $BUILD/liblrmoe-cuda.so.1 not built"
+fi
 
 # the real pipeline: gen | route | exec | score | pack | exec compact, cuda vs cpu
 if [ -n "$FAKE" ]; then

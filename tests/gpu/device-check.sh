@@ -84,7 +84,7 @@ if [ $have_nccl = 0 ]; then
 fi
 
 B=build/dev
-TARGETS="bin/lrmoe-exec bin/lrmoe-gen bin/lrmoe-route bin/lrmoe-score bin/lrmoe-pack bin/lrmoe-plan $B/tests/gpu/test-kernels $B/tests/gpu/bench-gpu"
+TARGETS="bin/lrmoe-exec bin/lrmoe-gen bin/lrmoe-route bin/lrmoe-score bin/lrmoe-pack bin/lrmoe-plan $B/tests/gpu/test-kernels $B/tests/gpu/bench-gpu $B/liblrmoe.so.1 $B/liblrmoe-cuda.so.1"
 # the targets themselves, not `all`: deps-build would try apt-get, which has
 # no network there
 if timeout 150 make -j16 BUILD=$B CUDA_HOME="$CH" ${CLD:+CUDA_LIBDIR=$CLD} $TARGETS > "$OUT/build.log" 2>&1; then
