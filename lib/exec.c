@@ -3,7 +3,9 @@
 #include "exec.h"
 
 /* The CUDA entry points are linked only when the build has CUDA and the CUDA
- * backend exists (kernels/exec_cuda.cu). */
+ * backend exists (kernels/exec_cuda.cu): in liblrmoe.a the kernels'
+ * own, in liblrmoe.so.1 the loader's, which load the module
+ * liblrmoe-cuda.so.1 on first use (lib/cuda_module.c). */
 #if defined(LRMOE_HAVE_CUDA) && defined(__has_include)
 #if __has_include("../kernels/exec_cuda.cu")
 #define LRMOE_EXEC_CUDA 1
