@@ -1,5 +1,6 @@
 /* Frame-level exec: a frame's tensors -> lrmoe_exec_forward/backward -> the
  * frame's new tensors and exec.* attributes (lib/exec_frame.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -137,6 +138,22 @@ static int64_t first_nonfinite(lrmoe_dtype_t dt, const void *x, size_t n)
     return -1;
 }
 
+int lrmoe_exec_check_finite(lrmoe_dtype_t dt, const void *x, size_t n, const char *name)
+{
+    int64_t bad = -1;
+    if (!x) return 0; /* absent: the caller's own checks name it */
+    if (dt == LRMOE_F64) {
+        const double *f = x;
+        for (size_t i = 0; i < n; i++) if (!isfinite(f[i])) { bad = (int64_t)i; break; }
+    } else {
+        bad = first_nonfinite(dt, x, n);
+    }
+    if (bad >= 0)
+        return lrmoe_err("%s: non-finite value at flat index %lld (use --allow-nonfinite)",
+                         name, (long long)bad);
+    return 0;
+}
+
 /* Each used expert's three matrices of weights frame wi, checked finite
  * once per context (c->wok remembers which were); F64 weights take the
  * common check over the whole tensor. */
@@ -173,6 +190,85 @@ static int check_weights(lrmoe_exec_ctx_t *c, int wi, int64_t layer, const uint8
     }
     for (int64_t e = 0; e < E; e++) ok[e] |= used[e];
     return 0;
+}
+
+/* Whether the layer's outputs stand in for the weights' finiteness scan
+ * (out_check): the CPU backend in this process, weights of a dtype whose
+ * GEMMs run in IEEE F32 arithmetic. CUDA, MPI and F64 weights keep the
+ * scan of every used expert before the layer. */
+static int defer_check(const lrmoe_exec_ctx_t *c, lrmoe_dtype_t wdt)
+{
+    return !c->o.cfg.allow_nonfinite && c->o.cfg.backend == LRMOE_BACKEND_CPU && !c->mpi &&
+           (wdt == LRMOE_BF16 || wdt == LRMOE_F16 || wdt == LRMOE_F32);
+}
+
+/* The experts routed to but computing no row in this layer call: in the
+ * compact backward those with no packed row (the forward and the full and
+ * masked backward compute every routed pair; masked ones with dy = 0).
+ * Their weights reach no output, so out_check cannot vouch for them: they
+ * are scanned before the layer. */
+static int idle_experts(lrmoe_exec_ctx_t *c, const lrmoe_frame_t *f, const lrmoe_tensor_t *ids,
+                        int64_t E, const uint8_t *used, uint8_t *idle)
+{
+    memset(idle, 0, (size_t)E);
+    if (!c->o.backward || c->o.mode != LRMOE_MODE_COMPACT) return 0;
+    const lrmoe_tensor_t *pp = lrmoe_frame_get(f, "pack_pair");
+    const int64_t M = ids->shape[0] * ids->shape[1];
+    memcpy(idle, used, (size_t)E);
+    if (!pp || pp->dtype != LRMOE_I64 || pp->ndim != 1) return 0; /* backward_inputs says why */
+    const int32_t *id = ids->data;
+    const int64_t *u = pp->data;
+    for (int64_t r = 0; r < pp->shape[0]; r++)
+        if (u[r] >= 0 && u[r] < M && id[u[r]] >= 0 && id[u[r]] < E) idle[id[u[r]]] = 0;
+    return 1;
+}
+
+/* Finiteness of the weights, checked through the layer's outputs (after
+ * the layer; defer_check says when). Why that is exact, for an expert that
+ * computes at least one row (idle_experts scans the others first):
+ *  - Every output element of a GEMM row is a sum of products over the
+ *    whole shared dimension, and with IEEE arithmetic a NaN or +-Inf factor
+ *    makes its product non-finite whatever the other factor (x * NaN = NaN,
+ *    0 * Inf = NaN, x * Inf = +-Inf) and a sum with a non-finite term is
+ *    non-finite (Inf + -Inf = NaN). The BLAS and oneDNN kernels skip no zero
+ *    operand (tests/exec.bats puts the Inf against zero activations), BF16
+ *    weights widen to F32 exactly (Inf and NaN included), and F32 -> BF16
+ *    outputs keep NaN (lrmoe_f32_to_bf16) and Inf.
+ *  - Forward: W_gate[e,f,:] / W_up[e,f,:] non-finite makes column f of the
+ *    gate / up GEMM non-finite in every row of e: saved_gate / saved_up,
+ *    stored before the SwiGLU (so no exp() can turn it finite). W_down[e,d,:]
+ *    makes column d of pair_out non-finite in every row of e. Scanned:
+ *    saved_gate, saved_up, pair_out (T*K*(2F+D) values, a few % of 3*E*F*D).
+ *  - Backward: W_down[e,:,f] makes dphi = dy W_down non-finite in column f
+ *    (also where dy = 0: 0 * Inf); dg and du are dphi times finite-or-not
+ *    factors (lib/swiglu.c: products only), so they are too; dx = [dg du]
+ *    [W_gate; W_up] is then non-finite in every column, and W_gate/W_up
+ *    non-finite make dx non-finite directly. grad_hidden is the sum of a
+ *    token's dx rows (every computed row is summed). Scanned: grad_hidden
+ *    (T*D values).
+ * A non-finite output is not always a weight's (large activations can
+ * overflow, or the inputs hold NaN), so on one the used experts' weights
+ * are scanned as before the change: their first non-finite value is the
+ * error, and none means the outputs stand as they are, exactly today's
+ * verdict and message. */
+static int out_check(lrmoe_exec_ctx_t *c, const lrmoe_frame_t *f, int wi, int64_t layer,
+                     const lrmoe_tensor_t *ids, int64_t E)
+{
+    static const char *fwd[] = {"saved_gate", "saved_up", "pair_out", NULL};
+    static const char *bwd[] = {"grad_hidden", NULL};
+    int bad = 0;
+    for (const char **n = c->o.backward ? bwd : fwd; *n && !bad; n++) {
+        const lrmoe_tensor_t *t = lrmoe_frame_get(f, *n);
+        if (!t) return lrmoe_err("exec: output %s missing", *n);
+        bad = first_nonfinite(t->dtype, t->data, (size_t)lrmoe_tensor_numel(t)) >= 0;
+    }
+    if (!bad) return 0;
+    uint8_t *used = malloc((size_t)(E > 0 ? E : 1));
+    if (!used) return lrmoe_err("out of memory");
+    used_experts(ids, E, used);
+    int rc = check_weights(c, wi, layer, used, E);
+    free(used);
+    return rc;
 }
 
 /* Packed F32 copy of one layer's weights (--compute f32 only), made lazily:
@@ -296,14 +392,19 @@ static int frame_weights(lrmoe_exec_ctx_t *c, int64_t layer, lrmoe_exec_weights_
 /* What the frame's routing needs of the weights before the layer runs: its
  * experts checked finite (once each) and, on the CPU with f32 compute, in
  * the packed F32 copy. bf16 compute multiplies the stored dtype: no copy. */
-static int weights_for(lrmoe_exec_ctx_t *c, int wi, int64_t layer, const lrmoe_tensor_t *ids,
-                       lrmoe_exec_weights_t *W, int64_t E)
+static int weights_for(lrmoe_exec_ctx_t *c, const lrmoe_frame_t *f, int wi, int64_t layer,
+                       const lrmoe_tensor_t *ids, lrmoe_exec_weights_t *W, int64_t E)
 {
-    uint8_t *used = malloc((size_t)(E > 0 ? E : 1));
+    uint8_t *used = malloc((size_t)(E > 0 ? E : 1) * 2);
     if (!used) return lrmoe_err("out of memory");
+    uint8_t *idle = used + (E > 0 ? E : 1);
     used_experts(ids, E, used);
     int rc = 0;
-    if (!c->o.cfg.allow_nonfinite) rc = check_weights(c, wi, layer, used, E);
+    if (!defer_check(c, W->dtype)) {
+        if (!c->o.cfg.allow_nonfinite) rc = check_weights(c, wi, layer, used, E);
+    } else if (idle_experts(c, f, ids, E, used, idle) && check_weights(c, wi, layer, idle, E) < 0) {
+        rc = check_weights(c, wi, layer, used, E); /* today's first error */
+    }
     lrmoe_compute_t cm = LRMOE_COMPUTE_F32;
     if (!rc && c->o.cfg.backend == LRMOE_BACKEND_CPU)
         rc = lrmoe_gemm_resolve((lrmoe_compute_t)c->o.cfg.compute, W->dtype, &cm);
@@ -608,7 +709,7 @@ int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
     if (lg && lg->ndim == 2 && lg->shape[1] != E)
         return lrmoe_err("weights have E=%lld experts but router_logits has %lld",
                          (long long)E, (long long)lg->shape[1]);
-    if (weights_for(c, wi, layer, ids, &W, E) < 0) return -1;
+    if (weights_for(c, f, wi, layer, ids, &W, E) < 0) return -1;
 
     lrmoe_plan_t plan;
     lrmoe_plan_init(&plan);
@@ -627,6 +728,7 @@ int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
     c->wall = 0;
     const lrmoe_exec_dims_t d = {T, E, K, D, F, P};
     if ((c->o.backward ? run_backward : run_forward)(c, f, &d, &W, &XP, ids, tw) < 0) goto out;
+    if (defer_check(c, W.dtype) && out_check(c, f, wi, layer, ids, E) < 0) goto out;
     c->critical = lrmoe_exec_critical(P, c->tim);
     rc = timing_attrs(c, f);
     if (!rc && c->o.cfg.backend == LRMOE_BACKEND_CPU) { /* the GEMMs' numerics */
