@@ -52,8 +52,15 @@ static void drop_weights(lrmoe_exec_ctx_t *c)
     c->wok_E = 0;
 }
 
+static void drop_spare(lrmoe_exec_ctx_t *c)
+{
+    for (int i = 0; i < c->nspare; i++) free(c->spare[i].data);
+    c->nspare = 0;
+}
+
 void lrmoe_exec_ctx_free(lrmoe_exec_ctx_t *c)
 {
+    drop_spare(c);
     drop_f32(c);
     drop_weights(c);
     free(c->tim);
@@ -342,22 +349,53 @@ static lrmoe_tensor_t *need_m(const lrmoe_exec_ctx_t *c, const lrmoe_exec_dims_t
 /* A new output tensor. The CPU backend in this process writes every element
  * of every output (lib/exec_cpu.c), so its outputs are neither zeroed nor
  * pre-faulted (lrmoe_frame_put would zero them): their pages are faulted
- * in once, by the layer's own writes (repeat and warmup runs reuse them).
- * Other backends and MPI jobs get zeroed outputs. */
-static lrmoe_tensor_t *put(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const char *name,
+ * in once, by the layer's own writes (repeat and warmup runs reuse them),
+ * or not at all when the previous frame's buffer of that name and size was
+ * taken back (lrmoe_exec_ctx_recycle). Other backends and MPI jobs get
+ * zeroed outputs. */
+static lrmoe_tensor_t *put(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const char *name,
                            lrmoe_dtype_t dt, int ndim, const int64_t *dims)
 {
     if (c->o.cfg.backend != LRMOE_BACKEND_CPU || c->mpi)
         return lrmoe_frame_put(f, name, dt, ndim, dims);
     size_t nb = lrmoe_dtype_size(dt);
     for (int i = 0; i < ndim; i++) nb *= (size_t)dims[i];
-    void *p = nb ? lrmoe_alloc_big(nb) : NULL;
-    if (p && nb >= (4u << 20)) madvise(p, (nb + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1), MADV_NOHUGEPAGE);
+    void *p = NULL;
+    for (int i = 0; i < c->nspare && !p; i++)
+        if (!strcmp(c->spare[i].name, name) && c->spare[i].nbytes == nb) {
+            p = c->spare[i].data; /* ownership passes to the frame */
+            c->spare[i] = c->spare[--c->nspare];
+        }
+    if (!p && nb) {
+        p = lrmoe_alloc_big(nb);
+        if (p && nb >= (4u << 20)) madvise(p, (nb + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1), MADV_NOHUGEPAGE);
+    }
     if (nb && !p) {
         lrmoe_err("out of memory: %zu bytes for tensor %s", nb, name);
         return NULL;
     }
-    return lrmoe_frame_adopt(f, name, dt, ndim, dims, p);
+    lrmoe_tensor_t *t = lrmoe_frame_adopt(f, name, dt, ndim, dims, p);
+    if (t && t->data && c->ngave < LRMOE_EXEC_NBUF)
+        c->gave[c->ngave++] = (struct lrmoe_exec_buf){name, t->data, t->nbytes};
+    return t;
+}
+
+int lrmoe_exec_ctx_recycle(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
+{
+    drop_spare(c); /* the last frame's leftovers: not of this shape */
+    int n = 0;
+    for (int i = 0; i < c->ngave; i++) {
+        lrmoe_tensor_t *t = lrmoe_frame_get(f, c->gave[i].name);
+        /* only a buffer still in f as it was given (not replaced or
+         * deleted by a caller since) */
+        if (!t || t->data != c->gave[i].data || t->nbytes != c->gave[i].nbytes) continue;
+        c->spare[c->nspare++] = c->gave[i];
+        t->data = NULL; /* f no longer owns it */
+        lrmoe_frame_del(f, c->gave[i].name);
+        n++;
+    }
+    c->ngave = 0;
+    return n;
 }
 
 static const lrmoe_dtype_t DT_ACT[2] = {LRMOE_BF16, LRMOE_F32};
@@ -726,8 +764,11 @@ int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
     c->layer = layer;
     c->P = P;
     c->wall = 0;
+    c->ngave = 0;
     const lrmoe_exec_dims_t d = {T, E, K, D, F, P};
-    if ((c->o.backward ? run_backward : run_forward)(c, f, &d, &W, &XP, ids, tw) < 0) goto out;
+    rc = (c->o.backward ? run_backward : run_forward)(c, f, &d, &W, &XP, ids, tw);
+    drop_spare(c); /* taken back from the last frame but not of this one's shapes */
+    if (rc < 0) goto out;
     if (defer_check(c, W.dtype) && out_check(c, f, wi, layer, ids, E) < 0) goto out;
     c->critical = lrmoe_exec_critical(P, c->tim);
     rc = timing_attrs(c, f);

@@ -32,6 +32,8 @@ typedef struct {
 } lrmoe_exec_frame_opts_t;
 void lrmoe_exec_frame_opts_default(lrmoe_exec_frame_opts_t *o);
 
+#define LRMOE_EXEC_NBUF 8 /* the most output tensors a phase adds */
+
 typedef struct {
     lrmoe_exec_frame_opts_t o;
     /* weights: a stream read at the first frame (lrmoe_exec_ctx_weights_file)
@@ -62,6 +64,12 @@ typedef struct {
     uint8_t *wok;
     int64_t wok_E;
     uint8_t *f32_done;       /* (E): experts of f32_layer already in f32 */
+    /* output buffers reused across frames (lrmoe_exec_ctx_recycle): the
+     * tensors the last frame got (name, data) and the buffers taken back
+     * from it, each owned by the frame or by this context, never both */
+    struct lrmoe_exec_buf { const char *name; void *data; size_t nbytes; }
+        gave[LRMOE_EXEC_NBUF], spare[LRMOE_EXEC_NBUF];
+    int ngave, nspare;
 } lrmoe_exec_ctx_t;
 
 void lrmoe_exec_ctx_init(lrmoe_exec_ctx_t *c, const lrmoe_exec_frame_opts_t *o);
@@ -78,6 +86,15 @@ void lrmoe_exec_ctx_free(lrmoe_exec_ctx_t *c);
 
 /* Run the phase on frame f and add its outputs and exec.* attributes. */
 int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f);
+
+/* Take back the output buffers lrmoe_exec_frame gave frame f (the CPU
+ * backend's, which it writes in full), to reuse them for the next frame's
+ * outputs of the same name and size: their pages are faulted in once per
+ * process, not once per frame (a backward's weight gradients are 3*E*F*D
+ * floats). Call it once f is written and before it is cleared: the taken
+ * tensors are deleted from f. A buffer not reused by the next frame is
+ * freed then. Returns the number of buffers taken. */
+int lrmoe_exec_ctx_recycle(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f);
 
 /* The per-rank timing rows of the last frame as TSV (header first when
  * header != 0): frame layer phase mode rank <stage>_s... total_s critical wall_s. */

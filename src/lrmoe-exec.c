@@ -77,6 +77,14 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
     return 0;
 }
 
+/* frame written: its output buffers serve the next frame */
+static int on_written(lrmoe_frame_t *f, int64_t index, void *vctx)
+{
+    (void)index;
+    lrmoe_exec_ctx_recycle(&((ctx_t *)vctx)->x, f);
+    return 0;
+}
+
 enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_NONFINITE,
        OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS, OPT_REPEAT, OPT_WARMUP,
        OPT_COMPUTE, OPT_LAUNCHER, OPT_PER_RANK };
@@ -340,7 +348,7 @@ int main(int argc, char **argv)
     int rc = 0;
     if (mpi) {
         rc = run_mpi(&m, &c, &o, in, io.out, &io.w);
-    } else if (lrmoe_filter_run(in, io.out, &io.w, on_frame, &c) < 0) {
+    } else if (lrmoe_filter_run_done(in, io.out, &io.w, on_frame, on_written, &c) < 0) {
         fprintf(stderr, "lrmoe-exec: %s\n", lrmoe_errmsg());
         rc = 1;
     }
