@@ -78,9 +78,10 @@ void lrmoe_exec_ctx_init(lrmoe_exec_ctx_t *c, const lrmoe_exec_frame_opts_t *o);
  * PATH is borrowed. */
 void lrmoe_exec_ctx_weights_file(lrmoe_exec_ctx_t *c, const char *path);
 /* Use weights the caller holds (borrowed for the context's life). Unless
- * cfg.allow_nonfinite, an expert's weights are checked for non-finite values
- * the first time a frame routes pairs to it (weights of experts no frame
- * uses are never read). */
+ * cfg.allow_nonfinite, the weights of the experts a frame uses are checked
+ * for non-finite values: on the CPU backend through the layer's outputs
+ * (lib/exec_frame.c, out_check), else each expert the first time a frame
+ * routes pairs to it (weights of experts no frame uses are never read). */
 int lrmoe_exec_ctx_weights(lrmoe_exec_ctx_t *c, const lrmoe_weights_t *w);
 void lrmoe_exec_ctx_free(lrmoe_exec_ctx_t *c);
 
