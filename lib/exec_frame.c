@@ -52,15 +52,8 @@ static void drop_weights(lrmoe_exec_ctx_t *c)
     c->wok_E = 0;
 }
 
-static void drop_spare(lrmoe_exec_ctx_t *c)
-{
-    for (int i = 0; i < c->nspare; i++) free(c->spare[i].data);
-    c->nspare = 0;
-}
-
 void lrmoe_exec_ctx_free(lrmoe_exec_ctx_t *c)
 {
-    drop_spare(c);
     drop_f32(c);
     drop_weights(c);
     free(c->tim);
@@ -350,22 +343,23 @@ static lrmoe_tensor_t *need_m(const lrmoe_exec_ctx_t *c, const lrmoe_exec_dims_t
  * of every output (lib/exec_cpu.c), so its outputs are neither zeroed nor
  * pre-faulted (lrmoe_frame_put would zero them): their pages are faulted
  * in once, by the layer's own writes (repeat and warmup runs reuse them),
- * or not at all when the previous frame's buffer of that name and size was
- * taken back (lrmoe_exec_ctx_recycle). Other backends and MPI jobs get
- * zeroed outputs. */
-static lrmoe_tensor_t *put(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const char *name,
-                           lrmoe_dtype_t dt, int ndim, const int64_t *dims)
+ * or not at all when sp (NULL: none) holds the previous frame's buffer of
+ * that name and size (lrmoe_exec_frame_reuse). Other backends and MPI jobs
+ * get zeroed outputs. */
+static lrmoe_tensor_t *put(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *sp, lrmoe_frame_t *f,
+                           const char *name, lrmoe_dtype_t dt, int ndim, const int64_t *dims)
 {
     if (c->o.cfg.backend != LRMOE_BACKEND_CPU || c->mpi)
         return lrmoe_frame_put(f, name, dt, ndim, dims);
     size_t nb = lrmoe_dtype_size(dt);
     for (int i = 0; i < ndim; i++) nb *= (size_t)dims[i];
     void *p = NULL;
-    for (int i = 0; i < c->nspare && !p; i++)
-        if (!strcmp(c->spare[i].name, name) && c->spare[i].nbytes == nb) {
-            p = c->spare[i].data; /* ownership passes to the frame */
-            c->spare[i] = c->spare[--c->nspare];
-        }
+    lrmoe_tensor_t *s = sp ? lrmoe_frame_get(sp, name) : NULL;
+    if (s && s->data && s->nbytes == nb) {
+        p = s->data; /* ownership passes from sp to f */
+        s->data = NULL;
+        lrmoe_frame_del(sp, name);
+    }
     if (!p && nb) {
         p = lrmoe_alloc_big(nb);
         if (p && nb >= (4u << 20)) madvise(p, (nb + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1), MADV_NOHUGEPAGE);
@@ -374,27 +368,28 @@ static lrmoe_tensor_t *put(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const char *na
         lrmoe_err("out of memory: %zu bytes for tensor %s", nb, name);
         return NULL;
     }
-    lrmoe_tensor_t *t = lrmoe_frame_adopt(f, name, dt, ndim, dims, p);
-    if (t && t->data && c->ngave < LRMOE_EXEC_NBUF)
-        c->gave[c->ngave++] = (struct lrmoe_exec_buf){name, t->data, t->nbytes};
-    return t;
+    return lrmoe_frame_adopt(f, name, dt, ndim, dims, p);
 }
 
-int lrmoe_exec_ctx_recycle(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
+/* each phase's output tensors (run_forward, run_backward put them) */
+static const char *const OUT_FWD[] = {"output", "pair_rank", "phi_sqnorm", "saved_gate",
+                                      "saved_up", "pair_out", NULL};
+static const char *const OUT_BWD[] = {"grad_hidden", "grad_w_gate", "grad_w_up", "grad_w_down",
+                                      "grad_topk_weights", NULL};
+
+int lrmoe_exec_ctx_recycle(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *spare)
 {
-    drop_spare(c); /* the last frame's leftovers: not of this shape */
+    lrmoe_frame_clear(spare);
+    if (c->o.cfg.backend != LRMOE_BACKEND_CPU || c->mpi) return 0;
     int n = 0;
-    for (int i = 0; i < c->ngave; i++) {
-        lrmoe_tensor_t *t = lrmoe_frame_get(f, c->gave[i].name);
-        /* only a buffer still in f as it was given (not replaced or
-         * deleted by a caller since) */
-        if (!t || t->data != c->gave[i].data || t->nbytes != c->gave[i].nbytes) continue;
-        c->spare[c->nspare++] = c->gave[i];
-        t->data = NULL; /* f no longer owns it */
-        lrmoe_frame_del(f, c->gave[i].name);
-        n++;
+    for (const char *const *nm = c->o.backward ? OUT_BWD : OUT_FWD; *nm; nm++) {
+        lrmoe_tensor_t *t = lrmoe_frame_get(f, *nm);
+        if (!t || !t->data) continue;
+        /* the buffer moves: spare adopts it (or, failing, frees it), f forgets it */
+        n += lrmoe_frame_adopt(spare, t->name, t->dtype, t->ndim, t->shape, t->data) != NULL;
+        t->data = NULL;
+        lrmoe_frame_del(f, *nm);
     }
-    c->ngave = 0;
     return n;
 }
 
@@ -577,7 +572,8 @@ static int timed(lrmoe_exec_ctx_t *c, layer_fn fn, const lrmoe_exec_dims_t *d,
     return 0;
 }
 
-static int run_forward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_dims_t *d,
+static int run_forward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *sp, lrmoe_frame_t *f,
+                       const lrmoe_exec_dims_t *d,
                        const lrmoe_exec_weights_t *W, const lrmoe_exec_plan_t *XP,
                        const lrmoe_tensor_t *ids, const lrmoe_tensor_t *tw)
 {
@@ -591,12 +587,12 @@ static int run_forward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_d
     a.hidden = h->data;
     a.topk_ids = ids->data;
     a.topk_weights = tw->data;
-    lrmoe_tensor_t *o = put(c, f, "output", adt, 2, td),
-                   *pr = put(c, f, "pair_rank", LRMOE_I32, 2, tk),
-                   *pn = put(c, f, "phi_sqnorm", LRMOE_F32, 2, tk),
-                   *sg = put(c, f, "saved_gate", adt, 3, tkf),
-                   *su = put(c, f, "saved_up", adt, 3, tkf),
-                   *po = put(c, f, "pair_out", adt, 3, tkd);
+    lrmoe_tensor_t *o = put(c, sp, f, "output", adt, 2, td),
+                   *pr = put(c, sp, f, "pair_rank", LRMOE_I32, 2, tk),
+                   *pn = put(c, sp, f, "phi_sqnorm", LRMOE_F32, 2, tk),
+                   *sg = put(c, sp, f, "saved_gate", adt, 3, tkf),
+                   *su = put(c, sp, f, "saved_up", adt, 3, tkf),
+                   *po = put(c, sp, f, "pair_out", adt, 3, tkd);
     if (!o || !pr || !pn || !sg || !su || !po) return -1;
     a.output = o->data; a.pair_rank = pr->data; a.phi_sqnorm = pn->data;
     a.saved_gate = sg->data; a.saved_up = su->data; a.pair_out = po->data;
@@ -646,7 +642,8 @@ static int backward_inputs(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_ex
     return 0;
 }
 
-static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_dims_t *d,
+static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *sp, lrmoe_frame_t *f,
+                        const lrmoe_exec_dims_t *d,
                         const lrmoe_exec_weights_t *W, const lrmoe_exec_plan_t *XP,
                         const lrmoe_tensor_t *ids, const lrmoe_tensor_t *tw)
 {
@@ -666,11 +663,11 @@ static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_
     const lrmoe_dtype_t adt[1] = {po->dtype};
     if (backward_inputs(c, f, d, adt, &a) < 0) return -1;
     const int64_t efd[3] = {E, F, D}, edf[3] = {E, D, F};
-    lrmoe_tensor_t *gh = put(c, f, "grad_hidden", LRMOE_F32, 2, td),
-                   *gg = put(c, f, "grad_w_gate", LRMOE_F32, 3, efd),
-                   *gu = put(c, f, "grad_w_up", LRMOE_F32, 3, efd),
-                   *gd = put(c, f, "grad_w_down", LRMOE_F32, 3, edf),
-                   *gt = put(c, f, "grad_topk_weights", LRMOE_F32, 2, tk);
+    lrmoe_tensor_t *gh = put(c, sp, f, "grad_hidden", LRMOE_F32, 2, td),
+                   *gg = put(c, sp, f, "grad_w_gate", LRMOE_F32, 3, efd),
+                   *gu = put(c, sp, f, "grad_w_up", LRMOE_F32, 3, efd),
+                   *gd = put(c, sp, f, "grad_w_down", LRMOE_F32, 3, edf),
+                   *gt = put(c, sp, f, "grad_topk_weights", LRMOE_F32, 2, tk);
     if (!gh || !gg || !gu || !gd || !gt) return -1;
     a.grad_hidden = gh->data; a.grad_w_gate = gg->data; a.grad_w_up = gu->data;
     a.grad_w_down = gd->data; a.grad_topk_weights = gt->data;
@@ -728,6 +725,20 @@ static int timing_attrs(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
 
 int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
 {
+    return lrmoe_exec_frame_reuse(c, f, NULL);
+}
+
+static int exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *sp);
+
+int lrmoe_exec_frame_reuse(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *spare)
+{
+    int rc = exec_frame(c, f, spare);
+    if (spare) lrmoe_frame_clear(spare); /* what this frame did not reuse */
+    return rc;
+}
+
+static int exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *sp)
+{
     int64_t layer = 0;
     if (lrmoe_frame_attr_i64(f, "layer", &layer) < 0)
         return lrmoe_err("attribute layer: not an integer");
@@ -764,12 +775,10 @@ int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
     c->layer = layer;
     c->P = P;
     c->wall = 0;
-    c->ngave = 0;
     const lrmoe_exec_dims_t d = {T, E, K, D, F, P};
-    rc = (c->o.backward ? run_backward : run_forward)(c, f, &d, &W, &XP, ids, tw);
-    drop_spare(c); /* taken back from the last frame but not of this one's shapes */
-    if (rc < 0) goto out;
-    if (defer_check(c, W.dtype) && out_check(c, f, wi, layer, ids, E) < 0) goto out;
+    if ((c->o.backward ? run_backward : run_forward)(c, sp, f, &d, &W, &XP, ids, tw) < 0 ||
+        (defer_check(c, W.dtype) && out_check(c, f, wi, layer, ids, E) < 0))
+        goto out;
     c->critical = lrmoe_exec_critical(P, c->tim);
     rc = timing_attrs(c, f);
     if (!rc && c->o.cfg.backend == LRMOE_BACKEND_CPU) { /* the GEMMs' numerics */

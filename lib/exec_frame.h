@@ -32,8 +32,6 @@ typedef struct {
 } lrmoe_exec_frame_opts_t;
 void lrmoe_exec_frame_opts_default(lrmoe_exec_frame_opts_t *o);
 
-#define LRMOE_EXEC_NBUF 8 /* the most output tensors a phase adds */
-
 typedef struct {
     lrmoe_exec_frame_opts_t o;
     /* weights: a stream read at the first frame (lrmoe_exec_ctx_weights_file)
@@ -64,12 +62,6 @@ typedef struct {
     uint8_t *wok;
     int64_t wok_E;
     uint8_t *f32_done;       /* (E): experts of f32_layer already in f32 */
-    /* output buffers reused across frames (lrmoe_exec_ctx_recycle): the
-     * tensors the last frame got (name, data) and the buffers taken back
-     * from it, each owned by the frame or by this context, never both */
-    struct lrmoe_exec_buf { const char *name; void *data; size_t nbytes; }
-        gave[LRMOE_EXEC_NBUF], spare[LRMOE_EXEC_NBUF];
-    int ngave, nspare;
 } lrmoe_exec_ctx_t;
 
 void lrmoe_exec_ctx_init(lrmoe_exec_ctx_t *c, const lrmoe_exec_frame_opts_t *o);
@@ -88,14 +80,18 @@ void lrmoe_exec_ctx_free(lrmoe_exec_ctx_t *c);
 /* Run the phase on frame f and add its outputs and exec.* attributes. */
 int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f);
 
-/* Take back the output buffers lrmoe_exec_frame gave frame f (the CPU
- * backend's, which it writes in full), to reuse them for the next frame's
- * outputs of the same name and size: their pages are faulted in once per
- * process, not once per frame (a backward's weight gradients are 3*E*F*D
- * floats). Call it once f is written and before it is cleared: the taken
- * tensors are deleted from f. A buffer not reused by the next frame is
- * freed then. Returns the number of buffers taken. */
-int lrmoe_exec_ctx_recycle(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f);
+/* Output buffers reused from one frame to the next, so that their pages
+ * are faulted in once per process, not once per frame (a backward's weight
+ * gradients are 3*E*F*D floats). lrmoe_exec_frame_reuse is lrmoe_exec_frame
+ * whose outputs take the buffers of spare's tensors of the same name and
+ * size (the CPU backend in this process only: it writes every element);
+ * spare is cleared after, so what it did not use is freed. Once f is written
+ * and before it is cleared, lrmoe_exec_ctx_recycle moves the phase's output
+ * tensors from f (the frame the context last ran on) into spare, replacing
+ * spare's; it returns the number moved (0 where no buffers are reused: other
+ * backends, MPI). spare is an ordinary frame the caller owns. */
+int lrmoe_exec_frame_reuse(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *spare);
+int lrmoe_exec_ctx_recycle(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *spare);
 
 /* The per-rank timing rows of the last frame as TSV (header first when
  * header != 0): frame layer phase mode rank <stage>_s... total_s critical wall_s. */
