@@ -233,6 +233,12 @@ int lrmoe_io_opt(lrmoe_io_t *io, int c, const char *arg)
 int64_t lrmoe_filter_run(const char *in, const char *out, const lrmoe_wopts_t *o,
                          lrmoe_frame_fn fn, void *ctx)
 {
+    return lrmoe_filter_run_done(in, out, o, fn, NULL, ctx);
+}
+
+int64_t lrmoe_filter_run_done(const char *in, const char *out, const lrmoe_wopts_t *o,
+                              lrmoe_frame_fn fn, lrmoe_frame_fn done, void *ctx)
+{
     lrmoe_reader_t *r = lrmoe_reader_open(in);
     if (!r) return -1;
     lrmoe_writer_t *w = lrmoe_writer_open(out, o);
@@ -248,6 +254,11 @@ int64_t lrmoe_filter_run(const char *in, const char *out, const lrmoe_wopts_t *o
             break;
         }
         if (lrmoe_writer_write(w, &f) < 0) { rc = -1; break; }
+        if (done && done(&f, n, ctx) < 0) {
+            lrmoe_err_prefix("frame %" PRId64, n);
+            rc = -1;
+            break;
+        }
         n++;
     }
     lrmoe_frame_clear(&f);

@@ -148,26 +148,8 @@ int lrmoe_exec_critical(int P, const double *timings)
     return best;
 }
 
-int lrmoe_exec_check_finite(lrmoe_dtype_t dt, const void *x, size_t n, const char *name)
-{
-    size_t bad = (size_t)-1;
-    if (!x) return 0; /* absent: the caller's own checks name it */
-    if (dt == LRMOE_F32) {
-        const float *f = x;
-        for (size_t i = 0; i < n; i++) if (!isfinite(f[i])) { bad = i; break; }
-    } else if (dt == LRMOE_BF16 || dt == LRMOE_F16) {
-        const uint16_t *h = x;
-        uint16_t m = dt == LRMOE_BF16 ? 0x7f80 : 0x7c00;
-        for (size_t i = 0; i < n; i++) if ((h[i] & m) == m) { bad = i; break; }
-    } else if (dt == LRMOE_F64) {
-        const double *f = x;
-        for (size_t i = 0; i < n; i++) if (!isfinite(f[i])) { bad = i; break; }
-    }
-    if (bad != (size_t)-1)
-        return lrmoe_err("%s: non-finite value at flat index %zu (use --allow-nonfinite)",
-                         name, bad);
-    return 0;
-}
+/* lrmoe_exec_check_finite is in exec_frame.c, beside the vectorised scan it
+ * shares with the weights check. */
 
 /* The packed rows of lrmoe-pack, validated for both backends: counts,
  * prefix offsets, eligibility, every pair at most once, in its expert's

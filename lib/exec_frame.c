@@ -1,5 +1,6 @@
 /* Frame-level exec: a frame's tensors -> lrmoe_exec_forward/backward -> the
  * frame's new tensors and exec.* attributes (lib/exec_frame.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -137,6 +138,22 @@ static int64_t first_nonfinite(lrmoe_dtype_t dt, const void *x, size_t n)
     return -1;
 }
 
+int lrmoe_exec_check_finite(lrmoe_dtype_t dt, const void *x, size_t n, const char *name)
+{
+    int64_t bad = -1;
+    if (!x) return 0; /* absent: the caller's own checks name it */
+    if (dt == LRMOE_F64) {
+        const double *f = x;
+        for (size_t i = 0; i < n; i++) if (!isfinite(f[i])) { bad = (int64_t)i; break; }
+    } else {
+        bad = first_nonfinite(dt, x, n);
+    }
+    if (bad >= 0)
+        return lrmoe_err("%s: non-finite value at flat index %lld (use --allow-nonfinite)",
+                         name, (long long)bad);
+    return 0;
+}
+
 /* Each used expert's three matrices of weights frame wi, checked finite
  * once per context (c->wok remembers which were); F64 weights take the
  * common check over the whole tensor. */
@@ -173,6 +190,85 @@ static int check_weights(lrmoe_exec_ctx_t *c, int wi, int64_t layer, const uint8
     }
     for (int64_t e = 0; e < E; e++) ok[e] |= used[e];
     return 0;
+}
+
+/* Whether the layer's outputs stand in for the weights' finiteness scan
+ * (out_check): the CPU backend in this process, weights of a dtype whose
+ * GEMMs run in IEEE F32 arithmetic. CUDA, MPI and F64 weights keep the
+ * scan of every used expert before the layer. */
+static int defer_check(const lrmoe_exec_ctx_t *c, lrmoe_dtype_t wdt)
+{
+    return !c->o.cfg.allow_nonfinite && c->o.cfg.backend == LRMOE_BACKEND_CPU && !c->mpi &&
+           (wdt == LRMOE_BF16 || wdt == LRMOE_F16 || wdt == LRMOE_F32);
+}
+
+/* The experts routed to but computing no row in this layer call: in the
+ * compact backward those with no packed row (the forward and the full and
+ * masked backward compute every routed pair; masked ones with dy = 0).
+ * Their weights reach no output, so out_check cannot vouch for them: they
+ * are scanned before the layer. */
+static int idle_experts(lrmoe_exec_ctx_t *c, const lrmoe_frame_t *f, const lrmoe_tensor_t *ids,
+                        int64_t E, const uint8_t *used, uint8_t *idle)
+{
+    memset(idle, 0, (size_t)E);
+    if (!c->o.backward || c->o.mode != LRMOE_MODE_COMPACT) return 0;
+    const lrmoe_tensor_t *pp = lrmoe_frame_get(f, "pack_pair");
+    const int64_t M = ids->shape[0] * ids->shape[1];
+    memcpy(idle, used, (size_t)E);
+    if (!pp || pp->dtype != LRMOE_I64 || pp->ndim != 1) return 0; /* backward_inputs says why */
+    const int32_t *id = ids->data;
+    const int64_t *u = pp->data;
+    for (int64_t r = 0; r < pp->shape[0]; r++)
+        if (u[r] >= 0 && u[r] < M && id[u[r]] >= 0 && id[u[r]] < E) idle[id[u[r]]] = 0;
+    return 1;
+}
+
+/* Finiteness of the weights, checked through the layer's outputs (after
+ * the layer; defer_check says when). Why that is exact, for an expert that
+ * computes at least one row (idle_experts scans the others first):
+ *  - Every output element of a GEMM row is a sum of products over the
+ *    whole shared dimension, and with IEEE arithmetic a NaN or +-Inf factor
+ *    makes its product non-finite whatever the other factor (x * NaN = NaN,
+ *    0 * Inf = NaN, x * Inf = +-Inf) and a sum with a non-finite term is
+ *    non-finite (Inf + -Inf = NaN). The BLAS and oneDNN kernels skip no zero
+ *    operand (tests/exec.bats puts the Inf against zero activations), BF16
+ *    weights widen to F32 exactly (Inf and NaN included), and F32 -> BF16
+ *    outputs keep NaN (lrmoe_f32_to_bf16) and Inf.
+ *  - Forward: W_gate[e,f,:] / W_up[e,f,:] non-finite makes column f of the
+ *    gate / up GEMM non-finite in every row of e: saved_gate / saved_up,
+ *    stored before the SwiGLU (so no exp() can turn it finite). W_down[e,d,:]
+ *    makes column d of pair_out non-finite in every row of e. Scanned:
+ *    saved_gate, saved_up, pair_out (T*K*(2F+D) values, a few % of 3*E*F*D).
+ *  - Backward: W_down[e,:,f] makes dphi = dy W_down non-finite in column f
+ *    (also where dy = 0: 0 * Inf); dg and du are dphi times finite-or-not
+ *    factors (lib/swiglu.c: products only), so they are too; dx = [dg du]
+ *    [W_gate; W_up] is then non-finite in every column, and W_gate/W_up
+ *    non-finite make dx non-finite directly. grad_hidden is the sum of a
+ *    token's dx rows (every computed row is summed). Scanned: grad_hidden
+ *    (T*D values).
+ * A non-finite output is not always a weight's (large activations can
+ * overflow, or the inputs hold NaN), so on one the used experts' weights
+ * are scanned as before the change: their first non-finite value is the
+ * error, and none means the outputs stand as they are, exactly today's
+ * verdict and message. */
+static int out_check(lrmoe_exec_ctx_t *c, const lrmoe_frame_t *f, int wi, int64_t layer,
+                     const lrmoe_tensor_t *ids, int64_t E)
+{
+    static const char *fwd[] = {"saved_gate", "saved_up", "pair_out", NULL};
+    static const char *bwd[] = {"grad_hidden", NULL};
+    int bad = 0;
+    for (const char **n = c->o.backward ? bwd : fwd; *n && !bad; n++) {
+        const lrmoe_tensor_t *t = lrmoe_frame_get(f, *n);
+        if (!t) return lrmoe_err("exec: output %s missing", *n);
+        bad = first_nonfinite(t->dtype, t->data, (size_t)lrmoe_tensor_numel(t)) >= 0;
+    }
+    if (!bad) return 0;
+    uint8_t *used = malloc((size_t)(E > 0 ? E : 1));
+    if (!used) return lrmoe_err("out of memory");
+    used_experts(ids, E, used);
+    int rc = check_weights(c, wi, layer, used, E);
+    free(used);
+    return rc;
 }
 
 /* Packed F32 copy of one layer's weights (--compute f32 only), made lazily:
@@ -246,22 +342,55 @@ static lrmoe_tensor_t *need_m(const lrmoe_exec_ctx_t *c, const lrmoe_exec_dims_t
 /* A new output tensor. The CPU backend in this process writes every element
  * of every output (lib/exec_cpu.c), so its outputs are neither zeroed nor
  * pre-faulted (lrmoe_frame_put would zero them): their pages are faulted
- * in once, by the layer's own writes (repeat and warmup runs reuse them).
- * Other backends and MPI jobs get zeroed outputs. */
-static lrmoe_tensor_t *put(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const char *name,
-                           lrmoe_dtype_t dt, int ndim, const int64_t *dims)
+ * in once, by the layer's own writes (repeat and warmup runs reuse them),
+ * or not at all when sp (NULL: none) holds the previous frame's buffer of
+ * that name and size (lrmoe_exec_frame_reuse). Other backends and MPI jobs
+ * get zeroed outputs. */
+static lrmoe_tensor_t *put(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *sp, lrmoe_frame_t *f,
+                           const char *name, lrmoe_dtype_t dt, int ndim, const int64_t *dims)
 {
     if (c->o.cfg.backend != LRMOE_BACKEND_CPU || c->mpi)
         return lrmoe_frame_put(f, name, dt, ndim, dims);
     size_t nb = lrmoe_dtype_size(dt);
     for (int i = 0; i < ndim; i++) nb *= (size_t)dims[i];
-    void *p = nb ? lrmoe_alloc_big(nb) : NULL;
-    if (p && nb >= (4u << 20)) madvise(p, (nb + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1), MADV_NOHUGEPAGE);
+    void *p = NULL;
+    lrmoe_tensor_t *s = sp ? lrmoe_frame_get(sp, name) : NULL;
+    if (s && s->data && s->nbytes == nb) {
+        p = s->data; /* ownership passes from sp to f */
+        s->data = NULL;
+        lrmoe_frame_del(sp, name);
+    }
+    if (!p && nb) {
+        p = lrmoe_alloc_big(nb);
+        if (p && nb >= (4u << 20)) madvise(p, (nb + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1), MADV_NOHUGEPAGE);
+    }
     if (nb && !p) {
         lrmoe_err("out of memory: %zu bytes for tensor %s", nb, name);
         return NULL;
     }
     return lrmoe_frame_adopt(f, name, dt, ndim, dims, p);
+}
+
+/* each phase's output tensors (run_forward, run_backward put them) */
+static const char *const OUT_FWD[] = {"output", "pair_rank", "phi_sqnorm", "saved_gate",
+                                      "saved_up", "pair_out", NULL};
+static const char *const OUT_BWD[] = {"grad_hidden", "grad_w_gate", "grad_w_up", "grad_w_down",
+                                      "grad_topk_weights", NULL};
+
+int lrmoe_exec_ctx_recycle(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *spare)
+{
+    lrmoe_frame_clear(spare);
+    if (c->o.cfg.backend != LRMOE_BACKEND_CPU || c->mpi) return 0;
+    int n = 0;
+    for (const char *const *nm = c->o.backward ? OUT_BWD : OUT_FWD; *nm; nm++) {
+        lrmoe_tensor_t *t = lrmoe_frame_get(f, *nm);
+        if (!t || !t->data) continue;
+        /* the buffer moves: spare adopts it (or, failing, frees it), f forgets it */
+        n += lrmoe_frame_adopt(spare, t->name, t->dtype, t->ndim, t->shape, t->data) != NULL;
+        t->data = NULL;
+        lrmoe_frame_del(f, *nm);
+    }
+    return n;
 }
 
 static const lrmoe_dtype_t DT_ACT[2] = {LRMOE_BF16, LRMOE_F32};
@@ -296,14 +425,19 @@ static int frame_weights(lrmoe_exec_ctx_t *c, int64_t layer, lrmoe_exec_weights_
 /* What the frame's routing needs of the weights before the layer runs: its
  * experts checked finite (once each) and, on the CPU with f32 compute, in
  * the packed F32 copy. bf16 compute multiplies the stored dtype: no copy. */
-static int weights_for(lrmoe_exec_ctx_t *c, int wi, int64_t layer, const lrmoe_tensor_t *ids,
-                       lrmoe_exec_weights_t *W, int64_t E)
+static int weights_for(lrmoe_exec_ctx_t *c, const lrmoe_frame_t *f, int wi, int64_t layer,
+                       const lrmoe_tensor_t *ids, lrmoe_exec_weights_t *W, int64_t E)
 {
-    uint8_t *used = malloc((size_t)(E > 0 ? E : 1));
+    uint8_t *used = malloc((size_t)(E > 0 ? E : 1) * 2);
     if (!used) return lrmoe_err("out of memory");
+    uint8_t *idle = used + (E > 0 ? E : 1);
     used_experts(ids, E, used);
     int rc = 0;
-    if (!c->o.cfg.allow_nonfinite) rc = check_weights(c, wi, layer, used, E);
+    if (!defer_check(c, W->dtype)) {
+        if (!c->o.cfg.allow_nonfinite) rc = check_weights(c, wi, layer, used, E);
+    } else if (idle_experts(c, f, ids, E, used, idle) && check_weights(c, wi, layer, idle, E) < 0) {
+        rc = check_weights(c, wi, layer, used, E); /* today's first error */
+    }
     lrmoe_compute_t cm = LRMOE_COMPUTE_F32;
     if (!rc && c->o.cfg.backend == LRMOE_BACKEND_CPU)
         rc = lrmoe_gemm_resolve((lrmoe_compute_t)c->o.cfg.compute, W->dtype, &cm);
@@ -438,7 +572,8 @@ static int timed(lrmoe_exec_ctx_t *c, layer_fn fn, const lrmoe_exec_dims_t *d,
     return 0;
 }
 
-static int run_forward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_dims_t *d,
+static int run_forward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *sp, lrmoe_frame_t *f,
+                       const lrmoe_exec_dims_t *d,
                        const lrmoe_exec_weights_t *W, const lrmoe_exec_plan_t *XP,
                        const lrmoe_tensor_t *ids, const lrmoe_tensor_t *tw)
 {
@@ -452,12 +587,12 @@ static int run_forward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_d
     a.hidden = h->data;
     a.topk_ids = ids->data;
     a.topk_weights = tw->data;
-    lrmoe_tensor_t *o = put(c, f, "output", adt, 2, td),
-                   *pr = put(c, f, "pair_rank", LRMOE_I32, 2, tk),
-                   *pn = put(c, f, "phi_sqnorm", LRMOE_F32, 2, tk),
-                   *sg = put(c, f, "saved_gate", adt, 3, tkf),
-                   *su = put(c, f, "saved_up", adt, 3, tkf),
-                   *po = put(c, f, "pair_out", adt, 3, tkd);
+    lrmoe_tensor_t *o = put(c, sp, f, "output", adt, 2, td),
+                   *pr = put(c, sp, f, "pair_rank", LRMOE_I32, 2, tk),
+                   *pn = put(c, sp, f, "phi_sqnorm", LRMOE_F32, 2, tk),
+                   *sg = put(c, sp, f, "saved_gate", adt, 3, tkf),
+                   *su = put(c, sp, f, "saved_up", adt, 3, tkf),
+                   *po = put(c, sp, f, "pair_out", adt, 3, tkd);
     if (!o || !pr || !pn || !sg || !su || !po) return -1;
     a.output = o->data; a.pair_rank = pr->data; a.phi_sqnorm = pn->data;
     a.saved_gate = sg->data; a.saved_up = su->data; a.pair_out = po->data;
@@ -507,7 +642,8 @@ static int backward_inputs(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_ex
     return 0;
 }
 
-static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_dims_t *d,
+static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *sp, lrmoe_frame_t *f,
+                        const lrmoe_exec_dims_t *d,
                         const lrmoe_exec_weights_t *W, const lrmoe_exec_plan_t *XP,
                         const lrmoe_tensor_t *ids, const lrmoe_tensor_t *tw)
 {
@@ -527,11 +663,11 @@ static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_exec_
     const lrmoe_dtype_t adt[1] = {po->dtype};
     if (backward_inputs(c, f, d, adt, &a) < 0) return -1;
     const int64_t efd[3] = {E, F, D}, edf[3] = {E, D, F};
-    lrmoe_tensor_t *gh = put(c, f, "grad_hidden", LRMOE_F32, 2, td),
-                   *gg = put(c, f, "grad_w_gate", LRMOE_F32, 3, efd),
-                   *gu = put(c, f, "grad_w_up", LRMOE_F32, 3, efd),
-                   *gd = put(c, f, "grad_w_down", LRMOE_F32, 3, edf),
-                   *gt = put(c, f, "grad_topk_weights", LRMOE_F32, 2, tk);
+    lrmoe_tensor_t *gh = put(c, sp, f, "grad_hidden", LRMOE_F32, 2, td),
+                   *gg = put(c, sp, f, "grad_w_gate", LRMOE_F32, 3, efd),
+                   *gu = put(c, sp, f, "grad_w_up", LRMOE_F32, 3, efd),
+                   *gd = put(c, sp, f, "grad_w_down", LRMOE_F32, 3, edf),
+                   *gt = put(c, sp, f, "grad_topk_weights", LRMOE_F32, 2, tk);
     if (!gh || !gg || !gu || !gd || !gt) return -1;
     a.grad_hidden = gh->data; a.grad_w_gate = gg->data; a.grad_w_up = gu->data;
     a.grad_w_down = gd->data; a.grad_topk_weights = gt->data;
@@ -589,6 +725,20 @@ static int timing_attrs(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
 
 int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
 {
+    return lrmoe_exec_frame_reuse(c, f, NULL);
+}
+
+static int exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *sp);
+
+int lrmoe_exec_frame_reuse(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *spare)
+{
+    int rc = exec_frame(c, f, spare);
+    if (spare) lrmoe_frame_clear(spare); /* what this frame did not reuse */
+    return rc;
+}
+
+static int exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *sp)
+{
     int64_t layer = 0;
     if (lrmoe_frame_attr_i64(f, "layer", &layer) < 0)
         return lrmoe_err("attribute layer: not an integer");
@@ -608,7 +758,7 @@ int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
     if (lg && lg->ndim == 2 && lg->shape[1] != E)
         return lrmoe_err("weights have E=%lld experts but router_logits has %lld",
                          (long long)E, (long long)lg->shape[1]);
-    if (weights_for(c, wi, layer, ids, &W, E) < 0) return -1;
+    if (weights_for(c, f, wi, layer, ids, &W, E) < 0) return -1;
 
     lrmoe_plan_t plan;
     lrmoe_plan_init(&plan);
@@ -626,7 +776,9 @@ int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f)
     c->P = P;
     c->wall = 0;
     const lrmoe_exec_dims_t d = {T, E, K, D, F, P};
-    if ((c->o.backward ? run_backward : run_forward)(c, f, &d, &W, &XP, ids, tw) < 0) goto out;
+    if ((c->o.backward ? run_backward : run_forward)(c, sp, f, &d, &W, &XP, ids, tw) < 0 ||
+        (defer_check(c, W.dtype) && out_check(c, f, wi, layer, ids, E) < 0))
+        goto out;
     c->critical = lrmoe_exec_critical(P, c->tim);
     rc = timing_attrs(c, f);
     if (!rc && c->o.cfg.backend == LRMOE_BACKEND_CPU) { /* the GEMMs' numerics */

@@ -70,14 +70,28 @@ void lrmoe_exec_ctx_init(lrmoe_exec_ctx_t *c, const lrmoe_exec_frame_opts_t *o);
  * PATH is borrowed. */
 void lrmoe_exec_ctx_weights_file(lrmoe_exec_ctx_t *c, const char *path);
 /* Use weights the caller holds (borrowed for the context's life). Unless
- * cfg.allow_nonfinite, an expert's weights are checked for non-finite values
- * the first time a frame routes pairs to it (weights of experts no frame
- * uses are never read). */
+ * cfg.allow_nonfinite, the weights of the experts a frame uses are checked
+ * for non-finite values: on the CPU backend through the layer's outputs
+ * (lib/exec_frame.c, out_check), else each expert the first time a frame
+ * routes pairs to it (weights of experts no frame uses are never read). */
 int lrmoe_exec_ctx_weights(lrmoe_exec_ctx_t *c, const lrmoe_weights_t *w);
 void lrmoe_exec_ctx_free(lrmoe_exec_ctx_t *c);
 
 /* Run the phase on frame f and add its outputs and exec.* attributes. */
 int lrmoe_exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f);
+
+/* Output buffers reused from one frame to the next, so that their pages
+ * are faulted in once per process, not once per frame (a backward's weight
+ * gradients are 3*E*F*D floats). lrmoe_exec_frame_reuse is lrmoe_exec_frame
+ * whose outputs take the buffers of spare's tensors of the same name and
+ * size (the CPU backend in this process only: it writes every element);
+ * spare is cleared after, so what it did not use is freed. Once f is written
+ * and before it is cleared, lrmoe_exec_ctx_recycle moves the phase's output
+ * tensors from f (the frame the context last ran on) into spare, replacing
+ * spare's; it returns the number moved (0 where no buffers are reused: other
+ * backends, MPI). spare is an ordinary frame the caller owns. */
+int lrmoe_exec_frame_reuse(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *spare);
+int lrmoe_exec_ctx_recycle(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *spare);
 
 /* The per-rank timing rows of the last frame as TSV (header first when
  * header != 0): frame layer phase mode rank <stage>_s... total_s critical wall_s. */

@@ -261,6 +261,11 @@ void lrmoe_tsv_attr(FILE *fp, const lrmoe_frame_t *f, const char *key);
 typedef int (*lrmoe_frame_fn)(lrmoe_frame_t *f, int64_t index, void *ctx);
 int64_t lrmoe_filter_run(const char *in, const char *out, const lrmoe_wopts_t *o,
                          lrmoe_frame_fn fn, void *ctx);
+/* lrmoe_filter_run, and done(f, index, ctx) after each frame is written and
+ * before it is cleared for the next (e.g. to take back buffers fn put in it:
+ * lrmoe_exec_ctx_recycle); done may be NULL, <0 stops with its error. */
+int64_t lrmoe_filter_run_done(const char *in, const char *out, const lrmoe_wopts_t *o,
+                              lrmoe_frame_fn fn, lrmoe_frame_fn done, void *ctx);
 
 /* Standard stream options shared by every tool (getopt_long):
  *   -o, --output FILE   -l, --level N   -@, --threads N   --no-compress

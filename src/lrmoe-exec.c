@@ -62,6 +62,7 @@ static void usage(FILE *fp)
 
 typedef struct {
     lrmoe_exec_ctx_t x;
+    lrmoe_frame_t spare; /* the last frame's output buffers, for the next */
     FILE *tsv;
     int tsv_header;
 } ctx_t;
@@ -69,11 +70,20 @@ typedef struct {
 static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 {
     ctx_t *c = vctx;
-    if (lrmoe_exec_frame(&c->x, f) < 0) return -1;
+    if (lrmoe_exec_frame_reuse(&c->x, f, &c->spare) < 0) return -1;
     if (!c->tsv) return 0;
     if (lrmoe_exec_timings_tsv(c->tsv, !c->tsv_header, &c->x, index) < 0)
         return lrmoe_err_prefix("--stats");
     c->tsv_header = 1;
+    return 0;
+}
+
+/* frame written: its output buffers serve the next frame */
+static int on_written(lrmoe_frame_t *f, int64_t index, void *vctx)
+{
+    (void)index;
+    ctx_t *c = vctx;
+    lrmoe_exec_ctx_recycle(&c->x, f, &c->spare);
     return 0;
 }
 
@@ -330,6 +340,7 @@ int main(int argc, char **argv)
     if (!mpi && lrmoe_check_tty_out(io.out, io.force) < 0) goto usage_err;
 
     lrmoe_exec_ctx_init(&c.x, &o);
+    lrmoe_frame_init(&c.spare);
     lrmoe_exec_ctx_weights_file(&c.x, weights);
     if (timings && (!mpi || m.rank == 0) && !(c.tsv = lrmoe_stats_open(timings, io.out))) {
         fprintf(stderr, "lrmoe-exec: %s: cannot open for writing\n", timings);
@@ -340,7 +351,7 @@ int main(int argc, char **argv)
     int rc = 0;
     if (mpi) {
         rc = run_mpi(&m, &c, &o, in, io.out, &io.w);
-    } else if (lrmoe_filter_run(in, io.out, &io.w, on_frame, &c) < 0) {
+    } else if (lrmoe_filter_run_done(in, io.out, &io.w, on_frame, on_written, &c) < 0) {
         fprintf(stderr, "lrmoe-exec: %s\n", lrmoe_errmsg());
         rc = 1;
     }
@@ -349,6 +360,7 @@ int main(int argc, char **argv)
         rc = 1;
     }
     lrmoe_exec_ctx_free(&c.x);
+    lrmoe_frame_clear(&c.spare);
     return rc;
 
 usage_err:

@@ -307,7 +307,7 @@ PY
 @test "-@ N: threaded gathers give the same packed tensors as one thread" {
     mk --T 700 --E 12 --P 4 --rate 0.7 --dtype BF16
     "$BIN/lrmoe-pack" -@ 1 -o "$T/p1.lrm" "$T/scored.lrm"
-    for n in 2 3; do
+    for n in 2 3 4; do
         "$BIN/lrmoe-pack" -@ "$n" -o "$T/p$n.lrm" "$T/scored.lrm"
         run python3 -c "
 import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream

@@ -166,7 +166,7 @@ PY
     mk --T 700 --E 12 --rate 0.6 --dtype BF16
     for m in lrm gradnorm absgrad random; do
         "$BIN/lrmoe-score" --metric "$m" -@ 1 -o "$T/s1.lrm" "$T/in.lrm"
-        for n in 2 3; do
+        for n in 2 3 4; do
             "$BIN/lrmoe-score" --metric "$m" -@ "$n" -o "$T/s$n.lrm" "$T/in.lrm"
             run python3 -c "
 import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
