@@ -75,6 +75,7 @@ typedef struct {
     lrmoe_plan_cli_t cli; /* the options shared with lrmoe-sim */
     lrmoe_eplb_cache_t *eplb; /* deployed EPLB's layout per layer */
     FILE *stats;
+    lrmoe_sim_trace_t *trace; /* --plot: the planned frames' loads */
 } ctx_t;
 
 static void attr_or_na(FILE *fp, const lrmoe_frame_t *f, const char *key)
@@ -86,7 +87,7 @@ static void attr_or_na(FILE *fp, const lrmoe_frame_t *f, const char *key)
 static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
 {
     ctx_t *c = arg;
-    lrmoe_plan_opts_t o = c->o;
+    lrmoe_plan_opts_t o;
     lrmoe_tensor_t *tl = lrmoe_frame_need(f, "expert_load");
     if (!tl)
         return -1;
@@ -100,15 +101,16 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
     if (lg && (lg->ndim != 2 || lg->shape[1] != E))
         return lrmoe_err("expert_load: %d experts, router_logits is %s", E,
                          lrmoe_shape_str(lg, b2, sizeof b2));
-    /* model sizes from the frame; a given option must agree with it */
-    if (lrmoe_plan_cli_frame(&c->cli, f, o.P, 0, &o.cost) < 0)
-        return -1;
     int64_t *load = lrmoe_tensor_i64(tl);
     if (!load)
         return -1;
     lrmoe_plan_t p;
     lrmoe_plan_init(&p);
-    int rc = lrmoe_plan_frame(&o, c->eplb, load, E, f, &p);
+    /* model sizes from the frame (a given option must agree), then the plan */
+    o.P = 0;
+    int rc = lrmoe_plan_cli_plan(&c->cli, c->eplb, load, E, f, &p, &o);
+    if (c->trace && o.P > 0 && lrmoe_sim_trace_add(c->trace, index, f, load, E, &o.cost) < 0)
+        rc = -1;
     if (rc == 0 && c->stats) {
         FILE *fp = c->stats;
         const double G = 1024.0 * 1024.0 * 1024.0;
@@ -222,10 +224,16 @@ int main(int argc, char **argv)
                          "\tfeasible\tplan_ms\tsolver_ms\tbinding\thidden\tffn\ttopk"
                          "\ttokens_per_rank\tsource\tllep\tplan_cpu_ms\n");
     }
-    if (plot_path && lrmoe_sim_plot_trace(in, &c.cli, plot_path) < 0) {
+    if (plot_path && lrmoe_sim_plot_check(plot_path) < 0) {
         fprintf(stderr, "lrmoe-plan: --plot %s: %s\n", plot_path, lrmoe_errmsg());
+        return 2;
+    }
+    if (lrmoe_plan_cli_load(&c.cli) < 0) {
+        fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
         return 1;
     }
+    lrmoe_sim_trace_t trace = {0};
+    c.trace = plot_path ? &trace : NULL;
     if (!(c.eplb = lrmoe_eplb_cache_new())) {
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
         return 1;
@@ -237,6 +245,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
         rc = 1;
     }
+    /* the figure of the frames planned, also when a later one failed */
+    if (plot_path && (trace.n || !rc) && lrmoe_sim_plot_trace(&trace, &c.cli, plot_path) < 0) {
+        fprintf(stderr, "lrmoe-plan: --plot %s: %s\n", plot_path, lrmoe_errmsg());
+        rc = 1;
+    }
+    lrmoe_sim_trace_free(&trace);
+    lrmoe_plan_cli_free(&c.cli);
     lrmoe_plan_thread_cleanup();
     if (c.stats && lrmoe_stats_close(c.stats) != 0 && !rc) {
         fprintf(stderr, "lrmoe-plan: %s: ", stats_path);

@@ -213,6 +213,10 @@ int main(int argc, char **argv)
         fprintf(stderr, TOOL ": %s\n", lrmoe_errmsg());
         return 2;
     }
+    if (lrmoe_plan_cli_load(&cli) < 0) {
+        fprintf(stderr, TOOL ": %s\n", lrmoe_errmsg());
+        return 1;
+    }
     c.given = cli;
     c.P = c.base.P;
     if (c.base.nodes <= 0 || c.P % c.base.nodes) {
@@ -332,6 +336,7 @@ int main(int argc, char **argv)
         rc = 1;
     }
     lrmoe_sim_result_free(&res);
+    lrmoe_plan_cli_free(&cli);
     lrmoe_plan_thread_cleanup();
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, TOOL ": stdout: write failed\n");

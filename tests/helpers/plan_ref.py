@@ -67,7 +67,8 @@ def cmd_gen(a):
             t["router_logits"] = np.zeros((4, a.experts + 1), dtype=np.float32)
         elif a.bad == "shape":
             t["expert_load"] = load.reshape(2, -1)
-        frames.append((t, {"layer": str(i), "scenario": s}))
+        # the model the loads stand for: F=768 (lrmoe-plan refuses to guess F)
+        frames.append((t, {"layer": str(i), "scenario": s, "ffn": "768"}))
     write_stream(a.out, frames)
 
 
