@@ -137,7 +137,7 @@ int lrmoe_plan_cli_finish(lrmoe_plan_cli_t *c)
 /* One size a frame may say: the first of its sources that is there. */
 typedef struct {
     int64_t v;          /* 0: the frame does not say */
-    char from[128];     /* "saved_gate [512,4,128]", "attribute ffn" */
+    char from[640];     /* "saved_gate [512,4,128]", "attribute ffn=16" */
 } said_t;
 
 /* tensor `name` of ndim dimensions: its dimension `dim` */
@@ -234,8 +234,8 @@ static int from_weights(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, said_
         return lrmoe_err("expert_load has %lld experts, --weights %s layer %lld has %lld "
                          "(w_gate): weights of another model?", (long long)tl->shape[0],
                          c->weights_path, (long long)layer, (long long)wg->shape[0]);
-    char pre[64];
-    snprintf(pre, sizeof pre, "--weights %.24s layer %lld: ", c->weights_path, (long long)layer);
+    char pre[512];
+    snprintf(pre, sizeof pre, "--weights %s layer %lld: ", c->weights_path, (long long)layer);
     prefix(&wd, pre);
     prefix(&wfn, pre);
     return merge(D, &wd, "D") < 0 || merge(F, &wfn, "F") < 0 ? -1 : 0;
