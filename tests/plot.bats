@@ -183,6 +183,22 @@ PY
     cmp "$T/file.dat" "$T/p.dat"
     run "$BIN/lrmoe-view" --diff "$T/pipe.lrm" "$T/ref.lrm"
     assert_success
+    # each frame is replayed with its own model sizes (here F=32 from the frame, far
+    # from the defaults, which would not fit 100M): lrmoe's column is the plan
+    "$BIN/lrmoe-gen" --tokens 4096 --hidden 64 --ffn 32 --skew hot:50:2 |
+        "$BIN/lrmoe-route" --loads-only | "$BIN/lrmoe-plan" --ranks 8 --hidden 64 --hbm 100M --plot "$T/s.svg" -o "$T/s.lrm"
+    python3 - "$T" "$BATS_TEST_DIRNAME/helpers" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+import numpy as np
+from lrmoe_stream import read_stream
+d = sys.argv[1]
+(t, a), = read_stream(f"{d}/s.lrm")
+assert (a["plan.hidden"], a["plan.ffn"], a["plan.feasible"]) == ("64", "32", "1"), a
+fwd = t["fwd_alloc"].astype(np.int64).sum(0)
+rows = [l.split("\t") for l in open(f"{d}/s.dat").read().splitlines()[1:]]
+assert [int(float(r[4])) for r in rows] == fwd.tolist(), (rows, fwd)
+PY
     run "$BIN/lrmoe-plan" --ranks 8 --plot "$T/p.pdf" -o /dev/null "$T/one.lrm"
     assert_failure 2
     assert_output "lrmoe-plan: --plot $T/p.pdf: the name must end in .svg or .png"
