@@ -33,6 +33,10 @@ void lrmoe_plan_cfg_free(lrmoe_plan_cfg_t *c);
  * option (unknown name, bad value, a value given to a flag or missing). */
 int lrmoe_plan_cfg_set(lrmoe_plan_cfg_t *c, const char *name, const char *value);
 /* Plan the per-expert loads load[E] (as lrmoe-plan does for one frame:
+ * the model sizes D, F, K and tokens per rank from f's tensors and
+ * attributes, or from the "weights" stream, exactly as lrmoe-plan takes them
+ * -- an option that disagrees with f is an error, and so is an f that says
+ * nothing of F with no "ffn" or "weights" set (lrmoe(7), MODEL SIZES);
  * lrmoe_plan_compute, lrmoe_plan_check) and put the plan into f with
  * lrmoe_plan_to_frame (tensors placement, fwd_alloc, quota, bwd_alloc and
  * the plan.* attributes). Like lrmoe-plan, c keeps deployed EPLB's layout

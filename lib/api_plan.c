@@ -47,6 +47,7 @@ void lrmoe_plan_cfg_free(lrmoe_plan_cfg_t *c)
     if (!c)
         return;
     lrmoe_eplb_cache_free(c->eplb);
+    lrmoe_plan_cli_free(&c->cli);
     free(c);
 }
 
@@ -83,7 +84,11 @@ int lrmoe_plan_cfg_set(lrmoe_plan_cfg_t *c, const char *name, const char *value)
         c->o.nrates = 1;
         c->o.rates[0] = d;
         return 0;
-    default: return lrmoe_plan_cli_opt(&c->cli, op->val, value) < 0 ? -1 : 0;
+    default:
+        if (lrmoe_plan_cli_opt(&c->cli, op->val, value) < 0)
+            return -1;
+        /* --weights is opened here, so a bad one fails at the set */
+        return op->val == LRMOE_PLAN_OPT_WEIGHTS ? lrmoe_plan_cli_load(&c->cli) : 0;
     }
 }
 
@@ -98,7 +103,8 @@ int lrmoe_plan_cfg_run(lrmoe_plan_cfg_t *c, const int64_t *load, int E, lrmoe_fr
         return -1;
     lrmoe_plan_t p;
     lrmoe_plan_init(&p);
-    int rc = lrmoe_plan_frame(&o, c->eplb, load, E, f, &p);
+    /* as lrmoe-plan: the model sizes from f, then the plan */
+    int rc = lrmoe_plan_cli_plan(&cli, c->eplb, load, E, f, &p, NULL);
     lrmoe_plan_free(&p);
     return rc;
 }

@@ -1,4 +1,6 @@
 /* diff: frames compared tensor by tensor (see diff.h). */
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +126,45 @@ static int lookup(const name_ix_t *k, int n, const char *name)
     return h ? h->idx : -1;
 }
 
+/* s as a whole number (decimal, no hex, no surrounding space): 1 with *v,
+ * *iv and *is_int (an integer that fits int64), else 0 */
+static int as_number(const char *s, double *v, int64_t *iv, int *is_int)
+{
+    if (!*s || isspace((unsigned char)*s) || strpbrk(s, "xX"))
+        return 0;
+    char *end;
+    errno = 0;
+    long long i = strtoll(s, &end, 10);
+    *is_int = !*end && errno == 0;
+    *iv = i;
+    *v = strtod(s, &end);
+    return !*end;
+}
+
+int lrmoe_diff_attr(const char *a, const char *b, double atol, double rtol)
+{
+    if (!strcmp(a, b))
+        return 1;
+    double x, y;
+    int64_t ix, iy;
+    int ia, ib;
+    if (!as_number(a, &x, &ix, &ia) || !as_number(b, &y, &iy, &ib))
+        return 0;
+    lrmoe_diff_t d;
+    memset(&d, 0, sizeof d);
+    d.first = -1;
+    if (ia && ib) { /* exact as integers (2^53 + 1 is not 2^53) */
+        if (ix == iy)
+            return 1;
+        double ad = ix > iy ? (double)((uint64_t)ix - (uint64_t)iy)
+                            : (double)((uint64_t)iy - (uint64_t)ix);
+        pair_int(&d, 0, ad, fabs((double)iy), atol, rtol);
+    } else {
+        pair_f64(&d, 0, x, y, atol, rtol);
+    }
+    return d.ndiff == 0;
+}
+
 int64_t lrmoe_diff_frames(const lrmoe_frame_t *a, const lrmoe_frame_t *b, double atol, double rtol,
                           lrmoe_diff_fn fn, void *ctx)
 {
@@ -139,7 +180,7 @@ int64_t lrmoe_diff_frames(const lrmoe_frame_t *a, const lrmoe_frame_t *b, double
     lrmoe_diff_item_t it;
     for (int i = 0; i < a->nattrs && !rc; i++) {
         int j = lookup(kb, nb, a->keys[i]);
-        if (j >= 0 && !strcmp(a->vals[i], b->vals[j])) continue;
+        if (j >= 0 && lrmoe_diff_attr(a->vals[i], b->vals[j], atol, rtol)) continue;
         it = (lrmoe_diff_item_t){j < 0 ? LRMOE_DIFF_ATTR_ONLY_A : LRMOE_DIFF_ATTR_VALUE,
                                  a->keys[i], a->vals[i], j < 0 ? NULL : b->vals[j], NULL, NULL, NULL};
         ndiff++;

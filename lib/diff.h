@@ -27,6 +27,12 @@ typedef struct {
 int lrmoe_diff_tensor(const lrmoe_tensor_t *a, const lrmoe_tensor_t *b, double atol, double rtol,
                       lrmoe_diff_t *d);
 
+/* Two attribute values: 1 the same, 0 different. Values that both read
+ * whole as decimal numbers are compared as numbers, with the rule above
+ * (integers that fit int64 exactly, so "1" is "1.000000" and "1e3" is
+ * "1000"); anything else as text. */
+int lrmoe_diff_attr(const char *a, const char *b, double atol, double rtol);
+
 typedef enum {
     LRMOE_DIFF_ATTR_ONLY_A, LRMOE_DIFF_ATTR_ONLY_B, LRMOE_DIFF_ATTR_VALUE,
     LRMOE_DIFF_TENSOR_ONLY_A, LRMOE_DIFF_TENSOR_ONLY_B,

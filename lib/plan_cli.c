@@ -10,6 +10,37 @@ void lrmoe_plan_cli_init(lrmoe_plan_cli_t *c, lrmoe_plan_opts_t *o)
     c->o = o;
     c->gpu = c->resident = -1;
     c->set_D = c->set_F = c->set_K = c->set_T = c->set_dtype = 0;
+    c->weights_path = NULL;
+    c->w = NULL;
+    memset(&c->wmap, 0, sizeof c->wmap);
+}
+
+void lrmoe_plan_cli_free(lrmoe_plan_cli_t *c)
+{
+    if (!c->w)
+        return;
+    if (c->wmap.base)
+        lrmoe_weights_unmap(c->w, &c->wmap);
+    else
+        lrmoe_weights_free(c->w);
+    free(c->w);
+    c->w = NULL;
+}
+
+int lrmoe_plan_cli_load(lrmoe_plan_cli_t *c)
+{
+    if (!c->weights_path || c->w)
+        return 0;
+    lrmoe_weights_t *w = calloc(1, sizeof *w);
+    if (!w)
+        return lrmoe_err("out of memory");
+    if (!lrmoe_weights_map(c->weights_path, w, &c->wmap) &&
+        lrmoe_weights_load(c->weights_path, w) < 0) {
+        free(w);
+        return lrmoe_err_prefix("--weights %s", c->weights_path);
+    }
+    c->w = w;
+    return 0;
 }
 
 /* r, the result of parsing into *v, and *v into *out when it parsed (v is
@@ -67,6 +98,11 @@ int lrmoe_plan_cli_opt(lrmoe_plan_cli_t *c, int ch, const char *arg)
         r = lrmoe_parse_i64("--tokens", arg, 0, INT64_C(1) << 40, &o->cost.tokens);
         c->set_T = 1;
         break;
+    case LRMOE_PLAN_OPT_WEIGHTS:
+        lrmoe_plan_cli_free(c); /* a second --weights replaces the first */
+        c->weights_path = arg;
+        r = 0;
+        break;
     case LRMOE_PLAN_OPT_DTYPE: {
         lrmoe_dtype_t dt;
         r = lrmoe_dtype_parse(arg, &dt);
@@ -101,7 +137,7 @@ int lrmoe_plan_cli_finish(lrmoe_plan_cli_t *c)
 /* One size a frame may say: the first of its sources that is there. */
 typedef struct {
     int64_t v;          /* 0: the frame does not say */
-    char from[96];      /* "saved_gate [512,4,128]", "attribute ffn" */
+    char from[640];     /* "saved_gate [512,4,128]", "attribute ffn=16" */
 } said_t;
 
 /* tensor `name` of ndim dimensions: its dimension `dim` */
@@ -125,7 +161,8 @@ static void from_attr(said_t *s, const lrmoe_frame_t *f, const char *key)
 }
 
 /* the option's value *opt against what the frame said: given and different
- * is an error; not given, the frame's value (or the earlier plan's hint) */
+ * is an error; not given, the frame's value (or the earlier plan's hint).
+ * 1: the frame, the option or the hint set it; 0: the default stands; -1. */
 static int settle(const char *opt, const char *sym, int given, const said_t *s,
                   const lrmoe_frame_t *f, const char *hint, int64_t *opt_v)
 {
@@ -135,12 +172,73 @@ static int settle(const char *opt, const char *sym, int given, const said_t *s,
                              "give %lld", opt, (long long)*opt_v, sym, (long long)s->v,
                              s->from, opt, (long long)s->v);
         *opt_v = s->v;
-        return 0;
+        return 1;
     }
     int64_t v;
-    if (!given && hint && lrmoe_frame_attr_i64(f, hint, &v) == 1 && v > 0 && v <= (INT64_C(1) << 40))
+    if (!given && hint && lrmoe_frame_attr_i64(f, hint, &v) == 1 && v > 0 && v <= (INT64_C(1) << 40)) {
         *opt_v = v;
+        return 1;
+    }
+    return given;
+}
+
+/* what the frame said (fr) and what its weights said (wt): two that differ
+ * are an error, else the one that said it goes into fr */
+static int merge(said_t *fr, const said_t *wt, const char *sym)
+{
+    if (!wt->v)
+        return 0;
+    if (fr->v && fr->v != wt->v)
+        return lrmoe_err("the frame says %s=%lld (%s), its weights %s=%lld (%s): the weights "
+                         "of another model?", sym, (long long)fr->v, fr->from, sym,
+                         (long long)wt->v, wt->from);
+    if (!fr->v)
+        *fr = *wt;
     return 0;
+}
+
+static void prefix(said_t *s, const char *pre)
+{
+    size_t n = strlen(pre), m = strlen(s->from);
+    if (n >= sizeof s->from)
+        n = sizeof s->from - 1;
+    if (n + m >= sizeof s->from)
+        m = sizeof s->from - 1 - n;
+    memmove(s->from + n, s->from, m);
+    memcpy(s->from, pre, n);
+    s->from[n + m] = 0;
+}
+
+/* D and F from the --weights frame of f's layer (lrmoe-exec's matching) */
+static int from_weights(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, said_t *D, said_t *F)
+{
+    int64_t layer = 0;
+    if (lrmoe_frame_attr_i64(f, "layer", &layer) < 0)
+        return lrmoe_err("attribute layer: not an integer");
+    const lrmoe_frame_t *wf = lrmoe_weights_layer(c->w, layer);
+    if (!wf)
+        return lrmoe_err("--weights %s: no frame for layer %lld", c->weights_path,
+                         (long long)layer);
+    said_t wd = {0}, wfn = {0};
+    from_tensor(&wd, wf, "w_gate", 3, 2);
+    from_tensor(&wd, wf, "w_up", 3, 2);
+    from_tensor(&wd, wf, "w_down", 3, 1);
+    from_tensor(&wfn, wf, "w_gate", 3, 1);
+    from_tensor(&wfn, wf, "w_up", 3, 1);
+    from_tensor(&wfn, wf, "w_down", 3, 2);
+    if (!wd.v || !wfn.v)
+        return lrmoe_err("--weights %s: layer %lld has no w_gate, w_up or w_down [E,F,D]",
+                         c->weights_path, (long long)layer);
+    const lrmoe_tensor_t *wg = lrmoe_frame_get(wf, "w_gate"), *tl = lrmoe_frame_get(f, "expert_load");
+    if (wg && wg->ndim == 3 && tl && tl->ndim == 1 && wg->shape[0] != tl->shape[0])
+        return lrmoe_err("expert_load has %lld experts, --weights %s layer %lld has %lld "
+                         "(w_gate): weights of another model?", (long long)tl->shape[0],
+                         c->weights_path, (long long)layer, (long long)wg->shape[0]);
+    char pre[512];
+    snprintf(pre, sizeof pre, "--weights %s layer %lld: ", c->weights_path, (long long)layer);
+    prefix(&wd, pre);
+    prefix(&wfn, pre);
+    return merge(D, &wd, "D") < 0 || merge(F, &wfn, "F") < 0 ? -1 : 0;
 }
 
 int lrmoe_plan_cli_frame(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, int P, int k_hint,
@@ -186,21 +284,39 @@ int lrmoe_plan_cli_frame(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, int 
                      (long long)K.v);
         }
     }
+    if (c->w && from_weights(c, f, &D, &F) < 0)
+        return -1;
     if (T.v && P > 0) { /* tokens per rank */
         T.v /= P;
         size_t n = strlen(T.from);
         snprintf(T.from + n, sizeof T.from - n, " over %d ranks", P);
     }
     int64_t k = m->K;
+    int fset;
     if (settle("--hidden", "D", c->set_D, &D, f, "plan.hidden", &m->D) < 0 ||
-        settle("--ffn", "F", c->set_F, &F, f, "plan.ffn", &m->F) < 0 ||
+        (fset = settle("--ffn", "F", c->set_F, &F, f, "plan.ffn", &m->F)) < 0 ||
         settle("--topk", "K", c->set_K, &K, f, "plan.topk", &k) < 0 ||
         settle("--tokens", "tokens per rank", c->set_T, &T, f, "plan.tokens_per_rank",
                &m->tokens) < 0)
         return -1;
+    if (!fset) /* F decides every replica's memory: never assumed */
+        return lrmoe_err("the frame says nothing of the expert FFN width F (no saved_gate, "
+                         "saved_up, w_gate, w_up, w_down or attribute ffn): give --ffn F or "
+                         "--weights FILE (the weights stream of the model)");
     m->K = (int)k;
     const lrmoe_tensor_t *hd = lrmoe_frame_get(f, "hidden");
     if (hd && hd->ndim == 2 && !c->set_dtype)
         m->dtype_bytes = (int)lrmoe_dtype_size(hd->dtype);
     return 0;
+}
+
+int lrmoe_plan_cli_plan(const lrmoe_plan_cli_t *c, lrmoe_eplb_cache_t *eplb, const int64_t *load,
+                        int E, lrmoe_frame_t *f, lrmoe_plan_t *p, lrmoe_plan_opts_t *used)
+{
+    lrmoe_plan_opts_t o = *c->o;
+    if (lrmoe_plan_cli_frame(c, f, o.P, 0, &o.cost) < 0)
+        return -1;
+    if (used)
+        *used = o;
+    return lrmoe_plan_frame(&o, eplb, load, E, f, p);
 }

@@ -9,6 +9,7 @@
 #define LRMOE_PLAN_CLI_H
 
 #include "plan.h"
+#include "weights_map.h"
 
 enum {
     LRMOE_PLAN_OPT_LAMBDA = 0x2001,
@@ -25,6 +26,7 @@ enum {
     LRMOE_PLAN_OPT_MIN_KEEP,
     LRMOE_PLAN_OPT_FFN,
     LRMOE_PLAN_OPT_TOKENS,
+    LRMOE_PLAN_OPT_WEIGHTS,
     LRMOE_PLAN_OPT_END /* the tools' own long-only options start here */
 };
 
@@ -56,6 +58,7 @@ enum {
     {"ffn", required_argument, 0, LRMOE_PLAN_OPT_FFN},                      \
     {"topk", required_argument, 0, 'k'},                                    \
     {"tokens", required_argument, 0, LRMOE_PLAN_OPT_TOKENS},                \
+    {"weights", required_argument, 0, LRMOE_PLAN_OPT_WEIGHTS},              \
     {"dtype", required_argument, 0, LRMOE_PLAN_OPT_DTYPE},                  \
     {"rebalance-every", required_argument, 0, LRMOE_PLAN_OPT_REBALANCE},    \
     {"longer-backward", no_argument, 0, LRMOE_PLAN_OPT_LONGER}
@@ -66,9 +69,15 @@ typedef struct {
     int set_D, set_F, set_K, set_T, set_dtype; /* given on the command line:
                                            a frame that says otherwise is an
                                            error (lrmoe_plan_cli_frame) */
+    const char *weights_path; /* --weights: D and F (and E) from its layer
+                                 frames; NULL: none */
+    lrmoe_weights_t *w;       /* loaded by lrmoe_plan_cli_load (owned) */
+    lrmoe_wmap_t wmap;
 } lrmoe_plan_cli_t;
 
 void lrmoe_plan_cli_init(lrmoe_plan_cli_t *c, lrmoe_plan_opts_t *o);
+/* Frees the --weights stream (copies of c share it: free one of them). */
+void lrmoe_plan_cli_free(lrmoe_plan_cli_t *c);
 /* One option: 1 = one of the shared ones, applied; 0 = not one of them;
  * -1 = a bad value (lrmoe_errmsg() says which, a usage error). */
 int lrmoe_plan_cli_opt(lrmoe_plan_cli_t *c, int ch, const char *arg);
@@ -76,6 +85,11 @@ int lrmoe_plan_cli_opt(lrmoe_plan_cli_t *c, int ch, const char *arg);
  * below gpu-mem; they set o->cost gpu_mem, resident and hbm (the budget
  * between them). 0, or -1 with the message set. */
 int lrmoe_plan_cli_finish(lrmoe_plan_cli_t *c);
+/* Open the --weights stream (if one was given and is not open yet): a raw
+ * regular file is mapped, so only the headers are read (lib/weights_map.h);
+ * anything else is read whole. 0, or -1 with the error set (an I/O error,
+ * not a usage error). */
+int lrmoe_plan_cli_load(lrmoe_plan_cli_t *c);
 
 /* The model sizes of one frame of P ranks, into m (which holds the options'
  * values): D, F, K and tokens per rank wherever the frame says them, and the
@@ -86,11 +100,26 @@ int lrmoe_plan_cli_finish(lrmoe_plan_cli_t *c);
  *   K  topk_ids [T,K]; saved_gate [T,K,F]; route.topk, topk; k_hint (> 0)
  *   T  tokens per rank: T/P of topk_ids, hidden [T,D]; sum(expert_load)/K/P
  *      when K is known
+ * With --weights (lrmoe_plan_cli_load), the weights frame of the frame's
+ * layer (attribute layer, default 0, as lrmoe-exec matches them) says D and
+ * F too (w_gate [E,F,D], w_up, w_down) and its E must be expert_load's; a
+ * frame and its weights that disagree are an error naming both.
  * An option the command line gave (c->set_*) that disagrees with the frame
  * is an error naming both (-1); where the frame does not say, the option, else
  * the plan.hidden/ffn/topk/tokens_per_rank attributes of an earlier
- * lrmoe-plan, else the default stands. c may be NULL (nothing given). */
+ * lrmoe-plan, else the default stands -- except F, which decides the memory
+ * of every replica: a frame that says nothing of F, with no --ffn, no
+ * --weights and no earlier plan.ffn, is an error saying what to give
+ * (lrmoe(7), MODEL SIZES). c may be NULL (nothing given). */
 int lrmoe_plan_cli_frame(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, int P, int k_hint,
                          lrmoe_cost_model_t *m);
+
+/* One frame as lrmoe-plan plans it: c's options (c->o, after
+ * lrmoe_plan_cli_finish) with f's model sizes (lrmoe_plan_cli_frame), then
+ * lrmoe_plan_frame(load[E], f, p). The options actually used go to *used
+ * (may be NULL). lrmoe-plan and lrmoe_plan_cfg_run both plan through this.
+ * 0, or -1 with the error set. */
+int lrmoe_plan_cli_plan(const lrmoe_plan_cli_t *c, lrmoe_eplb_cache_t *eplb, const int64_t *load,
+                        int E, lrmoe_frame_t *f, lrmoe_plan_t *p, lrmoe_plan_opts_t *used);
 
 #endif

@@ -191,7 +191,7 @@ int lrmoe_plot_stacked(const char *dir, const char *name, lrmoe_plot_fmt_t fmt,
         } else {
             fprintf(fp, ", \\\n     '' index 0 using %d", s + 2);
         }
-        fprintf(fp, " lc rgb \"%s\" title ", FILL_RGB[s % NFILL]);
+        fprintf(fp, " lc rgb \"%s\" title ", o->seg_rgb ? o->seg_rgb[s] : FILL_RGB[s % NFILL]);
         put_str(fp, seg_labels[s]);
     }
     if (o->nmarks) {

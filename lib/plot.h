@@ -37,6 +37,8 @@ typedef struct {
     const double *mark_bar, *mark_y;
     const char *mark_label; /* their legend entry */
     const char *const *bar_notes; /* a label above each bar (NULL, or NULL entries) */
+    const char *const *seg_rgb;   /* "#RRGGBB" per segment (NULL: the default
+                                     palette, which has 4 colours) */
 } lrmoe_plot_opts_t;
 
 void lrmoe_plot_opts_init(lrmoe_plot_opts_t *o);

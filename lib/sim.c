@@ -36,6 +36,9 @@ static const lrmoe_sim_metric_t metrics[LRMOE_SIM_NMETRICS] = {
     [LRMOE_SIM_T_TOTAL] = {"t_total_s", "time: layer total", "ms", 1e3},
     [LRMOE_SIM_FEASIBLE] = {"feasible", "feasible", "%", 100},
     [LRMOE_SIM_PLAN_MS] = {"plan_ms", "planner wall time", "ms", 1},
+    [LRMOE_SIM_T_BWD_DISPATCH] = {"t_bwd_dispatch_s", "time: backward dispatch", "ms", 1e3},
+    [LRMOE_SIM_T_BWD_COMPUTE] = {"t_bwd_compute_s", "time: backward compute", "ms", 1e3},
+    [LRMOE_SIM_T_BWD_COMBINE] = {"t_bwd_combine_s", "time: backward combine", "ms", 1e3},
 };
 
 const lrmoe_sim_metric_t *lrmoe_sim_metric(int i)
@@ -247,6 +250,9 @@ static void row_fill(const lrmoe_plan_t *plan, const int64_t *load,
     v[LRMOE_SIM_T_TOTAL] = s.t_total;
     v[LRMOE_SIM_FEASIBLE] = plan->feasible ? 1 : 0;
     v[LRMOE_SIM_PLAN_MS] = plan->plan_seconds * 1e3;
+    v[LRMOE_SIM_T_BWD_DISPATCH] = s.t_bwd_dispatch;
+    v[LRMOE_SIM_T_BWD_COMPUTE] = s.t_bwd_compute;
+    v[LRMOE_SIM_T_BWD_COMBINE] = s.t_bwd_combine;
 }
 
 int lrmoe_sim_row_from_plan(const lrmoe_cost_model_t *m, const lrmoe_plan_t *plan,

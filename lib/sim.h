@@ -64,6 +64,10 @@ enum {
     LRMOE_SIM_T_TOTAL,      /* forward + backward layer time (s) */
     LRMOE_SIM_FEASIBLE,     /* 1 fits hbm and window, else 0 */
     LRMOE_SIM_PLAN_MS,      /* wall time of lrmoe_plan_compute (ms) */
+    LRMOE_SIM_T_BWD_DISPATCH, /* backward only: dispatch all-to-all (s) */
+    LRMOE_SIM_T_BWD_COMPUTE,  /* backward only: expert GEMMs (s) */
+    LRMOE_SIM_T_BWD_COMBINE,  /* backward only: combine all-to-all (s);
+                                 forward = T_DISPATCH etc. minus these */
     LRMOE_SIM_NMETRICS
 };
 
@@ -232,12 +236,39 @@ int lrmoe_sim_have_gnuplot(void);
  * on stderr. 0 or -1. */
 int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t *c,
                     const lrmoe_sim_acc_t *a, const lrmoe_sim_worst_t *w);
-/* lrmoe-plan --plot FILE: replay the trace at path (a file: it is read
- * again by the caller) through fixed, llep, eplb and lrmoe with cli's
- * options and draw the per-rank load of its worst plain-EP frame before
- * and after each (lrmoe_sim_plots' load figure) as FILE, which ends in .svg
- * or .png; FILE's .gp and .dat are left beside it. 0, or -1 with error. */
-int lrmoe_sim_plot_trace(const char *path, const lrmoe_plan_cli_t *cli, const char *file);
+/* The loads and model sizes of the frames lrmoe-plan planned, kept in
+ * memory (E int64 per frame) for lrmoe-plan --plot: the figure needs no
+ * second read of the trace, so the trace may come from a pipe. */
+typedef struct {
+    int64_t index;
+    char layer[32], step[32];   /* as lrmoe-sim's TSV shows them ("NA") */
+    char *layer_key;            /* the attribute layer (EPLB's key), or NULL */
+    int E;
+    int64_t *load;              /* (E) */
+    lrmoe_cost_model_t cost;    /* the frame's model sizes as planned */
+} lrmoe_sim_trace_frame_t;
+
+typedef struct {
+    int64_t n, cap;
+    lrmoe_sim_trace_frame_t *f;
+} lrmoe_sim_trace_t;
+
+/* Append frame index of f: a copy of load[E], its layer and step, and the
+ * cost model it was planned with. 0 or -1 (out of memory). */
+int lrmoe_sim_trace_add(lrmoe_sim_trace_t *t, int64_t index, const lrmoe_frame_t *f,
+                        const int64_t *load, int E, const lrmoe_cost_model_t *m);
+void lrmoe_sim_trace_free(lrmoe_sim_trace_t *t);
+
+/* lrmoe-plan --plot FILE: replay the frames of t through fixed, llep, eplb
+ * and lrmoe with cli's options (each frame with its own model sizes) and
+ * draw the per-rank load of its worst plain-EP frame before and after each
+ * (lrmoe_sim_plots' load figure) as FILE, which ends in .svg or .png;
+ * FILE's .gp and .dat are left beside it. 0, or -1 with error. */
+int lrmoe_sim_plot_trace(const lrmoe_sim_trace_t *t, const lrmoe_plan_cli_t *cli,
+                         const char *file);
+/* lrmoe_sim_plot_trace's checks of FILE, before any frame is read:
+ * the extension, gnuplot on PATH. 0, or -1 with error. */
+int lrmoe_sim_plot_check(const char *file);
 
 /* ---------------------------------------------------------- reports */
 

@@ -322,25 +322,36 @@ int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t
         if (r < 0)
             return -1;
     }
-    /* 3. latency (Figure 8): forward, backward on its own, replica weights */
+    /* 3. latency (Figure 8): dispatch, compute and combine of the forward,
+     * then of the backward on its own, then the replica weights */
     {
-        static const char *seg[] = {"forward: dispatch + compute + combine",
-                                    "backward: dispatch + compute + combine",
-                                    "replica weights out, gradients back"};
-        double v[LRMOE_SIM_MAX_PLANNERS * 3];
+        enum { NSEG = 7 };
+        static const char *seg[NSEG] = {"forward: dispatch", "forward: compute",
+                                        "forward: combine", "backward: dispatch",
+                                        "backward: compute", "backward: combine",
+                                        "replica weights out, gradients back"};
+        /* forward blues, backward oranges, each dark to light; weights grey */
+        static const char *rgb[NSEG] = {"#08306B", "#4292C6", "#C6DBEF", "#7F2704",
+                                        "#F16913", "#FDD0A2", "#737373"};
+        static const int both[3] = {LRMOE_SIM_T_DISPATCH, LRMOE_SIM_T_COMPUTE,
+                                    LRMOE_SIM_T_COMBINE};
+        static const int bwd[3] = {LRMOE_SIM_T_BWD_DISPATCH, LRMOE_SIM_T_BWD_COMPUTE,
+                                   LRMOE_SIM_T_BWD_COMBINE};
+        double v[LRMOE_SIM_MAX_PLANNERS * NSEG];
         char (*bn)[64] = calloc((size_t)np, sizeof *bn);
         const char *bnp[LRMOE_SIM_MAX_PLANNERS];
         if (!bn)
             return lrmoe_err("out of memory");
         for (int j = 0; j < np; j++) {
-            double parts = lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_DISPATCH) +
-                           lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_COMPUTE) +
-                           lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_COMBINE);
-            double bwd = lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_BWD);
-            v[j * 3] = (parts - bwd) * 1e3;
-            v[j * 3 + 1] = bwd * 1e3;
-            v[j * 3 + 2] = lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_WEIGHTS) * 1e3;
-            snprintf(bn[j], 64, "backward %.3g ms", bwd * 1e3);
+            double tb = 0;
+            for (int s = 0; s < 3; s++) {
+                double b = lrmoe_sim_acc_mean(a, j, bwd[s]);
+                v[j * NSEG + s] = (lrmoe_sim_acc_mean(a, j, both[s]) - b) * 1e3;
+                v[j * NSEG + 3 + s] = b * 1e3;
+                tb += b;
+            }
+            v[j * NSEG + 6] = lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_WEIGHTS) * 1e3;
+            snprintf(bn[j], 64, "backward %.3g ms", tb * 1e3);
             bnp[j] = bn[j];
         }
         snprintf(title, sizeof title,
@@ -349,8 +360,9 @@ int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t
         o.title = title;
         o.ylabel = "ms (modelled)";
         o.bar_notes = bnp;
+        o.seg_rgb = rgb;
         o.note = "each part: the slowest rank of each stage (bulk-synchronous, lrmoe-sim(1))";
-        int r = lrmoe_plot_stacked(dir, "latency", fmt, &o, np, labels, 3, seg, v);
+        int r = lrmoe_plot_stacked(dir, "latency", fmt, &o, np, labels, NSEG, seg, v);
         free(bn);
         if (r < 0)
             return -1;
@@ -392,33 +404,93 @@ int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t
     return 0;
 }
 
-int lrmoe_sim_plot_trace(const char *path, const lrmoe_plan_cli_t *cli, const char *file)
+/* FILE of --plot split into dir, name and format */
+static int plot_file(const char *file, char *dir, size_t dlen, char *name, size_t nlen,
+                     lrmoe_plot_fmt_t *fmt)
 {
-    if (!path || !strcmp(path, "-"))
-        return lrmoe_err("the trace is read once more for the figure: name it as a FILE "
-                         "argument, not standard input");
     size_t fl = strlen(file);
-    lrmoe_plot_fmt_t fmt;
     if (fl > 4 && !strcmp(file + fl - 4, ".svg"))
-        fmt = LRMOE_PLOT_SVG;
+        *fmt = LRMOE_PLOT_SVG;
     else if (fl > 4 && !strcmp(file + fl - 4, ".png"))
-        fmt = LRMOE_PLOT_PNG;
+        *fmt = LRMOE_PLOT_PNG;
     else
         return lrmoe_err("the name must end in .svg or .png");
-    if (!lrmoe_plot_have_gnuplot())
-        return lrmoe_err("gnuplot not found in PATH (Debian: apt-get install gnuplot-nox)");
-    char dir[4096], name[1024];
     const char *slash = strrchr(file, '/');
-    if (slash && (size_t)(slash - file) >= sizeof dir)
+    if (slash && (size_t)(slash - file) >= dlen)
         return lrmoe_err("path too long");
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - file) : 1, slash ? file : ".");
+    snprintf(dir, dlen, "%.*s", slash ? (int)(slash - file) : 1, slash ? file : ".");
     if (slash && slash == file)
-        snprintf(dir, sizeof dir, "/");
+        snprintf(dir, dlen, "/");
     const char *base = slash ? slash + 1 : file;
-    snprintf(name, sizeof name, "%.*s", (int)(strlen(base) - 4), base);
+    snprintf(name, nlen, "%.*s", (int)(strlen(base) - 4), base);
     if (!*name)
         return lrmoe_err("no name before the extension");
+    return 0;
+}
 
+int lrmoe_sim_plot_check(const char *file)
+{
+    char dir[4096], name[1024];
+    lrmoe_plot_fmt_t fmt;
+    if (plot_file(file, dir, sizeof dir, name, sizeof name, &fmt) < 0)
+        return -1;
+    if (!lrmoe_plot_have_gnuplot())
+        return lrmoe_err("gnuplot not found in PATH (Debian: apt-get install gnuplot-nox)");
+    return 0;
+}
+
+int lrmoe_sim_trace_add(lrmoe_sim_trace_t *t, int64_t index, const lrmoe_frame_t *f,
+                        const int64_t *load, int E, const lrmoe_cost_model_t *m)
+{
+    if (t->n == t->cap) {
+        int64_t cap = t->cap ? 2 * t->cap : 64;
+        lrmoe_sim_trace_frame_t *n = realloc(t->f, (size_t)cap * sizeof *n);
+        if (!n)
+            return lrmoe_err("out of memory");
+        t->f = n;
+        t->cap = cap;
+    }
+    lrmoe_sim_trace_frame_t *r = &t->f[t->n];
+    memset(r, 0, sizeof *r);
+    const char *key = lrmoe_frame_attr(f, "layer");
+    r->load = malloc((size_t)E * sizeof *r->load);
+    if (!r->load || (key && !(r->layer_key = strdup(key)))) {
+        free(r->load);
+        return lrmoe_err("out of memory");
+    }
+    memcpy(r->load, load, (size_t)E * sizeof *load);
+    r->index = index;
+    r->E = E;
+    r->cost = *m;
+    copy_attr(r->layer, sizeof r->layer, f, "layer");
+    copy_attr(r->step, sizeof r->step, f, "step");
+    t->n++;
+    return 0;
+}
+
+void lrmoe_sim_trace_free(lrmoe_sim_trace_t *t)
+{
+    for (int64_t i = 0; i < t->n; i++) {
+        free(t->f[i].load);
+        free(t->f[i].layer_key);
+    }
+    free(t->f);
+    memset(t, 0, sizeof *t);
+}
+
+static int sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, const lrmoe_sim_trace_t *tr,
+                   lrmoe_sim_result_t *out);
+
+int lrmoe_sim_plot_trace(const lrmoe_sim_trace_t *t, const lrmoe_plan_cli_t *cli,
+                         const char *file)
+{
+    char dir[4096], name[1024];
+    lrmoe_plot_fmt_t fmt;
+    if (lrmoe_sim_plot_check(file) < 0 ||
+        plot_file(file, dir, sizeof dir, name, sizeof name, &fmt) < 0)
+        return -1;
+    if (t->n == 0)
+        return lrmoe_err("no frames were planned");
     lrmoe_sim_cfg_t *c = calloc(1, sizeof *c);
     if (!c)
         return lrmoe_err("out of memory");
@@ -431,16 +503,10 @@ int lrmoe_sim_plot_trace(const char *path, const lrmoe_plan_cli_t *cli, const ch
     c->np = lrmoe_sim_parse_planners("fixed,llep,eplb,lrmoe", &c->base, c->pl,
                                      LRMOE_SIM_MAX_PLANNERS);
     int rc = c->np < 0 ? -1 : 0;
-    lrmoe_reader_t *rd = rc ? NULL : lrmoe_reader_open(path);
     lrmoe_sim_result_t res;
     memset(&res, 0, sizeof res);
-    if (!rc && !rd)
-        rc = -1;
     if (!rc)
-        rc = lrmoe_sim_run(c, rd, &res);
-    lrmoe_reader_close(rd);
-    if (!rc && res.frames == 0)
-        rc = lrmoe_err("%s: no frames", path);
+        rc = sim_run(c, NULL, t, &res);
     if (!rc) {
         char title[512];
         worst_title(title, sizeof title, &res.worst);
@@ -462,6 +528,30 @@ static void free_items(item_t *items, int n)
 }
 
 int lrmoe_sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, lrmoe_sim_result_t *out)
+{
+    return sim_run(c, rd, NULL, out);
+}
+
+/* One frame of the trace tr as a batch item: its loads, its model sizes. */
+static int item_from_trace(const lrmoe_sim_cfg_t *c, const lrmoe_sim_trace_frame_t *tf,
+                           item_t *it)
+{
+    if (!(it->load = malloc((size_t)tf->E * sizeof *it->load)))
+        return lrmoe_err("out of memory");
+    memcpy(it->load, tf->load, (size_t)tf->E * sizeof *it->load);
+    it->index = tf->index;
+    memcpy(it->layer, tf->layer, sizeof it->layer);
+    memcpy(it->step, tf->step, sizeof it->step);
+    it->E = tf->E;
+    it->K = tf->cost.K;
+    it->o = c->base;
+    it->o.cost = tf->cost;
+    return 0;
+}
+
+/* lrmoe_sim_run over the frames of rd, or of the kept trace tr */
+static int sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, const lrmoe_sim_trace_t *tr,
+                   lrmoe_sim_result_t *out)
 {
     const lrmoe_sim_cfg_t *cp = c;
     const int jobs = c->jobs > 0 ? c->jobs : 1;
@@ -508,22 +598,37 @@ int lrmoe_sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, lrmoe_sim_result
         /* read a batch: only the loads are kept, the frames are dropped */
         int n = 0;
         while (n < B && (max_frames < 0 || nframes + n < max_frames)) {
-            int r = lrmoe_reader_next(rd, &f);
-            if (r < 0) {
-                rc = -1;
-                break;
-            }
-            if (r == 0) {
-                eof = 1;
-                break;
-            }
             item_t *it = &items[n];
-            it->index = nframes + n;
-            copy_attr(it->layer, sizeof it->layer, &f, "layer");
-            copy_attr(it->step, sizeof it->step, &f, "step");
-            if (lrmoe_sim_frame_load(&f, c->experts, &it->load, &it->E, &it->K) < 0) {
-                rc = lrmoe_err_prefix("frame %lld", (long long)it->index);
-                break;
+            const char *layer_key;
+            if (tr) {
+                if (nframes + n >= tr->n) {
+                    eof = 1;
+                    break;
+                }
+                const lrmoe_sim_trace_frame_t *tf = &tr->f[nframes + n];
+                if (item_from_trace(c, tf, it) < 0) {
+                    rc = -1;
+                    break;
+                }
+                layer_key = tf->layer_key;
+            } else {
+                int r = lrmoe_reader_next(rd, &f);
+                if (r < 0) {
+                    rc = -1;
+                    break;
+                }
+                if (r == 0) {
+                    eof = 1;
+                    break;
+                }
+                it->index = nframes + n;
+                copy_attr(it->layer, sizeof it->layer, &f, "layer");
+                copy_attr(it->step, sizeof it->step, &f, "step");
+                if (lrmoe_sim_frame_load(&f, c->experts, &it->load, &it->E, &it->K) < 0) {
+                    rc = lrmoe_err_prefix("frame %lld", (long long)it->index);
+                    break;
+                }
+                layer_key = lrmoe_frame_attr(&f, "layer");
             }
             if (it->E % P) {
                 rc = lrmoe_err("frame %lld: %d ranks do not divide %d experts",
@@ -532,14 +637,14 @@ int lrmoe_sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, lrmoe_sim_result
                 it->load = NULL;
                 break;
             }
-            if (E0 < 0)
-                E0 = it->E;
-            if (frame_opts(c, &f, it->K, &it->o) < 0) {
+            if (!tr && frame_opts(c, &f, it->K, &it->o) < 0) {
                 rc = lrmoe_err_prefix("frame %lld", (long long)it->index);
                 free(it->load);
                 it->load = NULL;
                 break;
             }
+            if (E0 < 0)
+                E0 = it->E;
             if (!have_model) {
                 out->model = it->o.cost;
                 have_model = 1;
@@ -552,7 +657,7 @@ int lrmoe_sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, lrmoe_sim_result
             if (eplb) {
                 const lrmoe_eplb_layout_t *lay;
                 if (lrmoe_plan_opts_check(&it->o, it->E) < 0 ||
-                    lrmoe_eplb_step(eplb, lrmoe_frame_attr(&f, "layer"), &it->o, it->load,
+                    lrmoe_eplb_step(eplb, layer_key, &it->o, it->load,
                                     it->E, &lay) < 0 ||
                     lrmoe_eplb_layout_copy(&it->lay, lay) < 0) {
                     rc = lrmoe_err_prefix("frame %lld", (long long)it->index);

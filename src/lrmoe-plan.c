@@ -48,8 +48,9 @@ static void usage(FILE *fp)
         "Model sizes, for frames that do not say them (lrmoe(7); an option that\n"
         "disagrees with a frame is an error):\n"
         "  -D, --hidden D        hidden size (default 2048; frames: hidden [T,D])\n"
-        "      --ffn F           expert FFN width (default 768; frames: saved_gate\n"
-        "                        [T,K,F], attribute ffn)\n"
+        "      --ffn F           expert FFN width (no default: frames say it with\n"
+        "                        saved_gate [T,K,F] or the attribute ffn)\n"
+        "      --weights FILE    D and F from the model's weights stream (lrmoe-exec's)\n"
         "  -k, --topk K          top-k (default 8; frames: topk_ids [T,K], route.topk)\n"
         "      --tokens T        tokens per rank (default 32768; frames: T/P)\n"
         "      --dtype NAME      storage dtype (default: of hidden, else BF16)\n"
@@ -57,7 +58,7 @@ static void usage(FILE *fp)
         "                        stderr when the stream goes there)\n"
         "      --plot FILE       draw pairs per rank before and after fixed, llep, eplb\n"
         "                        and lrmoe on the trace's worst frame (FILE.svg or .png;\n"
-        "                        gnuplot; the trace must be a FILE argument)\n"
+        "                        gnuplot; the loads are kept, so stdin works)\n"
         "BYTES: a number and a unit in any case: K, M, G, T or KiB, MiB, GiB, TiB are\n"
         "powers of 1024 (16g = 16GiB), KB, MB, GB, TB powers of 1000 (lrmoe(7)).\n"
         "Stream options:\n"
@@ -75,6 +76,7 @@ typedef struct {
     lrmoe_plan_cli_t cli; /* the options shared with lrmoe-sim */
     lrmoe_eplb_cache_t *eplb; /* deployed EPLB's layout per layer */
     FILE *stats;
+    lrmoe_sim_trace_t *trace; /* --plot: the planned frames' loads */
 } ctx_t;
 
 static void attr_or_na(FILE *fp, const lrmoe_frame_t *f, const char *key)
@@ -86,7 +88,7 @@ static void attr_or_na(FILE *fp, const lrmoe_frame_t *f, const char *key)
 static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
 {
     ctx_t *c = arg;
-    lrmoe_plan_opts_t o = c->o;
+    lrmoe_plan_opts_t o;
     lrmoe_tensor_t *tl = lrmoe_frame_need(f, "expert_load");
     if (!tl)
         return -1;
@@ -100,15 +102,16 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
     if (lg && (lg->ndim != 2 || lg->shape[1] != E))
         return lrmoe_err("expert_load: %d experts, router_logits is %s", E,
                          lrmoe_shape_str(lg, b2, sizeof b2));
-    /* model sizes from the frame; a given option must agree with it */
-    if (lrmoe_plan_cli_frame(&c->cli, f, o.P, 0, &o.cost) < 0)
-        return -1;
     int64_t *load = lrmoe_tensor_i64(tl);
     if (!load)
         return -1;
     lrmoe_plan_t p;
     lrmoe_plan_init(&p);
-    int rc = lrmoe_plan_frame(&o, c->eplb, load, E, f, &p);
+    /* model sizes from the frame (a given option must agree), then the plan */
+    o.P = 0;
+    int rc = lrmoe_plan_cli_plan(&c->cli, c->eplb, load, E, f, &p, &o);
+    if (c->trace && o.P > 0 && lrmoe_sim_trace_add(c->trace, index, f, load, E, &o.cost) < 0)
+        rc = -1;
     if (rc == 0 && c->stats) {
         FILE *fp = c->stats;
         const double G = 1024.0 * 1024.0 * 1024.0;
@@ -222,10 +225,16 @@ int main(int argc, char **argv)
                          "\tfeasible\tplan_ms\tsolver_ms\tbinding\thidden\tffn\ttopk"
                          "\ttokens_per_rank\tsource\tllep\tplan_cpu_ms\n");
     }
-    if (plot_path && lrmoe_sim_plot_trace(in, &c.cli, plot_path) < 0) {
+    if (plot_path && lrmoe_sim_plot_check(plot_path) < 0) {
         fprintf(stderr, "lrmoe-plan: --plot %s: %s\n", plot_path, lrmoe_errmsg());
+        return 2;
+    }
+    if (lrmoe_plan_cli_load(&c.cli) < 0) {
+        fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
         return 1;
     }
+    lrmoe_sim_trace_t trace = {0};
+    c.trace = plot_path ? &trace : NULL;
     if (!(c.eplb = lrmoe_eplb_cache_new())) {
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
         return 1;
@@ -237,6 +246,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
         rc = 1;
     }
+    /* the figure of the frames planned, also when a later one failed */
+    if (plot_path && (trace.n || !rc) && lrmoe_sim_plot_trace(&trace, &c.cli, plot_path) < 0) {
+        fprintf(stderr, "lrmoe-plan: --plot %s: %s\n", plot_path, lrmoe_errmsg());
+        rc = 1;
+    }
+    lrmoe_sim_trace_free(&trace);
+    lrmoe_plan_cli_free(&c.cli);
     lrmoe_plan_thread_cleanup();
     if (c.stats && lrmoe_stats_close(c.stats) != 0 && !rc) {
         fprintf(stderr, "lrmoe-plan: %s: ", stats_path);

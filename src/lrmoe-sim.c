@@ -62,8 +62,9 @@ static void usage(FILE *fp)
         "Model sizes, for frames that do not say them (lrmoe(7); an option that\n"
         "disagrees with a frame is an error):\n"
         "  -D, --hidden D        hidden size (default 2048; frames: hidden [T,D])\n"
-        "      --ffn F           expert FFN width (default 768; frames: saved_gate\n"
-        "                        [T,K,F], attribute ffn)\n"
+        "      --ffn F           expert FFN width (no default: frames say it with\n"
+        "                        saved_gate [T,K,F] or the attribute ffn)\n"
+        "      --weights FILE    D and F from the model's weights stream (lrmoe-exec's)\n"
         "  -k, --topk K          top-k (default 8; frames: topk_ids [T,K], route.topk);\n"
         "                        converts --pressure-base tokens into pairs\n"
         "      --tokens T        tokens per rank (default 32768; frames: T/P)\n"
@@ -213,6 +214,10 @@ int main(int argc, char **argv)
         fprintf(stderr, TOOL ": %s\n", lrmoe_errmsg());
         return 2;
     }
+    if (lrmoe_plan_cli_load(&cli) < 0) {
+        fprintf(stderr, TOOL ": %s\n", lrmoe_errmsg());
+        return 1;
+    }
     c.given = cli;
     c.P = c.base.P;
     if (c.base.nodes <= 0 || c.P % c.base.nodes) {
@@ -332,6 +337,7 @@ int main(int argc, char **argv)
         rc = 1;
     }
     lrmoe_sim_result_free(&res);
+    lrmoe_plan_cli_free(&cli);
     lrmoe_plan_thread_cleanup();
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, TOOL ": stdout: write failed\n");

@@ -135,7 +135,7 @@ no_trailer() {
     "$EXEC" --phase forward --weights "$D/w.lrm" -P 4 --no-compress "$D/in.lrm" |
         "$EXEC" --phase backward --weights "$D/w.lrm" --no-compress -o "$D/ref.lrm"
     for pl in fixed llep eplb lrmoe; do
-        run sh -c "'$BIN/lrmoe-plan' --planner $pl --ranks 4 --rates 1.0 --min-chunk 4 --no-compress '$D/in.lrm' > '$D/p.lrm'"
+        run sh -c "'$BIN/lrmoe-plan' --planner $pl --ranks 4 --rates 1.0 --min-chunk 4 --weights '$D/w.lrm' --no-compress '$D/in.lrm' > '$D/p.lrm'"
         assert_success
         "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress "$D/p.lrm" |
             "$EXEC" --phase backward --weights "$D/w.lrm" --no-compress -o "$D/$pl.lrm"

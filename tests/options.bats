@@ -73,9 +73,10 @@ PY
     # old long names are aliases of the new ones
     "$BIN/lrmoe-sim" -Q -P 2 -p fixed --tsv "$T/a.tsv" --rank-tsv "$T/ra.tsv" "$T/r.lrm" > "$T/a.txt"
     "$BIN/lrmoe-sim" -Q -P 2 -p fixed -S "$T/b.tsv" --rank-stats "$T/rb.tsv" "$T/r.lrm" > "$T/b.txt"
-    # the same rows but for the planner's wall time (plan_ms, the last column)
-    cmp <(awk -F'\t' -v OFS='\t' '{ NF--; print }' "$T/a.tsv") \
-        <(awk -F'\t' -v OFS='\t' '{ NF--; print }' "$T/b.tsv")
+    # the same rows but for the planner's wall time (plan_ms, found by name)
+    nowall() { awk -F'\t' -v OFS='\t' 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "plan_ms") k = i }
+                                      { $k = ""; print }' "$1"; }
+    cmp <(nowall "$T/a.tsv") <(nowall "$T/b.tsv")
     cmp "$T/ra.tsv" "$T/rb.tsv"
     "$BIN/lrmoe-route" --ep 2 -S "$T/ep.tsv" -o /dev/null "$T/g.lrm"
     "$BIN/lrmoe-route" -P 2 -S "$T/P.tsv" -o /dev/null "$T/g.lrm"
@@ -249,7 +250,11 @@ PY
 import sys, numpy as np, lrmoe_stream as s
 s.write_stream(sys.argv[1], [({"expert_load": np.array([40, 10, 20, 30], np.int64)}, {})])
 PY
-    "$BIN/lrmoe-plan" -P 2 -M 0 -S "$T/d.tsv" -o /dev/null "$T/load.lrm"
+    # F is never assumed (it decides every replica's memory): refused, naming the ways out
+    run "$BIN/lrmoe-plan" -P 2 -M 0 -o /dev/null "$T/load.lrm"
+    assert_failure 1
+    assert_output "lrmoe-plan: frame 0: the frame says nothing of the expert FFN width F (no saved_gate, saved_up, w_gate, w_up, w_down or attribute ffn): give --ffn F or --weights FILE (the weights stream of the model)"
+    "$BIN/lrmoe-plan" -P 2 -M 0 --ffn 768 -S "$T/d.tsv" -o /dev/null "$T/load.lrm"
     "$BIN/lrmoe-plan" -P 2 -M 0 --ffn 64 -k 4 --tokens 12 -S "$T/o.tsv" -o /dev/null "$T/load.lrm"
     [ "$(col "$T/d.tsv" ffn)" = 768 ] && [ "$(col "$T/o.tsv" ffn)" = 64 ]
     [ "$(col "$T/d.tsv" topk)" = 8 ] && [ "$(col "$T/o.tsv" topk)" = 4 ]
@@ -260,12 +265,12 @@ PY
 import sys, numpy as np, lrmoe_stream as s
 s.write_stream(sys.argv[1], [({"expert_load": np.array([40, 10, 20, 30], np.int64)}, {"route.topk": "2"})])
 PY
-    "$BIN/lrmoe-plan" -P 2 -M 0 -S "$T/k.tsv" -o /dev/null "$T/k.lrm"
+    "$BIN/lrmoe-plan" -P 2 -M 0 --ffn 768 -S "$T/k.tsv" -o /dev/null "$T/k.lrm"
     [ "$(col "$T/k.tsv" topk)" = 2 ]
     [ "$(col "$T/k.tsv" tokens_per_rank)" = 25 ]
     # lrmoe-sim: --topk scales --pressure-base on such a frame
-    "$BIN/lrmoe-sim" -Q -P 2 -p fixed -x 1,4 --pressure-base 25 -k 2 "$T/load.lrm" > "$T/k2.txt"
-    "$BIN/lrmoe-sim" -Q -P 2 -p fixed -x 1,4 --pressure-base 25 -k 8 "$T/load.lrm" > "$T/k8.txt"
+    "$BIN/lrmoe-sim" -Q -P 2 -p fixed -x 1,4 --pressure-base 25 -k 2 --ffn 768 "$T/load.lrm" > "$T/k2.txt"
+    "$BIN/lrmoe-sim" -Q -P 2 -p fixed -x 1,4 --pressure-base 25 -k 8 --ffn 768 "$T/load.lrm" > "$T/k8.txt"
     ! cmp -s <(sed '/wall time/,+1d' "$T/k2.txt") <(sed '/wall time/,+1d' "$T/k8.txt")
 }
 

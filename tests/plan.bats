@@ -167,7 +167,7 @@ for i in range(6):
     w = 1.0 / np.arange(1, 129) ** 1.2
     rng.shuffle(w)
     fr.append(({"expert_load": rng.multinomial(262144, w / w.sum()).astype(np.int64)},
-               {"layer": "7", "step": str(i)}))
+               {"layer": "7", "step": str(i), "ffn": "768"}))
 write_stream(sys.argv[1], fr)
 EOF
     attrs() { python3 -c "
@@ -386,16 +386,16 @@ EOF
     run awk -F'\t' 'END { print NR, NF } NR == 1 { print $1, $4, $9, $14, $23, $24, $25, $26, $27, $28 }' "$T/s.tsv"
     assert_output "$(printf 'frame planner fwd_peak peak_over_mean binding hidden ffn topk tokens_per_rank source\n6 30')"
     # the model sizes the plan was made with, in the TSV and as attributes
-    run "$BIN/lrmoe-plan" -P 8 -M 0 -D 7168 --ffn 2048 --topk 6 --tokens 4096 -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
+    run "$BIN/lrmoe-plan" -P 8 -M 0 -D 7168 --ffn 768 --topk 6 --tokens 4096 -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"
     assert_success
     run awk -F'\t' 'NR == 2 { print $24, $25, $26, $27 }' "$T/s.tsv"
-    assert_output "7168 2048 6 4096"
+    assert_output "7168 768 6 4096"
     run python3 -c "
 import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers')
 from lrmoe_stream import read_stream
 t, a = read_stream('$T/o.lrm')[0]
 print(a['plan.hidden'], a['plan.ffn'], a['plan.topk'], a['plan.tokens_per_rank'], a['plan.source'])"
-    assert_output --regexp '^7168 2048 6 4096 [a-z]+:[a-z]+/[a-z-]+'
+    assert_output --regexp '^7168 768 6 4096 [a-z]+:[a-z]+/[a-z-]+'
 }
 
 @test "the consistency check rejects broken plans" {
@@ -458,7 +458,7 @@ print(a['plan.hidden'], a['plan.ffn'], a['plan.topk'], a['plan.tokens_per_rank']
         assert_output "lrmoe-sim: $a"
     done
     # good values of the same options are accepted
-    run "$BIN/lrmoe-plan" -P 4 --topk 2 -D 64 --ffn 32 --tokens 100 --gpu-mem 1G --resident 999M \
+    run "$BIN/lrmoe-plan" -P 4 --topk 2 -D 64 --ffn 768 --tokens 100 --gpu-mem 1G --resident 999M \
         "$T/in.lrm"
     assert_success
 }
@@ -480,9 +480,9 @@ import sys
 import numpy as np
 sys.path.insert(0, "tests/helpers")
 from lrmoe_stream import write_stream
-write_stream(sys.argv[1], [({"expert_load": np.full(16, 10, np.int64)}, {"layer": "0"})])
+write_stream(sys.argv[1], [({"expert_load": np.full(16, 10, np.int64)}, {"layer": "0", "ffn": "768"})])
 skew = [40, 10, 10, 10, 20, 10, 10, 0, 10, 10, 10, 0, 10, 10, 10, 0]
-write_stream(sys.argv[2], [({"expert_load": np.array(skew, np.int64)}, {"layer": "0"})])
+write_stream(sys.argv[2], [({"expert_load": np.array(skew, np.int64)}, {"layer": "0", "ffn": "768"})])
 EOF
     why() { # stream options... -> "attribute column replicas"
         "$BIN/lrmoe-plan" --ranks 4 --planner llep --stats "$T/s.tsv" -o "$T/o.lrm" "$@" || return 1

@@ -94,7 +94,7 @@ PY
     assert_success
     run "$BIN/lrmoe-export" --dir "$T/ex" "$T/x.safetensors"
     assert_success
-    run "$BIN/lrmoe-sim" --ranks 4 "$T/r.lrm"
+    run "$BIN/lrmoe-sim" --ranks 4 --ffn 64 "$T/r.lrm"
     assert_success
     # standard input redirected from the file is the file
     run sh -c "'$BIN/lrmoe-view' --no-stats < '$T/x.safetensors'"

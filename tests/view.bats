@@ -306,11 +306,12 @@ PY
     run "$BIN/lrmoe-view" --diff "$T/a.lrm" "$T/az.lrm"
     assert_success
     assert_output "# 3 frames compared: the same"
-    # only frame 0's x: 6 vs 6.5 and 8 vs 7 are within atol 1, the NaN never is
+    # only frame 0's x: 6 vs 6.5 and 8 vs 7 are within atol 1, the NaN never is;
+    # so is the numeric attribute k, 1 vs 2
     run "$BIN/lrmoe-view" --diff --frame 0 --tensor x --atol 1 "$T/a.lrm" "$T/b.lrm"
     assert_failure 1
-    assert_line --index 0 "frame 0: attribute k: 1 vs 2"
-    assert_line --index 2 "frame 0: tensor x: 1 of 12 values differ, 1 NaN on one side; first at [2,3]: 11 vs nan"
+    assert_line --index 0 "frame 0: attribute new only in $T/b.lrm: yes"
+    assert_line --index 1 "frame 0: tensor x: 1 of 12 values differ, 1 NaN on one side; first at [2,3]: 11 vs nan"
     # rtol is against B: |6-6.5|/6.5 = 0.077, |8-7|/7 = 0.143
     run "$BIN/lrmoe-view" --diff --frame 0 --tensor x --rtol 0.1 "$T/a.lrm" "$T/b.lrm"
     assert_line --index 2 --partial "tensor x: 2 of 12 values differ, max abs 1, max rel 0.142857"
@@ -371,4 +372,42 @@ C
     assert_line --index 0 "1 4 0 4 inf"
     assert_line --index 1 "1 0 1"
     assert_line --index 2 "1 0 1"
+}
+
+@test "--diff: attributes that are both numbers compare as numbers (1 is 1.000000, with --atol/--rtol), others as text" {
+    python3 - "$T" <<'PY'
+import sys, numpy as np, lrmoe_stream as s
+d = sys.argv[1]
+x = np.zeros(2, np.float32)
+a = {"one": "1", "sci": "1e3", "neg": "-0", "inf": "inf", "half": "2", "big": "9007199254740993",
+     "word": "abc", "hex": "0x10", "pad": "5", "planner": "lrmoe"}
+b = {"one": "1.000000", "sci": "1000", "neg": "0", "inf": "inf", "half": "2.5",
+     "big": "9007199254740992", "word": "abd", "hex": "16", "pad": " 5", "planner": "lrmoe"}
+s.write_stream(f"{d}/na.lrm", [({"x": x}, a)])
+s.write_stream(f"{d}/nb.lrm", [({"x": x}, b)])
+PY
+    run --separate-stderr "$BIN/lrmoe-view" --diff "$T/na.lrm" "$T/nb.lrm"
+    assert_failure 1
+    # the same as numbers: one, sci, neg, inf; different: half, big (exact as
+    # integers although equal as doubles), and text: word, hex, pad
+    want=("frame 0: attribute half: 2 vs 2.5"
+          "frame 0: attribute big: 9007199254740993 vs 9007199254740992"
+          "frame 0: attribute word: abc vs abd"
+          "frame 0: attribute hex: 0x10 vs 16"
+          "frame 0: attribute pad: 5 vs \" 5\""
+          "# 1 frame compared: 5 attribute and 0 tensor differences")
+    for i in "${!want[@]}"; do
+        assert_line --index "$i" "${want[$i]}"
+    done
+    assert_equal "${#lines[@]}" "${#want[@]}"
+    # tolerances apply to numeric attributes as to values (B is the reference)
+    run "$BIN/lrmoe-view" --diff --atol 0.5 "$T/na.lrm" "$T/nb.lrm"
+    refute_line --partial "attribute half"
+    assert_line --partial "attribute big"
+    assert_line --partial "attribute word"
+    run "$BIN/lrmoe-view" --diff --rtol 0.19 "$T/na.lrm" "$T/nb.lrm"
+    assert_line "frame 0: attribute half: 2 vs 2.5"
+    run "$BIN/lrmoe-view" --diff --rtol 0.2 "$T/na.lrm" "$T/nb.lrm"
+    refute_line --partial "attribute half"
+    refute_line --partial "attribute big" # 1 / 2^53 is within rtol 0.2
 }

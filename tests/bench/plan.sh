@@ -112,7 +112,7 @@ for cfg in 128:8:1 256:32:4 256:64:8 384:64:8 384:128:16; do
     E=${cfg%%:*}; r=${cfg#*:}; P=${r%%:*}; NODES=${r#*:}
     for sk in zipf hot80; do
         python3 tests/helpers/plan_ref.py gen "$tmp/s.lrm" --experts "$E" --frames "$SFRAMES" \
-            --seed 7 --scenario "$sk" --pairs $((8192 * 8 * P))
+            --seed 7 --scenario "$sk" --pairs $((8192 * 8 * P)) --ffn 2048
         bin/lrmoe-sim --quiet --jobs 2 --ranks "$P" --nodes "$NODES" --tokens 8192 --topk 8 \
             --hidden 7168 --ffn 2048 --stats "$tmp/s.tsv" "$tmp/s.lrm" > /dev/null
         [ -s "$tmp/scale.tsv" ] || awk 'NR == 1 { print "config\t" $0 }' "$tmp/s.tsv" > "$tmp/scale.tsv"
@@ -170,7 +170,7 @@ PY
 # plan_cpu_ms (thread CPU time: wall time on a shared machine also counts
 # the other processes), wall time (plan_ms) printed too; columns by name
 python3 tests/helpers/plan_ref.py gen "$tmp/t.lrm" --experts 256 --frames "$SFRAMES" --seed 9 \
-    --scenario zipf --pairs $((8192 * 8 * 64))
+    --scenario zipf --pairs $((8192 * 8 * 64)) --ffn 2048
 bin/lrmoe-plan --ranks 64 --nodes 8 --tokens 8192 --topk 8 --hidden 7168 --ffn 2048 --hbm 5.6G \
     --longer-backward --stats "$tmp/t.tsv" -o /dev/null "$tmp/t.lrm" || true
 python3 - "$tmp/t.tsv" <<'PY'

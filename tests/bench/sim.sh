@@ -59,7 +59,8 @@ with open(out, "wb") as f:
         for l in range(L):
             w = pop[l] * rng.uniform(0.7, 1.3, E)
             load = rng.multinomial(pairs, w / w.sum()).astype(np.int64)
-            f.write(encode_frame({"expert_load": load}, {"layer": l, "step": s}))
+            # ffn: the model the loads stand for (lrmoe-sim never assumes F)
+            f.write(encode_frame({"expert_load": load}, {"layer": l, "step": s, "ffn": 768}))
     f.write(TRAILER + struct.pack("<Q", L * S))
 EOF
 t1=$(date +%s.%N)

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Reference checks for lrmoe-plan (independent of the C code).
 
-  plan_ref.py gen OUT --experts E --frames N --seed S --scenario NAME [--pairs N]
-      write a raw stream of frames holding only expert_load [E] I64.
+  plan_ref.py gen OUT --experts E --frames N --seed S --scenario NAME [--pairs N] [--ffn F]
+      write a raw stream of frames holding only expert_load [E] I64, and the
+      attribute ffn=F (default 768: the model the loads stand for; lrmoe-plan
+      never assumes F).
       Scenarios (LLEP's skew set and Zipf): uniform, hot30, hot50, hot80,
       hot95 (that share of pairs on one expert), zipf (s=1.2), mixed (cycle).
   plan_ref.py check IN OUT --planner NAME --ranks P [--lambda L --alpha A
@@ -67,7 +69,7 @@ def cmd_gen(a):
             t["router_logits"] = np.zeros((4, a.experts + 1), dtype=np.float32)
         elif a.bad == "shape":
             t["expert_load"] = load.reshape(2, -1)
-        frames.append((t, {"layer": str(i), "scenario": s}))
+        frames.append((t, {"layer": str(i), "scenario": s, "ffn": str(a.ffn)}))
     write_stream(a.out, frames)
 
 
@@ -307,6 +309,7 @@ def main():
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--scenario", default="mixed")
     g.add_argument("--pairs", type=int, default=32768 * 8 * 8)
+    g.add_argument("--ffn", type=int, default=768)
     g.add_argument("--bad", default="")
     k = sub.add_parser("corrupt")
     k.add_argument("inp")

@@ -104,6 +104,32 @@ class Ops(unittest.TestCase):
             self.assertTrue(np.array_equal(
                 got["placement"], lrmoe.Planner(**opts).run(frames[2]["expert_load"])["placement"]))
 
+    def test_planner_takes_model_sizes_from_the_frame(self):
+        """Planner.run(frame) infers D, F, K and tokens per rank in the
+        library as lrmoe-plan does (no sizes given here): the plan and its
+        plan.* attributes equal the tool's; an option that disagrees with
+        the frame, and a bare load with no ffn, are the tool's errors; F
+        from a weights stream."""
+        d = self.d
+        r, p = self.st["r"], self.st["p"]  # r: a routed frame with ffn=16, hidden [200,32]
+        got = lrmoe.Planner(ranks=4, rate=0.7, hbm="1GiB").run(r)
+        self.same(got, p, ["placement", "fwd_alloc", "quota", "bwd_alloc"])
+        plan_attrs = lambda a: {k: v for k, v in a.items()
+                                if k.startswith("plan.") and k != "plan.seconds"}
+        self.assertEqual(plan_attrs(got.attrs), plan_attrs(p.attrs))
+        self.assertEqual(got.attrs["plan.ffn"], "16")
+        self.assertEqual(got.attrs["plan.hidden"], "32")
+        self.assertNotIn("placement", r)  # the input frame is not changed
+        with self.assertRaisesRegex(lrmoe.Error, "--ffn 99 disagrees with the frame: F=16"):
+            lrmoe.Planner(ranks=4, ffn=99).run(r)
+        with self.assertRaisesRegex(lrmoe.Error, "says nothing of the expert FFN width F"):
+            lrmoe.Planner(ranks=4).run(r["expert_load"])
+        # F and D from the weights stream, for a load that says neither
+        got = lrmoe.Planner(ranks=4, weights=f"{d}/w.lrm").run(r["expert_load"])
+        self.assertEqual((got.attrs["plan.ffn"], got.attrs["plan.hidden"]), ("16", "32"))
+        with self.assertRaisesRegex(lrmoe.Error, "nope.lrm"):
+            lrmoe.Planner(ranks=4, weights=f"{d}/nope.lrm")
+
     def test_score(self):
         f, s = self.st["f"], self.st["s"]
         got = lrmoe.score(f["topk_ids"], f["topk_weights"], f["grad_output"], f["phi_sqnorm"],

@@ -82,20 +82,35 @@ class Planner:
         """Forget the EPLB layouts kept so far (a new stream)."""
         check(lib.lrmoe_plan_cfg_reset(self.cfg))
 
-    def run_cframe(self, expert_load, layer=None):
+    def run_cframe(self, expert_load, layer=None, frame=None):
+        """Plan into a CFrame holding `frame` (a Frame, or None) and the plan.
+        The library takes D, F, K and tokens per rank from that frame (or
+        the weights option) exactly as lrmoe-plan does."""
         load = _c(expert_load, np.int64)
         if load.ndim != 1 or load.size == 0:
             raise Error(f"expert_load: shape {list(load.shape)}, expected [E]")
-        cf = CFrame()
+        cf = CFrame(frame)
         if layer is not None:  # the key of the kept layout, as the frame's attribute
             check(lib.lrmoe_frame_set_attr(cf.ref, b"layer", str(layer).encode()), "layer")
         check(lib.lrmoe_plan_cfg_run(self.cfg, load.ctypes.data, load.size, cf.ref))
         return cf
 
     def run(self, expert_load, layer=None):
-        """Plan expert_load (E) of layer `layer` (the frame attribute; None:
-        one unnamed layer); the Frame holds the plan tensors and plan.*
-        attributes (and layer when given)."""
+        """Plan expert_load of layer `layer` (the frame attribute; None: one
+        unnamed layer, or the frame's own). expert_load is an array (E), or
+        a Frame as lrmoe.read returns it: its expert_load is planned and its
+        tensors and attributes say the model sizes, as lrmoe-plan reads them
+        (an option that disagrees with the frame is an error; a frame that
+        says nothing of F needs ffn= or weights=). Returns a Frame of the
+        plan tensors and plan.* attributes (and layer)."""
+        if isinstance(expert_load, Frame):
+            fr = expert_load
+            cf = self.run_cframe(fr["expert_load"], layer, fr)
+            new = [n for n in cf.names() if n not in fr]
+            out = cf.to_frame(names=set(new))
+            out.attrs = {k: v for k, v in out.attrs.items()
+                         if k not in fr.attrs or k == "layer"}
+            return out
         return self.run_cframe(expert_load, layer).to_frame()
 
     def __del__(self):
@@ -108,21 +123,22 @@ def plan(expert_load, ranks, topk_ids=None, hidden=None, **options):
     """Plan per-expert loads (E) for `ranks` ranks as lrmoe-plan does:
     returns a Frame with placement (E,P) U8, fwd_alloc, quota, bwd_alloc I64
     and the plan.* attributes (plan.rho, plan.fwd_peak, plan.bwd_peak,
-    plan.replicas, plan.mem_peak, ...). Like the tool, the cost model takes
-    K and tokens per rank from topk_ids (T,K) and D from hidden (T,D) when
-    given and not set; options are lrmoe-plan's long options (planner,
-    rate, rates, hbm, window, ffn, min_keep, best_effort, ...). One call
-    plans one frame: to plan a sequence of frames with the EPLB layouts
-    kept between them (as lrmoe-plan does), use one Planner."""
-    opts = dict(options)
+    plan.replicas, plan.mem_peak, ...). Like the tool, the library takes K
+    and tokens per rank from topk_ids (T,K) and D and the storage dtype from
+    hidden (T,D) when given (an option that disagrees is an error); F from
+    ffn= or weights= (a weights stream); options are lrmoe-plan's long
+    options (planner, rate, rates, hbm, window, ffn, weights, min_keep,
+    best_effort, ...). One call plans one frame: to plan a sequence of
+    frames with the EPLB layouts kept between them (as lrmoe-plan does), use
+    one Planner."""
+    t = {"expert_load": np.asarray(expert_load)}
     if topk_ids is not None:
-        t = np.asarray(topk_ids)
-        opts.setdefault("topk", t.shape[1])
-        opts.setdefault("tokens", t.shape[0] // int(ranks))
+        t["topk_ids"] = np.asarray(topk_ids)
     if hidden is not None:
-        h = np.asarray(hidden)
-        opts.setdefault("hidden", h.shape[1])
-    return Planner(ranks=ranks, **opts).run(expert_load)
+        t["hidden"] = np.asarray(hidden)
+    fr = Frame(t)
+    out = Planner(ranks=ranks, **options).run(fr)
+    return out
 
 
 def _frame_call(inputs, dtypes, fn, attrs=None):

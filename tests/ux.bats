@@ -1,0 +1,120 @@
+#!/usr/bin/env bats
+# Issue 19, what a new user trips over: lrmoe-plan and lrmoe-sim never
+# assume the expert FFN width F (a frame that says nothing of it is an error
+# naming --ffn and --weights), and --weights FILE says D and F from the
+# model's weights stream (lib/plan_cli.c). The in-process planner's side is
+# tests/python/test_ops.py; --plot on a pipe and the latency figure are in
+# tests/plot.bats, --diff on numeric attributes in tests/view.bats.
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+bats_require_minimum_version 1.5.0
+
+setup() {
+    BIN="$BATS_TEST_DIRNAME/../bin"
+    export PYTHONPATH="$BATS_TEST_DIRNAME/helpers"
+    T="$BATS_TEST_TMPDIR"
+    # a routed trace of a model with D=32 F=24 E=16 K=4 (lrmoe-gen writes
+    # ffn; route keeps it) and its weights, raw and zstd
+    "$BIN/lrmoe-gen" --tokens 512 --experts 16 --topk 4 --hidden 32 --ffn 24 --layers 2 \
+        --skew zipf:1.2 --weights "$T/w.lrm" --no-compress -o "$T/g.lrm"
+    "$BIN/lrmoe-route" --loads-only -o "$T/r.lrm" "$T/g.lrm"
+    "$BIN/lrmoe-cat" --level 3 -o "$T/wz.lrm" "$T/w.lrm"
+    # the same loads as an imported frame would have them: no ffn attribute
+    python3 - "$T/r.lrm" "$T/bare.lrm" <<'PY'
+import sys, lrmoe_stream as s
+s.write_stream(sys.argv[2], [(t, {k: v for k, v in a.items() if k != "ffn"})
+                             for t, a in s.read_stream(sys.argv[1])])
+PY
+}
+
+# attr STREAM FRAME KEY
+attr() {
+    python3 -c "import sys, lrmoe_stream as s
+print(s.read_stream(sys.argv[1])[int(sys.argv[2])][1].get(sys.argv[3], '-'))" "$@"
+}
+
+no_trailer() {
+    run python3 -c "import sys, lrmoe_stream as s; s.read_stream(sys.argv[1])" "$1"
+    assert_failure
+}
+
+@test "a frame that says nothing of F: lrmoe-plan and lrmoe-sim refuse, naming --ffn and --weights; no stream, no report" {
+    want="frame 0: the frame says nothing of the expert FFN width F (no saved_gate, saved_up, w_gate, w_up, w_down or attribute ffn): give --ffn F or --weights FILE (the weights stream of the model)"
+    run --separate-stderr "$BIN/lrmoe-plan" --ranks 4 -o "$T/p.lrm" "$T/bare.lrm"
+    assert_failure 1
+    assert_equal "$stderr" "lrmoe-plan: $want"
+    no_trailer "$T/p.lrm"
+    run --separate-stderr "$BIN/lrmoe-sim" --ranks 4 "$T/bare.lrm"
+    assert_failure 1
+    assert_equal "$stderr" "lrmoe-sim: $want"
+    [ -z "$output" ]
+    # what the message says to give works: --ffn, and the plan says so
+    "$BIN/lrmoe-plan" --ranks 4 --ffn 24 -o "$T/p.lrm" "$T/bare.lrm"
+    [ "$(attr "$T/p.lrm" 1 plan.ffn)" = 24 ]
+    # the plan is the one of the trace that said ffn itself
+    "$BIN/lrmoe-plan" --ranks 4 -o "$T/q.lrm" "$T/r.lrm"
+    run "$BIN/lrmoe-view" --diff --no-stats "$T/p.lrm" "$T/q.lrm"
+    assert_line --index 0 "frame 0: attribute ffn only in $T/q.lrm: 24"
+    assert_line --index 2 "# 2 frames compared: 2 attribute and 0 tensor differences"
+    # a planned stream says F for the next plan (plan.ffn), with no option
+    "$BIN/lrmoe-plan" --ranks 4 --planner llep -o "$T/p2.lrm" "$T/p.lrm"
+    [ "$(attr "$T/p2.lrm" 0 plan.ffn)" = 24 ]
+    [ "$(attr "$T/p2.lrm" 0 plan.planner)" = llep ]
+}
+
+@test "--weights FILE: D and F from the weights stream; the same plan as --hidden/--ffn; raw (mapped) or zstd" {
+    "$BIN/lrmoe-plan" --ranks 4 --hbm 1M --best-effort --weights "$T/w.lrm" --stats "$T/w.tsv" \
+        -o "$T/pw.lrm" "$T/bare.lrm"
+    [ "$(attr "$T/pw.lrm" 0 plan.ffn)" = 24 ]
+    [ "$(attr "$T/pw.lrm" 0 plan.hidden)" = 32 ]
+    awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+                { if ($c["ffn"] != 24 || $c["hidden"] != 32) exit 1; n++ } END { exit n != 2 }' "$T/w.tsv"
+    "$BIN/lrmoe-plan" --ranks 4 --hbm 1M --best-effort --hidden 32 --ffn 24 -o "$T/po.lrm" "$T/bare.lrm"
+    run "$BIN/lrmoe-view" --diff "$T/pw.lrm" "$T/po.lrm"
+    assert_success
+    # a zstd weights stream cannot be mapped: read whole, the same plan
+    "$BIN/lrmoe-plan" --ranks 4 --hbm 1M --best-effort --weights "$T/wz.lrm" -o "$T/pz.lrm" "$T/bare.lrm"
+    run "$BIN/lrmoe-view" --diff "$T/pz.lrm" "$T/po.lrm"
+    assert_success
+    # the weights agreeing with the frame's own ffn is fine; so is the option
+    "$BIN/lrmoe-plan" --ranks 4 --weights "$T/w.lrm" --ffn 24 -o /dev/null "$T/r.lrm"
+    # lrmoe-sim: the header prints the sizes the weights gave
+    run "$BIN/lrmoe-sim" --quiet --ranks 4 --weights "$T/w.lrm" "$T/bare.lrm"
+    assert_success
+    assert_line --index 0 --partial "D=32 F=24 K=4"
+}
+
+@test "--weights of another model, or none: errors that name both sides" {
+    # F differs from the frame's attribute
+    "$BIN/lrmoe-gen" --tokens 64 --experts 16 --topk 4 --hidden 32 --ffn 40 --layers 2 \
+        --weights "$T/w40.lrm" --no-compress -o /dev/null
+    run --separate-stderr "$BIN/lrmoe-plan" --ranks 4 --weights "$T/w40.lrm" -o /dev/null "$T/r.lrm"
+    assert_failure 1
+    assert_equal "$stderr" "lrmoe-plan: frame 0: the frame says F=24 (attribute ffn=24), its weights F=40 (--weights $T/w40.lrm layer 0: w_gate [16,40,32]): the weights of another model?"
+    # an option against the weights
+    run --separate-stderr "$BIN/lrmoe-plan" --ranks 4 --weights "$T/w.lrm" --ffn 768 -o /dev/null "$T/bare.lrm"
+    assert_failure 1
+    assert_equal "$stderr" "lrmoe-plan: frame 0: --ffn 768 disagrees with the frame: F=24 (--weights $T/w.lrm layer 0: w_gate [16,24,32]); drop --ffn or give 24"
+    # another expert count
+    "$BIN/lrmoe-gen" --tokens 64 --experts 32 --topk 4 --hidden 32 --ffn 24 --layers 2 \
+        --weights "$T/w32.lrm" --no-compress -o /dev/null
+    run --separate-stderr "$BIN/lrmoe-sim" --ranks 4 --weights "$T/w32.lrm" "$T/bare.lrm"
+    assert_failure 1
+    assert_equal "$stderr" "lrmoe-sim: frame 0: expert_load has 16 experts, --weights $T/w32.lrm layer 0 has 32 (w_gate): weights of another model?"
+    # a layer the weights lack
+    "$BIN/lrmoe-gen" --tokens 64 --experts 16 --topk 4 --hidden 32 --ffn 24 --layers 1 \
+        --weights "$T/w1.lrm" --no-compress -o /dev/null
+    run --separate-stderr "$BIN/lrmoe-plan" --ranks 4 --weights "$T/w1.lrm" -o "$T/p.lrm" "$T/bare.lrm"
+    assert_failure 1
+    assert_equal "$stderr" "lrmoe-plan: frame 1: --weights $T/w1.lrm: no frame for layer 1"
+    no_trailer "$T/p.lrm"
+    # a weights file that is not there: exit 1 before any frame
+    run --separate-stderr "$BIN/lrmoe-plan" --ranks 4 --weights "$T/nope.lrm" -o "$T/p.lrm" "$T/r.lrm"
+    assert_failure 1
+    assert_equal "$stderr" "lrmoe-plan: --weights $T/nope.lrm: $T/nope.lrm: No such file or directory"
+    [ ! -e "$T/p.lrm" ] || no_trailer "$T/p.lrm"
+    run --separate-stderr "$BIN/lrmoe-sim" --ranks 4 --weights "$T/nope.lrm" "$T/r.lrm"
+    assert_failure 1
+    assert_equal "$stderr" "lrmoe-sim: --weights $T/nope.lrm: $T/nope.lrm: No such file or directory"
+}
