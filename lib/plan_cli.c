@@ -253,6 +253,7 @@ int lrmoe_plan_cli_frame(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, int 
     from_tensor(&D, f, "output", 2, 1);
     from_tensor(&D, f, "pack_hidden", 2, 1);
     from_tensor(&D, f, "w_gate", 3, 2);
+    from_attr(&D, f, "route.hidden"); /* lrmoe-route --loads-only */
     from_tensor(&F, f, "saved_gate", 3, 2);
     from_tensor(&F, f, "saved_up", 3, 2);
     from_tensor(&F, f, "w_gate", 3, 1);
@@ -269,6 +270,7 @@ int lrmoe_plan_cli_frame(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, int 
     }
     from_tensor(&T, f, "topk_ids", 2, 0);
     from_tensor(&T, f, "hidden", 2, 0);
+    from_attr(&T, f, "route.tokens");
     const lrmoe_tensor_t *tl = lrmoe_frame_get(f, "expert_load");
     if (!T.v && K.v && tl && tl->ndim == 1 && !lrmoe_dtype_is_float(tl->dtype)) {
         int64_t *load = lrmoe_tensor_i64(tl);

@@ -269,7 +269,13 @@ static int route_frame(lrmoe_frame_t *f, int64_t index, void *arg)
             return lrmoe_err("--stats: write error");
     }
     if (c->loads_only) {
+        /* the sizes the dropped tensors said, for lrmoe-plan and lrmoe-sim */
         static const char *keep[] = {"expert_load", "rank_load"};
+        const lrmoe_tensor_t *h = lrmoe_frame_get(f, "hidden");
+        if (h && h->ndim == 2 &&
+            (lrmoe_frame_set_attrf(f, "route.hidden", "%" PRId64, h->shape[1]) < 0 ||
+             lrmoe_frame_set_attrf(f, "route.tokens", "%" PRId64, h->shape[0]) < 0))
+            return -1;
         if (lrmoe_frame_keep_only(f, keep, 2) < 0)
             return -1;
     }

@@ -118,3 +118,18 @@ no_trailer() {
     assert_failure 1
     assert_equal "$stderr" "lrmoe-sim: --weights $T/nope.lrm: $T/nope.lrm: No such file or directory"
 }
+
+@test "ux: a --loads-only trace keeps D and T as route.hidden and route.tokens, and plan and sim use them" {
+    [ "$(attr "$T/r.lrm" 0 route.hidden)" = 32 ]
+    [ "$(attr "$T/r.lrm" 0 route.tokens)" = 512 ]
+    "$BIN/lrmoe-plan" --ranks 4 --no-compress -o "$T/p.lrm" "$T/r.lrm"
+    [ "$(attr "$T/p.lrm" 0 plan.hidden)" = 32 ]
+    [ "$(attr "$T/p.lrm" 1 plan.tokens_per_rank)" = 128 ]
+    run "$BIN/lrmoe-sim" --ranks 4 --planners fixed "$T/r.lrm"
+    assert_success
+    assert_output --partial "D=32"
+    # an option that disagrees with what the trace says is an error
+    run "$BIN/lrmoe-plan" --ranks 4 --hidden 64 --no-compress -o "$T/q.lrm" "$T/r.lrm"
+    assert_failure
+    assert_output --partial "--hidden 64 disagrees with the frame: D=32 (attribute route.hidden=32)"
+}
