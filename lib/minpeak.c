@@ -231,10 +231,12 @@ static int mp_bfs(mpnet_t *g)
         for (int a = g->head[u]; a >= 0; a = g->nxt[a])
             if (g->cap[a] > 0 && g->level[g->to[a]] < 0) {
                 g->level[g->to[a]] = g->level[u] + 1;
+                if (g->to[a] == g->t)
+                    return 1; /* as flow_bfs; the last BFS (t unreached) is whole */
                 g->queue[qt++] = g->to[a];
             }
     }
-    return g->level[g->t] >= 0;
+    return 0;
 }
 
 /* Blocking flow (multi-push, current arcs, dead ends pruned). */
@@ -514,6 +516,10 @@ static int flow_edge(flow_t *g, int u, int v, int64_t c)
     return e;
 }
 
+/* Levels from s; it stops once t has one: every node of a lower level has
+ * its level by then (BFS order), and a node left without one could only lie
+ * at t's level or beyond, a dead end for the level graph's paths to t. So
+ * the blocking flow that follows finds the same paths. */
 static int flow_bfs(flow_t *g, int s, int t)
 {
     for (int i = 0; i < g->n; i++)
@@ -526,10 +532,12 @@ static int flow_bfs(flow_t *g, int s, int t)
         for (int e = g->head[u]; e >= 0; e = g->nxt[e])
             if (g->cap[e] > 0 && g->level[g->to[e]] < 0) {
                 g->level[g->to[e]] = g->level[u] + 1;
+                if (g->to[e] == t)
+                    return 1;
                 g->queue[qt++] = g->to[e];
             }
     }
-    return g->level[t] >= 0;
+    return 0;
 }
 
 static int64_t flow_dfs(flow_t *g, int u, int t, int64_t f)
