@@ -101,11 +101,43 @@ int lrmoe_cost_eval(const lrmoe_cost_model_t *m, int E, int P,
     return lrmoe_cost_eval_slots(m, E, P, placement, load, fwd, quota, bwd, NULL, rank, sum);
 }
 
+/* 1 when the 8 placement entries at pl are all zero. */
+static inline int zero8p(const uint8_t *pl)
+{
+    uint64_t w;
+    memcpy(&w, pl, sizeof w);
+    return !w;
+}
+
+/* The model; placed: the caller guarantees fwd and bwd are zero wherever
+ * placement is (every valid plan: lrmoe_plan_check), so only the placement
+ * is scanned for the entries to visit. */
+static int cost_eval(const lrmoe_cost_model_t *m, int E, int P, const uint8_t *placement,
+                     const int64_t *load, const int64_t *fwd, const int64_t *quota,
+                     const int64_t *bwd, const lrmoe_cost_slots_t *slots,
+                     lrmoe_rank_cost_t *rank, lrmoe_cost_summary_t *sum, int placed);
+
 int lrmoe_cost_eval_slots(const lrmoe_cost_model_t *m, int E, int P,
                           const uint8_t *placement, const int64_t *load,
                           const int64_t *fwd, const int64_t *quota, const int64_t *bwd,
                           const lrmoe_cost_slots_t *slots, lrmoe_rank_cost_t *rank,
                           lrmoe_cost_summary_t *sum)
+{
+    return cost_eval(m, E, P, placement, load, fwd, quota, bwd, slots, rank, sum, 0);
+}
+
+int cost_eval_placed(const lrmoe_cost_model_t *m, int E, int P, const uint8_t *placement,
+                     const int64_t *load, const int64_t *fwd, const int64_t *quota,
+                     const int64_t *bwd, const lrmoe_cost_slots_t *slots,
+                     lrmoe_rank_cost_t *rank, lrmoe_cost_summary_t *sum)
+{
+    return cost_eval(m, E, P, placement, load, fwd, quota, bwd, slots, rank, sum, 1);
+}
+
+static int cost_eval(const lrmoe_cost_model_t *m, int E, int P, const uint8_t *placement,
+                     const int64_t *load, const int64_t *fwd, const int64_t *quota,
+                     const int64_t *bwd, const lrmoe_cost_slots_t *slots,
+                     lrmoe_rank_cost_t *rank, lrmoe_cost_summary_t *sum, int placed)
 {
     if (E <= 0 || P <= 0 || E % P)
         return lrmoe_err("cost model: %d experts not divisible over %d ranks", E, P);
@@ -142,11 +174,12 @@ int lrmoe_cost_eval_slots(const lrmoe_cost_model_t *m, int E, int P,
             size_t i = (size_t)e * P + p;
             /* plans are sparse: an entry without an instance or pairs adds
              * nothing below (stay <= 0 when fwd is 0, so nothing moves) */
-            if (!(p & 7) && p + 8 <= P && zero8(placement + i, fwd + i, bwd + i)) {
+            if (!(p & 7) && p + 8 <= P &&
+                (placed ? zero8p(placement + i) : zero8(placement + i, fwd + i, bwd + i))) {
                 p += 7;
                 continue;
             }
-            if (!(fwd[i] | bwd[i]) && !placement[i])
+            if (!placement[i] && (placed || !(fwd[i] | bwd[i])))
                 continue;
             rc[p].fwd_rows += fwd[i];
             rc[p].bwd_rows += bwd[i];
@@ -170,7 +203,7 @@ int lrmoe_cost_eval_slots(const lrmoe_cost_model_t *m, int E, int P,
         /* the moved state leaves ranks in proportion to their forward rows */
         if (moved_e > 0 && n > 0)
             for (int p = 0; p < P; p++)
-                if (fwd[(size_t)e * P + p])
+                if ((!placed || placement[(size_t)e * P + p]) && fwd[(size_t)e * P + p])
                     rc[p].send_bwd += (double)moved_e * state *
                                       (double)fwd[(size_t)e * P + p] / (double)n;
     }

@@ -231,10 +231,12 @@ static int mp_bfs(mpnet_t *g)
         for (int a = g->head[u]; a >= 0; a = g->nxt[a])
             if (g->cap[a] > 0 && g->level[g->to[a]] < 0) {
                 g->level[g->to[a]] = g->level[u] + 1;
+                if (g->to[a] == g->t)
+                    return 1; /* as flow_bfs; the last BFS (t unreached) is whole */
                 g->queue[qt++] = g->to[a];
             }
     }
-    return g->level[g->t] >= 0;
+    return 0;
 }
 
 /* Blocking flow (multi-push, current arcs, dead ends pruned). */
@@ -271,21 +273,45 @@ static void mp_maxflow(mpnet_t *g)
     }
 }
 
-/* Eligible ranks of each expert as lists (CSR). */
-static int elig_lists(const uint8_t *pl, int E, int P, int **eoff, int **elist)
+/* The nonzero entries of the placement pl (n entries): zero 8-byte words
+ * skipped (plans are sparse). */
+static int pl_count(const uint8_t *pl, size_t n)
 {
     int nnz = 0;
-    const size_t EP = (size_t)E * P;
     size_t i = 0;
-    for (; i + 8 <= EP; i += 8) {
+    for (; i + 8 <= n; i += 8) {
         uint64_t w;
         memcpy(&w, pl + i, sizeof w);
         if (w)
             for (int k = 0; k < 8; k++)
                 nnz += pl[i + k] != 0;
     }
-    for (; i < EP; i++)
+    for (; i < n; i++)
         nnz += pl[i] != 0;
+    return nnz;
+}
+
+/* The next rank from p (inclusive) where row (P entries) holds an
+ * instance, or P: aligned zero 8-byte words skipped. */
+static int pl_next(const uint8_t *row, int p, int P)
+{
+    while (p < P) {
+        uint64_t w;
+        if (!(p & 7) && p + 8 <= P && (memcpy(&w, row + p, sizeof w), !w)) {
+            p += 8;
+            continue;
+        }
+        if (row[p])
+            return p;
+        p++;
+    }
+    return P;
+}
+
+/* Eligible ranks of each expert as lists (CSR). */
+static int elig_lists(const uint8_t *pl, int E, int P, int **eoff, int **elist)
+{
+    const int nnz = pl_count(pl, (size_t)E * P);
     *eoff = malloc(((size_t)E + 1) * sizeof(int));
     *elist = malloc(((size_t)nnz + 1) * sizeof(int));
     if (!*eoff || !*elist) {
@@ -297,15 +323,8 @@ static int elig_lists(const uint8_t *pl, int E, int P, int **eoff, int **elist)
     for (int e = 0; e < E; e++) {
         (*eoff)[e] = k;
         const uint8_t *row = pl + (size_t)e * P;
-        for (int p = 0; p < P; p++) {
-            uint64_t w;
-            if (!(p & 7) && p + 8 <= P && (memcpy(&w, row + p, sizeof w), !w)) {
-                p += 7;
-                continue;
-            }
-            if (row[p])
-                (*elist)[k++] = p;
-        }
+        for (int p = pl_next(row, 0, P); p < P; p = pl_next(row, p + 1, P))
+            (*elist)[k++] = p;
     }
     (*eoff)[E] = k;
     return 0;
@@ -497,6 +516,10 @@ static int flow_edge(flow_t *g, int u, int v, int64_t c)
     return e;
 }
 
+/* Levels from s; it stops once t has one: every node of a lower level has
+ * its level by then (BFS order), and a node left without one could only lie
+ * at t's level or beyond, a dead end for the level graph's paths to t. So
+ * the blocking flow that follows finds the same paths. */
 static int flow_bfs(flow_t *g, int s, int t)
 {
     for (int i = 0; i < g->n; i++)
@@ -509,10 +532,12 @@ static int flow_bfs(flow_t *g, int s, int t)
         for (int e = g->head[u]; e >= 0; e = g->nxt[e])
             if (g->cap[e] > 0 && g->level[g->to[e]] < 0) {
                 g->level[g->to[e]] = g->level[u] + 1;
+                if (g->to[e] == t)
+                    return 1;
                 g->queue[qt++] = g->to[e];
             }
     }
-    return g->level[t] >= 0;
+    return 0;
 }
 
 static int64_t flow_dfs(flow_t *g, int u, int t, int64_t f)
@@ -573,31 +598,37 @@ int64_t lrmoe_alloc_flow_quota(const uint8_t *pl, const int64_t *lo, const int64
                                int64_t *K, int64_t *x)
 {
     flow_t g;
-    int nel = 0;
+    const int nel = pl_count(pl, (size_t)E * P);
     int64_t slo = 0;
     for (int e = 0; e < E; e++) {
         if (lo[e] < 0 || lo[e] > n[e])
             return lrmoe_err("quota allocation: lower quota of expert %d outside [0,n]", e);
         slo += lo[e];
     }
-    for (size_t i = 0; i < (size_t)E * P; i++)
-        nel += pl[i] != 0;
     if (flow_init(&g, E + P + 2, E + P + nel) < 0)
         return -1;
     const int s = 0, t = E + P + 1;
-    int *eid = malloc((size_t)E * P * sizeof(int)), *sid = malloc((size_t)E * sizeof(int));
+    /* each expert's arcs to its ranks, ranks increasing (CSR: eoff, earc,
+     * erank), for experts with pairs */
+    int *sid = malloc((size_t)E * sizeof(int)), *eoff = malloc(((size_t)E + 1) * sizeof(int));
+    int *earc = malloc(((size_t)nel + 1) * sizeof(int)), *erank = malloc(((size_t)nel + 1) * sizeof(int));
     int64_t rc = -1;
-    if (!eid || !sid) {
+    if (!sid || !eoff || !earc || !erank) {
         lrmoe_err("quota allocation: out of memory");
         goto out;
     }
     for (int e = 0; e < E; e++)
         sid[e] = n[e] > 0 ? flow_edge(&g, s, 1 + e, lo[e]) : -1;
-    for (int e = 0; e < E; e++)
-        for (int p = 0; p < P; p++) {
-            size_t i = (size_t)e * P + p;
-            eid[i] = pl[i] && n[e] > 0 ? flow_edge(&g, 1 + e, 1 + E + p, n[e]) : -1;
+    int na = 0;
+    for (int e = 0; e < E; e++) {
+        const uint8_t *row = pl + (size_t)e * P;
+        eoff[e] = na;
+        for (int p = pl_next(row, 0, P); n[e] > 0 && p < P; p = pl_next(row, p + 1, P)) {
+            earc[na] = flow_edge(&g, 1 + e, 1 + E + p, n[e]);
+            erank[na++] = p;
         }
+    }
+    eoff[E] = na;
     const int pt0 = g.m;
     for (int p = 0; p < P; p++)
         flow_edge(&g, 1 + E + p, t, T);
@@ -612,20 +643,24 @@ int64_t lrmoe_alloc_flow_quota(const uint8_t *pl, const int64_t *lo, const int64
                 if (sid[e] >= 0)
                     g.cap[sid[e]] += n[e] - lo[e];
             room = 0;
-            for (size_t i = 0; pref && i < (size_t)E * P; i++)
-                if (eid[i] >= 0 && pref[i] > g.cap[eid[i] ^ 1])
-                    room += pref[i] - g.cap[eid[i] ^ 1];
+            for (int e = 0; pref && e < E; e++)
+                for (int j = eoff[e]; j < eoff[e + 1]; j++) {
+                    const size_t i = (size_t)e * P + erank[j];
+                    if (pref[i] > g.cap[earc[j] ^ 1])
+                        room += pref[i] - g.cap[earc[j] ^ 1];
+                }
         }
         const int64_t want = pass < 2 ? slo : total;
         const double share = pass == 2 && room > 0 ? (double)(total - f) / (double)room : 1;
         for (int e = 0; pref && e < E && f < want; e++) {
             if (sid[e] < 0)
                 continue;
-            for (int p = 0; p < P && f < want && g.cap[sid[e]] > 0; p++) {
+            for (int j = eoff[e]; j < eoff[e + 1] && f < want && g.cap[sid[e]] > 0; j++) {
+                const int p = erank[j], a = earc[j];
                 const size_t i = (size_t)e * P + p;
-                if (eid[i] < 0 || pref[i] <= g.cap[eid[i] ^ 1])
+                if (pref[i] <= g.cap[a ^ 1])
                     continue;
-                int64_t d = pref[i] - g.cap[eid[i] ^ 1];
+                int64_t d = pref[i] - g.cap[a ^ 1];
                 if (share < 1)
                     d = (int64_t)((double)d * share);
                 if (d > g.cap[sid[e]])
@@ -635,7 +670,7 @@ int64_t lrmoe_alloc_flow_quota(const uint8_t *pl, const int64_t *lo, const int64
                 if (d > want - f)
                     d = want - f;
                 if (d > 0) {
-                    flow_push3(&g, sid[e], eid[i], pt0 + 2 * p, d);
+                    flow_push3(&g, sid[e], a, pt0 + 2 * p, d);
                     f += d;
                 }
             }
@@ -653,18 +688,22 @@ int64_t lrmoe_alloc_flow_quota(const uint8_t *pl, const int64_t *lo, const int64
         goto out;
     }
     memset(K, 0, (size_t)E * sizeof *K);
+    memset(x, 0, (size_t)E * P * sizeof *x);
     int64_t peak = 0;
-    for (size_t i = 0; i < (size_t)E * P; i++) {
-        x[i] = eid[i] >= 0 ? g.cap[eid[i] ^ 1] : 0;
-        K[i / P] += x[i];
-    }
+    for (int e = 0; e < E; e++)
+        for (int j = eoff[e]; j < eoff[e + 1]; j++) {
+            x[(size_t)e * P + erank[j]] = g.cap[earc[j] ^ 1];
+            K[e] += g.cap[earc[j] ^ 1];
+        }
     for (int p = 0; p < P; p++)
         if (g.cap[pt0 + 2 * p + 1] > peak)
             peak = g.cap[pt0 + 2 * p + 1];
     rc = peak;
 out:
-    free(eid);
     free(sid);
+    free(eoff);
+    free(earc);
+    free(erank);
     flow_free(&g);
     return rc;
 }
@@ -676,31 +715,17 @@ static int64_t bip_flow(const uint8_t *pl, const int64_t *srccap, int E, int P, 
                         int64_t *x)
 {
     flow_t g;
-    int nel = 0;
-    for (size_t i = 0; i < (size_t)E * P; i++)
-        nel += pl[i] != 0;
-    if (flow_init(&g, E + P + 2, E + P + nel) < 0)
+    if (flow_init(&g, E + P + 2, E + P + pl_count(pl, (size_t)E * P)) < 0)
         return -1;
     const int s = 0, t = E + P + 1;
-    int *eid = x ? malloc((size_t)E * P * sizeof(int)) : NULL;
-    if (x && !eid) {
-        flow_free(&g);
-        return lrmoe_err("max-flow: out of memory");
-    }
     for (int e = 0; e < E; e++)
         if (srccap[e] > 0)
             flow_edge(&g, s, 1 + e, srccap[e]);
-    for (int e = 0; e < E; e++)
-        for (int p = 0; p < P; p++) {
-            size_t i = (size_t)e * P + p;
-            if (eid)
-                eid[i] = -1;
-            if (pl[i] && srccap[e] > 0) {
-                int id = flow_edge(&g, 1 + e, 1 + E + p, srccap[e]);
-                if (eid)
-                    eid[i] = id;
-            }
-        }
+    for (int e = 0; e < E; e++) {
+        const uint8_t *row = pl + (size_t)e * P;
+        for (int p = pl_next(row, 0, P); srccap[e] > 0 && p < P; p = pl_next(row, p + 1, P))
+            flow_edge(&g, 1 + e, 1 + E + p, srccap[e]);
+    }
     const int pt0 = g.m;
     for (int p = 0; p < P; p++)
         flow_edge(&g, 1 + E + p, t, T);
@@ -725,10 +750,12 @@ static int64_t bip_flow(const uint8_t *pl, const int64_t *srccap, int E, int P, 
         se += 2;
     }
     f += flow_max(&g, s, t);
-    if (x) {
-        for (size_t i = 0; i < (size_t)E * P; i++)
-            x[i] = eid[i] >= 0 ? g.cap[eid[i] ^ 1] : 0;
-        free(eid);
+    if (x) { /* each expert's arcs to its ranks (even ids; odd: reverses) */
+        memset(x, 0, (size_t)E * P * sizeof *x);
+        for (int e = 0; e < E; e++)
+            for (int a = g.head[1 + e]; a >= 0; a = g.nxt[a])
+                if (!(a & 1) && g.to[a] > E && g.to[a] <= E + P)
+                    x[(size_t)e * P + (g.to[a] - 1 - E)] = g.cap[a ^ 1];
     }
     flow_free(&g);
     return f;
@@ -763,9 +790,7 @@ void lrmoe_route_net_free(lrmoe_route_net_t *r)
 lrmoe_route_net_t *lrmoe_route_net_new(const uint8_t *pl, int E, int P, int64_t T)
 {
     lrmoe_route_net_t *r = calloc(1, sizeof *r);
-    int nel = 0;
-    for (size_t i = 0; i < (size_t)E * P; i++)
-        nel += pl[i] != 0;
+    const int nel = pl_count(pl, (size_t)E * P);
     if (!r || flow_init(&r->g, E + P + 2, E + P + nel) < 0) {
         free(r);
         lrmoe_err("routing network: out of memory");
@@ -790,11 +815,11 @@ lrmoe_route_net_t *lrmoe_route_net_new(const uint8_t *pl, int E, int P, int64_t 
     int k = 0;
     for (int e = 0; e < E; e++) {
         r->eoff[e] = k;
-        for (int p = 0; p < P; p++)
-            if (pl[(size_t)e * P + p]) {
-                r->earc[k] = flow_edge(&r->g, 1 + e, 1 + E + p, INT64_MAX / 4);
-                r->erank[k++] = p;
-            }
+        const uint8_t *row = pl + (size_t)e * P;
+        for (int p = pl_next(row, 0, P); p < P; p = pl_next(row, p + 1, P)) {
+            r->earc[k] = flow_edge(&r->g, 1 + e, 1 + E + p, INT64_MAX / 4);
+            r->erank[k++] = p;
+        }
     }
     r->eoff[E] = k;
     r->pt0 = r->g.m;
@@ -838,15 +863,21 @@ int lrmoe_route_net_try(lrmoe_route_net_t *r, const int64_t *need)
     return 1;
 }
 
-int lrmoe_flow_routes(const uint8_t *pl, const int64_t *need, int E, int P, int64_t T)
+int lrmoe_flow_routes_x(const uint8_t *pl, const int64_t *need, int E, int P, int64_t T,
+                        int64_t *x)
 {
     int64_t sum = 0;
     for (int e = 0; e < E; e++)
         sum += need[e];
     if (sum > T * P)
         return 0;
-    int64_t f = bip_flow(pl, need, E, P, T, NULL);
+    int64_t f = bip_flow(pl, need, E, P, T, x);
     return f < 0 ? -1 : f == sum;
+}
+
+int lrmoe_flow_routes(const uint8_t *pl, const int64_t *need, int E, int P, int64_t T)
+{
+    return lrmoe_flow_routes_x(pl, need, E, P, T, NULL);
 }
 
 int64_t lrmoe_minpeak_lb_flow(const uint8_t *pl, const int64_t *need, int E, int P)

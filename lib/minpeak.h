@@ -67,6 +67,10 @@ int64_t plan_minpeak(const uint8_t *pl, const int64_t *lo, const int64_t *n, int
 /* 1 when every need[e] routes to its eligible ranks with each rank <= T
  * (one max-flow), 0 when not, -1 on error. */
 int lrmoe_flow_routes(const uint8_t *placement, const int64_t *need, int E, int P, int64_t T);
+/* The same, and when it routes, that max-flow's allocation in x[E,P] (as
+ * lrmoe_alloc_flow_at fills it; x is scratch when it does not route). */
+int lrmoe_flow_routes_x(const uint8_t *placement, const int64_t *need, int E, int P,
+                        int64_t T, int64_t *x);
 /* An incremental routing check at a fixed peak T (e.g. the floors of a
  * bisection, which only rise): new builds the network of the placement with
  * nothing routed; try(need) returns 1 and keeps the routing when every

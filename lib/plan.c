@@ -281,6 +281,7 @@ int lrmoe_plan_from_frame(const lrmoe_frame_t *f, lrmoe_plan_t *p)
 void lrmoe_plan_thread_cleanup(void)
 {
     lrmoe_minpeak_thread_cleanup();
+    plan_lrmoe_thread_cleanup();
 }
 
 /* thread CPU seconds (the plan time without the other processes of a
@@ -332,9 +333,9 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
         /* baselines retain everything: K_e = n_e, backward where forward ran */
         memcpy(out->quota, load, (size_t)E * sizeof *load);
         memcpy(out->bwd_alloc, out->fwd_alloc, (size_t)E * o->P * sizeof(int64_t));
-        plan_summarise(out, load);
         if (plan_cost(o, out, load, NULL) < 0)
             return -1;
+        plan_summarise(out, load);
         /* the planner's own allocation is feasible: its peak bounds T* from
          * above, so the bound search stops as soon as it reaches it */
         out->fwd_lb = plan_minpeak(out->placement, NULL, load, 0, E, o->P, out->fwd_peak, NULL,

@@ -156,7 +156,8 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
                        lrmoe_plan_t *out);
 
 /* Free the per-thread state the planners keep (GLPK's environment, which
- * lrmoe_plan_compute creates on first use in each thread). Call it at the
+ * lrmoe_plan_compute creates on first use in each thread, and the lrmoe
+ * planner's scratch plans, kept from one call to the next). Call it at the
  * end of every thread that planned, and of main; planning again afterwards
  * is allowed (the state is recreated). */
 void lrmoe_plan_thread_cleanup(void);

@@ -141,65 +141,61 @@ int lrmoe_plan_check(const lrmoe_plan_t *p, const int64_t *load)
 
 /* ---------------------------------------------------------------- common */
 
+/* The summary of p (N, rho, peaks, replicas, mean_ceil) from the rows of
+ * its cost evaluation: p->rank, filled by plan_cost, holds each rank's
+ * forward and backward rows and replicas, so the [E,P] arrays are not
+ * scanned again. */
 void plan_summarise(lrmoe_plan_t *p, const int64_t *load)
 {
-    const int E = p->E, P = p->P;
-    int64_t *fr = calloc((size_t)P, sizeof *fr), *br = calloc((size_t)P, sizeof *br);
-    p->N = 0;
     int64_t K = 0;
-    p->replicas = 0;
-    for (int e = 0; e < E; e++) {
+    p->N = 0;
+    for (int e = 0; e < p->E; e++) {
         p->N += load[e];
         K += p->quota[e];
-        for (int q = 0; q < P; q++) {
-            size_t i = (size_t)e * P + q;
-            const int skip = plan_skip(p, i, q, P);
-            if (skip) { /* sparse: nothing held, nothing to check or sum */
-                q += skip - 1;
-                continue;
-            }
-            if (fr) {
-                fr[q] += p->fwd_alloc[i];
-                br[q] += p->bwd_alloc[i];
-            }
-            if (p->placement[i] && q != e / (E / P) && !p->have_slots)
-                p->replicas++;
-        }
     }
-    for (int q = 0; p->have_slots && q < P; q++)
-        p->replicas += (int)p->held[q];
+    p->replicas = 0;
     p->fwd_peak = p->bwd_peak = 0;
-    for (int q = 0; fr && br && q < P; q++) {
-        if (fr[q] > p->fwd_peak)
-            p->fwd_peak = fr[q];
-        if (br[q] > p->bwd_peak)
-            p->bwd_peak = br[q];
+    for (int q = 0; q < p->P; q++) {
+        const lrmoe_rank_cost_t *r = &p->rank[q];
+        p->replicas += (int)r->replicas;
+        if (r->fwd_rows > p->fwd_peak)
+            p->fwd_peak = r->fwd_rows;
+        if (r->bwd_rows > p->bwd_peak)
+            p->bwd_peak = r->bwd_rows;
     }
-    free(fr);
-    free(br);
     p->rho = p->N ? (double)K / (double)p->N : 1.0;
-    p->mean_ceil = (p->N + P - 1) / P;
+    p->mean_ceil = (p->N + p->P - 1) / p->P;
+}
+
+/* The cost model of plan p (its slots and keep rule); placed: p's
+ * allocations lie on its placement (cost_eval_placed). */
+static int eval_cost(const lrmoe_cost_model_t *m, const lrmoe_plan_t *p, const int64_t *load,
+                     lrmoe_rank_cost_t *rank, lrmoe_cost_summary_t *sum, int placed)
+{
+    const lrmoe_cost_slots_t sl = {p->held, p->wsend, p->wrecv};
+    lrmoe_cost_model_t mk = *m;
+    mk.keep_by_rank = m->keep_by_rank || p->keep_by_rank;
+    return (placed ? cost_eval_placed : lrmoe_cost_eval_slots)(
+        &mk, p->E, p->P, p->placement, load, p->fwd_alloc, p->quota, p->bwd_alloc,
+        p->have_slots ? &sl : NULL, rank, sum);
 }
 
 int lrmoe_plan_eval_cost(const lrmoe_cost_model_t *m, const lrmoe_plan_t *p,
                          const int64_t *load, lrmoe_rank_cost_t *rank,
                          lrmoe_cost_summary_t *sum)
 {
-    const lrmoe_cost_slots_t sl = {p->held, p->wsend, p->wrecv};
-    lrmoe_cost_model_t mk = *m;
-    mk.keep_by_rank = m->keep_by_rank || p->keep_by_rank;
-    return lrmoe_cost_eval_slots(&mk, p->E, p->P, p->placement, load, p->fwd_alloc, p->quota,
-                                 p->bwd_alloc, p->have_slots ? &sl : NULL, rank, sum);
+    return eval_cost(m, p, load, rank, sum, 0);
 }
 
-/* Evaluate the cost model for p and fill the summary figures. */
+/* Evaluate the cost model for p, a plan a planner built (its allocations
+ * lie on its placement: cost_eval_placed), and fill the summary figures. */
 int plan_cost(const lrmoe_plan_opts_t *o, lrmoe_plan_t *p, const int64_t *load,
               lrmoe_cost_summary_t *s)
 {
     lrmoe_cost_summary_t tmp;
     if (!s)
         s = &tmp;
-    if (lrmoe_plan_eval_cost(&o->cost, p, load, p->rank, s) < 0)
+    if (eval_cost(&o->cost, p, load, p->rank, s, 1) < 0)
         return -1;
     p->cost = *s;
     p->have_cost = 1;
@@ -215,6 +211,9 @@ int plan_cost(const lrmoe_plan_opts_t *o, lrmoe_plan_t *p, const int64_t *load,
  * state and backward payloads, and the budget, in adaptive units. */
 int plan_fits(const lrmoe_plan_opts_t *o, const lrmoe_plan_t *p, char *why, size_t len)
 {
+    if (!why) /* the answer only */
+        return !(o->cost.hbm > 0 && p->mem_peak > o->cost.hbm) &&
+               !(o->cost.window > 0 && p->t_comm > o->cost.window);
     if (o->cost.hbm > 0 && p->mem_peak > o->cost.hbm) {
         char a[24], b[24], r[24], f[24], s[24], w[24];
         const lrmoe_rank_cost_t *k = p->have_cost && p->rank ? &p->rank[p->mem_peak_rank] : NULL;

@@ -428,7 +428,23 @@ static double t_bwd_of(const lrmoe_cost_summary_t *s)
     return s->t_bwd_dispatch + s->t_bwd_compute + s->t_bwd_combine;
 }
 
-/* Copy the arrays and summary of a into b (same shape, b allocated). */
+/* Runs the statements that follow i for each entry i of the placement pl
+ * (n entries) that holds an instance, in increasing order (zero 8-byte
+ * words skipped: plans are sparse). */
+#define FOR_PLACED(pl, n, i, ...)                                             \
+    for (size_t i##0 = 0; i##0 < (n); i##0 += 8) {                          \
+        uint64_t i##w = 0;                                                  \
+        if (i##0 + 8 <= (n) && (memcpy(&i##w, (pl) + i##0, 8), !i##w))       \
+            continue;                                                       \
+        for (size_t i = i##0; i < i##0 + 8 && i < (n); i++)                 \
+            if ((pl)[i]) {                                                  \
+                __VA_ARGS__                                                 \
+            }                                                               \
+    }
+
+/* Copy the arrays and summary of a into b (same shape, b allocated). Both
+ * hold allocations only where they place an expert (the planner's plans
+ * do), so only those entries are cleared in b and copied from a. */
 static void plan_copy(lrmoe_plan_t *b, const lrmoe_plan_t *a)
 {
     const size_t EP = (size_t)a->E * a->P, P = (size_t)a->P;
@@ -445,10 +461,10 @@ static void plan_copy(lrmoe_plan_t *b, const lrmoe_plan_t *a)
     b->wsend = ws;
     b->wrecv = wr;
     b->rank = rk;
-    memcpy(pl, a->placement, EP);
-    memcpy(fw, a->fwd_alloc, EP * sizeof *fw);
+    FOR_PLACED(pl, EP, i, pl[i] = 0; fw[i] = bw[i] = 0;)
+    FOR_PLACED(a->placement, EP, i, pl[i] = a->placement[i]; fw[i] = a->fwd_alloc[i];
+               bw[i] = a->bwd_alloc[i];)
     memcpy(q, a->quota, (size_t)a->E * sizeof *q);
-    memcpy(bw, a->bwd_alloc, EP * sizeof *bw);
     memcpy(held, a->held, P * sizeof *held);
     memcpy(ws, a->wsend, P * sizeof *ws);
     memcpy(wr, a->wrecv, P * sizeof *wr);
@@ -529,13 +545,12 @@ static void take(const lctx_t *c, slot_t *sl, int cls, const char *src)
 static void submit(lctx_t *c, const char *src, int longer)
 {
     lrmoe_plan_t *k = &c->cand;
-    char why[400];
     if (c->total == c->N && k->mem_peak < c->min_mem1 &&
         !(c->o->cost.window > 0 && k->t_comm > c->o->cost.window))
         c->min_mem1 = k->mem_peak;
-    if (!plan_fits(c->o, k, why, sizeof why)) {
-        if (!c->why[0] || k->mem_peak < c->why_mem) {
-            snprintf(c->why, sizeof c->why, "%s", why);
+    if (!plan_fits(c->o, k, NULL, 0)) {
+        if (!c->why[0] || k->mem_peak < c->why_mem) { /* the closest miss so far */
+            plan_fits(c->o, k, c->why, sizeof c->why);
             snprintf(c->why_src, sizeof c->why_src, "%s", src);
             c->why_mem = k->mem_peak;
         }
@@ -558,8 +573,10 @@ static void submit(lctx_t *c, const char *src, int longer)
 static int cand_eval(lctx_t *c)
 {
     c->cand.keep_by_rank = 0;
+    if (plan_cost(c->o, &c->cand, c->load, NULL) < 0)
+        return -1;
     plan_summarise(&c->cand, c->load);
-    return plan_cost(c->o, &c->cand, c->load, NULL);
+    return 0;
 }
 
 /* Submit the evaluated backward c->cand (rate below 1) named src; t1: the
@@ -599,8 +616,10 @@ static int submit_bwd(lctx_t *c, const char *src, double t1)
  * then the most even retention (every rank's droppable experts keep the same
  * fraction as far as the peak allows, split inside a rank by largest
  * remainders). Returns 1 with quota and bwd_alloc of cand filled, 0 when the
- * droppable experts cannot absorb N - total, -1 on error. */
-static int bwd_in_place(lctx_t *c)
+ * droppable experts cannot absorb N - total, 2 when its peak is above beat
+ * (>= 0: the strict slot's, which it then cannot beat; see bwd_loses), -1
+ * on error. */
+static int bwd_in_place(lctx_t *c, int64_t beat)
 {
     const int E = c->E, P = c->P;
     lrmoe_plan_t *k = &c->cand;
@@ -656,6 +675,13 @@ static int bwd_in_place(lctx_t *c)
             lo = T + 1;
     }
     const int64_t T = lo;
+    /* T is this backward's peak: x_p <= T - M_p keeps every rank <= T, and
+     * a peak below T would leave room >= R at T - 1 (or, at T = lo, a rank
+     * is at M_p + L_p = T) */
+    if (beat >= 0 && T > beat) {
+        rc = 2;
+        goto out;
+    }
     /* even retention: x_p = clamp(floor(f*S_p), L_p, cap_p), f as large as
      * keeps sum x <= R (bisection), the rest where room is left */
     double fl = 0, fh = 1;
@@ -802,10 +828,16 @@ static int bwd_minpeak(lctx_t *c, const int64_t *K, int64_t lb)
                 memcpy(lf, c->kprop, (size_t)E * sizeof *lf);
             else
                 quota_proportional(c->load, c->lo, E, c->rho, c->total, lf);
-            t = plan_minpeak(pl, NULL, lf, 0, E, P, lb + 1, NULL, NULL) == lb;
+            /* their peak is at least lb (they are one choice of the free
+             * quotas): lb exactly when they route at lb */
+            t = lrmoe_flow_routes_x(pl, lf, E, P, lb, k->bwd_alloc);
+            if (t < 0) {
+                free(lf);
+                return -1;
+            }
             if (t) {
                 memcpy(k->quota, lf, (size_t)E * sizeof *lf);
-                bpk = lrmoe_alloc_flow_at(pl, k->quota, E, P, lb, k->bwd_alloc);
+                bpk = lb;
             } else if (even_floors(c, pl, lb, lf) < 0) { /* else the least drop fraction */
                 free(lf);
                 return -1;
@@ -841,24 +873,52 @@ static void bwd_follow(lctx_t *c)
 {
     lrmoe_plan_t *k = &c->cand;
     const int P = c->P;
+    const size_t EP = (size_t)c->E * P;
+    /* forward runs only where an expert is placed: elsewhere b = f = 0 */
+    memset(k->bwd_alloc, 0, EP * sizeof *k->bwd_alloc);
+    FOR_PLACED(k->placement, EP, i, {
+        const int64_t n = c->load[i / P], K = k->quota[i / P], f = k->fwd_alloc[i];
+        int64_t b = n ? (int64_t)((double)f * (double)K / (double)n) : 0;
+        k->bwd_alloc[i] = b > f ? f : b;
+    })
     for (int e = 0; e < c->E; e++) {
-        const int64_t n = c->load[e], K = k->quota[e];
+        const int64_t K = k->quota[e];
         int64_t *b = k->bwd_alloc + (size_t)e * P;
         const int64_t *f = k->fwd_alloc + (size_t)e * P;
+        const uint8_t *row = k->placement + (size_t)e * P;
         int64_t s = 0;
-        for (int p = 0; p < P; p++) {
-            b[p] = n ? (int64_t)((double)f[p] * (double)K / (double)n) : 0;
-            if (b[p] > f[p])
-                b[p] = f[p];
+        for (int p = 0; p < P; p++)
             s += b[p];
-        }
         for (int p = 0; p < P && s < K; p++)
-            if (b[p] < f[p]) {
+            if (row[p] && b[p] < f[p]) {
                 int64_t d = f[p] - b[p] < K - s ? f[p] - b[p] : K - s;
                 b[p] += d;
                 s += d;
             }
     }
+}
+
+/* Whether cand's backward (bwd_alloc as it stands) cannot win at this
+ * rate: the strict slot holds a plan with a lower backward peak. Below rate
+ * 1 that slot takes only a lower or equal peak (beats), and once it holds a
+ * plan the rate is decided by it: the any slot, the explanation of a miss
+ * and the closest miss are not used. So the cost evaluation is skipped. */
+static int bwd_loses(const lctx_t *c)
+{
+    if (!c->strict.have)
+        return 0;
+    const lrmoe_plan_t *k = &c->cand;
+    const int P = c->P;
+    int64_t *br = calloc((size_t)P, sizeof *br);
+    if (!br)
+        return 0; /* evaluate it */
+    int64_t pk = 0;
+    FOR_PLACED(k->placement, (size_t)c->E * P, i, br[i % P] += k->bwd_alloc[i];)
+    for (int q = 0; q < P; q++)
+        if (br[q] > pk)
+            pk = br[q];
+    free(br);
+    return pk > c->strict.p->bwd_peak;
 }
 
 /* A forward candidate: a placement with its forward allocation (and EPLB's
@@ -912,10 +972,8 @@ static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t f
     const lrmoe_plan_t *k = &c->cand;
     const size_t EP = (size_t)c->E * c->P;
     int npl = 0, nfw = 0;
-    for (size_t i = 0; i < EP; i++) {
-        npl += k->placement[i] != 0;
-        nfw += k->fwd_alloc[i] != 0;
-    }
+    /* pairs only where an expert is placed: the placement's entries */
+    FOR_PLACED(k->placement, EP, i, npl++; nfw += k->fwd_alloc[i] != 0;)
     memset(f, 0, sizeof *f);
     snprintf(f->name, sizeof f->name, "%s", name);
     f->flb = flb;
@@ -942,14 +1000,11 @@ static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t f
         fc_free(f);
         return lrmoe_err("lrmoe: out of memory");
     }
-    for (size_t i = 0; i < EP; i++) {
-        if (k->placement[i])
-            f->pidx[f->npl++] = (int32_t)i;
-        if (k->fwd_alloc[i]) {
-            f->fidx[f->nfw] = (int32_t)i;
-            f->fval[f->nfw++] = k->fwd_alloc[i];
-        }
-    }
+    FOR_PLACED(k->placement, EP, i, f->pidx[f->npl++] = (int32_t)i;
+               if (k->fwd_alloc[i]) {
+                   f->fidx[f->nfw] = (int32_t)i;
+                   f->fval[f->nfw++] = k->fwd_alloc[i];
+               })
     if (k->have_slots) {
         memcpy(f->held, k->held, (size_t)c->P * sizeof *f->held);
         memcpy(f->wsend, k->wsend, (size_t)c->P * sizeof *f->wsend);
@@ -975,8 +1030,8 @@ static void fc_load(lctx_t *c, const fcand_t *f)
 {
     lrmoe_plan_t *k = &c->cand;
     const size_t EP = (size_t)c->E * c->P;
-    memset(k->placement, 0, EP);
-    memset(k->fwd_alloc, 0, EP * sizeof *k->fwd_alloc);
+    /* cand's forward lies on its placement: clearing those entries clears it */
+    FOR_PLACED(k->placement, EP, i, k->placement[i] = 0; k->fwd_alloc[i] = 0;)
     for (int i = 0; i < f->npl; i++)
         k->placement[f->pidx[i]] = 1;
     for (int i = 0; i < f->nfw; i++)
@@ -1012,6 +1067,11 @@ static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl
         snprintf(name, sizeof name, "%s:own", src);
         if (fc_take(c, fc, nfc, name, flb) < 0)
             return -1;
+        /* without replicas (every expert on its native rank alone) the
+         * forward has one allocation: the min-peak candidate would be this
+         * one again, and dropped as a duplicate */
+        if (!base->have_slots && base->replicas == 0)
+            return 0;
         pl = base->placement;
     }
     memcpy(k->placement, pl, EP);
@@ -1073,6 +1133,25 @@ static int own_count(int nadd)
     for (int k = nadd / 2; k > 0; k /= 2)
         n++;
     return n;
+}
+
+/* Evaluate cand's backward and submit it as src/what, with the bounds
+ * flb, blb; t1: the backward keeping every pair (submit_bwd), or < 0 for a
+ * backward that cannot be longer (submitted as it is). 0 or -1. */
+static int offer_bwd(lctx_t *c, const char *src, const char *what, int64_t flb, int64_t blb,
+                     double t1)
+{
+    char name[56];
+    if (cand_eval(c) < 0)
+        return -1;
+    c->cand.fwd_lb = flb;
+    c->cand.bwd_lb = blb;
+    snprintf(name, sizeof name, "%s/%s", src, what);
+    if (t1 < 0) {
+        submit(c, name, 0);
+        return 0;
+    }
+    return submit_bwd(c, name, t1);
 }
 
 /* All backward variants of forward candidate f at the current rate, each
@@ -1137,36 +1216,19 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
     if (bwd_minpeak(c, K, lb) < 0)
         return -1;
     const int64_t blb = k->bwd_lb;
-    if (cand_eval(c) < 0)
-        return -1;
-    k->fwd_lb = flb;
-    k->bwd_lb = blb;
-    snprintf(name, sizeof name, "%s/minpeak", src);
-    if (submit_bwd(c, name, t1) < 0)
+    if (offer_bwd(c, src, "minpeak", flb, blb, t1) < 0)
         return -1;
     /* the same quotas where forward ran */
     bwd_follow(c);
-    if (cand_eval(c) < 0)
-        return -1;
-    k->fwd_lb = flb;
-    k->bwd_lb = blb;
-    snprintf(name, sizeof name, "%s/follow", src);
-    if (submit_bwd(c, name, t1) < 0)
+    if (!bwd_loses(c) && offer_bwd(c, src, "follow", flb, blb, t1) < 0)
         return -1;
     if (K)
         return 0; /* proportional quotas are fixed */
-    int r = bwd_in_place(c);
+    int r = bwd_in_place(c, c->strict.have ? c->strict.p->bwd_peak : -1);
     if (r < 0)
         return -1;
-    if (r == 1) {
-        if (cand_eval(c) < 0)
-            return -1;
-        k->fwd_lb = flb;
-        k->bwd_lb = blb;
-        snprintf(name, sizeof name, "%s/in-place", src);
-        submit(c, name, 0);
-    }
-    return 0;
+    /* in place nothing moves: never longer than keeping every pair */
+    return r == 1 ? offer_bwd(c, src, "in-place", flb, blb, -1) : 0;
 }
 
 /* Slots beyond the natives: -s S gives S - E/P; else what the budget holds
@@ -1221,6 +1283,22 @@ static void explain(const lrmoe_plan_opts_t *o, const int64_t *load, int E, doub
     lrmoe_plan_free(&t);
 }
 
+/* The scratch plans of plan_lrmoe (the three baselines, the candidate and
+ * the any slot), kept per thread from one call to the next: planning frame
+ * after frame then neither allocates nor faults in five [E,P] plans each
+ * time. lrmoe_plan_thread_cleanup frees them; a nested call (explain) uses
+ * plans of its own. */
+enum { SCRATCH = 5 };
+static _Thread_local lrmoe_plan_t scratch[SCRATCH];
+static _Thread_local int scratch_ready, scratch_busy;
+
+void plan_lrmoe_thread_cleanup(void)
+{
+    for (int i = 0; scratch_ready && i < SCRATCH; i++)
+        lrmoe_plan_free(&scratch[i]);
+    scratch_ready = 0;
+}
+
 int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p)
 {
     const int P = o->P, per = E / P;
@@ -1232,16 +1310,23 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
     int64_t *lo = malloc((size_t)E * sizeof *lo), *K = malloc((size_t)E * sizeof *K);
     uint8_t *pl = malloc(EP);
     int *he = malloc(((size_t)ex * P + 1) * sizeof(int)), *hp = malloc(((size_t)ex * P + 1) * sizeof(int));
-    lrmoe_plan_t bl[3];
+    lrmoe_plan_t sp[SCRATCH], *bl = sp, *anyp = NULL; /* bl: sp[0..2] */
+    const int kept = !scratch_busy;
+    if (kept) {
+        for (int i = 0; !scratch_ready && i < SCRATCH; i++)
+            lrmoe_plan_init(&scratch[i]);
+        scratch_ready = scratch_busy = 1;
+        memcpy(sp, scratch, sizeof sp);
+    } else {
+        for (int i = 0; i < SCRATCH; i++)
+            lrmoe_plan_init(&sp[i]);
+    }
     lctx_t c;
     memset(&c, 0, sizeof c);
-    for (int i = 0; i < 3; i++)
-        lrmoe_plan_init(&bl[i]);
-    lrmoe_plan_init(&c.cand);
+    c.cand = sp[3];
     int rc = -1;
     char why[480] = "", why1[400] = "", alt_why[480] = "";
     fcand_t *fc = NULL;
-    lrmoe_plan_t *anyp = NULL;
     if (!lo || !K || !pl || !he || !hp || lrmoe_plan_alloc(&c.cand, E, P) < 0) {
         lrmoe_err("lrmoe: out of memory");
         goto out;
@@ -1274,9 +1359,9 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
             goto out;
         memcpy(bl[i].quota, load, (size_t)E * sizeof *load);
         memcpy(bl[i].bwd_alloc, bl[i].fwd_alloc, EP * sizeof(int64_t));
-        plan_summarise(&bl[i], load);
         if (plan_cost(&ob, &bl[i], load, NULL) < 0)
             goto out;
+        plan_summarise(&bl[i], load);
         char w[200];
         const int fits = plan_fits(o, &bl[i], w, sizeof w);
         if ((fits && !ref_fits) || (fits == ref_fits && (bl[i].t_total < c.ref_t ||
@@ -1330,9 +1415,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
      * any fitting plan (kept in the any slot while the search goes on) */
     int found = 0, alt_ri = -1;
     if (o->longer_bwd) {
-        if (!(anyp = malloc(sizeof *anyp)))
-            goto oom;
-        lrmoe_plan_init(anyp);
+        anyp = &sp[4];
         if (lrmoe_plan_alloc(anyp, E, P) < 0)
             goto out;
     }
@@ -1439,9 +1522,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
         if (slo > total)
             total = slo;
         if (!anyp) {
-            if (!(anyp = malloc(sizeof *anyp)))
-                goto oom;
-            lrmoe_plan_init(anyp);
+            anyp = &sp[4];
             if (lrmoe_plan_alloc(anyp, E, P) < 0)
                 goto out;
         }
@@ -1484,24 +1565,22 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
         rc = 0;
     }
     p->glpk_seconds = c.glpk;
-    goto out;
-oom:
-    lrmoe_err("lrmoe: out of memory");
 out:
     for (int i = 0; fc && i < 2 * own_count(ex * P) + 6; i++)
         fc_free(&fc[i]);
     free(fc);
-    if (anyp) {
-        lrmoe_plan_free(anyp);
-        free(anyp);
-    }
     free(lo);
     free(K);
     free(pl);
     free(he);
     free(hp);
-    for (int i = 0; i < 3; i++)
-        lrmoe_plan_free(&bl[i]);
-    lrmoe_plan_free(&c.cand);
+    sp[3] = c.cand;
+    if (kept) {
+        memcpy(scratch, sp, sizeof sp);
+        scratch_busy = 0;
+    } else {
+        for (int i = 0; i < SCRATCH; i++)
+            lrmoe_plan_free(&sp[i]);
+    }
     return rc;
 }

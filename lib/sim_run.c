@@ -25,6 +25,7 @@ typedef struct {
     lrmoe_plan_opts_t o;        /* the frame's model sizes, before the planner */
     lrmoe_sim_row_t rows[LRMOE_SIM_MAX_PLANNERS];
     int64_t *rank_fwd, *rank_bwd; /* (np, P) */
+    int64_t *rank_moved;          /* (np, P): the model's moved backward rows */
     int do_press;
     double *frac, *rho;         /* (npress, np+1), (npress, np) */
     lrmoe_eplb_layout_t lay;    /* deployed EPLB's layout for this frame */
@@ -63,9 +64,15 @@ static int run_task(work_t *w, int t, lrmoe_plan_t *plan, int64_t *scaled)
     pl.opts.nrates = nrates;
     memcpy(pl.opts.rates, rates, sizeof rates);
     pl.opts.best_effort = 1;
-    if (i < 0)
-        return lrmoe_sim_eval(&pl, it->load, it->E, plan, &it->rows[j],
-                              it->rank_fwd + (size_t)j * c->P, it->rank_bwd + (size_t)j * c->P);
+    if (i < 0) {
+        if (lrmoe_sim_eval(&pl, it->load, it->E, plan, &it->rows[j],
+                           it->rank_fwd + (size_t)j * c->P, it->rank_bwd + (size_t)j * c->P) < 0)
+            return -1;
+        /* lrmoe_plan_compute evaluated the plan's cost model (per rank) */
+        for (int p = 0; p < c->P; p++)
+            it->rank_moved[(size_t)j * c->P + p] = plan->have_cost ? plan->rank[p].moved_rows : 0;
+        return 0;
+    }
     if (!it->do_press)
         return 0;
     double mult = c->pressure[i];
@@ -574,9 +581,11 @@ static int sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, const lrmoe_sim
     for (int i = 0; i < B; i++) {
         items[i].rank_fwd = calloc((size_t)np * P, sizeof(int64_t));
         items[i].rank_bwd = calloc((size_t)np * P, sizeof(int64_t));
+        items[i].rank_moved = calloc((size_t)np * P, sizeof(int64_t));
         items[i].frac = calloc((size_t)(npr ? npr : 1) * (np + 1), sizeof(double));
         items[i].rho = calloc((size_t)(npr ? npr : 1) * np, sizeof(double));
-        if (!items[i].rank_fwd || !items[i].rank_bwd || !items[i].frac || !items[i].rho) {
+        if (!items[i].rank_fwd || !items[i].rank_bwd || !items[i].rank_moved || !items[i].frac ||
+            !items[i].rho) {
             rc = lrmoe_err("out of memory");
             goto done;
         }
@@ -733,10 +742,11 @@ static int sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, const lrmoe_sim
             const item_t *it = &items[i];
             for (int j = 0; j < np; j++)
                 for (int p = 0; p < P; p++)
-                    fprintf(c->rank_tsv, "%lld\t%s\t%s\t%s\t%d\t%lld\t%lld\n", (long long)it->index,
-                            it->layer, it->step, c->pl[j].label, p,
+                    fprintf(c->rank_tsv, "%lld\t%s\t%s\t%s\t%d\t%lld\t%lld\t%lld\n",
+                            (long long)it->index, it->layer, it->step, c->pl[j].label, p,
                             (long long)it->rank_fwd[(size_t)j * P + p],
-                            (long long)it->rank_bwd[(size_t)j * P + p]);
+                            (long long)it->rank_bwd[(size_t)j * P + p],
+                            (long long)it->rank_moved[(size_t)j * P + p]);
             if (ferror(c->rank_tsv))
                 rc = lrmoe_err("--rank-tsv: write failed");
         }
@@ -754,6 +764,7 @@ done:
         lrmoe_eplb_layout_free(&items[i].lay);
         free(items[i].rank_fwd);
         free(items[i].rank_bwd);
+        free(items[i].rank_moved);
         free(items[i].frac);
         free(items[i].rho);
     }

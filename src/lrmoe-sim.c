@@ -37,7 +37,7 @@ static void usage(FILE *fp)
         "                        error, stdout carries the report)\n"
         "      --tsv FILE        old name of --stats\n"
         "      --rank-stats FILE one TSV row per frame, planner and rank: forward\n"
-        "                        and backward pairs\n"
+        "                        and backward pairs, modelled moved backward rows\n"
         "      --rank-tsv FILE   old name of --rank-stats\n"
         "  -x, --pressure LIST   effective-throughput experiment at these batch\n"
         "                        multipliers, e.g. 1,2,4,8,16,20\n"
@@ -276,7 +276,7 @@ int main(int argc, char **argv)
             lrmoe_reader_close(rd);
             return 1;
         }
-        fprintf(rtsv, "frame\tlayer\tstep\tplanner\trank\tfwd_pairs\tbwd_pairs\n");
+        fprintf(rtsv, "frame\tlayer\tstep\tplanner\trank\tfwd_pairs\tbwd_pairs\tmoved_rows\n");
     }
 
     c.jobs = (int)jobs;

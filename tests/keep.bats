@@ -22,15 +22,19 @@ pipeline() {
         "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" > "$T/f.lrm"
     "$BIN/lrmoe-score" "$T/f.lrm" > "$T/s.lrm"
     "$BIN/lrmoe-pack" --alloc plan --stats "$T/pack.tsv" "$T/s.lrm" > "$T/p.lrm"
+    # the plan's modelled moved rows per rank, as lrmoe-sim prints them
+    "$BIN/lrmoe-sim" --quiet --ranks 4 --planners lrmoe@0.7 --rank-stats "$T/rank.tsv" \
+        "$T/r.lrm" > /dev/null
 }
 
 @test "by-rank: the realised pack moves exactly the state the plan modelled, per rank" {
     pipeline
     # the selection against a numpy reference, and the moved rows per rank
-    # (pack_rank != pair_rank) against the plan's model: by-rank frames
-    # max(0, bwd - fwd) per (e,p), exactly; the others at most the worst
-    # case max(0, bwd - max(0, fwd - (n - K)))
-    run python3 - "$H" "$T/p.lrm" "$T/pack.tsv" <<'PY'
+    # (pack_rank != pair_rank) against the plan's model as lrmoe-sim
+    # --rank-stats prints it (moved_rows; the same plan: its bwd_pairs are
+    # the frame's): by-rank frames exactly, the others at most that (the
+    # worst case over the pairs lrmoe-score may keep)
+    run python3 - "$H" "$T/p.lrm" "$T/pack.tsv" "$T/rank.tsv" <<'PY'
 import sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
@@ -39,6 +43,12 @@ frames = read_stream(sys.argv[2])
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[3])]
 h = rows[0]
 moved_col = next(i for i, c in enumerate(h) if c == "moved" or c.startswith("moved_"))
+rk = [l.rstrip("\n").split("\t") for l in open(sys.argv[4])]
+rc = {c: i for i, c in enumerate(rk[0])}
+sim = {}
+for r in rk[1:]:
+    sim.setdefault(int(r[rc["frame"]]), {})[int(r[rc["rank"]])] = (
+        int(r[rc["bwd_pairs"]]), int(r[rc["moved_rows"]]))
 nby = 0
 for i, (t, a) in enumerate(frames):
     ids, keep, score = t["topk_ids"].ravel(), t["keep"].ravel(), t["pair_score"].ravel()
@@ -68,9 +78,10 @@ for i, (t, a) in enumerate(frames):
                  (i, a.get("plan.keep"), int((ref != keep).sum())))
     pp, pr = t["pack_pair"].ravel(), t["pack_rank"].ravel()
     real = np.bincount(pr[prank[pp] != pr], minlength=P)
-    n = np.bincount(ids, minlength=E)[:, None]
-    stay = fwd if byr else np.maximum(0, fwd - (n - quota[:, None]))
-    model = np.maximum(0, bwd - stay).sum(axis=0)
+    if [sim[i][p][0] for p in range(P)] != bwd.sum(axis=0).tolist():
+        sys.exit("frame %d: lrmoe-sim planned another backward (%s, the frame %s)" %
+                 (i, [sim[i][p][0] for p in range(P)], bwd.sum(axis=0).tolist()))
+    model = np.array([sim[i][p][1] for p in range(P)])
     if byr and not np.array_equal(real, model):
         sys.exit("frame %d: by-rank: moved rows per rank %s, the model %s" % (i, real, model))
     if (real > model).any():

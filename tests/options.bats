@@ -121,7 +121,7 @@ stats_dash() {
     [ "$(printf '%s\n' "$stderr" | wc -l)" = 5 ]
     run --separate-stderr "$BIN/lrmoe-sim" -Q -P 2 -p fixed --rank-stats - "$T/r.lrm"
     assert_success
-    [ "$(printf '%s\n' "$stderr" | head -1)" = "frame	layer	step	planner	rank	fwd_pairs	bwd_pairs" ]
+    [ "$(printf '%s\n' "$stderr" | head -1)" = "frame	layer	step	planner	rank	fwd_pairs	bwd_pairs	moved_rows" ]
     [ ! -e "$T/-" ]
 }
 
