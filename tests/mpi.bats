@@ -14,6 +14,9 @@ setup() {
     D="$BATS_TEST_TMPDIR"
     EXEC="$BIN/lrmoe-exec"
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    # OpenMPI's session directory (TMPDIR/ompi.HOST.UID) per test, so that two
+    # suites running at once on one machine cannot race on a shared one
+    export TMPDIR="$D"
     # every job ends (or is killed) within this bound: nothing may hang
     MPIRUN="timeout 120 mpirun --mca btl tcp,self --oversubscribe"
 }
