@@ -73,4 +73,12 @@ int lrmoe_gemm(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
                const void *B, lrmoe_dtype_t bdt, int64_t ldb,
                int acc, float *C, int64_t ldc);
 
+/* C (M,2N) = [A B1^T | A B2^T]: two GEMMs sharing the operand A (M,K),
+ * B1 and B2 stored (N,K) with row stride ldb (the forward's gate and up
+ * projections), A converted or packed once. Same numerics as two
+ * lrmoe_gemm calls with tb = 1. */
+int lrmoe_gemm2(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const void *A,
+                lrmoe_dtype_t adt, int64_t lda, const void *B1, const void *B2,
+                lrmoe_dtype_t bdt, int64_t ldb, float *C, int64_t ldc);
+
 #endif

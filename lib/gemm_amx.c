@@ -1,0 +1,281 @@
+/* BF16 GEMM on Intel AMX: C = A B^T with B stored (N,K). See gemm_amx.h. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "gemm_amx.h"
+#include "lrmoe.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && __GNUC__ >= 11
+#define HAVE_AMX_BUILD 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+struct lrmoe_amx {
+    int64_t M, K, MB;     /* packed operand: rows, depth, 16-row blocks */
+    uint32_t *P;          /* MB * (K/2) * 16 pairs */
+    size_t cap;
+    uint16_t *row;        /* 16 rows of K: F32 rows rounded to BF16 */
+    size_t rcap;
+    uint16_t *W;          /* 32 rows of B in tile order: (K/32) x 2 tiles x 16 x 32 */
+    size_t wcap;
+    float *Cs;            /* partial C tiles between K chunks: (MB+1)/2 x 4 x 256 */
+    size_t ccap;
+};
+
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static int amx_ok;
+
+static void amx_probe(void)
+{
+#ifdef HAVE_AMX_BUILD
+    const char *e = getenv("LRMOE_AMX");
+    if (e && !strcmp(e, "0")) return;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    if (!(d & (1u << 24)) || !(d & (1u << 22))) return;   /* AMX-TILE, AMX-BF16 */
+    /* Linux: ask for the tile data state (ARCH_REQ_XCOMP_PERM, XTILEDATA) */
+    if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return;
+    amx_ok = 1;
+#endif
+}
+
+int lrmoe_amx_available(void)
+{
+    pthread_once(&amx_once, amx_probe);
+    return amx_ok;
+}
+
+int lrmoe_amx_shape_ok(int64_t N, int64_t K)
+{
+    return N > 0 && K > 0 && N % 16 == 0 && K % 32 == 0;
+}
+
+lrmoe_amx_t *lrmoe_amx_new(void)
+{
+    lrmoe_amx_t *x = calloc(1, sizeof *x);
+    if (!x) lrmoe_err("gemm: out of memory");
+    return x;
+}
+
+void lrmoe_amx_free(lrmoe_amx_t *x)
+{
+    if (!x) return;
+    free(x->P);
+    free(x->row);
+    free(x->W);
+    free(x->Cs);
+    free(x);
+}
+
+static void *grow(void **p, size_t *cap, size_t bytes)
+{
+    if (bytes > *cap) {
+        void *q = NULL;
+        if (posix_memalign(&q, 64, bytes)) {
+            lrmoe_err("gemm: out of memory (%zu bytes of packed operand)", bytes);
+            return NULL;
+        }
+        free(*p);
+        *p = q;
+        *cap = bytes;
+    }
+    return *p;
+}
+
+#ifdef HAVE_AMX_BUILD
+/* r[i] = row i of a 16x16 block of 32-bit values -> r[i] = column i */
+__attribute__((target("avx512f")))
+static inline void tr16(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) {
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    /* u[4g + c], 128-bit lane L: column 4L + c of rows 4g..4g+3 */
+    for (int c = 0; c < 4; c++) {
+        __m512i w0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+        __m512i w1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+        __m512i w2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+        __m512i w3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+        r[c] = _mm512_shuffle_i32x4(w0, w2, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(w0, w2, 0xDD);
+        r[8 + c] = _mm512_shuffle_i32x4(w1, w3, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(w1, w3, 0xDD);
+    }
+}
+
+/* one 16-row block of A (mv valid rows, src[j] as 32-bit pairs) into the
+ * pair-interleaved tile layout: d[r][j] = src[j][r] */
+__attribute__((target("avx512f")))
+static void pack_block(const uint32_t *const *src, int64_t mv, int64_t K2, uint32_t *d)
+{
+    __m512i r[16];
+    for (int64_t r0 = 0; r0 < K2; r0 += 16) {
+        for (int j = 0; j < 16; j++)
+            r[j] = j < mv ? _mm512_loadu_si512((const void *)(src[j] + r0)) : _mm512_setzero_si512();
+        tr16(r);
+        for (int i = 0; i < 16; i++) _mm512_store_si512((void *)(d + (r0 + i) * 16), r[i]);
+    }
+}
+#endif
+
+int lrmoe_amx_pack(lrmoe_amx_t *x, int64_t M, int64_t K, const void *A, int a_f32, int64_t lda)
+{
+    const int64_t MB = (M + 15) / 16, K2 = K / 2;
+    uint32_t *P = grow((void **)&x->P, &x->cap, (size_t)(MB * K2 * 16) * sizeof *P);
+    if (!P) return -1;
+    uint16_t *rows = NULL;
+    if (a_f32 && !(rows = grow((void **)&x->row, &x->rcap, (size_t)(16 * K) * 2))) return -1;
+    if (!grow((void **)&x->W, &x->wcap, (size_t)(32 * K) * 2) ||
+        !grow((void **)&x->Cs, &x->ccap, (size_t)((MB + 1) / 2 * 4 * 256) * sizeof(float)))
+        return -1;
+    x->M = M; x->K = K; x->MB = MB;
+    for (int64_t mb = 0; mb < MB; mb++) {
+        const int64_t m0 = mb * 16, mv = M - m0 < 16 ? M - m0 : 16;
+        const uint32_t *src[16];
+        for (int64_t j = 0; j < mv; j++) {
+            if (a_f32) {
+                lrmoe_convert_from_f32(LRMOE_BF16, (const float *)A + (m0 + j) * lda,
+                                       rows + j * K, (size_t)K);
+                src[j] = (const uint32_t *)(rows + j * K);
+            } else {
+                src[j] = (const uint32_t *)((const uint16_t *)A + (m0 + j) * lda);
+            }
+        }
+#ifdef HAVE_AMX_BUILD
+        pack_block(src, mv, K2, P + mb * K2 * 16);
+#endif
+    }
+    return 0;
+}
+
+#ifdef HAVE_AMX_BUILD
+typedef struct {
+    uint8_t palette, start_row, res[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg_t;
+
+#ifndef KC
+#define KC 256   /* K chunk: a 32-row block of B stays in L1 (16 KiB) across the rows of A */
+#endif
+
+/* tiles 4..7 (C^T of rows m0.. and m0+16.. of A, columns n0.. and n0+16..)
+ * out to C, transposed, added when acc */
+__attribute__((target("amx-tile,avx512f")))
+static void store_c(float *C, int64_t ldc, int64_t M, int64_t m0, int64_t n0, int two_m,
+                    int two_n, int acc)
+{
+    float tmp[16][16] __attribute__((aligned(64)));
+    for (int t = 0; t < 4; t++) {
+        if (((t & 1) && !two_m) || ((t & 2) && !two_n)) continue;
+        switch (t) {
+        case 0: _tile_stored(4, tmp, 64); break;
+        case 1: _tile_stored(5, tmp, 64); break;
+        case 2: _tile_stored(6, tmp, 64); break;
+        default: _tile_stored(7, tmp, 64); break;
+        }
+        __m512i r[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512((const void *)tmp[i]);
+        tr16(r);                                  /* r[j]: C row m, columns nn.. */
+        const int64_t mm = m0 + (t & 1 ? 16 : 0), nn = n0 + (t & 2 ? 16 : 0);
+        const int64_t mv = M - mm < 16 ? M - mm : 16;
+        for (int64_t j = 0; j < mv; j++) {
+            float *c = C + (mm + j) * ldc + nn;
+            __m512 v = _mm512_castsi512_ps(r[j]);
+            if (acc) v = _mm512_add_ps(_mm512_loadu_ps(c), v);
+            _mm512_storeu_ps(c, v);
+        }
+    }
+}
+
+/* tile registers: 0,1 B rows (n blocks), 2,3 packed A (m blocks), 4..7 C */
+__attribute__((target("amx-tile,amx-bf16,avx512f")))
+static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64_t ldb,
+                       float *C, int64_t ldc, int acc)
+{
+    tilecfg_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+    _tile_loadconfig(&cfg);
+    const int64_t K = x->K, K2 = K / 2, MB = x->MB, M = x->M;
+    uint16_t *W = x->W;
+    float *Cs = x->Cs;
+    for (int64_t n0 = 0; n0 < N; n0 += 32) {
+        const int two_n = n0 + 16 < N;
+        /* the block's rows in tile order: contiguous 1 KiB tiles (rows of B
+         * 2K bytes apart would map a tile's rows to one L1 set) */
+        for (int64_t i = 0; i < (two_n ? 32 : 16); i++) {
+            const uint16_t *src = B + (n0 + i) * ldb;
+            uint16_t *dst = W + ((i >> 4) * 16 + (i & 15)) * 32;
+            for (int64_t k = 0; k < K; k += 32)
+                _mm512_store_si512((void *)(dst + k * 32), _mm512_loadu_si512((const void *)(src + k)));
+        }
+        /* prefetch of the next 32 rows of B into L2, spread over this block */
+        const int64_t pn = N - (n0 + 32) < 32 ? N - (n0 + 32) : 32;
+        const int64_t lines = pn > 0 ? pn * (K / 32) : 0;
+        const int64_t iters = (MB + 1) / 2 * (K / 32);
+        const int64_t per = iters ? (lines + iters - 1) / iters : 0;
+        int64_t pl = 0, pc = 0;
+        const uint16_t *pr = B + (n0 + 32) * ldb;
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t k1 = k0 + KC < K ? k0 + KC : K;
+            for (int64_t mb = 0; mb < MB; mb += 2) {
+                const int two_m = mb + 1 < MB;
+                const uint32_t *p0 = x->P + mb * K2 * 16, *p1 = p0 + K2 * 16;
+                float *cs = Cs + (mb / 2) * 4 * 256;
+                if (k0 == 0) {
+                    _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
+                } else {
+                    _tile_loadd(4, cs, 64); _tile_loadd(5, cs + 256, 64);
+                    _tile_loadd(6, cs + 512, 64); _tile_loadd(7, cs + 768, 64);
+                }
+                for (int64_t k = k0; k < k1; k += 32) {
+                    for (int64_t q = 0; q < per && pl < lines; q++, pl++) {
+                        _mm_prefetch((const char *)(pr + pc), _MM_HINT_T1);
+                        if ((pc += 32) == K) { pc = 0; pr += ldb; }
+                    }
+                    _tile_loadd(0, W + k * 32, 64);
+                    _tile_loadd(2, p0 + (k / 2) * 16, 64);
+                    _tile_dpbf16ps(4, 0, 2);
+                    if (two_m) { _tile_loadd(3, p1 + (k / 2) * 16, 64); _tile_dpbf16ps(5, 0, 3); }
+                    if (two_n) {
+                        _tile_loadd(1, W + k * 32 + 512, 64);
+                        _tile_dpbf16ps(6, 1, 2);
+                        if (two_m) _tile_dpbf16ps(7, 1, 3);
+                    }
+                }
+                if (k1 == K) {
+                    store_c(C, ldc, M, mb * 16, n0, two_m, two_n, acc);
+                } else {
+                    _tile_stored(4, cs, 64); _tile_stored(5, cs + 256, 64);
+                    _tile_stored(6, cs + 512, 64); _tile_stored(7, cs + 768, 64);
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+#endif
+
+int lrmoe_amx_gemm(lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64_t ldb, float *C,
+                   int64_t ldc, int acc)
+{
+#ifdef HAVE_AMX_BUILD
+    amx_kernel(x, N, B, ldb, C, ldc, acc);
+#else
+    (void)N; (void)B; (void)ldb; (void)C; (void)ldc; (void)acc;
+#endif
+    return 0;
+}
