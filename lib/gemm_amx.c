@@ -23,6 +23,8 @@ struct lrmoe_amx {
     size_t wcap;
     float *Cs;            /* partial C tiles between K chunks: (MB+1)/2 x 4 x 256 */
     size_t ccap;
+    uint16_t *PA;         /* lrmoe_amx_gemm_nn: A as 16x32 tiles, MB x (K/32) x 512 */
+    size_t pacap;
 };
 
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
@@ -67,6 +69,7 @@ void lrmoe_amx_free(lrmoe_amx_t *x)
     free(x->row);
     free(x->W);
     free(x->Cs);
+    free(x->PA);
     free(x);
 }
 
@@ -166,6 +169,11 @@ typedef struct {
     uint8_t rows[16];
 } tilecfg_t;
 
+#ifndef NG
+#define NG 2048  /* lrmoe_amx_gemm_nn: columns of B interleaved at a time (whole rows of
+                    the layer's matrices: rows read contiguously, measured 1.4-1.5x
+                    faster than 128 columns at a time) */
+#endif
 #ifndef KC
 #define KC 256   /* K chunk: a 32-row block of B stays in L1 (16 KiB) across the rows of A */
 #endif
@@ -268,6 +276,139 @@ static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64
     _tile_release();
 }
 #endif
+
+#ifdef HAVE_AMX_BUILD
+/* C = A B: tiles 0,1 A (rows m0.., m0+16..), 2,3 B pair-interleaved
+ * (columns n0.., n0+16..), 4..7 C (m0,n0) (m0,n1) (m1,n0) (m1,n1) */
+__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
+static void amx_kernel_nn(const lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K,
+                          const uint16_t *B, int64_t ldb, float *C, int64_t ldc, int acc)
+{
+    tilecfg_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+    _tile_loadconfig(&cfg);
+    const int64_t MB = (M + 15) / 16, KS = K / 32;
+    uint16_t *W = x->W;
+    float *Cs = x->Cs;
+    /* (row 2r, row 2r+1) of a 32-column panel -> the two tiles' row r */
+    uint16_t i0[32], i1[32];
+    for (int i = 0; i < 16; i++) {
+        i0[2 * i] = (uint16_t)i; i0[2 * i + 1] = (uint16_t)(32 + i);
+        i1[2 * i] = (uint16_t)(16 + i); i1[2 * i + 1] = (uint16_t)(48 + i);
+    }
+    const __m512i x0 = _mm512_loadu_si512((const void *)i0), x1 = _mm512_loadu_si512((const void *)i1);
+    for (int64_t g0 = 0; g0 < N; g0 += NG) {
+        /* NG columns of B (NG/32 panels) at a time, so that each row of B
+         * is read NG*2 contiguous bytes at a time, each panel interleaved by
+         * row pairs into its tiles (W + panel * 32K) */
+        const int64_t g1 = g0 + NG < N ? g0 + NG : N;
+        for (int64_t k = 0; k < K; k += 2)
+            for (int64_t n0 = g0; n0 < g1; n0 += 32) {
+                const __mmask32 lm = n0 + 16 < N ? 0xffffffffu : 0xffffu;
+                __m512i e = _mm512_maskz_loadu_epi16(lm, (const void *)(B + k * ldb + n0));
+                __m512i o = _mm512_maskz_loadu_epi16(lm, (const void *)(B + (k + 1) * ldb + n0));
+                uint16_t *d = W + ((n0 - g0) / 32) * 32 * K + (k / 32) * 1024 + ((k % 32) / 2) * 32;
+                _mm512_store_si512((void *)d, _mm512_permutex2var_epi16(e, x0, o));
+                _mm512_store_si512((void *)(d + 512), _mm512_permutex2var_epi16(e, x1, o));
+            }
+        /* prefetch of the next NG columns into L2 over this group's steps */
+        const int64_t lpr = g1 < N ? ((N - g1 < NG ? N - g1 : NG) * 2 + 63) / 64 : 0;
+        const int64_t lines = lpr * K, iters = (g1 - g0 + 31) / 32 * ((MB + 1) / 2) * KS;
+        const int64_t per = iters ? (lines + iters - 1) / iters : 0;
+        int64_t pl = 0, pk = 0, pc = 0;
+    for (int64_t n0 = g0; n0 < g1; n0 += 32) {
+        const int two_n = n0 + 16 < N;
+        const uint16_t *Wp = W + ((n0 - g0) / 32) * 32 * K;
+        for (int64_t k0 = 0; k0 < KS; k0 += KC / 32) {
+            const int64_t k1 = k0 + KC / 32 < KS ? k0 + KC / 32 : KS;
+            for (int64_t mb = 0; mb < MB; mb += 2) {
+                const int two_m = mb + 1 < MB;
+                const uint16_t *a0 = x->PA + mb * KS * 512, *a1 = a0 + KS * 512;
+                float *cs = Cs + (mb / 2) * 4 * 256;
+                if (k0 == 0) {
+                    _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
+                } else {
+                    _tile_loadd(4, cs, 64); _tile_loadd(5, cs + 256, 64);
+                    _tile_loadd(6, cs + 512, 64); _tile_loadd(7, cs + 768, 64);
+                }
+                for (int64_t ks = k0; ks < k1; ks++) {
+                    for (int64_t q = 0; q < per && pl < lines; q++, pl++) {
+                        _mm_prefetch((const char *)(B + pk * ldb + g1) + 64 * pc, _MM_HINT_T1);
+                        if (++pc == lpr) { pc = 0; pk++; }
+                    }
+                    _tile_loadd(2, Wp + ks * 1024, 64);
+                    _tile_loadd(0, a0 + ks * 512, 64);
+                    _tile_dpbf16ps(4, 0, 2);
+                    if (two_n) { _tile_loadd(3, Wp + ks * 1024 + 512, 64); _tile_dpbf16ps(5, 0, 3); }
+                    if (two_m) {
+                        _tile_loadd(1, a1 + ks * 512, 64);
+                        _tile_dpbf16ps(6, 1, 2);
+                        if (two_n) _tile_dpbf16ps(7, 1, 3);
+                    }
+                }
+                if (k1 < KS) {
+                    _tile_stored(4, cs, 64); _tile_stored(5, cs + 256, 64);
+                    _tile_stored(6, cs + 512, 64); _tile_stored(7, cs + 768, 64);
+                    continue;
+                }
+                float tmp[16][16] __attribute__((aligned(64)));
+                for (int t = 0; t < 4; t++) {
+                    if (((t & 1) && !two_n) || ((t & 2) && !two_m)) continue;
+                    switch (t) {
+                    case 0: _tile_stored(4, tmp, 64); break;
+                    case 1: _tile_stored(5, tmp, 64); break;
+                    case 2: _tile_stored(6, tmp, 64); break;
+                    default: _tile_stored(7, tmp, 64); break;
+                    }
+                    const int64_t mm = (mb + (t & 2 ? 1 : 0)) * 16, nn = n0 + (t & 1 ? 16 : 0);
+                    const int64_t mv = M - mm < 16 ? M - mm : 16;
+                    for (int64_t j = 0; j < mv; j++) {
+                        float *c = C + (mm + j) * ldc + nn;
+                        __m512 v = _mm512_load_ps(tmp[j]);
+                        if (acc) v = _mm512_add_ps(_mm512_loadu_ps(c), v);
+                        _mm512_storeu_ps(c, v);
+                    }
+                }
+            }
+        }
+    }
+    }
+    _tile_release();
+}
+#endif
+
+int lrmoe_amx_gemm_nn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K, const void *A, int a_f32,
+                      int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc, int acc)
+{
+    const int64_t MB = (M + 15) / 16, KS = K / 32;
+    uint16_t *PA = grow((void **)&x->PA, &x->pacap, (size_t)(MB * KS * 512) * 2);
+    const int64_t ng = N < NG ? (N + 31) / 32 * 32 : NG;
+    if (!PA || !grow((void **)&x->W, &x->wcap, (size_t)(ng * K) * 2) ||
+        !grow((void **)&x->Cs, &x->ccap, (size_t)((MB + 1) / 2 * 4 * 256) * sizeof(float)))
+        return -1;
+    uint16_t *rows = NULL;
+    if (a_f32 && !(rows = grow((void **)&x->row, &x->rcap, (size_t)K * 2))) return -1;
+    for (int64_t m = 0; m < MB * 16; m++) {
+        /* row m of A into its tiles: PA[m/16][k/32][m%16][k%32] */
+        uint16_t *d = PA + (m / 16) * KS * 512 + (m % 16) * 32;
+        const uint16_t *src = rows;
+        if (m >= M) {
+            for (int64_t ks = 0; ks < KS; ks++) memset(d + ks * 512, 0, 64);
+            continue;
+        }
+        if (a_f32) lrmoe_convert_from_f32(LRMOE_BF16, (const float *)A + m * lda, rows, (size_t)K);
+        else src = (const uint16_t *)A + m * lda;
+        for (int64_t ks = 0; ks < KS; ks++) memcpy(d + ks * 512, src + ks * 32, 64);
+    }
+#ifdef HAVE_AMX_BUILD
+    amx_kernel_nn(x, M, N, K, B, ldb, C, ldc, acc);
+#else
+    (void)N; (void)B; (void)ldb; (void)C; (void)ldc; (void)acc;
+#endif
+    return 0;
+}
 
 int lrmoe_amx_gemm(lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64_t ldb, float *C,
                    int64_t ldc, int acc)

@@ -51,4 +51,13 @@ int lrmoe_amx_pack(lrmoe_amx_t *x, int64_t M, int64_t K, const void *A, int a_f3
 int lrmoe_amx_gemm(lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64_t ldb, float *C,
                    int64_t ldc, int acc);
 
+/* C (M,N) = A (M,K) B (K,N) [+ C when acc], B BF16 stored (K,N) with row
+ * stride ldb (a weight matrix used untransposed: the backward's dphi and
+ * dx), A BF16 or F32 (rounded) with row stride lda, C row stride ldc; the
+ * same shapes (K % 32 == 0, N % 16 == 0) and numerics as lrmoe_amx_gemm.
+ * Each 32-column panel of B is interleaved by row pairs into AMX's layout
+ * while the next one is prefetched. -1 on out of memory (error set). */
+int lrmoe_amx_gemm_nn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K, const void *A, int a_f32,
+                      int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc, int acc);
+
 #endif

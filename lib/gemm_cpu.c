@@ -243,6 +243,9 @@ static int gemm_bf16(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int6
         if (lrmoe_amx_pack(g->amx, M, K, A, adt == LRMOE_F32, lda) < 0) return -1;
         return lrmoe_amx_gemm(g->amx, N, B, ldb, C, ldc, acc);
     }
+    if (!ta && !tb && bdt == LRMOE_BF16 && g->amx && lrmoe_amx_shape_ok(N, K))
+        /* activations times untransposed stored BF16 weights */
+        return lrmoe_amx_gemm_nn(g->amx, M, N, K, A, adt == LRMOE_F32, lda, B, ldb, C, ldc, acc);
     if (!ta) {
         /* K fixed by the layer (D, F): a fixed-shape primitive per (M, N, K)
          * (oneDNN 2.6 runs runtime-dims matmul with its slower gemm:jit) */

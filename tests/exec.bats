@@ -564,7 +564,7 @@ t['topk_ids']=np.array([[i % 3, 3 + i % 3] for i in range(T)], dtype=np.int32); 
     done
 }
 
-@test "exec --compute bf16: the AMX kernel against float64 on every tile edge, and lrmoe_gemm2 = two GEMMs (tests/unit/gemm_amx_test.c)" {
+@test "exec --compute bf16: the AMX kernels (A B^T, A B) against float64 on every tile edge, and lrmoe_gemm2 = two GEMMs (tests/unit/gemm_amx_test.c)" {
     have_bf16 || skip "this build has no oneDNN: --compute bf16 unavailable"
     L="$BATS_TEST_DIRNAME/../lib"
     cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/gat" "$BATS_TEST_DIRNAME/unit/gemm_amx_test.c" \
@@ -574,10 +574,10 @@ t['topk_ids']=np.array([[i % 3, 3 + i % 3] for i in range(T)], dtype=np.int32); 
     run env LRMOE_AMX=0 "$D/gat"
     assert_success
     assert_line "amx: no"
-    assert_output --partial "336 cases, 0 failed"
+    assert_output --partial "672 cases, 0 failed"
     run "$D/gat"
     assert_success
-    assert_output --partial "336 cases, 0 failed"
+    assert_output --partial "672 cases, 0 failed"
     [ "${lines[0]}" = "amx: yes" ] || skip "this CPU has no AMX BF16: the kernel ran on no case (oneDNN did)"
 }
 

@@ -1,5 +1,6 @@
-/* The AMX kernel of the bf16 compute (lib/gemm_amx.c, through lrmoe_gemm
- * and lrmoe_gemm2 of lib/gemm_cpu.c) against a float64 reference of the
+/* The AMX kernels of the bf16 compute (lib/gemm_amx.c, through lrmoe_gemm
+ * and lrmoe_gemm2 of lib/gemm_cpu.c: C = A B^T and C = A B with B the
+ * stored BF16 weights) against a float64 reference of the
  * BF16-rounded operands, on the shapes it takes (K % 32 == 0, N % 16 == 0):
  * row counts around the 16-row tile and the 32-row pair, N with an odd
  * 16-column tile, K of one, several and a partial 256-deep chunk, F32 and
@@ -50,25 +51,27 @@ int main(void)
     for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++)
     for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
     for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
-    for (int f = 0; f < 4; f++) {
+    for (int f = 0; f < 8; f++) {
         const int64_t M = Ms[mi], N = Ns[ni], K = Ks[ki];
-        const int acc = f & 1;
+        const int acc = f & 1, tb = !(f & 4);
         const lrmoe_dtype_t adt = f & 2 ? LRMOE_BF16 : LRMOE_F32;
-        const int64_t lda = K + (int64_t)(mi & 1) * 8, ldb = K + (int64_t)(ni & 1) * 32,
+        const int64_t lda = K + (int64_t)(mi & 1) * 8,
+                      ldb = (tb ? K : N) + (int64_t)(ni & 1) * 32,
                       ldc = 2 * N + (int64_t)(ki & 1) * 3;
+        const int64_t br = tb ? N : K, bc = tb ? K : N;
         double *ra, *rb1, *rb2, *rc;
         void *A = mat(M, K, lda, adt, &ra);
-        void *B1 = mat(N, K, ldb, LRMOE_BF16, &rb1), *B2 = mat(N, K, ldb, LRMOE_BF16, &rb2);
+        void *B1 = mat(br, bc, ldb, LRMOE_BF16, &rb1), *B2 = mat(br, bc, ldb, LRMOE_BF16, &rb2);
         float *C = malloc((size_t)(M * ldc) * sizeof *C), *C2 = malloc((size_t)(M * ldc) * sizeof *C2);
         rc = malloc((size_t)(M * ldc) * sizeof *rc);
         for (int64_t i = 0; i < M * ldc; i++) { C[i] = rnd(); rc[i] = C[i]; }
-        int rcode = lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, acc, C, ldc);
+        int rcode = lrmoe_gemm(g, 0, tb, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, acc, C, ldc);
         double err = 0, mx = 1e-30;
         int untouched = 1;
         for (int64_t i = 0; i < M; i++) {
             for (int64_t j = 0; j < N; j++) {
                 double r = acc ? rc[i * ldc + j] : 0;
-                for (int64_t k = 0; k < K; k++) r += ra[i * K + k] * rb1[j * K + k];
+                for (int64_t k = 0; k < K; k++) r += ra[i * K + k] * (tb ? rb1[j * K + k] : rb1[k * N + j]);
                 err = fmax(err, fabs(C[i * ldc + j] - r));
                 mx = fmax(mx, fabs(r));
             }
@@ -76,7 +79,7 @@ int main(void)
         }
         /* two products through lrmoe_gemm2: the bits of two lrmoe_gemm calls */
         int same = 1;
-        if (!rcode) {
+        if (!rcode && tb) {
             rcode = lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, 0, C, ldc) ||
                     lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B2, LRMOE_BF16, ldb, 0, C + N, ldc) ||
                     lrmoe_gemm2(g, M, N, K, A, adt, lda, B1, B2, LRMOE_BF16, ldb, C2, ldc);
@@ -87,8 +90,8 @@ int main(void)
         cases++;
         if (!ok) {
             fails++;
-            printf("FAIL M=%lld N=%lld K=%lld acc=%d A=%s relerr %.3e%s%s%s\n", (long long)M,
-                   (long long)N, (long long)K, acc, lrmoe_dtype_name(adt), err / mx,
+            printf("FAIL M=%lld N=%lld K=%lld tb=%d acc=%d A=%s relerr %.3e%s%s%s\n", (long long)M,
+                   (long long)N, (long long)K, tb, acc, lrmoe_dtype_name(adt), err / mx,
                    untouched ? "" : ", wrote past N", same ? "" : ", gemm2 differs",
                    rcode ? lrmoe_errmsg() : "");
         }
