@@ -211,12 +211,12 @@ static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
     return rc;
 }
 
-/* Reverse direction: rank d sends rows in (M,width) F32 `in` (layout order)
- * stored as dt back to their token owners. On return, upos[u] (T*K, -1 when
+/* Reverse direction: rank d sends rows in (M,width) `in` (layout order; F32,
+ * or already dt when idt == dt) stored as dt back to their token owners. On return, upos[u] (T*K, -1 when
  * the pair has no row) is the row of pair u inside `recv` (M rows). */
 static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
-                        int64_t width, const float *in, char *send, char *recv,
-                        int64_t *upos, double *tim)
+                        int64_t width, const void *in, lrmoe_dtype_t idt, char *send,
+                        char *recv, int64_t *upos, double *tim)
 {
     int P = L->P;
     size_t row_bytes = (size_t)width * lrmoe_dtype_size(dt);
@@ -245,8 +245,8 @@ static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
         for (int s = 0; s < P; s++) pos[s] = L->rdispls[(size_t)d * P + s];
         for (int64_t i = L->base[d]; i < L->base[d + 1]; i++) {
             char *dst = sb + (size_t)(pos[L->owner[i]]++) * row_bytes;
-            if (dt == LRMOE_F32) memcpy(dst, in + i * width, row_bytes);
-            else lrmoe_convert_from_f32(dt, in + i * width, dst, (size_t)width);
+            if (idt == dt) memcpy(dst, (const char *)in + (size_t)i * row_bytes, row_bytes);
+            else lrmoe_convert_from_f32(dt, (const float *)in + i * width, dst, (size_t)width);
         }
         sp[d] = sb;
         TIM(d, LRMOE_STAGE_COMBINE) += now_() - t0;
@@ -444,7 +444,8 @@ typedef struct {
     int gthreads;             /* GEMM threads of each rank (0: library default) */
     lrmoe_exec_fwd_t *fa;     /* forward */
     float *X;                 /* forward: (M,D) x rows, y written over them */
-    const char *Xb;           /* forward, or NULL: the x rows in BF16 (then X gets y only) */
+    const char *Xb;           /* forward, or NULL: the x rows in BF16; then X gets the y
+                                 rows in BF16 (rounded as the reverse exchange would) */
     lrmoe_exec_bwd_t *ba;     /* backward */
     float *DY;                /* backward: (M,D) dy rows, dx written over them */
     float **rgrad;            /* backward: (P*E) helper weight gradients */
@@ -682,7 +683,9 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
         }
         double t2 = now_();
         // phi is (n,F), wd is (D,F): y = phi W_down^T is (n,D), written over x
-        if (lrmoe_gemm(k->gm, 0, 1, n, D, F, phi, LRMOE_F32, F, w.d, w.dt, F, 0, x, D) < 0)
+        if (J->Xb ? lrmoe_gemm_bf16out(k->gm, n, D, F, phi, LRMOE_F32, F, w.d, w.dt, F,
+                                       (uint16_t *)J->X + i0 * D, D) < 0
+                  : lrmoe_gemm(k->gm, 0, 1, n, D, F, phi, LRMOE_F32, F, w.d, w.dt, F, 0, x, D) < 0)
             return -1;
         double t3 = now_();
         TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
@@ -764,7 +767,8 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
     if (run_ranks(&J, fwd_rank, cfg->rank_threads) < 0) goto out;
 
     /* combine: y rows back to the token owners, out_t = sum_k alpha_tk y_tk */
-    if (exchange_rev(&comm, &L, adt, D, X, bufB, bufA, upos, tim) < 0) goto out;
+    if (exchange_rev(&comm, &L, adt, D, X, xraw ? adt : LRMOE_F32, bufB, bufA, upos, tim) < 0)
+        goto out;
     {
         float *acc = malloc((size_t)D * 2 * sizeof *acc);
         if (!acc) { lrmoe_err("exec: out of memory"); goto out; }
@@ -797,6 +801,31 @@ out:
 }
 
 /* ---------------------------------------------------------------- backward */
+
+/* out[k] = sum_j g[j] y[k][j] for K rows y (K,D), each summed in float64 in
+ * ascending j (the products of two floats are exact in float64): the same
+ * bits as one row at a time, with up to 8 rows' sums interleaved so that
+ * their dependency chains overlap. */
+static void dots_f64(const float *g, const float *y, int64_t K, int64_t D, float *out)
+{
+    for (int64_t k0 = 0; k0 < K; k0 += 8) {
+        const int64_t nk = K - k0 < 8 ? K - k0 : 8;
+        double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        const float *r = y + k0 * D;
+        if (nk == 8) {
+            for (int64_t j = 0; j < D; j++) {
+                const double gj = g[j];
+                for (int k = 0; k < 8; k++) s[k] += gj * (double)r[k * D + j];
+            }
+        } else {
+            for (int64_t j = 0; j < D; j++) {
+                const double gj = g[j];
+                for (int64_t k = 0; k < nk; k++) s[k] += gj * (double)r[k * D + j];
+            }
+        }
+        for (int64_t k = 0; k < nk; k++) out[k0 + k] = (float)s[k];
+    }
+}
 
 typedef struct {
     const layout_t *L;
@@ -1073,10 +1102,10 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
 
     /* combine: dx rows back to the token owners; grad_hidden_t = sum_k dx_tk
      * (ascending k); router gradient g_t . y_u over all pairs */
-    if (exchange_rev(&comm, &L, LRMOE_F32, D, DY, bufB, bufA, upos, tim) < 0) goto out;
+    if (exchange_rev(&comm, &L, LRMOE_F32, D, DY, LRMOE_F32, bufB, bufA, upos, tim) < 0) goto out;
     {
         size_t gs = lrmoe_dtype_size(a->grad_dtype);
-        float *yrow = malloc(rowf);
+        float *yrow = malloc((size_t)K * rowf);
         if (!yrow) { lrmoe_err("exec: out of memory"); goto out; }
         for (int s = 0; s < P; s++) {
             if (!lrmoe_comm_local(&comm, s)) continue;
@@ -1094,11 +1123,9 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
                         for (int64_t j = 0; j < D; j++) gh[j] += src[j];
                     }
                     lrmoe_convert_to_f32(adt, (const char *)a->pair_out + (size_t)(u * D) * as,
-                                         yrow, (size_t)D);
-                    double dot = 0;
-                    for (int64_t j = 0; j < D; j++) dot += (double)tmp[j] * yrow[j];
-                    a->grad_topk_weights[u] = (float)dot;
+                                         yrow + k * D, (size_t)D);
                 }
+                dots_f64(tmp, yrow, K, D, a->grad_topk_weights + t * K);
             }
             TIM(s, LRMOE_STAGE_COMBINE) += now_() - t0;
         }

@@ -178,11 +178,24 @@ typedef struct {
 #define KC 256   /* K chunk: a 32-row block of B stays in L1 (16 KiB) across the rows of A */
 #endif
 
+/* 16 F32 to BF16: lrmoe_f32_to_bf16's rounding (nearest even, NaN quiet) */
+__attribute__((target("avx512f")))
+static inline __m256i bf16_16(__m512i u)
+{
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_add_epi32(u, _mm512_set1_epi32(0x7fff));
+    r = _mm512_srli_epi32(_mm512_add_epi32(r, _mm512_and_si512(hi, _mm512_set1_epi32(1))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
 /* tiles 4..7 (C^T of rows m0.. and m0+16.. of A, columns n0.. and n0+16..)
- * out to C, transposed, added when acc */
+ * out to C, transposed: F32, added when acc, or rounded to BF16 (obf) */
 __attribute__((target("amx-tile,avx512f")))
-static void store_c(float *C, int64_t ldc, int64_t M, int64_t m0, int64_t n0, int two_m,
-                    int two_n, int acc)
+static void store_c(void *C, int64_t ldc, int64_t M, int64_t m0, int64_t n0, int two_m,
+                    int two_n, int acc, int obf)
 {
     float tmp[16][16] __attribute__((aligned(64)));
     for (int t = 0; t < 4; t++) {
@@ -198,8 +211,10 @@ static void store_c(float *C, int64_t ldc, int64_t M, int64_t m0, int64_t n0, in
         tr16(r);                                  /* r[j]: C row m, columns nn.. */
         const int64_t mm = m0 + (t & 1 ? 16 : 0), nn = n0 + (t & 2 ? 16 : 0);
         const int64_t mv = M - mm < 16 ? M - mm : 16;
-        for (int64_t j = 0; j < mv; j++) {
-            float *c = C + (mm + j) * ldc + nn;
+        for (int64_t j = 0; j < mv && obf; j++)
+            _mm256_storeu_si256((void *)((uint16_t *)C + (mm + j) * ldc + nn), bf16_16(r[j]));
+        for (int64_t j = 0; j < mv && !obf; j++) {
+            float *c = (float *)C + (mm + j) * ldc + nn;
             __m512 v = _mm512_castsi512_ps(r[j]);
             if (acc) v = _mm512_add_ps(_mm512_loadu_ps(c), v);
             _mm512_storeu_ps(c, v);
@@ -210,7 +225,7 @@ static void store_c(float *C, int64_t ldc, int64_t M, int64_t m0, int64_t n0, in
 /* tile registers: 0,1 B rows (n blocks), 2,3 packed A (m blocks), 4..7 C */
 __attribute__((target("amx-tile,amx-bf16,avx512f")))
 static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64_t ldb,
-                       float *C, int64_t ldc, int acc)
+                       void *C, int64_t ldc, int acc, int obf)
 {
     tilecfg_t cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -265,7 +280,7 @@ static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64
                     }
                 }
                 if (k1 == K) {
-                    store_c(C, ldc, M, mb * 16, n0, two_m, two_n, acc);
+                    store_c(C, ldc, M, mb * 16, n0, two_m, two_n, acc, obf);
                 } else {
                     _tile_stored(4, cs, 64); _tile_stored(5, cs + 256, 64);
                     _tile_stored(6, cs + 512, 64); _tile_stored(7, cs + 768, 64);
@@ -414,9 +429,20 @@ int lrmoe_amx_gemm(lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64_t ldb, fl
                    int64_t ldc, int acc)
 {
 #ifdef HAVE_AMX_BUILD
-    amx_kernel(x, N, B, ldb, C, ldc, acc);
+    amx_kernel(x, N, B, ldb, C, ldc, acc, 0);
 #else
-    (void)N; (void)B; (void)ldb; (void)C; (void)ldc; (void)acc;
+    (void)x; (void)N; (void)B; (void)ldb; (void)C; (void)ldc; (void)acc;
+#endif
+    return 0;
+}
+
+int lrmoe_amx_gemm_bf16(lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64_t ldb, uint16_t *C,
+                        int64_t ldc)
+{
+#ifdef HAVE_AMX_BUILD
+    amx_kernel(x, N, B, ldb, C, ldc, 0, 1);
+#else
+    (void)x; (void)N; (void)B; (void)ldb; (void)C; (void)ldc;
 #endif
     return 0;
 }

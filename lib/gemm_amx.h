@@ -51,6 +51,11 @@ int lrmoe_amx_pack(lrmoe_amx_t *x, int64_t M, int64_t K, const void *A, int a_f3
 int lrmoe_amx_gemm(lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64_t ldb, float *C,
                    int64_t ldc, int acc);
 
+/* lrmoe_amx_gemm with C stored in BF16 (C = packed A B^T, each F32 sum
+ * rounded as lrmoe_f32_to_bf16 does), row stride ldc. */
+int lrmoe_amx_gemm_bf16(lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64_t ldb, uint16_t *C,
+                        int64_t ldc);
+
 /* C (M,N) = A (M,K) B (K,N) [+ C when acc], B BF16 stored (K,N) with row
  * stride ldb (a weight matrix used untransposed: the backward's dphi and
  * dx), A BF16 or F32 (rounded) with row stride lda, C row stride ldc; the

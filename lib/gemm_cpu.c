@@ -69,8 +69,9 @@ typedef struct {
 
 struct lrmoe_gemm {
     lrmoe_compute_t c;
-    void *scr[3];             /* conversion scratch of A and B; [2]: lrmoe_gemm2's A */
-    size_t cap[3];
+    void *scr[4];             /* conversion scratch of A and B; [2]: lrmoe_gemm2's A;
+                                 [3]: lrmoe_gemm_bf16out's F32 product */
+    size_t cap[4];
     lrmoe_amx_t *amx;         /* bf16 compute on a CPU with AMX: the A B^T kernel */
 #ifdef LRMOE_HAVE_DNNL
     dnnl_engine_t eng;
@@ -380,7 +381,7 @@ void lrmoe_gemm_free(lrmoe_gemm_t *g)
     if (g->eng) dnnl_engine_destroy(g->eng);
 #endif
     lrmoe_amx_free(g->amx);
-    for (int i = 0; i < 3; i++) free(g->scr[i]);
+    for (int i = 0; i < 4; i++) free(g->scr[i]);
     free(g);
 }
 
@@ -429,5 +430,21 @@ int lrmoe_gemm2(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const void *A,
     if (lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B1, bdt, ldb, 0, C, ldc) < 0 ||
         lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B2, bdt, ldb, 0, C + N, ldc) < 0)
         return -1;
+    return 0;
+}
+
+int lrmoe_gemm_bf16out(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const void *A,
+                       lrmoe_dtype_t adt, int64_t lda, const void *B, lrmoe_dtype_t bdt,
+                       int64_t ldb, uint16_t *C, int64_t ldc)
+{
+    if (M <= 0 || N <= 0) return 0;
+    if (g->amx && K > 0 && bdt == LRMOE_BF16 && (adt == LRMOE_F32 || adt == LRMOE_BF16) &&
+        lrmoe_amx_shape_ok(N, K)) {
+        if (lrmoe_amx_pack(g->amx, M, K, A, adt == LRMOE_F32, lda) < 0) return -1;
+        return lrmoe_amx_gemm_bf16(g->amx, N, B, ldb, C, ldc);
+    }
+    float *c = scratch(g, 3, (size_t)(M * N) * sizeof *c);
+    if (!c || lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B, bdt, ldb, 0, c, N) < 0) return -1;
+    for (int64_t i = 0; i < M; i++) lrmoe_gemm_to_bf16(c + i * N, C + i * ldc, (size_t)N);
     return 0;
 }

@@ -5,7 +5,8 @@
  * row counts around the 16-row tile and the 32-row pair, N with an odd
  * 16-column tile, K of one, several and a partial 256-deep chunk, F32 and
  * BF16 activations, strides, and C = and C +=. lrmoe_gemm2 must give the
- * bits of two lrmoe_gemm calls. Prints whether AMX ran (LRMOE_AMX=0 runs the
+ * bits of two lrmoe_gemm calls, lrmoe_gemm_bf16out those of lrmoe_gemm
+ * rounded by lrmoe_gemm_to_bf16. Prints whether AMX ran (LRMOE_AMX=0 runs the
  * same cases through oneDNN); exits 1 on a miss.
  * usage: gemm_amx_test */
 #include <math.h>
@@ -85,6 +86,14 @@ int main(void)
                     lrmoe_gemm2(g, M, N, K, A, adt, lda, B1, B2, LRMOE_BF16, ldb, C2, ldc);
             for (int64_t i = 0; i < M && !rcode; i++)
                 same &= !memcmp(C + i * ldc, C2 + i * ldc, (size_t)(2 * N) * sizeof *C);
+            /* BF16 output: the F32 product's bits rounded by lrmoe_gemm_to_bf16 */
+            uint16_t *h = malloc((size_t)(M * ldc) * 2), *h2 = malloc((size_t)N * 2);
+            if (!rcode) rcode = lrmoe_gemm_bf16out(g, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, h, ldc);
+            for (int64_t i = 0; i < M && !rcode; i++) {
+                lrmoe_gemm_to_bf16(C + i * ldc, h2, (size_t)N);
+                same &= !memcmp(h + i * ldc, h2, (size_t)N * 2);
+            }
+            free(h); free(h2);
         }
         int ok = rcode == 0 && err / mx <= 1e-5 && untouched && same;
         cases++;
@@ -92,7 +101,7 @@ int main(void)
             fails++;
             printf("FAIL M=%lld N=%lld K=%lld tb=%d acc=%d A=%s relerr %.3e%s%s%s\n", (long long)M,
                    (long long)N, (long long)K, tb, acc, lrmoe_dtype_name(adt), err / mx,
-                   untouched ? "" : ", wrote past N", same ? "" : ", gemm2 differs",
+                   untouched ? "" : ", wrote past N", same ? "" : ", gemm2 or bf16out differs",
                    rcode ? lrmoe_errmsg() : "");
         }
         free(A); free(B1); free(B2); free(C); free(C2); free(ra); free(rb1); free(rb2); free(rc);
