@@ -230,6 +230,10 @@ out:
     return rc;
 }
 
+/* fixed-shape primitives a context keeps for the K-fixed GEMMs (one per row
+ * count); past that (a long run of many segment sizes) the runtime-dims one */
+#define MAXPRIM 512
+
 /* K rounding of the fixed-shape (ta) GEMMs */
 #define KQ 16
 
@@ -262,7 +266,8 @@ static int gemm_bf16(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int6
             pack(B, bdt, br, bc, ldb, s, LRMOE_BF16, br, bc);
             B = s; ldb = bc;
         }
-        dnnl_primitive_t p = prim(g, ta, tb, acc, M, N, K, lda, ldb, ldc);
+        dnnl_primitive_t p = g->npc < MAXPRIM ? prim(g, ta, tb, acc, M, N, K, lda, ldb, ldc)
+                                              : prim(g, ta, tb, acc, -1, -1, -1, -1, -1, -1);
         return p ? run(g, p, ta, tb, M, N, K, A, lda, B, ldb, C, ldc) : -1;
     }
     /* weight gradients: K = the segment's rows, rounded up to KQ with zeros */

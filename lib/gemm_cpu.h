@@ -10,18 +10,22 @@
  * Two computes:
  *   f32   the exact reference: BF16 operands are widened to F32 (exact) and
  *         OpenBLAS sgemm multiplies in F32 with F32 accumulation.
- *   bf16  oneDNN matmul with BF16 operands and F32 accumulation (AMX or
- *         AVX512_BF16 where the CPU has them): F32 operands are rounded to
+ *   bf16  BF16 operands and F32 accumulation: F32 operands are rounded to
  *         BF16 (nearest even) first, the products of two BF16 values are exact
  *         in F32 and the sums are F32, as in cuBLAS' BF16 GEMM with F32
- *         compute. Needs a build with oneDNN (LRMOE_HAVE_DNNL).
+ *         compute. On a CPU with AMX, GEMMs with a BF16 B and ta = 0 whose
+ *         shape the kernels take (gemm_amx.h: K % 32, N % 16) run lib/gemm_amx.c
+ *         (B read in place); the rest run oneDNN matmul (AMX or AVX512_BF16
+ *         where the CPU has them). Needs a build with oneDNN (LRMOE_HAVE_DNNL).
  *
- * A context belongs to one thread (it holds that thread's conversion scratch
- * and its cached oneDNN primitives: one with runtime dimensions per
- * (ta, tb, acc) for the GEMMs whose K is fixed, and fixed-shape ones for the
- * weight-gradient GEMMs (ta: K is the row count), whose K is rounded up to a
- * multiple of 16 with zero rows so that a frame's many segment sizes share a
- * few primitives; zero rows add exact zeros). Nothing here prints or exits.
+ * A context belongs to one thread (it holds that thread's conversion scratch,
+ * its AMX kernel state and its cached oneDNN primitives, all fixed-shape:
+ * one per (M, N, K, strides) for the GEMMs whose K is fixed (oneDNN 2.6 runs
+ * runtime-dims matmul with its slower gemm:jit, fixed shapes with brgemm),
+ * and for the weight-gradient GEMMs (ta: K is the row count) one per K
+ * rounded up to a multiple of 16 with zero rows so that a frame's many
+ * segment sizes share a few primitives; zero rows add exact zeros). Nothing
+ * here prints or exits.
  */
 #ifndef LRMOE_GEMM_CPU_H
 #define LRMOE_GEMM_CPU_H
