@@ -296,8 +296,8 @@ static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64
 /* C = A B: tiles 0,1 A (rows m0.., m0+16..), 2,3 B pair-interleaved
  * (columns n0.., n0+16..), 4..7 C (m0,n0) (m0,n1) (m1,n0) (m1,n1) */
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
-static void amx_kernel_nn(const lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K,
-                          const uint16_t *B, int64_t ldb, float *C, int64_t ldc, int acc)
+static void amx_kernel_nn(const lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K, int64_t Kr,
+                          const uint16_t *B, int64_t ldb, float *C, int64_t ldc, int acc, int nt)
 {
     tilecfg_t cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -322,15 +322,18 @@ static void amx_kernel_nn(const lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K,
         for (int64_t k = 0; k < K; k += 2)
             for (int64_t n0 = g0; n0 < g1; n0 += 32) {
                 const __mmask32 lm = n0 + 16 < N ? 0xffffffffu : 0xffffu;
-                __m512i e = _mm512_maskz_loadu_epi16(lm, (const void *)(B + k * ldb + n0));
-                __m512i o = _mm512_maskz_loadu_epi16(lm, (const void *)(B + (k + 1) * ldb + n0));
+                /* rows Kr.. (the zero rows of a K padded to 32) read as zero */
+                __m512i e = k < Kr ? _mm512_maskz_loadu_epi16(lm, (const void *)(B + k * ldb + n0))
+                                   : _mm512_setzero_si512();
+                __m512i o = k + 1 < Kr ? _mm512_maskz_loadu_epi16(lm, (const void *)(B + (k + 1) * ldb + n0))
+                                       : _mm512_setzero_si512();
                 uint16_t *d = W + ((n0 - g0) / 32) * 32 * K + (k / 32) * 1024 + ((k % 32) / 2) * 32;
                 _mm512_store_si512((void *)d, _mm512_permutex2var_epi16(e, x0, o));
                 _mm512_store_si512((void *)(d + 512), _mm512_permutex2var_epi16(e, x1, o));
             }
         /* prefetch of the next NG columns into L2 over this group's steps */
         const int64_t lpr = g1 < N ? ((N - g1 < NG ? N - g1 : NG) * 2 + 63) / 64 : 0;
-        const int64_t lines = lpr * K, iters = (g1 - g0 + 31) / 32 * ((MB + 1) / 2) * KS;
+        const int64_t lines = lpr * Kr, iters = (g1 - g0 + 31) / 32 * ((MB + 1) / 2) * KS;
         const int64_t per = iters ? (lines + iters - 1) / iters : 0;
         int64_t pl = 0, pk = 0, pc = 0;
     for (int64_t n0 = g0; n0 < g1; n0 += 32) {
@@ -383,16 +386,67 @@ static void amx_kernel_nn(const lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K,
                         float *c = C + (mm + j) * ldc + nn;
                         __m512 v = _mm512_load_ps(tmp[j]);
                         if (acc) v = _mm512_add_ps(_mm512_loadu_ps(c), v);
-                        _mm512_storeu_ps(c, v);
+                        if (nt && !((uintptr_t)c & 63)) _mm512_stream_ps(c, v);
+                        else _mm512_storeu_ps(c, v);
                     }
                 }
             }
         }
     }
     }
+    if (nt) _mm_sfence();
     _tile_release();
 }
+
+/* A^T of A (Kr,M) (row stride lda) into PA as the nn kernel's A tiles for
+ * K (Kr rounded up to 32): PA[m/16][k/32][m%16][k%32] = A[k][m], zero past
+ * M and Kr. Per 32x16 block: row pairs interleaved into 32-bit pairs, then
+ * a 16x16 transpose of the pairs. */
+__attribute__((target("avx512f,avx512bw")))
+static void pack_at(uint16_t *PA, int64_t M, int64_t K, int64_t Kr, const uint16_t *A, int64_t lda)
+{
+    const int64_t MB = (M + 15) / 16, KS = K / 32;
+    uint16_t i0[32];
+    for (int i = 0; i < 16; i++) { i0[2 * i] = (uint16_t)i; i0[2 * i + 1] = (uint16_t)(32 + i); }
+    const __m512i x0 = _mm512_loadu_si512((const void *)i0);
+    __m512i r[16];
+    for (int64_t mb = 0; mb < MB; mb++) {
+        const int64_t m0 = mb * 16, mv = M - m0 < 16 ? M - m0 : 16;
+        const __mmask32 lm = (__mmask32)((1u << mv) - 1u) | (mv == 16 ? 0xffffu : 0u);
+        for (int64_t ks = 0; ks < KS; ks++) {
+            for (int q = 0; q < 16; q++) {
+                const int64_t k = ks * 32 + 2 * q;
+                __m512i e = k < Kr ? _mm512_maskz_loadu_epi16(lm, (const void *)(A + k * lda + m0))
+                                   : _mm512_setzero_si512();
+                __m512i o = k + 1 < Kr ? _mm512_maskz_loadu_epi16(lm, (const void *)(A + (k + 1) * lda + m0))
+                                       : _mm512_setzero_si512();
+                r[q] = _mm512_permutex2var_epi16(e, x0, o);
+            }
+            tr16(r);
+            uint16_t *d = PA + mb * KS * 512 + ks * 512;
+            for (int j = 0; j < 16; j++) _mm512_store_si512((void *)(d + j * 32), r[j]);
+        }
+    }
+}
 #endif
+
+int lrmoe_amx_gemm_tn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t Kr, const uint16_t *A,
+                      int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc)
+{
+    const int64_t K = (Kr + 31) / 32 * 32, MB = (M + 15) / 16;
+    uint16_t *PA = grow((void **)&x->PA, &x->pacap, (size_t)(MB * (K / 32) * 512) * 2);
+    const int64_t ng = N < NG ? (N + 31) / 32 * 32 : NG;
+    if (!PA || !grow((void **)&x->W, &x->wcap, (size_t)(ng * K) * 2) ||
+        !grow((void **)&x->Cs, &x->ccap, (size_t)((MB + 1) / 2 * 4 * 256) * sizeof(float)))
+        return -1;
+#ifdef HAVE_AMX_BUILD
+    pack_at(PA, M, K, Kr, A, lda);
+    amx_kernel_nn(x, M, N, K, Kr, B, ldb, C, ldc, 0, 1);
+#else
+    (void)A; (void)lda; (void)B; (void)ldb; (void)C; (void)ldc;
+#endif
+    return 0;
+}
 
 int lrmoe_amx_gemm_nn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K, const void *A, int a_f32,
                       int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc, int acc)
@@ -418,7 +472,7 @@ int lrmoe_amx_gemm_nn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K, const voi
         for (int64_t ks = 0; ks < KS; ks++) memcpy(d + ks * 512, src + ks * 32, 64);
     }
 #ifdef HAVE_AMX_BUILD
-    amx_kernel_nn(x, M, N, K, B, ldb, C, ldc, acc);
+    amx_kernel_nn(x, M, N, K, K, B, ldb, C, ldc, acc, 0);
 #else
     (void)N; (void)B; (void)ldb; (void)C; (void)ldc; (void)acc;
 #endif

@@ -65,4 +65,12 @@ int lrmoe_amx_gemm_bf16(lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64_t ld
 int lrmoe_amx_gemm_nn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K, const void *A, int a_f32,
                       int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc, int acc);
 
+/* C (M,N) = A^T B with A (K,M) and B (K,N) both BF16 with K rows (any K >
+ * 0: padded to 32 with zero rows, which add exact zeros), row strides lda,
+ * ldb; N % 16 == 0. The weight gradients: C (a gradient, overwritten, not
+ * read) is written with non-temporal stores where 64-byte aligned, so its
+ * lines are not read first. -1 on out of memory (error set). */
+int lrmoe_amx_gemm_tn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K, const uint16_t *A,
+                      int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc);
+
 #endif

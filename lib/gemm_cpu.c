@@ -270,6 +270,9 @@ static int gemm_bf16(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int6
                                               : prim(g, ta, tb, acc, -1, -1, -1, -1, -1, -1);
         return p ? run(g, p, ta, tb, M, N, K, A, lda, B, ldb, C, ldc) : -1;
     }
+    if (!tb && !acc && adt == LRMOE_BF16 && bdt == LRMOE_BF16 && g->amx && N % 16 == 0)
+        /* weight gradients A^T B on AMX (K padded inside) */
+        return lrmoe_amx_gemm_tn(g->amx, M, N, K, A, lda, B, ldb, C, ldc);
     /* weight gradients: K = the segment's rows, rounded up to KQ with zeros */
     const int64_t KP = (K + KQ - 1) / KQ * KQ;
     /* both operands packed (zero rows to KP) for the fixed-shape primitive */

@@ -574,10 +574,10 @@ t['topk_ids']=np.array([[i % 3, 3 + i % 3] for i in range(T)], dtype=np.int32); 
     run env LRMOE_AMX=0 "$D/gat"
     assert_success
     assert_line "amx: no"
-    assert_output --partial "672 cases, 0 failed"
+    assert_output --partial "744 cases, 0 failed"
     run "$D/gat"
     assert_success
-    assert_output --partial "672 cases, 0 failed"
+    assert_output --partial "744 cases, 0 failed"
     [ "${lines[0]}" = "amx: yes" ] || skip "this CPU has no AMX BF16: the kernel ran on no case (oneDNN did)"
 }
 

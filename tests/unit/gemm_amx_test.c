@@ -6,7 +6,8 @@
  * 16-column tile, K of one, several and a partial 256-deep chunk, F32 and
  * BF16 activations, strides, and C = and C +=. lrmoe_gemm2 must give the
  * bits of two lrmoe_gemm calls, lrmoe_gemm_bf16out those of lrmoe_gemm
- * rounded by lrmoe_gemm_to_bf16. Prints whether AMX ran (LRMOE_AMX=0 runs the
+ * rounded by lrmoe_gemm_to_bf16; and the weight gradients' C = A^T B for
+ * any K. Prints whether AMX ran (LRMOE_AMX=0 runs the
  * same cases through oneDNN); exits 1 on a miss.
  * usage: gemm_amx_test */
 #include <math.h>
@@ -105,6 +106,40 @@ int main(void)
                    rcode ? lrmoe_errmsg() : "");
         }
         free(A); free(B1); free(B2); free(C); free(C2); free(ra); free(rb1); free(rb2); free(rc);
+    }
+    /* weight gradients: C = A^T B, A (K,M), B (K,N) BF16, K any (padded to
+     * 32 inside), C overwritten (non-temporal stores) */
+    static const int64_t Kt[] = {1, 7, 32, 33, 100, 300};
+    static const int64_t Mt[] = {1, 16, 17, 40};
+    for (size_t ki = 0; ki < sizeof Kt / sizeof *Kt; ki++)
+    for (size_t mi = 0; mi < sizeof Mt / sizeof *Mt; mi++)
+    for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++) {
+        const int64_t M = Mt[mi], N = Ns[ni], K = Kt[ki];
+        const int64_t lda = M + (int64_t)(ki & 1) * 16, ldb = N + (int64_t)(mi & 1) * 32, ldc = N + (int64_t)(ni & 1) * 16;
+        double *ra, *rb;
+        void *A = mat(K, M, lda, LRMOE_BF16, &ra), *B = mat(K, N, ldb, LRMOE_BF16, &rb);
+        float *C = NULL;
+        if (posix_memalign((void **)&C, 64, (size_t)(M * ldc) * sizeof *C)) return 1;
+        for (int64_t i = 0; i < M * ldc; i++) C[i] = 7.0f;
+        int rcode = lrmoe_gemm(g, 1, 0, M, N, K, A, LRMOE_BF16, lda, B, LRMOE_BF16, ldb, 0, C, ldc);
+        double err = 0, mx = 1e-30;
+        int untouched = 1;
+        for (int64_t i = 0; i < M; i++) {
+            for (int64_t j = 0; j < N; j++) {
+                double r = 0;
+                for (int64_t k = 0; k < K; k++) r += ra[k * M + i] * rb[k * N + j];
+                err = fmax(err, fabs(C[i * ldc + j] - r));
+                mx = fmax(mx, fabs(r));
+            }
+            for (int64_t j = N; j < ldc; j++) untouched &= C[i * ldc + j] == 7.0f;
+        }
+        cases++;
+        if (rcode || err / mx > 1e-5 || !untouched) {
+            fails++;
+            printf("FAIL A^T B M=%lld N=%lld K=%lld relerr %.3e%s%s\n", (long long)M, (long long)N,
+                   (long long)K, err / mx, untouched ? "" : ", wrote past N", rcode ? lrmoe_errmsg() : "");
+        }
+        free(A); free(B); free(C); free(ra); free(rb);
     }
     printf("gemm amx: %d cases, %d failed\n", cases, fails);
     lrmoe_gemm_free(g);
