@@ -13,10 +13,12 @@
  *   bf16  BF16 operands and F32 accumulation: F32 operands are rounded to
  *         BF16 (nearest even) first, the products of two BF16 values are exact
  *         in F32 and the sums are F32, as in cuBLAS' BF16 GEMM with F32
- *         compute. On a CPU with AMX, GEMMs with a BF16 B and ta = 0 whose
- *         shape the kernels take (gemm_amx.h: K % 32, N % 16) run lib/gemm_amx.c
- *         (B read in place); the rest run oneDNN matmul (AMX or AVX512_BF16
- *         where the CPU has them). Needs a build with oneDNN (LRMOE_HAVE_DNNL).
+ *         compute. On a CPU with AMX, lib/gemm_amx.c runs the GEMMs with a
+ *         BF16 B and ta = 0 whose shape it takes (K % 32, N % 16; B read in
+ *         place), and C = A^T B with both operands BF16, N % 16 and no acc
+ *         (the weight gradients, C written with non-temporal stores); the
+ *         rest run oneDNN matmul (AMX or AVX512_BF16 where the CPU has
+ *         them). Needs a build with oneDNN (LRMOE_HAVE_DNNL).
  *
  * A context belongs to one thread (it holds that thread's conversion scratch,
  * its AMX kernel state and its cached oneDNN primitives, all fixed-shape:
