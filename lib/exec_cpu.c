@@ -162,13 +162,14 @@ static void touch_rows(const lrmoe_comm_t *c, const layout_t *L, char *by_src, c
 
 /* Rows of the forward direction (token owner s -> destination d).
  * fill(ctx, i, dst) writes row i (row_bytes) for source rank owner[i].
- * After the all-to-all, rank d's rows are converted to F32 into out (M,width)
- * in layout order. send/recv are scratch of M*row_bytes each. */
+ * After the all-to-all, rank d's rows go into out (M,width) in layout order,
+ * as F32 (odt F32) or as sent (odt == dt). send/recv are scratch of
+ * M*row_bytes each; out may be send (free once the all-to-all returns). */
 typedef void (*fill_fn)(void *ctx, int64_t i, void *dst);
 
 static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
                         lrmoe_dtype_t dt, int64_t width, fill_fn fill, void *ctx,
-                        char *send, char *recv, float *out, double *tim)
+                        char *send, char *recv, void *out, lrmoe_dtype_t odt, double *tim)
 {
     int P = L->P;
     int64_t *pos = malloc((size_t)P * sizeof *pos);
@@ -201,8 +202,8 @@ static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
         for (int s = 0; s < P; s++) pos[s] = L->rdispls[(size_t)d * P + s];
         for (int64_t i = L->base[d]; i < L->base[d + 1]; i++) {
             const char *src = (const char *)rp[d] + (size_t)(pos[L->owner[i]]++) * row_bytes;
-            if (dt == LRMOE_F32) memcpy(out + i * width, src, (size_t)width * sizeof(float));
-            else lrmoe_convert_to_f32(dt, src, out + i * width, (size_t)width);
+            if (odt == dt) memcpy((char *)out + (size_t)i * row_bytes, src, row_bytes);
+            else lrmoe_convert_to_f32(dt, src, (float *)out + i * width, (size_t)width);
         }
         TIM(d, LRMOE_STAGE_DISPATCH) += now_() - t0 + sec[d];
     }
@@ -210,12 +211,12 @@ static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
     return rc;
 }
 
-/* Reverse direction: rank d sends rows in (M,width) F32 `in` (layout order)
- * stored as dt back to their token owners. On return, upos[u] (T*K, -1 when
+/* Reverse direction: rank d sends rows in (M,width) `in` (layout order; F32,
+ * or already dt when idt == dt) stored as dt back to their token owners. On return, upos[u] (T*K, -1 when
  * the pair has no row) is the row of pair u inside `recv` (M rows). */
 static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
-                        int64_t width, const float *in, char *send, char *recv,
-                        int64_t *upos, double *tim)
+                        int64_t width, const void *in, lrmoe_dtype_t idt, char *send,
+                        char *recv, int64_t *upos, double *tim)
 {
     int P = L->P;
     size_t row_bytes = (size_t)width * lrmoe_dtype_size(dt);
@@ -244,8 +245,8 @@ static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
         for (int s = 0; s < P; s++) pos[s] = L->rdispls[(size_t)d * P + s];
         for (int64_t i = L->base[d]; i < L->base[d + 1]; i++) {
             char *dst = sb + (size_t)(pos[L->owner[i]]++) * row_bytes;
-            if (dt == LRMOE_F32) memcpy(dst, in + i * width, row_bytes);
-            else lrmoe_convert_from_f32(dt, in + i * width, dst, (size_t)width);
+            if (idt == dt) memcpy(dst, (const char *)in + (size_t)i * row_bytes, row_bytes);
+            else lrmoe_convert_from_f32(dt, (const float *)in + i * width, dst, (size_t)width);
         }
         sp[d] = sb;
         TIM(d, LRMOE_STAGE_COMBINE) += now_() - t0;
@@ -443,6 +444,8 @@ typedef struct {
     int gthreads;             /* GEMM threads of each rank (0: library default) */
     lrmoe_exec_fwd_t *fa;     /* forward */
     float *X;                 /* forward: (M,D) x rows, y written over them */
+    const char *Xb;           /* forward, or NULL: the x rows in BF16; then X gets the y
+                                 rows in BF16 (rounded as the reverse exchange would) */
     lrmoe_exec_bwd_t *ba;     /* backward */
     float *DY;                /* backward: (M,D) dy rows, dx written over them */
     float **rgrad;            /* backward: (P*E) helper weight gradients */
@@ -590,6 +593,33 @@ static int run_ranks(job_t *J, rank_fn fn, int nthreads)
 
 /* ---------------------------------------------------------------- forward */
 
+/* acc += al * y for one row y stored as dt (tmp: D floats of scratch), in
+ * F32, element by element: y's conversion is exact, a product then a sum
+ * (no contraction: ISO C), so every dtype and ISA gives the same bits. */
+__attribute__((optimize("O3"), target_clones("avx512f", "avx2", "default")))
+static void axpy_bf16(float al, const uint16_t *restrict y, float *restrict acc, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) {
+        uint32_t b = (uint32_t)y[j] << 16;
+        float v;
+        memcpy(&v, &b, sizeof v);
+        acc[j] += al * v;
+    }
+}
+
+__attribute__((optimize("O3"), target_clones("avx512f", "avx2", "default")))
+static void axpy_f32(float al, const float *restrict y, float *restrict acc, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) acc[j] += al * y[j];
+}
+
+static void axpy_row(lrmoe_dtype_t dt, float al, const void *y, float *tmp, float *acc, int64_t n)
+{
+    if (dt == LRMOE_BF16) { axpy_bf16(al, y, acc, n); return; }
+    if (dt != LRMOE_F32) { lrmoe_convert_to_f32(dt, y, tmp, (size_t)n); y = tmp; }
+    axpy_f32(al, y, acc, n);
+}
+
 typedef struct {
     const layout_t *L;
     const char *src;       /* (T,D) storage rows */
@@ -623,17 +653,17 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
         ew_t w;
         expert_w(d, J->w, &k->wc, e, &w);
         const size_t ws = lrmoe_dtype_size(w.dt);
-        const lrmoe_dtype_t odt = lrmoe_gemm_dtype(k->gm);
         float *x = J->X + i0 * D;
-        const void *xo = opnd(k, 0, x, n * D);
+        const void *xi = J->Xb ? (const void *)(J->Xb + (size_t)(i0 * D) * 2) : (const void *)x;
+        const lrmoe_dtype_t xdt = J->Xb ? LRMOE_BF16 : LRMOE_F32;
         // x is (n,D), [wg; wu] is (2F,D): H = x [W_gate; W_up]^T is (n,2F),
         // one GEMM when the two matrices are consecutive (packed copies,
-        // replicas), else two writing the halves of H
+        // replicas), else two sharing x's conversion, writing the halves of H
+        // (the GEMM converts the F32 operands to its dtype: gemm_cpu.h)
         if ((const char *)w.u == (const char *)w.g + FD * ws) {
-            if (lrmoe_gemm(k->gm, 0, 1, n, 2 * F, D, xo, odt, D, w.g, w.dt, D, 0, H, 2 * F) < 0)
+            if (lrmoe_gemm(k->gm, 0, 1, n, 2 * F, D, xi, xdt, D, w.g, w.dt, D, 0, H, 2 * F) < 0)
                 return -1;
-        } else if (lrmoe_gemm(k->gm, 0, 1, n, F, D, xo, odt, D, w.g, w.dt, D, 0, H, 2 * F) < 0 ||
-                   lrmoe_gemm(k->gm, 0, 1, n, F, D, xo, odt, D, w.u, w.dt, D, 0, H + F, 2 * F) < 0) {
+        } else if (lrmoe_gemm2(k->gm, n, F, D, xi, xdt, D, w.g, w.u, w.dt, D, H, 2 * F) < 0) {
             return -1;
         }
         double t1 = now_();
@@ -653,8 +683,9 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
         }
         double t2 = now_();
         // phi is (n,F), wd is (D,F): y = phi W_down^T is (n,D), written over x
-        if (lrmoe_gemm(k->gm, 0, 1, n, D, F, opnd(k, 1, phi, n * F), odt, F, w.d, w.dt, F, 0,
-                       x, D) < 0)
+        if (J->Xb ? lrmoe_gemm_bf16out(k->gm, n, D, F, phi, LRMOE_F32, F, w.d, w.dt, F,
+                                       (uint16_t *)J->X + i0 * D, D) < 0
+                  : lrmoe_gemm(k->gm, 0, 1, n, D, F, phi, LRMOE_F32, F, w.d, w.dt, F, 0, x, D) < 0)
             return -1;
         double t3 = now_();
         TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
@@ -719,20 +750,25 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
 
     /* dispatch: token rows (storage dtype) to the ranks running their pairs */
     fill_tok_t ft = {&L, a->hidden, rowb};
-    if (exchange_fwd(&comm, &L, rowb, adt, D, fill_token_row, &ft, bufA, bufB, X, tim) < 0)
+    job_t J;
+    memset(&J, 0, sizeof J);
+    if (lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, w->dtype, &J.compute) < 0) goto out;
+    /* bf16 compute on BF16 activations: the GEMMs take the rows as they
+     * arrive (in bufA, free after the all-to-all), no F32 round trip */
+    const int xraw = J.compute == LRMOE_COMPUTE_BF16 && adt == LRMOE_BF16;
+    if (exchange_fwd(&comm, &L, rowb, adt, D, fill_token_row, &ft, bufA, bufB,
+                     xraw ? (void *)bufA : (void *)X, xraw ? adt : LRMOE_F32, tim) < 0)
         goto out;
 
     /* experts, rank by rank (or ranks in parallel) */
-    job_t J;
-    memset(&J, 0, sizeof J);
     J.d = d; J.w = w; J.placement = placement; J.comm = &comm; J.L = &L; J.tim = tim;
-    J.maxn = maxn; J.fa = a; J.X = X;
+    J.maxn = maxn; J.fa = a; J.X = X; J.Xb = xraw ? bufA : NULL;
     J.gthreads = rank_blas_threads(cfg);
-    if (lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, w->dtype, &J.compute) < 0) goto out;
     if (run_ranks(&J, fwd_rank, cfg->rank_threads) < 0) goto out;
 
     /* combine: y rows back to the token owners, out_t = sum_k alpha_tk y_tk */
-    if (exchange_rev(&comm, &L, adt, D, X, bufB, bufA, upos, tim) < 0) goto out;
+    if (exchange_rev(&comm, &L, adt, D, X, xraw ? adt : LRMOE_F32, bufB, bufA, upos, tim) < 0)
+        goto out;
     {
         float *acc = malloc((size_t)D * 2 * sizeof *acc);
         if (!acc) { lrmoe_err("exec: out of memory"); goto out; }
@@ -747,9 +783,7 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
                     int64_t u = t * K + k;
                     const char *src = bufA + (size_t)upos[u] * rowb;
                     if (a->pair_out) memcpy((char *)a->pair_out + (size_t)u * rowb, src, rowb);
-                    lrmoe_convert_to_f32(adt, src, yrow, (size_t)D);
-                    float al = a->topk_weights[u];
-                    for (int64_t j = 0; j < D; j++) acc[j] += al * yrow[j];
+                    axpy_row(adt, a->topk_weights[u], src, yrow, acc, D);
                 }
                 lrmoe_convert_from_f32(adt, acc, (char *)a->output + (size_t)t * rowb, (size_t)D);
             }
@@ -767,6 +801,31 @@ out:
 }
 
 /* ---------------------------------------------------------------- backward */
+
+/* out[k] = sum_j g[j] y[k][j] for K rows y (K,D), each summed in float64 in
+ * ascending j (the products of two floats are exact in float64): the same
+ * bits as one row at a time, with up to 8 rows' sums interleaved so that
+ * their dependency chains overlap. */
+static void dots_f64(const float *g, const float *y, int64_t K, int64_t D, float *out)
+{
+    for (int64_t k0 = 0; k0 < K; k0 += 8) {
+        const int64_t nk = K - k0 < 8 ? K - k0 : 8;
+        double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        const float *r = y + k0 * D;
+        if (nk == 8) {
+            for (int64_t j = 0; j < D; j++) {
+                const double gj = g[j];
+                for (int k = 0; k < 8; k++) s[k] += gj * (double)r[k * D + j];
+            }
+        } else {
+            for (int64_t j = 0; j < D; j++) {
+                const double gj = g[j];
+                for (int64_t k = 0; k < nk; k++) s[k] += gj * (double)r[k * D + j];
+            }
+        }
+        for (int64_t k = 0; k < nk; k++) out[k0 + k] = (float)s[k];
+    }
+}
 
 typedef struct {
     const layout_t *L;
@@ -994,7 +1053,7 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
     /* dispatch: dy rows (F32) from the token owners to the ranks */
     fill_grad_t fg = {&L, a, D, lrmoe_dtype_size(a->grad_dtype), tmp};
     if (exchange_fwd(&comm, &L, rowf, LRMOE_F32, D, compact ? fill_pack_row : fill_grad_row,
-                     &fg, bufA, bufB, DY, tim) < 0)
+                     &fg, bufA, bufB, DY, LRMOE_F32, tim) < 0)
         goto out;
 
     /* experts, rank by rank (or ranks in parallel) */
@@ -1043,10 +1102,10 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
 
     /* combine: dx rows back to the token owners; grad_hidden_t = sum_k dx_tk
      * (ascending k); router gradient g_t . y_u over all pairs */
-    if (exchange_rev(&comm, &L, LRMOE_F32, D, DY, bufB, bufA, upos, tim) < 0) goto out;
+    if (exchange_rev(&comm, &L, LRMOE_F32, D, DY, LRMOE_F32, bufB, bufA, upos, tim) < 0) goto out;
     {
         size_t gs = lrmoe_dtype_size(a->grad_dtype);
-        float *yrow = malloc(rowf);
+        float *yrow = malloc((size_t)K * rowf);
         if (!yrow) { lrmoe_err("exec: out of memory"); goto out; }
         for (int s = 0; s < P; s++) {
             if (!lrmoe_comm_local(&comm, s)) continue;
@@ -1064,11 +1123,9 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
                         for (int64_t j = 0; j < D; j++) gh[j] += src[j];
                     }
                     lrmoe_convert_to_f32(adt, (const char *)a->pair_out + (size_t)(u * D) * as,
-                                         yrow, (size_t)D);
-                    double dot = 0;
-                    for (int64_t j = 0; j < D; j++) dot += (double)tmp[j] * yrow[j];
-                    a->grad_topk_weights[u] = (float)dot;
+                                         yrow + k * D, (size_t)D);
                 }
+                dots_f64(tmp, yrow, K, D, a->grad_topk_weights + t * K);
             }
             TIM(s, LRMOE_STAGE_COMBINE) += now_() - t0;
         }

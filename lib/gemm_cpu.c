@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "gemm_cpu.h"
+#include "gemm_amx.h"
 #ifdef LRMOE_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
 void omp_set_num_threads(int n);
@@ -61,15 +62,17 @@ static void pack(const void *src, lrmoe_dtype_t sdt, int64_t rows, int64_t cols,
 #ifdef LRMOE_HAVE_DNNL
 typedef struct {
     int ta, tb, acc;
-    int64_t M, N, K, ldc;     /* fixed-shape entries; all -1 for the runtime ones */
+    int64_t M, N, K, lda, ldb, ldc;  /* fixed-shape entries; all -1 for the runtime ones */
     dnnl_primitive_t p;
 } prim_t;
 #endif
 
 struct lrmoe_gemm {
     lrmoe_compute_t c;
-    void *scr[2];             /* conversion scratch of A and B */
-    size_t cap[2];
+    void *scr[4];             /* conversion scratch of A and B; [2]: lrmoe_gemm2's A;
+                                 [3]: lrmoe_gemm_bf16out's F32 product */
+    size_t cap[4];
+    lrmoe_amx_t *amx;         /* bf16 compute on a CPU with AMX: the A B^T kernel */
 #ifdef LRMOE_HAVE_DNNL
     dnnl_engine_t eng;
     dnnl_stream_t st;
@@ -145,12 +148,12 @@ static dnnl_status_t md2(dnnl_memory_desc_t *m, int64_t r, int64_t c, int t, int
 /* The matmul primitive for (ta, tb, acc) with runtime dims (M < 0) or this
  * fixed shape; made once per context, oneDNN's own cache shares the rest. */
 static dnnl_primitive_t prim(lrmoe_gemm_t *g, int ta, int tb, int acc, int64_t M, int64_t N,
-                             int64_t K, int64_t ldc)
+                             int64_t K, int64_t lda, int64_t ldb, int64_t ldc)
 {
     for (int i = 0; i < g->npc; i++) {
         prim_t *q = &g->pc[i];
         if (q->ta == ta && q->tb == tb && q->acc == acc && q->M == M && q->N == N &&
-            q->K == K && q->ldc == ldc)
+            q->K == K && q->lda == lda && q->ldb == ldb && q->ldc == ldc)
             return q->p;
     }
     if (g->npc == g->cpc) {
@@ -168,8 +171,7 @@ static dnnl_primitive_t prim(lrmoe_gemm_t *g, int ta, int tb, int acc, int64_t M
             dnnl_fail("memory descriptor", s);
             return NULL;
         }
-    } else if ((s = md2(&a, M, K, ta, ta ? M : K, dnnl_bf16)) ||
-               (s = md2(&b, K, N, tb, tb ? K : N, dnnl_bf16)) ||
+    } else if ((s = md2(&a, M, K, ta, lda, dnnl_bf16)) || (s = md2(&b, K, N, tb, ldb, dnnl_bf16)) ||
                (s = md2(&c, M, N, 0, ldc, dnnl_f32))) {
         dnnl_fail("memory descriptor", s);
         return NULL;
@@ -191,7 +193,7 @@ static dnnl_primitive_t prim(lrmoe_gemm_t *g, int ta, int tb, int acc, int64_t M
         goto out;
     }
     if ((s = dnnl_primitive_create(&p, pd))) { dnnl_fail("primitive", s); p = NULL; goto out; }
-    g->pc[g->npc++] = (prim_t){ta, tb, acc, M, N, K, ldc, p};
+    g->pc[g->npc++] = (prim_t){ta, tb, acc, M, N, K, lda, ldb, ldc, p};
 out:
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (po) dnnl_post_ops_destroy(po);
@@ -228,6 +230,10 @@ out:
     return rc;
 }
 
+/* fixed-shape primitives a context keeps for the K-fixed GEMMs (one per row
+ * count); past that (a long run of many segment sizes) the runtime-dims one */
+#define MAXPRIM 512
+
 /* K rounding of the fixed-shape (ta) GEMMs */
 #define KQ 16
 
@@ -237,8 +243,17 @@ static int gemm_bf16(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int6
                      int acc, float *C, int64_t ldc)
 {
     const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    if (!ta && tb && bdt == LRMOE_BF16 && g->amx && lrmoe_amx_shape_ok(N, K)) {
+        /* activations times stored BF16 weights: the AMX kernel (gemm_amx.h) */
+        if (lrmoe_amx_pack(g->amx, M, K, A, adt == LRMOE_F32, lda) < 0) return -1;
+        return lrmoe_amx_gemm(g->amx, N, B, ldb, C, ldc, acc);
+    }
+    if (!ta && !tb && bdt == LRMOE_BF16 && g->amx && lrmoe_amx_shape_ok(N, K))
+        /* activations times untransposed stored BF16 weights */
+        return lrmoe_amx_gemm_nn(g->amx, M, N, K, A, adt == LRMOE_F32, lda, B, ldb, C, ldc, acc);
     if (!ta) {
-        /* K fixed by the layer (D, F): the runtime-dims primitive */
+        /* K fixed by the layer (D, F): a fixed-shape primitive per (M, N, K)
+         * (oneDNN 2.6 runs runtime-dims matmul with its slower gemm:jit) */
         if (adt != LRMOE_BF16) {
             void *s = scratch(g, 0, (size_t)(ar * ac) * 2);
             if (!s) return -1;
@@ -251,9 +266,13 @@ static int gemm_bf16(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int6
             pack(B, bdt, br, bc, ldb, s, LRMOE_BF16, br, bc);
             B = s; ldb = bc;
         }
-        dnnl_primitive_t p = prim(g, ta, tb, acc, -1, -1, -1, -1);
+        dnnl_primitive_t p = g->npc < MAXPRIM ? prim(g, ta, tb, acc, M, N, K, lda, ldb, ldc)
+                                              : prim(g, ta, tb, acc, -1, -1, -1, -1, -1, -1);
         return p ? run(g, p, ta, tb, M, N, K, A, lda, B, ldb, C, ldc) : -1;
     }
+    if (!tb && !acc && adt == LRMOE_BF16 && bdt == LRMOE_BF16 && g->amx && N % 16 == 0)
+        /* weight gradients A^T B on AMX (K padded inside) */
+        return lrmoe_amx_gemm_tn(g->amx, M, N, K, A, lda, B, ldb, C, ldc);
     /* weight gradients: K = the segment's rows, rounded up to KQ with zeros */
     const int64_t KP = (K + KQ - 1) / KQ * KQ;
     /* both operands packed (zero rows to KP) for the fixed-shape primitive */
@@ -270,7 +289,7 @@ static int gemm_bf16(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int6
         pack(B, bdt, br, bc, ldb, s, LRMOE_BF16, pr, pcol);
         B = s; ldb = pcol;
     }
-    dnnl_primitive_t p = prim(g, ta, tb, acc, M, N, KP, ldc);
+    dnnl_primitive_t p = prim(g, ta, tb, acc, M, N, KP, lda, ldb, ldc);
     return p ? run(g, p, ta, tb, M, N, KP, A, lda, B, ldb, C, ldc) : -1;
 }
 #undef KQ
@@ -346,6 +365,10 @@ lrmoe_gemm_t *lrmoe_gemm_new(lrmoe_compute_t compute, int threads)
             return NULL;
         }
         if (threads > 0) omp_set_num_threads(threads);
+        if (lrmoe_amx_available() && !(g->amx = lrmoe_amx_new())) {
+            lrmoe_gemm_free(g);
+            return NULL;
+        }
 #else
         (void)threads;
         free(g);
@@ -365,8 +388,8 @@ void lrmoe_gemm_free(lrmoe_gemm_t *g)
     if (g->st) dnnl_stream_destroy(g->st);
     if (g->eng) dnnl_engine_destroy(g->eng);
 #endif
-    free(g->scr[0]);
-    free(g->scr[1]);
+    lrmoe_amx_free(g->amx);
+    for (int i = 0; i < 4; i++) free(g->scr[i]);
     free(g);
 }
 
@@ -388,4 +411,48 @@ int lrmoe_gemm(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
         return gemm_bf16(g, ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, acc, C, ldc);
 #endif
     return gemm_f32(g, ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, acc, C, ldc);
+}
+
+int lrmoe_gemm2(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const void *A,
+                lrmoe_dtype_t adt, int64_t lda, const void *B1, const void *B2,
+                lrmoe_dtype_t bdt, int64_t ldb, float *C, int64_t ldc)
+{
+    if (M <= 0 || N <= 0 || K <= 0)
+        return lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B1, bdt, ldb, 0, C, ldc) < 0 ||
+               lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B2, bdt, ldb, 0, C + N, ldc) < 0 ? -1 : 0;
+    if ((adt != LRMOE_F32 && adt != LRMOE_BF16) || (bdt != LRMOE_F32 && bdt != LRMOE_BF16))
+        return lrmoe_err("gemm: operands must be F32 or BF16");
+    if (g->amx && bdt == LRMOE_BF16 && lrmoe_amx_shape_ok(N, K)) {
+        /* one packing of A for both products */
+        if (lrmoe_amx_pack(g->amx, M, K, A, adt == LRMOE_F32, lda) < 0) return -1;
+        return lrmoe_amx_gemm(g->amx, N, B1, ldb, C, ldc, 0) < 0 ||
+               lrmoe_amx_gemm(g->amx, N, B2, ldb, C + N, ldc, 0) < 0 ? -1 : 0;
+    }
+    const lrmoe_dtype_t odt = lrmoe_gemm_dtype(g);
+    if (adt != odt) { /* A in the compute's operand dtype once, for both */
+        void *s = scratch(g, 2, (size_t)(M * K) * lrmoe_dtype_size(odt));
+        if (!s) return -1;
+        pack(A, adt, M, K, lda, s, odt, M, K);
+        A = s; adt = odt; lda = K;
+    }
+    if (lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B1, bdt, ldb, 0, C, ldc) < 0 ||
+        lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B2, bdt, ldb, 0, C + N, ldc) < 0)
+        return -1;
+    return 0;
+}
+
+int lrmoe_gemm_bf16out(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const void *A,
+                       lrmoe_dtype_t adt, int64_t lda, const void *B, lrmoe_dtype_t bdt,
+                       int64_t ldb, uint16_t *C, int64_t ldc)
+{
+    if (M <= 0 || N <= 0) return 0;
+    if (g->amx && K > 0 && bdt == LRMOE_BF16 && (adt == LRMOE_F32 || adt == LRMOE_BF16) &&
+        lrmoe_amx_shape_ok(N, K)) {
+        if (lrmoe_amx_pack(g->amx, M, K, A, adt == LRMOE_F32, lda) < 0) return -1;
+        return lrmoe_amx_gemm_bf16(g->amx, N, B, ldb, C, ldc);
+    }
+    float *c = scratch(g, 3, (size_t)(M * N) * sizeof *c);
+    if (!c || lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B, bdt, ldb, 0, c, N) < 0) return -1;
+    for (int64_t i = 0; i < M; i++) lrmoe_gemm_to_bf16(c + i * N, C + i * ldc, (size_t)N);
+    return 0;
 }

@@ -10,18 +10,24 @@
  * Two computes:
  *   f32   the exact reference: BF16 operands are widened to F32 (exact) and
  *         OpenBLAS sgemm multiplies in F32 with F32 accumulation.
- *   bf16  oneDNN matmul with BF16 operands and F32 accumulation (AMX or
- *         AVX512_BF16 where the CPU has them): F32 operands are rounded to
+ *   bf16  BF16 operands and F32 accumulation: F32 operands are rounded to
  *         BF16 (nearest even) first, the products of two BF16 values are exact
  *         in F32 and the sums are F32, as in cuBLAS' BF16 GEMM with F32
- *         compute. Needs a build with oneDNN (LRMOE_HAVE_DNNL).
+ *         compute. On a CPU with AMX, lib/gemm_amx.c runs the GEMMs with a
+ *         BF16 B and ta = 0 whose shape it takes (K % 32, N % 16; B read in
+ *         place), and C = A^T B with both operands BF16, N % 16 and no acc
+ *         (the weight gradients, C written with non-temporal stores); the
+ *         rest run oneDNN matmul (AMX or AVX512_BF16 where the CPU has
+ *         them). Needs a build with oneDNN (LRMOE_HAVE_DNNL).
  *
- * A context belongs to one thread (it holds that thread's conversion scratch
- * and its cached oneDNN primitives: one with runtime dimensions per
- * (ta, tb, acc) for the GEMMs whose K is fixed, and fixed-shape ones for the
- * weight-gradient GEMMs (ta: K is the row count), whose K is rounded up to a
- * multiple of 16 with zero rows so that a frame's many segment sizes share a
- * few primitives; zero rows add exact zeros). Nothing here prints or exits.
+ * A context belongs to one thread (it holds that thread's conversion scratch,
+ * its AMX kernel state and its cached oneDNN primitives, all fixed-shape:
+ * one per (M, N, K, strides) for the GEMMs whose K is fixed (oneDNN 2.6 runs
+ * runtime-dims matmul with its slower gemm:jit, fixed shapes with brgemm),
+ * and for the weight-gradient GEMMs (ta: K is the row count) one per K
+ * rounded up to a multiple of 16 with zero rows so that a frame's many
+ * segment sizes share a few primitives; zero rows add exact zeros). Nothing
+ * here prints or exits.
  */
 #ifndef LRMOE_GEMM_CPU_H
 #define LRMOE_GEMM_CPU_H
@@ -72,5 +78,21 @@ int lrmoe_gemm(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
                const void *A, lrmoe_dtype_t adt, int64_t lda,
                const void *B, lrmoe_dtype_t bdt, int64_t ldb,
                int acc, float *C, int64_t ldc);
+
+/* C (M,2N) = [A B1^T | A B2^T]: two GEMMs sharing the operand A (M,K),
+ * B1 and B2 stored (N,K) with row stride ldb (the forward's gate and up
+ * projections), A converted or packed once. Same numerics as two
+ * lrmoe_gemm calls with tb = 1. */
+int lrmoe_gemm2(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const void *A,
+                lrmoe_dtype_t adt, int64_t lda, const void *B1, const void *B2,
+                lrmoe_dtype_t bdt, int64_t ldb, float *C, int64_t ldc);
+
+/* C (M,N) BF16 = A B^T (B stored (N,K), tb = 1), each F32 sum rounded as
+ * lrmoe_gemm_to_bf16 does: the bits of lrmoe_gemm followed by that
+ * conversion, without the F32 product in memory (the forward's y, which the
+ * layer stores in BF16). */
+int lrmoe_gemm_bf16out(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const void *A,
+                       lrmoe_dtype_t adt, int64_t lda, const void *B, lrmoe_dtype_t bdt,
+                       int64_t ldb, uint16_t *C, int64_t ldc);
 
 #endif

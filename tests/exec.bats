@@ -437,7 +437,7 @@ have_bf16() {
     fi
     # shellcheck disable=SC2086
     cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/gt" "$BATS_TEST_DIRNAME/unit/gemm_test.c" \
-        "$L/gemm_cpu.c" "$L/dtype.c" "$L/error.c" -lopenblas -lm $DN
+        "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/dtype.c" "$L/error.c" -lopenblas -lm $DN
     run "$D/gt" f32
     assert_success
     assert_output --partial "224 cases, 0 failed"
@@ -655,5 +655,48 @@ for i in range(5):
 print('same')"
         assert_success
         assert_output same
+    done
+}
+
+@test "exec --compute bf16: the AMX kernels (A B^T, A B) against float64 on every tile edge, and lrmoe_gemm2 = two GEMMs (tests/unit/gemm_amx_test.c)" {
+    have_bf16 || skip "this build has no oneDNN: --compute bf16 unavailable"
+    L="$BATS_TEST_DIRNAME/../lib"
+    cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/gat" "$BATS_TEST_DIRNAME/unit/gemm_amx_test.c" \
+        "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/dtype.c" "$L/error.c" -lopenblas -lm \
+        -DLRMOE_HAVE_DNNL -ldnnl -lgomp
+    # the same cases through oneDNN (LRMOE_AMX=0) and, where the CPU has it, AMX
+    run env LRMOE_AMX=0 "$D/gat"
+    assert_success
+    assert_line "amx: no"
+    assert_output --partial "744 cases, 0 failed"
+    run "$D/gat"
+    assert_success
+    assert_output --partial "744 cases, 0 failed"
+    [ "${lines[0]}" = "amx: yes" ] || skip "this CPU has no AMX BF16: the kernel ran on no case (oneDNN did)"
+}
+
+@test "exec --compute bf16: a layer of AMX shapes (D=96 F=64) matches float64 and the oneDNN path, forward and backward, P=1,2" {
+    have_bf16 || skip "this build has no oneDNN: --compute bf16 unavailable"
+    for dt in f32 bf16; do
+        python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 53 --E 6 --K 2 --D 96 --F 64 --skew 3 --dtype "$dt"
+        for P in 1 2; do
+            for amx in 0 1; do
+                run env LRMOE_AMX=$amx "$EXEC" --phase forward --compute bf16 --weights "$D/w.lrm" -P "$P" \
+                    --no-compress -o "$D/f$amx.lrm" "$D/in.lrm"
+                assert_success
+                run python3 "$REF" check-fwd "$D/f$amx.lrm" "$D/w.lrm" --P "$P" --tol 2e-2
+                assert_success
+                run env LRMOE_AMX=$amx "$EXEC" --phase backward --compute bf16 --weights "$D/w.lrm" \
+                    --no-compress -o "$D/b$amx.lrm" "$D/f$amx.lrm"
+                assert_success
+                run python3 "$REF" check-bwd "$D/b$amx.lrm" "$D/w.lrm" --tol 2e-2
+                assert_success
+            done
+            # same operands, same F32 accumulation: AMX and oneDNN agree far inside BF16 rounding
+            run python3 "$REF" compare "$D/f1.lrm" "$D/f0.lrm" output --tol 1e-5
+            assert_success
+            run python3 "$REF" compare "$D/b1.lrm" "$D/b0.lrm" $GRADS --tol 1e-5
+            assert_success
+        done
     done
 }

@@ -1,0 +1,147 @@
+/* The AMX kernels of the bf16 compute (lib/gemm_amx.c, through lrmoe_gemm
+ * and lrmoe_gemm2 of lib/gemm_cpu.c: C = A B^T and C = A B with B the
+ * stored BF16 weights) against a float64 reference of the
+ * BF16-rounded operands, on the shapes it takes (K % 32 == 0, N % 16 == 0):
+ * row counts around the 16-row tile and the 32-row pair, N with an odd
+ * 16-column tile, K of one, several and a partial 256-deep chunk, F32 and
+ * BF16 activations, strides, and C = and C +=. lrmoe_gemm2 must give the
+ * bits of two lrmoe_gemm calls, lrmoe_gemm_bf16out those of lrmoe_gemm
+ * rounded by lrmoe_gemm_to_bf16; and the weight gradients' C = A^T B for
+ * any K. Prints whether AMX ran (LRMOE_AMX=0 runs the
+ * same cases through oneDNN); exits 1 on a miss.
+ * usage: gemm_amx_test */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "gemm_amx.h"
+#include "gemm_cpu.h"
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static float rnd(void)
+{
+    rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+    return (float)((double)(rs >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* rows x cols in dt with row stride ld; ref: the BF16-rounded values */
+static void *mat(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, double **ref)
+{
+    size_t es = lrmoe_dtype_size(dt);
+    char *m = malloc((size_t)(rows * ld) * es);
+    *ref = malloc((size_t)(rows * cols) * sizeof **ref);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < ld; j++) {
+            float v = rnd();
+            uint16_t h = lrmoe_f32_to_bf16(v);
+            if (dt == LRMOE_BF16) memcpy(m + (size_t)(i * ld + j) * 2, &h, 2);
+            else memcpy(m + (size_t)(i * ld + j) * 4, &v, 4);
+            if (j < cols) (*ref)[i * cols + j] = lrmoe_bf16_to_f32(h);
+        }
+    return m;
+}
+
+int main(void)
+{
+    lrmoe_gemm_t *g = lrmoe_gemm_new(LRMOE_COMPUTE_BF16, 1);
+    if (!g) { fprintf(stderr, "gemm_amx_test: %s\n", lrmoe_errmsg()); return 1; }
+    printf("amx: %s\n", lrmoe_amx_available() ? "yes" : "no");
+    static const int64_t Ms[] = {1, 15, 16, 17, 32, 33, 70};
+    static const int64_t Ns[] = {16, 48, 64};
+    static const int64_t Ks[] = {32, 96, 288, 544};
+    int fails = 0, cases = 0;
+    for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++)
+    for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+    for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
+    for (int f = 0; f < 8; f++) {
+        const int64_t M = Ms[mi], N = Ns[ni], K = Ks[ki];
+        const int acc = f & 1, tb = !(f & 4);
+        const lrmoe_dtype_t adt = f & 2 ? LRMOE_BF16 : LRMOE_F32;
+        const int64_t lda = K + (int64_t)(mi & 1) * 8,
+                      ldb = (tb ? K : N) + (int64_t)(ni & 1) * 32,
+                      ldc = 2 * N + (int64_t)(ki & 1) * 3;
+        const int64_t br = tb ? N : K, bc = tb ? K : N;
+        double *ra, *rb1, *rb2, *rc;
+        void *A = mat(M, K, lda, adt, &ra);
+        void *B1 = mat(br, bc, ldb, LRMOE_BF16, &rb1), *B2 = mat(br, bc, ldb, LRMOE_BF16, &rb2);
+        float *C = malloc((size_t)(M * ldc) * sizeof *C), *C2 = malloc((size_t)(M * ldc) * sizeof *C2);
+        rc = malloc((size_t)(M * ldc) * sizeof *rc);
+        for (int64_t i = 0; i < M * ldc; i++) { C[i] = rnd(); rc[i] = C[i]; }
+        int rcode = lrmoe_gemm(g, 0, tb, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, acc, C, ldc);
+        double err = 0, mx = 1e-30;
+        int untouched = 1;
+        for (int64_t i = 0; i < M; i++) {
+            for (int64_t j = 0; j < N; j++) {
+                double r = acc ? rc[i * ldc + j] : 0;
+                for (int64_t k = 0; k < K; k++) r += ra[i * K + k] * (tb ? rb1[j * K + k] : rb1[k * N + j]);
+                err = fmax(err, fabs(C[i * ldc + j] - r));
+                mx = fmax(mx, fabs(r));
+            }
+            for (int64_t j = N; j < ldc; j++) untouched &= C[i * ldc + j] == (float)rc[i * ldc + j];
+        }
+        /* two products through lrmoe_gemm2: the bits of two lrmoe_gemm calls */
+        int same = 1;
+        if (!rcode && tb) {
+            rcode = lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, 0, C, ldc) ||
+                    lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B2, LRMOE_BF16, ldb, 0, C + N, ldc) ||
+                    lrmoe_gemm2(g, M, N, K, A, adt, lda, B1, B2, LRMOE_BF16, ldb, C2, ldc);
+            for (int64_t i = 0; i < M && !rcode; i++)
+                same &= !memcmp(C + i * ldc, C2 + i * ldc, (size_t)(2 * N) * sizeof *C);
+            /* BF16 output: the F32 product's bits rounded by lrmoe_gemm_to_bf16 */
+            uint16_t *h = malloc((size_t)(M * ldc) * 2), *h2 = malloc((size_t)N * 2);
+            if (!rcode) rcode = lrmoe_gemm_bf16out(g, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, h, ldc);
+            for (int64_t i = 0; i < M && !rcode; i++) {
+                lrmoe_gemm_to_bf16(C + i * ldc, h2, (size_t)N);
+                same &= !memcmp(h + i * ldc, h2, (size_t)N * 2);
+            }
+            free(h); free(h2);
+        }
+        int ok = rcode == 0 && err / mx <= 1e-5 && untouched && same;
+        cases++;
+        if (!ok) {
+            fails++;
+            printf("FAIL M=%lld N=%lld K=%lld tb=%d acc=%d A=%s relerr %.3e%s%s%s\n", (long long)M,
+                   (long long)N, (long long)K, tb, acc, lrmoe_dtype_name(adt), err / mx,
+                   untouched ? "" : ", wrote past N", same ? "" : ", gemm2 or bf16out differs",
+                   rcode ? lrmoe_errmsg() : "");
+        }
+        free(A); free(B1); free(B2); free(C); free(C2); free(ra); free(rb1); free(rb2); free(rc);
+    }
+    /* weight gradients: C = A^T B, A (K,M), B (K,N) BF16, K any (padded to
+     * 32 inside), C overwritten (non-temporal stores) */
+    static const int64_t Kt[] = {1, 7, 32, 33, 100, 300};
+    static const int64_t Mt[] = {1, 16, 17, 40};
+    for (size_t ki = 0; ki < sizeof Kt / sizeof *Kt; ki++)
+    for (size_t mi = 0; mi < sizeof Mt / sizeof *Mt; mi++)
+    for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++) {
+        const int64_t M = Mt[mi], N = Ns[ni], K = Kt[ki];
+        const int64_t lda = M + (int64_t)(ki & 1) * 16, ldb = N + (int64_t)(mi & 1) * 32, ldc = N + (int64_t)(ni & 1) * 16;
+        double *ra, *rb;
+        void *A = mat(K, M, lda, LRMOE_BF16, &ra), *B = mat(K, N, ldb, LRMOE_BF16, &rb);
+        float *C = NULL;
+        if (posix_memalign((void **)&C, 64, (size_t)(M * ldc) * sizeof *C)) return 1;
+        for (int64_t i = 0; i < M * ldc; i++) C[i] = 7.0f;
+        int rcode = lrmoe_gemm(g, 1, 0, M, N, K, A, LRMOE_BF16, lda, B, LRMOE_BF16, ldb, 0, C, ldc);
+        double err = 0, mx = 1e-30;
+        int untouched = 1;
+        for (int64_t i = 0; i < M; i++) {
+            for (int64_t j = 0; j < N; j++) {
+                double r = 0;
+                for (int64_t k = 0; k < K; k++) r += ra[k * M + i] * rb[k * N + j];
+                err = fmax(err, fabs(C[i * ldc + j] - r));
+                mx = fmax(mx, fabs(r));
+            }
+            for (int64_t j = N; j < ldc; j++) untouched &= C[i * ldc + j] == 7.0f;
+        }
+        cases++;
+        if (rcode || err / mx > 1e-5 || !untouched) {
+            fails++;
+            printf("FAIL A^T B M=%lld N=%lld K=%lld relerr %.3e%s%s\n", (long long)M, (long long)N,
+                   (long long)K, err / mx, untouched ? "" : ", wrote past N", rcode ? lrmoe_errmsg() : "");
+        }
+        free(A); free(B); free(C); free(ra); free(rb);
+    }
+    printf("gemm amx: %d cases, %d failed\n", cases, fails);
+    lrmoe_gemm_free(g);
+    return fails ? 1 : 0;
+}
