@@ -421,7 +421,21 @@ typedef struct {
     double min_mem1;     /* least memory of a rate-1 candidate within the window */
     char why_src[48];
     double why_mem;      /* its memory (for the closest miss) */
+    int exhaustive;      /* LRMOE_PLAN_EXHAUSTIVE: no skips (see plan_exhaustive) */
 } lctx_t;
+
+/* LRMOE_PLAN_EXHAUSTIVE set to anything but "" or "0": the planner skips
+ * nothing that it proves cannot change the plan (the backward-peak and
+ * memory bound prunes, the threshold stop of their least-peak search,
+ * bwd_loses, the early return of bwd_in_place, the min-peak forward
+ * candidate of a baseline without replicas) and evaluates every candidate
+ * in full, as before those skips. The plans must come out byte-identical;
+ * tests/plan-exact.bats compares. Read once per call (a getenv per frame). */
+static int plan_exhaustive(void)
+{
+    const char *e = getenv("LRMOE_PLAN_EXHAUSTIVE");
+    return e && *e && strcmp(e, "0") != 0;
+}
 
 static double t_bwd_of(const lrmoe_cost_summary_t *s)
 {
@@ -905,7 +919,7 @@ static void bwd_follow(lctx_t *c)
  * and the closest miss are not used. So the cost evaluation is skipped. */
 static int bwd_loses(const lctx_t *c)
 {
-    if (!c->strict.have)
+    if (!c->strict.have || c->exhaustive)
         return 0;
     const lrmoe_plan_t *k = &c->cand;
     const int P = c->P;
@@ -1070,7 +1084,7 @@ static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl
         /* without replicas (every expert on its native rank alone) the
          * forward has one allocation: the min-peak candidate would be this
          * one again, and dropped as a duplicate */
-        if (!base->have_slots && base->replicas == 0)
+        if (!base->have_slots && base->replicas == 0 && !c->exhaustive)
             return 0;
         pl = base->placement;
     }
@@ -1187,8 +1201,9 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
      * to know that lb reaches a threshold, so the search stops there (ub). */
     const double B = lrmoe_cost_bwd_row_bytes(&c->o->cost);
     const int explained = c->strict.have || c->longer_fits || c->why[0];
-    int64_t ub = c->strict.have ? c->strict.p->bwd_peak + 1 : -1;
-    if (c->o->cost.hbm > 0 && explained) {
+    const int prune = !c->exhaustive;
+    int64_t ub = c->strict.have && prune ? c->strict.p->bwd_peak + 1 : -1;
+    if (c->o->cost.hbm > 0 && explained && prune) {
         const double r = floor((c->o->cost.hbm - f->base_min) / B) + 1;
         const int64_t m = r < 1 ? 1 : r > 4e18 ? INT64_MAX : (int64_t)r;
         if (ub < 0 || m < ub)
@@ -1201,11 +1216,11 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
                               exact ? -1 : ub, NULL, NULL);
         if (lb < 0)
             return -1;
-        if (c->strict.have && lb > c->strict.p->bwd_peak) {
+        if (prune && c->strict.have && lb > c->strict.p->bwd_peak) {
             return 0;
         }
         const double mlb = f->base_min + (double)lb * B;
-        if (c->o->cost.hbm > 0 && mlb > c->o->cost.hbm &&
+        if (prune && c->o->cost.hbm > 0 && mlb > c->o->cost.hbm &&
             (c->strict.have || c->longer_fits || (c->why[0] && c->why_mem <= mlb))) {
             return 0;
         }
@@ -1224,7 +1239,7 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
         return -1;
     if (K)
         return 0; /* proportional quotas are fixed */
-    int r = bwd_in_place(c, c->strict.have ? c->strict.p->bwd_peak : -1);
+    int r = bwd_in_place(c, c->strict.have && prune ? c->strict.p->bwd_peak : -1);
     if (r < 0)
         return -1;
     /* in place nothing moves: never longer than keeping every pair */
@@ -1323,6 +1338,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
     }
     lctx_t c;
     memset(&c, 0, sizeof c);
+    c.exhaustive = plan_exhaustive();
     c.cand = sp[3];
     int rc = -1;
     char why[480] = "", why1[400] = "", alt_why[480] = "";
