@@ -96,7 +96,7 @@ static void *open_module(char *path, size_t n)
     }
     snprintf(path, n, "%s", LRMOE_CUDA_MODULE_NAME);
     if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
-        FAIL("cannot load the CUDA module%s%s%s: by name %s (run path, LD_LIBRARY_PATH, system "
+        FAIL("cannot load the CUDA module%s%s%s by name %s (run path, LD_LIBRARY_PATH, system "
              "directories): %s (set %s to its path)", have_near ? ": not at " : "",
              have_near ? near : "", have_near ? ", and" : "", path, dl_why(path),
              LRMOE_CUDA_MODULE_ENV);
