@@ -11,6 +11,7 @@
  * the kernels are linked in directly. */
 #ifdef LRMOE_CUDA_LOADER
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,9 +40,11 @@ static const lrmoe_cuda_host_t host = {
  *   $LRMOE_CUDA_MODULE, when set and not empty: that path and nothing else;
  *   the module's name in the directory of the object this function is in
  *   (liblrmoe.so.1; for a tool linked with the loader, the executable);
- *   the bare name: the dynamic loader's search, which for a tool is its
- *   run path ($ORIGIN/../lib of an installed tool, the build directory of
- *   an in-tree one), then LD_LIBRARY_PATH and the system's directories.
+ *   the name in each directory of the dynamic loader's search for that
+ *   object, which for a tool starts with its run path ($ORIGIN/../lib of
+ *   an installed tool, the build directory of an in-tree one), then
+ *   LD_LIBRARY_PATH and the system's directories;
+ *   the bare name, dlopen's own search (ld.so.cache) as the last resort.
  * next_to_self writes the second one into buf: 0, or -1 when there is none
  * (no directory known) or it does not fit in n bytes. */
 static int next_to_self(char *buf, size_t n)
@@ -54,6 +57,43 @@ static int next_to_self(char *buf, size_t n)
     int w = snprintf(buf, n, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname,
                      LRMOE_CUDA_MODULE_NAME);
     return w < 0 || (size_t)w >= n ? -1 : 0;
+}
+
+/* The directories the dynamic loader searches for the libraries the object
+ * holding this loader needs, in its order: its run path ($ORIGIN expanded),
+ * LD_LIBRARY_PATH, the system's (dlinfo RTLD_DI_SERINFO; a glibc dlopen
+ * handle is the object's link map). Searched here rather than left to
+ * dlopen(bare name), which takes the run path of its caller, and under ASan
+ * the caller is the sanitizer's dlopen interceptor. NULL when unknown;
+ * the caller frees. */
+static Dl_serinfo *search_dirs(void)
+{
+    Dl_info info;
+    struct link_map *map = NULL;
+    Dl_serinfo size;
+    if (!dladdr1((void *)search_dirs, &info, (void **)&map, RTLD_DL_LINKMAP) || !map ||
+        dlinfo(map, RTLD_DI_SERINFOSIZE, &size) != 0)
+        return NULL;
+    Dl_serinfo *si = malloc(size.dls_size);
+    if (si && (dlinfo(map, RTLD_DI_SERINFOSIZE, si) != 0 || dlinfo(map, RTLD_DI_SERINFO, si) != 0)) {
+        free(si);
+        si = NULL;
+    }
+    return si;
+}
+
+/* path = the first DIR/liblrmoe-cuda.so.1 of the search directories that
+ * exists: 0, else -1 */
+static int on_search_path(char *path, size_t n)
+{
+    Dl_serinfo *si = search_dirs();
+    int found = -1;
+    for (unsigned i = 0; si && i < si->dls_cnt && found < 0; i++) {
+        int w = snprintf(path, n, "%s/%s", si->dls_serpath[i].dls_name, LRMOE_CUDA_MODULE_NAME);
+        if (w > 0 && (size_t)w < n && access(path, F_OK) == 0) found = 0;
+    }
+    free(si);
+    return found;
 }
 
 #define FAIL(...) snprintf(failure, sizeof failure, "backend cuda: " __VA_ARGS__)
@@ -94,6 +134,13 @@ static void *open_module(char *path, size_t n)
                  LRMOE_CUDA_MODULE_ENV);
         return h;
     }
+    if (on_search_path(path, n) == 0) {
+        if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
+            FAIL("cannot load the CUDA module %s: %s (set %s to its path)", path, dl_why(path),
+                 LRMOE_CUDA_MODULE_ENV);
+        return h;
+    }
+    /* none there: the bare name (the loader's cache, its caller's run path) */
     snprintf(path, n, "%s", LRMOE_CUDA_MODULE_NAME);
     if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
         FAIL("cannot load the CUDA module%s%s%s by name %s (run path, LD_LIBRARY_PATH, system "
