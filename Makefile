@@ -175,12 +175,23 @@ $(BUILD)/src/%.o: src/%.c
 # which relink) only when the variant changes.
 bin/.variant: FORCE
 	@mkdir -p bin && { [ "$$(cat $@ 2>/dev/null)" = $(VARIANT) ] || echo $(VARIANT) > $@; }
-$(TOOLS): bin/.variant
+$(TOOLS): bin/.variant $(BUILD)/liblrmoe-tools.a
 FORCE:
 
-bin/%: $(BUILD)/src/%.o $(BUILD)/liblrmoe.a
+# The tools link the .so's objects (the CUDA loader, no kernels, no CUDA
+# library: lrmoe-exec starts without CUDA's start-up and loads
+# liblrmoe-cuda.so.1 on --backend cuda only), which their run path finds:
+# PREFIX/lib when installed (make install puts it there), $(BUILD) in-tree.
+TOOL_RPATH := -Wl,-rpath,'$$ORIGIN/../lib' -Wl,-rpath,$(abspath $(BUILD))
+$(BUILD)/liblrmoe-tools.a: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && $(AR) rcs $@ $^
+# installed, and linked by tests/gpu, no longer by the tools
+all: $(BUILD)/liblrmoe.a
+
+bin/%: $(BUILD)/src/%.o $(BUILD)/liblrmoe-tools.a
 	@mkdir -p bin
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out bin/.variant,$^) $(LDLIBS) $(CUDA_LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out bin/.variant,$^) $(LDLIBS) -ldl $(TOOL_RPATH)
 
 check: all deps-test
 	@SANITIZE="$(SANITIZE)" LRMOE_BUILD="$(BUILD)" sh tests/run.sh

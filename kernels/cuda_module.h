@@ -6,9 +6,12 @@
  * point is called (lib/cuda_module.c). Its dependencies resolve by soname,
  * so a libnccl.so.2 or libcudart.so.13 already loaded (PyTorch's) is the
  * one the module uses. The path: $LRMOE_CUDA_MODULE when set and not empty,
- * else liblrmoe-cuda.so.1 in the directory of the liblrmoe.so.1 that is
- * loaded (dladdr). liblrmoe.a (the tools, tests/gpu) links the kernels
- * directly instead and has no loader.
+ * else liblrmoe-cuda.so.1 in the directory of the object holding the loader
+ * (dladdr: liblrmoe.so.1, or a tool's executable) when it exists, else the
+ * bare name through the dynamic loader's search (a tool's run path:
+ * $ORIGIN/../lib, then its build directory). The tools link the loader too
+ * ($(BUILD)/liblrmoe-tools.a); liblrmoe.a (installed, tests/gpu) links the
+ * kernels directly instead and has no loader.
  *
  * The two sides call each other through tables of function pointers: the
  * module's entry points that liblrmoe calls (every one returns int, -1 on

@@ -45,17 +45,27 @@ have_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2
     refute_output --partial "kernels/"
 }
 
-@test "cuda: the built lrmoe-exec carries the CUDA backend (nvcc present)" {
-    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH"
+# The module of the build that linked bin/ (build/san under SANITIZE=1);
+# skips in a CPU-only build, which has none.
+cuda_module_built() {
+    MOD="$(cd "$TOP" && pwd -P)/${LRMOE_BUILD:-build}/liblrmoe-cuda.so.1"
     [ -x "$EXEC" ] || skip "bin/lrmoe-exec not built"
-    nm "$EXEC" | grep -q ' lrmoe_exec_forward_cuda$' || skip "bin/ was built CPU-only (CUDA_HOME=)"
+    [ -f "$MOD" ] || skip "CPU-only build (no nvcc at build time): no $MOD"
+}
+
+@test "cuda: lrmoe-exec needs no CUDA library; it carries the module loader and a run path to the module" {
+    cuda_module_built
+    run readelf -d "$EXEC"
+    assert_success
+    refute_output --regexp 'NEEDED.*\[lib(cudart|cublas|cublasLt|nccl)\.so'
+    assert_output --partial '$ORIGIN/../lib'
+    assert_output --partial "$(dirname "$MOD")"
+    # the CUDA entry points are the loader's trampolines, not the kernels
     run nm "$EXEC"
-    assert_line --regexp ' T lrmoe_exec_backward_cuda$'
-    assert_line --regexp ' T lrmoe_kcu_gemm$'
-    assert_line --regexp ' T lrmoe_comm_cuda_init$'
+    assert_line --regexp ' T lrmoe_exec_forward_cuda$'
+    refute_line --regexp ' T lrmoe_kcu_gemm$'
     run ldd "$EXEC"
-    assert_output --partial "libcublas"
-    assert_output --partial "libnccl"
+    refute_output --regexp 'lib(cudart|cublas|cublasLt|nccl)\.so'
 }
 
 @test "cuda: --backend cuda without a GPU fails with a clear error, exit 1, no trailer" {
@@ -139,4 +149,26 @@ have_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2
         --weights "$D/w.lrm" --no-compress -o "$D/c.lrm" "$D/in.lrm"
     assert_equal "$status" 1
     assert_line --regexp '^lrmoe-exec: .*backend cuda: (no usable CUDA device: cudaGetDeviceCount: .+|this build has no CUDA support.*)$'
+}
+
+@test "cuda: lrmoe-exec --backend cuda loads the module through its run path; a module that is not there is the loader's error, exit 1, no trailer" {
+    cuda_module_built
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 20 --E 4 --K 2 --D 8 --F 6 --dtype bf16
+    run env LRMOE_CUDA_MODULE="$D/nowhere/liblrmoe-cuda.so.1" "$EXEC" --phase forward --backend cuda \
+        --weights "$D/w.lrm" --no-compress -o "$D/out.lrm" "$D/in.lrm"
+    assert_equal "$status" 1
+    assert_line "lrmoe-exec: frame 0: backend cuda: cannot load the CUDA module $D/nowhere/liblrmoe-cuda.so.1: cannot open shared object file: No such file or directory (the path LRMOE_CUDA_MODULE names)"
+    run python3 -c "import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream; read_stream('$D/out.lrm')"
+    assert_failure
+    # no module next to bin/: the bare name, found in the build directory
+    # through the run path, is opened (then, without a GPU, CUDA's own error)
+    [ ! -e "$(dirname "$EXEC")/liblrmoe-cuda.so.1" ] || skip "a module next to bin/lrmoe-exec"
+    run env -u LRMOE_CUDA_MODULE LD_DEBUG=files "$EXEC" --phase forward --backend cuda \
+        --weights "$D/w.lrm" --no-compress -o "$D/out.lrm" "$D/in.lrm"
+    assert_output --partial "opening file=$MOD [0]"
+    refute_output --partial "cannot load the CUDA module"
+    if ! have_gpu; then
+        assert_equal "$status" 1
+        assert_line --regexp '^lrmoe-exec: .*backend cuda: no usable CUDA device: cudaGetDeviceCount: .+$'
+    fi
 }

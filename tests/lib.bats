@@ -245,5 +245,23 @@ cuda_inproc() {
     mv "$LIBD/liblrmoe-cuda.so.1" "$T/moved.so"
     cuda_inproc
     mv "$T/moved.so" "$LIBD/liblrmoe-cuda.so.1"
-    assert_line "call 1: backend cuda: cannot load the CUDA module $LIBD/liblrmoe-cuda.so.1: cannot open shared object file: No such file or directory (set LRMOE_CUDA_MODULE to its path)"
+    # (then the bare name, which nothing on this program's search finds)
+    assert_line "call 1: backend cuda: cannot load the CUDA module: not at $LIBD/liblrmoe-cuda.so.1, and by name liblrmoe-cuda.so.1 (run path, LD_LIBRARY_PATH, system directories): cannot open shared object file: No such file or directory (set LRMOE_CUDA_MODULE to its path)"
+}
+
+@test "an installed lrmoe-exec needs no CUDA library and loads the module from PREFIX/lib (its \$ORIGIN/../lib) on --backend cuda only" {
+    cuda_build
+    X="$STAGE$PFX/bin/lrmoe-exec"
+    run readelf -d "$X"
+    refute_output --regexp 'NEEDED.*\[lib(cudart|cublas|cublasLt|nccl)\.so'
+    python3 "$TOP/tests/helpers/exec_ref.py" make "$T/in.lrm" "$T/w.lrm" --T 20 --E 4 --K 2 --D 8 --F 6 --dtype bf16
+    # the CPU backend maps nothing of CUDA
+    run env LD_DEBUG=files "$X" --phase forward --weights "$T/w.lrm" --no-compress -o "$T/cpu.lrm" "$T/in.lrm"
+    assert_success
+    refute_output --regexp 'file=lib(lrmoe-cuda|cudart|cublas|nccl)\.so'
+    run env -u LRMOE_CUDA_MODULE LD_DEBUG=files "$X" --phase forward --backend cuda --weights "$T/w.lrm" \
+        --no-compress -o "$T/cuda.lrm" "$T/in.lrm"
+    # the run path's $ORIGIN/../lib as the dynamic loader spells it
+    assert_output --partial "opening file=$STAGE$PFX/bin/../lib/liblrmoe-cuda.so.1 [0]"
+    refute_output --partial "cannot load the CUDA module"
 }
