@@ -1,7 +1,8 @@
 #!/bin/sh
 # Benchmark the CPU expert layer (issue 17): lrmoe-exec forward and full
-# backward with BF16 GEMMs (--compute bf16: oneDNN, BF16 operands, F32
-# accumulation) and F32 GEMMs (--compute f32: OpenBLAS sgemm, the exact path)
+# backward with BF16 GEMMs (--compute bf16: BF16 operands, F32 accumulation;
+# lib/gemm_amx.c's AMX kernels where the CPU has AMX-BF16, else oneDNN) and
+# F32 GEMMs (--compute f32: OpenBLAS sgemm, the exact path)
 # against PyTorch's fastest CPU path on the same tensors (tests/bench/
 # exec_torch.py in BF16: a per-expert loop and torch._grouped_mm; the faster
 # of the two per row counts), at several token counts.
