@@ -191,6 +191,38 @@ static inline __m256i bf16_16(__m512i u)
     return _mm512_cvtepi32_epi16(r);
 }
 
+/* The accumulator tiles 4..7, kept across K chunks in cs (4 x 16x16 F32):
+ * acc_begin zeroes them on the first chunk and loads them back after, acc_spill
+ * stores them for the next chunk, tile_out copies tile 4+t to tmp. */
+__attribute__((target("amx-tile")))
+static inline void acc_begin(const float *cs, int first)
+{
+    if (first) {
+        _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
+    } else {
+        _tile_loadd(4, cs, 64); _tile_loadd(5, cs + 256, 64);
+        _tile_loadd(6, cs + 512, 64); _tile_loadd(7, cs + 768, 64);
+    }
+}
+
+__attribute__((target("amx-tile")))
+static inline void acc_spill(float *cs)
+{
+    _tile_stored(4, cs, 64); _tile_stored(5, cs + 256, 64);
+    _tile_stored(6, cs + 512, 64); _tile_stored(7, cs + 768, 64);
+}
+
+__attribute__((target("amx-tile")))
+static inline void tile_out(int t, float tmp[16][16])
+{
+    switch (t) {
+    case 0: _tile_stored(4, tmp, 64); break;
+    case 1: _tile_stored(5, tmp, 64); break;
+    case 2: _tile_stored(6, tmp, 64); break;
+    default: _tile_stored(7, tmp, 64); break;
+    }
+}
+
 /* tiles 4..7 (C^T of rows m0.. and m0+16.. of A, columns n0.. and n0+16..)
  * out to C, transposed: F32, added when acc, or rounded to BF16 (obf) */
 __attribute__((target("amx-tile,avx512f")))
@@ -200,12 +232,7 @@ static void store_c(void *C, int64_t ldc, int64_t M, int64_t m0, int64_t n0, int
     float tmp[16][16] __attribute__((aligned(64)));
     for (int t = 0; t < 4; t++) {
         if (((t & 1) && !two_m) || ((t & 2) && !two_n)) continue;
-        switch (t) {
-        case 0: _tile_stored(4, tmp, 64); break;
-        case 1: _tile_stored(5, tmp, 64); break;
-        case 2: _tile_stored(6, tmp, 64); break;
-        default: _tile_stored(7, tmp, 64); break;
-        }
+        tile_out(t, tmp);
         __m512i r[16];
         for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512((const void *)tmp[i]);
         tr16(r);                                  /* r[j]: C row m, columns nn.. */
@@ -258,12 +285,7 @@ static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64
                 const int two_m = mb + 1 < MB;
                 const uint32_t *p0 = x->P + mb * K2 * 16, *p1 = p0 + K2 * 16;
                 float *cs = Cs + (mb / 2) * 4 * 256;
-                if (k0 == 0) {
-                    _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
-                } else {
-                    _tile_loadd(4, cs, 64); _tile_loadd(5, cs + 256, 64);
-                    _tile_loadd(6, cs + 512, 64); _tile_loadd(7, cs + 768, 64);
-                }
+                acc_begin(cs, k0 == 0);
                 for (int64_t k = k0; k < k1; k += 32) {
                     for (int64_t q = 0; q < per && pl < lines; q++, pl++) {
                         _mm_prefetch((const char *)(pr + pc), _MM_HINT_T1);
@@ -282,8 +304,7 @@ static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64
                 if (k1 == K) {
                     store_c(C, ldc, M, mb * 16, n0, two_m, two_n, acc, obf);
                 } else {
-                    _tile_stored(4, cs, 64); _tile_stored(5, cs + 256, 64);
-                    _tile_stored(6, cs + 512, 64); _tile_stored(7, cs + 768, 64);
+                    acc_spill(cs);
                 }
             }
         }
@@ -345,12 +366,7 @@ static void amx_kernel_nn(const lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K,
                 const int two_m = mb + 1 < MB;
                 const uint16_t *a0 = x->PA + mb * KS * 512, *a1 = a0 + KS * 512;
                 float *cs = Cs + (mb / 2) * 4 * 256;
-                if (k0 == 0) {
-                    _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
-                } else {
-                    _tile_loadd(4, cs, 64); _tile_loadd(5, cs + 256, 64);
-                    _tile_loadd(6, cs + 512, 64); _tile_loadd(7, cs + 768, 64);
-                }
+                acc_begin(cs, k0 == 0);
                 for (int64_t ks = k0; ks < k1; ks++) {
                     for (int64_t q = 0; q < per && pl < lines; q++, pl++) {
                         _mm_prefetch((const char *)(B + pk * ldb + g1) + 64 * pc, _MM_HINT_T1);
@@ -367,19 +383,13 @@ static void amx_kernel_nn(const lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K,
                     }
                 }
                 if (k1 < KS) {
-                    _tile_stored(4, cs, 64); _tile_stored(5, cs + 256, 64);
-                    _tile_stored(6, cs + 512, 64); _tile_stored(7, cs + 768, 64);
+                    acc_spill(cs);
                     continue;
                 }
                 float tmp[16][16] __attribute__((aligned(64)));
                 for (int t = 0; t < 4; t++) {
                     if (((t & 1) && !two_n) || ((t & 2) && !two_m)) continue;
-                    switch (t) {
-                    case 0: _tile_stored(4, tmp, 64); break;
-                    case 1: _tile_stored(5, tmp, 64); break;
-                    case 2: _tile_stored(6, tmp, 64); break;
-                    default: _tile_stored(7, tmp, 64); break;
-                    }
+                    tile_out(t, tmp);
                     const int64_t mm = (mb + (t & 2 ? 1 : 0)) * 16, nn = n0 + (t & 1 ? 16 : 0);
                     const int64_t mv = M - mm < 16 ? M - mm : 16;
                     for (int64_t j = 0; j < mv; j++) {
