@@ -4,8 +4,6 @@ rows and gradients equal the tool pipeline's on the same dumped step, bit
 for bit, and the mask is not the global top-K_e selection of the same
 quotas (so the by-rank branch of the backward is what ran)."""
 import copy
-import os
-import tempfile
 import unittest
 
 import numpy as np
@@ -34,17 +32,7 @@ def skewed_block():
     return blk, torch.randn(1, T, D) + 2.0 * u
 
 
-class ByRank(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.d = self.tmp.name
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def p(self, name):
-        return os.path.join(self.d, name)
-
+class ByRank(tiny.TmpDirCase):
     def test_by_rank_plan_matches_the_tool_pipeline(self):
         blk, x = skewed_block()
         with lt.dump(blk, self.p("d.lrm"), weights=self.p("w.lrm")):

@@ -3,7 +3,6 @@ CLI pipeline over them reproducing the patched layer's numbers."""
 import copy
 import os
 import subprocess
-import tempfile
 import unittest
 
 import numpy as np
@@ -22,17 +21,7 @@ def sh(cmd):
     return r
 
 
-class Dump(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.d = self.tmp.name
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def p(self, name):
-        return os.path.join(self.d, name)
-
+class Dump(tiny.TmpDirCase):
     def test_frames_and_weights_every_family(self):
         for fam in tiny.FAMILIES:
             with self.subTest(fam):

@@ -2,6 +2,8 @@
 tests (transformers 5). E=8 experts, K=2, D=32, F=16 unless said."""
 import os
 import sys
+import tempfile
+import unittest
 
 import torch
 
@@ -87,3 +89,18 @@ def block(family, seed=0, dtype=torch.float32, **over):
 def model(family, seed=0, **over):
     torch.manual_seed(seed)
     return MODELS[family](config(family, **over)).float()
+
+
+class TmpDirCase(unittest.TestCase):
+    """A test case with a fresh temporary directory self.d per test;
+    self.p(name) is a path in it."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.d = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def p(self, name):
+        return os.path.join(self.d, name)
