@@ -152,9 +152,13 @@ $(BUILD)/kernels/module.o: kernels/module.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(PICFLAGS) -Ikernels -c -o $@ $<
 
-$(BUILD)/lrmoe.pc: lrmoe.pc.in Makefile
-	sed -e 's,@PREFIX@,$(PREFIX),' -e 's,@LIBDIR@,$(LIBDIR),' -e 's,@VERSION@,$(VERSION),' \
-	  lrmoe.pc.in > $@
+# lrmoe.pc's Libs.private: what a static link against liblrmoe.a needs
+# (the libraries this build links, CUDA's and MPI's included when built)
+PC_PRIVATE = $(strip $(LDLIBS) $(CUDA_LDLIBS) -ldl)
+PC_SED = sed -e 's,@PREFIX@,$(PREFIX),' -e 's,@LIBDIR@,$(LIBDIR),' -e 's,@VERSION@,$(VERSION),' \
+	  -e 's|@LIBS_PRIVATE@|$(PC_PRIVATE)|'
+$(BUILD)/lrmoe.pc: lrmoe.pc.in Makefile $(wildcard $(BUILD)/mpi.mk)
+	$(PC_SED) lrmoe.pc.in > $@
 
 $(BUILD)/kernels/%.o: kernels/%.cu
 	@mkdir -p $(@D)
@@ -227,8 +231,7 @@ install: all
 	$(if $(CUDA_MOD),install -m 755 $(BUILD)/$(CUDA_MOD) $(DESTDIR)$(LIBDIR))
 	install -m 644 $(BUILD)/liblrmoe.a $(DESTDIR)$(LIBDIR)
 	install -m 644 $(PUB_HDR) $(DESTDIR)$(PREFIX)/include/lrmoe
-	sed -e 's,@PREFIX@,$(PREFIX),' -e 's,@LIBDIR@,$(LIBDIR),' -e 's,@VERSION@,$(VERSION),' \
-	  lrmoe.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/lrmoe.pc
+	$(PC_SED) lrmoe.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/lrmoe.pc
 
 clean:
 	rm -rf $(BUILD) bin

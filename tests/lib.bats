@@ -121,6 +121,28 @@ PY
     assert_output "same plans"
 }
 
+@test "a static link with pkg-config --static against the staged liblrmoe.a runs without the .so" {
+    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
+    [ -f "$LIBD/liblrmoe.a" ]
+    # Libs.private must name every library the archive's objects need
+    # (oneDNN, MPI and CUDA where this build has them): the whole archive
+    # goes in place of -llrmoe, so every object's references must resolve,
+    # and everything else comes from the .pc file
+    flags=$(pkg-config --cflags --static --libs lrmoe)
+    libs=$(printf '%s\n' $flags | grep -vx -- '-llrmoe' | tr '\n' ' ')
+    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
+        -o "$T/plan_static" "$BATS_TEST_DIRNAME/lib/plan_inproc.c" \
+        -Wl,--whole-archive "$LIBD/liblrmoe.a" -Wl,--no-whole-archive $libs
+    assert_success
+    run ldd "$T/plan_static"
+    refute_output --partial liblrmoe.so
+    "$BIN/lrmoe-gen" --tokens 256 --experts 16 --topk 4 --hidden 64 --ffn 32 --layers 2 \
+        --zipf 1.2 --seed 5 | "$BIN/lrmoe-route" -o "$T/routed.lrm"
+    run "$T/plan_static" "$T/routed.lrm" "$T/static.lrm" 4 64 32
+    assert_success
+    assert_line --regexp "^frame 1 rho [01]\.[0-9]+ fwd_peak [0-9]+ bwd_peak [0-9]+$"
+}
+
 @test "every function a man3 page names is exported, and every page lints clean" {
     syms=$(nm -D --defined-only "$SO" | awk '{ sub(/@.*/, "", $3); print $3 }')
     n=0
