@@ -364,8 +364,8 @@ PY
     assert_output --partial "# 2 frames"
 }
 
-@test "-o over an existing file: the bytes of a new file, same inode and links; a run that writes nothing leaves it empty" {
-    # the writer cuts an existing file to 1 byte, not 0 (lib/stream.c open_out): nothing of it may show
+@test "-o over an existing file: the bytes of a new file, same inode and links; a run that writes nothing, or is killed first, leaves it empty" {
+    # the writer empties the file, then writes through a second descriptor (lib/stream.c open_out)
     old() { head -c 3000000 /dev/zero | tr '\0' '\377' > "$T/old.lrm"; rm -f "$T/link.lrm"; ln "$T/old.lrm" "$T/link.lrm"; }
     printf 'garbage, not a stream\n' > "$T/bad.lrm"
     for z in --no-compress "--level 1"; do
@@ -387,6 +387,11 @@ PY
     old
     run "$BIN/lrmoe-cat" --no-compress -o "$T/old.lrm" "$T/bad.lrm"
     assert_failure 1
+    [ -f "$T/old.lrm" ] && [ ! -s "$T/old.lrm" ]
+    # killed before its first write (lrmoe-cat opens its output, then waits on stdin): empty
+    old
+    run bash -c 'sleep 3 | timeout -s KILL 1 "$1" --no-compress -o "$2" -' _ "$BIN/lrmoe-cat" "$T/old.lrm"
+    assert_failure 137
     [ -f "$T/old.lrm" ] && [ ! -s "$T/old.lrm" ]
     # a 1-byte file is overwritten too
     printf 'x' > "$T/one.lrm"
