@@ -261,14 +261,13 @@ int64_t lrmoe_filter_run_done(const char *in, const char *out, const lrmoe_wopts
         }
         n++;
     }
+    /* the output is closed first: the next stage gets its end of stream
+     * before this one frees its last frame (hundreds of MiB to unmap) */
+    if (rc < 0) lrmoe_writer_abort(w);
+    else if (lrmoe_writer_close(w) < 0) rc = -1;
     lrmoe_frame_clear(&f);
     lrmoe_reader_close(r);
-    if (rc < 0) {
-        lrmoe_writer_abort(w);
-        return -1;
-    }
-    if (lrmoe_writer_close(w) < 0) return -1;
-    return n;
+    return rc < 0 ? -1 : n;
 }
 
 /* ------------------------------------------------------------ weights */

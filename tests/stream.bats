@@ -363,3 +363,39 @@ PY
     run "$BIN/lrmoe-view" --no-stats "$T/pipe.lrm"
     assert_output --partial "# 2 frames"
 }
+
+@test "-o over an existing file: the bytes of a new file, same inode and links; a run that writes nothing, or is killed first, leaves it empty" {
+    # the writer empties the file, then writes through a second descriptor (lib/stream.c open_out)
+    old() { head -c 3000000 /dev/zero | tr '\0' '\377' > "$T/old.lrm"; rm -f "$T/link.lrm"; ln "$T/old.lrm" "$T/link.lrm"; }
+    printf 'garbage, not a stream\n' > "$T/bad.lrm"
+    for z in --no-compress "--level 1"; do
+        # shellcheck disable=SC2086
+        for ins in "$T/ok.lrm" "$T/ok.lrm $T/ok.lrm" "$T/bad.lrm" "$T/ok.lrm $T/bad.lrm"; do
+            rm -f "$T/new.lrm"
+            run "$BIN/lrmoe-cat" $z -o "$T/new.lrm" $ins
+            local rc=$status
+            old
+            local ino; ino=$(stat -c %i "$T/old.lrm")
+            run "$BIN/lrmoe-cat" $z -o "$T/old.lrm" $ins
+            [ "$status" = "$rc" ] || { echo "$z $ins: exit $status over an old file, $rc to a new one"; false; }
+            cmp "$T/new.lrm" "$T/old.lrm" || { echo "$z $ins: bytes differ"; false; }
+            cmp "$T/old.lrm" "$T/link.lrm"
+            [ "$(stat -c %i "$T/old.lrm")" = "$ino" ]
+        done
+    done
+    # a failure before any byte: empty, as a new file is
+    old
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/old.lrm" "$T/bad.lrm"
+    assert_failure 1
+    [ -f "$T/old.lrm" ] && [ ! -s "$T/old.lrm" ]
+    # killed before its first write (lrmoe-cat opens its output, then waits on stdin): empty
+    old
+    run bash -c 'sleep 3 | timeout -s KILL 1 "$1" --no-compress -o "$2" -' _ "$BIN/lrmoe-cat" "$T/old.lrm"
+    assert_failure 137
+    [ -f "$T/old.lrm" ] && [ ! -s "$T/old.lrm" ]
+    # a 1-byte file is overwritten too
+    printf 'x' > "$T/one.lrm"
+    "$BIN/lrmoe-cat" --no-compress -o "$T/one.lrm" "$T/ok.lrm"
+    "$BIN/lrmoe-cat" --no-compress -o "$T/fresh.lrm" "$T/ok.lrm"
+    cmp "$T/one.lrm" "$T/fresh.lrm"
+}
