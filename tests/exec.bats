@@ -700,3 +700,23 @@ print('same')"
         done
     done
 }
+
+@test "exec SwiGLU: the AVX-512 rows (lrmoe's expf) equal the scalar rows with libm's expf bit for bit, forward, backward and sqnorm (tests/unit/swiglu_test.c)" {
+    L="$BATS_TEST_DIRNAME/../lib"
+    cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/sw" "$BATS_TEST_DIRNAME/unit/swiglu_test.c" \
+        "$L/swiglu.c" -lm
+    # every 257th float bit pattern (16.7M sigmoids) and 49 layers of special and random rows
+    run "$D/sw" 257
+    assert_success
+    assert_output --partial "cases, 0 failed"
+    vec="${lines[0]}"
+    run env LRMOE_SWIGLU_VEC=0 "$D/sw" 65537
+    assert_success
+    assert_line "vec: no"
+    assert_output --partial "cases, 0 failed"
+    grep -qw avx512f /proc/cpuinfo || skip "this CPU has no AVX-512F: only the scalar rows ran"
+    # on an AVX-512F CPU the vector rows must run: "vec: no" there means they
+    # failed their self-check against libm's expf
+    echo "$vec"
+    [ "$vec" = "vec: yes" ]
+}
