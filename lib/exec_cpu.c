@@ -656,6 +656,53 @@ static void axpy_row(lrmoe_dtype_t dt, float al, const void *y, float *tmp, floa
     axpy_f32(al, y, acc, n);
 }
 
+/* One token's combine in one pass, BF16 rows: acc (D) = sum_k al[k] y[k]
+ * over ascending k from +0, each product then its sum (the bits of memset +
+ * axpy_bf16 K times), and y[k] copied to cp + k*D (NULL: no copy) with
+ * non-temporal stores (the rows are not read again here) where cp's rows
+ * are 64-byte aligned. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define LRMOE_COMBINE_VEC 1
+__attribute__((target("avx512f")))
+static void combine_bf16_v(int64_t K, int64_t D, const char *const *y, const float *al,
+                           uint16_t *cp, float *acc)
+{
+    const int nt = cp && !((uintptr_t)cp & 63) && !((D * 2) & 63);
+    int64_t j = 0;
+    for (; j + 32 <= D; j += 32) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        for (int64_t k = 0; k < K; k++) {
+            __m512i v = _mm512_loadu_si512(y[k] + j * 2);
+            if (nt) _mm512_stream_si512((void *)(cp + k * D + j), v);
+            else if (cp) _mm512_storeu_si512(cp + k * D + j, v);
+            __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
+            __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16));
+            __m512 w = _mm512_set1_ps(al[k]);
+            a0 = _mm512_add_ps(a0, _mm512_mul_ps(w, lo));
+            a1 = _mm512_add_ps(a1, _mm512_mul_ps(w, hi));
+        }
+        _mm512_storeu_ps(acc + j, a0);
+        _mm512_storeu_ps(acc + j + 16, a1);
+    }
+    if (nt) _mm_sfence();
+    for (; j < D; j++) {
+        acc[j] = 0;
+        for (int64_t k = 0; k < K; k++) {
+            uint16_t h;
+            memcpy(&h, y[k] + j * 2, 2);
+            uint32_t b = (uint32_t)h << 16;
+            float v;
+            memcpy(&v, &b, sizeof v);
+            if (cp) cp[k * D + j] = h;
+            acc[j] += al[k] * v;
+        }
+    }
+}
+#endif
+
 typedef struct {
     const layout_t *L;
     const char *src;       /* (T,D) storage rows */
@@ -814,11 +861,23 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
         float *acc = malloc((size_t)D * 2 * sizeof *acc);
         if (!acc) { lrmoe_err("exec: out of memory"); goto out; }
         float *yrow = acc + D;
+        int vec = 0;
+#ifdef LRMOE_COMBINE_VEC
+        vec = adt == LRMOE_BF16 && __builtin_cpu_supports("avx512f");
+#endif
         for (int s = 0; s < P; s++) {
             if (!lrmoe_comm_local(&comm, s)) continue;
             double t0 = now_();
             int64_t t_lo = (int64_t)s * T / P, t_hi = (int64_t)(s + 1) * T / P;
             for (int64_t t = t_lo; t < t_hi; t++) {
+#ifdef LRMOE_COMBINE_VEC
+                if (vec) {
+                    combine_bf16_v(K, D, urow + t * K, a->topk_weights + t * K,
+                                   a->pair_out ? (uint16_t *)a->pair_out + t * K * D : NULL, acc);
+                    lrmoe_convert_from_f32(adt, acc, (char *)a->output + (size_t)t * rowb, (size_t)D);
+                    continue;
+                }
+#endif
                 memset(acc, 0, (size_t)D * sizeof *acc);
                 for (int64_t k = 0; k < K; k++) {
                     int64_t u = t * K + k;
