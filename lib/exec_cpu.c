@@ -656,6 +656,16 @@ static void axpy_row(lrmoe_dtype_t dt, float al, const void *y, float *tmp, floa
     axpy_f32(al, y, acc, n);
 }
 
+/* 1 when the AVX-512 forms of the combine and the BF16 saved state run */
+static int cpu_avx512f(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    return __builtin_cpu_supports("avx512f");
+#else
+    return 0;
+#endif
+}
+
 /* One token's combine in one pass, BF16 rows: acc (D) = sum_k al[k] y[k]
  * over ascending k from +0, each product then its sum (the bits of memset +
  * axpy_bf16 K times), and y[k] copied to cp + k*D (NULL: no copy) with
@@ -701,7 +711,42 @@ static void combine_bf16_v(int64_t K, int64_t D, const char *const *y, const flo
         }
     }
 }
+
+/* n F32 values to BF16 with lrmoe_f32_to_bf16's rounding (nearest even, NaN
+ * kept quiet with its sign: lib/dtype.c's formula, 16 lanes at a time),
+ * stored non-temporally where dst is 32-byte aligned: the saved state is
+ * written once and read by the next stage, not here. */
+__attribute__((target("avx512f")))
+static void to_bf16_nt(const float *src, uint16_t *dst, int64_t n)
+{
+    const int nt = !((uintptr_t)dst & 31);
+    const __m512i one = _mm512_set1_epi32(1), rnd = _mm512_set1_epi32(0x7fff),
+                  abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                  quiet = _mm512_set1_epi32(0x40);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512i u = _mm512_loadu_si512(src + j);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, rnd),
+                                      _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), 16);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), quiet);
+        __m256i h = _mm512_cvtepi32_epi16(r);
+        if (nt) _mm256_stream_si256((__m256i *)(dst + j), h);
+        else _mm256_storeu_si256((__m256i *)(dst + j), h);
+    }
+    if (j < n) lrmoe_convert_from_f32(LRMOE_BF16, src + j, dst + j, (size_t)(n - j));
+}
 #endif
+
+/* F32 row to the saved state's BF16 (same bits either way) */
+static void save_bf16(int vec, const float *src, void *dst, int64_t n)
+{
+#ifdef LRMOE_COMBINE_VEC
+    if (vec) { to_bf16_nt(src, dst, n); return; }
+#endif
+    (void)vec;
+    lrmoe_gemm_to_bf16(src, dst, (size_t)n);
+}
 
 typedef struct {
     const layout_t *L;
@@ -728,6 +773,7 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
     double *tim = J->tim;
     float *H = k->s[0], *phi = k->s[2], *sq = k->sq; /* H (n,2F) = [h_g | h_u] */
     const size_t FD = (size_t)(F * D);
+    const int vec = cpu_avx512f();
     if (fetch_replicas(J->comm, d, J->w, J->placement, L->cnt, r, &k->wc, tim) < 0) return -1;
     for (int64_t e = 0; e < E; e++) {
         int64_t n = L->cnt[r * E + e], i0 = L->seg[r * E + e];
@@ -756,11 +802,11 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
             if (a->phi_sqnorm) a->phi_sqnorm[u] = sq[j];
             /* BF16 saved state: the vectorised rounding (same bits) */
             if (a->saved_gate && adt == LRMOE_BF16)
-                lrmoe_gemm_to_bf16(H + j * 2 * F, (char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F);
+                save_bf16(vec, H + j * 2 * F, (char *)a->saved_gate + (size_t)(u * F) * as, F);
             else if (a->saved_gate)
                 lrmoe_convert_from_f32(adt, H + j * 2 * F, (char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F);
             if (a->saved_up && adt == LRMOE_BF16)
-                lrmoe_gemm_to_bf16(H + j * 2 * F + F, (char *)a->saved_up + (size_t)(u * F) * as, (size_t)F);
+                save_bf16(vec, H + j * 2 * F + F, (char *)a->saved_up + (size_t)(u * F) * as, F);
             else if (a->saved_up)
                 lrmoe_convert_from_f32(adt, H + j * 2 * F + F, (char *)a->saved_up + (size_t)(u * F) * as, (size_t)F);
         }
@@ -861,10 +907,7 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
         float *acc = malloc((size_t)D * 2 * sizeof *acc);
         if (!acc) { lrmoe_err("exec: out of memory"); goto out; }
         float *yrow = acc + D;
-        int vec = 0;
-#ifdef LRMOE_COMBINE_VEC
-        vec = adt == LRMOE_BF16 && __builtin_cpu_supports("avx512f");
-#endif
+        int vec = adt == LRMOE_BF16 && cpu_avx512f();
         for (int s = 0; s < P; s++) {
             if (!lrmoe_comm_local(&comm, s)) continue;
             double t0 = now_();
