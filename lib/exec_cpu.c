@@ -174,6 +174,13 @@ static void touch_rows(const lrmoe_comm_t *c, const layout_t *L, char *by_src, c
     memset(rows + (size_t)d0 * rows_bytes, 0, (size_t)(d1 - d0) * rows_bytes);
 }
 
+/* n bytes aligned to 64 (free() releases them), NULL when out of memory */
+static void *alloc64(size_t n)
+{
+    void *p = NULL;
+    return posix_memalign(&p, 64, n) ? NULL : p;
+}
+
 /* Rows of the forward direction (token owner s -> destination d).
  * fill(ctx, i, dst) writes row i (row_bytes) for source rank owner[i].
  * After the all-to-all, rank d's rows go into out (M,width) in layout order,
@@ -697,7 +704,6 @@ static void combine_bf16_v(int64_t K, int64_t D, const char *const *y, const flo
         _mm512_storeu_ps(acc + j, a0);
         _mm512_storeu_ps(acc + j + 16, a1);
     }
-    if (nt) _mm_sfence();
     for (; j < D; j++) {
         acc[j] = 0;
         for (int64_t k = 0; k < K; k++) {
@@ -737,6 +743,15 @@ static void to_bf16_nt(const float *src, uint16_t *dst, int64_t n)
     if (j < n) lrmoe_convert_from_f32(LRMOE_BF16, src + j, dst + j, (size_t)(n - j));
 }
 #endif
+
+/* Orders the non-temporal stores above before what follows (another thread
+ * reading the rows): after each batch of them */
+static void nt_fence(void)
+{
+#ifdef LRMOE_COMBINE_VEC
+    if (cpu_avx512f()) _mm_sfence();
+#endif
+}
 
 /* F32 row to the saved state's BF16 (same bits either way) */
 static void save_bf16(int vec, const float *src, void *dst, int64_t n)
@@ -820,6 +835,7 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
         TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
         TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
     }
+    nt_fence();
     return 0;
 }
 
@@ -864,9 +880,10 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
     for (int64_t j = 0; j < P * E; j++)
         if (L.cnt[j] > maxn && lrmoe_comm_local(&comm, (int)(j / E))) maxn = L.cnt[j];
     size_t rowb = (size_t)D * as;
-    bufA = malloc((size_t)(M ? M : 1) * rowb);
-    bufB = malloc((size_t)(M ? M : 1) * rowb);
-    X = malloc((size_t)(M ? M : 1) * D * sizeof *X);
+    /* 64-byte aligned (the combine's loads of y rows: one cache line each) */
+    bufA = alloc64((size_t)(M ? M : 1) * rowb);
+    bufB = alloc64((size_t)(M ? M : 1) * rowb);
+    X = alloc64((size_t)(M ? M : 1) * D * sizeof *X);
     urow = malloc((size_t)(M ? M : 1) * sizeof *urow);
     if (!bufA || !bufB || !X || !urow) {
         lrmoe_err("exec: out of memory (%lld pairs, D=%lld, F=%lld)", (long long)M,
@@ -930,6 +947,7 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
                 }
                 lrmoe_convert_from_f32(adt, acc, (char *)a->output + (size_t)t * rowb, (size_t)D);
             }
+            nt_fence();
             TIM(s, LRMOE_STAGE_COMBINE) += now_() - t0;
         }
         free(acc);
