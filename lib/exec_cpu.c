@@ -57,8 +57,9 @@ typedef struct {
     int64_t *counts;      /* (P,P) rows from source s to destination d, s-major */
     int64_t *sdispls, *rdispls; /* (P,P) */
     int64_t *sbase;       /* (P+1) first row of source s's send region */
-    int64_t *xcounts;     /* (P,P) counts without the diagonal: what crosses ranks (a
-                             rank's rows for itself go straight to their place) */
+    int64_t *xcounts;     /* (P,P) counts without the diagonal: what crosses ranks when
+                             they all live in this process (a rank's rows for itself
+                             go straight to their place: self_skip) */
     uint8_t *inorder;     /* (P) 1: rank d's rows arrive in layout order (their owners
                              ascend along the layout, as with P=1) */
     int64_t *ubuf, *cbuf, *sbuf; /* owned storage for u/cnt/seg when built here */
@@ -174,6 +175,10 @@ static void touch_rows(const lrmoe_comm_t *c, const layout_t *L, char *by_src, c
     memset(rows + (size_t)d0 * rows_bytes, 0, (size_t)(d1 - d0) * rows_bytes);
 }
 
+/* 1 when a rank's rows for itself skip the all-to-all: all ranks in this
+ * process (the CPU communicator), not one rank per MPI process */
+static int self_skip(const lrmoe_comm_t *c) { return !c->self; }
+
 /* n bytes aligned to 64 (free() releases them), NULL when out of memory */
 static void *alloc64(size_t n)
 {
@@ -186,10 +191,12 @@ static void *alloc64(size_t n)
  * After the all-to-all, rank d's rows go into out (M,width) in layout order,
  * as F32 (odt F32) or as sent (odt == dt). send/recv are scratch of
  * M*row_bytes each; out may be send (free once the all-to-all returns).
- * A rank's rows for itself do not cross the all-to-all: fill writes them
- * where the all-to-all would have put them. *rows = out, or recv itself when
- * no rank needs the permutation (odt == dt and every local rank inorder, as
- * with P=1): then the rows are copied once, by fill, and out is not written. */
+ * With every rank in this process (self_skip), a rank's rows for itself do
+ * not cross the all-to-all: fill writes them where it would have put them
+ * (under MPI they go through MPI_Alltoallv, which counts them in a2a_bytes).
+ * *rows = out, or recv itself when no rank needs the permutation (odt == dt
+ * and every local rank inorder, as with P=1): then out is not written, and
+ * with P=1 the rows are copied once, by fill. */
 typedef void (*fill_fn)(void *ctx, int64_t i, void *dst);
 
 static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
@@ -206,7 +213,7 @@ static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
         free(pos); free(sp); free(rp); free(sec);
         return lrmoe_err("exec: out of memory");
     }
-    int direct = odt == dt;
+    int direct = odt == dt, skip = self_skip(c);
     for (int d = 0; d < P; d++) {
         rp[d] = recv + (size_t)L->base[d] * row_bytes;
         if (lrmoe_comm_local(c, d)) direct &= L->inorder[d];
@@ -219,15 +226,16 @@ static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
             int64_t k = L->sdispls[(size_t)s * P + d];
             char *dst = sb;
             if (!L->counts[(size_t)s * P + d]) continue;
-            if (d == s) { dst = rp[d]; k = L->rdispls[(size_t)d * P + s]; }
+            if (skip && d == s) { dst = rp[d]; k = L->rdispls[(size_t)d * P + s]; }
             for (int64_t i = L->base[d]; i < L->base[d + 1]; i++)
                 if (L->owner[i] == s) fill(ctx, i, dst + (size_t)(k++) * row_bytes);
         }
         sp[s] = sb;
         TIM(s, LRMOE_STAGE_DISPATCH) += now_() - t0;
     }
-    int rc = c->alltoallv(c, row_bytes, (const void *const *)sp, L->xcounts, L->sdispls,
-                          (void *const *)rp, L->rdispls, sec);
+    int rc = c->alltoallv(c, row_bytes, (const void *const *)sp,
+                          skip ? L->xcounts : L->counts, L->sdispls, (void *const *)rp,
+                          L->rdispls, sec);
     *rows = direct ? (void *)recv : out;
     for (int d = 0; d < P && !rc; d++) {
         if (!lrmoe_comm_local(c, d)) continue;
@@ -248,8 +256,8 @@ static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
 /* Reverse direction: rank d sends rows in (M,width) `in` (layout order; F32,
  * or already dt when idt == dt) stored as dt back to their token owners. On
  * return, urow[u] (T*K, NULL when the pair has no row) is pair u's row (dt):
- * inside `recv` (M rows), or, for a rank's rows for itself (which do not
- * cross the all-to-all), the row of `in` itself (idt == dt) or its
+ * inside `recv` (M rows), or, for a rank's rows for itself when they do not
+ * cross the all-to-all (self_skip), the row of `in` itself (idt == dt) or its
  * conversion, written straight into recv. */
 static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
                         int64_t width, const void *in, lrmoe_dtype_t idt, char *send,
@@ -265,14 +273,15 @@ static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
     const void **sp = calloc((size_t)P, sizeof *sp);
     void **rp = calloc((size_t)P, sizeof *rp);
     double *sec = calloc((size_t)P, sizeof *sec);
-    int rc = 0;
+    int rc = 0, skip = self_skip(c);
+    const int64_t *cnts = skip ? L->xcounts : L->counts;
     if (!pos || !cnt2 || !sd2 || !rd2 || !sp || !rp || !sec) {
         rc = lrmoe_err("exec: out of memory");
         goto out;
     }
     for (int s = 0; s < P; s++)
         for (int d = 0; d < P; d++) {
-            cnt2[(size_t)d * P + s] = L->xcounts[(size_t)s * P + d];
+            cnt2[(size_t)d * P + s] = cnts[(size_t)s * P + d];
             sd2[(size_t)d * P + s] = L->rdispls[(size_t)d * P + s];
             rd2[(size_t)s * P + d] = L->sdispls[(size_t)s * P + d];
         }
@@ -287,8 +296,8 @@ static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
         for (int64_t i = L->base[d]; i < L->base[d + 1]; i++) {
             const char *src = (const char *)in + (size_t)i * in_bytes;
             char *dst;
-            if (L->owner[i] == d && idt == dt) { urow[L->u[i]] = src; continue; }
-            if (L->owner[i] == d) { dst = own; own += row_bytes; urow[L->u[i]] = dst; }
+            if (skip && L->owner[i] == d && idt == dt) { urow[L->u[i]] = src; continue; }
+            if (skip && L->owner[i] == d) { dst = own; own += row_bytes; urow[L->u[i]] = dst; }
             else dst = sb + (size_t)(pos[L->owner[i]]++) * row_bytes;
             if (idt == dt) memcpy(dst, src, row_bytes);
             else lrmoe_convert_from_f32(dt, (const float *)src, dst, (size_t)width);
@@ -303,7 +312,7 @@ static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
         double t0 = now_();
         for (int d = 0; d < P; d++) {
             const char *k = (const char *)rp[s] + (size_t)L->sdispls[(size_t)s * P + d] * row_bytes;
-            if (d == s || !L->counts[(size_t)s * P + d]) continue;
+            if ((skip && d == s) || !L->counts[(size_t)s * P + d]) continue;
             for (int64_t i = L->base[d]; i < L->base[d + 1]; i++)
                 if (L->owner[i] == s) { urow[L->u[i]] = k; k += row_bytes; }
         }
