@@ -57,6 +57,11 @@ typedef struct {
     int64_t *counts;      /* (P,P) rows from source s to destination d, s-major */
     int64_t *sdispls, *rdispls; /* (P,P) */
     int64_t *sbase;       /* (P+1) first row of source s's send region */
+    int64_t *xcounts;     /* (P,P) counts without the diagonal: what crosses ranks when
+                             they all live in this process (a rank's rows for itself
+                             go straight to their place: self_skip) */
+    uint8_t *inorder;     /* (P) 1: rank d's rows arrive in layout order (their owners
+                             ascend along the layout, as with P=1) */
     int64_t *ubuf, *cbuf, *sbuf; /* owned storage for u/cnt/seg when built here */
 } layout_t;
 
@@ -64,6 +69,7 @@ static void layout_free(layout_t *L)
 {
     free(L->base); free(L->owner); free(L->counts); free(L->sdispls);
     free(L->rdispls); free(L->sbase); free(L->ubuf); free(L->cbuf); free(L->sbuf);
+    free(L->xcounts); free(L->inorder);
     memset(L, 0, sizeof *L);
 }
 
@@ -77,7 +83,10 @@ static int layout_finish(layout_t *L)
     L->sdispls = malloc((size_t)P * P * sizeof *L->sdispls);
     L->rdispls = malloc((size_t)P * P * sizeof *L->rdispls);
     L->sbase = malloc((size_t)(P + 1) * sizeof *L->sbase);
-    if (!L->base || !L->owner || !L->counts || !L->sdispls || !L->rdispls || !L->sbase)
+    L->xcounts = malloc((size_t)P * P * sizeof *L->xcounts);
+    L->inorder = malloc((size_t)P);
+    if (!L->base || !L->owner || !L->counts || !L->sdispls || !L->rdispls || !L->sbase ||
+        !L->xcounts || !L->inorder)
         return lrmoe_err("exec: out of memory");
     int64_t acc = 0;
     for (int d = 0; d < P; d++) {
@@ -85,13 +94,19 @@ static int layout_finish(layout_t *L)
         for (int64_t e = 0; e < L->E; e++) acc += L->cnt[d * L->E + e];
     }
     L->base[P] = acc;
-    for (int d = 0; d < P; d++)
+    for (int d = 0; d < P; d++) {
+        L->inorder[d] = 1;
         for (int64_t i = L->base[d]; i < L->base[d + 1]; i++) {
             int s = lrmoe_exec_token_owner(L->u[i] / L->K, L->T, P);
             L->owner[i] = s;
             L->counts[(size_t)s * P + d]++;
+            if (i > L->base[d] && s < L->owner[i - 1]) L->inorder[d] = 0;
         }
+    }
     lrmoe_comm_displs(P, L->counts, L->sdispls, L->rdispls);
+    for (int s = 0; s < P; s++)
+        for (int d = 0; d < P; d++)
+            L->xcounts[(size_t)s * P + d] = s == d ? 0 : L->counts[(size_t)s * P + d];
     acc = 0;
     for (int s = 0; s < P; s++) {
         L->sbase[s] = acc;
@@ -160,16 +175,34 @@ static void touch_rows(const lrmoe_comm_t *c, const layout_t *L, char *by_src, c
     memset(rows + (size_t)d0 * rows_bytes, 0, (size_t)(d1 - d0) * rows_bytes);
 }
 
+/* 1 when a rank's rows for itself skip the all-to-all: all ranks in this
+ * process (the CPU communicator), not one rank per MPI process */
+static int self_skip(const lrmoe_comm_t *c) { return !c->self; }
+
+/* n bytes aligned to 64 (free() releases them), NULL when out of memory */
+static void *alloc64(size_t n)
+{
+    void *p = NULL;
+    return posix_memalign(&p, 64, n) ? NULL : p;
+}
+
 /* Rows of the forward direction (token owner s -> destination d).
  * fill(ctx, i, dst) writes row i (row_bytes) for source rank owner[i].
  * After the all-to-all, rank d's rows go into out (M,width) in layout order,
  * as F32 (odt F32) or as sent (odt == dt). send/recv are scratch of
- * M*row_bytes each; out may be send (free once the all-to-all returns). */
+ * M*row_bytes each; out may be send (free once the all-to-all returns).
+ * With every rank in this process (self_skip), a rank's rows for itself do
+ * not cross the all-to-all: fill writes them where it would have put them
+ * (under MPI they go through MPI_Alltoallv, which counts them in a2a_bytes).
+ * *rows = out, or recv itself when no rank needs the permutation (odt == dt
+ * and every local rank inorder, as with P=1): then out is not written, and
+ * with P=1 the rows are copied once, by fill. */
 typedef void (*fill_fn)(void *ctx, int64_t i, void *dst);
 
 static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
                         lrmoe_dtype_t dt, int64_t width, fill_fn fill, void *ctx,
-                        char *send, char *recv, void *out, lrmoe_dtype_t odt, double *tim)
+                        char *send, char *recv, void *out, lrmoe_dtype_t odt, double *tim,
+                        void **rows)
 {
     int P = L->P;
     int64_t *pos = malloc((size_t)P * sizeof *pos);
@@ -180,24 +213,33 @@ static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
         free(pos); free(sp); free(rp); free(sec);
         return lrmoe_err("exec: out of memory");
     }
+    int direct = odt == dt, skip = self_skip(c);
+    for (int d = 0; d < P; d++) {
+        rp[d] = recv + (size_t)L->base[d] * row_bytes;
+        if (lrmoe_comm_local(c, d)) direct &= L->inorder[d];
+    }
     for (int s = 0; s < P; s++) {
         if (!lrmoe_comm_local(c, s)) continue;
         double t0 = now_();
         char *sb = send + (size_t)L->sbase[s] * row_bytes;
         for (int d = 0; d < P; d++) {
             int64_t k = L->sdispls[(size_t)s * P + d];
+            char *dst = sb;
             if (!L->counts[(size_t)s * P + d]) continue;
+            if (skip && d == s) { dst = rp[d]; k = L->rdispls[(size_t)d * P + s]; }
             for (int64_t i = L->base[d]; i < L->base[d + 1]; i++)
-                if (L->owner[i] == s) fill(ctx, i, sb + (size_t)(k++) * row_bytes);
+                if (L->owner[i] == s) fill(ctx, i, dst + (size_t)(k++) * row_bytes);
         }
         sp[s] = sb;
         TIM(s, LRMOE_STAGE_DISPATCH) += now_() - t0;
     }
-    for (int d = 0; d < P; d++) rp[d] = recv + (size_t)L->base[d] * row_bytes;
-    int rc = c->alltoallv(c, row_bytes, (const void *const *)sp, L->counts, L->sdispls,
-                          (void *const *)rp, L->rdispls, sec);
+    int rc = c->alltoallv(c, row_bytes, (const void *const *)sp,
+                          skip ? L->xcounts : L->counts, L->sdispls, (void *const *)rp,
+                          L->rdispls, sec);
+    *rows = direct ? (void *)recv : out;
     for (int d = 0; d < P && !rc; d++) {
         if (!lrmoe_comm_local(c, d)) continue;
+        if (direct) { TIM(d, LRMOE_STAGE_DISPATCH) += sec[d]; continue; }
         double t0 = now_();
         for (int s = 0; s < P; s++) pos[s] = L->rdispls[(size_t)d * P + s];
         for (int64_t i = L->base[d]; i < L->base[d + 1]; i++) {
@@ -212,14 +254,18 @@ static int exchange_fwd(lrmoe_comm_t *c, const layout_t *L, size_t row_bytes,
 }
 
 /* Reverse direction: rank d sends rows in (M,width) `in` (layout order; F32,
- * or already dt when idt == dt) stored as dt back to their token owners. On return, upos[u] (T*K, -1 when
- * the pair has no row) is the row of pair u inside `recv` (M rows). */
+ * or already dt when idt == dt) stored as dt back to their token owners. On
+ * return, urow[u] (T*K, NULL when the pair has no row) is pair u's row (dt):
+ * inside `recv` (M rows), or, for a rank's rows for itself when they do not
+ * cross the all-to-all (self_skip), the row of `in` itself (idt == dt) or its
+ * conversion, written straight into recv. */
 static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
                         int64_t width, const void *in, lrmoe_dtype_t idt, char *send,
-                        char *recv, int64_t *upos, double *tim)
+                        char *recv, const char **urow, double *tim)
 {
     int P = L->P;
     size_t row_bytes = (size_t)width * lrmoe_dtype_size(dt);
+    size_t in_bytes = idt == dt ? row_bytes : (size_t)width * sizeof(float);
     int64_t *pos = malloc((size_t)P * sizeof *pos);
     int64_t *cnt2 = malloc((size_t)P * P * sizeof *cnt2);
     int64_t *sd2 = malloc((size_t)P * P * sizeof *sd2);
@@ -227,42 +273,48 @@ static int exchange_rev(lrmoe_comm_t *c, const layout_t *L, lrmoe_dtype_t dt,
     const void **sp = calloc((size_t)P, sizeof *sp);
     void **rp = calloc((size_t)P, sizeof *rp);
     double *sec = calloc((size_t)P, sizeof *sec);
-    int rc = 0;
+    int rc = 0, skip = self_skip(c);
+    const int64_t *cnts = skip ? L->xcounts : L->counts;
     if (!pos || !cnt2 || !sd2 || !rd2 || !sp || !rp || !sec) {
         rc = lrmoe_err("exec: out of memory");
         goto out;
     }
     for (int s = 0; s < P; s++)
         for (int d = 0; d < P; d++) {
-            cnt2[(size_t)d * P + s] = L->counts[(size_t)s * P + d];
+            cnt2[(size_t)d * P + s] = cnts[(size_t)s * P + d];
             sd2[(size_t)d * P + s] = L->rdispls[(size_t)d * P + s];
             rd2[(size_t)s * P + d] = L->sdispls[(size_t)s * P + d];
         }
+    for (int64_t u = 0; u < L->T * L->K; u++) urow[u] = NULL;
+    for (int s = 0; s < P; s++) rp[s] = recv + (size_t)L->sbase[s] * row_bytes;
     for (int d = 0; d < P; d++) {
         if (!lrmoe_comm_local(c, d)) continue;
         double t0 = now_();
         char *sb = send + (size_t)L->base[d] * row_bytes;
+        char *own = (char *)rp[d] + (size_t)L->sdispls[(size_t)d * P + d] * row_bytes;
         for (int s = 0; s < P; s++) pos[s] = L->rdispls[(size_t)d * P + s];
         for (int64_t i = L->base[d]; i < L->base[d + 1]; i++) {
-            char *dst = sb + (size_t)(pos[L->owner[i]]++) * row_bytes;
-            if (idt == dt) memcpy(dst, (const char *)in + (size_t)i * row_bytes, row_bytes);
-            else lrmoe_convert_from_f32(dt, (const float *)in + i * width, dst, (size_t)width);
+            const char *src = (const char *)in + (size_t)i * in_bytes;
+            char *dst;
+            if (skip && L->owner[i] == d && idt == dt) { urow[L->u[i]] = src; continue; }
+            if (skip && L->owner[i] == d) { dst = own; own += row_bytes; urow[L->u[i]] = dst; }
+            else dst = sb + (size_t)(pos[L->owner[i]]++) * row_bytes;
+            if (idt == dt) memcpy(dst, src, row_bytes);
+            else lrmoe_convert_from_f32(dt, (const float *)src, dst, (size_t)width);
         }
         sp[d] = sb;
         TIM(d, LRMOE_STAGE_COMBINE) += now_() - t0;
     }
-    for (int s = 0; s < P; s++) rp[s] = recv + (size_t)L->sbase[s] * row_bytes;
     rc = c->alltoallv(c, row_bytes, (const void *const *)sp, cnt2, sd2,
                       (void *const *)rp, rd2, sec);
-    for (int64_t u = 0; u < L->T * L->K; u++) upos[u] = -1;
     for (int s = 0; s < P && !rc; s++) {
         if (!lrmoe_comm_local(c, s)) continue;
         double t0 = now_();
         for (int d = 0; d < P; d++) {
-            int64_t k = L->sbase[s] + L->sdispls[(size_t)s * P + d];
-            if (!L->counts[(size_t)s * P + d]) continue;
+            const char *k = (const char *)rp[s] + (size_t)L->sdispls[(size_t)s * P + d] * row_bytes;
+            if ((skip && d == s) || !L->counts[(size_t)s * P + d]) continue;
             for (int64_t i = L->base[d]; i < L->base[d + 1]; i++)
-                if (L->owner[i] == s) upos[L->u[i]] = k++;
+                if (L->owner[i] == s) { urow[L->u[i]] = k; k += row_bytes; }
         }
         TIM(s, LRMOE_STAGE_COMBINE) += now_() - t0 + sec[s];
     }
@@ -620,6 +672,106 @@ static void axpy_row(lrmoe_dtype_t dt, float al, const void *y, float *tmp, floa
     axpy_f32(al, y, acc, n);
 }
 
+/* 1 when the AVX-512 forms of the combine and the BF16 saved state run */
+static int cpu_avx512f(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    return __builtin_cpu_supports("avx512f");
+#else
+    return 0;
+#endif
+}
+
+/* One token's combine in one pass, BF16 rows: acc (D) = sum_k al[k] y[k]
+ * over ascending k from +0, each product then its sum (the bits of memset +
+ * axpy_bf16 K times), and y[k] copied to cp + k*D (NULL: no copy) with
+ * non-temporal stores (the rows are not read again here) where cp's rows
+ * are 64-byte aligned. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define LRMOE_COMBINE_VEC 1
+__attribute__((target("avx512f")))
+static void combine_bf16_v(int64_t K, int64_t D, const char *const *y, const float *al,
+                           uint16_t *cp, float *acc)
+{
+    const int nt = cp && !((uintptr_t)cp & 63) && !((D * 2) & 63);
+    int64_t j = 0;
+    for (; j + 32 <= D; j += 32) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        for (int64_t k = 0; k < K; k++) {
+            __m512i v = _mm512_loadu_si512(y[k] + j * 2);
+            if (nt) _mm512_stream_si512((void *)(cp + k * D + j), v);
+            else if (cp) _mm512_storeu_si512(cp + k * D + j, v);
+            __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
+            __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16));
+            __m512 w = _mm512_set1_ps(al[k]);
+            a0 = _mm512_add_ps(a0, _mm512_mul_ps(w, lo));
+            a1 = _mm512_add_ps(a1, _mm512_mul_ps(w, hi));
+        }
+        _mm512_storeu_ps(acc + j, a0);
+        _mm512_storeu_ps(acc + j + 16, a1);
+    }
+    for (; j < D; j++) {
+        acc[j] = 0;
+        for (int64_t k = 0; k < K; k++) {
+            uint16_t h;
+            memcpy(&h, y[k] + j * 2, 2);
+            uint32_t b = (uint32_t)h << 16;
+            float v;
+            memcpy(&v, &b, sizeof v);
+            if (cp) cp[k * D + j] = h;
+            acc[j] += al[k] * v;
+        }
+    }
+}
+
+/* n F32 values to BF16 with lrmoe_f32_to_bf16's rounding (nearest even, NaN
+ * kept quiet with its sign: lib/dtype.c's formula, 16 lanes at a time),
+ * stored non-temporally where dst is 32-byte aligned: the saved state is
+ * written once and read by the next stage, not here. */
+__attribute__((target("avx512f")))
+static void to_bf16_nt(const float *src, uint16_t *dst, int64_t n)
+{
+    const int nt = !((uintptr_t)dst & 31);
+    const __m512i one = _mm512_set1_epi32(1), rnd = _mm512_set1_epi32(0x7fff),
+                  abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                  quiet = _mm512_set1_epi32(0x40);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512i u = _mm512_loadu_si512(src + j);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, rnd),
+                                      _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), 16);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), quiet);
+        __m256i h = _mm512_cvtepi32_epi16(r);
+        if (nt) _mm256_stream_si256((__m256i *)(dst + j), h);
+        else _mm256_storeu_si256((__m256i *)(dst + j), h);
+    }
+    if (j < n) lrmoe_convert_from_f32(LRMOE_BF16, src + j, dst + j, (size_t)(n - j));
+}
+#endif
+
+/* Orders the non-temporal stores above before what follows (another thread
+ * reading the rows): after each batch of them */
+static void nt_fence(void)
+{
+#ifdef LRMOE_COMBINE_VEC
+    if (cpu_avx512f()) _mm_sfence();
+#endif
+}
+
+/* F32 row to the saved state's BF16 (same bits either way) */
+static void save_bf16(int vec, const float *src, void *dst, int64_t n)
+{
+#ifdef LRMOE_COMBINE_VEC
+    if (vec) { to_bf16_nt(src, dst, n); return; }
+#endif
+    (void)vec;
+    lrmoe_gemm_to_bf16(src, dst, (size_t)n);
+}
+
 typedef struct {
     const layout_t *L;
     const char *src;       /* (T,D) storage rows */
@@ -645,6 +797,7 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
     double *tim = J->tim;
     float *H = k->s[0], *phi = k->s[2], *sq = k->sq; /* H (n,2F) = [h_g | h_u] */
     const size_t FD = (size_t)(F * D);
+    const int vec = cpu_avx512f();
     if (fetch_replicas(J->comm, d, J->w, J->placement, L->cnt, r, &k->wc, tim) < 0) return -1;
     for (int64_t e = 0; e < E; e++) {
         int64_t n = L->cnt[r * E + e], i0 = L->seg[r * E + e];
@@ -673,11 +826,11 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
             if (a->phi_sqnorm) a->phi_sqnorm[u] = sq[j];
             /* BF16 saved state: the vectorised rounding (same bits) */
             if (a->saved_gate && adt == LRMOE_BF16)
-                lrmoe_gemm_to_bf16(H + j * 2 * F, (char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F);
+                save_bf16(vec, H + j * 2 * F, (char *)a->saved_gate + (size_t)(u * F) * as, F);
             else if (a->saved_gate)
                 lrmoe_convert_from_f32(adt, H + j * 2 * F, (char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F);
             if (a->saved_up && adt == LRMOE_BF16)
-                lrmoe_gemm_to_bf16(H + j * 2 * F + F, (char *)a->saved_up + (size_t)(u * F) * as, (size_t)F);
+                save_bf16(vec, H + j * 2 * F + F, (char *)a->saved_up + (size_t)(u * F) * as, F);
             else if (a->saved_up)
                 lrmoe_convert_from_f32(adt, H + j * 2 * F + F, (char *)a->saved_up + (size_t)(u * F) * as, (size_t)F);
         }
@@ -691,6 +844,7 @@ static int fwd_rank(job_t *J, worker_t *k, int r)
         TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
         TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
     }
+    nt_fence();
     return 0;
 }
 
@@ -719,7 +873,7 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
     lrmoe_comm_t comm;
     char *bufA = NULL, *bufB = NULL;
     float *X = NULL;
-    int64_t *upos = NULL;
+    const char **urow = NULL;
     int rc = -1;
     memset(&L, 0, sizeof L);
     if (cfg->comm && cfg->comm->P != P) {
@@ -735,11 +889,12 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
     for (int64_t j = 0; j < P * E; j++)
         if (L.cnt[j] > maxn && lrmoe_comm_local(&comm, (int)(j / E))) maxn = L.cnt[j];
     size_t rowb = (size_t)D * as;
-    bufA = malloc((size_t)(M ? M : 1) * rowb);
-    bufB = malloc((size_t)(M ? M : 1) * rowb);
-    X = malloc((size_t)(M ? M : 1) * D * sizeof *X);
-    upos = malloc((size_t)(M ? M : 1) * sizeof *upos);
-    if (!bufA || !bufB || !X || !upos) {
+    /* 64-byte aligned (the combine's loads of y rows: one cache line each) */
+    bufA = alloc64((size_t)(M ? M : 1) * rowb);
+    bufB = alloc64((size_t)(M ? M : 1) * rowb);
+    X = alloc64((size_t)(M ? M : 1) * D * sizeof *X);
+    urow = malloc((size_t)(M ? M : 1) * sizeof *urow);
+    if (!bufA || !bufB || !X || !urow) {
         lrmoe_err("exec: out of memory (%lld pairs, D=%lld, F=%lld)", (long long)M,
                   (long long)D, (long long)F);
         goto out;
@@ -756,9 +911,14 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
     /* bf16 compute on BF16 activations: the GEMMs take the rows as they
      * arrive (in bufA, free after the all-to-all), no F32 round trip */
     const int xraw = J.compute == LRMOE_COMPUTE_BF16 && adt == LRMOE_BF16;
+    void *xrows;
     if (exchange_fwd(&comm, &L, rowb, adt, D, fill_token_row, &ft, bufA, bufB,
-                     xraw ? (void *)bufA : (void *)X, xraw ? adt : LRMOE_F32, tim) < 0)
+                     xraw ? (void *)bufA : (void *)X, xraw ? adt : LRMOE_F32, tim, &xrows) < 0)
         goto out;
+    if (xrows == bufB) { /* the rows are where they arrived (same size): swap */
+        if (xraw) { bufB = bufA; bufA = xrows; }
+        else { bufB = (char *)X; X = xrows; }
+    }
 
     /* experts, rank by rank (or ranks in parallel) */
     J.d = d; J.w = w; J.placement = placement; J.comm = &comm; J.L = &L; J.tim = tim;
@@ -767,33 +927,43 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
     if (run_ranks(&J, fwd_rank, cfg->rank_threads) < 0) goto out;
 
     /* combine: y rows back to the token owners, out_t = sum_k alpha_tk y_tk */
-    if (exchange_rev(&comm, &L, adt, D, X, xraw ? adt : LRMOE_F32, bufB, bufA, upos, tim) < 0)
+    if (exchange_rev(&comm, &L, adt, D, X, xraw ? adt : LRMOE_F32, bufB, bufA, urow, tim) < 0)
         goto out;
     {
         float *acc = malloc((size_t)D * 2 * sizeof *acc);
         if (!acc) { lrmoe_err("exec: out of memory"); goto out; }
         float *yrow = acc + D;
+        int vec = adt == LRMOE_BF16 && cpu_avx512f();
         for (int s = 0; s < P; s++) {
             if (!lrmoe_comm_local(&comm, s)) continue;
             double t0 = now_();
             int64_t t_lo = (int64_t)s * T / P, t_hi = (int64_t)(s + 1) * T / P;
             for (int64_t t = t_lo; t < t_hi; t++) {
+#ifdef LRMOE_COMBINE_VEC
+                if (vec) {
+                    combine_bf16_v(K, D, urow + t * K, a->topk_weights + t * K,
+                                   a->pair_out ? (uint16_t *)a->pair_out + t * K * D : NULL, acc);
+                    lrmoe_convert_from_f32(adt, acc, (char *)a->output + (size_t)t * rowb, (size_t)D);
+                    continue;
+                }
+#endif
                 memset(acc, 0, (size_t)D * sizeof *acc);
                 for (int64_t k = 0; k < K; k++) {
                     int64_t u = t * K + k;
-                    const char *src = bufA + (size_t)upos[u] * rowb;
+                    const char *src = urow[u];
                     if (a->pair_out) memcpy((char *)a->pair_out + (size_t)u * rowb, src, rowb);
                     axpy_row(adt, a->topk_weights[u], src, yrow, acc, D);
                 }
                 lrmoe_convert_from_f32(adt, acc, (char *)a->output + (size_t)t * rowb, (size_t)D);
             }
+            nt_fence();
             TIM(s, LRMOE_STAGE_COMBINE) += now_() - t0;
         }
         free(acc);
     }
     rc = 0;
 out:
-    free(bufA); free(bufB); free(X); free(upos);
+    free(bufA); free(bufB); free(X); free(urow);
     layout_free(&L);
     if (!cfg->comm) lrmoe_comm_free(&comm);
     free(tloc);
@@ -998,7 +1168,7 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
     char *bufA = NULL, *bufB = NULL;
     float *DY = NULL, *tmp = NULL;
     float **rgrad = NULL;   /* (P*E) replica/helper weight gradients */
-    int64_t *upos = NULL;
+    const char **urow = NULL;
     int rc = -1;
     memset(&L, 0, sizeof L);
     if (cfg->comm && cfg->comm->P != P) {
@@ -1032,8 +1202,8 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
     DY = malloc((size_t)(M ? M : 1) * rowf);
     tmp = malloc(rowf);
     rgrad = calloc((size_t)(P * E), sizeof *rgrad);
-    upos = malloc((size_t)(T * K > 0 ? T * K : 1) * sizeof *upos);
-    if (!bufA || !bufB || !DY || !tmp || !rgrad || !upos) {
+    urow = malloc((size_t)(T * K > 0 ? T * K : 1) * sizeof *urow);
+    if (!bufA || !bufB || !DY || !tmp || !rgrad || !urow) {
         lrmoe_err("exec: out of memory (%lld rows, D=%lld, F=%lld)", (long long)M,
                   (long long)D, (long long)F);
         goto out;
@@ -1052,9 +1222,11 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
 
     /* dispatch: dy rows (F32) from the token owners to the ranks */
     fill_grad_t fg = {&L, a, D, lrmoe_dtype_size(a->grad_dtype), tmp};
+    void *dyrows;
     if (exchange_fwd(&comm, &L, rowf, LRMOE_F32, D, compact ? fill_pack_row : fill_grad_row,
-                     &fg, bufA, bufB, DY, LRMOE_F32, tim) < 0)
+                     &fg, bufA, bufB, DY, LRMOE_F32, tim, &dyrows) < 0)
         goto out;
+    if (dyrows == bufB) { bufB = (char *)DY; DY = dyrows; } /* where they arrived: swap */
 
     /* experts, rank by rank (or ranks in parallel) */
     job_t J;
@@ -1102,7 +1274,7 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
 
     /* combine: dx rows back to the token owners; grad_hidden_t = sum_k dx_tk
      * (ascending k); router gradient g_t . y_u over all pairs */
-    if (exchange_rev(&comm, &L, LRMOE_F32, D, DY, LRMOE_F32, bufB, bufA, upos, tim) < 0) goto out;
+    if (exchange_rev(&comm, &L, LRMOE_F32, D, DY, LRMOE_F32, bufB, bufA, urow, tim) < 0) goto out;
     {
         size_t gs = lrmoe_dtype_size(a->grad_dtype);
         float *yrow = malloc((size_t)K * rowf);
@@ -1118,8 +1290,8 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
                                      tmp, (size_t)D);
                 for (int64_t k = 0; k < K; k++) {
                     int64_t u = t * K + k;
-                    if (upos[u] >= 0) {
-                        const float *src = (const float *)(bufA + (size_t)upos[u] * rowf);
+                    if (urow[u]) {
+                        const float *src = (const float *)urow[u];
                         for (int64_t j = 0; j < D; j++) gh[j] += src[j];
                     }
                     lrmoe_convert_to_f32(adt, (const char *)a->pair_out + (size_t)(u * D) * as,
@@ -1135,7 +1307,7 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
 out:
     if (rgrad) for (int64_t j = 0; j < P * E; j++) free(rgrad[j]);
     free(rgrad);
-    free(bufA); free(bufB); free(DY); free(tmp); free(upos);
+    free(bufA); free(bufB); free(DY); free(tmp); free(urow);
     layout_free(&L);
     if (!cfg->comm) lrmoe_comm_free(&comm);
     free(tloc);

@@ -35,4 +35,9 @@ void lrmoe_swiglu_bwd_ld(int64_t n, int64_t F, const float *g, const float *u,
                          int64_t ldi, const float *dphi, float *dg, float *du,
                          int64_t ldo, float *phi);
 
+/* 1 when the rows run the AVX-512 form (the CPU has AVX-512F, it matched
+ * libm's expf in the self-check, and LRMOE_SWIGLU_VEC is not "0" in the
+ * environment); 0: the scalar loop. Either way the bits are the same. */
+int lrmoe_swiglu_vec(void);
+
 #endif

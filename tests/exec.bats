@@ -700,3 +700,73 @@ print('same')"
         done
     done
 }
+
+@test "exec SwiGLU: the AVX-512 rows (lrmoe's expf) equal the scalar rows with libm's expf bit for bit, forward, backward and sqnorm (tests/unit/swiglu_test.c)" {
+    L="$BATS_TEST_DIRNAME/../lib"
+    cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/sw" "$BATS_TEST_DIRNAME/unit/swiglu_test.c" \
+        "$L/swiglu.c" -lm
+    # every 257th float bit pattern (16.7M sigmoids) and 49 layers of special and random rows
+    run "$D/sw" 257
+    assert_success
+    assert_output --partial "cases, 0 failed"
+    vec="${lines[0]}"
+    run env LRMOE_SWIGLU_VEC=0 "$D/sw" 65537
+    assert_success
+    assert_line "vec: no"
+    assert_output --partial "cases, 0 failed"
+    grep -qw avx512f /proc/cpuinfo || skip "this CPU has no AVX-512F: only the scalar rows ran"
+    # on an AVX-512F CPU the vector rows must run: "vec: no" there means they
+    # failed their self-check against libm's expf
+    echo "$vec"
+    [ "$vec" = "vec: yes" ]
+}
+
+@test "exec: P=1 (no all-to-all, no permutation), P=2 with one expert a rank (rows arrive in layout order) and P=3 (permuted) give the same bits, forward and backward" {
+    # a rank's rows for itself skip the all-to-all and, when every rank's
+    # rows arrive in layout order, the permutation is skipped too: every
+    # tensor but pair_rank must be the same bytes whatever the rank count
+    for dt in bf16 f32; do
+        for E in 2 6; do
+            python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 53 --E $E --K 2 --D 96 --F 64 --skew 3 --dtype "$dt"
+            for c in $(have_bf16 && echo bf16) f32; do
+                for P in 1 2 3; do
+                    [ "$E" = 2 ] && [ "$P" = 3 ] && continue
+                    "$EXEC" --phase forward --compute $c --weights "$D/w.lrm" -P $P --no-compress -o "$D/f$P.lrm" "$D/in.lrm"
+                    "$EXEC" --phase backward --compute $c --weights "$D/w.lrm" --no-compress -o "$D/b$P.lrm" "$D/f$P.lrm"
+                done
+                run pyedit "
+for P in (2, 3) if $E == 6 else (2,):
+    for ph in 'fb':
+        x = read_stream('$D/%s1.lrm' % ph)[0][0]; y = read_stream('$D/%s%d.lrm' % (ph, P))[0][0]
+        assert sorted(x) == sorted(y), (ph, P)
+        for k in x:
+            if k != 'pair_rank': assert x[k].tobytes() == y[k].tobytes(), ('$dt', $E, '$c', ph, P, k)
+print('same')"
+                assert_success
+                assert_output same
+            done
+        done
+    done
+}
+
+@test "exec: the forward output is the F32 sum of topk_weights * pair_out rows in ascending k from +0, rounded once (bit for bit; widths with and without a 32-column tail)" {
+    for dt in bf16 f32; do
+        for Dm in 96 40; do
+            python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 37 --E 4 --K 3 --D $Dm --F 32 --skew 2 --dtype "$dt"
+            "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress -o "$D/f.lrm" "$D/in.lrm"
+            run pyedit "
+t, a, d = read_stream('$D/f.lrm', True)[0]
+K = t['topk_ids'].shape[1]
+y = t['pair_out']; y = bf16_to_f32(y) if d['pair_out'] == 'BF16' else y
+y = y.reshape(-1, K, y.shape[-1]).astype(np.float32)
+al = t['topk_weights'].astype(np.float32)
+acc = np.zeros((y.shape[0], y.shape[2]), np.float32)
+for k in range(K): acc = acc + al[:, k:k + 1] * y[:, k, :]
+ref = f32_to_bf16(acc) if d['output'] == 'BF16' else acc
+assert ref.tobytes() == t['output'].tobytes(), int((ref != t['output']).sum())
+print('same')"
+            assert_success
+            assert_output same
+        done
+    done
+}
