@@ -835,7 +835,22 @@ typedef struct {
     float *tmp;            /* (D) */
 } fill_grad_t;
 
-/* dy_u = alpha_u g_t (F32); masked: 0 where keep_u == 0 */
+/* o = al * g for a BF16 row g, in one pass: the conversion is exact (a
+ * shift), so the bits are those of converting first, then multiplying
+ * (lrmoe_pack_gather_scaled_dt, the copying pack's pack_grad). */
+__attribute__((optimize("O3"), target_clones("avx512f", "avx2", "default")))
+static void scale_bf16(float al, const uint16_t *restrict g, float *restrict o, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) {
+        uint32_t b = (uint32_t)g[j] << 16;
+        float v;
+        memcpy(&v, &b, sizeof v);
+        o[j] = v * al;
+    }
+}
+
+/* dy_u = alpha_u g_t (F32); masked: 0 where keep_u == 0; compact
+ * layout-only: u = pack_pair[i], the pack_grad row of the copying form */
 static void fill_grad_row(void *ctx, int64_t i, void *dst)
 {
     fill_grad_t *f = ctx;
@@ -845,9 +860,13 @@ static void fill_grad_row(void *ctx, int64_t i, void *dst)
         memset(o, 0, (size_t)D * sizeof *o);
         return;
     }
-    lrmoe_convert_to_f32(f->a->grad_dtype, (const char *)f->a->grad_output + (size_t)(t * D) * f->gs,
-                         o, (size_t)D);
+    const char *g = (const char *)f->a->grad_output + (size_t)(t * D) * f->gs;
     float al = f->a->topk_weights[u];
+    if (f->a->grad_dtype == LRMOE_BF16) {
+        scale_bf16(al, (const uint16_t *)g, o, D);
+        return;
+    }
+    lrmoe_convert_to_f32(f->a->grad_dtype, g, o, (size_t)D);
     for (int64_t j = 0; j < D; j++) o[j] *= al;
 }
 
