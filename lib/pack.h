@@ -3,7 +3,7 @@
  *
  * Pair index u = t*K + k (token-major). A pair is retained when keep[u] != 0.
  *
- * Packed layout (lrmoe-pack(1), tests/helpers/CONTRACT.md): the R retained
+ * Packed layout (lrmoe-pack(1), lrmoe-stream(5)): the R retained
  * pairs are ordered destination-major (rank p ascending), then expert-major
  * (expert e ascending), then by pair index u ascending inside a segment.
  * Segment (p,e) holds counts[p*E+e] rows starting at offsets[p*E+e], where
