@@ -160,7 +160,12 @@ typedef struct {
  * rows cross the all-to-all (pack_grad rows from the token owner of
  * pack_pair/K to p) and every expert GEMM has exactly its retained row count.
  * The saved state is taken from pack_hidden/pack_gate/pack_up (already
- * gathered at the destination by lrmoe-pack).
+ * gathered at the destination by lrmoe-pack). The layout-only form
+ * (lrmoe-pack --layout-only; CPU backend only, see lrmoe_exec_check_pack):
+ * pack_grad, pack_hidden, pack_gate and pack_up all NULL, and the backward
+ * gathers row i from hidden[u/K], saved_gate[u], saved_up[u] and
+ * alpha_u grad_output[u/K] (u = pack_pair[i]) as it copies its segments:
+ * the same bits as the copying form.
  *
  * All modes: grad_hidden is zeroed then scatter-added; weight gradients of
  * replicas/helpers are sent (p2p) to the native rank and summed there;
@@ -260,8 +265,16 @@ int lrmoe_exec_check_fwd_inputs(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_di
 int lrmoe_exec_check_bwd_inputs(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                                 const lrmoe_exec_bwd_t *a);
 
-/* Validate the packed rows of a compact backward (both backends call it). */
+/* Validate the packed rows of a compact backward (the CUDA and MPI
+ * backends call it): the four row tensors must be given, then the layout
+ * is checked as lrmoe_exec_check_pack_layout does. */
 int lrmoe_exec_check_pack(int P, int64_t T, int64_t K, int64_t E, const int32_t *topk,
                           const lrmoe_exec_bwd_t *a, const uint8_t *placement);
+/* The layout alone (pack_pair, pack_rank, pack_counts, pack_offsets): the
+ * CPU backend calls it, which also takes the layout-only form (no
+ * pack_grad/pack_hidden/pack_gate/pack_up: the rows are read from
+ * grad_output, hidden, saved_gate and saved_up by pack_pair). */
+int lrmoe_exec_check_pack_layout(int P, int64_t T, int64_t K, int64_t E, const int32_t *topk,
+                                 const lrmoe_exec_bwd_t *a, const uint8_t *placement);
 
 #endif

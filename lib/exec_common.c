@@ -151,20 +151,29 @@ int lrmoe_exec_critical(int P, const double *timings)
 /* lrmoe_exec_check_finite is in exec_frame.c, beside the vectorised scan it
  * shares with the weights check. */
 
-/* The packed rows of lrmoe-pack, validated for both backends: counts,
- * prefix offsets, eligibility, every pair at most once, in its expert's
- * segment, ascending inside it. */
+/* The packed rows of lrmoe-pack, validated for the backends that read them
+ * (CUDA, MPI): the four row tensors, then the layout. */
 int lrmoe_exec_check_pack(int P, int64_t T, int64_t K, int64_t E, const int32_t *topk,
                           const lrmoe_exec_bwd_t *a, const uint8_t *placement)
+{
+    if (a->R > 0 && (!a->pack_grad || !a->pack_hidden || !a->pack_gate || !a->pack_up))
+        return lrmoe_err("compact mode needs pack_pair, pack_counts, pack_offsets, "
+                         "pack_grad, pack_hidden, pack_gate and pack_up (a layout-only "
+                         "pack, without the last four, runs on the CPU backend in one "
+                         "process; lrmoe_pack_rows_frame materialises them)");
+    return lrmoe_exec_check_pack_layout(P, T, K, E, topk, a, placement);
+}
+
+/* The layout of a compact backward: counts, prefix offsets, eligibility,
+ * every pair at most once, in its expert's segment, ascending inside it. */
+int lrmoe_exec_check_pack_layout(int P, int64_t T, int64_t K, int64_t E, const int32_t *topk,
+                                 const lrmoe_exec_bwd_t *a, const uint8_t *placement)
 {
     if (a->R < 0 || a->R > T * K)
         return lrmoe_err("pack: %lld packed rows for %lld pairs", (long long)a->R,
                          (long long)(T * K));
-    if (!a->pack_counts || !a->pack_offsets ||
-        (a->R && (!a->pack_pair || !a->pack_grad || !a->pack_hidden || !a->pack_gate ||
-                  !a->pack_up)))
-        return lrmoe_err("compact mode needs pack_pair, pack_counts, pack_offsets, "
-                         "pack_grad, pack_hidden, pack_gate and pack_up");
+    if (!a->pack_counts || !a->pack_offsets || (a->R && !a->pack_pair))
+        return lrmoe_err("compact mode needs pack_pair, pack_counts and pack_offsets");
     int64_t acc = 0;
     for (int64_t j = 0; j < P * E; j++) {
         int64_t c = a->pack_counts[j];
@@ -249,7 +258,7 @@ int lrmoe_exec_check_bwd_inputs(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_di
         lrmoe_exec_check_finite(LRMOE_F32, a->topk_weights, TK, "topk_weights") < 0 ||
         (a->pair_out && lrmoe_exec_check_finite(adt, a->pair_out, TKD, "pair_out") < 0))
         return -1;
-    if (a->mode == LRMOE_MODE_COMPACT) {
+    if (a->mode == LRMOE_MODE_COMPACT && a->pack_hidden) { /* else layout-only: the sources */
         const size_t RD = (size_t)(a->R * d->D), RF = (size_t)(a->R * d->F);
         return lrmoe_exec_check_finite(LRMOE_F32, a->pack_grad, RD, "pack_grad") < 0 ||
                lrmoe_exec_check_finite(adt, a->pack_hidden, RD, "pack_hidden") < 0 ||

@@ -151,7 +151,7 @@ static int layout_packed(layout_t *L, int P, int64_t T, int64_t K, int64_t E,
 {
     memset(L, 0, sizeof *L);
     L->P = P; L->T = T; L->K = K; L->E = E; L->M = a->R;
-    if (lrmoe_exec_check_pack(P, T, K, E, topk, a, placement) < 0) return -1;
+    if (lrmoe_exec_check_pack_layout(P, T, K, E, topk, a, placement) < 0) return -1;
     L->u = a->pack_pair; L->cnt = a->pack_counts; L->seg = a->pack_offsets;
     return layout_finish(L);
 }
@@ -1005,7 +1005,22 @@ typedef struct {
     float *tmp;            /* (D) */
 } fill_grad_t;
 
-/* dy_u = alpha_u g_t (F32); masked: 0 where keep_u == 0 */
+/* o = al * g for a BF16 row g, in one pass: the conversion is exact (a
+ * shift), so the bits are those of converting first, then multiplying
+ * (lrmoe_pack_gather_scaled_dt, the copying pack's pack_grad). */
+__attribute__((optimize("O3"), target_clones("avx512f", "avx2", "default")))
+static void scale_bf16(float al, const uint16_t *restrict g, float *restrict o, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) {
+        uint32_t b = (uint32_t)g[j] << 16;
+        float v;
+        memcpy(&v, &b, sizeof v);
+        o[j] = v * al;
+    }
+}
+
+/* dy_u = alpha_u g_t (F32); masked: 0 where keep_u == 0; compact
+ * layout-only: u = pack_pair[i], the pack_grad row of the copying form */
 static void fill_grad_row(void *ctx, int64_t i, void *dst)
 {
     fill_grad_t *f = ctx;
@@ -1015,9 +1030,13 @@ static void fill_grad_row(void *ctx, int64_t i, void *dst)
         memset(o, 0, (size_t)D * sizeof *o);
         return;
     }
-    lrmoe_convert_to_f32(f->a->grad_dtype, (const char *)f->a->grad_output + (size_t)(t * D) * f->gs,
-                         o, (size_t)D);
+    const char *g = (const char *)f->a->grad_output + (size_t)(t * D) * f->gs;
     float al = f->a->topk_weights[u];
+    if (f->a->grad_dtype == LRMOE_BF16) {
+        scale_bf16(al, (const uint16_t *)g, o, D);
+        return;
+    }
+    lrmoe_convert_to_f32(f->a->grad_dtype, g, o, (size_t)D);
     for (int64_t j = 0; j < D; j++) o[j] *= al;
 }
 
@@ -1040,7 +1059,9 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
     const int P = d->P;
     const lrmoe_dtype_t adt = a->act_dtype;
     const size_t as = lrmoe_dtype_size(adt);
-    const int compact = a->mode == LRMOE_MODE_COMPACT;
+    /* compact, copying form: row i of pack_*; else (also compact layout-only)
+     * gathered from the sources by pair u */
+    const int packed = a->mode == LRMOE_MODE_COMPACT && a->pack_hidden;
     const size_t FD = (size_t)(F * D);
     double *tim = J->tim;
     /* G (n,2F) = [dg | du] spans s[3] and s[4] */
@@ -1080,7 +1101,7 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
         for (int64_t j = 0; j < n; j++) {
             int64_t i = i0 + j, u = L->u[i];
             const char *xs, *gs, *us;
-            if (compact) {
+            if (packed) {
                 xs = (const char *)a->pack_hidden + (size_t)(i * D) * as;
                 gs = (const char *)a->pack_gate + (size_t)(i * F) * as;
                 us = (const char *)a->pack_up + (size_t)(i * F) * as;
@@ -1149,6 +1170,14 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
     if (!compact && (!a->hidden || !a->pair_rank || !a->saved_gate || !a->saved_up))
         return lrmoe_err("backward %s: needs hidden, pair_rank, saved_gate and saved_up",
                          lrmoe_exec_mode_name(a->mode));
+    /* compact: all four packed row arrays (copying form) or none (layout-only) */
+    const int nrows = !!a->pack_grad + !!a->pack_hidden + !!a->pack_gate + !!a->pack_up;
+    if (compact && a->R > 0 && nrows && nrows < 4)
+        return lrmoe_err("backward compact: give all of pack_grad, pack_hidden, pack_gate "
+                         "and pack_up, or none of them (the layout-only form)");
+    if (compact && a->R > 0 && !nrows && (!a->hidden || !a->saved_gate || !a->saved_up))
+        return lrmoe_err("backward compact, layout-only form (no pack_grad, pack_hidden, "
+                         "pack_gate, pack_up): needs hidden, saved_gate and saved_up");
     if (a->mode == LRMOE_MODE_MASKED && !a->keep)
         return lrmoe_err("backward masked: needs keep");
     for (int64_t u = 0; u < T * K; u++)
@@ -1223,7 +1252,8 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
     /* dispatch: dy rows (F32) from the token owners to the ranks */
     fill_grad_t fg = {&L, a, D, lrmoe_dtype_size(a->grad_dtype), tmp};
     void *dyrows;
-    if (exchange_fwd(&comm, &L, rowf, LRMOE_F32, D, compact ? fill_pack_row : fill_grad_row,
+    if (exchange_fwd(&comm, &L, rowf, LRMOE_F32, D,
+                     compact && a->pack_grad ? fill_pack_row : fill_grad_row,
                      &fg, bufA, bufB, DY, LRMOE_F32, tim, &dyrows) < 0)
         goto out;
     if (dyrows == bufB) { bufB = (char *)DY; DY = dyrows; } /* where they arrived: swap */

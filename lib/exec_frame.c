@@ -9,6 +9,7 @@
 #include "weights_map.h"
 #include "exec_mpi.h"
 #include "plan.h"
+#include "pack.h"
 
 void lrmoe_exec_frame_opts_default(lrmoe_exec_frame_opts_t *o)
 {
@@ -628,6 +629,21 @@ static int backward_inputs(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_ex
         }
         return 0;
     }
+    /* the copying form carries the four packed row tensors, the layout-only
+     * form none (lrmoe_pack_form); CUDA and MPI read packed rows, so for them
+     * a layout-only frame's rows are gathered here (lrmoe_pack_rows_frame:
+     * the bytes lrmoe-pack writes) and dropped again after the layer */
+    int form = lrmoe_pack_form(f), mat = 0;
+    if (form < 0) return lrmoe_err_prefix("backward compact");
+    const lrmoe_tensor_t *pp0 = lrmoe_frame_get(f, "pack_pair");
+    if (form == LRMOE_PACK_FORM_LAYOUT && pp0 && pp0->ndim == 1 && pp0->shape[0] > 0 &&
+        (c->o.cfg.backend != LRMOE_BACKEND_CPU || c->mpi)) {
+        if (lrmoe_pack_rows_frame(f, c->o.cfg.threads > 1 ? c->o.cfg.threads : 1) < 0)
+            return lrmoe_err_prefix("backward compact, layout-only pack (rows for the %s)",
+                                    c->mpi ? "MPI path" : "CUDA backend");
+        form = LRMOE_PACK_FORM_ROWS;
+        mat = 1;
+    }
     const int64_t any1[1] = {-1};
     lrmoe_tensor_t *pp = need(f, "pack_pair", 1, any1, 1, DT_I64);
     if (!pp) return lrmoe_err_prefix("backward compact");
@@ -635,17 +651,36 @@ static int backward_inputs(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, const lrmoe_ex
     const int64_t r1[1] = {R}, pe[2] = {P, E}, rd[2] = {R, D}, rf[2] = {R, F};
     lrmoe_tensor_t *pk = need(f, "pack_rank", 1, r1, 1, DT_I32),
                    *pc = need(f, "pack_counts", 2, pe, 1, DT_I64),
-                   *pf = need(f, "pack_offsets", 2, pe, 1, DT_I64),
-                   *pg = need_m(c, d, f, "pack_grad", 2, rd, 1, DT_F32),
+                   *pf = need(f, "pack_offsets", 2, pe, 1, DT_I64);
+    if (!pk || !pc || !pf) return lrmoe_err_prefix("backward compact");
+    a->R = R; a->pack_pair = pp->data; a->pack_rank = pk->data;
+    a->pack_counts = pc->data; a->pack_offsets = pf->data;
+    if (form == LRMOE_PACK_FORM_LAYOUT) {
+        const int64_t td[2] = {T, D};
+        lrmoe_tensor_t *h = need_m(c, d, f, "hidden", 2, td, 1, adt),
+                       *sg = need_m(c, d, f, "saved_gate", 3, tkf, 1, adt),
+                       *su = need_m(c, d, f, "saved_up", 3, tkf, 1, adt);
+        if (!h || !sg || !su) return lrmoe_err_prefix("backward compact, layout-only pack");
+        a->hidden = h->data; a->saved_gate = sg->data; a->saved_up = su->data;
+        return 0;
+    }
+    lrmoe_tensor_t *pg = need_m(c, d, f, "pack_grad", 2, rd, 1, DT_F32),
                    *ph = need_m(c, d, f, "pack_hidden", 2, rd, 1, adt),
                    *pa = need_m(c, d, f, "pack_gate", 2, rf, 1, adt),
                    *pu = need_m(c, d, f, "pack_up", 2, rf, 1, adt);
-    if (!pk || !pc || !pf || !pg || !ph || !pa || !pu)
-        return lrmoe_err_prefix("backward compact");
-    a->R = R; a->pack_pair = pp->data; a->pack_rank = pk->data;
-    a->pack_counts = pc->data; a->pack_offsets = pf->data; a->pack_grad = pg->data;
+    if (!pg || !ph || !pa || !pu) return lrmoe_err_prefix("backward compact");
+    a->pack_grad = pg->data;
     a->pack_hidden = ph->data; a->pack_gate = pa->data; a->pack_up = pu->data;
-    return 0;
+    return mat;
+}
+
+/* After the layer: the rows backward_inputs gathered for a layout-only frame
+ * go again, so the output keeps the input's form. */
+static int drop_rows(lrmoe_frame_t *f)
+{
+    static const char *const nm[4] = {"pack_grad", "pack_hidden", "pack_gate", "pack_up"};
+    for (int i = 0; i < 4; i++) lrmoe_frame_del(f, nm[i]);
+    return lrmoe_frame_set_attr(f, "pack.form", "layout");
 }
 
 static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *sp, lrmoe_frame_t *f,
@@ -667,7 +702,8 @@ static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *sp, lrmoe_frame_t *f
     a.grad_output = g->data;
     a.pair_out = po->data;
     const lrmoe_dtype_t adt[1] = {po->dtype};
-    if (backward_inputs(c, f, d, adt, &a) < 0) return -1;
+    const int mat = backward_inputs(c, f, d, adt, &a);
+    if (mat < 0) return -1;
     const int64_t efd[3] = {E, F, D}, edf[3] = {E, D, F};
     lrmoe_tensor_t *gh = put(c, sp, f, "grad_hidden", LRMOE_F32, 2, td),
                    *gg = put(c, sp, f, "grad_w_gate", LRMOE_F32, 3, efd),
@@ -677,7 +713,9 @@ static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *sp, lrmoe_frame_t *f
     if (!gh || !gg || !gu || !gd || !gt) return -1;
     a.grad_hidden = gh->data; a.grad_w_gate = gg->data; a.grad_w_up = gu->data;
     a.grad_w_down = gd->data; a.grad_topk_weights = gt->data;
-    return timed(c, bwd_call, d, W, XP, &a);
+    int rc = timed(c, bwd_call, d, W, XP, &a);
+    if (mat && drop_rows(f) < 0) rc = -1;
+    return rc;
 }
 
 /* exec.<phase>.<stage>_s (per rank, comma-separated), .critical_rank,

@@ -399,8 +399,47 @@ static int put_rows(lrmoe_frame_t *f, const char *name, const lrmoe_tensor_t *sr
                ? 0 : -1;
 }
 
+static const char *const pack_row_names[4] = {"pack_grad", "pack_hidden", "pack_gate",
+                                              "pack_up"};
+
+/* The four row tensors of the copying form, gathered by pack_pair (pl->pair,
+ * R rows): pack_grad = alpha_u g_t (F32), pack_hidden, pack_gate, pack_up
+ * (byte copies). alpha is topk_weights as F32. */
+static int put_all_rows(lrmoe_frame_t *f, const lrmoe_pack_plan_t *pl, const float *alpha,
+                        int threads)
+{
+    const lrmoe_tensor_t *tg = lrmoe_frame_get(f, "grad_output");
+    const int64_t D = tg->shape[1];
+    float *pg = lrmoe_alloc_big((size_t)(pl->R * D) * sizeof *pg);
+    if (!pg)
+        return lrmoe_err("out of memory");
+    gather_job_t j = {pl->pair, pl->K, 1, D, tg->dtype, tg->data, 0, alpha, pg};
+    lrmoe_parallel_ranges(pl->R, threads, 256, gather_scaled_rows, &j);
+    /* adopt owns (and on failure frees) the buffer it is given */
+    if (!lrmoe_frame_adopt(f, "pack_grad", LRMOE_F32, 2, (int64_t[]){pl->R, D}, pg))
+        return -1;
+    /* looked up again after each put: a put may grow the frame's tensor
+     * table (data pointers stay valid, but be explicit about the source) */
+    if (put_rows(f, "pack_hidden", lrmoe_frame_get(f, "hidden"), pl, 1, threads) < 0 ||
+        put_rows(f, "pack_gate", lrmoe_frame_get(f, "saved_gate"), pl, 0, threads) < 0 ||
+        put_rows(f, "pack_up", lrmoe_frame_get(f, "saved_up"), pl, 0, threads) < 0)
+        return -1;
+    return 0;
+}
+
 int lrmoe_pack_frame(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o)
 {
+    return lrmoe_pack_frame_x(f, o, 0);
+}
+
+int lrmoe_pack_frame_x(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o, unsigned flags)
+{
+    const int layout_only = (flags & LRMOE_PACK_LAYOUT_ONLY) != 0;
+    if (flags & ~(unsigned)LRMOE_PACK_LAYOUT_ONLY)
+        return lrmoe_err("pack: unknown flags 0x%x", flags & ~(unsigned)LRMOE_PACK_LAYOUT_ONLY);
+    if (layout_only && o->strip)
+        return lrmoe_err("--strip with --layout-only: a layout-only pack reads its rows "
+                         "from saved_gate and saved_up, so they must stay");
     double t0 = lrmoe_now();
     lrmoe_tensor_t *tid = lrmoe_frame_need(f, "topk_ids");
     lrmoe_tensor_t *tkeep = tid ? lrmoe_frame_need(f, "keep") : NULL;
@@ -424,7 +463,6 @@ int lrmoe_pack_frame(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o)
         lrmoe_tensor_check(tsg, 3, (int64_t[]){T, K, -1}) < 0 ||
         lrmoe_tensor_check(tsu, 3, (int64_t[]){T, K, tsg->shape[2]}) < 0)
         return -1;
-    int64_t D = tg->shape[1];
 
     lrmoe_tensor_t *tpr = lrmoe_frame_get(f, "pair_rank");
     lrmoe_tensor_t *tpl = lrmoe_frame_get(f, "placement");
@@ -508,28 +546,13 @@ int lrmoe_pack_frame(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o)
                   lrmoe_dtype_name(tg->dtype));
         goto out;
     }
-    if (!(alpha = lrmoe_tensor_f32(tw)))
-        goto out;
-
-    float *pg = lrmoe_alloc_big((size_t)(pl.R * D) * sizeof *pg);
-    if (!pg) {
-        lrmoe_err("out of memory");
+    if (layout_only) {
+        /* rows of an earlier pack would not match the new layout */
+        for (int i = 0; i < 4; i++)
+            lrmoe_frame_del(f, pack_row_names[i]);
+    } else if (!(alpha = lrmoe_tensor_f32(tw)) || put_all_rows(f, &pl, alpha, o->threads) < 0) {
         goto out;
     }
-    {
-        gather_job_t j = {pl.pair, K, 1, D, tg->dtype, tg->data, 0, alpha, pg};
-        lrmoe_parallel_ranges(pl.R, o->threads, 256, gather_scaled_rows, &j);
-    }
-    /* adopt owns (and on failure frees) the buffer it is given */
-    if (!lrmoe_frame_adopt(f, "pack_grad", LRMOE_F32, 2, (int64_t[]){pl.R, D}, pg))
-        goto out;
-    /* the source tensors were looked up before any put; re-fetch them since
-     * a put may grow the frame's tensor table (pointers stay valid, but be
-     * explicit about which tensor we read) */
-    if (put_rows(f, "pack_hidden", lrmoe_frame_get(f, "hidden"), &pl, 1, o->threads) < 0 ||
-        put_rows(f, "pack_gate", lrmoe_frame_get(f, "saved_gate"), &pl, 0, o->threads) < 0 ||
-        put_rows(f, "pack_up", lrmoe_frame_get(f, "saved_up"), &pl, 0, o->threads) < 0)
-        goto out;
     {
         void *d = pl.pair;
         pl.pair = NULL;
@@ -592,6 +615,7 @@ int lrmoe_pack_frame(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o)
             lrmoe_frame_set_attrf(f, "pack.ranks", "%d", P) < 0 ||
             lrmoe_frame_set_attr(f, "pack.rank_rows", buf) < 0 ||
             lrmoe_frame_set_attr(f, "pack.alloc", alloc ? "plan" : "forward") < 0 ||
+            lrmoe_frame_set_attr(f, "pack.form", layout_only ? "layout" : "rows") < 0 ||
             lrmoe_frame_set_attrf(f, "pack.seconds", "%.6f", lrmoe_now() - t0) < 0)
             goto out;
     }
@@ -604,6 +628,78 @@ out:
     free(place);
     free(alloc);
     free(quota);
+    free(alpha);
+    return rc;
+}
+
+int lrmoe_pack_form(const lrmoe_frame_t *f)
+{
+    int n = 0;
+    for (int i = 0; i < 4; i++)
+        n += lrmoe_frame_get(f, pack_row_names[i]) != NULL;
+    if (n == 4)
+        return LRMOE_PACK_FORM_ROWS;
+    if (n == 0)
+        return LRMOE_PACK_FORM_LAYOUT;
+    for (int i = 0; i < 4; i++)
+        if (!lrmoe_frame_get(f, pack_row_names[i]))
+            return lrmoe_err("packed frame has %d of the row tensors pack_grad, pack_hidden, "
+                             "pack_gate, pack_up but not %s: a pack carries all four "
+                             "(lrmoe-pack) or none (lrmoe-pack --layout-only)", n,
+                             pack_row_names[i]);
+    return -1;
+}
+
+int lrmoe_pack_rows_frame(lrmoe_frame_t *f, int threads)
+{
+    int form = lrmoe_pack_form(f);
+    if (form < 0)
+        return -1;
+    if (form == LRMOE_PACK_FORM_ROWS)
+        return 0;
+    lrmoe_tensor_t *tid = lrmoe_frame_need(f, "topk_ids");
+    lrmoe_tensor_t *tp = tid ? lrmoe_frame_need(f, "pack_pair") : NULL;
+    lrmoe_tensor_t *tw = tp ? lrmoe_frame_need(f, "topk_weights") : NULL;
+    lrmoe_tensor_t *tg = tw ? lrmoe_frame_need(f, "grad_output") : NULL;
+    lrmoe_tensor_t *th = tg ? lrmoe_frame_need(f, "hidden") : NULL;
+    lrmoe_tensor_t *tsg = th ? lrmoe_frame_need(f, "saved_gate") : NULL;
+    lrmoe_tensor_t *tsu = tsg ? lrmoe_frame_need(f, "saved_up") : NULL;
+    if (!tsu)
+        return lrmoe_err_prefix("layout-only pack");
+    if (lrmoe_tensor_check(tid, 2, (int64_t[]){-1, -1}) < 0)
+        return -1;
+    const int64_t T = tid->shape[0];
+    int K;
+    if (lrmoe_tensor_dim_int(tid, 1, &K) < 0 ||
+        lrmoe_tensor_check(tp, 1, (int64_t[]){-1}) < 0 ||
+        lrmoe_tensor_check(tw, 2, (int64_t[]){T, K}) < 0 ||
+        lrmoe_tensor_check(tg, 2, (int64_t[]){T, -1}) < 0 ||
+        lrmoe_tensor_check(th, 2, (int64_t[]){T, -1}) < 0 ||
+        lrmoe_tensor_check(tsg, 3, (int64_t[]){T, K, -1}) < 0 ||
+        lrmoe_tensor_check(tsu, 3, (int64_t[]){T, K, tsg->shape[2]}) < 0)
+        return -1;
+    if (!lrmoe_dtype_is_float(tg->dtype))
+        return lrmoe_err("tensor grad_output: dtype %s, expected a float dtype",
+                         lrmoe_dtype_name(tg->dtype));
+    lrmoe_pack_plan_t pl = {0};
+    pl.T = T;
+    pl.K = K;
+    pl.R = tp->shape[0];
+    int rc = -1;
+    float *alpha = NULL;
+    if (!(pl.pair = lrmoe_tensor_i64(tp)))
+        return -1;
+    for (int64_t i = 0; i < pl.R; i++)
+        if (pl.pair[i] < 0 || pl.pair[i] >= T * K) {
+            lrmoe_err("pack_pair: row %lld names pair %lld, out of range [0,%lld)",
+                      (long long)i, (long long)pl.pair[i], (long long)(T * K));
+            goto out;
+        }
+    if (!(alpha = lrmoe_tensor_f32(tw)) || put_all_rows(f, &pl, alpha, threads) < 0)
+        goto out;
+    rc = lrmoe_frame_set_attr(f, "pack.form", "rows") < 0 ? -1 : 0;
+out:
+    free(pl.pair);
     free(alpha);
     return rc;
 }
@@ -624,6 +720,10 @@ int lrmoe_pack_unpack_frame(lrmoe_frame_t *f, const char *rows_name,
         return -1;
     lrmoe_tensor_t *tid = lrmoe_frame_need(f, "topk_ids");
     lrmoe_tensor_t *tp = tid ? lrmoe_frame_need(f, "pack_pair") : NULL;
+    if (tp && !strncmp(rows_name, "pack_", 5) && !lrmoe_frame_get(f, rows_name) &&
+        lrmoe_pack_form(f) == LRMOE_PACK_FORM_LAYOUT)
+        return lrmoe_err("missing tensor %s: the frame is a layout-only pack (lrmoe-pack "
+                         "--layout-only), which carries no packed rows", rows_name);
     lrmoe_tensor_t *tr = tp ? lrmoe_frame_need(f, rows_name) : NULL;
     if (!tr || lrmoe_tensor_check(tid, 2, (int64_t[]){-1, -1}) < 0 ||
         lrmoe_tensor_check(tp, 1, (int64_t[]){-1}) < 0 ||

@@ -3,7 +3,7 @@
  *
  * Pair index u = t*K + k (token-major). A pair is retained when keep[u] != 0.
  *
- * Packed layout (lrmoe-pack(1), tests/helpers/CONTRACT.md): the R retained
+ * Packed layout (lrmoe-pack(1), lrmoe-stream(5)): the R retained
  * pairs are ordered destination-major (rank p ascending), then expert-major
  * (expert e ascending), then by pair index u ascending inside a segment.
  * Segment (p,e) holds counts[p*E+e] rows starting at offsets[p*E+e], where
@@ -130,6 +130,33 @@ void lrmoe_pack_opts_default(lrmoe_pack_opts_t *o);
  * pack_gate, pack_up and attributes pack.rows, pack.moved, pack.ranks,
  * pack.rank_rows, pack.alloc, pack.seconds. */
 int lrmoe_pack_frame(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o);
+
+/* lrmoe_pack_frame with flags (0: the same call). LRMOE_PACK_LAYOUT_ONLY:
+ * the layout-only form (lrmoe-pack --layout-only): write the layout
+ * (pack_pair, pack_rank, pack_counts, pack_offsets and the attributes) but
+ * not the four row tensors pack_grad, pack_hidden, pack_gate, pack_up (any
+ * an earlier pack left are deleted); the frame keeps the sources they would
+ * be gathered from (grad_output, topk_weights, hidden, saved_gate,
+ * saved_up), and the CPU backward reads its rows from them by pack_pair.
+ * Attribute pack.form is "rows" (copying form) or "layout". Fails with
+ * o->strip (the rows live in saved_gate/saved_up) or an unknown flag. */
+#define LRMOE_PACK_LAYOUT_ONLY 1u
+int lrmoe_pack_frame_x(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o, unsigned flags);
+
+/* Which form a packed frame is in: LRMOE_PACK_FORM_ROWS (all four row
+ * tensors), LRMOE_PACK_FORM_LAYOUT (none of them), or -1 (some but not all:
+ * message names the missing one). */
+#define LRMOE_PACK_FORM_ROWS 1
+#define LRMOE_PACK_FORM_LAYOUT 0
+int lrmoe_pack_form(const lrmoe_frame_t *f);
+
+/* Materialise the rows of a layout-only frame: pack_grad, pack_hidden,
+ * pack_gate and pack_up gathered by pack_pair from the sources, byte for
+ * byte what lrmoe_pack_frame writes for the same layout; pack.form becomes
+ * "rows". A frame already in the copying form is left as it is (0). Fails
+ * when a source is missing or mis-shaped or a pack_pair entry is out of
+ * [0,T*K). threads as lrmoe_pack_opts_t's. */
+int lrmoe_pack_rows_frame(lrmoe_frame_t *f, int threads);
 
 /* One frame of the inverse: rows tensor `rows_name` (R,D) (any float dtype)
  * and pack_pair -> `out_name` (T,D) F32 (pairs: (T,K,D)). T and K come from

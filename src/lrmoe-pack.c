@@ -17,7 +17,7 @@ static void usage(FILE *fp)
         "Assign the kept pairs to instances (per bwd_alloc, preferring the rank\n"
         "that ran their forward) and gather their gradient rows and saved state\n"
         "into pack_pair, pack_rank, pack_counts, pack_offsets, pack_grad,\n"
-        "pack_hidden, pack_gate and pack_up.\n\n"
+        "pack_hidden, pack_gate and pack_up (--layout-only: the layout alone).\n\n"
         "Options:\n"
         "      --alloc HOW     auto (default: bwd_alloc if present, else forward),\n"
         "                      plan (bwd_alloc required) or forward (every kept\n"
@@ -25,6 +25,9 @@ static void usage(FILE *fp)
         "  -P, --ranks N       number of ranks when the frame has no placement,\n"
         "                      bwd_alloc or exec.ranks (the forward's ranks)\n"
         "      --strip         delete saved_gate and saved_up after packing\n"
+        "      --layout-only   write the layout (pack_pair, pack_rank, pack_counts,\n"
+        "                      pack_offsets) but not the rows: lrmoe-exec's CPU\n"
+        "                      backward reads them from the unpacked tensors\n"
         "  -u, --unpack        scatter-add the rows of --rows back to tokens\n"
         "      --rows NAME     packed row tensor to unpack (default pack_grad)\n"
         "      --into NAME     output tensor (default unpacked), [T,D] F32; not\n"
@@ -47,6 +50,7 @@ static void usage(FILE *fp)
 typedef struct {
     lrmoe_pack_opts_t o;
     int unpack, pairs, verbose;
+    unsigned flags; /* lrmoe_pack_frame_x's */
     const char *rows, *into;
     FILE *stats;
 } ctx_t;
@@ -98,7 +102,7 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
             return -1;
         return c->stats ? stats_row(c->stats, f, index, c, lrmoe_now() - t0) : 0;
     }
-    if (lrmoe_pack_frame(f, &c->o) < 0)
+    if (lrmoe_pack_frame_x(f, &c->o, c->flags) < 0)
         return -1;
     if (c->stats && stats_row(c->stats, f, index, c, lrmoe_now() - t0) < 0)
         return -1;
@@ -114,7 +118,7 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
     return 0;
 }
 
-enum { OPT_STRIP = 0x2001, OPT_ROWS, OPT_INTO, OPT_PAIRS, OPT_ALLOC };
+enum { OPT_STRIP = 0x2001, OPT_ROWS, OPT_INTO, OPT_PAIRS, OPT_ALLOC, OPT_LAYOUT };
 
 int main(int argc, char **argv)
 {
@@ -123,6 +127,7 @@ int main(int argc, char **argv)
         {"alloc", required_argument, 0, OPT_ALLOC},
         {"ranks", required_argument, 0, 'P'},
         {"strip", no_argument, 0, OPT_STRIP},
+        {"layout-only", no_argument, 0, OPT_LAYOUT},
         {"unpack", no_argument, 0, 'u'},
         {"rows", required_argument, 0, OPT_ROWS},
         {"into", required_argument, 0, OPT_INTO},
@@ -167,6 +172,7 @@ int main(int argc, char **argv)
             c.o.P = (int)v;
             break;
         case OPT_STRIP: c.o.strip = 1; break;
+        case OPT_LAYOUT: c.flags |= LRMOE_PACK_LAYOUT_ONLY; break;
         case 'u': c.unpack = 1; break;
         case OPT_ROWS: c.rows = optarg; break;
         case OPT_INTO: c.into = optarg; break;
@@ -182,6 +188,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "lrmoe-pack: too many input files\n");
         usage(stderr);
         return 2;
+    }
+    if ((c.flags & LRMOE_PACK_LAYOUT_ONLY) && (c.unpack || c.o.strip)) {
+        lrmoe_err("--layout-only and --%s: %s", c.unpack ? "unpack" : "strip",
+                  c.unpack ? "--layout-only is a form of packing"
+                           : "a layout-only pack reads its rows from saved_gate and "
+                             "saved_up, so they must stay");
+        goto bad;
     }
     if (c.unpack && lrmoe_pack_unpack_names(c.rows, c.into) < 0) {
         lrmoe_err_prefix("--into %s", c.into);

@@ -770,3 +770,137 @@ print('same')"
         done
     done
 }
+
+# every tensor of stream $2 (layout-only pack) is in stream $1 (copying pack)
+# with the same dtype, shape and bytes; $1 has only pack_grad, pack_hidden,
+# pack_gate and pack_up besides; same attributes but the clocks and
+# pack.form. Prints "same N" (N tensors compared).
+same_but_rows() {
+    pyedit "
+a = read_stream('$1', True); b = read_stream('$2', True)
+assert len(a) == len(b) and a, (len(a), len(b))
+n = 0
+for (ta, aa, da), (tb, ab, db) in zip(a, b):
+    extra = sorted(set(ta) - set(tb))
+    assert extra == ['pack_gate', 'pack_grad', 'pack_hidden', 'pack_up'], extra
+    assert set(tb) <= set(ta), sorted(set(tb) - set(ta))
+    for k in tb:
+        assert da[k] == db[k] and ta[k].shape == tb[k].shape, k
+        assert ta[k].tobytes() == tb[k].tobytes(), k + ' differs'
+        n += 1
+    assert aa['pack.form'] == 'rows' and ab['pack.form'] == 'layout', (aa['pack.form'], ab['pack.form'])
+    clk = lambda x: {k: v for k, v in x.items() if not k.startswith('exec.') and not k.endswith(('seconds', '_s')) and k != 'pack.form'}
+    assert clk(aa) == clk(ab), set(clk(aa).items()) ^ set(clk(ab).items())
+print('same', n)"
+}
+
+@test "exec: compact from a layout-only pack (lrmoe-pack --layout-only) gives the bytes of the copying pack: P=1,2,4,8, --alloc forward and a plan's moved rows, F32 and BF16, both --compute" {
+    for t in gen route plan score pack; do
+        [ -x "$BIN/lrmoe-$t" ] || skip "bin/lrmoe-$t not built"
+    done
+    moved=0
+    for dt in f32 bf16; do
+        "$BIN/lrmoe-gen" --tokens 75 --experts 8 --topk 2 --hidden 24 --ffn 16 --dtype $dt \
+            --skew zipf:1.2 --weights "$D/w.lrm" --seed 7 --no-compress |
+            "$BIN/lrmoe-route" -k 2 --no-compress -o "$D/r.lrm"
+        for P in 1 2 4 8; do
+            for how in forward plan; do
+                if [ $how = plan ]; then
+                    [ $P = 1 ] && continue
+                    "$BIN/lrmoe-plan" --planner lrmoe --ranks $P --rates 0.7 --no-compress "$D/r.lrm" |
+                        "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress |
+                        "$BIN/lrmoe-score" --no-compress -o "$D/s.lrm"
+                else
+                    "$EXEC" --phase forward --weights "$D/w.lrm" -P $P --no-compress "$D/r.lrm" |
+                        "$BIN/lrmoe-score" --drop 30 --no-compress -o "$D/s.lrm"
+                fi
+                "$BIN/lrmoe-pack" --alloc $how -P $P --no-compress -o "$D/pc.lrm" "$D/s.lrm"
+                "$BIN/lrmoe-pack" --alloc $how -P $P --layout-only --no-compress -o "$D/pl.lrm" "$D/s.lrm"
+                m=$(pyedit "print(read_stream('$D/pl.lrm')[0][1]['pack.moved'])")
+                moved=$((moved + m))
+                for c in f32 bf16; do
+                    for p in pc pl; do
+                        "$EXEC" --phase backward --mode compact --compute $c --weights "$D/w.lrm" \
+                            --no-compress -o "$D/b$p.lrm" "$D/$p.lrm"
+                    done
+                    run same_but_rows "$D/bpc.lrm" "$D/bpl.lrm"
+                    assert_success
+                    assert_output --regexp "^same [0-9]+$"
+                done
+            done
+        done
+    done
+    # the plan cases did move rows off their forward rank (else the test lost its power)
+    [ "$moved" -gt 0 ] || { echo "LOST POWER: no pack moved a row"; return 1; }
+}
+
+@test "exec: layout-only packs: missing hidden or saved_up, a row tensor without the others, a mismatched pack_pair: exit 1 naming it, no trailer" {
+    for t in gen route score pack; do
+        [ -x "$BIN/lrmoe-$t" ] || skip "bin/lrmoe-$t not built"
+    done
+    "$BIN/lrmoe-gen" --tokens 40 --experts 4 --topk 2 --hidden 16 --ffn 8 --dtype f32 \
+        --weights "$D/w.lrm" --seed 5 --no-compress | "$BIN/lrmoe-route" -k 2 --no-compress |
+        "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --no-compress |
+        "$BIN/lrmoe-score" --drop 25 --no-compress -o "$D/s.lrm"
+    "$BIN/lrmoe-pack" --layout-only --no-compress -o "$D/pl.lrm" "$D/s.lrm"
+    "$BIN/lrmoe-pack" --no-compress -o "$D/pc.lrm" "$D/s.lrm"
+    bwd() {
+        run sh -c "'$EXEC' --phase backward --mode compact --weights '$D/w.lrm' --no-compress '$1' > '$D/o.lrm'"
+        assert_fails_clean
+        if pyedit "read_stream('$D/o.lrm')" 2>/dev/null; then # keeps $output
+            echo "a trailer after the error"; return 1
+        fi
+    }
+    for n in hidden saved_up; do
+        pyedit "f=read_stream('$D/pl.lrm', True); t,a,d=f[0]; t=dict(t); del t['$n']; write_stream('$D/bad.lrm', [(t,a,d)])"
+        bwd "$D/bad.lrm"
+        assert_output --partial "lrmoe-exec: frame 0: backward compact, layout-only pack: missing tensor $n"
+    done
+    # one of the four row tensors alone: neither form
+    pyedit "f=read_stream('$D/pl.lrm', True); t,a,d=f[0]; t=dict(t); c=dict(read_stream('$D/pc.lrm', True)[0][0]); t['pack_grad']=c['pack_grad']; write_stream('$D/bad.lrm', [(t,a,d)])"
+    bwd "$D/bad.lrm"
+    assert_output --partial "has 1 of the row tensors pack_grad, pack_hidden, pack_gate, pack_up but not pack_hidden"
+    # pack_pair naming a pair of another expert, or out of range
+    pyedit "f=read_stream('$D/pl.lrm', True); t,a,d=f[0]; t=dict(t); p=t['pack_pair'].copy(); ids=t['topk_ids'].ravel(); j=int(np.flatnonzero(ids != ids[p[0]])[0]); p[0]=j; t['pack_pair']=p; write_stream('$D/bad.lrm', [(t,a,d)])"
+    bwd "$D/bad.lrm"
+    assert_output --regexp "pack_pair\[0\]: pair [0-9]+ is of expert [0-9]+ but sits in the segment of expert"
+    pyedit "f=read_stream('$D/pl.lrm', True); t,a,d=f[0]; t=dict(t); p=t['pack_pair'].copy(); p[-1]=80; t['pack_pair']=p; write_stream('$D/bad.lrm', [(t,a,d)])"
+    bwd "$D/bad.lrm"
+    assert_output --partial "pair 80 out of range [0,80)"
+    # non-finite saved state of a kept pair is still found (the sources are checked)
+    pyedit "f=read_stream('$D/pl.lrm', True); t,a,d=f[0]; t=dict(t); x=t['saved_gate'].copy(); x.reshape(-1, x.shape[-1])[int(t['pack_pair'][0])][0]=np.inf; t['saved_gate']=x; write_stream('$D/bad.lrm', [(t,a,d)])"
+    bwd "$D/bad.lrm"
+    assert_output --partial "saved_gate: non-finite"
+}
+
+@test "exec: a layout-only pack under mpirun gets its rows gathered for the MPI path: the bytes of the copying pack" {
+    command -v mpirun >/dev/null || skip "mpirun not installed (openmpi-bin)"
+    for t in gen route score pack; do
+        [ -x "$BIN/lrmoe-$t" ] || skip "bin/lrmoe-$t not built"
+    done
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TMPDIR="$D"
+    MPIRUN="timeout 120 mpirun --mca btl tcp,self --oversubscribe"
+    run $MPIRUN -np 1 "$EXEC" --phase forward --weights "$D/none.lrm" "$D/none.lrm"
+    [[ "$output" != *"MPI support is not built"* ]] || skip "lrmoe-exec built without MPI"
+    "$BIN/lrmoe-gen" --tokens 50 --experts 8 --topk 2 --hidden 16 --ffn 8 --dtype bf16 \
+        --skew zipf:1.2 --weights "$D/w.lrm" --seed 3 --no-compress | "$BIN/lrmoe-route" -k 2 --no-compress |
+        "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 -@ 1 --no-compress |
+        "$BIN/lrmoe-score" --drop 30 --no-compress -o "$D/s.lrm"
+    "$BIN/lrmoe-pack" --no-compress -o "$D/pc.lrm" "$D/s.lrm"
+    "$BIN/lrmoe-pack" --layout-only --no-compress -o "$D/pl.lrm" "$D/s.lrm"
+    for p in pc pl; do
+        run $MPIRUN -np 2 "$EXEC" --phase backward --mode compact --weights "$D/w.lrm" -@ 1 \
+            --no-compress -o "$D/m$p.lrm" "$D/$p.lrm"
+        assert_success
+    done
+    "$EXEC" --phase backward --mode compact --weights "$D/w.lrm" -@ 1 --no-compress -o "$D/one.lrm" "$D/pl.lrm"
+    # the MPI output keeps the layout-only form (the gathered rows are dropped again)
+    run same_but_rows "$D/mpc.lrm" "$D/mpl.lrm"
+    assert_success
+    run pyedit "
+a = read_stream('$D/mpl.lrm', True)[0][0]; b = read_stream('$D/one.lrm', True)[0][0]
+assert sorted(a) == sorted(b)
+for k in a: assert a[k].tobytes() == b[k].tobytes(), k
+print('same')"
+    assert_output same
+}

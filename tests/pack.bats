@@ -324,3 +324,70 @@ print('same')"
     run $REF check-pack "$T/p3.lrm"
     assert_success
 }
+
+# stream $2 (--layout-only) = stream $1 (copying pack) without pack_grad,
+# pack_hidden, pack_gate, pack_up: every other tensor (the layout included)
+# byte for byte, the attributes but pack.seconds and pack.form
+same_but_rows() {
+    python3 - "$BATS_TEST_DIRNAME/helpers" "$1" "$2" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from lrmoe_stream import read_stream
+a, b = read_stream(sys.argv[2], True), read_stream(sys.argv[3], True)
+assert len(a) == len(b) and a
+rows = ["pack_gate", "pack_grad", "pack_hidden", "pack_up"]
+for (ta, aa, da), (tb, ab, db) in zip(a, b):
+    ta, tb = dict(ta), dict(tb)
+    assert sorted(set(ta) - set(tb)) == rows and set(tb) <= set(ta), sorted(set(ta) ^ set(tb))
+    for k in tb:
+        assert da[k] == db[k] and ta[k].shape == tb[k].shape and ta[k].tobytes() == tb[k].tobytes(), k
+    assert (aa["pack.form"], ab["pack.form"]) == ("rows", "layout")
+    nc = lambda x: {k: v for k, v in x.items() if k not in ("pack.seconds", "pack.form")}
+    assert nc(aa) == nc(ab), set(nc(aa).items()) ^ set(nc(ab).items())
+print("same")
+PY
+}
+
+@test "--layout-only: the copying pack's layout and every other tensor, without the four row tensors (bwd_alloc with moves, forward, BF16, no kept pair)" {
+    for args in "--T 96 --E 12 --P 4 --rate 0.7" "--dtype BF16 --T 120 --E 16 --P 8 --rate 0.5 --seed 4" \
+                "--T 32 --rate 0.0"; do
+        mk $args
+        for how in auto forward; do
+            "$BIN/lrmoe-pack" --alloc $how -o "$T/pc.lrm" "$T/scored.lrm"
+            "$BIN/lrmoe-pack" --alloc $how --layout-only -o "$T/pl.lrm" "$T/scored.lrm"
+            run same_but_rows "$T/pc.lrm" "$T/pl.lrm"
+            assert_success
+            assert_output "same"
+            # the copying pack is the reference's (so the layout is too)
+            run $REF check-pack "$T/pc.lrm" --alloc $([ $how = auto ] && echo plan || echo forward)
+            assert_success
+        done
+    done
+    # the power of the plan case: rows did move
+    mk --T 96 --E 12 --P 4 --rate 0.7
+    "$BIN/lrmoe-pack" --layout-only -o "$T/pl.lrm" "$T/scored.lrm"
+    run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+print(sum(int(a['pack.moved']) for _, a in read_stream('$T/pl.lrm')) > 0)"
+    assert_output "True"
+}
+
+@test "--layout-only over a copying pack drops its rows; with --strip or --unpack exit 2; --unpack of a layout-only frame says it has no rows" {
+    mk --T 64 --E 8 --P 4 --rate 0.6
+    "$BIN/lrmoe-pack" -o "$T/pc.lrm" "$T/scored.lrm"
+    "$BIN/lrmoe-pack" --layout-only -o "$T/pl.lrm" "$T/scored.lrm"
+    "$BIN/lrmoe-pack" --layout-only -o "$T/pl2.lrm" "$T/pc.lrm"
+    run same_but_rows "$T/pc.lrm" "$T/pl2.lrm"
+    assert_success
+    for o in --strip --unpack; do
+        run "$BIN/lrmoe-pack" --layout-only $o -o "$T/x.lrm" "$T/scored.lrm"
+        assert_failure 2
+        assert_output --partial "lrmoe-pack: --layout-only and ${o}: "
+    done
+    run "$BIN/lrmoe-pack" --unpack -o "$T/u.lrm" "$T/pl.lrm"
+    assert_failure 1
+    assert_output "lrmoe-pack: frame 0: missing tensor pack_grad: the frame is a layout-only pack (lrmoe-pack --layout-only), which carries no packed rows"
+    truncated "$T/u.lrm"
+    run "$BIN/lrmoe-pack" --help
+    assert_output --partial "--layout-only"
+}

@@ -466,17 +466,9 @@ class LRMoEExperts(torch.autograd.Function):
         check(call(lib.lrmoe_pack_assign, ctypes.byref(pin), ctypes.byref(pp)), "pack")
         try:
             R = pp.R
-            act = s["x"].dtype
-            esz = s["x"].element_size()
-            ph = torch.empty(R, D, dtype=act)
-            pg = torch.empty(R, F, dtype=act)
-            pu = torch.empty(R, F, dtype=act)
-            pgrad = torch.empty(R, D, dtype=torch.float32)
-            call(lib.lrmoe_pack_gather, pp.pair, R, K, 1, _ptr(s["x"]), D * esz, _ptr(ph))
-            call(lib.lrmoe_pack_gather, pp.pair, R, K, 0, _ptr(s["sg"]), F * esz, _ptr(pg))
-            call(lib.lrmoe_pack_gather, pp.pair, R, K, 0, _ptr(s["su"]), F * esz, _ptr(pu))
-            call(lib.lrmoe_pack_gather_scaled_dt, pp.pair, R, K, D, _lib.DT[gdt], _ptr(g),
-                 _ptr(alpha), _ptr(pgrad))
+            # the layout-only form (lrmoe-pack --layout-only): the CPU backend
+            # gathers each segment's rows from x, sg, su and alpha*g by pack_pair
+            # while it fills its buffers, the bits of the packed copies
             gh = torch.empty(T, D, dtype=torch.float32)
             gwg, gwu = o.scratch_grad(E, F, D)
             gwd = torch.empty(E, D, F, dtype=torch.float32)
@@ -487,8 +479,8 @@ class LRMoEExperts(torch.autograd.Function):
                              pair_rank=_ptr(s["pair_rank"]), saved_gate=_ptr(s["sg"]),
                              saved_up=_ptr(s["su"]), R=R, pack_pair=pp.pair,
                              pack_rank=pp.rank, pack_counts=pp.counts,
-                             pack_offsets=pp.offsets, pack_grad=_ptr(pgrad),
-                             pack_hidden=_ptr(ph), pack_gate=_ptr(pg), pack_up=_ptr(pu),
+                             pack_offsets=pp.offsets, pack_grad=None,
+                             pack_hidden=None, pack_gate=None, pack_up=None,
                              grad_hidden=_ptr(gh), grad_w_gate=_ptr(gwg),
                              grad_w_up=_ptr(gwu), grad_w_down=_ptr(gwd),
                              grad_topk_weights=_ptr(gtw))
