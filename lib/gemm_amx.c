@@ -19,7 +19,8 @@ struct lrmoe_amx {
     size_t cap;
     uint16_t *row;        /* 16 rows of K: F32 rows rounded to BF16 */
     size_t rcap;
-    uint16_t *W;          /* lrmoe_amx_gemm_nn: NG columns of B pair-interleaved into tiles */
+    uint16_t *W;          /* B in tile order: amx_kernel's copy of 32 rows, or the nn kernel's
+                             pair-interleaved rows */
     size_t wcap;
     float *Cs;            /* partial C tiles between K chunks: (MB+1)/2 x 4 x 256 */
     size_t ccap;
@@ -139,7 +140,8 @@ int lrmoe_amx_pack(lrmoe_amx_t *x, int64_t M, int64_t K, const void *A, int a_f3
     if (!P) return -1;
     uint16_t *rows = NULL;
     if (a_f32 && !(rows = grow((void **)&x->row, &x->rcap, (size_t)(16 * K) * 2))) return -1;
-    if (!grow((void **)&x->Cs, &x->ccap, (size_t)((MB + 1) / 2 * 4 * 256) * sizeof(float)))
+    if (!grow((void **)&x->W, &x->wcap, (size_t)(32 * K) * 2) ||
+        !grow((void **)&x->Cs, &x->ccap, (size_t)((MB + 1) / 2 * 4 * 256) * sizeof(float)))
         return -1;
     x->M = M; x->K = K; x->MB = MB;
     for (int64_t mb = 0; mb < MB; mb++) {
@@ -245,14 +247,23 @@ static void store_c(void *C, int64_t ldc, int64_t M, int64_t m0, int64_t n0, int
 }
 
 /* tile registers: 0,1 B rows (n blocks), 2,3 packed A (m blocks), 4..7 C.
- * The B tiles are loaded straight from B's rows (row stride ldb), with no
- * software prefetch: a tile load reads one line from each of 16 rows, so the
- * 32 rows of a block are 32 sequential streams that the hardware prefetcher
- * follows. Measured at M=64 (the 1024-token layer, 128 experts streamed):
- * 0.123-0.134 s for the forward's three GEMMs, against 0.19-0.21 s for a copy
- * of each 32-row block into tile order with the next block prefetched into
- * L2 (the previous kernel), 0.19-0.27 s for these direct loads with a
- * software prefetch 1-4 blocks ahead; also faster at M=128 and 256. */
+ * Two ways to feed the B tiles, the same arithmetic (the same bits):
+ * - direct: tile loads straight from B's rows (row stride ldb), no software
+ *   prefetch: a tile load reads one line from each of 16 rows, so the 32
+ *   rows of a block are 32 sequential streams the hardware prefetcher
+ *   follows. Taken when B's rows are 64-byte aligned, or for few rows of A
+ *   (MB <= DIRECT_MB) whatever the alignment;
+ * - copy: each 32-row block copied into tile order in W (contiguous 1 KiB
+ *   tiles, reused from L1 by every row pair of a K chunk), the next block
+ *   prefetched into L2 over this block's steps.
+ * Measured (128 experts streamed, the forward's three GEMMs, rows at 48
+ * bytes past a line as in a weights file): M=64 0.149 s direct against
+ * 0.226 s copy, M=96 0.199 / 0.251, M=128 0.254 / 0.245, M=256 0.445 /
+ * 0.415; with 64-byte aligned rows direct won at M=64-256 (M=128 0.19 /
+ * 0.23-0.25, M=256 0.34 / 0.36). */
+#ifndef DIRECT_MB
+#define DIRECT_MB 6
+#endif
 __attribute__((target("amx-tile,amx-bf16,avx512f")))
 static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64_t ldb,
                        void *C, int64_t ldc, int acc, int obf)
@@ -263,10 +274,30 @@ static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64
     for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
     _tile_loadconfig(&cfg);
     const int64_t K = x->K, K2 = K / 2, MB = x->MB, M = x->M;
+    const int direct = ((uintptr_t)B % 64 == 0 && (ldb * 2) % 64 == 0) || MB <= DIRECT_MB;
+    uint16_t *W = x->W;
     float *Cs = x->Cs;
     for (int64_t n0 = 0; n0 < N; n0 += 32) {
         const int two_n = n0 + 16 < N;
-        const uint16_t *B0 = B + n0 * ldb, *B1 = B0 + 16 * ldb;
+        /* tile of rows n0.. (B0) and n0+16.. (B1) at k: B0 + k * kx, row stride bs */
+        const uint16_t *B0 = W, *B1 = W + 512;
+        int64_t kx = 32, bs = 64, lines = 0, per = 0, pl = 0, pc = 0;
+        const uint16_t *pr = B + (n0 + 32) * ldb;
+        if (direct) {
+            B0 = B + n0 * ldb; B1 = B0 + 16 * ldb; kx = 1; bs = ldb * 2;
+        } else {
+            for (int64_t i = 0; i < (two_n ? 32 : 16); i++) {
+                const uint16_t *src = B + (n0 + i) * ldb;
+                uint16_t *dst = W + ((i >> 4) * 16 + (i & 15)) * 32;
+                for (int64_t k = 0; k < K; k += 32)
+                    _mm512_store_si512((void *)(dst + k * 32), _mm512_loadu_si512((const void *)(src + k)));
+            }
+            /* prefetch of the next 32 rows of B into L2, spread over this block */
+            const int64_t pn = N - (n0 + 32) < 32 ? N - (n0 + 32) : 32;
+            const int64_t iters = (MB + 1) / 2 * (K / 32);
+            lines = pn > 0 ? pn * (K / 32) : 0;
+            per = iters ? (lines + iters - 1) / iters : 0;
+        }
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
             const int64_t k1 = k0 + KC < K ? k0 + KC : K;
             for (int64_t mb = 0; mb < MB; mb += 2) {
@@ -275,12 +306,16 @@ static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64
                 float *cs = Cs + (mb / 2) * 4 * 256;
                 acc_begin(cs, k0 == 0);
                 for (int64_t k = k0; k < k1; k += 32) {
-                    _tile_loadd(0, B0 + k, ldb * 2);
+                    for (int64_t q = 0; q < per && pl < lines; q++, pl++) {
+                        _mm_prefetch((const char *)(pr + pc), _MM_HINT_T1);
+                        if ((pc += 32) == K) { pc = 0; pr += ldb; }
+                    }
+                    _tile_loadd(0, B0 + k * kx, bs);
                     _tile_loadd(2, p0 + (k / 2) * 16, 64);
                     _tile_dpbf16ps(4, 0, 2);
                     if (two_m) { _tile_loadd(3, p1 + (k / 2) * 16, 64); _tile_dpbf16ps(5, 0, 3); }
                     if (two_n) {
-                        _tile_loadd(1, B1 + k, ldb * 2);
+                        _tile_loadd(1, B1 + k * kx, bs);
                         _tile_dpbf16ps(6, 1, 2);
                         if (two_m) _tile_dpbf16ps(7, 1, 3);
                     }

@@ -24,11 +24,17 @@ static float rnd(void)
     return (float)((double)(rs >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
-/* rows x cols in dt with row stride ld; ref: the BF16-rounded values */
-static void *mat(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, double **ref)
+/* rows x cols in dt with row stride ld, off bytes past a 64-byte boundary
+ * (off < 0: plain malloc), the allocation in *base; ref: the BF16-rounded
+ * values */
+static void *mat_at(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, double **ref, int off,
+                    void **base)
 {
     size_t es = lrmoe_dtype_size(dt);
-    char *m = malloc((size_t)(rows * ld) * es);
+    char *m = NULL;
+    if (off < 0) m = *base = malloc((size_t)(rows * ld) * es);
+    else if (!posix_memalign(base, 64, (size_t)(rows * ld) * es + 64)) m = (char *)*base + off;
+    if (!m) abort();
     *ref = malloc((size_t)(rows * cols) * sizeof **ref);
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < ld; j++) {
@@ -41,10 +47,17 @@ static void *mat(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, doubl
     return m;
 }
 
+static void *mat(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, double **ref)
+{
+    void *base;
+    return mat_at(rows, cols, ld, dt, ref, -1, &base);
+}
+
 /* one case of C = A B^T (tb) or A B (f: bit 0 acc, bit 1 BF16 A, bit 2 A B),
- * strides from mi, ni, ki's parity; prints a miss; 1 when it passes */
+ * strides from mi, ni, ki's parity, B boff bytes past a 64-byte boundary
+ * (< 0: malloc's); prints a miss; 1 when it passes */
 static int check_case(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, int f, size_t mi, size_t ni,
-                      size_t ki)
+                      size_t ki, int boff)
 {
     const int acc = f & 1, tb = !(f & 4);
     const lrmoe_dtype_t adt = f & 2 ? LRMOE_BF16 : LRMOE_F32;
@@ -54,7 +67,9 @@ static int check_case(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, int f, s
     const int64_t br = tb ? N : K, bc = tb ? K : N;
     double *ra, *rb1, *rb2, *rc;
     void *A = mat(M, K, lda, adt, &ra);
-    void *B1 = mat(br, bc, ldb, LRMOE_BF16, &rb1), *B2 = mat(br, bc, ldb, LRMOE_BF16, &rb2);
+    void *bb1, *bb2;
+    void *B1 = mat_at(br, bc, ldb, LRMOE_BF16, &rb1, boff, &bb1),
+         *B2 = mat_at(br, bc, ldb, LRMOE_BF16, &rb2, boff, &bb2);
     float *C = malloc((size_t)(M * ldc) * sizeof *C), *C2 = malloc((size_t)(M * ldc) * sizeof *C2);
     rc = malloc((size_t)(M * ldc) * sizeof *rc);
     for (int64_t i = 0; i < M * ldc; i++) { C[i] = rnd(); rc[i] = C[i]; }
@@ -94,7 +109,7 @@ static int check_case(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, int f, s
                untouched ? "" : ", wrote past N", same ? "" : ", gemm2 or bf16out differs",
                rcode ? lrmoe_errmsg() : "");
     }
-    free(A); free(B1); free(B2); free(C); free(C2); free(ra); free(rb1); free(rb2); free(rc);
+    free(A); free(bb1); free(bb2); free(C); free(C2); free(ra); free(rb1); free(rb2); free(rc);
     return ok;
 }
 
@@ -112,17 +127,25 @@ int main(void)
     for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
     for (int f = 0; f < 8; f++) {
         cases++;
-        fails += !check_case(g, Ms[mi], Ns[ni], Ks[ki], f, mi, ni, ki);
+        fails += !check_case(g, Ms[mi], Ns[ni], Ks[ki], f, mi, ni, ki, -1);
     }
     /* A B with wide B: more panels x row pairs than the nn kernel keeps partial
      * C tiles for (whole K, 256-deep chunks per panel: M=70 N=1360) and fewer
      * (whole rows 256 at a time, many panels: M=33) */
+    /* A B^T with more rows of A than the kernel's direct tile loads take
+     * from unaligned B (M=100), B rows aligned (direct) and 48 bytes past a
+     * line (copied into tile order), as a weights file's are */
+    for (int f = 0; f < 4; f++)
+    for (int off = 0; off <= 48; off += 48) {
+        cases++;
+        fails += !check_case(g, 100, 48, 288, f, 0, 0, 0, off);
+    }
     static const int64_t Mw[] = {33, 70}, Kw[] = {288, 544};
     for (size_t mi = 0; mi < 2; mi++)
     for (size_t ki = 0; ki < 2; ki++)
     for (int f = 4; f < 8; f++) {
         cases++;
-        fails += !check_case(g, Mw[mi], 1360, Kw[ki], f, mi, 1, ki);
+        fails += !check_case(g, Mw[mi], 1360, Kw[ki], f, mi, 1, ki, -1);
     }
     /* weight gradients: C = A^T B, A (K,M), B (K,N) BF16, K any (padded to
      * 32 inside), C overwritten (non-temporal stores) */
