@@ -340,11 +340,12 @@ static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64
 /* The nn kernel's blocking (the same in the kernel and in its callers'
  * buffer sizes). B is pair-interleaved into W kh rows by ng columns at a
  * time, in one of two ways:
- * - when K > KH and the partial C tiles of whole rows fit in CSB blocks of
- *   4 tiles (N/32 panels x (MB+1)/2 row pairs, 512 KiB: M <= 64 for the
- *   layer's dx, M <= 160 for its dphi): whole rows, KH rows at a time (W
- *   stays in L2), each chunk's (row pair, panel) blocks with row pairs
- *   outermost, the partial C tiles kept in Cs between chunks (*chunked = 1);
+ * - when K > KH, A has at most CHUNK_PAIRS row pairs (M <= 64: where it was
+ *   measured to win) and the partial C tiles of whole rows fit in CSB
+ *   blocks of 4 tiles (N/32 panels x (MB+1)/2 row pairs, 512 KiB): whole
+ *   rows, KH rows at a time (W stays in L2), each chunk's (row pair, panel)
+ *   blocks with row pairs outermost, the partial C tiles kept in Cs between
+ *   chunks (*chunked = 1);
  * - else whole K, NG columns at a time, panels outermost and, per panel,
  *   K in KC-deep chunks across every row pair (the chunk of the panel stays
  *   in L1), the row pairs' partial C tiles kept in Cs.
@@ -357,10 +358,13 @@ static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64
 #ifndef CSB
 #define CSB 128
 #endif
+#ifndef CHUNK_PAIRS
+#define CHUNK_PAIRS 2
+#endif
 static void nn_geom(int64_t M, int64_t N, int64_t K, int64_t *ng, int64_t *kh, int *chunked)
 {
     const int64_t pairs = ((M + 15) / 16 + 1) / 2, n32 = (N + 31) / 32 * 32;
-    *chunked = K > KH && pairs * (n32 / 32) <= CSB;
+    *chunked = K > KH && pairs <= CHUNK_PAIRS && pairs * (n32 / 32) <= CSB;
     *ng = *chunked || n32 < NG ? n32 : NG;
     *kh = *chunked ? KH : K;
 }

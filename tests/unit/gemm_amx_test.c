@@ -129,7 +129,7 @@ int main(void)
         cases++;
         fails += !check_case(g, Ms[mi], Ns[ni], Ks[ki], f, mi, ni, ki, -1);
     }
-    /* A B with wide B: more panels x row pairs than the nn kernel keeps partial
+    /* A B with wide B: more row pairs or panels than the nn kernel keeps partial
      * C tiles for (whole K, 256-deep chunks per panel: M=70 N=1360) and fewer
      * (whole rows 256 at a time, many panels: M=33) */
     /* A B^T with more rows of A than the kernel's direct tile loads take
