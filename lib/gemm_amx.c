@@ -19,7 +19,8 @@ struct lrmoe_amx {
     size_t cap;
     uint16_t *row;        /* 16 rows of K: F32 rows rounded to BF16 */
     size_t rcap;
-    uint16_t *W;          /* 32 rows of B in tile order: (K/32) x 2 tiles x 16 x 32 */
+    uint16_t *W;          /* B in tile order: amx_kernel's copy of 32 rows, or the nn kernel's
+                             pair-interleaved rows */
     size_t wcap;
     float *Cs;            /* partial C tiles between K chunks: (MB+1)/2 x 4 x 256 */
     size_t ccap;
@@ -169,13 +170,9 @@ typedef struct {
     uint8_t rows[16];
 } tilecfg_t;
 
-#ifndef NG
-#define NG 2048  /* lrmoe_amx_gemm_nn: columns of B interleaved at a time (whole rows of
-                    the layer's matrices: rows read contiguously, measured 1.4-1.5x
-                    faster than 128 columns at a time) */
-#endif
 #ifndef KC
-#define KC 256   /* K chunk: a 32-row block of B stays in L1 (16 KiB) across the rows of A */
+#define KC 256   /* K chunk (partial C tiles kept in Cs between chunks): the nn kernel's
+                    32-column panel chunk of W (16 KiB) stays in L1 across the rows of A */
 #endif
 
 /* 16 F32 to BF16: lrmoe_f32_to_bf16's rounding (nearest even, NaN quiet) */
@@ -249,7 +246,24 @@ static void store_c(void *C, int64_t ldc, int64_t M, int64_t m0, int64_t n0, int
     }
 }
 
-/* tile registers: 0,1 B rows (n blocks), 2,3 packed A (m blocks), 4..7 C */
+/* tile registers: 0,1 B rows (n blocks), 2,3 packed A (m blocks), 4..7 C.
+ * Two ways to feed the B tiles, the same arithmetic (the same bits):
+ * - direct: tile loads straight from B's rows (row stride ldb), no software
+ *   prefetch: a tile load reads one line from each of 16 rows, so the 32
+ *   rows of a block are 32 sequential streams the hardware prefetcher
+ *   follows. Taken when B's rows are 64-byte aligned, or for few rows of A
+ *   (MB <= DIRECT_MB) whatever the alignment;
+ * - copy: each 32-row block copied into tile order in W (contiguous 1 KiB
+ *   tiles, reused from L1 by every row pair of a K chunk), the next block
+ *   prefetched into L2 over this block's steps.
+ * Measured (128 experts streamed, the forward's three GEMMs, rows at 48
+ * bytes past a line as in a weights file): M=64 0.149 s direct against
+ * 0.226 s copy, M=96 0.199 / 0.251, M=128 0.254 / 0.245, M=256 0.445 /
+ * 0.415; with 64-byte aligned rows direct won at M=64-256 (M=128 0.19 /
+ * 0.23-0.25, M=256 0.34 / 0.36). */
+#ifndef DIRECT_MB
+#define DIRECT_MB 6
+#endif
 __attribute__((target("amx-tile,amx-bf16,avx512f")))
 static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64_t ldb,
                        void *C, int64_t ldc, int acc, int obf)
@@ -260,25 +274,30 @@ static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64
     for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
     _tile_loadconfig(&cfg);
     const int64_t K = x->K, K2 = K / 2, MB = x->MB, M = x->M;
+    const int direct = ((uintptr_t)B % 64 == 0 && (ldb * 2) % 64 == 0) || MB <= DIRECT_MB;
     uint16_t *W = x->W;
     float *Cs = x->Cs;
     for (int64_t n0 = 0; n0 < N; n0 += 32) {
         const int two_n = n0 + 16 < N;
-        /* the block's rows in tile order: contiguous 1 KiB tiles (rows of B
-         * 2K bytes apart would map a tile's rows to one L1 set) */
-        for (int64_t i = 0; i < (two_n ? 32 : 16); i++) {
-            const uint16_t *src = B + (n0 + i) * ldb;
-            uint16_t *dst = W + ((i >> 4) * 16 + (i & 15)) * 32;
-            for (int64_t k = 0; k < K; k += 32)
-                _mm512_store_si512((void *)(dst + k * 32), _mm512_loadu_si512((const void *)(src + k)));
-        }
-        /* prefetch of the next 32 rows of B into L2, spread over this block */
-        const int64_t pn = N - (n0 + 32) < 32 ? N - (n0 + 32) : 32;
-        const int64_t lines = pn > 0 ? pn * (K / 32) : 0;
-        const int64_t iters = (MB + 1) / 2 * (K / 32);
-        const int64_t per = iters ? (lines + iters - 1) / iters : 0;
-        int64_t pl = 0, pc = 0;
+        /* tile of rows n0.. (B0) and n0+16.. (B1) at k: B0 + k * kx, row stride bs */
+        const uint16_t *B0 = W, *B1 = W + 512;
+        int64_t kx = 32, bs = 64, lines = 0, per = 0, pl = 0, pc = 0;
         const uint16_t *pr = B + (n0 + 32) * ldb;
+        if (direct) {
+            B0 = B + n0 * ldb; B1 = B0 + 16 * ldb; kx = 1; bs = ldb * 2;
+        } else {
+            for (int64_t i = 0; i < (two_n ? 32 : 16); i++) {
+                const uint16_t *src = B + (n0 + i) * ldb;
+                uint16_t *dst = W + ((i >> 4) * 16 + (i & 15)) * 32;
+                for (int64_t k = 0; k < K; k += 32)
+                    _mm512_store_si512((void *)(dst + k * 32), _mm512_loadu_si512((const void *)(src + k)));
+            }
+            /* prefetch of the next 32 rows of B into L2, spread over this block */
+            const int64_t pn = N - (n0 + 32) < 32 ? N - (n0 + 32) : 32;
+            const int64_t iters = (MB + 1) / 2 * (K / 32);
+            lines = pn > 0 ? pn * (K / 32) : 0;
+            per = iters ? (lines + iters - 1) / iters : 0;
+        }
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
             const int64_t k1 = k0 + KC < K ? k0 + KC : K;
             for (int64_t mb = 0; mb < MB; mb += 2) {
@@ -291,12 +310,12 @@ static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64
                         _mm_prefetch((const char *)(pr + pc), _MM_HINT_T1);
                         if ((pc += 32) == K) { pc = 0; pr += ldb; }
                     }
-                    _tile_loadd(0, W + k * 32, 64);
+                    _tile_loadd(0, B0 + k * kx, bs);
                     _tile_loadd(2, p0 + (k / 2) * 16, 64);
                     _tile_dpbf16ps(4, 0, 2);
                     if (two_m) { _tile_loadd(3, p1 + (k / 2) * 16, 64); _tile_dpbf16ps(5, 0, 3); }
                     if (two_n) {
-                        _tile_loadd(1, W + k * 32 + 512, 64);
+                        _tile_loadd(1, B1 + k * kx, bs);
                         _tile_dpbf16ps(6, 1, 2);
                         if (two_m) _tile_dpbf16ps(7, 1, 3);
                     }
@@ -313,9 +332,128 @@ static void amx_kernel(const lrmoe_amx_t *x, int64_t N, const uint16_t *B, int64
 }
 #endif
 
+#ifndef NG
+#define NG 2048  /* lrmoe_amx_gemm_nn: columns of B interleaved at a time (whole rows of
+                    the layer's matrices: rows read contiguously, measured 1.4-1.5x
+                    faster than 128 columns at a time) */
+#endif
+/* The nn kernel's blocking (the same in the kernel and in its callers'
+ * buffer sizes). B is pair-interleaved into W kh rows by ng columns at a
+ * time, in one of two ways:
+ * - when K > KH, A has at most CHUNK_PAIRS row pairs (M <= 64: where it was
+ *   measured to win) and the partial C tiles of whole rows fit in CSB
+ *   blocks of 4 tiles (N/32 panels x (MB+1)/2 row pairs, 512 KiB): whole
+ *   rows, KH rows at a time (W stays in L2), each chunk's (row pair, panel)
+ *   blocks with row pairs outermost, the partial C tiles kept in Cs between
+ *   chunks (*chunked = 1);
+ * - else whole K, NG columns at a time, panels outermost and, per panel,
+ *   K in KC-deep chunks across every row pair (the chunk of the panel stays
+ *   in L1), the row pairs' partial C tiles kept in Cs.
+ * Measured at M=64 (the 1024-token layer, 128 experts streamed, the dx
+ * GEMMs): 0.124-0.126 s the first way against 0.163 s with 1024-column
+ * groups and whole K interleaved (3 MiB of W: out of L2) for the second. */
+#ifndef KH
+#define KH 256
+#endif
+#ifndef CSB
+#define CSB 128
+#endif
+#ifndef CHUNK_PAIRS
+#define CHUNK_PAIRS 2
+#endif
+static void nn_geom(int64_t M, int64_t N, int64_t K, int64_t *ng, int64_t *kh, int *chunked)
+{
+    const int64_t pairs = ((M + 15) / 16 + 1) / 2, n32 = (N + 31) / 32 * 32;
+    *chunked = K > KH && pairs <= CHUNK_PAIRS && pairs * (n32 / 32) <= CSB;
+    *ng = *chunked || n32 < NG ? n32 : NG;
+    *kh = *chunked ? KH : K;
+}
+
+static size_t nn_cs_floats(int64_t M, int64_t N, int64_t K)
+{
+    int64_t ng, kh;
+    int ch;
+    nn_geom(M, N, K, &ng, &kh, &ch);
+    return (size_t)((ch ? ng / 32 : 1) * (((M + 15) / 16 + 1) / 2) * 4 * 256);
+}
+
 #ifdef HAVE_AMX_BUILD
-/* C = A B: tiles 0,1 A (rows m0.., m0+16..), 2,3 B pair-interleaved
- * (columns n0.., n0+16..), 4..7 C (m0,n0) (m0,n1) (m1,n0) (m1,n1) */
+/* rows [k0, k1) of B (rows Kr.. read as zero), columns [g0, g1), pair-
+ * interleaved into W: panel p (columns g0 + 32p..) at W + p * 32 * (k1-k0),
+ * k step s of the chunk at + s * 1024: the two 16-column tiles, row r =
+ * (row 2r, row 2r+1) of the step's 32 rows */
+__attribute__((target("avx512f,avx512bw")))
+static void nn_interleave(uint16_t *W, const uint16_t *B, int64_t ldb, int64_t N, int64_t Kr,
+                          int64_t k0, int64_t k1, int64_t g0, int64_t g1)
+{
+    uint16_t i0[32], i1[32];
+    for (int i = 0; i < 16; i++) {
+        i0[2 * i] = (uint16_t)i; i0[2 * i + 1] = (uint16_t)(32 + i);
+        i1[2 * i] = (uint16_t)(16 + i); i1[2 * i + 1] = (uint16_t)(48 + i);
+    }
+    const __m512i x0 = _mm512_loadu_si512((const void *)i0), x1 = _mm512_loadu_si512((const void *)i1);
+    const int64_t ps = 32 * (k1 - k0);
+    for (int64_t k = k0; k < k1; k += 2)
+        for (int64_t n0 = g0; n0 < g1; n0 += 32) {
+            const __mmask32 lm = n0 + 16 < N ? 0xffffffffu : 0xffffu;
+            __m512i e = k < Kr ? _mm512_maskz_loadu_epi16(lm, (const void *)(B + k * ldb + n0))
+                               : _mm512_setzero_si512();
+            __m512i o = k + 1 < Kr ? _mm512_maskz_loadu_epi16(lm, (const void *)(B + (k + 1) * ldb + n0))
+                                   : _mm512_setzero_si512();
+            uint16_t *d = W + ((n0 - g0) / 32) * ps + ((k - k0) / 32) * 1024 + ((k % 32) / 2) * 32;
+            _mm512_store_si512((void *)d, _mm512_permutex2var_epi16(e, x0, o));
+            _mm512_store_si512((void *)(d + 512), _mm512_permutex2var_epi16(e, x1, o));
+        }
+}
+
+/* One block of C = A B: rows m0 = mb*16.. (and m0+16.. when two_m), columns
+ * n0.. (and n0+16.. when two_n), k steps [ks0, ks1) of W's panel Wp (indexed
+ * by the absolute k step). Tiles 0,1 A (a0, a1), 2,3 B pair-interleaved,
+ * 4..7 C (m0,n0) (m0,n1) (m1,n0) (m1,n1): zero (first) or loaded from cs,
+ * then spilled back to cs, or written to C when the chunk ends K (last;
+ * + C when acc; non-temporal stores where 64-byte aligned when nt). Each C
+ * tile sums its k steps in ascending k. */
+__attribute__((target("amx-tile,amx-bf16,avx512f")))
+static inline void nn_block(const uint16_t *a0, const uint16_t *a1, const uint16_t *Wp,
+                            int64_t ks0, int64_t ks1, float *cs, int first, int last, int two_m,
+                            int two_n, float *C, int64_t ldc, int64_t M, int64_t mb, int64_t n0,
+                            int acc, int nt)
+{
+    acc_begin(cs, first);
+    for (int64_t ks = ks0; ks < ks1; ks++) {
+        _tile_loadd(2, Wp + ks * 1024, 64);
+        _tile_loadd(0, a0 + ks * 512, 64);
+        _tile_dpbf16ps(4, 0, 2);
+        if (two_n) { _tile_loadd(3, Wp + ks * 1024 + 512, 64); _tile_dpbf16ps(5, 0, 3); }
+        if (two_m) {
+            _tile_loadd(1, a1 + ks * 512, 64);
+            _tile_dpbf16ps(6, 1, 2);
+            if (two_n) _tile_dpbf16ps(7, 1, 3);
+        }
+    }
+    if (!last) {
+        acc_spill(cs);
+        return;
+    }
+    float tmp[16][16] __attribute__((aligned(64)));
+    for (int t = 0; t < 4; t++) {
+        if (((t & 1) && !two_n) || ((t & 2) && !two_m)) continue;
+        tile_out(t, tmp);
+        const int64_t mm = (mb + (t & 2 ? 1 : 0)) * 16, nn = n0 + (t & 1 ? 16 : 0);
+        const int64_t mv = M - mm < 16 ? M - mm : 16;
+        for (int64_t j = 0; j < mv; j++) {
+            float *c = C + (mm + j) * ldc + nn;
+            __m512 v = _mm512_load_ps(tmp[j]);
+            if (acc) v = _mm512_add_ps(_mm512_loadu_ps(c), v);
+            if (nt && !((uintptr_t)c & 63)) _mm512_stream_ps(c, v);
+            else _mm512_storeu_ps(c, v);
+        }
+    }
+}
+
+/* C = A B, blocked as nn_geom says: per group of ng columns and chunk of kh
+ * rows of B, the chunk is interleaved into W (nn_interleave), then the
+ * (row pair of A, panel, K chunk) blocks run (nn_block). */
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
 static void amx_kernel_nn(const lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K, int64_t Kr,
                           const uint16_t *B, int64_t ldb, float *C, int64_t ldc, int acc, int nt)
@@ -325,84 +463,36 @@ static void amx_kernel_nn(const lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K,
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
     _tile_loadconfig(&cfg);
-    const int64_t MB = (M + 15) / 16, KS = K / 32;
+    const int64_t MB = (M + 15) / 16, KS = K / 32, pairs = (MB + 1) / 2;
+    int64_t ng, kh;
+    int chunked;
+    nn_geom(M, N, K, &ng, &kh, &chunked);
     uint16_t *W = x->W;
-    float *Cs = x->Cs;
-    /* (row 2r, row 2r+1) of a 32-column panel -> the two tiles' row r */
-    uint16_t i0[32], i1[32];
-    for (int i = 0; i < 16; i++) {
-        i0[2 * i] = (uint16_t)i; i0[2 * i + 1] = (uint16_t)(32 + i);
-        i1[2 * i] = (uint16_t)(16 + i); i1[2 * i + 1] = (uint16_t)(48 + i);
-    }
-    const __m512i x0 = _mm512_loadu_si512((const void *)i0), x1 = _mm512_loadu_si512((const void *)i1);
-    for (int64_t g0 = 0; g0 < N; g0 += NG) {
-        /* NG columns of B (NG/32 panels) at a time, so that each row of B
-         * is read NG*2 contiguous bytes at a time, each panel interleaved by
-         * row pairs into its tiles (W + panel * 32K) */
-        const int64_t g1 = g0 + NG < N ? g0 + NG : N;
-        for (int64_t k = 0; k < K; k += 2)
-            for (int64_t n0 = g0; n0 < g1; n0 += 32) {
-                const __mmask32 lm = n0 + 16 < N ? 0xffffffffu : 0xffffu;
-                /* rows Kr.. (the zero rows of a K padded to 32) read as zero */
-                __m512i e = k < Kr ? _mm512_maskz_loadu_epi16(lm, (const void *)(B + k * ldb + n0))
-                                   : _mm512_setzero_si512();
-                __m512i o = k + 1 < Kr ? _mm512_maskz_loadu_epi16(lm, (const void *)(B + (k + 1) * ldb + n0))
-                                       : _mm512_setzero_si512();
-                uint16_t *d = W + ((n0 - g0) / 32) * 32 * K + (k / 32) * 1024 + ((k % 32) / 2) * 32;
-                _mm512_store_si512((void *)d, _mm512_permutex2var_epi16(e, x0, o));
-                _mm512_store_si512((void *)(d + 512), _mm512_permutex2var_epi16(e, x1, o));
+    for (int64_t g0 = 0; g0 < N; g0 += ng) {
+        const int64_t g1 = g0 + ng < N ? g0 + ng : N, np = (g1 - g0 + 31) / 32;
+        for (int64_t k0 = 0; k0 < K; k0 += kh) {
+            const int64_t k1 = k0 + kh < K ? k0 + kh : K, ks0 = k0 / 32, ks1 = k1 / 32;
+            nn_interleave(W, B, ldb, N, Kr, k0, k1, g0, g1);
+            for (int64_t i = 0; chunked && i < pairs * np; i++) {
+                const int64_t pr = i / np, p = i % np, mb = 2 * pr, n0 = g0 + 32 * p;
+                const uint16_t *a0 = x->PA + mb * KS * 512;
+                nn_block(a0, a0 + KS * 512, W + p * 32 * (k1 - k0) - ks0 * 1024, ks0, ks1,
+                         x->Cs + (p * pairs + pr) * 4 * 256, k0 == 0, k1 == K, mb + 1 < MB,
+                         n0 + 16 < N, C, ldc, M, mb, n0, acc, nt);
             }
-        /* prefetch of the next NG columns into L2 over this group's steps */
-        const int64_t lpr = g1 < N ? ((N - g1 < NG ? N - g1 : NG) * 2 + 63) / 64 : 0;
-        const int64_t lines = lpr * Kr, iters = (g1 - g0 + 31) / 32 * ((MB + 1) / 2) * KS;
-        const int64_t per = iters ? (lines + iters - 1) / iters : 0;
-        int64_t pl = 0, pk = 0, pc = 0;
-    for (int64_t n0 = g0; n0 < g1; n0 += 32) {
-        const int two_n = n0 + 16 < N;
-        const uint16_t *Wp = W + ((n0 - g0) / 32) * 32 * K;
-        for (int64_t k0 = 0; k0 < KS; k0 += KC / 32) {
-            const int64_t k1 = k0 + KC / 32 < KS ? k0 + KC / 32 : KS;
-            for (int64_t mb = 0; mb < MB; mb += 2) {
-                const int two_m = mb + 1 < MB;
-                const uint16_t *a0 = x->PA + mb * KS * 512, *a1 = a0 + KS * 512;
-                float *cs = Cs + (mb / 2) * 4 * 256;
-                acc_begin(cs, k0 == 0);
-                for (int64_t ks = k0; ks < k1; ks++) {
-                    for (int64_t q = 0; q < per && pl < lines; q++, pl++) {
-                        _mm_prefetch((const char *)(B + pk * ldb + g1) + 64 * pc, _MM_HINT_T1);
-                        if (++pc == lpr) { pc = 0; pk++; }
-                    }
-                    _tile_loadd(2, Wp + ks * 1024, 64);
-                    _tile_loadd(0, a0 + ks * 512, 64);
-                    _tile_dpbf16ps(4, 0, 2);
-                    if (two_n) { _tile_loadd(3, Wp + ks * 1024 + 512, 64); _tile_dpbf16ps(5, 0, 3); }
-                    if (two_m) {
-                        _tile_loadd(1, a1 + ks * 512, 64);
-                        _tile_dpbf16ps(6, 1, 2);
-                        if (two_n) _tile_dpbf16ps(7, 1, 3);
-                    }
-                }
-                if (k1 < KS) {
-                    acc_spill(cs);
-                    continue;
-                }
-                float tmp[16][16] __attribute__((aligned(64)));
-                for (int t = 0; t < 4; t++) {
-                    if (((t & 1) && !two_n) || ((t & 2) && !two_m)) continue;
-                    tile_out(t, tmp);
-                    const int64_t mm = (mb + (t & 2 ? 1 : 0)) * 16, nn = n0 + (t & 1 ? 16 : 0);
-                    const int64_t mv = M - mm < 16 ? M - mm : 16;
-                    for (int64_t j = 0; j < mv; j++) {
-                        float *c = C + (mm + j) * ldc + nn;
-                        __m512 v = _mm512_load_ps(tmp[j]);
-                        if (acc) v = _mm512_add_ps(_mm512_loadu_ps(c), v);
-                        if (nt && !((uintptr_t)c & 63)) _mm512_stream_ps(c, v);
-                        else _mm512_storeu_ps(c, v);
+            for (int64_t p = 0; !chunked && p < np; p++) {
+                const int64_t n0 = g0 + 32 * p;
+                for (int64_t c0 = 0; c0 < KS; c0 += KC / 32) {
+                    const int64_t c1 = c0 + KC / 32 < KS ? c0 + KC / 32 : KS;
+                    for (int64_t mb = 0; mb < MB; mb += 2) {
+                        const uint16_t *a0 = x->PA + mb * KS * 512;
+                        nn_block(a0, a0 + KS * 512, W + p * 32 * K, c0, c1,
+                                 x->Cs + (mb / 2) * 4 * 256, c0 == 0, c1 == KS, mb + 1 < MB,
+                                 n0 + 16 < N, C, ldc, M, mb, n0, acc, nt);
                     }
                 }
             }
         }
-    }
     }
     if (nt) _mm_sfence();
     _tile_release();
@@ -445,9 +535,11 @@ int lrmoe_amx_gemm_tn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t Kr, const ui
 {
     const int64_t K = (Kr + 31) / 32 * 32, MB = (M + 15) / 16;
     uint16_t *PA = grow((void **)&x->PA, &x->pacap, (size_t)(MB * (K / 32) * 512) * 2);
-    const int64_t ng = N < NG ? (N + 31) / 32 * 32 : NG;
-    if (!PA || !grow((void **)&x->W, &x->wcap, (size_t)(ng * K) * 2) ||
-        !grow((void **)&x->Cs, &x->ccap, (size_t)((MB + 1) / 2 * 4 * 256) * sizeof(float)))
+    int64_t ng, kh;
+    int ch;
+    nn_geom(M, N, K, &ng, &kh, &ch);
+    if (!PA || !grow((void **)&x->W, &x->wcap, (size_t)(ng * kh) * 2) ||
+        !grow((void **)&x->Cs, &x->ccap, nn_cs_floats(M, N, K) * sizeof(float)))
         return -1;
 #ifdef HAVE_AMX_BUILD
     pack_at(PA, M, K, Kr, A, lda);
@@ -463,9 +555,11 @@ int lrmoe_amx_gemm_nn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K, const voi
 {
     const int64_t MB = (M + 15) / 16, KS = K / 32;
     uint16_t *PA = grow((void **)&x->PA, &x->pacap, (size_t)(MB * KS * 512) * 2);
-    const int64_t ng = N < NG ? (N + 31) / 32 * 32 : NG;
-    if (!PA || !grow((void **)&x->W, &x->wcap, (size_t)(ng * K) * 2) ||
-        !grow((void **)&x->Cs, &x->ccap, (size_t)((MB + 1) / 2 * 4 * 256) * sizeof(float)))
+    int64_t ng, kh;
+    int ch;
+    nn_geom(M, N, K, &ng, &kh, &ch);
+    if (!PA || !grow((void **)&x->W, &x->wcap, (size_t)(ng * kh) * 2) ||
+        !grow((void **)&x->Cs, &x->ccap, nn_cs_floats(M, N, K) * sizeof(float)))
         return -1;
     uint16_t *rows = NULL;
     if (a_f32 && !(rows = grow((void **)&x->row, &x->rcap, (size_t)K * 2))) return -1;

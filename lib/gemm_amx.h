@@ -9,9 +9,10 @@
  * tiles as stored; A (the smaller operand, reused by every column block)
  * is packed once per call into AMX's pair-interleaved layout, converting
  * from F32 on the way when it is F32; C tiles are transposed on the way out.
- * Weight rows of the next 32-row block are prefetched into L2 while the
- * current block computes, so the weight stream (the layer's memory traffic)
- * overlaps the arithmetic.
+ * Weight tiles are loaded straight from the rows of B: each tile load reads
+ * one line from each of 16 rows, which the hardware prefetcher streams from
+ * memory while the tiles compute (the weight stream is the layer's memory
+ * traffic; a software prefetch was measured slower, see gemm_amx.c).
  *
  * Numerics: products of two BF16 values are exact in F32; each tile step sums
  * 32 of them in F32 (AMX's internal order), then adds to the F32 accumulator,

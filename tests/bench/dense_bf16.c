@@ -1,10 +1,11 @@
 /* One dense oneDNN matmul, BF16 operands, F32 output (the GEMM-efficiency
  * reference of tests/bench/cpu.sh): C (M,N) = A (M,K) B^T, B stored (N,K)
  * like the expert weights, a fixed-shape primitive (oneDNN's best kernel for
- * the shape). Prints "seconds GFLOP/s implementation", best of 2 runs, timed
- * with the calling thread's CPU time when THREADS = 1 (like lrmoe-exec
- * --clock cpu), else the monotonic clock.
- * usage: dense_bf16 M N K THREADS */
+ * the shape). Prints "seconds GFLOP/s implementation", best of REPS runs
+ * (default 2; more runs can only raise the rate), timed with the calling
+ * thread's CPU time when THREADS = 1 (like lrmoe-exec --clock cpu), else the
+ * monotonic clock.
+ * usage: dense_bf16 M N K THREADS [REPS] */
 #include <oneapi/dnnl/dnnl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,9 +26,10 @@ static double now(clockid_t c)
 
 int main(int argc, char **argv)
 {
-    if (argc != 5) { fprintf(stderr, "usage: dense_bf16 M N K THREADS\n"); return 2; }
+    if (argc != 5 && argc != 6) { fprintf(stderr, "usage: dense_bf16 M N K THREADS [REPS]\n"); return 2; }
     int64_t M = atoll(argv[1]), N = atoll(argv[2]), K = atoll(argv[3]);
-    int th = atoi(argv[4]);
+    int th = atoi(argv[4]), reps = argc == 6 ? atoi(argv[5]) : 2;
+    if (M < 1 || N < 1 || K < 1 || reps < 1) { fprintf(stderr, "dense_bf16: M, N, K and REPS must be positive\n"); return 2; }
     if (th > 0) omp_set_num_threads(th);
     dnnl_engine_t eng;
     dnnl_stream_t st;
@@ -62,7 +64,7 @@ int main(int argc, char **argv)
     dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
     clockid_t clk = th == 1 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC;
     double best = 1e30;
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < reps; r++) {
         double t0 = now(clk);
         CK(dnnl_primitive_execute(p, st, 3, args));
         CK(dnnl_stream_wait(st));

@@ -24,11 +24,17 @@ static float rnd(void)
     return (float)((double)(rs >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
-/* rows x cols in dt with row stride ld; ref: the BF16-rounded values */
-static void *mat(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, double **ref)
+/* rows x cols in dt with row stride ld, off bytes past a 64-byte boundary
+ * (off < 0: plain malloc), the allocation in *base; ref: the BF16-rounded
+ * values */
+static void *mat_at(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, double **ref, int off,
+                    void **base)
 {
     size_t es = lrmoe_dtype_size(dt);
-    char *m = malloc((size_t)(rows * ld) * es);
+    char *m = NULL;
+    if (off < 0) m = *base = malloc((size_t)(rows * ld) * es);
+    else if (!posix_memalign(base, 64, (size_t)(rows * ld) * es + 64)) m = (char *)*base + off;
+    if (!m) abort();
     *ref = malloc((size_t)(rows * cols) * sizeof **ref);
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < ld; j++) {
@@ -39,6 +45,72 @@ static void *mat(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, doubl
             if (j < cols) (*ref)[i * cols + j] = lrmoe_bf16_to_f32(h);
         }
     return m;
+}
+
+static void *mat(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, double **ref)
+{
+    void *base;
+    return mat_at(rows, cols, ld, dt, ref, -1, &base);
+}
+
+/* one case of C = A B^T (tb) or A B (f: bit 0 acc, bit 1 BF16 A, bit 2 A B),
+ * strides from mi, ni, ki's parity, B boff bytes past a 64-byte boundary
+ * (< 0: malloc's); prints a miss; 1 when it passes */
+static int check_case(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, int f, size_t mi, size_t ni,
+                      size_t ki, int boff)
+{
+    const int acc = f & 1, tb = !(f & 4);
+    const lrmoe_dtype_t adt = f & 2 ? LRMOE_BF16 : LRMOE_F32;
+    const int64_t lda = K + (int64_t)(mi & 1) * 8,
+                  ldb = (tb ? K : N) + (int64_t)(ni & 1) * 32,
+                  ldc = 2 * N + (int64_t)(ki & 1) * 3;
+    const int64_t br = tb ? N : K, bc = tb ? K : N;
+    double *ra, *rb1, *rb2, *rc;
+    void *A = mat(M, K, lda, adt, &ra);
+    void *bb1, *bb2;
+    void *B1 = mat_at(br, bc, ldb, LRMOE_BF16, &rb1, boff, &bb1),
+         *B2 = mat_at(br, bc, ldb, LRMOE_BF16, &rb2, boff, &bb2);
+    float *C = malloc((size_t)(M * ldc) * sizeof *C), *C2 = malloc((size_t)(M * ldc) * sizeof *C2);
+    rc = malloc((size_t)(M * ldc) * sizeof *rc);
+    for (int64_t i = 0; i < M * ldc; i++) { C[i] = rnd(); rc[i] = C[i]; }
+    int rcode = lrmoe_gemm(g, 0, tb, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, acc, C, ldc);
+    double err = 0, mx = 1e-30;
+    int untouched = 1;
+    for (int64_t i = 0; i < M; i++) {
+        for (int64_t j = 0; j < N; j++) {
+            double r = acc ? rc[i * ldc + j] : 0;
+            for (int64_t k = 0; k < K; k++) r += ra[i * K + k] * (tb ? rb1[j * K + k] : rb1[k * N + j]);
+            err = fmax(err, fabs(C[i * ldc + j] - r));
+            mx = fmax(mx, fabs(r));
+        }
+        for (int64_t j = N; j < ldc; j++) untouched &= C[i * ldc + j] == (float)rc[i * ldc + j];
+    }
+    /* two products through lrmoe_gemm2: the bits of two lrmoe_gemm calls */
+    int same = 1;
+    if (!rcode && tb) {
+        rcode = lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, 0, C, ldc) ||
+                lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B2, LRMOE_BF16, ldb, 0, C + N, ldc) ||
+                lrmoe_gemm2(g, M, N, K, A, adt, lda, B1, B2, LRMOE_BF16, ldb, C2, ldc);
+        for (int64_t i = 0; i < M && !rcode; i++)
+            same &= !memcmp(C + i * ldc, C2 + i * ldc, (size_t)(2 * N) * sizeof *C);
+        /* BF16 output: the F32 product's bits rounded by lrmoe_gemm_to_bf16 */
+        uint16_t *h = malloc((size_t)(M * ldc) * 2), *h2 = malloc((size_t)N * 2);
+        if (!rcode) rcode = lrmoe_gemm_bf16out(g, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, h, ldc);
+        for (int64_t i = 0; i < M && !rcode; i++) {
+            lrmoe_gemm_to_bf16(C + i * ldc, h2, (size_t)N);
+            same &= !memcmp(h + i * ldc, h2, (size_t)N * 2);
+        }
+        free(h); free(h2);
+    }
+    int ok = rcode == 0 && err / mx <= 1e-5 && untouched && same;
+    if (!ok) {
+        printf("FAIL M=%lld N=%lld K=%lld tb=%d acc=%d A=%s relerr %.3e%s%s%s\n", (long long)M,
+               (long long)N, (long long)K, tb, acc, lrmoe_dtype_name(adt), err / mx,
+               untouched ? "" : ", wrote past N", same ? "" : ", gemm2 or bf16out differs",
+               rcode ? lrmoe_errmsg() : "");
+    }
+    free(A); free(bb1); free(bb2); free(C); free(C2); free(ra); free(rb1); free(rb2); free(rc);
+    return ok;
 }
 
 int main(void)
@@ -54,58 +126,26 @@ int main(void)
     for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
     for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
     for (int f = 0; f < 8; f++) {
-        const int64_t M = Ms[mi], N = Ns[ni], K = Ks[ki];
-        const int acc = f & 1, tb = !(f & 4);
-        const lrmoe_dtype_t adt = f & 2 ? LRMOE_BF16 : LRMOE_F32;
-        const int64_t lda = K + (int64_t)(mi & 1) * 8,
-                      ldb = (tb ? K : N) + (int64_t)(ni & 1) * 32,
-                      ldc = 2 * N + (int64_t)(ki & 1) * 3;
-        const int64_t br = tb ? N : K, bc = tb ? K : N;
-        double *ra, *rb1, *rb2, *rc;
-        void *A = mat(M, K, lda, adt, &ra);
-        void *B1 = mat(br, bc, ldb, LRMOE_BF16, &rb1), *B2 = mat(br, bc, ldb, LRMOE_BF16, &rb2);
-        float *C = malloc((size_t)(M * ldc) * sizeof *C), *C2 = malloc((size_t)(M * ldc) * sizeof *C2);
-        rc = malloc((size_t)(M * ldc) * sizeof *rc);
-        for (int64_t i = 0; i < M * ldc; i++) { C[i] = rnd(); rc[i] = C[i]; }
-        int rcode = lrmoe_gemm(g, 0, tb, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, acc, C, ldc);
-        double err = 0, mx = 1e-30;
-        int untouched = 1;
-        for (int64_t i = 0; i < M; i++) {
-            for (int64_t j = 0; j < N; j++) {
-                double r = acc ? rc[i * ldc + j] : 0;
-                for (int64_t k = 0; k < K; k++) r += ra[i * K + k] * (tb ? rb1[j * K + k] : rb1[k * N + j]);
-                err = fmax(err, fabs(C[i * ldc + j] - r));
-                mx = fmax(mx, fabs(r));
-            }
-            for (int64_t j = N; j < ldc; j++) untouched &= C[i * ldc + j] == (float)rc[i * ldc + j];
-        }
-        /* two products through lrmoe_gemm2: the bits of two lrmoe_gemm calls */
-        int same = 1;
-        if (!rcode && tb) {
-            rcode = lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, 0, C, ldc) ||
-                    lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B2, LRMOE_BF16, ldb, 0, C + N, ldc) ||
-                    lrmoe_gemm2(g, M, N, K, A, adt, lda, B1, B2, LRMOE_BF16, ldb, C2, ldc);
-            for (int64_t i = 0; i < M && !rcode; i++)
-                same &= !memcmp(C + i * ldc, C2 + i * ldc, (size_t)(2 * N) * sizeof *C);
-            /* BF16 output: the F32 product's bits rounded by lrmoe_gemm_to_bf16 */
-            uint16_t *h = malloc((size_t)(M * ldc) * 2), *h2 = malloc((size_t)N * 2);
-            if (!rcode) rcode = lrmoe_gemm_bf16out(g, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, h, ldc);
-            for (int64_t i = 0; i < M && !rcode; i++) {
-                lrmoe_gemm_to_bf16(C + i * ldc, h2, (size_t)N);
-                same &= !memcmp(h + i * ldc, h2, (size_t)N * 2);
-            }
-            free(h); free(h2);
-        }
-        int ok = rcode == 0 && err / mx <= 1e-5 && untouched && same;
         cases++;
-        if (!ok) {
-            fails++;
-            printf("FAIL M=%lld N=%lld K=%lld tb=%d acc=%d A=%s relerr %.3e%s%s%s\n", (long long)M,
-                   (long long)N, (long long)K, tb, acc, lrmoe_dtype_name(adt), err / mx,
-                   untouched ? "" : ", wrote past N", same ? "" : ", gemm2 or bf16out differs",
-                   rcode ? lrmoe_errmsg() : "");
-        }
-        free(A); free(B1); free(B2); free(C); free(C2); free(ra); free(rb1); free(rb2); free(rc);
+        fails += !check_case(g, Ms[mi], Ns[ni], Ks[ki], f, mi, ni, ki, -1);
+    }
+    /* A B with wide B: more row pairs or panels than the nn kernel keeps partial
+     * C tiles for (whole K, 256-deep chunks per panel: M=70 N=1360) and fewer
+     * (whole rows 256 at a time, many panels: M=33) */
+    /* A B^T with more rows of A than the kernel's direct tile loads take
+     * from unaligned B (M=100), B rows aligned (direct) and 48 bytes past a
+     * line (copied into tile order), as a weights file's are */
+    for (int f = 0; f < 4; f++)
+    for (int off = 0; off <= 48; off += 48) {
+        cases++;
+        fails += !check_case(g, 100, 48, 288, f, 0, 0, 0, off);
+    }
+    static const int64_t Mw[] = {33, 70}, Kw[] = {288, 544};
+    for (size_t mi = 0; mi < 2; mi++)
+    for (size_t ki = 0; ki < 2; ki++)
+    for (int f = 4; f < 8; f++) {
+        cases++;
+        fails += !check_case(g, Mw[mi], 1360, Kw[ki], f, mi, 1, ki, -1);
     }
     /* weight gradients: C = A^T B, A (K,M), B (K,N) BF16, K any (padded to
      * 32 inside), C overwritten (non-temporal stores) */
