@@ -55,8 +55,8 @@ setup() {
 }
 
 @test "make install stages the library, the headers, lrmoe.pc and the man3 pages" {
-    [ -f "$LIBD/liblrmoe.so.0.3.0" ] || { cat "$BATS_FILE_TMPDIR/install.log"; false; }
-    [ "$(readlink "$LIBD/liblrmoe.so.1")" = liblrmoe.so.0.3.0 ]
+    [ -f "$LIBD/liblrmoe.so.0.4.0" ] || { cat "$BATS_FILE_TMPDIR/install.log"; false; }
+    [ "$(readlink "$LIBD/liblrmoe.so.1")" = liblrmoe.so.0.4.0 ]
     [ "$(readlink "$LIBD/liblrmoe.so")" = liblrmoe.so.1 ]
     [ -f "$LIBD/liblrmoe.a" ]
     for h in lrmoe.h plan.h cost.h route.h score.h pack.h exec.h api.h; do
