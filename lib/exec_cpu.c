@@ -179,6 +179,23 @@ static void touch_rows(const lrmoe_comm_t *c, const layout_t *L, char *by_src, c
  * process (the CPU communicator), not one rank per MPI process */
 static int self_skip(const lrmoe_comm_t *c) { return !c->self; }
 
+/* 1 when the exchanges need no buffer but the receive one: every rank in
+ * this process (self_skip), no rank sends a row to another, every rank's rows
+ * arrive in layout order and the rows keep their dtype (same_dt), as at P=1.
+ * Then exchange_fwd's fill writes every row into recv and nothing else is
+ * written (no send, no permutation into out), and exchange_rev reads the
+ * rows in place; so only recv (and the GEMM outputs) need faulting in. */
+static int lean_rows(const lrmoe_comm_t *c, const layout_t *L, int same_dt)
+{
+    if (!self_skip(c) || !same_dt) return 0;
+    for (int d = 0; d < L->P; d++) {
+        if (!L->inorder[d]) return 0;
+        for (int s = 0; s < L->P; s++)
+            if (s != d && L->counts[(size_t)s * L->P + d]) return 0;
+    }
+    return 1;
+}
+
 /* n bytes aligned to 64 (free() releases them), NULL when out of memory */
 static void *alloc64(size_t n)
 {
@@ -899,10 +916,6 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
                   (long long)D, (long long)F);
         goto out;
     }
-    /* communication buffers are persistent in a real step: fault them in
-     * before the timed stages */
-    touch_rows(&comm, &L, bufA, bufB, rowb, (char *)X, (size_t)D * sizeof *X);
-
     /* dispatch: token rows (storage dtype) to the ranks running their pairs */
     fill_tok_t ft = {&L, a->hidden, rowb};
     job_t J;
@@ -911,6 +924,16 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
     /* bf16 compute on BF16 activations: the GEMMs take the rows as they
      * arrive (in bufA, free after the all-to-all), no F32 round trip */
     const int xraw = J.compute == LRMOE_COMPUTE_BF16 && adt == LRMOE_BF16;
+    /* communication buffers are persistent in a real step: fault them in
+     * before the timed stages, only those the exchanges will write (with
+     * lean rows: recv, which holds x, and X, which gets y: BF16 rows when
+     * xraw, else X is never written, y going over x in recv) */
+    if (lean_rows(&comm, &L, xraw || adt == LRMOE_F32)) {
+        memset(bufB, 0, (size_t)M * rowb);
+        if (xraw) memset(X, 0, (size_t)M * rowb);
+    } else {
+        touch_rows(&comm, &L, bufA, bufB, rowb, (char *)X, (size_t)D * sizeof *X);
+    }
     void *xrows;
     if (exchange_fwd(&comm, &L, rowb, adt, D, fill_token_row, &ft, bufA, bufB,
                      xraw ? (void *)bufA : (void *)X, xraw ? adt : LRMOE_F32, tim, &xrows) < 0)
@@ -1237,7 +1260,9 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
                   (long long)D, (long long)F);
         goto out;
     }
-    touch_rows(&comm, &L, bufA, bufB, rowf, (char *)DY, rowf);
+    /* with lean rows only the dispatch's recv is written (dy, then dx over it) */
+    if (lean_rows(&comm, &L, 1)) memset(bufB, 0, (size_t)M * rowf);
+    else touch_rows(&comm, &L, bufA, bufB, rowf, (char *)DY, rowf);
     /* helper weight-gradient buffers, allocated and faulted in up front */
     for (int r = 0; r < P; r++)
         for (int64_t e = 0; e < E; e++)
