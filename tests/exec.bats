@@ -875,6 +875,9 @@ print('same', n)"
 
 @test "exec: a layout-only pack under mpirun gets its rows gathered for the MPI path: the bytes of the copying pack" {
     command -v mpirun >/dev/null || skip "mpirun not installed (openmpi-bin)"
+    # as tests/mpi.bats is (tests/run.sh): LeakSanitizer reports OpenMPI's
+    # own start-up allocations, which no suppression can name
+    [ -z "${LRMOE_SAN_REPORTS:-}" ] || skip "MPI runs stay out of the sanitized pass (OpenMPI's start-up allocations are reported as leaks); the plain pass runs this"
     for t in gen route score pack; do
         [ -x "$BIN/lrmoe-$t" ] || skip "bin/lrmoe-$t not built"
     done
