@@ -530,17 +530,29 @@ static void pack_at(uint16_t *PA, int64_t M, int64_t K, int64_t Kr, const uint16
 }
 #endif
 
-int lrmoe_amx_gemm_tn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t Kr, const uint16_t *A,
-                      int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc)
+/* The A B kernel's scratch, grown to M x N x K (K a multiple of 32): A packed
+ * in tile order (returned; NULL when out of memory), the interleaved W block
+ * and the partial C tiles, sized by nn_geom / nn_cs_floats as the kernel
+ * uses them. */
+static uint16_t *nn_scratch(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K)
 {
-    const int64_t K = (Kr + 31) / 32 * 32, MB = (M + 15) / 16;
+    const int64_t MB = (M + 15) / 16;
     uint16_t *PA = grow((void **)&x->PA, &x->pacap, (size_t)(MB * (K / 32) * 512) * 2);
     int64_t ng, kh;
     int ch;
     nn_geom(M, N, K, &ng, &kh, &ch);
     if (!PA || !grow((void **)&x->W, &x->wcap, (size_t)(ng * kh) * 2) ||
         !grow((void **)&x->Cs, &x->ccap, nn_cs_floats(M, N, K) * sizeof(float)))
-        return -1;
+        return NULL;
+    return PA;
+}
+
+int lrmoe_amx_gemm_tn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t Kr, const uint16_t *A,
+                      int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc)
+{
+    const int64_t K = (Kr + 31) / 32 * 32;
+    uint16_t *PA = nn_scratch(x, M, N, K);
+    if (!PA) return -1;
 #ifdef HAVE_AMX_BUILD
     pack_at(PA, M, K, Kr, A, lda);
     amx_kernel_nn(x, M, N, K, Kr, B, ldb, C, ldc, 0, 1);
@@ -554,13 +566,8 @@ int lrmoe_amx_gemm_nn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K, const voi
                       int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc, int acc)
 {
     const int64_t MB = (M + 15) / 16, KS = K / 32;
-    uint16_t *PA = grow((void **)&x->PA, &x->pacap, (size_t)(MB * KS * 512) * 2);
-    int64_t ng, kh;
-    int ch;
-    nn_geom(M, N, K, &ng, &kh, &ch);
-    if (!PA || !grow((void **)&x->W, &x->wcap, (size_t)(ng * kh) * 2) ||
-        !grow((void **)&x->Cs, &x->ccap, nn_cs_floats(M, N, K) * sizeof(float)))
-        return -1;
+    uint16_t *PA = nn_scratch(x, M, N, K);
+    if (!PA) return -1;
     uint16_t *rows = NULL;
     if (a_f32 && !(rows = grow((void **)&x->row, &x->rcap, (size_t)K * 2))) return -1;
     for (int64_t m = 0; m < MB * 16; m++) {
