@@ -130,6 +130,31 @@ assert sorted(t) == ["bias", "f002.hidden", "f10.model.layers.0.w", "hidden.1", 
 PY
 }
 
+@test "npy: frames in numeric order however the names sort, argument order kept inside a frame" {
+    python3 - "$T/d" <<'PY'
+import sys, os, numpy as np
+d = sys.argv[1]; os.makedirs(d)
+for f in range(300):   # the directory's name order puts f10 before f2
+    for k, n in enumerate(("z", "a", "m")):
+        np.save(f"{d}/f{f}.{n}.npy", np.full(1, 10 * f + k, np.float32))
+PY
+    "$BIN/lrmoe-import" --no-compress -o "$T/s.lrm" "$T/d"
+    # named files in an order of their own: frame 7 first in the arguments
+    "$BIN/lrmoe-import" --no-compress -o "$T/a.lrm" "$T/d/f7.m.npy" "$T/d/f3.z.npy" \
+        "$T/d/f7.z.npy" "$T/d/f3.a.npy" "$T/d/f7.a.npy"
+    python3 - "$T/s.lrm" "$T/a.lrm" <<'PY'
+import sys, lrmoe_stream as s
+fr = s.read_stream(sys.argv[1])
+assert len(fr) == 300, len(fr)
+for f, (t, a) in enumerate(fr):   # the directory: names sorted inside a frame
+    got = [(k, float(v.ravel()[0])) for k, v in t.items()]
+    assert got == [("a", 10 * f + 1), ("m", 10 * f + 2), ("z", 10 * f)], (f, got)
+fr = s.read_stream(sys.argv[2])
+got = [[k for k in t] for t, a in fr]
+assert got == [["z", "a"], ["m", "z", "a"]], got
+PY
+}
+
 @test "npy: --dtype bf16 reinterprets uint16; export as u16 (bit-exact) or --bf16-as f32" {
     python3 - "$T" <<'PY'
 import sys, numpy as np, lrmoe_stream as s
