@@ -29,7 +29,13 @@ static void put_le64(uint8_t *p, uint64_t v)
 
 /* ------------------------------------------------------------ encoding */
 
-static int frame_header(const lrmoe_frame_t *f, char **hdr, size_t *hlen, size_t *datalen)
+/* The frame's JSON header, padded with spaces so that its data starts on a
+ * 64-byte boundary of the stream: at is the stream offset where the frame
+ * starts (bytes written before it, uncompressed), so at + 8 + hlen is a
+ * multiple of 64. Tensors whose earlier neighbours' sizes are multiples of 64
+ * then sit 64-byte aligned in a mapped raw file (lrmoe-stream(5)). */
+static int frame_header(const lrmoe_frame_t *f, uint64_t at, char **hdr, size_t *hlen,
+                        size_t *datalen)
 {
     json_t *root = json_object();
     if (!root) return lrmoe_err("out of memory");
@@ -58,7 +64,12 @@ static int frame_header(const lrmoe_frame_t *f, char **hdr, size_t *hlen, size_t
     char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII);
     json_decref(root);
     if (!s) return lrmoe_err("out of memory encoding frame header");
-    size_t n = strlen(s), pad = (8 - n % 8) % 8; /* data starts 8-aligned */
+    size_t n = strlen(s), pad = (size_t)((64 - (at + 8 + n) % 64) % 64);
+    if (n + pad > LRMOE_MAX_HEADER) {
+        free(s);
+        return lrmoe_err("frame header of %zu bytes: beyond the %u-byte limit", n + pad,
+                         LRMOE_MAX_HEADER);
+    }
     char *h = realloc(s, n + pad + 1);
     if (!h) { free(s); return lrmoe_err("out of memory"); }
     memset(h + n, ' ', pad);
@@ -202,7 +213,7 @@ int lrmoe_frame_encode(const lrmoe_frame_t *f, uint8_t **buf, size_t *len)
 {
     char *hdr;
     size_t hlen, dlen;
-    if (frame_header(f, &hdr, &hlen, &dlen) < 0) return -1;
+    if (frame_header(f, 0, &hdr, &hlen, &dlen) < 0) return -1;
     uint8_t *b = malloc(8 + hlen + dlen);
     if (!b) { free(hdr); return lrmoe_err("out of memory"); }
     put_le64(b, hlen);
@@ -595,6 +606,7 @@ struct lrmoe_writer {
     uint8_t *outbuf;
     size_t outcap;
     int64_t count;
+    uint64_t at;            /* bytes of the uncompressed stream written so far */
 };
 
 void lrmoe_wopts_default(lrmoe_wopts_t *o)
@@ -678,6 +690,7 @@ static int wr_zstd(lrmoe_writer_t *w, const void *p, size_t n, ZSTD_EndDirective
 
 static int wr(lrmoe_writer_t *w, const void *p, size_t n)
 {
+    w->at += n;
     return w->compress ? wr_zstd(w, p, n, ZSTD_e_continue) : wr_raw(w, p, n);
 }
 
@@ -726,7 +739,7 @@ int lrmoe_writer_write(lrmoe_writer_t *w, const lrmoe_frame_t *f)
 {
     char *hdr;
     size_t hlen, dlen;
-    if (frame_header(f, &hdr, &hlen, &dlen) < 0) return -1;
+    if (frame_header(f, w->at, &hdr, &hlen, &dlen) < 0) return -1;
     uint8_t h8[8];
     put_le64(h8, hlen);
     int rc = wr(w, h8, 8);

@@ -79,7 +79,10 @@ def read_stream(path, with_dtypes=False):
     return frames
 
 
-def encode_frame(tensors, attrs=None, dtypes=None):
+def encode_frame(tensors, attrs=None, dtypes=None, at=0, align=64):
+    """One frame, its header padded as lrmoe's writer pads it: the data starts
+    on an align-byte boundary of the stream for a frame that starts at byte at
+    (align=8 writes what writers wrote before the 64-byte rule)."""
     dtypes = dtypes or {}
     hdr, blobs, off = {}, [], 0
     if attrs:
@@ -94,15 +97,16 @@ def encode_frame(tensors, attrs=None, dtypes=None):
         blobs.append(raw)
         off += len(raw)
     h = json.dumps(hdr, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
+    h += b" " * ((align - (at + 8 + len(h)) % align) % align)
     return struct.pack("<Q", len(h)) + h + b"".join(blobs)
 
 
-def write_stream(path, frames, trailer=True, compress=False):
+def write_stream(path, frames, trailer=True, compress=False, align=64):
     """frames: iterable of (tensors, attrs) or (tensors, attrs, dtypes)."""
-    out, n = [], 0
+    out, n, at = [], 0, 0
     for fr in frames:
-        out.append(encode_frame(*fr))
+        out.append(encode_frame(*fr, at=at, align=align))
+        at += len(out[-1])
         n += 1
     if trailer:
         out.append(TRAILER + struct.pack("<Q", n))
