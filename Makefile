@@ -6,7 +6,7 @@ CC       ?= cc
 CFLAGS   ?= -O2
 CFLAGS   += -std=c11 -Wall -Wextra -D_GNU_SOURCE -pthread -MMD -MP
 CPPFLAGS += -Ilib
-LDLIBS   += -lzstd -ljansson -lglpk -lopenblas -lm -lpthread
+LDLIBS   += -lzstd -ljansson -lglpk -lm -lpthread
 PREFIX   ?= /usr/local
 BUILD    ?= build
 # make check SANITIZE=1: ASan + UBSan (leaks on, UB fatal) in their own build

@@ -20,12 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "blas.h"
 #include "comm.h"
 #include "exec.h"
 #include "gemm_cpu.h"
 #include "swiglu.h"
-
-void openblas_set_num_threads(int num_threads);
 
 /* The stage clock: monotonic wall time, or the calling thread's CPU time
  * (cfg->cpu_clock). Set at the start of each call; one clock per process. */
@@ -494,7 +493,7 @@ static void blas_threads(const lrmoe_exec_cfg_t *cfg)
 {
     g_cpu_clock = cfg->cpu_clock;
     int t = rank_blas_threads(cfg);
-    if (t > 0) openblas_set_num_threads(t);
+    if (t > 0) lrmoe_blas_threads(t);
 }
 
 /* ---------------------------------------------------------------- rank pool */

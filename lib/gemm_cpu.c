@@ -1,8 +1,8 @@
 /* CPU GEMMs: OpenBLAS sgemm (f32) and oneDNN BF16 matmul (bf16). See gemm_cpu.h. */
-#include <cblas.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include "blas.h"
 #include "gemm_cpu.h"
 #include "gemm_amx.h"
 #ifdef LRMOE_HAVE_DNNL
@@ -119,10 +119,8 @@ static int gemm_f32(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64
         pack(B, bdt, br, bc, ldb, s, LRMOE_F32, br, bc);
         B = s; ldb = bc;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, acc ? 1.0f : 0.0f,
-                C, (int)ldc);
-    return 0;
+    return lrmoe_blas_sgemm(ta, tb, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb,
+                            acc ? 1.0f : 0.0f, C, (int)ldc);
 }
 
 /* ---------------------------------------------------------------- bf16 */

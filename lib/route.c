@@ -4,7 +4,7 @@
 #include "route.h"
 #include "route_internal.h"
 
-#include <cblas.h>
+#include "blas.h"
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -376,7 +376,8 @@ int lrmoe_route_logits(int64_t T, int64_t D, int64_t E,
     }
     lrmoe_convert_to_f32(wdt, rw, wf, (size_t)(E * D));
     size_t hsz = lrmoe_dtype_size(hdt);
-    for (int64_t t0 = 0; t0 < T; t0 += B) {
+    int rc = 0;
+    for (int64_t t0 = 0; t0 < T && rc == 0; t0 += B) {
         int nb = (int)(T - t0 < B ? T - t0 : B);
         const float *h;
         if (hb) {
@@ -387,12 +388,12 @@ int lrmoe_route_logits(int64_t T, int64_t D, int64_t E,
             h = (const float *)hidden + t0 * D;
         }
         // h is (nb,D), wf is (E,D): logits rows (nb,E) = h wf^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, (int)E, (int)D, 1.0f,
-                    h, (int)D, wf, (int)D, 0.0f, logits + t0 * E, (int)E);
+        rc = lrmoe_blas_sgemm(0, 1, nb, (int)E, (int)D, 1.0f, h, (int)D, wf, (int)D, 0.0f,
+                              logits + t0 * E, (int)E);
     }
     free(wf);
     free(hb);
-    return 0;
+    return rc;
 }
 
 /* ------------------------------------------------------------ statistics */

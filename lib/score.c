@@ -3,7 +3,7 @@
 #include "par.h"
 #include "score.h"
 
-#include <cblas.h>
+#include "blas.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -581,12 +581,14 @@ int lrmoe_score_fidelity(int64_t T, int K, int E, int64_t D, int64_t F,
                 br[j] = silu(hg[j]) * hu[j];
         }
         /* G (D,F) = A^T B over all n rows */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)D, (int)F,
-                    (int)n, 1.0f, A, (int)D, B, (int)F, 0.0f, G, (int)F);
+        if (lrmoe_blas_sgemm(1, 0, (int)D, (int)F, (int)n, 1.0f, A, (int)D, B, (int)F, 0.0f, G,
+                             (int)F) < 0)
+            goto out;
         double all = fro2(G, D * F), drop = 0;
         if (d > 0) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)D, (int)F,
-                        (int)d, 1.0f, A, (int)D, B, (int)F, 0.0f, G, (int)F);
+            if (lrmoe_blas_sgemm(1, 0, (int)D, (int)F, (int)d, 1.0f, A, (int)D, B, (int)F, 0.0f,
+                                 G, (int)F) < 0)
+                goto out;
             drop = fro2(G, D * F);
         }
         tot_all += all;

@@ -437,7 +437,7 @@ have_bf16() {
     fi
     # shellcheck disable=SC2086
     cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/gt" "$BATS_TEST_DIRNAME/unit/gemm_test.c" \
-        "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/dtype.c" "$L/error.c" -lopenblas -lm $DN
+        "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/dtype.c" "$L/error.c" "$L/blas.c" -lm $DN
     run "$D/gt" f32
     assert_success
     assert_output --partial "224 cases, 0 failed"
@@ -662,7 +662,7 @@ print('same')"
     have_bf16 || skip "this build has no oneDNN: --compute bf16 unavailable"
     L="$BATS_TEST_DIRNAME/../lib"
     cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/gat" "$BATS_TEST_DIRNAME/unit/gemm_amx_test.c" \
-        "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/dtype.c" "$L/error.c" -lopenblas -lm \
+        "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/dtype.c" "$L/error.c" "$L/blas.c" -lm \
         -DLRMOE_HAVE_DNNL -ldnnl -lgomp
     # the same cases through oneDNN (LRMOE_AMX=0) and, where the CPU has it, AMX
     run env LRMOE_AMX=0 "$D/gat"

@@ -95,7 +95,7 @@ EOF
     L="$BATS_TEST_DIRNAME/../lib"
     cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$T/route_test" \
         "$BATS_TEST_DIRNAME/unit/route_test.c" "$L/route.c" "$L/route_scalar.c" "$L/route_avx2.c" "$L/route_avx512.c" \
-        "$L/error.c" "$L/dtype.c" -lopenblas -lm -lpthread
+        "$L/error.c" "$L/dtype.c" "$L/blas.c" -lm -lpthread
     run "$T/route_test"
     assert_success
     assert_output --partial "all match"
