@@ -147,10 +147,16 @@ int main(void)
         cases++;
         fails += !check_case(g, Mw[mi], 1360, Kw[ki], f, mi, 1, ki, -1);
     }
+    /* A B with K of one chunk and more row pairs than one group of the
+     * grouped order (M=300: 19 16-row blocks, 3 groups, the last partial) */
+    for (int f = 4; f < 8; f++) {
+        cases++;
+        fails += !check_case(g, 300, 48, 96, f, 1, 1, 1, -1);
+    }
     /* weight gradients: C = A^T B, A (K,M), B (K,N) BF16, K any (padded to
      * 32 inside), C overwritten (non-temporal stores) */
     static const int64_t Kt[] = {1, 7, 32, 33, 100, 300};
-    static const int64_t Mt[] = {1, 16, 17, 40};
+    static const int64_t Mt[] = {1, 16, 17, 40, 300};
     for (size_t ki = 0; ki < sizeof Kt / sizeof *Kt; ki++)
     for (size_t mi = 0; mi < sizeof Mt / sizeof *Mt; mi++)
     for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++) {
