@@ -55,8 +55,11 @@ setup() {
 }
 
 @test "make install stages the library, the headers, lrmoe.pc and the man3 pages" {
-    [ -f "$LIBD/liblrmoe.so.0.4.0" ] || { cat "$BATS_FILE_TMPDIR/install.log"; false; }
-    [ "$(readlink "$LIBD/liblrmoe.so.1")" = liblrmoe.so.0.4.0 ]
+    local v
+    v=$(sed -n 's/^#define LRMOE_VERSION "\(.*\)"/\1/p' "$BATS_TEST_DIRNAME/../lib/lrmoe.h")
+    [ -n "$v" ]
+    [ -f "$LIBD/liblrmoe.so.$v" ] || { cat "$BATS_FILE_TMPDIR/install.log"; false; }
+    [ "$(readlink "$LIBD/liblrmoe.so.1")" = "liblrmoe.so.$v" ]
     [ "$(readlink "$LIBD/liblrmoe.so")" = liblrmoe.so.1 ]
     [ -f "$LIBD/liblrmoe.a" ]
     for h in lrmoe.h plan.h cost.h route.h score.h pack.h exec.h api.h; do
