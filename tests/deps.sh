@@ -99,14 +99,14 @@ if [ "$what" = test ]; then
             python3 -m pip install -q --break-system-packages setuptools >&2 ||
             echo "lrmoe: setuptools not installed: the pip install test will fail" >&2
     fi
-    # PyTorch (CPU wheel) and transformers for tests/python (lrmoe.torch);
+    # PyTorch and transformers for tests/python (lrmoe.torch) and the CPU
+    # bench, from the default index (PyPI's Linux wheel also brings CUDA's
+    # runtime libraries, ~3 GB, about 2 minutes here; the tests use the CPU);
     # without them those tests skip and say why.
     if ! python3 -c 'import torch, transformers' 2>/dev/null; then
-        echo "lrmoe: installing python modules torch (CPU) transformers" >&2
+        echo "lrmoe: installing python modules torch transformers" >&2
         for bsp in "" --break-system-packages; do
-            python3 -m pip install -q $bsp --index-url https://download.pytorch.org/whl/cpu \
-                torch >&2 2>/dev/null &&
-                python3 -m pip install -q $bsp transformers >&2 2>/dev/null && break
+            python3 -m pip install -q $bsp torch transformers >&2 2>/dev/null && break
         done
         python3 -c 'import torch, transformers' 2>/dev/null ||
             echo "lrmoe: torch/transformers not installed: tests/python.bats will skip them" >&2
