@@ -790,6 +790,7 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
         }
         if (!(gate = lrmoe_tensor_f32(ts_g)) || !(up = lrmoe_tensor_f32(ts_u)))
             goto out;
+        lrmoe_blas_threads(o->threads); /* its F32 GEMMs: -@'s count, not one per core */
         if (lrmoe_score_fidelity(T, K, E, D, F, ids, keep, g, alpha, gate, up,
                                  err, &fid) < 0)
             goto out;

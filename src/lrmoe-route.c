@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "blas.h"
 #include "lrmoe.h"
 #include "route.h"
 
@@ -366,6 +367,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "lrmoe-route: --from-hidden needs --weights FILE\n");
         return 2;
     }
+    /* the logits' F32 GEMM: OpenBLAS's pool at -@'s count, not one per core */
+    if (c.from_hidden) lrmoe_blas_threads(c.ro.threads);
     if (lrmoe_check_tty_out(io.out, io.force) < 0) {
         fprintf(stderr, "lrmoe-route: %s\n", lrmoe_errmsg());
         return 2;

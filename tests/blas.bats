@@ -137,3 +137,24 @@ have_bf16() {
     assert_equal "$status" 1
     assert_output "lrmoe-score: frame 0: $why"
 }
+
+@test "blas: route's logits and score --fidelity start OpenBLAS with -@'s threads (none past the main one at the default); route's bytes do not depend on it" {
+    command -v strace >/dev/null || skip "strace is not installed: cannot count the threads created"
+    [ "$(nproc)" -ge 2 ] || skip "one CPU: OpenBLAS's own default is one thread too, so the count cannot tell"
+    mkin f32
+    "$EXEC" --phase forward --compute f32 --weights "$D/w.lrm" --no-compress -o "$D/f.lrm" "$D/r.lrm"
+    clones() { strace -f -qq -e trace=clone,clone3 -o "$D/st" "$@" && grep -c clone "$D/st" || :; }
+    for t in 0 1; do # -@ 0 is route's and score's default of one thread
+        run clones "$BIN/lrmoe-route" --topk 2 -@ $t --from-hidden --weights "$D/w.lrm" \
+            --no-compress -o "$D/x$t.lrm" "$D/g.lrm"
+        assert_output 0
+        run clones "$BIN/lrmoe-score" -@ $t --drop 30 --fidelity --no-compress -o "$D/s$t.lrm" "$D/f.lrm"
+        assert_output 0
+    done
+    # two threads asked: the routing pool's second thread and OpenBLAS's second one
+    run clones "$BIN/lrmoe-route" --topk 2 -@ 2 --from-hidden --weights "$D/w.lrm" --no-compress \
+        -o "$D/x2.lrm" "$D/g.lrm"
+    assert_output 2
+    run same_stream "$D/x0.lrm" "$D/x2.lrm"
+    assert_output same
+}
