@@ -193,9 +193,17 @@ $(BUILD)/liblrmoe-tools.a: $(LIB_OBJ)
 # installed, and linked by tests/gpu, no longer by the tools
 all: $(BUILD)/liblrmoe.a
 
-bin/%: $(BUILD)/src/%.o $(BUILD)/liblrmoe-tools.a
+# (Makefile: an edit of the link line, LDLIBS, relinks them)
+bin/%: $(BUILD)/src/%.o $(BUILD)/liblrmoe-tools.a Makefile
 	@mkdir -p bin
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter-out bin/.variant,$^) $(LDLIBS) -ldl $(TOOL_RPATH)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) -ldl $(TOOL_RPATH)
+
+# what make install installs: the same tools relinked with PREFIX/lib alone
+# in their run path (no build directory of this machine in an installed tool)
+INST_TOOLS := $(TOOLS:bin/%=$(BUILD)/inst/%)
+$(BUILD)/inst/%: $(BUILD)/src/%.o $(BUILD)/liblrmoe-tools.a Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) -ldl -Wl,-rpath,'$$ORIGIN/../lib'
 
 check: all deps-test
 	@SANITIZE="$(SANITIZE)" LRMOE_BUILD="$(BUILD)" sh tests/run.sh
@@ -219,9 +227,9 @@ bench: all deps-test
 demo: all
 	@sh tests/demo.sh
 
-install: all
+install: all $(INST_TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/bin
-	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(INST_TOOLS) $(DESTDIR)$(PREFIX)/bin
 	for m in $(MANS); do d=$(DESTDIR)$(PREFIX)/share/man/$$(basename $$(dirname $$m)); \
 	  install -d $$d && install -m 644 $$m $$d || exit 1; done
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/include/lrmoe

@@ -1,5 +1,6 @@
 #!/usr/bin/env bats
-# make install PREFIX/DESTDIR puts every tool and page where they belong.
+# make install PREFIX/DESTDIR puts every tool and page where they belong,
+# the tools with PREFIX/lib ($ORIGIN/../lib) alone in their run path.
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
@@ -18,6 +19,12 @@ load /usr/lib/bats/bats-assert/load
     [ -f "$D/opt/lrmoe/share/man/man7/lrmoe.7" ]
     run "$D/opt/lrmoe/bin/lrmoe-cat" --version
     assert_success
+    # an installed tool's run path is PREFIX/lib alone: no build directory
+    for b in "$D"/opt/lrmoe/bin/lrmoe-*; do
+        run readelf -d "$b"
+        assert_output --regexp 'RUNPATH\).*\[\$ORIGIN/\.\./lib\]'
+        refute_output --partial "$(cd "$TOP" && pwd -P)"
+    done
     run mandoc -T lint -W warning "$D/opt/lrmoe/share/man/man5/lrmoe-stream.5"
     assert_output ""
 }
