@@ -829,6 +829,9 @@ static int exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *sp)
         lrmoe_compute_t cm;
         rc = lrmoe_gemm_resolve((lrmoe_compute_t)c->o.cfg.compute, W.dtype, &cm);
         if (!rc) rc = lrmoe_frame_set_attr(f, "exec.compute", lrmoe_compute_name(cm));
+        if (!rc && cm == LRMOE_COMPUTE_BF16) /* oneDNN's or AMX's BF16 matmul, or sgemm's */
+            rc = lrmoe_frame_set_attr(f, "exec.bf16",
+                                      lrmoe_gemm_bf16_emulated() ? "emulated" : "native");
     }
     if (!rc) /* how the weights came in: mapped (a raw file), read, or the caller's */
         rc = lrmoe_frame_set_attr(f, "exec.weights", c->w != &c->w_own ? "given"

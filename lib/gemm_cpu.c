@@ -69,9 +69,12 @@ typedef struct {
 
 struct lrmoe_gemm {
     lrmoe_compute_t c;
-    void *scr[4];             /* conversion scratch of A and B; [2]: lrmoe_gemm2's A;
-                                 [3]: lrmoe_gemm_bf16out's F32 product */
-    size_t cap[4];
+    void *scr[5];             /* conversion scratch of A and B; [2]: lrmoe_gemm2's A;
+                                 [3]: lrmoe_gemm_bf16out's F32 product; [4]: one
+                                 BF16 row of the emulated bf16 compute */
+    size_t cap[5];
+    int emul;                 /* bf16 compute without a oneDNN BF16 matmul on this
+                                 CPU: operands rounded to BF16, then sgemm */
     lrmoe_amx_t *amx;         /* bf16 compute on a CPU with AMX: the A B^T kernel */
 #ifdef LRMOE_HAVE_DNNL
     dnnl_engine_t eng;
@@ -121,6 +124,38 @@ static int gemm_f32(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64
     }
     return lrmoe_blas_sgemm(ta, tb, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb,
                             acc ? 1.0f : 0.0f, C, (int)ldc);
+}
+
+/* ------------------------------------------------ bf16, emulated */
+
+/* The bf16 compute where oneDNN has no BF16 matmul for this CPU (AVX2
+ * without AVX512_BF16/AMX): each F32 operand rounded to BF16 (nearest even,
+ * lrmoe_gemm_to_bf16) and widened back, BF16 operands widened (exact), then
+ * OpenBLAS sgemm: BF16 operands, exact products, F32 sums, the numerics of
+ * the native path in another summation order. Scratch: the rounded A in
+ * [0], B in [1] (gemm_f32 widens a BF16 operand into the same slot, so each
+ * slot holds one operand), one BF16 row in [4]. */
+static int gemm_bf16_emul(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                          const void *A, lrmoe_dtype_t adt, int64_t lda,
+                          const void *B, lrmoe_dtype_t bdt, int64_t ldb,
+                          int acc, float *C, int64_t ldc)
+{
+    const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    const void *op[2] = {A, B};
+    int64_t rows[2] = {ar, br}, cols[2] = {ac, bc}, ld[2] = {lda, ldb};
+    for (int i = 0; i < 2; i++) {
+        if ((i ? bdt : adt) != LRMOE_F32) continue;
+        float *d = scratch(g, i, (size_t)(rows[i] * cols[i]) * sizeof(float));
+        uint16_t *h = scratch(g, 4, (size_t)cols[i] * 2);
+        if (!d || !h) return -1;
+        for (int64_t r = 0; r < rows[i]; r++) {
+            lrmoe_gemm_to_bf16((const float *)op[i] + r * ld[i], h, (size_t)cols[i]);
+            lrmoe_convert_to_f32(LRMOE_BF16, h, d + r * cols[i], (size_t)cols[i]);
+        }
+        op[i] = d;
+        ld[i] = cols[i];
+    }
+    return gemm_f32(g, ta, tb, M, N, K, op[0], adt, ld[0], op[1], bdt, ld[1], acc, C, ldc);
 }
 
 /* ---------------------------------------------------------------- bf16 */
@@ -293,7 +328,7 @@ static int gemm_bf16(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int6
 #undef KQ
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
-static int probe_native;
+static int probe_native, probe_any;
 static char probe_impl[128] = "none";
 
 static void probe(void)
@@ -307,6 +342,7 @@ static void probe(void)
         !md2(&c, 64, 64, 0, 64, dnnl_f32) && !dnnl_matmul_desc_init(&d, &a, &b, NULL, &c) &&
         !dnnl_primitive_desc_create(&pd, &d, NULL, eng, NULL)) {
         const char *impl = NULL;
+        probe_any = 1;
         if (!dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) && impl) {
             snprintf(probe_impl, sizeof probe_impl, "%s", impl);
             /* brgemm names its ISA: AMX or AVX512_BF16 multiply BF16 in
@@ -327,6 +363,18 @@ int lrmoe_gemm_bf16_native(const char **impl)
     return probe_native;
 #else
     if (impl) *impl = "none (built without oneDNN)";
+    return 0;
+#endif
+}
+
+int lrmoe_gemm_bf16_emulated(void)
+{
+#ifdef LRMOE_HAVE_DNNL
+    const char *e = getenv("LRMOE_BF16_EMULATE"); /* =1: emulate anyway, for comparison */
+    if (e && !strcmp(e, "1")) return 1;
+    pthread_once(&probe_once, probe);
+    return !probe_any;
+#else
     return 0;
 #endif
 }
@@ -363,7 +411,8 @@ lrmoe_gemm_t *lrmoe_gemm_new(lrmoe_compute_t compute, int threads)
             return NULL;
         }
         if (threads > 0) omp_set_num_threads(threads);
-        if (lrmoe_amx_available() && !(g->amx = lrmoe_amx_new())) {
+        g->emul = lrmoe_gemm_bf16_emulated();
+        if (!g->emul && lrmoe_amx_available() && !(g->amx = lrmoe_amx_new())) {
             lrmoe_gemm_free(g);
             return NULL;
         }
@@ -387,7 +436,7 @@ void lrmoe_gemm_free(lrmoe_gemm_t *g)
     if (g->eng) dnnl_engine_destroy(g->eng);
 #endif
     lrmoe_amx_free(g->amx);
-    for (int i = 0; i < 4; i++) free(g->scr[i]);
+    for (int i = 0; i < 5; i++) free(g->scr[i]);
     free(g);
 }
 
@@ -404,6 +453,8 @@ int lrmoe_gemm(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
     }
     if ((adt != LRMOE_F32 && adt != LRMOE_BF16) || (bdt != LRMOE_F32 && bdt != LRMOE_BF16))
         return lrmoe_err("gemm: operands must be F32 or BF16");
+    if (g->c == LRMOE_COMPUTE_BF16 && g->emul)
+        return gemm_bf16_emul(g, ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, acc, C, ldc);
 #ifdef LRMOE_HAVE_DNNL
     if (g->c == LRMOE_COMPUTE_BF16)
         return gemm_bf16(g, ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, acc, C, ldc);

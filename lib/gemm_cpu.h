@@ -51,6 +51,11 @@ int lrmoe_gemm_have_dnnl(void);
 /* 1 when oneDNN runs BF16 matmul on this CPU with a native (non-reference)
  * implementation; *impl (may be NULL) gets oneDNN's implementation name. */
 int lrmoe_gemm_bf16_native(const char **impl);
+/* 1 when the build has oneDNN but oneDNN has no BF16 matmul at all on this
+ * CPU (AVX2 without AVX512_BF16 or AMX): the bf16 compute is then emulated,
+ * each operand rounded to BF16 and multiplied by OpenBLAS sgemm. Also 1
+ * where LRMOE_BF16_EMULATE=1 (for comparison and the tests). */
+int lrmoe_gemm_bf16_emulated(void);
 
 /* The compute for weights stored as wdt: f32 and bf16 as asked (bf16 fails
  * without oneDNN: "this build has no oneDNN"), auto as documented above. */

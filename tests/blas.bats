@@ -46,25 +46,38 @@ have_bf16() {
     [ $? -ne 2 ]
 }
 
-@test "blas: no tool links libopenblas; cat, plan, a BF16 forward, score, pack and a BF16 backward never load it; an F32 forward does" {
+@test "blas: no tool links libopenblas; cat, plan, score, pack and a native BF16 forward and backward never load it; an F32 forward and the emulated BF16 do" {
     for t in "$BIN"/lrmoe-*; do
         run ldd "$t"
         refute_output --partial libopenblas
     done
-    have_bf16 || skip "this build or CPU has no native BF16: every forward here would be F32"
+    have_bf16 || skip "this build has no oneDNN: no bf16 compute"
     mkin bf16
+    # native BF16 (oneDNN's or AMX's matmul) loads no OpenBLAS; the emulated
+    # bf16 of a CPU without BF16 hardware runs sgemm, so it must load it
+    "$EXEC" --phase forward --compute bf16 --threads 1 --weights "$D/w.lrm" --no-compress \
+        -o "$D/probe.lrm" "$D/r.lrm"
+    bf=$(python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
+print(read_stream('$D/probe.lrm')[0][1]['exec.bf16'])")
     loadless() { # the command succeeds and its loader never names libopenblas
         run env LD_DEBUG=files "$@"
         assert_success
         refute_output --partial "libopenblas"
     }
+    bf16run() { # as loadless for native BF16; emulated: it loads OpenBLAS
+        if [ "$bf" = native ]; then loadless "$@"; return; fi
+        assert_equal "$bf" emulated
+        run env LD_DEBUG=files "$@"
+        assert_success
+        assert_output --partial "file=libopenblas"
+    }
     loadless "$BIN/lrmoe-cat" --no-compress -o "$D/c.lrm" "$D/r.lrm"
     loadless "$BIN/lrmoe-plan" --ranks 2 --no-compress -o "$D/p.lrm" "$D/r.lrm"
-    loadless "$EXEC" --phase forward --compute bf16 --threads 1 --weights "$D/w.lrm" \
+    bf16run "$EXEC" --phase forward --compute bf16 --threads 1 --weights "$D/w.lrm" \
         --no-compress -o "$D/f.lrm" "$D/p.lrm"
     loadless "$BIN/lrmoe-score" --drop 30 --no-compress -o "$D/s.lrm" "$D/f.lrm"
     loadless "$BIN/lrmoe-pack" --alloc forward --no-compress -o "$D/k.lrm" "$D/s.lrm"
-    loadless "$EXEC" --phase backward --mode compact --compute bf16 --threads 1 \
+    bf16run "$EXEC" --phase backward --mode compact --compute bf16 --threads 1 \
         --weights "$D/w.lrm" --no-compress -o "$D/b.lrm" "$D/k.lrm"
     run env LD_DEBUG=files "$EXEC" --phase forward --compute f32 --threads 1 \
         --weights "$D/w.lrm" --no-compress -o "$D/f32.lrm" "$D/r.lrm"

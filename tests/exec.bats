@@ -445,6 +445,10 @@ have_bf16() {
     run "$D/gt" bf16
     assert_success
     assert_output --partial "224 cases, 0 failed"
+    # the emulated bf16 (sgemm on operands it rounds itself), as a CPU without a BF16 matmul runs it
+    run env LRMOE_BF16_EMULATE=1 "$D/gt" bf16
+    assert_success
+    assert_output --partial "224 cases, 0 failed"
 }
 
 @test "exec --compute: f32 and bf16 match the float64 reference on F32 and BF16 storage, P=1,3, replicas, compact" {
@@ -493,6 +497,39 @@ have_bf16() {
     "$EXEC" --phase backward --compute bf16 --mode compact -j 2 -@ 2 --weights "$D/w.lrm" \
         --no-compress -o "$D/cj.lrm" "$D/p.lrm"
     run python3 "$REF" compare "$D/cj.lrm" "$D/c.lrm" $GRADS --tol 0
+    assert_success
+}
+
+@test "exec --compute bf16, emulated (LRMOE_BF16_EMULATE=1; a CPU without a BF16 matmul): matches float64, rounds its operands, says so in exec.bf16" {
+    have_bf16 || skip "this build has no oneDNN: --compute bf16 unavailable"
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 37 --E 8 --K 2 --D 16 --F 12 --skew 3 --dtype bf16
+    for c in f32 bf16; do
+        for P in 1 3; do
+            run env LRMOE_BF16_EMULATE=1 "$EXEC" --phase forward --compute $c --weights "$D/w.lrm" \
+                -P $P --no-compress -o "$D/f$c.lrm" "$D/in.lrm"
+            assert_success
+            run python3 "$REF" check-fwd "$D/f$c.lrm" "$D/w.lrm" --P $P --tol 2e-2
+            assert_success
+            run env LRMOE_BF16_EMULATE=1 "$EXEC" --phase backward --compute $c --weights "$D/w.lrm" \
+                --no-compress -o "$D/b$c.lrm" "$D/f$c.lrm"
+            assert_success
+            run python3 "$REF" check-bwd "$D/b$c.lrm" "$D/w.lrm" --tol 2e-2
+            assert_success
+        done
+    done
+    run pyedit "a=read_stream('$D/bbf16.lrm')[0][1]; assert a['exec.bf16'] == 'emulated', a
+assert 'exec.bf16' not in read_stream('$D/bf32.lrm')[0][1]"
+    assert_success
+    # the activations are rounded to BF16 (not the f32 path under another name)...
+    run python3 "$REF" compare "$D/bbf16.lrm" "$D/bf32.lrm" grad_w_down --tol 1e-6
+    assert_failure
+    # ... and the emulation agrees with the native BF16 matmul far inside BF16 rounding
+    run env LRMOE_BF16_EMULATE=0 "$EXEC" --phase backward --compute bf16 --weights "$D/w.lrm" \
+        --no-compress -o "$D/bn.lrm" "$D/fbf16.lrm"
+    assert_success
+    run pyedit "print(read_stream('$D/bn.lrm')[0][1]['exec.bf16'])"
+    [ "$output" = native ] || skip "this CPU has no BF16 matmul: the emulation is the only bf16 here"
+    run python3 "$REF" compare "$D/bbf16.lrm" "$D/bn.lrm" $GRADS --tol 1e-5
     assert_success
 }
 

@@ -5,7 +5,11 @@
 # F32 GEMMs (--compute f32: OpenBLAS sgemm, the exact path)
 # against PyTorch's fastest CPU path on the same tensors (tests/bench/
 # exec_torch.py in BF16: a per-expert loop and torch._grouped_mm; the faster
-# of the two per row counts), at several token counts.
+# of the two per row counts), at several token counts. On a CPU where oneDNN
+# has no BF16 matmul (AVX2 without AVX512_BF16/AMX) lrmoe's bf16 compute is
+# emulated (exec.bf16=emulated: sgemm on BF16-rounded operands), PyTorch's
+# BF16 matmul has no fast kernel either, so PyTorch runs F32 (its best path
+# there) and the dense reference is oneDNN's F32 matmul.
 # Shape: qwen3-30b-a3b (E=128 K=8 D=2048 F=768), BF16 storage, one rank, one
 # thread on both sides, uniform routing. Clock: the CPU time of the computing
 # thread on both sides (lrmoe-exec --clock cpu, exec.PHASE.critical_s = the
@@ -81,6 +85,13 @@ for c in $computes; do
         --timings "$tmp/b$c.tsv" $raw -o /dev/null "$tmp/f$c.lrm"
 done
 last=$(echo $computes | cut -d' ' -f1)
+# BF16 multiplied in hardware (oneDNN has a BF16 matmul here)? Else lrmoe's
+# bf16 is emulated (exec.bf16), PyTorch's BF16 matmul has no fast kernel
+# either, so PyTorch's best CPU path is F32 and the dense reference is F32.
+ddt=bf16
+[ -x "$tmp/dense" ] && { "$tmp/dense" 64 64 64 1 1 >/dev/null 2>&1 || ddt=f32; }
+[ "$ddt" = bf16 ] || echo "  no BF16 matmul in oneDNN on this CPU: lrmoe's bf16 is emulated (sgemm on BF16-rounded" \
+    "operands); PyTorch and the dense reference run F32"
 
 # ---- PyTorch BF16: per-expert loop and torch._grouped_mm, every frame
 nfr=$(( $(echo $TOKENS | wc -w) * REPS ))
@@ -90,7 +101,7 @@ if [ "$TORCH" = 1 ]; then
     torch_ok=1
     for impl in loop grouped; do
         # shellcheck disable=SC2086
-        python3 tests/bench/exec_torch.py --dtype bf16 --impl "$impl" --clock cpu \
+        python3 tests/bench/exec_torch.py --dtype "$ddt" --impl "$impl" --clock cpu \
             "$tmp/f$last.lrm" "$tmp/w.lrm" 1 $idx > "$tmp/t$impl.tsv" 2> "$tmp/t$impl.err" ||
             { echo "PyTorch $impl failed: $(tail -c 300 "$tmp/t$impl.err")"; : > "$tmp/t$impl.tsv"; }
     done
@@ -101,8 +112,8 @@ fi
 if [ -x "$tmp/dense" ]; then
     for T in $TOKENS; do
         NP=$((T * 8))
-        echo "$T fwd $("$tmp/dense" $((3 * NP)) 768 2048 1 5)" >> "$tmp/dense.tsv"
-        echo "$T bwd $("$tmp/dense" $((6 * NP)) 768 2048 1 5)" >> "$tmp/dense.tsv"
+        echo "$T fwd $("$tmp/dense" $((3 * NP)) 768 2048 1 5 $ddt)" >> "$tmp/dense.tsv"
+        echo "$T bwd $("$tmp/dense" $((6 * NP)) 768 2048 1 5 $ddt)" >> "$tmp/dense.tsv"
     done
 fi
 # one thread's bandwidth on the layer's weight bytes (BF16) and gradient bytes (F32)
@@ -126,8 +137,9 @@ dflt=$(python3 -c "
 import sys; sys.path.insert(0, 'tests/helpers'); from lrmoe_stream import read_stream
 print(read_stream('$tmp/ofmid.lrm')[0][1].get('exec.compute', '?'))")
 
-python3 - "$tmp" "$TOKENS" "$REPS" "$computes" "$torch_ok" "$mid" "$dflt" <<'EOF'
+python3 - "$tmp" "$TOKENS" "$REPS" "$computes" "$torch_ok" "$mid" "$dflt" "$ddt" <<'EOF'
 import sys
+ddt = sys.argv[8].upper()
 tmp, toks, reps, computes = sys.argv[1], [int(x) for x in sys.argv[2].split()], int(sys.argv[3]), sys.argv[4].split()
 torch_ok, mid, dflt = sys.argv[5] == "1", sys.argv[6], sys.argv[7]
 nt = len(toks)
@@ -163,7 +175,7 @@ for line in open(f"{tmp}/dense.tsv"):
     T, ph, sec, gf, impl = line.split()
     dense[(int(T), ph)] = (float(gf), impl)
 if dense:
-    print("dense oneDNN BF16 reference (best of 5):", next(iter(dense.values()))[1],
+    print(f"dense oneDNN {ddt} reference (best of 5):", next(iter(dense.values()))[1],
           " ".join(f"{T}/{ph} {v[0]:.0f}" for (T, ph), v in sorted(dense.items())), "GFLOP/s")
 bw = {}
 try:
@@ -212,8 +224,8 @@ for T in toks:
               f"{x(sb, 10)} {x(sf, 9)} {x(f[0] / b[0] if b and f else None, 11)} "
               f"{(f'{gfs:9.0f}' if gfs else f'{chr(45):>9s}')} {(f'{eff:8.2f}' if eff is not None else f'{chr(45):>8s}')}"
               + bnd)
-print("(ms: thread CPU time of the layer call; x/torch = PyTorch's faster BF16 path / lrmoe's: > 1 is faster;")
-print(" gemm_GF/s and gemm_eff: the bf16 path's gemm stage against the dense oneDNN BF16 matmul;")
+print(f"(ms: thread CPU time of the layer call; x/torch = PyTorch's faster {ddt} path / lrmoe's: > 1 is faster;")
+print(f" gemm_GF/s and gemm_eff: the bf16 path's gemm stage against the dense oneDNN {ddt} matmul;")
 print(" dense_ms: the FLOPs at the dense rate, mem_ms: the weight (and gradient) bytes at one thread's bandwidth,")
 print(" eff_bound: the gemm_eff that bandwidth allows, of_bound: gemm_eff / eff_bound)")
 print()
@@ -238,7 +250,7 @@ for T in toks:
 print()
 v = []
 if speed:
-    v.append(f"BF16 vs PyTorch's best min {min(speed):.2f}x (target >= 1.3x on every size): "
+    v.append(f"BF16 vs PyTorch's best ({ddt}) min {min(speed):.2f}x (target >= 1.3x on every size): "
              + ("PASS" if min(speed) >= 1.3 else "BELOW TARGET"))
 else:
     v.append("BF16 vs PyTorch: not measured (" + ("no oneDNN" if "bf16" not in computes else "PyTorch off or failed") + ")")
