@@ -533,6 +533,29 @@ assert 'exec.bf16' not in read_stream('$D/bf32.lrm')[0][1]"
     assert_success
 }
 
+@test "exec --compute f32 on BF16 weights: a one-frame process makes no F32 copy of the weights (peak RSS), and its bits equal a stream's, which makes one from its second frame" {
+    [ -x /usr/bin/time ] || skip "/usr/bin/time (package time) is not installed: no peak RSS"
+    # 64 experts of 3 x 256 x 512: 50 MB in BF16, an F32 copy of every expert 100 MB
+    "$BIN/lrmoe-gen" --tokens 64 --experts 64 --topk 2 --hidden 512 --ffn 256 --dtype bf16 \
+        --weights "$D/w.lrm" --seed 3 --no-compress | "$BIN/lrmoe-route" --topk 2 --no-compress > "$D/r.lrm"
+    "$BIN/lrmoe-cat" --no-compress "$D/r.lrm" "$D/r.lrm" "$D/r.lrm" > "$D/r3.lrm"
+    /usr/bin/time -f %M -o "$D/rss" "$EXEC" --phase forward --compute f32 --weights "$D/w.lrm" \
+        --no-compress -o "$D/f1.lrm" "$D/r.lrm"
+    rss=$(cat "$D/rss")
+    # below the mapped BF16 weights plus half the copy (measured: 63 MB without, 142 MB with)
+    [ "$rss" -lt 100000 ] || fail "one-frame f32 forward peaked at $rss KB: an F32 copy of the weights?"
+    "$EXEC" --phase forward --compute f32 --weights "$D/w.lrm" --no-compress -o "$D/f3.lrm" "$D/r3.lrm"
+    "$EXEC" --phase backward --compute f32 --weights "$D/w.lrm" --no-compress -o "$D/b1.lrm" "$D/f1.lrm"
+    "$EXEC" --phase backward --compute f32 --weights "$D/w.lrm" --no-compress -o "$D/b3.lrm" "$D/f3.lrm"
+    run pyedit "
+for ph in 'fb':
+    one = read_stream('$D/%s1.lrm' % ph)[0][0]
+    for i, (t, _) in enumerate(read_stream('$D/%s3.lrm' % ph)):
+        for n in one: assert one[n].tobytes() == t[n].tobytes(), (ph, i, n)
+print('same')"
+    assert_output same
+}
+
 @test "exec --compute auto: bf16 for BF16 weights where BF16 is native, f32 for F32 weights" {
     for dt in f32 bf16; do
         python3 "$REF" make "$D/in$dt.lrm" "$D/w$dt.lrm" --T 20 --E 4 --K 2 --D 8 --F 6 --dtype "$dt"

@@ -319,6 +319,19 @@ shard_py() { python3 "$HELP/lrmoe_shard.py" "$@"; }
         run same "$D/fj.lrm" "$D/f.lrm"
         assert_success
         assert_output "identical: 2 frames"
+        # --compute f32 too (auto is bf16 on a CPU with a BF16 matmul): rank 0's
+        # F32 weight copy must hold the experts it computes, not only those its
+        # own rows route to
+        run $MPIRUN -np $P "$EXEC" --phase forward --compute f32 --weights "$D/w.lrm" -@ 1 \
+            --no-compress -o "$D/f32.lrm" "$D/p2.lrm"
+        assert_success
+        run $MPIRUN -np $P "$EXEC" --phase forward --compute f32 --weights "$D/w.lrm" -@ 1 \
+            --no-compress --per-rank -o "$D/f32.%r.lrm" "$D/p.%r.lrm"
+        assert_success
+        shard_py join "$D/f32.%r.lrm" $P "$D/f32j.lrm"
+        run same "$D/f32j.lrm" "$D/f32.lrm"
+        assert_success
+        assert_output "identical: 2 frames"
         if [ $P = 4 ]; then
             "$BIN/lrmoe-score" --no-compress "$D/f.lrm" > "$D/s.lrm"
         else
