@@ -453,10 +453,11 @@ static int weights_for(lrmoe_exec_ctx_t *c, const lrmoe_frame_t *f, int wi, int6
      * without). BF16 weights: the packed F32 copy from the second frame of a
      * layer in a row on (or one already begun): a process's first frame, and
      * a stream alternating layers, convert each expert into the backend's
-     * scratch at its GEMM (the same bits) instead, which faults in nothing new (a copy is all experts' weights
-     * in fresh F32 memory: 2.4 GB at the qwen3-30b-a3b shape, measured 2.2 s
-     * of a 4.5-5.0 s one-frame forward at 1024 tokens on an AMD EPYC VM,
-     * against 2.5-2.7 s without it, whose layer was 20-27% slower) */
+     * scratch at its GEMM (the same bits) instead, which faults in nothing
+     * new (a copy is all experts' weights in fresh F32 memory: 2.4 GB at the
+     * qwen3-30b-a3b shape, measured 2.2 s of a 4.5-5.0 s one-frame forward
+     * at 1024 tokens on an AMD EPYC VM, against 2.5-2.7 s without it, whose
+     * layer was 20-27% slower) */
     if (!rc && c->o.cfg.backend == LRMOE_BACKEND_CPU && cm == LRMOE_COMPUTE_F32 &&
         (W->dtype == LRMOE_F32 ||
          (W->dtype == LRMOE_BF16 && (c->f32_layer == layer || c->layer == layer)))) {
