@@ -5,6 +5,7 @@
 #include "blas.h"
 #include "gemm_cpu.h"
 #include "gemm_amx.h"
+#include "gemm_avx2.h"
 #ifdef LRMOE_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
 void omp_set_num_threads(int n);
@@ -69,12 +70,14 @@ typedef struct {
 
 struct lrmoe_gemm {
     lrmoe_compute_t c;
-    void *scr[5];             /* conversion scratch of A and B; [2]: lrmoe_gemm2's A;
+    void *scr[6];             /* conversion scratch of A and B; [2]: lrmoe_gemm2's A;
                                  [3]: lrmoe_gemm_bf16out's F32 product; [4]: one
                                  BF16 row of the emulated bf16 compute */
-    size_t cap[5];
+    size_t cap[6];
     int emul;                 /* bf16 compute without a oneDNN BF16 matmul on this
-                                 CPU: operands rounded to BF16, then sgemm */
+                                 CPU: operands rounded to BF16, then the AVX2
+                                 kernel (avx2 = 1) or sgemm */
+    int avx2;
     lrmoe_amx_t *amx;         /* bf16 compute on a CPU with AMX: the A B^T kernel */
 #ifdef LRMOE_HAVE_DNNL
     dnnl_engine_t eng;
@@ -128,30 +131,67 @@ static int gemm_f32(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64
 
 /* ------------------------------------------------ bf16, emulated */
 
+/* rows x cols of the F32 src (row stride ld) rounded to BF16 (nearest even,
+ * lrmoe_gemm_to_bf16) into dst, F32 (dst_f32, the rounded values widened
+ * back) or BF16, row-major with row stride cols. h: one BF16 row of scratch. */
+static void round_rows(const float *src, int64_t rows, int64_t cols, int64_t ld, void *dst,
+                       int dst_f32, uint16_t *h)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *s = src + r * ld;
+        if (!dst_f32) { lrmoe_gemm_to_bf16(s, (uint16_t *)dst + r * cols, (size_t)cols); continue; }
+        lrmoe_gemm_to_bf16(s, h, (size_t)cols);
+        lrmoe_convert_to_f32(LRMOE_BF16, h, (float *)dst + r * cols, (size_t)cols);
+    }
+}
+
 /* The bf16 compute where oneDNN has no BF16 matmul for this CPU (AVX2
  * without AVX512_BF16/AMX): each F32 operand rounded to BF16 (nearest even,
- * lrmoe_gemm_to_bf16) and widened back, BF16 operands widened (exact), then
- * OpenBLAS sgemm: BF16 operands, exact products, F32 sums, the numerics of
- * the native path in another summation order. Scratch: the rounded A in
- * [0], B in [1] (gemm_f32 widens a BF16 operand into the same slot, so each
- * slot holds one operand), one BF16 row in [4]. */
+ * lrmoe_gemm_to_bf16), BF16 operands as they are, then exact products and
+ * F32 sums: the numerics of the native path in another summation order.
+ * With AVX2 and FMA, lib/gemm_avx2.c multiplies, reading a BF16 B (the
+ * weights) in place; A goes in as F32 (rounded or widened, scratch [0]), an
+ * F32 B rounded to BF16 first (scratch [1]), the kernel's packed A in [5].
+ * Without AVX2, both operands are widened and OpenBLAS sgemm multiplies.
+ * [4]: one BF16 row. */
 static int gemm_bf16_emul(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
                           const void *A, lrmoe_dtype_t adt, int64_t lda,
                           const void *B, lrmoe_dtype_t bdt, int64_t ldb,
                           int acc, float *C, int64_t ldc)
 {
     const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    uint16_t *h = scratch(g, 4, (size_t)(ac > bc ? ac : bc) * 2);
+    if (!h) return -1;
+    if (g->avx2) {
+        if (adt == LRMOE_F32) {
+            float *d = scratch(g, 0, (size_t)(ar * ac) * sizeof(float));
+            if (!d) return -1;
+            round_rows(A, ar, ac, lda, d, 1, h);
+            A = d; lda = ac;
+        } else {
+            float *d = scratch(g, 0, (size_t)(ar * ac) * sizeof(float));
+            if (!d) return -1;
+            pack(A, adt, ar, ac, lda, d, LRMOE_F32, ar, ac);
+            A = d; lda = ac;
+        }
+        if (bdt == LRMOE_F32) {
+            uint16_t *d = scratch(g, 1, (size_t)(br * bc) * 2);
+            if (!d) return -1;
+            round_rows(B, br, bc, ldb, d, 0, h);
+            B = d; ldb = bc;
+        }
+        float *ws = scratch(g, 5, lrmoe_avx2_gemm_ws());
+        if (!ws) return -1;
+        lrmoe_avx2_gemm(ws, ta, tb, M, N, K, A, lda, B, 1, ldb, acc, C, ldc);
+        return 0;
+    }
     const void *op[2] = {A, B};
     int64_t rows[2] = {ar, br}, cols[2] = {ac, bc}, ld[2] = {lda, ldb};
     for (int i = 0; i < 2; i++) {
         if ((i ? bdt : adt) != LRMOE_F32) continue;
         float *d = scratch(g, i, (size_t)(rows[i] * cols[i]) * sizeof(float));
-        uint16_t *h = scratch(g, 4, (size_t)cols[i] * 2);
-        if (!d || !h) return -1;
-        for (int64_t r = 0; r < rows[i]; r++) {
-            lrmoe_gemm_to_bf16((const float *)op[i] + r * ld[i], h, (size_t)cols[i]);
-            lrmoe_convert_to_f32(LRMOE_BF16, h, d + r * cols[i], (size_t)cols[i]);
-        }
+        if (!d) return -1;
+        round_rows(op[i], rows[i], cols[i], ld[i], d, 1, h);
         op[i] = d;
         ld[i] = cols[i];
     }
@@ -412,6 +452,7 @@ lrmoe_gemm_t *lrmoe_gemm_new(lrmoe_compute_t compute, int threads)
         }
         if (threads > 0) omp_set_num_threads(threads);
         g->emul = lrmoe_gemm_bf16_emulated();
+        g->avx2 = g->emul && lrmoe_avx2_gemm_available();
         if (!g->emul && lrmoe_amx_available() && !(g->amx = lrmoe_amx_new())) {
             lrmoe_gemm_free(g);
             return NULL;
@@ -436,7 +477,7 @@ void lrmoe_gemm_free(lrmoe_gemm_t *g)
     if (g->eng) dnnl_engine_destroy(g->eng);
 #endif
     lrmoe_amx_free(g->amx);
-    for (int i = 0; i < 5; i++) free(g->scr[i]);
+    for (int i = 0; i < 6; i++) free(g->scr[i]);
     free(g);
 }
 

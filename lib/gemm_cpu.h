@@ -53,8 +53,10 @@ int lrmoe_gemm_have_dnnl(void);
 int lrmoe_gemm_bf16_native(const char **impl);
 /* 1 when the build has oneDNN but oneDNN has no BF16 matmul at all on this
  * CPU (AVX2 without AVX512_BF16 or AMX): the bf16 compute is then emulated,
- * each operand rounded to BF16 and multiplied by OpenBLAS sgemm. Also 1
- * where LRMOE_BF16_EMULATE=1 (for comparison and the tests). */
+ * each F32 operand rounded to BF16 and multiplied by lib/gemm_avx2.c's
+ * kernel (OpenBLAS sgemm on widened operands without AVX2 and FMA, or with
+ * LRMOE_AVX2_GEMM=0). Also 1 where LRMOE_BF16_EMULATE=1 (for comparison and
+ * the tests). */
 int lrmoe_gemm_bf16_emulated(void);
 
 /* The compute for weights stored as wdt: f32 and bf16 as asked (bf16 fails

@@ -26,7 +26,7 @@ static void usage(FILE *fp)
         "      --backend B       cpu (default) or cuda\n"
         "      --compute C       cpu: expert GEMM numerics: f32 (exact, OpenBLAS),\n"
         "                        bf16 (BF16 operands, F32 accumulation, oneDNN;\n"
-        "                        emulated with sgemm where the CPU has no BF16 matmul) or\n"
+        "                        emulated where the CPU has no BF16 matmul) or\n"
         "                        auto (default: bf16 for BF16 weights where oneDNN\n"
         "                        runs BF16 natively, else f32)\n"
         "      --gpus N          cuda: devices to use (default 0: all visible)\n"

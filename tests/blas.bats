@@ -46,15 +46,17 @@ have_bf16() {
     [ $? -ne 2 ]
 }
 
-@test "blas: no tool links libopenblas; cat, plan, score, pack and a native BF16 forward and backward never load it; an F32 forward and the emulated BF16 do" {
+@test "blas: no tool links libopenblas; cat, plan, score, pack and a BF16 forward and backward (native, or emulated on AVX2) never load it; an F32 forward and the emulated BF16 without AVX2 do" {
     for t in "$BIN"/lrmoe-*; do
         run ldd "$t"
         refute_output --partial libopenblas
     done
     have_bf16 || skip "this build has no oneDNN: no bf16 compute"
     mkin bf16
-    # native BF16 (oneDNN's or AMX's matmul) loads no OpenBLAS; the emulated
-    # bf16 of a CPU without BF16 hardware runs sgemm, so it must load it
+    # native BF16 (oneDNN's or AMX's matmul) loads no OpenBLAS, nor does the
+    # emulated bf16 of a CPU without BF16 hardware where lib/gemm_avx2.c's
+    # kernel multiplies (AVX2 and FMA); without them (LRMOE_AVX2_GEMM=0 here)
+    # it runs sgemm, so it must load it
     "$EXEC" --phase forward --compute bf16 --threads 1 --weights "$D/w.lrm" --no-compress \
         -o "$D/probe.lrm" "$D/r.lrm"
     bf=$(python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
@@ -64,10 +66,13 @@ print(read_stream('$D/probe.lrm')[0][1]['exec.bf16'])")
         assert_success
         refute_output --partial "libopenblas"
     }
-    bf16run() { # as loadless for native BF16; emulated: it loads OpenBLAS
+    avx2=0
+    grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && avx2=1
+    bf16run() { # as loadless for native BF16 and the AVX2 kernel; sgemm loads OpenBLAS
         if [ "$bf" = native ]; then loadless "$@"; return; fi
         assert_equal "$bf" emulated
-        run env LD_DEBUG=files "$@"
+        if [ "$avx2" = 1 ]; then loadless "$@"; fi
+        run env LD_DEBUG=files LRMOE_AVX2_GEMM=0 "$@"
         assert_success
         assert_output --partial "file=libopenblas"
     }

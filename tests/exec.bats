@@ -437,18 +437,23 @@ have_bf16() {
     fi
     # shellcheck disable=SC2086
     cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/gt" "$BATS_TEST_DIRNAME/unit/gemm_test.c" \
-        "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/dtype.c" "$L/error.c" "$L/blas.c" -lm $DN
+        "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/gemm_avx2.c" "$L/dtype.c" "$L/error.c" "$L/blas.c" -lm $DN
     run "$D/gt" f32
     assert_success
-    assert_output --partial "224 cases, 0 failed"
+    assert_output --partial "288 cases, 0 failed"
     [ -n "$DN" ] || skip "oneDNN (libdnnl-dev) not installed: the bf16 GEMM path is not built"
     run "$D/gt" bf16
     assert_success
-    assert_output --partial "224 cases, 0 failed"
-    # the emulated bf16 (sgemm on operands it rounds itself), as a CPU without a BF16 matmul runs it
+    assert_output --partial "288 cases, 0 failed"
+    # the emulated bf16 (operands it rounds itself), as a CPU without a BF16
+    # matmul runs it: lib/gemm_avx2.c's kernel where the CPU has AVX2 and FMA,
+    # and the OpenBLAS sgemm it falls back to without them
     run env LRMOE_BF16_EMULATE=1 "$D/gt" bf16
     assert_success
-    assert_output --partial "224 cases, 0 failed"
+    assert_output --partial "288 cases, 0 failed"
+    run env LRMOE_BF16_EMULATE=1 LRMOE_AVX2_GEMM=0 "$D/gt" bf16
+    assert_success
+    assert_output --partial "288 cases, 0 failed"
 }
 
 @test "exec --compute: f32 and bf16 match the float64 reference on F32 and BF16 storage, P=1,3, replicas, compact" {
@@ -722,7 +727,7 @@ print('same')"
     have_bf16 || skip "this build has no oneDNN: --compute bf16 unavailable"
     L="$BATS_TEST_DIRNAME/../lib"
     cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/gat" "$BATS_TEST_DIRNAME/unit/gemm_amx_test.c" \
-        "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/dtype.c" "$L/error.c" "$L/blas.c" -lm \
+        "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/gemm_avx2.c" "$L/dtype.c" "$L/error.c" "$L/blas.c" -lm \
         -DLRMOE_HAVE_DNNL -ldnnl -lgomp
     # the same cases through oneDNN (LRMOE_AMX=0) and, where the CPU has it, AMX
     run env LRMOE_AMX=0 "$D/gat"

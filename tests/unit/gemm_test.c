@@ -1,6 +1,7 @@
 /* lib/gemm_cpu.c against a float64 reference, for every (ta, tb, acc), both
  * operand dtypes, strided operands and sizes that are not multiples of the
- * K rounding (16): compute f32 against the exact operands, compute bf16
+ * K rounding (16) or of the AVX2 kernel's blocks (6 rows, 16 columns, 256
+ * deep, 264 rows): compute f32 against the exact operands, compute bf16
  * against the operands rounded to BF16 (what the path promises: BF16
  * operands, F32 accumulation). Prints one line per case, exits 1 on a miss.
  * usage: gemm_test f32|bf16 */
@@ -74,7 +75,10 @@ int main(int argc, char **argv)
     if (!g) { fprintf(stderr, "gemm_test: %s\n", lrmoe_errmsg()); return 1; }
     const int round = cm == LRMOE_COMPUTE_BF16;
     static const int64_t sz[][3] = {{1, 1, 1}, {7, 5, 3}, {37, 48, 64}, {64, 96, 33},
-                                    {130, 72, 200}, {5, 300, 17}, {33, 17, 0}};
+                                    {130, 72, 200}, {5, 300, 17}, {33, 17, 0},
+                                    /* lib/gemm_avx2.c's blocks: K past two of its
+                                     * 256-deep blocks, M past its 264-row block */
+                                    {270, 40, 530}, {13, 33, 264}};
     int fails = 0, cases = 0;
     for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++)
         for (int f = 0; f < 32; f++) {

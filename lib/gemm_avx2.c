@@ -1,0 +1,295 @@
+/* AVX2/FMA GEMM with B read in its stored BF16 or F32 layout. See gemm_avx2.h. */
+#include <stdlib.h>
+#include <string.h>
+#include "gemm_avx2.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define T __attribute__((target("avx2,fma")))
+
+#ifndef AVX2_KC
+#define AVX2_KC 256
+#endif
+#ifndef AVX2_MC
+#define AVX2_MC 264
+#endif
+enum { MR = 6, NR = 16, KC = AVX2_KC, MC = AVX2_MC };
+
+int lrmoe_avx2_gemm_available(void)
+{
+    const char *e = getenv("LRMOE_AVX2_GEMM");
+    if (e && !strcmp(e, "0")) return 0;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+/* 8 BF16 (uint16 bits) at p widened to F32: exact */
+T static inline __m256 wide8(const uint16_t *p)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+T static inline void tr8(__m256 r[8])
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+static inline float bval(const void *B, int bf, int64_t i)
+{
+    if (!bf) return ((const float *)B)[i];
+    uint32_t u = (uint32_t)((const uint16_t *)B)[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* d[k][0..7] (row stride NR) = the 8 rows s, s + ld, ... at k, for k < kv
+ * (a multiple of 8): BF16 widened, then F32. */
+#define TPANEL(NAME, TYPE, LOAD)                                                      \
+    T __attribute__((noinline)) static void NAME(const TYPE *s, int64_t ld, int64_t kv, \
+                                                 float *d)                            \
+    {                                                                                 \
+        const TYPE *s0 = s, *s1 = s + ld, *s2 = s + 2 * ld, *s3 = s + 3 * ld;         \
+        const TYPE *s4 = s + 4 * ld, *s5 = s + 5 * ld, *s6 = s + 6 * ld, *s7 = s + 7 * ld; \
+        for (int64_t k = 0; k < kv; k += 8, d += 8 * NR) {                            \
+            __m256 r[8] = {LOAD(s0 + k), LOAD(s1 + k), LOAD(s2 + k), LOAD(s3 + k),    \
+                           LOAD(s4 + k), LOAD(s5 + k), LOAD(s6 + k), LOAD(s7 + k)};   \
+            tr8(r);                                                                   \
+            for (int t = 0; t < 8; t++) _mm256_store_ps(d + t * NR, r[t]);            \
+        }                                                                             \
+    }
+TPANEL(tpanel_bf16, uint16_t, wide8)
+TPANEL(tpanel_f32, float, _mm256_loadu_ps)
+#undef TPANEL
+
+/* The micro-panel bp[k][0..15] = op(B)[p0 + k][j0 + j], zero past nr. */
+T __attribute__((noinline)) static void pack_b(int tb, const void *B, int bf, int64_t ldb, int64_t p0, int64_t kc,
+                     int64_t j0, int nr, float *bp)
+{
+    const size_t es = bf ? 2 : 4;
+    if (!tb) {
+        for (int64_t k = 0; k < kc; k++) {
+            const char *s = (const char *)B + (size_t)((p0 + k) * ldb + j0) * es;
+            float *d = bp + k * NR;
+            if (nr == NR) {
+                if (bf) {
+                    _mm256_store_ps(d, wide8((const uint16_t *)s));
+                    _mm256_store_ps(d + 8, wide8((const uint16_t *)s + 8));
+                } else {
+                    _mm256_store_ps(d, _mm256_loadu_ps((const float *)s));
+                    _mm256_store_ps(d + 8, _mm256_loadu_ps((const float *)s + 8));
+                }
+            } else {
+                for (int j = 0; j < NR; j++) d[j] = j < nr ? bval(s, bf, j) : 0.0f;
+            }
+        }
+        return;
+    }
+    /* tb: B stored (N,K); rows j0.. of B become columns of the panel, eight
+     * rows by eight k at a time through an 8x8 transpose */
+    int64_t k = 0;
+    if (nr == NR) {
+        const int64_t kv = kc & ~(int64_t)7;
+        for (int h = 0; h < 2; h++) {
+            if (bf) tpanel_bf16((const uint16_t *)B + (j0 + h * 8) * ldb + p0, ldb, kv, bp + h * 8);
+            else tpanel_f32((const float *)B + (j0 + h * 8) * ldb + p0, ldb, kv, bp + h * 8);
+        }
+        k = kv;
+    }
+    for (; k < kc; k++)
+        for (int j = 0; j < NR; j++)
+            bp[k * NR + j] = j < nr ? bval(B, bf, (j0 + j) * ldb + p0 + k) : 0.0f;
+}
+
+/* Two full micro-panels of a B stored (K,N) in one pass over its rows:
+ * b0[k][j] = B[p0 + k][j0 + j], b1[k][j] = B[p0 + k][j0 + 16 + j]. */
+T __attribute__((noinline)) static void pack_b2(const void *B, int bf, int64_t ldb, int64_t p0,
+                                                int64_t kc, int64_t j0, float *b0, float *b1)
+{
+    for (int64_t k = 0; k < kc; k++, b0 += NR, b1 += NR) {
+        const int64_t o = (p0 + k) * ldb + j0;
+        if (bf) {
+            const uint16_t *s = (const uint16_t *)B + o;
+            _mm256_store_ps(b0, wide8(s));
+            _mm256_store_ps(b0 + 8, wide8(s + 8));
+            _mm256_store_ps(b1, wide8(s + 16));
+            _mm256_store_ps(b1 + 8, wide8(s + 24));
+        } else {
+            const float *s = (const float *)B + o;
+            _mm256_store_ps(b0, _mm256_loadu_ps(s));
+            _mm256_store_ps(b0 + 8, _mm256_loadu_ps(s + 8));
+            _mm256_store_ps(b1, _mm256_loadu_ps(s + 16));
+            _mm256_store_ps(b1 + 8, _mm256_loadu_ps(s + 24));
+        }
+    }
+}
+
+/* Touch the lines of the next micro-panel's source (the weights stream from
+ * memory while this one computes). */
+T static void prefetch_b(int tb, const void *B, int bf, int64_t ldb, int64_t p0, int64_t kc,
+                         int64_t j0, int64_t N)
+{
+    const size_t es = bf ? 2 : 4;
+    if (j0 >= N) return;
+    if (tb) {
+        const int64_t rows = N - j0 < NR ? N - j0 : NR;
+        for (int64_t j = 0; j < rows; j++) {
+            const char *s = (const char *)B + (size_t)((j0 + j) * ldb + p0) * es;
+            for (size_t o = 0; o < (size_t)kc * es; o += 64) _mm_prefetch(s + o, _MM_HINT_T0);
+        }
+    } else if ((j0 * es) % 64 == 0) {
+        for (int64_t k = 0; k < kc; k++)
+            _mm_prefetch((const char *)B + (size_t)((p0 + k) * ldb + j0) * es, _MM_HINT_T0);
+    }
+}
+
+/* The A block rows i0..i0+M-1, k p0..p0+kc-1 as 6-row micro-panels
+ * ap[ib][k][r] (rows past M zero): the micro-kernel reads it in sequence. */
+T __attribute__((noinline)) static void pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t m, int64_t p0,
+                     int64_t kc, float *ap)
+{
+    for (int64_t ib = 0; ib < m; ib += MR, ap += kc * MR) {
+        const int mr = m - ib < MR ? (int)(m - ib) : MR;
+        if (ta) {
+            for (int64_t k = 0; k < kc; k++) {
+                const float *s = A + (p0 + k) * lda + i0 + ib;
+                float *d = ap + k * MR;
+                for (int r = 0; r < MR; r++) d[r] = r < mr ? s[r] : 0.0f;
+            }
+            continue;
+        }
+        const float *row[MR];
+        for (int r = 0; r < MR; r++) row[r] = A + (i0 + ib + (r < mr ? r : 0)) * lda + p0;
+        int64_t k = 0;
+        if (mr == MR)
+            for (; k + 8 <= kc; k += 8) {
+                __m256 v[8];
+                for (int r = 0; r < MR; r++) v[r] = _mm256_loadu_ps(row[r] + k);
+                v[6] = v[7] = _mm256_setzero_ps();
+                tr8(v);
+                /* 8 floats per k, the last 2 overwritten by the next k (ap has
+                 * 2 floats of slack past its end) */
+                for (int t = 0; t < 8; t++) _mm256_storeu_ps(ap + (k + t) * MR, v[t]);
+            }
+        for (; k < kc; k++)
+            for (int r = 0; r < MR; r++) ap[k * MR + r] = r < mr ? row[r][k] : 0.0f;
+    }
+}
+
+/* C[0..mr)[0..nr) (+)= the packed 6 x kc micro-panel ap times the panel bp. */
+T __attribute__((noinline)) static void ukr(int64_t kc, const float *ap, const float *bp, float *C, int64_t ldc, int add,
+                  int mr, int nr)
+{
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (int64_t k = 0; k < kc; k++, ap += MR, bp += NR) {
+        const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
+        __m256 x;
+        x = _mm256_broadcast_ss(ap + 0); c00 = _mm256_fmadd_ps(x, b0, c00); c01 = _mm256_fmadd_ps(x, b1, c01);
+        x = _mm256_broadcast_ss(ap + 1); c10 = _mm256_fmadd_ps(x, b0, c10); c11 = _mm256_fmadd_ps(x, b1, c11);
+        x = _mm256_broadcast_ss(ap + 2); c20 = _mm256_fmadd_ps(x, b0, c20); c21 = _mm256_fmadd_ps(x, b1, c21);
+        x = _mm256_broadcast_ss(ap + 3); c30 = _mm256_fmadd_ps(x, b0, c30); c31 = _mm256_fmadd_ps(x, b1, c31);
+        x = _mm256_broadcast_ss(ap + 4); c40 = _mm256_fmadd_ps(x, b0, c40); c41 = _mm256_fmadd_ps(x, b1, c41);
+        x = _mm256_broadcast_ss(ap + 5); c50 = _mm256_fmadd_ps(x, b0, c50); c51 = _mm256_fmadd_ps(x, b1, c51);
+    }
+    __m256 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    if (nr == NR) {
+        for (int r = 0; r < mr; r++) {
+            float *c = C + r * ldc;
+            __m256 v0 = acc[r][0], v1 = acc[r][1];
+            if (add) {
+                v0 = _mm256_add_ps(_mm256_loadu_ps(c), v0);
+                v1 = _mm256_add_ps(_mm256_loadu_ps(c + 8), v1);
+            }
+            _mm256_storeu_ps(c, v0);
+            _mm256_storeu_ps(c + 8, v1);
+        }
+        return;
+    }
+    float t[NR];
+    for (int r = 0; r < mr; r++) {
+        float *c = C + r * ldc;
+        _mm256_storeu_ps(t, acc[r][0]);
+        _mm256_storeu_ps(t + 8, acc[r][1]);
+        for (int j = 0; j < nr; j++) c[j] = add ? c[j] + t[j] : t[j];
+    }
+}
+
+size_t lrmoe_avx2_gemm_ws(void) { return (size_t)(MC * KC + 8) * sizeof(float); }
+
+T void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
+                       int64_t lda, const void *B, int b_bf16, int64_t ldb, int acc, float *C,
+                       int64_t ldc)
+{
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!acc)
+            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
+        return;
+    }
+    /* Two micro-panels: B stored (K,N) is packed 32 columns at a time, so
+     * that each of its rows' lines is read whole, once (rows of a
+     * power-of-two byte stride share a few cache sets, and the half line
+     * a 16-column panel leaves is evicted before the next panel would use
+     * it). */
+    _Alignas(64) float bp[2][KC * NR];
+    const int np = tb ? 1 : 2;
+    for (int64_t p0 = 0; p0 < K; p0 += KC) {
+        const int64_t kc = K - p0 < KC ? K - p0 : KC;
+        const int add = acc || p0 > 0;
+        for (int64_t i0 = 0; i0 < M; i0 += MC) {
+            const int64_t m = M - i0 < MC ? M - i0 : MC;
+            pack_a(ta, A, lda, i0, m, p0, kc, ws);
+            for (int64_t j0 = 0; j0 < N; j0 += np * NR) {
+                if (np == 2 && j0 + 2 * NR <= N)
+                    pack_b2(B, b_bf16, ldb, p0, kc, j0, bp[0], bp[1]);
+                else
+                    for (int q = 0; q < np && j0 + q * NR < N; q++) {
+                        const int64_t jq = j0 + q * NR;
+                        pack_b(tb, B, b_bf16, ldb, p0, kc, jq, N - jq < NR ? (int)(N - jq) : NR,
+                               bp[q]);
+                    }
+                prefetch_b(tb, B, b_bf16, ldb, p0, kc, j0 + np * NR, N);
+                for (int q = 0; q < np && j0 + q * NR < N; q++) {
+                    const int64_t jq = j0 + q * NR;
+                    const int nr = N - jq < NR ? (int)(N - jq) : NR;
+                    for (int64_t ib = 0; ib < m; ib += MR)
+                        ukr(kc, ws + ib * kc, bp[q], C + (i0 + ib) * ldc + jq, ldc, add,
+                            m - ib < MR ? (int)(m - ib) : MR, nr);
+                }
+            }
+        }
+    }
+}
+
+#else /* not x86: never available; lib/gemm_cpu.c then uses OpenBLAS */
+
+int lrmoe_avx2_gemm_available(void) { return 0; }
+
+size_t lrmoe_avx2_gemm_ws(void) { return 0; }
+
+void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
+                     int64_t lda, const void *B, int b_bf16, int64_t ldb, int acc, float *C,
+                     int64_t ldc)
+{
+    (void)ws; (void)ta; (void)tb; (void)M; (void)N; (void)K; (void)A; (void)lda; (void)B; (void)b_bf16;
+    (void)ldb; (void)acc; (void)C; (void)ldc;
+    abort();
+}
+#endif

@@ -1,0 +1,38 @@
+/* F32 GEMM kernel on AVX2 and FMA, built for the expert layer on CPUs
+ * without a BF16 matmul (AVX2 only: no AVX512_BF16, no AMX), whose weight
+ * operand it reads in its stored BF16 (or F32) layout:
+ *
+ *   C (M,N) F32  =  op(A) op(B)  [+ C when acc]
+ *
+ * op(A) = A (stored (M,K), row stride lda) or A^T (ta: stored (K,M)); A is
+ * F32. op(B) = B (stored (K,N), row stride ldb) or B^T (tb: stored (N,K));
+ * B is BF16 (b_bf16 = 1: uint16 bits, widened exactly in the kernel) or F32.
+ *
+ * Blocking: K in blocks of KC; per block, B in 16-column micro-panels packed
+ * (and widened, transposed when tb) into a buffer that stays in L1, each
+ * multiplied with every 6-row block of A, whose values the 6x16 FMA
+ * micro-kernel broadcasts straight from A. The weights are read once per K
+ * block from their stored layout: no F32 copy of a weight matrix is made.
+ *
+ * Numerics: each C element is a sum in F32 with fused multiply-adds, in
+ * ascending k within a K block, the blocks' partial sums added to C in
+ * ascending order. The caller rounds the operands first for the BF16 compute
+ * (then every product is exact in F32). Not bit-identical to OpenBLAS sgemm
+ * (another summation order). Nothing here prints or exits; no allocation. */
+#ifndef LRMOE_GEMM_AVX2_H
+#define LRMOE_GEMM_AVX2_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* 1 when this CPU runs AVX2 and FMA (and LRMOE_AVX2_GEMM is not 0 in the
+ * environment), else 0. */
+int lrmoe_avx2_gemm_available(void);
+
+/* Bytes of the workspace lrmoe_avx2_gemm takes (the packed A block). */
+size_t lrmoe_avx2_gemm_ws(void);
+
+void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                     const void *B, int b_bf16, int64_t ldb, int acc, float *C, int64_t ldc);
+
+#endif
