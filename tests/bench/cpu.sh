@@ -7,7 +7,7 @@
 # exec_torch.py in BF16: a per-expert loop and torch._grouped_mm; the faster
 # of the two per row counts), at several token counts. On a CPU where oneDNN
 # has no BF16 matmul (AVX2 without AVX512_BF16/AMX) lrmoe's bf16 compute is
-# emulated (exec.bf16=emulated: sgemm on BF16-rounded operands), PyTorch's
+# emulated (exec.bf16=emulated: lib/gemm_avx2.c on BF16-rounded operands), PyTorch's
 # BF16 matmul has no fast kernel either, so PyTorch runs F32 (its best path
 # there) and the dense reference is oneDNN's F32 matmul.
 # Shape: qwen3-30b-a3b (E=128 K=8 D=2048 F=768), BF16 storage, one rank, one
@@ -90,7 +90,7 @@ last=$(echo $computes | cut -d' ' -f1)
 # either, so PyTorch's best CPU path is F32 and the dense reference is F32.
 ddt=bf16
 [ -x "$tmp/dense" ] && { "$tmp/dense" 64 64 64 1 1 >/dev/null 2>&1 || ddt=f32; }
-[ "$ddt" = bf16 ] || echo "  no BF16 matmul in oneDNN on this CPU: lrmoe's bf16 is emulated (sgemm on BF16-rounded" \
+[ "$ddt" = bf16 ] || echo "  no BF16 matmul in oneDNN on this CPU: lrmoe's bf16 is emulated (lrmoe's AVX2 kernel on BF16-rounded" \
     "operands); PyTorch and the dense reference run F32"
 
 # ---- PyTorch BF16: per-expert loop and torch._grouped_mm, every frame
