@@ -441,6 +441,12 @@ have_bf16() {
     run "$D/gt" f32
     assert_success
     assert_output --partial "288 cases, 0 failed"
+    # lib/gemm_avx2.c itself with an F32 B (lrmoe_gemm gives it BF16 weights only)
+    if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+        assert_output --partial "avx2 kernel, F32 B: 72 cases, 0 failed"
+    else
+        assert_output --partial "avx2 kernel, F32 B: skipped"
+    fi
     [ -n "$DN" ] || skip "oneDNN (libdnnl-dev) not installed: the bf16 GEMM path is not built"
     run "$D/gt" bf16
     assert_success

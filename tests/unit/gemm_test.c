@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "gemm_cpu.h"
+#include "gemm_avx2.h"
 
 static uint64_t rs = 88172645463325252ull;
 static float rnd(void)
@@ -116,5 +117,45 @@ int main(int argc, char **argv)
         }
     printf("gemm %s: %d cases, %d failed\n", argv[1], cases, fails);
     lrmoe_gemm_free(g);
+    /* lib/gemm_avx2.c directly with an F32 B (lrmoe_gemm hands it BF16 only):
+     * exact F32 operands against float64 */
+    if (lrmoe_avx2_gemm_available()) {
+        int kf = 0, kc = 0;
+        float *ws = malloc(lrmoe_avx2_gemm_ws());
+        for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++)
+            for (int f = 0; f < 8; f++) {
+                int ta = f & 1, tb = (f >> 1) & 1, acc = (f >> 2) & 1;
+                int64_t M = sz[s][0], N = sz[s][1], K = sz[s][2];
+                int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+                int64_t lda = ac + (s & 1) * 3, ldb = bc + (s & 2), ldc = N + (s & 1) * 5;
+                double *ra, *rb, *rc;
+                float *A = mat(ar, ac, lda, LRMOE_F32, 0, &ra);
+                void *B = mat(br, bc, ldb, LRMOE_F32, 0, &rb);
+                float *C = (float *)mat(M, N, ldc, LRMOE_F32, 0, &rc);
+                lrmoe_avx2_gemm(ws, ta, tb, M, N, K, A, lda, B, 0, ldb, acc, C, ldc);
+                double err = 0, mx = 1e-30;
+                for (int64_t i = 0; i < M; i++)
+                    for (int64_t j = 0; j < N; j++) {
+                        double r = acc ? rc[i * N + j] : 0;
+                        for (int64_t k = 0; k < K; k++)
+                            r += (ta ? ra[k * ac + i] : ra[i * ac + k]) *
+                                 (tb ? rb[j * bc + k] : rb[k * bc + j]);
+                        err = fmax(err, fabs(C[i * ldc + j] - r));
+                        mx = fmax(mx, fabs(r));
+                    }
+                kc++;
+                if (!(err / mx <= 1e-5)) {
+                    kf++;
+                    printf("FAIL avx2 F32 B M=%lld N=%lld K=%lld ta=%d tb=%d acc=%d relerr %.3e\n",
+                           (long long)M, (long long)N, (long long)K, ta, tb, acc, err / mx);
+                }
+                free(A); free(B); free(C); free(ra); free(rb); free(rc);
+            }
+        free(ws);
+        printf("avx2 kernel, F32 B: %d cases, %d failed\n", kc, kf);
+        fails += kf;
+    } else {
+        printf("avx2 kernel, F32 B: skipped (this CPU has no AVX2 and FMA)\n");
+    }
     return fails ? 1 : 0;
 }
