@@ -8,11 +8,14 @@
  * F32. op(B) = B (stored (K,N), row stride ldb) or B^T (tb: stored (N,K));
  * B is BF16 (b_bf16 = 1: uint16 bits, widened exactly in the kernel) or F32.
  *
- * Blocking: K in blocks of KC; per block, B in 16-column micro-panels packed
- * (and widened, transposed when tb) into a buffer that stays in L1, each
- * multiplied with every 6-row block of A, whose values the 6x16 FMA
- * micro-kernel broadcasts straight from A. The weights are read once per K
- * block from their stored layout: no F32 copy of a weight matrix is made.
+ * Blocking: K in blocks of 256 and M in blocks of 264 rows; per block, A
+ * packed into 6-row micro-panels (the caller's workspace), B into 16-column
+ * micro-panels (widened; transposed when tb; two at a time, in one pass over
+ * B's rows, when B is stored (K,N)) in a buffer that stays in L1, each
+ * multiplied with every 6-row micro-panel of A by the 6x16 FMA micro-kernel,
+ * which broadcasts A's values. The weights are read from their stored
+ * layout once per (K block, M block): no F32 copy of a weight matrix is
+ * made.
  *
  * Numerics: each C element is a sum in F32 with fused multiply-adds, in
  * ascending k within a K block, the blocks' partial sums added to C in
@@ -32,6 +35,7 @@ int lrmoe_avx2_gemm_available(void);
 /* Bytes of the workspace lrmoe_avx2_gemm takes (the packed A block). */
 size_t lrmoe_avx2_gemm_ws(void);
 
+/* ws: lrmoe_avx2_gemm_ws() bytes, any alignment; one per thread. */
 void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                      const void *B, int b_bf16, int64_t ldb, int acc, float *C, int64_t ldc);
 
