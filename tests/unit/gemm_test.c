@@ -44,6 +44,25 @@ static void *mat(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, int r
     return m;
 }
 
+/* Largest |C - float64 op(A) op(B) [+ C0]| over the largest |reference|:
+ * ra (ac columns), rb (bc columns) and rc (C's initial values, N columns)
+ * as mat() returned them. */
+static double relerr(int ta, int tb, int acc, int64_t M, int64_t N, int64_t K, const double *ra,
+                     int64_t ac, const double *rb, int64_t bc, const double *rc, const float *C,
+                     int64_t ldc)
+{
+    double err = 0, mx = 1e-30;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double r = acc ? rc[i * N + j] : 0;
+            for (int64_t k = 0; k < K; k++)
+                r += (ta ? ra[k * ac + i] : ra[i * ac + k]) * (tb ? rb[j * bc + k] : rb[k * bc + j]);
+            err = fmax(err, fabs(C[i * ldc + j] - r));
+            mx = fmax(mx, fabs(r));
+        }
+    return err / mx;
+}
+
 int main(int argc, char **argv)
 {
     lrmoe_compute_t cm;
@@ -93,24 +112,15 @@ int main(int argc, char **argv)
             void *A = mat(ar, ac, lda, adt, round, &ra), *B = mat(br, bc, ldb, bdt, round, &rb);
             float *C = (float *)mat(M, N, ldc, LRMOE_F32, 0, &rc);
             int rcode = lrmoe_gemm(g, ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, acc, C, ldc);
-            double err = 0, mx = 1e-30;
-            for (int64_t i = 0; i < M; i++)
-                for (int64_t j = 0; j < N; j++) {
-                    double r = acc ? rc[i * N + j] : 0;
-                    for (int64_t k = 0; k < K; k++)
-                        r += (ta ? ra[k * ac + i] : ra[i * ac + k]) *
-                             (tb ? rb[j * bc + k] : rb[k * bc + j]);
-                    err = fmax(err, fabs(C[i * ldc + j] - r));
-                    mx = fmax(mx, fabs(r));
-                }
             /* F32 accumulation of K terms of size <= 1: a few ulps of F32 */
-            int ok = rcode == 0 && err / mx <= 1e-5;
+            const double rel = relerr(ta, tb, acc, M, N, K, ra, ac, rb, bc, rc, C, ldc);
+            int ok = rcode == 0 && rel <= 1e-5;
             cases++;
             if (!ok) {
                 fails++;
                 printf("FAIL %s M=%lld N=%lld K=%lld ta=%d tb=%d acc=%d A=%s B=%s relerr %.3e%s%s\n",
                        argv[1], (long long)M, (long long)N, (long long)K, ta, tb, acc,
-                       lrmoe_dtype_name(adt), lrmoe_dtype_name(bdt), err / mx,
+                       lrmoe_dtype_name(adt), lrmoe_dtype_name(bdt), rel,
                        rcode ? ": " : "", rcode ? lrmoe_errmsg() : "");
             }
             free(A); free(B); free(C); free(ra); free(rb); free(rc);
@@ -133,21 +143,12 @@ int main(int argc, char **argv)
                 void *B = mat(br, bc, ldb, LRMOE_F32, 0, &rb);
                 float *C = (float *)mat(M, N, ldc, LRMOE_F32, 0, &rc);
                 lrmoe_avx2_gemm(ws, ta, tb, M, N, K, A, lda, B, 0, ldb, acc, C, ldc);
-                double err = 0, mx = 1e-30;
-                for (int64_t i = 0; i < M; i++)
-                    for (int64_t j = 0; j < N; j++) {
-                        double r = acc ? rc[i * N + j] : 0;
-                        for (int64_t k = 0; k < K; k++)
-                            r += (ta ? ra[k * ac + i] : ra[i * ac + k]) *
-                                 (tb ? rb[j * bc + k] : rb[k * bc + j]);
-                        err = fmax(err, fabs(C[i * ldc + j] - r));
-                        mx = fmax(mx, fabs(r));
-                    }
+                const double rel = relerr(ta, tb, acc, M, N, K, ra, ac, rb, bc, rc, C, ldc);
                 kc++;
-                if (!(err / mx <= 1e-5)) {
+                if (!(rel <= 1e-5)) {
                     kf++;
                     printf("FAIL avx2 F32 B M=%lld N=%lld K=%lld ta=%d tb=%d acc=%d relerr %.3e\n",
-                           (long long)M, (long long)N, (long long)K, ta, tb, acc, err / mx);
+                           (long long)M, (long long)N, (long long)K, ta, tb, acc, rel);
                 }
                 free(A); free(B); free(C); free(ra); free(rb); free(rc);
             }
