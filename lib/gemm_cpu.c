@@ -163,17 +163,11 @@ static int gemm_bf16_emul(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N,
     uint16_t *h = scratch(g, 4, (size_t)(ac > bc ? ac : bc) * 2);
     if (!h) return -1;
     if (g->avx2) {
-        if (adt == LRMOE_F32) {
-            float *d = scratch(g, 0, (size_t)(ar * ac) * sizeof(float));
-            if (!d) return -1;
-            round_rows(A, ar, ac, lda, d, 1, h);
-            A = d; lda = ac;
-        } else {
-            float *d = scratch(g, 0, (size_t)(ar * ac) * sizeof(float));
-            if (!d) return -1;
-            pack(A, adt, ar, ac, lda, d, LRMOE_F32, ar, ac);
-            A = d; lda = ac;
-        }
+        float *a = scratch(g, 0, (size_t)(ar * ac) * sizeof(float));
+        if (!a) return -1;
+        if (adt == LRMOE_F32) round_rows(A, ar, ac, lda, a, 1, h);
+        else pack(A, adt, ar, ac, lda, a, LRMOE_F32, ar, ac);
+        A = a; lda = ac;
         if (bdt == LRMOE_F32) {
             uint16_t *d = scratch(g, 1, (size_t)(br * bc) * 2);
             if (!d) return -1;
