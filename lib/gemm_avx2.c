@@ -79,8 +79,9 @@ TPANEL(tpanel_f32, float, _mm256_loadu_ps)
 #undef TPANEL
 
 /* The micro-panel bp[k][0..15] = op(B)[p0 + k][j0 + j], zero past nr. */
-T __attribute__((noinline)) static void pack_b(int tb, const void *B, int bf, int64_t ldb, int64_t p0, int64_t kc,
-                     int64_t j0, int nr, float *bp)
+T __attribute__((noinline)) static void pack_b(int tb, const void *B, int bf, int64_t ldb,
+                                               int64_t p0, int64_t kc, int64_t j0, int nr,
+                                               float *bp)
 {
     const size_t es = bf ? 2 : 4;
     if (!tb) {
@@ -161,8 +162,8 @@ T static void prefetch_b(int tb, const void *B, int bf, int64_t ldb, int64_t p0,
 
 /* The A block rows i0..i0+M-1, k p0..p0+kc-1 as 6-row micro-panels
  * ap[ib][k][r] (rows past M zero): the micro-kernel reads it in sequence. */
-T __attribute__((noinline)) static void pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t m, int64_t p0,
-                     int64_t kc, float *ap)
+T __attribute__((noinline)) static void pack_a(int ta, const float *A, int64_t lda, int64_t i0,
+                                               int64_t m, int64_t p0, int64_t kc, float *ap)
 {
     for (int64_t ib = 0; ib < m; ib += MR, ap += kc * MR) {
         const int mr = m - ib < MR ? (int)(m - ib) : MR;
@@ -193,8 +194,8 @@ T __attribute__((noinline)) static void pack_a(int ta, const float *A, int64_t l
 }
 
 /* C[0..mr)[0..nr) (+)= the packed 6 x kc micro-panel ap times the panel bp. */
-T __attribute__((noinline)) static void ukr(int64_t kc, const float *ap, const float *bp, float *C, int64_t ldc, int add,
-                  int mr, int nr)
+T __attribute__((noinline)) static void ukr(int64_t kc, const float *ap, const float *bp, float *C,
+                                            int64_t ldc, int add, int mr, int nr)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;

@@ -72,7 +72,8 @@ struct lrmoe_gemm {
     lrmoe_compute_t c;
     void *scr[6];             /* conversion scratch of A and B; [2]: lrmoe_gemm2's A;
                                  [3]: lrmoe_gemm_bf16out's F32 product; [4]: one
-                                 BF16 row of the emulated bf16 compute */
+                                 BF16 row of the emulated bf16 compute; [5]: the
+                                 AVX2 kernel's packed A */
     size_t cap[6];
     int emul;                 /* bf16 compute without a oneDNN BF16 matmul on this
                                  CPU: operands rounded to BF16, then the AVX2
@@ -132,16 +133,14 @@ static int gemm_f32(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64
 /* ------------------------------------------------ bf16, emulated */
 
 /* rows x cols of the F32 src (row stride ld) rounded to BF16 (nearest even,
- * lrmoe_gemm_to_bf16) into dst, F32 (dst_f32, the rounded values widened
- * back) or BF16, row-major with row stride cols. h: one BF16 row of scratch. */
-static void round_rows(const float *src, int64_t rows, int64_t cols, int64_t ld, void *dst,
-                       int dst_f32, uint16_t *h)
+ * lrmoe_gemm_to_bf16) and widened back into the F32 dst, row-major with row
+ * stride cols. h: one BF16 row of scratch. */
+static void round_rows(const float *src, int64_t rows, int64_t cols, int64_t ld, float *dst,
+                       uint16_t *h)
 {
     for (int64_t r = 0; r < rows; r++) {
-        const float *s = src + r * ld;
-        if (!dst_f32) { lrmoe_gemm_to_bf16(s, (uint16_t *)dst + r * cols, (size_t)cols); continue; }
-        lrmoe_gemm_to_bf16(s, h, (size_t)cols);
-        lrmoe_convert_to_f32(LRMOE_BF16, h, (float *)dst + r * cols, (size_t)cols);
+        lrmoe_gemm_to_bf16(src + r * ld, h, (size_t)cols);
+        lrmoe_convert_to_f32(LRMOE_BF16, h, dst + r * cols, (size_t)cols);
     }
 }
 
@@ -165,13 +164,13 @@ static int gemm_bf16_emul(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N,
     if (g->avx2) {
         float *a = scratch(g, 0, (size_t)(ar * ac) * sizeof(float));
         if (!a) return -1;
-        if (adt == LRMOE_F32) round_rows(A, ar, ac, lda, a, 1, h);
+        if (adt == LRMOE_F32) round_rows(A, ar, ac, lda, a, h);
         else pack(A, adt, ar, ac, lda, a, LRMOE_F32, ar, ac);
         A = a; lda = ac;
         if (bdt == LRMOE_F32) {
             uint16_t *d = scratch(g, 1, (size_t)(br * bc) * 2);
             if (!d) return -1;
-            round_rows(B, br, bc, ldb, d, 0, h);
+            pack(B, bdt, br, bc, ldb, d, LRMOE_BF16, br, bc);
             B = d; ldb = bc;
         }
         float *ws = scratch(g, 5, lrmoe_avx2_gemm_ws());
@@ -185,7 +184,7 @@ static int gemm_bf16_emul(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N,
         if ((i ? bdt : adt) != LRMOE_F32) continue;
         float *d = scratch(g, i, (size_t)(rows[i] * cols[i]) * sizeof(float));
         if (!d) return -1;
-        round_rows(op[i], rows[i], cols[i], ld[i], d, 1, h);
+        round_rows(op[i], rows[i], cols[i], ld[i], d, h);
         op[i] = d;
         ld[i] = cols[i];
     }

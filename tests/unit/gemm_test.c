@@ -156,7 +156,7 @@ int main(int argc, char **argv)
         printf("avx2 kernel, F32 B: %d cases, %d failed\n", kc, kf);
         fails += kf;
     } else {
-        printf("avx2 kernel, F32 B: skipped (this CPU has no AVX2 and FMA)\n");
+        printf("avx2 kernel, F32 B: skipped (no AVX2 and FMA here, or LRMOE_AVX2_GEMM=0)\n");
     }
     return fails ? 1 : 0;
 }
