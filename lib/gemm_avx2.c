@@ -13,7 +13,7 @@
 #ifndef AVX2_MC
 #define AVX2_MC 264
 #endif
-enum { MR = 6, NR = 16, KC = AVX2_KC, MC = AVX2_MC };
+enum { MR = 6, NR = 16, KC = AVX2_KC, MC = AVX2_MC, NT_BYTES = 1 << 20 };
 
 int lrmoe_avx2_gemm_available(void)
 {
@@ -193,12 +193,21 @@ T __attribute__((noinline)) static void pack_a(int ta, const float *A, int64_t l
     }
 }
 
-/* C[0..mr)[0..nr) (+)= the packed 6 x kc micro-panel ap times the panel bp. */
+/* C[0..mr)[0..nr) (+)= the packed 6 x kc micro-panel ap times the panel bp.
+ * nt: C is written once (no add) and not read soon: full rows of 64-byte
+ * aligned lines are stored non-temporally (the caller fences). Otherwise C's
+ * lines are prefetched first, so that they arrive while the loop runs. */
 T __attribute__((noinline)) static void ukr(int64_t kc, const float *ap, const float *bp, float *C,
-                                            int64_t ldc, int add, int mr, int nr)
+                                            int64_t ldc, int add, int nt, int mr, int nr)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    nt = nt && nr == NR && !((uintptr_t)C & 63) && !((ldc * sizeof *C) & 63);
+    if (!nt)
+        for (int r = 0; r < mr; r++) {
+            _mm_prefetch((const char *)(C + r * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + r * ldc + nr - 1), _MM_HINT_T0);
+        }
     for (int64_t k = 0; k < kc; k++, ap += MR, bp += NR) {
         const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
         __m256 x;
@@ -214,6 +223,11 @@ T __attribute__((noinline)) static void ukr(int64_t kc, const float *ap, const f
         for (int r = 0; r < mr; r++) {
             float *c = C + r * ldc;
             __m256 v0 = acc[r][0], v1 = acc[r][1];
+            if (nt) {
+                _mm256_stream_ps(c, v0);
+                _mm256_stream_ps(c + 8, v1);
+                continue;
+            }
             if (add) {
                 v0 = _mm256_add_ps(_mm256_loadu_ps(c), v0);
                 v1 = _mm256_add_ps(_mm256_loadu_ps(c + 8), v1);
@@ -251,6 +265,9 @@ T void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t 
      * it). */
     _Alignas(64) float bp[2][KC * NR];
     const int np = tb ? 1 : 2;
+    /* C written once, in one K block, and larger than L2 (the weight
+     * gradients): non-temporal stores, which skip reading C's lines first */
+    const int nt = !acc && K <= KC && (size_t)M * (size_t)N * sizeof *C >= NT_BYTES;
     for (int64_t p0 = 0; p0 < K; p0 += KC) {
         const int64_t kc = K - p0 < KC ? K - p0 : KC;
         const int add = acc || p0 > 0;
@@ -271,12 +288,13 @@ T void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t 
                     const int64_t jq = j0 + q * NR;
                     const int nr = N - jq < NR ? (int)(N - jq) : NR;
                     for (int64_t ib = 0; ib < m; ib += MR)
-                        ukr(kc, ws + ib * kc, bp[q], C + (i0 + ib) * ldc + jq, ldc, add,
+                        ukr(kc, ws + ib * kc, bp[q], C + (i0 + ib) * ldc + jq, ldc, add, nt,
                             m - ib < MR ? (int)(m - ib) : MR, nr);
                 }
             }
         }
     }
+    if (nt) _mm_sfence();
 }
 
 #else /* not x86: never available; lib/gemm_cpu.c then uses OpenBLAS */

@@ -15,7 +15,10 @@
  * multiplied with every 6-row micro-panel of A by the 6x16 FMA micro-kernel,
  * which broadcasts A's values. The weights are read from their stored
  * layout once per (K block, M block): no F32 copy of a weight matrix is
- * made.
+ * made. The micro-kernel prefetches its C lines before its loop; a C that
+ * is written in one K block without acc and is 1 MiB or more (the weight
+ * gradients) is stored non-temporally where its rows are 64-byte aligned,
+ * fenced before the call returns.
  *
  * Numerics: each C element is a sum in F32 with fused multiply-adds, in
  * ascending k within a K block, the blocks' partial sums added to C in

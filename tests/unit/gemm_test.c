@@ -26,7 +26,11 @@ static void *mat(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, int r
                  double **ref)
 {
     size_t es = lrmoe_dtype_size(dt);
-    char *m = malloc((size_t)(rows * ld) * es + 1);
+    /* 64-byte aligned, as the layer's buffers: lib/gemm_avx2.c's
+     * non-temporal stores need aligned rows */
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (size_t)(rows * ld) * es + 1)) abort();
+    char *m = p;
     *ref = malloc((size_t)(rows * cols) * sizeof **ref + 1);
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < ld; j++) {
@@ -98,7 +102,12 @@ int main(int argc, char **argv)
                                     {130, 72, 200}, {5, 300, 17}, {33, 17, 0},
                                     /* lib/gemm_avx2.c's blocks: K past two of its
                                      * 256-deep blocks, M past its 264-row block */
-                                    {270, 40, 530}, {13, 33, 264}};
+                                    {270, 40, 530}, {13, 33, 264},
+                                    /* one K block and C over 1 MiB: its
+                                     * non-temporal stores, on rows of 517
+                                     * floats (not 64-byte aligned: plain
+                                     * stores) and of 528 (aligned) */
+                                    {520, 512, 9}, {512, 528, 24}};
     int fails = 0, cases = 0;
     for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++)
         for (int f = 0; f < 32; f++) {
