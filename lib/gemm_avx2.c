@@ -13,7 +13,7 @@
 #ifndef AVX2_MC
 #define AVX2_MC 264
 #endif
-enum { MR = 6, NR = 16, KC = AVX2_KC, MC = AVX2_MC, NT_BYTES = 1 << 20 };
+enum { MR = 6, NR = 16, KC = AVX2_KC, MC = AVX2_MC, NG = 16, NT_BYTES = 1 << 20 };
 
 int lrmoe_avx2_gemm_available(void)
 {
@@ -78,32 +78,12 @@ TPANEL(tpanel_bf16, uint16_t, wide8)
 TPANEL(tpanel_f32, float, _mm256_loadu_ps)
 #undef TPANEL
 
-/* The micro-panel bp[k][0..15] = op(B)[p0 + k][j0 + j], zero past nr. */
-T __attribute__((noinline)) static void pack_b(int tb, const void *B, int bf, int64_t ldb,
-                                               int64_t p0, int64_t kc, int64_t j0, int nr,
-                                               float *bp)
+/* The micro-panel bp[k][0..15] = B^T[p0 + k][j0 + j] = B[j0 + j][p0 + k]
+ * (B stored (N,K)), zero past nr: rows j0.. of B become columns of the
+ * panel, eight rows by eight k at a time through an 8x8 transpose. */
+T __attribute__((noinline)) static void pack_bt(const void *B, int bf, int64_t ldb, int64_t p0,
+                                                int64_t kc, int64_t j0, int nr, float *bp)
 {
-    const size_t es = bf ? 2 : 4;
-    if (!tb) {
-        for (int64_t k = 0; k < kc; k++) {
-            const char *s = (const char *)B + (size_t)((p0 + k) * ldb + j0) * es;
-            float *d = bp + k * NR;
-            if (nr == NR) {
-                if (bf) {
-                    _mm256_store_ps(d, wide8((const uint16_t *)s));
-                    _mm256_store_ps(d + 8, wide8((const uint16_t *)s + 8));
-                } else {
-                    _mm256_store_ps(d, _mm256_loadu_ps((const float *)s));
-                    _mm256_store_ps(d + 8, _mm256_loadu_ps((const float *)s + 8));
-                }
-            } else {
-                for (int j = 0; j < NR; j++) d[j] = j < nr ? bval(s, bf, j) : 0.0f;
-            }
-        }
-        return;
-    }
-    /* tb: B stored (N,K); rows j0.. of B become columns of the panel, eight
-     * rows by eight k at a time through an 8x8 transpose */
     int64_t k = 0;
     if (nr == NR) {
         const int64_t kv = kc & ~(int64_t)7;
@@ -118,45 +98,45 @@ T __attribute__((noinline)) static void pack_b(int tb, const void *B, int bf, in
             bp[k * NR + j] = j < nr ? bval(B, bf, (j0 + j) * ldb + p0 + k) : 0.0f;
 }
 
-/* Two full micro-panels of a B stored (K,N) in one pass over its rows:
- * b0[k][j] = B[p0 + k][j0 + j], b1[k][j] = B[p0 + k][j0 + 16 + j]. */
-T __attribute__((noinline)) static void pack_b2(const void *B, int bf, int64_t ldb, int64_t p0,
-                                                int64_t kc, int64_t j0, float *b0, float *b1)
+/* B stored (K,N): the columns j0 .. j0 + cols - 1 (cols <= NG * NR) as
+ * micro-panels bp + q KC NR, [k][0..15] = B[p0 + k][j0 + 16 q + j], zero
+ * past cols, in one pass over B's rows: each row gives cols contiguous
+ * values (up to 512 bytes of BF16), which the hardware prefetcher follows;
+ * a narrower pass reads one line per row, each row in another page. */
+T __attribute__((noinline)) static void pack_bn(const void *B, int bf, int64_t ldb, int64_t p0,
+                                                int64_t kc, int64_t j0, int64_t cols, float *bp)
 {
-    for (int64_t k = 0; k < kc; k++, b0 += NR, b1 += NR) {
+    const int64_t full = cols / NR, rest = cols % NR;
+    for (int64_t k = 0; k < kc; k++) {
         const int64_t o = (p0 + k) * ldb + j0;
-        if (bf) {
-            const uint16_t *s = (const uint16_t *)B + o;
-            _mm256_store_ps(b0, wide8(s));
-            _mm256_store_ps(b0 + 8, wide8(s + 8));
-            _mm256_store_ps(b1, wide8(s + 16));
-            _mm256_store_ps(b1 + 8, wide8(s + 24));
-        } else {
-            const float *s = (const float *)B + o;
-            _mm256_store_ps(b0, _mm256_loadu_ps(s));
-            _mm256_store_ps(b0 + 8, _mm256_loadu_ps(s + 8));
-            _mm256_store_ps(b1, _mm256_loadu_ps(s + 16));
-            _mm256_store_ps(b1 + 8, _mm256_loadu_ps(s + 24));
+        float *d = bp + k * NR;
+        for (int64_t q = 0; q < full; q++, d += KC * NR) {
+            if (bf) {
+                const uint16_t *s = (const uint16_t *)B + o + q * NR;
+                _mm256_store_ps(d, wide8(s));
+                _mm256_store_ps(d + 8, wide8(s + 8));
+            } else {
+                const float *s = (const float *)B + o + q * NR;
+                _mm256_store_ps(d, _mm256_loadu_ps(s));
+                _mm256_store_ps(d + 8, _mm256_loadu_ps(s + 8));
+            }
         }
+        if (rest)
+            for (int j = 0; j < NR; j++) d[j] = j < rest ? bval(B, bf, o + full * NR + j) : 0.0f;
     }
 }
 
-/* Touch the lines of the next micro-panel's source (the weights stream from
- * memory while this one computes). */
-T static void prefetch_b(int tb, const void *B, int bf, int64_t ldb, int64_t p0, int64_t kc,
-                         int64_t j0, int64_t N)
+/* Touch the lines of the next micro-panel's source, B stored (N,K) (the
+ * weights stream from memory while this one computes). */
+T static void prefetch_bt(const void *B, int bf, int64_t ldb, int64_t p0, int64_t kc, int64_t j0,
+                          int64_t N)
 {
     const size_t es = bf ? 2 : 4;
     if (j0 >= N) return;
-    if (tb) {
-        const int64_t rows = N - j0 < NR ? N - j0 : NR;
-        for (int64_t j = 0; j < rows; j++) {
-            const char *s = (const char *)B + (size_t)((j0 + j) * ldb + p0) * es;
-            for (size_t o = 0; o < (size_t)kc * es; o += 64) _mm_prefetch(s + o, _MM_HINT_T0);
-        }
-    } else if ((j0 * es) % 64 == 0) {
-        for (int64_t k = 0; k < kc; k++)
-            _mm_prefetch((const char *)B + (size_t)((p0 + k) * ldb + j0) * es, _MM_HINT_T0);
+    const int64_t rows = N - j0 < NR ? N - j0 : NR;
+    for (int64_t j = 0; j < rows; j++) {
+        const char *s = (const char *)B + (size_t)((j0 + j) * ldb + p0) * es;
+        for (size_t o = 0; o < (size_t)kc * es; o += 64) _mm_prefetch(s + o, _MM_HINT_T0);
     }
 }
 
@@ -246,7 +226,10 @@ T __attribute__((noinline)) static void ukr(int64_t kc, const float *ap, const f
     }
 }
 
-size_t lrmoe_avx2_gemm_ws(void) { return (size_t)(MC * KC + 8) * sizeof(float); }
+/* ws: the packed A block, then (64-byte aligned) the B micro-panels */
+enum { WS_A = MC * KC + 8, WS_B = NG * KC * NR };
+
+size_t lrmoe_avx2_gemm_ws(void) { return (size_t)(WS_A + WS_B) * sizeof(float) + 64; }
 
 T void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
                        int64_t lda, const void *B, int b_bf16, int64_t ldb, int acc, float *C,
@@ -258,13 +241,11 @@ T void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t 
             for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
         return;
     }
-    /* Two micro-panels: B stored (K,N) is packed 32 columns at a time, so
-     * that each of its rows' lines is read whole, once (rows of a
-     * power-of-two byte stride share a few cache sets, and the half line
-     * a 16-column panel leaves is evicted before the next panel would use
-     * it). */
-    _Alignas(64) float bp[2][KC * NR];
-    const int np = tb ? 1 : 2;
+    float *bp = (float *)(((uintptr_t)(ws + WS_A) + 63) & ~(uintptr_t)63);
+    /* B^T (weights stored (N,K)): one transposed micro-panel at a time, the
+     * next one's rows prefetched; B stored (K,N): NG micro-panels (256
+     * columns) per pass over its rows */
+    const int64_t step = tb ? NR : NG * NR;
     /* C written once, in one K block, and larger than L2 (the weight
      * gradients): non-temporal stores, which skip reading C's lines first */
     const int nt = !acc && K <= KC && (size_t)M * (size_t)N * sizeof *C >= NT_BYTES;
@@ -274,22 +255,20 @@ T void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t 
         for (int64_t i0 = 0; i0 < M; i0 += MC) {
             const int64_t m = M - i0 < MC ? M - i0 : MC;
             pack_a(ta, A, lda, i0, m, p0, kc, ws);
-            for (int64_t j0 = 0; j0 < N; j0 += np * NR) {
-                if (np == 2 && j0 + 2 * NR <= N)
-                    pack_b2(B, b_bf16, ldb, p0, kc, j0, bp[0], bp[1]);
-                else
-                    for (int q = 0; q < np && j0 + q * NR < N; q++) {
-                        const int64_t jq = j0 + q * NR;
-                        pack_b(tb, B, b_bf16, ldb, p0, kc, jq, N - jq < NR ? (int)(N - jq) : NR,
-                               bp[q]);
-                    }
-                prefetch_b(tb, B, b_bf16, ldb, p0, kc, j0 + np * NR, N);
-                for (int q = 0; q < np && j0 + q * NR < N; q++) {
+            for (int64_t j0 = 0; j0 < N; j0 += step) {
+                const int64_t cols = N - j0 < step ? N - j0 : step;
+                if (tb) {
+                    pack_bt(B, b_bf16, ldb, p0, kc, j0, (int)cols, bp);
+                    prefetch_bt(B, b_bf16, ldb, p0, kc, j0 + NR, N);
+                } else {
+                    pack_bn(B, b_bf16, ldb, p0, kc, j0, cols, bp);
+                }
+                for (int64_t q = 0; q * NR < cols; q++) {
                     const int64_t jq = j0 + q * NR;
                     const int nr = N - jq < NR ? (int)(N - jq) : NR;
                     for (int64_t ib = 0; ib < m; ib += MR)
-                        ukr(kc, ws + ib * kc, bp[q], C + (i0 + ib) * ldc + jq, ldc, add, nt,
-                            m - ib < MR ? (int)(m - ib) : MR, nr);
+                        ukr(kc, ws + ib * kc, bp + q * KC * NR, C + (i0 + ib) * ldc + jq, ldc, add,
+                            nt, m - ib < MR ? (int)(m - ib) : MR, nr);
                 }
             }
         }

@@ -9,11 +9,12 @@
  * B is BF16 (b_bf16 = 1: uint16 bits, widened exactly in the kernel) or F32.
  *
  * Blocking: K in blocks of 256 and M in blocks of 264 rows; per block, A
- * packed into 6-row micro-panels (the caller's workspace), B into 16-column
- * micro-panels (widened; transposed when tb; two at a time, in one pass over
- * B's rows, when B is stored (K,N)) in a buffer that stays in L1, each
- * multiplied with every 6-row micro-panel of A by the 6x16 FMA micro-kernel,
- * which broadcasts A's values. The weights are read from their stored
+ * packed into 6-row micro-panels, B into 16-column micro-panels (widened;
+ * when tb, one at a time, transposed, the next one's rows prefetched; when
+ * B is stored (K,N), sixteen at a time, 256 columns in one pass over B's
+ * rows), both in the caller's workspace; each micro-panel of B (in L1 while
+ * it is used) is multiplied with every 6-row micro-panel of A by the 6x16
+ * FMA micro-kernel, which broadcasts A's values. The weights are read from their stored
  * layout once per (K block, M block): no F32 copy of a weight matrix is
  * made. The micro-kernel prefetches its C lines before its loop; a C that
  * is written in one K block without acc and is 1 MiB or more (the weight
@@ -35,7 +36,8 @@
  * environment), else 0. */
 int lrmoe_avx2_gemm_available(void);
 
-/* Bytes of the workspace lrmoe_avx2_gemm takes (the packed A block). */
+/* Bytes of the workspace lrmoe_avx2_gemm takes (the packed A block and B's
+ * micro-panels: about 520 KiB). */
 size_t lrmoe_avx2_gemm_ws(void);
 
 /* ws: lrmoe_avx2_gemm_ws() bytes, any alignment; one per thread. */
