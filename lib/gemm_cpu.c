@@ -73,7 +73,7 @@ struct lrmoe_gemm {
     void *scr[6];             /* conversion scratch of A and B; [2]: lrmoe_gemm2's A;
                                  [3]: lrmoe_gemm_bf16out's F32 product; [4]: one
                                  BF16 row of the emulated bf16 compute; [5]: the
-                                 AVX2 kernel's packed A */
+                                 AVX2 kernel's workspace (packed A and B) */
     size_t cap[6];
     int emul;                 /* bf16 compute without a oneDNN BF16 matmul on this
                                  CPU: operands rounded to BF16, then the AVX2
@@ -150,7 +150,8 @@ static void round_rows(const float *src, int64_t rows, int64_t cols, int64_t ld,
  * F32 sums: the numerics of the native path in another summation order.
  * With AVX2 and FMA, lib/gemm_avx2.c multiplies, reading a BF16 B (the
  * weights) in place; A goes in as F32 (rounded or widened, scratch [0]), an
- * F32 B rounded to BF16 first (scratch [1]), the kernel's packed A in [5].
+ * F32 B rounded to BF16 first (scratch [1]), the kernel's packed A and B
+ * in [5].
  * Without AVX2, both operands are widened and OpenBLAS sgemm multiplies.
  * [4]: one BF16 row. */
 static int gemm_bf16_emul(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
