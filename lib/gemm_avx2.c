@@ -174,15 +174,16 @@ T __attribute__((noinline)) static void pack_a(int ta, const float *A, int64_t l
 }
 
 /* C[0..mr)[0..nr) (+)= the packed 6 x kc micro-panel ap times the panel bp.
- * nt: C is written once (no add) and not read soon: full rows of 64-byte
- * aligned lines are stored non-temporally (the caller fences). Otherwise C's
- * lines are prefetched first, so that they arrive while the loop runs. */
+ * nt: C is written once (no add), not read soon, and its rows are 64-byte
+ * aligned: full rows are stored non-temporally (the caller fences).
+ * Otherwise C's lines are prefetched first, so that they arrive while the
+ * loop runs. */
 T __attribute__((noinline)) static void ukr(int64_t kc, const float *ap, const float *bp, float *C,
                                             int64_t ldc, int add, int nt, int mr, int nr)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    nt = nt && nr == NR && !((uintptr_t)C & 63) && !((ldc * sizeof *C) & 63);
+    nt = nt && nr == NR;
     if (!nt)
         for (int r = 0; r < mr; r++) {
             _mm_prefetch((const char *)(C + r * ldc), _MM_HINT_T0);
@@ -247,8 +248,11 @@ T void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t 
      * columns) per pass over its rows */
     const int64_t step = tb ? NR : NG * NR;
     /* C written once, in one K block, and larger than L2 (the weight
-     * gradients): non-temporal stores, which skip reading C's lines first */
-    const int nt = !acc && K <= KC && (size_t)M * (size_t)N * sizeof *C >= NT_BYTES;
+     * gradients): non-temporal stores, which skip reading C's lines first,
+     * where its rows are 64-byte aligned (every micro-tile's rows then are:
+     * tiles start at multiples of 16 columns) */
+    const int nt = !acc && K <= KC && (size_t)M * (size_t)N * sizeof *C >= NT_BYTES &&
+                   !((uintptr_t)C & 63) && !((ldc * sizeof *C) & 63);
     for (int64_t p0 = 0; p0 < K; p0 += KC) {
         const int64_t kc = K - p0 < KC ? K - p0 : KC;
         const int add = acc || p0 > 0;
