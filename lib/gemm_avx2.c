@@ -126,18 +126,38 @@ T __attribute__((noinline)) static void pack_bn(const void *B, int bf, int64_t l
     }
 }
 
-/* Touch the lines of the next micro-panel's source, B stored (N,K) (the
- * weights stream from memory while this one computes). */
-T static void prefetch_bt(const void *B, int bf, int64_t ldb, int64_t p0, int64_t kc, int64_t j0,
-                          int64_t N)
+/* The source lines of the transposed micro-panel that is packed next (B
+ * stored (N,K): rows j0 .. j0 + 15, k p0 .. p0 + kc - 1), numbered row by
+ * row. They are prefetched a part before each micro-kernel call on the
+ * current panel, so that they stream in while it computes: prefetched all
+ * at once, they arrived too late (measured: 3-8% slower at 64-256 rows).
+ * B stored (K,N) has none: its NG-panel pass reads whole rows in sequence,
+ * which the hardware prefetcher follows, and spreading its next pass gave
+ * no clear gain. */
+struct pf {
+    const char *b;      /* the first source byte, or NULL: none */
+    size_t ld;          /* B's row stride in bytes */
+    int64_t lpr, lines; /* lines per row, lines in all */
+};
+
+static struct pf pf_next(const void *B, int bf, int64_t ldb, int64_t N, int64_t K, int64_t p0,
+                         int64_t j0)
 {
     const size_t es = bf ? 2 : 4;
-    if (j0 >= N) return;
-    const int64_t rows = N - j0 < NR ? N - j0 : NR;
-    for (int64_t j = 0; j < rows; j++) {
-        const char *s = (const char *)B + (size_t)((j0 + j) * ldb + p0) * es;
-        for (size_t o = 0; o < (size_t)kc * es; o += 64) _mm_prefetch(s + o, _MM_HINT_T0);
-    }
+    struct pf f = {NULL, (size_t)ldb * es, 0, 0};
+    if (j0 >= N || p0 >= K) return f;
+    const int64_t kc = K - p0 < KC ? K - p0 : KC, rows = N - j0 < NR ? N - j0 : NR;
+    f.b = (const char *)B + (size_t)(j0 * ldb + p0) * es;
+    f.lpr = (int64_t)(((size_t)kc * es + 63) / 64);
+    f.lines = rows * f.lpr;
+    return f;
+}
+
+T static void pf_lines(const struct pf *f, int64_t l0, int64_t l1)
+{
+    if (l1 > f->lines) l1 = f->lines;
+    for (int64_t l = l0; l < l1; l++)
+        _mm_prefetch(f->b + (size_t)(l / f->lpr) * f->ld + (size_t)(l % f->lpr) * 64, _MM_HINT_T0);
 }
 
 /* The A block rows i0..i0+M-1, k p0..p0+kc-1 as 6-row micro-panels
@@ -244,8 +264,8 @@ T void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t 
     }
     float *bp = (float *)(((uintptr_t)(ws + WS_A) + 63) & ~(uintptr_t)63);
     /* B^T (weights stored (N,K)): one transposed micro-panel at a time, the
-     * next one's rows prefetched; B stored (K,N): NG micro-panels (256
-     * columns) per pass over its rows */
+     * next one's source prefetched a part before each micro-kernel call; B
+     * stored (K,N): NG micro-panels (256 columns) per pass over its rows */
     const int64_t step = tb ? NR : NG * NR;
     /* C written once, in one K block, and larger than L2 (the weight
      * gradients): non-temporal stores, which skip reading C's lines first,
@@ -257,22 +277,29 @@ T void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t 
         const int64_t kc = K - p0 < KC ? K - p0 : KC;
         const int add = acc || p0 > 0;
         for (int64_t i0 = 0; i0 < M; i0 += MC) {
-            const int64_t m = M - i0 < MC ? M - i0 : MC;
+            const int64_t m = M - i0 < MC ? M - i0 : MC, calls = (m + MR - 1) / MR;
             pack_a(ta, A, lda, i0, m, p0, kc, ws);
             for (int64_t j0 = 0; j0 < N; j0 += step) {
                 const int64_t cols = N - j0 < step ? N - j0 : step;
-                if (tb) {
-                    pack_bt(B, b_bf16, ldb, p0, kc, j0, (int)cols, bp);
-                    prefetch_bt(B, b_bf16, ldb, p0, kc, j0 + NR, N);
-                } else {
-                    pack_bn(B, b_bf16, ldb, p0, kc, j0, cols, bp);
-                }
+                if (tb) pack_bt(B, b_bf16, ldb, p0, kc, j0, (int)cols, bp);
+                else pack_bn(B, b_bf16, ldb, p0, kc, j0, cols, bp);
+                /* tb: the panel packed next, the next columns', else the first
+                 * ones of the next M block or K block */
+                struct pf f = {NULL, 0, 0, 0};
+                if (tb)
+                    f = j0 + NR < N   ? pf_next(B, b_bf16, ldb, N, K, p0, j0 + NR)
+                        : i0 + MC < M ? pf_next(B, b_bf16, ldb, N, K, p0, 0)
+                                      : pf_next(B, b_bf16, ldb, N, K, p0 + KC, 0);
+                const int64_t per = (f.lines + calls - 1) / calls;
+                int64_t c = 0;
                 for (int64_t q = 0; q * NR < cols; q++) {
                     const int64_t jq = j0 + q * NR;
                     const int nr = N - jq < NR ? (int)(N - jq) : NR;
-                    for (int64_t ib = 0; ib < m; ib += MR)
+                    for (int64_t ib = 0; ib < m; ib += MR, c++) {
+                        if (f.b) pf_lines(&f, c * per, (c + 1) * per);
                         ukr(kc, ws + ib * kc, bp + q * KC * NR, C + (i0 + ib) * ldc + jq, ldc, add,
                             nt, m - ib < MR ? (int)(m - ib) : MR, nr);
+                    }
                 }
             }
         }

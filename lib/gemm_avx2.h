@@ -10,7 +10,8 @@
  *
  * Blocking: K in blocks of 256 and M in blocks of 264 rows; per block, A
  * packed into 6-row micro-panels, B into 16-column micro-panels (widened;
- * when tb, one at a time, transposed, the next one's rows prefetched; when
+ * when tb, one at a time, transposed, the next one's source prefetched a
+ * part before each micro-kernel call on this one; when
  * B is stored (K,N), sixteen at a time, 256 columns in one pass over B's
  * rows), both in the caller's workspace; each micro-panel of B (in L1 while
  * it is used) is multiplied with every 6-row micro-panel of A by the 6x16
