@@ -9,7 +9,7 @@
 # tests/fuzz.bats, whose harnesses are sanitized builds of their own and ran
 # in the plain pass, and tests/mpi.bats, see below).
 cd "$(dirname "$0")/.." || exit 1
-[ -z "${SANITIZE:-}" ] && exec prove -f -o -e 'bats --tap' tests/*.bats
+[ -z "${SANITIZE:-}" ] && exec prove -f -o --timer -e 'bats --tap' tests/*.bats
 R="$PWD/${LRMOE_BUILD:-build/san}/sanitizer-reports"
 rm -rf "$R"
 mkdir -p "$R"
