@@ -1,6 +1,8 @@
-/* F32 GEMM kernel on AVX2 and FMA, built for the expert layer on CPUs
- * without a BF16 matmul (AVX2 only: no AVX512_BF16, no AMX), whose weight
- * operand it reads in its stored BF16 (or F32) layout:
+/* F32 GEMM kernel on AVX2 and FMA (and AVX-512F where the CPU has it),
+ * built for the expert layer's emulated bf16 on CPUs without a BF16 matmul
+ * (AVX2 only: no AVX512_BF16, no AMX) or with a slow one (a BF16 dot
+ * product with fewer FLOPs than the AVX-512 FMAs), whose weight operand it
+ * reads in its stored BF16 (or F32) layout:
  *
  *   C (M,N) F32  =  op(A) op(B)  [+ C when acc]
  *
@@ -9,7 +11,8 @@
  * B is BF16 (b_bf16 = 1: uint16 bits, widened exactly in the kernel) or F32.
  *
  * Blocking: K in blocks of 256 and M in blocks of 264 rows; per block, A
- * packed into 6-row micro-panels, B into 16-column micro-panels (widened;
+ * packed into 6-row micro-panels, B into 16-column micro-panels (8 rows and
+ * 32 columns in the AVX-512 form, whose B^T panels span two K blocks; widened;
  * when tb, one at a time, transposed, the next one's source prefetched a
  * part before each micro-kernel call on this one; when
  * B is stored (K,N), sixteen at a time, 256 columns in one pass over B's
@@ -37,12 +40,30 @@
  * environment), else 0. */
 int lrmoe_avx2_gemm_available(void);
 
+/* 1 when the AVX-512F form (8x32 micro-tiles of zmm) runs: the CPU has
+ * AVX-512F, AVX2 and FMA and LRMOE_AVX2_GEMM is not 256 (which keeps the
+ * AVX2 form, for comparison and the tests); else 0. */
+int lrmoe_avx2_gemm_wide(void);
+
+/* This CPU's F32 FLOP rate with AVX-512 FMAs over its BF16 dot-product
+ * rate (vdpbf16ps, AVX512_BF16), one thread, register operands, measured
+ * once per process (about 3 ms, the best of 5 each); 0 where the CPU has
+ * not both. Above 1, the form above on BF16-rounded operands has more
+ * arithmetic than a BF16 matmul built on the dot product (oneDNN's). */
+double lrmoe_avx2_fma_over_bf16dot(void);
+
 /* Bytes of the workspace lrmoe_avx2_gemm takes (the packed A block and B's
- * micro-panels: about 520 KiB). */
+ * micro-panels: about 1 MiB). */
 size_t lrmoe_avx2_gemm_ws(void);
 
 /* ws: lrmoe_avx2_gemm_ws() bytes, any alignment; one per thread. */
 void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                      const void *B, int b_bf16, int64_t ldb, int acc, float *C, int64_t ldc);
+/* The same with the width chosen: wide = 0 the AVX2 form, 1 the AVX-512F
+ * form where lrmoe_avx2_gemm_wide() (lrmoe_avx2_gemm is wide = 1). The two
+ * agree to F32 rounding (the same products, the same order per element). */
+void lrmoe_avx2_gemm_w(int wide, float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                       const float *A, int64_t lda, const void *B, int b_bf16, int64_t ldb,
+                       int acc, float *C, int64_t ldc);
 
 #endif

@@ -55,8 +55,11 @@ int lrmoe_gemm_bf16_native(const char **impl);
  * CPU (AVX2 without AVX512_BF16 or AMX): the bf16 compute is then emulated,
  * each F32 operand rounded to BF16 and multiplied by lib/gemm_avx2.c's
  * kernel (OpenBLAS sgemm on widened operands without AVX2 and FMA, or with
- * LRMOE_AVX2_GEMM=0). Also 1 where LRMOE_BF16_EMULATE=1 (for comparison and
- * the tests). */
+ * LRMOE_AVX2_GEMM=0). Also 1 on a CPU without AMX whose AVX-512 F32 FMAs
+ * do at least 1.4 times the FLOPs of its BF16 dot product
+ * (lrmoe_avx2_fma_over_bf16dot: the kernel's AVX-512 form then outruns
+ * oneDNN's BF16 matmul), unless LRMOE_BF16_EMULATE=0 or LRMOE_AVX2_GEMM=256;
+ * and where LRMOE_BF16_EMULATE=1 (for comparison and the tests). */
 int lrmoe_gemm_bf16_emulated(void);
 
 /* The compute for weights stored as wdt: f32 and bf16 as asked (bf16 fails

@@ -440,26 +440,39 @@ have_bf16() {
         "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/gemm_avx2.c" "$L/dtype.c" "$L/error.c" "$L/blas.c" -lm $DN
     run "$D/gt" f32
     assert_success
-    assert_output --partial "352 cases, 0 failed"
-    # lib/gemm_avx2.c itself with an F32 B (lrmoe_gemm gives it BF16 weights only)
+    assert_output --partial "gemm f32: 384 cases, 0 failed"
+    # lib/gemm_avx2.c itself with an F32 and a BF16 B, in its AVX2 form and,
+    # with AVX-512F, its AVX-512 form, which must give the AVX2 form's bits
     if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
-        assert_output --partial "avx2 kernel, F32 B: 88 cases, 0 failed"
+        if grep -qw avx512f /proc/cpuinfo; then
+            assert_output --partial "avx2 kernel (AVX2 and AVX-512 forms), F32 and BF16 B: 384 cases, 0 failed"
+        else
+            assert_output --partial "avx2 kernel (AVX2 form; no AVX-512F here), F32 and BF16 B: 192 cases, 0 failed"
+        fi
     else
-        assert_output --partial "avx2 kernel, F32 B: skipped"
+        assert_output --partial "avx2 kernel: skipped"
     fi
     [ -n "$DN" ] || skip "oneDNN (libdnnl-dev) not installed: the bf16 GEMM path is not built"
     run "$D/gt" bf16
     assert_success
-    assert_output --partial "352 cases, 0 failed"
+    assert_output --partial "gemm bf16: 384 cases, 0 failed"
+    # oneDNN's BF16 matmul where it has one (a CPU whose F32 FMAs outrun its
+    # BF16 dot product emulates by default)
+    run env LRMOE_BF16_EMULATE=0 "$D/gt" bf16
+    assert_success
+    assert_output --partial "gemm bf16: 384 cases, 0 failed"
     # the emulated bf16 (operands it rounds itself), as a CPU without a BF16
     # matmul runs it: lib/gemm_avx2.c's kernel where the CPU has AVX2 and FMA,
     # and the OpenBLAS sgemm it falls back to without them
     run env LRMOE_BF16_EMULATE=1 "$D/gt" bf16
     assert_success
-    assert_output --partial "352 cases, 0 failed"
+    assert_output --partial "gemm bf16: 384 cases, 0 failed"
+    run env LRMOE_BF16_EMULATE=1 LRMOE_AVX2_GEMM=256 "$D/gt" bf16
+    assert_success
+    assert_output --partial "gemm bf16: 384 cases, 0 failed"
     run env LRMOE_BF16_EMULATE=1 LRMOE_AVX2_GEMM=0 "$D/gt" bf16
     assert_success
-    assert_output --partial "352 cases, 0 failed"
+    assert_output --partial "gemm bf16: 384 cases, 0 failed"
 }
 
 @test "exec --compute: f32 and bf16 match the float64 reference on F32 and BF16 storage, P=1,3, replicas, compact" {

@@ -103,6 +103,9 @@ int main(int argc, char **argv)
                                     /* lib/gemm_avx2.c's blocks: K past two of its
                                      * 256-deep blocks, M past its 264-row block */
                                     {270, 40, 530}, {13, 33, 264},
+                                    /* the AVX-512 form's 8 x 32 tiles: both
+                                     * past a multiple */
+                                    {41, 70, 40},
                                     /* one K block and C over 1 MiB: its
                                      * non-temporal stores, on rows of 517
                                      * floats (not 64-byte aligned: plain
@@ -136,36 +139,56 @@ int main(int argc, char **argv)
         }
     printf("gemm %s: %d cases, %d failed\n", argv[1], cases, fails);
     lrmoe_gemm_free(g);
-    /* lib/gemm_avx2.c directly with an F32 B (lrmoe_gemm hands it BF16 only):
-     * exact F32 operands against float64 */
+    /* lib/gemm_avx2.c directly with an F32 or a BF16 B (lrmoe_gemm hands it
+     * BF16 only), exact operands against float64, in its AVX2 form and,
+     * where the CPU has AVX-512F, its AVX-512 form, which must give the
+     * same bits (the same products summed in the same order) */
     if (lrmoe_avx2_gemm_available()) {
-        int kf = 0, kc = 0;
+        int kf = 0, kc = 0, wide = lrmoe_avx2_gemm_wide();
         float *ws = malloc(lrmoe_avx2_gemm_ws());
         for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++)
-            for (int f = 0; f < 8; f++) {
-                int ta = f & 1, tb = (f >> 1) & 1, acc = (f >> 2) & 1;
+            for (int f = 0; f < 16; f++) {
+                int ta = f & 1, tb = (f >> 1) & 1, acc = (f >> 2) & 1, bbf = (f >> 3) & 1;
                 int64_t M = sz[s][0], N = sz[s][1], K = sz[s][2];
                 int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
                 int64_t lda = ac + (s & 1) * 3, ldb = bc + (s & 2), ldc = N + (s & 1) * 5;
                 double *ra, *rb, *rc;
                 float *A = mat(ar, ac, lda, LRMOE_F32, 0, &ra);
-                void *B = mat(br, bc, ldb, LRMOE_F32, 0, &rb);
-                float *C = (float *)mat(M, N, ldc, LRMOE_F32, 0, &rc);
-                lrmoe_avx2_gemm(ws, ta, tb, M, N, K, A, lda, B, 0, ldb, acc, C, ldc);
+                void *B = mat(br, bc, ldb, bbf ? LRMOE_BF16 : LRMOE_F32, 0, &rb);
+                float *C = (float *)mat(M, N, ldc, LRMOE_F32, 0, &rc), *C2 = NULL;
+                const size_t cb = (size_t)(M * ldc) * sizeof *C;
+                if (wide) {
+                    if (posix_memalign((void **)&C2, 64, cb + 1)) abort();
+                    memcpy(C2, C, cb);
+                }
+                lrmoe_avx2_gemm_w(0, ws, ta, tb, M, N, K, A, lda, B, bbf, ldb, acc, C, ldc);
                 const double rel = relerr(ta, tb, acc, M, N, K, ra, ac, rb, bc, rc, C, ldc);
                 kc++;
                 if (!(rel <= 1e-5)) {
                     kf++;
-                    printf("FAIL avx2 F32 B M=%lld N=%lld K=%lld ta=%d tb=%d acc=%d relerr %.3e\n",
-                           (long long)M, (long long)N, (long long)K, ta, tb, acc, rel);
+                    printf("FAIL avx2 %s B M=%lld N=%lld K=%lld ta=%d tb=%d acc=%d relerr %.3e\n",
+                           bbf ? "BF16" : "F32", (long long)M, (long long)N, (long long)K, ta, tb,
+                           acc, rel);
                 }
-                free(A); free(B); free(C); free(ra); free(rb); free(rc);
+                if (wide) {
+                    lrmoe_avx2_gemm_w(1, ws, ta, tb, M, N, K, A, lda, B, bbf, ldb, acc, C2, ldc);
+                    kc++;
+                    if (memcmp(C, C2, cb)) {
+                        kf++;
+                        printf("FAIL avx512 %s B M=%lld N=%lld K=%lld ta=%d tb=%d acc=%d: not the "
+                               "AVX2 form's bits (relerr %.3e)\n", bbf ? "BF16" : "F32",
+                               (long long)M, (long long)N, (long long)K, ta, tb, acc,
+                               relerr(ta, tb, acc, M, N, K, ra, ac, rb, bc, rc, C2, ldc));
+                    }
+                }
+                free(A); free(B); free(C); free(C2); free(ra); free(rb); free(rc);
             }
         free(ws);
-        printf("avx2 kernel, F32 B: %d cases, %d failed\n", kc, kf);
+        printf("avx2 kernel%s, F32 and BF16 B: %d cases, %d failed\n",
+               wide ? " (AVX2 and AVX-512 forms)" : " (AVX2 form; no AVX-512F here)", kc, kf);
         fails += kf;
     } else {
-        printf("avx2 kernel, F32 B: skipped (no AVX2 and FMA here, or LRMOE_AVX2_GEMM=0)\n");
+        printf("avx2 kernel: skipped (no AVX2 and FMA here, or LRMOE_AVX2_GEMM=0)\n");
     }
     return fails ? 1 : 0;
 }
