@@ -12,7 +12,8 @@
  *
  * Blocking: K in blocks of 256 and M in blocks of 264 rows; per block, A
  * packed into 6-row micro-panels, B into 16-column micro-panels (8 rows and
- * 32 columns in the AVX-512 form, whose B^T panels span two K blocks; widened;
+ * 32 columns in the AVX-512 form, whose B^T panels span two K blocks and
+ * whose passes over B stored (K,N) take 512 columns; widened;
  * when tb, one at a time, transposed, the next one's source prefetched a
  * part before each micro-kernel call on this one; when
  * B is stored (K,N), sixteen at a time, 256 columns in one pass over B's
@@ -61,7 +62,8 @@ void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K,
                      const void *B, int b_bf16, int64_t ldb, int acc, float *C, int64_t ldc);
 /* The same with the width chosen: wide = 0 the AVX2 form, 1 the AVX-512F
  * form where lrmoe_avx2_gemm_wide() (lrmoe_avx2_gemm is wide = 1). The two
- * agree to F32 rounding (the same products, the same order per element). */
+ * give the same bits (the same products summed in the same order per
+ * element; tests/unit/gemm_test.c compares them). */
 void lrmoe_avx2_gemm_w(int wide, float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K,
                        const float *A, int64_t lda, const void *B, int b_bf16, int64_t ldb,
                        int acc, float *C, int64_t ldc);
