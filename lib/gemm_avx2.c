@@ -153,8 +153,8 @@ static inline float bval(const void *B, int bf, int64_t i)
 /* d[k][0..7] (row stride NR, the panel width) = the 8 rows s, s + ld, ... at k, for k < kv
  * (a multiple of 8): BF16 widened, then F32. */
 #define TPANEL(NAME, TYPE, LOAD)                                                      \
-    T __attribute__((noinline)) static void NAME(const TYPE *s, int64_t ld, int64_t kv, \
-                                                 float *d, int NR)                    \
+    T static inline __attribute__((always_inline)) void NAME(const TYPE *s, int64_t ld,   \
+                                                             int64_t kv, float *d, int NR) \
     {                                                                                 \
         const TYPE *s0 = s, *s1 = s + ld, *s2 = s + 2 * ld, *s3 = s + 3 * ld;         \
         const TYPE *s4 = s + 4 * ld, *s5 = s + 5 * ld, *s6 = s + 6 * ld, *s7 = s + 7 * ld; \
@@ -172,8 +172,9 @@ TPANEL(tpanel_f32, float, _mm256_loadu_ps)
 /* The micro-panel bp[k][0..NR-1] = B^T[p0 + k][j0 + j] = B[j0 + j][p0 + k]
  * (B stored (N,K)), zero past nr: rows j0.. of B become columns of the
  * panel, eight rows by eight k at a time through an 8x8 transpose. */
-T __attribute__((noinline)) static void pack_bt(const void *B, int bf, int64_t ldb, int64_t p0,
-                                                int64_t kc, int64_t j0, int nr, float *bp, int NR)
+T static inline __attribute__((always_inline)) void pack_bt(const void *B, int bf, int64_t ldb,
+                                                            int64_t p0, int64_t kc, int64_t j0,
+                                                            int nr, float *bp, int NR)
 {
     int64_t k = 0;
     if (nr == NR) {
@@ -194,9 +195,9 @@ T __attribute__((noinline)) static void pack_bt(const void *B, int bf, int64_t l
  * past cols, in one pass over B's rows: each row gives cols contiguous
  * values (up to 1 KiB of BF16), which the hardware prefetcher follows;
  * a narrower pass reads one line per row, each row in another page. */
-T __attribute__((noinline)) static void pack_bn(const void *B, int bf, int64_t ldb, int64_t p0,
-                                                int64_t kc, int64_t j0, int64_t cols, float *bp,
-                                                int NR)
+T static inline __attribute__((always_inline)) void pack_bn(const void *B, int bf, int64_t ldb,
+                                                            int64_t p0, int64_t kc, int64_t j0,
+                                                            int64_t cols, float *bp, int NR)
 {
     const int64_t full = cols / NR, rest = cols % NR;
     for (int64_t k = 0; k < kc; k++) {
@@ -253,8 +254,9 @@ T static void pf_lines(const struct pf *f, int64_t l0, int64_t l1)
 /* The A block rows i0..i0+M-1, k p0..p0+kc-1 as MR-row micro-panels
  * ap[ib][k][r] (MR <= 8, rows past M zero): the micro-kernel reads it in
  * sequence. */
-T __attribute__((noinline)) static void pack_a(int ta, const float *A, int64_t lda, int64_t i0,
-                                               int64_t m, int64_t p0, int64_t kc, float *ap, int MR)
+T static inline __attribute__((always_inline)) void pack_a(int ta, const float *A, int64_t lda,
+                                                           int64_t i0, int64_t m, int64_t p0,
+                                                           int64_t kc, float *ap, int MR)
 {
     for (int64_t ib = 0; ib < m; ib += MR, ap += kc * MR) {
         const int mr = m - ib < MR ? (int)(m - ib) : MR;
@@ -283,6 +285,34 @@ T __attribute__((noinline)) static void pack_a(int ta, const float *A, int64_t l
             for (int r = 0; r < MR; r++) ap[k * MR + r] = r < mr ? row[r][k] : 0.0f;
     }
 }
+
+/* The packing functions in one noinline instance per form (pack_*_8: the
+ * AVX2 form, 6-row and 16-column panels; pack_*_16: the AVX-512 form, 8
+ * and 32), the panel widths compile-time constants: with MR and NR runtime
+ * values the AVX2 form executed 4% more instructions (callgrind, the
+ * layer's four GEMM shapes at 64 rows). */
+#define FORM(W, MR_, NR_)                                                                      \
+    T __attribute__((noinline)) static void pack_a_##W(int ta, const float *A, int64_t lda,     \
+                                                       int64_t i0, int64_t m, int64_t p0,       \
+                                                       int64_t kc, float *ap)                   \
+    {                                                                                          \
+        pack_a(ta, A, lda, i0, m, p0, kc, ap, MR_);                                            \
+    }                                                                                          \
+    T __attribute__((noinline)) static void pack_bt_##W(const void *B, int bf, int64_t ldb,     \
+                                                        int64_t p0, int64_t kc, int64_t j0,     \
+                                                        int nr, float *bp)                      \
+    {                                                                                          \
+        pack_bt(B, bf, ldb, p0, kc, j0, nr, bp, NR_);                                          \
+    }                                                                                          \
+    T __attribute__((noinline)) static void pack_bn_##W(const void *B, int bf, int64_t ldb,     \
+                                                        int64_t p0, int64_t kc, int64_t j0,     \
+                                                        int64_t cols, float *bp)                \
+    {                                                                                          \
+        pack_bn(B, bf, ldb, p0, kc, j0, cols, bp, NR_);                                        \
+    }
+FORM(8, 6, 16)
+FORM(16, 8, 32)
+#undef FORM
 
 /* C[0..mr)[0..nr) (+)= the packed 6 x kc micro-panel ap times the 16-wide
  * panel bp (AVX2).
@@ -390,9 +420,6 @@ T512 __attribute__((noinline)) static void ukr16(int64_t kc, const float *ap, co
     }
 }
 
-typedef void ukr_fn(int64_t kc, const float *ap, const float *bp, float *C, int64_t ldc, int add,
-                    int nt, int mr, int nr);
-
 /* The K span of one pass over B^T's rows in the AVX-512 form: two K blocks,
  * so that each row of the weights gives 1 KiB in sequence, which the
  * hardware prefetcher follows (one 512-byte block per row packed at half
@@ -408,19 +435,15 @@ enum { WS_A = SPAN * MC * KC + 8, WS_B = 2 * COLS * KC };
 
 size_t lrmoe_avx2_gemm_ws(void) { return (size_t)(WS_A + WS_B) * sizeof(float) + 64; }
 
-T void lrmoe_avx2_gemm_w(int wide, float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K,
-                         const float *A, int64_t lda, const void *B, int b_bf16, int64_t ldb,
-                         int acc, float *C, int64_t ldc)
+/* The blocked GEMM in the form wide (a constant in each instance below) */
+T static inline __attribute__((always_inline)) void gemm_form(const int wide, float *ws, int ta,
+                                                              int tb, int64_t M, int64_t N,
+                                                              int64_t K, const float *A,
+                                                              int64_t lda, const void *B,
+                                                              int b_bf16, int64_t ldb, int acc,
+                                                              float *C, int64_t ldc)
 {
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0) {
-        if (!acc)
-            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
-        return;
-    }
-    wide = wide && lrmoe_avx2_gemm_wide();
     const int MR = wide ? 8 : 6, NR = wide ? 32 : 16;
-    ukr_fn *ukr = wide ? ukr16 : ukr8;
     float *bp = (float *)(((uintptr_t)(ws + WS_A) + 63) & ~(uintptr_t)63);
     /* B^T (weights stored (N,K)): one transposed micro-panel at a time, the
      * next one's source prefetched a part before each micro-kernel call; B
@@ -442,16 +465,21 @@ T void lrmoe_avx2_gemm_w(int wide, float *ws, int ta, int tb, int64_t M, int64_t
         const int64_t ks = K - s0 < KS ? K - s0 : KS;
         for (int64_t i0 = 0; i0 < M; i0 += MC) {
             const int64_t m = M - i0 < MC ? M - i0 : MC, calls = (m + MR - 1) / MR;
-            for (int64_t p0 = s0; p0 < s0 + ks; p0 += KC)
-                pack_a(ta, A, lda, i0, m, p0, K - p0 < KC ? K - p0 : KC, ws + (p0 - s0) / KC * MC * KC,
-                       MR);
+            for (int64_t p0 = s0; p0 < s0 + ks; p0 += KC) {
+                const int64_t kc = K - p0 < KC ? K - p0 : KC;
+                float *a = ws + (p0 - s0) / KC * MC * KC;
+                if (wide) pack_a_16(ta, A, lda, i0, m, p0, kc, a);
+                else pack_a_8(ta, A, lda, i0, m, p0, kc, a);
+            }
             for (int64_t j0 = 0; j0 < N; j0 += step) {
                 const int64_t cols = N - j0 < step ? N - j0 : step;
                 for (int64_t p0 = s0; p0 < s0 + ks; p0 += KC) {
                     const int64_t kc = K - p0 < KC ? K - p0 : KC;
                     float *b = bp + (p0 - s0) / KC * KC * NR;
-                    if (tb) pack_bt(B, b_bf16, ldb, p0, kc, j0, (int)cols, b, NR);
-                    else pack_bn(B, b_bf16, ldb, p0, kc, j0, cols, bp, NR);
+                    if (tb && wide) pack_bt_16(B, b_bf16, ldb, p0, kc, j0, (int)cols, b);
+                    else if (tb) pack_bt_8(B, b_bf16, ldb, p0, kc, j0, (int)cols, b);
+                    else if (wide) pack_bn_16(B, b_bf16, ldb, p0, kc, j0, cols, bp);
+                    else pack_bn_8(B, b_bf16, ldb, p0, kc, j0, cols, bp);
                 }
                 /* tb: the panel packed next, the next columns', else the first
                  * ones of the next M block or span */
@@ -471,8 +499,10 @@ T void lrmoe_avx2_gemm_w(int wide, float *ws, int ta, int tb, int64_t M, int64_t
                         const int nr = N - jq < NR ? (int)(N - jq) : NR;
                         for (int64_t ib = 0; ib < m; ib += MR, c++) {
                             if (f.b) pf_lines(&f, c * per, (c + 1) * per);
-                            ukr(kc, a + ib * kc, b + q * KC * NR, C + (i0 + ib) * ldc + jq, ldc,
-                                add, nt, m - ib < MR ? (int)(m - ib) : MR, nr);
+                            const int mr = m - ib < MR ? (int)(m - ib) : MR;
+                            float *c0 = C + (i0 + ib) * ldc + jq;
+                            if (wide) ukr16(kc, a + ib * kc, b + q * KC * NR, c0, ldc, add, nt, mr, nr);
+                            else ukr8(kc, a + ib * kc, b + q * KC * NR, c0, ldc, add, nt, mr, nr);
                         }
                     }
                 }
@@ -480,6 +510,36 @@ T void lrmoe_avx2_gemm_w(int wide, float *ws, int ta, int tb, int64_t M, int64_t
         }
     }
     if (nt) _mm_sfence();
+}
+
+T __attribute__((noinline)) static void gemm_8(float *ws, int ta, int tb, int64_t M, int64_t N,
+                                               int64_t K, const float *A, int64_t lda,
+                                               const void *B, int b_bf16, int64_t ldb, int acc,
+                                               float *C, int64_t ldc)
+{
+    gemm_form(0, ws, ta, tb, M, N, K, A, lda, B, b_bf16, ldb, acc, C, ldc);
+}
+
+T __attribute__((noinline)) static void gemm_16(float *ws, int ta, int tb, int64_t M, int64_t N,
+                                                int64_t K, const float *A, int64_t lda,
+                                                const void *B, int b_bf16, int64_t ldb, int acc,
+                                                float *C, int64_t ldc)
+{
+    gemm_form(1, ws, ta, tb, M, N, K, A, lda, B, b_bf16, ldb, acc, C, ldc);
+}
+
+void lrmoe_avx2_gemm_w(int wide, float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                       const float *A, int64_t lda, const void *B, int b_bf16, int64_t ldb,
+                       int acc, float *C, int64_t ldc)
+{
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!acc)
+            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
+        return;
+    }
+    if (wide && lrmoe_avx2_gemm_wide()) gemm_16(ws, ta, tb, M, N, K, A, lda, B, b_bf16, ldb, acc, C, ldc);
+    else gemm_8(ws, ta, tb, M, N, K, A, lda, B, b_bf16, ldb, acc, C, ldc);
 }
 
 void lrmoe_avx2_gemm(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
