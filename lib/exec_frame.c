@@ -719,16 +719,26 @@ static int run_backward(lrmoe_exec_ctx_t *c, lrmoe_frame_t *sp, lrmoe_frame_t *f
     const lrmoe_dtype_t adt[1] = {po->dtype};
     const int mat = backward_inputs(c, f, d, adt, &a);
     if (mat < 0) return -1;
+    /* masked and compact: a sampled keep's rows scaled by pair_weight (1/p_u;
+     * the copying form's pack_grad has it already, lrmoe-pack); full keeps
+     * every pair unweighted. The router gradient g_t . y_u never uses alpha. */
+    float *aw = NULL;
+    if (c->o.mode != LRMOE_MODE_FULL && lrmoe_frame_get(f, "pair_weight")) {
+        if (!(aw = lrmoe_frame_bwd_alpha(f, tw, T, K)))
+            return lrmoe_err_prefix("backward %s", lrmoe_exec_mode_name(c->o.mode));
+        a.topk_weights = aw;
+    }
     const int64_t efd[3] = {E, F, D}, edf[3] = {E, D, F};
     lrmoe_tensor_t *gh = put(c, sp, f, "grad_hidden", LRMOE_F32, 2, td),
                    *gg = put(c, sp, f, "grad_w_gate", LRMOE_F32, 3, efd),
                    *gu = put(c, sp, f, "grad_w_up", LRMOE_F32, 3, efd),
                    *gd = put(c, sp, f, "grad_w_down", LRMOE_F32, 3, edf),
                    *gt = put(c, sp, f, "grad_topk_weights", LRMOE_F32, 2, tk);
-    if (!gh || !gg || !gu || !gd || !gt) return -1;
+    if (!gh || !gg || !gu || !gd || !gt) { free(aw); return -1; }
     a.grad_hidden = gh->data; a.grad_w_gate = gg->data; a.grad_w_up = gu->data;
     a.grad_w_down = gd->data; a.grad_topk_weights = gt->data;
     int rc = timed(c, bwd_call, d, W, XP, &a);
+    free(aw);
     if (mat && drop_rows(f) < 0) rc = -1;
     return rc;
 }

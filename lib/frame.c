@@ -2,6 +2,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
@@ -73,6 +74,30 @@ int64_t *lrmoe_tensor_i64(const lrmoe_tensor_t *t)
     if (!p) { lrmoe_err("out of memory converting %s", t->name); return NULL; }
     lrmoe_convert_to_i64(t->dtype, t->data, p, n);
     return p;
+}
+
+float *lrmoe_frame_bwd_alpha(const lrmoe_frame_t *f, const lrmoe_tensor_t *tw, int64_t T,
+                             int64_t K)
+{
+    const lrmoe_tensor_t *pw = lrmoe_frame_get(f, "pair_weight");
+    if (pw && (pw->dtype != LRMOE_F32 || lrmoe_tensor_check(pw, 2, (int64_t[]){T, K}) < 0)) {
+        if (pw->dtype != LRMOE_F32)
+            lrmoe_err("tensor pair_weight: dtype %s, expected F32", lrmoe_dtype_name(pw->dtype));
+        return NULL;
+    }
+    float *a = lrmoe_tensor_f32(tw);
+    if (!a || !pw) return a;
+    const float *w = pw->data;
+    for (int64_t u = 0; u < T * K; u++) {
+        if (!(w[u] > 0) || !isfinite(w[u])) {
+            free(a);
+            lrmoe_err("pair_weight[%lld,%lld] is %g: a backward weight must be finite and "
+                      "positive", (long long)(u / K), (long long)(u % K), (double)w[u]);
+            return NULL;
+        }
+        a[u] *= w[u];
+    }
+    return a;
 }
 
 void lrmoe_frame_init(lrmoe_frame_t *f)

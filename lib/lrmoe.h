@@ -124,6 +124,14 @@ lrmoe_tensor_t *lrmoe_frame_adopt_new(lrmoe_frame_t *f, const char *name,
                                       lrmoe_dtype_t dtype, int ndim,
                                       const int64_t *shape, void *data);
 int lrmoe_frame_del(lrmoe_frame_t *f, const char *name); /* 1 deleted, 0 absent */
+/* The routing weights a dropping backward scales its gradient rows by: a
+ * malloc'd F32 copy of tw (topk_weights, (T,K)) times the frame's
+ * pair_weight (T,K) F32 (lrmoe-score --select sample: 1/p of each kept
+ * pair) when it has one, product rounded to F32; NULL with the error set
+ * when pair_weight has another shape or dtype or a value that is not finite
+ * and positive, or on OOM. */
+float *lrmoe_frame_bwd_alpha(const lrmoe_frame_t *f, const lrmoe_tensor_t *tw, int64_t T,
+                             int64_t K);
 /* Delete every tensor not named in names[0..n) (keep_only) or named there
  * (drop); attributes stay. The number deleted, or -1. */
 int lrmoe_frame_keep_only(lrmoe_frame_t *f, const char *const *names, int n);

@@ -550,7 +550,8 @@ int lrmoe_pack_frame_x(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o, unsigned fl
         /* rows of an earlier pack would not match the new layout */
         for (int i = 0; i < 4; i++)
             lrmoe_frame_del(f, pack_row_names[i]);
-    } else if (!(alpha = lrmoe_tensor_f32(tw)) || put_all_rows(f, &pl, alpha, o->threads) < 0) {
+    } else if (!(alpha = lrmoe_frame_bwd_alpha(f, tw, T, K)) ||
+               put_all_rows(f, &pl, alpha, o->threads) < 0) {
         goto out;
     }
     {
@@ -695,7 +696,7 @@ int lrmoe_pack_rows_frame(lrmoe_frame_t *f, int threads)
                       (long long)i, (long long)pl.pair[i], (long long)(T * K));
             goto out;
         }
-    if (!(alpha = lrmoe_tensor_f32(tw)) || put_all_rows(f, &pl, alpha, threads) < 0)
+    if (!(alpha = lrmoe_frame_bwd_alpha(f, tw, T, K)) || put_all_rows(f, &pl, alpha, threads) < 0)
         goto out;
     rc = lrmoe_frame_set_attr(f, "pack.form", "rows") < 0 ? -1 : 0;
 out:

@@ -9,8 +9,24 @@
 #include <string.h>
 
 static const char *metric_names[LRMOE_NMETRICS] = {
-    "lrm", "gradnorm", "absgrad", "random"
+    "lrm", "gradnorm", "absgrad", "random", "uniform"
 };
+static const char *select_names[LRMOE_NKEEP_RULES] = {"topk", "sample"};
+
+int lrmoe_score_keep_rule_parse(const char *s, lrmoe_keep_rule_t *sel)
+{
+    for (int i = 0; i < LRMOE_NKEEP_RULES; i++)
+        if (s && strcmp(s, select_names[i]) == 0) {
+            *sel = (lrmoe_keep_rule_t)i;
+            return 0;
+        }
+    return lrmoe_err("unknown selection '%s' (topk, sample)", s ? s : "");
+}
+
+const char *lrmoe_score_keep_rule_name(lrmoe_keep_rule_t sel)
+{
+    return (unsigned)sel < LRMOE_NKEEP_RULES ? select_names[sel] : "?";
+}
 
 int lrmoe_score_metric_parse(const char *s, lrmoe_metric_t *m)
 {
@@ -19,7 +35,7 @@ int lrmoe_score_metric_parse(const char *s, lrmoe_metric_t *m)
             *m = (lrmoe_metric_t)i;
             return 0;
         }
-    return lrmoe_err("unknown metric '%s' (lrm, gradnorm, absgrad, random)",
+    return lrmoe_err("unknown metric '%s' (lrm, gradnorm, absgrad, random, uniform)",
                      s ? s : "");
 }
 
@@ -124,13 +140,14 @@ static int score_tokens(void *vp, int64_t t0, int64_t t1)
     const int K = j->K;
     const int64_t D = j->D;
     float *row = NULL;
-    if (m != LRMOE_METRIC_RANDOM &&
+    const int need_g = m != LRMOE_METRIC_RANDOM && m != LRMOE_METRIC_UNIFORM;
+    if (need_g &&
         !(row = malloc((size_t)(D ? D : 1) * sizeof *row)))
         return lrmoe_err("out of memory");
     const size_t rb = (size_t)D * lrmoe_dtype_size(j->gdt);
     for (int64_t t = t0; t < t1; t++) {
         double gt = 0;
-        if (m != LRMOE_METRIC_RANDOM) {
+        if (need_g) {
             lrmoe_convert_to_f32(j->gdt, (const char *)j->g + (size_t)t * rb, row,
                                  (size_t)D);
             gt = row_sum(row, D, m == LRMOE_METRIC_ABSGRAD);
@@ -146,6 +163,9 @@ static int score_tokens(void *vp, int64_t t0, int64_t t1)
             }
             case LRMOE_METRIC_RANDOM:
                 s = lrmoe_score_random(j->seed, u);
+                break;
+            case LRMOE_METRIC_UNIFORM:
+                s = 1.0;
                 break;
             default:
                 s = gt;
@@ -170,7 +190,7 @@ static int score_pairs_mt(lrmoe_metric_t m, int64_t T, int K, int64_t D,
 {
     if (m == LRMOE_METRIC_LRM && (!alpha || !phi_sqnorm))
         return lrmoe_err("metric lrm needs topk_weights and phi_sqnorm");
-    if (m != LRMOE_METRIC_RANDOM &&
+    if (m != LRMOE_METRIC_RANDOM && m != LRMOE_METRIC_UNIFORM &&
         ((!g && T * D > 0) || !lrmoe_dtype_is_float(gdt)))
         return lrmoe_err("metric %s needs a float grad_output",
                          lrmoe_score_metric_name(m));
@@ -363,6 +383,351 @@ out:
     free(off);
     free(keys);
     return rc;
+}
+
+/* ---------------------------------------------------------------- sample */
+
+/* The offset r in [0,1) of bucket b's systematic draw: 53 bits of a
+ * splitmix64 hash of (seed, b), a stream apart from lrmoe_score_random's. */
+static double sample_offset(uint64_t seed, int64_t b)
+{
+    uint64_t h = splitmix64(seed ^ (((uint64_t)b + 1) * 0x8CB92BA72F3D8DD7ull));
+    return (double)(splitmix64(h) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+/* Water-filling of one bucket: s[0..n) = sqrt(score) >= 0, npos of them
+ * positive, with sum S, and q < npos. Returns c with sum_i min(1, c s_i)
+ * = q. Capping the pairs with c s_i >= 1 and spreading the rest again
+ * converges in a few passes on real scores; past 32 passes (scores spread
+ * over many orders of magnitude) the exact answer comes from the sorted
+ * values: the least m with (q - m) s_(m) < sum_{i>=m} s_(i). tmp: n. */
+static double waterfill(const double *s, int64_t n, int64_t q, double S, double *tmp)
+{
+    int64_t m = 0;
+    double Su = S, c = (double)q / S;
+    for (int pass = 0; pass < 32; pass++) {
+        int64_t m2 = 0;
+        double Su2 = 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (c * s[i] >= 1.0)
+                m2++;
+            else
+                Su2 += s[i];
+        }
+        if (m2 == m)
+            return c;
+        if (m2 >= q || !(Su2 > 0))
+            break; /* rounding at the edge: settle it exactly below */
+        m = m2;
+        Su = Su2;
+        c = (double)(q - m) / Su;
+    }
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (s[i] > 0)
+            tmp[k++] = s[i];
+    qsort(tmp, (size_t)k, sizeof *tmp, cmp_desc);
+    Su = 0;
+    for (int64_t i = 0; i < k; i++)
+        Su += tmp[i];
+    for (m = 0; m < q; m++) {
+        c = (double)(q - m) / Su;
+        if (c * tmp[m] < 1.0)
+            return c;
+        Su -= tmp[m];
+    }
+    return c; /* not reached: q < npos */
+}
+
+/* Points r, r+1, ... below x: ceil(x - r) clamped to [0, qq]. */
+static int64_t points_below(double x, double r, int64_t qq)
+{
+    double v = ceil(x - r);
+    if (!(v > 0))
+        return 0;
+    return v >= (double)qq ? qq : (int64_t)v;
+}
+
+/* One bucket of n pairs (their indices us[0..n), ascending), quota q: the
+ * inclusion probabilities and the systematic draw (lrmoe_score_sample). s,
+ * p, tmp: scratch of n doubles. */
+static void sample_bucket(const int64_t *us, int64_t n, int64_t q, const float *score,
+                          double r, double *s, double *p, double *tmp, uint8_t *keep,
+                          float *weight, float *prob)
+{
+    if (n == 0)
+        return;
+    int64_t npos = 0;
+    double S = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s[i] = sqrt((double)score[us[i]]);
+        if (s[i] > 0) {
+            npos++;
+            S += s[i];
+        }
+    }
+    if (q >= n) {
+        for (int64_t i = 0; i < n; i++)
+            p[i] = 1.0;
+    } else if (q == 0) {
+        for (int64_t i = 0; i < n; i++)
+            p[i] = 0.0;
+    } else if (npos <= q) { /* every positive kept; the zeros share the rest */
+        const double pz = (double)(q - npos) / (double)(n - npos);
+        for (int64_t i = 0; i < n; i++)
+            p[i] = s[i] > 0 ? 1.0 : pz;
+    } else {
+        const double c = waterfill(s, n, q, S, tmp);
+        for (int64_t i = 0; i < n; i++) {
+            const double v = c * s[i];
+            p[i] = v >= 1.0 ? 1.0 : v;
+        }
+    }
+    /* the pairs with p = 1 are kept; the draw picks q' of the others */
+    int64_t qq = q;
+    double Sp = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (p[i] >= 1.0)
+            qq--;
+        else
+            Sp += p[i];
+    }
+    const double scale = qq > 0 && Sp > 0 ? (double)qq / Sp : 0.0; /* rounding only */
+    double cum = 0;
+    int64_t got = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t u = us[i];
+        float w = 1.0f;
+        uint8_t k = 0;
+        if (p[i] >= 1.0) {
+            k = 1;
+        } else if (p[i] > 0) {
+            p[i] *= scale;
+            const double lo = cum;
+            cum += p[i];
+            if (points_below(cum, r, qq) > points_below(lo, r, qq)) {
+                k = 1;
+                got++;
+                w = (float)(1.0 / p[i]);
+            }
+        }
+        keep[u] = k;
+        if (weight)
+            weight[u] = w;
+        if (prob)
+            prob[u] = (float)p[i];
+    }
+    /* a point lost to rounding at the very end: the last unkept ones */
+    for (int64_t i = n - 1; i >= 0 && got < qq; i--) {
+        const int64_t u = us[i];
+        if (!keep[u] && p[i] > 0) {
+            keep[u] = 1;
+            got++;
+            if (weight)
+                weight[u] = (float)(1.0 / p[i]);
+        }
+    }
+}
+
+typedef struct {
+    const int64_t *us, *off, *q; /* bucket b: us[off[b] .. off[b+1]), quota q[b] */
+    const float *score;
+    uint64_t seed;
+    double *s, *p, *tmp;
+    uint8_t *keep;
+    float *weight, *prob;
+} sample_job_t;
+
+static int sample_buckets(void *vp, int64_t b0, int64_t b1)
+{
+    const sample_job_t *j = vp;
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t o = j->off[b], n = j->off[b + 1] - o;
+        sample_bucket(j->us + o, n, j->q[b], j->score, sample_offset(j->seed, b), j->s + o,
+                      j->p + o, j->tmp + o, j->keep, j->weight, j->prob);
+    }
+    return 0;
+}
+
+/* Bucket the N pairs by bk[u] (nb buckets, u ascending inside each) and
+ * sample bucket b's quota q[b] (checked by the callers). */
+static int sample_run(int64_t N, int64_t nb, const int64_t *bk, const int64_t *q,
+                      const float *score, uint64_t seed, uint8_t *keep, float *weight,
+                      float *prob, int threads)
+{
+    int64_t *off = calloc((size_t)nb + 1, sizeof *off);
+    int64_t *us = malloc((size_t)(N ? N : 1) * sizeof *us);
+    double *buf = malloc((size_t)(N ? N : 1) * 3 * sizeof *buf);
+    int rc = -1;
+    if (!off || !us || !buf) {
+        lrmoe_err("out of memory");
+        goto out;
+    }
+    for (int64_t u = 0; u < N; u++)
+        off[bk[u] + 1]++;
+    for (int64_t b = 0; b < nb; b++)
+        off[b + 1] += off[b];
+    {
+        int64_t *pos = malloc((size_t)(nb ? nb : 1) * sizeof *pos);
+        if (!pos) {
+            lrmoe_err("out of memory");
+            goto out;
+        }
+        memcpy(pos, off, (size_t)nb * sizeof *pos);
+        for (int64_t u = 0; u < N; u++)
+            us[pos[bk[u]]++] = u;
+        free(pos);
+    }
+    {
+        sample_job_t j = {us, off, q, score, seed, buf, buf + N, buf + 2 * N,
+                          keep, weight, prob};
+        rc = lrmoe_parallel_ranges(nb, threads, 1, sample_buckets, &j);
+    }
+out:
+    free(off);
+    free(us);
+    free(buf);
+    return rc;
+}
+
+static int score_sample_mt(int64_t T, int K, int E, const int32_t *topk_ids,
+                           const float *score, const int64_t *quota, double drop_pct,
+                           uint64_t seed, uint8_t *keep, float *weight, float *prob,
+                           int64_t *load, int64_t *quota_out, int threads)
+{
+    const int64_t N = T * K;
+    if (!quota && drop_pct < 0)
+        return lrmoe_err("no quota and no drop rate");
+    int64_t *bk = malloc((size_t)(N ? N : 1) * sizeof *bk);
+    int64_t *q = malloc((size_t)(E ? E : 1) * sizeof *q);
+    int rc = -1;
+    if (!bk || !q) {
+        lrmoe_err("out of memory");
+        goto out;
+    }
+    memset(load, 0, (size_t)E * sizeof *load);
+    for (int64_t u = 0; u < N; u++) {
+        if (check_pair(u, topk_ids[u], E, K, score) < 0)
+            goto out;
+        load[topk_ids[u]]++;
+        bk[u] = topk_ids[u];
+    }
+    for (int e = 0; e < E; e++) {
+        q[e] = quota ? quota[e] : lrmoe_score_drop_quota(load[e], drop_pct);
+        if (q[e] < 0 || q[e] > load[e]) {
+            lrmoe_err("quota: expert %d has quota %lld but %lld routed pairs", e,
+                      (long long)q[e], (long long)load[e]);
+            goto out;
+        }
+        if (quota_out)
+            quota_out[e] = q[e];
+    }
+    rc = sample_run(N, E, bk, q, score, seed, keep, weight, prob, threads);
+out:
+    free(bk);
+    free(q);
+    return rc;
+}
+
+int lrmoe_score_sample(int64_t T, int K, int E, const int32_t *topk_ids,
+                       const float *score, const int64_t *quota, double drop_pct,
+                       uint64_t seed, uint8_t *keep, float *weight, float *prob,
+                       int64_t *load, int64_t *quota_out)
+{
+    return score_sample_mt(T, K, E, topk_ids, score, quota, drop_pct, seed, keep, weight,
+                           prob, load, quota_out, 1);
+}
+
+static int score_sample_rank_mt(int64_t T, int K, int E, int P, const int32_t *topk_ids,
+                                const float *score, const int32_t *pair_rank,
+                                const int64_t *bwd_alloc, uint64_t seed, uint8_t *keep,
+                                float *weight, float *prob, int64_t *load,
+                                int64_t *quota_out, int threads)
+{
+    const int64_t N = T * K;
+    if (P <= 0 || (!pair_rank && E % P))
+        return lrmoe_err("by-rank selection: %d experts over %d ranks, and no pair_rank",
+                         E, P);
+    const int64_t EP = (int64_t)E * P;
+    int64_t *bk = malloc((size_t)(N ? N : 1) * sizeof *bk);
+    int64_t *n = calloc((size_t)EP + 1, sizeof *n);
+    int64_t *q = malloc((size_t)(EP ? EP : 1) * sizeof *q);
+    int rc = -1;
+    if (!bk || !n || !q) {
+        lrmoe_err("out of memory");
+        goto out;
+    }
+    memset(load, 0, (size_t)E * sizeof *load);
+    for (int64_t u = 0; u < N; u++) {
+        const int32_t e = topk_ids[u];
+        if (check_pair(u, e, E, K, score) < 0)
+            goto out;
+        const int32_t r = pair_rank ? pair_rank[u] : (int32_t)(e / (E / P));
+        if (r < 0 || r >= P) {
+            lrmoe_err("pair_rank: rank %d at pair %lld out of range [0,%d)", (int)r,
+                      (long long)u, P);
+            goto out;
+        }
+        load[e]++;
+        bk[u] = (int64_t)e * P + r;
+        n[bk[u]]++;
+    }
+    for (int e = 0; e < E; e++) {
+        int64_t qe = 0, extra = 0;
+        for (int p = 0; p < P; p++) {
+            const int64_t b = (int64_t)e * P + p, w = bwd_alloc[b];
+            if (w < 0) {
+                lrmoe_err("bwd_alloc: expert %d rank %d is negative (%lld)", e, p,
+                          (long long)w);
+                goto out;
+            }
+            qe += w;
+            q[b] = w < n[b] ? w : n[b];
+            extra += w - q[b];
+        }
+        if (qe > load[e]) {
+            lrmoe_err("bwd_alloc: expert %d allocates %lld rows but has %lld routed pairs",
+                      e, (long long)qe, (long long)load[e]);
+            goto out;
+        }
+        for (int p = 0; p < P && extra > 0; p++) { /* the rest: strata with room */
+            const int64_t b = (int64_t)e * P + p, add = n[b] - q[b] < extra ? n[b] - q[b]
+                                                                              : extra;
+            q[b] += add;
+            extra -= add;
+        }
+        if (quota_out)
+            quota_out[e] = qe;
+    }
+    rc = sample_run(N, EP, bk, q, score, seed, keep, weight, prob, threads);
+out:
+    free(bk);
+    free(n);
+    free(q);
+    return rc;
+}
+
+int lrmoe_score_sample_by_rank(int64_t T, int K, int E, int P, const int32_t *topk_ids,
+                               const float *score, const int32_t *pair_rank,
+                               const int64_t *bwd_alloc, uint64_t seed, uint8_t *keep,
+                               float *weight, float *prob, int64_t *load,
+                               int64_t *quota_out)
+{
+    return score_sample_rank_mt(T, K, E, P, topk_ids, score, pair_rank, bwd_alloc, seed,
+                                keep, weight, prob, load, quota_out, 1);
+}
+
+void lrmoe_score_weighted_alpha(int64_t N, const float *alpha, const float *weight,
+                                float *out)
+{
+    for (int64_t u = 0; u < N; u++)
+        out[u] = weight ? alpha[u] * weight[u] : alpha[u];
 }
 
 /* ------------------------------------------------- select by forward rank */
@@ -613,6 +978,7 @@ out:
 void lrmoe_score_opts_default(lrmoe_score_opts_t *o)
 {
     o->metric = LRMOE_METRIC_LRM;
+    o->select = LRMOE_KEEP_TOPK;
     o->drop_pct = -1;
     o->seed = 0;
     o->fidelity = 0;
@@ -664,8 +1030,12 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
     if (lrmoe_tensor_dim_int(tid, 1, &K) < 0)
         return -1;
     int64_t N = T * K;
+    if ((unsigned)o->select >= LRMOE_NKEEP_RULES)
+        return lrmoe_err("unknown selection %d", (int)o->select);
+    const int sample = o->select == LRMOE_KEEP_SAMPLE;
     int need_alpha = o->metric == LRMOE_METRIC_LRM || o->fidelity;
-    int need_g = o->metric != LRMOE_METRIC_RANDOM || o->fidelity;
+    int need_g = (o->metric != LRMOE_METRIC_RANDOM && o->metric != LRMOE_METRIC_UNIFORM) ||
+                 o->fidelity;
     lrmoe_tensor_t *tw = NULL, *tg = NULL, *tphi = NULL, *tq = NULL;
     lrmoe_tensor_t *tba = NULL, *tpr = NULL; /* plan.keep=by-rank */
     if (need_alpha) {
@@ -717,10 +1087,11 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
     float *alpha = NULL, *g = NULL, *phi = NULL, *gate = NULL, *up = NULL;
     float *score = malloc((size_t)(N ? N : 1) * sizeof *score);
     uint8_t *keep = malloc((size_t)(N ? N : 1));
+    float *pw = sample ? malloc((size_t)(N ? N : 1) * sizeof *pw) : NULL;
     int64_t *quota = NULL, *load = NULL, *qout = NULL, *ba = NULL;
     int32_t *prank = NULL;
     double *err = NULL;
-    if (!score || !keep) {
+    if (!score || !keep || (sample && !pw)) {
         lrmoe_err("out of memory");
         goto out;
     }
@@ -752,8 +1123,11 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
         const int P = (int)tba->shape[1];
         if (!(ba = lrmoe_tensor_i64(tba)) || (tpr && !(prank = ids_i32(tpr))))
             goto out;
-        if (score_select_rank_mt(T, K, E, P, ids, score, prank, ba, keep, load, qout,
-                                 o->threads) < 0)
+        if (sample ? score_sample_rank_mt(T, K, E, P, ids, score, prank, ba,
+                                          o->seed + (uint64_t)index, keep, pw, NULL, load,
+                                          qout, o->threads) < 0
+                   : score_select_rank_mt(T, K, E, P, ids, score, prank, ba, keep, load, qout,
+                                          o->threads) < 0)
             goto out;
         for (int e = 0; e < E; e++)
             if (qout[e] != quota[e]) {
@@ -761,8 +1135,11 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
                           e, (long long)qout[e], (long long)quota[e]);
                 goto out;
             }
-    } else if (score_select_mt(T, K, E, ids, score, quota, o->drop_pct, keep, load,
-                               qout, o->threads) < 0)
+    } else if (sample ? score_sample_mt(T, K, E, ids, score, quota, o->drop_pct,
+                                        o->seed + (uint64_t)index, keep, pw, NULL, load,
+                                        qout, o->threads) < 0
+                      : score_select_mt(T, K, E, ids, score, quota, o->drop_pct, keep, load,
+                                        qout, o->threads) < 0)
         goto out;
     double tsel = lrmoe_now() - t0;
 
@@ -815,6 +1192,15 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
     keep = NULL;
     if (!lrmoe_frame_adopt(f, "keep", LRMOE_U8, 2, (int64_t[]){T, K}, kp))
         goto out;
+    if (sample) {
+        float *w = pw;
+        pw = NULL;
+        if (!lrmoe_frame_adopt(f, "pair_weight", LRMOE_F32, 2, (int64_t[]){T, K}, w) ||
+            lrmoe_frame_set_attr(f, "score.select", "sample") < 0)
+            goto out;
+    } else {
+        lrmoe_frame_del(f, "pair_weight"); /* a stale one would reweight this keep */
+    }
     if (o->drop_pct >= 0) {
         int64_t *qo = qout;
         qout = NULL;
@@ -855,6 +1241,7 @@ out:
     free(up);
     free(score);
     free(keep);
+    free(pw);
     free(quota);
     free(load);
     free(qout);

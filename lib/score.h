@@ -30,8 +30,27 @@ typedef enum {
     LRMOE_METRIC_GRADNORM,
     LRMOE_METRIC_ABSGRAD,
     LRMOE_METRIC_RANDOM,
+    LRMOE_METRIC_UNIFORM,   /* 1 for every pair: with sample, a uniform draw */
     LRMOE_NMETRICS
 } lrmoe_metric_t;
+
+/* Selection of each expert's quota from the scores:
+ *   topk    the quota highest-ranked pairs (the LRMoE paper's rule; keep
+ *           is a deterministic function of the scores). A biased estimator
+ *           of the expert gradient: E[kept sum] != full sum.
+ *   sample  an unbiased probability-proportional draw of exactly the quota
+ *           (lrmoe_score_sample): pair u is kept with probability
+ *           p_u = min(1, c*sqrt(score_u)), c such that sum_u p_u = quota,
+ *           and a kept pair's backward row is weighted by 1/p_u
+ *           (pair_weight), so E[sum_kept w_u delta_u phi_u^T] is the full
+ *           sum for every score. */
+typedef enum {
+    LRMOE_KEEP_TOPK = 0,
+    LRMOE_KEEP_SAMPLE,
+    LRMOE_NKEEP_RULES
+} lrmoe_keep_rule_t;
+int lrmoe_score_keep_rule_parse(const char *s, lrmoe_keep_rule_t *sel); /* 0 / -1 */
+const char *lrmoe_score_keep_rule_name(lrmoe_keep_rule_t sel);
 
 int lrmoe_score_metric_parse(const char *s, lrmoe_metric_t *m); /* 0 / -1 */
 const char *lrmoe_score_metric_name(lrmoe_metric_t m);
@@ -63,6 +82,45 @@ int lrmoe_score_select(int64_t T, int K, int E, const int32_t *topk_ids,
                        const float *score, const int64_t *quota,
                        double drop_pct, uint8_t *keep, int64_t *load,
                        int64_t *quota_out);
+
+/* Sample (selection "sample"): per expert e with n_e pairs and quota q_e,
+ * inclusion probabilities p_u = min(1, c_e sqrt(score_u)) with
+ * sum_u p_u = q_e (water-filling: the pairs whose c_e sqrt(score) reaches 1
+ * are kept with p = 1, c_e spreads the rest; when the positive scores cannot
+ * fill q_e, every positive pair has p = 1 and the zero-score pairs share
+ * the remainder evenly), then exactly q_e pairs by systematic PPS: the pairs
+ * with p < 1 in ascending u lay out intervals of length p_u on [0, q'),
+ * q' = q_e - #(p = 1), and the points r, r+1, ..., r+q'-1 pick them, r
+ * uniform in [0,1) from (seed, e) (splitmix64). Each pair's inclusion
+ * probability is exactly p_u, so weight[u] = 1/p_u (F32; 1 for p = 1 and
+ * for dropped pairs) makes the weighted kept sum an unbiased estimator of
+ * the full one. keep, load, quota and drop_pct as lrmoe_score_select;
+ * weight (T,K) may be NULL; prob (T,K), if not NULL, receives p_u (double
+ * precision rounded to F32). Deterministic for a seed; does not depend on
+ * the thread count. */
+int lrmoe_score_sample(int64_t T, int K, int E, const int32_t *topk_ids,
+                       const float *score, const int64_t *quota, double drop_pct,
+                       uint64_t seed, uint8_t *keep, float *weight, float *prob,
+                       int64_t *load, int64_t *quota_out);
+
+/* The same under plan.keep=by-rank (see lrmoe_score_select_by_rank): a
+ * stratified draw. Stratum (e,p) (the pairs of e that ran on p) first gets
+ * min(bwd_alloc[e,p], n_ep); what e's quota has left goes to its strata
+ * with room in ascending p (a function of the plan and the counts only,
+ * never of the draw), then each stratum is sampled as above with its own
+ * offset (seed, e*P+p). Unbiased in the same sense. */
+int lrmoe_score_sample_by_rank(int64_t T, int K, int E, int P, const int32_t *topk_ids,
+                               const float *score, const int32_t *pair_rank,
+                               const int64_t *bwd_alloc, uint64_t seed, uint8_t *keep,
+                               float *weight, float *prob, int64_t *load,
+                               int64_t *quota_out);
+
+/* out[u] = alpha[u] * weight[u] in F32 (weight NULL: alpha): the effective
+ * routing weight of a sampled pair's backward row, alpha_u g_t / p_u. The
+ * compact and masked backward (lrmoe-pack, lrmoe-exec) and lrmoe.torch use
+ * it; the router gradient g_t . y_u never does. */
+void lrmoe_score_weighted_alpha(int64_t N, const float *alpha, const float *weight,
+                                float *out);
 
 /* Select by forward rank (the plan's attribute plan.keep=by-rank): quota_e =
  * sum_p bwd_alloc[e,p] (bwd_alloc (E,P)); inside each bucket of pairs of
@@ -96,6 +154,8 @@ int lrmoe_score_fidelity(int64_t T, int K, int E, int64_t D, int64_t F,
 
 typedef struct {
     lrmoe_metric_t metric;
+    lrmoe_keep_rule_t select; /* topk (default) or sample (in the padding after
+                              metric: the struct's size and offsets are 0.4's) */
     double drop_pct;      /* < 0: use the frame's quota tensor */
     uint64_t seed;        /* random metric; frame index is added */
     int fidelity;         /* also compute score_fidelity */

@@ -12,15 +12,20 @@ static void usage(FILE *fp)
 {
     fprintf(fp,
         "Usage: lrmoe-score [options] [FILE]\n"
-        "Score each routed pair and keep, inside each expert, its quota of the\n"
-        "highest scores (ties: lower pair index first). Reads topk_ids,\n"
+        "Score each routed pair and keep, inside each expert, its quota: the\n"
+        "highest scores (ties: lower pair index first) or a draw by score. Reads topk_ids,\n"
         "topk_weights, grad_output, phi_sqnorm and quota; writes pair_score and keep.\n\n"
         "Options:\n"
         "  -m, --metric NAME   lrm (default: alpha^2 ||g||^2 ||phi||^2), gradnorm,\n"
-        "                      absgrad or random\n"
+        "                      absgrad, random or uniform (1 for every pair)\n"
+        "      --select RULE   topk (default: the quota highest scores, the LRMoE\n"
+        "                      paper's rule, biased) or sample (an unbiased draw of\n"
+        "                      exactly the quota, p ~ sqrt(score); writes\n"
+        "                      pair_weight = 1/p for the backward)\n"
         "      --drop C        drop C percent of each expert's pairs (0..100) instead\n"
         "                      of the plan's quota; writes quota\n"
-        "      --seed N        seed of the random metric (default 0)\n"
+        "      --seed N        seed of the random metric and of sample (default 0;\n"
+        "                      frame i uses N + i)\n"
         "      --fidelity      also write score_fidelity, the relative error of\n"
         "                      each expert's dW_down (needs saved_gate, saved_up)\n"
         "  -S, --stats FILE    one TSV row per frame: pairs kept and dropped, time\n"
@@ -76,7 +81,7 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
     return 0;
 }
 
-enum { OPT_FIDELITY = 0x2001, OPT_DROP, OPT_SEED };
+enum { OPT_FIDELITY = 0x2001, OPT_DROP, OPT_SEED, OPT_SELECT };
 
 int main(int argc, char **argv)
 {
@@ -85,6 +90,7 @@ int main(int argc, char **argv)
         {"metric", required_argument, 0, 'm'},
         {"drop", required_argument, 0, OPT_DROP},
         {"seed", required_argument, 0, OPT_SEED},
+        {"select", required_argument, 0, OPT_SELECT},
         {"stats", required_argument, 0, 'S'},
         {"fidelity", no_argument, 0, OPT_FIDELITY},
         {"verbose", no_argument, 0, 'v'},
@@ -110,6 +116,10 @@ int main(int argc, char **argv)
         switch (ch) {
         case 'm':
             if (lrmoe_score_metric_parse(optarg, &c.o.metric) < 0)
+                goto bad;
+            break;
+        case OPT_SELECT:
+            if (lrmoe_score_keep_rule_parse(optarg, &c.o.select) < 0)
                 goto bad;
             break;
         case OPT_DROP:

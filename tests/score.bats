@@ -185,3 +185,115 @@ print('same')"
     run $REF check-score "$T/in.lrm" "$T/d3.lrm" --metric lrm --drop 30
     assert_success
 }
+
+@test "sample: the unbiased draw by expert (exact quotas, inclusion probabilities, E[weighted sum] = full sum; tests/unit/score_test.c)" {
+    L="$BATS_TEST_DIRNAME/../lib"
+    B="$BATS_TEST_DIRNAME/../${LRMOE_BUILD:-build}"
+    run cc -std=c11 -O2 -D_GNU_SOURCE ${SANITIZE:+-fsanitize=address,undefined} -I"$L" \
+        -o "$T/st" "$BATS_TEST_DIRNAME/unit/score_test.c" -L"$B" -l:liblrmoe.so.1 \
+        -Wl,-rpath,"$(cd "$B" && pwd -P)" -lm
+    assert_success
+    run "$T/st"
+    assert_success
+    assert_output --partial "ok"
+}
+
+@test "--select sample: quota kept per expert, pair_weight = 1/p >= 1, reproducible by seed, -@ N the same bits" {
+    mk --T 300 --E 12 --rate 0.7
+    "$BIN/lrmoe-score" --select sample --seed 5 -o "$T/a.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-score" --select sample --seed 5 -@ 3 -o "$T/b.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-score" --select sample --seed 6 -o "$T/c.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-score" -o "$T/k.lrm" "$T/in.lrm"
+    run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+import numpy as np
+a, b, c, k = (read_stream('$T/%s.lrm' % n) for n in 'abck')
+assert len(a) == 2
+for (ta, aa), (tb, _), (tc, _), (tk, ak) in zip(a, b, c, k):
+    assert aa['score.select'] == 'sample' and 'score.select' not in ak and 'pair_weight' not in tk
+    for n in ta: assert np.array_equal(ta[n], tb[n]), n
+    ids, q = ta['topk_ids'].astype(np.int64), ta['quota']
+    keep, w = ta['keep'].astype(bool), ta['pair_weight']
+    assert (np.bincount(ids[keep], minlength=len(q)) == q).all(), 'quota'
+    assert (w >= 1).all() and (w[~keep] == 1).all() and np.isfinite(w).all()
+    assert not np.array_equal(ta['keep'], tc['keep']), 'seed ignored'
+    assert np.array_equal(ta['pair_score'], tk['pair_score'])
+print('ok')"
+    assert_success
+    assert_output "ok"
+}
+
+@test "--select sample through pack and the compact/masked backward: rows scaled by pair_weight, router gradient exact; quota = load gives topk's bits" {
+    "$BIN/lrmoe-gen" --experts 8 --topk 2 --hidden 32 --ffn 16 --tokens 256 --seed 4 \
+        --weights "$T/w.lrm" -o "$T/g.lrm"
+    "$BIN/lrmoe-route" -k 2 "$T/g.lrm" | "$BIN/lrmoe-plan" --ranks 2 --rate 0.7 |
+        "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" > "$T/f.lrm"
+    for s in topk sample; do
+        "$BIN/lrmoe-score" --select $s "$T/f.lrm" > "$T/s_$s.lrm"
+        "$BIN/lrmoe-pack" "$T/s_$s.lrm" | "$BIN/lrmoe-exec" --phase backward --mode compact \
+            --weights "$T/w.lrm" > "$T/c_$s.lrm"
+        "$BIN/lrmoe-pack" --layout-only "$T/s_$s.lrm" | "$BIN/lrmoe-exec" --phase backward \
+            --mode compact --weights "$T/w.lrm" > "$T/l_$s.lrm"
+        "$BIN/lrmoe-exec" --phase backward --mode masked --weights "$T/w.lrm" "$T/s_$s.lrm" > "$T/m_$s.lrm"
+    done
+    "$BIN/lrmoe-exec" --phase backward --mode full --weights "$T/w.lrm" "$T/s_sample.lrm" > "$T/full.lrm"
+    "$BIN/lrmoe-exec" --phase backward --mode full --weights "$T/w.lrm" "$T/f.lrm" > "$T/full0.lrm"
+    run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+import numpy as np
+R = lambda n: read_stream('$T/%s.lrm' % n)[0][0]
+s, c, l, m, full, full0 = R('s_sample'), R('c_sample'), R('l_sample'), R('m_sample'), R('full'), R('full0')
+ids, keep, w = s['topk_ids'], s['keep'].astype(bool), s['pair_weight']
+alpha = s['topk_weights'] * w
+# the packed rows: (alpha_u * w_u) g_t, rounded once as lrmoe_frame_bwd_alpha
+pair = c['pack_pair']; K = ids.shape[1]
+g = s['grad_output']
+g = (g.astype(np.uint32) << 16).view(np.float32) if g.dtype == np.uint16 else g.astype(np.float32)
+ref = (alpha.reshape(-1)[pair][:, None] * g[pair // K]).astype(np.float32)
+assert np.array_equal(c['pack_grad'], ref), 'pack_grad'
+for n in ('grad_hidden', 'grad_w_down', 'grad_w_gate', 'grad_w_up'):
+    assert np.array_equal(c[n], l[n]), n + ': copying and layout-only forms differ'
+    assert np.allclose(c[n], m[n], rtol=1e-4, atol=1e-5), n + ': compact vs masked'
+# the router gradient never sees the weights: every mode equals full's
+for o in (c, l, m):
+    assert np.array_equal(o['grad_topk_weights'], full['grad_topk_weights'])
+# full ignores pair_weight
+for n in ('grad_hidden', 'grad_w_down'): assert np.array_equal(full[n], full0[n]), n
+# the weighted dW_down differs from the unweighted kept sum
+ck = R('c_topk')
+assert not np.array_equal(c['grad_w_down'], ck['grad_w_down'])
+print('ok')"
+    assert_success
+    assert_output "ok"
+    # quota = load (every p = 1): sample keeps all with weight 1, the bits of topk
+    "$BIN/lrmoe-route" -k 2 "$T/g.lrm" | "$BIN/lrmoe-plan" --ranks 2 --rate 1 |
+        "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" > "$T/f1.lrm"
+    for s in topk sample; do
+        "$BIN/lrmoe-score" --select $s "$T/f1.lrm" | "$BIN/lrmoe-pack" |
+            "$BIN/lrmoe-exec" --phase backward --mode compact --weights "$T/w.lrm" > "$T/one_$s.lrm"
+    done
+    run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+import numpy as np
+a, b = read_stream('$T/one_topk.lrm')[0][0], read_stream('$T/one_sample.lrm')[0][0]
+assert (b['pair_weight'] == 1).all() and b['keep'].all()
+for n in ('grad_hidden', 'grad_w_down', 'grad_w_gate', 'grad_w_up', 'grad_topk_weights', 'pack_grad'):
+    assert np.array_equal(a[n], b[n]), n
+print('ok')"
+    assert_success
+    assert_output "ok"
+}
+
+@test "pair_weight that is not finite and positive: lrmoe-pack refuses it (lrmoe_frame_bwd_alpha, which lrmoe-exec shares), exit 1" {
+    mk --T 64 --E 8 --rate 0.7
+    "$BIN/lrmoe-score" --select sample -o "$T/s.lrm" "$T/in.lrm"
+    python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream, write_stream
+import numpy as np
+fr = read_stream('$T/s.lrm')
+w = fr[0][0]['pair_weight'].copy(); w[3, 1] = 0; fr[0][0]['pair_weight'] = w
+write_stream('$T/bad.lrm', fr)"
+    run "$BIN/lrmoe-pack" -o "$T/p.lrm" "$T/bad.lrm"
+    assert_failure 1
+    assert_output --partial "pair_weight[3,1] is 0"
+}
