@@ -158,6 +158,72 @@ class PatchDrop(unittest.TestCase):
                 self.assertGreater(rel(gx1, gxf), 1e-3)
 
 
+class PatchSample(unittest.TestCase):
+    """select="sample": the gradients equal plain torch where each kept
+    pair's contribution to dW and dx is scaled by its pair_weight (1/p) and
+    the dropped ones contribute nothing, while the forward and the
+    routing-weight gradient see every pair unscaled; at rate 1 the same
+    bits as select="topk"."""
+
+    def reference(self, blk, x, keep, w):
+        ex = blk.experts
+
+        def fwd(mod, hidden, idx, wt):
+            out = torch.zeros_like(hidden)
+            Fh = mod.gate_up_proj.shape[1] // 2
+            for k in range(idx.shape[1]):
+                gu = torch.einsum("td,tfd->tf", hidden, mod.gate_up_proj[idx[:, k]])
+                y = torch.einsum("tf,tdf->td", torch.nn.functional.silu(gu[:, :Fh]) * gu[:, Fh:],
+                                 mod.down_proj[idx[:, k]])
+                m = torch.as_tensor(keep[:, k])[:, None]
+                ys = y * torch.as_tensor(w[:, k])[:, None].to(y.dtype)
+                ys = ys + (y - ys).detach()  # the value of y, the gradient of w*y
+                out = out + wt[:, k, None] * torch.where(m, ys, y.detach())
+            return out
+        import types
+        ex.forward = types.MethodType(fwd, ex)
+        return run(blk, x)
+
+    def test_sample_matches_reference(self):
+        for fam, ranks in (("qwen3_moe", 2), ("deepseek_v3", 4), ("mixtral", 2)):
+            with self.subTest(fam):
+                ref = tiny.block(fam)
+                pat = copy.deepcopy(ref)
+                h = lt.patch(pat, rate=0.6, ranks=ranks, keep_masks=True, select="sample")
+                torch.manual_seed(9)
+                x = torch.randn(2, T // 2, tiny.D)
+                o1, gx1, g1 = run(pat, x)
+                rec = h.stats[-1]
+                keep, w = rec["keep"], rec["pair_weight"]
+                self.assertLess(rec["kept"], rec["pairs"])
+                self.assertEqual(int(keep.sum()), rec["kept"])
+                self.assertTrue((w[keep] >= 1).all() and (w[~keep] == 1).all())
+                self.assertTrue((w[keep] > 1).any())  # some pair is reweighted
+                o0, gx0, g0 = self.reference(ref, x, keep, w)
+                self.assertLess(rel(o1, o0), 2e-5)
+                self.assertLess(rel(gx1, gx0), 2e-5)
+                for n in g0:
+                    self.assertLess(rel(g1[n], g0[n]), 2e-5, f"{fam} grad {n}")
+                # the weights matter: the unweighted (topk-style) reference differs
+                _, gxu, _ = self.reference(tiny.block(fam), x, keep, w * 0 + 1)
+                self.assertGreater(rel(gx1, gxu), 1e-3)
+
+    def test_rate1_is_topk(self):
+        ref = tiny.block("qwen3_moe")
+        a, b = copy.deepcopy(ref), copy.deepcopy(ref)
+        lt.patch(a, rate=1.0, ranks=2)
+        lt.patch(b, rate=1.0, ranks=2, select="sample")
+        x = torch.randn(2, T // 2, tiny.D)
+        ra, rb = run(a, x), run(b, x)
+        self.assertTrue(torch.equal(ra[0], rb[0]) and torch.equal(ra[1], rb[1]))
+        for n in ra[2]:
+            self.assertTrue(torch.equal(ra[2][n], rb[2][n]), n)
+
+    def test_bad_select(self):
+        with self.assertRaisesRegex(lrmoe.Error, "unknown selection 'best'"):
+            lt.patch(tiny.block("qwen3_moe"), rate=0.8, select="best")
+
+
 class Training(unittest.TestCase):
     """20 AdamW steps of a tiny Qwen3-MoE and Mixtral causal LM through
     patch(rate=1.0) follow the unpatched loss curve (rel diff <= 1e-4)."""

@@ -71,7 +71,7 @@ class RouteOpts(Structure):
 
 
 class ScoreOpts(Structure):
-    _fields_ = [("metric", c_int), ("drop_pct", c_double), ("seed", c_uint64),
+    _fields_ = [("metric", c_int), ("select", c_int), ("drop_pct", c_double), ("seed", c_uint64),
                 ("fidelity", c_int), ("threads", c_int)]
 
 
@@ -196,6 +196,12 @@ _sig("lrmoe_score_frame", c_int, POINTER(Frame), c_int64, POINTER(ScoreOpts),
 _sig("lrmoe_score_pairs_dt", c_int, c_int, c_int64, c_int, c_int64, c_int, P, P, P, c_uint64, P)
 _sig("lrmoe_score_select", c_int, c_int64, c_int, c_int, P, P, P, c_double, P, P, P)
 _sig("lrmoe_score_select_by_rank", c_int, c_int64, c_int, c_int, c_int, P, P, P, P, P, P, P)
+_sig("lrmoe_score_keep_rule_parse", c_int, c_char_p, POINTER(c_int))
+_sig("lrmoe_score_sample", c_int, c_int64, c_int, c_int, P, P, P, c_double, c_uint64, P, P, P,
+     P, P)
+_sig("lrmoe_score_sample_by_rank", c_int, c_int64, c_int, c_int, c_int, P, P, P, P, c_uint64,
+     P, P, P, P, P)
+_sig("lrmoe_score_weighted_alpha", None, c_int64, P, P, P)
 # pack
 _sig("lrmoe_pack_opts_default", None, POINTER(PackOpts))
 _sig("lrmoe_pack_frame", c_int, POINTER(Frame), POINTER(PackOpts))

@@ -152,10 +152,13 @@ def _frame_call(inputs, dtypes, fn, attrs=None):
 
 def score(topk_ids, topk_weights, grad_output, phi_sqnorm=None, quota=None, drop=None,
           metric="lrm", seed=0, index=0, saved_gate=None, saved_up=None, fidelity=False,
-          dtypes=None, bwd_alloc=None, pair_rank=None, keep_rule=None):
+          dtypes=None, bwd_alloc=None, pair_rank=None, keep_rule=None, select="topk"):
     """Pair scores and per-expert retention as lrmoe-score does: returns
     pair_score (T,K) F32, keep (T,K) U8 (and quota when drop= percent is
-    given, score_fidelity with fidelity=True) and the score.* attributes.
+    given, score_fidelity with fidelity=True, pair_weight (T,K) F32 with
+    select="sample") and the score.* attributes. select: "topk" (the
+    quota highest scores, the LRMoE paper's rule) or "sample" (the unbiased
+    draw of lrmoe-score --select sample; pair_weight = 1/p of each kept pair).
     Without drop, quota (E) says how many pairs each expert keeps;
     keep_rule="by-rank" (a plan's plan.keep) keeps by forward rank from
     bwd_alloc (E,P) and pair_rank (T,K), as lrmoe-score(1) describes."""
@@ -164,6 +167,9 @@ def score(topk_ids, topk_weights, grad_output, phi_sqnorm=None, quota=None, drop
     m = ctypes.c_int()
     check(lib.lrmoe_score_metric_parse(str(metric).encode(), ctypes.byref(m)))
     o.metric, o.seed, o.fidelity = m.value, int(seed), int(bool(fidelity))
+    sel = ctypes.c_int()
+    check(lib.lrmoe_score_keep_rule_parse(str(select).encode(), ctypes.byref(sel)))
+    o.select = sel.value
     o.drop_pct = -1.0 if drop is None else float(drop)
     if drop is None and quota is None:
         raise Error("score: give quota (E) or drop= (percent)")
@@ -183,10 +189,11 @@ _ALLOC = {"auto": 0, "plan": 1, "forward": 2}
 
 def pack(keep, topk_ids, topk_weights, grad_output, hidden, saved_gate, saved_up,
          pair_rank=None, placement=None, bwd_alloc=None, quota=None, ranks=0,
-         alloc="auto", strip=False, dtypes=None):
+         alloc="auto", strip=False, dtypes=None, pair_weight=None):
     """Physical packing of the retained pairs as lrmoe-pack does: returns
     pack_pair, pack_rank, pack_counts, pack_offsets, pack_grad, pack_hidden,
-    pack_gate, pack_up and the pack.* attributes. dtypes names the stored
+    pack_gate, pack_up and the pack.* attributes; pack_grad rows are scaled
+    by pair_weight (T,K) when given (score(select="sample")). dtypes names the stored
     dtype of inputs given as float32 that the tool would see as BF16."""
     if alloc not in _ALLOC:
         raise Error(f"pack: alloc '{alloc}': expected auto, plan or forward")
@@ -196,7 +203,7 @@ def pack(keep, topk_ids, topk_weights, grad_output, hidden, saved_gate, saved_up
     inputs = dict(keep=keep, topk_ids=topk_ids, topk_weights=topk_weights,
                   grad_output=grad_output, hidden=hidden, saved_gate=saved_gate,
                   saved_up=saved_up, pair_rank=pair_rank, placement=placement,
-                  bwd_alloc=bwd_alloc, quota=quota)
+                  bwd_alloc=bwd_alloc, quota=quota, pair_weight=pair_weight)
     return _frame_call(inputs, dtypes, lambda cf: check(
         lib.lrmoe_pack_frame(cf.ref, ctypes.byref(o))))
 

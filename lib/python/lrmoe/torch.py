@@ -53,6 +53,7 @@ REFUSED = {
 ROUTING_ONLY = {"GptOssMLP": "router"}
 _TORCH_DT = {torch.float32: "F32", torch.bfloat16: "BF16"}
 _STAGES = 6  # LRMOE_NSTAGES
+_SAMPLE = 1  # LRMOE_KEEP_SAMPLE
 
 
 def _ptr(t):
@@ -449,7 +450,24 @@ class LRMoEExperts(torch.autograd.Function):
         keep = torch.empty(T, K, dtype=torch.uint8)
         load = np.empty(E, np.int64)
         quota = s["quota"]
-        if rec.get("keep_rule") == "by-rank":
+        seed = o.seed + rec["step"]
+        by_rank = rec.get("keep_rule") == "by-rank"
+        # alpha_b: the routing weights the kept rows are scaled by; with
+        # select="sample" alpha_u / p_u (pair_weight), else alpha
+        alpha_b = alpha
+        if o.select == _SAMPLE:
+            w = torch.empty(T, K, dtype=torch.float32)
+            if by_rank:
+                check(call(lib.lrmoe_score_sample_by_rank, T, K, E, d.P, _ptr(ids), _ptr(score),
+                           _ptr(s["pair_rank"]), s["bwd_alloc"].ctypes.data, seed, _ptr(keep),
+                           _ptr(w), None, load.ctypes.data, None), "select")
+            else:
+                check(call(lib.lrmoe_score_sample, T, K, E, _ptr(ids), _ptr(score),
+                           quota.ctypes.data, -1.0, seed, _ptr(keep), _ptr(w), None,
+                           load.ctypes.data, None), "select")
+            alpha_b = torch.empty(T, K, dtype=torch.float32)
+            lib.lrmoe_score_weighted_alpha(T * K, _ptr(alpha), _ptr(w), _ptr(alpha_b))
+        elif by_rank:
             # the plan's backward relies on the keep by forward rank
             # (plan.keep=by-rank, lrmoe-score(1)): bwd_alloc's row sums are the quotas
             check(call(lib.lrmoe_score_select_by_rank, T, K, E, d.P, _ptr(ids), _ptr(score),
@@ -474,7 +492,7 @@ class LRMoEExperts(torch.autograd.Function):
             gwd = torch.empty(E, D, F, dtype=torch.float32)
             gtw = torch.empty(T, K, dtype=torch.float32)
             b = _lib.ExecBwd(mode=2, act_dtype=_lib.DT[s["dt"]], grad_dtype=_lib.DT[gdt],
-                             topk_ids=_ptr(ids), topk_weights=_ptr(alpha), grad_output=_ptr(g),
+                             topk_ids=_ptr(ids), topk_weights=_ptr(alpha_b), grad_output=_ptr(g),
                              pair_out=_ptr(s["pair_out"]), hidden=_ptr(s["x"]),
                              pair_rank=_ptr(s["pair_rank"]), saved_gate=_ptr(s["sg"]),
                              saved_up=_ptr(s["su"]), R=R, pack_pair=pp.pair,
@@ -493,6 +511,8 @@ class LRMoEExperts(torch.autograd.Function):
             lib.lrmoe_pack_plan_free(ctypes.byref(pp))
         if o.keep_masks:
             rec["keep"] = keep.numpy().astype(bool)
+            if o.select == _SAMPLE:
+                rec["pair_weight"] = w.numpy().copy()
         wdt = s["wdtype"]
         gate_up_grad = torch.cat([gwg, gwu], dim=1).to(wdt)
         call.record(rec, "bwd")
@@ -540,13 +560,14 @@ class Patch:
     (layer, step, rho, fwd_peak, bwd_peak, fwd_lb, bwd_lb, replicas,
     feasible, mem_peak (modelled bytes), binding, pairs, kept, moved,
     keep_rule ("by-rank" when the plan keeps pairs by forward rank,
-    plan.keep of lrmoe-stream(5)), keep (the mask, with keep_masks=True), and
+    plan.keep of lrmoe-stream(5)), keep (the mask, with keep_masks=True;
+    with select="sample" also pair_weight, 1/p of each kept pair), and
     {fwd,bwd}_seconds / _cpu_seconds / _lib_seconds / _lib_cpu_seconds: wall
     and thread-CPU time of the whole forward/backward and inside liblrmoe);
     unpatch() restores the original expert forwards."""
 
     def __init__(self, model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
-                 options):
+                 options, select="topk"):
         self.blocks = find_blocks(model)
         self.ranks = int(ranks)
         for b in self.blocks:
@@ -555,6 +576,9 @@ class Patch:
         m = ctypes.c_int()
         check(lib.lrmoe_score_metric_parse(str(metric).encode(), ctypes.byref(m)))
         self.metric, self.seed, self.keep_masks = m.value, int(seed), keep_masks
+        sel = ctypes.c_int()
+        check(lib.lrmoe_score_keep_rule_parse(str(select).encode(), ctypes.byref(sel)))
+        self.select = sel.value
         self.plan_options = {"planner": planner, **options}
         if rate is not None:
             self.plan_options["rate"] = rate
@@ -601,16 +625,18 @@ class Patch:
 
 
 def patch(model, rate=None, hbm=None, metric="lrm", ranks=1, planner="lrmoe", threads=None,
-          seed=0, keep_masks=False, **plan_options):
+          seed=0, keep_masks=False, select="topk", **plan_options):
     """Replace the expert computation of every supported MoE block by
     LRMoEExperts on `ranks` simulated expert-parallel ranks. rate: the one
     retention rate to plan for (None: lrmoe-plan's candidate list), hbm:
-    the per-rank budget ("16GiB" or bytes), metric: lrm, gradnorm, absgrad
-    or random; other lrmoe-plan options by name (window=, min_keep=,
+    the per-rank budget ("16GiB" or bytes), metric: lrm, gradnorm, absgrad,
+    random or uniform; select: "topk" (each expert's quota highest scores,
+    the LRMoE paper's rule) or "sample" (the unbiased draw, p ~ sqrt(score),
+    kept rows weighted 1/p: lrmoe-score --select sample); other lrmoe-plan options by name (window=, min_keep=,
     best_effort=True, ...). keep_masks=True keeps each backward's keep mask
     in its stats record. threads: BLAS threads (default torch's).
     float32 expert parameters are moved (their .data, not the Parameter
     objects) into one buffer in lrmoe's packed layout, so no step copies
     them; unpatch() gives them contiguous memory of their own again."""
     return Patch(model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
-                 plan_options)
+                 plan_options, select=select)
