@@ -973,6 +973,204 @@ out:
     return rc;
 }
 
+
+/* ------------------------------------------------- fidelity: bias and noise */
+
+const char *lrmoe_fidelity_name(int i)
+{
+    static const char *const nm[LRMOE_NFID] = {"dw_down", "dw_gate", "dw_up", "dx"};
+    return i >= 0 && i < LRMOE_NFID ? nm[i] : "?";
+}
+
+/* running sums of one gradient: ||G||^2, ||Gh||^2, <Gh,G>, ||Gh-G||^2, ||Ge-G||^2 */
+typedef struct {
+    double gg, hh, hg, dh, de;
+} fid_acc_t;
+
+/* the three versions of one matrix (n values each): full f, estimate h,
+ * expectation e */
+static void fid_add(fid_acc_t *a, const float *f, const float *h, const float *e, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const double fv = f[i], hv = h[i], ev = e[i];
+        a->gg += fv * fv;
+        a->hh += hv * hv;
+        a->hg += hv * fv;
+        a->dh += (hv - fv) * (hv - fv);
+        a->de += (ev - fv) * (ev - fv);
+    }
+}
+
+static lrmoe_fidelity_t fid_out(const fid_acc_t *a)
+{
+    lrmoe_fidelity_t o = {0, 0, 0, 0};
+    if (a->gg > 0) {
+        o.rel_err = sqrt(a->dh / a->gg);
+        o.norm_ratio = sqrt(a->hh / a->gg);
+        o.bias = sqrt(a->de / a->gg);
+        o.cosine = a->hh > 0 ? a->hg / sqrt(a->hh * a->gg) : 0;
+    } else {
+        o.norm_ratio = o.cosine = 1;
+    }
+    return o;
+}
+
+static inline float dsilu(float x)
+{
+    const float s = 1.0f / (1.0f + expf(-x));
+    return s * (1.0f + x * (1.0f - s));
+}
+
+int lrmoe_score_fidelity_split(int64_t T, int K, int E, int64_t D, int64_t F,
+                               const int32_t *topk_ids, const float *g, const float *alpha,
+                               const float *x, const float *gate, const float *up,
+                               const float *w_gate, const float *w_up, const float *w_down,
+                               const uint8_t *keep, const float *weight, const float *expect,
+                               lrmoe_fidelity_t *out)
+{
+    const int64_t N = T * K;
+    const int full = w_gate && w_up && w_down && x;
+    if ((w_gate || w_up || w_down) && !full)
+        return lrmoe_err("fidelity: give w_gate, w_up, w_down and hidden together, or none");
+    int64_t *cnt = calloc((size_t)E + 1, sizeof *cnt), nmax = 0;
+    if (!cnt)
+        return lrmoe_err("out of memory");
+    for (int64_t u = 0; u < N; u++) {
+        if (topk_ids[u] < 0 || topk_ids[u] >= E) {
+            free(cnt);
+            return lrmoe_err("topk_ids: expert %d out of range [0,%d)", (int)topk_ids[u], E);
+        }
+        cnt[topk_ids[u] + 1]++;
+    }
+    for (int e = 0; e < E; e++) {
+        if (cnt[e + 1] > nmax)
+            nmax = cnt[e + 1];
+        cnt[e + 1] += cnt[e];
+    }
+    const size_t nm = (size_t)(nmax ? nmax : 1), DF = (size_t)D * (size_t)F;
+    /* per expert: rows u of its pairs; A_c (3 versions, n x D), phi (n x F),
+     * dphi_c (n x F), dhg_c/dhu_c (n x F), X (n x D), three D x F / F x D
+     * products; dx (3 x T x D) */
+    int64_t *idx = malloc((size_t)(N ? N : 1) * sizeof *idx), *pos = NULL;
+    float *A = malloc(3 * nm * (size_t)D * sizeof *A);
+    float *B = malloc(nm * (size_t)F * sizeof *B);
+    float *G = malloc(3 * DF * sizeof *G);
+    float *dp = full ? malloc(3 * nm * (size_t)F * sizeof *dp) : NULL;
+    float *hg = full ? malloc(3 * nm * (size_t)F * sizeof *hg) : NULL;
+    float *hu = full ? malloc(3 * nm * (size_t)F * sizeof *hu) : NULL;
+    float *X = full ? malloc(nm * (size_t)D * sizeof *X) : NULL;
+    float *dxr = full ? malloc(nm * (size_t)D * sizeof *dxr) : NULL;
+    float *dx = full ? calloc(3 * (size_t)(T ? T : 1) * (size_t)D, sizeof *dx) : NULL;
+    fid_acc_t acc[LRMOE_NFID];
+    memset(acc, 0, sizeof acc);
+    int rc = -1;
+    if (!idx || !A || !B || !G || (full && (!dp || !hg || !hu || !X || !dxr || !dx)) ||
+        !(pos = malloc((size_t)(E ? E : 1) * sizeof *pos))) {
+        lrmoe_err("out of memory (fidelity of %lld pairs, D=%lld, F=%lld)", (long long)N,
+                  (long long)D, (long long)F);
+        goto out;
+    }
+    memcpy(pos, cnt, (size_t)E * sizeof *pos);
+    for (int64_t u = 0; u < N; u++)
+        idx[pos[topk_ids[u]]++] = u;
+    for (int e = 0; e < E; e++) {
+        const int64_t n = cnt[e + 1] - cnt[e], *us = idx + cnt[e];
+        if (n == 0)
+            continue;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t u = us[i];
+            const float *gr = g + (u / K) * D;
+            const float a = alpha[u];
+            const float sh = keep[u] ? (weight ? weight[u] : 1.0f) : 0.0f;
+            const float se = expect ? expect[u] : sh;
+            float *a0 = A + i * D, *a1 = A + (nm + i) * D, *a2 = A + (2 * nm + i) * D;
+            for (int64_t j = 0; j < D; j++) {
+                const float v = a * gr[j];
+                a0[j] = v;
+                a1[j] = sh * v;
+                a2[j] = se * v;
+            }
+            const float *pg = gate + u * F, *pu = up + u * F;
+            for (int64_t j = 0; j < F; j++)
+                B[i * F + j] = silu(pg[j]) * pu[j];
+            if (full)
+                memcpy(X + i * D, x + (u / K) * D, (size_t)D * sizeof *X);
+        }
+        /* dW_down (D,F) = A_c^T phi for c = full, estimate, expectation */
+        for (int c = 0; c < 3; c++)
+            if (lrmoe_blas_sgemm(1, 0, (int)D, (int)F, (int)n, 1.0f, A + c * nm * D, (int)D, B,
+                                 (int)F, 0.0f, G + c * DF, (int)F) < 0)
+                goto out;
+        fid_add(&acc[LRMOE_FID_DW_DOWN], G, G + DF, G + 2 * DF, (int64_t)DF);
+        if (!full)
+            continue;
+        const float *Wd = w_down + (size_t)e * DF, *Wg = w_gate + (size_t)e * DF,
+                    *Wu = w_up + (size_t)e * DF;
+        for (int c = 0; c < 3; c++) {
+            float *dpc = dp + c * nm * F, *hgc = hg + c * nm * F, *huc = hu + c * nm * F;
+            /* dphi (n,F) = A_c (n,D) W_down (D,F) */
+            if (lrmoe_blas_sgemm(0, 0, (int)n, (int)F, (int)D, 1.0f, A + c * nm * D, (int)D, Wd,
+                                 (int)F, 0.0f, dpc, (int)F) < 0)
+                goto out;
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t u = us[i];
+                const float *pg = gate + u * F, *pu = up + u * F;
+                for (int64_t j = 0; j < F; j++) {
+                    hgc[i * F + j] = dpc[i * F + j] * pu[j] * dsilu(pg[j]);
+                    huc[i * F + j] = dpc[i * F + j] * silu(pg[j]);
+                }
+            }
+        }
+        /* dW_gate, dW_up (F,D) = dh^T X */
+        for (int w = 0; w < 2; w++) {
+            const float *H = w ? hu : hg;
+            for (int c = 0; c < 3; c++)
+                if (lrmoe_blas_sgemm(1, 0, (int)F, (int)D, (int)n, 1.0f, H + c * nm * F, (int)F, X,
+                                     (int)D, 0.0f, G + c * DF, (int)D) < 0)
+                    goto out;
+            fid_add(&acc[w ? LRMOE_FID_DW_UP : LRMOE_FID_DW_GATE], G, G + DF, G + 2 * DF,
+                    (int64_t)DF);
+        }
+        /* dx rows (n,D) = dh_g W_gate + dh_u W_up, added to their tokens */
+        for (int c = 0; c < 3; c++) {
+            if (lrmoe_blas_sgemm(0, 0, (int)n, (int)D, (int)F, 1.0f, hg + c * nm * F, (int)F, Wg,
+                                 (int)D, 0.0f, dxr, (int)D) < 0 ||
+                lrmoe_blas_sgemm(0, 0, (int)n, (int)D, (int)F, 1.0f, hu + c * nm * F, (int)F, Wu,
+                                 (int)D, 1.0f, dxr, (int)D) < 0)
+                goto out;
+            float *dxc = dx + (size_t)c * (size_t)T * (size_t)D;
+            for (int64_t i = 0; i < n; i++) {
+                float *d = dxc + (us[i] / K) * D;
+                for (int64_t j = 0; j < D; j++)
+                    d[j] += dxr[i * D + j];
+            }
+        }
+    }
+    if (full)
+        fid_add(&acc[LRMOE_FID_DX], dx, dx + (size_t)T * D, dx + 2 * (size_t)T * D, T * D);
+    for (int i = 0; i < LRMOE_NFID; i++) {
+        if (i > 0 && !full)
+            out[i] = (lrmoe_fidelity_t){-1, -1, -1, -1};
+        else
+            out[i] = fid_out(&acc[i]);
+    }
+    rc = 0;
+out:
+    free(cnt);
+    free(idx);
+    free(pos);
+    free(A);
+    free(B);
+    free(G);
+    free(dp);
+    free(hg);
+    free(hu);
+    free(X);
+    free(dxr);
+    free(dx);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- frames */
 
 void lrmoe_score_opts_default(lrmoe_score_opts_t *o)
@@ -1014,6 +1212,84 @@ static int32_t *ids_i32(const lrmoe_tensor_t *t)
         o[i] = (w[i] < INT32_MIN || w[i] > INT32_MAX) ? -1 : (int32_t)w[i];
     free(w);
     return o;
+}
+
+/* The weights of the frame's layer as F32 (E,F,D)/(E,D,F) copies when it
+ * carries w_gate, w_up and w_down (lrmoe-score --weights puts them there for
+ * the call), else NULLs; -1 on a bad shape or OOM. */
+static int frame_weights_f32(const lrmoe_frame_t *f, int E, int64_t D, int64_t F, float **wg,
+                             float **wu, float **wd)
+{
+    *wg = *wu = *wd = NULL;
+    lrmoe_tensor_t *tg = lrmoe_frame_get(f, "w_gate"), *tu = lrmoe_frame_get(f, "w_up"),
+                   *td = lrmoe_frame_get(f, "w_down");
+    if (!tg && !tu && !td)
+        return 0;
+    if (!tg || !tu || !td || lrmoe_tensor_check(tg, 3, (int64_t[]){E, F, D}) < 0 ||
+        lrmoe_tensor_check(tu, 3, (int64_t[]){E, F, D}) < 0 ||
+        lrmoe_tensor_check(td, 3, (int64_t[]){E, D, F}) < 0)
+        return lrmoe_err_prefix("fidelity: the layer's w_gate, w_up, w_down");
+    if (!(*wg = lrmoe_tensor_f32(tg)) || !(*wu = lrmoe_tensor_f32(tu)) ||
+        !(*wd = lrmoe_tensor_f32(td))) {
+        free(*wg);
+        free(*wu);
+        *wg = *wu = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* score.fidelity.<gradient>.<figure> attributes (lrmoe_score_fidelity_split):
+ * dW_down always, dW_gate, dW_up and dx when the frame carries the layer's
+ * weights and hidden. pw: pair_weight (NULL: 1), pp: the sample's p (NULL:
+ * a deterministic rule, E[s_u] = keep_u). */
+static int fidelity_split_attrs(lrmoe_frame_t *f, int64_t T, int K, int E, int64_t D, int64_t F,
+                                const int32_t *ids, const float *g, const float *alpha,
+                                const float *gate, const float *up, const uint8_t *keep,
+                                const float *pw, const float *pp)
+{
+    float *wg, *wu, *wd, *x = NULL, *ex = NULL;
+    if (frame_weights_f32(f, E, D, F, &wg, &wu, &wd) < 0)
+        return -1;
+    int rc = -1;
+    if (wg) {
+        lrmoe_tensor_t *th = lrmoe_frame_need(f, "hidden");
+        if (!th || lrmoe_tensor_check(th, 2, (int64_t[]){T, D}) < 0 || !(x = lrmoe_tensor_f32(th)))
+            goto out;
+    }
+    if (pp) {
+        if (!(ex = malloc((size_t)(T * K > 0 ? T * K : 1) * sizeof *ex))) {
+            lrmoe_err("out of memory");
+            goto out;
+        }
+        for (int64_t u = 0; u < T * K; u++)
+            ex[u] = pp[u] > 0 ? 1.0f : 0.0f;
+    }
+    lrmoe_fidelity_t fo[LRMOE_NFID];
+    if (lrmoe_score_fidelity_split(T, K, E, D, F, ids, g, alpha, x, gate, up, wg, wu, wd, keep,
+                                   pw, ex, fo) < 0)
+        goto out;
+    for (int i = 0; i < LRMOE_NFID; i++) {
+        if (fo[i].rel_err < 0)
+            continue;
+        char k[64];
+        const char *nm = lrmoe_fidelity_name(i);
+        const double v[4] = {fo[i].rel_err, fo[i].norm_ratio, fo[i].cosine, fo[i].bias};
+        static const char *const fig[4] = {"rel_err", "norm_ratio", "cosine", "bias"};
+        for (int j = 0; j < 4; j++) {
+            snprintf(k, sizeof k, "score.fidelity.%s.%s", nm, fig[j]);
+            if (lrmoe_frame_set_attrf(f, k, "%.6g", v[j]) < 0)
+                goto out;
+        }
+    }
+    rc = 0;
+out:
+    free(wg);
+    free(wu);
+    free(wd);
+    free(x);
+    free(ex);
+    return rc;
 }
 
 int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
@@ -1088,10 +1364,12 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
     float *score = malloc((size_t)(N ? N : 1) * sizeof *score);
     uint8_t *keep = malloc((size_t)(N ? N : 1));
     float *pw = sample ? malloc((size_t)(N ? N : 1) * sizeof *pw) : NULL;
+    /* the sample's p_u, for the fidelity's expectation (E[s_u] = 1 where p_u > 0) */
+    float *pp = sample && o->fidelity ? malloc((size_t)(N ? N : 1) * sizeof *pp) : NULL;
     int64_t *quota = NULL, *load = NULL, *qout = NULL, *ba = NULL;
     int32_t *prank = NULL;
     double *err = NULL;
-    if (!score || !keep || (sample && !pw)) {
+    if (!score || !keep || (sample && !pw) || (sample && o->fidelity && !pp)) {
         lrmoe_err("out of memory");
         goto out;
     }
@@ -1124,7 +1402,7 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
         if (!(ba = lrmoe_tensor_i64(tba)) || (tpr && !(prank = ids_i32(tpr))))
             goto out;
         if (sample ? score_sample_rank_mt(T, K, E, P, ids, score, prank, ba,
-                                          o->seed + (uint64_t)index, keep, pw, NULL, load,
+                                          o->seed + (uint64_t)index, keep, pw, pp, load,
                                           qout, o->threads) < 0
                    : score_select_rank_mt(T, K, E, P, ids, score, prank, ba, keep, load, qout,
                                           o->threads) < 0)
@@ -1136,7 +1414,7 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
                 goto out;
             }
     } else if (sample ? score_sample_mt(T, K, E, ids, score, quota, o->drop_pct,
-                                        o->seed + (uint64_t)index, keep, pw, NULL, load,
+                                        o->seed + (uint64_t)index, keep, pw, pp, load,
                                         qout, o->threads) < 0
                       : score_select_mt(T, K, E, ids, score, quota, o->drop_pct, keep, load,
                                         qout, o->threads) < 0)
@@ -1178,6 +1456,10 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
         }
         for (int e = 0; e < E; e++)
             ef[e] = (float)err[e];
+        if (fidelity_split_attrs(f, T, K, E, D, F, ids, g, alpha, gate, up, keep, pw, pp) < 0) {
+            free(ef);
+            goto out;
+        }
         if (!lrmoe_frame_adopt(f, "score_fidelity", LRMOE_F32, 1,
                                (int64_t[]){E}, ef))
             goto out;
@@ -1242,6 +1524,7 @@ out:
     free(score);
     free(keep);
     free(pw);
+    free(pp);
     free(quota);
     free(load);
     free(qout);

@@ -150,6 +150,42 @@ int lrmoe_score_fidelity(int64_t T, int K, int E, int64_t D, int64_t F,
                          const float *gate, const float *up,
                          double *err, double *overall);
 
+/* Fidelity of a (possibly weighted) keep, split into bias and noise, for
+ * the four gradients a dropped pair changes. Each is a sum over pairs of a
+ * per-pair term M_u linear in the pair's gradient row delta_u = alpha_u g_t
+ * (dW_down: delta_u phi_u^T; dW_gate, dW_up: dh_{g,u} x_t^T, dh_{u,u} x_t^T
+ * with dphi_u = delta_u W_down, dh_g = dphi silu'(h_g) h_u, dh_u =
+ * dphi silu(h_g); dx_t: sum over the token's pairs of dh_g W_gate + dh_u
+ * W_up). With G = sum_u M_u (the full gradient), Gh = sum_u s_u M_u (the
+ * estimate: s_u = keep_u * weight_u) and Ge = sum_u e_u M_u (its
+ * expectation over the draw: e_u = E[s_u], 1 for an unbiased sample, keep_u
+ * for top-K), each of the four gets
+ *   rel_err    ||Gh - G|| / ||G||
+ *   norm_ratio ||Gh|| / ||G||
+ *   cosine     <Gh, G> / (||Gh|| ||G||)
+ *   bias       ||Ge - G|| / ||G||   (0 for an unbiased rule; = rel_err for
+ *                                    a deterministic one such as top-K)
+ * over all experts together (Frobenius norms of the concatenated
+ * matrices), in double from F32 GEMMs. */
+typedef struct {
+    double rel_err, norm_ratio, cosine, bias;
+} lrmoe_fidelity_t;
+
+enum { LRMOE_FID_DW_DOWN = 0, LRMOE_FID_DW_GATE, LRMOE_FID_DW_UP, LRMOE_FID_DX, LRMOE_NFID };
+const char *lrmoe_fidelity_name(int i); /* "dw_down", "dw_gate", "dw_up", "dx" */
+
+/* g (T,D), alpha (T,K), x (T,D) hidden, gate/up (T*K,F) pre-activations,
+ * all F32; w_gate, w_up (E,F,D) and w_down (E,D,F) F32, or all three NULL
+ * (then only dW_down is computed and out[1..3] are set to -1; x may be
+ * NULL then). keep (T,K); weight (T,K) or NULL (1); expect (T,K) or NULL
+ * (keep_u * weight_u: a deterministic rule). out: LRMOE_NFID entries. */
+int lrmoe_score_fidelity_split(int64_t T, int K, int E, int64_t D, int64_t F,
+                               const int32_t *topk_ids, const float *g, const float *alpha,
+                               const float *x, const float *gate, const float *up,
+                               const float *w_gate, const float *w_up, const float *w_down,
+                               const uint8_t *keep, const float *weight, const float *expect,
+                               lrmoe_fidelity_t *out);
+
 /* ------------------------------------------------------------ frames */
 
 typedef struct {

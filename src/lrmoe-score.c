@@ -27,7 +27,11 @@ static void usage(FILE *fp)
         "      --seed N        seed of the random metric and of sample (default 0;\n"
         "                      frame i uses N + i)\n"
         "      --fidelity      also write score_fidelity, the relative error of\n"
-        "                      each expert's dW_down (needs saved_gate, saved_up)\n"
+        "                      each expert's dW_down (needs saved_gate, saved_up),\n"
+        "                      and score.fidelity.<grad>.{rel_err,norm_ratio,cosine,\n"
+        "                      bias}: the estimate's error and its bias\n"
+        "      --weights FILE  with --fidelity: the layer's weights stream, for the\n"
+        "                      same figures of dW_gate, dW_up and dx (needs hidden)\n"
         "  -S, --stats FILE    one TSV row per frame: pairs kept and dropped, time\n"
         "                      (- : stdout, or stderr when the stream goes there)\n"
         "  -v, --verbose       one line per frame on stderr\n"
@@ -45,13 +49,45 @@ typedef struct {
     lrmoe_score_opts_t o;
     int verbose;
     FILE *stats;
+    lrmoe_weights_t *w;   /* --weights (with --fidelity), or NULL */
 } ctx_t;
+
+static const char *const wnames[3] = {"w_gate", "w_up", "w_down"};
+
+/* The frame's layer weights put into the frame for lrmoe_score_frame's
+ * fidelity (removed again by on_frame). */
+static int add_weights(lrmoe_frame_t *f, const lrmoe_weights_t *w)
+{
+    int64_t layer = 0;
+    if (lrmoe_frame_attr(f, "layer") && lrmoe_frame_attr_i64(f, "layer", &layer) < 0)
+        return -1;
+    const lrmoe_frame_t *wf = lrmoe_weights_layer(w, layer);
+    if (!wf)
+        return lrmoe_err("--weights: no weights for layer %lld", (long long)layer);
+    for (int i = 0; i < 3; i++) {
+        if (lrmoe_frame_get(f, wnames[i]))
+            return lrmoe_err("--weights: the frame already has a tensor %s", wnames[i]);
+        const lrmoe_tensor_t *t = lrmoe_frame_need(wf, wnames[i]);
+        lrmoe_tensor_t *c = t ? lrmoe_frame_put(f, wnames[i], t->dtype, t->ndim, t->shape) : NULL;
+        if (!c)
+            return -1;
+        if (t->nbytes)
+            memcpy(c->data, t->data, t->nbytes);
+    }
+    return 0;
+}
 
 static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 {
     ctx_t *c = vctx;
     lrmoe_score_stats_t st;
-    if (lrmoe_score_frame(f, index, &c->o, &st) < 0)
+    if (c->w && add_weights(f, c->w) < 0)
+        return -1;
+    int rc = lrmoe_score_frame(f, index, &c->o, &st);
+    if (c->w)
+        for (int i = 0; i < 3; i++)
+            lrmoe_frame_del(f, wnames[i]);
+    if (rc < 0)
         return -1;
     if (c->verbose) {
         fprintf(stderr, "lrmoe-score: frame %lld: %s kept %lld/%lld (%.4f), "
@@ -81,7 +117,7 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
     return 0;
 }
 
-enum { OPT_FIDELITY = 0x2001, OPT_DROP, OPT_SEED, OPT_SELECT };
+enum { OPT_FIDELITY = 0x2001, OPT_DROP, OPT_SEED, OPT_SELECT, OPT_WEIGHTS };
 
 int main(int argc, char **argv)
 {
@@ -91,6 +127,7 @@ int main(int argc, char **argv)
         {"drop", required_argument, 0, OPT_DROP},
         {"seed", required_argument, 0, OPT_SEED},
         {"select", required_argument, 0, OPT_SELECT},
+        {"weights", required_argument, 0, OPT_WEIGHTS},
         {"stats", required_argument, 0, 'S'},
         {"fidelity", no_argument, 0, OPT_FIDELITY},
         {"verbose", no_argument, 0, 'v'},
@@ -103,7 +140,9 @@ int main(int argc, char **argv)
     lrmoe_score_opts_default(&c.o);
     c.verbose = 0;
     c.stats = NULL;
-    const char *stats_path = NULL;
+    const char *stats_path = NULL, *weights_path = NULL;
+    lrmoe_weights_t wts;
+    c.w = NULL;
     int ch;
     int64_t seed;
     while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "m:S:vhV",
@@ -132,6 +171,7 @@ int main(int argc, char **argv)
             c.o.seed = (uint64_t)seed;
             break;
         case OPT_FIDELITY: c.o.fidelity = 1; break;
+        case OPT_WEIGHTS: weights_path = optarg; break;
         case 'S': stats_path = optarg; break;
         case 'v': c.verbose = 1; break;
         case 'h': usage(stdout); return 0;
@@ -145,6 +185,18 @@ int main(int argc, char **argv)
         return 2;
     }
     c.o.threads = io.w.threads > 1 ? io.w.threads : 1;
+    if (weights_path && !c.o.fidelity) {
+        fprintf(stderr, "lrmoe-score: --weights is only read with --fidelity\n");
+        usage(stderr);
+        return 2;
+    }
+    if (weights_path) {
+        if (lrmoe_weights_load(weights_path, &wts) < 0) {
+            fprintf(stderr, "lrmoe-score: --weights %s: %s\n", weights_path, lrmoe_errmsg());
+            return 1;
+        }
+        c.w = &wts;
+    }
     if (lrmoe_check_tty_out(io.out, io.force) < 0)
         goto bad;
     const char *in = optind < argc ? argv[optind] : "-";
@@ -165,6 +217,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "lrmoe-score: %s: write failed\n", stats_path);
         rc = 1;
     }
+    if (c.w)
+        lrmoe_weights_free(c.w);
     return rc;
 bad:
     fprintf(stderr, "lrmoe-score: %s\n", lrmoe_errmsg());

@@ -297,3 +297,39 @@ write_stream('$T/bad.lrm', fr)"
     assert_failure 1
     assert_output --partial "pair_weight[3,1] is 0"
 }
+
+@test "--fidelity --weights: rel_err, norm_ratio and cosine of dW_down, dW_gate, dW_up and dx equal the backward's own (compact against full); bias 0 for sample, = rel_err for topk" {
+    "$BIN/lrmoe-gen" --experts 8 --topk 2 --hidden 32 --ffn 16 --tokens 256 --seed 6 \
+        --weights "$T/w.lrm" -o "$T/g.lrm"
+    "$BIN/lrmoe-route" -k 2 "$T/g.lrm" | "$BIN/lrmoe-plan" --ranks 2 --rate 0.7 |
+        "$BIN/lrmoe-exec" --phase forward --compute f32 --weights "$T/w.lrm" > "$T/f.lrm"
+    "$BIN/lrmoe-exec" --phase backward --mode full --compute f32 --weights "$T/w.lrm" "$T/f.lrm" > "$T/full.lrm"
+    for s in topk sample; do
+        "$BIN/lrmoe-score" --select $s --fidelity --weights "$T/w.lrm" "$T/f.lrm" |
+            "$BIN/lrmoe-pack" | "$BIN/lrmoe-exec" --phase backward --mode compact --compute f32 \
+            --weights "$T/w.lrm" > "$T/c_$s.lrm"
+    done
+    run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+import numpy as np
+(full, _), = read_stream('$T/full.lrm')
+for s in ('topk', 'sample'):
+    (c, a), = read_stream('$T/c_%s.lrm' % s)
+    for key, t in (('dw_down', 'grad_w_down'), ('dw_gate', 'grad_w_gate'), ('dw_up', 'grad_w_up'), ('dx', 'grad_hidden')):
+        G, H = full[t].astype(np.float64), c[t].astype(np.float64)
+        want = {'rel_err': np.linalg.norm(H - G) / np.linalg.norm(G),
+                'norm_ratio': np.linalg.norm(H) / np.linalg.norm(G),
+                'cosine': (H * G).sum() / np.linalg.norm(H) / np.linalg.norm(G)}
+        for fig, v in want.items():
+            got = float(a['score.fidelity.%s.%s' % (key, fig)])
+            assert abs(got - v) <= 2e-4 * max(1.0, abs(v)), (s, key, fig, got, v)
+        b = float(a['score.fidelity.%s.bias' % key])
+        if s == 'sample': assert b == 0, (key, b)
+        else: assert b == float(a['score.fidelity.%s.rel_err' % key]) > 0, (key, b)
+print('ok')"
+    assert_success
+    assert_output "ok"
+    run "$BIN/lrmoe-score" --weights "$T/w.lrm" "$T/f.lrm"
+    assert_failure 2
+    assert_output --partial "--weights is only read with --fidelity"
+}
