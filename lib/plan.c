@@ -32,24 +32,46 @@ void lrmoe_plan_opts_default(lrmoe_plan_opts_t *o)
     o->rebalance_every = 3000;
     o->explain = 1;
     o->glpk_tm_lim = 10.0;
+    o->capacity_factor_e6 = 1000000;
+    o->capacity_policy = LRMOE_CAPACITY_PROBS;
     lrmoe_cost_default(&o->cost);
 }
 
-static const char *const planner_names[] = {"fixed", "llep", "eplb", "lrmoe"};
+static const char *const planner_names[] = {"fixed", "llep", "eplb", "lrmoe", "capacity"};
+#define NPLANNERS (int)(sizeof planner_names / sizeof planner_names[0])
 
 int lrmoe_planner_parse(const char *s, lrmoe_planner_t *out)
 {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < NPLANNERS; i++)
         if (s && !strcmp(s, planner_names[i])) {
             *out = (lrmoe_planner_t)i;
             return 0;
         }
-    return lrmoe_err("unknown planner '%s' (fixed, llep, eplb, lrmoe)", s ? s : "");
+    return lrmoe_err("unknown planner '%s' (fixed, llep, eplb, lrmoe, capacity)", s ? s : "");
 }
 
 const char *lrmoe_planner_name(lrmoe_planner_t p)
 {
-    return (unsigned)p < 4 ? planner_names[p] : "?";
+    return (unsigned)p < (unsigned)NPLANNERS ? planner_names[p] : "?";
+}
+
+int lrmoe_plan_set_capacity_factor(lrmoe_plan_opts_t *o, double f)
+{
+    if (!(f > 0) || !(f <= 2147.483647))
+        return lrmoe_err("capacity factor %g is outside (0,2147.483647]", f);
+    const double m = nearbyint(f * 1e6);
+    /* m / 1e6 is the double nearest the decimal m * 10^-6 (one correctly
+     * rounded division), so it equals f exactly when f was written with at
+     * most six decimals */
+    if (m < 1 || m / 1e6 != f)
+        return lrmoe_err("capacity factor %.17g has more than six decimals", f);
+    o->capacity_factor_e6 = (int32_t)m;
+    return 0;
+}
+
+double lrmoe_plan_capacity_factor(const lrmoe_plan_opts_t *o)
+{
+    return (double)o->capacity_factor_e6 / 1e6;
 }
 
 int lrmoe_quota_parse(const char *s, lrmoe_quota_policy_t *out)
@@ -126,6 +148,10 @@ int lrmoe_plan_opts_check(const lrmoe_plan_opts_t *o, int E)
         return lrmoe_err("llep: need lambda >= 0, alpha > 0, m >= 0");
     if (o->rebalance_every < 0)
         return lrmoe_err("eplb: rebalance interval %d is negative", o->rebalance_every);
+    if (o->capacity_factor_e6 <= 0)
+        return lrmoe_err("capacity: factor %g must be > 0", lrmoe_plan_capacity_factor(o));
+    if (o->capacity_policy != LRMOE_CAPACITY_PROBS && o->capacity_policy != LRMOE_CAPACITY_POSITION)
+        return lrmoe_err("capacity: unknown drop policy %d", o->capacity_policy);
     if (o->nrates <= 0)
         return lrmoe_err("no candidate rates");
     for (int i = 0; i < o->nrates; i++)
@@ -247,6 +273,19 @@ int lrmoe_plan_from_frame(const lrmoe_frame_t *f, lrmoe_plan_t *p)
     const char *s = lrmoe_frame_attr(f, "plan.planner");
     if (s)
         snprintf(p->planner, sizeof p->planner, "%s", s);
+    if (s && !strcmp(s, "capacity")) {
+        /* its fwd_alloc lists every pair (row sums n_e) while the plan drops
+         * the pairs above capacity in forward: executing it would compute
+         * what the plan says is dropped, so it is refused, not run */
+        int64_t dropped = 0;
+        if (get_i64_attr(f, "plan.dropped_fwd", &dropped) < 0)
+            return -1;
+        if (dropped > 0)
+            return lrmoe_err("planner capacity drops %lld forward pairs (plan.dropped_fwd): a "
+                             "modelled baseline, not executed (lrmoe-plan(1), CAPACITY); keep "
+                             "its pairs with lrmoe.capacity_keep or plan with another planner",
+                             (long long)dropped);
+    }
     s = lrmoe_frame_attr(f, "plan.binding");
     if (s)
         snprintf(p->binding, sizeof p->binding, "%s", s);
@@ -325,6 +364,7 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
     }
     case LRMOE_PLANNER_EPLB: r = plan_eplb(o, load, E, out); break;
     case LRMOE_PLANNER_LRMOE: r = plan_lrmoe(o, load, E, out); break;
+    case LRMOE_PLANNER_CAPACITY: r = plan_fixed(o, load, E, out); break;
     default: r = lrmoe_err("unknown planner %d", (int)o->planner);
     }
     if (r < 0)
@@ -333,13 +373,29 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
         /* baselines retain everything: K_e = n_e, backward where forward ran */
         memcpy(out->quota, load, (size_t)E * sizeof *load);
         memcpy(out->bwd_alloc, out->fwd_alloc, (size_t)E * o->P * sizeof(int64_t));
+        if (o->planner == LRMOE_PLANNER_CAPACITY) {
+            /* Megatron-Core's token dropping: expert e keeps min(n_e, C)
+             * pairs in forward and backward; fwd_alloc keeps every pair
+             * (its rows sum to n_e, as lrmoe-exec computes them) and the
+             * cost model takes the capped rows from bwd_alloc (plan_core.c) */
+            const int64_t C = lrmoe_capacity_pairs(N, E, lrmoe_plan_capacity_factor(o));
+            if (C < 0)
+                return -1;
+            const int per = E / o->P;
+            for (int e = 0; e < E; e++) {
+                out->quota[e] = load[e] < C ? load[e] : C;
+                out->bwd_alloc[(size_t)e * o->P + e / per] = out->quota[e];
+            }
+        }
         if (plan_cost(o, out, load, NULL) < 0)
             return -1;
         plan_summarise(out, load);
         /* the planner's own allocation is feasible: its peak bounds T* from
-         * above, so the bound search stops as soon as it reaches it */
-        out->fwd_lb = plan_minpeak(out->placement, NULL, load, 0, E, o->P, out->fwd_peak, NULL,
-                                   NULL);
+         * above, so the bound search stops as soon as it reaches it (the
+         * capacity planner's forward load is its kept pairs, quota) */
+        out->fwd_lb = plan_minpeak(out->placement, NULL,
+                                   o->planner == LRMOE_PLANNER_CAPACITY ? out->quota : load, 0,
+                                   E, o->P, out->fwd_peak, NULL, NULL);
         if (out->fwd_lb < 0)
             return -1;
         out->bwd_lb = out->fwd_lb;
@@ -358,6 +414,20 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
     return 0;
 }
 
+/* remove attribute key from f (frame.c has no call for it) */
+static void del_attr(lrmoe_frame_t *f, const char *key)
+{
+    for (int i = 0; i < f->nattrs; i++)
+        if (!strcmp(f->keys[i], key)) {
+            free(f->keys[i]);
+            free(f->vals[i]);
+            memmove(f->keys + i, f->keys + i + 1, (size_t)(f->nattrs - i - 1) * sizeof *f->keys);
+            memmove(f->vals + i, f->vals + i + 1, (size_t)(f->nattrs - i - 1) * sizeof *f->vals);
+            f->nattrs--;
+            return;
+        }
+}
+
 int lrmoe_plan_frame(const lrmoe_plan_opts_t *o, lrmoe_eplb_cache_t *cache,
                      const int64_t *load, int E, lrmoe_frame_t *f, lrmoe_plan_t *p)
 {
@@ -369,7 +439,28 @@ int lrmoe_plan_frame(const lrmoe_plan_opts_t *o, lrmoe_eplb_cache_t *cache,
             return -1;
         oo.eplb_layout = lay;
     }
-    if (lrmoe_plan_compute(&oo, load, E, p) < 0 || lrmoe_plan_check(p, load) < 0)
+    if (lrmoe_plan_compute(&oo, load, E, p) < 0 || lrmoe_plan_check(p, load) < 0 ||
+        lrmoe_plan_to_frame(p, f) < 0)
         return -1;
-    return lrmoe_plan_to_frame(p, f);
+    /* the capacity planner's attributes (lrmoe-stream(5)); a re-planned
+     * frame loses those of an earlier capacity plan */
+    static const char *const cap_attrs[] = {"plan.capacity_factor", "plan.capacity",
+                                            "plan.drop_policy", "plan.dropped_fwd"};
+    if (o->planner != LRMOE_PLANNER_CAPACITY) {
+        for (int i = 0; i < 4; i++)
+            del_attr(f, cap_attrs[i]);
+        return 0;
+    }
+    int64_t kept = 0;
+    for (int e = 0; e < E; e++)
+        kept += p->quota[e];
+    const int64_t C = lrmoe_capacity_pairs(p->N, E, lrmoe_plan_capacity_factor(o));
+    if (C < 0 ||
+        lrmoe_frame_set_attrf(f, "plan.capacity_factor", "%.10g", lrmoe_plan_capacity_factor(o)) < 0 ||
+        lrmoe_frame_set_attrf(f, "plan.capacity", "%lld", (long long)C) < 0 ||
+        lrmoe_frame_set_attr(f, "plan.drop_policy",
+                             lrmoe_capacity_policy_name(o->capacity_policy)) < 0 ||
+        lrmoe_frame_set_attrf(f, "plan.dropped_fwd", "%lld", (long long)(p->N - kept)) < 0)
+        return -1;
+    return 0;
 }

@@ -4,7 +4,8 @@
  *
  * Planners: fixed (plain EP), llep (least-loaded spill), eplb (DeepSeek EPLB
  * redundant experts), lrmoe (Algorithm 1 of the LRMoE paper: quotas, replicas
- * and a min-peak integer allocation solved with GLPK).
+ * and a min-peak integer allocation solved with GLPK), capacity (plain EP
+ * with Megatron-Core's capacity-factor token dropping, capacity.h).
  *
  * Conventions: E experts, P ranks, rank r natively owns experts
  * [r*E/P, (r+1)*E/P). Matrices are row-major [E,P]: x[e*P + p].
@@ -15,6 +16,7 @@
 
 #include <stdint.h>
 #include "lrmoe.h"
+#include "capacity.h"
 #include "cost.h"
 #include "minpeak.h"
 
@@ -22,7 +24,10 @@ typedef enum {
     LRMOE_PLANNER_FIXED = 0,
     LRMOE_PLANNER_LLEP,
     LRMOE_PLANNER_EPLB,
-    LRMOE_PLANNER_LRMOE
+    LRMOE_PLANNER_LRMOE,
+    LRMOE_PLANNER_CAPACITY     /* plain EP, each expert capped at its capacity
+                                  in forward and backward (a modelled baseline:
+                                  lrmoe-plan(1), PLANNERS) */
 } lrmoe_planner_t;
 
 typedef enum {
@@ -43,9 +48,18 @@ typedef struct {
     int groups;           /* eplb expert groups, default 0 = nodes */
     int slots;            /* physical expert slots per rank; 0 = default:
                              eplb E/P+2 (>= E/P), lrmoe E/P+2 (E/P = no replicas) */
+    int32_t capacity_factor_e6; /* capacity: the capacity factor in millionths
+                             (1000000 = 1.0, the default): every factor with
+                             at most six decimals, held exactly (the double
+                             capacity_factor_e6 / 1e6 is the one strtod makes
+                             of its decimal text), in what was padding, so the
+                             struct keeps its size and offsets (lrmoe(3) ABI);
+                             set it with lrmoe_plan_set_capacity_factor */
     double lambda, alpha; /* llep: imbalance threshold 1.3, capacity factor 1.0 */
     int64_t min_chunk;    /* llep m: min rows per spilled chunk, 1024 */
     int nrates;           /* lrmoe candidate rates, tried in decreasing order */
+    int capacity_policy;  /* capacity: lrmoe_capacity_policy_t, which pairs an
+                             expert keeps (default probs; in padding too) */
     double rates[LRMOE_PLAN_MAX_RATES]; /* default 1.0,0.9,0.8,0.7 */
     lrmoe_quota_policy_t quota;         /* default EVEN */
     double min_keep;      /* K_e >= ceil(min_keep*n_e), default 0.25 (<= every rate) */
@@ -73,11 +87,17 @@ typedef struct {
  * BF16, 80 GiB GPU with 64 GiB resident (hbm budget 16 GiB for replicas and
  * buffers), planner lrmoe. */
 void lrmoe_plan_opts_default(lrmoe_plan_opts_t *o);
-/* "fixed"/"llep"/"eplb"/"lrmoe" -> 0; -1 with error otherwise. */
+/* "fixed"/"llep"/"eplb"/"lrmoe"/"capacity" -> 0; -1 with error otherwise. */
 int lrmoe_planner_parse(const char *s, lrmoe_planner_t *out);
 const char *lrmoe_planner_name(lrmoe_planner_t p);
 int lrmoe_quota_parse(const char *s, lrmoe_quota_policy_t *out); /* even|minpeak|proportional */
 const char *lrmoe_quota_name(lrmoe_quota_policy_t q);
+/* The capacity planner's factor: f finite, > 0, at most 2147.483647 and with
+ * at most six decimals (f*1e6 an integer, as every factor written in decimal
+ * with six digits after the point or fewer); 0, or -1 with error. */
+int lrmoe_plan_set_capacity_factor(lrmoe_plan_opts_t *o, double f);
+/* o->capacity_factor_e6 / 1e6: the factor as the double strtod gives. */
+double lrmoe_plan_capacity_factor(const lrmoe_plan_opts_t *o);
 /* Parse "1.0,0.9,0.8" into o->rates (each in (0,1]); sorted decreasing. */
 int lrmoe_plan_parse_rates(lrmoe_plan_opts_t *o, const char *s);
 /* Validate options against E (P divides E, budgets sane, ...); E < 0 checks

@@ -72,6 +72,22 @@ int lrmoe_plan_cli_opt(lrmoe_plan_cli_t *c, int ch, const char *arg)
         r = lrmoe_parse_f64("--glpk-time", arg, 1e-3, 3600, &o->glpk_tm_lim);
         break;
     case LRMOE_PLAN_OPT_LONGER: o->longer_bwd = 1; r = 0; break;
+    case LRMOE_PLAN_OPT_CAPACITY_FACTOR: {
+        double f;
+        r = lrmoe_parse_f64("--capacity-factor", arg, -1e300, 1e300, &f);
+        if (r == 0 && lrmoe_plan_set_capacity_factor(o, f) < 0)
+            r = lrmoe_err_prefix("--capacity-factor");
+        break;
+    }
+    case LRMOE_PLAN_OPT_DROP_POLICY: {
+        lrmoe_capacity_policy_t dp;
+        r = lrmoe_capacity_policy_parse(arg, &dp);
+        if (r == 0)
+            o->capacity_policy = (int)dp;
+        else
+            r = lrmoe_err_prefix("--drop-policy");
+        break;
+    }
     case LRMOE_PLAN_OPT_REBALANCE:
         r = as_int(lrmoe_parse_i64("--rebalance-every", arg, 0, 1 << 30, &v), &v,
                    &o->rebalance_every);

@@ -27,6 +27,8 @@ enum {
     LRMOE_PLAN_OPT_FFN,
     LRMOE_PLAN_OPT_TOKENS,
     LRMOE_PLAN_OPT_WEIGHTS,
+    LRMOE_PLAN_OPT_CAPACITY_FACTOR,
+    LRMOE_PLAN_OPT_DROP_POLICY,
     LRMOE_PLAN_OPT_END /* the tools' own long-only options start here */
 };
 
@@ -61,7 +63,9 @@ enum {
     {"weights", required_argument, 0, LRMOE_PLAN_OPT_WEIGHTS},              \
     {"dtype", required_argument, 0, LRMOE_PLAN_OPT_DTYPE},                  \
     {"rebalance-every", required_argument, 0, LRMOE_PLAN_OPT_REBALANCE},    \
-    {"longer-backward", no_argument, 0, LRMOE_PLAN_OPT_LONGER}
+    {"longer-backward", no_argument, 0, LRMOE_PLAN_OPT_LONGER},            \
+    {"capacity-factor", required_argument, 0, LRMOE_PLAN_OPT_CAPACITY_FACTOR}, \
+    {"drop-policy", required_argument, 0, LRMOE_PLAN_OPT_DROP_POLICY}
 
 typedef struct {
     lrmoe_plan_opts_t *o;   /* the options being set */

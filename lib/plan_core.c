@@ -175,8 +175,13 @@ static int eval_cost(const lrmoe_cost_model_t *m, const lrmoe_plan_t *p, const i
     const lrmoe_cost_slots_t sl = {p->held, p->wsend, p->wrecv};
     lrmoe_cost_model_t mk = *m;
     mk.keep_by_rank = m->keep_by_rank || p->keep_by_rank;
+    /* a capacity plan drops the pairs above capacity in forward too: its
+     * forward rows and loads are the kept pairs (bwd_alloc, quota), while
+     * fwd_alloc lists every pair (lrmoe-plan(1), CAPACITY) */
+    const int capped = !strcmp(p->planner, "capacity");
     return (placed ? cost_eval_placed : lrmoe_cost_eval_slots)(
-        &mk, p->E, p->P, p->placement, load, p->fwd_alloc, p->quota, p->bwd_alloc,
+        &mk, p->E, p->P, p->placement, capped ? p->quota : load,
+        capped ? p->bwd_alloc : p->fwd_alloc, p->quota, p->bwd_alloc,
         p->have_slots ? &sl : NULL, rank, sum);
 }
 

@@ -72,9 +72,17 @@ int lrmoe_sim_parse_planners(const char *s, const lrmoe_plan_opts_t *base,
             *at = 0;
         if (lrmoe_planner_parse(item, &pl->opts.planner) < 0)
             return lrmoe_err_prefix("--planners");
-        if (at) {
+        if (at && pl->opts.planner == LRMOE_PLANNER_CAPACITY) {
+            double f;
+            if (lrmoe_parse_f64("--planners capacity factor", at + 1, -1e300, 1e300, &f) < 0)
+                return -1;
+            if (lrmoe_plan_set_capacity_factor(&pl->opts, f) < 0)
+                return lrmoe_err_prefix("--planners %s@%s", item, at + 1);
+            snprintf(pl->label, sizeof pl->label, "capacity@%.10g", f);
+        } else if (at) {
             if (pl->opts.planner != LRMOE_PLANNER_LRMOE)
-                return lrmoe_err("--planners: a rate (@) applies to lrmoe only, not %s", item);
+                return lrmoe_err("--planners: a rate or factor (@) applies to lrmoe and "
+                                 "capacity only, not %s", item);
             double r;
             if (lrmoe_parse_f64("--planners rate", at + 1, 1e-9, 1.0, &r) < 0)
                 return -1;

@@ -63,6 +63,7 @@ static int run_task(work_t *w, int t, lrmoe_plan_t *plan, int64_t *scaled)
     pl.opts.planner = which;
     pl.opts.nrates = nrates;
     memcpy(pl.opts.rates, rates, sizeof rates);
+    pl.opts.capacity_factor_e6 = c->pl[j].opts.capacity_factor_e6; /* capacity@F */
     pl.opts.best_effort = 1;
     if (i < 0) {
         if (lrmoe_sim_eval(&pl, it->load, it->E, plan, &it->rows[j],
@@ -393,7 +394,7 @@ int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t
         o.xlabel = "batch-size multiplier (log2 scale)";
         o.ylabel = "% of offered batch that fits (modelled)";
         o.note = "ideal: keeps every pair (no dropping), perfectly balanced, same budget\n"
-                 "and window; planners that drop pairs (lrmoe) can lie above it";
+                 "and window; planners that drop pairs (lrmoe, capacity) can lie above it";
         int sorted = 1; /* a log2 axis needs positive, increasing multipliers */
         for (int i = 0; i < c->npress; i++)
             sorted &= x[i] > 0 && (i == 0 || x[i] > x[i - 1]);

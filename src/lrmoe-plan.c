@@ -1,5 +1,5 @@
 /* lrmoe-plan: expert placement, forward allocation, backward quotas and
- * backward allocation per frame (fixed, llep, eplb, lrmoe planners). */
+ * backward allocation per frame (fixed, llep, eplb, lrmoe, capacity planners). */
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -18,7 +18,7 @@ static void usage(FILE *fp)
         "Plan every frame's expert_load [E] I64 over P ranks: add placement [E,P] U8,\n"
         "fwd_alloc [E,P] I64, quota [E] I64, bwd_alloc [E,P] I64 and plan.* attributes.\n\n"
         "Planner:\n"
-        "  -p, --planner NAME    fixed, llep, eplb or lrmoe (default lrmoe)\n"
+        "  -p, --planner NAME    fixed, llep, eplb, lrmoe or capacity (default lrmoe)\n"
         "  -P, --ranks P         expert-parallel ranks (required; must divide E)\n"
         "  -N, --nodes N         nodes (eplb hierarchy; default 1)\n"
         "  -G, --groups G        eplb expert groups (default: nodes)\n"
@@ -36,6 +36,10 @@ static void usage(FILE *fp)
         "      --longer-backward when no rate has a plan whose modelled backward is\n"
         "                        within that of keeping every pair, take a longer one\n"
         "  -b, --best-effort     when no rate fits, keep the last one (plan.feasible=0)\n"
+        "      --capacity-factor F  capacity: each expert keeps at most\n"
+        "                        ceil(N/E * F) of its pairs, N = T*K (default 1.0)\n"
+        "      --drop-policy NAME  capacity: which pairs an expert keeps: probs\n"
+        "                        (highest router weight; default) or position\n"
         "      --glpk-time SEC   GLPK time limit per solve (default 10)\n"
         "Cost model (defaults: the LRMoE paper's setup):\n"
         "  -M, --hbm BYTES       budget for replicas + buffers per rank (default 16GiB;\n"

@@ -15,7 +15,7 @@ setup_file() {
     L="$BATS_TEST_DIRNAME/../lib"
     cc -std=c11 -O2 -D_GNU_SOURCE -I"$L" -o "$BATS_FILE_TMPDIR/plan_test" \
         "$BATS_TEST_DIRNAME/unit/plan_test.c" "$L/plan.c" "$L/plan_eplb.c" \
-        "$L/plan_llep.c" "$L/plan_lrmoe.c" "$L/plan_core.c" "$L/minpeak.c" \
+        "$L/plan_llep.c" "$L/plan_lrmoe.c" "$L/plan_core.c" "$L/minpeak.c" "$L/capacity.c" \
         "$L/cost.c" "$L/error.c" "$L/frame.c" "$L/producers.c" "$L/dtype.c" "$L/cli.c" "$L/stream.c" -lzstd -ljansson -lglpk -lm -lpthread
 }
 

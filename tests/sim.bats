@@ -350,3 +350,43 @@ write_stream(sys.argv[2], [({"expert_load": np.array([1, -2, 3, 4], np.int64)}, 
     run "$BIN/lrmoe-sim" -P 4 "$T/missing.lrm"
     assert_failure 1
 }
+
+@test "sim: capacity@F replays Megatron-style token dropping; every figure equals lrmoe-plan --planner capacity's" {
+    gen "$T/t.lrm" 16 2 2 2048 1.2 9
+    run "$BIN/lrmoe-sim" -Q -P 4 --ffn 768 -p fixed,capacity,capacity@1.25,lrmoe -x 1,4 \
+        --stats "$T/s.tsv" "$T/t.lrm"
+    assert_success
+    assert_line --regexp '^figure \(modelled\) +unit +stat +fixed +capacity capacity@1.25 +lrmoe$'
+    # capacity keeps fewer pairs than fixed, more at 1.25 than at 1.0
+    run awk -F'\t' 'NR > 1 && $4 == "capacity" { a += $5 } NR > 1 && $4 == "capacity@1.25" { b += $5 }
+                    END { print (a < 4 && b > a) ? "ok" : "bad " a " " b }' "$T/s.tsv"
+    assert_output "ok"
+    # frame by frame as lrmoe-plan: rho, peaks, memory and time
+    for f in 1.0 1.25; do
+        lab=capacity; [ "$f" = 1.0 ] || lab="capacity@$f"
+        "$BIN/lrmoe-plan" -P 4 --ffn 768 -p capacity --capacity-factor "$f" -S "$T/p.tsv" \
+            -o /dev/null "$T/t.lrm"
+        run python3 - "$T/s.tsv" "$T/p.tsv" "$lab" <<'PY'
+import sys
+s = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+p = [l.rstrip("\n").split("\t") for l in open(sys.argv[2])]
+hs, hp = s[0], p[0]
+rows = [r for r in s[1:] if r[hs.index("planner")] == sys.argv[3]]
+assert len(rows) == len(p) - 1 == 4, (len(rows), len(p))
+for a, b in zip(rows, p[1:]):
+    assert abs(float(a[hs.index("rho")]) - float(b[hp.index("rho")])) < 1e-6
+    for cs, cp in (("fwd_peak", "fwd_peak"), ("bwd_peak", "bwd_peak"), ("fwd_lb", "fwd_lb")):
+        assert float(a[hs.index(cs)]) == float(b[hp.index(cp)]), (cs, a, b)
+    assert abs(float(a[hs.index("mem_charged_bytes")]) / 2**30 - float(b[hp.index("mem_peak_gib")])) < 1e-5
+    assert abs(float(a[hs.index("t_total_s")]) * 1e3 - float(b[hp.index("t_total_ms")])) < 1e-5
+print("ok")
+PY
+        assert_success
+        assert_output "ok"
+    done
+    run "$BIN/lrmoe-sim" -Q -P 4 --ffn 768 -p capacity@0 "$T/t.lrm"
+    assert_failure 2
+    run "$BIN/lrmoe-sim" -Q -P 4 --ffn 768 -p llep@1.5 "$T/t.lrm"
+    assert_failure 2
+    assert_output --partial "applies to lrmoe and capacity only"
+}

@@ -24,7 +24,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/lrmoe-bench-plan.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT INT TERM
 L=lib
 cc -std=c11 -O2 -D_GNU_SOURCE -I$L -o "$tmp/pt" tests/unit/plan_test.c $L/plan.c \
-    $L/plan_eplb.c $L/plan_llep.c $L/plan_lrmoe.c $L/plan_core.c $L/minpeak.c $L/cost.c \
+    $L/plan_eplb.c $L/plan_llep.c $L/plan_lrmoe.c $L/plan_core.c $L/minpeak.c $L/capacity.c $L/cost.c \
     $L/error.c $L/frame.c $L/producers.c \
     $L/dtype.c $L/cli.c $L/stream.c -lzstd -ljansson -lglpk -lm -lpthread
 python3 tests/helpers/plan_ref.py gen "$tmp/in.lrm" --frames "$FRAMES" --seed 42

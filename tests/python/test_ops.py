@@ -69,6 +69,71 @@ class Ops(unittest.TestCase):
                          {k: v for k, v in p.attrs.items() if k.startswith("plan.") and k != "plan.seconds"})
         self.assertLess(float(got.attrs["plan.rho"]), 1.0)
 
+    def test_capacity_keep(self):
+        """lrmoe.capacity_keep equals a brute force of Megatron-Core's
+        rule (an expert keeps its C pairs of highest weight, or its first C;
+        ties to the lower pair index) and lrmoe.capacity its formula; bad
+        input raises."""
+        import math
+        r = self.st["r"]
+        ids, w = r["topk_ids"], r["topk_weights"]
+        T, K = ids.shape
+        wt = np.round(w * 4) / 4  # coarse weights: ties everywhere
+        for F in (0.5, 1.0, 1.25):
+            C = lrmoe.capacity(T, K, 16, F)
+            self.assertEqual(C, math.ceil((T * K / 16) * F))
+            for policy in ("probs", "position"):
+                for ww in (w, wt):
+                    keep, kept = lrmoe.capacity_keep(ids, ww, 16, F, policy=policy, kept=True)
+                    u = np.arange(T * K)
+                    fi, fw = ids.ravel(), ww.ravel().astype(np.float32)
+                    ref = np.zeros(T * K, np.uint8)
+                    for i in range(T * K):
+                        same = fi == fi[i]
+                        if policy == "position":
+                            ahead = np.sum(same & (u < i))
+                        else:
+                            ahead = np.sum(same & ((fw > fw[i]) | ((fw == fw[i]) & (u < i))))
+                        ref[i] = ahead < C
+                    self.assertTrue(np.array_equal(keep.ravel(), ref), (F, policy))
+                    n = np.bincount(fi, minlength=16)
+                    self.assertTrue(np.array_equal(kept, np.minimum(n, C)))
+        self.assertTrue(np.array_equal(lrmoe.capacity_keep(ids, None, 16, 0.5, "position"),
+                                       lrmoe.capacity_keep(ids, w, 16, 0.5, "position")))
+        bad = w.copy()
+        bad[3, 1] = np.nan
+        for args in ((ids, bad, 16, 1.0), (ids, w, 8, 1.0), (ids, w, 16, 0.0),
+                     (ids, w, 16, float("inf")), (ids, None, 16, 1.0)):
+            with self.assertRaises(lrmoe.Error):
+                lrmoe.capacity_keep(*args)
+        with self.assertRaises(lrmoe.Error):
+            lrmoe.capacity_keep(ids, w, 16, 1.0, policy="random")
+
+    def test_planner_capacity(self):
+        """Planner(planner="capacity", capacity_factor=F) through the
+        options by name equals lrmoe-plan --planner capacity frame for frame,
+        and its quota is min(n_e, lrmoe.capacity)."""
+        d, r = self.d, self.st["r"]
+        for F in ("1.0", "0.75"):
+            sh(f"{B}/lrmoe-plan -P 4 --ffn 16 --planner capacity --capacity-factor {F} "
+               f"--drop-policy position {d}/r.lrm -o {d}/pc.lrm")
+            t = lrmoe.read(f"{d}/pc.lrm")[0]
+            got = lrmoe.Planner(ranks=4, planner="capacity", capacity_factor=F,
+                                drop_policy="position").run(r)
+            self.same(got, t, ["placement", "fwd_alloc", "quota", "bwd_alloc"])
+            self.assertEqual({k: v for k, v in got.attrs.items() if k.startswith("plan.")},
+                             {k: v for k, v in t.attrs.items() if k.startswith("plan.")})
+            T, K = r["topk_ids"].shape
+            C = lrmoe.capacity(T, K, 16, float(F))
+            self.assertEqual(int(got.attrs["plan.capacity"]), C)
+            self.assertTrue(np.array_equal(got["quota"], np.minimum(r["expert_load"], C)))
+            # the keep mask of the same rule keeps exactly quota pairs per expert
+            keep = lrmoe.capacity_keep(r["topk_ids"], r["topk_weights"], 16, float(F))
+            self.assertTrue(np.array_equal(
+                np.bincount(r["topk_ids"].ravel(), weights=keep.ravel(), minlength=16), got["quota"]))
+        with self.assertRaises(lrmoe.Error):
+            lrmoe.Planner(ranks=4, planner="capacity", capacity_factor=0)
+
     def test_planner_keeps_eplb_layouts(self):
         """One Planner over the frames of a 2-layer, 4-step stream equals
         lrmoe-plan --rebalance-every 2 frame by frame (eplb and lrmoe);

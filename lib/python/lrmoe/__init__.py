@@ -2,6 +2,7 @@
 
     lrmoe.read / lrmoe.write / lrmoe.Reader / lrmoe.Writer   streams (lrmoe-stream(5))
     lrmoe.route / lrmoe.plan / lrmoe.score / lrmoe.pack      the tools' work on arrays
+    lrmoe.capacity / lrmoe.capacity_keep                     Megatron-style token dropping
     lrmoe.forward / lrmoe.backward / lrmoe.Exec              lrmoe-exec on frames
     lrmoe.torch.dump / lrmoe.torch.patch                     Hugging Face MoE models
 
@@ -10,9 +11,11 @@ LRMOE_LIBRARY, else liblrmoe.so.1 on the loader's path (see lrmoe(3)).
 """
 from ._lib import VERSION as __version__, Error, LibraryNotFound
 from .frame import Frame, Reader, Writer, bf16_to_f32, f32_to_bf16, read, write
-from .ops import Exec, Planner, backward, forward, pack, plan, route, score
+from .ops import (Exec, Planner, backward, capacity, capacity_keep, forward, pack, plan, route,
+                  score)
 
 __all__ = ["Error", "LibraryNotFound", "Frame", "Reader", "Writer", "read", "write",
            "bf16_to_f32", "f32_to_bf16", "route", "plan", "Planner", "score", "pack",
+           "capacity", "capacity_keep",
            "forward", "backward", "Exec",
            "__version__"]

@@ -141,6 +141,49 @@ def plan(expert_load, ranks, topk_ids=None, hidden=None, **options):
     return out
 
 
+def capacity(T, K, E, factor):
+    """Megatron-Core's expert capacity ceil((T*K / E) * factor) for T
+    tokens routed top-K over E experts (lrmoe_capacity, lrmoe-plan(1)
+    CAPACITY): the most pairs each expert keeps under token dropping."""
+    return check(lib.lrmoe_capacity(int(T), int(K), int(E), float(factor)))
+
+
+def capacity_keep(topk_ids, topk_weights, E, factor, policy="probs", kept=False):
+    """The pairs capacity-factor token dropping keeps (Megatron-Core
+    moe_expert_capacity_factor=factor, moe_token_drop_policy=policy, no
+    padding to capacity): each of the E experts keeps at most
+    C = capacity(T, K, E, factor) of its pairs, T, K = topk_ids.shape.
+
+    topk_ids (T,K) integer expert ids in [0,E); topk_weights (T,K) router
+    weights (float32; may be None with policy="position"). policy "probs"
+    keeps each expert's C pairs of highest weight, "position" its first C
+    pairs in token order; equal weights go to the lower pair index t*K+k.
+    Returns keep (T,K) uint8 (1 kept, 0 dropped), and with kept=True also
+    the kept pairs per expert (E) int64, min(n_e, C). The selection is
+    lrmoe_capacity_keep's (lib/capacity.c); bad input (an id out of range,
+    a NaN weight, factor <= 0) raises lrmoe.Error."""
+    ids = _c(topk_ids, np.int32)
+    if ids.ndim != 2:
+        raise Error(f"topk_ids: shape {list(ids.shape)}, expected [T,K]")
+    T, K = ids.shape
+    if not np.array_equal(ids, np.asarray(topk_ids)):
+        raise Error("topk_ids: values do not fit int32")
+    w = None if topk_weights is None else _c(topk_weights, np.float32)
+    if w is not None and w.shape != ids.shape:
+        raise Error(f"topk_weights: shape {list(w.shape)}, expected {list(ids.shape)}")
+    p = ctypes.c_int()
+    check(lib.lrmoe_capacity_policy_parse(str(policy).encode(), ctypes.byref(p)))
+    C = capacity(T, max(K, 1), E, factor) if K else 0
+    keep = np.empty((T, K), np.uint8)
+    counts = np.empty(int(E), np.int64) if int(E) > 0 else None
+    if K:
+        check(lib.lrmoe_capacity_keep(T, K, int(E), ids.ctypes.data, _lib.ptr(w), C, p.value,
+                                      keep.ctypes.data, _lib.ptr(counts)))
+    elif counts is not None:
+        counts[:] = 0
+    return (keep, counts) if kept else keep
+
+
 def _frame_call(inputs, dtypes, fn, attrs=None):
     given = {k: v for k, v in inputs.items() if v is not None}
     cf = CFrame(Frame(given, attrs=attrs,
