@@ -224,6 +224,51 @@ class PatchSample(unittest.TestCase):
             lt.patch(tiny.block("qwen3_moe"), rate=0.8, select="best")
 
 
+class PatchCapacity(unittest.TestCase):
+    """planner="capacity": Megatron-Core's capacity-factor token dropping.
+    Output and every gradient equal the unpatched block whose experts see
+    the routing weights of the dropped pairs (lrmoe.capacity_keep) zeroed:
+    the dropped pairs leave forward and backward and get no router
+    gradient; the kept pairs per expert are the plan's quotas."""
+
+    def test_capacity_matches_reference(self):
+        import types
+        for fam, cf in (("qwen3_moe", 1.0), ("mixtral", 1.25), ("deepseek_v3", 1.0)):
+            with self.subTest(f"{fam} {cf}"):
+                ref = tiny.block(fam)
+                pat = copy.deepcopy(ref)
+                h = lt.patch(pat, planner="capacity", capacity_factor=cf, ranks=2,
+                             keep_masks=True)
+                ex = ref.experts
+                orig = type(ex).forward
+
+                def fwd(mod, hidden, idx, w, orig=orig):
+                    keep = lrmoe.capacity_keep(idx.to(torch.int32).numpy(),
+                                               w.detach().float().numpy(), tiny.E, cf)
+                    return orig(mod, hidden, idx, w * torch.from_numpy(keep).to(w.dtype))
+                ex.forward = types.MethodType(fwd, ex)
+                torch.manual_seed(4)
+                x = torch.randn(2, T // 2, tiny.D)
+                o1, gx1, g1 = run(pat, x)
+                o0, gx0, g0 = run(ref, x)
+                rec = h.stats[-1]
+                self.assertEqual(rec["planner"], "capacity")
+                self.assertEqual(int(rec["keep"].sum()), rec["kept"])
+                if cf == 1.0:
+                    self.assertGreater(rec["dropped_fwd"], 0)
+                    self.assertLess(rec["kept"], rec["pairs"])
+                self.assertLess(rel(o1, o0), 2e-5)
+                self.assertLess(rel(gx1, gx0), 2e-5)
+                for n in g0:
+                    self.assertLess(rel(g1[n], g0[n]), 2e-5, f"{fam} grad {n}")
+
+    def test_capacity_options(self):
+        with self.assertRaisesRegex(lrmoe.Error, "needs capacity_factor"):
+            lt.patch(tiny.block("qwen3_moe"), planner="capacity")
+        with self.assertRaisesRegex(lrmoe.Error, "goes with planner"):
+            lt.patch(tiny.block("qwen3_moe"), capacity_factor=1.0)
+
+
 class Training(unittest.TestCase):
     """20 AdamW steps of a tiny Qwen3-MoE and Mixtral causal LM through
     patch(rate=1.0) follow the unpatched loss curve (rel diff <= 1e-4)."""

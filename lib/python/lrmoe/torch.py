@@ -261,6 +261,7 @@ class _Layer:
 
     def __init__(self, owner, block):
         self.owner, self.block = owner, block
+        self.cap_keep = None  # this call's capacity-factor keep mask
         self.planner, self.key = None, None
         self.w_f32 = None  # the packed F32 weights, reused step to step
         self.adopted = False  # w_f32 is the parameters' own memory
@@ -428,7 +429,8 @@ class LRMoEExperts(torch.autograd.Function):
         ctx.lrmoe = dict(layer=layer, dt=dt, dims=dims, W=W, Pl=Pl, keep_alive=(
             w_gate, w_up, w_down, w_f32, placement, fwd_alloc), x=x, ids=ids, alpha=alpha,
             pair_rank=pair_rank, phi=phi, sg=sg, su=su, pair_out=pair_out, quota=quota,
-            bwd_alloc=bwd_alloc, wdtype=gate_up.dtype, adtype=topk_weights.dtype, rec=rec)
+            bwd_alloc=bwd_alloc, wdtype=gate_up.dtype, adtype=topk_weights.dtype, rec=rec,
+            cap_keep=layer.cap_keep)
         call.record(rec, "fwd")
         return out
 
@@ -455,7 +457,15 @@ class LRMoEExperts(torch.autograd.Function):
         # alpha_b: the routing weights the kept rows are scaled by; with
         # select="sample" alpha_u / p_u (pair_weight), else alpha
         alpha_b = alpha
-        if o.select == _SAMPLE:
+        if s["cap_keep"] is not None:
+            # capacity-factor dropping: backward keeps exactly the forward's pairs
+            keep = torch.from_numpy(s["cap_keep"])
+            kq = np.bincount(ids.view(-1).long().numpy()[s["cap_keep"].reshape(-1) > 0],
+                             minlength=E)
+            if not np.array_equal(kq, quota):
+                raise Error(f"{layer.block.name}: the capacity plan's quotas are not the "
+                            "forward's kept pairs per expert")
+        elif o.select == _SAMPLE:
             w = torch.empty(T, K, dtype=torch.float32)
             if by_rank:
                 check(call(lib.lrmoe_score_sample_by_rank, T, K, E, d.P, _ptr(ids), _ptr(score),
@@ -584,6 +594,18 @@ class Patch:
             self.plan_options["rate"] = rate
         if hbm is not None:
             self.plan_options["hbm"] = hbm
+        self.capacity_factor = self.plan_options.get("capacity_factor")
+        if self.capacity_factor is not None:
+            if planner != "capacity":
+                raise Error("capacity_factor= goes with planner=\"capacity\" (Megatron-Core's "
+                            "token dropping), not with planner=\"%s\"" % planner)
+            self.capacity_factor = float(self.capacity_factor)
+            pol = ctypes.c_int()
+            check(lib.lrmoe_capacity_policy_parse(
+                str(self.plan_options.get("drop_policy", "probs")).encode(), ctypes.byref(pol)))
+            self.drop_policy = pol.value
+        elif planner == "capacity":
+            raise Error('planner="capacity" needs capacity_factor= (e.g. 1.0 or 1.25)')
         Planner(ranks=self.ranks, **self.plan_options)  # bad options fail here, once
         self.cfg = _lib.ExecCfg()
         lib.lrmoe_exec_cfg_default(ctypes.byref(self.cfg))
@@ -599,9 +621,31 @@ class Patch:
             self.layers.append(layer)
 
             def fwd(mod, hidden_states, top_k_index, top_k_weights, layer=layer):
+                layer.cap_keep = None
+                if self.capacity_factor is not None:
+                    # Megatron-Core's token dropping (planner="capacity"): the pairs
+                    # above each expert's capacity leave the layer in forward and
+                    # backward; their routing weight is zeroed here, in torch, so
+                    # they add nothing to the output and get no router gradient
+                    keep = self.capacity_keep(top_k_index, top_k_weights, layer.block.E)
+                    layer.cap_keep = keep
+                    top_k_weights = top_k_weights * torch.from_numpy(keep).to(top_k_weights.dtype)
                 return LRMoEExperts.apply(hidden_states, top_k_weights, mod.gate_up_proj,
                                           mod.down_proj, top_k_index, layer)
             b.experts.forward = types.MethodType(fwd, b.experts)
+
+    def capacity_keep(self, ids, weights, E):
+        """The keep mask (T,K) uint8 of capacity-factor dropping
+        (lrmoe_capacity_keep, lib/capacity.h) for one layer call."""
+        T, K = ids.shape
+        idc = ids.detach().to(torch.int32).contiguous()
+        wc = weights.detach().to(torch.float32).contiguous()
+        cap = lib.lrmoe_capacity(T, K, E, self.capacity_factor)
+        check(cap, "capacity")
+        keep = np.empty((T, K), np.uint8)
+        check(lib.lrmoe_capacity_keep(T, K, E, idc.data_ptr(), wc.data_ptr(), cap,
+                                      self.drop_policy, keep.ctypes.data, None), "capacity")
+        return keep
 
     def scratch_grad(self, E, F, D):
         """Two (E,F,D) F32 buffers for grad_w_gate/grad_w_up, shared by the
@@ -632,7 +676,10 @@ def patch(model, rate=None, hbm=None, metric="lrm", ranks=1, planner="lrmoe", th
     the per-rank budget ("16GiB" or bytes), metric: lrm, gradnorm, absgrad,
     random or uniform; select: "topk" (each expert's quota highest scores,
     the LRMoE paper's rule) or "sample" (the unbiased draw, p ~ sqrt(score),
-    kept rows weighted 1/p: lrmoe-score --select sample); other lrmoe-plan options by name (window=, min_keep=,
+    kept rows weighted 1/p: lrmoe-score --select sample); planner=
+    "capacity" with capacity_factor=F (and drop_policy="probs"|"position"):
+    Megatron-Core's capacity-factor token dropping (the pairs above an
+    expert's capacity leave forward and backward; lrmoe-plan(1)); other lrmoe-plan options by name (window=, min_keep=,
     best_effort=True, ...). keep_masks=True keeps each backward's keep mask
     in its stats record. threads: BLAS threads (default torch's).
     float32 expert parameters are moved (their .data, not the Parameter
