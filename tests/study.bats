@@ -1,9 +1,10 @@
 #!/usr/bin/env bats
 # lrmoe-study (lrmoe.study): the smoke version of the training study.
 # C0 through liblrmoe trains exactly like the unpatched Hugging Face model;
-# C30 with every selection metric trains (finite, decreasing loss) and drops
-# what it says; the tables and figures are written; bad corpora are clear
-# errors. The whole file takes about a minute on two cores.
+# C30 with every selection rule and the capacity-factor baseline train
+# (finite, decreasing loss), drop what they say and are paired with C0 by
+# seed; the tables and figures are written; bad corpora are clear errors.
+# The whole file takes about two minutes on two cores.
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
@@ -15,7 +16,8 @@ setup_file() {
     # the smoke study, shared by the tests below
     if python3 -c 'import torch, transformers' 2>/dev/null &&
         [ -f /usr/share/games/fortunes/science ]; then
-        "$STUDY" --quick --steps 30 --runs C0,C30-lrm,C30-gradnorm,C30-absgrad,C30-random,hbm-lrm \
+        "$STUDY" --quick --steps 30 --seeds 2 -j 2 --hbm-run \
+            --runs C0,C30-lrm-topk,C30-lrm-sample,C30-uniform-sample,C30-gradnorm-topk,cap1,cap1.25,hbm-lrm-sample \
             -o "$OUT" >"$BATS_FILE_TMPDIR/stdout" 2>"$BATS_FILE_TMPDIR/stderr"
         echo $? >"$BATS_FILE_TMPDIR/rc"
     fi
@@ -48,56 +50,79 @@ col() { # file column-name: the column's values, one a line (blank rows kept out
         END { exit bad }'
 }
 
-@test "the smoke study runs C0, C30 x four metrics and the memory-pressure run" {
+RULES="lrm-topk lrm-sample uniform-sample gradnorm-topk"
+
+@test "the smoke study runs C0, C30 x four rules, capacity 1 and 1.25 and the memory-pressure run, two seeds each" {
     need_fortunes
     [ "$(cat "$BATS_FILE_TMPDIR/rc")" = 0 ] || fail "$(cat "$BATS_FILE_TMPDIR/stderr")"
-    for r in C0 C30-lrm C30-gradnorm C30-absgrad C30-random hbm-lrm; do
-        [ -s "$OUT/runs/$r.tsv" ] || fail "no runs/$r.tsv"
-        [ "$(col "$OUT/runs/$r.tsv" loss | wc -l)" -eq 30 ] || fail "$r: not 30 rows"
+    for s in 0 1; do
+        for r in C0 C30-lrm-topk C30-lrm-sample C30-uniform-sample C30-gradnorm-topk cap1 cap1.25 hbm-lrm-sample; do
+            f="$OUT/runs/seed$s/$r.tsv"
+            [ -s "$f" ] || fail "no runs/seed$s/$r.tsv"
+            [ "$(col "$f" loss | wc -l)" -eq 30 ] || fail "$r seed $s: not 30 rows"
+        done
     done
 }
 
-@test "C30 with each metric: finite, decreasing training and validation loss" {
+@test "paired seeds: every run of a seed starts from C0's weights and batches (same step-0 loss), seeds differ" {
     need_fortunes
-    for m in lrm gradnorm absgrad random; do
-        f="$OUT/runs/C30-$m.tsv"
+    for s in 0 1; do
+        l0=$(col "$OUT/runs/seed$s/C0.tsv" loss | head -1)
+        for r in C30-lrm-topk C30-lrm-sample C30-uniform-sample C30-gradnorm-topk hbm-lrm-sample; do
+            [ "$(col "$OUT/runs/seed$s/$r.tsv" loss | head -1)" = "$l0" ] || fail "$r seed $s: step 0 differs from C0"
+        done
+    done
+    [ "$(col "$OUT/runs/seed0/C0.tsv" loss | head -1)" != "$(col "$OUT/runs/seed1/C0.tsv" loss | head -1)" ] ||
+        fail "seeds 0 and 1 start alike"
+}
+
+@test "C30 with each rule and the capacity runs: finite, decreasing training and validation loss" {
+    need_fortunes
+    for r in $RULES cap1 cap1.25; do
+        f="$OUT/runs/seed0/C30-$r.tsv"
+        [ -f "$f" ] || f="$OUT/runs/seed0/$r.tsv"
         col "$f" loss | awk '{ if ($1 != $1 + 0 || $1 ~ /nan|inf/) bad = 1; v[NR] = $1 }
             END { a = (v[1] + v[2] + v[3] + v[4] + v[5]) / 5
                   b = (v[NR] + v[NR-1] + v[NR-2] + v[NR-3] + v[NR-4]) / 5
-                  exit bad || !(b < a - 0.5) }' || fail "C30-$m: training loss not finite and decreasing"
+                  exit bad || !(b < a - 0.5) }' || fail "$r: training loss not finite and decreasing"
         col "$f" val_loss | awk '{ v[NR] = $1 } END { exit !(NR >= 3 && v[NR] < v[1]) }' ||
-            fail "C30-$m: validation loss did not decrease"
+            fail "$r: validation loss did not decrease"
     done
 }
 
-@test "C30 drops 30% of the backward pairs with a non-zero gradient error; C0 drops none" {
+@test "C30 keeps 70% of the backward pairs; top-K's error is all bias, the samples' bias is 0; C0 drops none" {
     need_fortunes
-    for m in lrm gradnorm absgrad random; do
-        f="$OUT/runs/C30-$m.tsv"
-        paste <(col "$f" kept) <(col "$f" pairs) <(col "$f" rho) <(col "$f" grad_err) | awk '{
-            s = $1 / $2; if (s < 0.69 || s > 0.71 || $3 < 0.69 || $3 > 0.71 || !($4 > 0)) bad = 1 }
-            END { exit bad }' || fail "C30-$m: kept share, rho or grad_err off"
+    for r in $RULES; do
+        f="$OUT/runs/seed0/C30-$r.tsv"
+        paste <(col "$f" kept) <(col "$f" pairs) <(col "$f" rho) <(col "$f" grad_err) \
+            <(col "$f" dw_down_bias) <(col "$f" dx_bias) | awk -v r="$r" '{
+            s = $1 / $2; if (s < 0.69 || s > 0.71 || $3 < 0.69 || $3 > 0.71 || !($4 > 0)) bad = 1
+            if (r ~ /sample/ && ($5 != 0 || $6 != 0)) bad = 1
+            if (r ~ /topk/ && ($5 != $4 || !($6 > 0))) bad = 1 }
+            END { exit bad }' || fail "C30-$r: kept share, rho, grad_err or bias off"
     done
-    paste <(col "$OUT/runs/C0.tsv" kept) <(col "$OUT/runs/C0.tsv" pairs) \
-        <(col "$OUT/runs/C0.tsv" grad_err) | awk '$1 != $2 || $3 != 0 { bad = 1 } END { exit bad }'
+    paste <(col "$OUT/runs/seed0/C0.tsv" kept) <(col "$OUT/runs/seed0/C0.tsv" pairs) \
+        <(col "$OUT/runs/seed0/C0.tsv" grad_err) | awk '$1 != $2 || $3 != 0 { bad = 1 } END { exit bad }'
+    # capacity 1 drops pairs (forward and backward) and keeps at most what 1.25 keeps
+    paste <(col "$OUT/runs/seed0/cap1.tsv" kept) <(col "$OUT/runs/seed0/cap1.tsv" pairs) |
+        awk '{ k += $1; p += $2 } END { exit !(k < p) }' || fail "cap1 drops nothing"
     # every measured and modelled time is there and positive
     for c in moe_fwd_s moe_bwd_s moe_fwd_cpu_s moe_bwd_cpu_s gpu_model_s; do
-        col "$OUT/runs/C30-lrm.tsv" "$c" | awk '!($1 > 0) { bad = 1 } END { exit bad || NR != 30 }' ||
+        col "$OUT/runs/seed0/C30-lrm-sample.tsv" "$c" | awk '!($1 > 0) { bad = 1 } END { exit bad || NR != 30 }' ||
             fail "$c missing or not positive"
     done
 }
 
 @test "the memory-pressure run's retention comes from the planner under the budget" {
     need_fortunes
-    assert [ -n "$(grep 'hbm-lrm:.*budget' "$BATS_FILE_TMPDIR/stderr")" ]
     # the budget is 0.9 x C0's modelled peak, so some step keeps less than everything
-    col "$OUT/runs/hbm-lrm.tsv" rho | awk '$1 < 1 { n++ } END { exit !(n > 0) }'
+    col "$OUT/runs/seed0/hbm-lrm-sample.tsv" rho | awk '$1 < 1 { n++ } END { exit !(n > 0) }'
 }
 
-@test "tables (Markdown and TSV) and figures (PNG and SVG) are written" {
+@test "tables (Markdown and TSV) and figures (PNG and SVG) are written, rounded, with mean and std over the seeds" {
     need_fortunes
     for f in table1.tsv table2.tsv summary.tsv report.md loss-C30.png loss-C30.svg \
-        loss-lrm.png loss-lrm.svg; do
+        loss-capacity.png loss-capacity.svg; do
         [ -s "$OUT/$f" ] || fail "no $f"
     done
     [ "$(head -c 4 "$OUT/loss-C30.png" | od -An -c | tr -d ' ')" = '211PNG' ]
@@ -106,11 +131,14 @@ col() { # file column-name: the column's values, one a line (blank rows kept out
     assert_output --partial "## Table 1"
     assert_output --partial "## Table 2"
     assert_output --partial "![loss-C30.png](loss-C30.png)"
-    # Table 2 has a number for every metric at C30
-    [ "$(col "$OUT/table2.tsv" C30 | wc -l)" -eq 4 ]
-    # Table 1: both targets for each run; C0 reaches its own targets
-    [ "$(awk -F'\t' 'NR>1' "$OUT/table1.tsv" | wc -l)" -eq 12 ]
-    awk -F'\t' '$3 == "C0" && $4 == "not reached" { bad = 1 } END { exit bad }' "$OUT/table1.tsv"
+    assert_output --regexp "\| C30-lrm-sample \| lrm-sample \| 2 \| [0-9]\.[0-9]{4} ± [0-9]\.[0-9]{4} \|"
+    # Table 2 has a number for every run but C0
+    [ "$(col "$OUT/table2.tsv" delta_ppl | wc -l)" -eq 7 ]
+    # Table 1: both targets for each run; C0 reaches its own targets in both seeds
+    [ "$(awk -F'\t' 'NR>1' "$OUT/table1.tsv" | wc -l)" -eq 16 ]
+    awk -F'\t' '$3 == "C0" && $4 != "2/2" { bad = 1 } END { exit bad }' "$OUT/table1.tsv"
+    # rounded figures: no more than 4 decimals in the summary
+    ! grep -Eq '[0-9]\.[0-9]{5,}' "$OUT/summary.tsv"
 }
 
 @test "a missing corpus file is a clear error (exit 1)" {
@@ -133,7 +161,14 @@ col() { # file column-name: the column's values, one a line (blank rows kept out
     assert_output --partial "--drops: 100 is outside (0,100)"
     run "$STUDY" --metrics lrm,nope
     assert_failure 2
-    run "$STUDY" --runs C0,C99-lrm
+    run "$STUDY" --rules lrm-best
+    assert_failure 2
+    assert_output --partial "--rules: unknown rule 'lrm-best'"
+    run "$STUDY" --capacity 0
+    assert_failure 2
+    run "$STUDY" --runs C0,C99-lrm-topk
+    assert_failure 2
+    run "$STUDY" --jobs 0
     assert_failure 2
     run "$STUDY" --experts 10 --ranks 4
     assert_failure 2

@@ -2,11 +2,14 @@
 
 Trains a tiny random-init Qwen3-MoE causal LM (Hugging Face transformers)
 on byte-level text from the Debian fortunes packages, every MoE layer's
-forward and backward in liblrmoe (lrmoe.torch.patch), for C0, C10, C20,
-C30 (percent of backward pairs dropped) x the selection metrics lrm,
-gradnorm, absgrad and random, plus a memory-pressure run whose retention
-the planner picks under a modelled per-rank HBM budget; then writes a TSV
-per run, the two tables (Markdown and TSV) and loss figures (PNG, SVG).
+forward and backward in liblrmoe (lrmoe.torch.patch), for C0 (every pair
+kept), C10, C20, C30 (percent of backward pairs dropped, the same
+proportional per-expert quotas for every rule) x the selection rules
+lrm-topk (the LRMoE paper's), lrm-sample (the unbiased draw), uniform-sample
+and gradnorm-topk, and Megatron-Core's capacity-factor token dropping at
+1.0 and 1.25, each with several seeds paired with C0 (same init and batches
+per seed); then writes a TSV per run and seed, the tables (Markdown and
+TSV) and loss-against-time figures (PNG, SVG).
 Run it as `lrmoe-study` or `python3 -m lrmoe.study`; see lrmoe-study(1).
 """
 import argparse
@@ -16,13 +19,17 @@ import sys
 import time
 
 PROG = "lrmoe-study"
-METRICS = ["lrm", "gradnorm", "absgrad", "random"]
+METRICS = ["lrm", "gradnorm", "absgrad", "random", "uniform"]
+SELECTS = ["topk", "sample"]
+RULES = ["lrm-topk", "lrm-sample", "uniform-sample", "gradnorm-topk"]
 
-# the default study is sized for ~30 minutes on a shared 2-core machine
+# the default study is sized for <= 60 minutes on a shared 2-core machine
+# (two worker processes of one thread each)
 DEFAULTS = dict(layers=4, hidden=128, heads=4, experts=16, topk=4, ffn=64, seq=128, batch=8,
-                steps=150, eval_every=10, val_batches=64, lr=3e-3, warmup=15, ranks=4)
+                steps=300, eval_every=20, val_batches=32, lr=3e-3, warmup=15, ranks=4,
+                seeds=3)
 QUICK = dict(layers=2, hidden=64, heads=2, experts=8, topk=2, ffn=32, seq=64, batch=4,
-             steps=60, eval_every=5, val_batches=16, lr=3e-3, warmup=5, ranks=2)
+             steps=60, eval_every=10, val_batches=16, lr=3e-3, warmup=5, ranks=2, seeds=2)
 
 
 class StudyError(Exception):
@@ -51,39 +58,58 @@ def parser():
         prog=PROG, formatter_class=_Formatter,
         usage=f"{PROG} [options]",
         description="Train a tiny Qwen3-MoE LM through liblrmoe for C0/C10/C20/C30 x "
-                    "{lrm,gradnorm,absgrad,random} and a memory-pressure run; write per-run "
-                    "TSVs, Table 1/Table 2 analogues and loss figures into --out.",
+                    "selection rules and the capacity-factor baseline, several seeds paired "
+                    "with C0; write per-run TSVs, tables and loss-against-time figures into "
+                    "--out.",
         epilog="Exit status: 0 success, 1 failure (bad corpus, training or plotting "
                "error, --check-hf mismatch), 2 usage.  See lrmoe-study(1).")
     a = p.add_argument
     a("-o", "--out", default="lrmoe-study-out", help="output directory (default %(default)s)")
     a("--quick", action="store_true",
-      help="the small study (2 layers, 60 steps: about a minute)")
+      help="the small study (2 layers, 60 steps, 2 seeds: a few minutes)")
     a("-c", "--corpus", action="append", metavar="PATH",
       help="text file or directory (repeatable; default /usr/share/games/fortunes)")
     a("--runs", metavar="LIST",
-      help="comma-separated subset of runs: C0, C<n>-<metric>, hbm-<metric>, hf")
+      help="comma-separated subset of runs: C0, C<n>-<metric>-<select>, cap<F>, "
+           "hbm-<metric>-<select>, hf")
     a("--drops", default="10,20,30", metavar="LIST",
       help="percent of backward pairs dropped, comma-separated (default %(default)s)")
-    a("--metrics", default=",".join(METRICS), metavar="LIST",
-      help="selection metrics (default %(default)s)")
+    a("--rules", default=",".join(RULES), metavar="LIST",
+      help="selection rules <metric>-<select>: metric lrm, gradnorm, absgrad, random or "
+           "uniform, select topk or sample (default %(default)s)")
+    a("--metrics", metavar="LIST",
+      help="old form of --rules: each metric with topk")
+    a("--capacity", default="1.0,1.25", metavar="LIST",
+      help="capacity factors of the Megatron-Core token-dropping baseline, or 'none' "
+           "(default %(default)s)")
+    a("--quota", default="proportional", metavar="POLICY",
+      help="per-expert quota policy of the dropped runs (lrmoe-plan -q; default "
+           "%(default)s: the same quotas for every rule)")
+    a("--seeds", type=int, metavar="N", help="seeds per run, paired with C0's (default 3; "
+      "--quick 2): --seed, --seed+1, ...")
+    a("-j", "--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
+      help="runs trained at once, in worker processes (default %(default)s)")
+    a("--hbm-run", metavar="RULE", nargs="?", const="lrm-sample",
+      help="add the memory-pressure run with this rule (default lrm-sample)")
     a("--hbm", metavar="BYTES",
       help="per-rank budget of the memory-pressure run (default: --hbm-frac of C0's "
            "modelled peak at step 0)")
     a("--hbm-frac", type=float, default=0.9, metavar="F",
       help="fraction of C0's modelled peak for the budget (default %(default)s)")
-    a("--no-hbm", action="store_true", help="skip the memory-pressure run")
+    a("--no-hbm", action="store_true", help=argparse.SUPPRESS)  # the 0.4 default, now off
     for k in ("layers", "hidden", "heads", "experts", "topk", "ffn", "seq", "batch",
               "steps", "ranks"):
         a(f"--{k}", type=int, metavar="N", help=f"model/training size (default {DEFAULTS[k]}; "
           f"--quick {QUICK[k]})")
-    a("--eval-every", type=int, metavar="N", help="validation every N steps (default 10)")
-    a("--val-batches", type=int, metavar="N", help="validation windows (default 64; --quick 16)")
+    a("--eval-every", type=int, metavar="N", help="validation every N steps (default 20; "
+      "--quick 10)")
+    a("--val-batches", type=int, metavar="N", help="validation windows (default 32; --quick 16)")
     a("--lr", type=float, metavar="X", help="peak AdamW learning rate (default 3e-3)")
     a("--warmup", type=int, metavar="N", help="linear warm-up steps (default 15)")
     a("--clip", type=float, default=1.0, metavar="X", help="gradient-norm clip (default 1)")
-    a("--seed", type=int, default=0, metavar="N", help="model and selection seed (default 0)")
-    a("--data-seed", type=int, default=0, metavar="N", help="batch-order seed (default 0)")
+    a("--seed", type=int, default=0, metavar="N", help="first seed: model init, selection and "
+      "batch order of seed i are --seed+i and --data-seed+i (default 0)")
+    a("--data-seed", type=int, default=0, metavar="N", help="first batch-order seed (default 0)")
     a("--threads", type=int, default=1, metavar="N", help="torch and liblrmoe threads "
       "(default 1)")
     a("--aux-loss", type=float, default=0.0, metavar="X",
@@ -109,7 +135,7 @@ def config(args):
         base[k] = getattr(args, k)
     cfg = argparse.Namespace(**base)
     for k in ("layers", "hidden", "heads", "experts", "topk", "ffn", "seq", "batch", "steps",
-              "ranks", "eval_every", "val_batches", "threads"):
+              "ranks", "eval_every", "val_batches", "threads", "seeds"):
         if getattr(cfg, k) < 1:
             raise UsageError(f"--{k.replace('_', '-')} must be >= 1")
     if cfg.hidden % cfg.heads:
@@ -132,11 +158,20 @@ def _list(s, what):
     return out
 
 
+def _rule(r, what):
+    m, _, sel = r.partition("-")
+    if m not in METRICS or sel not in SELECTS:
+        raise UsageError(f"--{what}: unknown rule '{r}' (<metric>-<select>: metric "
+                         f"{', '.join(METRICS)}; select topk or sample)")
+    return m, sel
+
+
 def run_specs(args):
-    metrics = _list(args.metrics, "metrics")
-    for m in metrics:
-        if m not in METRICS:
-            raise UsageError(f"--metrics: unknown metric '{m}' (lrm, gradnorm, absgrad, random)")
+    """The runs of one seed, C0 first; (specs, rules, drops, capacities)."""
+    rules = ([f"{m}-topk" for m in _list(args.metrics, "metrics")] if args.metrics
+             else _list(args.rules, "rules"))
+    for r in rules:
+        _rule(r, "metrics" if args.metrics else "rules")
     drops = []
     for d in _list(args.drops, "drops"):
         try:
@@ -146,13 +181,29 @@ def run_specs(args):
         if not 0 < c < 100:
             raise UsageError(f"--drops: {c} is outside (0,100)")
         drops.append(c)
-    specs = [dict(name="C0", patched=True, rate=1.0, metric="lrm")]
+    caps = []
+    if args.capacity.strip().lower() not in ("none", ""):
+        for v in _list(args.capacity, "capacity"):
+            try:
+                f = float(v)
+            except ValueError:
+                raise UsageError(f"--capacity: '{v}' is not a number") from None
+            if not f > 0:
+                raise UsageError(f"--capacity: {v} must be > 0")
+            caps.append(f)
+    specs = [dict(name="C0", patched=True, rate=1.0, metric="lrm", select="topk")]
     for c in drops:
-        for m in metrics:
-            specs.append(dict(name=f"C{c}-{m}", patched=True, rate=1 - c / 100, metric=m))
-    if not args.no_hbm:
-        specs.append(dict(name="hbm-lrm", patched=True, rate=None, metric="lrm",
-                          hbm=args.hbm, hbm_run=True))
+        for r in rules:
+            m, sel = _rule(r, "rules")
+            specs.append(dict(name=f"C{c}-{r}", patched=True, rate=1 - c / 100, metric=m,
+                              select=sel, quota=args.quota, drop=c, rule=r))
+    for f in caps:
+        specs.append(dict(name=f"cap{f:g}", patched=True, rate=None, metric="lrm",
+                          select="topk", capacity=f, rule=f"capacity {f:g}"))
+    if args.hbm_run:
+        m, sel = _rule(args.hbm_run, "hbm-run")
+        specs.append(dict(name=f"hbm-{args.hbm_run}", patched=True, rate=None, metric=m,
+                          select=sel, hbm=args.hbm, hbm_run=True, rule=args.hbm_run))
     specs.append(dict(name="hf", patched=False))
     if args.runs:
         want = _list(args.runs, "runs")
@@ -163,7 +214,7 @@ def run_specs(args):
         specs = [s for s in specs if s["name"] in want]
     else:
         specs = [s for s in specs if s["name"] != "hf"]
-    return specs, metrics, drops
+    return specs, rules, drops, caps
 
 
 def log(msg):
@@ -175,7 +226,10 @@ def load_corpus(args, cfg):
     paths = args.corpus or [DEFAULT_CORPUS]
     need_train = 4 * cfg.batch * (cfg.seq + 1)
     need_val = cfg.val_batches * (cfg.seq + 1)
-    return Corpus(paths, need_train=need_train, need_val=need_val)
+    c = Corpus(paths, need_train=need_train, need_val=need_val)
+    # what a worker process needs to load the same corpus (study -j)
+    c.default, c.need_train, c.need_val = DEFAULT_CORPUS, need_train, need_val
+    return c
 
 
 def check_hf(args, cfg, corpus):
@@ -195,36 +249,90 @@ def check_hf(args, cfg, corpus):
     return 0 if ok else 1
 
 
+def _job(cfg, corpus_args, spec, seed, data_seed):
+    """One (run, seed) in a worker process: its per-step rows."""
+    import argparse as _a
+    from .study_run import train
+    c = _a.Namespace(**vars(cfg))
+    c.seed, c.data_seed = seed, data_seed
+    corpus = corpus_args if not isinstance(corpus_args, tuple) else _load(*corpus_args)
+    t0 = time.time()
+    rows = train(c, corpus, spec)
+    return rows, time.time() - t0
+
+
+_CORPUS = {}
+
+
+def _load(paths, need_train, need_val):
+    key = (tuple(paths), need_train, need_val)
+    if key not in _CORPUS:
+        from .study_data import Corpus
+        _CORPUS[key] = Corpus(list(paths), need_train=need_train, need_val=need_val)
+    return _CORPUS[key]
+
+
 def study(args, cfg, corpus):
     from .study_report import report, write_run
-    from .study_run import train
-    specs, metrics, drops = run_specs(args)
+    specs, rules, drops, caps = run_specs(args)
     out = args.out
-    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
+    seeds = [(args.seed + i, args.data_seed + i) for i in range(cfg.seeds)]
+    for sd, _ in seeds:
+        os.makedirs(os.path.join(out, "runs", f"seed{sd}"), exist_ok=True)
     runs, t_all = {}, time.time()
     log(f"corpus: {len(corpus.files)} files, {corpus.train.size} training and "
-        f"{corpus.val.size} validation bytes; {len(specs)} runs of {cfg.steps} steps -> {out}")
-    for i, spec in enumerate(specs):
-        if spec.get("hbm_run") and spec.get("hbm") is None:
-            if "C0" not in runs:
-                raise StudyError("the memory-pressure run needs --hbm BYTES when C0 is not run")
-            spec["hbm"] = int(args.hbm_frac * runs["C0"]["rows"][0]["mem_peak_bytes"])
-        if spec.get("hbm_run"):
-            spec["rates"] = "1,0.95,0.9,0.85,0.8,0.75,0.7,0.65,0.6,0.55,0.5"
-        t0 = time.time()
-        rows = train(cfg, corpus, spec)
-        write_run(os.path.join(out, "runs", spec["name"] + ".tsv"), rows)
-        runs[spec["name"]] = {"spec": spec, "rows": rows}
+        f"{corpus.val.size} validation bytes; {len(specs)} runs x {len(seeds)} seeds of "
+        f"{cfg.steps} steps, {args.jobs} at a time -> {out}")
+    # C0 first (the memory-pressure run's budget and every target come from it)
+    first = [s for s in specs if not s.get("hbm_run")]
+    later = [s for s in specs if s.get("hbm_run")]
+    cargs = (tuple(args.corpus or [corpus.default]), corpus.need_train, corpus.need_val)
+    done = [0]
+    total = len(specs) * len(seeds)
+
+    def finish(spec, sd, rows, secs):
+        write_run(os.path.join(out, "runs", f"seed{sd}", spec["name"] + ".tsv"), rows)
+        runs.setdefault(spec["name"], {"spec": spec, "seeds": {}})["seeds"][sd] = rows
+        done[0] += 1
         ev = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
-        log(f"[{i + 1}/{len(specs)}] {spec['name']}: {time.time() - t0:.0f} s, final train "
-            f"loss {rows[-1]['loss']:.4f}, validation {ev[-1]:.4f}"
-            + (f", budget {_size(spec['hbm'])}, mean rho "
-               f"{sum(r['rho'] for r in rows) / len(rows):.3f}" if spec.get("hbm_run") else ""))
+        log(f"[{done[0]}/{total}] {spec['name']} seed {sd}: {secs:.0f} s, final train loss "
+            f"{rows[-1]['loss']:.4f}, validation {ev[-1]:.4f}")
+
+    def run_batch(batch):
+        if args.jobs <= 1:
+            for spec, sd, ds in batch:
+                rows, secs = _job(cfg, corpus, spec, sd, ds)
+                finish(spec, sd, rows, secs)
+            return
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as ex:
+            futs = {ex.submit(_job, cfg, cargs, spec, sd, ds): (spec, sd) for spec, sd, ds in batch}
+            for fu in cf.as_completed(futs):
+                spec, sd = futs[fu]
+                rows, secs = fu.result()
+                finish(spec, sd, rows, secs)
+
+    run_batch([(s, sd, ds) for s in first for sd, ds in seeds])
+    for spec in later:
+        batch = []
+        for sd, ds in seeds:
+            sp = dict(spec)
+            if sp.get("hbm") is None:
+                if "C0" not in runs:
+                    raise StudyError("the memory-pressure run needs --hbm BYTES when C0 is "
+                                     "not run")
+                sp["hbm"] = int(args.hbm_frac * runs["C0"]["seeds"][sd][0]["mem_peak_bytes"])
+            sp["rates"] = "1,0.95,0.9,0.85,0.8,0.75,0.7,0.65,0.6,0.55,0.5"
+            batch.append((sp, sd, ds))
+        run_batch(batch)
     params = dict(vars(cfg))
-    params["hbm"] = next((s["hbm"] for s in specs if s.get("hbm_run")), None)
-    params["corpus"] = ",".join(args.corpus or ["/usr/share/games/fortunes"])
+    params["jobs"] = args.jobs
+    params["quota"] = args.quota
+    params["seeds"] = ",".join(str(sd) for sd, _ in seeds)
+    params["corpus"] = ",".join(args.corpus or [corpus.default])
     order = [s["name"] for s in specs]
-    path = report(out, runs, order, metrics, drops, params,
+    path = report(out, runs, order, rules, drops, caps, params,
                   " ".join(shlex.quote(a) for a in [PROG] + sys.argv[1:]))
     log(f"done in {time.time() - t_all:.0f} s: {path}")
     return 0
@@ -242,6 +350,8 @@ def main(argv=None):
         return 0
     try:
         cfg = config(args)
+        if args.jobs < 1:
+            raise UsageError("--jobs must be >= 1")
         if not args.check_hf:
             run_specs(args)  # a bad list fails before any training
     except UsageError as e:

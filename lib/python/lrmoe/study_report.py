@@ -1,15 +1,24 @@
-"""lrmoe-study's outputs from the per-run rows: the run TSVs, the two
-tables (Markdown and TSV) and the loss figures (gnuplot, PNG and SVG).
+"""lrmoe-study's outputs from the per-run, per-seed rows: the run TSVs, the
+tables (Markdown and TSV, rounded for a report) and the loss-against-time
+figures (gnuplot, PNG and SVG).
 
-Table 1 (the paper's Table 1 at small scale): two target validation
-losses taken from C0's own curve (its value at the middle evaluation and
-at the last one); per run, the first evaluated step whose validation loss
-reaches the target, the cumulative measured MoE-layer seconds (forward +
-backward of all patched layers) and modelled GPU seconds up to that step,
-and the saving in those seconds against C0.
+Every comparison with C0 is paired: a run's seed s is compared with C0's
+seed s (same initial weights, same batches), then the paired differences
+are summarised over the seeds as mean +- sample standard deviation.
 
-Table 2: per metric and C, the mean over the evaluated steps after step 0
-of exp(val_loss) - exp(val_loss of C0) (perplexity per byte)."""
+Summary: per run, the final validation loss and its paired difference to
+C0, the share of backward pairs kept, cumulative measured MoE-layer CPU
+seconds and modelled GPU milliseconds (with the weight traffic's share)
+and the fidelity split of the kept gradients (lrmoe-score --fidelity).
+
+Table 1 (the LRMoE paper's Table 1 at small scale): two target validation
+losses per seed from C0's own curve (its value at the middle evaluation,
+"loose", and at the last one, "strict"); per run, in how many seeds it
+reaches the target, at which step, and the paired saving in cumulative
+MoE time (measured CPU and modelled GPU) against C0 at that target.
+
+Table 2: per run, the mean over the evaluated steps after step 0 of
+exp(val_loss) - exp(val_loss of C0) (perplexity per byte), paired."""
 import math
 import os
 import shutil
@@ -17,12 +26,18 @@ import subprocess
 
 from .study_run import FIELDS
 
+# the run TSVs: how many digits each field keeps
+_DIGITS = {"loss": 5, "val_loss": 5, "rho": 4, "grad_err": 4, "dw_down_cos": 5,
+           "dw_down_bias": 4, "dx_err": 4, "dx_bias": 4}
 
-def _fmt(v):
+
+def _fmt(v, key=None):
     if v is None or v == "":
         return ""
     if isinstance(v, float):
-        return f"{v:.6g}"
+        if key in _DIGITS:
+            return f"{v:.{_DIGITS[key]}f}"
+        return f"{v:.4g}"
     return str(v)
 
 
@@ -30,7 +45,7 @@ def write_tsv(path, header, rows):
     with open(path, "w") as f:
         f.write("\t".join(header) + "\n")
         for r in rows:
-            f.write("\t".join(_fmt(r.get(h)) for h in header) + "\n")
+            f.write("\t".join(_fmt(r.get(h), h) for h in header) + "\n")
 
 
 def write_run(path, rows):
@@ -41,16 +56,36 @@ def _evals(rows):
     return [(r["step"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
 
 
-def _cum(rows, key):
+def _cum_at(rows, keys):
+    """{step: cumulative sum of the keys up to and including the step}."""
     out, s = {}, 0.0
     for r in rows:
-        s += r.get(key) or 0.0
+        s += sum((r.get(k) or 0.0) for k in keys)
         out[r["step"]] = s
     return out
 
 
-def targets(c0):
-    ev = _evals(c0)
+MOE_CPU = ("moe_fwd_cpu_s", "moe_bwd_cpu_s")
+
+
+def mean_std(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None, None
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, None
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def pm(m, s, fmt):
+    if m is None:
+        return ""
+    return fmt.format(m) + ("" if s is None else " ± " + fmt.replace("+", "").format(s))
+
+
+def targets(c0rows):
+    ev = _evals(c0rows)
     if len(ev) < 3:
         return []
     return [("loose", ev[len(ev) // 2][1]), ("strict", ev[-1][1])]
@@ -62,139 +97,229 @@ def reach(rows, target):
     thread's CPU seconds of the patched layers' forward and backward (with
     one thread all of their work; wall time on a shared machine counts the
     other jobs too)."""
-    moe = {}
-    s = 0.0
-    for r in rows:
-        s += (r.get("moe_fwd_cpu_s") or 0.0) + (r.get("moe_bwd_cpu_s") or 0.0)
-        moe[r["step"]] = s
-    gpu = _cum(rows, "gpu_model_s")
+    moe, gpu = _cum_at(rows, MOE_CPU), _cum_at(rows, ("gpu_model_s",))
     for step, v in _evals(rows):
         if v <= target:
             return step, moe[step], gpu[step]
     return None
 
 
+def _seeds(runs):
+    c0 = runs.get("C0")
+    return sorted(c0["seeds"]) if c0 else sorted(next(iter(runs.values()))["seeds"])
+
+
+# ---------------------------------------------------------------- tables
+
+def summary(runs, order):
+    """One row per run: seed means (and the paired differences to C0)."""
+    c0 = runs.get("C0")
+    out = []
+    for rn in order:
+        per = []
+        for sd, rows in sorted(runs[rn]["seeds"].items()):
+            ev = _evals(rows)
+            d = {"val": ev[-1][1] if ev else None}
+            if c0 and sd in c0["seeds"] and ev:
+                d["dval"] = ev[-1][1] - _evals(c0["seeds"][sd])[-1][1]
+            if rows and rows[0].get("pairs"):
+                n = len(rows)
+                d["kept"] = sum(r["kept"] for r in rows) / sum(r["pairs"] for r in rows)
+                d["moe"] = sum(r["moe_fwd_cpu_s"] + r["moe_bwd_cpu_s"] for r in rows)
+                d["gpu"] = 1e3 * sum(r["gpu_model_s"] for r in rows)
+                tw = sum(r.get("t_weights_s") or 0.0 for r in rows)
+                d["tw"] = 100.0 * tw / max(1e-30, sum(r["gpu_model_s"] for r in rows))
+                for k in ("grad_err", "dw_down_cos", "dw_down_bias", "dx_err", "dx_bias"):
+                    d[k] = sum(r.get(k) or 0.0 for r in rows) / n
+            per.append(d)
+        row = {"run": rn, "seeds": len(per), "rule": runs[rn]["spec"].get("rule", "")}
+        for k in ("val", "dval", "kept", "moe", "gpu", "tw", "grad_err", "dw_down_cos",
+                  "dw_down_bias", "dx_err", "dx_bias"):
+            row[k] = mean_std([d.get(k) for d in per])
+        out.append(row)
+    return out
+
+
 def table1(runs, order):
-    """Rows of Table 1 (dicts) for every run, both targets."""
+    """Rows (dicts) of Table 1, per target and run, paired over seeds."""
     c0 = runs.get("C0")
     if c0 is None:
-        return [], []
-    tg = targets(c0["rows"])
+        return []
     out = []
-    for name, target in tg:
-        base = reach(c0["rows"], target)
+    for ti, tname in enumerate(("loose", "strict")):
         for rn in order:
-            r = reach(runs[rn]["rows"], target)
-            row = {"target": name, "target_loss": target, "run": rn}
-            if r is None:
-                row.update(steps="not reached")
-            else:
-                row.update(steps=r[0], moe_cpu_s=r[1], gpu_model_s=r[2])
+            n, steps, moe_sv, gpu_sv, moe_s, gpu_ms, tv = 0, [], [], [], [], [], []
+            seeds = sorted(runs[rn]["seeds"])
+            for sd in seeds:
+                if sd not in c0["seeds"]:
+                    continue
+                tg = targets(c0["seeds"][sd])
+                if len(tg) <= ti:
+                    continue
+                target = tg[ti][1]
+                tv.append(target)
+                base = reach(c0["seeds"][sd], target)
+                r = reach(runs[rn]["seeds"][sd], target)
+                if r is None:
+                    continue
+                n += 1
+                steps.append(r[0])
+                moe_s.append(r[1])
+                gpu_ms.append(1e3 * r[2])
                 if base and base[1] > 0:
-                    row["moe_saving_pct"] = 100.0 * (1 - r[1] / base[1])
+                    moe_sv.append(100.0 * (1 - r[1] / base[1]))
                 if base and base[2] > 0:
-                    row["gpu_saving_pct"] = 100.0 * (1 - r[2] / base[2])
-            out.append(row)
-    return tg, out
+                    gpu_sv.append(100.0 * (1 - r[2] / base[2]))
+            out.append({"target": tname, "target_loss": mean_std(tv)[0], "run": rn,
+                        "reached": f"{n}/{len(seeds)}", "step": mean_std(steps),
+                        "moe_cpu_s": mean_std(moe_s), "moe_saving_pct": mean_std(moe_sv),
+                        "gpu_model_ms": mean_std(gpu_ms), "gpu_saving_pct": mean_std(gpu_sv)})
+    return out
 
 
-T1 = ["target", "target_loss", "run", "steps", "moe_cpu_s", "moe_saving_pct", "gpu_model_s",
-      "gpu_saving_pct"]
-
-
-def table2(runs, metrics, drops):
-    """{(metric, C): mean delta-PPL against C0} over the common evaluations."""
+def table2(runs, order):
+    """{run: (mean, std) over seeds of the mean delta-PPL against C0}."""
     c0 = runs.get("C0")
     if c0 is None:
         return {}
-    base = dict(_evals(c0["rows"]))
     out = {}
-    for m in metrics:
-        for c in drops:
-            r = runs.get(f"C{c}-{m}")
-            if r is None:
-                continue
-            d = [math.exp(v) - math.exp(base[s]) for s, v in _evals(r["rows"])
-                 if s > 0 and s in base]
-            if d:
-                out[(m, c)] = sum(d) / len(d)
-    return out
-
-
-def summary(runs, order):
-    out = []
     for rn in order:
-        rows = runs[rn]["rows"]
-        ev = _evals(rows)
-        tail = rows[-min(10, len(rows)):]
-        s = {"run": rn, "steps": len(rows),
-             "train_loss_last10": sum(r["loss"] for r in tail) / len(tail),
-             "val_loss_final": ev[-1][1] if ev else None}
-        if rows and rows[0].get("pairs"):
-            s["rho_mean"] = sum(r["rho"] for r in rows) / len(rows)
-            s["kept_share"] = sum(r["kept"] for r in rows) / sum(r["pairs"] for r in rows)
-            s["grad_err_mean"] = sum(r["grad_err"] for r in rows) / len(rows)
-            s["moe_s"] = sum(r["moe_fwd_s"] + r["moe_bwd_s"] for r in rows)
-            s["moe_cpu_s"] = sum(r["moe_fwd_cpu_s"] + r["moe_bwd_cpu_s"] for r in rows)
-            s["moe_bwd_cpu_s"] = sum(r["moe_bwd_cpu_s"] for r in rows)
-            s["lib_s"] = sum(r["lib_fwd_s"] + r["lib_bwd_s"] for r in rows)
-            s["gpu_model_s"] = sum(r["gpu_model_s"] for r in rows)
-        out.append(s)
+        if rn == "C0":
+            continue
+        vals = []
+        for sd, rows in runs[rn]["seeds"].items():
+            if sd not in c0["seeds"]:
+                continue
+            base = dict(_evals(c0["seeds"][sd]))
+            d = [math.exp(v) - math.exp(base[s]) for s, v in _evals(rows) if s > 0 and s in base]
+            if d:
+                vals.append(sum(d) / len(d))
+        out[rn] = mean_std(vals)
     return out
-
-
-SUMMARY = ["run", "steps", "train_loss_last10", "val_loss_final", "rho_mean", "kept_share",
-           "grad_err_mean", "moe_s", "moe_cpu_s", "moe_bwd_cpu_s", "lib_s", "gpu_model_s"]
 
 
 def _md(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        lines.append("| " + " | ".join(_fmt(r.get(h)) for h in header) + " |")
+        lines.append("| " + " | ".join(str(r.get(h, "")) for h in header) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _tsv_cells(v, fmt):
+    """(mean, std) -> two rounded cells."""
+    if isinstance(v, tuple):
+        return [fmt.format(v[0]) if v[0] is not None else "",
+                fmt.replace("+", "").format(v[1]) if v[1] is not None else ""]
+    return [str(v)]
+
+
+SUMMARY = [("run", None), ("rule", None), ("seeds", None), ("val", "{:.4f}"),
+           ("dval", "{:+.4f}"), ("kept", "{:.3f}"), ("moe", "{:.2f}"), ("gpu", "{:.3f}"),
+           ("tw", "{:.1f}"), ("grad_err", "{:.3f}"), ("dw_down_cos", "{:.4f}"),
+           ("dw_down_bias", "{:.3f}"), ("dx_err", "{:.3f}"), ("dx_bias", "{:.3f}")]
+SUMMARY_NAMES = {"val": "val_loss_final", "dval": "delta_val_vs_C0", "kept": "kept_share",
+                 "moe": "moe_cpu_s", "gpu": "gpu_model_ms", "tw": "t_weights_pct",
+                 "grad_err": "dw_down_rel_err", "dw_down_cos": "dw_down_cosine",
+                 "dx_err": "dx_rel_err"}
+T1 = [("target", None), ("target_loss", "{:.4f}"), ("run", None), ("reached", None),
+      ("step", "{:.0f}"), ("moe_cpu_s", "{:.2f}"), ("moe_saving_pct", "{:+.1f}"),
+      ("gpu_model_ms", "{:.3f}"), ("gpu_saving_pct", "{:+.1f}")]
+
+
+def _write_table(path, cols, rows, names=None):
+    names = names or {}
+    head = []
+    for k, fmt in cols:
+        n = names.get(k, k)
+        head += [n] if fmt is None else [n, n + "_std"]
+    with open(path, "w") as f:
+        f.write("\t".join(head) + "\n")
+        for r in rows:
+            cells = []
+            for k, fmt in cols:
+                v = r.get(k)
+                if fmt is None:
+                    cells.append("" if v is None else str(v))
+                elif isinstance(v, tuple):
+                    cells += _tsv_cells(v, fmt)
+                else:
+                    cells += [fmt.format(v) if v is not None else "", ""]
+            f.write("\t".join(cells) + "\n")
+
+
+def _md_rows(cols, rows, names=None):
+    names = names or {}
+    out = []
+    for r in rows:
+        d = {}
+        for k, fmt in cols:
+            v = r.get(k)
+            n = names.get(k, k)
+            if fmt is None:
+                d[n] = "" if v is None else v
+            elif isinstance(v, tuple):
+                d[n] = pm(v[0], v[1], fmt)
+            else:
+                d[n] = "" if v is None else fmt.format(v)
+        out.append(d)
+    return [names.get(k, k) for k, _ in cols], out
 
 
 # ---------------------------------------------------------------- figures
 
-def _series(path, rows, key, smooth=1):
-    """step, value (a trailing moving mean over `smooth` steps) to path."""
-    with open(path, "w") as f:
-        buf = []
-        for r in rows:
-            v = r.get(key)
-            if v is None:
-                continue
-            buf.append(v)
-            buf = buf[-smooth:]
-            f.write(f"{r['step']}\t{sum(buf) / len(buf):.6g}\n")
+def _curve(runs, rn, xkey):
+    """Per evaluated step: mean x (cumulative time), mean, min and max of
+    the validation loss over the run's seeds."""
+    seeds = runs[rn]["seeds"]
+    pts = {}
+    for sd, rows in seeds.items():
+        cum = _cum_at(rows, xkey)
+        for step, v in _evals(rows):
+            pts.setdefault(step, []).append((cum[step], v))
+    out = []
+    for step in sorted(pts):
+        p = pts[step]
+        if len(p) != len(seeds):
+            continue
+        xs, ys = [a for a, _ in p], [b for _, b in p]
+        out.append((sum(xs) / len(xs), sum(ys) / len(ys), min(ys), max(ys)))
+    return out
 
 
-def figure(outdir, base, title, names, runs, smooth):
-    """base.png and base.svg: training loss (moving mean) of the named
-    runs over the whole run, and their validation loss from the first
-    fifth of the run on (where the runs differ), two panels."""
-    zoom = len(runs[names[0]]["rows"]) // 5
+def figure(outdir, base, title, names, runs, tgs):
+    """base.png and base.svg: validation loss (mean over seeds, band from
+    the lowest to the highest seed) against cumulative modelled GPU time and
+    against cumulative measured MoE CPU time, the targets as lines."""
     dat = os.path.join(outdir, "plot-data")
     os.makedirs(dat, exist_ok=True)
-    plots = {"loss": [], "val_loss": []}
-    for n in names:
-        for key in plots:
-            p = os.path.join(dat, f"{n}.{key}.dat")
-            _series(p, runs[n]["rows"], key, smooth if key == "loss" else 1)
-            plots[key].append(f"'{p}' using 1:2 with lines lw 2 title '{n}'")
+    panels = [(("gpu_model_s",), 1e3, "modelled GPU time of the MoE layers (ms, cumulative)"),
+              (MOE_CPU, 1.0, "measured MoE-layer CPU time (s, cumulative)")]
+    plots = []
+    for pi, (xkey, scale, xlabel) in enumerate(panels):
+        band, line = [], []
+        for i, n in enumerate(names):
+            p = os.path.join(dat, f"{base}.{n}.{pi}.dat")
+            with open(p, "w") as f:
+                for x, m, lo, hi in _curve(runs, n, xkey):
+                    f.write(f"{x * scale:.6g}\t{m:.6g}\t{lo:.6g}\t{hi:.6g}\n")
+            lc = f"lc {i + 1}"
+            band.append(f"'{p}' using 1:3:4 with filledcurves {lc} fs transparent solid 0.15 "
+                        "noborder notitle")
+            line.append(f"'{p}' using 1:2 with linespoints {lc} dt {i % 5 + 1} pt {i + 4} "
+                        f"ps 0.6 lw 2 title '{n}'")
+        tl = [f"{v:.6g} with lines lc rgb 'gray40' dt 3 lw 1 title '{t} target'"
+              for t, v in tgs]
+        plots.append((xlabel, band + line + tl))
     script = []
-    for term, ext in (("pngcairo size 1200,500 font 'sans,10'", "png"),
-                      ("svg size 1200,500 dynamic font 'sans,10'", "svg")):
+    for term, ext in (("pngcairo size 1200,520 font 'sans,10'", "png"),
+                      ("svg size 1200,520 dynamic font 'sans,10'", "svg")):
         script += [f"set terminal {term}", f"set output '{os.path.join(outdir, base)}.{ext}'",
-                   "set multiplot layout 1,2 title '" + title + "'",
-                   "set grid", "set key top right", "set xlabel 'step'",
-                   "set ylabel 'loss (nats/byte)'",
-                   f"set title 'training loss (mean of last {smooth} steps)'",
-                   "plot " + ", ".join(plots["loss"]),
-                   f"set title 'validation loss (from step {zoom})'",
-                   f"set xrange [{zoom}:*]", "plot " + ", ".join(plots["val_loss"]),
-                   "set xrange [*:*]",
-                   "unset multiplot", "set output"]
+                   "set multiplot layout 1,2 title '" + title + "'", "set grid",
+                   "set key top right box opaque font ',9'",
+                   "set ylabel 'validation loss (nats/byte)'"]
+        for xlabel, pl in plots:
+            script += [f"set xlabel '{xlabel}'", "plot " + ", ".join(pl)]
+        script += ["unset multiplot", "set output"]
     gp = os.path.join(dat, base + ".gp")
     with open(gp, "w") as f:
         f.write("\n".join(script) + "\n")
@@ -204,48 +329,74 @@ def figure(outdir, base, title, names, runs, smooth):
     return [base + ".png", base + ".svg"]
 
 
-def report(outdir, runs, order, metrics, drops, params, command):
+def _zoomed_targets(runs):
+    """The two targets, mean over C0's seeds (drawn in the figures)."""
+    c0 = runs.get("C0")
+    if not c0:
+        return []
+    ts = [targets(rows) for rows in c0["seeds"].values()]
+    ts = [t for t in ts if len(t) == 2]
+    if not ts:
+        return []
+    return [(name, sum(t[i][1] for t in ts) / len(ts)) for i, name in enumerate(("loose", "strict"))]
+
+
+def report(outdir, runs, order, rules, drops, caps, params, command):
     """Write summary, tables, figures and report.md; return report.md's path."""
-    write_tsv(os.path.join(outdir, "summary.tsv"), SUMMARY, summary(runs, order))
-    tg, t1 = table1(runs, order)
-    write_tsv(os.path.join(outdir, "table1.tsv"), T1, t1)
-    t2 = table2(runs, metrics, drops)
+    summ = summary(runs, order)
+    _write_table(os.path.join(outdir, "summary.tsv"), SUMMARY, summ, SUMMARY_NAMES)
+    t1 = table1(runs, order)
+    _write_table(os.path.join(outdir, "table1.tsv"), T1, t1)
+    t2 = table2(runs, order)
     with open(os.path.join(outdir, "table2.tsv"), "w") as f:
-        f.write("metric\t" + "\t".join(f"C{c}" for c in drops) + "\n")
-        for m in metrics:
-            f.write(m + "\t" + "\t".join(_fmt(t2.get((m, c))) for c in drops) + "\n")
-    figs = []
+        f.write("run\tdelta_ppl\tdelta_ppl_std\n")
+        for rn in order:
+            if rn in t2:
+                m, s = t2[rn]
+                f.write(f"{rn}\t{'' if m is None else f'{m:.4f}'}\t"
+                        f"{'' if s is None else f'{s:.4f}'}\n")
     if shutil.which("gnuplot") is None:
         raise RuntimeError("gnuplot not found (Debian package gnuplot-nox)")
-    smooth = max(1, min(10, len(next(iter(runs.values()))["rows"]) // 10))
+    figs, tgs = [], _zoomed_targets(runs)
     if "C0" in runs:
         for c in drops:
-            names = ["C0"] + [f"C{c}-{m}" for m in metrics if f"C{c}-{m}" in runs]
+            names = ["C0"] + [f"C{c}-{r}" for r in rules if f"C{c}-{r}" in runs]
             if len(names) > 1:
-                figs += figure(outdir, f"loss-C{c}", f"C0 and C{c} per selection metric",
-                               names, runs, smooth)
-        for m in metrics:
-            names = ["C0"] + [f"C{c}-{m}" for c in drops if f"C{c}-{m}" in runs] + \
-                    [n for n in order if n.startswith("hbm-") and n.endswith(m)]
-            if len(names) > 1:
-                figs += figure(outdir, f"loss-{m}", f"{m}: C0, C" + "/C".join(map(str, drops))
-                               + " and the memory-pressure run", names, runs, smooth)
+                figs += figure(outdir, f"loss-C{c}", f"C0 and C{c} per selection rule "
+                               f"(mean of {len(_seeds(runs))} seeds, band: min-max)",
+                               names, runs, tgs)
+        capn = [n for n in order if n.startswith("cap")]
+        best = [f"C{c}-lrm-sample" for c in drops if f"C{c}-lrm-sample" in runs]
+        if capn:
+            figs += figure(outdir, "loss-capacity", "C0, capacity-factor dropping and lrm-sample",
+                           ["C0"] + capn + best, runs, tgs)
+    hdr, rows = _md_rows(SUMMARY, summ, SUMMARY_NAMES)
     md = ["# lrmoe-study report", "", "Command: `" + command + "`", "",
           "Parameters: " + ", ".join(f"{k}={v}" for k, v in params.items()), "",
-          "## Runs", "", _md(SUMMARY, summary(runs, order))]
+          "Every figure is mean ± sample standard deviation over the seeds; differences to "
+          "C0 are paired by seed (same initial weights and batches).", "",
+          "## Runs", "",
+          "val_loss_final: validation loss at the last step; delta_val_vs_C0: paired "
+          "difference (negative = better than C0); kept_share: backward pairs kept; "
+          "moe_cpu_s: measured CPU seconds of the patched MoE layers (forward + backward, "
+          "one thread), whole run; gpu_model_ms: lrmoe's cost model of the same plans "
+          "(lrmoe_cost_eval), whole run, t_weights_pct of it moving weights and their "
+          "gradients; dw_down_rel_err, dw_down_cosine, dw_down_bias, dx_rel_err, dx_bias: the "
+          "kept (weighted) gradients against every pair's, mean over steps and layers "
+          "(bias: ||E[estimate] - G|| / ||G||, lrmoe-score(1) --fidelity).", "",
+          _md(hdr, rows)]
+    hdr, rows = _md_rows(T1, t1)
     md += ["## Table 1: steps and cumulative MoE-layer time to a target validation loss", "",
-           "Targets from C0's curve: " + ", ".join(f"{n} = {v:.4f}" for n, v in tg) +
-           ". moe_cpu_s: measured CPU seconds of the patched MoE layers' forward and "
-           "backward on this machine (one thread), cumulative to the step; gpu_model_s: "
-           "lrmoe's cost model of the same plans (lrmoe_cost_eval, default H100-class "
-           "bandwidth and FLOP/s). saving: against C0 (positive = less time).", "",
-           _md(T1, t1)]
+           "Targets per seed from C0's curve: loose = its validation loss at the middle "
+           "evaluation, strict = at the last one (C0 reaches it at its last step by "
+           "definition). reached: seeds in which the run reaches it; step and times: mean "
+           "over those seeds; saving: paired against C0 at the same target (positive = "
+           "less time).", "", _md(hdr, rows)]
     md += ["## Table 2: mean delta-PPL (per byte) against C0", "",
-           "Mean over the evaluated steps after step 0 of exp(val_loss) - "
-           "exp(val_loss of C0); lower is better.", "",
-           _md(["metric"] + [f"C{c}" for c in drops],
-               [dict({"metric": m}, **{f"C{c}": t2.get((m, c)) for c in drops})
-                for m in metrics])]
+           "Mean over the evaluated steps after step 0 of exp(val_loss) - exp(val_loss of "
+           "C0), paired by seed; lower is better.", "",
+           _md(["run", "delta_ppl"], [{"run": rn, "delta_ppl": pm(*t2[rn], "{:+.3f}")}
+                                      for rn in order if rn in t2])]
     md += ["## Figures", ""] + [f"![{f}]({f})" for f in figs if f.endswith(".png")] + [""]
     path = os.path.join(outdir, "report.md")
     with open(path, "w") as f:

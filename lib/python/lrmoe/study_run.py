@@ -21,9 +21,17 @@ Python; the figures are liblrmoe's):
   rho, mem_peak_bytes  the plan's retention rate (mean over layers) and the
                        modelled per-rank peak bytes (max over layers)
   kept, pairs          backward pairs retained / routed, all layers
-  grad_err             the true relative error of dW_down from the dropped
-                       pairs (lrmoe_score_fidelity, lrmoe-score --fidelity),
-                       mean over layers; 0 when nothing is dropped
+  t_weights_s          the modelled weight-traffic seconds within gpu_model_s
+                       (replicas and helpers receiving weights and returning
+                       gradients), summed over layers
+  grad_err             the relative error of dW_down of the kept (weighted)
+                       pairs against every pair (lrmoe_score_fidelity_split,
+                       lrmoe-score --fidelity), mean over layers; 0 when
+                       nothing is dropped
+  dw_down_cos, dw_down_bias, dx_err, dx_bias
+                       the same split: cosine and closed-form bias
+                       ||E[G^]-G||/||G|| of dW_down, relative error and bias
+                       of the layer input's gradient dx (mean over layers)
 """
 import ctypes
 import math
@@ -36,7 +44,9 @@ from . import _lib
 from ._lib import Error, check, lib
 
 FIELDS = ["step", "loss", "val_loss", "moe_fwd_s", "moe_bwd_s", "moe_fwd_cpu_s",
-          "moe_bwd_cpu_s", "lib_fwd_s", "lib_bwd_s", "gpu_model_s", "rho", "mem_peak_bytes", "kept", "pairs", "grad_err", "step_s"]
+          "moe_bwd_cpu_s", "lib_fwd_s", "lib_bwd_s", "gpu_model_s", "t_weights_s", "rho",
+          "mem_peak_bytes", "kept", "pairs", "grad_err", "dw_down_cos", "dw_down_bias",
+          "dx_err", "dx_bias", "step_s"]
 
 
 # ---------------------------------------------------------------- cost model
@@ -65,10 +75,15 @@ lib.lrmoe_cost_default.argtypes = [ctypes.POINTER(CostModel)]
 lib.lrmoe_cost_eval.restype = ctypes.c_int
 lib.lrmoe_cost_eval.argtypes = [ctypes.POINTER(CostModel), ctypes.c_int, ctypes.c_int,
                                 _P, _P, _P, _P, _P, _P, ctypes.POINTER(CostSummary)]
-lib.lrmoe_score_fidelity.restype = ctypes.c_int
-lib.lrmoe_score_fidelity.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int,
-                                     ctypes.c_int64, ctypes.c_int64, _P, _P, _P, _P, _P, _P,
-                                     _P, ctypes.POINTER(ctypes.c_double)]
+class Fidelity(ctypes.Structure):  # lrmoe_fidelity_t (lib/score.h)
+    _fields_ = [(n, ctypes.c_double) for n in ("rel_err", "norm_ratio", "cosine", "bias")]
+
+
+_NFID = 4  # LRMOE_NFID: dw_down, dw_gate, dw_up, dx
+lib.lrmoe_score_fidelity_split.restype = ctypes.c_int
+lib.lrmoe_score_fidelity_split.argtypes = [
+    ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64] + [_P] * 12 + [
+    ctypes.POINTER(Fidelity)]
 
 
 def _np_ptr(a):
@@ -88,32 +103,52 @@ def layer_cost(state, D, F, ranks):
     lib.lrmoe_cost_default(ctypes.byref(m))
     m.D, m.F, m.K, m.tokens = D, F, K, T // ranks
     m.dtype_bytes = state["x"].element_size()
+    # a plan that keeps pairs by forward rank is charged so (plan.keep=by-rank)
+    m.keep_by_rank = int(state["rec"].get("keep_rule") == "by-rank")
     s = CostSummary()
     pl = np.ascontiguousarray(placement, np.uint8)
     fa = np.ascontiguousarray(fwd_alloc, np.int64)
+    if state["rec"].get("planner") == "capacity":
+        # capacity-factor dropping: the forward runs the kept pairs only (the
+        # planner models it so: its bwd_alloc rows on the native ranks)
+        load, fa = quota.copy(), bwd
     check(lib.lrmoe_cost_eval(ctypes.byref(m), E, ranks, _np_ptr(pl), _np_ptr(load),
                               _np_ptr(fa), _np_ptr(quota), _np_ptr(bwd), None,
                               ctypes.byref(s)), "cost model")
     return s
 
 
-def layer_fidelity(state, g, keep, E):
-    """The relative Frobenius error of dW_down from the dropped pairs
-    (lrmoe_score_fidelity over the layer's saved pre-activations)."""
+def layer_fidelity(state, g, rec, block):
+    """The fidelity split of one layer call (lrmoe_score_fidelity_split):
+    dW_down, dW_gate, dW_up and dx of the kept pairs, each kept row scaled
+    by its pair_weight, against every pair, and the closed-form bias (E of
+    the estimate: the kept pairs for a deterministic rule, every pair with
+    p > 0 for the sample). Returns the four lrmoe_fidelity_t."""
     ids, alpha = state["ids"], state["alpha"]
     T, K = ids.shape
     D = g.shape[-1]
     F = state["sg"].shape[-1]
+    E = block.E
     g = g.reshape(T, D).detach().float().contiguous()
+    x = state["x"].float().contiguous()
     sg = state["sg"].float().contiguous()
     su = state["su"].float().contiguous()
-    keep = np.ascontiguousarray(keep, np.uint8)
-    err = np.empty(E, np.float64)
-    overall = ctypes.c_double()
-    check(lib.lrmoe_score_fidelity(T, K, E, D, F, ids.data_ptr(), _np_ptr(keep), g.data_ptr(),
-                                   alpha.data_ptr(), sg.data_ptr(), su.data_ptr(),
-                                   _np_ptr(err), ctypes.byref(overall)), "fidelity")
-    return overall.value
+    ex = block.experts
+    gu = ex.gate_up_proj.detach().float()
+    wg, wu = gu[:, :F].contiguous(), gu[:, F:].contiguous()
+    wd = ex.down_proj.detach().float().contiguous()
+    keep = np.ascontiguousarray(rec["keep"], np.uint8)
+    w = rec.get("pair_weight")
+    w = None if w is None else np.ascontiguousarray(w, np.float32)
+    e = rec.get("pair_prob")
+    e = None if e is None else np.ascontiguousarray(e > 0, np.float32)
+    out = (Fidelity * _NFID)()
+    check(lib.lrmoe_score_fidelity_split(
+        T, K, E, D, F, ids.data_ptr(), g.data_ptr(), alpha.data_ptr(), x.data_ptr(),
+        sg.data_ptr(), su.data_ptr(), wg.data_ptr(), wu.data_ptr(), wd.data_ptr(),
+        _np_ptr(keep), None if w is None else _np_ptr(w), None if e is None else _np_ptr(e),
+        out), "fidelity")
+    return list(out)
 
 
 # ---------------------------------------------------------------- model
@@ -232,12 +267,21 @@ def evaluate(model, vx, vy, chunk):
 
 
 def _plan_extra(spec):
-    """The memory-pressure run: its candidate rates, and best effort (a
-    step whose loads fit no candidate keeps the last one, marked
-    infeasible, instead of failing the run)."""
-    if spec.get("hbm") is None:
-        return {}
-    return {"best_effort": True, **({"rates": spec["rates"]} if spec.get("rates") else {})}
+    """Planner options of a run: the quota policy (every dropping rule
+    under the same per-step quotas), the capacity-factor baseline, and for
+    the memory-pressure run its candidate rates and best effort (a step
+    whose loads fit no candidate keeps the last one, marked infeasible,
+    instead of failing the run)."""
+    out = {}
+    if spec.get("quota"):
+        out["quota"] = spec["quota"]
+    if spec.get("capacity") is not None:
+        out.update(planner="capacity", capacity_factor=spec["capacity"])
+    if spec.get("hbm") is not None:
+        out["best_effort"] = True
+        if spec.get("rates"):
+            out["rates"] = spec["rates"]
+    return out
 
 
 def train(cfg, corpus, spec, row_cb=None):
@@ -251,8 +295,9 @@ def train(cfg, corpus, spec, row_cb=None):
     patch = cap = None
     if spec["patched"]:
         patch = lt.patch(model, rate=spec.get("rate"), hbm=spec.get("hbm"),
-                         metric=spec.get("metric", "lrm"), ranks=cfg.ranks, seed=cfg.seed,
-                         threads=cfg.threads, keep_masks=True, **_plan_extra(spec))
+                         metric=spec.get("metric", "lrm"), select=spec.get("select", "topk"),
+                         ranks=cfg.ranks, seed=cfg.seed, threads=cfg.threads, keep_masks=True,
+                         **_plan_extra(spec))
         cap = Capture(patch)
     balancer = BiasBalancer(model, cfg.bias_rate) if cfg.bias_rate > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
@@ -312,7 +357,7 @@ def _moe_row(cfg, patch, cap, spec):
     if len(items) != len(recs) or len(recs) != len(patch.blocks):
         raise Error(f"{spec['name']}: {len(recs)} MoE backward records and {len(items)} "
                     f"captured invocations for {len(patch.blocks)} layers")
-    gpu, errs = 0.0, []
+    gpu, tw, fids = 0.0, 0.0, []
     for it, rec in zip(items, recs):
         st = it["state"]
         if st["rec"] is not rec:
@@ -327,16 +372,22 @@ def _moe_row(cfg, patch, cap, spec):
             raise Error(f"cost model mirror: mem_peak {s.mem_peak} != the plan's "
                         f"{rec['mem_peak']} (plan source {rec.get('source')})")
         gpu += s.t_total
-        errs.append(layer_fidelity(st, it["g"], rec["keep"], b.E))
-        del rec["keep"]
+        tw += s.t_weights
+        fids.append(layer_fidelity(st, it["g"], rec, b))
+        for k in ("keep", "pair_weight", "pair_prob"):
+            rec.pop(k, None)
     return {"moe_fwd_s": sum(r["fwd_seconds"] for r in recs),
             "moe_bwd_s": sum(r["bwd_seconds"] for r in recs),
             "moe_fwd_cpu_s": sum(r["fwd_cpu_seconds"] for r in recs),
             "moe_bwd_cpu_s": sum(r["bwd_cpu_seconds"] for r in recs),
             "lib_fwd_s": sum(r["fwd_lib_seconds"] for r in recs),
             "lib_bwd_s": sum(r["bwd_lib_seconds"] for r in recs),
-            "gpu_model_s": gpu,
+            "gpu_model_s": gpu, "t_weights_s": tw,
             "rho": float(np.mean([r["rho"] for r in recs])),
             "mem_peak_bytes": max(r["mem_peak"] for r in recs),
             "kept": sum(r["kept"] for r in recs), "pairs": sum(r["pairs"] for r in recs),
-            "grad_err": float(np.mean(errs))}
+            "grad_err": float(np.mean([f[0].rel_err for f in fids])),
+            "dw_down_cos": float(np.mean([f[0].cosine for f in fids])),
+            "dw_down_bias": float(np.mean([f[0].bias for f in fids])),
+            "dx_err": float(np.mean([f[3].rel_err for f in fids])),
+            "dx_bias": float(np.mean([f[3].bias for f in fids]))}

@@ -467,13 +467,14 @@ class LRMoEExperts(torch.autograd.Function):
                             "forward's kept pairs per expert")
         elif o.select == _SAMPLE:
             w = torch.empty(T, K, dtype=torch.float32)
+            pr = torch.empty(T, K, dtype=torch.float32) if o.keep_masks else None
             if by_rank:
                 check(call(lib.lrmoe_score_sample_by_rank, T, K, E, d.P, _ptr(ids), _ptr(score),
                            _ptr(s["pair_rank"]), s["bwd_alloc"].ctypes.data, seed, _ptr(keep),
-                           _ptr(w), None, load.ctypes.data, None), "select")
+                           _ptr(w), _ptr(pr), load.ctypes.data, None), "select")
             else:
                 check(call(lib.lrmoe_score_sample, T, K, E, _ptr(ids), _ptr(score),
-                           quota.ctypes.data, -1.0, seed, _ptr(keep), _ptr(w), None,
+                           quota.ctypes.data, -1.0, seed, _ptr(keep), _ptr(w), _ptr(pr),
                            load.ctypes.data, None), "select")
             alpha_b = torch.empty(T, K, dtype=torch.float32)
             lib.lrmoe_score_weighted_alpha(T * K, _ptr(alpha), _ptr(w), _ptr(alpha_b))
@@ -521,8 +522,9 @@ class LRMoEExperts(torch.autograd.Function):
             lib.lrmoe_pack_plan_free(ctypes.byref(pp))
         if o.keep_masks:
             rec["keep"] = keep.numpy().astype(bool)
-            if o.select == _SAMPLE:
+            if o.select == _SAMPLE and s["cap_keep"] is None:
                 rec["pair_weight"] = w.numpy().copy()
+                rec["pair_prob"] = pr.numpy().copy()
         wdt = s["wdtype"]
         gate_up_grad = torch.cat([gwg, gwu], dim=1).to(wdt)
         call.record(rec, "bwd")
@@ -571,7 +573,8 @@ class Patch:
     feasible, mem_peak (modelled bytes), binding, pairs, kept, moved,
     keep_rule ("by-rank" when the plan keeps pairs by forward rank,
     plan.keep of lrmoe-stream(5)), keep (the mask, with keep_masks=True;
-    with select="sample" also pair_weight, 1/p of each kept pair), and
+    with select="sample" also pair_weight, 1/p of each kept pair, and
+    pair_prob, p), and
     {fwd,bwd}_seconds / _cpu_seconds / _lib_seconds / _lib_cpu_seconds: wall
     and thread-CPU time of the whole forward/backward and inside liblrmoe);
     unpatch() restores the original expert forwards."""
