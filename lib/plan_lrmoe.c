@@ -422,6 +422,9 @@ typedef struct {
     char why_src[48];
     double why_mem;      /* its memory (for the closest miss) */
     int exhaustive;      /* LRMOE_PLAN_EXHAUSTIVE: no skips (see plan_exhaustive) */
+    int have_anchor;     /* below rate 1: the best rate-1 plan that fits ... */
+    double anchor_t;     /* ... its t_total and modelled backward: no plan */
+    double anchor_b;     /* below rate 1 may take longer in either */
 } lctx_t;
 
 /* LRMOE_PLAN_EXHAUSTIVE set to anything but "" or "0": the planner skips
@@ -501,10 +504,11 @@ static double max_drop(const lctx_t *c, const lrmoe_plan_t *k)
 /* Whether the evaluated candidate c->cand beats the best of slot b. The
  * order: at rate 1, class (2 when neither its t_total nor its forward peak
  * is worse than the best baseline's, 1 when its t_total is not), then
- * t_total, forward peak, backward peak; below rate 1 (where no baseline
- * fits, or its plan would have won at rate 1) the least backward peak, then
- * the global keep before by-rank, then (policy even) the least largest drop fraction, then t_total, forward
- * peak. */
+ * t_total, forward peak, backward peak; below rate 1 the least t_total (a
+ * plan that does not fit the budget never competes: where the budget binds
+ * only lower-peak plans are left), then the least backward peak, the global
+ * keep before by-rank, (policy even) the proportional quotas, the least
+ * largest drop fraction, then the forward peak. */
 static int beats(const lctx_t *c, const slot_t *sl, int cls)
 {
     const lrmoe_plan_t *k = &c->cand, *b = sl->p;
@@ -512,6 +516,8 @@ static int beats(const lctx_t *c, const slot_t *sl, int cls)
         return 1;
     if (c->total < c->N) {
         const double dk = max_drop(c, k), db = max_drop(c, b);
+        if (k->t_total != b->t_total)
+            return k->t_total < b->t_total;
         if (k->bwd_peak != b->bwd_peak)
             return k->bwd_peak < b->bwd_peak;
         /* the global top-K_e keep where it reaches this peak: by-rank
@@ -528,8 +534,6 @@ static int beats(const lctx_t *c, const slot_t *sl, int cls)
         }
         if (c->o->quota == LRMOE_QUOTA_EVEN && dk != db)
             return dk < db; /* fidelity: the most even retention */
-        if (k->t_total != b->t_total)
-            return k->t_total < b->t_total;
         return k->fwd_peak < b->fwd_peak;
     }
     if (cls != sl->cls)
@@ -552,13 +556,18 @@ static void take(const lctx_t *c, slot_t *sl, int cls, const char *src)
 
 /* Offer the evaluated candidate c->cand (summary and cost filled) named
  * src; longer: its modelled backward is longer than the same plan keeping
- * every pair. A candidate that does not fit only explains the rate (the
+ * every pair. Below rate 1 a plan whose t_total or modelled backward is
+ * above the best rate-1 plan's (the anchor, when one fits) counts as
+ * longer too. A candidate that does not fit only explains the rate (the
  * closest miss by memory); one that fits goes to the strict slot unless it
  * is longer, and (with --longer-backward, below rate 1) to the any slot,
  * its name ending in "+longer" when it is. */
 static void submit(lctx_t *c, const char *src, int longer)
 {
     lrmoe_plan_t *k = &c->cand;
+    if (c->total < c->N && c->have_anchor &&
+        (k->t_total > c->anchor_t * (1 + 1e-12) || t_bwd_of(&k->cost) > c->anchor_b * (1 + 1e-12)))
+        longer = 1;
     if (c->total == c->N && k->mem_peak < c->min_mem1 &&
         !(c->o->cost.window > 0 && k->t_comm > c->o->cost.window))
         c->min_mem1 = k->mem_peak;
@@ -913,13 +922,12 @@ static void bwd_follow(lctx_t *c)
 }
 
 /* Whether cand's backward (bwd_alloc as it stands) cannot win at this
- * rate: the strict slot holds a plan with a lower backward peak. Below rate
- * 1 that slot takes only a lower or equal peak (beats), and once it holds a
+ * rate: its peak is above cap (peak_cap). Once the strict slot holds a
  * plan the rate is decided by it: the any slot, the explanation of a miss
  * and the closest miss are not used. So the cost evaluation is skipped. */
-static int bwd_loses(const lctx_t *c)
+static int bwd_loses(const lctx_t *c, int64_t cap)
 {
-    if (!c->strict.have || c->exhaustive)
+    if (cap == INT64_MAX)
         return 0;
     const lrmoe_plan_t *k = &c->cand;
     const int P = c->P;
@@ -932,7 +940,7 @@ static int bwd_loses(const lctx_t *c)
         if (br[q] > pk)
             pk = br[q];
     free(br);
-    return pk > c->strict.p->bwd_peak;
+    return pk > cap;
 }
 
 /* A forward candidate: a placement with its forward allocation (and EPLB's
@@ -943,6 +951,8 @@ typedef struct {
     char name[40];      /* "placement:forward" */
     int64_t flb;        /* the forward optimum T* of the placement */
     double t1;          /* modelled backward keeping every pair */
+    double tnb;         /* modelled time outside the backward (forward
+                           all-to-all and compute, replica weights) */
     double base_min;    /* the least replica + forward charge of a rank */
     int npl, nfw;       /* entries of the placement, nonzero forward cells */
     int32_t *pidx, *fidx;
@@ -992,6 +1002,7 @@ static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t f
     snprintf(f->name, sizeof f->name, "%s", name);
     f->flb = flb;
     f->t1 = t_bwd_of(&k->cost);
+    f->tnb = k->cost.t_dispatch + k->cost.t_combine + k->cost.t_weights + k->cost.t_fwd_compute;
     f->base_min = HUGE_VAL;
     for (int p = 0; p < c->P; p++) {
         const lrmoe_rank_cost_t *r = &k->rank[p];
@@ -1168,6 +1179,26 @@ static int offer_bwd(lctx_t *c, const char *src, const char *what, int64_t flb, 
     return submit_bwd(c, name, t1);
 }
 
+/* Below rate 1, the highest backward peak at which a backward of forward
+ * candidate f could still win the strict slot (beats: t_total first): its
+ * t_total is at least f's time outside the backward plus the compute of
+ * its peak rank (12*D*F FLOPs a row), and a t_total above the slot's
+ * loses. INT64_MAX when nothing is known (the slot is empty, or
+ * LRMOE_PLAN_EXHAUSTIVE), -1 when no backward of f can win. The margin
+ * (1e-9 relative) keeps rounding from pruning a candidate that ties. */
+static int64_t peak_cap(const lctx_t *c, const fcand_t *f)
+{
+    if (!c->strict.have || c->exhaustive)
+        return INT64_MAX;
+    const lrmoe_cost_model_t *m = &c->o->cost;
+    const double row = 12.0 * (double)m->D * (double)m->F / m->flops;
+    const double room = c->strict.p->t_total * (1 + 1e-9) - f->tnb;
+    if (room < 0)
+        return -1;
+    const double r = floor(room / row);
+    return r > 4e18 ? INT64_MAX : (int64_t)r;
+}
+
 /* All backward variants of forward candidate f at the current rate, each
  * submitted with whether it lengthens the modelled backward of the same
  * plan with every pair kept. K: proportional quotas (NULL: free). */
@@ -1192,8 +1223,9 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
     }
     const double t1 = f->t1 * (1 + 1e-12);
     /* the least backward peak of this placement bounds every backward of
-     * it: when it is above the best that fits (and does not lengthen), no
-     * variant can win either slot (the any slot's best is no higher) */
+     * it: when it is above cap (peak_cap: its t_total would be above the
+     * best that fits and does not lengthen), no variant can win the strict
+     * slot, and once that slot holds a plan the any slot is not used */
     /* memory: some rank retains lb rows, on top of at least the least
      * replica + forward charge of any rank; when that is over the budget no
      * variant fits, and the candidate only matters for the explanation: not
@@ -1202,7 +1234,10 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
     const double B = lrmoe_cost_bwd_row_bytes(&c->o->cost);
     const int explained = c->strict.have || c->longer_fits || c->why[0];
     const int prune = !c->exhaustive;
-    int64_t ub = c->strict.have && prune ? c->strict.p->bwd_peak + 1 : -1;
+    const int64_t cap = peak_cap(c, f);
+    if (cap < 0)
+        return 0; /* its forward alone is slower than the slot's plan */
+    int64_t ub = cap < INT64_MAX ? cap + 1 : -1;
     if (c->o->cost.hbm > 0 && explained && prune) {
         const double r = floor((c->o->cost.hbm - f->base_min) / B) + 1;
         const int64_t m = r < 1 ? 1 : r > 4e18 ? INT64_MAX : (int64_t)r;
@@ -1216,9 +1251,8 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
                               exact ? -1 : ub, NULL, NULL);
         if (lb < 0)
             return -1;
-        if (prune && c->strict.have && lb > c->strict.p->bwd_peak) {
+        if (lb > cap)
             return 0;
-        }
         const double mlb = f->base_min + (double)lb * B;
         if (prune && c->o->cost.hbm > 0 && mlb > c->o->cost.hbm &&
             (c->strict.have || c->longer_fits || (c->why[0] && c->why_mem <= mlb))) {
@@ -1235,15 +1269,75 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
         return -1;
     /* the same quotas where forward ran */
     bwd_follow(c);
-    if (!bwd_loses(c) && offer_bwd(c, src, "follow", flb, blb, t1) < 0)
+    const int64_t cap2 = peak_cap(c, f); /* the slot may have improved */
+    if (!bwd_loses(c, cap2) && offer_bwd(c, src, "follow", flb, blb, t1) < 0)
         return -1;
     if (K)
         return 0; /* proportional quotas are fixed */
-    int r = bwd_in_place(c, c->strict.have && prune ? c->strict.p->bwd_peak : -1);
+    const int64_t cap3 = peak_cap(c, f);
+    if (cap3 < 0)
+        return 0;
+    int r = bwd_in_place(c, cap3 < INT64_MAX ? cap3 : -1);
     if (r < 0)
         return -1;
     /* in place nothing moves: never longer than keeping every pair */
     return r == 1 ? offer_bwd(c, src, "in-place", flb, blb, -1) : 0;
+}
+
+/* Offer the plan ch of a higher rate scaled down to this rate: its
+ * placement and forward, quotas K_e in [lo_e, ch's K_e] summing to the
+ * rate's total (proportional, largest remainders), each expert's retained
+ * rows split over the ranks where ch retained them (in proportion, never
+ * more on a rank than ch), kept by forward rank. Every rank then retains
+ * and receives no more than under ch, so neither its t_total, its modelled
+ * backward nor its memory can exceed ch's: a plan at this rate no slower
+ * than ch always exists. Named "placement:forward/scaled+by-rank".
+ * Returns 0 or -1. */
+static int offer_scaled(lctx_t *c, const lrmoe_plan_t *ch)
+{
+    lrmoe_plan_t *k = &c->cand;
+    const int E = c->E, P = c->P;
+    int64_t sk = 0;
+    for (int e = 0; e < E; e++)
+        sk += ch->quota[e];
+    if (sk < c->total)
+        return 0; /* cannot happen: ch's rate is higher */
+    plan_copy(k, ch);
+    quota_proportional(ch->quota, c->lo, E, sk ? (double)c->total / (double)sk : 0, c->total,
+                       k->quota);
+    for (int e = 0; e < E; e++) {
+        const int64_t Kc = ch->quota[e], K = k->quota[e];
+        int64_t *b = k->bwd_alloc + (size_t)e * P, s = 0;
+        const int64_t *bc = ch->bwd_alloc + (size_t)e * P;
+        for (int p = 0; p < P; p++) {
+            b[p] = Kc ? (int64_t)((double)bc[p] * (double)K / (double)Kc) : 0;
+            if (b[p] > bc[p])
+                b[p] = bc[p];
+            s += b[p];
+        }
+        for (int p = 0; p < P && s < K; p++)
+            if (b[p] < bc[p]) {
+                const int64_t d = bc[p] - b[p] < K - s ? bc[p] - b[p] : K - s;
+                b[p] += d;
+                s += d;
+            }
+        if (s != K)
+            return lrmoe_err("lrmoe: scaled backward: expert %d retains %lld of %lld "
+                             "(internal error)", e, (long long)s, (long long)K);
+    }
+    const int64_t blb = plan_minpeak(k->placement, NULL, k->quota, 0, E, P, -1, NULL, NULL);
+    if (blb < 0)
+        return -1;
+    k->keep_by_rank = 1;
+    if (plan_cost(c->o, k, c->load, NULL) < 0)
+        return -1;
+    plan_summarise(k, c->load);
+    k->fwd_lb = ch->fwd_lb;
+    k->bwd_lb = blb;
+    char name[48];
+    snprintf(name, sizeof name, "%.*s/scaled+by-rank", (int)strcspn(ch->source, "/"), ch->source);
+    submit(c, name, 0);
+    return 0;
 }
 
 /* Slots beyond the natives: -s S gives S - E/P; else what the budget holds
@@ -1298,12 +1392,12 @@ static void explain(const lrmoe_plan_opts_t *o, const int64_t *load, int E, doub
     lrmoe_plan_free(&t);
 }
 
-/* The scratch plans of plan_lrmoe (the three baselines, the candidate and
- * the any slot), kept per thread from one call to the next: planning frame
+/* The scratch plans of plan_lrmoe (the three baselines, the candidate,
+ * the any slot and the chain's plan), kept per thread from one call to the next: planning frame
  * after frame then neither allocates nor faults in five [E,P] plans each
  * time. lrmoe_plan_thread_cleanup frees them; a nested call (explain) uses
  * plans of its own. */
-enum { SCRATCH = 5 };
+enum { SCRATCH = 6 };
 static _Thread_local lrmoe_plan_t scratch[SCRATCH];
 static _Thread_local int scratch_ready, scratch_busy;
 
@@ -1393,15 +1487,42 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
      * rate's quotas, and lrmoe's own candidates are made per rate */
     const int cached = P > GREEDY_MAX_P;
     const int nown = own_count(ex * P);
-    fc = calloc((size_t)2 * nown + 6, sizeof *fc);
+    fc = calloc((size_t)2 * nown + 7, sizeof *fc);
     if (!fc) {
         lrmoe_err("lrmoe: out of memory");
         goto out;
     }
-    fcand_t *fo = fc + nown + 6; /* per-rate own candidates (not cached) */
+    fcand_t *fo = fc + nown + 7; /* per-rate own candidates (not cached) */
     int nfc = 0, nfo = 0;
     c.strict.p = p;
-    c.pre1 = cached && o->rates[0] >= 1.0;
+    /* the rates searched, in decreasing order: the user's, and the chain's
+     * (ur -1: 1, 0.9, 0.8, ... down to the user's last rate, where the user
+     * has not given them) whose plans are not returned but bound the rates
+     * below them. Rate 1 comes first, the user's or the chain's. */
+    double rl[LRMOE_PLAN_MAX_RATES + 10];
+    int ur[LRMOE_PLAN_MAX_RATES + 10], nrl = 0;
+    {
+        int u = 0;
+        for (int g = 10; g >= 1 && g / 10.0 >= o->rates[o->nrates - 1] - 1e-9; g--) {
+            for (; u < o->nrates && o->rates[u] > g / 10.0 + 1e-9; u++) {
+                rl[nrl] = o->rates[u];
+                ur[nrl++] = u;
+            }
+            if (u < o->nrates && o->rates[u] >= g / 10.0 - 1e-9) {
+                rl[nrl] = o->rates[u];
+                ur[nrl++] = u++;
+            } else {
+                rl[nrl] = g / 10.0;
+                ur[nrl++] = -1;
+            }
+        }
+        for (; u < o->nrates; u++) {
+            rl[nrl] = o->rates[u];
+            ur[nrl++] = u;
+        }
+    }
+    lrmoe_plan_t *chain = NULL; /* the plan of the last chain rate that fit */
+    c.pre1 = cached;
     if (c.pre1) { /* the state of rate 1, as the rate loop sets it */
         for (int e = 0; e < E; e++) {
             int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
@@ -1425,10 +1546,17 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
             goto out;
     const int pre1 = c.pre1;
     c.pre1 = 0;
-    /* rates in decreasing order: the first with a fitting plan whose
-     * modelled backward is no longer than keeping every pair wins; with
-     * --longer-backward, when no rate has one, the first rate below 1 with
-     * any fitting plan (kept in the any slot while the search goes on) */
+    /* rates in decreasing order: the first user rate with a fitting plan
+     * whose modelled backward is no longer than keeping every pair (nor,
+     * below rate 1, its t_total or backward than the plan of the rate
+     * above it in the chain, the anchor) wins; with --longer-backward,
+     * when no rate has one, the first rate below 1 with any fitting plan
+     * (kept in the any slot while the search goes on). A chain rate's plan
+     * that fits becomes the anchor of the rates below it, and is offered
+     * scaled down to each of them (offer_scaled): so every rate below has
+     * a plan, and none is slower in t_total or backward than the plans of
+     * the chain rates above it. The placement and forward of rate 1's plan
+     * join the candidates of every rate (fc). */
     int found = 0, alt_ri = -1;
     if (o->longer_bwd) {
         anyp = &sp[4];
@@ -1436,8 +1564,9 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
             goto out;
     }
     c.any.p = anyp;
-    for (int ri = 0; ri < o->nrates; ri++) {
-        const double rho = o->rates[ri];
+    for (int ri = 0; ri < nrl; ri++) {
+        const int ui = ur[ri]; /* the user's rate index; -1: a chain rate */
+        const double rho = rl[ri];
         int64_t total = rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9);
         int64_t slo = 0;
         for (int e = 0; e < E; e++) {
@@ -1476,6 +1605,10 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
             if (nadd < 0 || own_candidates(&c, pl, nadd, he, hp, fo, &nfo) < 0)
                 goto out;
         }
+        /* the chain's plan above, scaled down: first, so that its t_total
+         * bounds the search of the others early (peak_cap) */
+        if (chain && total < N && offer_scaled(&c, chain) < 0)
+            goto out;
         for (int i = 0; i < nfo; i++)
             if (try_backwards(&c, Kq, &fo[i]) < 0)
                 goto out;
@@ -1484,15 +1617,42 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
                 goto out;
         for (; nfo > 0; nfo--)
             fc_free(&fo[nfo - 1]);
+        if (ui < 0) { /* a chain rate: its plan is the anchor from here on */
+            if (c.strict.have) {
+                if (!chain) {
+                    chain = &sp[5];
+                    if (lrmoe_plan_alloc(chain, E, P) < 0)
+                        goto out;
+                }
+                plan_copy(chain, p); /* its summary and source too */
+                c.have_anchor = 1;
+                c.anchor_t = p->t_total;
+                c.anchor_b = t_bwd_of(&p->cost);
+                if (total == N) {
+                    /* rate 1's placement and forward join the candidates
+                     * (unless one of them is it already) */
+                    char name[40];
+                    snprintf(name, sizeof name, "%.*s", (int)strcspn(p->source, "/"), p->source);
+                    plan_copy(&c.cand, p);
+                    if (fc_take(&c, fc, &nfc, name, p->fwd_lb) < 0)
+                        goto out;
+                }
+            }
+            /* the messages stay those of the user's rates */
+            why[0] = 0;
+            if (total == N)
+                c.min_mem1 = HUGE_VAL;
+            continue;
+        }
         if (c.strict.have) {
             p->feasible = 1;
-            p->rate_index = ri;
+            p->rate_index = ui;
             snprintf(p->binding, sizeof p->binding, "%s", why);
             found = 1;
             break;
         }
         if (c.allow_longer && c.any.have) {
-            alt_ri = ri;
+            alt_ri = ui;
             snprintf(alt_why, sizeof alt_why, "%s", why1[0] ? why1 : why);
         }
         if (c.longer_fits)
@@ -1501,7 +1661,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
                      "modelled backward", rho);
         else if (c.why[0])
             snprintf(why, sizeof why, "rate %.3f: %s", rho, c.why);
-        if (ri == 0)
+        if (ui == 0)
             snprintf(why1, sizeof why1, "%s", why);
     }
     if (!found && alt_ri >= 0) {
@@ -1549,6 +1709,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
         c.total = total;
         c.rho = rho;
         c.strict.have = c.any.have = 0;
+        c.have_anchor = 0; /* budgets ignored: nothing to bound */
         c.any.p = anyp;
         c.allow_longer = 1;
         c.kprop = NULL;
@@ -1582,7 +1743,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
     }
     p->glpk_seconds = c.glpk;
 out:
-    for (int i = 0; fc && i < 2 * own_count(ex * P) + 6; i++)
+    for (int i = 0; fc && i < 2 * own_count(ex * P) + 7; i++)
         fc_free(&fc[i]);
     free(fc);
     free(lo);

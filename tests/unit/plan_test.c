@@ -25,7 +25,11 @@
  *                          fit the budget; lrmoe must then fit too), and a
  *                          plan with rho < 1 has a
  *                          modelled backward no longer than the same plan
- *                          keeping every pair
+ *                          keeping every pair; at the pinned rates 1, 0.9,
+ *                          0.8 ... 0.5 (--rate R): every plan's t_total and
+ *                          modelled backward are no longer than the rate-1
+ *                          plan's (when it fits), and both are non-increasing
+ *                          as the rate falls (over the rates that fit)
  * Exit 0 when all checks pass; prints "FAIL ..." lines otherwise. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -642,9 +646,65 @@ static void skewed_load(int kind, int E, int64_t N, int share, int64_t *n)
     n[rint_(0, E - 1)] += left;
 }
 
+static double t_bwd(const lrmoe_plan_t *p)
+{
+    return p->cost.t_bwd_dispatch + p->cost.t_bwd_compute + p->cost.t_bwd_combine;
+}
+
+/* lrmoe at the pinned rates 1, 0.9, ..., 0.5 of trace n: every plan
+ * no slower (t_total, modelled backward) than the rate-1 plan when that
+ * fits, and both non-increasing as the rate falls. Returns the failures;
+ * *pinned counts the plans made below rate 1, *faster those with a t_total
+ * below the rate-1 plan's. */
+static int pinned_rates(const lrmoe_plan_opts_t *o0, const int64_t *n, int E, int *pinned,
+                        int *faster)
+{
+    static const double rates[] = {1.0, 0.9, 0.8, 0.7, 0.6, 0.5};
+    const int nr = (int)(sizeof rates / sizeof *rates);
+    lrmoe_plan_opts_t o = *o0;
+    o.planner = LRMOE_PLANNER_LRMOE;
+    o.nrates = 1;
+    o.explain = 0;
+    int fails = 0, have1 = 0, prev = -1;
+    double t1 = 0, b1 = 0, tp = 0, bp = 0;
+    for (int i = 0; i < nr; i++) {
+        lrmoe_plan_t L;
+        lrmoe_plan_init(&L);
+        o.rates[0] = rates[i];
+        if (lrmoe_plan_compute(&o, n, E, &L) == 0) {
+            const double t = L.t_total, b = t_bwd(&L);
+            if (i == 0) {
+                have1 = 1;
+                t1 = t;
+                b1 = b;
+            } else {
+                ++*pinned;
+                *faster += have1 && t < t1 * (1 - 1e-9);
+            }
+            if (have1 && (t > t1 * (1 + 1e-9) || b > b1 * (1 + 1e-9))) {
+                printf("FAIL P=%d E=%d hbm %.3g rate %.2f: t_total %.6g ms backward %.6g ms "
+                       "(%s), rate 1: %.6g ms %.6g ms\n", o.P, E, o.cost.hbm, rates[i], t * 1e3,
+                       b * 1e3, L.source, t1 * 1e3, b1 * 1e3);
+                fails++;
+            }
+            if (prev >= 0 && (t > tp * (1 + 1e-9) || b > bp * (1 + 1e-9))) {
+                printf("FAIL P=%d E=%d hbm %.3g: rate %.2f t_total %.6g ms backward %.6g ms "
+                       "(%s), rate %.2f: %.6g ms %.6g ms\n", o.P, E, o.cost.hbm, rates[i],
+                       t * 1e3, b * 1e3, L.source, rates[prev], tp * 1e3, bp * 1e3);
+                fails++;
+            }
+            prev = i;
+            tp = t;
+            bp = b;
+        }
+        lrmoe_plan_free(&L);
+    }
+    return fails;
+}
+
 static int never_loses(int count, int argc, char **argv)
 {
-    int fails = 0, total = 0, reduced = 0, cls[3] = {0, 0, 0};
+    int fails = 0, total = 0, reduced = 0, cls[3] = {0, 0, 0}, pinned = 0, faster = 0;
     static const int Es[] = {64, 128, 256, 384};
     for (int a = 0; a < argc; a++) {
         const int P = atoi(argv[a]);
@@ -741,12 +801,14 @@ static int never_loses(int count, int argc, char **argv)
             for (int i = 0; i < 3; i++)
                 lrmoe_plan_free(&b[i]);
             lrmoe_plan_free(&L);
+            fails += pinned_rates(&o, n, E, &pinned, &faster);
             free(n);
         }
     }
     lrmoe_plan_thread_cleanup();
-    printf("%d traces, %d failures (%d at rho < 1; lower peak %d, shorter t_total %d)\n", total,
-           fails, reduced, cls[2], cls[1]);
+    printf("%d traces, %d failures (%d at rho < 1; lower peak %d, shorter t_total %d; "
+           "%d pinned below rate 1, %d faster than rate 1)\n", total, fails, reduced, cls[2],
+           cls[1], pinned, faster);
     return fails != 0;
 }
 
