@@ -26,7 +26,7 @@ RULES = ["lrm-topk", "lrm-sample", "uniform-sample", "gradnorm-topk"]
 # the default study is sized for <= 60 minutes on a shared 2-core machine
 # (two worker processes of one thread each)
 DEFAULTS = dict(layers=4, hidden=128, heads=4, experts=16, topk=4, ffn=64, seq=128, batch=8,
-                steps=300, eval_every=20, val_batches=32, lr=3e-3, warmup=15, ranks=4,
+                steps=300, eval_every=10, val_batches=32, lr=3e-3, warmup=15, ranks=4,
                 seeds=3)
 QUICK = dict(layers=2, hidden=64, heads=2, experts=8, topk=2, ffn=32, seq=64, batch=4,
              steps=60, eval_every=10, val_batches=16, lr=3e-3, warmup=5, ranks=2, seeds=2)
@@ -101,7 +101,7 @@ def parser():
               "steps", "ranks"):
         a(f"--{k}", type=int, metavar="N", help=f"model/training size (default {DEFAULTS[k]}; "
           f"--quick {QUICK[k]})")
-    a("--eval-every", type=int, metavar="N", help="validation every N steps (default 20; "
+    a("--eval-every", type=int, metavar="N", help="validation every N steps (default 10; "
       "--quick 10)")
     a("--val-batches", type=int, metavar="N", help="validation windows (default 32; --quick 16)")
     a("--lr", type=float, metavar="X", help="peak AdamW learning rate (default 3e-3)")
