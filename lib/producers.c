@@ -31,6 +31,7 @@ static const struct {
     {"pair_out", "lrmoe-exec --phase forward"},
     {"pair_score", "lrmoe-score"},
     {"keep", "lrmoe-score"},
+    {"pair_weight", "lrmoe-score --select sample"},
     {"score_fidelity", "lrmoe-score --fidelity"},
     {"pack_pair", "lrmoe-pack"},
     {"pack_rank", "lrmoe-pack"},
