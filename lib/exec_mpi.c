@@ -18,14 +18,22 @@ struct lrmoe_exec_mpi_layer {
 enum { OP_END = 0, OP_FWD = 1, OP_BWD = 2 };
 enum { HAVE_PLAN = 1, HAVE_PHI = 2, HAVE_SG = 4, HAVE_SU = 8, HAVE_PO = 16, HAVE_PACKRANK = 32 };
 
-/* What rank 0 broadcasts before every job (all int64 for one MPI_BYTE bcast).
+/* What rank 0 broadcasts before every job (int64s and one char array of a
+ * multiple of 8 bytes, no padding, for one MPI_BYTE bcast).
  * compute: the CPU GEMM numerics rank 0 resolved (f32 or bf16, never auto),
  * which every rank uses: `auto` resolved per host could differ between hosts
- * (a rank whose CPU or oneDNN lacks native BF16 would pick f32). */
+ * (a rank whose CPU or oneDNN lacks native BF16 would pick f32).
+ * kernel, dnnl_version, dnnl_impl: with bf16, rank 0's GEMM kernel
+ * (lrmoe_gemm_kernel_t), which every rank pins or fails naming what it lacks
+ * (a kernel chosen per host could differ too: one frame, two kernels). */
 typedef struct {
     int64_t op, layer, T, E, K, D, F, P, R, mode, act, grad, wdtype, have, allow_nonfinite,
-        compute, backend;
+        compute, backend, kernel, dnnl_version;
+    char dnnl_impl[48];
 } hdr_t;
+_Static_assert(sizeof ((hdr_t *)0)->dnnl_impl == sizeof ((lrmoe_gemm_kernel_t *)0)->dnnl_impl,
+               "the header carries lrmoe_gemm_kernel_t's dnnl_impl whole");
+_Static_assert(sizeof(hdr_t) % 8 == 0, "no padding in the header");
 
 /* The rows of one tensor a rank holds. */
 enum { SEL_TOK, SEL_TOKPAIR, SEL_PAIR_ON, SEL_TOK_ON, SEL_PACK_SRC, SEL_PACK_DST, SEL_NATIVE };
@@ -303,6 +311,18 @@ static int job_cfg(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, const hdr_t
     c->comm = &m->comm;
     c->compute = (int)h->compute;
     c->backend = (lrmoe_backend_t)h->backend;
+    if (h->backend == LRMOE_BACKEND_CPU && h->compute == LRMOE_COMPUTE_BF16) {
+        /* rank 0's GEMM kernel, or an error saying what this rank lacks */
+        lrmoe_gemm_kernel_t k;
+        memset(&k, 0, sizeof k);
+        k.kind = (int)h->kernel;
+        k.dnnl_version = (int)h->dnnl_version;
+        memcpy(k.dnnl_impl, h->dnnl_impl, sizeof k.dnnl_impl);
+        k.dnnl_impl[sizeof k.dnnl_impl - 1] = 0;
+        if (k.kind == LRMOE_KERNEL_NONE)
+            return lrmoe_err("job header: compute bf16 without a kernel (bad header from rank 0)");
+        if (lrmoe_gemm_kernel_pin(&k) < 0) return -1;
+    }
     if (h->backend != LRMOE_BACKEND_CUDA) return 0;
 #if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
     if (!m->gpu_ok) {
@@ -691,6 +711,9 @@ static int shard_hdr(lrmoe_exec_mpi_t *m, job_t *J, int64_t *Tr)
         hdr_t x = all[r];
         x.T = all[0].T;
         x.compute = all[0].compute;
+        x.kernel = all[0].kernel;
+        x.dnnl_version = all[0].dnnl_version;
+        memcpy(x.dnnl_impl, all[0].dnnl_impl, sizeof x.dnnl_impl);
         if (memcmp(&x, &all[0], sizeof x)) {
             lrmoe_err("per-rank inputs: frame %lld of rank %d differs from rank 0's (layer %lld "
                       "vs %lld, or the dimensions, dtypes, plan or options)", (long long)m->jobs,
@@ -709,6 +732,9 @@ static int shard_hdr(lrmoe_exec_mpi_t *m, job_t *J, int64_t *Tr)
         }
     J->h.T = T;
     J->h.compute = all[0].compute;
+    J->h.kernel = all[0].kernel;
+    J->h.dnnl_version = all[0].dnnl_version;
+    memcpy(J->h.dnnl_impl, all[0].dnnl_impl, sizeof J->h.dnnl_impl);
     return 0;
 }
 
@@ -1022,6 +1048,13 @@ static int hdr_common(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
         lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, w->dtype, &cm) < 0)
         return -1;
     h->compute = cm;
+    if (cm == LRMOE_COMPUTE_BF16) { /* the kernel too: one per job */
+        lrmoe_gemm_kernel_t k;
+        lrmoe_gemm_kernel(&k);
+        h->kernel = k.kind;
+        h->dnnl_version = k.dnnl_version;
+        memcpy(h->dnnl_impl, k.dnnl_impl, sizeof h->dnnl_impl);
+    }
     if (plan && plan->placement && plan->fwd_alloc) h->have |= HAVE_PLAN;
     else if (plan && (plan->placement || plan->fwd_alloc))
         return lrmoe_err("exec under MPI: a plan needs both placement and fwd_alloc");
