@@ -311,18 +311,6 @@ static int job_cfg(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, const hdr_t
     c->comm = &m->comm;
     c->compute = (int)h->compute;
     c->backend = (lrmoe_backend_t)h->backend;
-    if (h->backend == LRMOE_BACKEND_CPU && h->compute == LRMOE_COMPUTE_BF16) {
-        /* rank 0's GEMM kernel, or an error saying what this rank lacks */
-        lrmoe_gemm_kernel_t k;
-        memset(&k, 0, sizeof k);
-        k.kind = (int)h->kernel;
-        k.dnnl_version = (int)h->dnnl_version;
-        memcpy(k.dnnl_impl, h->dnnl_impl, sizeof k.dnnl_impl);
-        k.dnnl_impl[sizeof k.dnnl_impl - 1] = 0;
-        if (k.kind == LRMOE_KERNEL_NONE)
-            return lrmoe_err("job header: compute bf16 without a kernel (bad header from rank 0)");
-        if (lrmoe_gemm_kernel_pin(&k) < 0) return -1;
-    }
     if (h->backend != LRMOE_BACKEND_CUDA) return 0;
 #if defined(LRMOE_HAVE_MPI) && defined(LRMOE_HAVE_CUDA)
     if (!m->gpu_ok) {
@@ -336,6 +324,43 @@ static int job_cfg(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, const hdr_t
 #else
     return lrmoe_err("backend cuda under MPI: this build has no CUDA support");
 #endif
+}
+
+/* The bf16 compute: every rank pins rank 0's GEMM kernel (the header's), so
+ * that one job is computed by one kernel, or the job ends with one message,
+ * from the lowest rank that cannot run it, saying what it lacks: that rank
+ * returns its error (its caller prints it and aborts the job), the others
+ * wait in a collective it never joins, which its MPI_Abort ends. A
+ * collective of every rank, right after the header. */
+static int job_kernel(lrmoe_exec_mpi_t *m, job_t *J)
+{
+    const hdr_t *h = &J->h;
+    if (h->backend != LRMOE_BACKEND_CPU || h->compute != LRMOE_COMPUTE_BF16) return 0;
+    lrmoe_gemm_kernel_t k;
+    memset(&k, 0, sizeof k);
+    k.kind = (int)h->kernel;
+    k.dnnl_version = (int)h->dnnl_version;
+    memcpy(k.dnnl_impl, h->dnnl_impl, sizeof k.dnnl_impl);
+    k.dnnl_impl[sizeof k.dnnl_impl - 1] = 0;
+    int64_t bad = k.kind == LRMOE_KERNEL_NONE
+                      ? lrmoe_err("job header: compute bf16 without a kernel (bad header from "
+                                  "rank 0)") < 0
+                      : lrmoe_gemm_kernel_pin(&k) < 0;
+    int64_t *all = job_alloc(J, (size_t)J->P * sizeof *all),
+            *ones = job_alloc(J, (size_t)J->P * sizeof *ones);
+    if (!all || !ones) return lrmoe_err("out of memory");
+    for (int r = 0; r < J->P; r++) ones[r] = 1;
+    char why[512];
+    snprintf(why, sizeof why, "%s", bad ? lrmoe_errmsg() : "");
+    if (lrmoe_comm_mpi_allgatherv(&m->comm, sizeof bad, &bad, 1, all, ones) < 0) return -1;
+    int first = -1;
+    for (int r = 0; r < J->P && first < 0; r++)
+        if (all[r]) first = r;
+    if (first < 0) return 0;
+    if (first == J->me) return lrmoe_err("%s", why);
+    int64_t never = 0;
+    lrmoe_comm_mpi_bcast(&m->comm, &never, sizeof never, first);
+    return lrmoe_err("rank %d cannot run the job's bf16 kernel", first);
 }
 
 static int job_meta(lrmoe_exec_mpi_t *m, job_t *J, const lrmoe_exec_plan_t *plan,
@@ -423,7 +448,7 @@ static int job_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t *
     lrmoe_exec_plan_t lp;
     lrmoe_exec_weights_t lw;
     if (J->me == 0) { J->ids = ca->topk_ids; J->tw = ca->topk_weights; }
-    if (job_meta(m, J, cplan, &lp) < 0) return -1;
+    if (job_kernel(m, J) < 0 || job_meta(m, J, cplan, &lp) < 0) return -1;
     if (J->me != 0 && rank_weights(m, h, &lw) < 0) return -1;
     lrmoe_exec_fwd_t a;
     memset(&a, 0, sizeof a);
@@ -495,7 +520,7 @@ static int job_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t 
         J->pack_pair = ca->pack_pair; J->pack_rank = ca->pack_rank;
         J->pack_counts = ca->pack_counts; J->pack_offsets = ca->pack_offsets;
     }
-    if (job_meta(m, J, cplan, &lp) < 0) return -1;
+    if (job_kernel(m, J) < 0 || job_meta(m, J, cplan, &lp) < 0) return -1;
     if (!compact && meta(m, J, (const void **)&J->pair_rank, TK * sizeof(int32_t)) < 0) return -1;
     if (mode == LRMOE_MODE_MASKED && meta(m, J, (const void **)&J->keep, TK) < 0) return -1;
     if (compact &&
@@ -807,7 +832,7 @@ static int shard_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
     J.h.act = a->act_dtype;
     J.h.have |= (a->phi_sqnorm ? HAVE_PHI : 0) | (a->saved_gate ? HAVE_SG : 0) |
                 (a->saved_up ? HAVE_SU : 0) | (a->pair_out ? HAVE_PO : 0);
-    if (shard_hdr(m, &J, Tr) < 0) goto out;
+    if (shard_hdr(m, &J, Tr) < 0 || job_kernel(m, &J) < 0) goto out;
     {
     const int64_t T = J.h.T, K = J.h.K, D = J.h.D, F = J.h.F, n = d->T;
     const int64_t lo = T * J.me / P;
@@ -897,7 +922,7 @@ static int shard_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
     J.h.mode = a->mode;
     J.h.act = a->act_dtype;
     J.h.grad = a->grad_dtype;
-    if (shard_hdr(m, &J, Tr) < 0) goto out;
+    if (shard_hdr(m, &J, Tr) < 0 || job_kernel(m, &J) < 0) goto out;
     {
     const int64_t T = J.h.T, K = J.h.K, D = J.h.D, F = J.h.F, E = J.h.E, n = d->T;
     const int64_t lo = T * J.me / P;

@@ -77,7 +77,7 @@ print(read_stream('$D/probe.lrm')[0][1]['exec.bf16'])")
             ;;
         *) loadless "$@" ;;
         esac
-        while read -r k e; do
+        while read -r k e <&7; do
             if [ "$k" = emulated-sgemm ]; then
                 # shellcheck disable=SC2086
                 run env LD_DEBUG=files $e "$@"
@@ -87,7 +87,7 @@ print(read_stream('$D/probe.lrm')[0][1]['exec.bf16'])")
                 # shellcheck disable=SC2086
                 loadless env $e "$@"
             fi
-        done < <(bf16_kernels)
+        done 7< <(bf16_kernels)
     }
     loadless "$BIN/lrmoe-cat" --no-compress -o "$D/c.lrm" "$D/r.lrm"
     loadless "$BIN/lrmoe-plan" --ranks 2 --no-compress -o "$D/p.lrm" "$D/r.lrm"

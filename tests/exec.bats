@@ -462,13 +462,13 @@ have_bf16() {
     assert_success
     assert_output --partial "gemm bf16: 384 cases, 0 failed"
     local k e
-    while read -r k e; do
+    while read -r k e <&7; do
         # shellcheck disable=SC2086
         run env $e "$D/gt" bf16
         assert_success
         assert_line "kernel: $k"
         assert_output --partial "gemm bf16: 384 cases, 0 failed"
-    done < <(bf16_kernels)
+    done 7< <(bf16_kernels)
 }
 
 @test "exec --compute: f32 and bf16 match the float64 reference on F32 and BF16 storage, P=1,3, replicas, compact" {
@@ -542,7 +542,7 @@ print('same bits')"
     assert_success
     bf16_kernels | cut -d' ' -f1 | grep -qx "$output" || fail "default kernel '$output' is not one this CPU runs: $(bf16_kernels | cut -d' ' -f1)"
     local k e P ks=""
-    while read -r k e; do
+    while read -r k e <&7; do
         for P in 1 3; do
             # shellcheck disable=SC2086
             run env $e "$EXEC" --phase forward --compute bf16 --weights "$D/w.lrm" -P $P \
@@ -569,7 +569,7 @@ print('same bits')"
         run python3 "$REF" compare "$D/b-$k.lrm" "$D/bf32.lrm" grad_w_down --tol 1e-6
         assert_failure
         ks="$ks $k"
-    done < <(bf16_kernels)
+    done 7< <(bf16_kernels)
     # every two kernels agree far inside BF16 rounding (the same operands and
     # exact products, F32 sums in other orders)
     local a b
@@ -789,7 +789,7 @@ print('same')"
     assert_success
     assert_output --partial "790 cases, 0 failed"
     local k e n=0
-    while read -r k e; do
+    while read -r k e <&7; do
         # shellcheck disable=SC2086
         run env $e "$D/gat"
         assert_success
@@ -801,7 +801,7 @@ print('same')"
         esac
         [ "$k" = amx ] && n=$((n + 1))
         [ "$k" != amx ] || assert_line "amx: yes"
-    done < <(bf16_kernels)
+    done 7< <(bf16_kernels)
     run env LRMOE_AMX=0 "$D/gat"
     assert_success
     assert_line "amx: no"

@@ -3,10 +3,12 @@
 # tests print), then the environment that forces it here. A developer's CPU
 # thus checks the kernels other users' CPUs take by default; tests/README
 # lists which CPU covers which. Loaded by tests/exec.bats, mpi.bats,
-# blas.bats (bats: load helpers/bf16_kernels).
+# blas.bats (bats: load helpers/bf16_kernels), read on fd 7 (bats keeps 3)
+# (while read -r k e <&7; do ...; done 7< <(bf16_kernels)) so that mpirun,
+# which forwards its stdin to rank 0, cannot eat the list.
 #
-#   amx              LRMOE_BF16_EMULATE=0 (an AMX CPU's default, unless its
-#                    FMAs outrun its BF16 dot product: never measured so)
+#   amx              LRMOE_BF16_EMULATE=0 (an AMX CPU's default: it never
+#                    emulates unless LRMOE_BF16_EMULATE=1 or LRMOE_AMX=0)
 #   native           LRMOE_AMX=0 LRMOE_BF16_EMULATE=0 (oneDNN on its best ISA)
 #   native           DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 ... on an AMX CPU:
 #                    oneDNN's AVX512_BF16 brgemm, the default of Zen 4
