@@ -263,7 +263,7 @@ print(' '.join(sorted({a.get('exec.bf16', '-') for t, a in read_stream('$1')})))
     routed 61 bf16
     "$EXEC" --phase forward --compute bf16 --weights "$D/w.lrm" -P 3 -@ 1 --no-compress \
         "$D/r.lrm" > "$D/fd.lrm" 2>/dev/null || skip "this build has no oneDNN: no bf16 compute"
-    local k e A B kd ran=0
+    local k e A B r kd ran=0
     kd=$(bf16_of "$D/fd.lrm")
     # every kernel this CPU runs (tests/helpers/bf16_kernels.bash), forced on
     # rank 0 only: ranks 1 and 2 (this CPU's default kernel, $kd) run it
@@ -301,6 +301,21 @@ print(' '.join(sorted({a.get('exec.bf16', '-') for t, a in read_stream('$1')})))
         [ "$k" = "$kd" ] || ran=$((ran + 1))
     done 7< <(bf16_kernels)
     [ "$ran" -gt 0 ] # at least one kernel that is not the ranks' own default
+    # --per-rank inputs: every rank writes its own frames, with rank 0's kernel
+    # (OpenBLAS sgemm's emulation, no CPU's default) and its name
+    LRMOE_BF16_EMULATE=1 LRMOE_AVX2_GEMM=0 "$EXEC" --phase forward --compute bf16 \
+        --weights "$D/w.lrm" -P 3 -@ 1 --no-compress "$D/r.lrm" > "$D/f1.lrm"
+    shard_py split "$D/r.lrm" 3 "$D/r.%r.lrm"
+    A="--phase forward --compute bf16 --weights $D/w.lrm -@ 1 --no-compress --per-rank -o $D/f.%r.lrm $D/r.%r.lrm"
+    run $MPIRUN -np 1 env LRMOE_BF16_EMULATE=1 LRMOE_AVX2_GEMM=0 "$EXEC" $A : -np 2 "$EXEC" $A
+    assert_success
+    shard_py join "$D/f.%r.lrm" 3 "$D/fj.lrm"
+    run same "$D/fj.lrm" "$D/f1.lrm"
+    assert_success
+    for r in 0 1 2; do
+        run bf16_of "$D/f.$r.lrm"
+        assert_output emulated-sgemm
+    done
     # rank 0 on the AVX-512 form of the emulation, ranks 1 and 2 playing a
     # Zen 3 host (no BF16 matmul, no AVX-512F): they run the AVX2 form, which
     # gives the same bits
