@@ -153,9 +153,10 @@ int lrmoe_gemm2(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const void *A,
                 lrmoe_dtype_t bdt, int64_t ldb, float *C, int64_t ldc);
 
 /* C (M,N) BF16 = A B^T (B stored (N,K), tb = 1), each F32 sum rounded as
- * lrmoe_gemm_to_bf16 does: the bits of lrmoe_gemm followed by that
- * conversion, without the F32 product in memory (the forward's y, which the
- * layer stores in BF16). */
+ * lrmoe_gemm_to_bf16 does: the bits of lrmoe_gemm into a dense (ldc = N)
+ * F32 result followed by that conversion (at any ldc on the stride-free
+ * kernels, see lrmoe_kernel_t), without the F32 product in memory on AMX
+ * (the forward's y, which the layer stores in BF16). */
 int lrmoe_gemm_bf16out(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const void *A,
                        lrmoe_dtype_t adt, int64_t lda, const void *B, lrmoe_dtype_t bdt,
                        int64_t ldb, uint16_t *C, int64_t ldc);
