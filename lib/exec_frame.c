@@ -854,9 +854,15 @@ static int exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *sp)
         lrmoe_compute_t cm;
         rc = lrmoe_gemm_resolve((lrmoe_compute_t)c->o.cfg.compute, W.dtype, &cm);
         if (!rc) rc = lrmoe_frame_set_attr(f, "exec.compute", lrmoe_compute_name(cm));
-        if (!rc && cm == LRMOE_COMPUTE_BF16) /* oneDNN's or AMX's BF16 matmul, or sgemm's */
-            rc = lrmoe_frame_set_attr(f, "exec.bf16",
-                                      lrmoe_gemm_bf16_emulated() ? "emulated" : "native");
+        if (!rc && cm == LRMOE_COMPUTE_BF16) { /* the kernel that ran (rank 0's under MPI) */
+            lrmoe_gemm_kernel_t k;
+            lrmoe_gemm_kernel(&k);
+            rc = lrmoe_frame_set_attr(f, "exec.bf16", lrmoe_gemm_kernel_name(k.kind));
+            if (!rc && k.dnnl_version) /* oneDNN's part: its version and implementation */
+                rc = lrmoe_frame_set_attrf(f, "exec.bf16_dnnl", "%d.%d.%d %s",
+                                           k.dnnl_version / 10000, k.dnnl_version / 100 % 100,
+                                           k.dnnl_version % 100, k.dnnl_impl);
+        }
     }
     if (!rc) /* how the weights came in: mapped (a raw file), read, or the caller's */
         rc = lrmoe_frame_set_attr(f, "exec.weights", c->w != &c->w_own ? "given"

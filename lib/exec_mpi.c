@@ -18,14 +18,22 @@ struct lrmoe_exec_mpi_layer {
 enum { OP_END = 0, OP_FWD = 1, OP_BWD = 2 };
 enum { HAVE_PLAN = 1, HAVE_PHI = 2, HAVE_SG = 4, HAVE_SU = 8, HAVE_PO = 16, HAVE_PACKRANK = 32 };
 
-/* What rank 0 broadcasts before every job (all int64 for one MPI_BYTE bcast).
+/* What rank 0 broadcasts before every job (int64s and one char array of a
+ * multiple of 8 bytes, no padding, for one MPI_BYTE bcast).
  * compute: the CPU GEMM numerics rank 0 resolved (f32 or bf16, never auto),
  * which every rank uses: `auto` resolved per host could differ between hosts
- * (a rank whose CPU or oneDNN lacks native BF16 would pick f32). */
+ * (a rank whose CPU or oneDNN lacks native BF16 would pick f32).
+ * kernel, dnnl_version, dnnl_impl: with bf16, rank 0's GEMM kernel
+ * (lrmoe_gemm_kernel_t), which every rank pins or fails naming what it lacks
+ * (a kernel chosen per host could differ too: one frame, two kernels). */
 typedef struct {
     int64_t op, layer, T, E, K, D, F, P, R, mode, act, grad, wdtype, have, allow_nonfinite,
-        compute, backend;
+        compute, backend, kernel, dnnl_version;
+    char dnnl_impl[48];
 } hdr_t;
+_Static_assert(sizeof ((hdr_t *)0)->dnnl_impl == sizeof ((lrmoe_gemm_kernel_t *)0)->dnnl_impl,
+               "the header carries lrmoe_gemm_kernel_t's dnnl_impl whole");
+_Static_assert(sizeof(hdr_t) % 8 == 0, "no padding in the header");
 
 /* The rows of one tensor a rank holds. */
 enum { SEL_TOK, SEL_TOKPAIR, SEL_PAIR_ON, SEL_TOK_ON, SEL_PACK_SRC, SEL_PACK_DST, SEL_NATIVE };
@@ -318,6 +326,43 @@ static int job_cfg(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, const hdr_t
 #endif
 }
 
+/* The bf16 compute: every rank pins rank 0's GEMM kernel (the header's), so
+ * that one job is computed by one kernel, or the job ends with one message,
+ * from the lowest rank that cannot run it, saying what it lacks: that rank
+ * returns its error (its caller prints it and aborts the job), the others
+ * wait in a collective it never joins, which its MPI_Abort ends. A
+ * collective of every rank, right after the header. */
+static int job_kernel(lrmoe_exec_mpi_t *m, job_t *J)
+{
+    const hdr_t *h = &J->h;
+    if (h->backend != LRMOE_BACKEND_CPU || h->compute != LRMOE_COMPUTE_BF16) return 0;
+    lrmoe_gemm_kernel_t k;
+    memset(&k, 0, sizeof k);
+    k.kind = (int)h->kernel;
+    k.dnnl_version = (int)h->dnnl_version;
+    memcpy(k.dnnl_impl, h->dnnl_impl, sizeof k.dnnl_impl);
+    k.dnnl_impl[sizeof k.dnnl_impl - 1] = 0;
+    int64_t bad = k.kind == LRMOE_KERNEL_NONE
+                      ? lrmoe_err("job header: compute bf16 without a kernel (bad header from "
+                                  "rank 0)") < 0
+                      : lrmoe_gemm_kernel_pin(&k) < 0;
+    int64_t *all = job_alloc(J, (size_t)J->P * sizeof *all),
+            *ones = job_alloc(J, (size_t)J->P * sizeof *ones);
+    if (!all || !ones) return lrmoe_err("out of memory");
+    for (int r = 0; r < J->P; r++) ones[r] = 1;
+    char why[512];
+    snprintf(why, sizeof why, "%s", bad ? lrmoe_errmsg() : "");
+    if (lrmoe_comm_mpi_allgatherv(&m->comm, sizeof bad, &bad, 1, all, ones) < 0) return -1;
+    int first = -1;
+    for (int r = 0; r < J->P && first < 0; r++)
+        if (all[r]) first = r;
+    if (first < 0) return 0;
+    if (first == J->me) return lrmoe_err("%s", why);
+    int64_t never = 0;
+    lrmoe_comm_mpi_bcast(&m->comm, &never, sizeof never, first);
+    return lrmoe_err("rank %d cannot run the job's bf16 kernel", first);
+}
+
 static int job_meta(lrmoe_exec_mpi_t *m, job_t *J, const lrmoe_exec_plan_t *plan,
                     lrmoe_exec_plan_t *lp)
 {
@@ -403,7 +448,7 @@ static int job_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t *
     lrmoe_exec_plan_t lp;
     lrmoe_exec_weights_t lw;
     if (J->me == 0) { J->ids = ca->topk_ids; J->tw = ca->topk_weights; }
-    if (job_meta(m, J, cplan, &lp) < 0) return -1;
+    if (job_kernel(m, J) < 0 || job_meta(m, J, cplan, &lp) < 0) return -1;
     if (J->me != 0 && rank_weights(m, h, &lw) < 0) return -1;
     lrmoe_exec_fwd_t a;
     memset(&a, 0, sizeof a);
@@ -475,7 +520,7 @@ static int job_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t 
         J->pack_pair = ca->pack_pair; J->pack_rank = ca->pack_rank;
         J->pack_counts = ca->pack_counts; J->pack_offsets = ca->pack_offsets;
     }
-    if (job_meta(m, J, cplan, &lp) < 0) return -1;
+    if (job_kernel(m, J) < 0 || job_meta(m, J, cplan, &lp) < 0) return -1;
     if (!compact && meta(m, J, (const void **)&J->pair_rank, TK * sizeof(int32_t)) < 0) return -1;
     if (mode == LRMOE_MODE_MASKED && meta(m, J, (const void **)&J->keep, TK) < 0) return -1;
     if (compact &&
@@ -691,6 +736,9 @@ static int shard_hdr(lrmoe_exec_mpi_t *m, job_t *J, int64_t *Tr)
         hdr_t x = all[r];
         x.T = all[0].T;
         x.compute = all[0].compute;
+        x.kernel = all[0].kernel;
+        x.dnnl_version = all[0].dnnl_version;
+        memcpy(x.dnnl_impl, all[0].dnnl_impl, sizeof x.dnnl_impl);
         if (memcmp(&x, &all[0], sizeof x)) {
             lrmoe_err("per-rank inputs: frame %lld of rank %d differs from rank 0's (layer %lld "
                       "vs %lld, or the dimensions, dtypes, plan or options)", (long long)m->jobs,
@@ -709,6 +757,9 @@ static int shard_hdr(lrmoe_exec_mpi_t *m, job_t *J, int64_t *Tr)
         }
     J->h.T = T;
     J->h.compute = all[0].compute;
+    J->h.kernel = all[0].kernel;
+    J->h.dnnl_version = all[0].dnnl_version;
+    memcpy(J->h.dnnl_impl, all[0].dnnl_impl, sizeof J->h.dnnl_impl);
     return 0;
 }
 
@@ -781,7 +832,7 @@ static int shard_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
     J.h.act = a->act_dtype;
     J.h.have |= (a->phi_sqnorm ? HAVE_PHI : 0) | (a->saved_gate ? HAVE_SG : 0) |
                 (a->saved_up ? HAVE_SU : 0) | (a->pair_out ? HAVE_PO : 0);
-    if (shard_hdr(m, &J, Tr) < 0) goto out;
+    if (shard_hdr(m, &J, Tr) < 0 || job_kernel(m, &J) < 0) goto out;
     {
     const int64_t T = J.h.T, K = J.h.K, D = J.h.D, F = J.h.F, n = d->T;
     const int64_t lo = T * J.me / P;
@@ -871,7 +922,7 @@ static int shard_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
     J.h.mode = a->mode;
     J.h.act = a->act_dtype;
     J.h.grad = a->grad_dtype;
-    if (shard_hdr(m, &J, Tr) < 0) goto out;
+    if (shard_hdr(m, &J, Tr) < 0 || job_kernel(m, &J) < 0) goto out;
     {
     const int64_t T = J.h.T, K = J.h.K, D = J.h.D, F = J.h.F, E = J.h.E, n = d->T;
     const int64_t lo = T * J.me / P;
@@ -1022,6 +1073,13 @@ static int hdr_common(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
         lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, w->dtype, &cm) < 0)
         return -1;
     h->compute = cm;
+    if (cm == LRMOE_COMPUTE_BF16) { /* the kernel too: one per job */
+        lrmoe_gemm_kernel_t k;
+        lrmoe_gemm_kernel(&k);
+        h->kernel = k.kind;
+        h->dnnl_version = k.dnnl_version;
+        memcpy(h->dnnl_impl, k.dnnl_impl, sizeof h->dnnl_impl);
+    }
     if (plan && plan->placement && plan->fwd_alloc) h->have |= HAVE_PLAN;
     else if (plan && (plan->placement || plan->fwd_alloc))
         return lrmoe_err("exec under MPI: a plan needs both placement and fwd_alloc");

@@ -75,10 +75,11 @@ struct lrmoe_gemm {
                                  BF16 row of the emulated bf16 compute; [5]: the
                                  AVX2 kernel's workspace (packed A and B) */
     size_t cap[6];
-    int emul;                 /* bf16 compute without a oneDNN BF16 matmul on this
-                                 CPU: operands rounded to BF16, then the AVX2
-                                 kernel (avx2 = 1) or sgemm */
-    int avx2;
+    int emul;                 /* bf16 compute, kernel EMUL_*: operands rounded to
+                                 BF16, then lib/gemm_avx2.c's kernel (avx2 = 1;
+                                 wide: its AVX-512F form where the CPU has it,
+                                 else the AVX2 form, the same bits) or sgemm */
+    int avx2, wide;
     lrmoe_amx_t *amx;         /* bf16 compute on a CPU with AMX: the A B^T kernel */
 #ifdef LRMOE_HAVE_DNNL
     dnnl_engine_t eng;
@@ -176,7 +177,7 @@ static int gemm_bf16_emul(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N,
         }
         float *ws = scratch(g, 5, lrmoe_avx2_gemm_ws());
         if (!ws) return -1;
-        lrmoe_avx2_gemm(ws, ta, tb, M, N, K, A, lda, B, 1, ldb, acc, C, ldc);
+        lrmoe_avx2_gemm_w(g->wide, ws, ta, tb, M, N, K, A, lda, B, 1, ldb, acc, C, ldc);
         return 0;
     }
     const void *op[2] = {A, B};
@@ -423,6 +424,120 @@ int lrmoe_gemm_bf16_emulated(void)
 #endif
 }
 
+const char *lrmoe_gemm_kernel_name(int kind)
+{
+    switch (kind) {
+    case LRMOE_KERNEL_AMX: return "amx";
+    case LRMOE_KERNEL_NATIVE: return "native";
+    case LRMOE_KERNEL_EMUL_AVX512: return "emulated-avx512";
+    case LRMOE_KERNEL_EMUL_AVX2: return "emulated-avx2";
+    case LRMOE_KERNEL_EMUL_SGEMM: return "emulated-sgemm";
+    default: return "none";
+    }
+}
+
+/* the kernel pinned by lrmoe_gemm_kernel_pin (kind NONE: none pinned) */
+static lrmoe_gemm_kernel_t pinned;
+static pthread_mutex_t pin_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* oneDNN's identity for the kernels that call it: version and the probe's
+ * implementation */
+static void dnnl_ident(lrmoe_gemm_kernel_t *k)
+{
+#ifdef LRMOE_HAVE_DNNL
+    const dnnl_version_t *v = dnnl_version();
+    const char *impl = NULL;
+    lrmoe_gemm_bf16_native(&impl);
+    k->dnnl_version = (int)(v->major * 10000 + v->minor * 100 + v->patch);
+    snprintf(k->dnnl_impl, sizeof k->dnnl_impl, "%.*s", (int)sizeof k->dnnl_impl - 1,
+             impl ? impl : "");
+#else
+    (void)k;
+#endif
+}
+
+/* this process's default choice (see gemm_cpu.h) */
+static void kernel_default(lrmoe_gemm_kernel_t *k)
+{
+    memset(k, 0, sizeof *k);
+    if (!lrmoe_gemm_have_dnnl()) return;
+    if (lrmoe_gemm_bf16_emulated()) {
+        k->kind = !lrmoe_avx2_gemm_available() ? LRMOE_KERNEL_EMUL_SGEMM
+                  : lrmoe_avx2_gemm_wide()     ? LRMOE_KERNEL_EMUL_AVX512
+                                               : LRMOE_KERNEL_EMUL_AVX2;
+        return;
+    }
+    k->kind = lrmoe_amx_available() ? LRMOE_KERNEL_AMX : LRMOE_KERNEL_NATIVE;
+    dnnl_ident(k);
+}
+
+void lrmoe_gemm_kernel(lrmoe_gemm_kernel_t *k)
+{
+    pthread_mutex_lock(&pin_mu);
+    *k = pinned;
+    pthread_mutex_unlock(&pin_mu);
+    if (k->kind == LRMOE_KERNEL_NONE) kernel_default(k);
+}
+
+int lrmoe_gemm_kernel_check(const lrmoe_gemm_kernel_t *k)
+{
+    const char *name = lrmoe_gemm_kernel_name(k->kind);
+    switch (k->kind) {
+    case LRMOE_KERNEL_NONE:
+        return 0;
+    case LRMOE_KERNEL_EMUL_AVX512:
+    case LRMOE_KERNEL_EMUL_AVX2:
+        /* one kernel in two widths with the same bits: either form will do */
+        if (!lrmoe_avx2_gemm_available())
+            return lrmoe_err("the job's bf16 kernel is %s (lib/gemm_avx2.c), which needs AVX2 "
+                             "and FMA: this process has not both (or LRMOE_AVX2_GEMM=0 is set)",
+                             name);
+        return 0;
+    case LRMOE_KERNEL_EMUL_SGEMM:
+        return 0;   /* OpenBLAS sgemm on BF16-rounded operands: any CPU */
+    case LRMOE_KERNEL_AMX:
+    case LRMOE_KERNEL_NATIVE: {
+        if (!lrmoe_gemm_have_dnnl())
+            return lrmoe_err("the job's bf16 kernel is %s (oneDNN's BF16 matmul): this build "
+                             "has no oneDNN", name);
+        if (k->kind == LRMOE_KERNEL_AMX && !lrmoe_amx_available())
+            return lrmoe_err("the job's bf16 kernel is amx (lib/gemm_amx.c): this process has "
+                             "no AMX BF16 (CPU, kernel permission, or LRMOE_AMX=0)");
+        const char *impl = NULL;
+        if (!lrmoe_gemm_bf16_native(&impl))
+            return lrmoe_err("the job's bf16 kernel is %s (oneDNN %d.%d.%d, %s): this "
+                             "process's oneDNN has no native BF16 matmul (%s; AVX512_BF16 or "
+                             "AMX needed, or DNNL_MAX_CPU_ISA caps it)", name,
+                             k->dnnl_version / 10000, k->dnnl_version / 100 % 100,
+                             k->dnnl_version % 100, k->dnnl_impl, impl ? impl : "none");
+        lrmoe_gemm_kernel_t me;
+        memset(&me, 0, sizeof me);
+        dnnl_ident(&me);
+        if (me.dnnl_version != k->dnnl_version || strcmp(me.dnnl_impl, k->dnnl_impl))
+            return lrmoe_err("the job's bf16 kernel is %s on oneDNN %d.%d.%d's %s, this "
+                             "process's oneDNN is %d.%d.%d with %s (another summation order; "
+                             "DNNL_MAX_CPU_ISA can cap the ISA)", name,
+                             k->dnnl_version / 10000, k->dnnl_version / 100 % 100,
+                             k->dnnl_version % 100, k->dnnl_impl, me.dnnl_version / 10000,
+                             me.dnnl_version / 100 % 100, me.dnnl_version % 100, me.dnnl_impl);
+        return 0;
+    }
+    default:
+        return lrmoe_err("bf16 kernel %d: unknown", k->kind);
+    }
+}
+
+int lrmoe_gemm_kernel_pin(const lrmoe_gemm_kernel_t *k)
+{
+    if (k->kind == LRMOE_KERNEL_NONE) return 0;
+    if (lrmoe_gemm_kernel_check(k) < 0) return -1;
+    pthread_mutex_lock(&pin_mu);
+    pinned = *k;
+    pinned.dnnl_impl[sizeof pinned.dnnl_impl - 1] = 0;
+    pthread_mutex_unlock(&pin_mu);
+    return 0;
+}
+
 int lrmoe_gemm_resolve(lrmoe_compute_t want, lrmoe_dtype_t wdt, lrmoe_compute_t *out)
 {
     if (want == LRMOE_COMPUTE_BF16 && !lrmoe_gemm_have_dnnl())
@@ -455,9 +570,12 @@ lrmoe_gemm_t *lrmoe_gemm_new(lrmoe_compute_t compute, int threads)
             return NULL;
         }
         if (threads > 0) omp_set_num_threads(threads);
-        g->emul = lrmoe_gemm_bf16_emulated();
-        g->avx2 = g->emul && lrmoe_avx2_gemm_available();
-        if (!g->emul && lrmoe_amx_available() && !(g->amx = lrmoe_amx_new())) {
+        lrmoe_gemm_kernel_t k;
+        lrmoe_gemm_kernel(&k);
+        g->emul = k.kind >= LRMOE_KERNEL_EMUL_AVX512;
+        g->avx2 = k.kind == LRMOE_KERNEL_EMUL_AVX512 || k.kind == LRMOE_KERNEL_EMUL_AVX2;
+        g->wide = k.kind == LRMOE_KERNEL_EMUL_AVX512;
+        if (k.kind == LRMOE_KERNEL_AMX && !(g->amx = lrmoe_amx_new())) {
             lrmoe_gemm_free(g);
             return NULL;
         }

@@ -62,6 +62,61 @@ int lrmoe_gemm_bf16_native(const char **impl);
  * and where LRMOE_BF16_EMULATE=1 (for comparison and the tests). */
 int lrmoe_gemm_bf16_emulated(void);
 
+/* The kernel of the bf16 compute: which code multiplies, resolved once per
+ * process (lrmoe_gemm_kernel) and used by every bf16 context it makes. Under
+ * MPI, rank 0's travels in each job's header and every rank pins it
+ * (lrmoe_gemm_kernel_pin) or fails saying what it lacks, so that one job is
+ * never computed by two kernels. Bit-equalities each kernel guarantees
+ * (tests/unit/gemm_amx_test.c and gemm_test.c check them):
+ *   every kernel   lrmoe_gemm2 = two lrmoe_gemm calls with the same strides;
+ *                  lrmoe_gemm_bf16out = lrmoe_gemm with ldc = N, rounded.
+ *   EMUL_AVX*, AMX lrmoe's own kernels (AMX: on the shapes lib/gemm_amx.c
+ *                  takes): a C element's bits do not depend on the strides,
+ *                  so bf16out also equals lrmoe_gemm at any ldc, rounded.
+ *   EMUL_AVX512    and EMUL_AVX2 give the same bits (one kernel, two widths:
+ *                  gemm_avx2.h), so a CPU without AVX-512F runs an
+ *                  EMUL_AVX512 job with the AVX2 form.
+ *   NATIVE, AMX    oneDNN's matmul picks its implementation per shape and
+ *                  stride (oneDNN 2.6.3 on AVX512_BF16: brgemm for a dense
+ *                  C, gemm:jit for some strided ones, which sum K in another
+ *                  order), and its ISA and version change the order too: two
+ *                  processes give the same bits only with the same oneDNN
+ *                  version and implementation (dnnl_version, dnnl_impl).
+ *   EMUL_SGEMM     OpenBLAS sgemm on BF16-rounded operands: OpenBLAS's
+ *                  bits (its kernel for the CPU), as the f32 compute. */
+typedef enum {
+    LRMOE_KERNEL_NONE = 0,     /* a build without oneDNN: no bf16 compute */
+    LRMOE_KERNEL_AMX = 1,      /* lib/gemm_amx.c where it takes the shape, oneDNN elsewhere */
+    LRMOE_KERNEL_NATIVE = 2,   /* oneDNN's BF16 matmul (AVX512_BF16 or AMX) */
+    LRMOE_KERNEL_EMUL_AVX512 = 3, /* operands rounded to BF16, lib/gemm_avx2.c's AVX-512F form */
+    LRMOE_KERNEL_EMUL_AVX2 = 4,   /* the same, its AVX2 form (the same bits) */
+    LRMOE_KERNEL_EMUL_SGEMM = 5   /* the same, OpenBLAS sgemm (no AVX2 and FMA) */
+} lrmoe_kernel_t;
+
+typedef struct {
+    int kind;              /* lrmoe_kernel_t */
+    int dnnl_version;      /* AMX, NATIVE: oneDNN's major*10000 + minor*100 + patch; else 0 */
+    char dnnl_impl[48];    /* AMX, NATIVE: oneDNN's BF16 matmul implementation on this
+                              CPU, which names its ISA ("brg:avx512_core_bf16"); else "" */
+} lrmoe_gemm_kernel_t;
+
+/* "amx", "native", "emulated-avx512", "emulated-avx2", "emulated-sgemm",
+ * "none": the frame attribute exec.bf16. */
+const char *lrmoe_gemm_kernel_name(int kind);
+/* This process's bf16 kernel: the pinned one, else the default choice for
+ * this CPU and environment: EMUL_* where lrmoe_gemm_bf16_emulated() (the
+ * AVX-512F form where lrmoe_avx2_gemm_wide(), the AVX2 form where only
+ * lrmoe_avx2_gemm_available(), else sgemm), else AMX where
+ * lrmoe_amx_available(), else NATIVE; NONE without oneDNN. */
+void lrmoe_gemm_kernel(lrmoe_gemm_kernel_t *k);
+/* 0 when this process runs k with k's bits, else -1 with the error saying
+ * which kernel k is and what this process lacks. */
+int lrmoe_gemm_kernel_check(const lrmoe_gemm_kernel_t *k);
+/* lrmoe_gemm_kernel_check, then k is this process's kernel: every bf16
+ * context made later uses it (call it between jobs, not while contexts are
+ * being made). NONE pins nothing. */
+int lrmoe_gemm_kernel_pin(const lrmoe_gemm_kernel_t *k);
+
 /* The compute for weights stored as wdt: f32 and bf16 as asked (bf16 fails
  * without oneDNN: "this build has no oneDNN"), auto as documented above. */
 int lrmoe_gemm_resolve(lrmoe_compute_t want, lrmoe_dtype_t wdt, lrmoe_compute_t *out);
@@ -98,9 +153,10 @@ int lrmoe_gemm2(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const void *A,
                 lrmoe_dtype_t bdt, int64_t ldb, float *C, int64_t ldc);
 
 /* C (M,N) BF16 = A B^T (B stored (N,K), tb = 1), each F32 sum rounded as
- * lrmoe_gemm_to_bf16 does: the bits of lrmoe_gemm followed by that
- * conversion, without the F32 product in memory (the forward's y, which the
- * layer stores in BF16). */
+ * lrmoe_gemm_to_bf16 does: the bits of lrmoe_gemm into a dense (ldc = N)
+ * F32 result followed by that conversion (at any ldc on the stride-free
+ * kernels, see lrmoe_kernel_t), without the F32 product in memory on AMX
+ * (the forward's y, which the layer stores in BF16). */
 int lrmoe_gemm_bf16out(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const void *A,
                        lrmoe_dtype_t adt, int64_t lda, const void *B, lrmoe_dtype_t bdt,
                        int64_t ldb, uint16_t *C, int64_t ldc);

@@ -6,6 +6,7 @@
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
+load helpers/bf16_kernels
 
 setup() {
     BIN="$BATS_TEST_DIRNAME/../bin"
@@ -46,17 +47,17 @@ have_bf16() {
     [ $? -ne 2 ]
 }
 
-@test "blas: no tool links libopenblas; cat, plan, score, pack and a BF16 forward and backward (native, or emulated on AVX2) never load it; an F32 forward and the emulated BF16 without AVX2 do" {
+@test "blas: no tool links libopenblas; cat, plan, score, pack and a BF16 forward and backward (AMX, native, emulated on AVX-512 or AVX2) never load it; an F32 forward and the emulated BF16 on sgemm do" {
     for t in "$BIN"/lrmoe-*; do
         run ldd "$t"
         refute_output --partial libopenblas
     done
     have_bf16 || skip "this build has no oneDNN: no bf16 compute"
     mkin bf16
-    # native BF16 (oneDNN's or AMX's matmul) loads no OpenBLAS, nor does the
-    # emulated bf16 of a CPU without BF16 hardware where lib/gemm_avx2.c's
-    # kernel multiplies (AVX2 and FMA); without them (LRMOE_AVX2_GEMM=0 here)
-    # it runs sgemm, so it must load it
+    # every bf16 kernel this CPU runs (tests/helpers/bf16_kernels.bash) but
+    # sgemm's loads no OpenBLAS: AMX, oneDNN's BF16 matmul and lib/gemm_avx2.c's
+    # kernel (the emulation's AVX-512 and AVX2 forms); the emulation on OpenBLAS
+    # sgemm (no AVX2 and FMA, or LRMOE_AVX2_GEMM=0) must load it
     "$EXEC" --phase forward --compute bf16 --threads 1 --weights "$D/w.lrm" --no-compress \
         -o "$D/probe.lrm" "$D/r.lrm"
     bf=$(python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
@@ -66,15 +67,27 @@ print(read_stream('$D/probe.lrm')[0][1]['exec.bf16'])")
         assert_success
         refute_output --partial "libopenblas"
     }
-    avx2=0
-    grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && avx2=1
-    bf16run() { # as loadless for native BF16 and the AVX2 kernel; sgemm loads OpenBLAS
-        if [ "$bf" = native ]; then loadless "$@"; return; fi
-        assert_equal "$bf" emulated
-        if [ "$avx2" = 1 ]; then loadless "$@"; fi
-        run env LD_DEBUG=files LRMOE_AVX2_GEMM=0 "$@"
-        assert_success
-        assert_output --partial "file=libopenblas"
+    bf16run() { # the default kernel, then each kernel this CPU runs, forced
+        local k e
+        case $bf in
+        emulated-sgemm)
+            run env LD_DEBUG=files "$@"
+            assert_success
+            assert_output --partial "file=libopenblas"
+            ;;
+        *) loadless "$@" ;;
+        esac
+        while read -r k e <&7; do
+            if [ "$k" = emulated-sgemm ]; then
+                # shellcheck disable=SC2086
+                run env LD_DEBUG=files $e "$@"
+                assert_success
+                assert_output --partial "file=libopenblas"
+            else
+                # shellcheck disable=SC2086
+                loadless env $e "$@"
+            fi
+        done 7< <(bf16_kernels)
     }
     loadless "$BIN/lrmoe-cat" --no-compress -o "$D/c.lrm" "$D/r.lrm"
     loadless "$BIN/lrmoe-plan" --ranks 2 --no-compress -o "$D/p.lrm" "$D/r.lrm"

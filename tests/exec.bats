@@ -5,6 +5,7 @@
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
+load helpers/bf16_kernels
 
 setup() {
     BIN="$BATS_TEST_DIRNAME/../bin"
@@ -453,26 +454,21 @@ have_bf16() {
         assert_output --partial "avx2 kernel: skipped"
     fi
     [ -n "$DN" ] || skip "oneDNN (libdnnl-dev) not installed: the bf16 GEMM path is not built"
+    # this CPU's default kernel, then every bf16 kernel it can run, each
+    # forced (tests/helpers/bf16_kernels.bash): AMX, oneDNN's BF16 matmul,
+    # the emulation (operands it rounds itself) in lib/gemm_avx2.c's AVX-512
+    # and AVX2 forms, and on OpenBLAS sgemm
     run "$D/gt" bf16
     assert_success
     assert_output --partial "gemm bf16: 384 cases, 0 failed"
-    # oneDNN's BF16 matmul where it has one (a CPU whose F32 FMAs outrun its
-    # BF16 dot product emulates by default)
-    run env LRMOE_BF16_EMULATE=0 "$D/gt" bf16
-    assert_success
-    assert_output --partial "gemm bf16: 384 cases, 0 failed"
-    # the emulated bf16 (operands it rounds itself), as a CPU without a BF16
-    # matmul runs it: lib/gemm_avx2.c's kernel where the CPU has AVX2 and FMA,
-    # and the OpenBLAS sgemm it falls back to without them
-    run env LRMOE_BF16_EMULATE=1 "$D/gt" bf16
-    assert_success
-    assert_output --partial "gemm bf16: 384 cases, 0 failed"
-    run env LRMOE_BF16_EMULATE=1 LRMOE_AVX2_GEMM=256 "$D/gt" bf16
-    assert_success
-    assert_output --partial "gemm bf16: 384 cases, 0 failed"
-    run env LRMOE_BF16_EMULATE=1 LRMOE_AVX2_GEMM=0 "$D/gt" bf16
-    assert_success
-    assert_output --partial "gemm bf16: 384 cases, 0 failed"
+    local k e
+    while read -r k e <&7; do
+        # shellcheck disable=SC2086
+        run env $e "$D/gt" bf16
+        assert_success
+        assert_line "kernel: $k"
+        assert_output --partial "gemm bf16: 384 cases, 0 failed"
+    done 7< <(bf16_kernels)
 }
 
 @test "exec --compute: f32 and bf16 match the float64 reference on F32 and BF16 storage, P=1,3, replicas, compact" {
@@ -524,36 +520,72 @@ have_bf16() {
     assert_success
 }
 
-@test "exec --compute bf16, emulated (LRMOE_BF16_EMULATE=1; a CPU without a BF16 matmul): matches float64, rounds its operands, says so in exec.bf16" {
+# the tensors of two streams have the same bytes
+same_bits() {
+    pyedit "
+a, b = read_stream('$1'), read_stream('$2')
+assert len(a) == len(b)
+for (ta, _), (tb, _) in zip(a, b):
+    assert ta.keys() == tb.keys()
+    for n in ta: assert ta[n].tobytes() == tb[n].tobytes(), n
+print('same bits')"
+}
+
+@test "exec --compute bf16 on every kernel this CPU runs (AMX, oneDNN, the emulation's AVX-512, AVX2 and sgemm forms): matches float64, rounds its operands, names itself in exec.bf16; the emulation's two forms give the same bits" {
     have_bf16 || skip "this build has no oneDNN: --compute bf16 unavailable"
     python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 37 --E 8 --K 2 --D 16 --F 12 --skew 3 --dtype bf16
-    for c in f32 bf16; do
+    "$EXEC" --phase forward --compute f32 --weights "$D/w.lrm" --no-compress -o "$D/ff32.lrm" "$D/in.lrm"
+    "$EXEC" --phase backward --compute f32 --weights "$D/w.lrm" --no-compress -o "$D/bf32.lrm" "$D/ff32.lrm"
+    # this CPU's default kernel is one of those it can run
+    "$EXEC" --phase forward --compute bf16 --weights "$D/w.lrm" --no-compress -o "$D/fd.lrm" "$D/in.lrm"
+    run pyedit "print(read_stream('$D/fd.lrm')[0][1]['exec.bf16'])"
+    assert_success
+    bf16_kernels | cut -d' ' -f1 | grep -qx "$output" || fail "default kernel '$output' is not one this CPU runs: $(bf16_kernels | cut -d' ' -f1)"
+    local k e P ks=""
+    while read -r k e <&7; do
         for P in 1 3; do
-            run env LRMOE_BF16_EMULATE=1 "$EXEC" --phase forward --compute $c --weights "$D/w.lrm" \
-                -P $P --no-compress -o "$D/f$c.lrm" "$D/in.lrm"
+            # shellcheck disable=SC2086
+            run env $e "$EXEC" --phase forward --compute bf16 --weights "$D/w.lrm" -P $P \
+                --no-compress -o "$D/f-$k.lrm" "$D/in.lrm"
             assert_success
-            run python3 "$REF" check-fwd "$D/f$c.lrm" "$D/w.lrm" --P $P --tol 2e-2
+            run python3 "$REF" check-fwd "$D/f-$k.lrm" "$D/w.lrm" --P $P --tol 2e-2
             assert_success
-            run env LRMOE_BF16_EMULATE=1 "$EXEC" --phase backward --compute $c --weights "$D/w.lrm" \
-                --no-compress -o "$D/b$c.lrm" "$D/f$c.lrm"
+            # shellcheck disable=SC2086
+            run env $e "$EXEC" --phase backward --compute bf16 --weights "$D/w.lrm" \
+                --no-compress -o "$D/b-$k.lrm" "$D/f-$k.lrm"
             assert_success
-            run python3 "$REF" check-bwd "$D/b$c.lrm" "$D/w.lrm" --tol 2e-2
+            run python3 "$REF" check-bwd "$D/b-$k.lrm" "$D/w.lrm" --tol 2e-2
+            assert_success
+        done
+        # the kernel that ran, by name; oneDNN's version and implementation
+        # with the kernels that call it
+        run pyedit "a=read_stream('$D/b-$k.lrm')[0][1]; print(a['exec.bf16'], a.get('exec.bf16_dnnl', '-'))"
+        assert_success
+        case $k in
+        amx | native) assert_output --regexp "^$k [0-9]+\.[0-9]+\.[0-9]+ [a-z]" ;;
+        *) assert_output "$k -" ;;
+        esac
+        # the activations are rounded to BF16 (not the f32 path under another name)
+        run python3 "$REF" compare "$D/b-$k.lrm" "$D/bf32.lrm" grad_w_down --tol 1e-6
+        assert_failure
+        ks="$ks $k"
+    done 7< <(bf16_kernels)
+    # every two kernels agree far inside BF16 rounding (the same operands and
+    # exact products, F32 sums in other orders)
+    local a b
+    for a in $ks; do
+        for b in $ks; do
+            [ "$a" \< "$b" ] || continue
+            run python3 "$REF" compare "$D/b-$a.lrm" "$D/b-$b.lrm" output $GRADS --tol 1e-5
             assert_success
         done
     done
-    run pyedit "a=read_stream('$D/bbf16.lrm')[0][1]; assert a['exec.bf16'] == 'emulated', a
-assert 'exec.bf16' not in read_stream('$D/bf32.lrm')[0][1]"
+    # lib/gemm_avx2.c's AVX-512F and AVX2 forms: one kernel, the same bits
+    # (a CPU without AVX-512F runs an emulated-avx512 job with the AVX2 form)
+    [[ " $ks " == *" emulated-avx512 "* ]] || skip "no AVX-512F here: the emulation's AVX2 form only"
+    run same_bits "$D/f-emulated-avx512.lrm" "$D/f-emulated-avx2.lrm"
     assert_success
-    # the activations are rounded to BF16 (not the f32 path under another name)...
-    run python3 "$REF" compare "$D/bbf16.lrm" "$D/bf32.lrm" grad_w_down --tol 1e-6
-    assert_failure
-    # ... and the emulation agrees with the native BF16 matmul far inside BF16 rounding
-    run env LRMOE_BF16_EMULATE=0 "$EXEC" --phase backward --compute bf16 --weights "$D/w.lrm" \
-        --no-compress -o "$D/bn.lrm" "$D/fbf16.lrm"
-    assert_success
-    run pyedit "print(read_stream('$D/bn.lrm')[0][1]['exec.bf16'])"
-    [ "$output" = native ] || skip "this CPU has no BF16 matmul: the emulation is the only bf16 here"
-    run python3 "$REF" compare "$D/bbf16.lrm" "$D/bn.lrm" $GRADS --tol 1e-5
+    run same_bits "$D/b-emulated-avx512.lrm" "$D/b-emulated-avx2.lrm"
     assert_success
 }
 
@@ -742,21 +774,39 @@ print('same')"
     done
 }
 
-@test "exec --compute bf16: the AMX kernels (A B^T, A B) against float64 on every tile edge, and lrmoe_gemm2 = two GEMMs (tests/unit/gemm_amx_test.c)" {
+@test "exec --compute bf16: every kernel this CPU runs against float64 on every AMX tile edge, with the bit-equalities each promises (lrmoe_gemm2, lrmoe_gemm_bf16out, strides; tests/unit/gemm_amx_test.c)" {
     have_bf16 || skip "this build has no oneDNN: --compute bf16 unavailable"
     L="$BATS_TEST_DIRNAME/../lib"
     cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/gat" "$BATS_TEST_DIRNAME/unit/gemm_amx_test.c" \
         "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/gemm_avx2.c" "$L/dtype.c" "$L/error.c" "$L/blas.c" -lm \
         -DLRMOE_HAVE_DNNL -ldnnl -lgomp
-    # the same cases through oneDNN (LRMOE_AMX=0) and, where the CPU has it, AMX
-    run env LRMOE_AMX=0 "$D/gat"
-    assert_success
-    assert_line "amx: no"
-    assert_output --partial "790 cases, 0 failed"
+    # the same cases on this CPU's default kernel and on every bf16 kernel it
+    # can run (tests/helpers/bf16_kernels.bash), each checking the
+    # bit-equalities that kernel promises (lib/gemm_cpu.h): lrmoe_gemm2 and
+    # lrmoe_gemm_bf16out against lrmoe_gemm on all; on AMX and the
+    # emulation's AVX-512 and AVX2 forms also the same bits at any ldc
     run "$D/gat"
     assert_success
     assert_output --partial "790 cases, 0 failed"
-    [ "${lines[0]}" = "amx: yes" ] || skip "this CPU has no AMX BF16: the kernel ran on no case (oneDNN did)"
+    local k e n=0
+    while read -r k e <&7; do
+        # shellcheck disable=SC2086
+        run env $e "$D/gat"
+        assert_success
+        assert_line --regexp "^kernel: $k[ ,]"
+        assert_output --partial "790 cases, 0 failed"
+        case $k in
+        amx | emulated-avx*) assert_output --partial "bits independent of strides" ;;
+        *) assert_output --partial "bits not promised independent of strides" ;;
+        esac
+        [ "$k" = amx ] && n=$((n + 1))
+        [ "$k" != amx ] || assert_line "amx: yes"
+    done 7< <(bf16_kernels)
+    run env LRMOE_AMX=0 "$D/gat"
+    assert_success
+    assert_line "amx: no"
+    refute_line --regexp "^kernel: amx"
+    [ "$n" = 1 ] || skip "this CPU has no AMX BF16: the AMX kernel ran on no case (the others did)"
 }
 
 @test "exec --compute bf16: a layer of AMX shapes (D=96 F=64) matches float64 and the oneDNN path, forward and backward, P=1,2" {

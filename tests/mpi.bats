@@ -6,6 +6,7 @@
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
+load helpers/bf16_kernels
 
 setup() {
     BIN="$BATS_TEST_DIRNAME/../bin"
@@ -231,17 +232,125 @@ print(' '.join(sorted({a['exec.compute'] for t, a in read_stream('$1')})))"
     assert_success
     run same "$D/fm.lrm" "$D/f1-f32.lrm"
     assert_success
-    # rank 0 on a native-BF16 host, the others not: the answer is rank 0's
-    # bf16 one, or the job fails naming a rank that cannot run it; never a mix
+    # rank 0 on a native-BF16 host, the others not: rank 0's kernel is every
+    # rank's, so the answer is rank 0's bf16 one where they can run it (rank
+    # 0 emulates: an AVX512_BF16 CPU whose FMAs outrun its dot product), else
+    # the job fails naming a rank and what it lacks; never a mix
     run $MPIRUN -np 1 "$EXEC" $A : -np 2 -x DNNL_MAX_CPU_ISA=AVX2 "$EXEC" $A
-    if [ "$status" = 0 ]; then
+    case $(bf16_of "$D/f1-bf16.lrm") in
+    native | amx)
+        assert_failure
+        [ "$status" -ne 124 ]
+        one_message 1 "the job's bf16 kernel is (native|amx) .*: this process's oneDNN has no native BF16 matmul"
+        no_trailer "$D/fm.lrm"
+        ;;
+    *)
+        assert_success
         run same "$D/fm.lrm" "$D/f1-bf16.lrm"
         assert_success
-    else
-        [ "$status" -ne 124 ]
-        assert_line --regexp "^lrmoe-exec: rank [12]: .*BF16"
-        no_trailer "$D/fm.lrm"
+        ;;
+    esac
+}
+
+# the exec.bf16 attribute of every frame of $1
+bf16_of() {
+    python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import read_stream
+print(' '.join(sorted({a.get('exec.bf16', '-') for t, a in read_stream('$1')})))"
+}
+
+@test "mpi: one bf16 kernel per job: each kernel this CPU runs, chosen on rank 0 alone, is every rank's, bit for bit, named in exec.bf16; a rank that cannot run it ends the job with one message naming it and what it lacks" {
+    need_mpi
+    routed 61 bf16
+    "$EXEC" --phase forward --compute bf16 --weights "$D/w.lrm" -P 3 -@ 1 --no-compress \
+        "$D/r.lrm" > "$D/fd.lrm" 2>/dev/null || skip "this build has no oneDNN: no bf16 compute"
+    local k e A B r kd ran=0
+    kd=$(bf16_of "$D/fd.lrm")
+    # every kernel this CPU runs (tests/helpers/bf16_kernels.bash), forced on
+    # rank 0 only: ranks 1 and 2 (this CPU's default kernel, $kd) run it
+    while read -r k e <&7; do
+        # shellcheck disable=SC2086
+        env $e "$EXEC" --phase forward --compute bf16 --weights "$D/w.lrm" -P 3 -@ 1 \
+            --no-compress "$D/r.lrm" > "$D/f1.lrm"
+        # shellcheck disable=SC2086
+        env $e "$EXEC" --phase backward --compute bf16 --weights "$D/w.lrm" -@ 1 \
+            --no-compress "$D/f1.lrm" > "$D/b1.lrm"
+        A="--phase forward --compute bf16 --weights $D/w.lrm -@ 1 --no-compress -o $D/f2.lrm $D/r.lrm"
+        B="--phase backward --compute bf16 --weights $D/w.lrm -@ 1 --no-compress -o $D/b2.lrm $D/f1.lrm"
+        # shellcheck disable=SC2086
+        run $MPIRUN -np 1 env $e "$EXEC" $A : -np 2 "$EXEC" $A
+        if [[ $e == *DNNL_MAX_CPU_ISA* ]]; then
+            # an AMX CPU's oneDNN capped on rank 0 only: the others' oneDNN
+            # runs another implementation (another summation order)
+            assert_failure
+            one_message 1 "this process's oneDNN is .* with .*amx"
+            no_trailer "$D/f2.lrm"
+            continue
+        fi
+        assert_success
+        run same "$D/f2.lrm" "$D/f1.lrm"
+        assert_success
+        run bf16_of "$D/f2.lrm"
+        assert_output "$k"
+        # shellcheck disable=SC2086
+        run $MPIRUN -np 1 env $e "$EXEC" $B : -np 2 "$EXEC" $B
+        assert_success
+        run same "$D/b2.lrm" "$D/b1.lrm"
+        assert_success
+        run bf16_of "$D/b2.lrm"
+        assert_output "$k"
+        [ "$k" = "$kd" ] || ran=$((ran + 1))
+    done 7< <(bf16_kernels)
+    [ "$ran" -gt 0 ] # at least one kernel that is not the ranks' own default
+    # --per-rank inputs: every rank writes its own frames, with rank 0's kernel
+    # (OpenBLAS sgemm's emulation, no CPU's default) and its name
+    LRMOE_BF16_EMULATE=1 LRMOE_AVX2_GEMM=0 "$EXEC" --phase forward --compute bf16 \
+        --weights "$D/w.lrm" -P 3 -@ 1 --no-compress "$D/r.lrm" > "$D/f1.lrm"
+    shard_py split "$D/r.lrm" 3 "$D/r.%r.lrm"
+    A="--phase forward --compute bf16 --weights $D/w.lrm -@ 1 --no-compress --per-rank -o $D/f.%r.lrm $D/r.%r.lrm"
+    run $MPIRUN -np 1 env LRMOE_BF16_EMULATE=1 LRMOE_AVX2_GEMM=0 "$EXEC" $A : -np 2 "$EXEC" $A
+    assert_success
+    shard_py join "$D/f.%r.lrm" 3 "$D/fj.lrm"
+    run same "$D/fj.lrm" "$D/f1.lrm"
+    assert_success
+    for r in 0 1 2; do
+        run bf16_of "$D/f.$r.lrm"
+        assert_output emulated-sgemm
+    done
+    # rank 0 on the AVX-512 form of the emulation, ranks 1 and 2 playing a
+    # Zen 3 host (no BF16 matmul, no AVX-512F): they run the AVX2 form, which
+    # gives the same bits
+    if bf16_kernels | grep -q '^emulated-avx512 '; then
+        A="--phase forward --compute bf16 --weights $D/w.lrm -@ 1 --no-compress -o $D/f2.lrm $D/r.lrm"
+        LRMOE_BF16_EMULATE=1 "$EXEC" --phase forward --compute bf16 --weights "$D/w.lrm" -P 3 \
+            -@ 1 --no-compress "$D/r.lrm" > "$D/f1.lrm"
+        run $MPIRUN -np 1 env LRMOE_BF16_EMULATE=1 "$EXEC" $A : \
+            -np 2 env DNNL_MAX_CPU_ISA=AVX2 LRMOE_AVX2_GEMM=256 "$EXEC" $A
+        assert_success
+        run same "$D/f2.lrm" "$D/f1.lrm"
+        assert_success
+        run bf16_of "$D/f2.lrm"
+        assert_output emulated-avx512
     fi
+    # rank 0 on lib/gemm_avx2.c's kernel, rank 2 without it (LRMOE_AVX2_GEMM=0
+    # plays a CPU without AVX2 and FMA): one message naming rank 2
+    if bf16_kernels | grep -q '^emulated-avx2 '; then
+        run $MPIRUN -np 1 env LRMOE_BF16_EMULATE=1 LRMOE_AVX2_GEMM=256 "$EXEC" $A : \
+            -np 1 "$EXEC" $A : -np 1 env LRMOE_AVX2_GEMM=0 "$EXEC" $A
+        assert_failure
+        [ "$status" -ne 124 ]
+        one_message 2 "the job's bf16 kernel is emulated-avx2 .*needs AVX2 and FMA"
+        no_trailer "$D/f2.lrm"
+    fi
+    # rank 0 on oneDNN's BF16 matmul (or AMX), ranks 1 and 2 whose oneDNN has
+    # none: one message, from the lowest of them
+    e=$(bf16_kernels | grep -m1 -E '^(amx|native) ' | cut -d' ' -f2-)
+    [ -n "$e" ] || skip "this CPU has no BF16 matmul: no native kernel to lack"
+    # shellcheck disable=SC2086
+    run $MPIRUN -np 1 env $e "$EXEC" $A : -np 2 env DNNL_MAX_CPU_ISA=AVX2 "$EXEC" $A
+    assert_failure
+    [ "$status" -ne 124 ]
+    one_message 1 "this process's oneDNN has no native BF16 matmul"
+    no_trailer "$D/f2.lrm"
 }
 
 @test "mpi: in a pipeline (stdin and stdout through mpirun, zstd, several steps and layers)" {

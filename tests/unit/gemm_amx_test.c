@@ -4,11 +4,18 @@
  * BF16-rounded operands, on the shapes it takes (K % 32 == 0, N % 16 == 0):
  * row counts around the 16-row tile and the 32-row pair, N with an odd
  * 16-column tile, K of one, several and a partial 256-deep chunk, F32 and
- * BF16 activations, strides, and C = and C +=. lrmoe_gemm2 must give the
- * bits of two lrmoe_gemm calls, lrmoe_gemm_bf16out those of lrmoe_gemm
- * rounded by lrmoe_gemm_to_bf16; and the weight gradients' C = A^T B for
- * any K. Prints whether AMX ran (LRMOE_AMX=0 runs the
- * same cases through oneDNN); exits 1 on a miss.
+ * BF16 activations, strides, and C = and C +=; and the weight gradients'
+ * C = A^T B for any K. The same cases run on whichever bf16 kernel the
+ * environment picks (LRMOE_AMX=0, LRMOE_BF16_EMULATE, LRMOE_AVX2_GEMM,
+ * DNNL_MAX_CPU_ISA: tests/helpers/bf16_kernels.bash), and each kernel's
+ * bit-equalities (gemm_cpu.h) are checked: on every kernel lrmoe_gemm2
+ * gives the bits of two lrmoe_gemm calls with the same strides and
+ * lrmoe_gemm_bf16out those of lrmoe_gemm with ldc = N rounded by
+ * lrmoe_gemm_to_bf16; on lrmoe's own kernels (AMX, the emulation's AVX-512
+ * and AVX2 forms), whose bits do not depend on strides, lrmoe_gemm at the
+ * case's ldc gives the bits of ldc = N too (oneDNN's matmul and OpenBLAS
+ * choose their kernels by stride: not promised there). Prints whether AMX
+ * ran and the kernel; exits 1 on a miss.
  * usage: gemm_amx_test */
 #include <math.h>
 #include <stdio.h>
@@ -56,6 +63,9 @@ static void *mat(int64_t rows, int64_t cols, int64_t ld, lrmoe_dtype_t dt, doubl
 /* one case of C = A B^T (tb) or A B (f: bit 0 acc, bit 1 BF16 A, bit 2 A B),
  * strides from mi, ni, ki's parity, B boff bytes past a 64-byte boundary
  * (< 0: malloc's); prints a miss; 1 when it passes */
+/* the kernel's bits do not depend on the strides (gemm_cpu.h) */
+static int stride_free;
+
 static int check_case(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, int f, size_t mi, size_t ni,
                       size_t ki, int boff)
 {
@@ -86,27 +96,36 @@ static int check_case(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, int f, s
         for (int64_t j = N; j < ldc; j++) untouched &= C[i * ldc + j] == (float)rc[i * ldc + j];
     }
     /* two products through lrmoe_gemm2: the bits of two lrmoe_gemm calls */
-    int same = 1;
+    int same = 1, dense = 1, strided = 1;
     if (!rcode && tb) {
         rcode = lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, 0, C, ldc) ||
                 lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B2, LRMOE_BF16, ldb, 0, C + N, ldc) ||
                 lrmoe_gemm2(g, M, N, K, A, adt, lda, B1, B2, LRMOE_BF16, ldb, C2, ldc);
         for (int64_t i = 0; i < M && !rcode; i++)
             same &= !memcmp(C + i * ldc, C2 + i * ldc, (size_t)(2 * N) * sizeof *C);
-        /* BF16 output: the F32 product's bits rounded by lrmoe_gemm_to_bf16 */
+        /* BF16 output: the bits of the F32 product with ldc = N (the
+         * scratch lrmoe_gemm_bf16out multiplies into where no kernel writes
+         * BF16 itself) rounded by lrmoe_gemm_to_bf16 */
+        float *Cd = malloc((size_t)(M * N) * sizeof *Cd);
+        if (!rcode) rcode = lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, 0, Cd, N);
         uint16_t *h = malloc((size_t)(M * ldc) * 2), *h2 = malloc((size_t)N * 2);
         if (!rcode) rcode = lrmoe_gemm_bf16out(g, M, N, K, A, adt, lda, B1, LRMOE_BF16, ldb, h, ldc);
         for (int64_t i = 0; i < M && !rcode; i++) {
-            lrmoe_gemm_to_bf16(C + i * ldc, h2, (size_t)N);
-            same &= !memcmp(h + i * ldc, h2, (size_t)N * 2);
+            lrmoe_gemm_to_bf16(Cd + i * N, h2, (size_t)N);
+            dense &= !memcmp(h + i * ldc, h2, (size_t)N * 2);
+            /* lrmoe's own kernels: the same bits at any ldc */
+            if (stride_free) strided &= !memcmp(C + i * ldc, Cd + i * N, (size_t)N * sizeof *C);
         }
-        free(h); free(h2);
+        free(h); free(h2); free(Cd);
     }
-    int ok = rcode == 0 && err / mx <= 1e-5 && untouched && same;
+    int ok = rcode == 0 && err / mx <= 1e-5 && untouched && same && dense && strided;
     if (!ok) {
-        printf("FAIL M=%lld N=%lld K=%lld tb=%d acc=%d A=%s relerr %.3e%s%s%s\n", (long long)M,
+        printf("FAIL M=%lld N=%lld K=%lld tb=%d acc=%d A=%s relerr %.3e%s%s%s%s%s\n", (long long)M,
                (long long)N, (long long)K, tb, acc, lrmoe_dtype_name(adt), err / mx,
-               untouched ? "" : ", wrote past N", same ? "" : ", gemm2 or bf16out differs",
+               untouched ? "" : ", wrote past N",
+               same ? "" : ", gemm2 differs from two gemm calls",
+               dense ? "" : ", bf16out differs from gemm at ldc=N",
+               strided ? "" : ", gemm at this ldc differs from ldc=N (a stride-free kernel)",
                rcode ? lrmoe_errmsg() : "");
     }
     free(A); free(bb1); free(bb2); free(C); free(C2); free(ra); free(rb1); free(rb2); free(rc);
@@ -118,6 +137,15 @@ int main(void)
     lrmoe_gemm_t *g = lrmoe_gemm_new(LRMOE_COMPUTE_BF16, 1);
     if (!g) { fprintf(stderr, "gemm_amx_test: %s\n", lrmoe_errmsg()); return 1; }
     printf("amx: %s\n", lrmoe_amx_available() ? "yes" : "no");
+    lrmoe_gemm_kernel_t kern;
+    lrmoe_gemm_kernel(&kern);
+    stride_free = kern.kind == LRMOE_KERNEL_AMX || kern.kind == LRMOE_KERNEL_EMUL_AVX512 ||
+                  kern.kind == LRMOE_KERNEL_EMUL_AVX2;
+    printf("kernel: %s", lrmoe_gemm_kernel_name(kern.kind));
+    if (kern.dnnl_version)
+        printf(" (oneDNN %d.%d.%d %s)", kern.dnnl_version / 10000, kern.dnnl_version / 100 % 100,
+               kern.dnnl_version % 100, kern.dnnl_impl);
+    printf(", bits %s of strides\n", stride_free ? "independent" : "not promised independent");
     static const int64_t Ms[] = {1, 15, 16, 17, 32, 33, 70};
     static const int64_t Ns[] = {16, 48, 64};
     static const int64_t Ks[] = {32, 96, 288, 544};

@@ -3,7 +3,9 @@
  * K rounding (16) or of the AVX2 kernel's blocks (6 rows, 16 columns, 256
  * deep, 264 rows): compute f32 against the exact operands, compute bf16
  * against the operands rounded to BF16 (what the path promises: BF16
- * operands, F32 accumulation). Prints one line per case, exits 1 on a miss.
+ * operands, F32 accumulation), on the bf16 kernel the environment picks
+ * (printed: tests/helpers/bf16_kernels.bash). Prints one line per failed
+ * case, exits 1 on a miss.
  * usage: gemm_test f32|bf16 */
 #include <math.h>
 #include <stdio.h>
@@ -97,6 +99,11 @@ int main(int argc, char **argv)
     }
     lrmoe_gemm_t *g = lrmoe_gemm_new(cm, 1);
     if (!g) { fprintf(stderr, "gemm_test: %s\n", lrmoe_errmsg()); return 1; }
+    if (cm == LRMOE_COMPUTE_BF16) { /* the kernel the environment picked */
+        lrmoe_gemm_kernel_t k;
+        lrmoe_gemm_kernel(&k);
+        printf("kernel: %s\n", lrmoe_gemm_kernel_name(k.kind));
+    }
     const int round = cm == LRMOE_COMPUTE_BF16;
     static const int64_t sz[][3] = {{1, 1, 1}, {7, 5, 3}, {37, 48, 64}, {64, 96, 33},
                                     {130, 72, 200}, {5, 300, 17}, {33, 17, 0},
