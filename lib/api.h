@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include "lrmoe.h"
 
-/* LRMOE_VERSION of the library actually loaded ("0.4.2"). */
+/* LRMOE_VERSION of the library actually loaded ("0.5.0"). */
 const char *lrmoe_version(void);
 
 /* sizeof of a public struct by its type name ("lrmoe_frame_t",

@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define LRMOE_VERSION "0.4.2"
+#define LRMOE_VERSION "0.5.0"
 #define LRMOE_MAX_DIMS 8
 #define LRMOE_MAX_HEADER (100u << 20) /* safetensors' own limit: 100 MB */
 /* What one frame may declare (lrmoe-stream(5), SECURITY): readers refuse more. */
