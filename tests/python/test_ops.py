@@ -202,6 +202,29 @@ class Ops(unittest.TestCase):
         self.same(got, s, ["pair_score", "keep"])
         self.assertEqual(got.attrs["score.kept"], s.attrs["score.kept"])
 
+    def test_score_sample_and_pack(self):
+        """select="sample" and a pack with its pair_weight: the tools' bits."""
+        f, d = self.st["f"], self.d
+        sh(f"{B}/lrmoe-score --select sample --seed 3 {d}/f.lrm -o {d}/ss.lrm")
+        sh(f"{B}/lrmoe-pack {d}/ss.lrm -o {d}/sk.lrm")
+        ss = lrmoe.read(f"{d}/ss.lrm", bf16="raw")[0]
+        sk = lrmoe.read(f"{d}/sk.lrm", bf16="raw")[0]
+        kr = f.attrs.get("plan.keep")
+        got = lrmoe.score(f["topk_ids"], f["topk_weights"], f["grad_output"], f["phi_sqnorm"],
+                          quota=f["quota"], seed=3, select="sample", keep_rule=kr,
+                          bwd_alloc=f["bwd_alloc"] if kr == "by-rank" else None,
+                          pair_rank=f["pair_rank"] if kr == "by-rank" else None,
+                          dtypes={"grad_output": f.dtypes["grad_output"]})
+        self.same(got, ss, ["pair_score", "keep", "pair_weight"])
+        self.assertEqual(got.attrs["score.select"], "sample")
+        names = ["keep", "topk_ids", "topk_weights", "grad_output", "hidden", "saved_gate",
+                 "saved_up", "pair_rank", "placement", "bwd_alloc", "quota", "pair_weight"]
+        got = lrmoe.pack(**{n: ss[n] for n in names}, dtypes=ss.dtypes)
+        self.same(got, sk, ["pack_pair", "pack_grad", "pack_hidden"])
+        with self.assertRaisesRegex(lrmoe.Error, "unknown selection"):
+            lrmoe.score(f["topk_ids"], f["topk_weights"], f["grad_output"], f["phi_sqnorm"],
+                        quota=f["quota"], select="nope")
+
     def test_pack(self):
         s, k = self.st["s"], self.st["k"]
         names = ["keep", "topk_ids", "topk_weights", "grad_output", "hidden", "saved_gate",
