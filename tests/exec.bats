@@ -934,15 +934,23 @@ print('same', n)"
     done
     moved=0
     for dt in f32 bf16; do
+        # one hot expert, so the planner replicates it (and rows can move)
         "$BIN/lrmoe-gen" --tokens 75 --experts 8 --topk 2 --hidden 24 --ffn 16 --dtype $dt \
-            --skew zipf:1.2 --weights "$D/w.lrm" --seed 7 --no-compress |
+            --hot 90:1 --weights "$D/w.lrm" --seed 7 --no-compress |
             "$BIN/lrmoe-route" -k 2 --no-compress -o "$D/r.lrm"
         for P in 1 2 4 8; do
             for how in forward plan; do
                 if [ $how = plan ]; then
                     [ $P = 1 ] && continue
-                    "$BIN/lrmoe-plan" --planner lrmoe --ranks $P --rates 0.7 --no-compress "$D/r.lrm" |
-                        "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress |
+                    # the keep taken by score over each expert's pairs (no plan.keep=by-rank,
+                    # which the planner's in-place plans set): the retained rows of a
+                    # replicated expert then move to the plan's backward instances
+                    "$BIN/lrmoe-plan" --planner lrmoe --ranks $P --rates 0.7 --no-compress \
+                        -o "$D/pl.lrm" "$D/r.lrm"
+                    pyedit "fr = read_stream('$D/pl.lrm', with_dtypes=True)
+for t, a, d in fr: a.pop('plan.keep', None)
+write_stream('$D/pg.lrm', fr)"
+                    "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress "$D/pg.lrm" |
                         "$BIN/lrmoe-score" --no-compress -o "$D/s.lrm"
                 else
                     "$EXEC" --phase forward --weights "$D/w.lrm" -P $P --no-compress "$D/r.lrm" |
