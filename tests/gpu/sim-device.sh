@@ -9,7 +9,8 @@
 #                those headers come only through CPATH
 #   PKG_CONFIG_LIBDIR empty (pkg-config finds no ompi-c either)
 #   CPATH, LIBRARY_PATH, LD_LIBRARY_PATH unset
-# sim_device DIR; then run commands with sim_env CMD...
+# sim_device DIR; then run commands with sim_env CMD... (SIM_PATH_PRE: a
+# directory before all of PATH, e.g. a toolkit's bin/)
 DEP_HEADERS="zstd.h zdict.h zstd_errors.h jansson.h jansson_config.h glpk.h cblas.h \
 cblas-openblas.h openblas_config.h cblas_mangling.h f77blas.h"
 sim_device() {
@@ -49,6 +50,7 @@ sim_device() {
     SIM_CC="cc -nostdinc$gccinc -isystem $SIM/inc/multi -isystem $SIM/inc"
 }
 sim_env() {
-    env -u CPATH -u LIBRARY_PATH -u LD_LIBRARY_PATH -u C_INCLUDE_PATH PATH="$SIM/bin:$SIM/farm" \
+    env -u CPATH -u LIBRARY_PATH -u LD_LIBRARY_PATH -u C_INCLUDE_PATH \
+        PATH="${SIM_PATH_PRE:+$SIM_PATH_PRE:}$SIM/bin:$SIM/farm" \
         PKG_CONFIG_LIBDIR="$SIM/pc" PKG_CONFIG_PATH= CC="$SIM_CC" "$@"
 }
