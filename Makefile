@@ -1,6 +1,10 @@
 # lrmoe: make | make check | make bench | make demo | make install PREFIX=... DESTDIR=...
 # make check SANITIZE=1 (ASan+UBSan suite) | make fuzz FUZZ_SECONDS=N
 # make check-gpu runs the CUDA kernel tests where a GPU is present.
+# NODEPS=1 skips the dependency step (tests/deps.sh, which may apt-get as
+# root): for a machine without a package registry whose dependencies are
+# already in place, e.g. headers through CPATH and libraries through
+# LIBRARY_PATH (tests/gpu/device-check.sh builds this way).
 
 CC       ?= cc
 CFLAGS   ?= -O2
@@ -20,6 +24,12 @@ else
 VARIANT  := plain
 endif
 FUZZ_SECONDS ?= 60
+# the dependency step (deps-build, deps-test, and before $(BUILD)/mpi.mk)
+ifeq ($(NODEPS),1)
+DEPS_SH  := : NODEPS=1 skips tests/deps.sh
+else
+DEPS_SH  := sh tests/deps.sh
+endif
 # `make` is `make all` whichever rule comes first (CPU-only, the first one is mpi.mk)
 .DEFAULT_GOAL := all
 
@@ -101,7 +111,7 @@ ifeq ($(filter clean,$(MAKECMDGOALS)),)
 endif
 endif
 $(BUILD)/mpi.mk: tests/deps.sh
-	@sh tests/deps.sh build
+	@$(DEPS_SH) build
 	@mkdir -p $(@D)
 	@{ echo "MPI_CFLAGS := $$($(MPICC) --showme:compile 2>/dev/null || pkg-config --cflags ompi-c 2>/dev/null)"; \
 	   echo "MPI_LIBS := $$($(MPICC) --showme:link 2>/dev/null || pkg-config --libs ompi-c 2>/dev/null)"; } > $@
@@ -116,11 +126,12 @@ all: deps-build $(TOOLS) $(BUILD)/$(SONAME) $(BUILD)/lrmoe.pc
 	@test "$(HAVE_DNNL)" = 1 || echo "lrmoe: oneDNN (libdnnl-dev) not found: building without --compute bf16"
 	@test "$(HAVE_MPI)" = 1 || echo "lrmoe: OpenMPI not found (libopenmpi-dev): lrmoe-exec without MPI"
 
-# Build dependencies: installed with apt-get when missing and root, else named.
+# Build dependencies: installed with apt-get when missing and root, else named;
+# NODEPS=1: not looked at (nothing installed, nothing checked).
 deps-build:
-	@sh tests/deps.sh build
+	@$(DEPS_SH) build
 deps-test: deps-build
-	@sh tests/deps.sh test
+	@$(DEPS_SH) test
 
 $(BUILD)/liblrmoe.a: $(filter-out $(CUDA_LOADER),$(LIB_OBJ)) $(CU_OBJ)
 	@mkdir -p $(@D)

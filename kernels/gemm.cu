@@ -144,6 +144,19 @@ static int gemm_loop(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
     return join_after(c, forked, rc);
 }
 
+__device__ __forceinline__ float widen_bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ float4 widen_bf(uint2 h)
+{
+    return make_float4(__uint_as_float(h.x << 16), __uint_as_float(h.x & 0xffff0000u),
+                       __uint_as_float(h.y << 16), __uint_as_float(h.y & 0xffff0000u));
+}
+__device__ __forceinline__ float widen_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float4 widen_add(float4 a, float4 b)
+{
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z),
+                       __fadd_rn(a.w, b.w));
+}
+
 /* One group's F32 output from its BF16 temporary (m, n) with row stride
  * tld: C = beta*C + tmp. */
 typedef struct {
@@ -153,17 +166,37 @@ typedef struct {
     float beta;
 } widen_t;
 
+/* One group's rows, F a float (1 element) or float4 (4) vector: 1 << sh
+ * threads a row, no division (see the row walks of kcu.cu). */
+template <typename F, typename B>
+__device__ __forceinline__ void widen_rows(const widen_t &x, int64_t nv, int sh)
+{
+    const int vs = sizeof(F) == 16 ? 2 : 0; /* strides in vectors */
+    const int64_t cs = x.ldc >> vs, ts = x.tld >> vs;
+    _Pragma("unroll 1") for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> sh;
+                             r < x.m; r += ((int64_t)gridDim.x * blockDim.x) >> sh) {
+        const B *t = (const B *)x.tmp + r * ts;
+        F *o = (F *)x.c + r * cs;
+        _Pragma("unroll 1") for (int64_t q = threadIdx.x & ((1u << sh) - 1u); q < nv;
+                                 q += (int64_t)1 << sh) {
+            F v = widen_bf(t[q]);
+            o[q] = x.beta != 0.0f ? widen_add(o[q], v) : v;
+        }
+    }
+}
+
 __global__ void k_widen(const widen_t *w)
 {
     widen_t x = w[blockIdx.y];
-    int64_t mn = x.m * x.n;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < mn;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / x.n, q = i - r * x.n;
-        float v = __uint_as_float((uint32_t)x.tmp[r * x.tld + q] << 16);
-        float *p = x.c + r * x.ldc + q;
-        *p = x.beta != 0.0f ? __fadd_rn(*p, v) : v;
-    }
+    /* 16-byte rows when n, both strides and both pointers allow */
+    int vec = ((x.n | x.ldc | x.tld) & 3) == 0 && ((uintptr_t)x.c & 15) == 0 &&
+              ((uintptr_t)x.tmp & 7) == 0;
+    int64_t nv = vec ? x.n >> 2 : x.n;
+    /* least power of two >= nv threads a row, at most the block */
+    int sh = nv > 1 ? 64 - __clzll((unsigned long long)(nv - 1)) : 0, bsh = __ffs(blockDim.x) - 1;
+    if (sh > bsh) sh = bsh;
+    if (vec) widen_rows<float4, uint2>(x, nv, sh);
+    else widen_rows<float, uint16_t>(x, nv, sh);
 }
 
 /* The grouped call's host arrays, carved out of one pinned staging slot

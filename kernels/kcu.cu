@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kcu_internal.h"
+#include "kdiv.h"
 
 /* ---------------------------------------------------------------- context */
 
@@ -917,19 +918,71 @@ out:
     return flag_check(&f, "pack_assign", K, P);
 }
 
-/* ---------------------------------------------------------------- gather */
+/* ---------------------------------------------------------------- gather
+ * The memory-bound kernels (gather, unpack, combine; k_widen in gemm.cu) walk
+ * rows, not flat elements: a row's 1 << sh threads take its vectors
+ * (16-byte where sizes and pointers allow), so no thread divides by the row
+ * length, and a token row index u / K is kdiv_q (kernels/kdiv.h). No loop is
+ * unrolled (an unrolled grid-stride loop divides for its trip count);
+ * tests/gpu/divfree.py checks their PTX (make check) and SASS (device-check)
+ * for integer division. */
+
+#define ROW_WALK(r, R, sh)                                                        \
+    _Pragma("unroll 1") for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> (sh); \
+                             r < (R); r += ((int64_t)gridDim.x * blockDim.x) >> (sh))
+#define COL_WALK(c, nv, sh)                                                       \
+    _Pragma("unroll 1") for (int64_t c = threadIdx.x & ((1u << (sh)) - 1u); c < (nv); \
+                             c += (int64_t)1 << (sh))
+
+/* launch geometry of a row walk over R rows of nv items at KCU_TPB threads */
+#define ROW_SHIFT(nv) kdiv_row_shift((nv), KCU_TPB)
+#define ROW_GRID(k, R, sh) KCU_GRID(k, (R) << (sh))
+
+__device__ __forceinline__ float4 f4_scale(float a, float4 x)
+{
+    return make_float4(__fmul_rn(a, x.x), __fmul_rn(a, x.y), __fmul_rn(a, x.z), __fmul_rn(a, x.w));
+}
+__device__ __forceinline__ float4 f4_add(float4 s, float4 x)
+{
+    return make_float4(__fadd_rn(s.x, x.x), __fadd_rn(s.y, x.y), __fadd_rn(s.z, x.z), __fadd_rn(s.w, x.w));
+}
+__device__ __forceinline__ float f4_scale(float a, float x) { return __fmul_rn(a, x); }
+__device__ __forceinline__ float f4_add(float s, float x) { return __fadd_rn(s, x); }
+__device__ __forceinline__ uint2 bf_pack(float4 v)
+{
+    return make_uint2((uint32_t)f2bf(v.x) | (uint32_t)f2bf(v.y) << 16,
+                      (uint32_t)f2bf(v.z) | (uint32_t)f2bf(v.w) << 16);
+}
+__device__ __forceinline__ uint16_t bf_pack(float v) { return f2bf(v); }
+template <typename F> __device__ __forceinline__ F fzero();
+template <> __device__ __forceinline__ float fzero<float>() { return 0.0f; }
+template <> __device__ __forceinline__ float4 fzero<float4>() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+/* the BF16 vector of an F32 vector type: 4 BF16 in 8 bytes */
+template <typename F> struct bfvec { typedef uint16_t T; };
+template <> struct bfvec<float4> { typedef uint2 T; };
+
+static inline int al16(const void *a, const void *b) { return (((uintptr_t)a | (uintptr_t)b) & 15) == 0; }
 
 template <typename V>
-__global__ void k_gather(const int64_t *pair, int64_t R, int K, int by_token, const V *src,
-                         int64_t nv, V *dst)
+__global__ void k_gather(const int64_t *pair, int64_t R, kdiv_t K, int by_token, const V *src,
+                         int64_t nv, int sh, V *dst)
 {
-    /* blockIdx.y-free 2D walk: row-major over (R, nv) vectors */
-    GRID_STRIDE(i, R * nv) {
-        int64_t r = i / nv, c = i - r * nv;
+    ROW_WALK(r, R, sh) {
         int64_t u = pair[r];
-        int64_t srow = by_token ? u / K : u;
-        dst[i] = src[srow * nv + c];
+        const V *s = src + (by_token ? kdiv_q(u, K) : u) * nv;
+        V *d = dst + r * nv;
+        COL_WALK(c, nv, sh) d[c] = s[c];
     }
+}
+
+template <typename V>
+static void gather_launch(const int64_t *pair, int64_t R, int K, int by_token, const void *src,
+                          size_t row_bytes, void *dst, cudaStream_t s)
+{
+    int64_t nv = (int64_t)(row_bytes / sizeof(V));
+    int sh = ROW_SHIFT(nv);
+    k_gather<V><<<ROW_GRID(k_gather, R, sh), KCU_THREADS(k_gather), 0, s>>>(
+        pair, R, kdiv_make(K), by_token, (const V *)src, nv, sh, (V *)dst);
 }
 
 int lrmoe_kcu_pack_gather(const int64_t *pair, int64_t R, int K, int by_token, const void *src,
@@ -938,31 +991,39 @@ int lrmoe_kcu_pack_gather(const int64_t *pair, int64_t R, int K, int by_token, c
     if (R < 0 || K < 1) return lrmoe_err("pack_gather: bad sizes");
     if (!R || !row_bytes) return 0;
     cudaStream_t s = kcu_stream();
-    uintptr_t al = (uintptr_t)src | (uintptr_t)dst;
-    if (row_bytes % 16 == 0 && al % 16 == 0) {
-        int64_t nv = (int64_t)(row_bytes / 16);
-        k_gather<uint4><<<KCU_GRID(k_gather, R * nv), KCU_THREADS(k_gather), 0, s>>>(
-            pair, R, K, by_token, (const uint4 *)src, nv, (uint4 *)dst);
-    } else if (row_bytes % 4 == 0 && al % 4 == 0) {
-        int64_t nv = (int64_t)(row_bytes / 4);
-        k_gather<uint32_t><<<KCU_GRID(k_gather, R * nv), KCU_THREADS(k_gather), 0, s>>>(
-            pair, R, K, by_token, (const uint32_t *)src, nv, (uint32_t *)dst);
-    } else {
-        int64_t nv = (int64_t)row_bytes;
-        k_gather<uint8_t><<<KCU_GRID(k_gather, R * nv), KCU_THREADS(k_gather), 0, s>>>(
-            pair, R, K, by_token, (const uint8_t *)src, nv, (uint8_t *)dst);
-    }
+    uintptr_t al = (uintptr_t)src | (uintptr_t)dst | (uintptr_t)row_bytes;
+    if (al % 16 == 0) gather_launch<uint4>(pair, R, K, by_token, src, row_bytes, dst, s);
+    else if (al % 8 == 0) gather_launch<uint2>(pair, R, K, by_token, src, row_bytes, dst, s);
+    else if (al % 4 == 0) gather_launch<uint32_t>(pair, R, K, by_token, src, row_bytes, dst, s);
+    else gather_launch<uint8_t>(pair, R, K, by_token, src, row_bytes, dst, s);
     KCU_LAUNCHED("pack_gather");
     return 0;
 }
 
-__global__ void k_gather_scaled(const int64_t *pair, int64_t R, int K, int64_t D, const float *g,
-                                const float *alpha, float *dst)
+/* dst row r = alpha[u] * g row u/K, u = pair[r]; F is float or float4 (nv =
+ * D/4 vectors), O the output element: F itself, or its BF16 vector */
+template <typename F, typename O>
+__global__ void k_gather_scaled(const int64_t *pair, int64_t R, kdiv_t K, int64_t nv, int sh,
+                                const F *g, const float *alpha, O *dst)
 {
-    GRID_STRIDE(i, R * D) {
-        int64_t r = i / D, c = i - r * D;
+    ROW_WALK(r, R, sh) {
         int64_t u = pair[r];
-        dst[i] = __fmul_rn(alpha[u], g[(u / K) * D + c]);
+        float a = alpha[u];
+        const F *s = g + kdiv_q(u, K) * nv;
+        O *d = dst + r * nv;
+        COL_WALK(c, nv, sh) d[c] = f4_scale(a, s[c]);
+    }
+}
+template <typename F, typename O>
+__global__ void k_gather_scaled_bf16(const int64_t *pair, int64_t R, kdiv_t K, int64_t nv, int sh,
+                                     const F *g, const float *alpha, O *dst)
+{
+    ROW_WALK(r, R, sh) {
+        int64_t u = pair[r];
+        float a = alpha[u];
+        const F *s = g + kdiv_q(u, K) * nv;
+        O *d = dst + r * nv;
+        COL_WALK(c, nv, sh) d[c] = bf_pack(f4_scale(a, s[c]));
     }
 }
 
@@ -972,20 +1033,17 @@ int lrmoe_kcu_pack_gather_scaled(const int64_t *pair, int64_t R, int K, int64_t 
     if (R < 0 || K < 1 || D < 0) return lrmoe_err("pack_gather_scaled: bad sizes");
     if (!R || !D) return 0;
     cudaStream_t s = kcu_stream();
-    k_gather_scaled<<<KCU_GRID(k_gather_scaled, R * D), KCU_THREADS(k_gather_scaled), 0, s>>>(
-        pair, R, K, D, g, alpha, dst);
+    if (D % 4 == 0 && al16(g, dst)) {
+        int sh = ROW_SHIFT(D / 4);
+        k_gather_scaled<float4, float4><<<ROW_GRID(k_gather_scaled, R, sh), KCU_THREADS(k_gather_scaled), 0, s>>>(
+            pair, R, kdiv_make(K), D / 4, sh, (const float4 *)g, alpha, (float4 *)dst);
+    } else {
+        int sh = ROW_SHIFT(D);
+        k_gather_scaled<float, float><<<ROW_GRID(k_gather_scaled, R, sh), KCU_THREADS(k_gather_scaled), 0, s>>>(
+            pair, R, kdiv_make(K), D, sh, g, alpha, dst);
+    }
     KCU_LAUNCHED("pack_gather_scaled");
     return 0;
-}
-
-__global__ void k_gather_scaled_bf16(const int64_t *pair, int64_t R, int K, int64_t D,
-                                     const float *g, const float *alpha, uint16_t *dst)
-{
-    GRID_STRIDE(i, R * D) {
-        int64_t r = i / D, c = i - r * D;
-        int64_t u = pair[r];
-        dst[i] = f2bf(__fmul_rn(alpha[u], g[(u / K) * D + c]));
-    }
 }
 
 int lrmoe_kcu_pack_gather_scaled_bf16(const int64_t *pair, int64_t R, int K, int64_t D,
@@ -994,8 +1052,17 @@ int lrmoe_kcu_pack_gather_scaled_bf16(const int64_t *pair, int64_t R, int K, int
     if (R < 0 || K < 1 || D < 0) return lrmoe_err("pack_gather_scaled_bf16: bad sizes");
     if (!R || !D) return 0;
     cudaStream_t s = kcu_stream();
-    k_gather_scaled_bf16<<<KCU_GRID(k_gather_scaled_bf16, R * D), KCU_THREADS(k_gather_scaled_bf16), 0, s>>>(
-        pair, R, K, D, g, alpha, dst);
+    if (D % 4 == 0 && ((uintptr_t)g & 15) == 0 && ((uintptr_t)dst & 7) == 0) {
+        int sh = ROW_SHIFT(D / 4);
+        k_gather_scaled_bf16<float4, uint2><<<ROW_GRID(k_gather_scaled_bf16, R, sh),
+                                              KCU_THREADS(k_gather_scaled_bf16), 0, s>>>(
+            pair, R, kdiv_make(K), D / 4, sh, (const float4 *)g, alpha, (uint2 *)dst);
+    } else {
+        int sh = ROW_SHIFT(D);
+        k_gather_scaled_bf16<float, uint16_t><<<ROW_GRID(k_gather_scaled_bf16, R, sh),
+                                                KCU_THREADS(k_gather_scaled_bf16), 0, s>>>(
+            pair, R, kdiv_make(K), D, sh, g, alpha, dst);
+    }
     KCU_LAUNCHED("pack_gather_scaled_bf16");
     return 0;
 }
@@ -1012,18 +1079,23 @@ __global__ void k_inverse(const int64_t *pair, int64_t R, int64_t N, unsigned lo
     }
 }
 
-/* out[t] = sum over k ascending of rows[inv[t*K+k]], from +0.0f. */
-__global__ void k_unpack(int64_t T, int K, int64_t D, const unsigned long long *inv,
-                         const float *rows, float *out)
+/* out[t] = sum over k ascending of rows[inv[t*K+k]], from +0.0f; F is float
+ * or float4 (nv = D/4 vectors a row). */
+template <typename F>
+__global__ void k_unpack(int64_t T, int K, int64_t nv, int sh, const unsigned long long *inv,
+                         const F *rows, F *out)
 {
-    GRID_STRIDE(i, T * D) {
-        int64_t t = i / D, c = i - t * D;
-        float s = 0.0f;
-        for (int k = 0; k < K; k++) {
-            unsigned long long r = inv[t * K + k];
-            if (r != ~0ull) s = __fadd_rn(s, rows[(int64_t)r * D + c]);
+    ROW_WALK(t, T, sh) {
+        const unsigned long long *it = inv + t * K;
+        F *o = out + t * nv;
+        COL_WALK(c, nv, sh) {
+            F s = fzero<F>();
+            _Pragma("unroll 1") for (int k = 0; k < K; k++) {
+                unsigned long long r = it[k];
+                if (r != ~0ull) s = f4_add(s, rows[(int64_t)r * nv + c]);
+            }
+            o[c] = s;
         }
-        out[i] = s;
     }
 }
 
@@ -1047,8 +1119,15 @@ int lrmoe_kcu_pack_unpack(const int64_t *pair, int64_t R, const float *rows, int
         pair, R, N, inv, f.d);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) {
-        k_unpack<<<KCU_GRID(k_unpack, T * D), KCU_THREADS(k_unpack), 0, s>>>(
-            T, K, D, inv, rows, out);
+        if (D % 4 == 0 && al16(rows, out)) {
+            int sh = ROW_SHIFT(D / 4);
+            k_unpack<float4><<<ROW_GRID(k_unpack, T, sh), KCU_THREADS(k_unpack), 0, s>>>(
+                T, K, D / 4, sh, inv, (const float4 *)rows, (float4 *)out);
+        } else {
+            int sh = ROW_SHIFT(D);
+            k_unpack<float><<<ROW_GRID(k_unpack, T, sh), KCU_THREADS(k_unpack), 0, s>>>(
+                T, K, D, sh, inv, rows, out);
+        }
         e = cudaGetLastError();
     }
     lrmoe_kcu_free(inv);
@@ -1155,18 +1234,25 @@ int lrmoe_kcu_swiglu_bwd_bf16(int64_t n, int64_t F, const uint16_t *g, const uin
 
 /* ---------------------------------------------------------------- combine */
 
-__global__ void k_combine(int64_t T, int K, int64_t D, const float *alpha, const int64_t *row,
-                          const float *y, float *out)
+/* out[t] = sum over k ascending of alpha[u] * y[row[u]], u = t*K+k, from
+ * +0.0f; F is float or float4 (nv = D/4 vectors a row). */
+template <typename F>
+__global__ void k_combine(int64_t T, int K, int64_t nv, int sh, const float *alpha,
+                          const int64_t *row, const F *y, F *out)
 {
-    GRID_STRIDE(i, T * D) {
-        int64_t t = i / D, c = i - t * D;
-        float s = 0.0f;
-        for (int k = 0; k < K; k++) {
-            int64_t u = t * K + k, r = row[u];
-            if (r < 0) continue;
-            s = __fadd_rn(s, __fmul_rn(alpha[u], y[r * D + c]));
+    ROW_WALK(t, T, sh) {
+        const int64_t *rt = row + t * K;
+        const float *at = alpha + t * K;
+        F *o = out + t * nv;
+        COL_WALK(c, nv, sh) {
+            F s = fzero<F>();
+            _Pragma("unroll 1") for (int k = 0; k < K; k++) {
+                int64_t r = rt[k];
+                if (r < 0) continue;
+                s = f4_add(s, f4_scale(at[k], y[r * nv + c]));
+            }
+            o[c] = s;
         }
-        out[i] = s;
     }
 }
 
@@ -1175,8 +1261,16 @@ int lrmoe_kcu_combine(int64_t T, int K, int64_t D, const float *alpha, const int
 {
     if (T < 0 || K < 1 || D < 0) return lrmoe_err("combine: bad sizes");
     if (!T || !D) return 0;
-    k_combine<<<KCU_GRID(k_combine, T * D), KCU_THREADS(k_combine), 0, kcu_stream()>>>(
-        T, K, D, alpha, row, y, out);
+    cudaStream_t s = kcu_stream();
+    if (D % 4 == 0 && al16(y, out)) {
+        int sh = ROW_SHIFT(D / 4);
+        k_combine<float4><<<ROW_GRID(k_combine, T, sh), KCU_THREADS(k_combine), 0, s>>>(
+            T, K, D / 4, sh, alpha, row, (const float4 *)y, (float4 *)out);
+    } else {
+        int sh = ROW_SHIFT(D);
+        k_combine<float><<<ROW_GRID(k_combine, T, sh), KCU_THREADS(k_combine), 0, s>>>(
+            T, K, D, sh, alpha, row, y, out);
+    }
     KCU_LAUNCHED("combine");
     return 0;
 }

@@ -38,6 +38,46 @@ copy_tree() {
     n=$(cc -std=c11 -I"$TOP/kernels" -o "$D/lt" "$TOP/tests/gpu/launch-table.c" && "$D/lt" | wc -l)
     [ "$n" -gt 20 ]
     assert_output --regexp "check-resources: $n kernels of the launch table"
+    # and the memory-bound kernels' PTX has no integer division (issue 39)
+    assert_output --regexp 'check-divfree: [0-9]+ memory-bound kernel instantiations checked \(ptx\), 0 problem\(s\)'
+    for k in k_gather k_gather_scaled k_gather_scaled_bf16 k_unpack k_combine k_widen; do
+        assert_line --regexp "^ok   $k \(_Z[0-9]+${k}[A-Za-z0-9_]*, ptx\): no integer division$"
+    done
+}
+
+@test "cuda-resources: a division put back into a memory-bound kernel fails the division-free check" {
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH"
+    copy_tree
+    # k_gather's token row back to a 64-bit division by K, k_widen's row
+    # walk back to a flat index split by a division by n
+    sed -i 's/(by_token ? kdiv_q(u, K) : u)/(by_token ? u \/ (int64_t)K.d : u)/' "$D/tree/kernels/kcu.cu"
+    sed -i 's/F v = widen_bf(t\[q\]);/F v = widen_bf(t[q % (nv + 1)]);/' "$D/tree/kernels/gemm.cu"
+    ! cmp -s "$TOP/kernels/kcu.cu" "$D/tree/kernels/kcu.cu"
+    ! cmp -s "$TOP/kernels/gemm.cu" "$D/tree/kernels/gemm.cu"
+    run sh "$TOP/tests/gpu/check-resources.sh" "$D/tree"
+    echo "$output"
+    assert_equal "$status" 1
+    assert_line --regexp '^FAIL k_gather \(_Z8k_gatherI5uint4E.*, ptx\): [0-9]+ integer division instruction\(s\): .*div\.[su]64'
+    assert_line --regexp '^FAIL k_widen \(_Z7k_widen.*, ptx\): [0-9]+ integer division instruction\(s\): .*rem\.[su]64'
+    assert_line --regexp '^ok   k_combine '
+    assert_output --regexp 'check-divfree: [0-9]+ memory-bound kernel instantiations checked \(ptx\), 5 problem\(s\)'
+    # the resource check of the same copy still passes
+    assert_output --partial "0 problem(s)"
+}
+
+@test "cuda-resources: kdiv_q (the kernels' division by K) equals C's division; row shifts" {
+    cc -std=c11 -O2 -Wall -Wextra -Werror -I"$TOP/kernels" -o "$D/kdiv" "$TOP/tests/gpu/kdiv-test.c"
+    run "$D/kdiv"
+    assert_success
+    assert_output --regexp '^kdiv-test: [0-9]+ quotients equal to C.s, row shifts ok$'
+    # without its correction step it is wrong (the test can fail)
+    mkdir -p "$D/bad"
+    sed 's/if ((uint64_t)u - q \* v.d >= v.d) q++;//' "$TOP/kernels/kdiv.h" > "$D/bad/kdiv.h"
+    ! cmp -s "$TOP/kernels/kdiv.h" "$D/bad/kdiv.h"
+    cc -std=c11 -O2 -I"$D/bad" -o "$D/kdiv-bad" "$TOP/tests/gpu/kdiv-test.c"
+    run "$D/kdiv-bad"
+    assert_failure
+    assert_output --partial "kdiv-test: FAIL"
 }
 
 @test "cuda-resources: the original defect fails it: k_scan_small at 1024 threads, no bound" {

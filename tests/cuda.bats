@@ -172,3 +172,100 @@ cuda_module_built() {
         assert_line --regexp '^lrmoe-exec: .*backend cuda: no usable CUDA device: cudaGetDeviceCount: .+$'
     fi
 }
+
+# issue 39: tests/gpu/device-check.sh on a simulated device machine
+# (tests/gpu/sim-device.sh: apt-get fails, no mpicc or ompi-c, the
+# dependencies' headers only through CPATH from build/gpu-carry) whose
+# toolkit directory has cudart but neither cuBLAS nor NCCL, which come from
+# nvidia-* wheel directories as the image ships them. In a copy of the tree
+# (the build writes bin/). Without a GPU every GPU step says NOT RUN.
+@test "cuda: device-check.sh builds on a simulated device machine (NODEPS, CPATH, no MPI, cuBLAS/NCCL from wheels) and leaves every step's status" {
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH"
+    have_gpu && skip "a GPU is present"
+    source "$BATS_TEST_DIRNAME/gpu/sim-device.sh"
+    CU=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+    for l in cudart cublas cublasLt nccl; do
+        ls "$CU"/lib64/lib$l.so.* >/dev/null 2>&1 || skip "the toolkit has no lib$l to stand in for a wheel"
+    done
+    # the tree, as the device tool copies it (no .git)
+    mkdir -p "$D/tree"
+    (cd "$TOP" && git ls-files -co --exclude-standard | grep -v '^shared/' | tar -cf - -T -) |
+        tar -C "$D/tree" -xf -
+    [ -f "$D/tree/tests/gpu/device-check.sh" ]
+    # --prepare runs in the checkout (its commit travels in the carry)
+    (cd "$D/tree" && GIT_DIR="$(cd "$TOP" && git rev-parse --absolute-git-dir)" GIT_WORK_TREE="$D/tree" \
+        sh tests/gpu/device-check.sh --prepare) > /dev/null
+    [ -f "$D/tree/build/gpu-carry/include/zstd.h" ]
+    # the toolkit: nvcc, cudart only; the wheels: cuBLAS and NCCL
+    mkdir -p "$D/cuda/bin" "$D/cuda/lib64" "$D/nvidia/cu13/lib" "$D/nvidia/nccl/lib"
+    printf '#!/bin/sh\nexec %s/bin/nvcc "$@"\n' "$CU" > "$D/cuda/bin/nvcc"
+    chmod +x "$D/cuda/bin/nvcc"
+    ln -s "$CU"/lib64/libcudart.so* "$D/cuda/lib64/"
+    for l in cublas cublasLt; do
+        f=$(ls "$CU"/lib64/lib$l.so.[0-9]* | head -1)
+        ln -s "$(readlink -f "$f")" "$D/nvidia/cu13/lib/$(basename "$f")"
+    done
+    f=$(ls "$CU"/lib64/libnccl.so.[0-9]* | head -1)
+    ln -s "$(readlink -f "$f")" "$D/nvidia/nccl/lib/$(basename "$f")"
+    sim_device "$D/sim"
+    SIM_PATH_PRE="$D/cuda/bin"
+    run sim_env OUT="$D/out" LRMOE_NVIDIA_DIRS="$D/nvidia" DEVICE_CHECK_JOBS=2 \
+        DEVICE_CHECK_BUILD_S=900 DEVICE_CHECK_BUDGET=1200 sh "$D/tree/tests/gpu/device-check.sh"
+    echo "$output"
+    cat "$D/out/summary.txt"
+    # not all passed (no GPU), but the build did, with cuBLAS and NCCL from the wheels
+    assert_failure
+    assert_line --regexp '^device-check: INCOMPLETE \(a step could not run here; no pass claimed\)'
+    assert_line "commit: $(git -C "$TOP" rev-parse HEAD)"
+    assert_line --regexp '^step build: ok '
+    assert_line "lib cublas:$D/nvidia/cu13/lib/$(ls "$D/nvidia/cu13/lib" | grep '^libcublas\.so' | head -1)(wheel)"
+    assert_line --regexp "^lib nccl:$D/nvidia/nccl/lib/libnccl\.so\.[0-9]+\(wheel\)$"
+    assert_line --regexp "^lib cudart:$D/cuda/lib64/libcudart\.so\(toolkit\)$"
+    for t in $(sh "$D/tree/tests/gpu/device-check.sh" --targets build/dev); do
+        [ -e "$D/tree/$t" ] || fail "$t not built"
+    done
+    # no apt-get, no MPI, the dependency headers from the carry alone
+    assert_equal "$(cat "$D/sim/apt-get.log")" ""
+    run grep '^MPI_LIBS' "$D/tree/build/dev/mpi.mk"
+    assert_output "MPI_LIBS := "
+    grep -q 'gpu-carry/include' "$D/tree/build/dev/lib/stream.d"
+    # each step's status, in order of value, each GPU step NOT RUN
+    run grep -o '^step [a-z]*: [A-Z]*[a-z]*' "$D/out/summary.txt"
+    assert_output "$(printf 'step env: done\nstep build: ok\nstep kernels: NOT\nstep bench: NOT\nstep exec: NOT\nstep mpi: NOT\nstep sass: NOT')"
+    run grep '^step mpi:' "$D/out/summary.txt"
+    assert_output --partial "no usable GPU"
+    # env.txt: the commit, ldconfig -p, the toolkit's listing, the search
+    run cat "$D/out/env.txt"
+    assert_line "$(git -C "$TOP" rev-parse HEAD)"
+    assert_line "== ldconfig -p"
+    assert_output --regexp "libc\.so\.6 .*=> "
+    assert_line "-- $D/cuda/lib64"
+    assert_output --partial "libcublas: $D/nvidia/cu13/lib/"
+    # at most 8 files come back, none below a folder
+    assert_equal "$(find "$D/out" -mindepth 1 | wc -l)" "$(find "$D/out" -maxdepth 1 -type f | wc -l)"
+    [ "$(find "$D/out" -type f | wc -l)" -le 8 ]
+}
+
+@test "cuda: device-check.sh: a failing or timed-out step is reported and the next runs; no budget left is SKIPPED" {
+    # a fake build directory: test-kernels that fails one case, a bench that
+    # hangs, no make (build fails), within a budget that runs out
+    mkdir -p "$D/tree/tests/gpu" "$D/tree/build/dev/tests/gpu" "$D/bin"
+    cp "$TOP/tests/gpu/device-check.sh" "$TOP/tests/gpu/cuda-libs.sh" "$D/tree/tests/gpu/"
+    printf '#!/bin/sh\necho "ok   a"\necho "FAIL b"\necho "1 of 2 kernel checks passed"\nexit 1\n' \
+        > "$D/tree/build/dev/tests/gpu/test-kernels"
+    printf '#!/bin/sh\nsleep 100\n' > "$D/tree/build/dev/tests/gpu/bench-gpu"
+    printf '#!/bin/sh\necho "make: simulated failure" >&2\nexit 2\n' > "$D/bin/make"
+    chmod +x "$D"/tree/build/dev/tests/gpu/* "$D/bin/make"
+    run env PATH="$D/bin:$PATH" OUT="$D/out" LRMOE_NVIDIA_DIRS= DEVICE_CHECK_BUDGET=20 \
+        sh "$D/tree/tests/gpu/device-check.sh"
+    echo "$output"
+    assert_failure
+    assert_line --regexp '^step build: FAIL \([0-9]+s, at [0-9]+s\): exit 2, not built: lrmoe-exec'
+    assert_line --regexp '^step kernels: FAIL .*1 FAIL lines; 1 of 2 kernel checks passed$'
+    assert_line --regexp "^step bench: TIMEOUT \\((19|2[0-9])s"
+    assert_line --regexp '^step exec: SKIPPED \(no budget left'
+    assert_line --regexp '^step mpi: SKIPPED \(no budget left'
+    assert_line --regexp '^device-check: NOT ALL PASSED'
+    run cat "$D/out/kernels.txt"
+    assert_line "FAIL b"
+}

@@ -2,18 +2,21 @@
 # Make sure what lrmoe needs is installed. `deps.sh build` checks the build
 # dependencies, `deps.sh test` those of the test suite and benchmarks.
 # Missing Debian packages are installed with apt-get when we are root;
-# otherwise we print exactly what to install and fail.
+# otherwise we print exactly what to install and fail. Headers and libraries
+# are looked for by the compiler ($CC, default cc), so CPATH, LIBRARY_PATH
+# and -I/-L in CC count. The optional ones (OpenMPI, oneDNN) never fail it:
+# a failed apt-get of those (no network) is reported and the build goes on
+# without them. `make NODEPS=1` skips this script altogether.
 set -u
 what=${1:-build}
 missing=""
-need_hdr() { # header package
-    for d in /usr/include /usr/include/x86_64-linux-gnu /usr/local/include; do
-        [ -e "$d/$1" ] && return 0
-    done
-    missing="$missing $2"
+CC=${CC:-cc}
+need_hdr() { # header package: found by the compiler, so CPATH and CC's -I count
+    printf '#include <%s>\n' "$1" | $CC -E -x c - -o /dev/null >/dev/null 2>&1 ||
+        missing="$missing $2"
 }
 need_lib() { # library package: something may provide the header alone
-    printf 'int main(void){return 0;}\n' | cc -x c - -o /dev/null "-l$1" \
+    printf 'int main(void){return 0;}\n' | $CC -x c - -o /dev/null "-l$1" \
         >/dev/null 2>&1 || missing="$missing $2"
 }
 need_cmd() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
@@ -56,30 +59,39 @@ if [ "$what" = test ]; then
     [ -f /usr/share/games/fortunes/science ] || missing="$missing fortunes"
 fi
 
-if [ -n "$optional" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    missing="$missing$optional"
-elif [ -n "$optional" ]; then
-    echo "lrmoe: optional (MPI support of lrmoe-exec): sudo apt-get install$optional" >&2
-fi
+root_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
+apt_install() { # packages...: quiet apt-get update + install, status of both
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get update -qq && apt-get install -y -qq "$@"; } >&2
+}
 if [ -n "$missing" ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    if root_apt; then
         echo "lrmoe: installing:$missing" >&2
-        export DEBIAN_FRONTEND=noninteractive
-        { apt-get update -qq && apt-get install -y -qq $missing; } >&2 || {
-            echo "lrmoe: apt-get install$missing failed" >&2; exit 1; }
+        # shellcheck disable=SC2086
+        apt_install $missing || { echo "lrmoe: apt-get install$missing failed" >&2; exit 1; }
     else
         echo "lrmoe: missing build dependencies; install them with:" >&2
         echo "    sudo apt-get install$missing" >&2
         exit 1
     fi
 fi
+# Optional ones never fail the build: tried as root, else named (an
+# apt-get that cannot reach its registry only costs the attempt).
+if [ -n "$optional" ] && root_apt; then
+    echo "lrmoe: installing (optional, MPI support of lrmoe-exec):$optional" >&2
+    # shellcheck disable=SC2086
+    apt_install $optional ||
+        echo "lrmoe: optional$optional not installed (apt-get failed): lrmoe-exec without MPI" >&2
+elif [ -n "$optional" ]; then
+    echo "lrmoe: optional (MPI support of lrmoe-exec): sudo apt-get install$optional" >&2
+fi
 
 # Optional: oneDNN for the BF16 expert GEMMs (lrmoe-exec --compute bf16);
 # installed when we are root, else the build is F32-only (the Makefile says so).
-if [ ! -e /usr/include/oneapi/dnnl/dnnl.h ] && [ "$(id -u)" = 0 ] &&
-    command -v apt-get >/dev/null 2>&1; then
+if ! printf '#include <oneapi/dnnl/dnnl.h>\n' | $CC -E -x c - -o /dev/null >/dev/null 2>&1 &&
+    root_apt; then
     echo "lrmoe: installing libdnnl-dev (oneDNN: BF16 GEMMs)" >&2
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libdnnl-dev; } >&2 ||
+    apt_install libdnnl-dev ||
         echo "lrmoe: libdnnl-dev not installed: building without --compute bf16" >&2
 fi
 

@@ -10,6 +10,8 @@
 #   LRMOE_CHECK_FAKE=DIR/lrmoe-exec-fake    a GPU-free rehearsal on the fake
 #       device (tests/gpu/build-fake.sh with FAKE_MPI=1): the data path only
 #   MPI_CUDA_TOKENS=N                       tokens per frame (default 4096)
+#   BUILD=DIR                               where test-kernels (the GPU probe) is
+# Without a usable GPU (probed first) it says NOT run and exits 0.
 #
 # Expected: mpirun = in-process CUDA bit for bit (each rank's GEMMs see the
 # same rows in the same order on the same device; tol 0), CUDA = CPU within
@@ -24,6 +26,16 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN="timeout 120 mpirun --oversubscribe --mca btl tcp,self"
 
 notrun() { echo "check-mpi-cuda: NOT run ($*)"; exit 0; }
+# a GPU first (unless on the fake device): test-kernels --probe of $BUILD
+# (default build), else nvidia-smi -L
+if [ -z "${LRMOE_CHECK_FAKE:-}" ]; then
+    TK="${BUILD:-build}/tests/gpu/test-kernels"
+    if [ -x "$TK" ]; then
+        probe=$("$TK" --probe 2>&1) || notrun "no usable GPU: $probe"
+    elif ! nvidia-smi -L >/dev/null 2>&1; then
+        notrun "no GPU (nvidia-smi -L fails, no $TK to probe with)"
+    fi
+fi
 command -v mpirun >/dev/null 2>&1 || notrun "mpirun not installed on this machine"
 for t in gen route plan score pack; do
     [ -x bin/lrmoe-$t ] || notrun "bin/lrmoe-$t not built"

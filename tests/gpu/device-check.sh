@@ -1,21 +1,57 @@
 #!/bin/sh
-# The one prepared script for a lent GPU machine (H200): build there, run the
-# GPU checks (make check-gpu) and the GPU benchmark, write everything under
-# $OUT, all within 8 minutes.
+# The one prepared script for a lent GPU machine (H200, no network, no
+# package registry): build there, run the GPU checks in order of value within
+# one overall budget, and leave every result under $OUT as it finishes.
 #
 #   on this (CPU) machine, once:   sh tests/gpu/device-check.sh --prepare
 #       copies the build dependencies the CUDA image may lack (headers and
-#       shared libraries of zstd, jansson, glpk, OpenBLAS) into
-#       build/gpu-carry (git-ignored, ~40 MB)
+#       shared libraries of zstd, jansson, glpk, OpenBLAS) and the commit
+#       into build/gpu-carry (git-ignored, ~40 MB)
 #   on the device machine:          sh tests/gpu/device-check.sh
-#       (run tool: carry ["build/gpu-carry"], timeout_s 540)
+#       (run tool: carry ["build/gpu-carry"], timeout_s 480)
+#   sh tests/gpu/device-check.sh --targets BUILD
+#       prints the make targets the device build asks for (tests/cuda.bats
+#       builds the same list in its simulation of the device machine)
 #
-# Results: $OUT/summary.txt (short table, also printed last), build.log,
-# check-gpu.txt, bench-gpu.txt, mpi-cuda.txt (tests/gpu/check-mpi-cuda.sh),
-# nvidia-smi.txt. Exit 0 when the checks pass.
+# Budget: DEVICE_CHECK_BUDGET seconds of work in all (default 420, for a
+# 480 s limit). Steps, most valuable first, each under its own timeout (its
+# cap, or what is left of the budget when less) and recorded in
+# summary.txt the moment it ends; a step that fails or times out is reported
+# and the next one runs; one that has no budget left is SKIPPED:
+#   env      commit, ldconfig -p, the toolkit's library listing, the library
+#            directories found for cudart, cuBLAS and NCCL (toolkit, else the
+#            nvidia-* wheels of the image's python3), nvidia-smi   -> env.txt
+#   build    make NODEPS=1 -k of the targets below (no deps step: no
+#            apt-get without network)                             -> build.log
+#   kernels  test-kernels: every kernel against its CPU reference
+#            (the only step that executes kernels on their own) -> kernels.txt
+#   bench    bench-gpu                                            -> bench.txt
+#   exec     check-gpu.sh without its kernel part: lrmoe-exec --backend cuda
+#            against --backend cpu, in-process, pipeline          -> exec.txt
+#   mpi      check-mpi-cuda.sh (probes for a GPU first)       -> mpi-cuda.txt
+#   sass     division-free check of the built kernel objects (cuobjdump)
+#                                                        (appended to build.log)
+# DEVICE_CHECK_BUILD (build/dev), DEVICE_CHECK_JOBS (16) and
+# DEVICE_CHECK_BUILD_S (the build's cap, 170) are for tests/cuda.bats's
+# simulation of the device machine on a 2-core one.
+# $OUT holds at most these 7 files (the run tool returns 8). The last line
+# says PASS (exit 0) only when every step ran and passed; NOT ALL PASSED
+# when one failed, timed out or was skipped, INCOMPLETE when none did but
+# one could not run (no GPU, no mpirun, no cuobjdump).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 CARRY=build/gpu-carry
+B=${DEVICE_CHECK_BUILD:-build/dev}
+
+targets() { # BUILD
+    echo "bin/lrmoe-exec bin/lrmoe-gen bin/lrmoe-route bin/lrmoe-score bin/lrmoe-pack" \
+        "bin/lrmoe-plan $1/tests/gpu/test-kernels $1/tests/gpu/bench-gpu $1/liblrmoe.so.1" \
+        "$1/liblrmoe-cuda.so.1"
+}
+if [ "${1:-}" = --targets ]; then
+    targets "${2:-$B}"
+    exit 0
+fi
 
 if [ "${1:-}" = --prepare ]; then
     rm -rf "$CARRY" && mkdir -p "$CARRY/include" "$CARRY/lib" || exit 1
@@ -33,21 +69,45 @@ if [ "${1:-}" = --prepare ]; then
         cp -L "/lib/x86_64-linux-gnu/$so" "$CARRY/lib/" || exit 1
         ln -sf "$so" "$CARRY/lib/${so%%.so.*}.so"
     done
+    # the device machine gets the tree without .git: the commit travels here
+    { git rev-parse HEAD && git status --porcelain --untracked-files=no | sed 's/^/  modified: /'; } \
+        > "$CARRY/commit" 2>/dev/null || echo "unknown (--prepare outside a git checkout)" > "$CARRY/commit"
     du -sh "$CARRY"
     exit 0
 fi
 
 OUT=${OUT:-/tmp/lrmoe-gpu-out}
-mkdir -p "$OUT"
+BUDGET=${DEVICE_CHECK_BUDGET:-420}
+mkdir -p "$OUT" || exit 1
 S="$OUT/summary.txt"
+ENV="$OUT/env.txt"
 : > "$S"
-note() { echo "$*" | tee -a "$S"; }
 T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 ))s; }
+END=$((T0 + BUDGET))
+now() { echo $(( $(date +%s) - T0 )); }
+note() { echo "$*" | tee -a "$S"; }
+rc_all=0     # a step failed, timed out or was skipped
+notrun=0     # a step could not run here (no GPU, no mpirun, not built)
 
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+# ---- env: what is there, written first (ldconfig -p and the toolkit's
+# libraries before anything that could hang)
+NVCC_BIN=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+CH=$(dirname "$(dirname "$NVCC_BIN")")
+COMMIT=$(git rev-parse HEAD 2>/dev/null || head -1 "$CARRY/commit" 2>/dev/null)
+{
+    echo "== commit"
+    echo "${COMMIT:-unknown (no .git, no $CARRY/commit)}"
+    tail -n +2 "$CARRY/commit" 2>/dev/null
+    echo "== ldconfig -p"
+    ldconfig -p 2>&1
+    echo "== toolkit $CH: libraries"
+    for d in "$CH/lib64" "$CH/targets/x86_64-linux/lib" "$CH/lib"; do
+        [ -d "$d" ] && { echo "-- $d"; ls -l "$d" 2>&1; }
+    done
+} > "$ENV" 2>&1
+note "commit: ${COMMIT:-unknown}"
 note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
-note "nvcc: $(nvcc --version 2>&1 | tail -1)"
+note "nvcc: $(timeout 20 "$NVCC_BIN" --version 2>&1 | tail -1)"
 
 # Build dependencies: the system's, else the carried ones.
 if [ -d "$CARRY" ]; then
@@ -55,85 +115,134 @@ if [ -d "$CARRY" ]; then
     export LIBRARY_PATH="$PWD/$CARRY/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
     export LD_LIBRARY_PATH="$PWD/$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-# CUDA: the nvcc on PATH, else /usr/local/cuda; its library directory (the
-# Makefile looks in lib64 and targets/x86_64-linux/lib only; a toolkit laid
-# out from wheels has lib/).
-NVCC_BIN=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-CH=$(dirname "$(dirname "$NVCC_BIN")")
-CLD=
-for d in "$CH/lib64" "$CH/targets/x86_64-linux/lib" "$CH/lib"; do
-    if [ -e "$d/libcudart.so" ]; then CLD=$d; break; fi
-done
-note "cuda: $CH (libraries: ${CLD:-not found})"
-# NCCL: CUDA's own, else the one of the nvidia-nccl wheel PyTorch brings.
-have_nccl=0
-for d in "$CH/lib64" "$CH/targets/x86_64-linux/lib" "$CH/lib"; do
-    ls "$d"/libnccl.so* >/dev/null 2>&1 && have_nccl=1
-done
-if [ $have_nccl = 0 ]; then
-    ND=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
-    if [ -n "$ND" ]; then
-        [ -e "$ND/lib/libnccl.so" ] || { mkdir -p "$OUT/nccl" && ln -sf "$ND"/lib/libnccl.so.* "$OUT/nccl/libnccl.so" && ND2="$OUT/nccl"; }
-        export CPATH="$ND/include${CPATH:+:$CPATH}"
-        export LIBRARY_PATH="${ND2:-$ND/lib}:$ND/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
-        export LD_LIBRARY_PATH="$ND/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-        note "nccl: from the wheel at $ND"
-    else
-        note "nccl: not found (build will fail at link)"
+# CUDA's libraries (tests/gpu/cuda-libs.sh): cudart from the toolkit;
+# cuBLAS and NCCL from it, else from the image's nvidia-* wheels.
+LIBLINKS="$PWD/$B/cuda-links"
+. tests/gpu/cuda-libs.sh
+cuda_libs "$CH" "$LIBLINKS" >> "$ENV" 2>&1
+note "cuda: $CH (CUDA_LIBDIR ${CUDA_LIBDIR:-not found})"
+for l in $CUDA_LIBS_FOUND; do note "lib $l"; done
+[ -n "$CUDA_LIBS_MISSING" ] && note "lib NOT FOUND:$CUDA_LIBS_MISSING (the build will fail at link)"
+{
+    echo "== CPATH=${CPATH:-}"; echo "== LIBRARY_PATH=${LIBRARY_PATH:-}"
+    echo "== LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    echo "== nvidia-smi"; timeout 20 nvidia-smi 2>&1
+    echo "== cuobjdump: $(command -v cuobjdump || echo none), nvdisasm: $(command -v nvdisasm || echo none)"
+    echo "== mpirun: $(command -v mpirun || echo none), mpicc: $(command -v mpicc || echo none)"
+} >> "$ENV" 2>&1
+note "step env: done ($(now)s)"
+
+# ---- a step: NAME CAP LOG command... -> sets $src (exit status, 124 = timed
+# out) and $sdt (seconds); returns 1 when there was no budget left for it
+run_step() {
+    name=$1; cap=$2; log=$3; shift 3
+    left=$((END - $(date +%s)))
+    if [ "$left" -lt 15 ]; then
+        note "step $name: SKIPPED (no budget left: ${left}s of $BUDGET)"
+        rc_all=1; src=; sdt=0
+        return 1
     fi
+    t=$cap; [ "$t" -gt "$left" ] && t=$left
+    s0=$(date +%s)
+    timeout -k 5 "$t" "$@" >> "$log" 2>&1
+    src=$?
+    sdt=$(( $(date +%s) - s0 ))
+    [ "$src" = 137 ] && src=124
+    [ "$src" = 124 ] && echo "(timed out after ${t}s)" >> "$log"
+    return 0
+}
+verdict() { # name status detail: one line, written now
+    note "step $1: $2 (${sdt}s, at $(now)s)${3:+: $3}"
+    case $2 in PASS|ok) ;; "NOT RUN"*) notrun=1 ;; *) rc_all=1 ;; esac
+}
+
+# ---- build: the targets alone, not `all`; NODEPS=1: no tests/deps.sh (its
+# apt-get has no network there); -k: what can be built is built
+TARGETS=$(targets "$B")
+: > "$OUT/build.log"
+# shellcheck disable=SC2086
+if run_step build "${DEVICE_CHECK_BUILD_S:-170}" "$OUT/build.log" make -k -j"${DEVICE_CHECK_JOBS:-16}" NODEPS=1 BUILD="$B" CUDA_HOME="$CH" \
+        ${CUDA_LIBDIR:+CUDA_LIBDIR="$CUDA_LIBDIR"} $TARGETS; then
+    missing=
+    for t in $TARGETS; do [ -e "$t" ] || missing="$missing $(basename "$t")"; done
+    if [ "$src" = 0 ]; then verdict build ok
+    elif [ "$src" = 124 ]; then verdict build TIMEOUT "not built:$missing"
+    else verdict build FAIL "exit $src, not built:$missing"; fi
+    [ "$src" = 0 ] || tail -15 "$OUT/build.log" | sed 's/^/     /' | tee -a "$S"
+fi
+TK="$B/tests/gpu/test-kernels"
+
+# ---- kernels: every kernel against its CPU reference
+: > "$OUT/kernels.txt"
+if [ ! -x "$TK" ]; then
+    note "step kernels: NOT RUN (test-kernels not built)"; notrun=1
+elif run_step kernels 90 "$OUT/kernels.txt" "$TK"; then
+    line=$(grep 'kernel checks passed' "$OUT/kernels.txt")
+    nf=$(grep -c '^FAIL' "$OUT/kernels.txt")
+    case $src in
+    0) verdict kernels PASS "$line" ;;
+    3) verdict kernels "NOT RUN" "$(head -1 "$OUT/kernels.txt")" ;;
+    124) verdict kernels TIMEOUT "$(grep -c '^ok' "$OUT/kernels.txt") ok, $nf FAIL before it" ;;
+    *) verdict kernels FAIL "exit $src, $nf FAIL lines; $line"
+       grep '^FAIL\|^test-kernels:' "$OUT/kernels.txt" | head -20 | sed 's/^/     /' | tee -a "$S" ;;
+    esac
 fi
 
-B=build/dev
-TARGETS="bin/lrmoe-exec bin/lrmoe-gen bin/lrmoe-route bin/lrmoe-score bin/lrmoe-pack bin/lrmoe-plan $B/tests/gpu/test-kernels $B/tests/gpu/bench-gpu $B/liblrmoe.so.1 $B/liblrmoe-cuda.so.1"
-# the targets themselves, not `all`: deps-build would try apt-get, which has
-# no network there
-if timeout 150 make -j16 BUILD=$B CUDA_HOME="$CH" ${CLD:+CUDA_LIBDIR=$CLD} $TARGETS > "$OUT/build.log" 2>&1; then
-    note "build: ok ($(el))"
-else
-    note "build: FAILED ($(el)); last lines:"
-    tail -15 "$OUT/build.log" | tee -a "$S"
-    exit 1
+# ---- bench: the GPU benchmark
+: > "$OUT/bench.txt"
+if [ ! -x "$B/tests/gpu/bench-gpu" ]; then
+    note "step bench: NOT RUN (bench-gpu not built)"; notrun=1
+elif run_step bench 90 "$OUT/bench.txt" "$B/tests/gpu/bench-gpu"; then
+    case $src in
+    0) verdict bench ok "$(tail -1 "$OUT/bench.txt")" ;;
+    3) verdict bench "NOT RUN" "no device" ;;
+    124) verdict bench TIMEOUT ;;
+    *) verdict bench FAIL "exit $src: $(tail -1 "$OUT/bench.txt")" ;;
+    esac
 fi
 
-rc=0
-timeout 230 env BUILD=$B HAVE_CUDA=1 sh tests/gpu/check-gpu.sh > "$OUT/check-gpu.txt" 2>&1
-crc=$?
-if [ $crc = 0 ] && grep -q '^check-gpu: PASS' "$OUT/check-gpu.txt"; then
-    note "check-gpu: PASS ($(el)): $(grep -c '^ok' "$OUT/check-gpu.txt") ok lines"
-elif grep -q 'NOT run' "$OUT/check-gpu.txt"; then
-    rc=1
-    note "check-gpu: NOT RUN ($(el)): $(grep 'NOT run' "$OUT/check-gpu.txt")"
-else
-    rc=1
-    note "check-gpu: FAIL (exit $crc, 124 = timeout) ($(el)):"
-    grep -E '^(FAIL|check-gpu)' "$OUT/check-gpu.txt" | head -20 | tee -a "$S"
+# ---- exec: lrmoe-exec --backend cuda against the CPU backend (check-gpu.sh
+# without its kernel part, which ran above)
+: > "$OUT/exec.txt"
+if run_step exec 120 "$OUT/exec.txt" env BUILD="$B" HAVE_CUDA=1 LRMOE_CHECK_SKIP_KERNELS=1 \
+        sh tests/gpu/check-gpu.sh; then
+    nok=$(grep -c '^ok' "$OUT/exec.txt"); nf=$(grep -c '^FAIL' "$OUT/exec.txt")
+    if grep -q 'NOT run' "$OUT/exec.txt"; then verdict exec "NOT RUN" "$(grep -m1 'NOT run' "$OUT/exec.txt")"
+    elif [ "$src" = 0 ] && grep -q '^check-gpu: PASS' "$OUT/exec.txt"; then verdict exec PASS "$nok ok"
+    elif [ "$src" = 124 ]; then verdict exec TIMEOUT "$nok ok, $nf FAIL before it"
+    else verdict exec FAIL "exit $src, $nok ok, $nf FAIL"
+         grep '^FAIL' "$OUT/exec.txt" | head -20 | sed 's/^/     /' | tee -a "$S"; fi
 fi
-grep 'kernel checks passed' "$OUT/check-gpu.txt" | tee -a "$S"
 
-if timeout 90 "$B/tests/gpu/bench-gpu" > "$OUT/bench-gpu.txt" 2>&1; then
-    note "bench-gpu: ran ($(el))"
-else
-    note "bench-gpu: FAILED or timeout ($(el))"
-    rc=1
+# ---- mpi: the CUDA backend under mpirun -np 2 (issue 18)
+: > "$OUT/mpi-cuda.txt"
+if run_step mpi 90 "$OUT/mpi-cuda.txt" env BUILD="$B" sh tests/gpu/check-mpi-cuda.sh; then
+    if grep -q '^check-mpi-cuda: NOT run' "$OUT/mpi-cuda.txt"; then
+        verdict mpi "NOT RUN" "$(grep -m1 '^check-mpi-cuda: NOT run' "$OUT/mpi-cuda.txt" | sed 's/^check-mpi-cuda: NOT run //')"
+    elif [ "$src" = 0 ] && grep -q '^check-mpi-cuda: PASS' "$OUT/mpi-cuda.txt"; then
+        verdict mpi PASS "$(grep -c '^ok' "$OUT/mpi-cuda.txt") ok, $(grep -m1 'exec.gpu_comm' "$OUT/mpi-cuda.txt" | sed 's/^ *//')"
+    elif [ "$src" = 124 ]; then verdict mpi TIMEOUT
+    else verdict mpi FAIL "exit $src"
+         grep '^FAIL' "$OUT/mpi-cuda.txt" | head -20 | sed 's/^/     /' | tee -a "$S"; fi
 fi
-cat "$OUT/bench-gpu.txt" >> "$S"
 
-# issue 18: the CUDA backend under mpirun -np 2, the two ranks sharing the
-# GPU, against --backend cpu and the in-process CUDA run (needs OpenMPI on
-# this machine at build time; otherwise it says NOT run)
-timeout 150 sh tests/gpu/check-mpi-cuda.sh > "$OUT/mpi-cuda.txt" 2>&1
-mrc=$?
-if grep -q '^check-mpi-cuda: PASS' "$OUT/mpi-cuda.txt"; then
-    note "mpi-cuda: PASS ($(el)): $(grep -c '^ok' "$OUT/mpi-cuda.txt") ok lines, $(grep -m1 'exec.gpu_comm' "$OUT/mpi-cuda.txt" | sed 's/^ *//')"
-elif grep -q '^check-mpi-cuda: NOT run' "$OUT/mpi-cuda.txt"; then
-    note "mpi-cuda: $(grep '^check-mpi-cuda: NOT run' "$OUT/mpi-cuda.txt") ($(el))"
+# ---- sass: no integer division left in the memory-bound kernels' machine code
+if command -v cuobjdump >/dev/null 2>&1; then
+    echo "== check-divfree (SASS)" >> "$OUT/build.log"
+    if run_step sass 30 "$OUT/build.log" python3 tests/gpu/divfree.py --sass "$B"/kernels/kcu.o \
+            "$B"/kernels/gemm.o; then
+        if [ "$src" = 0 ]; then verdict sass PASS "$(tail -1 "$OUT/build.log")"
+        else verdict sass FAIL "$(tail -1 "$OUT/build.log")"; fi
+    fi
 else
-    rc=1
-    note "mpi-cuda: FAIL (exit $mrc, 124 = timeout) ($(el)):"
-    grep -E '^(FAIL|check-mpi-cuda)' "$OUT/mpi-cuda.txt" | head -20 | tee -a "$S"
+    note "step sass: NOT RUN (no cuobjdump)"; notrun=1
 fi
+
 echo "----"
-cat "$OUT/bench-gpu.txt"
+cat "$OUT/bench.txt"
 echo "----"
-grep -E '^(build|check-gpu|bench-gpu|mpi-cuda|device|[0-9]+ of)' "$S"
-exit $rc
+if [ $rc_all != 0 ]; then v="NOT ALL PASSED"
+elif [ $notrun != 0 ]; then v="INCOMPLETE (a step could not run here; no pass claimed)"
+else v=PASS; fi
+note "device-check: $v ($(now)s of $BUDGET)"
+[ "$v" = PASS ]

@@ -35,10 +35,16 @@ static uint64_t rnd(void)
 static float urand(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 40) * (1.0 / 16777216.0)); }
 static int64_t irand(int64_t n) { return n > 0 ? (int64_t)(rnd() % (uint64_t)n) : 0; }
 
+/* A launcher or copy that fails ends its case, not the run: the case is
+ * reported FAIL with the message and the next case runs (main's CASE). */
+struct case_error {
+    char msg[512];
+};
 static void die(const char *what)
 {
-    fprintf(stderr, "test-kernels: %s: %s\n", what, lrmoe_errmsg());
-    exit(1);
+    case_error e;
+    snprintf(e.msg, sizeof e.msg, "%s: %s", what, lrmoe_errmsg());
+    throw e;
 }
 #define OK(x) do { if ((x) < 0) die(#x); } while (0)
 
@@ -65,8 +71,9 @@ template <typename X> struct dbuf {
         if (!stage) {
             cudaError_t e = cudaMallocHost((void **)&stage, (n ? n : 1) * sizeof(X));
             if (e != cudaSuccess) {
-                fprintf(stderr, "test-kernels: cudaMallocHost: %s\n", cudaGetErrorString(e));
-                exit(1);
+                case_error ce;
+                snprintf(ce.msg, sizeof ce.msg, "cudaMallocHost: %s", cudaGetErrorString(e));
+                throw ce;
             }
         } else {
             OK(lrmoe_kcu_sync());
@@ -295,7 +302,20 @@ static void t_pack(int64_t T, int K, int E, int P, const char *how, int with_ran
     }
 }
 
-static void t_gather(int64_t T, int K, int64_t R, size_t row_bytes, int by_token, int64_t D)
+/* v with `mis` leading zero elements: a device copy of it read from
+ * d + mis is v at an address mis elements off the allocation's alignment */
+template <typename X> static std::vector<X> shifted(const std::vector<X> &v, int mis)
+{
+    std::vector<X> w(v.size() + mis);
+    memcpy(w.data() + mis, v.data(), v.size() * sizeof(X));
+    return w;
+}
+
+/* mis: the scaled rows, the gradient rows and the unpack output start one
+ * float off 16-byte alignment (the launchers' scalar paths even where D is
+ * a multiple of 4) */
+static void t_gather(int64_t T, int K, int64_t R, size_t row_bytes, int by_token, int64_t D,
+                     int mis = 0)
 {
     char cs[96];
     snprintf(cs, sizeof cs, "T=%lld K=%d R=%lld row=%zuB %s", (long long)T, K, (long long)R,
@@ -324,39 +344,40 @@ static void t_gather(int64_t T, int K, int64_t R, size_t row_bytes, int by_token
     cmp_exact("pack_gather", cs, gd.data(), rd.data(), rd.size()); /* a byte copy: exact */
 
     /* scaled gradient rows, then the inverse scatter-add */
-    snprintf(cs, sizeof cs, "T=%lld K=%d R=%lld D=%lld", (long long)T, K, (long long)R, (long long)D);
+    snprintf(cs, sizeof cs, "T=%lld K=%d R=%lld D=%lld%s", (long long)T, K, (long long)R, (long long)D,
+             mis ? " misaligned" : "");
     auto g = randf((size_t)(T * D), -2, 2), al = randf((size_t)N, 0, 1);
-    dbuf<float> dg(T * D), da(N), dr(R * D), dout(T * D);
-    dg.put(g); da.put(al);
+    dbuf<float> dg(T * D + mis), da(N), dr(R * D + mis), dout(T * D + mis);
+    dg.put(shifted(g, mis)); da.put(al);
     dr.poison();
-    OK(lrmoe_kcu_pack_gather_scaled(dp.d, R, K, D, dg.d, da.d, dr.d));
+    OK(lrmoe_kcu_pack_gather_scaled(dp.d, R, K, D, dg.d + mis, da.d, dr.d + mis));
     std::vector<float> rr(R * D);
     OK(lrmoe_kref_pack_gather_scaled(pair.data(), R, K, D, g.data(), al.data(), rr.data()));
     auto gr = dr.get();
     /* one correctly rounded f32 product on both sides: exact */
-    cmp_exact("pack_gather_scaled", cs, gr.data(), rr.data(), rr.size());
+    cmp_exact("pack_gather_scaled", cs, gr.data() + mis, rr.data(), rr.size());
     {
-        dbuf<uint16_t> db(R * D);
+        dbuf<uint16_t> db(R * D + mis);
         db.poison();
-        OK(lrmoe_kcu_pack_gather_scaled_bf16(dp.d, R, K, D, dg.d, da.d, db.d));
+        OK(lrmoe_kcu_pack_gather_scaled_bf16(dp.d, R, K, D, dg.d + mis, da.d, db.d + mis));
         std::vector<uint16_t> rb(R * D);
         OK(lrmoe_kref_pack_gather_scaled_bf16(pair.data(), R, K, D, g.data(), al.data(), rb.data()));
         auto gb = db.get();
         /* the same product, one RNE rounding to BF16: exact */
-        cmp_exact("pack_gather_scaled_bf16", cs, gb.data(), rb.data(), rb.size());
+        cmp_exact("pack_gather_scaled_bf16", cs, gb.data() + mis, rb.data(), rb.size());
     }
     dout.poison();
-    OK(lrmoe_kcu_pack_unpack(dp.d, R, dr.d, D, T, K, dout.d));
+    OK(lrmoe_kcu_pack_unpack(dp.d, R, dr.d + mis, D, T, K, dout.d + mis));
     std::vector<float> ro(T * D);
     OK(lrmoe_kref_pack_unpack(pair.data(), R, rr.data(), D, T, K, ro.data()));
     auto go = dout.get();
     /* same additions in the same (ascending k) order from +0: exact */
-    cmp_exact("pack_unpack", cs, go.data(), ro.data(), ro.size());
+    cmp_exact("pack_unpack", cs, go.data() + mis, ro.data(), ro.size());
     if (R >= 2) { /* a pair twice: refused */
         std::vector<int64_t> dup(pair);
         dup[1] = dup[0];
         dp.put(dup);
-        int gr2 = lrmoe_kcu_pack_unpack(dp.d, R, dr.d, D, T, K, dout.d);
+        int gr2 = lrmoe_kcu_pack_unpack(dp.d, R, dr.d + mis, D, T, K, dout.d + mis);
         report("pack_unpack duplicate", cs, gr2 < 0, 0, gr2 < 0 ? lrmoe_errmsg() : "accepted");
     }
 }
@@ -410,10 +431,11 @@ static void t_swiglu(int64_t n, int64_t F)
     }
 }
 
-static void t_combine(int64_t T, int K, int64_t D)
+static void t_combine(int64_t T, int K, int64_t D, int mis = 0)
 {
     char cs[64];
-    snprintf(cs, sizeof cs, "T=%lld K=%d D=%lld", (long long)T, K, (long long)D);
+    snprintf(cs, sizeof cs, "T=%lld K=%d D=%lld%s", (long long)T, K, (long long)D,
+             mis ? " misaligned" : "");
     int64_t N = T * K;
     std::vector<int64_t> row(N);
     int64_t rows = 0;
@@ -422,18 +444,18 @@ static void t_combine(int64_t T, int K, int64_t D)
         if (row[u] >= 0) { int64_t v = irand(N); if (row[v] >= 0) std::swap(row[u], row[v]); }
     auto al = randf((size_t)N, 0, 1), y = randf((size_t)(rows * D), -2, 2), g = randf((size_t)(T * D), -2, 2);
     dbuf<int64_t> dr(N);
-    dbuf<float> da(N), dy(rows * D), dout(T * D), dg(T * D), ddot(N);
-    dr.put(row); da.put(al); dy.put(y); dg.put(g);
+    dbuf<float> da(N), dy(rows * D + mis), dout(T * D + mis), dg(T * D), ddot(N);
+    dr.put(row); da.put(al); dy.put(shifted(y, mis)); dg.put(g);
     dout.poison(); ddot.poison();
-    OK(lrmoe_kcu_combine(T, K, D, da.d, dr.d, dy.d, dout.d));
-    OK(lrmoe_kcu_pair_dot(T, K, D, dg.d, dr.d, dy.d, ddot.d));
+    OK(lrmoe_kcu_combine(T, K, D, da.d, dr.d, dy.d + mis, dout.d + mis));
+    OK(lrmoe_kcu_pair_dot(T, K, D, dg.d, dr.d, dy.d + mis, ddot.d));
     std::vector<float> ro(T * D), rd(N);
     OK(lrmoe_kref_combine(T, K, D, al.data(), row.data(), y.data(), ro.data()));
     OK(lrmoe_kref_pair_dot(T, K, D, g.data(), row.data(), y.data(), rd.data()));
     /* combine: the same rounded multiplies and adds in ascending k, so
      * bit-equal unless the host compiler contracted a*y+o into an FMA (one
      * rounding less per term): rtol 1e-6 allows that, atol 1e-6 near zero */
-    auto go = dout.get(); cmp_f32("combine", cs, go.data(), ro.data(), ro.size(), 1e-6, 1e-6);
+    auto go = dout.get(); cmp_f32("combine", cs, go.data() + mis, ro.data(), ro.size(), 1e-6, 1e-6);
     /* pair_dot: double accumulation both sides, one f32 rounding: rtol 1e-6,
      * atol 1e-9 for dots that cancel to ~0 */
     auto gd = ddot.get(); cmp_f32("pair_dot", cs, gd.data(), rd.data(), rd.size(), 1e-9, 1e-6);
@@ -554,46 +576,58 @@ int main(int argc, char **argv)
     printf("test-kernels: seed %llu (rerun: test-kernels %llu)\n", (unsigned long long)seed,
            (unsigned long long)seed);
     lrmoe_kcu_ctx_t *ctx;
-    OK(lrmoe_kcu_ctx_create(0, 4, &ctx));
-    OK(lrmoe_kcu_use(ctx));
+    try {
+        OK(lrmoe_kcu_ctx_create(0, 4, &ctx));
+        OK(lrmoe_kcu_use(ctx));
+    } catch (const case_error &e) {
+        printf("test-kernels: %s\n", e.msg);
+        return 1;
+    }
+/* a case that throws (a launcher or copy failed) is one FAIL line; the rest run */
+#define CASE(call) do { try { call; } catch (const case_error &e_) { \
+        report(#call, "aborted", 0, 0, e_.msg); } } while (0)
 
     int64_t sz[] = {0, 1, 255, 4097};
-    for (int64_t s : sz) t_convert(s);
-    t_score(0, 2, 8); t_score(1, 1, 1); t_score(257, 8, 300); t_score(1000, 4, 2048);
-    t_select(0, 2, 4, "spread", 0);
-    t_select(1, 1, 3, "spread", 0);
-    t_select(777, 8, 128, "spread", 0);
-    t_select(777, 8, 128, "spread", 1);
-    t_select(500, 1, 8, "hot", 0);       /* expert 0 has every pair, the rest none */
-    t_select(300, 2, 64, "sparse", 1);   /* most experts empty */
-    t_select(20000, 8, 128, "spread", 1);
-    t_pack(0, 2, 4, 2, "spread", 1, 1);
-    t_pack(1, 1, 3, 3, "spread", 1, 1);
-    t_pack(333, 4, 16, 4, "spread", 1, 1);
-    t_pack(333, 4, 16, 4, "spread", 0, 1);
-    t_pack(333, 4, 16, 4, "spread", 1, 0);
-    t_pack(5000, 1, 8, 8, "hot", 1, 1);   /* one expert, many rows per warp slice */
-    t_pack(3000, 4, 128, 64, "spread", 1, 1);
-    t_pack(3000, 4, 128, 64, "spread", 1, 0);
-    t_pack(400, 2, 64, 5, "sparse", 1, 1);
-    t_pack(9000, 8, 128, 8, "spread", 1, 1);
-    t_gather(0, 2, 0, 64, 1, 16);
-    t_gather(1, 1, 1, 16, 0, 1);
-    t_gather(100, 4, 333, 4096, 1, 2048);  /* 16-byte path */
-    t_gather(100, 4, 333, 1536, 0, 768);
-    t_gather(50, 3, 100, 44, 1, 33);       /* 4-byte path */
-    t_gather(50, 3, 100, 6, 0, 3);         /* byte path */
-    t_swiglu(0, 7); t_swiglu(1, 1); t_swiglu(300, 768); t_swiglu(77, 1000);
-    t_combine(0, 2, 4); t_combine(1, 1, 1); t_combine(300, 8, 257); t_combine(64, 4, 2048);
+    for (int64_t s : sz) CASE(t_convert(s));
+    CASE(t_score(0, 2, 8)); CASE(t_score(1, 1, 1)); CASE(t_score(257, 8, 300)); CASE(t_score(1000, 4, 2048));
+    CASE(t_select(0, 2, 4, "spread", 0));
+    CASE(t_select(1, 1, 3, "spread", 0));
+    CASE(t_select(777, 8, 128, "spread", 0));
+    CASE(t_select(777, 8, 128, "spread", 1));
+    CASE(t_select(500, 1, 8, "hot", 0));       /* expert 0 has every pair, the rest none */
+    CASE(t_select(300, 2, 64, "sparse", 1));   /* most experts empty */
+    CASE(t_select(20000, 8, 128, "spread", 1));
+    CASE(t_pack(0, 2, 4, 2, "spread", 1, 1));
+    CASE(t_pack(1, 1, 3, 3, "spread", 1, 1));
+    CASE(t_pack(333, 4, 16, 4, "spread", 1, 1));
+    CASE(t_pack(333, 4, 16, 4, "spread", 0, 1));
+    CASE(t_pack(333, 4, 16, 4, "spread", 1, 0));
+    CASE(t_pack(5000, 1, 8, 8, "hot", 1, 1));   /* one expert, many rows per warp slice */
+    CASE(t_pack(3000, 4, 128, 64, "spread", 1, 1));
+    CASE(t_pack(3000, 4, 128, 64, "spread", 1, 0));
+    CASE(t_pack(400, 2, 64, 5, "sparse", 1, 1));
+    CASE(t_pack(9000, 8, 128, 8, "spread", 1, 1));
+    CASE(t_gather(0, 2, 0, 64, 1, 16));
+    CASE(t_gather(1, 1, 1, 16, 0, 1));
+    CASE(t_gather(100, 4, 333, 4096, 1, 2048));  /* 16-byte path */
+    CASE(t_gather(100, 4, 333, 1536, 0, 768));
+    CASE(t_gather(50, 3, 100, 44, 1, 33));       /* 4-byte path */
+    CASE(t_gather(50, 3, 100, 6, 0, 3));         /* byte path */
+    CASE(t_gather(300, 8, 2000, 24, 1, 20));     /* 8-byte path; D=20: 5 float4, 8 threads a row */
+    CASE(t_gather(100, 4, 333, 1536, 1, 768, 1)); /* F32 rows off 16-byte alignment */
+    CASE(t_gather(40, 2, 80, 4104, 0, 1000));    /* 8-byte rows > 256 vectors; 250 float4 */
+    CASE(t_swiglu(0, 7)); CASE(t_swiglu(1, 1)); CASE(t_swiglu(300, 768)); CASE(t_swiglu(77, 1000));
+    CASE(t_combine(0, 2, 4)); CASE(t_combine(1, 1, 1)); CASE(t_combine(300, 8, 257)); CASE(t_combine(64, 4, 2048));
+    CASE(t_combine(300, 8, 20)); CASE(t_combine(64, 4, 2048, 1)); CASE(t_combine(33, 2, 6));
     for (int impl = 0; impl < 2; impl++)
         for (int cb = 0; cb < 2; cb++) {
-            t_gemm(6, 64, 48, cb, (lrmoe_gemm_impl_t)impl, 0);
-            t_gemm(5, 130, 70, cb, (lrmoe_gemm_impl_t)impl, 1);
+            CASE(t_gemm(6, 64, 48, cb, (lrmoe_gemm_impl_t)impl, 0));
+            CASE(t_gemm(5, 130, 70, cb, (lrmoe_gemm_impl_t)impl, 1));
         }
-    t_gemm(16, 512, 384, 0, LRMOE_GEMM_LOOP, 0);
-    t_gemm(16, 512, 384, 0, LRMOE_GEMM_GROUPED, 0);
+    CASE(t_gemm(16, 512, 384, 0, LRMOE_GEMM_LOOP, 0));
+    CASE(t_gemm(16, 512, 384, 0, LRMOE_GEMM_GROUPED, 0));
 
-    OK(lrmoe_kcu_sync());
+    if (lrmoe_kcu_sync() < 0) report("final sync", "", 0, 0, lrmoe_errmsg());
     lrmoe_kcu_ctx_destroy(ctx);
     printf("%d of %d kernel checks passed\n", cases - fails, cases);
     return fails ? 1 : 0;
