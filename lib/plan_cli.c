@@ -183,10 +183,18 @@ static int settle(const char *opt, const char *sym, int given, const said_t *s,
                   const lrmoe_frame_t *f, const char *hint, int64_t *opt_v)
 {
     if (s->v) {
-        if (given && *opt_v != s->v)
+        if (given && *opt_v != s->v) {
+            /* an attribute can be restated explicitly (lrmoe-cat(1)) */
+            char key[256] = "";
+            if (!strncmp(s->from, "attribute ", 10))
+                snprintf(key, sizeof key, "%.*s", (int)strcspn(s->from + 10, "="), s->from + 10);
             return lrmoe_err("%s %lld disagrees with the frame: %s=%lld (%s); drop %s or "
-                             "give %lld", opt, (long long)*opt_v, sym, (long long)s->v,
-                             s->from, opt, (long long)s->v);
+                             "give %lld%s%s%s%lld%s", opt, (long long)*opt_v, sym,
+                             (long long)s->v, s->from, opt, (long long)s->v,
+                             *key ? ", or restate the trace: lrmoe-cat --set-attr " : "", key,
+                             *key ? "=" : "", *key ? (long long)*opt_v : 0LL,
+                             *key ? " IN > OUT" : "");
+        }
         *opt_v = s->v;
         return 1;
     }
@@ -270,6 +278,7 @@ int lrmoe_plan_cli_frame(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, int 
     from_tensor(&D, f, "pack_hidden", 2, 1);
     from_tensor(&D, f, "w_gate", 3, 2);
     from_attr(&D, f, "route.hidden"); /* lrmoe-route --loads-only */
+    from_attr(&D, f, "hidden");       /* lrmoe-gen --routing-only, --loads-only */
     from_tensor(&F, f, "saved_gate", 3, 2);
     from_tensor(&F, f, "saved_up", 3, 2);
     from_tensor(&F, f, "w_gate", 3, 1);
