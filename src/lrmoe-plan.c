@@ -1,5 +1,6 @@
 /* lrmoe-plan: expert placement, forward allocation, backward quotas and
  * backward allocation per frame (fixed, llep, eplb, lrmoe, capacity planners). */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -80,8 +81,21 @@ typedef struct {
     lrmoe_plan_cli_t cli; /* the options shared with lrmoe-sim */
     lrmoe_eplb_cache_t *eplb; /* deployed EPLB's layout per layer */
     FILE *stats;
+    const char *stats_label;  /* where --stats goes, for messages */
     lrmoe_sim_trace_t *trace; /* --plot: the planned frames' loads */
 } ctx_t;
+
+/* A failed --stats write, errno from the write that failed: a reader that
+ * stopped reading (EPIPE, SIGPIPE is ignored) is named as such, like the
+ * stream's own broken pipe, not as a generic write error. */
+static int stats_error(const char *label, int err)
+{
+    if (err == EPIPE)
+        return lrmoe_err("--stats %s: write failed: broken pipe (the next stage stopped "
+                         "reading)", label);
+    return lrmoe_err("--stats %s: write failed: %s", label,
+                     err ? strerror(err) : "I/O error");
+}
 
 static void attr_or_na(FILE *fp, const lrmoe_frame_t *f, const char *key)
 {
@@ -118,6 +132,7 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
         rc = -1;
     if (rc == 0 && c->stats) {
         FILE *fp = c->stats;
+        errno = 0;
         const double G = 1024.0 * 1024.0 * 1024.0;
         fprintf(fp, "%" PRId64, index);
         attr_or_na(fp, f, "layer");
@@ -133,7 +148,7 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
                 p.tokens, p.source[0] ? p.source : "NA");
         fprintf(fp, "\t%s\t%.3f\n", p.llep[0] ? p.llep : "NA", p.plan_cpu_seconds * 1e3);
         if (ferror(fp))
-            rc = lrmoe_err("--stats: write error");
+            rc = stats_error(c->stats_label, errno);
     }
     lrmoe_plan_free(&p);
     free(load);
@@ -218,6 +233,8 @@ int main(int argc, char **argv)
     }
     const char *in = optind < argc ? argv[optind] : "-";
     if (stats_path) {
+        c.stats_label = !strcmp(stats_path, "-")
+                            ? (!strcmp(io.out, "-") ? "<stderr>" : "<stdout>") : stats_path;
         if (!(c.stats = lrmoe_stats_open(stats_path, io.out))) {
             fprintf(stderr, "lrmoe-plan: %s: ", stats_path);
             perror(NULL);
@@ -258,9 +275,10 @@ int main(int argc, char **argv)
     lrmoe_sim_trace_free(&trace);
     lrmoe_plan_cli_free(&c.cli);
     lrmoe_plan_thread_cleanup();
+    errno = 0;
     if (c.stats && lrmoe_stats_close(c.stats) != 0 && !rc) {
-        fprintf(stderr, "lrmoe-plan: %s: ", stats_path);
-        perror(NULL);
+        stats_error(c.stats_label, errno);
+        fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
         rc = 1;
     }
     return rc;

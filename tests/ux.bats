@@ -133,3 +133,16 @@ no_trailer() {
     assert_failure
     assert_output --partial "--hidden 64 disagrees with the frame: D=32 (attribute route.hidden=32)"
 }
+
+@test "plan: --stats to a reader that stopped says broken pipe, a full disk says so; neither is a bare 'write error'" {
+    # 300 frames: their stats rows outlast the pipe buffer head leaves behind
+    "$BIN/lrmoe-gen" --tokens 64 --experts 16 --topk 4 --hidden 32 --ffn 24 --layers 300 \
+        --loads-only --no-compress -o "$T/many.lrm"
+    run bash -c '"$1" -P 4 -S - -o /dev/null "$2" | head -1 >/dev/null; exit ${PIPESTATUS[0]}' _ \
+        "$BIN/lrmoe-plan" "$T/many.lrm"
+    assert_failure 1
+    assert_output --regexp '^lrmoe-plan: frame [0-9]+: --stats <stdout>: write failed: broken pipe \(the next stage stopped reading\)$'
+    run "$BIN/lrmoe-plan" -P 4 -S /dev/full -o /dev/null "$T/r.lrm"
+    assert_failure 1
+    assert_output "lrmoe-plan: frame 0: --stats /dev/full: write failed: No space left on device"
+}
