@@ -185,15 +185,14 @@ static int settle(const char *opt, const char *sym, int given, const said_t *s,
     if (s->v) {
         if (given && *opt_v != s->v) {
             /* an attribute can be restated explicitly (lrmoe-cat(1)) */
-            char key[256] = "";
+            char hint[320] = "";
             if (!strncmp(s->from, "attribute ", 10))
-                snprintf(key, sizeof key, "%.*s", (int)strcspn(s->from + 10, "="), s->from + 10);
+                snprintf(hint, sizeof hint, ", or restate the trace: lrmoe-cat --set-attr "
+                         "%.*s=%lld IN > OUT", (int)strcspn(s->from + 10, "="), s->from + 10,
+                         (long long)*opt_v);
             return lrmoe_err("%s %lld disagrees with the frame: %s=%lld (%s); drop %s or "
-                             "give %lld%s%s%s%lld%s", opt, (long long)*opt_v, sym,
-                             (long long)s->v, s->from, opt, (long long)s->v,
-                             *key ? ", or restate the trace: lrmoe-cat --set-attr " : "", key,
-                             *key ? "=" : "", *key ? (long long)*opt_v : 0LL,
-                             *key ? " IN > OUT" : "");
+                             "give %lld%s", opt, (long long)*opt_v, sym, (long long)s->v,
+                             s->from, opt, (long long)s->v, hint);
         }
         *opt_v = s->v;
         return 1;
