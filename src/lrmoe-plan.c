@@ -10,6 +10,7 @@
 
 #include "lrmoe.h"
 #include "plan_cli.h"
+#include "route.h"
 #include "sim.h"
 
 static void usage(FILE *fp)
@@ -113,16 +114,19 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
     char b1[64], b2[64];
     if (tl->ndim != 1 || tl->shape[0] <= 0 || tl->shape[0] > (1 << 20))
         return lrmoe_err("expert_load: shape %s, expected [E]", lrmoe_shape_str(tl, b1, sizeof b1));
-    if (lrmoe_dtype_is_float(tl->dtype))
-        return lrmoe_err("expert_load: dtype %s, expected I64", lrmoe_dtype_name(tl->dtype));
     const int E = (int)tl->shape[0];
     lrmoe_tensor_t *lg = lrmoe_frame_get(f, "router_logits");
     if (lg && (lg->ndim != 2 || lg->shape[1] != E))
         return lrmoe_err("expert_load: %d experts, router_logits is %s", E,
                          lrmoe_shape_str(lg, b2, sizeof b2));
-    int64_t *load = lrmoe_tensor_i64(tl);
+    /* I64 from lrmoe-route; whole-number floats too (Megatron's F32) */
+    int64_t *load = malloc((size_t)E * sizeof *load);
     if (!load)
+        return lrmoe_err("out of memory");
+    if (lrmoe_route_load_i64(tl->dtype, tl->data, E, load) < 0) {
+        free(load);
         return -1;
+    }
     lrmoe_plan_t p;
     lrmoe_plan_init(&p);
     /* model sizes from the frame (a given option must agree), then the plan */

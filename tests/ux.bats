@@ -146,3 +146,33 @@ no_trailer() {
     assert_failure 1
     assert_output "lrmoe-plan: frame 0: --stats /dev/full: write failed: No space left on device"
 }
+
+@test "expert_load as whole-number floats (Megatron's tokens_per_expert) plans as I64; a fraction names the fix" {
+    python3 - "$T" <<'PY'
+import sys, numpy as np, lrmoe_stream as s
+d = sys.argv[1]
+load = np.array([100, 30, 50, 20, 10, 40, 30, 40])
+a = {"topk": "2", "ffn": "64", "layer": "0"}
+s.write_stream(f"{d}/i64.lrm", [({"expert_load": load.astype(np.int64)}, a)])
+s.write_stream(f"{d}/f32.lrm", [({"expert_load": load.astype(np.float32)}, a)])
+bad = load.astype(np.float64); bad[3] = 2.5
+s.write_stream(f"{d}/bad.lrm", [({"expert_load": bad}, a)])
+PY
+    # the same plan tensors and report (the last TSV column is a CPU time)
+    for f in i64 f32; do
+        "$BIN/lrmoe-plan" -P 4 -S "$T/$f.tsv" -o "$T/p$f.lrm" "$T/$f.lrm"
+        "$BIN/lrmoe-sim" -Q -P 4 -p fixed,lrmoe -S "$T/s$f.tsv" "$T/$f.lrm" > "$T/s$f.txt"
+    done
+    "$BIN/lrmoe-cat" --drop expert_load --no-compress -o "$T/a.lrm" "$T/pi64.lrm"
+    "$BIN/lrmoe-cat" --drop expert_load --no-compress -o "$T/b.lrm" "$T/pf32.lrm"
+    run "$BIN/lrmoe-view" --diff "$T/a.lrm" "$T/b.lrm"
+    assert_success
+    cmp <(cut -f1-20,23-27 "$T/i64.tsv") <(cut -f1-20,23-27 "$T/f32.tsv")
+    cmp <(cut -f1-29,31- "$T/si64.tsv") <(cut -f1-29,31- "$T/sf32.tsv")
+    for tool in plan sim; do
+        run "$BIN/lrmoe-$tool" -P 4 -o /dev/null "$T/bad.lrm"
+        [ $tool = sim ] && run "$BIN/lrmoe-sim" -Q -P 4 "$T/bad.lrm"
+        assert_failure 1
+        assert_output "lrmoe-$tool: frame 0: expert_load[3] is 2.5 (F64): a load counts pairs, so a float vector must hold whole numbers (convert it: torch's tokens_per_expert.long(), numpy's .astype(np.int64))"
+    done
+}
