@@ -176,3 +176,19 @@ PY
         assert_output "lrmoe-$tool: frame 0: expert_load[3] is 2.5 (F64): a load counts pairs, so a float vector must hold whole numbers (convert it: torch's tokens_per_expert.long(), numpy's .astype(np.int64))"
     done
 }
+
+@test "study: a corpus without record separators says so (and a binary one that it holds NUL bytes), not 'too small'" {
+    export LRMOE_LIBRARY="$BATS_TEST_DIRNAME/../build/liblrmoe.so.1"
+    head -c 300001 /dev/urandom | tr -d '%' > "$T/bin.dat"
+    printf '\0' >> "$T/bin.dat"
+    run "$BIN/lrmoe-study" --quick -c "$T/bin.dat" -o "$T/o"
+    assert_failure 1
+    assert_output --regexp "^lrmoe-study: corpus: .*/bin.dat: 1 record\(s\) in [0-9]+ bytes: no validation text, since every 20th record goes to validation and records are separated by lines holding a single '%' \(the fortune format\); the file holds NUL bytes: is it text at all\?$"
+    refute_output --partial "too small"
+    yes 'a line of plain text' | head -c 300000 > "$T/txt.dat"
+    run "$BIN/lrmoe-study" --quick -c "$T/txt.dat" -o "$T/o"
+    assert_failure 1
+    assert_output --partial "$T/txt.dat: 1 record(s) in 300000 bytes: no validation text"
+    assert_output --partial "add '%' lines between the texts"
+    [ ! -e "$T/o/runs" ]
+}
