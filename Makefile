@@ -1,6 +1,7 @@
 # lrmoe: make | make check | make bench | make demo | make install PREFIX=... DESTDIR=...
 # make check SANITIZE=1 (ASan+UBSan suite) | make fuzz FUZZ_SECONDS=N
-# make check-gpu runs the CUDA kernel tests where a GPU is present.
+# make check-gpu runs the CUDA kernel tests where a GPU is present; where none
+# is (or no CUDA in the build) tests/gpu/check-gpu.sh exits 77 and make fails.
 # NODEPS=1 skips the dependency step (tests/deps.sh, which may apt-get as
 # root): for a machine without a package registry whose dependencies are
 # already in place, e.g. headers through CPATH and libraries through

@@ -1,6 +1,7 @@
 /* gen: synthetic MoE workloads (see gen.h and lrmoe-gen(1)). */
 #include "gen.h"
 #include "rng.h"
+#include "route.h"
 
 #include <errno.h>
 #include <math.h>
@@ -195,6 +196,8 @@ int lrmoe_gen_check(const lrmoe_gen_opts_t *o)
                                  (long long)o->hot_list[i], (long long)o->E);
     }
     /* keep every tensor's byte count representable */
+    if (o->routing < LRMOE_GEN_FULL || o->routing > LRMOE_GEN_LOADS)
+        return lrmoe_err("routing mode %d: not full, logits or loads", o->routing);
     double big = (double)o->E * o->F * o->D, tok = (double)o->T * (o->D > o->E ? o->D : o->E);
     if (big * 8 > 9e18 || tok * 8 > 9e18)
         return lrmoe_err("shapes are too large");
@@ -264,7 +267,7 @@ int lrmoe_gen_expert_order(const lrmoe_gen_opts_t *o, int64_t layer, int64_t ste
 
 /* ---------------------------------------------------------------- row work */
 
-typedef enum { ROW_NORMAL, ROW_GRAD, ROW_LOGITS } row_kind_t;
+typedef enum { ROW_NORMAL, ROW_GRAD, ROW_LOGITS, ROW_LOADS } row_kind_t;
 
 typedef struct {
     const lrmoe_gen_opts_t *o;
@@ -285,6 +288,7 @@ typedef struct {
 typedef struct {
     rowjob_t *job;
     int64_t r0, r1;
+    int64_t *load;             /* ROW_LOADS: this part's expert_load (E) */
     int failed;
 } rowpart_t;
 
@@ -389,6 +393,7 @@ static void *row_worker(void *arg)
             break;
         }
         case ROW_LOGITS:
+        case ROW_LOADS: /* loads_worker's */
             logits_row(j, &r, row, buf, scratch);
             break;
         }
@@ -399,8 +404,58 @@ static void *row_worker(void *arg)
     return NULL;
 }
 
+/* ROW_LOADS: the logits of rows r0..r1, a block at a time, rounded to
+ * logits_dtype and routed as lrmoe-route's default softmax router routes
+ * them; only the counts are kept, so memory is a block of logits. */
+#define LOADS_BLOCK 256
+static void *loads_worker(void *arg)
+{
+    rowpart_t *p = arg;
+    rowjob_t *j = p->job;
+    const lrmoe_gen_opts_t *o = j->o;
+    int64_t E = o->E, K = o->K;
+    size_t es = lrmoe_dtype_size(o->logits_dtype);
+    float *buf = malloc((size_t)E * 2 * sizeof *buf);
+    char *blk = malloc((size_t)LOADS_BLOCK * E * es);
+    int32_t *ids = malloc((size_t)LOADS_BLOCK * K * sizeof *ids);
+    float *w = malloc((size_t)LOADS_BLOCK * K * sizeof *w);
+    int64_t *bl = malloc((size_t)E * sizeof *bl);
+    lrmoe_route_opts_t ro;
+    lrmoe_route_opts_default(&ro);
+    ro.k = (int)K;
+    if (!buf || !blk || !ids || !w || !bl) {
+        p->failed = 1;
+        goto out;
+    }
+    memset(p->load, 0, (size_t)E * sizeof *p->load);
+    for (int64_t r0 = p->r0; r0 < p->r1; r0 += LOADS_BLOCK) {
+        int64_t n = p->r1 - r0 < LOADS_BLOCK ? p->r1 - r0 : LOADS_BLOCK;
+        for (int64_t i = 0; i < n; i++) {
+            lrmoe_rng_t r;
+            lrmoe_rng_seed4(&r, o->seed, j->tag, (uint64_t)j->layer, (uint64_t)j->step,
+                            (uint64_t)(r0 + i));
+            logits_row(j, &r, r0 + i, buf, buf + E);
+            lrmoe_convert_from_f32(o->logits_dtype, buf, blk + (size_t)i * E * es, (size_t)E);
+        }
+        if (lrmoe_route_topk(&ro, n, E, o->logits_dtype, blk, NULL, ids, w, bl) < 0) {
+            p->failed = 2;
+            goto out;
+        }
+        for (int64_t e = 0; e < E; e++)
+            p->load[e] += bl[e];
+    }
+out:
+    free(buf);
+    free(blk);
+    free(ids);
+    free(w);
+    free(bl);
+    return NULL;
+}
+
 static int run_rows(rowjob_t *j)
 {
+    void *(*worker)(void *) = j->kind == ROW_LOADS ? loads_worker : row_worker;
     int nt = j->o->threads < 1 ? 1 : j->o->threads;
     if (nt > 256)
         nt = 256;
@@ -412,23 +467,37 @@ static int run_rows(rowjob_t *j)
     rowpart_t parts[256];
     pthread_t tid[256];
     int started[256] = {0};
+    int64_t E = j->o->E, *loads = NULL;
+    if (j->kind == ROW_LOADS && !(loads = calloc((size_t)nt * E, sizeof *loads)))
+        return lrmoe_err("out of memory");
     for (int i = 0; i < nt; i++) {
         parts[i].job = j;
         parts[i].r0 = j->nrows * i / nt;
         parts[i].r1 = j->nrows * (i + 1) / nt;
+        parts[i].load = loads ? loads + (size_t)i * E : NULL;
         parts[i].failed = 0;
     }
     for (int i = 1; i < nt; i++)
-        started[i] = pthread_create(&tid[i], NULL, row_worker, &parts[i]) == 0;
-    row_worker(&parts[0]);
+        started[i] = pthread_create(&tid[i], NULL, worker, &parts[i]) == 0;
+    worker(&parts[0]);
     int failed = parts[0].failed;
     for (int i = 1; i < nt; i++) {
         if (started[i])
             pthread_join(tid[i], NULL);
         else
-            row_worker(&parts[i]); /* no thread: do it here */
+            worker(&parts[i]); /* no thread: do it here */
         failed |= parts[i].failed;
     }
+    if (!failed && loads) { /* integer sums: the same for any thread count */
+        int64_t *load = j->t->data;
+        memset(load, 0, (size_t)E * sizeof *load);
+        for (int i = 0; i < nt; i++)
+            for (int64_t e = 0; e < E; e++)
+                load[e] += parts[i].load[e];
+    }
+    free(loads);
+    if (failed & 2)
+        return -1; /* the router's message */
     if (failed)
         return lrmoe_err("out of memory");
     return 0;
@@ -521,7 +590,8 @@ int lrmoe_gen_frame(const lrmoe_gen_opts_t *o, int64_t layer, int64_t step,
     j.tag = TAG_HIDDEN;
     j.ncols = D;
     j.std = (float)o->hidden_scale;
-    if (!(j.t = put2(f, "hidden", o->dtype, T, D)) || run_rows(&j) < 0)
+    if (o->routing == LRMOE_GEN_FULL &&
+        (!(j.t = put2(f, "hidden", o->dtype, T, D)) || run_rows(&j) < 0))
         goto out;
     j.kind = ROW_LOGITS;
     j.tag = TAG_LOGITS;
@@ -530,12 +600,27 @@ int lrmoe_gen_frame(const lrmoe_gen_opts_t *o, int64_t layer, int64_t step,
     j.rank_of = rank_of;
     j.hot_of = hot_of;
     j.prior = prior;
-    if (!(j.t = put2(f, "router_logits", o->logits_dtype, T, E)) || run_rows(&j) < 0)
+    if (o->routing == LRMOE_GEN_LOADS) {
+        int64_t de[1] = {E};
+        j.kind = ROW_LOADS;
+        if (!(j.t = lrmoe_frame_put(f, "expert_load", LRMOE_I64, 1, de)) || run_rows(&j) < 0)
+            goto out;
+    } else if (!(j.t = put2(f, "router_logits", o->logits_dtype, T, E)) || run_rows(&j) < 0)
         goto out;
     j.kind = ROW_GRAD;
     j.tag = TAG_GRAD;
     j.ncols = D;
-    if (!(j.t = put2(f, "grad_output", o->dtype, T, D)) || run_rows(&j) < 0)
+    if (o->routing == LRMOE_GEN_FULL &&
+        (!(j.t = put2(f, "grad_output", o->dtype, T, D)) || run_rows(&j) < 0))
+        goto out;
+    /* routing-only: the size of the tensors not written, for lrmoe-plan and
+     * lrmoe-sim (hidden = D), and how the loads were routed */
+    if (o->routing != LRMOE_GEN_FULL &&
+        lrmoe_frame_set_attrf(f, "hidden", "%lld", (long long)D) < 0)
+        goto out;
+    if (o->routing == LRMOE_GEN_LOADS &&
+        (lrmoe_frame_set_attr(f, "route.router", "softmax") < 0 ||
+         lrmoe_frame_set_attrf(f, "route.topk", "%lld", (long long)o->K) < 0))
         goto out;
 
     if (set_common_attrs(o, layer, f) < 0 ||

@@ -51,6 +51,20 @@ typedef enum {
 
 #define LRMOE_GEN_MAX_HOT 4096
 
+/* What lrmoe_gen_frame writes:
+ *   FULL    hidden, router_logits, grad_output (the default)
+ *   LOGITS  router_logits only (the same bytes as FULL's), attribute hidden=D
+ *   LOADS   expert_load (E) I64 only: the logits a block of rows at a time,
+ *           routed by lrmoe_route_topk's default softmax router with K picks
+ *           (what lrmoe-route --loads-only counts from LOGITS' frame);
+ *           attributes hidden=D, route.router, route.topk.
+ * LOGITS costs time and memory O(T*E), LOADS time O(T*E) and memory O(E). */
+typedef enum {
+    LRMOE_GEN_FULL = 0,
+    LRMOE_GEN_LOGITS,
+    LRMOE_GEN_LOADS
+} lrmoe_gen_routing_t;
+
 typedef struct {
     char model[64];          /* attribute "model": preset name or "custom" */
     int64_t T, E, K, D, F;   /* tokens, experts, top-k, hidden, ffn */
@@ -71,6 +85,7 @@ typedef struct {
     double weight_scale;     /* multiplies the weight init std (default 1) */
     int router_init;         /* weights: 0 router_weight zeros, 1 N(0,1/sqrt(D)) */
     int threads;             /* generator threads (<=1: one) */
+    int routing;             /* lrmoe_gen_routing_t: which tensors a frame holds */
 } lrmoe_gen_opts_t;
 
 void lrmoe_gen_opts_default(lrmoe_gen_opts_t *o);

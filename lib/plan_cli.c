@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "plan_cli.h"
+#include "route.h"
 
 void lrmoe_plan_cli_init(lrmoe_plan_cli_t *c, lrmoe_plan_opts_t *o)
 {
@@ -183,10 +184,17 @@ static int settle(const char *opt, const char *sym, int given, const said_t *s,
                   const lrmoe_frame_t *f, const char *hint, int64_t *opt_v)
 {
     if (s->v) {
-        if (given && *opt_v != s->v)
+        if (given && *opt_v != s->v) {
+            /* an attribute can be restated explicitly (lrmoe-cat(1)) */
+            char hint[320] = "";
+            if (!strncmp(s->from, "attribute ", 10))
+                snprintf(hint, sizeof hint, ", or restate the trace: lrmoe-cat --set-attr "
+                         "%.*s=%lld IN > OUT", (int)strcspn(s->from + 10, "="), s->from + 10,
+                         (long long)*opt_v);
             return lrmoe_err("%s %lld disagrees with the frame: %s=%lld (%s); drop %s or "
-                             "give %lld", opt, (long long)*opt_v, sym, (long long)s->v,
-                             s->from, opt, (long long)s->v);
+                             "give %lld%s", opt, (long long)*opt_v, sym, (long long)s->v,
+                             s->from, opt, (long long)s->v, hint);
+        }
         *opt_v = s->v;
         return 1;
     }
@@ -270,6 +278,7 @@ int lrmoe_plan_cli_frame(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, int 
     from_tensor(&D, f, "pack_hidden", 2, 1);
     from_tensor(&D, f, "w_gate", 3, 2);
     from_attr(&D, f, "route.hidden"); /* lrmoe-route --loads-only */
+    from_attr(&D, f, "hidden");       /* lrmoe-gen --routing-only, --loads-only */
     from_tensor(&F, f, "saved_gate", 3, 2);
     from_tensor(&F, f, "saved_up", 3, 2);
     from_tensor(&F, f, "w_gate", 3, 1);
@@ -288,19 +297,23 @@ int lrmoe_plan_cli_frame(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, int 
     from_tensor(&T, f, "hidden", 2, 0);
     from_attr(&T, f, "route.tokens");
     const lrmoe_tensor_t *tl = lrmoe_frame_get(f, "expert_load");
-    if (!T.v && K.v && tl && tl->ndim == 1 && !lrmoe_dtype_is_float(tl->dtype)) {
-        int64_t *load = lrmoe_tensor_i64(tl);
+    if (!T.v && K.v && tl && tl->ndim == 1 && tl->shape[0] > 0) {
+        int64_t *load = malloc((size_t)tl->shape[0] * sizeof *load);
         if (!load)
-            return -1;
-        int64_t n = 0;
-        for (int64_t e = 0; e < tl->shape[0]; e++)
-            n += load[e];
-        free(load);
-        if (n > 0 && n % K.v == 0) {
-            T.v = n / K.v;
-            snprintf(T.from, sizeof T.from, "expert_load: %lld pairs over K=%lld", (long long)n,
-                     (long long)K.v);
+            return lrmoe_err("out of memory");
+        /* whole-number floats count too; other floats say nothing of T here
+         * (the planner's own read of the loads reports them) */
+        if (lrmoe_route_load_i64(tl->dtype, tl->data, tl->shape[0], load) == 0) {
+            int64_t n = 0;
+            for (int64_t e = 0; e < tl->shape[0]; e++)
+                n += load[e];
+            if (n > 0 && n % K.v == 0) {
+                T.v = n / K.v;
+                snprintf(T.from, sizeof T.from, "expert_load: %lld pairs over K=%lld",
+                         (long long)n, (long long)K.v);
+            }
         }
+        free(load);
     }
     if (c->w && from_weights(c, f, &D, &F) < 0)
         return -1;

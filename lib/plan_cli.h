@@ -99,6 +99,8 @@ int lrmoe_plan_cli_load(lrmoe_plan_cli_t *c);
  * values): D, F, K and tokens per rank wherever the frame says them, and the
  * storage dtype from hidden unless --dtype was given.
  *   D  hidden, grad_output, output [T,D]; pack_hidden [R,D]; w_gate [E,F,D]
+ *      the attributes route.hidden (lrmoe-route --loads-only), hidden
+ *      (lrmoe-gen --routing-only, --loads-only)
  *   F  saved_gate, saved_up [T,K,F]; w_gate, w_up [E,F,D]; w_down [E,D,F];
  *      the attribute ffn (lrmoe-gen)
  *   K  topk_ids [T,K]; saved_gate [T,K,F]; route.topk, topk; k_hint (> 0)

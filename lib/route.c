@@ -451,3 +451,27 @@ int lrmoe_route_hottest(const int64_t *x, int64_t nx, int n, int64_t *idx)
     return got;
 }
 
+
+int lrmoe_route_load_i64(lrmoe_dtype_t dt, const void *data, int64_t n, int64_t *load)
+{
+    if (!lrmoe_dtype_is_float(dt)) {
+        lrmoe_convert_to_i64(dt, data, load, (size_t)n);
+        return 0;
+    }
+    double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+    if (!v)
+        return lrmoe_err("out of memory");
+    lrmoe_convert_to_f64(dt, data, v, (size_t)n);
+    for (int64_t e = 0; e < n; e++) {
+        if (!(isfinite(v[e]) && v[e] == floor(v[e]) && fabs(v[e]) < 9007199254740992.0)) {
+            lrmoe_err("expert_load[%lld] is %g (%s): a load counts pairs, so a float vector "
+                      "must hold whole numbers (convert it: torch's tokens_per_expert.long(), "
+                      "numpy's .astype(np.int64))", (long long)e, v[e], lrmoe_dtype_name(dt));
+            free(v);
+            return -1;
+        }
+        load[e] = (int64_t)v[e];
+    }
+    free(v);
+    return 0;
+}

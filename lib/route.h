@@ -73,6 +73,13 @@ int lrmoe_route_logits(int64_t T, int64_t D, int64_t E,
 int lrmoe_route_rank_load(int64_t E, int64_t P, const int64_t *load,
                           int64_t *rank_load);
 
+/* Per-expert loads (n) from a vector of any numeric dtype dt: integers as
+ * they are; floats (Megatron's tokens_per_expert is F32) when every value is
+ * a whole number below 2^53 in magnitude. A fractional, NaN or infinite
+ * value is an error naming the first one and how to convert the vector;
+ * signs are the caller's to check. 0 or -1. */
+int lrmoe_route_load_i64(lrmoe_dtype_t dt, const void *data, int64_t n, int64_t *load);
+
 /* max, mean and max/mean (0 when the mean is 0) of n counts. */
 typedef struct {
     int64_t max, total;

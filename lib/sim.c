@@ -1,6 +1,7 @@
 /* sim: per-frame plan figures, accumulators, the pressure experiment and
  * the summary report (see sim.h). */
 #include "sim.h"
+#include "route.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -144,15 +145,21 @@ int lrmoe_sim_frame_load(const lrmoe_frame_t *f, int experts_hint, int64_t **loa
     const lrmoe_tensor_t *t = lrmoe_frame_get(f, "expert_load");
     if (t) {
         if (t->ndim != 1 || t->shape[0] <= 0 || t->shape[0] > (1 << 20) ||
-            lrmoe_dtype_is_float(t->dtype) || t->dtype == LRMOE_BOOL)
-            return lrmoe_err("expert_load: expected a non-empty integer vector [E]");
+            t->dtype == LRMOE_BOOL)
+            return lrmoe_err("expert_load: expected a non-empty integer vector [E] (or "
+                             "floats holding whole numbers)");
         if (experts_hint > 0 && t->shape[0] != experts_hint)
             return lrmoe_err("expert_load: %lld experts, --experts says %d",
                              (long long)t->shape[0], experts_hint);
         *E = (int)t->shape[0];
-        *load = lrmoe_tensor_i64(t);
-        if (!*load)
+        /* I64 from lrmoe-route; whole-number floats too (Megatron's F32) */
+        if (!(*load = malloc((size_t)*E * sizeof **load)))
+            return lrmoe_err("out of memory");
+        if (lrmoe_route_load_i64(t->dtype, t->data, *E, *load) < 0) {
+            free(*load);
+            *load = NULL;
             return -1;
+        }
         for (int e = 0; e < *E; e++)
             if ((*load)[e] < 0) {
                 lrmoe_err("expert_load[%d]: negative (%lld)", e, (long long)(*load)[e]);

@@ -1,5 +1,5 @@
 /* lrmoe-cat: concatenate streams, re-encode (raw/zstd, level, threads),
- * keep or drop tensors by name. */
+ * keep or drop tensors by name, set attributes. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -19,6 +19,9 @@ static void usage(FILE *fp)
         "      --drop LIST     drop the tensors named in LIST (after --keep)\n"
         "                      (both repeatable; a name or glob that matches no tensor\n"
         "                      in any frame is an error; attributes always stay)\n"
+        "      --set-attr KEY=VALUE  set attribute KEY to VALUE in every frame,\n"
+        "                      replacing the frame's own (repeatable): restate a\n"
+        "                      trace's model sizes, e.g. --set-attr hidden=7168\n"
         "  -o, --output FILE   write to FILE (default stdout)\n"
         "  -l, --level N       zstd level (default: 1 to a file, raw to a pipe)\n"
         "  -@, --threads N     zstd worker threads (default 0)\n"
@@ -28,11 +31,15 @@ static void usage(FILE *fp)
         "  -V, --version       print the version\n");
 }
 
-enum { OPT_KEEP = 0x2001, OPT_DROP };
+enum { OPT_KEEP = 0x2001, OPT_DROP, OPT_SET_ATTR };
 
-/* Thin one frame: --keep's names, then --drop's. */
+#define MAX_SET 256
+
+/* Thin one frame: --keep's names, then --drop's; then --set-attr. */
 typedef struct {
     lrmoe_names_t keep, drop;
+    int nset;
+    const char *set[MAX_SET]; /* "KEY=VALUE" (argv) */
 } thin_t;
 
 static int thin(lrmoe_frame_t *f, const thin_t *t)
@@ -41,6 +48,13 @@ static int thin(lrmoe_frame_t *f, const thin_t *t)
         return -1;
     if (t->drop.n && lrmoe_frame_thin(f, (const char *const *)t->drop.v, t->drop.n, 0, t->drop.hits) < 0)
         return -1;
+    for (int i = 0; i < t->nset; i++) {
+        const char *eq = strchr(t->set[i], '=');
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)(eq - t->set[i]), t->set[i]);
+        if (lrmoe_frame_set_attr(f, key, eq + 1) < 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -51,6 +65,7 @@ static int cat_main(int argc, char **argv, thin_t *th)
         LRMOE_STREAM_LONGOPTS,
         {"keep", required_argument, 0, OPT_KEEP},
         {"drop", required_argument, 0, OPT_DROP},
+        {"set-attr", required_argument, 0, OPT_SET_ATTR},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
@@ -72,6 +87,19 @@ static int cat_main(int argc, char **argv, thin_t *th)
                 return 2;
             }
             break;
+        case OPT_SET_ATTR: {
+            const char *eq = strchr(optarg, '=');
+            if (!eq || eq == optarg || eq - optarg >= 256) {
+                fprintf(stderr, "lrmoe-cat: --set-attr: '%s' is not KEY=VALUE\n", optarg);
+                return 2;
+            }
+            if (th->nset >= MAX_SET) {
+                fprintf(stderr, "lrmoe-cat: --set-attr: more than %d\n", MAX_SET);
+                return 2;
+            }
+            th->set[th->nset++] = optarg;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         case 'V': printf("lrmoe-cat (lrmoe) %s\n", LRMOE_VERSION); return 0;
         default: usage(stderr); return 2;
@@ -117,7 +145,7 @@ static int cat_main(int argc, char **argv, thin_t *th)
 
 int main(int argc, char **argv)
 {
-    thin_t th = {{0}, {0}};
+    thin_t th = {{0}, {0}, 0, {0}};
     int rc = cat_main(argc, argv, &th);
     lrmoe_names_free(&th.keep);
     lrmoe_names_free(&th.drop);

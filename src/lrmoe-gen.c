@@ -29,6 +29,10 @@ static void usage(FILE *fp)
         "      --dtype DT        hidden, grad_output, weights: bf16 (default), f32, f16\n"
         "      --logits-dtype DT router_logits: f32 (default), bf16, f16\n"
         "      --seed N          random seed (default 1)\n"
+        "      --routing-only    write router_logits only (no hidden, grad_output):\n"
+        "                        time and memory O(T*E); the attribute hidden says D\n"
+        "      --loads-only      write expert_load [E] only, routed as lrmoe-route\n"
+        "                        --loads-only would (softmax top-K): memory O(E)\n"
         "Routing skew (the last one given wins):\n"
         "      --skew SPEC       balanced (default), hot:PCT:N or zipf:S\n"
         "      --hot PCT:N       PCT%% of the tokens go to N hot experts, uniformly\n"
@@ -68,7 +72,7 @@ enum {
     OPT_PRESET = 0x2000, OPT_LIST, OPT_TOKENS, OPT_EXPERTS, OPT_TOPK, OPT_HIDDEN,
     OPT_FFN, OPT_LAYERS, OPT_STEPS, OPT_DTYPE, OPT_LDTYPE, OPT_SEED, OPT_SKEW,
     OPT_HOT, OPT_ZIPF, OPT_HOTLIST, OPT_DRIFT, OPT_MARGIN, OPT_HSCALE, OPT_GSCALE,
-    OPT_GSIGMA, OPT_WEIGHTS, OPT_WSCALE, OPT_RINIT
+    OPT_GSIGMA, OPT_WEIGHTS, OPT_WSCALE, OPT_RINIT, OPT_ROUTING_ONLY, OPT_LOADS_ONLY
 };
 
 #define FAIL(code) do { fprintf(stderr, "lrmoe-gen: %s\n", lrmoe_errmsg()); return code; } while (0)
@@ -101,6 +105,8 @@ int main(int argc, char **argv)
         {"weights", required_argument, 0, OPT_WEIGHTS},
         {"weight-scale", required_argument, 0, OPT_WSCALE},
         {"router-init", required_argument, 0, OPT_RINIT},
+        {"routing-only", no_argument, 0, OPT_ROUTING_ONLY},
+        {"loads-only", no_argument, 0, OPT_LOADS_ONLY},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
@@ -187,6 +193,16 @@ int main(int argc, char **argv)
             if (lrmoe_parse_f64("--grad-sigma", optarg, 0, 10, &o.grad_sigma) < 0) FAIL(2);
             break;
         case OPT_WEIGHTS: weights = optarg; break;
+        case OPT_ROUTING_ONLY:
+        case OPT_LOADS_ONLY: {
+            int m = c == OPT_LOADS_ONLY ? LRMOE_GEN_LOADS : LRMOE_GEN_LOGITS;
+            if (o.routing != LRMOE_GEN_FULL && o.routing != m) {
+                fprintf(stderr, "lrmoe-gen: --routing-only and --loads-only: give one\n");
+                return 2;
+            }
+            o.routing = m;
+            break;
+        }
         case OPT_WSCALE:
             if (lrmoe_parse_f64("--weight-scale", optarg, 0, 1e30, &x) < 0) FAIL(2);
             o.weight_scale = x;

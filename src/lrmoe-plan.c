@@ -1,5 +1,6 @@
 /* lrmoe-plan: expert placement, forward allocation, backward quotas and
  * backward allocation per frame (fixed, llep, eplb, lrmoe, capacity planners). */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -9,6 +10,7 @@
 
 #include "lrmoe.h"
 #include "plan_cli.h"
+#include "route.h"
 #include "sim.h"
 
 static void usage(FILE *fp)
@@ -80,8 +82,21 @@ typedef struct {
     lrmoe_plan_cli_t cli; /* the options shared with lrmoe-sim */
     lrmoe_eplb_cache_t *eplb; /* deployed EPLB's layout per layer */
     FILE *stats;
+    const char *stats_label;  /* where --stats goes, for messages */
     lrmoe_sim_trace_t *trace; /* --plot: the planned frames' loads */
 } ctx_t;
+
+/* A failed --stats write, errno from the write that failed: a reader that
+ * stopped reading (EPIPE, SIGPIPE is ignored) is named as such, like the
+ * stream's own broken pipe, not as a generic write error. */
+static int stats_error(const char *label, int err)
+{
+    if (err == EPIPE)
+        return lrmoe_err("--stats %s: write failed: broken pipe (the next stage stopped "
+                         "reading)", label);
+    return lrmoe_err("--stats %s: write failed: %s", label,
+                     err ? strerror(err) : "I/O error");
+}
 
 static void attr_or_na(FILE *fp, const lrmoe_frame_t *f, const char *key)
 {
@@ -99,16 +114,19 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
     char b1[64], b2[64];
     if (tl->ndim != 1 || tl->shape[0] <= 0 || tl->shape[0] > (1 << 20))
         return lrmoe_err("expert_load: shape %s, expected [E]", lrmoe_shape_str(tl, b1, sizeof b1));
-    if (lrmoe_dtype_is_float(tl->dtype))
-        return lrmoe_err("expert_load: dtype %s, expected I64", lrmoe_dtype_name(tl->dtype));
     const int E = (int)tl->shape[0];
     lrmoe_tensor_t *lg = lrmoe_frame_get(f, "router_logits");
     if (lg && (lg->ndim != 2 || lg->shape[1] != E))
         return lrmoe_err("expert_load: %d experts, router_logits is %s", E,
                          lrmoe_shape_str(lg, b2, sizeof b2));
-    int64_t *load = lrmoe_tensor_i64(tl);
+    /* I64 from lrmoe-route; whole-number floats too (Megatron's F32) */
+    int64_t *load = malloc((size_t)E * sizeof *load);
     if (!load)
+        return lrmoe_err("out of memory");
+    if (lrmoe_route_load_i64(tl->dtype, tl->data, E, load) < 0) {
+        free(load);
         return -1;
+    }
     lrmoe_plan_t p;
     lrmoe_plan_init(&p);
     /* model sizes from the frame (a given option must agree), then the plan */
@@ -118,6 +136,7 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
         rc = -1;
     if (rc == 0 && c->stats) {
         FILE *fp = c->stats;
+        errno = 0;
         const double G = 1024.0 * 1024.0 * 1024.0;
         fprintf(fp, "%" PRId64, index);
         attr_or_na(fp, f, "layer");
@@ -133,7 +152,7 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
                 p.tokens, p.source[0] ? p.source : "NA");
         fprintf(fp, "\t%s\t%.3f\n", p.llep[0] ? p.llep : "NA", p.plan_cpu_seconds * 1e3);
         if (ferror(fp))
-            rc = lrmoe_err("--stats: write error");
+            rc = stats_error(c->stats_label, errno);
     }
     lrmoe_plan_free(&p);
     free(load);
@@ -218,6 +237,8 @@ int main(int argc, char **argv)
     }
     const char *in = optind < argc ? argv[optind] : "-";
     if (stats_path) {
+        c.stats_label = !strcmp(stats_path, "-")
+                            ? (!strcmp(io.out, "-") ? "<stderr>" : "<stdout>") : stats_path;
         if (!(c.stats = lrmoe_stats_open(stats_path, io.out))) {
             fprintf(stderr, "lrmoe-plan: %s: ", stats_path);
             perror(NULL);
@@ -258,9 +279,10 @@ int main(int argc, char **argv)
     lrmoe_sim_trace_free(&trace);
     lrmoe_plan_cli_free(&c.cli);
     lrmoe_plan_thread_cleanup();
+    errno = 0;
     if (c.stats && lrmoe_stats_close(c.stats) != 0 && !rc) {
-        fprintf(stderr, "lrmoe-plan: %s: ", stats_path);
-        perror(NULL);
+        stats_error(c.stats_label, errno);
+        fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
         rc = 1;
     }
     return rc;

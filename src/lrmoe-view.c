@@ -1,6 +1,7 @@
 /* lrmoe-view: list the frames of a stream, their attributes and tensors with
  * statistics, as aligned text or one JSON object per frame. */
 #include <errno.h>
+#include <fnmatch.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -320,12 +321,77 @@ static json_t *json_extreme(const lrmoe_stats_t *s, int which)
     return json_real(which ? s->max : s->min);
 }
 
+/* Attributes that hold one value per rank or expert, comma-separated: a
+ * string always, also with one element, so that their type does not depend
+ * on the number of ranks (lrmoe-view(1), --json): gen.hot, gen.order,
+ * pack.rank_rows and exec.<phase>.<stage>_s (but .critical_s, .wall_s). */
+static int list_attr(const char *key)
+{
+    static const char *exact[] = {"gen.hot", "gen.order", "pack.rank_rows"};
+    for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
+        if (!strcmp(key, exact[i]))
+            return 1;
+    size_t n = strlen(key);
+    return !fnmatch("exec.*_s", key, 0) &&
+           !(n >= 11 && !strcmp(key + n - 11, ".critical_s")) &&
+           !(n >= 7 && !strcmp(key + n - 7, ".wall_s"));
+}
+
+/* An attribute as JSON: a decimal number (-?digits[.digits][e[+-]digits],
+ * no leading zeros, no sign +, finite; integers within int64) is a JSON
+ * number, anything else (lists, words, "nan", "inf", hex, "", integers
+ * beyond int64) a string. */
+static json_t *json_attr(const char *key, const char *v)
+{
+    if (list_attr(key))
+        return json_string(v);
+    const char *p = v;
+    int real = 0;
+    if (*p == '-')
+        p++;
+    if (!(*p >= '0' && *p <= '9'))
+        return json_string(v);
+    if (*p == '0' && p[1] >= '0' && p[1] <= '9')
+        return json_string(v); /* leading zero: an id, keep it */
+    while (*p >= '0' && *p <= '9')
+        p++;
+    if (*p == '.') {
+        real = 1;
+        p++;
+        if (!(*p >= '0' && *p <= '9'))
+            return json_string(v);
+        while (*p >= '0' && *p <= '9')
+            p++;
+    }
+    if (*p == 'e' || *p == 'E') {
+        real = 1;
+        p++;
+        if (*p == '+' || *p == '-')
+            p++;
+        if (!(*p >= '0' && *p <= '9'))
+            return json_string(v);
+        while (*p >= '0' && *p <= '9')
+            p++;
+    }
+    if (*p)
+        return json_string(v);
+    errno = 0;
+    if (!real) { /* beyond int64 stays a string: a real would round it */
+        long long x = strtoll(v, NULL, 10);
+        return errno ? json_string(v) : json_integer((json_int_t)x);
+    }
+    double d = strtod(v, NULL);
+    if (errno || !isfinite(d))
+        return json_string(v);
+    return json_real(d);
+}
+
 static int json_frame(const lrmoe_frame_t *f, int64_t index, opts_t *o)
 {
     json_t *root = json_object(), *attrs = json_object(), *arr = json_array();
     json_object_set_new(root, "frame", json_integer(index));
     for (int i = 0; i < f->nattrs; i++)
-        json_object_set_new(attrs, f->keys[i], json_string(f->vals[i]));
+        json_object_set_new(attrs, f->keys[i], json_attr(f->keys[i], f->vals[i]));
     json_object_set_new(root, "attrs", attrs);
     for (int i = 0; i < f->ntensors; i++) {
         const lrmoe_tensor_t *t = f->tensors[i];

@@ -62,3 +62,37 @@ for t, a in s.read_stream(sys.argv[1]): print(' '.join(t), '|', ' '.join(f'{k}={
     assert_failure 2
     [ "$stderr" = "lrmoe-cat: --keep: 'hidden,,x': an empty name in the list" ]
 }
+
+@test "--set-attr sets or replaces an attribute in every frame; a bad spec is a usage error" {
+    "$BIN/lrmoe-cat" --no-compress --set-attr route.topk=4 --set-attr hidden=7168 \
+        --set-attr note=a=b -o "$T/a.lrm" "$T/s.lrm"
+    run names "$T/a.lrm"
+    assert_success
+    assert_line --index 0 --partial "| layer=0 route.topk=4 hidden=7168 note=a=b"
+    assert_line --index 1 --partial "| layer=1 route.topk=4 hidden=7168 note=a=b"
+    for bad in =1 nokey ''; do
+        run "$BIN/lrmoe-cat" --set-attr "$bad" "$T/s.lrm"
+        assert_failure 2
+        assert_output --partial "--set-attr: '$bad' is not KEY=VALUE"
+    done
+}
+
+@test "--set-attr restates a loads-only trace's D for lrmoe-sim, which refuses it otherwise" {
+    "$BIN/lrmoe-gen" --tokens 64 --hidden 16 --layers 2 | "$BIN/lrmoe-route" --loads-only -o "$T/o.lrm"
+    run "$BIN/lrmoe-sim" -Q --hidden 4096 -p fixed "$T/o.lrm"
+    assert_failure 1
+    assert_output --partial "restate the trace: lrmoe-cat --set-attr route.hidden=4096 IN > OUT"
+    "$BIN/lrmoe-cat" --set-attr route.hidden=4096 "$T/o.lrm" -o "$T/r.lrm"
+    # the restated D is the one the model uses (column 30, plan_ms, is a wall time)
+    "$BIN/lrmoe-sim" -Q --hidden 4096 -p fixed -S "$T/t.tsv" "$T/r.lrm" >/dev/null
+    "$BIN/lrmoe-sim" -Q -p fixed -S "$T/u.tsv" "$T/r.lrm" >/dev/null
+    "$BIN/lrmoe-sim" -Q -p fixed -S "$T/v.tsv" "$T/o.lrm" >/dev/null
+    cmp <(cut -f1-29,31- "$T/t.tsv") <(cut -f1-29,31- "$T/u.tsv")
+    run python3 - "$T/u.tsv" "$T/v.tsv" <<'PY'
+import csv, sys
+u, v = ([r for r in csv.DictReader(open(p), delimiter="\t")] for p in sys.argv[1:])
+# all-to-all bytes are D-proportional: 4096/16 = 256 times the original's
+print(sorted({int(a["a2a_bytes"]) / int(b["a2a_bytes"]) for a, b in zip(u, v)}))
+PY
+    assert_output "[256.0]"
+}

@@ -90,10 +90,10 @@ cuda_module_built() {
     assert_success
 }
 
-@test "cuda: check-gpu without CUDA or without a GPU says so, exits 0, claims no pass" {
+@test "cuda: check-gpu without CUDA or without a GPU says so, exits 77 (skipped), claims no pass" {
     have_gpu && skip "a GPU is present"
     run env HAVE_CUDA= BUILD="$D/none" sh "$TOP/tests/gpu/check-gpu.sh"
-    assert_success
+    assert_equal "$status" 77
     assert_output --partial "GPU checks NOT run"
     refute_output --partial "PASS"
     tk=$(ls "$TOP"/build/tests/gpu/test-kernels /tmp/build-*/tests/gpu/test-kernels 2>/dev/null | head -1)
@@ -102,8 +102,8 @@ cuda_module_built() {
     assert_equal "$status" 3
     assert_output --partial "no CUDA device"
     run env HAVE_CUDA=1 BUILD="$(dirname "$(dirname "$(dirname "$tk")")")" sh "$TOP/tests/gpu/check-gpu.sh"
-    assert_success
-    assert_output --partial "GPU checks NOT run (no pass claimed)"
+    assert_equal "$status" 77
+    assert_output --partial "GPU checks NOT run (no pass claimed, exit 77)"
     refute_output --partial "PASS"
 }
 

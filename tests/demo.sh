@@ -46,7 +46,7 @@ for pl in fixed llep eplb lrmoe; do
 import json, sys
 a = json.loads(sys.stdin.readline())["attrs"]
 print("%-8s %10s %10s %10s %8s %s" % (a["plan.planner"], a["plan.fwd_peak"], a["plan.bwd_peak"],
-      a["plan.fwd_lb"], a["plan.rho"][:5], a["plan.feasible"]))'
+      a["plan.fwd_lb"], "%.3f" % a["plan.rho"], a["plan.feasible"]))'
 done
 echo
 echo "demo: done; the streams are in $W"

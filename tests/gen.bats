@@ -339,3 +339,72 @@ EOF
     assert_success
     assert_output ""
 }
+
+@test "gen: --routing-only writes the full frame's router_logits and the attribute hidden, nothing else" {
+    "$GEN" --preset deepseek-v3 --tokens 300 --layers 2 --steps 2 --zipf 1.1 --drift 2 \
+        --no-compress -o "$T/full.lrm"
+    "$GEN" --preset deepseek-v3 --tokens 300 --layers 2 --steps 2 --zipf 1.1 --drift 2 \
+        --routing-only --no-compress -o "$T/r.lrm"
+    run py "$T/r.lrm" '
+full = read_stream(sys.argv[1].replace("r.lrm", "full.lrm"), with_dtypes=True)
+assert len(fr) == len(full) == 4
+for (t, a, d), (tf, af, df) in zip(fr, full):
+    assert list(t) == ["router_logits"] and d["router_logits"] == "F32", (list(t), d)
+    assert np.array_equal(t["router_logits"], tf["router_logits"])
+    assert a.pop("hidden") == "7168" and a == af, (a, af)
+print("ok")'
+    assert_success
+    assert_output ok
+    # lrmoe-sim takes D from the attribute: the issue's --hidden agrees, another does not
+    "$BIN/lrmoe-route" "$T/r.lrm" -o "$T/routed.lrm"
+    run "$BIN/lrmoe-sim" -Q --hidden 7168 -p fixed "$T/routed.lrm"
+    assert_success
+    run "$BIN/lrmoe-sim" -Q --hidden 16 -p fixed "$T/routed.lrm"
+    assert_failure 1
+    assert_output --partial "--hidden 16 disagrees with the frame: D=7168 (attribute hidden=7168)"
+    run "$GEN" --routing-only --loads-only
+    assert_failure 2
+}
+
+@test "gen: --loads-only counts what lrmoe-route --loads-only counts, for any thread count" {
+    while read -r p skew extra; do
+        "$GEN" --preset "$p" --tokens 1500 --layers 2 --steps 2 $skew $extra --routing-only |
+            "$BIN/lrmoe-route" --loads-only --no-compress -o "$T/a.lrm"
+        "$GEN" --preset "$p" --tokens 1500 --layers 2 --steps 2 $skew $extra --loads-only \
+            --no-compress -o "$T/b.lrm"
+        "$GEN" --preset "$p" --tokens 1500 --layers 2 --steps 2 $skew $extra --loads-only \
+            --no-compress -@ 3 -o "$T/c.lrm"
+        cmp "$T/b.lrm" "$T/c.lrm"
+        run py "$T/b.lrm" '
+a = read_stream(sys.argv[1].replace("b.lrm", "a.lrm"), with_dtypes=True)
+assert len(a) == len(fr) == 4
+for (ta, aa, _), (tb, ab, db) in zip(a, fr):
+    assert list(tb) == ["expert_load"] and db["expert_load"] == "I64"
+    assert np.array_equal(ta["expert_load"], tb["expert_load"]), (ta, tb)
+    assert tb["expert_load"].sum() == 1500 * int(ab["topk"])
+    assert ab["route.topk"] == ab["topk"] and ab["route.router"] == "softmax", ab
+    assert ab["hidden"] == aa["route.hidden"] if "route.hidden" in aa else ab["hidden"]
+    for k in ("layer", "step", "model", "ffn", "gen.skew"):
+        assert aa[k] == ab[k], k
+print("ok")'
+        assert_success
+        assert_output ok
+    done <<'LIST'
+deepseek-v3 --zipf=1.1 --drift=2
+qwen3-30b-a3b --hot=95:1
+kimi-k2 --hot=30:4 --logits-dtype=bf16
+gpt-oss-20b --skew=balanced
+LIST
+}
+
+@test "gen: --loads-only is linear in T*E: the issue's DeepSeek-V3 trace in little memory" {
+    # full frames of this size hold hidden and grad_output [32768,7168] BF16,
+    # 940 MB; the loads need a block of logits per thread
+    run /usr/bin/time -f 'maxrss %M' "$GEN" --preset deepseek-v3 --tokens 32768 --layers 4 \
+        --steps 4 --zipf 1.1 --drift 2 --loads-only -o "$T/d.lrm"
+    assert_success
+    rss=$(printf '%s\n' "$output" | sed -n 's/^maxrss //p')
+    [ "$rss" -lt 65536 ] || { echo "maxrss $rss KiB"; false; }
+    run "$BIN/lrmoe-sim" -Q --hidden 7168 --ffn 2048 -p fixed,lrmoe "$T/d.lrm"
+    assert_success
+}

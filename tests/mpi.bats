@@ -723,3 +723,24 @@ print(a['exec.backend'], a['exec.launcher'], a['plan.replicas'], a['exec.backwar
     run grep -c "^$b\$" "$D/agent.log"
     assert_output 2
 }
+
+@test "mpi: README's one-host recipes: more ranks than cores needs --oversubscribe, which then equals -P (yield when idle on)" {
+    need_mpi
+    "$BIN/lrmoe-gen" --experts 16 --topk 4 --hidden 64 --ffn 128 --tokens 512 --hot 80:1 \
+        --weights "$D/w.lrm" -o "$D/in.lrm"
+    "$BIN/lrmoe-route" "$D/in.lrm" | "$BIN/lrmoe-plan" -P 4 --ffn 128 -o "$D/p.lrm"
+    "$EXEC" --phase forward --weights "$D/w.lrm" -P 4 -o "$D/one.lrm" "$D/p.lrm"
+    cores=$(nproc)
+    if [ "$cores" -lt 4 ]; then
+        # the command without --oversubscribe, as a new user types it
+        run timeout 120 mpirun --mca btl tcp,self -np 4 "$EXEC" --phase forward \
+            --weights "$D/w.lrm" -o "$D/no.lrm" "$D/p.lrm"
+        assert_failure
+        assert_output --partial "not enough slots"
+    fi
+    run timeout 120 mpirun --mca btl tcp,self --oversubscribe --mca mpi_yield_when_idle 1 -np 4 \
+        "$EXEC" --phase forward --weights "$D/w.lrm" -o "$D/mpi.lrm" "$D/p.lrm"
+    assert_success
+    run same "$D/mpi.lrm" "$D/one.lrm"
+    assert_success
+}

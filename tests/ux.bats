@@ -133,3 +133,62 @@ no_trailer() {
     assert_failure
     assert_output --partial "--hidden 64 disagrees with the frame: D=32 (attribute route.hidden=32)"
 }
+
+@test "plan: --stats to a reader that stopped says broken pipe, a full disk says so; neither is a bare 'write error'" {
+    # 300 frames: their stats rows outlast the pipe buffer head leaves behind
+    "$BIN/lrmoe-gen" --tokens 64 --experts 16 --topk 4 --hidden 32 --ffn 24 --layers 300 \
+        --loads-only --no-compress -o "$T/many.lrm"
+    run bash -c '"$1" -P 4 -S - -o /dev/null "$2" | head -1 >/dev/null; exit ${PIPESTATUS[0]}' _ \
+        "$BIN/lrmoe-plan" "$T/many.lrm"
+    assert_failure 1
+    assert_output --regexp '^lrmoe-plan: frame [0-9]+: --stats <stdout>: write failed: broken pipe \(the next stage stopped reading\)$'
+    run "$BIN/lrmoe-plan" -P 4 -S /dev/full -o /dev/null "$T/r.lrm"
+    assert_failure 1
+    assert_output "lrmoe-plan: frame 0: --stats /dev/full: write failed: No space left on device"
+}
+
+@test "expert_load as whole-number floats (Megatron's tokens_per_expert) plans as I64; a fraction names the fix" {
+    python3 - "$T" <<'PY'
+import sys, numpy as np, lrmoe_stream as s
+d = sys.argv[1]
+load = np.array([100, 30, 50, 20, 10, 40, 30, 40])
+a = {"topk": "2", "ffn": "64", "layer": "0"}
+s.write_stream(f"{d}/i64.lrm", [({"expert_load": load.astype(np.int64)}, a)])
+s.write_stream(f"{d}/f32.lrm", [({"expert_load": load.astype(np.float32)}, a)])
+bad = load.astype(np.float64); bad[3] = 2.5
+s.write_stream(f"{d}/bad.lrm", [({"expert_load": bad}, a)])
+PY
+    # the same plan tensors and report (the last TSV column is a CPU time)
+    for f in i64 f32; do
+        "$BIN/lrmoe-plan" -P 4 -S "$T/$f.tsv" -o "$T/p$f.lrm" "$T/$f.lrm"
+        "$BIN/lrmoe-sim" -Q -P 4 -p fixed,lrmoe -S "$T/s$f.tsv" "$T/$f.lrm" > "$T/s$f.txt"
+    done
+    "$BIN/lrmoe-cat" --drop expert_load --no-compress -o "$T/a.lrm" "$T/pi64.lrm"
+    "$BIN/lrmoe-cat" --drop expert_load --no-compress -o "$T/b.lrm" "$T/pf32.lrm"
+    run "$BIN/lrmoe-view" --diff "$T/a.lrm" "$T/b.lrm"
+    assert_success
+    cmp <(cut -f1-20,23-27 "$T/i64.tsv") <(cut -f1-20,23-27 "$T/f32.tsv")
+    cmp <(cut -f1-29,31- "$T/si64.tsv") <(cut -f1-29,31- "$T/sf32.tsv")
+    for tool in plan sim; do
+        run "$BIN/lrmoe-$tool" -P 4 -o /dev/null "$T/bad.lrm"
+        [ $tool = sim ] && run "$BIN/lrmoe-sim" -Q -P 4 "$T/bad.lrm"
+        assert_failure 1
+        assert_output "lrmoe-$tool: frame 0: expert_load[3] is 2.5 (F64): a load counts pairs, so a float vector must hold whole numbers (convert it: torch's tokens_per_expert.long(), numpy's .astype(np.int64))"
+    done
+}
+
+@test "study: a corpus without record separators says so (and a binary one that it holds NUL bytes), not 'too small'" {
+    export LRMOE_LIBRARY="$BATS_TEST_DIRNAME/../build/liblrmoe.so.1"
+    head -c 300001 /dev/urandom | tr -d '%' > "$T/bin.dat"
+    printf '\0' >> "$T/bin.dat"
+    run "$BIN/lrmoe-study" --quick -c "$T/bin.dat" -o "$T/o"
+    assert_failure 1
+    assert_output --regexp "^lrmoe-study: corpus: .*/bin.dat: 1 record\(s\) in [0-9]+ bytes: no validation text, since every 20th record goes to validation and records are separated by lines holding a single '%' \(the fortune format\); the file holds NUL bytes: is it text at all\?$"
+    refute_output --partial "too small"
+    yes 'a line of plain text' | head -c 300000 > "$T/txt.dat"
+    run "$BIN/lrmoe-study" --quick -c "$T/txt.dat" -o "$T/o"
+    assert_failure 1
+    assert_output --partial "$T/txt.dat: 1 record(s) in 300000 bytes: no validation text"
+    assert_output --partial "add '%' lines between the texts"
+    [ ! -e "$T/o/runs" ]
+}

@@ -59,7 +59,8 @@ lines = open(f"{d}/v.json").read().splitlines()
 assert len(lines) == len(frames) == 3
 for i, (line, (t, attrs, dt)) in enumerate(zip(lines, frames)):
     o = json.loads(line)
-    assert o["frame"] == i and o["attrs"] == attrs
+    # numeric attributes are JSON numbers (see the --json attributes test)
+    assert o["frame"] == i and {k: str(v) for k, v in o["attrs"].items()} == attrs
     assert [e["name"] for e in o["tensors"]] == list(t)
     for e in o["tensors"]:
         a = t[e["name"]]
@@ -410,4 +411,34 @@ PY
     run "$BIN/lrmoe-view" --diff --rtol 0.2 "$T/na.lrm" "$T/nb.lrm"
     refute_line --partial "attribute half"
     refute_line --partial "attribute big" # 1 / 2^53 is within rtol 0.2
+}
+
+@test "--json: numeric attributes are JSON numbers; words, lists, per-rank lists of one, nan, hex and ids stay strings" {
+    python3 - "$T/a.lrm" <<'PY'
+import sys, numpy as np, lrmoe_stream as s
+a = {"layer": "3", "plan.rho": "1.000000", "neg": "-2.5e-3", "big": "12345678901234567890",
+     "model": "qwen3-30b-a3b", "empty": "", "nan": "nan", "inf": "inf", "hex": "0x10",
+     "plus": "+1", "lead": "007", "dot": "1.", "list": "1,2,3", "gen.hot": "7",
+     "pack.rank_rows": "12", "exec.backward.total_s": "0.5", "exec.backward.critical_s": "0.5",
+     "exec.forward.wall_s": "2", "zero": "0", "e": "1e5"}
+s.write_stream(sys.argv[1], [({"x": np.zeros(1, np.float32)}, a)])
+PY
+    "$BIN/lrmoe-view" --json --no-stats "$T/a.lrm" > "$T/a.json"
+    run python3 - "$T/a.json" <<'PY'
+import json, sys
+a = json.loads(open(sys.argv[1]).read())["attrs"]
+num = {"layer": 3, "plan.rho": 1.0, "neg": -2.5e-3,
+       "exec.backward.critical_s": 0.5, "exec.forward.wall_s": 2, "zero": 0, "e": 1e5}
+for k, v in num.items():
+    assert a[k] == v and not isinstance(a[k], str), (k, a[k])
+assert isinstance(a["layer"], int) and isinstance(a["plan.rho"], float)
+for k in ("model", "empty", "nan", "inf", "hex", "plus", "lead", "dot", "list", "gen.hot", "big",
+          "pack.rank_rows", "exec.backward.total_s"):
+    assert isinstance(a[k], str), (k, a[k])
+# what the benches do with them keeps working
+float(a["plan.rho"]), float(a["exec.backward.critical_s"]), a["exec.backward.total_s"].split(",")
+print("ok")
+PY
+    assert_success
+    assert_output ok
 }

@@ -172,7 +172,7 @@ for wl in balanced hot:30:16 hot:80:4 hot:95:1 zipf:1.2; do
             bin/lrmoe-view --json --no-stats "$tmp/qs.lrm" | python3 -c '
 import json, sys
 a = json.loads(sys.stdin.readlines()[1])["attrs"]
-print("\t".join(sys.argv[1:] + [a["plan.bwd_peak"], a["score.fidelity"]]))
+print("\t".join(sys.argv[1:] + [str(a["plan.bwd_peak"]), str(a["score.fidelity"])]))
 ' "$wl" "$rate" "$q" >> "$qt"
             if [ "$q" = even ]; then cp "$tmp/qp.lrm" "$tmp/qe.lrm"; fi
         done
@@ -188,7 +188,7 @@ print("\t".join(sys.argv[1:] + [a["plan.bwd_peak"], a["score.fidelity"]]))
             bin/lrmoe-view --json --no-stats "$tmp/qs.lrm" | python3 -c '
 import json, sys
 a = json.loads(sys.stdin.readlines()[1])["attrs"]
-print("\t".join(sys.argv[1:] + [a["score.fidelity"]]))
+print("\t".join(sys.argv[1:] + [str(a["score.fidelity"])]))
 ' "$wl" "$rate" "$mode" "$(cat "$tmp/qo.peak")" >> "$qt"
         done
     done

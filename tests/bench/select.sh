@@ -75,7 +75,7 @@ import json, sys
 for l in sys.stdin:
     if not l.strip(): continue
     a = json.loads(l)["attrs"]
-    f = lambda k: a.get(k, "nan")
+    f = lambda k: str(a.get(k, "nan"))
     print("\t".join([f("score.fidelity.dw_down.rel_err"), f("score.fidelity.dw_down.cosine"),
                      f("score.fidelity.dw_down.bias"), f("score.fidelity.dx.rel_err"),
                      f("score.fidelity.dx.bias"), f("score.seconds"), f("pack.seconds")]))'

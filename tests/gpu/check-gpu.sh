@@ -8,8 +8,11 @@
 #  3. the in-process forward through liblrmoe.so.1 and its CUDA module
 #     (tests/gpu/inproc.py) against lrmoe-exec's, with and without torch
 #     imported first.
-# Without CUDA in the build, or without a usable device, it says so and exits
-# 0 WITHOUT claiming a pass. Exit 1 when any check fails.
+# Exit 0 when every check ran and passed, 1 when any check fails, and 77
+# (automake's "skipped") without CUDA in the build or without a usable
+# device: it says so and claims no pass. `make check-gpu` then fails too
+# (make exits 2 for any failing recipe, "Error 77" in its message); scripts
+# that must tell "not run" from "failed" run this script and test for 77.
 #
 # LRMOE_CHECK_SKIP_KERNELS=1: part 1 left out (tests/gpu/device-check.sh
 # runs test-kernels as a step of its own).
@@ -31,15 +34,15 @@ if [ -n "$FAKE" ]; then
     PS=${LRMOE_CHECK_PS:-3 4}
     echo "check-gpu: FAKE device (kernels replaced by their CPU references): data path only"
 elif [ "$HAVE_CUDA" != 1 ] || [ ! -x "$TK" ]; then
-    echo "check-gpu: this build has no CUDA (nvcc not found): GPU checks NOT run"
-    exit 0
+    echo "check-gpu: this build has no CUDA (nvcc not found): GPU checks NOT run (exit 77)"
+    exit 77
 fi
 fail=0
 if [ -z "$FAKE" ]; then
     probe=$("$TK" --probe)
     case $? in
     0) ;;
-    3) echo "check-gpu: $probe: GPU checks NOT run (no pass claimed)"; exit 0 ;;
+    3) echo "check-gpu: $probe: GPU checks NOT run (no pass claimed, exit 77)"; exit 77 ;;
     *) echo "check-gpu: device probe failed: $probe"; exit 1 ;;
     esac
     if [ "${LRMOE_CHECK_SKIP_KERNELS:-0}" = 1 ]; then

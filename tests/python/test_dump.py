@@ -133,6 +133,42 @@ class Dump(tiny.TmpDirCase):
                     err = np.abs(a - b).max() / np.abs(b).max()
                     self.assertTrue(np.array_equal(a, b), f"{fam} {n}: rel err {err}")
 
+    def test_frames_in_layer_order_within_a_step(self):
+        """Backward reaches the last layer first; the frames still come out
+        layer 0, 1 per step, each with its own grad_output (issue 40)."""
+        m = tiny.model("qwen3_moe", seed=1)
+        ids = torch.randint(0, 64, (2, 6))
+        seen = {}
+
+        def grab(i):  # the gradient at layer i's experts' output
+            def fwd(mod, args, out):
+                out.register_hook(lambda g: seen.__setitem__(i, g.detach().clone()))
+            return fwd
+        hooks = [b.mlp.experts.register_forward_hook(grab(i))
+                 for i, b in enumerate(m.model.layers)]
+        with lt.dump(m, self.p("o.lrm")) as d:
+            for _ in range(2):
+                seen.clear()
+                m(ids).logits.sum().backward()
+                grads = dict(seen)
+        for h in hooks:
+            h.remove()
+        fr = lrmoe.read(self.p("o.lrm"))
+        self.assertEqual(d.frames, 4)
+        self.assertEqual([(f.attrs["step"], f.attrs["layer"]) for f in fr],
+                         [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")])
+        # the grad_output of each frame is its own layer's (the last step's)
+        for f in fr[2:]:
+            g = grads[int(f.attrs["layer"])].reshape(-1, tiny.D).numpy()
+            self.assertTrue(np.array_equal(f["grad_output"], g), f.attrs["layer"])
+        # a forward-only step: written at once, in layer order
+        with torch.no_grad(), lt.dump(m, self.p("n.lrm")):
+            m(ids)
+        fr = lrmoe.read(self.p("n.lrm"))
+        self.assertEqual([f.attrs["layer"] for f in fr], ["0", "1"])
+        self.assertTrue(all("grad_output" not in f for f in fr))
+
+
 
 if __name__ == "__main__":
     unittest.main()

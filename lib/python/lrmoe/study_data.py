@@ -80,12 +80,36 @@ class Corpus:
         self.train = np.frombuffer(b"".join(train), np.uint8)
         self.val = np.frombuffer(b"".join(val), np.uint8)
         what = self.files[0] if len(self.files) == 1 else f"{len(self.files)} files"
+        if self.train.size >= need_train and self.val.size < need_val and \
+                self.records < val_every:
+            # the cause is the format, not the size: too few records for one
+            # to go to validation (every val_every-th does)
+            binary = any(b"\0" in blob for blob in self._heads())
+            raise CorpusError(
+                f"{what}: {self.records} record(s) in {self._size()} "
+                f"bytes: no validation text, since every {val_every}th record goes to "
+                "validation and records are separated by lines holding a single '%' "
+                "(the fortune format)"
+                + ("; the file holds NUL bytes: is it text at all?" if binary else
+                   "; add '%' lines between the texts"))
         if self.train.size < need_train or self.val.size < need_val:
             raise CorpusError(
                 f"{what}: too small: {self.train.size} training and {self.val.size} "
                 f"validation bytes ({self.records} records, every {val_every}th to "
                 f"validation); this study needs at least {need_train} and {need_val} "
                 "(lower --seq/--batch/--val-batches or give more text)")
+
+    def _size(self):
+        return sum(os.path.getsize(f) for f in self.files)
+
+    def _heads(self, n=65536):
+        """The first n bytes of each file (for a binary check)."""
+        for f in self.files:
+            try:
+                with open(f, "rb") as fh:
+                    yield fh.read(n)
+            except OSError:
+                continue
 
     def batches(self, seed, batch, seq):
         """Endless training batches (inputs (B,S) int64, targets (B,S)),

@@ -159,7 +159,14 @@ def weights_frame(block):
 
 class Dump:
     """Returned by dump(); close() (or the end of a `with`) writes the trailer
-    and removes the hooks. .frames counts the frames written."""
+    and removes the hooks. .frames counts the frames written.
+
+    Frames are written in forward (layer) order within a step: a frame waits
+    for its grad_output, and backward delivers those last layer first, so a
+    finished frame is held until every frame before it is finished too (the
+    frames of one step, with their grad_output, are in memory at most until
+    layer 0's gradient arrives). A frame whose backward never comes is left
+    out, as before; close() writes the finished ones still held."""
 
     def __init__(self, model, out, every, weights, compress):
         if every < 1:
@@ -168,6 +175,7 @@ class Dump:
         self.model_type = _model_type(model)
         self.every, self.step, self.frames = int(every), -1, 0
         self.hooks, self.pending = [], {}
+        self.queue = []  # [frame, finished] in forward order, not yet written
         if weights is not None:
             with Writer(weights, compress=compress) as w:
                 for b in self.blocks:
@@ -207,14 +215,27 @@ class Dump:
             _put(f, "hidden", hidden.reshape(-1, hidden.shape[-1]))
             if "router_logits" in p:
                 _put(f, "router_logits", p["router_logits"].reshape(-1, b.E))
+            entry = [f, False]
+            self.queue.append(entry)
             if torch.is_grad_enabled() and output.requires_grad:
-                def grad_hook(g, f=f):
-                    _put(f, "grad_output", g.reshape(-1, g.shape[-1]))
-                    self._write(f)
+                def grad_hook(g, entry=entry):
+                    _put(entry[0], "grad_output", g.reshape(-1, g.shape[-1]))
+                    entry[1] = True
+                    self._flush()
                 output.register_hook(grad_hook)
             else:
-                self._write(f)
+                entry[1] = True
+                self._flush()
         return hook
+
+    def _flush(self, final=False):
+        """Write the finished frames at the head of the queue, in forward
+        order; with final, every finished one (an unfinished frame never got
+        its backward: it is dropped)."""
+        while self.queue and (self.queue[0][1] or final):
+            f, done = self.queue.pop(0)
+            if done:
+                self._write(f)
 
     def _write(self, f):
         if self.w is not None:
@@ -226,6 +247,7 @@ class Dump:
             h.remove()
         self.hooks = []
         if self.w is not None:
+            self._flush(final=True)
             w, self.w = self.w, None
             w.close()
 
@@ -233,6 +255,7 @@ class Dump:
         for h in self.hooks:
             h.remove()
         self.hooks = []
+        self.queue = []
         if self.w is not None:
             self.w.abort()
             self.w = None
