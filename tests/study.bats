@@ -157,6 +157,14 @@ RULES="lrm-topk lrm-sample uniform-sample gradnorm-topk"
     [ ! -e "$BATS_TEST_TMPDIR/o/runs" ]
 }
 
+@test "an output directory that cannot be made is one clear error naming the path (exit 1)" {
+    need_fortunes
+    run "$STUDY" --quick --runs C0 --steps 2 -o /etc/passwd/out
+    assert_failure 1
+    assert_output --regexp "^lrmoe-study: /etc/passwd/out[^ ]*: Not a directory$"
+    refute_output --partial "Errno"
+}
+
 @test "bad options and lists are usage errors (exit 2)" {
     run "$STUDY" --drops 100
     assert_failure 2

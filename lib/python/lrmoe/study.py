@@ -367,7 +367,11 @@ def main(argv=None):
     except UsageError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
-    except (StudyError, RuntimeError, OSError, ImportError) as e:
+    except OSError as e:  # a path error reads "PATH: why", not "[Errno N] ..."
+        where = e.filename if e.filename is not None else ""
+        print(f"{PROG}: {where}{': ' if where else ''}{e.strerror or e}", file=sys.stderr)
+        return 1
+    except (StudyError, RuntimeError, ImportError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
