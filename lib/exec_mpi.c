@@ -805,7 +805,11 @@ static int shard_hdr(lrmoe_exec_mpi_t *m, job_t *J, int64_t *Tr)
     for (int r = 0; r < P; r++) ones[r] = 1;
     m->scatter_s = m->gather_s = 0;
     m->scatter_bytes = m->gather_bytes = 0;
-    if (lrmoe_comm_mpi_allgatherv(&m->comm, sizeof *all, &J->h, 1, all, ones) < 0) return -1;
+    /* every rank's next frame waits on its own input: no --timeout here */
+    int was = lrmoe_comm_mpi_idle(&m->comm, 1);
+    int rc0 = lrmoe_comm_mpi_allgatherv(&m->comm, sizeof *all, &J->h, 1, all, ones);
+    lrmoe_comm_mpi_idle(&m->comm, was);
+    if (rc0 < 0) return -1;
     int64_t T = 0;
     for (int r = 0; r < P; r++) {
         if ((all[r].op == OP_END) != (all[0].op == OP_END)) {
@@ -1280,7 +1284,11 @@ int lrmoe_exec_mpi_serve(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg)
     for (;;) {
         job_t J;
         memset(&J, 0, sizeof J);
-        if (lrmoe_comm_mpi_bcast(&m->comm, &J.h, sizeof J.h, 0) < 0) return -1;
+        /* the next job waits on rank 0's input: no --timeout on this wait */
+        int was = lrmoe_comm_mpi_idle(&m->comm, 1);
+        int rc0 = lrmoe_comm_mpi_bcast(&m->comm, &J.h, sizeof J.h, 0);
+        lrmoe_comm_mpi_idle(&m->comm, was);
+        if (rc0 < 0) return -1;
         if (J.h.op == OP_END) return 0;
         m->in_flight = 1;
         J.P = m->P;

@@ -772,3 +772,54 @@ print(a['exec.backend'], a['exec.launcher'], a['plan.replicas'], a['exec.backwar
     run grep -c "^$b\$" "$D/agent.log"
     assert_output 2
 }
+
+# issue 36 item 7: collectives wait without bound, so a stopped rank hung the
+# job forever; --timeout S ends it with one message naming the silent rank
+@test "mpi: --timeout: a rank stopped with SIGSTOP ends the job within the bound, naming the rank; no trailer" {
+    need_mpi
+    routed 64 f32
+    printf '%s\n' '#!/bin/sh' \
+        'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then echo $$ > "$0.pid"; fi' \
+        'exec "$1" --phase forward --weights "$2" -@ 1 --timeout 2 -o "$0.out" "$3"' \
+        > "$D/stop.sh"
+    mkfifo "$D/in"
+    $MPIRUN -np 2 sh "$D/stop.sh" "$EXEC" "$D/w.lrm" "$D/in" > "$D/job.txt" 2>&1 &
+    local job=$! i pid status=0 t0
+    for i in $(seq 100); do
+        [ -s "$D/stop.sh.pid" ] && break
+        sleep 0.1
+    done
+    pid=$(cat "$D/stop.sh.pid")
+    # rank 1 past MPI_Init, waiting for rank 0's first job (rank 0 waits on
+    # the fifo): stop it, then give rank 0 its input
+    sleep 3
+    kill -STOP "$pid"
+    t0=$SECONDS
+    cat "$D/r.lrm" > "$D/in"
+    wait "$job" || status=$?
+    kill -CONT "$pid" 2>/dev/null || true
+    cat "$D/job.txt"
+    [ "$status" -ne 0 ]
+    [ "$status" -ne 124 ]
+    [ $((SECONDS - t0)) -lt 60 ]
+    [ "$(grep -c '^lrmoe-exec: ' "$D/job.txt")" = 1 ]
+    grep -q '^lrmoe-exec: rank 0: .*no progress in [0-9.]* s (--timeout 2): rank 1 does not answer' \
+        "$D/job.txt"
+    no_trailer "$D/stop.sh.out"
+}
+
+@test "mpi: --timeout is checked, and a job that makes progress runs under it bit for bit" {
+    need_mpi
+    routed 61 f32
+    run "$EXEC" --phase forward --weights "$D/w.lrm" --timeout -1 "$D/r.lrm"
+    assert_equal "$status" 2
+    assert_line --partial "--timeout"
+    run $MPIRUN -np 3 "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress \
+        -o "$D/a.lrm" "$D/r.lrm"
+    assert_success
+    run $MPIRUN -np 3 "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress \
+        --timeout 30 -o "$D/b.lrm" "$D/r.lrm"
+    assert_success
+    run same "$D/b.lrm" "$D/a.lrm"
+    assert_success
+}
