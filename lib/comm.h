@@ -100,6 +100,15 @@ void lrmoe_comm_mpi_abort(lrmoe_comm_t *c, int code);
 int lrmoe_comm_mpi_finalize(lrmoe_comm_t *c);
 /* Broadcast n bytes from rank root (any size: sent in pieces). */
 int lrmoe_comm_mpi_bcast(lrmoe_comm_t *c, void *buf, size_t n, int root);
+/* The watchdog: with seconds > 0 every MPI call of c waits at most that
+ * long; then every other rank is asked for a sign of life (each rank answers
+ * while it waits in one of these calls), and the call fails with an error
+ * naming the first rank that does not answer within another timeout (the
+ * tool ends the job). 0 (the default): calls block in MPI without bound. */
+void lrmoe_comm_mpi_set_timeout(lrmoe_comm_t *c, double seconds);
+/* While idle (1), waits are unbounded (the next job, which waits on rank
+ * 0's input) but still answer; returns the previous setting. */
+int lrmoe_comm_mpi_idle(lrmoe_comm_t *c, int idle);
 /* Rows of row_bytes through root: scatterv sends counts[r] rows of sendbuf
  * (rank-major) to rank r, which receives its nrecv rows into recvbuf;
  * gatherv is the reverse (counts and recvbuf are read on root only). */

@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "lrmoe.h"
 #include "comm.h"
 #include "exec.h"
@@ -21,7 +22,7 @@ int lrmoe_comm_mpi_launched(void)
 #ifdef LRMOE_HAVE_MPI
 #include <mpi.h>
 
-enum { TAG_P2P = 7 };
+enum { TAG_P2P = 7, TAG_PING = 8, TAG_PONG = 9 };
 /* largest piece of one MPI call, in bytes (int counts) */
 #define PIECE ((size_t)1 << 30)
 
@@ -30,6 +31,12 @@ typedef struct {
     int rank, size, local_rank;
     int64_t a2a_bytes, p2p_bytes;
     double a2a_sec;
+    /* the watchdog (lrmoe_comm_mpi_set_timeout): timeout seconds (0: off,
+     * every call blocks in MPI as it always did), idle (waits unbounded, for
+     * the next job), wd: the communicator of its pings */
+    double timeout;
+    int idle;
+    MPI_Comm wd;
 } mpi_ctx_t;
 
 static mpi_ctx_t *mx(const lrmoe_comm_t *c) { return (mpi_ctx_t *)c->ctx; }
@@ -40,6 +47,119 @@ static int mpi_fail(int rc, const char *what)
     int n = 0;
     if (MPI_Error_string(rc, s, &n) != MPI_SUCCESS) snprintf(s, sizeof s, "error %d", rc);
     return lrmoe_err("%s: %s", what, s);
+}
+
+/* ---- the watchdog: with a timeout every MPI call of this file is
+ * non-blocking and waited for here. A wait longer than the timeout asks
+ * every other rank for a sign of life (a ping on wd, which each rank answers
+ * whenever it waits here); the ranks that do not answer within another
+ * timeout are named in the error, which ends the job (the tool's MPI_Abort).
+ * A rank stopped (SIGSTOP), hung outside MPI, or computing for longer than
+ * the timeout does not answer. */
+enum { WD_FAIL = -1 };
+
+static void wd_nap(double waited)
+{
+    if (waited < 1e-3) return; /* spin the first millisecond (latency) */
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+}
+
+static void wd_answer(mpi_ctx_t *x)
+{
+    for (;;) {
+        int flag = 0, v = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_PING, x->wd, &flag, &st) != MPI_SUCCESS || !flag)
+            return;
+        MPI_Recv(&v, 1, MPI_INT, st.MPI_SOURCE, TAG_PING, x->wd, MPI_STATUS_IGNORE);
+        MPI_Request rq;
+        static int pong = 1;
+        if (MPI_Isend(&pong, 1, MPI_INT, st.MPI_SOURCE, TAG_PONG, x->wd, &rq) == MPI_SUCCESS)
+            MPI_Request_free(&rq);
+    }
+}
+
+/* After a wait of x->timeout in what: which ranks answer? The error names
+ * the first that does not (or says that all answer). */
+static int wd_diagnose(mpi_ctx_t *x, const char *what, double waited)
+{
+    const int P = x->size;
+    char *ok = calloc((size_t)P, 1);
+    if (!ok) return lrmoe_err("%s: no progress in %.3g s (--timeout)", what, waited);
+    ok[x->rank] = 1;
+    static int ping = 1;
+    for (int r = 0; r < P; r++) {
+        MPI_Request rq;
+        if (r != x->rank && MPI_Isend(&ping, 1, MPI_INT, r, TAG_PING, x->wd, &rq) == MPI_SUCCESS)
+            MPI_Request_free(&rq);
+    }
+    int left = P - 1;
+    const double t0 = lrmoe_now();
+    while (left > 0 && lrmoe_now() - t0 < x->timeout) {
+        wd_answer(x);
+        int flag = 0, v = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_PONG, x->wd, &flag, &st) == MPI_SUCCESS && flag) {
+            MPI_Recv(&v, 1, MPI_INT, st.MPI_SOURCE, TAG_PONG, x->wd, MPI_STATUS_IGNORE);
+            if (!ok[st.MPI_SOURCE]) { ok[st.MPI_SOURCE] = 1; left--; }
+            continue;
+        }
+        wd_nap(1);
+    }
+    int silent = -1, n = 0;
+    for (int r = 0; r < P; r++)
+        if (!ok[r]) { if (silent < 0) silent = r; n++; }
+    free(ok);
+    if (silent < 0)
+        return lrmoe_err("%s: no progress in %.3g s (--timeout %g), though every rank answers "
+                         "(a deadlock?): ending the job", what, waited, x->timeout);
+    return lrmoe_err("%s: no progress in %.3g s (--timeout %g): rank %d does not answer "
+                     "(stopped, hung, or computing longer than the timeout)%s: ending the job",
+                     what, waited, x->timeout, silent, n > 1 ? ", nor do others" : "");
+}
+
+/* Wait for rq: MPI_SUCCESS, an MPI error code, or WD_FAIL (error set). */
+static int wd_wait(mpi_ctx_t *x, MPI_Request *rq, const char *what)
+{
+    const double t0 = lrmoe_now();
+    for (;;) {
+        int done = 0;
+        int e = MPI_Test(rq, &done, MPI_STATUS_IGNORE);
+        if (e != MPI_SUCCESS || done) return e;
+        wd_answer(x);
+        double waited = lrmoe_now() - t0;
+        if (!x->idle && waited > x->timeout) {
+            wd_diagnose(x, what, waited);
+            return WD_FAIL;
+        }
+        wd_nap(waited);
+    }
+}
+
+/* e from an MPI call of what (started non-blocking into rq when the watchdog
+ * is on): 0, or -1 with the error set. */
+static int wd_done(mpi_ctx_t *x, int e, MPI_Request *rq, const char *what)
+{
+    if (e == MPI_SUCCESS && x->timeout > 0) e = wd_wait(x, rq, what);
+    if (e == WD_FAIL) return -1;
+    return e == MPI_SUCCESS ? 0 : mpi_fail(e, what);
+}
+
+/* One MPI call: blocking without a timeout, else its non-blocking form waited
+ * for by the watchdog. */
+#define WD_CALL(x, rq, blocking, nonblocking) ((x)->timeout > 0 ? (nonblocking) : (blocking))
+
+void lrmoe_comm_mpi_set_timeout(lrmoe_comm_t *c, double seconds)
+{
+    mx(c)->timeout = seconds > 0 ? seconds : 0;
+}
+
+int lrmoe_comm_mpi_idle(lrmoe_comm_t *c, int idle)
+{
+    int was = mx(c)->idle;
+    mx(c)->idle = idle;
+    return was;
 }
 
 int lrmoe_comm_mpi_built(void) { return 1; }
@@ -78,8 +198,10 @@ static int mpi_alltoallv(lrmoe_comm_t *c, size_t es, const void *const *send,
     }
     double t0 = lrmoe_now();
     /* counts first: every rank learns what it receives from its peers */
-    int e = MPI_Alltoall(sc, 1, MPI_INT, got, 1, MPI_INT, x->comm);
-    if (e != MPI_SUCCESS) { mpi_fail(e, "MPI_Alltoall (counts)"); goto out; }
+    MPI_Request rq;
+    int e = WD_CALL(x, rq, MPI_Alltoall(sc, 1, MPI_INT, got, 1, MPI_INT, x->comm),
+                    MPI_Ialltoall(sc, 1, MPI_INT, got, 1, MPI_INT, x->comm, &rq));
+    if (wd_done(x, e, &rq, "MPI_Alltoall (counts)") < 0) goto out;
     for (int s = 0; s < P; s++) {
         if (got[s] != counts[(size_t)s * P + me]) {
             lrmoe_err("alltoallv: rank %d sends %d rows to rank %d, which expects %lld "
@@ -99,10 +221,13 @@ static int mpi_alltoallv(lrmoe_comm_t *c, size_t es, const void *const *send,
     /* the counts exchange has lined the ranks up: from here on the time is
      * the transfer's (a2a_sec), not a wait for a slower rank */
     double t1 = lrmoe_now();
-    e = MPI_Alltoallv(send[me] ? send[me] : dummy, sc, sd, row,
-                      recv[me] ? recv[me] : dummy, rc, rd, row, x->comm);
+    e = WD_CALL(x, rq, MPI_Alltoallv(send[me] ? send[me] : dummy, sc, sd, row,
+                                     recv[me] ? recv[me] : dummy, rc, rd, row, x->comm),
+                MPI_Ialltoallv(send[me] ? send[me] : dummy, sc, sd, row,
+                               recv[me] ? recv[me] : dummy, rc, rd, row, x->comm, &rq));
+    e = wd_done(x, e, &rq, "MPI_Alltoallv");
     MPI_Type_free(&row);
-    if (e != MPI_SUCCESS) { mpi_fail(e, "MPI_Alltoallv"); goto out; }
+    if (e < 0) goto out;
     double t2 = lrmoe_now();
     if (rank_sec) rank_sec[me] += t2 - t0;
     x->a2a_bytes += out * (int64_t)es;
@@ -126,13 +251,18 @@ static int mpi_p2p(lrmoe_comm_t *c, int src, const void *sendbuf, int dst, void 
     }
     for (size_t off = 0; off < bytes; off += PIECE) {
         int n = (int)(bytes - off < PIECE ? bytes - off : PIECE), e;
+        MPI_Request rq;
         if (src == x->rank)
-            e = MPI_Send((const char *)sendbuf + off, n, MPI_BYTE, dst, TAG_P2P, x->comm);
+            e = WD_CALL(x, rq, MPI_Send((const char *)sendbuf + off, n, MPI_BYTE, dst, TAG_P2P,
+                                        x->comm),
+                        MPI_Isend((const char *)sendbuf + off, n, MPI_BYTE, dst, TAG_P2P,
+                                  x->comm, &rq));
         else
-            e = MPI_Recv((char *)recvbuf + off, n, MPI_BYTE, src, TAG_P2P, x->comm,
-                         MPI_STATUS_IGNORE);
-        if (e != MPI_SUCCESS)
-            return mpi_fail(e, src == x->rank ? "MPI_Send" : "MPI_Recv");
+            e = WD_CALL(x, rq, MPI_Recv((char *)recvbuf + off, n, MPI_BYTE, src, TAG_P2P,
+                                        x->comm, MPI_STATUS_IGNORE),
+                        MPI_Irecv((char *)recvbuf + off, n, MPI_BYTE, src, TAG_P2P, x->comm,
+                                  &rq));
+        if (wd_done(x, e, &rq, src == x->rank ? "MPI_Send" : "MPI_Recv") < 0) return -1;
     }
     if (src == x->rank) x->p2p_bytes += (int64_t)bytes;
     return 0;
@@ -144,7 +274,10 @@ static void mpi_destroy(lrmoe_comm_t *c)
     if (!x) return;
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin) MPI_Comm_free(&x->comm);
+    if (!fin) {
+        MPI_Comm_free(&x->comm);
+        MPI_Comm_free(&x->wd);
+    }
     free(x);
     c->ctx = NULL;
 }
@@ -162,8 +295,14 @@ int lrmoe_comm_mpi_init(lrmoe_comm_t *c, int *argc, char ***argv)
         free(x);
         return mpi_fail(e, "MPI_Comm_dup");
     }
+    if ((e = MPI_Comm_dup(MPI_COMM_WORLD, &x->wd)) != MPI_SUCCESS) {
+        MPI_Comm_free(&x->comm);
+        free(x);
+        return mpi_fail(e, "MPI_Comm_dup");
+    }
     /* errors come back as return codes (the tool prints and aborts) */
     MPI_Comm_set_errhandler(x->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(x->wd, MPI_ERRORS_RETURN);
     MPI_Comm_rank(x->comm, &x->rank);
     MPI_Comm_size(x->comm, &x->size);
     MPI_Comm node;
@@ -216,8 +355,11 @@ int lrmoe_comm_mpi_bcast(lrmoe_comm_t *c, void *buf, size_t n, int root)
 {
     for (size_t off = 0; off < n; off += PIECE) {
         int k = (int)(n - off < PIECE ? n - off : PIECE);
-        int e = MPI_Bcast((char *)buf + off, k, MPI_BYTE, root, mx(c)->comm);
-        if (e != MPI_SUCCESS) return mpi_fail(e, "MPI_Bcast");
+        mpi_ctx_t *x = mx(c);
+        MPI_Request rq;
+        int e = WD_CALL(x, rq, MPI_Bcast((char *)buf + off, k, MPI_BYTE, root, x->comm),
+                        MPI_Ibcast((char *)buf + off, k, MPI_BYTE, root, x->comm, &rq));
+        if (wd_done(x, e, &rq, "MPI_Bcast") < 0) return -1;
     }
     return 0;
 }
@@ -258,20 +400,26 @@ static int rows_v(lrmoe_comm_t *c, int gather, size_t row_bytes, const void *sen
         return mpi_fail(e, "MPI_Type_contiguous");
     }
     static char dummy[1];
+    void *sb = sendbuf ? (void *)sendbuf : dummy, *rb = recvbuf ? recvbuf : dummy;
+    MPI_Request rq;
     if (gather == 2)
-        e = MPI_Allgatherv(sendbuf ? sendbuf : dummy, (int)mine, row, recvbuf ? recvbuf : dummy,
-                           v, v + P, row, x->comm);
+        e = WD_CALL(x, rq, MPI_Allgatherv(sb, (int)mine, row, rb, v, v + P, row, x->comm),
+                    MPI_Iallgatherv(sb, (int)mine, row, rb, v, v + P, row, x->comm, &rq));
     else if (gather)
-        e = MPI_Gatherv(sendbuf ? sendbuf : dummy, (int)mine, row, recvbuf ? recvbuf : dummy,
-                        v, v ? v + P : NULL, row, root, x->comm);
+        e = WD_CALL(x, rq, MPI_Gatherv(sb, (int)mine, row, rb, v, v ? v + P : NULL, row, root,
+                                       x->comm),
+                    MPI_Igatherv(sb, (int)mine, row, rb, v, v ? v + P : NULL, row, root,
+                                 x->comm, &rq));
     else
-        e = MPI_Scatterv(sendbuf ? sendbuf : dummy, v, v ? v + P : NULL, row,
-                         recvbuf ? recvbuf : dummy, (int)mine, row, root, x->comm);
+        e = WD_CALL(x, rq, MPI_Scatterv(sb, v, v ? v + P : NULL, row, rb, (int)mine, row, root,
+                                        x->comm),
+                    MPI_Iscatterv(sb, v, v ? v + P : NULL, row, rb, (int)mine, row, root,
+                                  x->comm, &rq));
+    e = wd_done(x, e, &rq, gather == 2 ? "MPI_Allgatherv" : gather ? "MPI_Gatherv"
+                                                           : "MPI_Scatterv");
     MPI_Type_free(&row);
     free(v);
-    return e == MPI_SUCCESS ? 0
-                            : mpi_fail(e, gather == 2 ? "MPI_Allgatherv"
-                                          : gather ? "MPI_Gatherv" : "MPI_Scatterv");
+    return e;
 }
 
 int lrmoe_comm_mpi_allgatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbuf,
@@ -462,6 +610,8 @@ void lrmoe_comm_mpi_nccl_free(lrmoe_comm_t *gpu, lrmoe_kcu_ctx_t *ctx)
                   "then rebuild: make clean all)"
 
 int lrmoe_comm_mpi_built(void) { return 0; }
+void lrmoe_comm_mpi_set_timeout(lrmoe_comm_t *c, double seconds) { (void)c; (void)seconds; }
+int lrmoe_comm_mpi_idle(lrmoe_comm_t *c, int idle) { (void)c; (void)idle; return 0; }
 int lrmoe_comm_mpi_init(lrmoe_comm_t *c, int *argc, char ***argv)
 {
     (void)argc; (void)argv;

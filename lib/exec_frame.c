@@ -806,6 +806,26 @@ int lrmoe_exec_frame_reuse(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t 
     return rc;
 }
 
+/* The model sizes the frame states (its generator's ffn, the plan's
+ * plan.ffn and plan.hidden) against the weights': a forward frame carries no
+ * tensor of width F, so weights of another model would otherwise run. */
+static int frame_sizes(const lrmoe_frame_t *f, int64_t layer, int64_t F, int64_t D)
+{
+    static const struct { const char *key; int d; } said[] = {
+        {"ffn", 0}, {"plan.ffn", 0}, {"plan.hidden", 1}};
+    for (size_t i = 0; i < sizeof said / sizeof *said; i++) {
+        int64_t v = 0;
+        int rc = lrmoe_frame_attr_i64(f, said[i].key, &v);
+        if (rc < 0) return lrmoe_err("attribute %s: not an integer", said[i].key);
+        const int64_t w = said[i].d ? D : F;
+        if (rc == 1 && v != w)
+            return lrmoe_err("the frame's %s=%lld but the weights of layer %lld have %s=%lld "
+                             "(weights of another model?)", said[i].key, (long long)v,
+                             (long long)layer, said[i].d ? "D" : "F", (long long)w);
+    }
+    return 0;
+}
+
 static int exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *sp)
 {
     int64_t layer = 0;
@@ -814,7 +834,14 @@ static int exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *sp)
     lrmoe_exec_weights_t W;
     int64_t E = 0, F = 0, D = 0;
     int wi = 0;
-    if (frame_weights(c, layer, &W, &wi, &E, &F, &D) < 0) return -1;
+    if (frame_weights(c, layer, &W, &wi, &E, &F, &D) < 0 || frame_sizes(f, layer, F, D) < 0)
+        return -1;
+    if (c->mpi) { /* per-rank inputs: every rank's frame must be of one step */
+        int64_t st = 0;
+        int r = lrmoe_frame_attr_i64(f, "step", &st);
+        if (r < 0) return lrmoe_err("attribute step: not an integer");
+        c->mpi->step = r == 1 ? st : LRMOE_EXEC_MPI_NO_STEP;
+    }
 
     const int64_t any2[2] = {-1, -1};
     lrmoe_tensor_t *ids = need(f, "topk_ids", 2, any2, 1, DT_I32);

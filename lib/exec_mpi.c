@@ -9,6 +9,7 @@
 
 struct lrmoe_exec_mpi_layer {
     int64_t layer, E, F, D;
+    uint64_t digest;       /* of the whole w_gate, w_up, w_down (weights_digest) */
     lrmoe_dtype_t dtype;
     void *w[3];            /* w_gate, w_up, w_down: global shape, native experts only */
     float *f32;            /* (E, 3*F*D) packed F32, native experts only; made at
@@ -28,7 +29,7 @@ enum { HAVE_PLAN = 1, HAVE_PHI = 2, HAVE_SG = 4, HAVE_SU = 8, HAVE_PO = 16, HAVE
  * (a kernel chosen per host could differ too: one frame, two kernels). */
 typedef struct {
     int64_t op, layer, T, E, K, D, F, P, R, mode, act, grad, wdtype, have, allow_nonfinite,
-        compute, backend, kernel, dnnl_version;
+        compute, backend, kernel, dnnl_version, step, wdigest;
     char dnnl_impl[48];
 } hdr_t;
 _Static_assert(sizeof ((hdr_t *)0)->dnnl_impl == sizeof ((lrmoe_gemm_kernel_t *)0)->dnnl_impl,
@@ -201,6 +202,74 @@ static int meta(lrmoe_exec_mpi_t *m, job_t *J, const void **p, size_t bytes)
 
 /* ---------------------------------------------------------------- weights */
 
+/* A 64-bit digest of n bytes (four multiply-rotate lanes over 8-byte words,
+ * then the tail and n): each rank reads --weights itself, and a host with a
+ * stale copy of the same shapes must not compute with it. Not cryptographic:
+ * it tells copies apart, it does not resist forgery. */
+static uint64_t dg_round(uint64_t h, uint64_t v)
+{
+    h ^= v * 0x9E3779B97F4A7C15ull;
+    h = (h << 31) | (h >> 33);
+    return h * 0xBF58476D1CE4E5B9ull;
+}
+
+static uint64_t digest_bytes(uint64_t seed, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t l[4] = {seed, seed ^ 0x94D049BB133111EBull, seed + 0x632BE59BD9B4E019ull,
+                     ~seed};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++) {
+            uint64_t v;
+            memcpy(&v, b + i + 8 * k, 8);
+            l[k] = dg_round(l[k], v);
+        }
+    uint64_t h = dg_round(dg_round(dg_round(dg_round(n, l[0]), l[1]), l[2]), l[3]);
+    for (; i < n; i++) h = dg_round(h, b[i]);
+    return h ^ (h >> 29);
+}
+
+/* The digest of one layer's weights: w_gate, w_up, w_down (E*F*D each). */
+static uint64_t weights_digest(const void *const w[3], int64_t E, int64_t F, int64_t D,
+                               lrmoe_dtype_t dt)
+{
+    const size_t n = (size_t)(E * F * D) * lrmoe_dtype_size(dt);
+    uint64_t h = dg_round((uint64_t)dt, (uint64_t)E);
+    h = dg_round(dg_round(h, (uint64_t)F), (uint64_t)D);
+    for (int j = 0; j < 3; j++) h = digest_bytes(h, w[j], w[j] ? n : 0);
+    return h;
+}
+
+struct lrmoe_exec_mpi_digest { int64_t layer; const void *w[3]; uint64_t d; };
+
+/* The digest of the weights w of a job (computed once per layer and arrays). */
+static int job_digest(lrmoe_exec_mpi_t *m, int64_t layer, const lrmoe_exec_dims_t *d,
+                      const lrmoe_exec_weights_t *w, uint64_t *out)
+{
+    for (int i = 0; i < m->ndigests; i++) {
+        struct lrmoe_exec_mpi_digest *g = &m->digests[i];
+        if (g->layer == layer && g->w[0] == w->w_gate && g->w[1] == w->w_up &&
+            g->w[2] == w->w_down) {
+            *out = g->d;
+            return 0;
+        }
+    }
+    if (!w->w_gate || !w->w_up || !w->w_down)
+        return lrmoe_err("exec under MPI: the weights of layer %lld are missing",
+                         (long long)layer);
+    struct lrmoe_exec_mpi_digest *g =
+        realloc(m->digests, (size_t)(m->ndigests + 1) * sizeof *g);
+    if (!g) return lrmoe_err("out of memory");
+    m->digests = g;
+    g += m->ndigests++;
+    g->layer = layer;
+    g->w[0] = w->w_gate; g->w[1] = w->w_up; g->w[2] = w->w_down;
+    g->d = weights_digest(g->w, d->E, d->F, d->D, w->dtype);
+    *out = g->d;
+    return 0;
+}
+
 static void layers_free(lrmoe_exec_mpi_t *m)
 {
     for (int i = 0; i < m->nlayers; i++) {
@@ -210,6 +279,9 @@ static void layers_free(lrmoe_exec_mpi_t *m)
     free(m->layers);
     m->layers = NULL;
     m->nlayers = 0;
+    free(m->digests);
+    m->digests = NULL;
+    m->ndigests = 0;
 }
 
 /* Ranks > 0, first job: every layer of the weights stream, native experts
@@ -240,6 +312,10 @@ static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite)
             if (lrmoe_tensor_numel(t[j]) != L->E * (int64_t)n || t[j]->dtype != L->dtype)
                 rc = lrmoe_err("%s: layer %lld: w_gate, w_up, w_down differ in shape or dtype",
                                m->weights, (long long)L->layer);
+        if (!rc) { /* all experts, as rank 0 digests them */
+            const void *wa[3] = {t[0]->data, t[1]->data, t[2]->data};
+            L->digest = weights_digest(wa, L->E, L->F, L->D, L->dtype);
+        }
         for (int j = 0; j < 3 && !rc; j++)
             if (!(L->w[j] = calloc((size_t)L->E * n, es))) rc = lrmoe_err("out of memory");
         for (int64_t e = 0; e < L->E && !rc; e++) {
@@ -287,6 +363,11 @@ static int rank_weights(lrmoe_exec_mpi_t *m, const hdr_t *h, lrmoe_exec_weights_
                              (long long)L->E, (long long)L->F, (long long)L->D,
                              lrmoe_dtype_name(L->dtype), (long long)h->E, (long long)h->F,
                              (long long)h->D, lrmoe_dtype_name((lrmoe_dtype_t)h->wdtype));
+        if (L->digest != (uint64_t)h->wdigest)
+            return lrmoe_err("%s: layer %lld differs from rank 0's copy (weights digest "
+                             "%016llx here, %016llx on rank 0): a stale or other copy of "
+                             "--weights on this host?", m->weights, (long long)h->layer,
+                             (unsigned long long)L->digest, (unsigned long long)h->wdigest);
         int f32 = h->backend == LRMOE_BACKEND_CPU && h->compute == LRMOE_COMPUTE_F32 &&
                   (L->dtype == LRMOE_F32 || L->dtype == LRMOE_BF16);
         if (f32 && layer_f32(m, L) < 0) return -1;
@@ -724,13 +805,34 @@ static int shard_hdr(lrmoe_exec_mpi_t *m, job_t *J, int64_t *Tr)
     for (int r = 0; r < P; r++) ones[r] = 1;
     m->scatter_s = m->gather_s = 0;
     m->scatter_bytes = m->gather_bytes = 0;
-    if (lrmoe_comm_mpi_allgatherv(&m->comm, sizeof *all, &J->h, 1, all, ones) < 0) return -1;
+    /* every rank's next frame waits on its own input: no --timeout here */
+    int was = lrmoe_comm_mpi_idle(&m->comm, 1);
+    int rc0 = lrmoe_comm_mpi_allgatherv(&m->comm, sizeof *all, &J->h, 1, all, ones);
+    lrmoe_comm_mpi_idle(&m->comm, was);
+    if (rc0 < 0) return -1;
     int64_t T = 0;
     for (int r = 0; r < P; r++) {
         if ((all[r].op == OP_END) != (all[0].op == OP_END)) {
             int e = all[r].op == OP_END ? r : 0, g = e == r ? 0 : r;
             lrmoe_err("per-rank inputs: rank %d's input ended after %lld frames, rank %d's has "
                       "more", e, (long long)m->jobs, g);
+            return agreed(m);
+        }
+        if (all[r].wdigest != all[0].wdigest && all[r].layer == all[0].layer) {
+            lrmoe_err("per-rank inputs: frame %lld: rank %d's --weights of layer %lld differ "
+                      "from rank 0's (weights digest %016llx vs %016llx): a stale or other "
+                      "copy on that host?", (long long)m->jobs, r, (long long)all[r].layer,
+                      (unsigned long long)all[r].wdigest, (unsigned long long)all[0].wdigest);
+            return agreed(m);
+        }
+        if (all[r].step != all[0].step) {
+            char a[24] = "none", b[24] = "none";
+            if (all[r].step != LRMOE_EXEC_MPI_NO_STEP)
+                snprintf(a, sizeof a, "%lld", (long long)all[r].step);
+            if (all[0].step != LRMOE_EXEC_MPI_NO_STEP)
+                snprintf(b, sizeof b, "%lld", (long long)all[0].step);
+            lrmoe_err("per-rank inputs: frame %lld of rank %d is of step %s, rank 0's of step "
+                      "%s", (long long)m->jobs, r, a, b);
             return agreed(m);
         }
         hdr_t x = all[r];
@@ -1064,6 +1166,10 @@ static int hdr_common(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
                          d->P, (long long)d->E);
     memset(h, 0, sizeof *h);
     h->layer = layer;
+    h->step = m->step;
+    uint64_t dg = 0;
+    if (job_digest(m, layer, d, w, &dg) < 0) return -1;
+    h->wdigest = (int64_t)dg;
     h->T = d->T; h->E = d->E; h->K = d->K; h->D = d->D; h->F = d->F; h->P = d->P;
     h->wdtype = w->dtype;
     h->allow_nonfinite = cfg->allow_nonfinite;
@@ -1178,7 +1284,11 @@ int lrmoe_exec_mpi_serve(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg)
     for (;;) {
         job_t J;
         memset(&J, 0, sizeof J);
-        if (lrmoe_comm_mpi_bcast(&m->comm, &J.h, sizeof J.h, 0) < 0) return -1;
+        /* the next job waits on rank 0's input: no --timeout on this wait */
+        int was = lrmoe_comm_mpi_idle(&m->comm, 1);
+        int rc0 = lrmoe_comm_mpi_bcast(&m->comm, &J.h, sizeof J.h, 0);
+        lrmoe_comm_mpi_idle(&m->comm, was);
+        if (rc0 < 0) return -1;
         if (J.h.op == OP_END) return 0;
         m->in_flight = 1;
         J.P = m->P;
@@ -1250,6 +1360,7 @@ int lrmoe_exec_mpi_open(lrmoe_exec_mpi_t *m, int *argc, char ***argv, const char
     m->rank = lrmoe_comm_mpi_rank(&m->comm);
     m->P = m->comm.P;
     m->weights = weights;
+    m->step = LRMOE_EXEC_MPI_NO_STEP;
     m->a2a_bytes = calloc((size_t)m->P, sizeof *m->a2a_bytes);
     m->p2p_bytes = calloc((size_t)m->P, sizeof *m->p2p_bytes);
     m->a2a_s = calloc((size_t)m->P, sizeof *m->a2a_s);

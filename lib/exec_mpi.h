@@ -59,7 +59,16 @@ typedef struct lrmoe_exec_mpi {
      * from data all of them hold (rank 0 alone reports it, nobody aborts) */
     int shard, agreed;
     int64_t jobs;          /* jobs run so far */
+    /* the step attribute of the frame of the next job (LRMOE_EXEC_MPI_NO_STEP:
+     * none), set by the caller: with per-rank inputs every rank's must agree */
+    int64_t step;
+    /* digests of the weights each job used (rank 0, or every rank with
+     * per-rank inputs), by layer: ranks > 0 compare theirs with rank 0's */
+    struct lrmoe_exec_mpi_digest *digests;
+    int ndigests;
 } lrmoe_exec_mpi_t;
+
+#define LRMOE_EXEC_MPI_NO_STEP INT64_MIN
 
 /* MPI_Init and the communicator; m->rank, m->P. weights: the path every
  * rank > 0 loads (rank 0 passes its weights to each call). */

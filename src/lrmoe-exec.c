@@ -41,6 +41,10 @@ static void usage(FILE *fp)
         "      --per-rank        under MPI: rank r reads FILE and writes --output\n"
         "                        with %%r replaced by r (its token rows), nothing\n"
         "                        goes through rank 0\n"
+        "      --timeout S       under MPI: a rank that waits S seconds in one MPI\n"
+        "                        call asks the others for a sign of life and ends\n"
+        "                        the job naming the one that is silent (default 0:\n"
+        "                        off, a stopped rank hangs the job)\n"
         "  -S, --stats FILE      write per-rank, per-stage seconds as TSV (- : stdout,\n"
         "                        or stderr when the stream goes there)\n"
         "      --timings FILE    old name of --stats\n"
@@ -91,7 +95,39 @@ static int on_written(lrmoe_frame_t *f, int64_t index, void *vctx)
 
 enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_NONFINITE,
        OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS, OPT_REPEAT, OPT_WARMUP,
-       OPT_COMPUTE, OPT_LAUNCHER, OPT_PER_RANK };
+       OPT_COMPUTE, OPT_LAUNCHER, OPT_PER_RANK, OPT_TIMEOUT };
+
+/* --per-rank: lrmoe_filter_run's frame loop, but an output gets its trailer
+ * only once every rank has agreed that the job is complete
+ * (lrmoe_exec_mpi_end): a rank whose input ends early would otherwise close a
+ * clean-looking stream of a job that fails. */
+static int shard_run(lrmoe_exec_mpi_t *m, ctx_t *c, const char *in, const char *out,
+                     const lrmoe_wopts_t *wo)
+{
+    lrmoe_reader_t *r = lrmoe_reader_open(in);
+    if (!r) return -1;
+    lrmoe_writer_t *w = lrmoe_writer_open(out, wo);
+    if (!w) { lrmoe_reader_close(r); return -1; }
+    lrmoe_frame_t f;
+    lrmoe_frame_init(&f);
+    int64_t n = 0;
+    int rc;
+    while ((rc = lrmoe_reader_next(r, &f)) == 1) {
+        if (on_frame(&f, n, c) < 0) {
+            lrmoe_err_prefix("frame %lld", (long long)n);
+            rc = -1;
+            break;
+        }
+        if (lrmoe_writer_write(w, &f) < 0) { rc = -1; break; }
+        n++;
+    }
+    if (rc == 0 && lrmoe_exec_mpi_end(m) < 0) rc = -1;
+    if (rc < 0) lrmoe_writer_abort(w);
+    else if (lrmoe_writer_close(w) < 0) rc = -1;
+    lrmoe_frame_clear(&f);
+    lrmoe_reader_close(r);
+    return rc;
+}
 
 /* Under MPI: ranks > 0 serve rank 0's jobs; rank 0 runs the filter. An
  * error while a job is spread over the ranks kills the job (MPI_Abort)
@@ -101,8 +137,7 @@ static int run_mpi(lrmoe_exec_mpi_t *m, ctx_t *c, const lrmoe_exec_frame_opts_t 
 {
     if (m->shard) { /* every rank runs the filter on its own streams */
         c->x.mpi = m;
-        int bad = lrmoe_filter_run(in, out, w, on_frame, c) < 0;
-        if (!bad && lrmoe_exec_mpi_end(m) < 0) bad = 1;
+        int bad = shard_run(m, c, in, out, w) < 0;
         if (bad && !m->agreed) { /* this rank alone: the others wait in a collective */
             fprintf(stderr, "lrmoe-exec: rank %d: %s\n", m->rank, lrmoe_errmsg());
             lrmoe_comm_mpi_abort(&m->comm, 1);
@@ -156,6 +191,7 @@ int main(int argc, char **argv)
         {"compute", required_argument, 0, OPT_COMPUTE},
         {"launcher", required_argument, 0, OPT_LAUNCHER},
         {"per-rank", no_argument, 0, OPT_PER_RANK},
+        {"timeout", required_argument, 0, OPT_TIMEOUT},
         {"repeat", required_argument, 0, OPT_REPEAT},
         {"warmup", required_argument, 0, OPT_WARMUP},
         {"help", no_argument, 0, 'h'},
@@ -168,6 +204,7 @@ int main(int argc, char **argv)
     lrmoe_exec_frame_opts_t o;
     lrmoe_exec_frame_opts_default(&o);
     const char *phase = NULL, *weights = NULL, *timings = NULL;
+    double timeout = 0;
     int mode_set = 0, ch, launcher = -1, per_rank = 0; /* launcher -1 auto, 0 none, 1 mpi */
     int64_t v;
     while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "P:j:S:hV", longopts, NULL)) != -1) {
@@ -233,6 +270,9 @@ int main(int argc, char **argv)
             break;
         case OPT_NONFINITE: o.cfg.allow_nonfinite = 1; break;
         case OPT_PER_RANK: per_rank = 1; break;
+        case OPT_TIMEOUT:
+            if (lrmoe_parse_f64("--timeout", optarg, 0, 1e7, &timeout) < 0) goto usage_err;
+            break;
         case OPT_LAUNCHER:
             if (!strcmp(optarg, "auto")) launcher = -1;
             else if (!strcmp(optarg, "none")) launcher = 0;
@@ -317,6 +357,7 @@ int main(int argc, char **argv)
             return 2;
         }
         o.ranks = m.P;
+        lrmoe_comm_mpi_set_timeout(&m.comm, timeout);
     }
     char in_r[4096], out_r[4096];
     if (per_rank) { /* every rank its own FILE and --output */

@@ -105,6 +105,14 @@ if [ "$what" = test ]; then
             echo "    python3 -m pip install numpy safetensors" >&2
             exit 1; }
     fi
+    # hypothesis: the property-based test of the Python binding
+    # (tests/python/test_fuzz.py: random dtypes, shapes and sizes never crash)
+    if ! python3 -c 'import hypothesis' 2>/dev/null; then
+        echo "lrmoe: installing python module hypothesis" >&2
+        python3 -m pip install -q hypothesis >&2 2>/dev/null ||
+            python3 -m pip install -q --break-system-packages hypothesis >&2 ||
+            echo "lrmoe: hypothesis not installed: tests/python.bats will skip the fuzz test" >&2
+    fi
     # setuptools: `pip install ./lib/python` without build isolation (offline)
     if ! python3 -c 'import setuptools' 2>/dev/null; then
         python3 -m pip install -q setuptools >&2 2>/dev/null ||

@@ -1049,3 +1049,27 @@ for k in a: assert a[k].tobytes() == b[k].tobytes(), k
 print('same')"
     assert_output same
 }
+
+# issue 36 item 2: a forward frame has no tensor of width F, so weights of
+# another model (same E and D, other F) ran and wrote a full output
+@test "exec: forward refuses weights whose F differs from the frame's ffn or plan.ffn" {
+    "$BIN/lrmoe-gen" --tokens 64 --experts 8 --topk 2 --hidden 16 --ffn 64 --seed 1 \
+        --weights "$D/w64.lrm" -o "$D/g.lrm"
+    "$BIN/lrmoe-gen" --tokens 8 --experts 8 --topk 2 --hidden 16 --ffn 32 --seed 2 \
+        --weights "$D/w32.lrm" -o "$D/g32.lrm"
+    "$BIN/lrmoe-route" -k 2 "$D/g.lrm" -o "$D/r.lrm"
+    run "$EXEC" --phase forward --weights "$D/w32.lrm" "$D/r.lrm" -o "$D/o.lrm"
+    assert_fails_clean
+    assert_output --partial "ffn=64 but the weights of layer 0 have F=32"
+    no_trailer "$D/o.lrm"
+    # the frame without its ffn attribute, planned with --ffn 64: plan.ffn says it
+    pyedit "f,a,t=read_stream('$D/r.lrm', True)[0]; a.pop('ffn'); write_stream('$D/r0.lrm', [(f,a,t)])"
+    "$BIN/lrmoe-plan" -P 2 --ffn 64 "$D/r0.lrm" -o "$D/p.lrm"
+    run "$EXEC" --phase forward --weights "$D/w32.lrm" "$D/p.lrm" -o "$D/o.lrm"
+    assert_fails_clean
+    assert_output --partial "plan.ffn=64 but the weights of layer 0 have F=32"
+    run "$EXEC" --phase forward --weights "$D/w64.lrm" "$D/p.lrm" -o "$D/ok.lrm"
+    assert_success
+    run "$EXEC" --phase forward --weights "$D/w64.lrm" "$D/r.lrm" -o "$D/ok.lrm"
+    assert_success
+}

@@ -290,3 +290,37 @@ cuda_inproc() {
     assert_output --partial "opening file=$STAGE$PFX/bin/../lib/liblrmoe-cuda.so.1 [0]"
     refute_output --partial "cannot load the CUDA module"
 }
+
+# issue 36 item 2: lrmoe(3)'s EXAMPLES program, taken from the page as printed,
+# plans what lrmoe-plan -P 8 plans on the same stream (F from the frame, not
+# lrmoe_plan_opts_default's D=2048, F=768)
+@test "lrmoe(3)'s EXAMPLES program, compiled as printed, plans like lrmoe-plan -P 8" {
+    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
+    awk '/^\.SH EXAMPLES/ {e = 1} e && /^\.RE/ {exit} e && p {print} e && /^\.RS/ {p = 1}' \
+        "$TOP/man/man3/lrmoe.3" | sed -e 's/\\e/\\/g' -e 's/\\-/-/g' > "$T/example.c"
+    grep -q 'int main' "$T/example.c"
+    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
+        -o "$T/example" "$T/example.c" $(pkg-config --cflags --libs lrmoe)
+    assert_success
+    mkdir -p "$T/ex"
+    "$BIN/lrmoe-gen" --tokens 512 --experts 16 --topk 4 --hidden 64 --ffn 64 --layers 2 \
+        --zipf 1.2 --seed 5 | "$BIN/lrmoe-route" -o "$T/ex/routed.lrm"
+    (cd "$T/ex" && LD_LIBRARY_PATH="$LIBD" "$T/example")
+    "$BIN/lrmoe-plan" -P 8 "$T/ex/routed.lrm" -o "$T/ex/tool.lrm"
+    run python3 - "$BATS_TEST_DIRNAME/helpers" "$T/ex/planned.lrm" "$T/ex/tool.lrm" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from lrmoe_stream import read_stream
+import numpy as np
+a, b = read_stream(sys.argv[2]), read_stream(sys.argv[3])
+assert len(a) == len(b) == 2, (len(a), len(b))
+for (ta, aa), (tb, ab) in zip(a, b):
+    for n in ("placement", "fwd_alloc", "quota", "bwd_alloc"):
+        assert np.array_equal(ta[n], tb[n]), n
+    for k in ("plan.ffn", "plan.hidden", "plan.fwd_peak", "plan.bwd_peak", "plan.rho"):
+        assert aa[k] == ab[k], (k, aa[k], ab[k])
+print("same plans", aa["plan.ffn"], aa["plan.hidden"])
+PY
+    assert_success
+    assert_output "same plans 64 64"
+}

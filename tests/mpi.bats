@@ -503,6 +503,55 @@ for r, (lo, hi) in enumerate(((0, 25), (25, 40))):
     [ "$status" -ne 124 ]
     [ "$(grep -c '^lrmoe-exec: ' <<< "$output")" = 1 ]
     assert_line --partial "per-rank inputs: rank 0's input ended after 1 frames, rank 1's has more"
+    # issue 36 item 2: no rank writes a trailer unless the whole job succeeded
+    # (rank 0's input ended cleanly, yet the job failed)
+    no_trailer "$D/o.0.lrm"
+    no_trailer "$D/o.1.lrm"
+    # frames of different steps (compared as layer is)
+    shard_py split "$D/r.lrm" 2 "$D/s.%r.lrm"
+    python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import *
+for r in (0, 1):
+    fr = read_stream('$D/s.%d.lrm' % r, with_dtypes=True)
+    write_stream('$D/s.%d.lrm' % r, [(t, dict(a, step=str(7 + r)), d) for t, a, d in fr])"
+    run $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" --per-rank -o "$D/o.%r.lrm" \
+        "$D/s.%r.lrm"
+    assert_failure
+    [ "$status" -ne 124 ]
+    [ "$(grep -c '^lrmoe-exec: ' <<< "$output")" = 1 ]
+    assert_line --partial "per-rank inputs: frame 0 of rank 1 is of step 8, rank 0's of step 7"
+    no_trailer "$D/o.0.lrm"
+    no_trailer "$D/o.1.lrm"
+}
+
+# issue 36 item 2: every rank reads --weights itself; a host whose copy has
+# the same shapes but other values must end the job, not change pair_out
+@test "mpi: a rank whose --weights differ from rank 0's (a stale copy) ends the job naming it, scattered and --per-rank" {
+    need_mpi
+    routed 48 f32
+    "$BIN/lrmoe-gen" --tokens 8 --experts 8 --topk 2 --hidden 32 --ffn 16 --dtype f32 \
+        --weights "$D/stale.lrm" --seed 4 --no-compress > /dev/null
+    printf '%s\n' '#!/bin/sh' \
+        'w="$1"; [ "$OMPI_COMM_WORLD_RANK" = 1 ] && w="$2"; shift 2' \
+        'exec "$@" --weights "$w"' > "$D/wr.sh"
+    run $MPIRUN -np 2 sh "$D/wr.sh" "$D/w.lrm" "$D/stale.lrm" "$EXEC" --phase forward -@ 1 \
+        -o "$D/o.lrm" "$D/r.lrm"
+    assert_failure
+    [ "$status" -ne 124 ]
+    one_message 1 "layer 0 differs from rank 0's copy \(weights digest [0-9a-f]{16} here"
+    no_trailer "$D/o.lrm"
+    # the same file on both ranks still runs
+    run $MPIRUN -np 2 sh "$D/wr.sh" "$D/w.lrm" "$D/w.lrm" "$EXEC" --phase forward -@ 1 \
+        -o "$D/o.lrm" "$D/r.lrm"
+    assert_success
+    shard_py split "$D/r.lrm" 2 "$D/r.%r.lrm"
+    run $MPIRUN -np 2 sh "$D/wr.sh" "$D/w.lrm" "$D/stale.lrm" "$EXEC" --phase forward -@ 1 \
+        --per-rank -o "$D/o.%r.lrm" "$D/r.%r.lrm"
+    assert_failure
+    [ "$status" -ne 124 ]
+    [ "$(grep -c '^lrmoe-exec: ' <<< "$output")" = 1 ]
+    assert_line --regexp "rank 1's --weights of layer 0 differ from rank 0's \(weights digest"
+    no_trailer "$D/o.0.lrm"
+    no_trailer "$D/o.1.lrm"
 }
 
 @test "mpi: a rank whose share is bad (NaN in its rows) ends the job: one message naming it, no trailer" {
@@ -742,5 +791,56 @@ print(a['exec.backend'], a['exec.launcher'], a['plan.replicas'], a['exec.backwar
         "$EXEC" --phase forward --weights "$D/w.lrm" -o "$D/mpi.lrm" "$D/p.lrm"
     assert_success
     run same "$D/mpi.lrm" "$D/one.lrm"
+    assert_success
+}
+
+# issue 36 item 7: collectives wait without bound, so a stopped rank hung the
+# job forever; --timeout S ends it with one message naming the silent rank
+@test "mpi: --timeout: a rank stopped with SIGSTOP ends the job within the bound, naming the rank; no trailer" {
+    need_mpi
+    routed 64 f32
+    printf '%s\n' '#!/bin/sh' \
+        'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then echo $$ > "$0.pid"; fi' \
+        'exec "$1" --phase forward --weights "$2" -@ 1 --timeout 2 -o "$0.out" "$3"' \
+        > "$D/stop.sh"
+    mkfifo "$D/in"
+    $MPIRUN -np 2 sh "$D/stop.sh" "$EXEC" "$D/w.lrm" "$D/in" > "$D/job.txt" 2>&1 &
+    local job=$! i pid status=0 t0
+    for i in $(seq 100); do
+        [ -s "$D/stop.sh.pid" ] && break
+        sleep 0.1
+    done
+    pid=$(cat "$D/stop.sh.pid")
+    # rank 1 past MPI_Init, waiting for rank 0's first job (rank 0 waits on
+    # the fifo): stop it, then give rank 0 its input
+    sleep 3
+    kill -STOP "$pid"
+    t0=$SECONDS
+    cat "$D/r.lrm" > "$D/in"
+    wait "$job" || status=$?
+    kill -CONT "$pid" 2>/dev/null || true
+    cat "$D/job.txt"
+    [ "$status" -ne 0 ]
+    [ "$status" -ne 124 ]
+    [ $((SECONDS - t0)) -lt 60 ]
+    [ "$(grep -c '^lrmoe-exec: ' "$D/job.txt")" = 1 ]
+    grep -q '^lrmoe-exec: rank 0: .*no progress in [0-9.]* s (--timeout 2): rank 1 does not answer' \
+        "$D/job.txt"
+    no_trailer "$D/stop.sh.out"
+}
+
+@test "mpi: --timeout is checked, and a job that makes progress runs under it bit for bit" {
+    need_mpi
+    routed 61 f32
+    run "$EXEC" --phase forward --weights "$D/w.lrm" --timeout -1 "$D/r.lrm"
+    assert_equal "$status" 2
+    assert_line --partial "--timeout"
+    run $MPIRUN -np 3 "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress \
+        -o "$D/a.lrm" "$D/r.lrm"
+    assert_success
+    run $MPIRUN -np 3 "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 --no-compress \
+        --timeout 30 -o "$D/b.lrm" "$D/r.lrm"
+    assert_success
+    run same "$D/b.lrm" "$D/a.lrm"
     assert_success
 }

@@ -46,6 +46,16 @@ unit() {
     unit test_ops
 }
 
+@test "python: bad arguments raise lrmoe.Error naming them (dtype vs itemsize, shapes, huge ints, NUL, closed objects, NaN weights), never a crash" {
+    unit test_harden
+}
+
+@test "python: property test (hypothesis): random dtypes, shapes, strides, sizes and huge ints into every public function give a result or lrmoe.Error" {
+    python3 -c 'import hypothesis' 2>/dev/null ||
+        skip "hypothesis is not installed (tests/deps.sh test installs it)"
+    unit test_fuzz
+}
+
 @test "python: patch() equals the unpatched HF blocks (six families, f32/bf16), drops like the reference, trains alike" {
     need_torch
     unit test_patch

@@ -222,6 +222,7 @@ _sig("lrmoe_exec_backward", c_int, POINTER(ExecCfg), POINTER(ExecDims), POINTER(
      POINTER(ExecPlan), POINTER(ExecBwd), P)
 _sig("lrmoe_exec_stage_name", c_char_p, c_int)
 _sig("lrmoe_exec_native", c_int, c_int64, c_int64, c_int)
+_sig("lrmoe_exec_check_finite", c_int, c_int, P, c_size_t, c_char_p)
 _sig("lrmoe_exec_mode_parse", c_int, c_char_p, POINTER(c_int))
 _sig("lrmoe_backend_parse", c_int, c_char_p, POINTER(c_int))
 _sig("lrmoe_exec_frame_opts_default", None, POINTER(ExecFrameOpts))
@@ -268,8 +269,156 @@ def check(rc, what=None):
     return rc
 
 
-def ptr(a):
-    """Address of a contiguous numpy array (or None)."""
+# ------------------------------------------------------------ argument checks
+#
+# The one place where a Python value becomes something liblrmoe reads: every
+# pointer handed to the library goes through buf() (dtype, itemsize, shape,
+# contiguity and the byte size checked against what the call will read),
+# every number through i32/i64/u64/f64 (range-checked, never wrapped into a
+# C int) and every string through cstr() (no NUL to truncate it). Anything
+# else raises Error naming the argument.
+
+I32 = (-2**31, 2**31 - 1)
+I64 = (-2**63, 2**63 - 1)
+U64 = (0, 2**64 - 1)
+
+
+def integer(name, v, lo=I64[0], hi=I64[1]):
+    """v as a Python int in [lo, hi]: ints, numpy integers, bools and
+    integral floats; anything else, or out of range, raises Error."""
+    import numbers
+    import operator
+    if isinstance(v, numbers.Integral) or hasattr(v, "__index__"):
+        try:
+            i = operator.index(v)
+        except TypeError:
+            raise Error(f"{name}: {v!r} is not an integer") from None
+    elif isinstance(v, numbers.Real):
+        f = float(v)
+        if f != f or f in (float("inf"), float("-inf")) or not f.is_integer():
+            raise Error(f"{name}: {v!r} is not an integer")
+        i = int(f)
+    else:
+        raise Error(f"{name}: {v!r} is not an integer")
+    if not lo <= i <= hi:
+        raise Error(f"{name}: {i} out of range [{lo}, {hi}]")
+    return i
+
+
+def i32(name, v, lo=I32[0], hi=I32[1]):
+    return integer(name, v, max(lo, I32[0]), min(hi, I32[1]))
+
+
+def i64(name, v, lo=I64[0], hi=I64[1]):
+    return integer(name, v, max(lo, I64[0]), min(hi, I64[1]))
+
+
+def u64(name, v):
+    return integer(name, v, *U64)
+
+
+def f64(name, v, lo=None, hi=None, finite=True):
+    """v as a float; finite unless finite=False, within [lo, hi] if given."""
+    import numbers
+    if isinstance(v, (str, bytes)) or not isinstance(v, numbers.Real):
+        raise Error(f"{name}: {v!r} is not a number")
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        raise Error(f"{name}: {v!r} is not a number") from None
+    if finite and (f != f or f in (float("inf"), float("-inf"))):
+        raise Error(f"{name}: {v!r} is not a finite number")
+    if (lo is not None and not f >= lo) or (hi is not None and not f <= hi):
+        raise Error(f"{name}: {v!r} out of range [{lo}, {hi}]")
+    return f
+
+
+def cstr(name, s):
+    """s (str, bytes or os.PathLike) as bytes for a char * argument: a NUL
+    would end the string early in C, so it is refused."""
+    if isinstance(s, str):
+        b = s.encode("utf-8", "surrogateescape")
+    elif isinstance(s, bytes):
+        b = s
+    elif isinstance(s, os.PathLike):
+        b = os.fsencode(s)
+    else:
+        raise Error(f"{name}: {s!r} is not a string")
+    if b"\0" in b:
+        raise Error(f"{name}: {s!r} holds a NUL character")
+    return b
+
+
+def _torch_dtypes():
+    import sys
+    t = sys.modules.get("torch")
+    if t is None:
+        return {}
+    return {t.bool: "BOOL", t.uint8: "U8", t.int8: "I8", t.int16: "I16", t.int32: "I32",
+            t.int64: "I64", t.float16: "F16", t.bfloat16: "BF16", t.float32: "F32",
+            t.float64: "F64"}
+
+
+# numpy dtype.str -> lrmoe dtype; BF16 is held as uint16 bits in numpy
+_NP_DT = {"|b1": "BOOL", "|u1": "U8", "|i1": "I8", "<u2": "U16", "<i2": "I16", "<u4": "U32",
+          "<i4": "I32", "<u8": "U64", "<i8": "I64", "<f2": "F16", "<f4": "F32", "<f8": "F64"}
+
+
+def buf(name, a, dt, shape, writable=False):
+    """The address of array a (a numpy array or a CPU torch tensor) for a
+    liblrmoe call that reads (or, writable, writes) it as lrmoe dtype dt
+    (a name, or a tuple of the names allowed) of exactly shape (a tuple;
+    None in it: any extent): a C-contiguous buffer of prod(shape) elements
+    of that dtype's size. None passes as NULL. Anything else raises Error."""
     if a is None:
         return None
+    dts = (dt,) if isinstance(dt, str) else tuple(dt)
+    tdt = _torch_dtypes()
+    if tdt and type(a).__module__.startswith("torch"):
+        have = tdt.get(a.dtype)
+        if a.device.type != "cpu":
+            raise Error(f"{name}: a tensor on {a.device}; liblrmoe reads CPU memory")
+        contig = a.is_contiguous()
+        got, size, addr = tuple(a.shape), a.numel() * a.element_size(), a.data_ptr()
+        itemsize = a.element_size()
+        if writable and a.requires_grad and a.is_leaf:
+            raise Error(f"{name}: a leaf tensor that requires grad cannot be written")
+    else:
+        import numpy as np
+        if not isinstance(a, np.ndarray):
+            raise Error(f"{name}: {type(a).__name__} is not an array")
+        have = _NP_DT.get(a.dtype.str)
+        if have == "U16" and "BF16" in dts:
+            have = "BF16"  # BF16 bits
+        contig = a.flags.c_contiguous and a.flags.aligned
+        got, size, addr = a.shape, a.nbytes, a.ctypes.data
+        itemsize = a.dtype.itemsize
+        if writable and not a.flags.writeable:
+            raise Error(f"{name}: read-only array")
+    if have not in dts:
+        raise Error(f"{name}: dtype {have or getattr(a, 'dtype', '?')}, expected "
+                    + " or ".join(dts))
+    if itemsize != lib.lrmoe_dtype_size(DT[have]):
+        raise Error(f"{name}: {itemsize}-byte elements for {have}")
+    if len(got) != len(shape) or any(w is not None and g != w for g, w in zip(got, shape)):
+        want = ",".join("*" if w is None else str(w) for w in shape)
+        raise Error(f"{name}: shape {list(got)}, expected [{want}]")
+    if not contig:
+        raise Error(f"{name}: not a C-contiguous array")
+    n = 1
+    for g in got:
+        n *= int(g)
+    if size != n * itemsize:
+        raise Error(f"{name}: {size} bytes for {n} elements of {have}")
+    if n and not addr:
+        raise Error(f"{name}: no memory")
+    return addr or None
+
+
+def ptr(a):
+    """Address of a numpy array the binding allocated itself (or None)."""
+    if a is None:
+        return None
+    if not a.flags.c_contiguous:
+        raise Error("internal: a non-contiguous buffer")
     return a.ctypes.data

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from . import _lib
-from ._lib import DT, DTYPES, Error, check, lib
+from ._lib import DT, DTYPES, Error, check, cstr, i32, lib
 
 NP = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
       "U32": np.uint32, "I32": np.int32, "U64": np.uint64, "I64": np.int64,
@@ -40,8 +40,15 @@ class Frame(dict):
         return dtype_of(self[name])
 
 
+def _asarray(a, name="array"):
+    try:
+        return np.asarray(a)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise Error(f"{name}: not an array ({e})") from None
+
+
 def dtype_of(a):
-    a = np.asarray(a)
+    a = _asarray(a)
     k = FROM_NP.get(a.dtype.str)
     if k is None:
         raise Error(f"numpy dtype {a.dtype} has no lrmoe dtype")
@@ -50,17 +57,25 @@ def dtype_of(a):
 
 def bf16_to_f32(bits):
     """uint16 BF16 bits -> float32 (exact), by the library's conversion."""
-    b = np.ascontiguousarray(bits, dtype=np.uint16)
+    x = _asarray(bits, "bits")
+    if x.dtype != np.uint16:
+        raise Error(f"bits: dtype {x.dtype}, expected uint16 (BF16 bits)")
+    b = np.ascontiguousarray(x)
     out = np.empty(b.shape, np.float32)
-    lib.lrmoe_convert_to_f32(DT["BF16"], b.ctypes.data, out.ctypes.data, b.size)
+    lib.lrmoe_convert_to_f32(DT["BF16"], _lib.buf("bits", b, "BF16", b.shape),
+                             _lib.buf("out", out, "F32", b.shape, True), b.size)
     return out
 
 
 def f32_to_bf16(x):
     """float32 -> uint16 BF16 bits, round to nearest even (the library's)."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    a = _asarray(x, "x")
+    if a.dtype.kind not in "fiub":
+        raise Error(f"x: dtype {a.dtype}, expected numbers")
+    x = np.ascontiguousarray(a, dtype=np.float32)
     out = np.empty(x.shape, np.uint16)
-    lib.lrmoe_convert_from_f32(DT["BF16"], x.ctypes.data, out.ctypes.data, x.size)
+    lib.lrmoe_convert_from_f32(DT["BF16"], _lib.buf("x", x, "F32", x.shape),
+                               _lib.buf("out", out, "BF16", x.shape, True), x.size)
     return out
 
 
@@ -86,10 +101,12 @@ class CFrame:
     def put(self, name, a, dtype=None):
         """Copy array a into tensor name, stored as dtype (default: a's own;
         "BF16" converts float data, or takes uint16 bits as they are)."""
-        a = np.asarray(a)
+        if not isinstance(name, str):
+            raise Error(f"tensor name {name!r}: not a string")
+        a = _asarray(a, f"tensor {name}")
+        if not isinstance(dtype, (str, type(None))) or (dtype is not None and dtype not in DT):
+            raise Error(f"tensor {name}: unknown dtype {dtype!r}")
         dt = dtype or dtype_of(a)
-        if dt not in DT:
-            raise Error(f"tensor {name}: unknown dtype {dt}")
         if a.ndim > _lib.MAX_DIMS:
             raise Error(f"tensor {name}: {a.ndim} dimensions (at most {_lib.MAX_DIMS})")
         if dt == "BF16":
@@ -98,19 +115,23 @@ class CFrame:
             a = a.astype(NP[dt])
         a = np.ascontiguousarray(a)
         shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
-        t = lib.lrmoe_frame_put(self.ref, name.encode(), DT[dt], a.ndim, shape)
+        t = lib.lrmoe_frame_put(self.ref, cstr("tensor name", name), DT[dt], a.ndim, shape)
         if not t:
             check(-1, f"tensor {name}")
+        # the library's tensor is shape's elements of dt: exactly a's bytes
+        src = _lib.buf(f"tensor {name}", a, dt, a.shape)
+        if t.contents.nbytes != a.nbytes:
+            raise Error(f"tensor {name}: {t.contents.nbytes} bytes allocated for {a.nbytes}")
         if a.nbytes:
-            ctypes.memmove(t.contents.data, a.ctypes.data, a.nbytes)
+            ctypes.memmove(t.contents.data, src, a.nbytes)
 
     def put_all(self, frame):
         dts = getattr(frame, "dtypes", {})
         for k, v in frame.items():
             self.put(k, v, dts.get(k))
         for k, v in getattr(frame, "attrs", {}).items():
-            check(lib.lrmoe_frame_set_attr(self.ref, str(k).encode(), str(v).encode()),
-                  f"attribute {k}")
+            check(lib.lrmoe_frame_set_attr(self.ref, cstr("attribute name", str(k)),
+                                           cstr(f"attribute {k}", str(v))), f"attribute {k}")
 
     def names(self):
         f = self.f
@@ -122,7 +143,7 @@ class CFrame:
 
     def get(self, name, bf16="f32"):
         """(array copy, stored dtype) of tensor name, or None if absent."""
-        t = lib.lrmoe_frame_get(self.ref, name.encode())
+        t = lib.lrmoe_frame_get(self.ref, cstr("tensor name", name))
         if not t:
             return None
         return _array(t.contents, bf16)
@@ -156,13 +177,19 @@ def _array(t, bf16):
 
 def _path(out):
     """A path, "-", an int file descriptor or an object with fileno()."""
+    if isinstance(out, bool) or (isinstance(out, int) and out < 0):
+        raise Error(f"path: {out!r} is not a file descriptor")
     if isinstance(out, int):
         return f"/dev/fd/{out}"
     if hasattr(out, "fileno") and not isinstance(out, (str, bytes, os.PathLike)):
         if hasattr(out, "flush"):
             out.flush()
         return f"/dev/fd/{out.fileno()}"
-    return os.fspath(out)
+    try:
+        p = os.fspath(out)
+    except TypeError:
+        raise Error(f"path: {out!r} is not a path") from None
+    return os.fsdecode(p)
 
 
 class Reader:
@@ -173,8 +200,9 @@ class Reader:
         if bf16 not in ("f32", "raw"):
             raise ValueError("bf16 must be 'f32' or 'raw'")
         self.bf16 = bf16
+        self.r = None
         self.path = _path(path)
-        self.r = lib.lrmoe_reader_open(self.path.encode())
+        self.r = lib.lrmoe_reader_open(cstr("path", self.path))
         if not self.r:
             check(-1)
 
@@ -213,11 +241,14 @@ class Writer:
     stream stays without trailer, so the next stage reports it truncated."""
 
     def __init__(self, path="-", compress=True, level=3, threads=0):
+        self.w = None
         o = _lib.WOpts()
         lib.lrmoe_wopts_default(ctypes.byref(o))
-        o.compress, o.level, o.threads = int(bool(compress)), int(level), int(threads)
+        # the tools' ranges: --level -7..22, --threads 0..256
+        o.compress, o.level = int(bool(compress)), i32("level", level, -7, 22)
+        o.threads = i32("threads", threads, 0, 256)
         self.path = _path(path)
-        self.w = lib.lrmoe_writer_open(self.path.encode(), ctypes.byref(o))
+        self.w = lib.lrmoe_writer_open(cstr("path", self.path), ctypes.byref(o))
         if not self.w:
             check(-1)
 

@@ -9,14 +9,34 @@ import os
 import numpy as np
 
 from . import _lib
-from ._lib import Error, check, lib
+from ._lib import Error, check, cstr, f64, i32, i64, lib, u64
 from .frame import CFrame, Frame, dtype_of
 
 _FLOAT = {"F32", "F16", "F64", "BF16"}
 
 
-def _c(a, dtype):
-    return np.ascontiguousarray(a, dtype=dtype)
+def _array(name, a):
+    """a as a numpy array of a dtype lrmoe has, or Error naming it."""
+    try:
+        x = np.asarray(a)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise Error(f"{name}: not an array ({e})") from None
+    if x.dtype.str not in _lib._NP_DT:
+        raise Error(f"{name}: numpy dtype {x.dtype} has no lrmoe dtype")
+    return x
+
+
+def _c(a, dtype, name="array"):
+    """a converted to dtype (an integer dtype only when every value fits)."""
+    x = _array(name, a)
+    y = np.ascontiguousarray(x, dtype=dtype)
+    if np.dtype(dtype).kind in "iu" and x.dtype != y.dtype:
+        with np.errstate(invalid="ignore"):
+            if x.dtype.kind == "f" and not np.isfinite(x).all():
+                raise Error(f"{name}: non-finite values for {np.dtype(dtype)}")
+            if not np.array_equal(y, x):
+                raise Error(f"{name}: values do not fit {np.dtype(dtype)}")
+    return y
 
 
 def route(router_logits, k=8, router="softmax", renorm=False, scale=1.0, groups=0,
@@ -26,7 +46,9 @@ def route(router_logits, k=8, router="softmax", renorm=False, scale=1.0, groups=
     router: softmax | topk-softmax (gpt-oss) | sigmoid (DeepSeek-V3, GLM-4.5),
     groups/topk_groups: group-limited sigmoid routing, expert_bias: (E)
     selection-only bias. dtype="BF16" takes a uint16 array as BF16 bits."""
-    lg = np.asarray(router_logits)
+    lg = _array("router_logits", router_logits)
+    if dtype is not None and dtype not in _FLOAT:
+        raise Error(f"dtype: {dtype!r}, expected one of {', '.join(sorted(_FLOAT))}")
     dt = dtype or dtype_of(lg)
     if dt not in _FLOAT:
         raise Error(f"router_logits: dtype {dt}, expected a float dtype")
@@ -37,20 +59,28 @@ def route(router_logits, k=8, router="softmax", renorm=False, scale=1.0, groups=
     o = _lib.RouteOpts()
     lib.lrmoe_route_opts_default(ctypes.byref(o))
     r = ctypes.c_int()
-    check(lib.lrmoe_route_parse_router(str(router).encode(), ctypes.byref(r)))
-    o.router, o.k, o.renorm, o.scale = r.value, int(k), int(bool(renorm)), float(scale)
-    o.groups, o.topk_groups, o.threads = int(groups), int(topk_groups), int(threads)
+    check(lib.lrmoe_route_parse_router(cstr("router", str(router)), ctypes.byref(r)), "router")
+    o.router, o.k, o.renorm = r.value, i32("k", k), int(bool(renorm))
+    o.scale = f64("scale", scale)
+    o.groups, o.topk_groups = i32("groups", groups), i32("topk_groups", topk_groups)
+    o.threads = i32("threads", threads, 1, 1024)
     check(lib.lrmoe_route_check_opts(ctypes.byref(o)))
     check(lib.lrmoe_route_check(ctypes.byref(o), E))
-    bias = None if expert_bias is None else _c(expert_bias, np.float32)
+    if T * max(o.k, 1) > 2**40:
+        raise Error(f"router_logits: {T} tokens x k={o.k}: too many pairs")
+    bias = None if expert_bias is None else _c(_array("expert_bias", expert_bias), np.float32)
     if bias is not None and bias.shape != (E,):
         raise Error(f"expert_bias: shape {list(bias.shape)}, expected [{E}]")
     ids = np.empty((T, o.k), np.int32)
     w = np.empty((T, o.k), np.float32)
     load = np.empty(E, np.int64)
-    check(lib.lrmoe_route_topk(ctypes.byref(o), T, E, _lib.DT[dt], lg.ctypes.data,
-                               _lib.ptr(bias), ids.ctypes.data, w.ctypes.data,
-                               load.ctypes.data))
+    # the logits are read as T*E elements of dt: dtype= must be the array's
+    check(lib.lrmoe_route_topk(ctypes.byref(o), T, E, _lib.DT[dt],
+                               _lib.buf("router_logits", lg, dt, (T, E)),
+                               _lib.buf("expert_bias", bias, "F32", (E,)),
+                               _lib.buf("topk_ids", ids, "I32", (T, o.k), True),
+                               _lib.buf("topk_weights", w, "F32", (T, o.k), True),
+                               _lib.buf("expert_load", load, "I64", (E,), True)))
     return Frame({"topk_ids": ids, "topk_weights": w, "expert_load": load})
 
 
@@ -69,30 +99,39 @@ class Planner:
         for k, v in options.items():
             self.set(k, v)
 
+    def _cfg(self):
+        if lib is None or not getattr(self, "cfg", None):
+            raise Error("Planner: closed (its configuration was freed)")
+        return self.cfg
+
     def set(self, name, value):
+        cfg = self._cfg()
         if value is None or value is False:
             return
-        n = name.replace("_", "-")
+        n = str(name).replace("_", "-")
         if n == "rates" and not isinstance(value, str):
-            value = ",".join(repr(float(x)) for x in value)
-        val = None if value is True else str(value).encode()
-        check(lib.lrmoe_plan_cfg_set(self.cfg, n.encode(), val))
+            value = ",".join(repr(f64("rates", x)) for x in value)
+        val = None if value is True else cstr(n, str(value))
+        check(lib.lrmoe_plan_cfg_set(cfg, cstr("option name", n), val))
 
     def reset(self):
         """Forget the EPLB layouts kept so far (a new stream)."""
-        check(lib.lrmoe_plan_cfg_reset(self.cfg))
+        check(lib.lrmoe_plan_cfg_reset(self._cfg()))
 
     def run_cframe(self, expert_load, layer=None, frame=None):
         """Plan into a CFrame holding `frame` (a Frame, or None) and the plan.
         The library takes D, F, K and tokens per rank from that frame (or
         the weights option) exactly as lrmoe-plan does."""
-        load = _c(expert_load, np.int64)
-        if load.ndim != 1 or load.size == 0:
+        cfg = self._cfg()
+        load = _c(expert_load, np.int64, "expert_load")
+        if load.ndim != 1 or load.size == 0 or load.size > _lib.I32[1]:
             raise Error(f"expert_load: shape {list(load.shape)}, expected [E]")
         cf = CFrame(frame)
         if layer is not None:  # the key of the kept layout, as the frame's attribute
-            check(lib.lrmoe_frame_set_attr(cf.ref, b"layer", str(layer).encode()), "layer")
-        check(lib.lrmoe_plan_cfg_run(self.cfg, load.ctypes.data, load.size, cf.ref))
+            check(lib.lrmoe_frame_set_attr(cf.ref, b"layer", cstr("layer", str(layer))),
+                  "layer")
+        check(lib.lrmoe_plan_cfg_run(cfg, _lib.buf("expert_load", load, "I64", (load.size,)),
+                                     load.size, cf.ref))
         return cf
 
     def run(self, expert_load, layer=None):
@@ -113,10 +152,13 @@ class Planner:
             return out
         return self.run_cframe(expert_load, layer).to_frame()
 
-    def __del__(self):
+    def close(self):
+        """Free the configuration; the Planner raises Error from then on."""
         if lib is not None and getattr(self, "cfg", None):
-            lib.lrmoe_plan_cfg_free(self.cfg)
-            self.cfg = None
+            cfg, self.cfg = self.cfg, None
+            lib.lrmoe_plan_cfg_free(cfg)
+
+    __del__ = close
 
 
 def plan(expert_load, ranks, topk_ids=None, hidden=None, **options):
@@ -125,27 +167,41 @@ def plan(expert_load, ranks, topk_ids=None, hidden=None, **options):
     and the plan.* attributes (plan.rho, plan.fwd_peak, plan.bwd_peak,
     plan.replicas, plan.mem_peak, ...). Like the tool, the library takes K
     and tokens per rank from topk_ids (T,K) and D and the storage dtype from
-    hidden (T,D) when given (an option that disagrees is an error); F from
+    hidden (T,D) when given (an option that disagrees is an error); a
+    number for hidden is D itself (lrmoe-plan --hidden D); F from
     ffn= or weights= (a weights stream); options are lrmoe-plan's long
     options (planner, rate, rates, hbm, window, ffn, weights, min_keep,
     best_effort, ...). One call plans one frame: to plan a sequence of
     frames with the EPLB layouts kept between them (as lrmoe-plan does), use
     one Planner."""
-    t = {"expert_load": np.asarray(expert_load)}
+    t = {"expert_load": _array("expert_load", expert_load)}
     if topk_ids is not None:
-        t["topk_ids"] = np.asarray(topk_ids)
+        t["topk_ids"] = _array("topk_ids", topk_ids)
     if hidden is not None:
-        t["hidden"] = np.asarray(hidden)
+        h = _array("hidden", hidden)
+        if h.ndim == 0:  # a number: D, as lrmoe-plan --hidden
+            if "hidden" in options:
+                raise Error("hidden: given twice")
+            options["hidden"] = i64("hidden", h.item(), 1)
+        elif h.ndim != 2:
+            raise Error(f"hidden: shape {list(h.shape)}, expected [T,D] (the activations) "
+                        "or a number (D)")
+        else:
+            t["hidden"] = h
     fr = Frame(t)
-    out = Planner(ranks=ranks, **options).run(fr)
-    return out
+    p = Planner(ranks=ranks, **options)
+    try:
+        return p.run(fr)
+    finally:
+        p.close()
 
 
 def capacity(T, K, E, factor):
     """Megatron-Core's expert capacity ceil((T*K / E) * factor) for T
     tokens routed top-K over E experts (lrmoe_capacity, lrmoe-plan(1)
     CAPACITY): the most pairs each expert keeps under token dropping."""
-    return check(lib.lrmoe_capacity(int(T), int(K), int(E), float(factor)))
+    return check(lib.lrmoe_capacity(i64("T", T), i32("K", K), i32("E", E),
+                                    f64("factor", factor)))
 
 
 def capacity_keep(topk_ids, topk_weights, E, factor, policy="probs", kept=False):
@@ -162,23 +218,26 @@ def capacity_keep(topk_ids, topk_weights, E, factor, policy="probs", kept=False)
     the kept pairs per expert (E) int64, min(n_e, C). The selection is
     lrmoe_capacity_keep's (lib/capacity.c); bad input (an id out of range,
     a NaN weight, factor <= 0) raises lrmoe.Error."""
-    ids = _c(topk_ids, np.int32)
+    E = i32("E", E, 1, 1 << 24)  # the per-expert counts are allocated here
+    ids = _c(topk_ids, np.int32, "topk_ids")
     if ids.ndim != 2:
         raise Error(f"topk_ids: shape {list(ids.shape)}, expected [T,K]")
     T, K = ids.shape
-    if not np.array_equal(ids, np.asarray(topk_ids)):
-        raise Error("topk_ids: values do not fit int32")
-    w = None if topk_weights is None else _c(topk_weights, np.float32)
+    w = None if topk_weights is None else _c(topk_weights, np.float32, "topk_weights")
     if w is not None and w.shape != ids.shape:
         raise Error(f"topk_weights: shape {list(w.shape)}, expected {list(ids.shape)}")
     p = ctypes.c_int()
-    check(lib.lrmoe_capacity_policy_parse(str(policy).encode(), ctypes.byref(p)))
+    check(lib.lrmoe_capacity_policy_parse(cstr("policy", str(policy)), ctypes.byref(p)),
+          "policy")
     C = capacity(T, max(K, 1), E, factor) if K else 0
+    i32("K", K)
     keep = np.empty((T, K), np.uint8)
-    counts = np.empty(int(E), np.int64) if int(E) > 0 else None
+    counts = np.empty(E, np.int64) if E > 0 else None
     if K:
-        check(lib.lrmoe_capacity_keep(T, K, int(E), ids.ctypes.data, _lib.ptr(w), C, p.value,
-                                      keep.ctypes.data, _lib.ptr(counts)))
+        check(lib.lrmoe_capacity_keep(T, K, E, _lib.buf("topk_ids", ids, "I32", (T, K)),
+                                      _lib.buf("topk_weights", w, "F32", (T, K)), C, p.value,
+                                      _lib.buf("keep", keep, "U8", (T, K), True),
+                                      _lib.buf("counts", counts, "I64", (E,), True)))
     elif counts is not None:
         counts[:] = 0
     return (keep, counts) if kept else keep
@@ -208,12 +267,15 @@ def score(topk_ids, topk_weights, grad_output, phi_sqnorm=None, quota=None, drop
     o = _lib.ScoreOpts()
     lib.lrmoe_score_opts_default(ctypes.byref(o))
     m = ctypes.c_int()
-    check(lib.lrmoe_score_metric_parse(str(metric).encode(), ctypes.byref(m)))
-    o.metric, o.seed, o.fidelity = m.value, int(seed), int(bool(fidelity))
+    check(lib.lrmoe_score_metric_parse(cstr("metric", str(metric)), ctypes.byref(m)), "metric")
+    o.metric, o.seed, o.fidelity = m.value, u64("seed", seed), int(bool(fidelity))
     sel = ctypes.c_int()
-    check(lib.lrmoe_score_keep_rule_parse(str(select).encode(), ctypes.byref(sel)))
+    check(lib.lrmoe_score_keep_rule_parse(cstr("select", str(select)), ctypes.byref(sel)),
+          "select")
     o.select = sel.value
-    o.drop_pct = -1.0 if drop is None else float(drop)
+    # lrmoe-score --drop C: a percent in [0, 100] (NaN refused, as there)
+    o.drop_pct = -1.0 if drop is None else f64("drop", drop, 0, 100)
+    index = i64("index", index)
     if drop is None and quota is None:
         raise Error("score: give quota (E) or drop= (percent)")
     st = _lib.ScoreStats()
@@ -223,7 +285,7 @@ def score(topk_ids, topk_weights, grad_output, phi_sqnorm=None, quota=None, drop
                   pair_rank=pair_rank)
     attrs = {"plan.keep": keep_rule} if keep_rule else None
     return _frame_call(inputs, dtypes, lambda cf: check(
-        lib.lrmoe_score_frame(cf.ref, int(index), ctypes.byref(o), ctypes.byref(st))),
+        lib.lrmoe_score_frame(cf.ref, index, ctypes.byref(o), ctypes.byref(st))),
         attrs=attrs)
 
 
@@ -238,11 +300,11 @@ def pack(keep, topk_ids, topk_weights, grad_output, hidden, saved_gate, saved_up
     pack_gate, pack_up and the pack.* attributes; pack_grad rows are scaled
     by pair_weight (T,K) when given (score(select="sample")). dtypes names the stored
     dtype of inputs given as float32 that the tool would see as BF16."""
-    if alloc not in _ALLOC:
+    if not isinstance(alloc, str) or alloc not in _ALLOC:
         raise Error(f"pack: alloc '{alloc}': expected auto, plan or forward")
     o = _lib.PackOpts()
     lib.lrmoe_pack_opts_default(ctypes.byref(o))
-    o.alloc, o.P, o.strip = _ALLOC[alloc], int(ranks), int(bool(strip))
+    o.alloc, o.P, o.strip = _ALLOC[alloc], i32("ranks", ranks, 0), int(bool(strip))
     inputs = dict(keep=keep, topk_ids=topk_ids, topk_weights=topk_weights,
                   grad_output=grad_output, hidden=hidden, saved_gate=saved_gate,
                   saved_up=saved_up, pair_rank=pair_rank, placement=placement,
@@ -259,22 +321,30 @@ class Exec:
 
     def __init__(self, weights, phase="forward", mode="full", ranks=0, threads=0,
                  backend="cpu", allow_nonfinite=False):
+        self.ctx = None
         if phase not in ("forward", "backward"):
             raise Error(f"exec: phase '{phase}': expected forward or backward")
         o = _lib.ExecFrameOpts()
         lib.lrmoe_exec_frame_opts_default(ctypes.byref(o))
         m, b = ctypes.c_int(), ctypes.c_int()
-        check(lib.lrmoe_exec_mode_parse(str(mode).encode(), ctypes.byref(m)))
-        check(lib.lrmoe_backend_parse(str(backend).encode(), ctypes.byref(b)))
-        o.backward, o.mode, o.ranks = int(phase == "backward"), m.value, int(ranks)
-        o.cfg.backend, o.cfg.threads = b.value, int(threads)
+        check(lib.lrmoe_exec_mode_parse(cstr("mode", str(mode)), ctypes.byref(m)), "mode")
+        check(lib.lrmoe_backend_parse(cstr("backend", str(backend)), ctypes.byref(b)),
+              "backend")
+        # lrmoe-exec's ranges: --ranks 0..4096, --threads 0..1024
+        o.backward, o.mode = int(phase == "backward"), m.value
+        o.ranks = i32("ranks", ranks, 0, 4096)
+        o.cfg.backend, o.cfg.threads = b.value, i32("threads", threads, 0, 1024)
         o.cfg.allow_nonfinite = int(bool(allow_nonfinite))
-        self._path = os.fsencode(weights)  # borrowed by the context
+        self._path = cstr("weights", weights)  # borrowed by the context
         self.ctx = ctypes.create_string_buffer(_lib.EXEC_CTX_SIZE)
         lib.lrmoe_exec_ctx_init(self.ctx, ctypes.byref(o))
         lib.lrmoe_exec_ctx_weights_file(self.ctx, self._path)
 
     def run(self, frame, dtypes=None):
+        if self.ctx is None or lib is None:
+            raise Error("Exec: closed")
+        if not isinstance(frame, dict):
+            raise Error(f"frame: {type(frame).__name__}, expected a Frame or a dict of arrays")
         given = dict(frame)
         cf = CFrame(Frame(given, getattr(frame, "attrs", {}),
                           {**getattr(frame, "dtypes", {}), **(dtypes or {})}))
@@ -285,23 +355,32 @@ class Exec:
         return out
 
     def close(self):
+        """Free the context; run() raises Error from then on."""
         if getattr(self, "ctx", None) is not None and lib is not None:
-            lib.lrmoe_exec_ctx_free(self.ctx)
-            self.ctx = None
+            ctx, self.ctx = self.ctx, None
+            lib.lrmoe_exec_ctx_free(ctx)
 
     __del__ = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def forward(frame, weights, ranks=0, threads=0, backend="cpu"):
     """The expert-parallel forward of one frame (routing, and a plan when
     present) with the weights stream at `weights`, as lrmoe-exec --phase
     forward: output, pair_rank, phi_sqnorm, saved_gate, saved_up, pair_out."""
-    return Exec(weights, "forward", ranks=ranks, threads=threads, backend=backend).run(frame)
+    with Exec(weights, "forward", ranks=ranks, threads=threads, backend=backend) as x:
+        return x.run(frame)
 
 
 def backward(frame, weights, mode="full", ranks=0, threads=0, backend="cpu"):
     """The backward of one frame as lrmoe-exec --phase backward --mode MODE
     (full, masked or compact): grad_hidden, grad_w_gate, grad_w_up,
     grad_w_down, grad_topk_weights."""
-    return Exec(weights, "backward", mode=mode, ranks=ranks, threads=threads,
-                backend=backend).run(frame)
+    with Exec(weights, "backward", mode=mode, ranks=ranks, threads=threads,
+              backend=backend) as x:
+        return x.run(frame)

@@ -57,7 +57,50 @@ _SAMPLE = 1  # LRMOE_KEEP_SAMPLE
 
 
 def _ptr(t):
-    return None if t is None else t.data_ptr()
+    """The address of a tensor this module allocated with its shape (or None)."""
+    if t is None:
+        return None
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise Error("internal: a non-contiguous or non-CPU buffer")
+    return t.data_ptr()
+
+
+_buf = _lib.buf
+
+
+def _check_call(name, E, D, F, hidden, topk_ids, topk_weights, gate_up, down):
+    """What the patched experts are called with, against the block's E, D, F:
+    every shape, dtype and id is checked before liblrmoe reads a byte."""
+    for n, t in (("hidden", hidden), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
+                 ("gate_up_proj", gate_up), ("down_proj", down)):
+        if not isinstance(t, torch.Tensor):
+            raise Error(f"{name}: {n} is {type(t).__name__}, not a tensor")
+        if t.device.type != "cpu":
+            raise Error(f"{name}: {n} on {t.device}; lrmoe.torch runs the CPU backend on "
+                        "CPU tensors")
+    if hidden.dim() != 2 or hidden.shape[1] != D:
+        raise Error(f"{name}: hidden is {list(hidden.shape)}, expected [T,{D}]")
+    T = hidden.shape[0]
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != T:
+        raise Error(f"{name}: topk_ids is {list(topk_ids.shape)}, expected [{T},K]")
+    K = topk_ids.shape[1]
+    if tuple(topk_weights.shape) != (T, K):
+        raise Error(f"{name}: topk_weights is {list(topk_weights.shape)}, expected [{T},{K}]")
+    if T * K > 2**31 - 1:
+        raise Error(f"{name}: {T}x{K} pairs: more than 2^31-1")
+    if topk_ids.is_floating_point() or topk_ids.is_complex() or topk_ids.dtype == torch.bool:
+        raise Error(f"{name}: topk_ids is {topk_ids.dtype}, expected an integer dtype")
+    if not topk_weights.is_floating_point():
+        raise Error(f"{name}: topk_weights is {topk_weights.dtype}, expected a float dtype")
+    if tuple(gate_up.shape) != (E, 2 * F, D):
+        raise Error(f"{name}: gate_up_proj is {list(gate_up.shape)}, expected [{E},{2 * F},{D}]")
+    if tuple(down.shape) != (E, D, F):
+        raise Error(f"{name}: down_proj is {list(down.shape)}, expected [{E},{D},{F}]")
+    if topk_ids.numel():
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= E:  # before the int32 copy: 2^31 + e must not wrap to e
+            raise Error(f"{name}: topk_ids holds expert {lo if lo < 0 else hi}, out of "
+                        f"range [0,{E})")
 
 
 def _is_moe_like(m):
@@ -394,12 +437,11 @@ class LRMoEExperts(torch.autograd.Function):
             raise Error(f"{layer.block.name}: mismatched dtypes: hidden is {hidden.dtype}, "
                         f"expert weights are {gate_up.dtype}/{down.dtype}; convert the model "
                         "to one dtype (model.to(dtype))")
-        if hidden.device.type != "cpu":
-            raise Error(f"{layer.block.name}: tensors on {hidden.device}; lrmoe.torch runs "
-                        "the CPU backend on CPU tensors")
+        blk = layer.block
+        _check_call(blk.name, blk.E, blk.D, blk.F, hidden, topk_ids, topk_weights, gate_up,
+                    down)
         T, D = hidden.shape
-        E, twoF, _ = gate_up.shape
-        F, K = twoF // 2, topk_ids.shape[1]
+        E, F, K = blk.E, blk.F, topk_ids.shape[1]
         x = hidden.detach().contiguous()
         ids = topk_ids.detach().to(torch.int32).contiguous()
         alpha = topk_weights.detach().to(torch.float32).contiguous()
@@ -419,10 +461,18 @@ class LRMoEExperts(torch.autograd.Function):
         # the packed F32 copy lrmoe-exec makes too: [W_gate; W_up; W_down] per
         # expert, so gate and up run as one GEMM (HF's gate_up_proj is [W_gate; W_up])
         w_f32 = layer.packed(gu, dn)
-        W = _lib.ExecWeights(dtype=_lib.DT[dt], w_gate=_ptr(w_gate), w_up=_ptr(w_up),
-                             w_down=_ptr(w_down), w_f32=_ptr(w_f32))
+        wf = _buf("expert weights (packed F32)", w_f32, "F32", (E, 3 * F * D))
+        # non-finite weights are refused, as lrmoe-exec refuses them (its
+        # --allow-nonfinite has no counterpart here): one pass of the library's check
+        check(lib.lrmoe_exec_check_finite(_lib.DT["F32"], wf, E * 3 * F * D,
+                                          b"expert weights"), blk.name)
+        W = _lib.ExecWeights(dtype=_lib.DT[dt], w_gate=_buf("w_gate", w_gate, dt, (E, F, D)),
+                             w_up=_buf("w_up", w_up, dt, (E, F, D)),
+                             w_down=_buf("down_proj", w_down, dt, (E, D, F)), w_f32=wf)
         dims = _lib.ExecDims(T=T, E=E, K=K, D=D, F=F, P=o.ranks)
-        Pl = _lib.ExecPlan(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
+        P = o.ranks
+        Pl = _lib.ExecPlan(placement=_buf("placement", placement, ("U8", "BOOL"), (E, P)),
+                           fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
         out = torch.empty(T, D, dtype=hidden.dtype)
         pair_rank = torch.empty(T, K, dtype=torch.int32)
         # the backward's state only when a gradient will be asked for
@@ -431,10 +481,15 @@ class LRMoEExperts(torch.autograd.Function):
         sg = torch.empty(T, K, F, dtype=hidden.dtype) if train else None
         su = torch.empty(T, K, F, dtype=hidden.dtype) if train else None
         pair_out = torch.empty(T, K, D, dtype=hidden.dtype) if train else None
-        a = _lib.ExecFwd(act_dtype=_lib.DT[dt], hidden=_ptr(x), topk_ids=_ptr(ids),
-                         topk_weights=_ptr(alpha), output=_ptr(out), pair_rank=_ptr(pair_rank),
-                         phi_sqnorm=_ptr(phi), saved_gate=_ptr(sg), saved_up=_ptr(su),
-                         pair_out=_ptr(pair_out))
+        a = _lib.ExecFwd(act_dtype=_lib.DT[dt], hidden=_buf("hidden", x, dt, (T, D)),
+                         topk_ids=_buf("topk_ids", ids, "I32", (T, K)),
+                         topk_weights=_buf("topk_weights", alpha, "F32", (T, K)),
+                         output=_buf("output", out, dt, (T, D), True),
+                         pair_rank=_buf("pair_rank", pair_rank, "I32", (T, K), True),
+                         phi_sqnorm=_buf("phi_sqnorm", phi, "F32", (T, K), True),
+                         saved_gate=_buf("saved_gate", sg, dt, (T, K, F), True),
+                         saved_up=_buf("saved_up", su, dt, (T, K, F), True),
+                         pair_out=_buf("pair_out", pair_out, dt, (T, K, D), True))
         tim = (ctypes.c_double * (o.ranks * _STAGES))()
         check(call(lib.lrmoe_exec_forward, ctypes.byref(o.cfg), ctypes.byref(dims),
                    ctypes.byref(W), ctypes.byref(Pl), ctypes.byref(a), tim),
@@ -467,6 +522,7 @@ class LRMoEExperts(torch.autograd.Function):
         gdt = _TORCH_DT.get(g.dtype)
         if gdt is None:
             g, gdt = g.float(), "F32"
+        _buf("grad_output", g, gdt, (T, D))
         ids, alpha = s["ids"], s["alpha"]
         # score and per-expert selection (the plan's quotas)
         score = torch.empty(T, K, dtype=torch.float32)
@@ -605,15 +661,15 @@ class Patch:
     def __init__(self, model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
                  options, select="topk"):
         self.blocks = find_blocks(model)
-        self.ranks = int(ranks)
+        self.ranks = _lib.i32("ranks", ranks, 1, 4096)
         for b in self.blocks:
             if b.E % self.ranks:
                 raise Error(f"{b.name}: {b.E} experts do not split over ranks={self.ranks}")
         m = ctypes.c_int()
-        check(lib.lrmoe_score_metric_parse(str(metric).encode(), ctypes.byref(m)))
-        self.metric, self.seed, self.keep_masks = m.value, int(seed), keep_masks
+        check(lib.lrmoe_score_metric_parse(_lib.cstr("metric", str(metric)), ctypes.byref(m)))
+        self.metric, self.seed, self.keep_masks = m.value, _lib.u64("seed", seed), keep_masks
         sel = ctypes.c_int()
-        check(lib.lrmoe_score_keep_rule_parse(str(select).encode(), ctypes.byref(sel)))
+        check(lib.lrmoe_score_keep_rule_parse(_lib.cstr("select", str(select)), ctypes.byref(sel)))
         self.select = sel.value
         self.plan_options = {"planner": planner, **options}
         if rate is not None:
@@ -625,17 +681,19 @@ class Patch:
             if planner != "capacity":
                 raise Error("capacity_factor= goes with planner=\"capacity\" (Megatron-Core's "
                             "token dropping), not with planner=\"%s\"" % planner)
-            self.capacity_factor = float(self.capacity_factor)
+            self.capacity_factor = _lib.f64("capacity_factor", self.capacity_factor)
             pol = ctypes.c_int()
-            check(lib.lrmoe_capacity_policy_parse(
-                str(self.plan_options.get("drop_policy", "probs")).encode(), ctypes.byref(pol)))
+            check(lib.lrmoe_capacity_policy_parse(_lib.cstr(
+                "drop_policy", str(self.plan_options.get("drop_policy", "probs"))),
+                ctypes.byref(pol)), "drop_policy")
             self.drop_policy = pol.value
         elif planner == "capacity":
             raise Error('planner="capacity" needs capacity_factor= (e.g. 1.0 or 1.25)')
         Planner(ranks=self.ranks, **self.plan_options)  # bad options fail here, once
         self.cfg = _lib.ExecCfg()
         lib.lrmoe_exec_cfg_default(ctypes.byref(self.cfg))
-        self.cfg.threads = int(threads if threads is not None else torch.get_num_threads())
+        self.cfg.threads = _lib.i32("threads", threads if threads is not None
+                                    else torch.get_num_threads(), 0, 1024)
         # F32 numerics: the layer hands liblrmoe packed F32 weights (w_f32) and,
         # in storage dtype, only the experts that cross ranks
         self.cfg.compute = _lib.COMPUTE_F32
@@ -647,6 +705,9 @@ class Patch:
             self.layers.append(layer)
 
             def fwd(mod, hidden_states, top_k_index, top_k_weights, layer=layer):
+                b = layer.block
+                _check_call(b.name, b.E, b.D, b.F, hidden_states, top_k_index, top_k_weights,
+                            mod.gate_up_proj, mod.down_proj)
                 layer.cap_keep = None
                 if self.capacity_factor is not None:
                     # Megatron-Core's token dropping (planner="capacity"): the pairs
@@ -669,8 +730,10 @@ class Patch:
         cap = lib.lrmoe_capacity(T, K, E, self.capacity_factor)
         check(cap, "capacity")
         keep = np.empty((T, K), np.uint8)
-        check(lib.lrmoe_capacity_keep(T, K, E, idc.data_ptr(), wc.data_ptr(), cap,
-                                      self.drop_policy, keep.ctypes.data, None), "capacity")
+        check(lib.lrmoe_capacity_keep(T, K, E, _buf("topk_ids", idc, "I32", (T, K)),
+                                      _buf("topk_weights", wc, "F32", (T, K)), cap,
+                                      self.drop_policy, _buf("keep", keep, "U8", (T, K), True),
+                                      None), "capacity")
         return keep
 
     def scratch_grad(self, E, F, D):
