@@ -197,8 +197,13 @@ class Ops(unittest.TestCase):
 
     def test_score(self):
         f, s = self.st["f"], self.st["s"]
+        # the plan's keep rule too: the planner's in-place plans keep by forward rank
+        kr = f.attrs.get("plan.keep")
         got = lrmoe.score(f["topk_ids"], f["topk_weights"], f["grad_output"], f["phi_sqnorm"],
-                          quota=f["quota"], dtypes={"grad_output": f.dtypes["grad_output"]})
+                          quota=f["quota"], keep_rule=kr,
+                          bwd_alloc=f["bwd_alloc"] if kr == "by-rank" else None,
+                          pair_rank=f["pair_rank"] if kr == "by-rank" else None,
+                          dtypes={"grad_output": f.dtypes["grad_output"]})
         self.same(got, s, ["pair_score", "keep"])
         self.assertEqual(got.attrs["score.kept"], s.attrs["score.kept"])
 
