@@ -12,7 +12,8 @@
  * Expert weights: a frame holding the routed experts of transformers MoE
  * blocks becomes one weights frame per block (attributes layer from
  * "layers.N.", hf.prefix, hf.layout), with w_gate, w_up [E,F,D], w_down
- * [E,D,F] and, when present, router_weight [E,D] (PREFIX.gate.weight) and
+ * [E,D,F] (BF16 and F32 kept, F16 and F64 as F32, integers refused) and,
+ * when present, a floating router_weight [E,D] (PREFIX.gate.weight) and
  * expert_bias [E] F32 (PREFIX.gate.e_score_correction_bias). Layouts:
  *   fused      PREFIX.experts.gate_up_proj [E,2F,D] (gate rows first) and
  *              PREFIX.experts.down_proj [E,D,F]: transformers 5 modules
@@ -25,6 +26,8 @@
  * The frame's other tensors (attention, norms, embeddings, shared experts,
  * dense MLPs) are left out; the first frame counts them in hf.left_out.
  * Experts with biases (gpt-oss) are refused: no SwiGLU layout holds them.
+ * Linear in the frame's tensors: groups and routers are found by hash, and
+ * per-expert matrices are listed, never indexed by the index they claim.
  *
  * Nothing here prints or exits: -1 with lrmoe_err set. */
 #ifndef LRMOE_IMPORT_HF_H

@@ -283,3 +283,152 @@ PY
     run $VG "$BIN/lrmoe-import" -o /dev/null "$HF/f32/gpt_oss/state.safetensors"
     assert_failure 1
 }
+
+# A safetensors file written by hand (no torch needed): st.py OUT NAME=DTYPE:SHAPE[:FILL] ...
+# FILL is a Python expression of i (the element index) giving the element's value.
+mkst() {
+    python3 - "$@" <<'PY'
+import json, struct, sys
+out, specs = sys.argv[1], sys.argv[2:]
+fmt = {"F32": "<f", "F64": "<d", "F16": "<e", "I8": "<b", "U64": "<Q", "I64": "<q", "BF16": "<H"}
+hdr, blobs, off = {}, [], 0
+for s in specs:
+    name, rest = s.split("=", 1)
+    parts = rest.split(":")
+    dt, shape = parts[0], json.loads(parts[1])
+    n = 1
+    for d in shape: n *= d
+    fill = parts[2] if len(parts) > 2 else "i % 7 - 3"
+    b = b"".join(struct.pack(fmt[dt], eval(fill, {"i": i})) for i in range(n))
+    hdr[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
+    blobs.append(b)
+    off += len(b)
+h = json.dumps(hdr).encode()
+h += b" " * (-len(h) % 8)
+open(out, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PY
+}
+
+@test "HF mapping is linear: sparse expert indices allocate nothing, 65536 blocks in seconds" {
+    # 100 blocks, each naming one expert at index 2^20-1 (before: 3.3 GB, 20 s)
+    python3 - "$T/sparse.safetensors" <<'PY'
+import json, struct, sys
+hdr = {"model.layers.%d.mlp.experts.1048575.down_proj.weight" % l:
+       {"dtype": "F32", "shape": [0, 4], "data_offsets": [0, 0]} for l in range(100)}
+h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h)
+PY
+    run /usr/bin/time -f "maxrss_kb %M" "$BIN/lrmoe-import" -o "$T/x.lrm" "$T/sparse.safetensors"
+    assert_failure 1
+    assert_line --partial "model.layers.0.mlp.experts.0.gate_proj.weight missing (experts 0-1048575 are named)"
+    kb=$(sed -n 's/^maxrss_kb //p' <<< "$output")
+    echo "max RSS $kb KiB"
+    [ "$kb" -lt 65536 ]
+    # 65536 blocks of empty fused experts (131072 tensors, the frame's limit):
+    # one frame each, in layer order (before: group lookups scanned every
+    # block, minutes)
+    python3 - "$T/many.safetensors" <<'PY'
+import json, struct, sys
+hdr = {}
+for l in reversed(range(65536)):
+    p = "model.layers.%d.mlp.experts." % l
+    hdr[p + "gate_up_proj"] = {"dtype": "BF16", "shape": [0, 2, 4], "data_offsets": [0, 0]}
+    hdr[p + "down_proj"] = {"dtype": "BF16", "shape": [0, 4, 1], "data_offsets": [0, 0]}
+h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h)
+PY
+    t0=$(date +%s.%N)
+    run "$BIN/lrmoe-import" --no-compress -o "$T/many.lrm" "$T/many.safetensors"
+    t1=$(date +%s.%N)
+    assert_success
+    s=$(echo "$t1 - $t0" | bc -l)
+    echo "65536 blocks: $s s"
+    [ "$(echo "$s < 20" | bc -l)" = 1 ]
+    # the trailer counts 65536 frames
+    assert_equal "$(tail -c 8 "$T/many.lrm" | od -An -tu8 | tr -d ' ')" 65536
+    run "$BIN/lrmoe-view" --frame 65535 --no-stats "$T/many.lrm"
+    assert_output --partial "layer=65535"
+}
+
+@test "HF mapping with zero-size expert weights (no NULL memcpy) and F = 2^62 (no 2F overflow)" {
+    mkst "$T/z1.safetensors" "mlp.experts.gate_up_proj=F32:[0,6,4]" "mlp.experts.down_proj=F32:[0,4,3]"
+    run "$BIN/lrmoe-import" -o "$T/z1.lrm" "$T/z1.safetensors"
+    assert_success
+    run "$BIN/lrmoe-view" --no-stats "$T/z1.lrm"
+    assert_line --regexp '^  w_gate +F32 +\[0,3,4\]'
+    assert_line --regexp '^  w_down +F32 +\[0,4,3\]'
+    mkst "$T/z2.safetensors" "mlp.experts.gate_up_proj=F32:[2,0,4]" "mlp.experts.down_proj=F32:[2,4,0]" \
+        "mlp.gate.weight=F32:[2,4]"
+    run "$BIN/lrmoe-import" -o "$T/z2.lrm" "$T/z2.safetensors"
+    assert_success
+    run "$BIN/lrmoe-view" --no-stats "$T/z2.lrm"
+    assert_line --regexp '^  w_up +F32 +\[2,0,4\]'
+    assert_line --regexp '^  router_weight +F32 +\[2,4\]'
+    mkst "$T/z3.safetensors" "mlp.experts.0.gate_proj.weight=F32:[0,4]" \
+        "mlp.experts.0.up_proj.weight=F32:[0,4]" "mlp.experts.0.down_proj.weight=F32:[4,0]"
+    run "$BIN/lrmoe-import" -o "$T/z3.lrm" "$T/z3.safetensors"
+    assert_success
+    run "$BIN/lrmoe-view" --no-stats "$T/z3.lrm"
+    assert_line --regexp '^  w_gate +F32 +\[1,0,4\]'
+    # F = 2^62: 2F wrapped to -2^63, which the shape check took for "any size"
+    mkst "$T/big.safetensors" "mlp.experts.gate_up_proj=F32:[0,5,4]" \
+        "mlp.experts.down_proj=F32:[0,4,4611686018427387904]"
+    run "$BIN/lrmoe-import" -o "$T/x.lrm" "$T/big.safetensors"
+    assert_import_error "mlp.experts.down_proj: F = 4611686018427387904 is too large"
+}
+
+@test "HF expert weights: F16 and F64 become F32; integer routers, U64 ids, huge layer numbers, long prefixes" {
+    D=4 F=3 E=2
+    for dt in F16 F64; do
+        mkst "$T/w$dt.safetensors" "model.layers.0.mlp.experts.gate_up_proj=$dt:[$E,$((2*F)),$D]:(i % 5 - 2) / 4" \
+            "model.layers.0.mlp.experts.down_proj=$dt:[$E,$D,$F]:(i % 3 - 1) / 8" \
+            "model.layers.0.mlp.gate.weight=$dt:[$E,$D]"
+        run "$BIN/lrmoe-import" -o "$T/w$dt.lrm" "$T/w$dt.safetensors"
+        assert_success
+        run "$BIN/lrmoe-view" --no-stats "$T/w$dt.lrm"
+        assert_line --regexp '^  w_gate +F32 +\[2,3,4\]'
+        assert_line --regexp '^  w_down +F32 +\[2,4,3\]'
+        # the values, exactly (all of them representable in F16)
+        run "$BIN/lrmoe-export" -O npy -d "$T/x$dt" "$T/w$dt.lrm"
+        assert_success
+        python3 - "$T/x$dt" <<'PY'
+import glob, sys, numpy as np
+d = sys.argv[1]
+g = np.load(glob.glob(d + "/*.w_gate.npy")[0]); u = np.load(glob.glob(d + "/*.w_up.npy")[0])
+dn = np.load(glob.glob(d + "/*.w_down.npy")[0])
+gu = ((np.arange(2 * 6 * 4) % 5 - 2) / 4).reshape(2, 6, 4)
+assert g.dtype == np.float32 and (g == gu[:, :3]).all() and (u == gu[:, 3:]).all(), (g, u)
+assert (dn == ((np.arange(2 * 4 * 3) % 3 - 1) / 8).reshape(2, 4, 3)).all()
+PY
+        # and lrmoe-exec computes with them (it refused F16 and F64)
+        "$BIN/lrmoe-gen" --tokens 8 --experts $E --topk 1 --hidden $D --ffn $F --dtype f32 -o "$T/in.lrm"
+        "$BIN/lrmoe-route" -k 1 "$T/in.lrm" > "$T/r.lrm"
+        run "$BIN/lrmoe-exec" --phase forward --weights "$T/w$dt.lrm" -o "$T/o.lrm" "$T/r.lrm"
+        assert_success
+    done
+    mkst "$T/i8.safetensors" "mlp.experts.gate_up_proj=I8:[$E,6,$D]" "mlp.experts.down_proj=I8:[$E,$D,$F]"
+    run "$BIN/lrmoe-import" -o "$T/x.lrm" "$T/i8.safetensors"
+    assert_import_error "mlp.experts.down_proj is I8: expert weights must be BF16, F16, F32 or F64"
+    mkst "$T/r8.safetensors" "mlp.experts.gate_up_proj=F32:[$E,6,$D]" "mlp.experts.down_proj=F32:[$E,$D,$F]" \
+        "mlp.gate.weight=I8:[$E,$D]"
+    run "$BIN/lrmoe-import" -o "$T/x.lrm" "$T/r8.safetensors"
+    assert_import_error "mlp.gate.weight is I8: a router's weights are floating-point"
+    # a U64 id above INT64_MAX is too large, not negative
+    mkst "$T/u64.safetensors" "hidden=F32:[2,$D]" "topk_ids=U64:[2,1]:[1, 2**63 + 5][i]"
+    run "$BIN/lrmoe-import" -o "$T/x.lrm" "$T/u64.safetensors"
+    assert_import_error "topk_ids: id 9223372036854775813 (token 1, choice 0) does not fit I32"
+    # a layer number of 20 digits is an error, not INT64_MAX
+    mkst "$T/l20.safetensors" "model.layers.99999999999999999999.mlp.experts.gate_up_proj=F32:[1,2,$D]" \
+        "model.layers.99999999999999999999.mlp.experts.down_proj=F32:[1,$D,1]"
+    run "$BIN/lrmoe-import" -o "$T/x.lrm" "$T/l20.safetensors"
+    assert_import_error "model.layers.99999999999999999999: layer index 99999999999999999999 does not fit a 64-bit integer"
+    # a router under a 2000-byte prefix is found (it was dropped silently)
+    p=$(printf 'a%.0s' $(seq 2000)).mlp
+    mkst "$T/long.safetensors" "$p.experts.gate_up_proj=F32:[$E,6,$D]" "$p.experts.down_proj=F32:[$E,$D,$F]" \
+        "$p.gate.weight=F32:[$E,$D]"
+    run "$BIN/lrmoe-import" -o "$T/x.lrm" "$T/long.safetensors"
+    assert_success
+    run "$BIN/lrmoe-view" --no-stats "$T/x.lrm"
+    assert_line --regexp '^  router_weight +F32 +\[2,4\]'
+    assert_line "  hf.left_out=0"
+}
