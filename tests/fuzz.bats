@@ -1,6 +1,6 @@
 #!/usr/bin/env bats
 # The libFuzzer harnesses of tests/fuzz (stream reader, safetensors decoder,
-# .npy parser) for a short fixed budget each; any finding fails. `make fuzz
+# .npy parser, lrmoe-import's HF mapping) for a short fixed budget each; any finding fails. `make fuzz
 # FUZZ_SECONDS=N` runs them longer. Skipped, with the reason, where clang's
 # fuzzer runtime is missing (tests/deps.sh installs clang-14 and
 # libclang-rt-14-dev).
@@ -29,4 +29,8 @@ fuzz() {
 
 @test "fuzz: .npy parser (prefixes, own header, save/load round trip) ${FUZZ_SECONDS} s" {
     fuzz npy
+}
+
+@test "fuzz: HF mapping of lrmoe-import (structured frames, zero and 2^62 dims, value oracle) ${FUZZ_SECONDS} s" {
+    fuzz hf
 }

@@ -2,8 +2,8 @@
 # Build and run the libFuzzer harnesses of tests/fuzz (clang,
 # -fsanitize=fuzzer,address,undefined) on seed corpora the tools make:
 #   tests/fuzz/run.sh [SECONDS [HARNESS...]]
-# SECONDS per harness (default 20); harnesses stream, safetensors, npy (all by
-# default). New inputs collect in $BUILD/fuzz/corpus/HARNESS and are kept for
+# SECONDS per harness (default 20); harnesses stream, safetensors, npy, hf (all
+# by default). New inputs collect in $BUILD/fuzz/corpus/HARNESS and are kept for
 # the next run. Exit 1 on any finding (crash, sanitizer report, leak, failed
 # round-trip oracle, timeout, out-of-memory): the reproducer is written to
 # $BUILD/fuzz/findings/, the log tail printed. Exit 77 when clang or its
@@ -13,7 +13,7 @@ set -eu
 TOP=$(cd "$(dirname "$0")/../.." && pwd)
 SECS=${1:-20}
 [ $# -gt 0 ] && shift
-HARNESSES=${*:-stream safetensors npy}
+HARNESSES=${*:-stream safetensors npy hf}
 B="$TOP/${BUILD:-build}/fuzz"
 FUZZ_CC=${FUZZ_CC:-}
 if [ -z "$FUZZ_CC" ]; then
@@ -25,7 +25,7 @@ if [ -z "$FUZZ_CC" ] || ! printf 'int LLVMFuzzerTestOneInput(const char *d, long
     echo "fuzz: no clang with the libFuzzer runtime (install clang-14 libclang-rt-14-dev)" >&2
     exit 77
 fi
-LIBSRC="frame producers stream dtype error npy"
+LIBSRC="frame producers stream dtype error npy import_hf"
 for h in $HARNESSES; do
     bin="$B/fuzz_$h"
     srcs="$TOP/tests/fuzz/fuzz_$h.c"
@@ -42,11 +42,12 @@ done
 sh "$TOP/tests/fuzz/seeds.sh" "$TOP/bin" "$B/seeds"
 rc=0
 for h in $HARNESSES; do
-    dict=stream; [ $h = npy ] && dict=npy
+    dict="-dict=$TOP/tests/fuzz/stream.dict"; [ $h = npy ] && dict="-dict=$TOP/tests/fuzz/npy.dict"
+    [ $h = hf ] && dict=   # a structured recipe (fuzz_hf.c): no byte dictionary
     mkdir -p "$B/corpus/$h"
     log="$B/$h.log"
     if "$B/fuzz_$h" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
-            -dict="$TOP/tests/fuzz/$dict.dict" -artifact_prefix="$B/findings/$h-" \
+            $dict -artifact_prefix="$B/findings/$h-" \
             -print_final_stats=1 "$B/corpus/$h" "$B/seeds/$h" > "$log" 2>&1; then
         runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
         echo "fuzz $h: ${runs:-?} runs in ${SECS} s, no finding (corpus $(ls "$B/corpus/$h" | wc -l) inputs)"

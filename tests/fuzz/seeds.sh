@@ -1,12 +1,13 @@
 #!/bin/sh
 # Seed corpora for the fuzz harnesses, made by the tools themselves:
-#   seeds.sh BIN OUTDIR   -> OUTDIR/stream, OUTDIR/safetensors, OUTDIR/npy
-# A stream seed starts with the harness's mode byte (fuzz_stream.c).
+#   seeds.sh BIN OUTDIR   -> OUTDIR/stream, OUTDIR/safetensors, OUTDIR/npy, OUTDIR/hf
+# A stream seed starts with the harness's mode byte (fuzz_stream.c); an hf
+# seed is a recipe of 7-byte records (fuzz_hf.c).
 set -eu
 BIN=$1
 OUT=$2
 rm -rf "$OUT"
-mkdir -p "$OUT/stream" "$OUT/safetensors" "$OUT/npy" "$OUT/tmp"
+mkdir -p "$OUT/stream" "$OUT/safetensors" "$OUT/npy" "$OUT/hf" "$OUT/tmp"
 W="$OUT/tmp"
 "$BIN/lrmoe-gen" --tokens 4 --experts 4 --topk 2 --hidden 8 --ffn 8 --steps 2 \
     --no-compress -o "$W/gen.lrm" --weights "$W/w.lrm"
@@ -38,3 +39,12 @@ printf '{"__metadata__":{"a":"b"}}      ' > "$W/meta.json"
 { printf '\000'; cat "$OUT/safetensors/empty-header"; printf 'LRMOEEND\001\000\000\000\000\000\000\000'; } \
     > "$OUT/stream/empty-header-m0"
 rm -rf "$W"
+# hf recipes: mode byte, then records "prefix kind index dtype|ndim<<4 d0 d1 d2"
+# (fuzz_hf.c's tables): fused E=2 F=2 D=3 with a router, the same with E=0,
+# per-expert F16 E=2, HF activations, and F = 2^62 beside a zero dimension
+hf() { printf "$2" > "$OUT/hf/$1"; }
+hf fused '\000\002\000\000\073\002\004\003\002\001\000\073\002\003\002\002\012\000\053\002\003\000'
+hf fused0 '\004\002\000\000\073\000\004\003\002\001\000\073\000\003\002'
+hf perexp '\000\001\004\000\051\002\003\000\001\005\000\051\002\003\000\001\006\000\051\003\002\000\001\004\001\051\002\003\000\001\005\001\051\002\003\000\001\006\001\051\003\002\000'
+hf act '\001\000\021\000\073\002\003\004\000\023\000\070\002\003\001\000\026\000\072\002\003\001'
+hf f62 '\000\002\001\000\073\000\004\364\002\000\000\073\000\005\004'
