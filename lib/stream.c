@@ -11,9 +11,15 @@
 #include <jansson.h>
 #include <zstd.h>
 #include "lrmoe.h"
+#include "xxh64.h"
 
 static const char TRAILER_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'E', 'N', 'D'};
+/* The digest record before each frame: these 8 bytes and the XXH64 of the
+ * frame's bytes (lrmoe-stream(5), Integrity). Read as a header length,
+ * like the trailer's, it exceeds the limit by far. */
+static const char DIGEST_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'X', 'X', 'H'};
 #define IOBUF (1u << 20)
+#define HASH_CHUNK (1u << 20) /* raw reads straight into a tensor, hashed while cached */
 
 static uint64_t get_le64(const uint8_t *p)
 {
@@ -273,9 +279,9 @@ int lrmoe_frame_fread(FILE *fp, lrmoe_frame_t *f)
         if (ferror(fp)) return lrmoe_err("read error: %s", strerror(errno));
         return lrmoe_err("truncated: %zu bytes where a safetensors header length (8) starts", got);
     }
-    if (!memcmp(h8, TRAILER_MAGIC, 8))
-        return lrmoe_err("this is an lrmoe stream (its trailer), not safetensors: "
-                         "lrmoe-cat reads streams");
+    if (!memcmp(h8, TRAILER_MAGIC, 8) || !memcmp(h8, DIGEST_MAGIC, 8))
+        return lrmoe_err("this is an lrmoe stream (its %s), not safetensors: "
+                         "lrmoe-cat reads streams", h8[5] == 'X' ? "digest record" : "trailer");
     if (!memcmp(h8, "\x28\xb5\x2f\xfd", 4))
         return lrmoe_err("zstd-compressed data, not safetensors (an lrmoe stream? lrmoe-cat "
                          "reads those)");
@@ -326,6 +332,10 @@ struct lrmoe_reader {
     uint64_t start, got;    /* raw regular file: offset at open, bytes rd delivered */
     int plain;              /* read as one plain safetensors file (no trailer) */
     int nothing;            /* not one byte arrived */
+    int digests;            /* a digest record came: every frame must have one */
+    int hashing;            /* rd() adds what it delivers to hs */
+    lrmoe_xxh64_t hs;
+    int zstart;             /* zstd: the next input byte starts a zstd frame */
 };
 
 /* One read(2) of at most n bytes: what a pipe holds now, without waiting
@@ -351,6 +361,32 @@ static int fill(lrmoe_reader_t *r)
     return (int)(n > 0);
 }
 
+/* At the start of a zstd frame (r->in holds at least one byte of it): a
+ * frame without zstd's content checksum is refused (lrmoe-stream(5):
+ * lrmoe's writers always set it; "zstd --no-check" output would otherwise
+ * pass unverified). Skippable frames carry no data and pass. Reads until
+ * the frame header's descriptor byte (the fifth) is in the buffer. */
+static int zstd_frame_check(lrmoe_reader_t *r)
+{
+    while (r->in.size - r->in.pos < 5) {
+        size_t have = r->in.size - r->in.pos;
+        memmove(r->inbuf, (const uint8_t *)r->in.src + r->in.pos, have);
+        r->in.src = r->inbuf;
+        r->in.pos = 0;
+        r->in.size = have;
+        ssize_t m = read_some(r->fp, r->inbuf + have, IOBUF - have);
+        if (m < 0) return lrmoe_err("read error: %s", strerror(errno));
+        if (m == 0) break;   /* zstd reports the short frame */
+        r->in.size += (size_t)m;
+    }
+    const uint8_t *p = (const uint8_t *)r->in.src + r->in.pos;
+    r->zstart = 0;
+    if (r->in.size - r->in.pos >= 5 && !memcmp(p, "\x28\xb5\x2f\xfd", 4) && !(p[4] & 4))
+        return lrmoe_err("a zstd frame without its content checksum (lrmoe's writers set it; "
+                         "zstd --no-check output is refused): recompress it with zstd");
+    return 0;
+}
+
 /* Read up to n bytes; returns the count (< n only at end of input) or -1. */
 static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
 {
@@ -359,8 +395,11 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
         while (got < n) {
             if (r->in.pos == r->in.size) {
                 if (n - got >= IOBUF) {   /* large: straight into dst */
-                    ssize_t m = read_some(r->fp, (uint8_t *)dst + got, n - got);
+                    size_t want = n - got;
+                    if (r->hashing && want > HASH_CHUNK) want = HASH_CHUNK;
+                    ssize_t m = read_some(r->fp, (uint8_t *)dst + got, want);
                     if (m < 0) return lrmoe_err("read error: %s", strerror(errno));
+                    if (r->hashing) lrmoe_xxh64_update(&r->hs, (uint8_t *)dst + got, (size_t)m);
                     got += (size_t)m;
                     if (m == 0 || got == n) break;
                     continue;
@@ -372,6 +411,7 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
             size_t c = r->in.size - r->in.pos;
             if (c > n - got) c = n - got;
             memcpy((uint8_t *)dst + got, (const uint8_t *)r->in.src + r->in.pos, c);
+            if (r->hashing) lrmoe_xxh64_update(&r->hs, (uint8_t *)dst + got, c);
             r->in.pos += c;
             got += c;
         }
@@ -394,10 +434,13 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
                 break;
             }
         }
+        if (r->zstart && zstd_frame_check(r) < 0) return -1;
         size_t before = out.pos;
         size_t ret = ZSTD_decompressStream(r->dctx, &out, &r->in);
         if (ZSTD_isError(ret)) return lrmoe_err("zstd: %s", ZSTD_getErrorName(ret));
+        if (r->hashing) lrmoe_xxh64_update(&r->hs, (uint8_t *)dst + before, out.pos - before);
         r->last_ret = ret;
+        r->zstart = ret == 0;
         starved = out.pos == before;
     }
     return (int64_t)out.pos;
@@ -444,6 +487,7 @@ static lrmoe_reader_t *reader_new(FILE *fp, int own, const char *label)
             return NULL;
         }
         r->last_ret = 1;
+        r->zstart = 1;
     }
     return r;
 }
@@ -546,9 +590,30 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
         goto fail;
     }
     if (n < 8) { lrmoe_err("truncated inside the frame header"); goto fail; }
-    if (!memcmp(h8, TRAILER_MAGIC, 8)) {
+    uint64_t digest = 0;
+    int has_digest = !memcmp(h8, DIGEST_MAGIC, 8);
+    if (has_digest) {   /* the record, then the frame it covers, hashed as it arrives */
+        uint8_t d8[8];
+        n = rd(r, d8, 8);
+        if (n < 0) goto fail;
+        if (n < 8) { lrmoe_err("truncated inside the digest record"); goto fail; }
+        digest = get_le64(d8);
+        r->digests = 1;
+        lrmoe_xxh64_reset(&r->hs);
+        r->hashing = 1;
+        n = rd(r, h8, 8);
+        if (n < 0) goto fail;
+        if (n < 8) { lrmoe_err("truncated after the digest record"); goto fail; }
+        if (!memcmp(h8, TRAILER_MAGIC, 8) || !memcmp(h8, DIGEST_MAGIC, 8)) {
+            lrmoe_err("a digest record without a frame after it");
+            goto fail;
+        }
+    } else if (!memcmp(h8, TRAILER_MAGIC, 8)) {
         if (read_trailer(r) < 0) goto fail;
         return 0;
+    } else if (r->digests) {
+        lrmoe_err("no digest record before the frame, where every frame before it had one");
+        goto fail;
     }
     uint64_t hlen = get_le64(h8);
     if (hlen < 2 || hlen > LRMOE_MAX_HEADER) {
@@ -577,9 +642,19 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
         if (n < 0) goto fail;
         if ((size_t)n < t->nbytes) { lrmoe_err("truncated inside the frame data (tensor %s)", t->name); goto fail; }
     }
+    if (has_digest) {
+        r->hashing = 0;
+        uint64_t got = lrmoe_xxh64_digest(&r->hs);
+        if (got != digest) {
+            lrmoe_err("digest mismatch: the frame's bytes hash to %016" PRIx64 ", its digest record "
+                      "says %016" PRIx64 " (the stream changed after it was written)", got, digest);
+            goto fail;
+        }
+    }
     r->nframes++;
     return 1;
 fail:
+    r->hashing = 0;
     free(hdr);
     lrmoe_frame_clear(f);
     return lrmoe_err_prefix("%s: frame %" PRId64, r->label, r->nframes);
@@ -607,7 +682,10 @@ struct lrmoe_writer {
     size_t outcap;
     int64_t count;
     uint64_t at;            /* bytes of the uncompressed stream written so far */
+    int nodigest;           /* no digest records (lrmoe_writer_set_digests) */
 };
+
+void lrmoe_writer_set_digests(lrmoe_writer_t *w, int on) { w->nodigest = !on; }
 
 void lrmoe_wopts_default(lrmoe_wopts_t *o)
 {
@@ -739,10 +817,24 @@ int lrmoe_writer_write(lrmoe_writer_t *w, const lrmoe_frame_t *f)
 {
     char *hdr;
     size_t hlen, dlen;
-    if (frame_header(f, w->at, &hdr, &hlen, &dlen) < 0) return -1;
-    uint8_t h8[8];
+    /* the frame starts after its 16-byte digest record */
+    size_t rl = w->nodigest ? 0 : 16;
+    if (frame_header(f, w->at + rl, &hdr, &hlen, &dlen) < 0) return -1;
+    uint8_t h8[8], rec[16];
     put_le64(h8, hlen);
-    int rc = wr(w, h8, 8);
+    int rc = 0;
+    if (rl) {
+        lrmoe_xxh64_t hs;
+        lrmoe_xxh64_reset(&hs);
+        lrmoe_xxh64_update(&hs, h8, 8);
+        lrmoe_xxh64_update(&hs, hdr, hlen);
+        for (int i = 0; i < f->ntensors; i++)
+            if (f->tensors[i]->nbytes) lrmoe_xxh64_update(&hs, f->tensors[i]->data, f->tensors[i]->nbytes);
+        memcpy(rec, DIGEST_MAGIC, 8);
+        put_le64(rec + 8, lrmoe_xxh64_digest(&hs));
+        rc = wr(w, rec, 16);
+    }
+    if (!rc) rc = wr(w, h8, 8);
     if (!rc) rc = wr(w, hdr, hlen);
     free(hdr);
     for (int i = 0; !rc && i < f->ntensors; i++)
