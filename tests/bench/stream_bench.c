@@ -5,6 +5,9 @@
  *   stream_bench write FILE MODE IN     time writing IN's first frame to FILE
  *                                       (MODE raw | zstd:LEVEL:THREADS)
  *   stream_bench read FILE              time reading every frame of FILE
+ *   stream_bench copy IN OUT MODE DIG   rewrite IN as OUT (MODE as write),
+ *                                       with (DIG 1) or without (0) digest
+ *                                       records
  * Timings go to stdout as "seconds bytes". */
 #include <math.h>
 #include <stdio.h>
@@ -97,6 +100,27 @@ int main(int argc, char **argv)
         printf("%.6f %lld\n", lrmoe_now() - t0, (long long)bytes);
         return 0;
     }
-    fprintf(stderr, "usage: stream_bench gen MIB NFRAMES - FILE | write FILE MODE IN | read FILE\n");
+    if (argc == 6 && !strcmp(argv[1], "copy")) {
+        lrmoe_wopts_t o = {0, 3, 0};
+        if (strncmp(argv[4], "raw", 3)) {
+            o.compress = 1;
+            if (sscanf(argv[4], "zstd:%d:%d", &o.level, &o.threads) != 2) return 2;
+        }
+        lrmoe_reader_t *r = lrmoe_reader_open(argv[2]);
+        lrmoe_writer_t *w = r ? lrmoe_writer_open(argv[3], &o) : NULL;
+        if (!w) die();
+        lrmoe_writer_set_digests(w, atoi(argv[5]));
+        lrmoe_frame_t f;
+        lrmoe_frame_init(&f);
+        int rc;
+        while ((rc = lrmoe_reader_next(r, &f)) == 1)
+            if (lrmoe_writer_write(w, &f) < 0) die();
+        if (rc < 0 || lrmoe_writer_close(w) < 0) die();
+        lrmoe_reader_close(r);
+        lrmoe_frame_clear(&f);
+        return 0;
+    }
+    fprintf(stderr, "usage: stream_bench gen MIB NFRAMES - FILE | write FILE MODE IN | read FILE | "
+            "copy IN OUT MODE DIGESTS\n");
     return 2;
 }
