@@ -6,6 +6,7 @@
 #include <string.h>
 #include <strings.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 #include <sys/stat.h>
 #include <jansson.h>
@@ -20,6 +21,10 @@ static const char TRAILER_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'E', 'N', 'D'};
 static const char DIGEST_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'X', 'X', 'H'};
 #define IOBUF (1u << 20)
 #define HASH_CHUNK (1u << 20) /* raw reads straight into a tensor, hashed while cached */
+/* A frame with at least this much data is hashed by the reader's hasher
+ * thread while the rest of it is read (struct hasher); a smaller one inline, as
+ * it arrives: the handoff would cost more than the overlap saves. */
+#define HASH_THREAD_MIN (4u << 20)
 
 static uint64_t get_le64(const uint8_t *p)
 {
@@ -334,9 +339,132 @@ struct lrmoe_reader {
     int nothing;            /* not one byte arrived */
     int digests;            /* a digest record came: every frame must have one */
     int hashing;            /* rd() adds what it delivers to hs */
+    int async;              /* rd() hands what it delivers to the hasher thread */
     lrmoe_xxh64_t hs;
+    struct hasher *hasher;  /* started by the first frame of HASH_THREAD_MIN data */
     int zstart;             /* zstd: the next input byte starts a zstd frame */
 };
+
+/* The hasher thread of a reader: it hashes a frame's data into r->hs while
+ * the reader thread reads the rest of it, so that a large frame costs about
+ * the longer of reading and hashing it, not their sum. The reader publishes
+ * how many of the frame's data bytes have arrived (ready; the tensors fill
+ * in order); the hasher hashes up to there and sleeps until there is more.
+ * The reader compares the digest only after the hasher has caught up
+ * (hasher_finish), so no frame is returned before its bytes are verified,
+ * and on every error path it also waits for the hasher before the frame's
+ * buffers are freed. All shared fields are under mu. */
+struct hasher {
+    pthread_t tid;
+    pthread_mutex_t mu;
+    pthread_cond_t work, caught_up;
+    lrmoe_xxh64_t *hs;
+    lrmoe_frame_t *f;       /* the frame being hashed; NULL: no job */
+    uint64_t ready, done;   /* data bytes arrived, hashed */
+    int ti;                 /* the hasher's place: tensor ti, byte toff */
+    size_t toff;
+    int sleeping, waiting, quit;
+};
+
+static void *hasher_main(void *arg)
+{
+    struct hasher *h = arg;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (!h->quit && !(h->f && h->done < h->ready)) {
+            h->sleeping = 1;
+            pthread_cond_wait(&h->work, &h->mu);
+            h->sleeping = 0;
+        }
+        if (h->quit) break;
+        uint64_t from = h->done, to = h->ready;
+        lrmoe_frame_t *f = h->f;
+        pthread_mutex_unlock(&h->mu);
+        for (uint64_t left = to - from; left;) {
+            lrmoe_tensor_t *t = f->tensors[h->ti];
+            size_t c = t->nbytes - h->toff;
+            if (c > left) c = (size_t)left;
+            if (c) lrmoe_xxh64_update(h->hs, (const uint8_t *)t->data + h->toff, c);
+            h->toff += c;
+            left -= c;
+            if (h->toff == t->nbytes) h->ti++, h->toff = 0;
+        }
+        pthread_mutex_lock(&h->mu);
+        h->done = to;
+        if (h->waiting) pthread_cond_signal(&h->caught_up);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* Hand frame f's data (header already in r->hs) to the hasher, starting it
+ * on first use; -1 when no thread can be had (the caller hashes inline). */
+static int hasher_begin(lrmoe_reader_t *r, lrmoe_frame_t *f)
+{
+    struct hasher *h = r->hasher;
+    if (!h) {
+        if (!(h = calloc(1, sizeof *h))) return -1;
+        pthread_mutex_init(&h->mu, NULL);
+        pthread_cond_init(&h->work, NULL);
+        pthread_cond_init(&h->caught_up, NULL);
+        if (pthread_create(&h->tid, NULL, hasher_main, h) != 0) {
+            pthread_cond_destroy(&h->caught_up);
+            pthread_cond_destroy(&h->work);
+            pthread_mutex_destroy(&h->mu);
+            free(h);
+            return -1;
+        }
+        r->hasher = h;
+    }
+    pthread_mutex_lock(&h->mu);
+    h->hs = &r->hs;
+    h->f = f;
+    h->ready = h->done = 0;
+    h->ti = 0;
+    h->toff = 0;
+    pthread_mutex_unlock(&h->mu);
+    r->async = 1;
+    return 0;
+}
+
+/* n more data bytes of the frame have arrived */
+static void hasher_publish(struct hasher *h, size_t n)
+{
+    if (!n) return;
+    pthread_mutex_lock(&h->mu);
+    h->ready += n;
+    if (h->sleeping) pthread_cond_signal(&h->work);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Wait until every published byte is hashed; the job ends and r->hs is the
+ * reader thread's again. */
+static void hasher_finish(lrmoe_reader_t *r)
+{
+    struct hasher *h = r->hasher;
+    if (!r->async) return;
+    r->async = 0;
+    pthread_mutex_lock(&h->mu);
+    h->waiting = 1;
+    while (h->done < h->ready) pthread_cond_wait(&h->caught_up, &h->mu);
+    h->waiting = 0;
+    h->f = NULL;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void hasher_stop(struct hasher *h)
+{
+    if (!h) return;
+    pthread_mutex_lock(&h->mu);
+    h->quit = 1;
+    pthread_cond_signal(&h->work);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->tid, NULL);
+    pthread_cond_destroy(&h->caught_up);
+    pthread_cond_destroy(&h->work);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}
 
 /* One read(2) of at most n bytes: what a pipe holds now, without waiting
  * for all n (fread waits for n bytes or the end, so a live stream's last
@@ -396,10 +524,11 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
             if (r->in.pos == r->in.size) {
                 if (n - got >= IOBUF) {   /* large: straight into dst */
                     size_t want = n - got;
-                    if (r->hashing && want > HASH_CHUNK) want = HASH_CHUNK;
+                    if ((r->hashing || r->async) && want > HASH_CHUNK) want = HASH_CHUNK;
                     ssize_t m = read_some(r->fp, (uint8_t *)dst + got, want);
                     if (m < 0) return lrmoe_err("read error: %s", strerror(errno));
                     if (r->hashing) lrmoe_xxh64_update(&r->hs, (uint8_t *)dst + got, (size_t)m);
+                    if (r->async) hasher_publish(r->hasher, (size_t)m);
                     got += (size_t)m;
                     if (m == 0 || got == n) break;
                     continue;
@@ -412,6 +541,7 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
             if (c > n - got) c = n - got;
             memcpy((uint8_t *)dst + got, (const uint8_t *)r->in.src + r->in.pos, c);
             if (r->hashing) lrmoe_xxh64_update(&r->hs, (uint8_t *)dst + got, c);
+            if (r->async) hasher_publish(r->hasher, c);
             r->in.pos += c;
             got += c;
         }
@@ -439,6 +569,7 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
         size_t ret = ZSTD_decompressStream(r->dctx, &out, &r->in);
         if (ZSTD_isError(ret)) return lrmoe_err("zstd: %s", ZSTD_getErrorName(ret));
         if (r->hashing) lrmoe_xxh64_update(&r->hs, (uint8_t *)dst + before, out.pos - before);
+        if (r->async) hasher_publish(r->hasher, out.pos - before);
         r->last_ret = ret;
         r->zstart = ret == 0;
         starved = out.pos == before;
@@ -635,6 +766,8 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
     if (parse_header(hdr, hlen, f, &dlen, r->zstd ? UINT64_MAX : r->avail) < 0) goto fail;
     free(hdr);
     hdr = NULL;
+    if (has_digest && dlen >= HASH_THREAD_MIN && hasher_begin(r, f) == 0)
+        r->hashing = 0;     /* the data goes to the hasher thread */
     for (int i = 0; i < f->ntensors; i++) {
         lrmoe_tensor_t *t = f->tensors[i];
         if (!t->nbytes) continue;
@@ -644,6 +777,7 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
     }
     if (has_digest) {
         r->hashing = 0;
+        hasher_finish(r);
         uint64_t got = lrmoe_xxh64_digest(&r->hs);
         if (got != digest) {
             lrmoe_err("digest mismatch: the frame's bytes hash to %016" PRIx64 ", its digest record "
@@ -655,6 +789,7 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
     return 1;
 fail:
     r->hashing = 0;
+    hasher_finish(r);       /* before f's buffers go */
     free(hdr);
     lrmoe_frame_clear(f);
     return lrmoe_err_prefix("%s: frame %" PRId64, r->label, r->nframes);
@@ -665,6 +800,7 @@ int lrmoe_reader_plain(const lrmoe_reader_t *r) { return r->plain; }
 void lrmoe_reader_close(lrmoe_reader_t *r)
 {
     if (!r) return;
+    hasher_stop(r->hasher);
     if (r->own) fclose(r->fp);
     ZSTD_freeDCtx(r->dctx);
     free(r->inbuf);

@@ -478,6 +478,62 @@ PY
     assert_output --partial "truncated"
 }
 
+@test "integrity: frames of 4 MiB and more (hashed by the reader's second thread while they are read) are verified before they are handed on" {
+    # frame 0 small (hashed inline), frames 1 and 2 of ~6.5 MiB in four tensors
+    # (one empty), random bytes so that zstd stores them
+    python3 -c "
+import numpy as np, lrmoe_stream as s
+r = np.random.default_rng(7)
+big = lambda i: ({'a': r.integers(0, 256, (2 << 20) + 3, dtype=np.uint8),
+                  'e': np.zeros((0, 4), np.float32),
+                  'b': r.integers(0, 256, (3 << 20) + 61, dtype=np.uint8),
+                  'c': r.integers(0, 256, (3 << 19) + 7, dtype=np.uint8)}, {'step': i})
+s.write_stream('$T/src.raw', [({'x': np.arange(5, dtype=np.int64)}, {'step': 0}), big(1), big(2)])"
+    "$BIN/lrmoe-cat" --no-compress -o "$T/g.raw" "$T/src.raw"
+    "$BIN/lrmoe-cat" -l 1 -o "$T/g.zst" "$T/src.raw"
+    # intact: raw from a file and a pipe, zstd; the bytes come through unchanged
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/back.raw" "$T/g.raw"
+    assert_success
+    cmp "$T/back.raw" "$T/g.raw"
+    run sh -c "'$BIN/lrmoe-cat' --no-compress < '$T/g.raw' > '$T/back2.raw'"
+    assert_success
+    cmp "$T/back2.raw" "$T/g.raw"
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/back3.raw" "$T/g.zst"
+    assert_success
+    cmp "$T/back3.raw" "$T/g.raw"
+    # a flip in frame 2's first tensor, near its end, and in its last tensor's
+    # last byte (the hasher's last piece): refused naming frame 2, frames 0
+    # and 1 passed on whole, no trailer
+    keep=$(python3 -c "
+import lrmoe_stream as s
+b = open('$T/g.raw', 'rb').read(); pos = 0
+for i in range(2): pos = s.decode_frame(b, pos)[3]
+print(pos)")
+    for at in "$(data_offset 2 $(((2 << 20) - 100)) a "$T/g.raw")" \
+              "$(data_offset 2 $(((3 << 19) + 6)) c "$T/g.raw")"; do
+        cp "$T/g.raw" "$T/bad.raw"
+        flip "$T/bad.raw" "$at"
+        run sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad.raw' > '$T/out.raw'"
+        assert_failure 1
+        assert_output --partial "lrmoe-cat: $T/bad.raw: frame 2: digest mismatch"
+        cmp "$T/out.raw" <(head -c "$keep" "$T/g.raw")
+        run sh -c "'$BIN/lrmoe-cat' --no-compress < '$T/bad.raw' > '$T/out.raw'"
+        assert_failure 1
+        assert_output --partial "lrmoe-cat: <stdin>: frame 2: digest mismatch"
+        cmp "$T/out.raw" <(head -c "$keep" "$T/g.raw")
+        # the same flip in the zstd stream (stored blocks copy the bytes)
+        zoff=$(python3 -c "
+z, raw, off = open('$T/g.zst', 'rb').read(), open('$T/g.raw', 'rb').read(), $at
+ctx = raw[off - 24:off]; i = z.find(ctx); assert i >= 0 and z.find(ctx, i + 1) < 0; print(i + 24)")
+        cp "$T/g.zst" "$T/bad.zst"
+        flip "$T/bad.zst" "$zoff"
+        run sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad.zst' > '$T/out.raw'"
+        assert_failure 1
+        assert_output --partial "lrmoe-cat: $T/bad.zst: frame 2: digest mismatch"
+        cmp "$T/out.raw" <(head -c "$keep" "$T/g.raw")
+    done
+}
+
 @test "integrity: streams without digest records (before them) still read; a stream that drops them midway or a zstd frame without checksum is refused" {
     # the Python writer's default is the old format, no records
     "$BIN/lrmoe-cat" --no-compress -o "$T/old.raw" "$T/ok.lrm"
