@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 #include <jansson.h>
+#define ZSTD_STATIC_LINKING_ONLY   /* ZSTD_d_forceIgnoreChecksum */
 #include <zstd.h>
 #include "lrmoe.h"
 #include "xxh64.h"
@@ -489,6 +490,52 @@ static int fill(lrmoe_reader_t *r)
     return (int)(n > 0);
 }
 
+/* zstd's content checksum is the XXH64 of its frame's whole content,
+ * checked once at the frame's end (for an lrmoe stream: after the trailer),
+ * so it never stops a bad frame before the frame is handed on; the digest
+ * records do. When a zstd frame's content starts with a digest record,
+ * every byte of it is covered without zstd's checksum: each frame by its
+ * record (once a record has come, every later frame needs one), each
+ * record's magic and the trailer by their checks (an impossible header
+ * length, the count, nothing after it), each record's digest by the
+ * comparison. The decoder then skips computing its checksum, the same hash
+ * over the same bytes a second time (lrmoe-stream(5), Integrity). This
+ * decodes the frame's first 8 bytes, then rewinds: r->in holds the frame's
+ * start, and the decoder is between frames. Reads only what the decoder
+ * needs for them (the first block), which the reader waits for anyway.
+ * Errors here are left for the real decoding to report; a libzstd without
+ * the parameter verifies as before. */
+static void zstd_frame_peek(lrmoe_reader_t *r)
+{
+    ZSTD_DCtx_reset(r->dctx, ZSTD_reset_session_only);
+    ZSTD_DCtx_setParameter(r->dctx, ZSTD_d_forceIgnoreChecksum, ZSTD_d_validateChecksum);
+    if (r->in.pos) {   /* the frame's start to the buffer's, to read more after it */
+        size_t have = r->in.size - r->in.pos;
+        memmove(r->inbuf, (const uint8_t *)r->in.src + r->in.pos, have);
+        r->in.src = r->inbuf;
+        r->in.pos = 0;
+        r->in.size = have;
+    }
+    uint8_t head[8];
+    ZSTD_outBuffer o = {head, 8, 0};
+    ZSTD_inBuffer in = r->in;
+    for (;;) {
+        size_t ib = in.pos, ob = o.pos;
+        size_t ret = ZSTD_decompressStream(r->dctx, &o, &in);
+        if (ZSTD_isError(ret) || ret == 0 || o.pos == 8) break;
+        if (in.pos != ib || o.pos != ob) continue;
+        /* no progress: the decoder needs more input */
+        if (in.pos < in.size || r->in.size == IOBUF) break;
+        ssize_t m = read_some(r->fp, r->inbuf + r->in.size, IOBUF - r->in.size);
+        if (m <= 0) break;   /* errors, the end: the real decoding reports them */
+        r->in.size += (size_t)m;
+        in.size = r->in.size;
+    }
+    int rec = o.pos == 8 && !memcmp(head, DIGEST_MAGIC, 8);
+    ZSTD_DCtx_reset(r->dctx, ZSTD_reset_session_only);
+    if (rec) ZSTD_DCtx_setParameter(r->dctx, ZSTD_d_forceIgnoreChecksum, ZSTD_d_ignoreChecksum);
+}
+
 /* At the start of a zstd frame (r->in holds at least one byte of it): a
  * frame without zstd's content checksum is refused (lrmoe-stream(5):
  * lrmoe's writers always set it; "zstd --no-check" output would otherwise
@@ -512,6 +559,7 @@ static int zstd_frame_check(lrmoe_reader_t *r)
     if (r->in.size - r->in.pos >= 5 && !memcmp(p, "\x28\xb5\x2f\xfd", 4) && !(p[4] & 4))
         return lrmoe_err("a zstd frame without its content checksum (lrmoe's writers set it; "
                          "zstd --no-check output is refused): recompress it with zstd");
+    if (r->in.size - r->in.pos >= 5 && !memcmp(p, "\x28\xb5\x2f\xfd", 4)) zstd_frame_peek(r);
     return 0;
 }
 

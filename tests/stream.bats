@@ -171,13 +171,56 @@ PY
     assert_output --partial "truncated inside a zstd frame"
 }
 
-@test "a corrupted zstd stream is caught (checksum or data error)" {
+@test "a corrupted zstd stream is caught (checksum, data error or the records' checks)" {
     "$BIN/lrmoe-cat" --level 1 -o "$T/z.lrm" "$T/ok.lrm"
+    # byte -6 is in the last block, the trailer's count: with digest records
+    # the trailer's check finds it (zstd's checksum is not consulted, see the
+    # next test); without them zstd's checksum does
     python3 -c "
 b = bytearray(open('$T/z.lrm','rb').read()); b[-6] ^= 0xff; open('$T/bad','wb').write(b)"
     run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
     assert_failure 1
+    assert_output --partial "frame 2: trailer counts"
+    python3 -c "
+import lrmoe_stream as s
+s.write_stream('$T/nodig.raw', s.read_stream('$T/ok.lrm', True))"
+    zstd -q -1 -c "$T/nodig.raw" > "$T/nodig.zst"
+    python3 -c "
+b = bytearray(open('$T/nodig.zst','rb').read()); b[-6] ^= 0xff; open('$T/bad','wb').write(b)"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
     assert_output --partial "zstd:"
+}
+
+@test "zstd's content checksum: skipped in a zstd frame that starts with a digest record (the records cover its bytes), verified in one without" {
+    "$BIN/lrmoe-cat" --level 1 -o "$T/z.lrm" "$T/ok.lrm"
+    python3 -c "
+import lrmoe_stream as s
+s.write_stream('$T/nodig.raw', s.read_stream('$T/ok.lrm', True))"
+    zstd -q -1 -c "$T/nodig.raw" > "$T/nodig.zst"
+    # only the checksum (the last 4 bytes of the zstd frame) changed
+    for f in z.lrm nodig.zst; do
+        python3 -c "
+b = bytearray(open('$T/$f','rb').read()); b[-1] ^= 0xff; open('$T/ck.$f','wb').write(b)"
+        zstd -t "$T/ck.$f" 2>/dev/null && false
+    done
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/back.raw" "$T/ck.z.lrm"
+    assert_success
+    cmp "$T/back.raw" "$T/ok.lrm"
+    run "$BIN/lrmoe-cat" -o /dev/null "$T/ck.nodig.zst"
+    assert_failure 1
+    assert_output --partial "zstd: Restored data doesn't match checksum"
+    # two zstd frames (one raw stream with records split in two): the first
+    # starts with a record, the second inside a frame, so its checksum counts
+    "$BIN/lrmoe-cat" --no-compress -o "$T/r.raw" "$T/ok.lrm"
+    head -c 100 "$T/r.raw" | zstd -q -c > "$T/two.zst"
+    tail -c +101 "$T/r.raw" | zstd -q -c > "$T/b.zst"
+    python3 -c "
+b = bytearray(open('$T/b.zst','rb').read()); b[-1] ^= 0xff; open('$T/b.zst','wb').write(b)"
+    cat "$T/b.zst" >> "$T/two.zst"
+    run "$BIN/lrmoe-cat" -o /dev/null "$T/two.zst"
+    assert_failure 1
+    assert_output --partial "zstd: Restored data doesn't match checksum"
 }
 
 @test "trailer count that does not match" {
