@@ -2,7 +2,8 @@
 # Stream write/read throughput (raw, zstd level 1 and 3, 0 and 2 worker
 # threads) on one BF16 frame, against the zstd command on the same bytes in
 # the same run; then peak RSS while streaming 20 frames through lrmoe-cat;
-# then the reader with and without the per-frame digest records.
+# then the reader with and without the per-frame digest records
+# (stream_digest.sh).
 # Usage: tests/bench/stream.sh [MIB]   (default 256)
 set -eu
 TOP=$(cd "$(dirname "$0")/../.." && pwd)
@@ -92,31 +93,7 @@ for what in "20 x $fm MiB:$W/many.raw" "2000 x $(($(stat -c %s "$W/small.raw") /
 done
 echo "verdict: $fverdict (target on the large frames: time <= 1.2x and size <= 1.01x the zstd command; ratios = lrmoe / zstd)"
 
-# Per-frame integrity (lrmoe-stream(5), Integrity): the reader on the same
-# frames with digest records (hashed and compared before each frame is
-# returned) and without them (the format before the records), raw and zstd
-# level 1, one frame of $MIB MiB and 2000 small frames. The two files are
-# read alternately, 7 times each, best of each; ratio = throughput with /
-# throughput without.
-printf '\n%-30s %10s %10s %8s\n' "reader, same frames" "with GB/s" "w/o GB/s" "ratio"
-iverdict=PASS
-for what in "1 x $MIB MiB:$W/frame.raw" "2000 x $(($(stat -c %s "$W/small.raw") / 2000 / 1024)) KiB:$W/small.raw"; do
-    label=${what%%:*}; in=${what#*:}
-    for mode in raw zstd:1:0; do
-        "$W/sb" copy "$in" "$W/d1" "$mode" 1
-        "$W/sb" copy "$in" "$W/d0" "$mode" 0
-        bytes=$("$W/sb" read "$W/d1" | cut -d' ' -f2)
-        b1=""; b0=""
-        for i in 1 2 3 4 5 6 7; do
-            t1=$("$W/sb" read "$W/d1" | cut -d' ' -f1); t0=$("$W/sb" read "$W/d0" | cut -d' ' -f1)
-            if [ -z "$b1" ] || [ "$(echo "$t1 < $b1" | bc -l)" = 1 ]; then b1=$t1; fi
-            if [ -z "$b0" ] || [ "$(echo "$t0 < $b0" | bc -l)" = 1 ]; then b0=$t0; fi
-        done
-        g1=$(echo "scale=3; $bytes / $b1 / 1000000000" | bc -l)
-        g0=$(echo "scale=3; $bytes / $b0 / 1000000000" | bc -l)
-        r=$(echo "scale=3; $b0 / $b1" | bc -l)
-        printf '%-30s %10s %10s %8s\n' "$label $mode" "$g1" "$g0" "$r"
-        [ "$(echo "$r >= 0.98" | bc -l)" = 1 ] || iverdict="FAIL ($label $mode: $r)"
-    done
-done
-echo "verdict: $iverdict (target: the digests cost <= 2% of the reader's throughput, ratio >= 0.98)"
+# Per-frame integrity (lrmoe-stream(5), Integrity): the reader with and
+# without digest records on the same frames (tests/bench/stream_digest.sh).
+echo
+sh "$TOP/tests/bench/stream_digest.sh" "$MIB"
