@@ -6,14 +6,28 @@
 #include <string.h>
 #include <strings.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 #include <sys/stat.h>
 #include <jansson.h>
+#define ZSTD_STATIC_LINKING_ONLY   /* ZSTD_d_forceIgnoreChecksum */
 #include <zstd.h>
 #include "lrmoe.h"
+#include "xxh64.h"
 
 static const char TRAILER_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'E', 'N', 'D'};
+/* The digest record before each frame: these 8 bytes and the XXH64 of the
+ * frame's bytes (lrmoe-stream(5), Integrity). Read as a header length,
+ * like the trailer's, it exceeds the limit by far. */
+static const char DIGEST_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'X', 'X', 'H'};
 #define IOBUF (1u << 20)
+#define HASH_CHUNK (1u << 20) /* raw reads straight into a tensor, hashed while cached */
+/* A frame with at least this much data is hashed by the reader's hasher
+ * thread while the rest of it is read (struct hasher); a smaller one inline, as
+ * it arrives: the handoff would cost more than the overlap saves. */
+#ifndef HASH_THREAD_MIN   /* tests/bench/stream_threshold.sh builds the reader with others */
+#define HASH_THREAD_MIN (4u << 20)
+#endif
 
 static uint64_t get_le64(const uint8_t *p)
 {
@@ -273,9 +287,9 @@ int lrmoe_frame_fread(FILE *fp, lrmoe_frame_t *f)
         if (ferror(fp)) return lrmoe_err("read error: %s", strerror(errno));
         return lrmoe_err("truncated: %zu bytes where a safetensors header length (8) starts", got);
     }
-    if (!memcmp(h8, TRAILER_MAGIC, 8))
-        return lrmoe_err("this is an lrmoe stream (its trailer), not safetensors: "
-                         "lrmoe-cat reads streams");
+    if (!memcmp(h8, TRAILER_MAGIC, 8) || !memcmp(h8, DIGEST_MAGIC, 8))
+        return lrmoe_err("this is an lrmoe stream (its %s), not safetensors: "
+                         "lrmoe-cat reads streams", h8[5] == 'X' ? "digest record" : "trailer");
     if (!memcmp(h8, "\x28\xb5\x2f\xfd", 4))
         return lrmoe_err("zstd-compressed data, not safetensors (an lrmoe stream? lrmoe-cat "
                          "reads those)");
@@ -326,7 +340,134 @@ struct lrmoe_reader {
     uint64_t start, got;    /* raw regular file: offset at open, bytes rd delivered */
     int plain;              /* read as one plain safetensors file (no trailer) */
     int nothing;            /* not one byte arrived */
+    int digests;            /* a digest record came: every frame must have one */
+    int hashing;            /* rd() adds what it delivers to hs */
+    int async;              /* rd() hands what it delivers to the hasher thread */
+    lrmoe_xxh64_t hs;
+    struct hasher *hasher;  /* started by the first frame of HASH_THREAD_MIN data */
+    int zstart;             /* zstd: the next input byte starts a zstd frame */
 };
+
+/* The hasher thread of a reader: it hashes a frame's data into r->hs while
+ * the reader thread reads the rest of it, so that a large frame costs about
+ * the longer of reading and hashing it, not their sum. The reader publishes
+ * how many of the frame's data bytes have arrived (ready; the tensors fill
+ * in order); the hasher hashes up to there and sleeps until there is more.
+ * The reader compares the digest only after the hasher has caught up
+ * (hasher_finish), so no frame is returned before its bytes are verified,
+ * and on every error path it also waits for the hasher before the frame's
+ * buffers are freed. All shared fields are under mu. */
+struct hasher {
+    pthread_t tid;
+    pthread_mutex_t mu;
+    pthread_cond_t work, caught_up;
+    lrmoe_xxh64_t *hs;
+    lrmoe_frame_t *f;       /* the frame being hashed; NULL: no job */
+    uint64_t ready, done;   /* data bytes arrived, hashed */
+    int ti;                 /* the hasher's place: tensor ti, byte toff */
+    size_t toff;
+    int sleeping, waiting, quit;
+};
+
+static void *hasher_main(void *arg)
+{
+    struct hasher *h = arg;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (!h->quit && !(h->f && h->done < h->ready)) {
+            h->sleeping = 1;
+            pthread_cond_wait(&h->work, &h->mu);
+            h->sleeping = 0;
+        }
+        if (h->quit) break;
+        uint64_t from = h->done, to = h->ready;
+        lrmoe_frame_t *f = h->f;
+        pthread_mutex_unlock(&h->mu);
+        for (uint64_t left = to - from; left;) {
+            lrmoe_tensor_t *t = f->tensors[h->ti];
+            size_t c = t->nbytes - h->toff;
+            if (c > left) c = (size_t)left;
+            if (c) lrmoe_xxh64_update(h->hs, (const uint8_t *)t->data + h->toff, c);
+            h->toff += c;
+            left -= c;
+            if (h->toff == t->nbytes) h->ti++, h->toff = 0;
+        }
+        pthread_mutex_lock(&h->mu);
+        h->done = to;
+        if (h->waiting) pthread_cond_signal(&h->caught_up);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* Hand frame f's data (header already in r->hs) to the hasher, starting it
+ * on first use; -1 when no thread can be had (the caller hashes inline). */
+static int hasher_begin(lrmoe_reader_t *r, lrmoe_frame_t *f)
+{
+    struct hasher *h = r->hasher;
+    if (!h) {
+        if (!(h = calloc(1, sizeof *h))) return -1;
+        pthread_mutex_init(&h->mu, NULL);
+        pthread_cond_init(&h->work, NULL);
+        pthread_cond_init(&h->caught_up, NULL);
+        if (pthread_create(&h->tid, NULL, hasher_main, h) != 0) {
+            pthread_cond_destroy(&h->caught_up);
+            pthread_cond_destroy(&h->work);
+            pthread_mutex_destroy(&h->mu);
+            free(h);
+            return -1;
+        }
+        r->hasher = h;
+    }
+    pthread_mutex_lock(&h->mu);
+    h->hs = &r->hs;
+    h->f = f;
+    h->ready = h->done = 0;
+    h->ti = 0;
+    h->toff = 0;
+    pthread_mutex_unlock(&h->mu);
+    r->async = 1;
+    return 0;
+}
+
+/* n more data bytes of the frame have arrived */
+static void hasher_publish(struct hasher *h, size_t n)
+{
+    if (!n) return;
+    pthread_mutex_lock(&h->mu);
+    h->ready += n;
+    if (h->sleeping) pthread_cond_signal(&h->work);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Wait until every published byte is hashed; the job ends and r->hs is the
+ * reader thread's again. */
+static void hasher_finish(lrmoe_reader_t *r)
+{
+    struct hasher *h = r->hasher;
+    if (!r->async) return;
+    r->async = 0;
+    pthread_mutex_lock(&h->mu);
+    h->waiting = 1;
+    while (h->done < h->ready) pthread_cond_wait(&h->caught_up, &h->mu);
+    h->waiting = 0;
+    h->f = NULL;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void hasher_stop(struct hasher *h)
+{
+    if (!h) return;
+    pthread_mutex_lock(&h->mu);
+    h->quit = 1;
+    pthread_cond_signal(&h->work);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->tid, NULL);
+    pthread_cond_destroy(&h->caught_up);
+    pthread_cond_destroy(&h->work);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}
 
 /* One read(2) of at most n bytes: what a pipe holds now, without waiting
  * for all n (fread waits for n bytes or the end, so a live stream's last
@@ -351,6 +492,79 @@ static int fill(lrmoe_reader_t *r)
     return (int)(n > 0);
 }
 
+/* zstd's content checksum is the XXH64 of its frame's whole content,
+ * checked once at the frame's end (for an lrmoe stream: after the trailer),
+ * so it never stops a bad frame before the frame is handed on; the digest
+ * records do. When a zstd frame's content starts with a digest record,
+ * every byte of it is covered without zstd's checksum: each frame by its
+ * record (once a record has come, every later frame needs one), each
+ * record's magic and the trailer by their checks (an impossible header
+ * length, the count, nothing after it), each record's digest by the
+ * comparison. The decoder then skips computing its checksum, the same hash
+ * over the same bytes a second time (lrmoe-stream(5), Integrity). This
+ * decodes the frame's first 8 bytes, then rewinds: r->in holds the frame's
+ * start, and the decoder is between frames. Reads only what the decoder
+ * needs for them (the first block), which the reader waits for anyway.
+ * Errors here are left for the real decoding to report; a libzstd without
+ * the parameter verifies as before. */
+static void zstd_frame_peek(lrmoe_reader_t *r)
+{
+    ZSTD_DCtx_reset(r->dctx, ZSTD_reset_session_only);
+    ZSTD_DCtx_setParameter(r->dctx, ZSTD_d_forceIgnoreChecksum, ZSTD_d_validateChecksum);
+    if (r->in.pos) {   /* the frame's start to the buffer's, to read more after it */
+        size_t have = r->in.size - r->in.pos;
+        memmove(r->inbuf, (const uint8_t *)r->in.src + r->in.pos, have);
+        r->in.src = r->inbuf;
+        r->in.pos = 0;
+        r->in.size = have;
+    }
+    uint8_t head[8];
+    ZSTD_outBuffer o = {head, 8, 0};
+    ZSTD_inBuffer in = r->in;
+    for (;;) {
+        size_t ib = in.pos, ob = o.pos;
+        size_t ret = ZSTD_decompressStream(r->dctx, &o, &in);
+        if (ZSTD_isError(ret) || ret == 0 || o.pos == 8) break;
+        if (in.pos != ib || o.pos != ob) continue;
+        /* no progress: the decoder needs more input */
+        if (in.pos < in.size || r->in.size == IOBUF) break;
+        ssize_t m = read_some(r->fp, r->inbuf + r->in.size, IOBUF - r->in.size);
+        if (m <= 0) break;   /* errors, the end: the real decoding reports them */
+        r->in.size += (size_t)m;
+        in.size = r->in.size;
+    }
+    int rec = o.pos == 8 && !memcmp(head, DIGEST_MAGIC, 8);
+    ZSTD_DCtx_reset(r->dctx, ZSTD_reset_session_only);
+    if (rec) ZSTD_DCtx_setParameter(r->dctx, ZSTD_d_forceIgnoreChecksum, ZSTD_d_ignoreChecksum);
+}
+
+/* At the start of a zstd frame (r->in holds at least one byte of it): a
+ * frame without zstd's content checksum is refused (lrmoe-stream(5):
+ * lrmoe's writers always set it; "zstd --no-check" output would otherwise
+ * pass unverified). Skippable frames carry no data and pass. Reads until
+ * the frame header's descriptor byte (the fifth) is in the buffer. */
+static int zstd_frame_check(lrmoe_reader_t *r)
+{
+    while (r->in.size - r->in.pos < 5) {
+        size_t have = r->in.size - r->in.pos;
+        memmove(r->inbuf, (const uint8_t *)r->in.src + r->in.pos, have);
+        r->in.src = r->inbuf;
+        r->in.pos = 0;
+        r->in.size = have;
+        ssize_t m = read_some(r->fp, r->inbuf + have, IOBUF - have);
+        if (m < 0) return lrmoe_err("read error: %s", strerror(errno));
+        if (m == 0) break;   /* zstd reports the short frame */
+        r->in.size += (size_t)m;
+    }
+    const uint8_t *p = (const uint8_t *)r->in.src + r->in.pos;
+    r->zstart = 0;
+    if (r->in.size - r->in.pos >= 5 && !memcmp(p, "\x28\xb5\x2f\xfd", 4) && !(p[4] & 4))
+        return lrmoe_err("a zstd frame without its content checksum (lrmoe's writers set it; "
+                         "zstd --no-check output is refused): recompress it with zstd");
+    if (r->in.size - r->in.pos >= 5 && !memcmp(p, "\x28\xb5\x2f\xfd", 4)) zstd_frame_peek(r);
+    return 0;
+}
+
 /* Read up to n bytes; returns the count (< n only at end of input) or -1. */
 static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
 {
@@ -359,8 +573,17 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
         while (got < n) {
             if (r->in.pos == r->in.size) {
                 if (n - got >= IOBUF) {   /* large: straight into dst */
-                    ssize_t m = read_some(r->fp, (uint8_t *)dst + got, n - got);
+                    size_t want = n - got;
+                    /* hashed: in pieces, but never leaving less than IOBUF
+                     * for a straight read (a rest below it would go through
+                     * inbuf, and its fill take the next frame's first MiB
+                     * through inbuf too: measured, 2 MiB frames read at half
+                     * the speed that way) */
+                    if ((r->hashing || r->async) && want >= HASH_CHUNK + IOBUF) want = HASH_CHUNK;
+                    ssize_t m = read_some(r->fp, (uint8_t *)dst + got, want);
                     if (m < 0) return lrmoe_err("read error: %s", strerror(errno));
+                    if (r->hashing) lrmoe_xxh64_update(&r->hs, (uint8_t *)dst + got, (size_t)m);
+                    if (r->async) hasher_publish(r->hasher, (size_t)m);
                     got += (size_t)m;
                     if (m == 0 || got == n) break;
                     continue;
@@ -372,6 +595,8 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
             size_t c = r->in.size - r->in.pos;
             if (c > n - got) c = n - got;
             memcpy((uint8_t *)dst + got, (const uint8_t *)r->in.src + r->in.pos, c);
+            if (r->hashing) lrmoe_xxh64_update(&r->hs, (uint8_t *)dst + got, c);
+            if (r->async) hasher_publish(r->hasher, c);
             r->in.pos += c;
             got += c;
         }
@@ -394,10 +619,14 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
                 break;
             }
         }
+        if (r->zstart && zstd_frame_check(r) < 0) return -1;
         size_t before = out.pos;
         size_t ret = ZSTD_decompressStream(r->dctx, &out, &r->in);
         if (ZSTD_isError(ret)) return lrmoe_err("zstd: %s", ZSTD_getErrorName(ret));
+        if (r->hashing) lrmoe_xxh64_update(&r->hs, (uint8_t *)dst + before, out.pos - before);
+        if (r->async) hasher_publish(r->hasher, out.pos - before);
         r->last_ret = ret;
+        r->zstart = ret == 0;
         starved = out.pos == before;
     }
     return (int64_t)out.pos;
@@ -444,6 +673,7 @@ static lrmoe_reader_t *reader_new(FILE *fp, int own, const char *label)
             return NULL;
         }
         r->last_ret = 1;
+        r->zstart = 1;
     }
     return r;
 }
@@ -546,9 +776,30 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
         goto fail;
     }
     if (n < 8) { lrmoe_err("truncated inside the frame header"); goto fail; }
-    if (!memcmp(h8, TRAILER_MAGIC, 8)) {
+    uint64_t digest = 0;
+    int has_digest = !memcmp(h8, DIGEST_MAGIC, 8);
+    if (has_digest) {   /* the record, then the frame it covers, hashed as it arrives */
+        uint8_t d8[8];
+        n = rd(r, d8, 8);
+        if (n < 0) goto fail;
+        if (n < 8) { lrmoe_err("truncated inside the digest record"); goto fail; }
+        digest = get_le64(d8);
+        r->digests = 1;
+        lrmoe_xxh64_reset(&r->hs);
+        r->hashing = 1;
+        n = rd(r, h8, 8);
+        if (n < 0) goto fail;
+        if (n < 8) { lrmoe_err("truncated after the digest record"); goto fail; }
+        if (!memcmp(h8, TRAILER_MAGIC, 8) || !memcmp(h8, DIGEST_MAGIC, 8)) {
+            lrmoe_err("a digest record without a frame after it");
+            goto fail;
+        }
+    } else if (!memcmp(h8, TRAILER_MAGIC, 8)) {
         if (read_trailer(r) < 0) goto fail;
         return 0;
+    } else if (r->digests) {
+        lrmoe_err("no digest record before the frame, where every frame before it had one");
+        goto fail;
     }
     uint64_t hlen = get_le64(h8);
     if (hlen < 2 || hlen > LRMOE_MAX_HEADER) {
@@ -570,6 +821,8 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
     if (parse_header(hdr, hlen, f, &dlen, r->zstd ? UINT64_MAX : r->avail) < 0) goto fail;
     free(hdr);
     hdr = NULL;
+    if (has_digest && dlen >= HASH_THREAD_MIN && hasher_begin(r, f) == 0)
+        r->hashing = 0;     /* the data goes to the hasher thread */
     for (int i = 0; i < f->ntensors; i++) {
         lrmoe_tensor_t *t = f->tensors[i];
         if (!t->nbytes) continue;
@@ -577,9 +830,21 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
         if (n < 0) goto fail;
         if ((size_t)n < t->nbytes) { lrmoe_err("truncated inside the frame data (tensor %s)", t->name); goto fail; }
     }
+    if (has_digest) {
+        r->hashing = 0;
+        hasher_finish(r);
+        uint64_t got = lrmoe_xxh64_digest(&r->hs);
+        if (got != digest) {
+            lrmoe_err("digest mismatch: the frame's bytes hash to %016" PRIx64 ", its digest record "
+                      "says %016" PRIx64 " (the stream changed after it was written)", got, digest);
+            goto fail;
+        }
+    }
     r->nframes++;
     return 1;
 fail:
+    r->hashing = 0;
+    hasher_finish(r);       /* before f's buffers go */
     free(hdr);
     lrmoe_frame_clear(f);
     return lrmoe_err_prefix("%s: frame %" PRId64, r->label, r->nframes);
@@ -590,6 +855,7 @@ int lrmoe_reader_plain(const lrmoe_reader_t *r) { return r->plain; }
 void lrmoe_reader_close(lrmoe_reader_t *r)
 {
     if (!r) return;
+    hasher_stop(r->hasher);
     if (r->own) fclose(r->fp);
     ZSTD_freeDCtx(r->dctx);
     free(r->inbuf);
@@ -607,7 +873,10 @@ struct lrmoe_writer {
     size_t outcap;
     int64_t count;
     uint64_t at;            /* bytes of the uncompressed stream written so far */
+    int nodigest;           /* no digest records (lrmoe_writer_set_digests) */
 };
+
+void lrmoe_writer_set_digests(lrmoe_writer_t *w, int on) { w->nodigest = !on; }
 
 void lrmoe_wopts_default(lrmoe_wopts_t *o)
 {
@@ -739,10 +1008,24 @@ int lrmoe_writer_write(lrmoe_writer_t *w, const lrmoe_frame_t *f)
 {
     char *hdr;
     size_t hlen, dlen;
-    if (frame_header(f, w->at, &hdr, &hlen, &dlen) < 0) return -1;
-    uint8_t h8[8];
+    /* the frame starts after its 16-byte digest record */
+    size_t rl = w->nodigest ? 0 : 16;
+    if (frame_header(f, w->at + rl, &hdr, &hlen, &dlen) < 0) return -1;
+    uint8_t h8[8], rec[16];
     put_le64(h8, hlen);
-    int rc = wr(w, h8, 8);
+    int rc = 0;
+    if (rl) {
+        lrmoe_xxh64_t hs;
+        lrmoe_xxh64_reset(&hs);
+        lrmoe_xxh64_update(&hs, h8, 8);
+        lrmoe_xxh64_update(&hs, hdr, hlen);
+        for (int i = 0; i < f->ntensors; i++)
+            if (f->tensors[i]->nbytes) lrmoe_xxh64_update(&hs, f->tensors[i]->data, f->tensors[i]->nbytes);
+        memcpy(rec, DIGEST_MAGIC, 8);
+        put_le64(rec + 8, lrmoe_xxh64_digest(&hs));
+        rc = wr(w, rec, 16);
+    }
+    if (!rc) rc = wr(w, h8, 8);
     if (!rc) rc = wr(w, hdr, hlen);
     free(hdr);
     for (int i = 0; !rc && i < f->ntensors; i++)

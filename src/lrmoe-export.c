@@ -50,6 +50,7 @@ static int write_safetensors(const char *path, const lrmoe_frame_t *f)
     lrmoe_writer_t *w = lrmoe_writer_open(path, &wo);
     if (!w)
         return -1;
+    lrmoe_writer_set_digests(w, 0);   /* the blob alone: no digest record */
     int rc = lrmoe_writer_write(w, f);
     lrmoe_writer_abort(w);
     if (rc < 0)

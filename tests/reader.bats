@@ -152,3 +152,37 @@ PY
     assert_failure 1
     assert_output --partial "frame 1: truncated: the stream ends without a trailer"
 }
+
+@test "lrmoe.Reader (Python) yields the frames before a flipped bit and raises at the frame that holds it" {
+    [ -z "${SANITIZE:-}" ] || skip "loads the plain liblrmoe into python3 (tests/run.sh)"
+    TOP="$BATS_TEST_DIRNAME/.."
+    python3 -c "
+import numpy as np, lrmoe_stream as s
+r = np.random.default_rng(3)
+s.write_stream('$T/src.raw', [({'x': r.standard_normal((32, 16)).astype(np.float32)}, {'step': i}) for i in range(3)])"
+    "$BIN/lrmoe-cat" --no-compress -o "$T/g.raw" "$T/src.raw"
+    "$BIN/lrmoe-cat" -o "$T/g.zst" "$T/src.raw"
+    # the last data byte of frame 1
+    off=$(python3 -c "
+import lrmoe_stream as s
+b = open('$T/g.raw', 'rb').read(); pos = 0
+for i in range(2): pos = s.decode_frame(b, pos)[3]
+print(pos - 1)")
+    python3 -c "import sys; f = open('$T/g.raw', 'r+b'); f.seek($off); c = f.read(1); f.seek($off); f.write(bytes([c[0] ^ 0x10]))"
+    for f in g.raw g.zst; do
+        run env LRMOE_LIBRARY="$TOP/build/liblrmoe.so.1" PYTHONPATH="$TOP/lib/python" python3 -c "
+import lrmoe
+got = []
+try:
+    for fr in lrmoe.Reader('$T/$f'): got.append(fr.attrs['step'])
+    print('no error', got)
+except lrmoe.Error as e:
+    print('steps', got, 'then', e)"
+        assert_success
+        if [ $f = g.raw ]; then
+            assert_output --regexp "^steps \['0'\] then .*g.raw: frame 1: digest mismatch"
+        else
+            assert_output "no error ['0', '1', '2']"
+        fi
+    done
+}

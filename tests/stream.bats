@@ -20,7 +20,7 @@ f0 = ({"hidden": s.f32_to_bf16(rng.standard_normal((7, 5)).astype(np.float32)),
        "empty": np.zeros((0, 3), np.float32)},
       {"layer": 0, "step": 2}, {"hidden": "BF16", "mask": "BOOL"})
 f1 = ({"x": np.array([1.5, -2.0, np.inf, np.nan], np.float64)}, {"layer": 1})
-s.write_stream(sys.argv[1], [f0, f1])
+s.write_stream(sys.argv[1], [f0, f1], digests=True)
 PY
 }
 
@@ -148,6 +148,9 @@ PY
     head -c $((n / 2)) "$T/ok.lrm" > "$T/bad"
     run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
     assert_failure 1
+    assert_output --partial "frame 0: truncated: the tensors need"
+    run sh -c "head -c $((n / 2)) '$T/ok.lrm' | '$BIN/lrmoe-cat' -o /dev/null"
+    assert_failure 1
     assert_output --partial "truncated inside the frame"
 }
 
@@ -168,13 +171,56 @@ PY
     assert_output --partial "truncated inside a zstd frame"
 }
 
-@test "a corrupted zstd stream is caught (checksum or data error)" {
+@test "a corrupted zstd stream is caught (checksum, data error or the records' checks)" {
     "$BIN/lrmoe-cat" --level 1 -o "$T/z.lrm" "$T/ok.lrm"
+    # byte -6 is in the last block, the trailer's count: with digest records
+    # the trailer's check finds it (zstd's checksum is not consulted, see the
+    # next test); without them zstd's checksum does
     python3 -c "
 b = bytearray(open('$T/z.lrm','rb').read()); b[-6] ^= 0xff; open('$T/bad','wb').write(b)"
     run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
     assert_failure 1
+    assert_output --partial "frame 2: trailer counts"
+    python3 -c "
+import lrmoe_stream as s
+s.write_stream('$T/nodig.raw', s.read_stream('$T/ok.lrm', True))"
+    zstd -q -1 -c "$T/nodig.raw" > "$T/nodig.zst"
+    python3 -c "
+b = bytearray(open('$T/nodig.zst','rb').read()); b[-6] ^= 0xff; open('$T/bad','wb').write(b)"
+    run "$BIN/lrmoe-cat" "$T/bad" -o /dev/null
+    assert_failure 1
     assert_output --partial "zstd:"
+}
+
+@test "zstd's content checksum: skipped in a zstd frame that starts with a digest record (the records cover its bytes), verified in one without" {
+    "$BIN/lrmoe-cat" --level 1 -o "$T/z.lrm" "$T/ok.lrm"
+    python3 -c "
+import lrmoe_stream as s
+s.write_stream('$T/nodig.raw', s.read_stream('$T/ok.lrm', True))"
+    zstd -q -1 -c "$T/nodig.raw" > "$T/nodig.zst"
+    # only the checksum (the last 4 bytes of the zstd frame) changed
+    for f in z.lrm nodig.zst; do
+        python3 -c "
+b = bytearray(open('$T/$f','rb').read()); b[-1] ^= 0xff; open('$T/ck.$f','wb').write(b)"
+        zstd -t "$T/ck.$f" 2>/dev/null && false
+    done
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/back.raw" "$T/ck.z.lrm"
+    assert_success
+    cmp "$T/back.raw" "$T/ok.lrm"
+    run "$BIN/lrmoe-cat" -o /dev/null "$T/ck.nodig.zst"
+    assert_failure 1
+    assert_output --partial "zstd: Restored data doesn't match checksum"
+    # two zstd frames (one raw stream with records split in two): the first
+    # starts with a record, the second inside a frame, so its checksum counts
+    "$BIN/lrmoe-cat" --no-compress -o "$T/r.raw" "$T/ok.lrm"
+    head -c 100 "$T/r.raw" | zstd -q -c > "$T/two.zst"
+    tail -c +101 "$T/r.raw" | zstd -q -c > "$T/b.zst"
+    python3 -c "
+b = bytearray(open('$T/b.zst','rb').read()); b[-1] ^= 0xff; open('$T/b.zst','wb').write(b)"
+    cat "$T/b.zst" >> "$T/two.zst"
+    run "$BIN/lrmoe-cat" -o /dev/null "$T/two.zst"
+    assert_failure 1
+    assert_output --partial "zstd: Restored data doesn't match checksum"
 }
 
 @test "trailer count that does not match" {
@@ -398,4 +444,166 @@ PY
     "$BIN/lrmoe-cat" --no-compress -o "$T/one.lrm" "$T/ok.lrm"
     "$BIN/lrmoe-cat" --no-compress -o "$T/fresh.lrm" "$T/ok.lrm"
     cmp "$T/one.lrm" "$T/fresh.lrm"
+}
+
+# The offset of byte $2 of tensor $3's data in frame $1 of the raw stream $4.
+data_offset() {
+    python3 - "$@" <<'PY'
+import json, struct, sys, lrmoe_stream as s
+fi, k, name, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+b, pos = open(path, "rb").read(), 0
+for i in range(fi + 1):
+    start = s.skip_digest(b, pos)
+    (n,) = struct.unpack_from("<Q", b, start)
+    h = json.loads(b[start + 8:start + 8 + n])
+    pos = s.decode_frame(b, pos)[3]
+print(start + 8 + n + h[name]["data_offsets"][0] + k)
+PY
+}
+
+# Flip bit 0 of byte $2 of file $1 in place.
+flip() { python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0] ^ 1]))" "$1" "$2"; }
+
+@test "integrity: one flipped bit in a frame of a raw or zstd stream stops the reader at that frame, before it is passed on" {
+    # random bytes: zstd stores them, so a flip in the file is a flip in the frame
+    python3 -c "
+import numpy as np, lrmoe_stream as s
+r = np.random.default_rng(5)
+s.write_stream('$T/src.raw', [({'hidden': r.integers(0, 256, (64, 256), dtype=np.uint8)}, {'step': i})
+                              for i in range(4)])"
+    "$BIN/lrmoe-cat" --no-compress -o "$T/g.raw" "$T/src.raw"
+    # every frame has its record, and the independent XXH64 agrees with it
+    python3 -c "
+import struct, lrmoe_stream as s
+b, pos, n = open('$T/g.raw', 'rb').read(), 0, 0
+while b[pos:pos + 8] != s.TRAILER:
+    assert b[pos:pos + 8] == s.DIGEST
+    end = s.decode_frame(b, pos)[3]
+    assert struct.unpack_from('<Q', b, pos + 8)[0] == s.xxh64(b[pos + 16:end]); pos, n = end, n + 1
+assert n == 4"
+    off=$(data_offset 2 1000 hidden "$T/g.raw")
+    # the bytes of frames 0 and 1 (records included): what may reach the next stage
+    keep=$(( $(data_offset 2 0 hidden "$T/g.raw") - $(python3 -c "
+import json, struct, lrmoe_stream as s
+b = open('$T/g.raw', 'rb').read(); pos = 0
+for i in range(2): pos = s.decode_frame(b, pos)[3]
+start = s.skip_digest(b, pos); (n,) = struct.unpack_from('<Q', b, start)
+print(start + 8 + n - pos)") ))
+    cp "$T/g.raw" "$T/bad.raw"
+    flip "$T/bad.raw" "$off"
+    # raw, from a pipe (the default on pipes): exit 1 naming frame 2, no trailer
+    run sh -c "'$BIN/lrmoe-cat' --no-compress < '$T/bad.raw' > '$T/out.raw'"
+    assert_failure 1
+    assert_output --partial "lrmoe-cat: <stdin>: frame 2: digest mismatch"
+    assert_equal "$(stat -c %s "$T/out.raw")" "$keep"
+    cmp -n "$keep" "$T/out.raw" "$T/g.raw"
+    # zstd: a stream whose frames are stored (random F32 data) carries the flip
+    # into the decoded bytes; zstd's own checksum would come at the very end
+    "$BIN/lrmoe-cat" -l 1 -o "$T/g.zst" "$T/g.raw"
+    python3 - "$T/g.zst" "$T/g.raw" "$off" > "$T/zoff" <<'PY'
+import subprocess, sys
+z, raw, off = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read(), int(sys.argv[3])
+# find the compressed byte whose flip flips raw byte off (stored blocks copy it)
+ctx = raw[off - 24:off + 24]
+i = z.find(ctx)
+assert i >= 0, "frame data not stored verbatim"
+print(i + 24)
+PY
+    cp "$T/g.zst" "$T/bad.zst"
+    flip "$T/bad.zst" "$(cat "$T/zoff")"
+    run sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad.zst' > '$T/out2.raw'"
+    assert_failure 1
+    assert_output --partial "lrmoe-cat: $T/bad.zst: frame 2: digest mismatch"
+    assert_equal "$(stat -c %s "$T/out2.raw")" "$keep"
+    # the next stage of a pipeline fails too (no trailer)
+    run sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad.zst' | '$BIN/lrmoe-view' --no-stats - > /dev/null"
+    assert_failure 1
+    assert_output --partial "truncated"
+}
+
+@test "integrity: frames of 4 MiB and more (hashed by the reader's second thread while they are read) are verified before they are handed on" {
+    # frame 0 small (hashed inline), frames 1 and 2 of ~6.5 MiB in four tensors
+    # (one empty), random bytes so that zstd stores them
+    python3 -c "
+import numpy as np, lrmoe_stream as s
+r = np.random.default_rng(7)
+big = lambda i: ({'a': r.integers(0, 256, (2 << 20) + 3, dtype=np.uint8),
+                  'e': np.zeros((0, 4), np.float32),
+                  'b': r.integers(0, 256, (3 << 20) + 61, dtype=np.uint8),
+                  'c': r.integers(0, 256, (3 << 19) + 7, dtype=np.uint8)}, {'step': i})
+s.write_stream('$T/src.raw', [({'x': np.arange(5, dtype=np.int64)}, {'step': 0}), big(1), big(2)])"
+    "$BIN/lrmoe-cat" --no-compress -o "$T/g.raw" "$T/src.raw"
+    "$BIN/lrmoe-cat" -l 1 -o "$T/g.zst" "$T/src.raw"
+    # intact: raw from a file and a pipe, zstd; the bytes come through unchanged
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/back.raw" "$T/g.raw"
+    assert_success
+    cmp "$T/back.raw" "$T/g.raw"
+    run sh -c "'$BIN/lrmoe-cat' --no-compress < '$T/g.raw' > '$T/back2.raw'"
+    assert_success
+    cmp "$T/back2.raw" "$T/g.raw"
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/back3.raw" "$T/g.zst"
+    assert_success
+    cmp "$T/back3.raw" "$T/g.raw"
+    # a flip in frame 2's first tensor, near its end, and in its last tensor's
+    # last byte (the hasher's last piece): refused naming frame 2, frames 0
+    # and 1 passed on whole, no trailer
+    keep=$(python3 -c "
+import lrmoe_stream as s
+b = open('$T/g.raw', 'rb').read(); pos = 0
+for i in range(2): pos = s.decode_frame(b, pos)[3]
+print(pos)")
+    for at in "$(data_offset 2 $(((2 << 20) - 100)) a "$T/g.raw")" \
+              "$(data_offset 2 $(((3 << 19) + 6)) c "$T/g.raw")"; do
+        cp "$T/g.raw" "$T/bad.raw"
+        flip "$T/bad.raw" "$at"
+        run sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad.raw' > '$T/out.raw'"
+        assert_failure 1
+        assert_output --partial "lrmoe-cat: $T/bad.raw: frame 2: digest mismatch"
+        cmp "$T/out.raw" <(head -c "$keep" "$T/g.raw")
+        run sh -c "'$BIN/lrmoe-cat' --no-compress < '$T/bad.raw' > '$T/out.raw'"
+        assert_failure 1
+        assert_output --partial "lrmoe-cat: <stdin>: frame 2: digest mismatch"
+        cmp "$T/out.raw" <(head -c "$keep" "$T/g.raw")
+        # the same flip in the zstd stream (stored blocks copy the bytes)
+        zoff=$(python3 -c "
+z, raw, off = open('$T/g.zst', 'rb').read(), open('$T/g.raw', 'rb').read(), $at
+ctx = raw[off - 24:off]; i = z.find(ctx); assert i >= 0 and z.find(ctx, i + 1) < 0; print(i + 24)")
+        cp "$T/g.zst" "$T/bad.zst"
+        flip "$T/bad.zst" "$zoff"
+        run sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad.zst' > '$T/out.raw'"
+        assert_failure 1
+        assert_output --partial "lrmoe-cat: $T/bad.zst: frame 2: digest mismatch"
+        cmp "$T/out.raw" <(head -c "$keep" "$T/g.raw")
+    done
+}
+
+@test "integrity: streams without digest records (before them) still read; a stream that drops them midway or a zstd frame without checksum is refused" {
+    # the Python writer's default is the old format, no records
+    "$BIN/lrmoe-cat" --no-compress -o "$T/old.raw" "$T/ok.lrm"
+    python3 -c "
+import lrmoe_stream as s
+s.write_stream('$T/nodig.raw', s.read_stream('$T/ok.lrm', True))"
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/back.raw" "$T/nodig.raw"
+    assert_success
+    cmp "$T/back.raw" "$T/ok.lrm"
+    zstd -q -c "$T/nodig.raw" > "$T/nodig.zst"
+    run "$BIN/lrmoe-view" --no-stats "$T/nodig.zst"
+    assert_success
+    # frame 0 with its record, frame 1 without: refused at frame 1
+    python3 -c "
+import lrmoe_stream as s
+a = open('$T/ok.lrm', 'rb').read(); b = open('$T/nodig.raw', 'rb').read()
+e0 = s.decode_frame(a, 0)[3]; e1 = s.decode_frame(b, 0)[3]
+open('$T/mixed.raw', 'wb').write(a[:e0] + b[e1:])"
+    run "$BIN/lrmoe-cat" -o /dev/null "$T/mixed.raw"
+    assert_failure 1
+    assert_output --partial "frame 1: no digest record before the frame"
+    # zstd --no-check: refused (nothing would check its bytes)
+    zstd -q --no-check -c "$T/ok.lrm" > "$T/nocheck.zst"
+    run "$BIN/lrmoe-cat" -o /dev/null "$T/nocheck.zst"
+    assert_failure 1
+    assert_output --partial "a zstd frame without its content checksum"
+    zstd -q -c "$T/ok.lrm" > "$T/check.zst"
+    run "$BIN/lrmoe-cat" -o /dev/null "$T/check.zst"
+    assert_success
 }

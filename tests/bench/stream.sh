@@ -1,7 +1,9 @@
 #!/bin/sh
 # Stream write/read throughput (raw, zstd level 1 and 3, 0 and 2 worker
 # threads) on one BF16 frame, against the zstd command on the same bytes in
-# the same run; then peak RSS while streaming 20 frames through lrmoe-cat.
+# the same run; then peak RSS while streaming 20 frames through lrmoe-cat;
+# then the reader with and without the per-frame digest records
+# (stream_digest.sh).
 # Usage: tests/bench/stream.sh [MIB]   (default 256)
 set -eu
 TOP=$(cd "$(dirname "$0")/../.." && pwd)
@@ -90,3 +92,8 @@ for what in "20 x $fm MiB:$W/many.raw" "2000 x $(($(stat -c %s "$W/small.raw") /
     case $label in "20 x "*) [ "$(echo "$tr <= 1.2 && $sr <= 1.01" | bc -l)" = 1 ] || fverdict=FAIL;; esac
 done
 echo "verdict: $fverdict (target on the large frames: time <= 1.2x and size <= 1.01x the zstd command; ratios = lrmoe / zstd)"
+
+# Per-frame integrity (lrmoe-stream(5), Integrity): the reader with and
+# without digest records on the same frames (tests/bench/stream_digest.sh).
+echo
+sh "$TOP/tests/bench/stream_digest.sh" "$MIB"

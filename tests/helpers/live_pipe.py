@@ -33,6 +33,7 @@ def split_frames(buf):
     """Raw stream bytes -> list of frame blobs (without the trailer)."""
     pos, out = 0, []
     while buf[pos:pos + 8] != s.TRAILER:
+        pos = s.skip_digest(buf, pos)   # the blobs alone (lrmoe-import - reads them)
         _, _, _, end = s.decode_frame(buf, pos)
         out.append(buf[pos:end])
         pos = end
@@ -43,6 +44,10 @@ def count_frames(buf):
     """Complete frames at the start of buf (a raw stream being written)."""
     pos, n = 0, 0
     while len(buf) - pos >= 8 and buf[pos:pos + 8] != s.TRAILER:
+        if buf[pos:pos + 8] == s.DIGEST:
+            if len(buf) - pos < 24:
+                break
+            pos += 16
         (hlen,) = struct.unpack_from("<Q", buf, pos)
         if len(buf) - pos < 8 + hlen:
             break

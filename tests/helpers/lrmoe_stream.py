@@ -18,6 +18,7 @@ import sys
 import numpy as np
 
 TRAILER = b"LRMOEEND"
+DIGEST = b"LRMOEXXH"
 NP = {
     "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16,
     "I16": np.int16, "U32": np.uint32, "I32": np.int32, "U64": np.uint64,
@@ -48,8 +49,61 @@ def _raw_bytes(path):
     return data
 
 
+M64 = (1 << 64) - 1
+P1, P2, P3, P4, P5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
+                      0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5)
+
+
+def _rotl(x, r):
+    return ((x << r) | (x >> (64 - r))) & M64
+
+
+def _round(acc, v):
+    return (_rotl((acc + v * P2) & M64, 31) * P1) & M64
+
+
+def xxh64(data):
+    """XXH64, seed 0, written from the xxHash specification (an independent
+    check of liblrmoe's; slow: for test-sized frames)."""
+    n, p = len(data), 0
+    if n >= 32:
+        v = [(P1 + P2) & M64, P2, 0, (-P1) & M64]
+        while p + 32 <= n:
+            for i in range(4):
+                v[i] = _round(v[i], struct.unpack_from("<Q", data, p + 8 * i)[0])
+            p += 32
+        h = (_rotl(v[0], 1) + _rotl(v[1], 7) + _rotl(v[2], 12) + _rotl(v[3], 18)) & M64
+        for x in v:
+            h = ((h ^ _round(0, x)) * P1 + P4) & M64
+    else:
+        h = P5
+    h = (h + n) & M64
+    while p + 8 <= n:
+        h = (_rotl(h ^ _round(0, struct.unpack_from("<Q", data, p)[0]), 27) * P1 + P4) & M64
+        p += 8
+    if p + 4 <= n:
+        h = (_rotl(h ^ (struct.unpack_from("<I", data, p)[0] * P1 & M64), 23) * P2 + P3) & M64
+        p += 4
+    while p < n:
+        h = (_rotl(h ^ (data[p] * P5 & M64), 11) * P1) & M64
+        p += 1
+    h ^= h >> 33
+    h = h * P2 & M64
+    h ^= h >> 29
+    h = h * P3 & M64
+    return h ^ (h >> 32)
+
+
+def skip_digest(buf, pos):
+    """The position after the digest record at buf[pos:] (lrmoe-stream(5),
+    Integrity: "LRMOEXXH" + the frame's XXH64), or pos when there is none."""
+    return pos + 16 if buf[pos:pos + 8] == DIGEST else pos
+
+
 def decode_frame(buf, pos=0):
-    """Decode one safetensors blob at buf[pos:]; returns (tensors, attrs, dtypes, end)."""
+    """Decode one safetensors blob at buf[pos:] (after its digest record, if
+    any); returns (tensors, attrs, dtypes, end)."""
+    pos = skip_digest(buf, pos)
     (hlen,) = struct.unpack_from("<Q", buf, pos)
     hdr = json.loads(buf[pos + 8:pos + 8 + hlen].decode("utf-8"))
     base = pos + 8 + hlen
@@ -101,11 +155,17 @@ def encode_frame(tensors, attrs=None, dtypes=None, at=0, align=64):
     return struct.pack("<Q", len(h)) + h + b"".join(blobs)
 
 
-def write_stream(path, frames, trailer=True, compress=False, align=64):
-    """frames: iterable of (tensors, attrs) or (tensors, attrs, dtypes)."""
+def write_stream(path, frames, trailer=True, compress=False, align=64, digests=False):
+    """frames: iterable of (tensors, attrs) or (tensors, attrs, dtypes).
+    digests=True writes each frame's digest record before it, as lrmoe's
+    writers do; the default writes the format before the records existed."""
     out, n, at = [], 0, 0
     for fr in frames:
+        if digests:
+            at += 16
         out.append(encode_frame(*fr, at=at, align=align))
+        if digests:
+            out.insert(len(out) - 1, DIGEST + struct.pack("<Q", xxh64(out[-1])))
         at += len(out[-1])
         n += 1
     if trailer:
