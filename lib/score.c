@@ -1176,7 +1176,7 @@ out:
 void lrmoe_score_opts_default(lrmoe_score_opts_t *o)
 {
     o->metric = LRMOE_METRIC_LRM;
-    o->select = LRMOE_KEEP_TOPK;
+    o->select = LRMOE_KEEP_SAMPLE; /* lrmoe-study: trains best on paired seeds */
     o->drop_pct = -1;
     o->seed = 0;
     o->fidelity = 0;

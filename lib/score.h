@@ -38,7 +38,8 @@ typedef enum {
  *   topk    the quota highest-ranked pairs (the LRMoE paper's rule; keep
  *           is a deterministic function of the scores). A biased estimator
  *           of the expert gradient: E[kept sum] != full sum.
- *   sample  an unbiased probability-proportional draw of exactly the quota
+ *   sample  (the default: it trains best in lrmoe-study's paired seeds)
+ *           an unbiased probability-proportional draw of exactly the quota
  *           (lrmoe_score_sample): pair u is kept with probability
  *           p_u = min(1, c*sqrt(score_u)), c such that sum_u p_u = quota,
  *           and a kept pair's backward row is weighted by 1/p_u
@@ -190,7 +191,7 @@ int lrmoe_score_fidelity_split(int64_t T, int K, int E, int64_t D, int64_t F,
 
 typedef struct {
     lrmoe_metric_t metric;
-    lrmoe_keep_rule_t select; /* topk (default) or sample (in the padding after
+    lrmoe_keep_rule_t select; /* sample (default) or topk (in the padding after
                               metric: the struct's size and offsets are 0.4's) */
     double drop_pct;      /* < 0: use the frame's quota tensor */
     uint64_t seed;        /* random metric; frame index is added */

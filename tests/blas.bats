@@ -93,7 +93,7 @@ print(read_stream('$D/probe.lrm')[0][1]['exec.bf16'])")
     loadless "$BIN/lrmoe-plan" --ranks 2 --no-compress -o "$D/p.lrm" "$D/r.lrm"
     bf16run "$EXEC" --phase forward --compute bf16 --threads 1 --weights "$D/w.lrm" \
         --no-compress -o "$D/f.lrm" "$D/p.lrm"
-    loadless "$BIN/lrmoe-score" --drop 30 --no-compress -o "$D/s.lrm" "$D/f.lrm"
+    loadless "$BIN/lrmoe-score" --select topk --drop 30 --no-compress -o "$D/s.lrm" "$D/f.lrm"
     loadless "$BIN/lrmoe-pack" --alloc forward --no-compress -o "$D/k.lrm" "$D/s.lrm"
     bf16run "$EXEC" --phase backward --mode compact --compute bf16 --threads 1 \
         --weights "$D/w.lrm" --no-compress -o "$D/b.lrm" "$D/k.lrm"
@@ -164,7 +164,7 @@ print(read_stream('$D/probe.lrm')[0][1]['exec.bf16'])")
         -o "$D/x.lrm" "$D/g.lrm"
     assert_equal "$status" 1
     assert_output "lrmoe-route: frame 0: $why"
-    run "$BIN/lrmoe-score" --drop 30 --fidelity --no-compress -o "$D/x.lrm" "$D/f.lrm"
+    run "$BIN/lrmoe-score" --select topk --drop 30 --fidelity --no-compress -o "$D/x.lrm" "$D/f.lrm"
     assert_equal "$status" 1
     assert_output "lrmoe-score: frame 0: $why"
 }
@@ -180,7 +180,7 @@ print(read_stream('$D/probe.lrm')[0][1]['exec.bf16'])")
         run clones "$BIN/lrmoe-route" --topk 2 -@ $t --from-hidden --weights "$D/w.lrm" \
             --no-compress -o "$D/x$t.lrm" "$D/g.lrm"
         assert_output 0
-        run clones "$BIN/lrmoe-score" -@ $t --drop 30 --fidelity --no-compress -o "$D/s$t.lrm" "$D/f.lrm"
+        run clones "$BIN/lrmoe-score" --select topk -@ $t --drop 30 --fidelity --no-compress -o "$D/s$t.lrm" "$D/f.lrm"
         assert_output 0
     done
     # two threads asked: the routing pool's second thread and OpenBLAS's second one

@@ -295,7 +295,7 @@ no_trailer() {
         --skew hot:50:2 --weights "$D/w.lrm" --seed 3 --no-compress |
         "$BIN/lrmoe-route" -k 2 --no-compress |
         "$EXEC" --phase forward --weights "$D/w.lrm" -P 4 --no-compress |
-        "$BIN/lrmoe-score" --drop 30 --no-compress -o "$D/s.lrm"
+        "$BIN/lrmoe-score" --select topk --drop 30 --no-compress -o "$D/s.lrm"
     "$BIN/lrmoe-pack" -P 4 --no-compress "$D/s.lrm" |
         "$EXEC" --phase backward --mode compact --weights "$D/w.lrm" --no-compress -o "$D/c.lrm"
     "$EXEC" --phase backward --mode masked --weights "$D/w.lrm" --no-compress -o "$D/m.lrm" "$D/s.lrm"
@@ -310,7 +310,7 @@ no_trailer() {
         "$BIN/lrmoe-route" -k 2 --no-compress |
         "$BIN/lrmoe-plan" --planner lrmoe -P 4 --rates 0.8,0.7 --no-compress |
         "$EXEC" --phase forward --weights "$D/w2.lrm" --no-compress |
-        "$BIN/lrmoe-score" --no-compress -o "$D/s2.lrm"
+        "$BIN/lrmoe-score" --select topk --no-compress -o "$D/s2.lrm"
     "$BIN/lrmoe-pack" --no-compress "$D/s2.lrm" |
         "$EXEC" --phase backward --mode compact --weights "$D/w2.lrm" --no-compress -o "$D/c2.lrm"
     "$EXEC" --phase backward --mode masked --weights "$D/w2.lrm" --no-compress -o "$D/m2.lrm" "$D/s2.lrm"
@@ -353,7 +353,7 @@ no_trailer() {
         --weights "$D/w.lrm" --seed 5 --no-compress |
         "$BIN/lrmoe-route" -k 2 --no-compress |
         "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --no-compress |
-        "$BIN/lrmoe-score" --drop 25 --no-compress -o "$D/s.lrm"
+        "$BIN/lrmoe-score" --select topk --drop 25 --no-compress -o "$D/s.lrm"
     "$BIN/lrmoe-pack" -P 2 --no-compress -o "$D/p.lrm" "$D/s.lrm"
     # mode:tensor pairs: each tensor the mode reads, poisoned with +Inf
     for mt in full:saved_gate full:saved_up full:pair_out masked:saved_up \
@@ -951,10 +951,10 @@ print('same', n)"
 for t, a, d in fr: a.pop('plan.keep', None)
 write_stream('$D/pg.lrm', fr)"
                     "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress "$D/pg.lrm" |
-                        "$BIN/lrmoe-score" --no-compress -o "$D/s.lrm"
+                        "$BIN/lrmoe-score" --select topk --no-compress -o "$D/s.lrm"
                 else
                     "$EXEC" --phase forward --weights "$D/w.lrm" -P $P --no-compress "$D/r.lrm" |
-                        "$BIN/lrmoe-score" --drop 30 --no-compress -o "$D/s.lrm"
+                        "$BIN/lrmoe-score" --select topk --drop 30 --no-compress -o "$D/s.lrm"
                 fi
                 "$BIN/lrmoe-pack" --alloc $how -P $P --no-compress -o "$D/pc.lrm" "$D/s.lrm"
                 "$BIN/lrmoe-pack" --alloc $how -P $P --layout-only --no-compress -o "$D/pl.lrm" "$D/s.lrm"
@@ -983,7 +983,7 @@ write_stream('$D/pg.lrm', fr)"
     "$BIN/lrmoe-gen" --tokens 40 --experts 4 --topk 2 --hidden 16 --ffn 8 --dtype f32 \
         --weights "$D/w.lrm" --seed 5 --no-compress | "$BIN/lrmoe-route" -k 2 --no-compress |
         "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --no-compress |
-        "$BIN/lrmoe-score" --drop 25 --no-compress -o "$D/s.lrm"
+        "$BIN/lrmoe-score" --select topk --drop 25 --no-compress -o "$D/s.lrm"
     "$BIN/lrmoe-pack" --layout-only --no-compress -o "$D/pl.lrm" "$D/s.lrm"
     "$BIN/lrmoe-pack" --no-compress -o "$D/pc.lrm" "$D/s.lrm"
     bwd() {
@@ -1030,7 +1030,7 @@ write_stream('$D/pg.lrm', fr)"
     "$BIN/lrmoe-gen" --tokens 50 --experts 8 --topk 2 --hidden 16 --ffn 8 --dtype bf16 \
         --skew zipf:1.2 --weights "$D/w.lrm" --seed 3 --no-compress | "$BIN/lrmoe-route" -k 2 --no-compress |
         "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 -@ 1 --no-compress |
-        "$BIN/lrmoe-score" --drop 30 --no-compress -o "$D/s.lrm"
+        "$BIN/lrmoe-score" --select topk --drop 30 --no-compress -o "$D/s.lrm"
     "$BIN/lrmoe-pack" --no-compress -o "$D/pc.lrm" "$D/s.lrm"
     "$BIN/lrmoe-pack" --layout-only --no-compress -o "$D/pl.lrm" "$D/s.lrm"
     for p in pc pl; do

@@ -20,7 +20,7 @@ pipeline() {
         "$BIN/lrmoe-route" --topk 4 -n > "$T/r.lrm"
     "$BIN/lrmoe-plan" --ranks 4 --rate 0.7 --stats "$T/plan.tsv" "$T/r.lrm" |
         "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" > "$T/f.lrm"
-    "$BIN/lrmoe-score" "$T/f.lrm" > "$T/s.lrm"
+    "$BIN/lrmoe-score" --select topk "$T/f.lrm" > "$T/s.lrm"
     "$BIN/lrmoe-pack" --alloc plan --stats "$T/pack.tsv" "$T/s.lrm" > "$T/p.lrm"
     # the plan's modelled moved rows per rank, as lrmoe-sim prints them
     "$BIN/lrmoe-sim" --quiet --ranks 4 --planners lrmoe@0.7 --rank-stats "$T/rank.tsv" \
@@ -139,10 +139,10 @@ write_stream(sys.argv[3], [(t, dict(a, **{"plan.keep": "sideways"}))])
 t2 = {k: v for k, v in t.items() if k != "bwd_alloc"}
 write_stream(sys.argv[4], [(t2, dict(a, **{"plan.keep": "by-rank"}))])
 PY
-    run "$BIN/lrmoe-score" -o /dev/null "$T/bad.lrm"
+    run "$BIN/lrmoe-score" --select topk -o /dev/null "$T/bad.lrm"
     assert_failure
     assert_output --partial "plan.keep: 'sideways'"
-    run "$BIN/lrmoe-score" -o /dev/null "$T/nob.lrm"
+    run "$BIN/lrmoe-score" --select topk -o /dev/null "$T/nob.lrm"
     assert_failure
     assert_output --partial "bwd_alloc"
 }

@@ -117,10 +117,10 @@ compare_all() {
     assert_success
     assert_output "identical: $# frames"
     if [ "$1" = none ]; then
-        "$BIN/lrmoe-score" --drop 30 --no-compress "$D/f1.lrm" > "$D/s.lrm"
+        "$BIN/lrmoe-score" --select topk --drop 30 --no-compress "$D/f1.lrm" > "$D/s.lrm"
         "$BIN/lrmoe-pack" -P "$P" --no-compress "$D/s.lrm" > "$D/pk.lrm"
     else
-        "$BIN/lrmoe-score" --no-compress "$D/f1.lrm" > "$D/s.lrm"
+        "$BIN/lrmoe-score" --select topk --no-compress "$D/f1.lrm" > "$D/s.lrm"
         "$BIN/lrmoe-pack" --no-compress "$D/s.lrm" > "$D/pk.lrm"
     fi
     for m in full masked compact; do
@@ -359,11 +359,11 @@ print(' '.join(sorted({a.get('exec.bf16', '-') for t, a in read_stream('$1')})))
         --steps 2 --layers 2 --weights "$D/w.lrm" --seed 5 |
         "$BIN/lrmoe-route" -k 2 | "$BIN/lrmoe-plan" --planner llep --ranks 2 --min-chunk 2 > "$D/p.lrm"
     $MPIRUN -np 2 "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 < "$D/p.lrm" |
-        "$BIN/lrmoe-score" | "$BIN/lrmoe-pack" |
+        "$BIN/lrmoe-score" --select topk | "$BIN/lrmoe-pack" |
         $MPIRUN -np 2 "$EXEC" --phase backward --mode compact --weights "$D/w.lrm" -@ 1 \
         > "$D/mpi.lrm"
     "$EXEC" --phase forward --weights "$D/w.lrm" -@ 1 < "$D/p.lrm" |
-        "$BIN/lrmoe-score" | "$BIN/lrmoe-pack" |
+        "$BIN/lrmoe-score" --select topk | "$BIN/lrmoe-pack" |
         "$EXEC" --phase backward --mode compact --weights "$D/w.lrm" -@ 1 > "$D/one.lrm"
     run same "$D/mpi.lrm" "$D/one.lrm"
     assert_success
@@ -442,9 +442,9 @@ shard_py() { python3 "$HELP/lrmoe_shard.py" "$@"; }
         assert_success
         assert_output "identical: 2 frames"
         if [ $P = 4 ]; then
-            "$BIN/lrmoe-score" --no-compress "$D/f.lrm" > "$D/s.lrm"
+            "$BIN/lrmoe-score" --select topk --no-compress "$D/f.lrm" > "$D/s.lrm"
         else
-            "$BIN/lrmoe-score" --drop 30 --no-compress "$D/f.lrm" > "$D/s.lrm"
+            "$BIN/lrmoe-score" --select topk --drop 30 --no-compress "$D/f.lrm" > "$D/s.lrm"
         fi
         shard_py split "$D/s.lrm" $P "$D/s.%r.lrm"
         for m in full masked; do
@@ -682,10 +682,10 @@ write_stream('$D/nan.lrm', [(t, a)])"
 print(read_stream('$D/c2.lrm')[0][1]['exec.gpu_comm'])"
         assert_output "$([ $P = 2 ] && echo nccl || echo mpi-staged)"
         if [ $pl = none ]; then
-            "$BIN/lrmoe-score" --drop 30 --no-compress "$D/c1.lrm" > "$D/s.lrm"
+            "$BIN/lrmoe-score" --select topk --drop 30 --no-compress "$D/c1.lrm" > "$D/s.lrm"
             "$BIN/lrmoe-pack" -P $P --no-compress "$D/s.lrm" > "$D/pk.lrm"
         else
-            "$BIN/lrmoe-score" --no-compress "$D/c1.lrm" > "$D/s.lrm"
+            "$BIN/lrmoe-score" --select topk --no-compress "$D/c1.lrm" > "$D/s.lrm"
             "$BIN/lrmoe-pack" --no-compress "$D/s.lrm" > "$D/pk.lrm"
         fi
         for m in full masked compact; do

@@ -25,7 +25,7 @@ pipeline() {
     "$BIN/lrmoe-route" -o "$T/r.lrm" "$T/g.lrm"
     "$BIN/lrmoe-plan" -P 2 -M 0 --rate 0.7 -o "$T/p.lrm" "$T/r.lrm"
     "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" -@ 1 -o "$T/f.lrm" "$T/p.lrm"
-    "$BIN/lrmoe-score" -o "$T/s.lrm" "$T/f.lrm"
+    "$BIN/lrmoe-score" --select topk -o "$T/s.lrm" "$T/f.lrm"
 }
 
 # the value of column NAME in row ROW (1 = first data row) of a TSV
@@ -156,7 +156,7 @@ stats_dash() {
 
 @test "options: lrmoe-score --stats, one row per frame: pairs kept and dropped, time" {
     pipeline
-    "$BIN/lrmoe-score" --drop 25 -S "$T/sc.tsv" -o "$T/s2.lrm" "$T/f.lrm"
+    "$BIN/lrmoe-score" --select topk --drop 25 -S "$T/sc.tsv" -o "$T/s2.lrm" "$T/f.lrm"
     [ "$(head -1 "$T/sc.tsv")" = "frame	layer	step	metric	pairs	kept	dropped	retained	dropped_score_share	fidelity	score_ms" ]
     python3 - "$T/sc.tsv" "$T/s2.lrm" <<'PY'
 import sys, lrmoe_stream as s
@@ -174,17 +174,17 @@ for i, (r, (t, a)) in enumerate(zip(rows, frames)):
     assert abs(float(r["retained"]) - int(r["kept"]) / pairs) < 1e-6, r
     assert float(r["score_ms"]) >= 0, r
 PY
-    run "$BIN/lrmoe-score" --fidelity -S "$T/fi.tsv" -o /dev/null "$T/f.lrm"
+    run "$BIN/lrmoe-score" --select topk --fidelity -S "$T/fi.tsv" -o /dev/null "$T/f.lrm"
     assert_success
     [ "$(col "$T/fi.tsv" fidelity)" != NA ]
-    run "$BIN/lrmoe-score" -S "$T/nodir/x.tsv" -o /dev/null "$T/f.lrm"
+    run "$BIN/lrmoe-score" --select topk -S "$T/nodir/x.tsv" -o /dev/null "$T/f.lrm"
     assert_failure 1
     assert_output --partial "$T/nodir/x.tsv"
 }
 
 @test "options: lrmoe-pack --stats, one row per frame: pairs, rows, dropped, moved, bytes, time" {
     pipeline
-    "$BIN/lrmoe-score" --drop 25 -o "$T/s2.lrm" "$T/f.lrm"
+    "$BIN/lrmoe-score" --select topk --drop 25 -o "$T/s2.lrm" "$T/f.lrm"
     "$BIN/lrmoe-pack" --alloc forward -S "$T/pk.tsv" -o "$T/k.lrm" "$T/s2.lrm"
     [ "$(head -1 "$T/pk.tsv")" = "frame	layer	step	op	pairs	rows	dropped	moved	written_bytes	time_ms" ]
     "$BIN/lrmoe-pack" -u -S "$T/up.tsv" -o "$T/u.lrm" "$T/k.lrm"

@@ -15,7 +15,7 @@ setup() {
 # a scored two-frame synthetic stream (forward state, plan with replicas)
 mk() {
     $REF make "$T/in.lrm" --frames 2 "$@"
-    "$BIN/lrmoe-score" "$T/in.lrm" > "$T/scored.lrm"
+    "$BIN/lrmoe-score" --select topk "$T/in.lrm" > "$T/scored.lrm"
 }
 
 truncated() { # no trailer: cut after some frames, or not one frame (an empty stream)
@@ -60,7 +60,7 @@ PY
 
 @test "without placement or bwd_alloc, --ranks gives P" {
     $REF make "$T/in.lrm" --noplan --T 40 --E 8 --P 4
-    "$BIN/lrmoe-score" --drop 20 "$T/in.lrm" > "$T/s.lrm"
+    "$BIN/lrmoe-score" --select topk --drop 20 "$T/in.lrm" > "$T/s.lrm"
     run "$BIN/lrmoe-pack" -o "$T/p.lrm" "$T/s.lrm"
     assert_failure 1
     assert_output --partial "give --ranks"
@@ -155,7 +155,7 @@ PY
 
 @test "--alloc plan without bwd_alloc, and usage errors" {
     $REF make "$T/in.lrm" --noplan --T 16
-    "$BIN/lrmoe-score" --drop 10 "$T/in.lrm" > "$T/s.lrm"
+    "$BIN/lrmoe-score" --select topk --drop 10 "$T/in.lrm" > "$T/s.lrm"
     run "$BIN/lrmoe-pack" --alloc plan -P 4 -o "$T/out.lrm" "$T/s.lrm"
     assert_failure 1
     assert_output --partial "missing tensor bwd_alloc"
@@ -197,10 +197,10 @@ pipe_inputs() {
             "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" > "$T/f.lrm"
         if [ $pl = lrmoe ]; then
             # the plan's quotas and backward allocation (rows move between instances)
-            "$BIN/lrmoe-score" "$T/f.lrm" | "$BIN/lrmoe-pack" --alloc plan > "$T/p.lrm"
+            "$BIN/lrmoe-score" --select topk "$T/f.lrm" | "$BIN/lrmoe-pack" --alloc plan > "$T/p.lrm"
         else
             # baselines keep everything: drop 25% and keep rows where they ran
-            "$BIN/lrmoe-score" --drop 25 "$T/f.lrm" | "$BIN/lrmoe-pack" --alloc forward > "$T/p.lrm"
+            "$BIN/lrmoe-score" --select topk --drop 25 "$T/f.lrm" | "$BIN/lrmoe-pack" --alloc forward > "$T/p.lrm"
         fi
         run $REF check-pack "$T/p.lrm" --alloc $([ $pl = lrmoe ] && echo plan || echo forward)
         assert_success
@@ -222,7 +222,7 @@ pipe_inputs() {
         "$BIN/lrmoe-gen" --tokens 192 --experts 16 --topk 4 --hidden 48 --ffn 32 \
             --skew zipf:1.2 --seed 5 --weights "$T/w.lrm" |
             "$BIN/lrmoe-route" -k 4 -n | "$BIN/lrmoe-plan" --planner lrmoe -P 4 $rates |
-            "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" | "$BIN/lrmoe-score" |
+            "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" | "$BIN/lrmoe-score" --select topk |
             "$BIN/lrmoe-pack" | "$BIN/lrmoe-exec" --phase backward --mode compact \
             --weights "$T/w.lrm" > "$T/out.lrm"
         run python3 - "$T/out.lrm" "$BATS_TEST_DIRNAME/helpers" <<'PY'
@@ -251,7 +251,7 @@ PY
         --no-compress | "$BIN/lrmoe-route" --no-compress -o "$T/r.lrm"
     # unplanned forward on 2 ranks: pack needs no --ranks
     "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" -P 2 --no-compress "$T/r.lrm" |
-        "$BIN/lrmoe-score" --drop 20 --no-compress -o "$T/s.lrm"
+        "$BIN/lrmoe-score" --select topk --drop 20 --no-compress -o "$T/s.lrm"
     run "$BIN/lrmoe-pack" --no-compress -o "$T/p.lrm" "$T/s.lrm"
     assert_success
     run python3 -c "
@@ -261,7 +261,7 @@ t, a, d = read_stream('$T/p.lrm', True)[0]; print(a['pack.ranks'], dict(t)['pack
     # planned forward, then --drop: the plan's bwd_alloc no longer sums to the kept pairs
     "$BIN/lrmoe-plan" -P 2 -D 16 --ffn 8 --no-compress "$T/r.lrm" |
         "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" --no-compress |
-        "$BIN/lrmoe-score" --drop 20 --no-compress -o "$T/sp.lrm"
+        "$BIN/lrmoe-score" --select topk --drop 20 --no-compress -o "$T/sp.lrm"
     run "$BIN/lrmoe-pack" --no-compress -o "$T/p.lrm" "$T/sp.lrm"
     assert_failure 1
     assert_output --partial "pack with --alloc forward"
@@ -299,7 +299,7 @@ PY
         assert_failure 1
         assert_output "lrmoe-pack: frame 0: tensor topk_ids: dimension 1 is 4294967298, more than 2147483647"
     done
-    run "$BIN/lrmoe-score" --metric random -o /dev/null "$T/k.lrm"
+    run "$BIN/lrmoe-score" --select topk --metric random -o /dev/null "$T/k.lrm"
     assert_failure 1
     assert_output "lrmoe-score: frame 0: tensor topk_ids: dimension 1 is 4294967298, more than 2147483647"
 }

@@ -351,7 +351,7 @@ print(a['plan.mem_peak'], a['plan.fwd_peak'], a['plan.replicas'], a['plan.feasib
             for q in even minpeak proportional; do
                 "$BIN/lrmoe-plan" -P 8 -M 0 -R $rate -q $q --longer-backward "$T/f.lrm" \
                     -o "$T/p.lrm"
-                "$BIN/lrmoe-score" --fidelity "$T/p.lrm" -o "$T/s.lrm"
+                "$BIN/lrmoe-score" --select topk --fidelity "$T/p.lrm" -o "$T/s.lrm"
                 "$BIN/lrmoe-view" --json --no-stats "$T/s.lrm" | python3 -c '
 import json, sys
 a = json.loads(sys.stdin.readline())["attrs"]
@@ -537,7 +537,7 @@ print(a.get('plan.llep', '-'), end=' ')"
         for q in even proportional; do
             "$BIN/lrmoe-plan" --ranks 8 --hbm 0 --rate $rate --quota $q --longer-backward \
                 "$T/f.lrm" -o "$T/p.lrm"
-            "$BIN/lrmoe-score" --fidelity "$T/p.lrm" -o "$T/s.lrm"
+            "$BIN/lrmoe-score" --select topk --fidelity "$T/p.lrm" -o "$T/s.lrm"
             "$BIN/lrmoe-view" --json --no-stats "$T/s.lrm" | python3 -c '
 import json, sys
 for i, l in enumerate(sys.stdin):

@@ -23,7 +23,7 @@ truncated() { # no trailer: cut after some frames, or not one frame (an empty st
 
 @test "lrm scores and keep match the reference with the plan's quotas" {
     mk --T 96 --E 12 --rate 0.7
-    run "$BIN/lrmoe-score" -o "$T/out.lrm" "$T/in.lrm"
+    run "$BIN/lrmoe-score" --select topk -o "$T/out.lrm" "$T/in.lrm"
     assert_success
     run $REF check-score "$T/in.lrm" "$T/out.lrm" --metric lrm
     assert_success
@@ -33,7 +33,7 @@ truncated() { # no trailer: cut after some frames, or not one frame (an empty st
     for dt in F32 BF16; do
         mk --dtype $dt --T 80 --seed 3
         for m in gradnorm absgrad random; do
-            "$BIN/lrmoe-score" -m $m --seed 7 "$T/in.lrm" > "$T/out.lrm"
+            "$BIN/lrmoe-score" --select topk -m $m --seed 7 "$T/in.lrm" > "$T/out.lrm"
             run $REF check-score "$T/in.lrm" "$T/out.lrm" --metric $m --seed 7
             assert_success
         done
@@ -43,7 +43,7 @@ truncated() { # no trailer: cut after some frames, or not one frame (an empty st
 @test "--drop C keeps n - floor(n*C/100) per expert and writes quota" {
     mk --noplan --T 100 --E 10
     for c in 0 10 20 30 100; do
-        "$BIN/lrmoe-score" --drop $c "$T/in.lrm" > "$T/out.lrm"
+        "$BIN/lrmoe-score" --select topk --drop $c "$T/in.lrm" > "$T/out.lrm"
         run $REF check-score "$T/in.lrm" "$T/out.lrm" --drop $c
         assert_success
     done
@@ -52,7 +52,7 @@ truncated() { # no trailer: cut after some frames, or not one frame (an empty st
 @test "ties break by the lower pair index, on quantised and all-equal scores" {
     for ties in 1 2; do
         mk --ties $ties --T 120 --E 6 --K 3
-        "$BIN/lrmoe-score" --drop 37 "$T/in.lrm" > "$T/out.lrm"
+        "$BIN/lrmoe-score" --select topk --drop 37 "$T/in.lrm" > "$T/out.lrm"
         run $REF check-score "$T/in.lrm" "$T/out.lrm" --drop 37
         assert_success
     done
@@ -76,7 +76,7 @@ PY
 
 @test "a large expert: selection agrees with a full sort" {
     mk --T 3000 --E 3 --K 2 --D 8 --F 4 --frames 1
-    "$BIN/lrmoe-score" -m gradnorm --drop 25 "$T/in.lrm" > "$T/out.lrm"
+    "$BIN/lrmoe-score" --select topk -m gradnorm --drop 25 "$T/in.lrm" > "$T/out.lrm"
     run $REF check-score "$T/in.lrm" "$T/out.lrm" --metric gradnorm --drop 25
     assert_success
 }
@@ -84,7 +84,7 @@ PY
 @test "--fidelity matches the reference dW_down error, per expert and overall" {
     mk --T 64 --E 8 --D 24 --F 16
     for m in lrm random; do
-        "$BIN/lrmoe-score" -m $m --drop 30 --fidelity "$T/in.lrm" > "$T/out.lrm"
+        "$BIN/lrmoe-score" --select topk -m $m --drop 30 --fidelity "$T/in.lrm" > "$T/out.lrm"
         run $REF check-score "$T/in.lrm" "$T/out.lrm" --metric $m --drop 30 --fidelity
         assert_success
     done
@@ -93,7 +93,7 @@ PY
 @test "lrm loses less dW_down than random at C30 (fidelity attribute)" {
     mk --T 256 --E 8 --D 32 --F 24 --frames 1
     for m in lrm random; do
-        "$BIN/lrmoe-score" -m $m --drop 30 --fidelity "$T/in.lrm" -v \
+        "$BIN/lrmoe-score" --select topk -m $m --drop 30 --fidelity "$T/in.lrm" -v \
             2> "$T/$m.err" > /dev/null
     done
     lrm=$(sed -n 's/.*fidelity \([0-9.e+-]*\).*/\1/p' "$T/lrm.err")
@@ -105,12 +105,12 @@ PY
 @test "missing phi_sqnorm: error, exit 1, no trailer" {
     mk
     $REF corrupt "$T/in.lrm" "$T/bad.lrm" nophi
-    run "$BIN/lrmoe-score" -o "$T/out.lrm" "$T/bad.lrm"
+    run "$BIN/lrmoe-score" --select topk -o "$T/out.lrm" "$T/bad.lrm"
     assert_failure 1
     assert_output "lrmoe-score: frame 0: missing tensor phi_sqnorm (lrmoe-exec --phase forward writes it: run that first)"
     truncated "$T/out.lrm"
     # the gradient-only metrics do not need it
-    run "$BIN/lrmoe-score" -m gradnorm -o "$T/out.lrm" "$T/bad.lrm"
+    run "$BIN/lrmoe-score" --select topk -m gradnorm -o "$T/out.lrm" "$T/bad.lrm"
     assert_success
 }
 
@@ -118,7 +118,7 @@ PY
     mk --dtype BF16
     for w in nangrad nanphi; do
         $REF corrupt "$T/in.lrm" "$T/bad.lrm" $w
-        run "$BIN/lrmoe-score" -o "$T/out.lrm" "$T/bad.lrm"
+        run "$BIN/lrmoe-score" --select topk -o "$T/out.lrm" "$T/bad.lrm"
         assert_failure 1
         assert_output --regexp "^lrmoe-score: frame 0: pair_score: NaN score at pair [0-9]+ \(token [0-9]+, k [0-9]+\)"
         truncated "$T/out.lrm"
@@ -128,7 +128,7 @@ PY
 @test "a quota above the expert's load: error, exit 1, no trailer" {
     mk
     $REF corrupt "$T/in.lrm" "$T/bad.lrm" bigquota
-    run "$BIN/lrmoe-score" -o "$T/out.lrm" "$T/bad.lrm"
+    run "$BIN/lrmoe-score" --select topk -o "$T/out.lrm" "$T/bad.lrm"
     assert_failure 1
     assert_output --regexp "^lrmoe-score: frame 0: quota: expert [0-9]+ has quota [0-9]+ but [0-9]+ routed pairs$"
     truncated "$T/out.lrm"
@@ -136,23 +136,23 @@ PY
 
 @test "no quota and no --drop is an error" {
     mk --noplan
-    run "$BIN/lrmoe-score" -o "$T/out.lrm" "$T/in.lrm"
+    run "$BIN/lrmoe-score" --select topk -o "$T/out.lrm" "$T/in.lrm"
     assert_failure 1
     assert_output --partial "missing tensor quota"
 }
 
 @test "usage errors exit 2; --help and --version" {
-    run "$BIN/lrmoe-score" --metric nope
+    run "$BIN/lrmoe-score" --select topk --metric nope
     assert_failure 2
     assert_output --partial "lrmoe-score: unknown metric 'nope'"
-    run "$BIN/lrmoe-score" --drop 101
+    run "$BIN/lrmoe-score" --select topk --drop 101
     assert_failure 2
-    run "$BIN/lrmoe-score" --drop x
+    run "$BIN/lrmoe-score" --select topk --drop x
     assert_failure 2
-    run "$BIN/lrmoe-score" --help
+    run "$BIN/lrmoe-score" --select topk --help
     assert_success
     assert_output --partial "Usage: lrmoe-score"
-    run "$BIN/lrmoe-score" --version
+    run "$BIN/lrmoe-score" --select topk --version
     assert_output --regexp "^lrmoe-score \(lrmoe\) [0-9]"
 }
 
@@ -165,9 +165,9 @@ PY
 @test "-@ N: threaded scoring and selection give the same bits as one thread (every metric, --drop)" {
     mk --T 700 --E 12 --rate 0.6 --dtype BF16
     for m in lrm gradnorm absgrad random; do
-        "$BIN/lrmoe-score" --metric "$m" -@ 1 -o "$T/s1.lrm" "$T/in.lrm"
+        "$BIN/lrmoe-score" --select topk --metric "$m" -@ 1 -o "$T/s1.lrm" "$T/in.lrm"
         for n in 2 3 4; do
-            "$BIN/lrmoe-score" --metric "$m" -@ "$n" -o "$T/s$n.lrm" "$T/in.lrm"
+            "$BIN/lrmoe-score" --select topk --metric "$m" -@ "$n" -o "$T/s$n.lrm" "$T/in.lrm"
             run python3 -c "
 import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
 import numpy as np
@@ -181,7 +181,7 @@ print('same')"
             assert_output "same"
         done
     done
-    "$BIN/lrmoe-score" --drop 30 -@ 3 -o "$T/d3.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-score" --select topk --drop 30 -@ 3 -o "$T/d3.lrm" "$T/in.lrm"
     run $REF check-score "$T/in.lrm" "$T/d3.lrm" --metric lrm --drop 30
     assert_success
 }
@@ -200,10 +200,10 @@ print('same')"
 
 @test "--select sample: quota kept per expert, pair_weight = 1/p >= 1, reproducible by seed, -@ N the same bits" {
     mk --T 300 --E 12 --rate 0.7
-    "$BIN/lrmoe-score" --select sample --seed 5 -o "$T/a.lrm" "$T/in.lrm"
-    "$BIN/lrmoe-score" --select sample --seed 5 -@ 3 -o "$T/b.lrm" "$T/in.lrm"
-    "$BIN/lrmoe-score" --select sample --seed 6 -o "$T/c.lrm" "$T/in.lrm"
-    "$BIN/lrmoe-score" -o "$T/k.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-score" --select topk --select sample --seed 5 -o "$T/a.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-score" --select topk --select sample --seed 5 -@ 3 -o "$T/b.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-score" --select topk --select sample --seed 6 -o "$T/c.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-score" --select topk -o "$T/k.lrm" "$T/in.lrm"
     run python3 -c "
 import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
 import numpy as np
@@ -229,7 +229,7 @@ print('ok')"
     "$BIN/lrmoe-route" -k 2 "$T/g.lrm" | "$BIN/lrmoe-plan" --ranks 2 --rate 0.7 |
         "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" > "$T/f.lrm"
     for s in topk sample; do
-        "$BIN/lrmoe-score" --select $s "$T/f.lrm" > "$T/s_$s.lrm"
+        "$BIN/lrmoe-score" --select topk --select $s "$T/f.lrm" > "$T/s_$s.lrm"
         "$BIN/lrmoe-pack" "$T/s_$s.lrm" | "$BIN/lrmoe-exec" --phase backward --mode compact \
             --weights "$T/w.lrm" > "$T/c_$s.lrm"
         "$BIN/lrmoe-pack" --layout-only "$T/s_$s.lrm" | "$BIN/lrmoe-exec" --phase backward \
@@ -269,7 +269,7 @@ print('ok')"
     "$BIN/lrmoe-route" -k 2 "$T/g.lrm" | "$BIN/lrmoe-plan" --ranks 2 --rate 1 |
         "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" > "$T/f1.lrm"
     for s in topk sample; do
-        "$BIN/lrmoe-score" --select $s "$T/f1.lrm" | "$BIN/lrmoe-pack" |
+        "$BIN/lrmoe-score" --select topk --select $s "$T/f1.lrm" | "$BIN/lrmoe-pack" |
             "$BIN/lrmoe-exec" --phase backward --mode compact --weights "$T/w.lrm" > "$T/one_$s.lrm"
     done
     run python3 -c "
@@ -286,7 +286,7 @@ print('ok')"
 
 @test "pair_weight that is not finite and positive: lrmoe-pack refuses it (lrmoe_frame_bwd_alpha, which lrmoe-exec shares), exit 1" {
     mk --T 64 --E 8 --rate 0.7
-    "$BIN/lrmoe-score" --select sample -o "$T/s.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-score" --select topk --select sample -o "$T/s.lrm" "$T/in.lrm"
     python3 -c "
 import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream, write_stream
 import numpy as np
@@ -305,7 +305,7 @@ write_stream('$T/bad.lrm', fr)"
         "$BIN/lrmoe-exec" --phase forward --compute f32 --weights "$T/w.lrm" > "$T/f.lrm"
     "$BIN/lrmoe-exec" --phase backward --mode full --compute f32 --weights "$T/w.lrm" "$T/f.lrm" > "$T/full.lrm"
     for s in topk sample; do
-        "$BIN/lrmoe-score" --select $s --fidelity --weights "$T/w.lrm" "$T/f.lrm" |
+        "$BIN/lrmoe-score" --select topk --select $s --fidelity --weights "$T/w.lrm" "$T/f.lrm" |
             "$BIN/lrmoe-pack" | "$BIN/lrmoe-exec" --phase backward --mode compact --compute f32 \
             --weights "$T/w.lrm" > "$T/c_$s.lrm"
     done
@@ -329,7 +329,26 @@ for s in ('topk', 'sample'):
 print('ok')"
     assert_success
     assert_output "ok"
-    run "$BIN/lrmoe-score" --weights "$T/w.lrm" "$T/f.lrm"
+    run "$BIN/lrmoe-score" --select topk --weights "$T/w.lrm" "$T/f.lrm"
     assert_failure 2
     assert_output --partial "--weights is only read with --fidelity"
+}
+
+@test "the default selection is sample (the study's finding); --select topk is the paper's rule" {
+    mk --T 120 --E 8 --rate 0.7
+    "$BIN/lrmoe-score" -o "$T/d.lrm" "$T/in.lrm"
+    "$BIN/lrmoe-score" --select sample -o "$T/s.lrm" "$T/in.lrm"
+    run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+import numpy as np
+for (a, aa), (b, ab) in zip(read_stream('$T/d.lrm'), read_stream('$T/s.lrm')):
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[n], b[n]) for n in a)
+    assert aa['score.select'] == ab['score.select'] == 'sample'
+print('same')"
+    assert_output "same"
+    run "$BIN/lrmoe-view" --no-stats "$T/d.lrm"
+    assert_output --partial "score.select=sample"
+    assert_output --partial "pair_weight"
+    run "$BIN/lrmoe-score" --help
+    assert_output --partial "sample (default"
 }

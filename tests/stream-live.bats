@@ -52,7 +52,7 @@ assert_tsv_rows() { # FILE ROWS_PER_FRAME
 @test "score and pack pass each frame on before the next one" {
     "$BIN/lrmoe-route" "$T/g.lrm" | "$BIN/lrmoe-plan" --ranks 2 |
         "$BIN/lrmoe-exec" --phase forward --weights "$T/w.lrm" -o "$T/fw.lrm"
-    run $LIVE "$T/fw.lrm" "'$BIN/lrmoe-score' | '$BIN/lrmoe-pack' --no-compress"
+    run $LIVE "$T/fw.lrm" "'$BIN/lrmoe-score' --select topk | '$BIN/lrmoe-pack' --no-compress"
     assert_success
     assert_line "8 frames, exit 0"
 }

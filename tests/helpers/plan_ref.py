@@ -60,7 +60,9 @@ def cmd_gen(a):
             load = make_load(a.experts, a.pairs, s, rng)
         t = {"expert_load": load, "keepme": np.arange(3, dtype=np.float32)}
         if a.bad == "float":
-            t["expert_load"] = load.astype(np.float32)
+            # integral floats (Megatron's tokens_per_expert) are accepted: a
+            # fractional load is not
+            t["expert_load"] = load.astype(np.float32) + np.float32(0.5)
         elif a.bad == "negative":
             load[1] = -5
         elif a.bad == "missing":

@@ -41,14 +41,14 @@ class ByRank(tiny.TmpDirCase):
         B, w = tiny.BIN, self.p("w.lrm")
         sh(f"{B}/lrmoe-route --topk {K} --renorm {self.p('d.lrm')} | {B}/lrmoe-plan --ranks {P} "
            f"--rate {RATE} --ffn {F} | {B}/lrmoe-exec --phase forward --threads 1 --weights {w} | "
-           f"{B}/lrmoe-score | {B}/lrmoe-pack --stats {self.p('pack.tsv')} | {B}/lrmoe-exec "
+           f"{B}/lrmoe-score --select topk | {B}/lrmoe-pack --stats {self.p('pack.tsv')} | {B}/lrmoe-exec "
            f"--phase backward --mode compact --threads 1 --weights {w} -o {self.p('cli.lrm')}")
         c = lrmoe.read(self.p("cli.lrm"))[0]
         self.assertEqual(c.attrs.get("plan.keep"), "by-rank", "the setup no longer plans by rank")
         self.assertEqual(c.attrs.get("score.keep"), "by-rank")
 
         pat = copy.deepcopy(blk)
-        h = lt.patch(pat, rate=RATE, ranks=P, threads=1, keep_masks=True)
+        h = lt.patch(pat, rate=RATE, ranks=P, threads=1, keep_masks=True, select="topk")
         hid = torch.from_numpy(f["hidden"]).requires_grad_(True)
         alpha = torch.from_numpy(c["topk_weights"]).requires_grad_(True)
         out = pat.experts(hid, torch.from_numpy(c["topk_ids"]).long(), alpha)

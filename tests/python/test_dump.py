@@ -95,12 +95,12 @@ class Dump(tiny.TmpDirCase):
                 B = tiny.BIN
                 sh(f"{B}/lrmoe-route -k 2 {router} {self.p('d.lrm')} | {B}/lrmoe-plan -P 2 "
                    f"--rate {rate} --ffn {tiny.F} | {B}/lrmoe-exec --phase forward -@ 1 --weights "
-                   f"{self.p('w.lrm')} | {B}/lrmoe-score | {B}/lrmoe-pack | {B}/lrmoe-exec "
+                   f"{self.p('w.lrm')} | {B}/lrmoe-score --select topk | {B}/lrmoe-pack | {B}/lrmoe-exec "
                    f"--phase backward --mode compact -@ 1 --weights {self.p('w.lrm')} "
                    f"-o {self.p('cli.lrm')}")
                 c = lrmoe.read(self.p("cli.lrm"))[0]
                 pat = copy.deepcopy(blk)
-                h = lt.patch(pat, rate=rate, ranks=2, threads=1)
+                h = lt.patch(pat, rate=rate, ranks=2, threads=1, select="topk")
                 hid = torch.from_numpy(f["hidden"]).requires_grad_(True)
                 _, w, ids = pat.gate(hid.detach())
                 # HF's routing and lrmoe-route's agree: the same experts per

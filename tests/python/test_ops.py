@@ -29,7 +29,7 @@ class Ops(unittest.TestCase):
         sh(f"{B}/lrmoe-route -k 4 -n {d}/g.lrm -o {d}/r.lrm")
         sh(f"{B}/lrmoe-plan -P 4 --ffn 16 --rate 0.7 --hbm 1GiB {d}/r.lrm -o {d}/p.lrm")
         sh(f"{B}/lrmoe-exec --phase forward --weights {d}/w.lrm {d}/p.lrm -o {d}/f.lrm")
-        sh(f"{B}/lrmoe-score {d}/f.lrm -o {d}/s.lrm")
+        sh(f"{B}/lrmoe-score --select topk {d}/f.lrm -o {d}/s.lrm")
         sh(f"{B}/lrmoe-pack {d}/s.lrm -o {d}/k.lrm")
         sh(f"{B}/lrmoe-exec --phase backward --mode compact --weights {d}/w.lrm {d}/k.lrm -o {d}/b.lrm")
         cls.st = {n: lrmoe.read(f"{d}/{n}.lrm", bf16="raw")[0] for n in "grpfskb"}
@@ -200,7 +200,7 @@ class Ops(unittest.TestCase):
         # the plan's keep rule too: the planner's in-place plans keep by forward rank
         kr = f.attrs.get("plan.keep")
         got = lrmoe.score(f["topk_ids"], f["topk_weights"], f["grad_output"], f["phi_sqnorm"],
-                          quota=f["quota"], keep_rule=kr,
+                          quota=f["quota"], keep_rule=kr, select="topk",
                           bwd_alloc=f["bwd_alloc"] if kr == "by-rank" else None,
                           pair_rank=f["pair_rank"] if kr == "by-rank" else None,
                           dtypes={"grad_output": f.dtypes["grad_output"]})

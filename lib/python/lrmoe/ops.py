@@ -254,13 +254,13 @@ def _frame_call(inputs, dtypes, fn, attrs=None):
 
 def score(topk_ids, topk_weights, grad_output, phi_sqnorm=None, quota=None, drop=None,
           metric="lrm", seed=0, index=0, saved_gate=None, saved_up=None, fidelity=False,
-          dtypes=None, bwd_alloc=None, pair_rank=None, keep_rule=None, select="topk"):
+          dtypes=None, bwd_alloc=None, pair_rank=None, keep_rule=None, select="sample"):
     """Pair scores and per-expert retention as lrmoe-score does: returns
     pair_score (T,K) F32, keep (T,K) U8 (and quota when drop= percent is
     given, score_fidelity with fidelity=True, pair_weight (T,K) F32 with
-    select="sample") and the score.* attributes. select: "topk" (the
-    quota highest scores, the LRMoE paper's rule) or "sample" (the unbiased
-    draw of lrmoe-score --select sample; pair_weight = 1/p of each kept pair).
+    select="sample") and the score.* attributes. select: "sample" (default:
+    the unbiased draw of lrmoe-score; pair_weight = 1/p of each kept pair) or
+    "topk" (the quota highest scores, the LRMoE paper's rule).
     Without drop, quota (E) says how many pairs each expert keeps;
     keep_rule="by-rank" (a plan's plan.keep) keeps by forward rank from
     bwd_alloc (E,P) and pair_rank (T,K), as lrmoe-score(1) describes."""

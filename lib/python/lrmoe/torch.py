@@ -659,7 +659,7 @@ class Patch:
     unpatch() restores the original expert forwards."""
 
     def __init__(self, model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
-                 options, select="topk"):
+                 options, select="sample"):
         self.blocks = find_blocks(model)
         self.ranks = _lib.i32("ranks", ranks, 1, 4096)
         for b in self.blocks:
@@ -758,14 +758,15 @@ class Patch:
 
 
 def patch(model, rate=None, hbm=None, metric="lrm", ranks=1, planner="lrmoe", threads=None,
-          seed=0, keep_masks=False, select="topk", **plan_options):
+          seed=0, keep_masks=False, select="sample", **plan_options):
     """Replace the expert computation of every supported MoE block by
     LRMoEExperts on `ranks` simulated expert-parallel ranks. rate: the one
     retention rate to plan for (None: lrmoe-plan's candidate list), hbm:
     the per-rank budget ("16GiB" or bytes), metric: lrm, gradnorm, absgrad,
-    random or uniform; select: "topk" (each expert's quota highest scores,
-    the LRMoE paper's rule) or "sample" (the unbiased draw, p ~ sqrt(score),
-    kept rows weighted 1/p: lrmoe-score --select sample); planner=
+    random or uniform; select: "sample" (default: the unbiased draw, p ~
+    sqrt(score), kept rows weighted 1/p, lrmoe-score(1); it trains best in
+    lrmoe-study's paired seeds) or "topk" (each expert's quota highest
+    scores, the LRMoE paper's rule, a biased estimator); planner=
     "capacity" with capacity_factor=F (and drop_policy="probs"|"position"):
     Megatron-Core's capacity-factor token dropping (the pairs above an
     expert's capacity leave forward and backward; lrmoe-plan(1)); other lrmoe-plan options by name (window=, min_keep=,
