@@ -94,7 +94,7 @@ r=0
 while [ $r -lt "$REPS" ]; do
     printf 'C0\tfull\t1\t%s\t0\t0\n' "$(run full "$tmp/f.lrm" | tr ' ' '\t')" >> "$log"
     for C in 10 20 30; do
-        bin/lrmoe-score --drop "$C" $raw "$tmp/f.lrm" -o "$tmp/s$C.lrm"
+        bin/lrmoe-score --select topk --drop "$C" $raw "$tmp/f.lrm" -o "$tmp/s$C.lrm"
         bin/lrmoe-pack --alloc forward -P "$P" $raw "$tmp/s$C.lrm" -o "$tmp/p$C.lrm"
         bin/lrmoe-pack --alloc forward -P "$P" --layout-only $raw "$tmp/s$C.lrm" -o "$tmp/l$C.lrm"
         rho=$(attr "$tmp/s$C.lrm" score.retained)

@@ -34,7 +34,7 @@ out="$tmp/fid.tsv"
 : > "$out"
 for m in lrm gradnorm absgrad random; do
     for C in 10 20 30; do
-        bin/lrmoe-score --metric "$m" --drop "$C" --fidelity --seed "$SEED" $raw \
+        bin/lrmoe-score --select topk --metric "$m" --drop "$C" --fidelity --seed "$SEED" $raw \
             "$tmp/f.lrm" -o "$tmp/s.lrm"
         bin/lrmoe-view --json --no-stats --tensor score_fidelity "$tmp/s.lrm" | python3 -c '
 import json, sys
@@ -168,7 +168,7 @@ for wl in balanced hot:30:16 hot:80:4 hot:95:1 zipf:1.2; do
         for q in even minpeak proportional; do
             bin/lrmoe-plan --ranks 8 --hbm 0 --rate "$rate" --quota "$q" --longer-backward $raw \
                 "$tmp/qf.lrm" -o "$tmp/qp.lrm"
-            bin/lrmoe-score --fidelity $raw "$tmp/qp.lrm" -o "$tmp/qs.lrm"
+            bin/lrmoe-score --select topk --fidelity $raw "$tmp/qp.lrm" -o "$tmp/qs.lrm"
             bin/lrmoe-view --json --no-stats "$tmp/qs.lrm" | python3 -c '
 import json, sys
 a = json.loads(sys.stdin.readlines()[1])["attrs"]
@@ -184,7 +184,7 @@ print("\t".join(sys.argv[1:] + [str(a["plan.bwd_peak"]), str(a["score.fidelity"]
         # by the previous step's profile of each expert (prev)
         for mode in own prev; do
             quota_oracle "$tmp/qe.lrm" "$rate" "$mode" "$tmp/qo.lrm"
-            bin/lrmoe-score --fidelity $raw "$tmp/qo.lrm" -o "$tmp/qs.lrm"
+            bin/lrmoe-score --select topk --fidelity $raw "$tmp/qo.lrm" -o "$tmp/qs.lrm"
             bin/lrmoe-view --json --no-stats "$tmp/qs.lrm" | python3 -c '
 import json, sys
 a = json.loads(sys.stdin.readlines()[1])["attrs"]
@@ -266,7 +266,7 @@ for wl in balanced hot:80:2 hot:95:1 zipf:1.2; do
             -o "$tmp/kp.lrm"
         for keep in global by-rank; do
             set_keep "$tmp/kp.lrm" "$keep" "$tmp/kk.lrm"
-            bin/lrmoe-score --fidelity $raw "$tmp/kk.lrm" -o "$tmp/ks_$keep.lrm"
+            bin/lrmoe-score --select topk --fidelity $raw "$tmp/kk.lrm" -o "$tmp/ks_$keep.lrm"
         done
         python3 - "$tmp/kp.lrm" "$tmp/ks_global.lrm" "$tmp/ks_by-rank.lrm" "$wl" "$rate" \
             >> "$tmp/keep.tsv" <<'PY'
