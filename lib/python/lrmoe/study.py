@@ -116,6 +116,8 @@ def parser():
       help="Switch-style auxiliary balance loss coefficient (default 0: none)")
     a("--bias-rate", type=float, default=0.0, metavar="X",
       help="auxiliary-loss-free balance: per-step router bias update (default 0: off)")
+    a("--report-only", action="store_true",
+      help="write the tables and figures again from the run TSVs already in --out")
     a("--check-hf", type=int, default=0, metavar="N",
       help="only check: N steps of C0 through lrmoe against the unpatched model; exit 1 if "
            "the training loss differs by more than --tol")
@@ -313,8 +315,9 @@ def study(args, cfg, corpus):
                 rows, secs = fu.result()
                 finish(spec, sd, rows, secs)
 
-    run_batch([(s, sd, ds) for s in first for sd, ds in seeds])
-    for spec in later:
+    if not args.report_only:
+        run_batch([(s, sd, ds) for s in first for sd, ds in seeds])
+    for spec in later if not args.report_only else []:
         batch = []
         for sd, ds in seeds:
             sp = dict(spec)
@@ -326,12 +329,17 @@ def study(args, cfg, corpus):
             sp["rates"] = "1,0.95,0.9,0.85,0.8,0.75,0.7,0.65,0.6,0.55,0.5"
             batch.append((sp, sd, ds))
         run_batch(batch)
+    if args.report_only:
+        from .study_report import load_runs
+        runs = load_runs(out, specs)
+        if not runs:
+            raise StudyError(f"{out}: none of the runs' TSVs is there")
     params = dict(vars(cfg))
     params["jobs"] = args.jobs
     params["quota"] = args.quota
     params["seeds"] = ",".join(str(sd) for sd, _ in seeds)
     params["corpus"] = ",".join(args.corpus or [corpus.default])
-    order = [s["name"] for s in specs]
+    order = [s["name"] for s in specs if s["name"] in runs]
     path = report(out, runs, order, rules, drops, caps, params,
                   " ".join(shlex.quote(a) for a in [PROG] + sys.argv[1:]))
     log(f"done in {time.time() - t_all:.0f} s: {path}")

@@ -306,17 +306,23 @@ def figure(outdir, base, title, names, runs, tgs):
             band.append(f"'{p}' using 1:3:4 with filledcurves {lc} fs transparent solid 0.15 "
                         "noborder notitle")
             line.append(f"'{p}' using 1:2 with linespoints {lc} dt {i % 5 + 1} pt {i + 4} "
-                        f"ps 0.6 lw 2 title '{n}'")
+                        f"pi 4 ps 0.8 lw 2 title '{n}'")
         tl = [f"{v:.6g} with lines lc rgb 'gray40' dt 3 lw 1 title '{t} target'"
               for t, v in tgs]
         plots.append((xlabel, band + line + tl))
+    # the part where the runs differ: from above the loose target down past
+    # the strict one (the first steps, from 5.5 nats down, would squeeze it)
+    yr = []
+    if len(tgs) == 2:
+        lo, hi = sorted(v for _, v in tgs)
+        yr = [f"set yrange [{lo - 0.5 * (hi - lo):.4f}:{hi + 2.0 * (hi - lo):.4f}]"]
     script = []
     for term, ext in (("pngcairo size 1200,520 font 'sans,10'", "png"),
                       ("svg size 1200,520 dynamic font 'sans,10'", "svg")):
         script += [f"set terminal {term}", f"set output '{os.path.join(outdir, base)}.{ext}'",
                    "set multiplot layout 1,2 title '" + title + "'", "set grid",
                    "set key top right box opaque font ',9'",
-                   "set ylabel 'validation loss (nats/byte)'"]
+                   "set ylabel 'validation loss (nats/byte)'"] + yr
         for xlabel, pl in plots:
             script += [f"set xlabel '{xlabel}'", "plot " + ", ".join(pl)]
         script += ["unset multiplot", "set output"]
@@ -339,6 +345,37 @@ def _zoomed_targets(runs):
     if not ts:
         return []
     return [(name, sum(t[i][1] for t in ts) / len(ts)) for i, name in enumerate(("loose", "strict"))]
+
+
+def load_runs(outdir, specs):
+    """The runs a finished study wrote (runs/seed*/NAME.tsv) for the given
+    specs, as study() holds them, for --report-only."""
+    from .study_run import FIELDS as _F
+    runs = {}
+    base = os.path.join(outdir, "runs")
+    if not os.path.isdir(base):
+        raise RuntimeError(f"{base}: no runs to report (run the study first)")
+    for d in sorted(os.listdir(base)):
+        if not d.startswith("seed"):
+            continue
+        sd = int(d[4:])
+        for spec in specs:
+            p = os.path.join(base, d, spec["name"] + ".tsv")
+            if not os.path.exists(p):
+                continue
+            rows = []
+            with open(p) as f:
+                head = f.readline().rstrip("\n").split("\t")
+                for line in f:
+                    cells = line.rstrip("\n").split("\t")
+                    r = {}
+                    for k, v in zip(head, cells):
+                        if v == "" or k not in _F:
+                            continue
+                        r[k] = int(v) if k in ("step", "kept", "pairs") else float(v)
+                    rows.append(r)
+            runs.setdefault(spec["name"], {"spec": spec, "seeds": {}})["seeds"][sd] = rows
+    return runs
 
 
 def report(outdir, runs, order, rules, drops, caps, params, command):
