@@ -141,6 +141,23 @@ RULES="lrm-topk lrm-sample uniform-sample gradnorm-topk"
     ! grep -Eq '[0-9]\.[0-9]{5,}' "$OUT/summary.tsv"
 }
 
+@test "--report-only redraws the report from the run TSVs and trains nothing" {
+    need_fortunes
+    cp -r "$OUT" "$BATS_TEST_TMPDIR/re"
+    rm "$BATS_TEST_TMPDIR/re/report.md" "$BATS_TEST_TMPDIR/re/loss-C30.png"
+    run "$STUDY" --quick --steps 30 --seeds 2 --hbm-run --report-only \
+        --runs C0,C30-lrm-topk,C30-lrm-sample,C30-uniform-sample,C30-gradnorm-topk,cap1,cap1.25,hbm-lrm-sample \
+        -o "$BATS_TEST_TMPDIR/re"
+    assert_success
+    refute_output --partial "seed 0:"   # no run trained
+    [ -s "$BATS_TEST_TMPDIR/re/report.md" ] && [ -s "$BATS_TEST_TMPDIR/re/loss-C30.png" ]
+    # the same runs, the same seeds, the same reach in Table 1
+    diff <(cut -f1-4 "$OUT/table1.tsv") <(cut -f1-4 "$BATS_TEST_TMPDIR/re/table1.tsv")
+    run "$STUDY" --quick --report-only -o "$BATS_TEST_TMPDIR/nothing"
+    assert_failure 1
+    assert_output --partial "none of the runs' TSVs is there"
+}
+
 @test "a missing corpus file is a clear error (exit 1)" {
     run "$STUDY" --quick -c "$BATS_TEST_TMPDIR/nothing-here" -o "$BATS_TEST_TMPDIR/o"
     assert_failure 1
