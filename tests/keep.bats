@@ -163,7 +163,7 @@ for i, ((t, a), (o, _)) in enumerate(zip(read_stream(sys.argv[2]), read_stream(s
     nby += rule == "by-rank"
     r = ops.score(t["topk_ids"], t["topk_weights"], t["grad_output"], phi_sqnorm=t["phi_sqnorm"],
                   quota=t["quota"], index=i, bwd_alloc=t["bwd_alloc"], pair_rank=t["pair_rank"],
-                  keep_rule=rule)
+                  keep_rule=rule, select="topk")
     assert np.array_equal(r["keep"], o["keep"]), (i, rule)
     assert (r.attrs.get("score.keep") == "by-rank") == (rule == "by-rank"), (i, r.attrs)
 assert nby > 0, "no by-rank frame"
