@@ -647,6 +647,202 @@ int lrmoe_kcu_select(int64_t T, int K, int E, const int32_t *topk_ids, const flo
     return flag_check(&f, "select", K, 1);
 }
 
+/* ---------------------------------------------------------------- sample */
+
+/* lrmoe_score_sample on the device, bit for bit (score.c's sample_bucket,
+ * waterfill, sample_offset and points_below): one thread per expert walks
+ * its pairs in ascending u (bucket_build's stable order), so every sum and
+ * the systematic walk add in the CPU's order; products that feed a sum are
+ * __dmul_rn (no contraction into an FMA, which the CPU code does not do). */
+__device__ __forceinline__ unsigned long long smix64(unsigned long long x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+__device__ double dev_sample_offset(unsigned long long seed, long long b)
+{
+    unsigned long long h = smix64(seed ^ (((unsigned long long)b + 1) * 0x8CB92BA72F3D8DD7ull));
+    return __dmul_rn((double)(smix64(h) >> 11), 1.0 / 9007199254740992.0);
+}
+
+__device__ long long dev_points_below(double x, double r, long long qq)
+{
+    double v = ceil(__dsub_rn(x, r));
+    if (!(v > 0)) return 0;
+    return v >= (double)qq ? qq : (long long)v;
+}
+
+/* sift a[root] down a min-heap of a[0..k) */
+__device__ void dev_sift(double *a, long long root, long long k)
+{
+    for (;;) {
+        long long c = 2 * root + 1;
+        if (c >= k) return;
+        if (c + 1 < k && a[c + 1] < a[c]) c++;
+        if (!(a[c] < a[root])) return;
+        double t = a[c];
+        a[c] = a[root];
+        a[root] = t;
+        root = c;
+    }
+}
+
+/* descending heap sort of a[0..k) (the CPU's qsort: the sorted array of
+ * doubles is the same whatever the algorithm) */
+__device__ void dev_sort_desc(double *a, long long k)
+{
+    for (long long i = k / 2 - 1; i >= 0; i--) dev_sift(a, i, k);
+    for (long long end = k - 1; end > 0; end--) {
+        double t = a[0];
+        a[0] = a[end];
+        a[end] = t;
+        dev_sift(a, 0, end);
+    }
+}
+
+__device__ double dev_waterfill(const double *s, long long n, long long q, double S, double *tmp)
+{
+    long long m = 0;
+    double Su = S, c = (double)q / S;
+    for (int pass = 0; pass < 32; pass++) {
+        long long m2 = 0;
+        double Su2 = 0;
+        for (long long i = 0; i < n; i++) {
+            if (__dmul_rn(c, s[i]) >= 1.0) m2++;
+            else Su2 = __dadd_rn(Su2, s[i]);
+        }
+        if (m2 == m) return c;
+        if (m2 >= q || !(Su2 > 0)) break;
+        m = m2;
+        Su = Su2;
+        c = (double)(q - m) / Su;
+    }
+    long long k = 0;
+    for (long long i = 0; i < n; i++)
+        if (s[i] > 0) tmp[k++] = s[i];
+    dev_sort_desc(tmp, k);
+    Su = 0;
+    for (long long i = 0; i < k; i++) Su = __dadd_rn(Su, tmp[i]);
+    for (m = 0; m < q; m++) {
+        c = (double)(q - m) / Su;
+        if (__dmul_rn(c, tmp[m]) < 1.0) return c;
+        Su = __dsub_rn(Su, tmp[m]);
+    }
+    return c;
+}
+
+__global__ void __launch_bounds__(KCU_THREADS(k_sample))
+k_sample(int E, const int32_t *list, const int64_t *start, const float *score,
+         const int64_t *quota, unsigned long long seed, double *scr, int64_t N,
+         uint8_t *keep, float *weight, unsigned long long *fl)
+{
+    int e = blockIdx.x;
+    if (threadIdx.x != 0 || e >= E) return;
+    const int64_t b0 = start[e], n = start[e + 1] - b0, q = quota[e];
+    const int32_t *us = list + b0;
+    if (q < 0 || q > n) {
+        flag_set(fl, FL_QUOTA, e);
+        for (int64_t i = 0; i < n; i++) { keep[us[i]] = 0; weight[us[i]] = 1.0f; }
+        return;
+    }
+    if (n == 0) return;
+    double *s = scr + b0, *p = scr + N + b0, *tmp = scr + 2 * N + b0;
+    const double r = dev_sample_offset(seed, e);
+    long long npos = 0;
+    double S = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s[i] = sqrt((double)score[us[i]]);
+        if (s[i] > 0) { npos++; S = __dadd_rn(S, s[i]); }
+    }
+    if (q >= n) {
+        for (int64_t i = 0; i < n; i++) p[i] = 1.0;
+    } else if (q == 0) {
+        for (int64_t i = 0; i < n; i++) p[i] = 0.0;
+    } else if (npos <= q) {
+        const double pz = (double)(q - npos) / (double)(n - npos);
+        for (int64_t i = 0; i < n; i++) p[i] = s[i] > 0 ? 1.0 : pz;
+    } else {
+        const double c = dev_waterfill(s, n, q, S, tmp);
+        for (int64_t i = 0; i < n; i++) {
+            const double v = __dmul_rn(c, s[i]);
+            p[i] = v >= 1.0 ? 1.0 : v;
+        }
+    }
+    long long qq = q;
+    double Sp = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (p[i] >= 1.0) qq--;
+        else Sp = __dadd_rn(Sp, p[i]);
+    }
+    const double scale = qq > 0 && Sp > 0 ? (double)qq / Sp : 0.0;
+    double cum = 0;
+    long long got = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t u = us[i];
+        float w = 1.0f;
+        uint8_t k = 0;
+        if (p[i] >= 1.0) {
+            k = 1;
+        } else if (p[i] > 0) {
+            p[i] = __dmul_rn(p[i], scale);
+            const double lo = cum;
+            cum = __dadd_rn(cum, p[i]);
+            if (dev_points_below(cum, r, qq) > dev_points_below(lo, r, qq)) {
+                k = 1;
+                got++;
+                w = (float)(1.0 / p[i]);
+            }
+        }
+        keep[u] = k;
+        weight[u] = w;
+    }
+    for (int64_t i = n - 1; i >= 0 && got < qq; i--) {
+        const int32_t u = us[i];
+        if (!keep[u] && p[i] > 0) {
+            keep[u] = 1;
+            got++;
+            weight[u] = (float)(1.0 / p[i]);
+        }
+    }
+}
+
+int lrmoe_kcu_sample(int64_t T, int K, int E, const int32_t *topk_ids, const float *score,
+                     const int64_t *quota, uint64_t seed, uint8_t *keep, float *weight,
+                     int64_t *load)
+{
+    if (T < 0 || K < 1 || E < 1) return lrmoe_err("sample: bad sizes");
+    if (!quota) return lrmoe_err("sample: quota required");
+    int64_t N = T * K;
+    kflag_t f;
+    bucket_t b;
+    double *scr = NULL;
+    if (flag_new(&f) < 0) return -1;
+    if (bucket_build(N, E, topk_ids, score, f.d, &b) < 0) { flag_drop(&f); return -1; }
+    if (lrmoe_kcu_alloc((void **)&scr, (size_t)(N ? N : 1) * 3 * sizeof(double)) < 0) {
+        bucket_free(&b);
+        flag_drop(&f);
+        return -1;
+    }
+    k_sample<<<E, KCU_THREADS(k_sample), 0, kcu_stream()>>>(
+        E, b.list, b.start, score, quota, (unsigned long long)seed, scr, N, keep, weight, f.d);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        k_load_out<<<KCU_GRID(k_load_out, E), KCU_THREADS(k_load_out), 0, kcu_stream()>>>(
+            E, b.start, load);
+        e = cudaGetLastError();
+    }
+    lrmoe_kcu_free(scr);
+    bucket_free(&b);
+    if (e != cudaSuccess) {
+        flag_drop(&f);
+        return lrmoe_err("kernel sample: %s", cudaGetErrorString(e));
+    }
+    return flag_check(&f, "sample", K, 1);
+}
+
 /* ---------------------------------------------------------------- pack_assign */
 
 /* Native rank of expert e: the r with floor(r*E/P) <= e < floor((r+1)*E/P)

@@ -30,6 +30,9 @@
 #define KCU_SCAN_TPB 512
 /* k_select: one block of 256 threads per expert (cub::BlockScan<int, 256>). */
 #define KCU_SELECT_TPB 256
+/* k_sample: one block of a warp per expert, its first thread working (the CPU's sequential draw, bit for bit:
+ * its sums and the systematic walk are in ascending pair order). */
+#define KCU_SAMPLE_TPB 32
 /* k_pack_walk: WALK_WARPS warps per expert, up to WALK_MAX_P ranks; its
  * dynamic shared memory for P ranks is WALK_SMEM(P): alloc, totals and
  * cumulative remainders (3*P long long) and the per-warp table
@@ -53,6 +56,7 @@
     X(k_iota,               KCU_TPB,        0, 0)             \
     X(k_scan_small,         KCU_SCAN_TPB,   0, 0)             \
     X(k_select,             KCU_SELECT_TPB, 0, 0)             \
+    X(k_sample,             KCU_SAMPLE_TPB, 0, 0)             \
     X(k_load_out,           KCU_TPB,        0, 0)             \
     X(k_check_pairs,        KCU_TPB,        0, 0)             \
     X(k_alloc_forward,      KCU_TPB,        0, 0)             \

@@ -46,6 +46,15 @@ int lrmoe_kref_select(int64_t T, int K, int E, const int32_t *topk_ids, const fl
     return lrmoe_score_select(T, K, E, topk_ids, score, quota, -1, keep, load, NULL);
 }
 
+int lrmoe_kref_sample(int64_t T, int K, int E, const int32_t *topk_ids, const float *score,
+                      const int64_t *quota, uint64_t seed, uint8_t *keep, float *weight,
+                      int64_t *load)
+{
+    if (!quota) return lrmoe_err("sample: quota required");
+    return lrmoe_score_sample(T, K, E, topk_ids, score, quota, -1, seed, keep, weight, NULL,
+                              load, NULL);
+}
+
 int lrmoe_kref_pack_assign(int64_t T, int K, int E, int P, const int32_t *topk_ids,
                            const uint8_t *keep, const int32_t *pair_rank,
                            const int64_t *bwd_alloc, int64_t R, int64_t *pair, int32_t *rank,

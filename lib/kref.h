@@ -49,6 +49,10 @@ typedef struct {
  * row_sqnorm: x (n,d) f32 -> out (n) = ||x_i||^2 accumulated in double.
  * select: per expert the quota[e] highest scores (ties: lower u first) ->
  *   keep (T,K) u8 and load (E) = n_e (lrmoe_score_select with a quota).
+ * sample: per expert exactly quota[e] pairs drawn with p_u = min(1, c_e
+ *   sqrt(score_u)) by systematic sampling, seeded -> keep (T,K) u8, weight
+ *   (T,K) f32 = 1/p of a kept pair (else 1) and load (E) = n_e
+ *   (lrmoe_score_sample with a quota, bit for bit).
  * pack_assign: retained pairs -> destination rank and packed position
  *   (lrmoe_pack_assign: stay on pair_rank while bwd_alloc allows, the rest in
  *   ascending rank order). pair_rank NULL: the native rank
@@ -78,6 +82,9 @@ typedef struct {
     X(row_sqnorm, (int64_t n, int64_t d, const float *x, float *out)) \
     X(select, (int64_t T, int K, int E, const int32_t *topk_ids, const float *score, \
                const int64_t *quota, uint8_t *keep, int64_t *load)) \
+    X(sample, (int64_t T, int K, int E, const int32_t *topk_ids, const float *score, \
+               const int64_t *quota, uint64_t seed, uint8_t *keep, float *weight, \
+               int64_t *load)) \
     X(pack_assign, (int64_t T, int K, int E, int P, const int32_t *topk_ids, \
                     const uint8_t *keep, const int32_t *pair_rank, \
                     const int64_t *bwd_alloc, int64_t R, int64_t *pair, int32_t *rank, \

@@ -110,7 +110,15 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
             fprintf(fp, "\t%.6g", st.fidelity);
         else
             fputs("\tNA", fp);
-        fprintf(fp, "\t%.3f\n", st.seconds * 1e3);
+        fprintf(fp, "\t%.3f\t%s", st.seconds * 1e3, lrmoe_score_keep_rule_name(c->o.select));
+        /* the fidelity split (NA without --fidelity, dW_gate/dx without --weights) */
+        static const char *const fk[5] = {
+            "score.fidelity.dw_down.rel_err", "score.fidelity.dw_down.cosine",
+            "score.fidelity.dw_down.bias", "score.fidelity.dx.rel_err",
+            "score.fidelity.dx.bias"};
+        for (int i = 0; i < 5; i++)
+            lrmoe_tsv_attr(fp, f, fk[i]);
+        fputc('\n', fp);
         if (ferror(fp))
             return lrmoe_err("--stats: write error");
     }
@@ -206,7 +214,9 @@ int main(int argc, char **argv)
             return 1;
         }
         fprintf(c.stats, "frame\tlayer\tstep\tmetric\tpairs\tkept\tdropped\tretained"
-                         "\tdropped_score_share\tfidelity\tscore_ms\n");
+                         "\tdropped_score_share\tfidelity\tscore_ms\tselect"
+                         "\tdw_down_rel_err\tdw_down_cosine\tdw_down_bias\tdx_rel_err"
+                         "\tdx_bias\n");
     }
     int rc = 0;
     if (lrmoe_filter_run(in, io.out, &io.w, on_frame, &c) < 0) {

@@ -157,7 +157,7 @@ stats_dash() {
 @test "options: lrmoe-score --stats, one row per frame: pairs kept and dropped, time" {
     pipeline
     "$BIN/lrmoe-score" --select topk --drop 25 -S "$T/sc.tsv" -o "$T/s2.lrm" "$T/f.lrm"
-    [ "$(head -1 "$T/sc.tsv")" = "frame	layer	step	metric	pairs	kept	dropped	retained	dropped_score_share	fidelity	score_ms" ]
+    [ "$(head -1 "$T/sc.tsv")" = "frame	layer	step	metric	pairs	kept	dropped	retained	dropped_score_share	fidelity	score_ms	select	dw_down_rel_err	dw_down_cosine	dw_down_bias	dx_rel_err	dx_bias" ]
     python3 - "$T/sc.tsv" "$T/s2.lrm" <<'PY'
 import sys, lrmoe_stream as s
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
@@ -166,7 +166,8 @@ frames = s.read_stream(sys.argv[2])
 assert len(rows) == len(frames) == 2, (len(rows), len(frames))
 for i, (r, (t, a)) in enumerate(zip(rows, frames)):
     assert r["frame"] == str(i) and r["layer"] == a["layer"] and r["step"] == a["step"], r
-    assert r["metric"] == "lrm" and r["fidelity"] == "NA", r
+    assert r["metric"] == "lrm" and r["fidelity"] == "NA" and r["select"] == "topk", r
+    assert r["dw_down_bias"] == r["dx_rel_err"] == "NA", r
     pairs = t["topk_ids"].size
     assert int(r["pairs"]) == pairs == 128, r
     assert int(r["kept"]) == int(t["keep"].sum()) == int(a["score.kept"]), (r, a)
@@ -177,6 +178,12 @@ PY
     run "$BIN/lrmoe-score" --select topk --fidelity -S "$T/fi.tsv" -o /dev/null "$T/f.lrm"
     assert_success
     [ "$(col "$T/fi.tsv" fidelity)" != NA ]
+    # the split: topk's dW_down error is all bias; without --weights no dx
+    paste <(col "$T/fi.tsv" dw_down_rel_err) <(col "$T/fi.tsv" dw_down_bias) \
+        <(col "$T/fi.tsv" dx_rel_err) | awk '$1 != $2 || !($1 > 0) || $3 != "NA" { bad = 1 } END { exit bad }'
+    "$BIN/lrmoe-score" --fidelity -S "$T/fs.tsv" -o /dev/null "$T/f.lrm"
+    [ "$(col "$T/fs.tsv" select | sort -u)" = sample ]
+    col "$T/fs.tsv" dw_down_bias | awk '$1 != 0 { bad = 1 } END { exit bad }' 
     run "$BIN/lrmoe-score" --select topk -S "$T/nodir/x.tsv" -o /dev/null "$T/f.lrm"
     assert_failure 1
     assert_output --partial "$T/nodir/x.tsv"

@@ -135,6 +135,9 @@ int lrmoe_kcu_row_sqnorm(int64_t n, int64_t d, const float *x, float *o) { retur
 int lrmoe_kcu_select(int64_t T, int K, int E, const int32_t *ids, const float *s, const int64_t *q,
                      uint8_t *keep, int64_t *load)
 { return lrmoe_kref_select(T, K, E, ids, s, q, keep, load); }
+int lrmoe_kcu_sample(int64_t T, int K, int E, const int32_t *ids, const float *s, const int64_t *q,
+                     uint64_t seed, uint8_t *keep, float *w, int64_t *load)
+{ return lrmoe_kref_sample(T, K, E, ids, s, q, seed, keep, w, load); }
 int lrmoe_kcu_pack_assign(int64_t T, int K, int E, int P, const int32_t *ids, const uint8_t *keep,
                           const int32_t *pr, const int64_t *al, int64_t R, int64_t *pair, int32_t *rank,
                           int64_t *counts, int64_t *offsets)

@@ -245,6 +245,54 @@ static void t_select(int64_t T, int K, int E, const char *how, int ties)
     if (N) report("select bad quota", cs, gr < 0 && rr < 0, 0, gr < 0 ? lrmoe_errmsg() : "accepted");
 }
 
+/* the unbiased draw (lrmoe-score --select sample) on the device against
+ * lrmoe_score_sample: the same pairs and the same F32 weights, bit for bit
+ * (one thread per expert walks its pairs in the CPU's order) */
+static void t_sample(int64_t T, int K, int E, const char *how, int zeros, uint64_t seed)
+{
+    char cs[96];
+    snprintf(cs, sizeof cs, "T=%lld K=%d E=%d %s%s seed %llu", (long long)T, K, E, how,
+             zeros ? " zeros" : "", (unsigned long long)seed);
+    int64_t N = T * K;
+    auto ids = route(T, K, E, how);
+    std::vector<float> sc(N);
+    for (auto &s : sc) { /* LRM-like: six decades, some exact zeros */
+        float m = urand(0, 1);
+        s = zeros && irand(4) == 0 ? 0.0f : powf(10.0f, -6.0f * m) * urand(0.5f, 1.0f);
+    }
+    std::vector<int64_t> n(E, 0), q(E);
+    for (auto e : ids) n[e]++;
+    for (int e = 0; e < E; e++) {
+        int64_t r = irand(4);
+        q[e] = r == 0 ? 0 : r == 1 ? n[e] : irand(n[e] + 1);
+    }
+    dbuf<int32_t> di(N);
+    dbuf<float> dsc(N), dw(N);
+    dbuf<int64_t> dq(E), dl(E);
+    dbuf<uint8_t> dk(N);
+    di.put(ids); dsc.put(sc); dq.put(q);
+    dk.poison(); dw.poison(); dl.poison();
+    OK(lrmoe_kcu_sample(T, K, E, di.d, dsc.d, dq.d, seed, dk.d, dw.d, dl.d));
+    std::vector<uint8_t> rk(N);
+    std::vector<float> rw(N);
+    std::vector<int64_t> rl(E);
+    OK(lrmoe_kref_sample(T, K, E, ids.data(), sc.data(), q.data(), seed, rk.data(), rw.data(),
+                         rl.data()));
+    auto gk = dk.get();
+    auto gw = dw.get();
+    auto gl = dl.get();
+    cmp_exact("sample keep", cs, gk.data(), rk.data(), (size_t)N);
+    cmp_exact("sample weight", cs, gw.data(), rw.data(), (size_t)N);
+    cmp_exact("sample load", cs, gl.data(), rl.data(), (size_t)E);
+    int e0 = ids.empty() ? 0 : ids[0];
+    q[e0] = n[e0] + 1;
+    dq.put(q);
+    int gr = lrmoe_kcu_sample(T, K, E, di.d, dsc.d, dq.d, seed, dk.d, dw.d, dl.d);
+    int rr = lrmoe_kref_sample(T, K, E, ids.data(), sc.data(), q.data(), seed, rk.data(),
+                               rw.data(), rl.data());
+    if (N) report("sample bad quota", cs, gr < 0 && rr < 0, 0, gr < 0 ? lrmoe_errmsg() : "accepted");
+}
+
 static void t_pack(int64_t T, int K, int E, int P, const char *how, int with_rank, int with_alloc)
 {
     char cs[96];
@@ -597,6 +645,12 @@ int main(int argc, char **argv)
     CASE(t_select(500, 1, 8, "hot", 0));       /* expert 0 has every pair, the rest none */
     CASE(t_select(300, 2, 64, "sparse", 1));   /* most experts empty */
     CASE(t_select(20000, 8, 128, "spread", 1));
+    CASE(t_sample(0, 2, 4, "spread", 0, 1));
+    CASE(t_sample(777, 8, 128, "spread", 0, 2));
+    CASE(t_sample(777, 8, 128, "spread", 1, 3));
+    CASE(t_sample(500, 1, 8, "hot", 1, 4));
+    CASE(t_sample(300, 2, 64, "sparse", 0, 5));
+    CASE(t_sample(20000, 8, 128, "spread", 1, 6));
     CASE(t_pack(0, 2, 4, 2, "spread", 1, 1));
     CASE(t_pack(1, 1, 3, 3, "spread", 1, 1));
     CASE(t_pack(333, 4, 16, 4, "spread", 1, 1));
