@@ -32,6 +32,31 @@ def rel(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
+def drop_reference(blk, x, keep, w=None):
+    """run() on blk with plain-torch experts: every pair in the forward and
+    the routing-weight gradient, but only the kept pairs (keep (T,K)) in dW
+    and dx, each scaled by w (T,K, its pair_weight) when given."""
+    import types
+    ex = blk.experts
+
+    def fwd(mod, hidden, idx, wt):
+        out = torch.zeros_like(hidden)
+        Fh = mod.gate_up_proj.shape[1] // 2
+        for k in range(idx.shape[1]):
+            gu = torch.einsum("td,tfd->tf", hidden, mod.gate_up_proj[idx[:, k]])
+            y = torch.einsum("tf,tdf->td", torch.nn.functional.silu(gu[:, :Fh]) * gu[:, Fh:],
+                             mod.down_proj[idx[:, k]])
+            m = torch.as_tensor(keep[:, k])[:, None]
+            ys = y
+            if w is not None:
+                ys = y * torch.as_tensor(w[:, k])[:, None].to(y.dtype)
+                ys = ys + (y - ys).detach()  # the value of y, the gradient of w*y
+            out = out + wt[:, k, None] * torch.where(m, ys, y.detach())
+        return out
+    ex.forward = types.MethodType(fwd, ex)
+    return run(blk, x)
+
+
 class PatchRate1(unittest.TestCase):
     """patch(rate=1.0): output, grad of the input and of every parameter of
     the block equal the unpatched block's; float32 within 2e-5 of the max
@@ -112,22 +137,7 @@ class PatchDrop(unittest.TestCase):
     pair still counts in the forward and in the routing-weight gradient."""
 
     def reference(self, blk, x, keep):
-        ex = blk.experts
-
-        def fwd(mod, hidden, idx, w):
-            out = torch.zeros_like(hidden)
-            Fh = mod.gate_up_proj.shape[1] // 2
-            for k in range(idx.shape[1]):
-                gu = torch.einsum("td,tfd->tf", hidden, mod.gate_up_proj[idx[:, k]])
-                y = torch.einsum("tf,tdf->td", torch.nn.functional.silu(gu[:, :Fh]) * gu[:, Fh:],
-                                 mod.down_proj[idx[:, k]])
-                m = torch.as_tensor(keep[:, k])[:, None]
-                y = torch.where(m, y, y.detach())
-                out = out + w[:, k, None] * y
-            return out
-        import types
-        ex.forward = types.MethodType(fwd, ex)
-        return run(blk, x)
+        return drop_reference(blk, x, keep)
 
     def test_drop_matches_reference(self):
         cases = [(f, r, torch.float32, 2e-5) for f, r in (
@@ -166,23 +176,7 @@ class PatchSample(unittest.TestCase):
     bits as select="topk"."""
 
     def reference(self, blk, x, keep, w):
-        ex = blk.experts
-
-        def fwd(mod, hidden, idx, wt):
-            out = torch.zeros_like(hidden)
-            Fh = mod.gate_up_proj.shape[1] // 2
-            for k in range(idx.shape[1]):
-                gu = torch.einsum("td,tfd->tf", hidden, mod.gate_up_proj[idx[:, k]])
-                y = torch.einsum("tf,tdf->td", torch.nn.functional.silu(gu[:, :Fh]) * gu[:, Fh:],
-                                 mod.down_proj[idx[:, k]])
-                m = torch.as_tensor(keep[:, k])[:, None]
-                ys = y * torch.as_tensor(w[:, k])[:, None].to(y.dtype)
-                ys = ys + (y - ys).detach()  # the value of y, the gradient of w*y
-                out = out + wt[:, k, None] * torch.where(m, ys, y.detach())
-            return out
-        import types
-        ex.forward = types.MethodType(fwd, ex)
-        return run(blk, x)
+        return drop_reference(blk, x, keep, w)
 
     def test_sample_matches_reference(self):
         for fam, ranks in (("qwen3_moe", 2), ("deepseek_v3", 4), ("mixtral", 2)):
