@@ -550,7 +550,7 @@ static int build_experts(const group_t *g, lrmoe_frame_t *o, int64_t *Eo, int64_
             !(w[2] = lrmoe_frame_put(o, "w_down", dt, 3, sd)))
             return -1;
         size_t n = (size_t)(F * D), ds = lrmoe_dtype_size(dt);
-        for (int64_t e = 0; e < E; e++)
+        for (int64_t e = 0; e < E; e++)   /* checked even when empty (n == 0) */
             for (int p = PART_GATE; p <= PART_DOWN; p++) {
                 const lrmoe_tensor_t *t = g->ent[e * 3 + p].t;
                 int64_t want[2] = {p == PART_DOWN ? D : F, p == PART_DOWN ? F : D};
@@ -559,7 +559,8 @@ static int build_experts(const group_t *g, lrmoe_frame_t *o, int64_t *Eo, int64_
                 if (t->dtype != sdt)
                     return lrmoe_err("%s is %s, %s %s", t->name, lrmoe_dtype_name(t->dtype),
                                      d0->name, lrmoe_dtype_name(sdt));
-                copy_elems((char *)w[p]->data + (size_t)e * n * ds, dt, t->data, sdt, n);
+                if (n)   /* an empty tensor's data may be NULL: no offset from it */
+                    copy_elems((char *)w[p]->data + (size_t)e * n * ds, dt, t->data, sdt, n);
             }
     }
     *Eo = E;

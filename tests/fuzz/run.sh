@@ -6,7 +6,8 @@
 # by default). New inputs collect in $BUILD/fuzz/corpus/HARNESS and are kept for
 # the next run. Exit 1 on any finding (crash, sanitizer report, leak, failed
 # round-trip oracle, timeout, out-of-memory): the reproducer is written to
-# $BUILD/fuzz/findings/, the log tail printed. Exit 77 when clang or its
+# $BUILD/fuzz/findings/, the log tail printed; copy it to
+# tests/fuzz/regress/HARNESS/ once fixed, and every later run replays it. Exit 77 when clang or its
 # fuzzer runtime is missing (tests/deps.sh installs clang and
 # libclang-rt-14-dev). Needs the tools built (make) for the seeds.
 set -eu
@@ -46,9 +47,11 @@ for h in $HARNESSES; do
     [ $h = hf ] && dict=   # a structured recipe (fuzz_hf.c): no byte dictionary
     mkdir -p "$B/corpus/$h"
     log="$B/$h.log"
+    regress=   # past findings (tests/fuzz/regress/HARNESS), replayed by every run
+    [ -d "$TOP/tests/fuzz/regress/$h" ] && regress="$TOP/tests/fuzz/regress/$h"
     if "$B/fuzz_$h" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
             $dict -artifact_prefix="$B/findings/$h-" \
-            -print_final_stats=1 "$B/corpus/$h" "$B/seeds/$h" > "$log" 2>&1; then
+            -print_final_stats=1 "$B/corpus/$h" "$B/seeds/$h" $regress > "$log" 2>&1; then
         runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
         echo "fuzz $h: ${runs:-?} runs in ${SECS} s, no finding (corpus $(ls "$B/corpus/$h" | wc -l) inputs)"
     else
