@@ -218,6 +218,41 @@ $(BUILD)/inst/%: $(BUILD)/src/%.o $(BUILD)/liblrmoe-tools.a Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) -ldl -Wl,-rpath,'$$ORIGIN/../lib'
 
+# ---- unit tests (tests/unit/NAME_test.c): each linked from the objects of
+# the modules it tests and what they need, no more (the lists below: a new
+# dependency of a module shows here first). The bats files build theirs with
+# `make build/unit/NAME_test` (tests/helpers/unit.bash); `make unit` builds
+# and runs them all on quick arguments (tests/unit/run.sh).
+UNIT_NAMES    := $(patsubst tests/unit/%_test.c,%,$(wildcard tests/unit/*_test.c))
+UNIT_BIN      := $(UNIT_NAMES:%=$(BUILD)/unit/%_test)
+UNIT_blas     := blas error
+UNIT_capacity := capacity error
+UNIT_dtype    := dtype error
+UNIT_gemm     := gemm_cpu gemm_amx gemm_avx2 dtype error blas
+UNIT_gemm_amx := $(UNIT_gemm)
+UNIT_plan     := plan plan_eplb plan_llep plan_lrmoe plan_core minpeak capacity cost error frame \
+                 producers dtype cli stream
+UNIT_route    := route route_scalar route_avx2 route_avx512 error dtype blas
+UNIT_swiglu   := swiglu
+# score_test is linked against liblrmoe.so.1 (it calls the public API only)
+$(BUILD)/unit/score_test: tests/unit/score_test.c $(BUILD)/$(SONAME)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(BUILD) -l:$(SONAME) \
+	  -Wl,-rpath,$(abspath $(BUILD)) -lm
+.SECONDEXPANSION:
+$(BUILD)/unit/%_test: tests/unit/%_test.c $$(addprefix $(BUILD)/lib/,$$(addsuffix .o,$$(UNIT_$$*)))
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) -ldl
+-include $(UNIT_BIN:=.d)
+unit-build: $(UNIT_BIN)
+unit: $(UNIT_BIN)
+	@sh tests/unit/run.sh $(BUILD)/unit
+
+# Everyday edits (< 1 min): the unit tests, the library's C API, the stream
+# codec and one whole pipeline (tests/README, Tiers).
+check-fast: all $(UNIT_BIN)
+	@LRMOE_BUILD="$(BUILD)" sh tests/fast.sh
+
 check: all deps-test
 	@SANITIZE="$(SANITIZE)" LRMOE_BUILD="$(BUILD)" sh tests/run.sh
 
@@ -257,7 +292,7 @@ install: all $(INST_TOOLS)
 clean:
 	rm -rf $(BUILD) bin
 
-.PHONY: all check check-gpu bench demo install clean deps-build deps-test fuzz FORCE
+.PHONY: all check check-fast unit unit-build check-gpu bench demo install clean deps-build deps-test fuzz FORCE
 .PHONY: check-resources print-nvccflags
 .SECONDARY:
 -include $(LIB_OBJ:.o=.d) $(TOOL_SRC:src/%.c=$(BUILD)/src/%.d)

@@ -433,7 +433,7 @@ typedef struct {
  * bwd_loses, the early return of bwd_in_place, the min-peak forward
  * candidate of a baseline without replicas) and evaluates every candidate
  * in full, as before those skips. The plans must come out byte-identical;
- * tests/plan-exact.bats compares. Read once per call (a getenv per frame). */
+ * tests/plan-prune.bats compares. Read once per call (a getenv per frame). */
 static int plan_exhaustive(void)
 {
     const char *e = getenv("LRMOE_PLAN_EXHAUSTIVE");

@@ -6,6 +6,7 @@
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
+load helpers/unit
 load helpers/bf16_kernels
 
 setup() {
@@ -104,8 +105,7 @@ print(read_stream('$D/probe.lrm')[0][1]['exec.bf16'])")
 }
 
 @test "blas: the pool starts with the threads asked for, OPENBLAS_NUM_THREADS is the caller's again, every transpose exact (tests/unit/blas_test.c)" {
-    cc -std=c11 -O2 -Wall -Wextra -D_GNU_SOURCE -pthread -I"$L" -o "$D/bt" \
-        "$BATS_TEST_DIRNAME/unit/blas_test.c" "$L/blas.c" "$L/error.c" -ldl
+    cp "$(unit_test blas)" "$D/bt"
     for n in 1 2 3; do
         run "$D/bt" $n
         assert_success

@@ -8,16 +8,15 @@
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
+load helpers/unit
 
 setup_file() {
-    L="$BATS_TEST_DIRNAME/../lib"
-    cc -std=c11 -O2 -D_GNU_SOURCE -I"$L" -o "$BATS_FILE_TMPDIR/capacity_test" \
-        "$BATS_TEST_DIRNAME/unit/capacity_test.c" "$L/capacity.c" "$L/error.c" -lm
+    UT=$(unit_test capacity)
+    export UT
 }
 
 setup() {
     BIN="$BATS_TEST_DIRNAME/../bin"
-    UT="$BATS_FILE_TMPDIR/capacity_test"
     T="$BATS_TEST_TMPDIR"
     export PYTHONPATH="$BATS_TEST_DIRNAME/helpers${PYTHONPATH:+:$PYTHONPATH}"
 }

@@ -5,6 +5,7 @@
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
+load helpers/unit
 load helpers/bf16_kernels
 
 setup() {
@@ -430,15 +431,12 @@ have_bf16() {
 }
 
 @test "exec --compute: the GEMM module against float64 for every transpose, dtype, stride and odd K (tests/unit/gemm_test.c)" {
-    L="$BATS_TEST_DIRNAME/../lib"
     DN=""
     if echo 'int main(void){return dnnl_version() == 0;}' |
         cc -include oneapi/dnnl/dnnl.h -x c - -o /dev/null -ldnnl >/dev/null 2>&1; then
-        DN="-DLRMOE_HAVE_DNNL -ldnnl -lgomp"
+        DN=1   # the Makefile builds lib/gemm_cpu.c with oneDNN
     fi
-    # shellcheck disable=SC2086
-    cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/gt" "$BATS_TEST_DIRNAME/unit/gemm_test.c" \
-        "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/gemm_avx2.c" "$L/dtype.c" "$L/error.c" "$L/blas.c" -lm $DN
+    cp "$(unit_test gemm)" "$D/gt"
     run "$D/gt" f32
     assert_success
     assert_output --partial "gemm f32: 384 cases, 0 failed"
@@ -776,10 +774,7 @@ print('same')"
 
 @test "exec --compute bf16: every kernel this CPU runs against float64 on every AMX tile edge, with the bit-equalities each promises (lrmoe_gemm2, lrmoe_gemm_bf16out, strides; tests/unit/gemm_amx_test.c)" {
     have_bf16 || skip "this build has no oneDNN: --compute bf16 unavailable"
-    L="$BATS_TEST_DIRNAME/../lib"
-    cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/gat" "$BATS_TEST_DIRNAME/unit/gemm_amx_test.c" \
-        "$L/gemm_cpu.c" "$L/gemm_amx.c" "$L/gemm_avx2.c" "$L/dtype.c" "$L/error.c" "$L/blas.c" -lm \
-        -DLRMOE_HAVE_DNNL -ldnnl -lgomp
+    cp "$(unit_test gemm_amx)" "$D/gat"
     # the same cases on this CPU's default kernel and on every bf16 kernel it
     # can run (tests/helpers/bf16_kernels.bash), each checking the
     # bit-equalities that kernel promises (lib/gemm_cpu.h): lrmoe_gemm2 and
@@ -836,9 +831,7 @@ print('same')"
 }
 
 @test "exec SwiGLU: the AVX-512 rows (lrmoe's expf) equal the scalar rows with libm's expf bit for bit, forward, backward and sqnorm (tests/unit/swiglu_test.c)" {
-    L="$BATS_TEST_DIRNAME/../lib"
-    cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$D/sw" "$BATS_TEST_DIRNAME/unit/swiglu_test.c" \
-        "$L/swiglu.c" -lm
+    cp "$(unit_test swiglu)" "$D/sw"
     # every 257th float bit pattern (16.7M sigmoids) and 49 layers of special and random rows
     run "$D/sw" 257
     assert_success

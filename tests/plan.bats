@@ -8,21 +8,18 @@
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
+load helpers/unit
 
-# The unit program (tests/unit/plan_test.c) is compiled from the library
-# sources it needs, into the file's temp dir.
+# The unit program (tests/unit/plan_test.c), built by the Makefile from the
+# modules it needs (UNIT_plan).
 setup_file() {
-    L="$BATS_TEST_DIRNAME/../lib"
-    cc -std=c11 -O2 -D_GNU_SOURCE -I"$L" -o "$BATS_FILE_TMPDIR/plan_test" \
-        "$BATS_TEST_DIRNAME/unit/plan_test.c" "$L/plan.c" "$L/plan_eplb.c" \
-        "$L/plan_llep.c" "$L/plan_lrmoe.c" "$L/plan_core.c" "$L/minpeak.c" "$L/capacity.c" \
-        "$L/cost.c" "$L/error.c" "$L/frame.c" "$L/producers.c" "$L/dtype.c" "$L/cli.c" "$L/stream.c" -lzstd -ljansson -lglpk -lm -lpthread
+    UT=$(unit_test plan)
+    export UT
 }
 
 setup() {
     BIN="$BATS_TEST_DIRNAME/../bin"
     REF="python3 $BATS_TEST_DIRNAME/helpers/plan_ref.py"
-    UT="$BATS_FILE_TMPDIR/plan_test"
     T="$BATS_TEST_TMPDIR"
 }
 
@@ -252,7 +249,7 @@ for t, a in read_stream('$1'):
     done
     # without --longer-backward the hot95 frame (only replicated experts can
     # drop, and their retained state may move under the global keep) plans
-    # with the keep by forward rank (plan.keep=by-rank, tests/keep.bats);
+    # with the keep by forward rank (plan.keep=by-rank, tests/by-rank.bats);
     # without that rule it was refused ("every plan that drops pairs and
     # fits would lengthen the modelled backward")
     run "$BIN/lrmoe-plan" -P 8 -M 6.3G -S "$T/s.tsv" -o "$T/o.lrm" "$T/in.lrm"

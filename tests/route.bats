@@ -3,6 +3,7 @@
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
+load helpers/unit
 
 setup() {
     BIN="$BATS_TEST_DIRNAME/../bin"
@@ -92,11 +93,7 @@ EOF
 }
 
 @test "route: every kernel path against a brute-force reference (tests/unit/route_test.c)" {
-    L="$BATS_TEST_DIRNAME/../lib"
-    cc -std=c11 -O2 -D_GNU_SOURCE -pthread -I"$L" -o "$T/route_test" \
-        "$BATS_TEST_DIRNAME/unit/route_test.c" "$L/route.c" "$L/route_scalar.c" "$L/route_avx2.c" "$L/route_avx512.c" \
-        "$L/error.c" "$L/dtype.c" "$L/blas.c" -lm -lpthread
-    run "$T/route_test"
+    run "$(unit_test route)"
     assert_success
     assert_output --partial "all match"
     # which kernel the default path ran, in the TAP log

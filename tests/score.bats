@@ -4,6 +4,7 @@
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
+load helpers/unit
 
 setup() {
     BIN="$BATS_TEST_DIRNAME/../bin"
@@ -187,13 +188,7 @@ print('same')"
 }
 
 @test "sample: the unbiased draw by expert (exact quotas, inclusion probabilities, E[weighted sum] = full sum; tests/unit/score_test.c)" {
-    L="$BATS_TEST_DIRNAME/../lib"
-    B="$BATS_TEST_DIRNAME/../${LRMOE_BUILD:-build}"
-    run cc -std=c11 -O2 -D_GNU_SOURCE ${SANITIZE:+-fsanitize=address,undefined} -I"$L" \
-        -o "$T/st" "$BATS_TEST_DIRNAME/unit/score_test.c" -L"$B" -l:liblrmoe.so.1 \
-        -Wl,-rpath,"$(cd "$B" && pwd -P)" -lm
-    assert_success
-    run "$T/st"
+    run "$(unit_test score)"
     assert_success
     assert_output --partial "ok"
 }

@@ -4,6 +4,7 @@
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
+load helpers/unit
 
 setup() {
     BIN="$BATS_TEST_DIRNAME/../bin"
@@ -25,8 +26,7 @@ PY
 }
 
 build_dtype_test() {
-    L="$BATS_TEST_DIRNAME/../lib"
-    cc -std=c11 -O2 -I"$L" -o "$T/dt" "$BATS_TEST_DIRNAME/unit/dtype_test.c" "$L/dtype.c" "$L/error.c" -lm
+    cp "$(unit_test dtype)" "$T/dt"
 }
 
 frame_bytes() { # print a single raw frame with a custom JSON header and data size

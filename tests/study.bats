@@ -169,7 +169,7 @@ RULES="lrm-topk lrm-sample uniform-sample gradnorm-topk"
 
 @test "a corpus too small for the windows is a clear error (exit 1)" {
     # fortune format ('%' between records), just too little of it (a text
-    # without '%' lines is a format error: tests/ux.bats)
+    # without '%' lines is a format error: tests/inputs.bats)
     head -c 2000 "$TOP/README.md" | fold -w 40 | sed 's/^/%\n/' >"$BATS_TEST_TMPDIR/small.txt"
     run "$STUDY" --quick -c "$BATS_TEST_TMPDIR/small.txt" -o "$BATS_TEST_TMPDIR/o"
     assert_failure 1

@@ -248,7 +248,7 @@ PY
 # keep rule (plan.keep): at the same plan (quotas and bwd_alloc), the global
 # top-K_e of each expert against the top bwd_alloc[e,p] of the pairs that ran
 # on each forward rank. Small shapes where lrmoe-plan's strict backward rule
-# needs by-rank on some frames (E=16 K=4 D=48 F=32, P=4, as tests/keep.bats).
+# needs by-rank on some frames (E=16 K=4 D=48 F=32, P=4, as tests/by-rank.bats).
 KT=512; KS=4
 [ "${BENCH_QUICK:-0}" = 1 ] && KS=3
 : > "$tmp/keep.tsv"

@@ -6,8 +6,8 @@ its --stats TSV minus the timing columns (*_ms, looked up by name).
   plan_exact.py BIN TMP [SMALL.lrm ...]
 
 BIN: the directory of lrmoe-plan; TMP: a scratch directory; SMALL.lrm: routed
-P=4 traces on which follow and in-place backwards win (tests/plan-exact.bats
-builds keep.bats' trace and two more). Prints one line per difference and a
+P=4 traces on which follow and in-place backwards win (tests/plan-prune.bats
+builds by-rank.bats' trace and two more). Prints one line per difference and a
 summary; exits 1 on any difference, or when the runs lost their power: no
 chosen plan named follow or in-place, no frame at rho < 1 or none at rho 1.
 

@@ -203,9 +203,11 @@ static int check_sigmoid(const char *path, const lrmoe_route_opts_t *o, int64_t 
     return bad;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     static const int Es[] = {16, 32, 48, 128, 256, 1024, 24};
+    /* "route_test quick" (make unit): E <= 48 only */
+    size_t nE = argc > 1 && !strcmp(argv[1], "quick") ? 3 : sizeof Es / sizeof Es[0];
     static const struct { const char *name, *var; } paths[] = {
         {"default", NULL}, {"no-avx512", "LRMOE_NO_AVX512"}, {"scalar", "LRMOE_NO_SIMD"}};
     int fails = 0;
@@ -219,7 +221,7 @@ int main(void)
             setenv(paths[pi].var, "1", 1);
         rng = 88172645463325252ull; /* the same cases on every path */
         long n = 0;
-        for (size_t ei = 0; ei < sizeof Es / sizeof Es[0]; ei++) {
+        for (size_t ei = 0; ei < nE; ei++) {
             int E = Es[ei];
             for (int kind = 0; kind < NKIND; kind++) {
                 for (int K = 1; K <= 8; K++) {

@@ -1,10 +1,10 @@
 #!/usr/bin/env bats
-# The lrmoe planner's exact skips (issue 12): planned with and without
+# The lrmoe planner's exact skips (its search's prunes change no plan): planned with and without
 # LRMOE_PLAN_EXHAUSTIVE=1 (every bound prune, bwd_loses, the early return of
 # bwd_in_place and the duplicate min-peak candidate of a baseline without
 # replicas off), random traces at P = 4..128, E = 16..384, nodes 1..16,
 # budgets from unlimited to below rate 1's, all three quota policies and
-# --longer-backward, and small routed P=4 traces (keep.bats' among them: follow
+# --longer-backward, and small routed P=4 traces (by-rank.bats' among them: follow
 # and in-place backwards win there) must give byte-identical streams and
 # --stats rows (minus the *_ms columns). The rate loop, which both runs share,
 # is checked on its own: with --rates 1.0,0.9,0.8,0.7 each frame takes the
@@ -22,7 +22,7 @@ setup() {
 }
 
 @test "plan: the exact skips change no plan (LRMOE_PLAN_EXHAUSTIVE=1 gives the same streams and stats), and the first fitting rate wins" {
-    # keep.bats' trace (seed 5, hot:80:2) and two more: a follow backward
+    # by-rank.bats' trace (seed 5, hot:80:2) and two more: a follow backward
     # wins on some of their frames, and an inexact skip of it shows there
     # (bwd_loses always true once a plan fits changed only these runs)
     for g in 5:hot:80:2 2:zipf:1.2 6:hot:60:1; do

@@ -1,5 +1,6 @@
 #!/usr/bin/env bats
-# Issue 19, what a new user trips over: lrmoe-plan and lrmoe-sim never
+# What the tools take from their inputs, and what they say when an input
+# lacks it (first filed as issue 19's new-user report): lrmoe-plan and lrmoe-sim never
 # assume the expert FFN width F (a frame that says nothing of it is an error
 # naming --ffn and --weights), and --weights FILE says D and F from the
 # model's weights stream (lib/plan_cli.c). The in-process planner's side is

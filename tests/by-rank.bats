@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# plan.keep=by-rank (issue 12): lrmoe-score keeps by forward rank when the
+# The keep by forward rank, plan.keep=by-rank: lrmoe-score keeps by forward rank when the
 # plan's backward relies on it, and lrmoe-pack then moves no state that the
 # plan's cost model did not charge.
 

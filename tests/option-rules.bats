@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# Issue 19's option rules (lrmoe(7) OPTIONS): the table of every option
+# The option rules of lrmoe(7) OPTIONS: the table of every option
 # against each tool's --help both ways, one meaning per short letter, '-' as
 # the statistics file, BYTES in any case, lrmoe-score/lrmoe-pack --stats,
 # and the model sizes lrmoe-plan and lrmoe-sim take from the frame.
