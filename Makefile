@@ -231,7 +231,7 @@ UNIT_dtype    := dtype error
 UNIT_gemm     := gemm_cpu gemm_amx gemm_avx2 dtype error blas
 UNIT_gemm_amx := $(UNIT_gemm)
 UNIT_plan     := plan plan_eplb plan_llep plan_lrmoe plan_core minpeak capacity cost error frame \
-                 producers dtype cli stream
+                 producers dtype clock stream
 UNIT_route    := route route_scalar route_avx2 route_avx512 error dtype blas
 UNIT_swiglu   := swiglu
 # score_test is linked against liblrmoe.so.1 (it calls the public API only)
@@ -247,6 +247,11 @@ $(BUILD)/unit/%_test: tests/unit/%_test.c $$(addprefix $(BUILD)/lib/,$$(addsuffi
 unit-build: $(UNIT_BIN)
 unit: $(UNIT_BIN)
 	@sh tests/unit/run.sh $(BUILD)/unit
+
+# The layer rule (lib/LAYERS, lrmoe(7) THE LIBRARY) on the objects' real
+# call edges; tests/layers.bats runs it in make check.
+check-layers: all
+	@python3 tests/helpers/layers.py check $(BUILD)/lib $(BUILD)/kernels
 
 # Everyday edits (< 1 min): the unit tests, the library's C API, the stream
 # codec and one whole pipeline (tests/README, Tiers).
@@ -292,7 +297,7 @@ install: all $(INST_TOOLS)
 clean:
 	rm -rf $(BUILD) bin
 
-.PHONY: all check check-fast unit unit-build check-gpu bench demo install clean deps-build deps-test fuzz FORCE
+.PHONY: all check check-fast check-layers unit unit-build check-gpu bench demo install clean deps-build deps-test fuzz FORCE
 .PHONY: check-resources print-nvccflags
 .SECONDARY:
 -include $(LIB_OBJ:.o=.d) $(TOOL_SRC:src/%.c=$(BUILD)/src/%.d)

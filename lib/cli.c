@@ -1,5 +1,7 @@
-/* Plumbing shared by the tools: stream options, the frame loop, number
- * parsing, clocks. Nothing here prints. */
+/* Plumbing shared by the tools: stream options, selections, the frame
+ * loop, statistics files. Nothing here prints. Below the library's modules
+ * nothing calls it (lrmoe(7), THE LIBRARY): the clock is lib/clock.c, the
+ * number parsers lib/parse.c, the weights stream lib/weights.c. */
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -11,13 +13,6 @@
 #include <time.h>
 #include <unistd.h>
 #include "lrmoe.h"
-
-double lrmoe_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int lrmoe_check_tty_out(const char *path, int force)
 {
@@ -63,83 +58,6 @@ int lrmoe_stats_close(FILE *fp)
     if (fp == stdout || fp == stderr)
         return fflush(fp) != 0 || ferror(fp) ? EOF : 0;
     return fclose(fp);
-}
-
-int lrmoe_parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end)
-        return lrmoe_err("%s: '%s' is not an integer", opt, s);
-    if (v < lo || v > hi)
-        return lrmoe_err("%s: %lld is out of range [%" PRId64 ", %" PRId64 "]", opt, v, lo, hi);
-    *out = v;
-    return 0;
-}
-
-int lrmoe_parse_f64(const char *opt, const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno == ERANGE || end == s || *end || isnan(v))
-        return lrmoe_err("%s: '%s' is not a number", opt, s);
-    if (v < lo || v > hi)
-        return lrmoe_err("%s: %g is out of range [%g, %g]", opt, v, lo, hi);
-    *out = v;
-    return 0;
-}
-
-int lrmoe_parse_bytes(const char *opt, const char *s, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !isfinite(v))
-        return lrmoe_err("%s: '%s' is not a size (e.g. 16GiB, 512M, 1.5g, 100e9)", opt, s);
-    const char *u = end;
-    while (*u == ' ')
-        u++;
-    double mul = 1;
-    if (*u) {
-        /* K, M, G, T, P, any case: alone or with iB powers of 1024, with B
-         * powers of 1000; B alone: bytes */
-        static const char letters[] = "kmgtp";
-        const char *l = strchr(letters, tolower((unsigned char)*u));
-        const char *rest = l ? u + 1 : u;
-        int n = l ? (int)(l - letters) + 1 : 0;
-        double base = 1024;
-        if (tolower((unsigned char)rest[0]) == 'i' && tolower((unsigned char)rest[1]) == 'b' &&
-            !rest[2] && n)
-            base = 1024;
-        else if (tolower((unsigned char)rest[0]) == 'b' && !rest[1])
-            base = 1000;
-        else if (rest[0] || !n)
-            return lrmoe_err("%s: bad unit in '%s' (B, K, M, G, T, P: powers of 1024, also "
-                             "KiB...; KB, MB, GB...: powers of 1000; any case)", opt, s);
-        while (n--)
-            mul *= base;
-    }
-    v *= mul;
-    if (!(v >= 0) || v > 1e18)
-        return lrmoe_err("%s: '%s' is negative or absurd", opt, s);
-    *out = v;
-    return 0;
-}
-
-int lrmoe_parse_range(const char *opt, const char *s, int64_t *lo, int64_t *hi)
-{
-    const char *dash = *s ? strchr(s + 1, '-') : NULL;
-    if (!dash) {
-        if (lrmoe_parse_i64(opt, s, 0, INT64_MAX, lo) < 0) return -1;
-        *hi = *lo;
-        return 0;
-    }
-    char first[64];
-    snprintf(first, sizeof first, "%.*s", (int)(dash - s), s);
-    if (lrmoe_parse_i64(opt, first, 0, INT64_MAX, lo) < 0) return -1;
-    return lrmoe_parse_i64(opt, dash + 1, *lo, INT64_MAX, hi);
 }
 
 void lrmoe_select_init(lrmoe_select_t *s)
@@ -268,63 +186,4 @@ int64_t lrmoe_filter_run_done(const char *in, const char *out, const lrmoe_wopts
     lrmoe_frame_clear(&f);
     lrmoe_reader_close(r);
     return rc < 0 ? -1 : n;
-}
-
-/* ------------------------------------------------------------ weights */
-
-int lrmoe_weights_load(const char *path, lrmoe_weights_t *w)
-{
-    memset(w, 0, sizeof *w);
-    lrmoe_reader_t *r = lrmoe_reader_open(path);
-    if (!r) return -1;
-    int cap = 0, rc;
-    for (;;) {
-        if (w->n == cap) {
-            cap = cap ? 2 * cap : 8;
-            lrmoe_frame_t *fr = realloc(w->frames, (size_t)cap * sizeof *fr);
-            int64_t *ly = fr ? realloc(w->layer, (size_t)cap * sizeof *ly) : NULL;
-            if (fr) w->frames = fr;
-            if (!ly) { lrmoe_err("out of memory"); rc = -1; break; }
-            w->layer = ly;
-        }
-        lrmoe_frame_init(&w->frames[w->n]);
-        rc = lrmoe_reader_next(r, &w->frames[w->n]);
-        if (rc <= 0) break;
-        int64_t l = w->n;
-        if (lrmoe_frame_attr_i64(&w->frames[w->n], "layer", &l) < 0) {
-            lrmoe_err_prefix("%s: frame %d", path ? path : "<stdin>", w->n);
-            rc = -1;
-            w->n++;
-            break;
-        }
-        for (int i = 0; i < w->n; i++)
-            if (w->layer[i] == l) {
-                lrmoe_err("%s: layer %" PRId64 " appears twice", path ? path : "<stdin>", l);
-                rc = -1;
-            }
-        w->layer[w->n++] = l;
-        if (rc < 0) break;
-    }
-    lrmoe_reader_close(r);
-    if (rc < 0) {
-        lrmoe_weights_free(w);
-        return -1;
-    }
-    return 0;
-}
-
-const lrmoe_frame_t *lrmoe_weights_layer(const lrmoe_weights_t *w, int64_t layer)
-{
-    for (int i = 0; i < w->n; i++)
-        if (w->layer[i] == layer) return &w->frames[i];
-    lrmoe_err("weights: no frame for layer %" PRId64, layer);
-    return NULL;
-}
-
-void lrmoe_weights_free(lrmoe_weights_t *w)
-{
-    for (int i = 0; i < w->n; i++) lrmoe_frame_clear(&w->frames[i]);
-    free(w->frames);
-    free(w->layer);
-    memset(w, 0, sizeof *w);
 }

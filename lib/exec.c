@@ -1,6 +1,8 @@
 /* lrmoe-exec: the backend dispatcher. The helpers both backends share live
  * below them in lib/exec_common.c. See exec.h. */
+#include <string.h>
 #include "exec.h"
+#include "exec_internal.h"
 
 /* The CUDA entry points are linked only when the build has CUDA and the CUDA
  * backend exists (kernels/exec_cuda.cu): in liblrmoe.a the kernels'
@@ -40,3 +42,18 @@ int lrmoe_exec_backward(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
     return lrmoe_exec_backward_cpu(cfg, d, w, plan, a, timings);
 }
 
+int lrmoe_exec_numerics(const lrmoe_exec_cfg_t *cfg, lrmoe_dtype_t wdt, int kernel,
+                        lrmoe_exec_numerics_t *n)
+{
+    memset(n, 0, sizeof *n);
+    n->compute = LRMOE_COMPUTE_F32;
+    if (cfg->backend == LRMOE_BACKEND_CPU &&
+        lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, wdt, &n->compute) < 0)
+        return -1;
+    n->compute_name = lrmoe_compute_name(n->compute);
+    if (kernel && n->compute == LRMOE_COMPUTE_BF16) {
+        lrmoe_gemm_kernel(&n->kernel);
+        n->kernel_name = lrmoe_gemm_kernel_name(n->kernel.kind);
+    }
+    return 0;
+}

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include "exec_frame.h"
+#include "exec_internal.h"
 #include "gemm_cpu.h"
 #include "weights_map.h"
 #include "exec_mpi.h"
@@ -106,55 +107,6 @@ static void used_experts(const lrmoe_tensor_t *ids, int64_t E, uint8_t *used)
         if (id[u] >= 0 && id[u] < E) used[id[u]] = 1;
 }
 
-/* Index of the first non-finite value of x[0..n) or -1: BF16/F16 by the
- * exponent bits, F32 by its bits, a block at a time without an early exit so
- * that the scan vectorises (the weights are scanned at memory speed). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-__attribute__((optimize("O3"), target_clones("avx512f", "avx2", "default")))
-#endif
-static int64_t first_nonfinite(lrmoe_dtype_t dt, const void *x, size_t n)
-{
-    enum { B = 4096 };
-    for (size_t i0 = 0; i0 < n; i0 += B) {
-        size_t m = n - i0 < B ? n - i0 : B;
-        unsigned any = 0;
-        if (dt == LRMOE_BF16 || dt == LRMOE_F16) {
-            const uint16_t *h = (const uint16_t *)x + i0, e = dt == LRMOE_BF16 ? 0x7f80 : 0x7c00;
-            for (size_t i = 0; i < m; i++) any |= (h[i] & e) == e;
-        } else if (dt == LRMOE_F32) {
-            const uint32_t *f = (const uint32_t *)x + i0;
-            for (size_t i = 0; i < m; i++) any |= (f[i] & 0x7f800000u) == 0x7f800000u;
-        } else {
-            return -1;
-        }
-        if (!any) continue;
-        for (size_t i = 0; i < m; i++) {
-            int bad = dt == LRMOE_F32
-                          ? (((const uint32_t *)x)[i0 + i] & 0x7f800000u) == 0x7f800000u
-                          : (((const uint16_t *)x)[i0 + i] & (dt == LRMOE_BF16 ? 0x7f80 : 0x7c00)) ==
-                                (dt == LRMOE_BF16 ? 0x7f80 : 0x7c00);
-            if (bad) return (int64_t)(i0 + i);
-        }
-    }
-    return -1;
-}
-
-int lrmoe_exec_check_finite(lrmoe_dtype_t dt, const void *x, size_t n, const char *name)
-{
-    int64_t bad = -1;
-    if (!x) return 0; /* absent: the caller's own checks name it */
-    if (dt == LRMOE_F64) {
-        const double *f = x;
-        for (size_t i = 0; i < n; i++) if (!isfinite(f[i])) { bad = (int64_t)i; break; }
-    } else {
-        bad = first_nonfinite(dt, x, n);
-    }
-    if (bad >= 0)
-        return lrmoe_err("%s: non-finite value at flat index %lld (use --allow-nonfinite)",
-                         name, (long long)bad);
-    return 0;
-}
-
 /* Each used expert's three matrices of weights frame wi, checked finite
  * once per context (c->wok remembers which were); F64 weights take the
  * common check over the whole tensor. */
@@ -182,7 +134,7 @@ static int check_weights(lrmoe_exec_ctx_t *c, int wi, int64_t layer, const uint8
         const size_t per = (size_t)(t->shape[1] * t->shape[2]), es = lrmoe_dtype_size(t->dtype);
         for (int64_t e = 0; e < E; e++) {
             if (!used[e] || ok[e]) continue;
-            int64_t i = first_nonfinite(t->dtype, (const char *)t->data + (size_t)e * per * es, per);
+            int64_t i = lrmoe_exec_first_nonfinite(t->dtype, (const char *)t->data + (size_t)e * per * es, per);
             if (i >= 0)
                 return lrmoe_err("%s: layer %lld: %s: non-finite value at flat index %lld "
                                  "(use --allow-nonfinite)", what, (long long)layer, nm[j],
@@ -267,7 +219,7 @@ static int out_check(lrmoe_exec_ctx_t *c, const lrmoe_frame_t *f, int wi, int64_
     for (const char **n = c->o.backward ? bwd : fwd; *n && !bad; n++) {
         const lrmoe_tensor_t *t = lrmoe_frame_get(f, *n);
         if (!t) return lrmoe_err("exec: output %s missing", *n);
-        bad = first_nonfinite(t->dtype, t->data, (size_t)lrmoe_tensor_numel(t)) >= 0;
+        bad = lrmoe_exec_first_nonfinite(t->dtype, t->data, (size_t)lrmoe_tensor_numel(t)) >= 0;
     }
     if (!bad) return 0;
     uint8_t *used = malloc((size_t)(E > 0 ? E : 1));
@@ -446,9 +398,9 @@ static int weights_for(lrmoe_exec_ctx_t *c, const lrmoe_frame_t *f, int wi, int6
     } else if (idle_experts(c, f, ids, E, used, idle) && check_weights(c, wi, layer, idle, E) < 0) {
         rc = check_weights(c, wi, layer, used, E); /* today's first error */
     }
-    lrmoe_compute_t cm = LRMOE_COMPUTE_F32;
-    if (!rc && c->o.cfg.backend == LRMOE_BACKEND_CPU)
-        rc = lrmoe_gemm_resolve((lrmoe_compute_t)c->o.cfg.compute, W->dtype, &cm);
+    lrmoe_exec_numerics_t nm;
+    if (!rc) rc = lrmoe_exec_numerics(&c->o.cfg, W->dtype, 0, &nm);
+    lrmoe_compute_t cm = rc ? LRMOE_COMPUTE_F32 : nm.compute;
     /* F32 weights: always packed (gate and up as one GEMM; other bits
      * without). BF16 weights: the packed F32 copy from the second frame of a
      * layer in a row on (or one already begun): a process's first frame, and
@@ -878,13 +830,12 @@ static int exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *sp)
     c->critical = lrmoe_exec_critical(P, c->tim);
     rc = timing_attrs(c, f);
     if (!rc && c->o.cfg.backend == LRMOE_BACKEND_CPU) { /* the GEMMs' numerics */
-        lrmoe_compute_t cm;
-        rc = lrmoe_gemm_resolve((lrmoe_compute_t)c->o.cfg.compute, W.dtype, &cm);
-        if (!rc) rc = lrmoe_frame_set_attr(f, "exec.compute", lrmoe_compute_name(cm));
-        if (!rc && cm == LRMOE_COMPUTE_BF16) { /* the kernel that ran (rank 0's under MPI) */
-            lrmoe_gemm_kernel_t k;
-            lrmoe_gemm_kernel(&k);
-            rc = lrmoe_frame_set_attr(f, "exec.bf16", lrmoe_gemm_kernel_name(k.kind));
+        lrmoe_exec_numerics_t nm;
+        rc = lrmoe_exec_numerics(&c->o.cfg, W.dtype, 1, &nm);
+        if (!rc) rc = lrmoe_frame_set_attr(f, "exec.compute", nm.compute_name);
+        if (!rc && nm.compute == LRMOE_COMPUTE_BF16) { /* the kernel that ran (rank 0's under MPI) */
+            const lrmoe_gemm_kernel_t k = nm.kernel;
+            rc = lrmoe_frame_set_attr(f, "exec.bf16", nm.kernel_name);
             if (!rc && k.dnnl_version) /* oneDNN's part: its version and implementation */
                 rc = lrmoe_frame_set_attrf(f, "exec.bf16_dnnl", "%d.%d.%d %s",
                                            k.dnnl_version / 10000, k.dnnl_version / 100 % 100,

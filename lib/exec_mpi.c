@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "exec_mpi.h"
+#include "exec_internal.h"
 #include "gemm_cpu.h"
 #include "lrmoe.h"
 
@@ -1174,14 +1175,11 @@ static int hdr_common(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
     h->wdtype = w->dtype;
     h->allow_nonfinite = cfg->allow_nonfinite;
     h->backend = cfg->backend;
-    lrmoe_compute_t cm = LRMOE_COMPUTE_F32;
-    if (cfg->backend == LRMOE_BACKEND_CPU &&
-        lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, w->dtype, &cm) < 0)
-        return -1;
-    h->compute = cm;
-    if (cm == LRMOE_COMPUTE_BF16) { /* the kernel too: one per job */
-        lrmoe_gemm_kernel_t k;
-        lrmoe_gemm_kernel(&k);
+    lrmoe_exec_numerics_t nm;
+    if (lrmoe_exec_numerics(cfg, w->dtype, 1, &nm) < 0) return -1;
+    h->compute = nm.compute;
+    if (nm.compute == LRMOE_COMPUTE_BF16) { /* the kernel too: one per job */
+        const lrmoe_gemm_kernel_t k = nm.kernel;
         h->kernel = k.kind;
         h->dnnl_version = k.dnnl_version;
         memcpy(h->dnnl_impl, k.dnnl_impl, sizeof h->dnnl_impl);

@@ -332,6 +332,20 @@ static double cpu_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The baselines plan_lrmoe must not lose to, placed and allocated at rate
+ * 1 (plan_base_fn): the one way one planner reaches another. */
+static int baseline(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p)
+{
+    switch (o->planner) {
+    case LRMOE_PLANNER_FIXED: return plan_fixed(o, load, E, p);
+    case LRMOE_PLANNER_LLEP:
+        return lrmoe_llep_assign(load, E, o->P, o->lambda, o->alpha, o->min_chunk, p->placement,
+                                 p->fwd_alloc) < 0 ? -1 : 0;
+    case LRMOE_PLANNER_EPLB: return plan_eplb(o, load, E, p);
+    default: return lrmoe_err("no baseline planner %d", (int)o->planner);
+    }
+}
+
 int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
                        lrmoe_plan_t *out)
 {
@@ -363,7 +377,7 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
         break;
     }
     case LRMOE_PLANNER_EPLB: r = plan_eplb(o, load, E, out); break;
-    case LRMOE_PLANNER_LRMOE: r = plan_lrmoe(o, load, E, out); break;
+    case LRMOE_PLANNER_LRMOE: r = plan_lrmoe(o, load, E, baseline, out); break;
     case LRMOE_PLANNER_CAPACITY: r = plan_fixed(o, load, E, out); break;
     default: r = lrmoe_err("unknown planner %d", (int)o->planner);
     }

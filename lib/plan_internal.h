@@ -37,7 +37,13 @@ int cost_eval_placed(const lrmoe_cost_model_t *m, int E, int P, const uint8_t *p
 
 /* the planners (plan_eplb.c, plan_lrmoe.c) */
 int plan_eplb(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p);
-int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p);
+/* A baseline's placement and forward allocation (o->planner fixed, llep or
+ * eplb): plan.c's, handed to plan_lrmoe, which must not lose to them; so the
+ * planners reach each other only through the dispatcher. */
+typedef int (*plan_base_fn)(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
+                            lrmoe_plan_t *p);
+int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base_fn base,
+               lrmoe_plan_t *p);
 void plan_lrmoe_thread_cleanup(void); /* its per-thread scratch plans */
 /* plan_core.c: summary, cost model evaluation, budget check */
 void plan_summarise(lrmoe_plan_t *p, const int64_t *load); /* after plan_cost */

@@ -1366,8 +1366,8 @@ static int extra_slots(const lrmoe_plan_opts_t *o, int E, int64_t N)
 /* What an infeasible frame would need: the least budget at which rate 1
  * fits (of the plans tried) and the highest rate below the candidates, in
  * steps of 0.05 down to min-keep, that fits. Appended to more. */
-static void explain(const lrmoe_plan_opts_t *o, const int64_t *load, int E, double mem1,
-                    char *more, size_t len)
+static void explain(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base_fn base,
+                    double mem1, char *more, size_t len)
 {
     char b[24];
     size_t n = 0;
@@ -1385,7 +1385,7 @@ static void explain(const lrmoe_plan_opts_t *o, const int64_t *load, int E, doub
         return;
     lrmoe_plan_t t;
     lrmoe_plan_init(&t);
-    if (lrmoe_plan_alloc(&t, E, o->P) == 0 && plan_lrmoe(&q, load, E, &t) == 0)
+    if (lrmoe_plan_alloc(&t, E, o->P) == 0 && plan_lrmoe(&q, load, E, base, &t) == 0)
         snprintf(more + n, len - n, "; rate %.2f would fit", q.rates[t.rate_index]);
     else
         snprintf(more + n, len - n, "; no rate down to %.2f fits", q.rates[q.nrates - 1]);
@@ -1408,7 +1408,8 @@ void plan_lrmoe_thread_cleanup(void)
     scratch_ready = 0;
 }
 
-int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p)
+int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base_fn base,
+               lrmoe_plan_t *p)
 {
     const int P = o->P, per = E / P;
     const size_t EP = (size_t)E * P;
@@ -1460,12 +1461,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
         ob.planner = bp[i];
         if (lrmoe_plan_alloc(&bl[i], E, P) < 0)
             goto out;
-        int r = bp[i] == LRMOE_PLANNER_FIXED ? plan_fixed(&ob, load, E, &bl[i])
-                : bp[i] == LRMOE_PLANNER_LLEP
-                    ? (lrmoe_llep_assign(load, E, P, o->lambda, o->alpha, o->min_chunk,
-                                         bl[i].placement, bl[i].fwd_alloc) < 0 ? -1 : 0)
-                    : plan_eplb(&ob, load, E, &bl[i]);
-        if (r < 0)
+        if (base(&ob, load, E, &bl[i]) < 0)
             goto out;
         memcpy(bl[i].quota, load, (size_t)E * sizeof *load);
         memcpy(bl[i].bwd_alloc, bl[i].fwd_alloc, EP * sizeof(int64_t));
@@ -1680,7 +1676,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_pla
         if (!o->best_effort) {
             char more[200] = "";
             if (o->explain)
-                explain(o, load, E, c.min_mem1, more, sizeof more);
+                explain(o, load, E, base, c.min_mem1, more, sizeof more);
             lrmoe_err("infeasible at every rate (%d tried): %s%s%s", o->nrates, why,
                       strstr(why, "lengthen") ? " (--longer-backward allows it)" : "", more);
             goto out;

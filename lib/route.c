@@ -317,7 +317,7 @@ int lrmoe_route_topk(const lrmoe_route_opts_t *o, int64_t T, int64_t E,
         jb->expsum = es;
         jb->weights = wf;
         jb->fast = fast;
-        jb->k512 = k512;
+        jb->rows512 = k512 ? route_softmax_rows512 : NULL;
         jb->sigfast = sigfast;
         jb->bmax = bmax;
     }

@@ -422,8 +422,8 @@ static inline void weights_avx2(const float *tv, int K, float m, float s, float 
 /* route_row_softmax over all rows of a job, everything inlined: a softmax router,
  * K <= 8, E a multiple of 8 up to EMAX. Rows go in blocks of B, each stage
  * of the top-K (top8_stage1, top8_stage2_16) over the whole block before the
- * next, then the weights; with AVX-512 and E a multiple of 16 (jb->k512) a
- * block goes to route_softmax_rows512 instead. Other dtypes than F32 are
+ * next, then the weights; with AVX-512 and E a multiple of 16 a block goes
+ * to the kernel lib/route.c chose for it (jb->rows512) instead. Other dtypes than F32 are
  * widened a block at a time into jb->row (B*E), which stays in L1/L2. Rows
  * that need the special cases (NaN, +-inf maximum) go through route_row_softmax. */
 __attribute__((target("avx2,fma")))
@@ -462,9 +462,9 @@ int route_rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
         int64_t n1 = jb->t1 - (t0 + nb) < B ? jb->t1 - (t0 + nb) : B;
         const char *pfp = (const char *)jb->logits + (size_t)(t0 + nb) * E * esz;
         size_t nnext = (size_t)n1 * E * esz;
-        if (jb->k512) {
-            uint32_t left = route_softmax_rows512(xb, nb, E, K, full, scale, jb->ids + t0 * K,
-                                                  jb->w + t0 * K, jb->cv, jb->ci, pfp, nnext);
+        if (jb->rows512) {
+            uint32_t left = jb->rows512(xb, nb, E, K, full, scale, jb->ids + t0 * K,
+                                         jb->w + t0 * K, jb->cv, jb->ci, pfp, nnext);
             for (; left; left &= left - 1) {
                 int r = __builtin_ctz(left);
                 int64_t t = t0 + r;

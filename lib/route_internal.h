@@ -34,6 +34,9 @@ enum { ROUTE512_ROWS = 16 };
 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int full,
                                float scale, int32_t *ids, float *w, float *cv, int32_t *ci,
                                const void *next, size_t nnext);
+typedef uint32_t (*rows512_fn)(const float *x, int nb, int E, int K, int full, float scale,
+                               int32_t *ids, float *w, float *cv, int32_t *ci, const void *next,
+                               size_t nnext);
 
 /* Prefetching a block ahead, spread over the work on the current block (a
  * burst of prefetches would stall on the fill buffers, spread out they
@@ -132,7 +135,8 @@ typedef struct {
     expsum_fn expsum;
     weights_fn weights;
     int fast;            /* rows_softmax_avx2 applies */
-    int k512;            /* ...and route_softmax_rows512 */
+    rows512_fn rows512;  /* ...and its blocks go to this AVX-512 kernel (route.c
+                            chooses: route_softmax_rows512, or NULL) */
     int sigfast;         /* row_sigmoid_filter applies */
     double bmax;         /* max |expert_bias| (0 without) */
     float *cv, *row;     /* scratch of rows_softmax_avx2 */

@@ -1,7 +1,7 @@
 #!/bin/sh
 # make check-fast: the everyday tier (under a minute on 2 cores): the unit
 # programs on quick arguments (tests/unit/run.sh), the library's C API
-# (tests/lib.bats), the stream codec's round trips, truncation and integrity
+# (tests/lib.bats), the layer rule (tests/layers.bats), the stream codec's round trips, truncation and integrity
 # (part of tests/stream.bats) and the README's LRMoE pipeline end to end
 # (tests/pack.bats). make check runs everything. Ends in
 # "check-fast: N passed, N failed".
@@ -24,6 +24,7 @@ step() {
 }
 step sh tests/unit/run.sh "$B/unit"
 step bats --tap tests/lib.bats
+step bats --tap tests/layers.bats
 step bats --tap -f 'round trip|real zstd|truncated inside a frame|integrity: one flipped' tests/stream.bats
 step bats --tap -f 'README LRMoE pipeline' tests/pack.bats
 echo "check-fast: $pass passed, $fail failed"
