@@ -102,9 +102,9 @@ static void preamble(FILE *fp, const char *name, lrmoe_plot_fmt_t fmt, const lrm
              o->note ? o->note : "", o->ylabel ? "\n" : "");
     put_str(fp, title);
     fprintf(fp, "\nset datafile separator \"\\t\"\n");
-    /* the legend outside the data, on the right */
-    fprintf(fp, "set key outside right top vertical Right noreverse samplen 3 spacing 1.3\n"
-                "set rmargin at screen 0.65\n");
+    /* the legend below the plot, in rows: the data gets the full width */
+    fprintf(fp, "set key outside below center horizontal Left reverse samplen 3 spacing 1.3 "
+                "width 2\n");
     fprintf(fp, "set grid ytics lc rgb \"#d0d0d0\" lw 1 dt 1\nset border lw 1\n");
     if (o->xlabel) {
         fprintf(fp, "set xlabel ");
@@ -241,10 +241,21 @@ int lrmoe_plot_lines(const char *dir, const char *name, lrmoe_plot_fmt_t fmt,
         double h = (x[npoints - 1] - x[0]) / (npoints - 1) / 2;
         fprintf(fp, "set xrange [%.9g:%.9g]\n", x[0] - h, x[npoints - 1] + h);
     }
-    if (o->log2x) {
-        fprintf(fp, "set logscale x 2\nset xtics (");
-        for (int i = 0; i < npoints; i++) fprintf(fp, "%s\"%.6g\" %.9g", i ? ", " : "", x[i], x[i]);
-        fprintf(fp, ")\nset xrange [%.9g:%.9g]\n", x[0] / 1.15, x[npoints - 1] * 1.15);
+    if (o->log2x || o->xtic_notes) { /* a tic at every x, with its note under it */
+        if (o->log2x) fprintf(fp, "set logscale x 2\n");
+        fprintf(fp, "set xtics (");
+        for (int i = 0; i < npoints; i++) {
+            char tic[256];
+            snprintf(tic, sizeof tic, "%.6g%s%s", x[i], o->xtic_notes ? "\n" : "",
+                     o->xtic_notes && o->xtic_notes[i] ? o->xtic_notes[i] : "");
+            fprintf(fp, "%s", i ? ", " : "");
+            put_str(fp, tic);
+            fprintf(fp, " %.9g", x[i]);
+        }
+        fprintf(fp, ")\n");
+        if (o->xtic_notes && o->xlabel) /* gnuplot leaves room for one line of tics */
+            fprintf(fp, "set xlabel offset 0,-1\n");
+        if (o->log2x) fprintf(fp, "set xrange [%.9g:%.9g]\n", x[0] / 1.15, x[npoints - 1] * 1.15);
     }
     char dat[1024];
     snprintf(dat, sizeof dat, "%s.dat", name);

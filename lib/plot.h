@@ -8,7 +8,7 @@
  *
  * Figures are made for reports: one font that every SVG renderer resolves
  * the same way (DejaVu Sans, what rsvg and ImageMagick both find), the
- * legend below the data, every line series with its own colour, dash type
+ * legend below the plot (which gets the figure's full width), every line series with its own colour, dash type
  * and point type (so they stay apart in greyscale), stacked segments in
  * colours of clearly different lightness, solid fills. The SVG gnuplot
  * writes is rewritten so that renderers without <use> or currentColor
@@ -30,6 +30,8 @@ typedef struct {
     /* lines */
     int steps;              /* step lines centred on integer x (per-rank loads) */
     int log2x;              /* log2 x axis with a tic at every x value */
+    const char *const *xtic_notes; /* a second line under the tic of every x value
+                                      (NULL: none), e.g. what a planner chose there */
     /* stacked */
     double ref_y;           /* > 0: a dashed horizontal line at ref_y (a budget) */
     const char *ref_label;  /* its legend entry */

@@ -399,6 +399,36 @@ int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t
         for (int i = 0; i < c->npress; i++)
             sorted &= x[i] > 0 && (i == 0 || x[i] > x[i - 1]);
         o.log2x = sorted && c->npress > 1;
+        /* under each multiplier, the rho every lrmoe planner chose there
+         * (mean over the frames, as the table prints it), "/" between planners */
+        char notes[LRMOE_SIM_MAX_PRESSURE][128], who[256] = "";
+        const char *np_[LRMOE_SIM_MAX_PRESSURE];
+        int nl = 0;
+        for (int i = 0; i < c->npress; i++) {
+            snprintf(notes[i], sizeof notes[i], "rho");
+            np_[i] = notes[i];
+        }
+        for (int j = 0; j < np; j++) {
+            if (c->pl[j].opts.planner != LRMOE_PLANNER_LRMOE)
+                continue;
+            size_t wl = strlen(who);
+            snprintf(who + wl, sizeof who - wl, "%s%s", nl ? "/" : "", labels[j]);
+            for (int i = 0; i < c->npress; i++) {
+                size_t l = strlen(notes[i]);
+                snprintf(notes[i] + l, sizeof notes[i] - l, "%s%.4g", nl ? "/" : " ",
+                         lrmoe_sim_acc_pressure_rho(a, i, j));
+            }
+            nl++;
+        }
+        char xl[512];
+        if (nl) {
+            snprintf(xl, sizeof xl, "batch-size multiplier%s; under it the retention rate rho "
+                     "%s chose (mean over the frames)", o.log2x ? " (log2 scale)" : "", who);
+            o.xlabel = xl;
+            o.xtic_notes = np_;
+        } else if (!o.log2x) {
+            o.xlabel = "batch-size multiplier";
+        }
         if (lrmoe_plot_lines(dir, "pressure", fmt, &o, c->npress, x, np + 1, sl, y) < 0)
             return -1;
     }

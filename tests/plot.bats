@@ -89,17 +89,17 @@ PY
 @test "pressure: a log2 axis with a tic at 1,2,4,8,16,20; the ideal curve says it keeps every pair" {
     gp="$D/figs/pressure.gp"
     grep -q '^set logscale x 2$' "$gp"
-    grep -q '^set xtics ("1" 1, "2" 2, "4" 4, "8" 8, "16" 16, "20" 20)$' "$gp"
+    r='\\nrho [0-9.]*"'
+    grep -q "^set xtics (\"1$r 1, \"2$r 2, \"4$r 4, \"8$r 8, \"16$r 16, \"20$r 20)\$" "$gp"
     grep -q 'title "ideal (keeps every pair)"' "$gp"
     grep -q 'ideal: keeps every pair (no dropping)' "$gp"
     # the lines are the TSV-independent pressure table of the summary
     grep -q '^x20 ' "$D/sim.out"
 }
 
-@test "every figure: legend outside the data, one style per series (dash type and point type), one font" {
+@test "every figure: the legend below the plot, which gets the full width; one style per series (dash type and point type), one font" {
     for f in load pressure; do
         gp="$D/figs/$f.gp"
-        grep -q '^set key outside' "$gp"
         n=$(grep -c '^set style line' "$gp")
         [ "$n" -ge 4 ]
         # no two series share a dash type or a point type
@@ -112,11 +112,55 @@ PY
         done
     done
     for f in load memory latency pressure; do
-        grep -q '^set key outside' "$D/figs/$f.gp"
+        grep -q '^set key outside below' "$D/figs/$f.gp"
         grep -q 'font "DejaVu Sans,12"' "$D/figs/$f.gp"
         grep -q '<svg' "$D/figs/$f.svg"
         grep -qi 'modelled' "$D/figs/$f.svg"
+        # in the drawn SVG: the plot area (its grid lines) spans at least 85 %
+        # of the width, and every legend entry (the .dat header's names) lies
+        # below the plot's bottom edge, where no data is drawn
+        python3 - "$D/figs/$f.svg" "$D/figs/$f.dat" <<'PY' || fail "$f.svg"
+import re, sys
+svg = open(sys.argv[1]).read()
+w = float(re.search(r"<svg[^>]* width=\"(\d+)", svg).group(1))
+grid = [tuple(map(float, m)) for m in
+        re.findall(r'class="gridline"\s+d=\'M([\d.]+),([\d.]+) L([\d.]+),([\d.]+)', svg)]
+assert grid, "no grid lines"
+x0, x1 = min(g[0] for g in grid), max(g[2] for g in grid)
+bottom = max(g[1] for g in grid)  # the y = 0 grid line: the plot's bottom
+assert x1 - x0 >= 0.85 * w, f"plot area {x1 - x0:.0f} of {w:.0f} px wide"
+texts = {}
+for x, y, body in re.findall(r'translate\(([\d.]+),([\d.]+)\)"[^>]*>\s*<text>(.*?)</text>', svg, re.S):
+    t = re.sub(r"<[^>]+>", "", body).strip()
+    texts.setdefault(t, []).append((float(x), float(y)))
+names = open(sys.argv[2]).readline().rstrip("\n").split("\t")[1:]
+assert names, "no series"
+for n in names:
+    assert n in texts, f"no legend entry {n!r}"
+    ys = [y for _, y in texts[n]]
+    assert max(ys) > bottom + 20, f"legend entry {n!r} at y {ys}, plot bottom {bottom}"
+PY
     done
+}
+
+@test "pressure: under each multiplier, the rho lrmoe chose there, the value the table prints" {
+    "$BIN/lrmoe-gen" --tokens 8192 --layers 4 --steps 4 --zipf 1.1 --drift 2 --loads-only > "$T/tr.lrm"
+    "$BIN/lrmoe-sim" -P 8 -x 1,2,4,8,16,20 --pressure-base 5000 -g "$T/g" "$T/tr.lrm" > "$T/out"
+    # the table: the lrmoe column of every rho row, in multiplier order
+    col=$(awk '/^batch multiplier/ { for (i = 3; i <= NF; i++) if ($i == "lrmoe") print i - 1 }' "$T/out")
+    [ -n "$col" ]
+    want=$(awk -v c="$col" '/^batch multiplier/ { on = 1; next } on && $1 == "rho" { print $(c + 1) }' "$T/out")
+    [ "$(printf '%s\n' "$want" | wc -l)" -eq 6 ]
+    # a choice below 1 somewhere and 1 elsewhere: a label at the wrong multiplier shows
+    [ "$(printf '%s\n' "$want" | sort -u | wc -l)" -ge 2 ]
+    got=$(grep '^set xtics (' "$T/g/pressure.gp" | grep -o '"[0-9.]*\\nrho [0-9.]*" [0-9.]*' |
+        sed 's/^"\([0-9.]*\)\\nrho \([0-9.]*\)" \([0-9.]*\)$/\1 \2 \3/')
+    assert_equal "$(printf '%s\n' "$got" | awk '{ print $2 }')" "$want"
+    # each at its own multiplier (the tic's label and position)
+    assert_equal "$(printf '%s\n' "$got" | awk '{ print $1, $3 }')" "$(printf '%s\n' 1 2 4 8 16 20 | awk '{ print $1, $1 }')"
+    # and drawn: one "rho" label per multiplier in the SVG, the axis says whose
+    [ "$(grep -c '<text>rho [0-9.]*</text>' "$T/g/pressure.svg")" -eq 6 ]
+    grep -q 'rho lrmoe chose' "$T/g/pressure.gp"
 }
 
 @test "SVGs draw the same in rsvg and ImageMagick (gnuplot's own SVG does not)" {

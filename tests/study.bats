@@ -142,6 +142,41 @@ RULES="lrm-topk lrm-sample uniform-sample gradnorm-topk"
     awk -F'\t' '$3 == "C0" && $4 != "2/2" { bad = 1 } END { exit bad }' "$OUT/table1.tsv"
     # rounded figures: no more than 4 decimals in the summary
     ! grep -Eq '[0-9]\.[0-9]{5,}' "$OUT/summary.tsv"
+    # times in ms with 2 decimals, percentages with 1, losses with 4 (lrmoe-study(1))
+    for c in gpu_model_ms moe_cpu_s; do
+        col "$OUT/summary.tsv" "$c" | grep -Evq '^[0-9]+\.[0-9]{2}$' && fail "summary $c not 2 decimals"
+        col "$OUT/table1.tsv" "$c" | grep -Evq '^[0-9]+\.[0-9]{2}$' && fail "table1 $c not 2 decimals"
+    done
+    for c in moe_saving_pct gpu_saving_pct; do
+        col "$OUT/table1.tsv" "$c" | grep -Evq '^[+-][0-9]+\.[0-9]$' && fail "table1 $c not 1 decimal"
+    done
+    col "$OUT/table1.tsv" target_loss | grep -Evq '^[0-9]+\.[0-9]{4}$' && fail "target_loss not 4 decimals"
+    # the run TSVs: no exponents, every time (a column ending in _s) 4 significant digits
+    for f in "$OUT"/runs/seed*/*.tsv; do
+        awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++) t[i] = $i ~ /_s$/; next }
+            { for (i = 1; i <= NF; i++) {
+                if ($i ~ /[eE]/) { print FILENAME ": exponent: " $i; bad = 1 }
+                if (t[i] && $i != "") { d = $i; sub(/^[0.]*/, "", d); gsub(/\./, "", d)
+                    if (length(d) > 4) { print FILENAME ": more than 4 digits: " $i; bad = 1 } } } }
+            END { exit bad }' "$f" || fail "$f not rounded"
+    done
+}
+
+@test "loss figures: eight runs get eight dash patterns and point types (they read in greyscale)" {
+    cd "$BATS_TEST_TMPDIR"
+    PYTHONPATH="$TOP/lib/python" LRMOE_LIBRARY="$TOP/build/liblrmoe.so.1" python3 - <<'PY'
+from lrmoe.study_report import figure
+rows = lambda k: [{"step": s, "val_loss": 3.0 - 0.1 * s - 0.01 * k, "gpu_model_s": 1e-4,
+                   "moe_fwd_cpu_s": 0.01, "moe_bwd_cpu_s": 0.01} for s in range(10)]
+names = ["C0"] + [f"r{k}" for k in range(1, 8)]
+runs = {n: {"seeds": {0: rows(k)}} for k, n in enumerate(names)}
+figure(".", "f", "t", names, runs, [("loose", 2.5), ("strict", 2.2)])
+PY
+    [ -s f.svg ] && [ -s f.png ]
+    styles=$(grep -o "with linespoints lc [0-9]* dt [^ ]* pt [0-9]*" plot-data/f.gp | sort -u)
+    [ "$(printf '%s\n' "$styles" | wc -l)" -eq 8 ]
+    [ "$(printf '%s\n' "$styles" | awk '{ print $6 }' | sort -u | wc -l)" -eq 8 ]
+    [ "$(printf '%s\n' "$styles" | awk '{ print $8 }' | sort -u | wc -l)" -eq 8 ]
 }
 
 @test "--report-only redraws the report from the run TSVs and trains nothing" {
@@ -154,8 +189,12 @@ RULES="lrm-topk lrm-sample uniform-sample gradnorm-topk"
     assert_success
     refute_output --partial "seed 0:"   # no run trained
     [ -s "$BATS_TEST_TMPDIR/re/report.md" ] && [ -s "$BATS_TEST_TMPDIR/re/loss-C30.png" ]
-    # the same runs, the same seeds, the same reach in Table 1
-    diff <(cut -f1-4 "$OUT/table1.tsv") <(cut -f1-4 "$BATS_TEST_TMPDIR/re/table1.tsv")
+    # the same tables to the last digit: the run's report is computed from the
+    # rounded run TSVs too, so their rounding changes nothing between the two
+    for f in summary.tsv table1.tsv table2.tsv; do
+        diff "$OUT/$f" "$BATS_TEST_TMPDIR/re/$f" || fail "$f differs under --report-only"
+    done
+    diff <(sed 1,3d "$OUT/report.md") <(sed 1,3d "$BATS_TEST_TMPDIR/re/report.md")
     run "$STUDY" --quick --report-only -o "$BATS_TEST_TMPDIR/nothing"
     assert_failure 1
     assert_output --partial "none of the runs' TSVs is there"

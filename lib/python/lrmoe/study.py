@@ -275,7 +275,7 @@ def _load(paths, need_train, need_val):
 
 
 def study(args, cfg, corpus):
-    from .study_report import report, write_run
+    from .study_report import read_run, report, write_run
     specs, rules, drops, caps = run_specs(args)
     out = args.out
     seeds = [(args.seed + i, args.data_seed + i) for i in range(cfg.seeds)]
@@ -293,7 +293,9 @@ def study(args, cfg, corpus):
     total = len(specs) * len(seeds)
 
     def finish(spec, sd, rows, secs):
-        write_run(os.path.join(out, "runs", f"seed{sd}", spec["name"] + ".tsv"), rows)
+        path = os.path.join(out, "runs", f"seed{sd}", spec["name"] + ".tsv")
+        write_run(path, rows)
+        rows = read_run(path)  # the report from what the TSV holds, as --report-only
         runs.setdefault(spec["name"], {"spec": spec, "seeds": {}})["seeds"][sd] = rows
         done[0] += 1
         ev = [r["val_loss"] for r in rows if r.get("val_loss") is not None]

@@ -19,6 +19,7 @@ MoE time (measured CPU and modelled GPU) against C0 at that target.
 
 Table 2: per run, the mean over the evaluated steps after step 0 of
 exp(val_loss) - exp(val_loss of C0) (perplexity per byte), paired."""
+import decimal
 import math
 import os
 import shutil
@@ -26,9 +27,13 @@ import subprocess
 
 from .study_run import FIELDS
 
-# the run TSVs: how many digits each field keeps
+# the run TSVs: how many decimals a loss, rate or fidelity field keeps; every
+# other float (the times, in seconds) keeps 4 significant digits, written
+# without an exponent (0.00007229, not 7.229e-05). The report is computed
+# from these rounded values, in the run as with --report-only.
 _DIGITS = {"loss": 5, "val_loss": 5, "rho": 4, "grad_err": 4, "dw_down_cos": 5,
            "dw_down_bias": 4, "dx_err": 4, "dx_bias": 4}
+_INTS = ("step", "kept", "pairs", "mem_peak_bytes")  # counts: every digit
 
 
 def _fmt(v, key=None):
@@ -37,7 +42,11 @@ def _fmt(v, key=None):
     if isinstance(v, float):
         if key in _DIGITS:
             return f"{v:.{_DIGITS[key]}f}"
-        return f"{v:.4g}"
+        if key in _INTS and v.is_integer():
+            return str(int(v))
+        if not math.isfinite(v):
+            return f"{v}"
+        return format(decimal.Decimal(f"{v:.4g}"), "f")
     return str(v)
 
 
@@ -50,6 +59,22 @@ def write_tsv(path, header, rows):
 
 def write_run(path, rows):
     write_tsv(path, FIELDS, rows)
+
+
+def read_run(path):
+    """The rows of a run TSV (write_run), as the report uses them."""
+    rows = []
+    with open(path) as f:
+        head = f.readline().rstrip("\n").split("\t")
+        for line in f:
+            cells = line.rstrip("\n").split("\t")
+            r = {}
+            for k, v in zip(head, cells):
+                if v == "" or k not in FIELDS:
+                    continue
+                r[k] = int(float(v)) if k in _INTS else float(v)
+            rows.append(r)
+    return rows
 
 
 def _evals(rows):
@@ -214,7 +239,7 @@ def _tsv_cells(v, fmt):
 
 
 SUMMARY = [("run", None), ("rule", None), ("seeds", None), ("val", "{:.4f}"),
-           ("dval", "{:+.4f}"), ("kept", "{:.3f}"), ("moe", "{:.2f}"), ("gpu", "{:.3f}"),
+           ("dval", "{:+.4f}"), ("kept", "{:.3f}"), ("moe", "{:.2f}"), ("gpu", "{:.2f}"),
            ("tw", "{:.1f}"), ("grad_err", "{:.3f}"), ("dw_down_cos", "{:.4f}"),
            ("dw_down_bias", "{:.3f}"), ("dx_err", "{:.3f}"), ("dx_bias", "{:.3f}")]
 SUMMARY_NAMES = {"val": "val_loss_final", "dval": "delta_val_vs_C0", "kept": "kept_share",
@@ -223,7 +248,7 @@ SUMMARY_NAMES = {"val": "val_loss_final", "dval": "delta_val_vs_C0", "kept": "ke
                  "dx_err": "dx_rel_err"}
 T1 = [("target", None), ("target_loss", "{:.4f}"), ("run", None), ("reached", None),
       ("step", "{:.0f}"), ("moe_cpu_s", "{:.2f}"), ("moe_saving_pct", "{:+.1f}"),
-      ("gpu_model_ms", "{:.3f}"), ("gpu_saving_pct", "{:+.1f}")]
+      ("gpu_model_ms", "{:.2f}"), ("gpu_saving_pct", "{:+.1f}")]
 
 
 def _write_table(path, cols, rows, names=None):
@@ -286,6 +311,11 @@ def _curve(runs, rn, xkey):
     return out
 
 
+# one dash pattern per series (no two alike: the figures stay readable in
+# greyscale), beside each series' own colour and point type
+_DT = ("1", "2", "3", "4", "5", "(16,5)", "(2,7)", "(11,4,2,4,2,4)")
+
+
 def figure(outdir, base, title, names, runs, tgs):
     """base.png and base.svg: validation loss (mean over seeds, band from
     the lowest to the highest seed) against cumulative modelled GPU time and
@@ -305,7 +335,7 @@ def figure(outdir, base, title, names, runs, tgs):
             lc = f"lc {i + 1}"
             band.append(f"'{p}' using 1:3:4 with filledcurves {lc} fs transparent solid 0.15 "
                         "noborder notitle")
-            line.append(f"'{p}' using 1:2 with linespoints {lc} dt {i % 5 + 1} pt {i + 4} "
+            line.append(f"'{p}' using 1:2 with linespoints {lc} dt {_DT[i % len(_DT)]} pt {i + 4} "
                         f"pi 4 ps 0.8 lw 2 title '{n}'")
         tl = [f"{v:.6g} with lines lc rgb 'gray40' dt 3 lw 1 title '{t} target'"
               for t, v in tgs]
@@ -350,7 +380,6 @@ def _zoomed_targets(runs):
 def load_runs(outdir, specs):
     """The runs a finished study wrote (runs/seed*/NAME.tsv) for the given
     specs, as study() holds them, for --report-only."""
-    from .study_run import FIELDS as _F
     runs = {}
     base = os.path.join(outdir, "runs")
     if not os.path.isdir(base):
@@ -363,17 +392,7 @@ def load_runs(outdir, specs):
             p = os.path.join(base, d, spec["name"] + ".tsv")
             if not os.path.exists(p):
                 continue
-            rows = []
-            with open(p) as f:
-                head = f.readline().rstrip("\n").split("\t")
-                for line in f:
-                    cells = line.rstrip("\n").split("\t")
-                    r = {}
-                    for k, v in zip(head, cells):
-                        if v == "" or k not in _F:
-                            continue
-                        r[k] = int(v) if k in ("step", "kept", "pairs") else float(v)
-                    rows.append(r)
+            rows = read_run(p)
             runs.setdefault(spec["name"], {"spec": spec, "seeds": {}})["seeds"][sd] = rows
     return runs
 
