@@ -107,6 +107,25 @@ static int jint(json_t *o, const char *key, int zero_ok, int64_t *out)
     return 0;
 }
 
+/* a positive integer field that Hugging Face's attribute_map also writes
+ * under another name (num_experts / num_local_experts / n_routed_experts):
+ * the one present; both present must agree */
+static int jint_alias(json_t *o, const char *key, const char *alias, int64_t *out)
+{
+    int hk = json_object_get(o, key) != NULL, ha = json_object_get(o, alias) != NULL;
+    int64_t a = 0;
+    if (!hk && !ha)
+        return lrmoe_err("config: field '%s' (or '%s') missing", key, alias);
+    if ((hk && jint(o, key, 0, out) < 0) || (ha && jint(o, alias, 0, &a) < 0))
+        return -1;
+    if (hk && ha && a != *out)
+        return lrmoe_err("config: fields '%s' %lld and '%s' %lld disagree", key,
+                         (long long)*out, alias, (long long)a);
+    if (!hk)
+        *out = a;
+    return 0;
+}
+
 /* an optional positive integer: absent or null -> 0 */
 static int jint_opt(json_t *o, const char *key, int64_t *out)
 {
@@ -228,7 +247,7 @@ static int parse(json_t *c, lrmoe_budget_model_t *m)
     int64_t moe_layers = 0;
     if (qwen3 || qwen2) {
         int64_t step;
-        if (jint(c, "num_experts", 0, &E) < 0 || jint(c, "moe_intermediate_size", 0, &F) < 0 ||
+        if (jint_alias(c, "num_experts", "num_local_experts", &E) < 0 || jint(c, "moe_intermediate_size", 0, &F) < 0 ||
             jint(c, "decoder_sparse_step", 0, &step) < 0)
             return -1;
         json_t *only = json_object_get(c, "mlp_only_layers");
@@ -248,12 +267,12 @@ static int parse(json_t *c, lrmoe_budget_model_t *m)
             shared_gate = 1; /* shared_expert_gate: built even at width 0 */
         }
     } else if (mixtral) {
-        if (jint(c, "num_local_experts", 0, &E) < 0 || jint(c, "intermediate_size", 0, &F) < 0)
+        if (jint_alias(c, "num_local_experts", "num_experts", &E) < 0 || jint(c, "intermediate_size", 0, &F) < 0)
             return -1;
         moe_layers = L;
     } else {
         int64_t ns, fk;
-        if (jint(c, "n_routed_experts", 0, &E) < 0 ||
+        if (jint_alias(c, "n_routed_experts", "num_local_experts", &E) < 0 ||
             jint(c, "moe_intermediate_size", 0, &F) < 0 ||
             jint(c, "n_shared_experts", 1, &ns) < 0 ||
             jint(c, "first_k_dense_replace", 1, &fk) < 0)

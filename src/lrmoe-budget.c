@@ -159,7 +159,7 @@ int main(int argc, char **argv)
         case OPT_TSV: tsv = 1; break;
         case OPT_JSON: json = 1; break;
         case 'h': usage(stdout); return 0;
-        case 'V': printf("%s %s\n", prog, LRMOE_VERSION); return 0;
+        case 'V': printf("%s (lrmoe) %s\n", prog, LRMOE_VERSION); return 0;
         default: usage(stderr); return 2;
         }
         if (bad) {
