@@ -175,3 +175,20 @@ col() {
     run "$BIN/lrmoe-budget" --preset qwen3-30b-a3b --gpu-mem "$((need - 1))" --dp 8 --ep 8 --tsv
     assert_failure 1
 }
+
+@test "budget: the worked example of lrmoe-budget(1) and README.md is what the tool prints" {
+    "$BIN/lrmoe-budget" --preset qwen3-30b-a3b --gpu-mem 80G --reserve 2G \
+        --dp 8 --ep 8 --zero1 --seq 4096 --micro-batch 1 --checkpoint full > "$T/ex.txt"
+    # README: the lines after the command in the fenced block
+    awk '/^\$ lrmoe-budget --preset qwen3-30b-a3b/ { f = 1; getline; next }
+         f && /^```/ { exit } f' "$TOP/README.md" > "$T/readme.txt"
+    run diff "$T/ex.txt" "$T/readme.txt"
+    assert_success
+    # the man page: the lines after the command in the example (roff escapes undone)
+    awk '/^\$ lrmoe\\-budget \\-\\-preset qwen3/ { f = 1; getline; next }
+         f && /^\.EE/ { exit } f' "$TOP/man/man1/lrmoe-budget.1" |
+        sed -e 's/\\-/-/g' -e 's/\\e/\\/g' > "$T/man.txt"
+    run diff "$T/ex.txt" "$T/man.txt"
+    assert_success
+    [ "$(wc -l < "$T/ex.txt")" -eq 24 ]
+}
