@@ -47,7 +47,7 @@ VERSION  := $(shell sed -n 's/^\#define LRMOE_VERSION "\(.*\)"/\1/p' lib/lrmoe.h
 # generated from them), headers installed under $(PREFIX)/include/lrmoe/.
 PUB_HDR  := lib/lrmoe.h lib/cost.h lib/route.h lib/plan.h lib/score.h lib/pack.h \
             lib/minpeak.h lib/exec.h $(wildcard lib/exec_frame.h) lib/api.h \
-            lib/capacity.h
+            lib/capacity.h lib/budget.h
 SONAME   := liblrmoe.so.1
 PICFLAGS := -fPIC
 

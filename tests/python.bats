@@ -61,6 +61,11 @@ unit() {
     unit test_patch
 }
 
+@test "python: lrmoe.budget and lrmoe.torch.budget (a live model and optimizer) equal lrmoe-budget" {
+    need_torch
+    unit test_budget
+}
+
 @test "python: dump() frames, weights, pipes, and the CLI pipeline reproduces the patched layer" {
     need_torch
     unit test_dump

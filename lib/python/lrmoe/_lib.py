@@ -143,6 +143,27 @@ class ExecBwd(Structure):
                                          "grad_w_up", "grad_w_down", "grad_topk_weights")])
 
 
+class BudgetModel(Structure):
+    _fields_ = [("family", ctypes.c_char * 32)] + [(n, c_int64) for n in (
+        "layers", "moe_layers", "hidden", "vocab", "heads", "experts", "topk", "expert_ffn",
+        "tied", "expert_params", "dense_params", "attn_act", "moe_mlp_act", "dense_mlp_act")]
+
+
+class BudgetOpts(Structure):
+    _fields_ = ([(n, c_int64) for n in ("tp", "pp", "dp", "ep", "seq", "micro_batch")] +
+                [("checkpoint", c_int), ("zero1", c_int)] +
+                [(n, c_int64) for n in ("param_bytes", "grad_bytes", "optim_bytes", "act_bytes",
+                                        "gpu_mem", "reserve")])
+
+
+class Budget(Structure):
+    _fields_ = [(n, c_int64) for n in (
+        "stage_layers", "stage_moe_layers", "inflight", "edp", "params_dense", "params_expert",
+        "weights", "grads", "optim", "static_bytes", "act_layer_moe", "act_layer_dense",
+        "act_stored", "act_working", "logits", "activations", "reserve", "free_bytes", "alive",
+        "hbm", "resident")] + [("fits", c_int)]
+
+
 def _sig(name, res, *args):
     f = getattr(lib, name)
     f.restype = res
@@ -193,6 +214,14 @@ _sig("lrmoe_capacity", c_int64, c_int64, c_int, c_int, c_double)
 _sig("lrmoe_capacity_pairs", c_int64, c_int64, c_int, c_double)
 _sig("lrmoe_capacity_policy_parse", c_int, c_char_p, POINTER(c_int))
 _sig("lrmoe_capacity_keep", c_int, c_int64, c_int, c_int, P, P, c_int64, c_int, P, P)
+# budget (the per-layer memory budget; budget.h)
+_sig("lrmoe_budget_opts_default", None, POINTER(BudgetOpts))
+_sig("lrmoe_budget_model_json", c_int, c_char_p, POINTER(BudgetModel))
+_sig("lrmoe_budget_model_file", c_int, c_char_p, POINTER(BudgetModel))
+_sig("lrmoe_budget_model_preset", c_int, c_char_p, POINTER(BudgetModel), POINTER(c_char_p))
+_sig("lrmoe_budget_preset_name", c_char_p, c_int)
+_sig("lrmoe_budget_compute", c_int, POINTER(BudgetModel), POINTER(BudgetOpts), POINTER(Budget))
+_sig("lrmoe_parse_bytes", c_int, c_char_p, c_char_p, POINTER(c_double))
 # score
 _sig("lrmoe_score_metric_parse", c_int, c_char_p, POINTER(c_int))
 _sig("lrmoe_score_opts_default", None, POINTER(ScoreOpts))
@@ -240,7 +269,8 @@ _MIRRORS = {"lrmoe_tensor_t": Tensor, "lrmoe_frame_t": Frame, "lrmoe_wopts_t": W
             "lrmoe_exec_dims_t": ExecDims, "lrmoe_exec_cfg_t": ExecCfg,
             "lrmoe_exec_weights_t": ExecWeights, "lrmoe_exec_plan_t": ExecPlan,
             "lrmoe_exec_fwd_t": ExecFwd, "lrmoe_exec_bwd_t": ExecBwd,
-            "lrmoe_exec_frame_opts_t": ExecFrameOpts}
+            "lrmoe_exec_frame_opts_t": ExecFrameOpts, "lrmoe_budget_model_t": BudgetModel,
+            "lrmoe_budget_opts_t": BudgetOpts, "lrmoe_budget_t": Budget}
 # lrmoe_exec_ctx_t is only allocated here (its size), never read
 EXEC_CTX_SIZE = lib.lrmoe_abi_sizeof(b"lrmoe_exec_ctx_t")
 

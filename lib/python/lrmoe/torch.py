@@ -777,3 +777,91 @@ def patch(model, rate=None, hbm=None, metric="lrm", ranks=1, planner="lrmoe", th
     them; unpatch() gives them contiguous memory of their own again."""
     return Patch(model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
                  plan_options, select=select)
+
+
+# ------------------------------------------------------------ memory budget
+
+def _expert_param_ids(model):
+    """ids of the routed-expert parameters: those of the experts module of
+    every MoE block (fused gate_up_proj/down_proj, patched or not)."""
+    ids = set()
+    for _, m in model.named_modules():
+        if _is_moe_like(m):
+            ids.update(id(p) for p in m.experts.parameters())
+    if not ids:
+        raise Error(f"{type(model).__name__} has no MoE experts module (gate_up_proj, "
+                    "down_proj)")
+    return ids
+
+
+def _optim_bytes(optimizer, params):
+    """Optimizer state bytes per parameter: from its state tensors (those of a
+    parameter's size; the scalar step is not per-parameter state) when it has
+    taken a step, else by type (Adam, AdamW: two moments in the parameter's
+    dtype, as torch keeps them; SGD: a momentum buffer if momentum)."""
+    state = getattr(optimizer, "state", {})
+    if state:
+        nbytes = nparams = 0
+        for p in params:
+            st = state.get(p)
+            if not st:
+                continue
+            nparams += p.numel()
+            nbytes += sum(t.numel() * t.element_size() for t in st.values()
+                          if torch.is_tensor(t) and t.numel() == p.numel())
+        if nparams:
+            return -(-nbytes // nparams)
+    es = max((p.element_size() for p in params), default=4)
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return 2 * es
+    if isinstance(optimizer, torch.optim.SGD):
+        return es if any(g.get("momentum", 0) for g in optimizer.param_groups) else 0
+    raise Error(f"{type(optimizer).__name__}: its state size is not known before its first "
+                "step; pass optim_bytes=")
+
+
+def budget(model, optimizer=None, *, gpu_mem=None, reserve=0, tp=1, pp=1, dp=1, ep=1, seq=4096,
+           micro_batch=1, checkpoint="full", zero1=False, grad_dtype=None, act_dtype=None,
+           optim_bytes=None):
+    """The per-layer budget -M of lrmoe-plan for a live Hugging Face MoE model
+    (patched by lrmoe.torch.patch or not) and its optimizer: lrmoe-budget's
+    breakdown (a dict keyed as its --tsv columns), computed by the same C
+    function from model.config, with the expert and other parameter counts
+    counted on the model (one shard's model counts as the whole model: pass
+    the unsharded one), parameter bytes from the parameters' dtype (the
+    dtype holding most of them), gradient and activation bytes the same unless
+    grad_dtype/act_dtype ("f32", "bf16", "f16") say otherwise, and optimizer
+    bytes per parameter from its state (or optim_bytes=). gpu_mem: where CUDA is
+    available and none is given, torch.cuda.mem_get_info()'s total, and the
+    memory in use outside PyTorch's allocator (CUDA context, NCCL: total - free
+    - memory_reserved) is added to reserve; without CUDA gpu_mem is required."""
+    from . import _budget
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        raise Error(f"{type(model).__name__} has no .config (a Hugging Face model)")
+    m = _budget.model(cfg)
+    params = list(model.parameters())  # each shared (tied) tensor once
+    ex = _expert_param_ids(model)
+    expert_total = sum(p.numel() for p in params if id(p) in ex)
+    other_total = sum(p.numel() for p in params if id(p) not in ex)
+    if expert_total % m.moe_layers:
+        raise Error(f"{expert_total} expert parameters do not split over {m.moe_layers} MoE "
+                    "layers of the config")
+    m.expert_params, m.dense_params = expert_total // m.moe_layers, other_total
+    by_size = {}
+    for p in params:
+        by_size[p.element_size()] = by_size.get(p.element_size(), 0) + p.numel()
+    pb = max(by_size, key=by_size.get)
+    gb = _budget._dtype_bytes("grad_dtype", grad_dtype) if grad_dtype else pb
+    ab = _budget._dtype_bytes("act_dtype", act_dtype) if act_dtype else pb
+    if optim_bytes is None:
+        optim_bytes = _optim_bytes(optimizer, params) if optimizer is not None else 0
+    reserve = _budget.size_bytes("reserve", reserve)
+    if gpu_mem is None:
+        if not torch.cuda.is_available():
+            raise Error("gpu_mem: no CUDA device to ask (torch.cuda.mem_get_info): give gpu_mem=")
+        free, total = torch.cuda.mem_get_info()
+        gpu_mem = total
+        reserve += max(0, total - free - torch.cuda.memory_reserved())
+    return _budget.compute(m, gpu_mem, reserve, tp, pp, dp, ep, seq, micro_batch, checkpoint,
+                           zero1, pb, gb, optim_bytes, ab, name="model")
