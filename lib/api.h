@@ -12,8 +12,11 @@
 #include <stdint.h>
 #include "lrmoe.h"
 
-/* LRMOE_VERSION of the library actually loaded ("0.5.0"). */
+/* LRMOE_VERSION of the library actually loaded ("0.6.0"), and its
+ * LRMOE_VERSION_NUMBER (600): a program built against newer headers checks
+ * lrmoe_version_number() >= the LRMOE_VERSION_NUMBER it needs. */
 const char *lrmoe_version(void);
+int lrmoe_version_number(void);
 
 /* sizeof of a public struct by its type name ("lrmoe_frame_t",
  * "lrmoe_exec_bwd_t", ...); 0 for a name that is not one of them. */

@@ -11,9 +11,22 @@
 #include "route.h"
 #include "score.h"
 
+#define LRMOE_STR_(x) #x
+#define LRMOE_STR(x) LRMOE_STR_(x)
+_Static_assert(sizeof LRMOE_VERSION == sizeof(LRMOE_STR(LRMOE_VERSION_MAJOR) "."
+                                              LRMOE_STR(LRMOE_VERSION_MINOR) "."
+                                              LRMOE_STR(LRMOE_VERSION_PATCH)),
+               "LRMOE_VERSION and its numbers disagree (lrmoe.h)");
+
 const char *lrmoe_version(void)
 {
     return LRMOE_VERSION;
+}
+
+int lrmoe_version_number(void)
+{
+    /* the string and the numbers are one version (lib.bats compares them) */
+    return LRMOE_VERSION_NUMBER;
 }
 
 #define SIZE(T) {#T, sizeof(T)}

@@ -11,7 +11,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define LRMOE_VERSION "0.5.0"
+#define LRMOE_VERSION "0.6.0"
+/* the same as numbers, and as one comparable number (MAJOR*10000 +
+ * MINOR*100 + PATCH): #if LRMOE_VERSION_NUMBER >= 600 ... */
+#define LRMOE_VERSION_MAJOR 0
+#define LRMOE_VERSION_MINOR 6
+#define LRMOE_VERSION_PATCH 0
+#define LRMOE_VERSION_NUMBER \
+    (LRMOE_VERSION_MAJOR * 10000 + LRMOE_VERSION_MINOR * 100 + LRMOE_VERSION_PATCH)
 #define LRMOE_MAX_DIMS 8
 #define LRMOE_MAX_HEADER (100u << 20) /* safetensors' own limit: 100 MB */
 /* What one frame may declare (lrmoe-stream(5), SECURITY): readers refuse more. */

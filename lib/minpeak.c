@@ -4,6 +4,7 @@
  * allocation (fixed or free quotas). Depends on nothing of the planners. */
 #include <glpk.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -987,6 +988,33 @@ static void trip_free(triplets_t *t)
     free(t->ar);
 }
 
+/* GLPK keeps an environment per thread (it makes one at its first call in a
+ * thread): a thread-specific key frees it when the thread ends, so callers
+ * need not call lrmoe_minpeak_thread_cleanup (lrmoe_plan_thread_cleanup). */
+static pthread_key_t glpk_key;
+static pthread_once_t glpk_once = PTHREAD_ONCE_INIT;
+static int glpk_key_ok;
+static _Thread_local int glpk_noted;
+
+static void glpk_exit(void *unused)
+{
+    (void)unused;
+    glp_free_env();
+}
+
+static void glpk_key_make(void)
+{
+    glpk_key_ok = pthread_key_create(&glpk_key, glpk_exit) == 0;
+}
+
+static void glpk_thread_note(void)
+{
+    if (glpk_noted) return;
+    pthread_once(&glpk_once, glpk_key_make);
+    if (glpk_key_ok) pthread_setspecific(glpk_key, &glpk_noted);
+    glpk_noted = 1;
+}
+
 /* Shared model: columns x_ep for eligible (e,p) with n[e] > 0, then T.
  * Experts: fixed row sum need[e] (lo == NULL) or lo[e] <= K_e <= n[e] with
  * sum K_e = total. Objective: T, minus (quota mode, pref given) a tie-break
@@ -1055,6 +1083,7 @@ static int64_t glpk_solve(const uint8_t *pl, const int64_t *lo, const int64_t *n
         lrmoe_err("GLPK: out of memory");
         goto out;
     }
+    glpk_thread_note();
     glp_term_out(GLP_OFF);
     lp = glp_create_prob();
     glp_set_obj_dir(lp, GLP_MIN);
@@ -1153,6 +1182,7 @@ void lrmoe_minpeak_thread_cleanup(void)
 {
     glp_free_env();
 }
+
 
 int64_t lrmoe_alloc_glpk(const uint8_t *placement, const int64_t *need, int E, int P,
                          double tm_lim, int64_t *x)

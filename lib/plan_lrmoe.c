@@ -6,6 +6,7 @@
  * and their forward allocations) do not depend on the rate: built once per
  * frame. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1395,17 +1396,32 @@ static void explain(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan
 /* The scratch plans of plan_lrmoe (the three baselines, the candidate,
  * the any slot and the chain's plan), kept per thread from one call to the next: planning frame
  * after frame then neither allocates nor faults in five [E,P] plans each
- * time. lrmoe_plan_thread_cleanup frees them; a nested call (explain) uses
- * plans of its own. */
+ * time. They are freed when the thread ends (a thread-specific key's
+ * destructor), or earlier by lrmoe_plan_thread_cleanup; a nested call
+ * (explain) uses plans of its own. */
 enum { SCRATCH = 6 };
 static _Thread_local lrmoe_plan_t scratch[SCRATCH];
 static _Thread_local int scratch_ready, scratch_busy;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_key_ok;
 
 void plan_lrmoe_thread_cleanup(void)
 {
     for (int i = 0; scratch_ready && i < SCRATCH; i++)
         lrmoe_plan_free(&scratch[i]);
     scratch_ready = 0;
+}
+
+static void scratch_exit(void *unused)
+{
+    (void)unused;
+    plan_lrmoe_thread_cleanup();
+}
+
+static void scratch_key_make(void)
+{
+    scratch_key_ok = pthread_key_create(&scratch_key, scratch_exit) == 0;
 }
 
 int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base_fn base,
@@ -1423,6 +1439,10 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base
     lrmoe_plan_t sp[SCRATCH], *bl = sp, *anyp = NULL; /* bl: sp[0..2] */
     const int kept = !scratch_busy;
     if (kept) {
+        if (!scratch_ready) { /* the thread's exit frees them */
+            pthread_once(&scratch_once, scratch_key_make);
+            if (scratch_key_ok) pthread_setspecific(scratch_key, scratch);
+        }
         for (int i = 0; !scratch_ready && i < SCRATCH; i++)
             lrmoe_plan_init(&scratch[i]);
         scratch_ready = scratch_busy = 1;

@@ -324,3 +324,14 @@ PY
     assert_success
     assert_output "same plans 64 64"
 }
+
+@test "planning threads that end without lrmoe_plan_thread_cleanup leak nothing (scratch plans and GLPK's environment freed at thread exit; ASan's leak checker)" {
+    cc -std=c11 -O1 -g -D_GNU_SOURCE -fsanitize=address -I"$TOP/lib" -o "$T/pt" \
+        "$BATS_TEST_DIRNAME/lib/plan_threads.c" "$(BD)/liblrmoe.a" -lzstd -ljansson -lglpk -lm \
+        -lpthread -ldl
+    # the leak report on standard error (the sanitized pass's log_path would hide it)
+    run env -u LSAN_OPTIONS ASAN_OPTIONS=detect_leaks=1 "$T/pt" 4
+    assert_success
+    assert_line "4 threads planned"
+    refute_output --partial "LeakSanitizer"
+}

@@ -21,6 +21,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "plan_inproc: header %s, library %s\n", LRMOE_VERSION, lrmoe_version());
         return 1;
     }
+    /* the version as numbers: the header's macros, the library's call and
+     * the string are one version */
+    char vs[32];
+    snprintf(vs, sizeof vs, "%d.%d.%d", LRMOE_VERSION_MAJOR, LRMOE_VERSION_MINOR,
+             LRMOE_VERSION_PATCH);
+    if (strcmp(vs, LRMOE_VERSION) || lrmoe_version_number() != LRMOE_VERSION_NUMBER ||
+        LRMOE_VERSION_NUMBER != LRMOE_VERSION_MAJOR * 10000 + LRMOE_VERSION_MINOR * 100 +
+                                    LRMOE_VERSION_PATCH) {
+        fprintf(stderr, "plan_inproc: version %s, numbers %s, library number %d, header %d\n",
+                LRMOE_VERSION, vs, lrmoe_version_number(), LRMOE_VERSION_NUMBER);
+        return 1;
+    }
     lrmoe_plan_opts_t o;
     lrmoe_plan_opts_default(&o);
     o.P = atoi(argv[3]);

@@ -174,6 +174,7 @@ def _sig(name, res, *args):
 P = c_void_p
 _sig("lrmoe_errmsg", c_char_p)
 _sig("lrmoe_version", c_char_p)
+_sig("lrmoe_version_number", c_int)
 _sig("lrmoe_abi_sizeof", c_size_t, c_char_p)
 _sig("lrmoe_dtype_size", c_size_t, c_int)
 _sig("lrmoe_convert_to_f32", None, c_int, P, P, c_size_t)
@@ -261,6 +262,7 @@ _sig("lrmoe_exec_ctx_free", None, P)
 _sig("lrmoe_exec_frame", c_int, P, POINTER(Frame))
 
 VERSION = lib.lrmoe_version().decode()
+VERSION_NUMBER = lib.lrmoe_version_number()
 
 _MIRRORS = {"lrmoe_tensor_t": Tensor, "lrmoe_frame_t": Frame, "lrmoe_wopts_t": WOpts,
             "lrmoe_route_opts_t": RouteOpts, "lrmoe_score_opts_t": ScoreOpts,
