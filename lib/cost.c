@@ -126,7 +126,7 @@ int lrmoe_cost_eval_slots(const lrmoe_cost_model_t *m, int E, int P,
     return cost_eval(m, E, P, placement, load, fwd, quota, bwd, slots, rank, sum, 0);
 }
 
-int cost_eval_placed(const lrmoe_cost_model_t *m, int E, int P, const uint8_t *placement,
+int lrmoe_cost_eval_placed(const lrmoe_cost_model_t *m, int E, int P, const uint8_t *placement,
                      const int64_t *load, const int64_t *fwd, const int64_t *quota,
                      const int64_t *bwd, const lrmoe_cost_slots_t *slots,
                      lrmoe_rank_cost_t *rank, lrmoe_cost_summary_t *sum)

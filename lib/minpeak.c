@@ -10,6 +10,7 @@
 
 #include "lrmoe.h"
 #include "minpeak.h"
+#include "minpeak_internal.h"
 
 /* ---------------------------------------------------------------- bounds */
 
@@ -48,7 +49,7 @@ int64_t lrmoe_minpeak_lb(const uint8_t *placement, const int64_t *need, int E, i
     if (P <= 0 || E <= 0)
         return lrmoe_err("min-peak bound: bad shape");
     if (P > LRMOE_PLAN_MAX_P)
-        return plan_minpeak(placement, NULL, need, 0, E, P, -1, NULL, NULL);
+        return lrmoe_plan_minpeak(placement, NULL, need, 0, E, P, -1, NULL, NULL);
     int64_t *sub = malloc(((size_t)1 << P) * sizeof *sub), orphan;
     if (!sub)
         return lrmoe_err("min-peak bound: out of memory");
@@ -81,7 +82,7 @@ int64_t lrmoe_minpeak_quota_lb(const uint8_t *placement, const int64_t *lo,
         return lrmoe_err("quota bound: total %lld outside [%lld,%lld]", (long long)total,
                          (long long)slo, (long long)sn);
     if (P > LRMOE_PLAN_MAX_P)
-        return plan_minpeak(placement, lo, n, total, E, P, -1, NULL, NULL);
+        return lrmoe_plan_minpeak(placement, lo, n, total, E, P, -1, NULL, NULL);
     const size_t S = (size_t)1 << P;
     int64_t *a = malloc(S * sizeof *a), *b = malloc(S * sizeof *b), oa, ob;
     if (!a || !b) {
@@ -331,7 +332,7 @@ static int elig_lists(const uint8_t *pl, int E, int P, int **eoff, int **elist)
     return 0;
 }
 
-int64_t plan_minpeak(const uint8_t *pl, const int64_t *lo, const int64_t *n, int64_t total,
+int64_t lrmoe_plan_minpeak(const uint8_t *pl, const int64_t *lo, const int64_t *n, int64_t total,
                      int E, int P, int64_t ub, uint8_t *witness, int *how)
 {
     if (P <= 0 || E <= 0)

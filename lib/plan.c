@@ -9,6 +9,7 @@
 
 #include "plan.h"
 #include "plan_internal.h"
+#include "minpeak_internal.h"
 
 void lrmoe_plan_opts_default(lrmoe_plan_opts_t *o)
 {
@@ -320,7 +321,7 @@ int lrmoe_plan_from_frame(const lrmoe_frame_t *f, lrmoe_plan_t *p)
 void lrmoe_plan_thread_cleanup(void)
 {
     lrmoe_minpeak_thread_cleanup();
-    plan_lrmoe_thread_cleanup();
+    lrmoe_plan_lrmoe_thread_cleanup();
 }
 
 /* thread CPU seconds (the plan time without the other processes of a
@@ -337,11 +338,11 @@ static double cpu_now(void)
 static int baseline(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p)
 {
     switch (o->planner) {
-    case LRMOE_PLANNER_FIXED: return plan_fixed(o, load, E, p);
+    case LRMOE_PLANNER_FIXED: return lrmoe_plan_fixed(o, load, E, p);
     case LRMOE_PLANNER_LLEP:
         return lrmoe_llep_assign(load, E, o->P, o->lambda, o->alpha, o->min_chunk, p->placement,
                                  p->fwd_alloc) < 0 ? -1 : 0;
-    case LRMOE_PLANNER_EPLB: return plan_eplb(o, load, E, p);
+    case LRMOE_PLANNER_EPLB: return lrmoe_plan_eplb(o, load, E, p);
     default: return lrmoe_err("no baseline planner %d", (int)o->planner);
     }
 }
@@ -367,7 +368,7 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
     out->llep[0] = 0;
     int r;
     switch (o->planner) {
-    case LRMOE_PLANNER_FIXED: r = plan_fixed(o, load, E, out); break;
+    case LRMOE_PLANNER_FIXED: r = lrmoe_plan_fixed(o, load, E, out); break;
     case LRMOE_PLANNER_LLEP: {
         lrmoe_llep_reason_t why;
         r = lrmoe_llep_assign_why(load, E, o->P, o->lambda, o->alpha, o->min_chunk,
@@ -376,9 +377,9 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
             snprintf(out->llep, sizeof out->llep, "%s", lrmoe_llep_reason_name(why));
         break;
     }
-    case LRMOE_PLANNER_EPLB: r = plan_eplb(o, load, E, out); break;
-    case LRMOE_PLANNER_LRMOE: r = plan_lrmoe(o, load, E, baseline, out); break;
-    case LRMOE_PLANNER_CAPACITY: r = plan_fixed(o, load, E, out); break;
+    case LRMOE_PLANNER_EPLB: r = lrmoe_plan_eplb(o, load, E, out); break;
+    case LRMOE_PLANNER_LRMOE: r = lrmoe_plan_lrmoe(o, load, E, baseline, out); break;
+    case LRMOE_PLANNER_CAPACITY: r = lrmoe_plan_fixed(o, load, E, out); break;
     default: r = lrmoe_err("unknown planner %d", (int)o->planner);
     }
     if (r < 0)
@@ -401,20 +402,20 @@ int lrmoe_plan_compute(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
                 out->bwd_alloc[(size_t)e * o->P + e / per] = out->quota[e];
             }
         }
-        if (plan_cost(o, out, load, NULL) < 0)
+        if (lrmoe_plan_cost(o, out, load, NULL) < 0)
             return -1;
-        plan_summarise(out, load);
+        lrmoe_plan_summarise(out, load);
         /* the planner's own allocation is feasible: its peak bounds T* from
          * above, so the bound search stops as soon as it reaches it (the
          * capacity planner's forward load is its kept pairs, quota) */
-        out->fwd_lb = plan_minpeak(out->placement, NULL,
+        out->fwd_lb = lrmoe_plan_minpeak(out->placement, NULL,
                                    o->planner == LRMOE_PLANNER_CAPACITY ? out->quota : load, 0,
                                    E, o->P, out->fwd_peak, NULL, NULL);
         if (out->fwd_lb < 0)
             return -1;
         out->bwd_lb = out->fwd_lb;
         /* baselines do not adapt: an over-budget plan is reported, not refused */
-        out->feasible = plan_fits(o, out, out->binding, sizeof out->binding);
+        out->feasible = lrmoe_plan_fits(o, out, out->binding, sizeof out->binding);
     }
     out->D = o->cost.D;
     out->F = o->cost.F;

@@ -145,7 +145,7 @@ int lrmoe_plan_check(const lrmoe_plan_t *p, const int64_t *load)
  * its cost evaluation: p->rank, filled by plan_cost, holds each rank's
  * forward and backward rows and replicas, so the [E,P] arrays are not
  * scanned again. */
-void plan_summarise(lrmoe_plan_t *p, const int64_t *load)
+void lrmoe_plan_summarise(lrmoe_plan_t *p, const int64_t *load)
 {
     int64_t K = 0;
     p->N = 0;
@@ -168,7 +168,7 @@ void plan_summarise(lrmoe_plan_t *p, const int64_t *load)
 }
 
 /* The cost model of plan p (its slots and keep rule); placed: p's
- * allocations lie on its placement (cost_eval_placed). */
+ * allocations lie on its placement (lrmoe_cost_eval_placed). */
 static int eval_cost(const lrmoe_cost_model_t *m, const lrmoe_plan_t *p, const int64_t *load,
                      lrmoe_rank_cost_t *rank, lrmoe_cost_summary_t *sum, int placed)
 {
@@ -179,7 +179,7 @@ static int eval_cost(const lrmoe_cost_model_t *m, const lrmoe_plan_t *p, const i
      * forward rows and loads are the kept pairs (bwd_alloc, quota), while
      * fwd_alloc lists every pair (lrmoe-plan(1), CAPACITY) */
     const int capped = !strcmp(p->planner, "capacity");
-    return (placed ? cost_eval_placed : lrmoe_cost_eval_slots)(
+    return (placed ? lrmoe_cost_eval_placed : lrmoe_cost_eval_slots)(
         &mk, p->E, p->P, p->placement, capped ? p->quota : load,
         capped ? p->bwd_alloc : p->fwd_alloc, p->quota, p->bwd_alloc,
         p->have_slots ? &sl : NULL, rank, sum);
@@ -193,8 +193,8 @@ int lrmoe_plan_eval_cost(const lrmoe_cost_model_t *m, const lrmoe_plan_t *p,
 }
 
 /* Evaluate the cost model for p, a plan a planner built (its allocations
- * lie on its placement: cost_eval_placed), and fill the summary figures. */
-int plan_cost(const lrmoe_plan_opts_t *o, lrmoe_plan_t *p, const int64_t *load,
+ * lie on its placement: lrmoe_cost_eval_placed), and fill the summary figures. */
+int lrmoe_plan_cost(const lrmoe_plan_opts_t *o, lrmoe_plan_t *p, const int64_t *load,
               lrmoe_cost_summary_t *s)
 {
     lrmoe_cost_summary_t tmp;
@@ -214,7 +214,7 @@ int plan_cost(const lrmoe_plan_opts_t *o, lrmoe_plan_t *p, const int64_t *load,
 /* Describe what binds for plan p against the budgets; returns 1 if it fits.
  * Memory: the rank, its need split into replicas, forward buffers, saved
  * state and backward payloads, and the budget, in adaptive units. */
-int plan_fits(const lrmoe_plan_opts_t *o, const lrmoe_plan_t *p, char *why, size_t len)
+int lrmoe_plan_fits(const lrmoe_plan_opts_t *o, const lrmoe_plan_t *p, char *why, size_t len)
 {
     if (!why) /* the answer only */
         return !(o->cost.hbm > 0 && p->mem_peak > o->cost.hbm) &&
@@ -247,7 +247,7 @@ int plan_fits(const lrmoe_plan_opts_t *o, const lrmoe_plan_t *p, char *why, size
     return 1;
 }
 
-int plan_fixed(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p)
+int lrmoe_plan_fixed(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p)
 {
     (void)o;
     const int P = p->P, per = E / P;

@@ -369,7 +369,7 @@ int lrmoe_eplb_step(lrmoe_eplb_cache_t *c, const char *layer, const lrmoe_plan_o
  * is charged its slots - E/P redundant slots; weights arrive at the slots
  * the layout moved (sent by the expert's native rank), and every redundant
  * copy returns its weight gradient to the expert's first copy. */
-int plan_eplb(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p)
+int lrmoe_plan_eplb(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p)
 {
     const int P = o->P, per = E / P;
     lrmoe_eplb_layout_t own;

@@ -30,27 +30,27 @@ static inline int plan_skip(const lrmoe_plan_t *p, size_t i, int q, int P)
 /* cost.c: lrmoe_cost_eval_slots for a plan whose fwd and bwd are zero
  * wherever its placement is (as lrmoe_plan_check requires): only the
  * placement is scanned for the entries to visit (plan_cost's candidates) */
-int cost_eval_placed(const lrmoe_cost_model_t *m, int E, int P, const uint8_t *placement,
+int lrmoe_cost_eval_placed(const lrmoe_cost_model_t *m, int E, int P, const uint8_t *placement,
                      const int64_t *load, const int64_t *fwd, const int64_t *quota,
                      const int64_t *bwd, const lrmoe_cost_slots_t *slots,
                      lrmoe_rank_cost_t *rank, lrmoe_cost_summary_t *sum);
 
 /* the planners (plan_eplb.c, plan_lrmoe.c) */
-int plan_eplb(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p);
+int lrmoe_plan_eplb(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p);
 /* A baseline's placement and forward allocation (o->planner fixed, llep or
  * eplb): plan.c's, handed to plan_lrmoe, which must not lose to them; so the
  * planners reach each other only through the dispatcher. */
 typedef int (*plan_base_fn)(const lrmoe_plan_opts_t *o, const int64_t *load, int E,
                             lrmoe_plan_t *p);
-int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base_fn base,
+int lrmoe_plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base_fn base,
                lrmoe_plan_t *p);
-void plan_lrmoe_thread_cleanup(void); /* its per-thread scratch plans */
+void lrmoe_plan_lrmoe_thread_cleanup(void); /* its per-thread scratch plans */
 /* plan_core.c: summary, cost model evaluation, budget check */
-void plan_summarise(lrmoe_plan_t *p, const int64_t *load); /* after plan_cost */
-int plan_cost(const lrmoe_plan_opts_t *o, lrmoe_plan_t *p, const int64_t *load,
+void lrmoe_plan_summarise(lrmoe_plan_t *p, const int64_t *load); /* after plan_cost */
+int lrmoe_plan_cost(const lrmoe_plan_opts_t *o, lrmoe_plan_t *p, const int64_t *load,
               lrmoe_cost_summary_t *s);
-int plan_fits(const lrmoe_plan_opts_t *o, const lrmoe_plan_t *p, char *why, size_t len);
+int lrmoe_plan_fits(const lrmoe_plan_opts_t *o, const lrmoe_plan_t *p, char *why, size_t len);
 /* plan_core.c */
-int plan_fixed(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p);
+int lrmoe_plan_fixed(const lrmoe_plan_opts_t *o, const int64_t *load, int E, lrmoe_plan_t *p);
 
 #endif

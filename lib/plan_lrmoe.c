@@ -12,6 +12,7 @@
 
 #include "plan.h"
 #include "plan_internal.h"
+#include "minpeak_internal.h"
 
 /* ---------------------------------------------------------------- planner */
 
@@ -572,9 +573,9 @@ static void submit(lctx_t *c, const char *src, int longer)
     if (c->total == c->N && k->mem_peak < c->min_mem1 &&
         !(c->o->cost.window > 0 && k->t_comm > c->o->cost.window))
         c->min_mem1 = k->mem_peak;
-    if (!plan_fits(c->o, k, NULL, 0)) {
+    if (!lrmoe_plan_fits(c->o, k, NULL, 0)) {
         if (!c->why[0] || k->mem_peak < c->why_mem) { /* the closest miss so far */
-            plan_fits(c->o, k, c->why, sizeof c->why);
+            lrmoe_plan_fits(c->o, k, c->why, sizeof c->why);
             snprintf(c->why_src, sizeof c->why_src, "%s", src);
             c->why_mem = k->mem_peak;
         }
@@ -597,9 +598,9 @@ static void submit(lctx_t *c, const char *src, int longer)
 static int cand_eval(lctx_t *c)
 {
     c->cand.keep_by_rank = 0;
-    if (plan_cost(c->o, &c->cand, c->load, NULL) < 0)
+    if (lrmoe_plan_cost(c->o, &c->cand, c->load, NULL) < 0)
         return -1;
-    plan_summarise(&c->cand, c->load);
+    lrmoe_plan_summarise(&c->cand, c->load);
     return 0;
 }
 
@@ -617,7 +618,7 @@ static int submit_bwd(lctx_t *c, const char *src, double t1)
         return 0;
     }
     k->keep_by_rank = 1;
-    if (plan_cost(c->o, k, c->load, NULL) < 0)
+    if (lrmoe_plan_cost(c->o, k, c->load, NULL) < 0)
         return -1;
     if (t_bwd_of(&k->cost) <= t1) {
         char name[48];
@@ -626,7 +627,7 @@ static int submit_bwd(lctx_t *c, const char *src, double t1)
         return 0;
     }
     k->keep_by_rank = 0;
-    if (plan_cost(c->o, k, c->load, NULL) < 0)
+    if (lrmoe_plan_cost(c->o, k, c->load, NULL) < 0)
         return -1;
     submit(c, src, 1);
     return 0;
@@ -1087,7 +1088,7 @@ static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl
     int64_t flb = -1;
     if (base) {
         plan_copy(k, base); /* evaluated with every pair kept */
-        flb = plan_minpeak(base->placement, NULL, c->load, 0, E, P, -1, NULL, NULL);
+        flb = lrmoe_plan_minpeak(base->placement, NULL, c->load, 0, E, P, -1, NULL, NULL);
         if (flb < 0)
             return -1;
         snprintf(name, sizeof name, "%s:own", src);
@@ -1247,8 +1248,8 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
     }
     int64_t lb = -1;
     for (int exact = 0; exact < 2; exact++) {
-        lb = K ? plan_minpeak(k->placement, NULL, K, 0, E, c->P, exact ? -1 : ub, NULL, NULL)
-               : plan_minpeak(k->placement, c->lo, c->load, c->total, E, c->P,
+        lb = K ? lrmoe_plan_minpeak(k->placement, NULL, K, 0, E, c->P, exact ? -1 : ub, NULL, NULL)
+               : lrmoe_plan_minpeak(k->placement, c->lo, c->load, c->total, E, c->P,
                               exact ? -1 : ub, NULL, NULL);
         if (lb < 0)
             return -1;
@@ -1326,13 +1327,13 @@ static int offer_scaled(lctx_t *c, const lrmoe_plan_t *ch)
             return lrmoe_err("lrmoe: scaled backward: expert %d retains %lld of %lld "
                              "(internal error)", e, (long long)s, (long long)K);
     }
-    const int64_t blb = plan_minpeak(k->placement, NULL, k->quota, 0, E, P, -1, NULL, NULL);
+    const int64_t blb = lrmoe_plan_minpeak(k->placement, NULL, k->quota, 0, E, P, -1, NULL, NULL);
     if (blb < 0)
         return -1;
     k->keep_by_rank = 1;
-    if (plan_cost(c->o, k, c->load, NULL) < 0)
+    if (lrmoe_plan_cost(c->o, k, c->load, NULL) < 0)
         return -1;
-    plan_summarise(k, c->load);
+    lrmoe_plan_summarise(k, c->load);
     k->fwd_lb = ch->fwd_lb;
     k->bwd_lb = blb;
     char name[48];
@@ -1386,14 +1387,14 @@ static void explain(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan
         return;
     lrmoe_plan_t t;
     lrmoe_plan_init(&t);
-    if (lrmoe_plan_alloc(&t, E, o->P) == 0 && plan_lrmoe(&q, load, E, base, &t) == 0)
+    if (lrmoe_plan_alloc(&t, E, o->P) == 0 && lrmoe_plan_lrmoe(&q, load, E, base, &t) == 0)
         snprintf(more + n, len - n, "; rate %.2f would fit", q.rates[t.rate_index]);
     else
         snprintf(more + n, len - n, "; no rate down to %.2f fits", q.rates[q.nrates - 1]);
     lrmoe_plan_free(&t);
 }
 
-/* The scratch plans of plan_lrmoe (the three baselines, the candidate,
+/* The scratch plans of lrmoe_plan_lrmoe (the three baselines, the candidate,
  * the any slot and the chain's plan), kept per thread from one call to the next: planning frame
  * after frame then neither allocates nor faults in five [E,P] plans each
  * time. They are freed when the thread ends (a thread-specific key's
@@ -1406,7 +1407,7 @@ static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static int scratch_key_ok;
 
-void plan_lrmoe_thread_cleanup(void)
+void lrmoe_plan_lrmoe_thread_cleanup(void)
 {
     for (int i = 0; scratch_ready && i < SCRATCH; i++)
         lrmoe_plan_free(&scratch[i]);
@@ -1416,7 +1417,7 @@ void plan_lrmoe_thread_cleanup(void)
 static void scratch_exit(void *unused)
 {
     (void)unused;
-    plan_lrmoe_thread_cleanup();
+    lrmoe_plan_lrmoe_thread_cleanup();
 }
 
 static void scratch_key_make(void)
@@ -1424,7 +1425,7 @@ static void scratch_key_make(void)
     scratch_key_ok = pthread_key_create(&scratch_key, scratch_exit) == 0;
 }
 
-int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base_fn base,
+int lrmoe_plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base_fn base,
                lrmoe_plan_t *p)
 {
     const int P = o->P, per = E / P;
@@ -1485,11 +1486,11 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base
             goto out;
         memcpy(bl[i].quota, load, (size_t)E * sizeof *load);
         memcpy(bl[i].bwd_alloc, bl[i].fwd_alloc, EP * sizeof(int64_t));
-        if (plan_cost(&ob, &bl[i], load, NULL) < 0)
+        if (lrmoe_plan_cost(&ob, &bl[i], load, NULL) < 0)
             goto out;
-        plan_summarise(&bl[i], load);
+        lrmoe_plan_summarise(&bl[i], load);
         char w[200];
-        const int fits = plan_fits(o, &bl[i], w, sizeof w);
+        const int fits = lrmoe_plan_fits(o, &bl[i], w, sizeof w);
         if ((fits && !ref_fits) || (fits == ref_fits && (bl[i].t_total < c.ref_t ||
                                     (bl[i].t_total == c.ref_t && bl[i].fwd_peak < c.ref_pk)))) {
             c.ref_t = bl[i].t_total;
@@ -1750,7 +1751,7 @@ int plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base
             snprintf(p->source, sizeof p->source, "%s", anyp->source);
             snprintf(p->planner, sizeof p->planner, "lrmoe");
         }
-        if (plan_cost(o, p, load, NULL) < 0)
+        if (lrmoe_plan_cost(o, p, load, NULL) < 0)
             goto out;
         p->feasible = 0;
         p->rate_index = ri;

@@ -37,6 +37,7 @@
 
 #include "plan.h"
 #include "plan_internal.h"
+#include "minpeak_internal.h"
 
 static uint64_t rs = 88172645463325252ull;
 static uint64_t rnd(void)
@@ -357,7 +358,7 @@ static int fastpath_check(int count)
         int64_t ref = lrmoe_minpeak_lb_flow(pl, n, E, P);
         int64_t cf = P <= LRMOE_PLAN_MAX_P ? lrmoe_minpeak_lb(pl, n, E, P) : ref;
         int how = 0;
-        int64_t t = plan_minpeak(pl, NULL, n, 0, E, P, -1, w, &how);
+        int64_t t = lrmoe_plan_minpeak(pl, NULL, n, 0, E, P, -1, w, &how);
         int64_t wb = subset_bound(pl, NULL, n, 0, E, P, w);
         int64_t fl = lrmoe_alloc_flow(pl, n, E, P, x);
         if (ref < 0 || cf < 0 || t < 0 || fl < 0) {
@@ -379,7 +380,7 @@ static int fastpath_check(int count)
             nat = rs[p] > nat ? rs[p] : nat;
         const int64_t ubs[3] = {fl, nat, ref + rint_(0, 3)};
         for (int k = 0; k < 3; k++) {
-            int64_t u = plan_minpeak(pl, NULL, n, 0, E, P, ubs[k], k == 2 ? w : NULL, &how);
+            int64_t u = lrmoe_plan_minpeak(pl, NULL, n, 0, E, P, ubs[k], k == 2 ? w : NULL, &how);
             nfast += how == 1;
             nsearch += how == 3;
             if (u != ref || (k == 2 && subset_bound(pl, NULL, n, 0, E, P, w) != u)) {
@@ -405,9 +406,9 @@ static int fastpath_check(int count)
         int64_t qref = lrmoe_minpeak_quota_lb_flow(pl, lo, n, total, E, P);
         int64_t qcf = P <= LRMOE_PLAN_MAX_P ? lrmoe_minpeak_quota_lb(pl, lo, n, total, E, P)
                                             : qref;
-        int64_t qt = plan_minpeak(pl, lo, n, total, E, P, -1, w, &how);
+        int64_t qt = lrmoe_plan_minpeak(pl, lo, n, total, E, P, -1, w, &how);
         int64_t qw = subset_bound(pl, lo, n, total, E, P, w);
-        int64_t qu = plan_minpeak(pl, lo, n, total, E, P, qref + rint_(0, 2), NULL, &how);
+        int64_t qu = lrmoe_plan_minpeak(pl, lo, n, total, E, P, qref + rint_(0, 2), NULL, &how);
         nfast += how == 1;
         nsearch += how == 3;
         if (qref < 0 || qt != qref || qcf != qref || qw != qt || qu != qref ||
