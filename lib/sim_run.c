@@ -338,9 +338,12 @@ int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t
                                         "forward: combine", "backward: dispatch",
                                         "backward: compute", "backward: combine",
                                         "replica weights out, gradients back"};
-        /* forward blues, backward oranges, each dark to light; weights grey */
-        static const char *rgb[NSEG] = {"#08306B", "#4292C6", "#C6DBEF", "#7F2704",
-                                        "#F16913", "#FDD0A2", "#737373"};
+        /* forward blues, backward oranges, each dark to light; weights
+         * black. In greyscale (Rec. 601 luma) the seven are 43, 128, 191,
+         * 82, 165, 234 and 0: no two closer than 26, so a printed figure
+         * tells every segment apart (tests/plot.bats checks it) */
+        static const char *rgb[NSEG] = {"#08306B", "#4292C6", "#9ECAE1", "#A63603",
+                                        "#FD8D3C", "#FEE6CE", "#000000"};
         static const int both[3] = {LRMOE_SIM_T_DISPATCH, LRMOE_SIM_T_COMPUTE,
                                     LRMOE_SIM_T_COMBINE};
         static const int bwd[3] = {LRMOE_SIM_T_BWD_DISPATCH, LRMOE_SIM_T_BWD_COMPUTE,

@@ -82,8 +82,21 @@ for p, bar in bars.items():
     assert all(x >= 0 for x in bar) and min(bar[:6]) > 0, (p, bar)
 PY
     grep -q "set label \"backward [0-9.]* ms\" at" "$D/figs/latency.gp"
-    # seven fills, no two alike
-    [ "$(grep -o 'index 0 using [0-9]*\(:xtic(1)\)\? lc rgb "#[0-9A-F]*"' "$D/figs/latency.gp" | sed 's/.*rgb //' | sort -u | wc -l)" -eq 7 ]
+    # seven fills, no two alike, and no two alike in greyscale either: Rec.
+    # 601 luma (what a greyscale print or `convert -colorspace Gray` keeps)
+    # at least 20 of 255 apart, so each segment reads without colour
+    grep -o 'index 0 using [0-9]*\(:xtic(1)\)\? lc rgb "#[0-9A-F]*"' "$D/figs/latency.gp" |
+        sed 's/.*rgb "#//; s/"//' > "$D/fills"
+    [ "$(sort -u "$D/fills" | wc -l)" -eq 7 ]
+    run python3 -c '
+import sys
+y = sorted(0.299 * int(h[0:2], 16) + 0.587 * int(h[2:4], 16) + 0.114 * int(h[4:6], 16)
+           for h in open(sys.argv[1]).read().split())
+gap = min(b - a for a, b in zip(y, y[1:]))
+print(len(y), "fills, least luma gap %.0f" % gap)
+assert gap >= 20, y' "$D/fills"
+    assert_success
+    assert_output --regexp "^7 fills, least luma gap (2[0-9]|[3-9][0-9])$"
 }
 
 @test "pressure: a log2 axis with a tic at 1,2,4,8,16,20; the ideal curve says it keeps every pair" {
