@@ -261,7 +261,8 @@ check-fast: all $(UNIT_BIN)
 check: all deps-test
 	@SANITIZE="$(SANITIZE)" LRMOE_BUILD="$(BUILD)" sh tests/run.sh
 
-# libFuzzer harnesses (tests/fuzz), FUZZ_SECONDS each; make check runs them 20 s.
+# libFuzzer harnesses (tests/fuzz), FUZZ_SECONDS each with random seeds; make check
+# runs them on seed 1 and fixed counts (tests/fuzz.bats).
 fuzz: all
 	@BUILD="$(BUILD)" sh tests/fuzz/run.sh $(FUZZ_SECONDS)
 
