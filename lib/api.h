@@ -22,6 +22,28 @@ int lrmoe_version_number(void);
  * "lrmoe_exec_bwd_t", ...); 0 for a name that is not one of them. */
 size_t lrmoe_abi_sizeof(const char *type);
 
+/* ------------------------------------------------------------ executor */
+
+typedef struct lrmoe_exec lrmoe_exec_t;
+
+/* lrmoe-exec's work on frames in-process behind an opaque handle, with its
+ * defaults (phase forward, backend cpu, compute auto); NULL when out of
+ * memory. */
+lrmoe_exec_t *lrmoe_exec_new(void);
+void lrmoe_exec_free(lrmoe_exec_t *x);
+/* Set one option by its lrmoe-exec(1) long name and its value as text:
+ * phase, mode, weights (a weights stream's path), backend, compute, ranks,
+ * threads (-@), rank-threads, gpus, device, gemm, gemm-streams, repeat,
+ * warmup, clock, and the flag allow-nonfinite (value NULL). Setting one
+ * after a run starts the next run afresh (weights read again). 0, or -1
+ * with the error naming the option. */
+int lrmoe_exec_set(lrmoe_exec_t *x, const char *name, const char *value);
+/* Run the phase on f as lrmoe-exec does on one frame of its stream
+ * (lrmoe_exec_frame): adds the phase's outputs and exec.* attributes.
+ * The weights are read at the first run and kept. 0, or -1 with the error
+ * set. */
+int lrmoe_exec_run(lrmoe_exec_t *x, lrmoe_frame_t *f);
+
 /* ------------------------------------------------------------ planner */
 
 typedef struct lrmoe_plan_cfg lrmoe_plan_cfg_t;

@@ -335,3 +335,66 @@ PY
     assert_line "4 threads planned"
     refute_output --partial "LeakSanitizer"
 }
+
+@test "lrmoe_exec_t (opaque, options by lrmoe-exec's long names): forward, then backward in each mode, lrmoe-exec's tensors bit for bit and its attributes but the timings; bad options named" {
+    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
+    flags=$(pkg-config --cflags --libs lrmoe)
+    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
+        -o "$T/exec_x" "$BATS_TEST_DIRNAME/lib/exec_inproc.c" $flags
+    assert_success
+    X() { env LD_LIBRARY_PATH="$LIBD" "$T/exec_x" "$@"; }
+    "$BIN/lrmoe-gen" --tokens 256 --experts 16 --topk 4 --hidden 64 --ffn 32 --layers 2 \
+        --zipf 1.2 --seed 5 --weights "$T/w.lrm" | "$BIN/lrmoe-route" |
+        "$BIN/lrmoe-plan" -P 4 --rate 0.8 -o "$T/p.lrm"
+    run X "$T/p.lrm" "$T/xf.lrm" "$T/w.lrm" phase=forward ranks=4 threads=1 compute=f32
+    assert_success
+    "$BIN/lrmoe-exec" --phase forward -P 4 -@ 1 --compute f32 --weights "$T/w.lrm" \
+        --no-compress -o "$T/tf.lrm" "$T/p.lrm"
+    # the exec.* timings differ from run to run: every tensor and every other
+    # attribute must be equal
+    same() {
+        python3 - "$BATS_TEST_DIRNAME/helpers" "$1" "$2" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from lrmoe_stream import read_stream
+import numpy as np
+a, b = read_stream(sys.argv[2]), read_stream(sys.argv[3])
+assert len(a) == len(b) == 2, (len(a), len(b))
+def timed(k):  # exec.PHASE.STAGE_s seconds and the slowest rank: timings
+    return k.startswith("exec.") and (k.endswith("_s") or k.endswith("critical_rank"))
+for (ta, aa), (tb, ab) in zip(a, b):
+    assert sorted(ta) == sorted(tb), (sorted(ta), sorted(tb))
+    for n in ta:
+        assert ta[n].dtype == tb[n].dtype and np.array_equal(ta[n], tb[n], equal_nan=True), n
+    ka = {k: v for k, v in aa.items() if not timed(k)}
+    kb = {k: v for k, v in ab.items() if not timed(k)}
+    assert ka == kb, set(ka.items()) ^ set(kb.items())
+print("same", len(a), "frames")
+PY
+    }
+    run same "$T/xf.lrm" "$T/tf.lrm"
+    assert_success
+    assert_output "same 2 frames"
+    "$BIN/lrmoe-score" --no-compress -o "$T/s.lrm" "$T/tf.lrm"
+    for m in full masked; do
+        run X "$T/s.lrm" "$T/xb.lrm" "$T/w.lrm" phase=backward mode=$m ranks=4 threads=1 compute=f32
+        assert_success
+        "$BIN/lrmoe-exec" --phase backward --mode $m -P 4 -@ 1 --compute f32 --weights "$T/w.lrm" \
+            --no-compress -o "$T/tb.lrm" "$T/s.lrm"
+        run same "$T/xb.lrm" "$T/tb.lrm"
+        assert_success
+    done
+    # errors name the option
+    run X "$T/p.lrm" "$T/e.lrm" "$T/w.lrm" speed=11
+    assert_failure
+    assert_output --partial "exec: unknown option 'speed'"
+    run X "$T/p.lrm" "$T/e.lrm" "$T/w.lrm" ranks=0
+    assert_failure
+    assert_output "exec_inproc: ranks: 0 is out of range [1, 4096]"
+    run X "$T/p.lrm" "$T/e.lrm" "$T/w.lrm" allow-nonfinite=1
+    assert_output "exec_inproc: exec: allow-nonfinite takes no value"
+    run X "$T/p.lrm" "$T/e.lrm" "$T/w.lrm" mode=masked
+    assert_output "exec_inproc: mode: only the backward phase has modes (set phase backward)"
+    run X "$T/p.lrm" "$T/e.lrm" "$T/w.lrm" phase=sideways
+    assert_output "exec_inproc: phase: 'sideways' is not forward or backward"
+}

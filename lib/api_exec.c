@@ -1,0 +1,136 @@
+/* api_exec: lrmoe-exec's work on one frame behind an opaque handle
+ * (lrmoe_exec_new, api.h): options set by the long names of lrmoe-exec(1),
+ * so that no caller depends on the layout of lrmoe_exec_frame_opts_t or of
+ * lrmoe_exec_ctx_t, whose internal state already cost one soname. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "exec_frame.h"
+#include "gemm_cpu.h"
+
+struct lrmoe_exec {
+    lrmoe_exec_frame_opts_t o;
+    lrmoe_exec_ctx_t c;
+    int live;          /* c was initialised from o (a run happened) */
+    char *weights;     /* the weights stream's path (owned) */
+    int mode_set;
+};
+
+lrmoe_exec_t *lrmoe_exec_new(void)
+{
+    lrmoe_exec_t *x = calloc(1, sizeof *x);
+    if (!x) {
+        lrmoe_err("out of memory");
+        return NULL;
+    }
+    lrmoe_exec_frame_opts_default(&x->o);
+    return x;
+}
+
+/* options change what the context caches (weights, packed F32 copies):
+ * the next run starts a fresh one */
+static void drop_ctx(lrmoe_exec_t *x)
+{
+    if (x->live) lrmoe_exec_ctx_free(&x->c);
+    x->live = 0;
+}
+
+void lrmoe_exec_free(lrmoe_exec_t *x)
+{
+    if (!x) return;
+    drop_ctx(x);
+    free(x->weights);
+    free(x);
+}
+
+static int int_opt(const char *name, const char *v, int64_t lo, int64_t hi, int *out)
+{
+    int64_t n;
+    char opt[64];
+    snprintf(opt, sizeof opt, "%s", name);
+    if (lrmoe_parse_i64(opt, v, lo, hi, &n) < 0) return -1;
+    *out = (int)n;
+    return 0;
+}
+
+int lrmoe_exec_set(lrmoe_exec_t *x, const char *name, const char *value)
+{
+    static const char *const flags[] = {"allow-nonfinite"};
+    if (!x || !name) return lrmoe_err("exec: no handle or no option name");
+    int flag = !strcmp(name, flags[0]);
+    if (flag && value) return lrmoe_err("exec: %s takes no value", name);
+    if (!flag && !value) return lrmoe_err("exec: %s needs a value", name);
+    lrmoe_exec_frame_opts_t o = x->o;
+    int rc = 0;
+    if (!strcmp(name, "phase")) {
+        if (strcmp(value, "forward") && strcmp(value, "backward"))
+            return lrmoe_err("phase: '%s' is not forward or backward", value);
+        o.backward = !strcmp(value, "backward");
+    } else if (!strcmp(name, "mode")) {
+        rc = lrmoe_exec_mode_parse(value, &o.mode);
+        if (!rc) x->mode_set = 1;
+    } else if (!strcmp(name, "backend")) {
+        rc = lrmoe_backend_parse(value, &o.cfg.backend);
+    } else if (!strcmp(name, "compute")) {
+        lrmoe_compute_t cm;
+        rc = lrmoe_compute_parse(value, &cm) < 0 ? lrmoe_err_prefix("compute") : 0;
+        if (!rc) o.cfg.compute = (int)cm;
+    } else if (!strcmp(name, "ranks")) {
+        rc = int_opt("ranks", value, 1, 4096, &o.ranks);
+    } else if (!strcmp(name, "threads")) {
+        rc = int_opt("threads", value, 0, 4096, &o.cfg.threads);
+    } else if (!strcmp(name, "rank-threads")) {
+        rc = int_opt("rank-threads", value, 1, 4096, &o.cfg.rank_threads);
+    } else if (!strcmp(name, "gpus")) {
+        rc = int_opt("gpus", value, 0, 4096, &o.cfg.gpus);
+    } else if (!strcmp(name, "device")) {
+        rc = int_opt("device", value, 0, 4096, &o.cfg.device);
+    } else if (!strcmp(name, "gemm")) {
+        lrmoe_exec_gemm_t g;
+        rc = lrmoe_exec_gemm_parse(value, &g) < 0 ? lrmoe_err_prefix("gemm") : 0;
+        if (!rc) o.cfg.gemm = (int)g;
+    } else if (!strcmp(name, "gemm-streams")) {
+        rc = int_opt("gemm-streams", value, 1, 8, &o.cfg.gemm_streams);
+    } else if (!strcmp(name, "repeat")) {
+        rc = int_opt("repeat", value, 1, 1000, &o.repeat);
+    } else if (!strcmp(name, "warmup")) {
+        rc = int_opt("warmup", value, 0, 1000, &o.warmup);
+    } else if (!strcmp(name, "clock")) {
+        if (!strcmp(value, "cpu")) o.cfg.cpu_clock = 1;
+        else if (!strcmp(value, "wall")) o.cfg.cpu_clock = 0;
+        else rc = lrmoe_err("clock: '%s' is not wall or cpu", value);
+    } else if (flag) {
+        o.cfg.allow_nonfinite = 1;
+    } else if (!strcmp(name, "weights")) {
+        char *w = strdup(value);
+        if (!w) return lrmoe_err("out of memory");
+        drop_ctx(x);
+        free(x->weights);
+        x->weights = w;
+        return 0;
+    } else {
+        return lrmoe_err("exec: unknown option '%s' (the long options of lrmoe-exec(1): phase, "
+                         "mode, weights, backend, compute, ranks, threads, rank-threads, gpus, "
+                         "device, gemm, gemm-streams, repeat, warmup, clock, allow-nonfinite)",
+                         name);
+    }
+    if (rc < 0) return -1;
+    drop_ctx(x);
+    x->o = o;
+    return 0;
+}
+
+int lrmoe_exec_run(lrmoe_exec_t *x, lrmoe_frame_t *f)
+{
+    if (!x || !f) return lrmoe_err("exec: no handle or no frame");
+    if (x->mode_set && !x->o.backward)
+        return lrmoe_err("mode: only the backward phase has modes (set phase backward)");
+    if (!x->weights) return lrmoe_err("exec: no weights (set \"weights\" to a weights stream)");
+    if (!x->live) {
+        lrmoe_exec_ctx_init(&x->c, &x->o);
+        lrmoe_exec_ctx_weights_file(&x->c, x->weights);
+        x->live = 1;
+    }
+    return lrmoe_exec_frame(&x->c, f);
+}
