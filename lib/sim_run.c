@@ -248,193 +248,217 @@ static void worst_title(char *title, size_t len, const lrmoe_sim_worst_t *w)
              (long long)w->index, w->layer, w->step, w->imb);
 }
 
+/* 2. memory breakdown (Figure 7), the budget, the infeasible frames */
+static int plot_memory(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t *c,
+                       const lrmoe_sim_acc_t *a, const char *const *labels)
+{
+    const int np = c->np;
+    const double GIB = 1024.0 * 1024.0 * 1024.0;
+    char title[512];
+    lrmoe_plot_opts_t o;
+    static const char *seg[] = {"base experts", "replicas", "token buffers"};
+    static const int km[] = {LRMOE_SIM_MEM_BASE, LRMOE_SIM_MEM_REPLICA, LRMOE_SIM_MEM_TOKENS};
+    double v[LRMOE_SIM_MAX_PLANNERS * 3], base = 0;
+    for (int j = 0; j < np; j++) {
+        for (int s = 0; s < 3; s++)
+            v[j * 3 + s] = lrmoe_sim_acc_mean(a, j, km[s]) / GIB;
+        if (v[j * 3] > base)
+            base = v[j * 3];
+    }
+    /* every infeasible frame at its bar, and a count above it */
+    size_t nm = 0;
+    const size_t wd = (size_t)np * LRMOE_SIM_NMETRICS;
+    for (size_t i = 0; i < a->n; i++)
+        for (int j = 0; j < np; j++)
+            nm += a->v[i * wd + (size_t)j * LRMOE_SIM_NMETRICS + LRMOE_SIM_FEASIBLE] == 0;
+    double *mb = malloc((nm ? nm : 1) * sizeof *mb), *my = malloc((nm ? nm : 1) * sizeof *my);
+    char (*bn)[64] = calloc((size_t)np, sizeof *bn);
+    const char *bnp[LRMOE_SIM_MAX_PLANNERS];
+    if (!mb || !my || !bn) {
+        free(mb); free(my); free(bn);
+        return lrmoe_err("out of memory");
+    }
+    size_t k = 0;
+    for (int j = 0; j < np; j++) {
+        size_t cnt = 0;
+        for (size_t i = 0; i < a->n; i++) {
+            const float *r = a->v + i * wd + (size_t)j * LRMOE_SIM_NMETRICS;
+            if (r[LRMOE_SIM_FEASIBLE] != 0)
+                continue;
+            mb[k] = j;
+            my[k++] = r[LRMOE_SIM_MEM_SUBTOTAL] / GIB;
+            cnt++;
+        }
+        if (cnt)
+            snprintf(bn[j], 64, "%zu of %zu infeasible", cnt, a->n);
+        bnp[j] = cnt ? bn[j] : NULL;
+    }
+    char ref[160], note[256];
+    const double hbm = c->base.cost.hbm;
+    char hb[32];
+    snprintf(ref, sizeof ref, "budget: base experts + --hbm %s",
+             hbm > 0 ? lrmoe_cost_fmt_bytes(hbm, hb, sizeof hb) : "unlimited");
+    snprintf(note, sizeof note, "%s%s%s",
+             nm ? "crosses: the memory of each infeasible frame (over the budget or the window)"
+                : "",
+             nm && hbm <= 0 ? "\n" : "", hbm > 0 ? "" : "no budget (--hbm 0)");
+    snprintf(title, sizeof title,
+             "modelled GPU memory per MoE layer at the busiest rank\n(bars: mean over %zu "
+             "frames)", a->n);
+    lrmoe_plot_opts_init(&o);
+    o.title = title;
+    o.ylabel = "GiB (modelled)";
+    o.note = *note ? note : NULL;
+    o.ref_y = hbm > 0 ? base + hbm / GIB : 0;
+    o.ref_label = ref;
+    o.nmarks = (int)nm;
+    o.mark_bar = mb;
+    o.mark_y = my;
+    o.mark_label = "an infeasible frame";
+    o.bar_notes = bnp;
+    int r = lrmoe_plot_stacked(dir, "memory", fmt, &o, np, labels, 3, seg, v);
+    free(mb); free(my); free(bn);
+    if (r < 0)
+        return -1;
+    return 0;
+}
+
+/* 3. latency (Figure 8): dispatch, compute and combine of the forward,
+ * then of the backward on its own, then the replica weights */
+static int plot_latency(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t *c,
+                        const lrmoe_sim_acc_t *a, const char *const *labels)
+{
+    const int np = c->np;
+    char title[512];
+    lrmoe_plot_opts_t o;
+    enum { NSEG = 7 };
+    static const char *seg[NSEG] = {"forward: dispatch", "forward: compute",
+                                    "forward: combine", "backward: dispatch",
+                                    "backward: compute", "backward: combine",
+                                    "replica weights out, gradients back"};
+    /* forward blues, backward oranges, each dark to light; weights
+     * black. In greyscale (Rec. 601 luma) the seven are 43, 128, 191,
+     * 82, 165, 234 and 0: no two closer than 26, so a printed figure
+     * tells every segment apart (tests/plot.bats checks it) */
+    static const char *rgb[NSEG] = {"#08306B", "#4292C6", "#9ECAE1", "#A63603",
+                                    "#FD8D3C", "#FEE6CE", "#000000"};
+    static const int both[3] = {LRMOE_SIM_T_DISPATCH, LRMOE_SIM_T_COMPUTE,
+                                LRMOE_SIM_T_COMBINE};
+    static const int bwd[3] = {LRMOE_SIM_T_BWD_DISPATCH, LRMOE_SIM_T_BWD_COMPUTE,
+                               LRMOE_SIM_T_BWD_COMBINE};
+    double v[LRMOE_SIM_MAX_PLANNERS * NSEG];
+    char (*bn)[64] = calloc((size_t)np, sizeof *bn);
+    const char *bnp[LRMOE_SIM_MAX_PLANNERS];
+    if (!bn)
+        return lrmoe_err("out of memory");
+    for (int j = 0; j < np; j++) {
+        double tb = 0;
+        for (int s = 0; s < 3; s++) {
+            double b = lrmoe_sim_acc_mean(a, j, bwd[s]);
+            v[j * NSEG + s] = (lrmoe_sim_acc_mean(a, j, both[s]) - b) * 1e3;
+            v[j * NSEG + 3 + s] = b * 1e3;
+            tb += b;
+        }
+        v[j * NSEG + 6] = lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_WEIGHTS) * 1e3;
+        snprintf(bn[j], 64, "backward %.3g ms", tb * 1e3);
+        bnp[j] = bn[j];
+    }
+    snprintf(title, sizeof title,
+             "modelled MoE-layer latency on the critical path (mean over %zu frames)", a->n);
+    lrmoe_plot_opts_init(&o);
+    o.title = title;
+    o.ylabel = "ms (modelled)";
+    o.bar_notes = bnp;
+    o.seg_rgb = rgb;
+    o.note = "each part: the slowest rank of each stage (bulk-synchronous, lrmoe-sim(1))";
+    int r = lrmoe_plot_stacked(dir, "latency", fmt, &o, np, labels, NSEG, seg, v);
+    free(bn);
+    if (r < 0)
+        return -1;
+    return 0;
+}
+
+/* 4. effective throughput vs pressure (Figure 6) */
+static int plot_pressure(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t *c,
+                         const lrmoe_sim_acc_t *a, const char *const *labels)
+{
+    const int np = c->np;
+    char title[512];
+    lrmoe_plot_opts_t o;
+    double x[LRMOE_SIM_MAX_PRESSURE], y[(LRMOE_SIM_MAX_PLANNERS + 1) * LRMOE_SIM_MAX_PRESSURE];
+    const char *sl[LRMOE_SIM_MAX_PLANNERS + 1];
+    for (int i = 0; i < c->npress; i++)
+        x[i] = c->pressure[i];
+    for (int j = 0; j <= np; j++) {
+        sl[j] = j < np ? labels[j] : "ideal (keeps every pair)";
+        for (int i = 0; i < c->npress; i++)
+            y[(size_t)j * c->npress + i] = 100 * lrmoe_sim_acc_pressure(a, i, j);
+    }
+    snprintf(title, sizeof title,
+             "modelled effective backward throughput under batch pressure (%zu frames)",
+             a->npress_frames);
+    lrmoe_plot_opts_init(&o);
+    o.title = title;
+    o.xlabel = "batch-size multiplier (log2 scale)";
+    o.ylabel = "% of offered batch that fits (modelled)";
+    o.note = "ideal: keeps every pair (no dropping), perfectly balanced, same budget\n"
+             "and window; planners that drop pairs (lrmoe, capacity) can lie above it";
+    int sorted = 1; /* a log2 axis needs positive, increasing multipliers */
+    for (int i = 0; i < c->npress; i++)
+        sorted &= x[i] > 0 && (i == 0 || x[i] > x[i - 1]);
+    o.log2x = sorted && c->npress > 1;
+    /* under each multiplier, the rho every lrmoe planner chose there
+     * (mean over the frames, as the table prints it), "/" between planners */
+    char notes[LRMOE_SIM_MAX_PRESSURE][128], who[256] = "";
+    const char *np_[LRMOE_SIM_MAX_PRESSURE];
+    int nl = 0;
+    for (int i = 0; i < c->npress; i++) {
+        snprintf(notes[i], sizeof notes[i], "rho");
+        np_[i] = notes[i];
+    }
+    for (int j = 0; j < np; j++) {
+        if (c->pl[j].opts.planner != LRMOE_PLANNER_LRMOE)
+            continue;
+        size_t wl = strlen(who);
+        snprintf(who + wl, sizeof who - wl, "%s%s", nl ? "/" : "", labels[j]);
+        for (int i = 0; i < c->npress; i++) {
+            size_t l = strlen(notes[i]);
+            snprintf(notes[i] + l, sizeof notes[i] - l, "%s%.4g", nl ? "/" : " ",
+                     lrmoe_sim_acc_pressure_rho(a, i, j));
+        }
+        nl++;
+    }
+    char xl[512];
+    if (nl) {
+        snprintf(xl, sizeof xl, "batch-size multiplier%s; under it the retention rate rho "
+                 "%s chose (mean over the frames)", o.log2x ? " (log2 scale)" : "", who);
+        o.xlabel = xl;
+        o.xtic_notes = np_;
+    } else if (!o.log2x) {
+        o.xlabel = "batch-size multiplier";
+    }
+    if (lrmoe_plot_lines(dir, "pressure", fmt, &o, c->npress, x, np + 1, sl, y) < 0)
+        return -1;
+    return 0;
+}
+
 int lrmoe_sim_plots(const char *dir, lrmoe_plot_fmt_t fmt, const lrmoe_sim_cfg_t *c,
                     const lrmoe_sim_acc_t *a, const lrmoe_sim_worst_t *w)
 {
     const int np = c->np;
-    const double GIB = 1024.0 * 1024.0 * 1024.0;
     const char *labels[LRMOE_SIM_MAX_PLANNERS];
     for (int j = 0; j < np; j++)
         labels[j] = c->pl[j].label;
     char title[512];
-    lrmoe_plot_opts_t o;
 
-    /* 1. load per rank before and after planning (the worst frame) */
+    /* 1. load per rank before and after planning (the worst frame); 2.
+     * memory; 3. latency; 4. effective throughput under pressure */
     worst_title(title, sizeof title, w);
     if (plot_load(dir, "load", fmt, c, w, title) < 0)
         return -1;
-    /* 2. memory breakdown (Figure 7), the budget, the infeasible frames */
-    {
-        static const char *seg[] = {"base experts", "replicas", "token buffers"};
-        static const int km[] = {LRMOE_SIM_MEM_BASE, LRMOE_SIM_MEM_REPLICA, LRMOE_SIM_MEM_TOKENS};
-        double v[LRMOE_SIM_MAX_PLANNERS * 3], base = 0;
-        for (int j = 0; j < np; j++) {
-            for (int s = 0; s < 3; s++)
-                v[j * 3 + s] = lrmoe_sim_acc_mean(a, j, km[s]) / GIB;
-            if (v[j * 3] > base)
-                base = v[j * 3];
-        }
-        /* every infeasible frame at its bar, and a count above it */
-        size_t nm = 0;
-        const size_t wd = (size_t)np * LRMOE_SIM_NMETRICS;
-        for (size_t i = 0; i < a->n; i++)
-            for (int j = 0; j < np; j++)
-                nm += a->v[i * wd + (size_t)j * LRMOE_SIM_NMETRICS + LRMOE_SIM_FEASIBLE] == 0;
-        double *mb = malloc((nm ? nm : 1) * sizeof *mb), *my = malloc((nm ? nm : 1) * sizeof *my);
-        char (*bn)[64] = calloc((size_t)np, sizeof *bn);
-        const char *bnp[LRMOE_SIM_MAX_PLANNERS];
-        if (!mb || !my || !bn) {
-            free(mb); free(my); free(bn);
-            return lrmoe_err("out of memory");
-        }
-        size_t k = 0;
-        for (int j = 0; j < np; j++) {
-            size_t cnt = 0;
-            for (size_t i = 0; i < a->n; i++) {
-                const float *r = a->v + i * wd + (size_t)j * LRMOE_SIM_NMETRICS;
-                if (r[LRMOE_SIM_FEASIBLE] != 0)
-                    continue;
-                mb[k] = j;
-                my[k++] = r[LRMOE_SIM_MEM_SUBTOTAL] / GIB;
-                cnt++;
-            }
-            if (cnt)
-                snprintf(bn[j], 64, "%zu of %zu infeasible", cnt, a->n);
-            bnp[j] = cnt ? bn[j] : NULL;
-        }
-        char ref[160], note[256];
-        const double hbm = c->base.cost.hbm;
-        char hb[32];
-        snprintf(ref, sizeof ref, "budget: base experts + --hbm %s",
-                 hbm > 0 ? lrmoe_cost_fmt_bytes(hbm, hb, sizeof hb) : "unlimited");
-        snprintf(note, sizeof note, "%s%s%s",
-                 nm ? "crosses: the memory of each infeasible frame (over the budget or the window)"
-                    : "",
-                 nm && hbm <= 0 ? "\n" : "", hbm > 0 ? "" : "no budget (--hbm 0)");
-        snprintf(title, sizeof title,
-                 "modelled GPU memory per MoE layer at the busiest rank\n(bars: mean over %zu "
-                 "frames)", a->n);
-        lrmoe_plot_opts_init(&o);
-        o.title = title;
-        o.ylabel = "GiB (modelled)";
-        o.note = *note ? note : NULL;
-        o.ref_y = hbm > 0 ? base + hbm / GIB : 0;
-        o.ref_label = ref;
-        o.nmarks = (int)nm;
-        o.mark_bar = mb;
-        o.mark_y = my;
-        o.mark_label = "an infeasible frame";
-        o.bar_notes = bnp;
-        int r = lrmoe_plot_stacked(dir, "memory", fmt, &o, np, labels, 3, seg, v);
-        free(mb); free(my); free(bn);
-        if (r < 0)
-            return -1;
-    }
-    /* 3. latency (Figure 8): dispatch, compute and combine of the forward,
-     * then of the backward on its own, then the replica weights */
-    {
-        enum { NSEG = 7 };
-        static const char *seg[NSEG] = {"forward: dispatch", "forward: compute",
-                                        "forward: combine", "backward: dispatch",
-                                        "backward: compute", "backward: combine",
-                                        "replica weights out, gradients back"};
-        /* forward blues, backward oranges, each dark to light; weights
-         * black. In greyscale (Rec. 601 luma) the seven are 43, 128, 191,
-         * 82, 165, 234 and 0: no two closer than 26, so a printed figure
-         * tells every segment apart (tests/plot.bats checks it) */
-        static const char *rgb[NSEG] = {"#08306B", "#4292C6", "#9ECAE1", "#A63603",
-                                        "#FD8D3C", "#FEE6CE", "#000000"};
-        static const int both[3] = {LRMOE_SIM_T_DISPATCH, LRMOE_SIM_T_COMPUTE,
-                                    LRMOE_SIM_T_COMBINE};
-        static const int bwd[3] = {LRMOE_SIM_T_BWD_DISPATCH, LRMOE_SIM_T_BWD_COMPUTE,
-                                   LRMOE_SIM_T_BWD_COMBINE};
-        double v[LRMOE_SIM_MAX_PLANNERS * NSEG];
-        char (*bn)[64] = calloc((size_t)np, sizeof *bn);
-        const char *bnp[LRMOE_SIM_MAX_PLANNERS];
-        if (!bn)
-            return lrmoe_err("out of memory");
-        for (int j = 0; j < np; j++) {
-            double tb = 0;
-            for (int s = 0; s < 3; s++) {
-                double b = lrmoe_sim_acc_mean(a, j, bwd[s]);
-                v[j * NSEG + s] = (lrmoe_sim_acc_mean(a, j, both[s]) - b) * 1e3;
-                v[j * NSEG + 3 + s] = b * 1e3;
-                tb += b;
-            }
-            v[j * NSEG + 6] = lrmoe_sim_acc_mean(a, j, LRMOE_SIM_T_WEIGHTS) * 1e3;
-            snprintf(bn[j], 64, "backward %.3g ms", tb * 1e3);
-            bnp[j] = bn[j];
-        }
-        snprintf(title, sizeof title,
-                 "modelled MoE-layer latency on the critical path (mean over %zu frames)", a->n);
-        lrmoe_plot_opts_init(&o);
-        o.title = title;
-        o.ylabel = "ms (modelled)";
-        o.bar_notes = bnp;
-        o.seg_rgb = rgb;
-        o.note = "each part: the slowest rank of each stage (bulk-synchronous, lrmoe-sim(1))";
-        int r = lrmoe_plot_stacked(dir, "latency", fmt, &o, np, labels, NSEG, seg, v);
-        free(bn);
-        if (r < 0)
-            return -1;
-    }
-    /* 4. effective throughput vs pressure (Figure 6) */
-    if (c->npress && a->npress_frames) {
-        double x[LRMOE_SIM_MAX_PRESSURE], y[(LRMOE_SIM_MAX_PLANNERS + 1) * LRMOE_SIM_MAX_PRESSURE];
-        const char *sl[LRMOE_SIM_MAX_PLANNERS + 1];
-        for (int i = 0; i < c->npress; i++)
-            x[i] = c->pressure[i];
-        for (int j = 0; j <= np; j++) {
-            sl[j] = j < np ? labels[j] : "ideal (keeps every pair)";
-            for (int i = 0; i < c->npress; i++)
-                y[(size_t)j * c->npress + i] = 100 * lrmoe_sim_acc_pressure(a, i, j);
-        }
-        snprintf(title, sizeof title,
-                 "modelled effective backward throughput under batch pressure (%zu frames)",
-                 a->npress_frames);
-        lrmoe_plot_opts_init(&o);
-        o.title = title;
-        o.xlabel = "batch-size multiplier (log2 scale)";
-        o.ylabel = "% of offered batch that fits (modelled)";
-        o.note = "ideal: keeps every pair (no dropping), perfectly balanced, same budget\n"
-                 "and window; planners that drop pairs (lrmoe, capacity) can lie above it";
-        int sorted = 1; /* a log2 axis needs positive, increasing multipliers */
-        for (int i = 0; i < c->npress; i++)
-            sorted &= x[i] > 0 && (i == 0 || x[i] > x[i - 1]);
-        o.log2x = sorted && c->npress > 1;
-        /* under each multiplier, the rho every lrmoe planner chose there
-         * (mean over the frames, as the table prints it), "/" between planners */
-        char notes[LRMOE_SIM_MAX_PRESSURE][128], who[256] = "";
-        const char *np_[LRMOE_SIM_MAX_PRESSURE];
-        int nl = 0;
-        for (int i = 0; i < c->npress; i++) {
-            snprintf(notes[i], sizeof notes[i], "rho");
-            np_[i] = notes[i];
-        }
-        for (int j = 0; j < np; j++) {
-            if (c->pl[j].opts.planner != LRMOE_PLANNER_LRMOE)
-                continue;
-            size_t wl = strlen(who);
-            snprintf(who + wl, sizeof who - wl, "%s%s", nl ? "/" : "", labels[j]);
-            for (int i = 0; i < c->npress; i++) {
-                size_t l = strlen(notes[i]);
-                snprintf(notes[i] + l, sizeof notes[i] - l, "%s%.4g", nl ? "/" : " ",
-                         lrmoe_sim_acc_pressure_rho(a, i, j));
-            }
-            nl++;
-        }
-        char xl[512];
-        if (nl) {
-            snprintf(xl, sizeof xl, "batch-size multiplier%s; under it the retention rate rho "
-                     "%s chose (mean over the frames)", o.log2x ? " (log2 scale)" : "", who);
-            o.xlabel = xl;
-            o.xtic_notes = np_;
-        } else if (!o.log2x) {
-            o.xlabel = "batch-size multiplier";
-        }
-        if (lrmoe_plot_lines(dir, "pressure", fmt, &o, c->npress, x, np + 1, sl, y) < 0)
-            return -1;
-    }
+    if (plot_memory(dir, fmt, c, a, labels) < 0 || plot_latency(dir, fmt, c, a, labels) < 0 ||
+        (c->npress && a->npress_frames && plot_pressure(dir, fmt, c, a, labels) < 0))
+        return -1;
     static const char *names[] = {"load", "memory", "latency", "pressure"};
     for (int i = 0; i < 4; i++) {
         if (i == 3 && !(c->npress && a->npress_frames))
