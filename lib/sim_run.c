@@ -615,6 +615,97 @@ static int item_from_trace(const lrmoe_sim_cfg_t *c, const lrmoe_sim_trace_frame
 }
 
 /* lrmoe_sim_run over the frames of rd, or of the kept trace tr */
+/* Plan and cost a batch of n frames: n x planners x (1 + pressure points)
+ * tasks shared by `jobs` threads (this one among them). 0, or -1 with the
+ * first failing task's error. */
+static int run_batch(const lrmoe_sim_cfg_t *c, item_t *items, int n, int jobs)
+{
+    work_t w;
+    memset(&w, 0, sizeof w);
+    w.c = c;
+    w.items = items;
+    w.nitems = n;
+    w.ntasks = n * c->np * (1 + c->npress);
+    pthread_mutex_init(&w.mu, NULL);
+    int nt = jobs < w.ntasks ? (int)jobs : w.ntasks;
+    pthread_t th[256];
+    int started = 0;
+    for (int i = 1; i < nt; i++) {
+        if (pthread_create(&th[i], NULL, worker, &w) != 0)
+            break;
+        started = i;
+    }
+    worker_loop(&w);
+    for (int i = 1; i <= started; i++)
+        pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&w.mu);
+    return w.failed ? lrmoe_err("%s", w.err) : 0;
+}
+
+/* A planned batch into the accumulators, the worst frame and the --tsv
+ * and --rank-tsv rows, in frame order. 0, or -1 with the error set. */
+static int absorb_batch(const lrmoe_sim_cfg_t *c, item_t *items, int n, lrmoe_sim_acc_t *accp,
+                        lrmoe_sim_worst_t *wp)
+{
+    const int np = c->np, P = c->P, npr = c->npress;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        item_t *it = &items[i];
+        if (lrmoe_sim_acc_add(accp, it->rows) < 0) {
+            rc = -1;
+            break;
+        }
+        if (it->do_press) {
+            /* the ideal bound in the last column */
+            int64_t N = 0;
+            for (int e = 0; e < it->E; e++)
+                N += it->load[e];
+            for (int k = 0; k < npr; k++) {
+                double mult = c->pressure[k];
+                int K = it->K > 0 ? it->K : it->o.cost.K;
+                if (c->pbase > 0 && N > 0)
+                    mult *= (double)c->pbase * P * K / (double)N;
+                it->frac[(size_t)k * (np + 1) + np] =
+                    lrmoe_sim_pressure_ideal(&it->o.cost, N, P, mult);
+            }
+            lrmoe_sim_acc_add_pressure(accp, it->frac, it->rho);
+        }
+        if (c->track_worst)
+            track_worst(wp, c, it);
+        if (c->tsv)
+            for (int j = 0; j < np && !rc; j++)
+                if (lrmoe_sim_tsv_row(c->tsv, it->index, it->layer, it->step, c->pl[j].label,
+                                      &it->rows[j]) < 0)
+                    rc = lrmoe_err("--tsv: write failed");
+    }
+    for (int i = 0; i < n && c->rank_tsv && !rc; i++) {
+        const item_t *it = &items[i];
+        for (int j = 0; j < np; j++)
+            for (int p = 0; p < P; p++)
+                fprintf(c->rank_tsv, "%lld\t%s\t%s\t%s\t%d\t%lld\t%lld\t%lld\n",
+                        (long long)it->index, it->layer, it->step, c->pl[j].label, p,
+                        (long long)it->rank_fwd[(size_t)j * P + p],
+                        (long long)it->rank_bwd[(size_t)j * P + p],
+                        (long long)it->rank_moved[(size_t)j * P + p]);
+        if (ferror(c->rank_tsv))
+            rc = lrmoe_err("--rank-tsv: write failed");
+    }
+    return rc;
+}
+
+/* The first frame's model sizes into out->model; out->model_varies once a
+ * frame's D, F, K or dtype differ from them */
+static void note_model(lrmoe_sim_result_t *out, const lrmoe_cost_model_t *m, int *have)
+{
+    if (!*have) {
+        out->model = *m;
+        *have = 1;
+    } else if (m->D != out->model.D || m->F != out->model.F || m->K != out->model.K ||
+               m->dtype_bytes != out->model.dtype_bytes) {
+        out->model_varies = 1;
+    }
+}
+
 static int sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, const lrmoe_sim_trace_t *tr,
                    lrmoe_sim_result_t *out)
 {
@@ -712,15 +803,7 @@ static int sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, const lrmoe_sim
             }
             if (E0 < 0)
                 E0 = it->E;
-            if (!have_model) {
-                out->model = it->o.cost;
-                have_model = 1;
-            } else if (!out->model_varies &&
-                       (it->o.cost.D != out->model.D || it->o.cost.F != out->model.F ||
-                        it->o.cost.K != out->model.K ||
-                        it->o.cost.dtype_bytes != out->model.dtype_bytes)) {
-                out->model_varies = 1;
-            }
+            note_model(out, &it->o.cost, &have_model);
             if (eplb) {
                 const lrmoe_eplb_layout_t *lay;
                 if (lrmoe_plan_opts_check(&it->o, it->E) < 0 ||
@@ -743,71 +826,12 @@ static int sim_run(const lrmoe_sim_cfg_t *c, lrmoe_reader_t *rd, const lrmoe_sim
             free_items(items, n);
             break;
         }
-        work_t w;
-        memset(&w, 0, sizeof w);
-        w.c = cp;
-        w.items = items;
-        w.nitems = n;
-        w.ntasks = n * np * (1 + npr);
-        pthread_mutex_init(&w.mu, NULL);
-        int nt = jobs < w.ntasks ? (int)jobs : w.ntasks;
-        pthread_t th[256];
-        int started = 0;
-        for (int i = 1; i < nt; i++) {
-            if (pthread_create(&th[i], NULL, worker, &w) != 0)
-                break;
-            started = i;
-        }
-        worker_loop(&w);
-        for (int i = 1; i <= started; i++)
-            pthread_join(th[i], NULL);
-        pthread_mutex_destroy(&w.mu);
-        if (w.failed) {
-            rc = lrmoe_err("%s", w.err);
+        if (run_batch(cp, items, n, jobs) < 0) {
+            rc = -1;
             free_items(items, n);
             break;
         }
-        for (int i = 0; i < n && !rc; i++) {
-            item_t *it = &items[i];
-            if (lrmoe_sim_acc_add(accp, it->rows) < 0) {
-                rc = -1;
-                break;
-            }
-            if (it->do_press) {
-                /* the ideal bound in the last column */
-                int64_t N = 0;
-                for (int e = 0; e < it->E; e++)
-                    N += it->load[e];
-                for (int k = 0; k < npr; k++) {
-                    double mult = c->pressure[k];
-                    int K = it->K > 0 ? it->K : it->o.cost.K;
-                    if (c->pbase > 0 && N > 0)
-                        mult *= (double)c->pbase * P * K / (double)N;
-                    it->frac[(size_t)k * (np + 1) + np] =
-                        lrmoe_sim_pressure_ideal(&it->o.cost, N, P, mult);
-                }
-                lrmoe_sim_acc_add_pressure(accp, it->frac, it->rho);
-            }
-            if (c->track_worst)
-                track_worst(wp, c, it);
-            if (c->tsv)
-                for (int j = 0; j < np && !rc; j++)
-                    if (lrmoe_sim_tsv_row(c->tsv, it->index, it->layer, it->step, c->pl[j].label,
-                                          &it->rows[j]) < 0)
-                        rc = lrmoe_err("--tsv: write failed");
-        }
-        for (int i = 0; i < n && c->rank_tsv && !rc; i++) {
-            const item_t *it = &items[i];
-            for (int j = 0; j < np; j++)
-                for (int p = 0; p < P; p++)
-                    fprintf(c->rank_tsv, "%lld\t%s\t%s\t%s\t%d\t%lld\t%lld\t%lld\n",
-                            (long long)it->index, it->layer, it->step, c->pl[j].label, p,
-                            (long long)it->rank_fwd[(size_t)j * P + p],
-                            (long long)it->rank_bwd[(size_t)j * P + p],
-                            (long long)it->rank_moved[(size_t)j * P + p]);
-            if (ferror(c->rank_tsv))
-                rc = lrmoe_err("--rank-tsv: write failed");
-        }
+        rc = absorb_batch(c, items, n, accp, wp);
         free_items(items, n);
         nframes += n;
         if (c->progress)
