@@ -61,6 +61,11 @@ unit() {
     unit test_patch
 }
 
+@test "python: patch() installs an nn.Module (print, state_dict, unpatch), saves for backward (in-place check, saved-tensor hooks), passes gradcheck, and torch.compile(fullgraph=True) runs it" {
+    need_torch
+    unit test_torch_api
+}
+
 @test "python: lrmoe.budget and lrmoe.torch.budget (a live model and optimizer) equal lrmoe-budget" {
     need_torch
     unit test_budget
