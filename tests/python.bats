@@ -31,6 +31,7 @@ unit() {
         "$BATS_TEST_TMPDIR/src"
     assert_success
     [ -f "$BATS_TEST_TMPDIR/site/lrmoe/torch.py" ]
+    [ -f "$BATS_TEST_TMPDIR/site/lrmoe/py.typed" ]  # PEP 561: its type hints are used
     cd "$BATS_TEST_TMPDIR"
     run env PYTHONPATH="$BATS_TEST_TMPDIR/site" python3 -c \
         'import lrmoe, os; print(lrmoe.__version__, os.path.dirname(lrmoe.__file__))'

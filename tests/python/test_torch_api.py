@@ -293,8 +293,9 @@ class Compile(unittest.TestCase):
             out.sum().backward()
             return out.detach(), xx.grad
         ref = run()
-        saved = lt._FWD
-        lt._FWD = lt._ExpertsFunction.apply
+        saved = lt._FWD, lt._BWD, lt._CAP
+        lt._FWD, lt._BWD, lt._CAP = (lt._ExpertsFunction.apply, lt.experts_backward,
+                                     lt.capacity_keep)  # as where custom_op is missing
         try:
             got = run()
             self.assertTrue(torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]))
@@ -303,8 +304,36 @@ class Compile(unittest.TestCase):
                 torch.compile(blk, fullgraph=True, backend="aot_eager")(x)
             self.assertNotIsInstance(e.exception, lrmoe.Error)
         finally:
-            lt._FWD = saved
+            lt._FWD, lt._BWD, lt._CAP = saved
             torch._dynamo.reset()
+
+
+class TypeHints(unittest.TestCase):
+    """The public API carries type hints and the package ships py.typed."""
+
+    def test_annotated(self):
+        import lrmoe.torch
+        missing = []
+        for mod, names in ((lrmoe, lrmoe.__all__),
+                           (lrmoe.torch, ["dump", "Dump", "patch", "Patch", "unpatch",
+                                          "LRMoEExperts", "budget", "find_blocks",
+                                          "weights_frame", "saved_state", "experts_forward",
+                                          "experts_backward", "capacity_keep"])):
+            for n in names:
+                obj = getattr(mod, n)
+                fns = [obj] if inspect.isfunction(obj) else [
+                    f for k, f in vars(obj).items() if inspect.isfunction(f) and
+                    (not k.startswith("_") or k == "__init__")] if inspect.isclass(obj) else []
+                for f in fns:
+                    sig = inspect.signature(f)
+                    for p in sig.parameters.values():
+                        if p.name != "self" and p.annotation is inspect.Parameter.empty:
+                            missing.append(f"{n}.{f.__name__}({p.name})")
+                    if sig.return_annotation is inspect.Signature.empty:
+                        missing.append(f"{n}.{f.__name__} -> ?")
+        self.assertEqual(missing, [])
+        self.assertTrue(os.path.isfile(os.path.join(os.path.dirname(lrmoe.__file__),
+                                                    "py.typed")))
 
 
 if __name__ == "__main__":

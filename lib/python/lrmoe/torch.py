@@ -15,9 +15,13 @@ dump(model, out, every=N, weights=PATH)  hooks writing one frame per MoE
     and attributes layer, step, model, topk, plus a weights stream (w_gate,
     w_up, w_down, router_weight, expert_bias) in lrmoe's layout.
 patch(model, rate=, hbm=, metric=, ranks=)  replaces every supported
-    block's expert computation by LRMoEExperts, a torch.autograd.Function:
-    forward = lrmoe plan + expert-parallel forward in liblrmoe; backward =
-    score, per-expert selection, pack and the compact backward in liblrmoe.
+    block's experts module by an LRMoEExperts nn.Module (same parameters,
+    same state_dict keys, shown by print(model); unpatch(model) or the
+    returned Patch's unpatch() puts the originals back): forward = lrmoe
+    plan + expert-parallel forward in liblrmoe; backward = score,
+    per-expert selection, pack and the compact backward in liblrmoe, as the
+    custom ops torch.ops.lrmoe.experts_forward/_backward (torch.compile
+    keeps them in its graph) whose tensors are saved with save_for_backward.
     The router and shared experts stay in torch (the router trains through
     the returned routing-weight gradient). Per-step plan figures: .stats.
 """
@@ -26,7 +30,7 @@ import itertools
 import re
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -150,7 +154,7 @@ class _Block:
                         f"[{self.E},{self.D},{self.F}]")
 
 
-def find_blocks(model, swiglu=True):
+def find_blocks(model: torch.nn.Module, swiglu: bool = True) -> List["_Block"]:
     """The supported MoE blocks of model, in module order. One clear error
     for a refused (gpt-oss, unless swiglu=False: routing only) or unknown
     MoE block, or none at all."""
@@ -190,7 +194,7 @@ def _put(frame, name, t):
     frame[name], frame.dtypes[name] = _np(t)
 
 
-def weights_frame(block):
+def weights_frame(block: "_Block") -> Frame:
     """lrmoe's weights layout of one block: w_gate, w_up (E,F,D), w_down
     (E,D,F), router_weight (E,D), expert_bias (E) when the router has one."""
     ex, F = block.experts, block.F
@@ -220,7 +224,8 @@ class Dump:
     layer 0's gradient arrives). A frame whose backward never comes is left
     out, as before; close() writes the finished ones still held."""
 
-    def __init__(self, model, out, every, weights, compress):
+    def __init__(self, model: torch.nn.Module, out: Any, every: int, weights: Any,
+                 compress: bool) -> None:
         if every < 1:
             raise Error("dump: every must be >= 1")
         self.blocks = find_blocks(model, swiglu=weights is not None)
@@ -294,7 +299,7 @@ class Dump:
             self.w.write(f)
             self.frames += 1
 
-    def close(self):
+    def close(self) -> None:
         for h in self.hooks:
             h.remove()
         self.hooks = []
@@ -303,7 +308,7 @@ class Dump:
             w, self.w = self.w, None
             w.close()
 
-    def abort(self):
+    def abort(self) -> None:
         for h in self.hooks:
             h.remove()
         self.hooks = []
@@ -319,7 +324,8 @@ class Dump:
         self.close() if et is None else self.abort()
 
 
-def dump(model, out, every=1, weights=None, compress=True):
+def dump(model: torch.nn.Module, out: Any, every: int = 1, weights: Any = None,
+         compress: bool = True) -> Dump:
     """Hook every supported MoE block of model: every `every`-th step
     (a step = one forward of the first block) write one frame per block to
     out (a path, "-" for stdout, a file descriptor or a file object, e.g. a
@@ -1095,9 +1101,12 @@ def _optim_bytes(optimizer, params):
                 "step; pass optim_bytes=")
 
 
-def budget(model, optimizer=None, *, gpu_mem=None, reserve=0, tp=1, pp=1, dp=1, ep=1, seq=4096,
-           micro_batch=1, checkpoint="full", zero1=False, grad_dtype=None, act_dtype=None,
-           optim_bytes=None):
+def budget(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, *,
+           gpu_mem: Union[int, str, None] = None, reserve: Union[int, str] = 0, tp: int = 1,
+           pp: int = 1, dp: int = 1, ep: int = 1, seq: int = 4096, micro_batch: int = 1,
+           checkpoint: str = "full", zero1: bool = False, grad_dtype: Optional[str] = None,
+           act_dtype: Optional[str] = None, optim_bytes: Optional[int] = None
+           ) -> Dict[str, Any]:
     """The per-layer budget -M of lrmoe-plan for a live Hugging Face MoE model
     (patched by lrmoe.torch.patch or not) and its optimizer: lrmoe-budget's
     breakdown (a dict keyed as its --tsv columns), computed by the same C
