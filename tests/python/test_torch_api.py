@@ -237,7 +237,8 @@ class Compile(unittest.TestCase):
     opcheck of torch.library, and torch.compile(fullgraph=True) of a
     patched tiny causal LM (backend aot_eager: inductor took 151 s on this
     2-core machine, above the suite's 60 s per test) to eager's loss and
-    gradients over two training steps."""
+    gradients over two training steps: rate 1, rate 0.7 sampled, and the
+    capacity planner (its keep mask is the op lrmoe::capacity_keep)."""
 
     def test_opcheck(self):
         blk = tiny.block("qwen3_moe")
@@ -255,10 +256,16 @@ class Compile(unittest.TestCase):
                                           "test_faketensor"))
 
     def test_compile_fullgraph(self):
+        for kw in (dict(rate=1.0), dict(rate=0.7, select="sample"),
+                   dict(planner="capacity", capacity_factor=1.0)):
+            with self.subTest(str(kw)):
+                self.compiled_like_eager(**kw)
+
+    def compiled_like_eager(self, **kw):
         m0 = tiny.model("qwen3_moe", seed=3, use_cache=False)
         m1 = copy.deepcopy(m0)
-        h0 = lt.patch(m0, rate=1.0, ranks=2)
-        h1 = lt.patch(m1, rate=1.0, ranks=2)
+        h0 = lt.patch(m0, ranks=2, **kw)
+        h1 = lt.patch(m1, ranks=2, **kw)
         c1 = torch.compile(m1, fullgraph=True, backend="aot_eager")
         o0 = torch.optim.SGD(m0.parameters(), lr=0.5)
         o1 = torch.optim.SGD(m1.parameters(), lr=0.5)
@@ -277,7 +284,9 @@ class Compile(unittest.TestCase):
             o1.zero_grad()
         # the compiled model ran the layer in liblrmoe, forward and backward
         self.assertEqual([r["step"] for r in h1.stats], [0, 0, 1, 1])
-        self.assertEqual([r.get("kept") for r in h1.stats], [r["kept"] for r in h0.stats])
+        self.assertEqual([r["kept"] for r in h1.stats], [r["kept"] for r in h0.stats])
+        if kw.get("rate", 1.0) < 1 or "capacity_factor" in kw:
+            self.assertLess(h1.stats[0]["kept"], h1.stats[0]["pairs"])  # pairs dropped
 
     def test_without_ops_the_graph_breaks(self):
         """The autograd.Function path (torch < 2.4) gives the same bits in
