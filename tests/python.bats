@@ -31,6 +31,7 @@ unit() {
         "$BATS_TEST_TMPDIR/src"
     assert_success
     [ -f "$BATS_TEST_TMPDIR/site/lrmoe/torch.py" ]
+    [ -f "$BATS_TEST_TMPDIR/site/lrmoe/py.typed" ]  # PEP 561: its type hints are used
     cd "$BATS_TEST_TMPDIR"
     run env PYTHONPATH="$BATS_TEST_TMPDIR/site" python3 -c \
         'import lrmoe, os; print(lrmoe.__version__, os.path.dirname(lrmoe.__file__))'
@@ -59,6 +60,11 @@ unit() {
 @test "python: patch() equals the unpatched HF blocks (six families, f32/bf16), drops like the reference, trains alike" {
     need_torch
     unit test_patch
+}
+
+@test "python: patch() installs an nn.Module (print, state_dict, unpatch), saves for backward (in-place check, saved-tensor hooks), passes gradcheck, and torch.compile(fullgraph=True) runs it" {
+    need_torch
+    unit test_torch_api
 }
 
 @test "python: lrmoe.budget and lrmoe.torch.budget (a live model and optimizer) equal lrmoe-budget" {

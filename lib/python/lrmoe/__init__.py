@@ -5,7 +5,7 @@
     lrmoe.capacity / lrmoe.capacity_keep                     Megatron-style token dropping
     lrmoe.budget                                             lrmoe-budget: the per-layer -M
     lrmoe.forward / lrmoe.backward / lrmoe.Exec              lrmoe-exec on frames
-    lrmoe.torch.dump / lrmoe.torch.patch                     Hugging Face MoE models
+    lrmoe.torch.dump / lrmoe.torch.patch / .unpatch          Hugging Face MoE models
     lrmoe.torch.budget                                       -M of a live model + optimizer
 
 NumPy is required; PyTorch only for lrmoe.torch. The shared library is

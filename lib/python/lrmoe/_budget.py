@@ -6,6 +6,7 @@ are lrmoe-budget --tsv's columns."""
 import ctypes
 import json
 import os
+from typing import Any, Dict, Optional, Union
 
 from . import _lib
 from ._lib import Error, check, lib
@@ -94,9 +95,11 @@ def compute(m, gpu_mem, reserve=0, tp=1, pp=1, dp=1, ep=1, seq=4096, micro_batch
     }
 
 
-def budget(config=None, preset=None, *, gpu_mem, reserve=0, tp=1, pp=1, dp=1, ep=1, seq=4096,
-           micro_batch=1, checkpoint="full", zero1=False, dtype="bf16", grad_dtype="f32",
-           optim_bytes=12):
+def budget(config: Any = None, preset: Optional[str] = None, *, gpu_mem: Union[int, str],
+           reserve: Union[int, str] = 0, tp: int = 1, pp: int = 1, dp: int = 1, ep: int = 1,
+           seq: int = 4096, micro_batch: int = 1, checkpoint: str = "full", zero1: bool = False,
+           dtype: str = "bf16", grad_dtype: str = "f32", optim_bytes: int = 12
+           ) -> Dict[str, Any]:
     """lrmoe-budget in-process: the per-layer budget -M (hbm_bytes) and its
     breakdown, a dict keyed as lrmoe-budget --tsv's columns. config: a
     config.json path, a dict or a transformers config; or preset=NAME.

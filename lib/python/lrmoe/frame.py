@@ -9,11 +9,16 @@ with read(..., bf16="raw").
 """
 import ctypes
 import os
+from typing import IO, Any, Iterable, List, Mapping, Optional, Union
 
 import numpy as np
 
 from . import _lib
 from ._lib import DT, DTYPES, Error, check, cstr, i32, lib
+
+# a path, "-" (stdin/stdout), a file descriptor or an object with fileno()
+PathOrFile = Union[str, "os.PathLike[str]", int, IO[Any]]
+ArrayLike = Any  # what numpy.asarray takes
 
 NP = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
       "U32": np.uint32, "I32": np.int32, "U64": np.uint64, "I64": np.int64,
@@ -24,7 +29,9 @@ FROM_NP = {np.dtype(v).str: k for k, v in NP.items()}
 class Frame(dict):
     """Tensors by name (numpy arrays) with .attrs (str -> str) and .dtypes."""
 
-    def __init__(self, tensors=None, attrs=None, dtypes=None):
+    def __init__(self, tensors: Optional[Mapping[str, Any]] = None,
+                 attrs: Optional[Mapping[str, Any]] = None,
+                 dtypes: Optional[Mapping[str, str]] = None) -> None:
         super().__init__(tensors or {})
         self.attrs = dict(attrs or {})
         self.dtypes = dict(dtypes or {})
@@ -33,7 +40,7 @@ class Frame(dict):
         t = ", ".join(f"{k}: {self.dtype(k)}{list(v.shape)}" for k, v in self.items())
         return f"Frame({{{t}}}, attrs={self.attrs})"
 
-    def dtype(self, name):
+    def dtype(self, name: str) -> str:
         """Stored dtype of a tensor: dtypes[name], else that of its array."""
         if name in self.dtypes:
             return self.dtypes[name]
@@ -55,7 +62,7 @@ def dtype_of(a):
     return k
 
 
-def bf16_to_f32(bits):
+def bf16_to_f32(bits: ArrayLike) -> np.ndarray:
     """uint16 BF16 bits -> float32 (exact), by the library's conversion."""
     x = _asarray(bits, "bits")
     if x.dtype != np.uint16:
@@ -67,7 +74,7 @@ def bf16_to_f32(bits):
     return out
 
 
-def f32_to_bf16(x):
+def f32_to_bf16(x: ArrayLike) -> np.ndarray:
     """float32 -> uint16 BF16 bits, round to nearest even (the library's)."""
     a = _asarray(x, "x")
     if a.dtype.kind not in "fiub":
@@ -196,7 +203,7 @@ class Reader:
     """Iterate the frames of a stream (zstd or raw): `for f in Reader(path)`.
     A truncated or malformed stream raises Error naming the frame."""
 
-    def __init__(self, path="-", bf16="f32"):
+    def __init__(self, path: PathOrFile = "-", bf16: str = "f32") -> None:
         if bf16 not in ("f32", "raw"):
             raise ValueError("bf16 must be 'f32' or 'raw'")
         self.bf16 = bf16
@@ -223,7 +230,7 @@ class Reader:
             raise StopIteration
         return cf.to_frame(bf16=self.bf16)
 
-    def close(self):
+    def close(self) -> None:
         if self.r:
             lib.lrmoe_reader_close(self.r)
             self.r = None
@@ -240,7 +247,8 @@ class Writer:
     writes the trailer. Leaving a `with` block by an exception aborts: the
     stream stays without trailer, so the next stage reports it truncated."""
 
-    def __init__(self, path="-", compress=True, level=3, threads=0):
+    def __init__(self, path: PathOrFile = "-", compress: bool = True, level: int = 3,
+                 threads: int = 0) -> None:
         self.w = None
         o = _lib.WOpts()
         lib.lrmoe_wopts_default(ctypes.byref(o))
@@ -252,7 +260,8 @@ class Writer:
         if not self.w:
             check(-1)
 
-    def write(self, frame, attrs=None, dtypes=None):
+    def write(self, frame: Mapping[str, Any], attrs: Optional[Mapping[str, Any]] = None,
+              dtypes: Optional[Mapping[str, str]] = None) -> None:
         if not self.w:
             raise Error(f"{self.path}: writer is closed")
         if not isinstance(frame, Frame):
@@ -267,12 +276,12 @@ class Writer:
     def count(self):
         return lib.lrmoe_writer_count(self.w) if self.w else 0
 
-    def close(self):
+    def close(self) -> None:
         if self.w:
             w, self.w = self.w, None
             check(lib.lrmoe_writer_close(w))
 
-    def abort(self):
+    def abort(self) -> None:
         if self.w:
             lib.lrmoe_writer_abort(self.w)
             self.w = None
@@ -287,13 +296,13 @@ class Writer:
             self.abort()
 
 
-def read(path="-", bf16="f32"):
+def read(path: PathOrFile = "-", bf16: str = "f32") -> List[Frame]:
     """All frames of a stream as a list (see Reader to iterate)."""
     with Reader(path, bf16) as r:
         return list(r)
 
 
-def write(path, frames, **opts):
+def write(path: PathOrFile, frames: Iterable[Mapping[str, Any]], **opts: Any) -> None:
     """Write frames (with trailer) to path; opts as Writer's."""
     with Writer(path, **opts) as w:
         for f in frames:

@@ -5,12 +5,13 @@ lrmoe_score_frame, lrmoe_pack_frame) and returns a Frame of the tensors
 (and attributes) the tool adds. No algorithm is computed in Python."""
 import ctypes
 import os
+from typing import Any, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
 from . import _lib
 from ._lib import Error, check, cstr, f64, i32, i64, lib, u64
-from .frame import CFrame, Frame, dtype_of
+from .frame import ArrayLike, CFrame, Frame, dtype_of
 
 _FLOAT = {"F32", "F16", "F64", "BF16"}
 
@@ -39,8 +40,10 @@ def _c(a, dtype, name="array"):
     return y
 
 
-def route(router_logits, k=8, router="softmax", renorm=False, scale=1.0, groups=0,
-          topk_groups=0, expert_bias=None, threads=1, dtype=None):
+def route(router_logits: ArrayLike, k: int = 8, router: str = "softmax", renorm: bool = False,
+          scale: float = 1.0, groups: int = 0, topk_groups: int = 0,
+          expert_bias: Optional[ArrayLike] = None, threads: int = 1,
+          dtype: Optional[str] = None) -> Frame:
     """Top-k routing of router_logits (T,E) as lrmoe-route does: returns a
     Frame with topk_ids (T,K) I32, topk_weights (T,K) F32, expert_load (E) I64.
     router: softmax | topk-softmax (gpt-oss) | sigmoid (DeepSeek-V3, GLM-4.5),
@@ -92,7 +95,7 @@ class Planner:
     run (rebalance_every=N), so running it on the frames of a stream in
     order gives lrmoe-plan's plans frame by frame; reset() forgets them."""
 
-    def __init__(self, **options):
+    def __init__(self, **options: Any) -> None:
         self.cfg = lib.lrmoe_plan_cfg_new()
         if not self.cfg:
             check(-1)
@@ -104,7 +107,7 @@ class Planner:
             raise Error("Planner: closed (its configuration was freed)")
         return self.cfg
 
-    def set(self, name, value):
+    def set(self, name: str, value: Any) -> None:
         cfg = self._cfg()
         if value is None or value is False:
             return
@@ -114,11 +117,12 @@ class Planner:
         val = None if value is True else cstr(n, str(value))
         check(lib.lrmoe_plan_cfg_set(cfg, cstr("option name", n), val))
 
-    def reset(self):
+    def reset(self) -> None:
         """Forget the EPLB layouts kept so far (a new stream)."""
         check(lib.lrmoe_plan_cfg_reset(self._cfg()))
 
-    def run_cframe(self, expert_load, layer=None, frame=None):
+    def run_cframe(self, expert_load: ArrayLike, layer: Optional[int] = None,
+                   frame: Optional[Frame] = None) -> CFrame:
         """Plan into a CFrame holding `frame` (a Frame, or None) and the plan.
         The library takes D, F, K and tokens per rank from that frame (or
         the weights option) exactly as lrmoe-plan does."""
@@ -134,7 +138,7 @@ class Planner:
                                      load.size, cf.ref))
         return cf
 
-    def run(self, expert_load, layer=None):
+    def run(self, expert_load: ArrayLike, layer: Optional[int] = None) -> Frame:
         """Plan expert_load of layer `layer` (the frame attribute; None: one
         unnamed layer, or the frame's own). expert_load is an array (E), or
         a Frame as lrmoe.read returns it: its expert_load is planned and its
@@ -152,7 +156,7 @@ class Planner:
             return out
         return self.run_cframe(expert_load, layer).to_frame()
 
-    def close(self):
+    def close(self) -> None:
         """Free the configuration; the Planner raises Error from then on."""
         if lib is not None and getattr(self, "cfg", None):
             cfg, self.cfg = self.cfg, None
@@ -161,7 +165,8 @@ class Planner:
     __del__ = close
 
 
-def plan(expert_load, ranks, topk_ids=None, hidden=None, **options):
+def plan(expert_load: ArrayLike, ranks: int, topk_ids: Optional[ArrayLike] = None,
+         hidden: Union[ArrayLike, int, None] = None, **options: Any) -> Frame:
     """Plan per-expert loads (E) for `ranks` ranks as lrmoe-plan does:
     returns a Frame with placement (E,P) U8, fwd_alloc, quota, bwd_alloc I64
     and the plan.* attributes (plan.rho, plan.fwd_peak, plan.bwd_peak,
@@ -196,7 +201,7 @@ def plan(expert_load, ranks, topk_ids=None, hidden=None, **options):
         p.close()
 
 
-def capacity(T, K, E, factor):
+def capacity(T: int, K: int, E: int, factor: float) -> int:
     """Megatron-Core's expert capacity ceil((T*K / E) * factor) for T
     tokens routed top-K over E experts (lrmoe_capacity, lrmoe-plan(1)
     CAPACITY): the most pairs each expert keeps under token dropping."""
@@ -204,7 +209,9 @@ def capacity(T, K, E, factor):
                                     f64("factor", factor)))
 
 
-def capacity_keep(topk_ids, topk_weights, E, factor, policy="probs", kept=False):
+def capacity_keep(topk_ids: ArrayLike, topk_weights: ArrayLike, E: int, factor: float,
+                  policy: str = "probs", kept: bool = False
+                  ) -> Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]:
     """The pairs capacity-factor token dropping keeps (Megatron-Core
     moe_expert_capacity_factor=factor, moe_token_drop_policy=policy, no
     padding to capacity): each of the E experts keeps at most
@@ -252,9 +259,13 @@ def _frame_call(inputs, dtypes, fn, attrs=None):
     return cf.to_frame(names=set(names))
 
 
-def score(topk_ids, topk_weights, grad_output, phi_sqnorm=None, quota=None, drop=None,
-          metric="lrm", seed=0, index=0, saved_gate=None, saved_up=None, fidelity=False,
-          dtypes=None, bwd_alloc=None, pair_rank=None, keep_rule=None, select="sample"):
+def score(topk_ids: ArrayLike, topk_weights: ArrayLike, grad_output: ArrayLike,
+          phi_sqnorm: Optional[ArrayLike] = None, quota: Optional[ArrayLike] = None,
+          drop: Optional[float] = None, metric: str = "lrm", seed: int = 0, index: int = 0,
+          saved_gate: Optional[ArrayLike] = None, saved_up: Optional[ArrayLike] = None,
+          fidelity: bool = False, dtypes: Optional[Mapping[str, str]] = None,
+          bwd_alloc: Optional[ArrayLike] = None, pair_rank: Optional[ArrayLike] = None,
+          keep_rule: Optional[str] = None, select: str = "sample") -> Frame:
     """Pair scores and per-expert retention as lrmoe-score does: returns
     pair_score (T,K) F32, keep (T,K) U8 (and quota when drop= percent is
     given, score_fidelity with fidelity=True, pair_weight (T,K) F32 with
@@ -292,9 +303,13 @@ def score(topk_ids, topk_weights, grad_output, phi_sqnorm=None, quota=None, drop
 _ALLOC = {"auto": 0, "plan": 1, "forward": 2}
 
 
-def pack(keep, topk_ids, topk_weights, grad_output, hidden, saved_gate, saved_up,
-         pair_rank=None, placement=None, bwd_alloc=None, quota=None, ranks=0,
-         alloc="auto", strip=False, dtypes=None, pair_weight=None):
+def pack(keep: ArrayLike, topk_ids: ArrayLike, topk_weights: ArrayLike, grad_output: ArrayLike,
+         hidden: ArrayLike, saved_gate: ArrayLike, saved_up: ArrayLike,
+         pair_rank: Optional[ArrayLike] = None, placement: Optional[ArrayLike] = None,
+         bwd_alloc: Optional[ArrayLike] = None, quota: Optional[ArrayLike] = None,
+         ranks: int = 0, alloc: str = "auto", strip: bool = False,
+         dtypes: Optional[Mapping[str, str]] = None,
+         pair_weight: Optional[ArrayLike] = None) -> Frame:
     """Physical packing of the retained pairs as lrmoe-pack does: returns
     pack_pair, pack_rank, pack_counts, pack_offsets, pack_grad, pack_hidden,
     pack_gate, pack_up and the pack.* attributes; pack_grad rows are scaled
@@ -319,8 +334,8 @@ class Exec:
     current layer between frames. run(frame) returns the tensors and exec.*
     attributes the phase adds."""
 
-    def __init__(self, weights, phase="forward", mode="full", ranks=0, threads=0,
-                 backend="cpu", allow_nonfinite=False):
+    def __init__(self, weights: Any, phase: str = "forward", mode: str = "full", ranks: int = 0,
+                 threads: int = 0, backend: str = "cpu", allow_nonfinite: bool = False) -> None:
         self.ctx = None
         if phase not in ("forward", "backward"):
             raise Error(f"exec: phase '{phase}': expected forward or backward")
@@ -340,7 +355,8 @@ class Exec:
         lib.lrmoe_exec_ctx_init(self.ctx, ctypes.byref(o))
         lib.lrmoe_exec_ctx_weights_file(self.ctx, self._path)
 
-    def run(self, frame, dtypes=None):
+    def run(self, frame: Mapping[str, Any], dtypes: Optional[Mapping[str, str]] = None
+            ) -> Frame:
         if self.ctx is None or lib is None:
             raise Error("Exec: closed")
         if not isinstance(frame, dict):
@@ -354,7 +370,7 @@ class Exec:
         out.attrs = {k: v for k, v in out.attrs.items() if k not in before or k.startswith("exec.")}
         return out
 
-    def close(self):
+    def close(self) -> None:
         """Free the context; run() raises Error from then on."""
         if getattr(self, "ctx", None) is not None and lib is not None:
             ctx, self.ctx = self.ctx, None
@@ -369,7 +385,8 @@ class Exec:
         self.close()
 
 
-def forward(frame, weights, ranks=0, threads=0, backend="cpu"):
+def forward(frame: Mapping[str, Any], weights: Any, ranks: int = 0, threads: int = 0,
+            backend: str = "cpu") -> Frame:
     """The expert-parallel forward of one frame (routing, and a plan when
     present) with the weights stream at `weights`, as lrmoe-exec --phase
     forward: output, pair_rank, phi_sqnorm, saved_gate, saved_up, pair_out."""
@@ -377,7 +394,8 @@ def forward(frame, weights, ranks=0, threads=0, backend="cpu"):
         return x.run(frame)
 
 
-def backward(frame, weights, mode="full", ranks=0, threads=0, backend="cpu"):
+def backward(frame: Mapping[str, Any], weights: Any, mode: str = "full", ranks: int = 0,
+             threads: int = 0, backend: str = "cpu") -> Frame:
     """The backward of one frame as lrmoe-exec --phase backward --mode MODE
     (full, masked or compact): grad_hidden, grad_w_gate, grad_w_up,
     grad_w_down, grad_topk_weights."""

@@ -92,17 +92,17 @@ def _np_ptr(a):
 
 def layer_cost(state, D, F, ranks):
     """lrmoe_cost_eval of one layer invocation's plan: (summary)."""
-    ids = state["ids"]
+    ids = state["topk_ids"]
     T, K = ids.shape
-    _, _, _, _, placement, fwd_alloc = state["keep_alive"]
+    placement, fwd_alloc = state["placement"].numpy(), state["fwd_alloc"].numpy()
     E = placement.shape[0]
-    load = np.bincount(ids.view(-1).numpy().astype(np.int64), minlength=E).astype(np.int64)
-    quota = np.ascontiguousarray(state["quota"], np.int64)
-    bwd = np.ascontiguousarray(state["bwd_alloc"], np.int64)
+    load = np.bincount(ids.reshape(-1).numpy().astype(np.int64), minlength=E).astype(np.int64)
+    quota = np.ascontiguousarray(state["quota"].numpy(), np.int64)
+    bwd = np.ascontiguousarray(state["bwd_alloc"].numpy(), np.int64)
     m = CostModel()
     lib.lrmoe_cost_default(ctypes.byref(m))
     m.D, m.F, m.K, m.tokens = D, F, K, T // ranks
-    m.dtype_bytes = state["x"].element_size()
+    m.dtype_bytes = state["hidden"].element_size()
     # a plan that keeps pairs by forward rank is charged so (plan.keep=by-rank)
     m.keep_by_rank = int(state["rec"].get("keep_rule") == "by-rank")
     s = CostSummary()
@@ -124,15 +124,16 @@ def layer_fidelity(state, g, rec, block):
     by its pair_weight, against every pair, and the closed-form bias (E of
     the estimate: the kept pairs for a deterministic rule, every pair with
     p > 0 for the sample). Returns the four lrmoe_fidelity_t."""
-    ids, alpha = state["ids"], state["alpha"]
+    ids = state["topk_ids"].to(torch.int32).contiguous()
+    alpha = state["topk_weights"].detach().float().contiguous()
     T, K = ids.shape
     D = g.shape[-1]
-    F = state["sg"].shape[-1]
+    F = state["saved_gate"].shape[-1]
     E = block.E
     g = g.reshape(T, D).detach().float().contiguous()
-    x = state["x"].float().contiguous()
-    sg = state["sg"].float().contiguous()
-    su = state["su"].float().contiguous()
+    x = state["hidden"].detach().float().contiguous()
+    sg = state["saved_gate"].float().contiguous()
+    su = state["saved_up"].float().contiguous()
     ex = block.experts
     gu = ex.gate_up_proj.detach().float()
     wg, wu = gu[:, :F].contiguous(), gu[:, F:].contiguous()
@@ -212,9 +213,9 @@ class BiasBalancer:
 
 class Capture:
     """Forward hooks on the patched experts: keeps each invocation's saved
-    state (the autograd node's context, which LRMoEExperts keeps as
-    ctx.lrmoe) and the gradient arriving at its output, for the fidelity
-    and the cost model after the backward pass."""
+    state (lrmoe.torch.saved_state: the tensors its autograd node saved, and
+    its stats record) and the gradient arriving at its output, for the
+    fidelity and the cost model after the backward pass."""
 
     def __init__(self, patch):
         self.items, self.hooks = [], []
@@ -225,10 +226,8 @@ class Capture:
         def hook(module, args, output):
             if not (torch.is_grad_enabled() and output.requires_grad):
                 return
-            state = getattr(output.grad_fn, "lrmoe", None)
-            if not isinstance(state, dict) or "sg" not in state:
-                raise Error("lrmoe.torch.LRMoEExperts no longer keeps its saved state as "
-                            "ctx.lrmoe; lrmoe.study_run.Capture must follow it")
+            import lrmoe.torch as lt
+            state = lt.saved_state(output)
             item = {"block": b, "state": state}
             output.register_hook(lambda g, item=item: item.__setitem__("g", g.detach()))
             self.items.append(item)

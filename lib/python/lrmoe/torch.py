@@ -15,16 +15,22 @@ dump(model, out, every=N, weights=PATH)  hooks writing one frame per MoE
     and attributes layer, step, model, topk, plus a weights stream (w_gate,
     w_up, w_down, router_weight, expert_bias) in lrmoe's layout.
 patch(model, rate=, hbm=, metric=, ranks=)  replaces every supported
-    block's expert computation by LRMoEExperts, a torch.autograd.Function:
-    forward = lrmoe plan + expert-parallel forward in liblrmoe; backward =
-    score, per-expert selection, pack and the compact backward in liblrmoe.
+    block's experts module by an LRMoEExperts nn.Module (same parameters,
+    same state_dict keys, shown by print(model); unpatch(model) or the
+    returned Patch's unpatch() puts the originals back): forward = lrmoe
+    plan + expert-parallel forward in liblrmoe; backward = score,
+    per-expert selection, pack and the compact backward in liblrmoe, as the
+    custom ops torch.ops.lrmoe.experts_forward/_backward (torch.compile
+    keeps them in its graph) whose tensors are saved with save_for_backward.
     The router and shared experts stay in torch (the router trains through
     the returned routing-weight gradient). Per-step plan figures: .stats.
 """
 import ctypes
+import itertools
 import re
 import time
-import types
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -68,7 +74,8 @@ def _ptr(t):
 _buf = _lib.buf
 
 
-def _check_call(name, E, D, F, hidden, topk_ids, topk_weights, gate_up, down):
+def _check_call(name, E, D, F, hidden, topk_ids, topk_weights, gate_up, down,
+                ids_range=True):
     """What the patched experts are called with, against the block's E, D, F:
     every shape, dtype and id is checked before liblrmoe reads a byte."""
     for n, t in (("hidden", hidden), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
@@ -96,6 +103,12 @@ def _check_call(name, E, D, F, hidden, topk_ids, topk_weights, gate_up, down):
         raise Error(f"{name}: gate_up_proj is {list(gate_up.shape)}, expected [{E},{2 * F},{D}]")
     if tuple(down.shape) != (E, D, F):
         raise Error(f"{name}: down_proj is {list(down.shape)}, expected [{E},{D},{F}]")
+    if ids_range:
+        _check_ids(name, topk_ids, E)
+
+
+def _check_ids(name, topk_ids, E):
+    """Every id in [0,E) (reads the data: inside the ops, not in a graph)."""
     if topk_ids.numel():
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
         if lo < 0 or hi >= E:  # before the int32 copy: 2^31 + e must not wrap to e
@@ -141,7 +154,7 @@ class _Block:
                         f"[{self.E},{self.D},{self.F}]")
 
 
-def find_blocks(model, swiglu=True):
+def find_blocks(model: torch.nn.Module, swiglu: bool = True) -> List["_Block"]:
     """The supported MoE blocks of model, in module order. One clear error
     for a refused (gpt-oss, unless swiglu=False: routing only) or unknown
     MoE block, or none at all."""
@@ -181,7 +194,7 @@ def _put(frame, name, t):
     frame[name], frame.dtypes[name] = _np(t)
 
 
-def weights_frame(block):
+def weights_frame(block: "_Block") -> Frame:
     """lrmoe's weights layout of one block: w_gate, w_up (E,F,D), w_down
     (E,D,F), router_weight (E,D), expert_bias (E) when the router has one."""
     ex, F = block.experts, block.F
@@ -211,7 +224,8 @@ class Dump:
     layer 0's gradient arrives). A frame whose backward never comes is left
     out, as before; close() writes the finished ones still held."""
 
-    def __init__(self, model, out, every, weights, compress):
+    def __init__(self, model: torch.nn.Module, out: Any, every: int, weights: Any,
+                 compress: bool) -> None:
         if every < 1:
             raise Error("dump: every must be >= 1")
         self.blocks = find_blocks(model, swiglu=weights is not None)
@@ -285,7 +299,7 @@ class Dump:
             self.w.write(f)
             self.frames += 1
 
-    def close(self):
+    def close(self) -> None:
         for h in self.hooks:
             h.remove()
         self.hooks = []
@@ -294,7 +308,7 @@ class Dump:
             w, self.w = self.w, None
             w.close()
 
-    def abort(self):
+    def abort(self) -> None:
         for h in self.hooks:
             h.remove()
         self.hooks = []
@@ -310,7 +324,8 @@ class Dump:
         self.close() if et is None else self.abort()
 
 
-def dump(model, out, every=1, weights=None, compress=True):
+def dump(model: torch.nn.Module, out: Any, every: int = 1, weights: Any = None,
+         compress: bool = True) -> Dump:
     """Hook every supported MoE block of model: every `every`-th step
     (a step = one forward of the first block) write one frame per block to
     out (a path, "-" for stdout, a file descriptor or a file object, e.g. a
@@ -327,8 +342,10 @@ class _Layer:
 
     def __init__(self, owner, block):
         self.owner, self.block = owner, block
-        self.cap_keep = None  # this call's capacity-factor keep mask
         self.planner, self.key = None, None
+        self.handle = next(_HANDLES)  # the ops' name for this layer
+        _LAYERS[self.handle] = self
+        self.held = {}  # step -> stats record of a forward whose backward is to come
         self.w_f32 = None  # the packed F32 weights, reused step to step
         self.adopted = False  # w_f32 is the parameters' own memory
 
@@ -349,6 +366,17 @@ class _Layer:
         gu.data = buf[:, :n1].view(gu.shape)
         dn.data = buf[:, n1:].view(dn.shape)
         self.w_f32, self.adopted = buf, True
+
+    def hold(self, rec):
+        """Keep the stats record of a forward until its backward (the
+        oldest dropped past _HELD: forwards whose backward never came)."""
+        self.held[rec["step"]] = rec
+        while len(self.held) > _HELD:
+            self.held.pop(next(iter(self.held)))
+
+    def release(self, step):
+        """The held record of step (a fresh one if it was dropped)."""
+        return self.held.pop(step, None) or {"layer": self.block.layer, "step": step}
 
     def release_packed(self):
         ex = self.block.experts
@@ -421,195 +449,425 @@ class _Call:
         rec[f"{phase}_lib_cpu_seconds"] = self.lib_cpu
 
 
-class LRMoEExperts(torch.autograd.Function):
-    """out = sum_k alpha_tk SwiGLU_e(x_t) over the routed pairs, forward and
-    backward in liblrmoe. Inputs: hidden (T,D), topk_weights (T,K),
-    gate_up_proj (E,2F,D), down_proj (E,D,F), topk_ids (T,K), layer state."""
+# The expert layer as two torch ops over liblrmoe. They take tensors, the
+# layer's handle (an int naming its _Layer in _LAYERS: a torch op carries
+# no Python object) and flags, and return fresh tensors, so torch.library
+# registers them as custom ops (torch >= 2.4) with fake kernels for their
+# shapes: torch.compile then keeps a patched model in one graph, each op an
+# opaque call into liblrmoe. What the backward needs is returned by the
+# forward op and saved with ctx.save_for_backward (autograd's in-place
+# check and saved-tensor hooks apply); the stats record of the call waits
+# in its layer (_Layer.hold) until the backward fills it.
 
-    @staticmethod
-    def forward(ctx, hidden, topk_weights, gate_up, down, topk_ids, layer):
-        o, call = layer.owner, _Call()
-        dt = _TORCH_DT.get(hidden.dtype)
-        if dt is None:
-            raise Error(f"{layer.block.name}: hidden is {hidden.dtype}; lrmoe computes "
-                        "float32 or bfloat16 activations")
-        if gate_up.dtype != hidden.dtype or down.dtype != hidden.dtype:
-            raise Error(f"{layer.block.name}: mismatched dtypes: hidden is {hidden.dtype}, "
-                        f"expert weights are {gate_up.dtype}/{down.dtype}; convert the model "
-                        "to one dtype (model.to(dtype))")
-        blk = layer.block
-        _check_call(blk.name, blk.E, blk.D, blk.F, hidden, topk_ids, topk_weights, gate_up,
-                    down)
-        T, D = hidden.shape
-        E, F, K = blk.E, blk.F, topk_ids.shape[1]
-        x = hidden.detach().contiguous()
-        ids = topk_ids.detach().to(torch.int32).contiguous()
-        alpha = topk_weights.detach().to(torch.float32).contiguous()
-        load = torch.bincount(ids.view(-1).long(), minlength=E).numpy()
-        try:
-            cf = call(layer.plan, load, T, K, dt)
-        except Error as e:
-            raise Error(f"{layer.block.name}: plan: {e}") from None
-        placement, _ = cf.get("placement")
-        fwd_alloc, _ = cf.get("fwd_alloc")
-        quota, _ = cf.get("quota")
-        bwd_alloc, _ = cf.get("bwd_alloc")
-        attrs = cf.attrs()
-        gu = gate_up.detach()
-        dn = down.detach()
-        w_gate, w_up, w_down = _storage_split(gu, dn, F, placement, fwd_alloc, o.ranks)
-        # the packed F32 copy lrmoe-exec makes too: [W_gate; W_up; W_down] per
-        # expert, so gate and up run as one GEMM (HF's gate_up_proj is [W_gate; W_up])
-        w_f32 = layer.packed(gu, dn)
-        wf = _buf("expert weights (packed F32)", w_f32, "F32", (E, 3 * F * D))
+_LAYERS: "weakref.WeakValueDictionary[int, _Layer]" = weakref.WeakValueDictionary()
+_HANDLES = itertools.count(1)
+_HELD = 1024  # stats records a layer holds for backwards still to come
+Tensor = torch.Tensor
+# experts_forward's outputs: out, then the backward's state
+_FwdOut = Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                Tensor]
+SAVED = ("hidden", "topk_weights", "gate_up_proj", "down_proj", "topk_ids", "cap_keep",
+         "pair_rank", "phi_sqnorm", "saved_gate", "saved_up", "pair_out", "placement",
+         "fwd_alloc", "quota", "bwd_alloc", "meta")
+
+
+def _layer_of(handle: int) -> "_Layer":
+    layer = _LAYERS.get(handle)
+    if layer is None:
+        raise Error(f"lrmoe.torch: patched layer {handle} no longer exists")
+    return layer
+
+
+def _exec_weights(layer: "_Layer", gate_up: Tensor, down: Tensor, dt: str, placement: np.ndarray,
+                  fwd_alloc: np.ndarray, check_finite: bool) -> Tuple[Any, tuple]:
+    """lrmoe_exec_weights_t of the expert parameters for one call (and the
+    tensors it points into, to keep alive while it is used)."""
+    blk = layer.block
+    E, D, F = blk.E, blk.D, blk.F
+    gu, dn = gate_up.detach(), down.detach()
+    w_gate, w_up, w_down = _storage_split(gu, dn, F, placement, fwd_alloc, layer.owner.ranks)
+    # the packed F32 copy lrmoe-exec makes too: [W_gate; W_up; W_down] per
+    # expert, so gate and up run as one GEMM (HF's gate_up_proj is [W_gate; W_up])
+    w_f32 = layer.packed(gu, dn)
+    wf = _buf("expert weights (packed F32)", w_f32, "F32", (E, 3 * F * D))
+    if check_finite:
         # non-finite weights are refused, as lrmoe-exec refuses them (its
         # --allow-nonfinite has no counterpart here): one pass of the library's check
         check(lib.lrmoe_exec_check_finite(_lib.DT["F32"], wf, E * 3 * F * D,
                                           b"expert weights"), blk.name)
-        W = _lib.ExecWeights(dtype=_lib.DT[dt], w_gate=_buf("w_gate", w_gate, dt, (E, F, D)),
-                             w_up=_buf("w_up", w_up, dt, (E, F, D)),
-                             w_down=_buf("down_proj", w_down, dt, (E, D, F)), w_f32=wf)
-        dims = _lib.ExecDims(T=T, E=E, K=K, D=D, F=F, P=o.ranks)
-        P = o.ranks
-        Pl = _lib.ExecPlan(placement=_buf("placement", placement, ("U8", "BOOL"), (E, P)),
-                           fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
-        out = torch.empty(T, D, dtype=hidden.dtype)
-        pair_rank = torch.empty(T, K, dtype=torch.int32)
-        # the backward's state only when a gradient will be asked for
-        train = any(ctx.needs_input_grad[:4])
-        phi = torch.empty(T, K, dtype=torch.float32) if train else None
-        sg = torch.empty(T, K, F, dtype=hidden.dtype) if train else None
-        su = torch.empty(T, K, F, dtype=hidden.dtype) if train else None
-        pair_out = torch.empty(T, K, D, dtype=hidden.dtype) if train else None
-        a = _lib.ExecFwd(act_dtype=_lib.DT[dt], hidden=_buf("hidden", x, dt, (T, D)),
-                         topk_ids=_buf("topk_ids", ids, "I32", (T, K)),
-                         topk_weights=_buf("topk_weights", alpha, "F32", (T, K)),
-                         output=_buf("output", out, dt, (T, D), True),
-                         pair_rank=_buf("pair_rank", pair_rank, "I32", (T, K), True),
-                         phi_sqnorm=_buf("phi_sqnorm", phi, "F32", (T, K), True),
-                         saved_gate=_buf("saved_gate", sg, dt, (T, K, F), True),
-                         saved_up=_buf("saved_up", su, dt, (T, K, F), True),
-                         pair_out=_buf("pair_out", pair_out, dt, (T, K, D), True))
-        tim = (ctypes.c_double * (o.ranks * _STAGES))()
-        check(call(lib.lrmoe_exec_forward, ctypes.byref(o.cfg), ctypes.byref(dims),
-                   ctypes.byref(W), ctypes.byref(Pl), ctypes.byref(a), tim),
-              f"{layer.block.name}: forward")
-        rec = {"layer": layer.block.layer, "step": o.steps.get(layer.block.layer, 0),
-               "pairs": T * K, "tokens": T}
-        for k, v in attrs.items():
-            if k.startswith("plan."):  # plan.keep as keep_rule: "keep" is the mask
-                rec["keep_rule" if k == "plan.keep" else k[5:]] = _num(v)
-        o.steps[layer.block.layer] = rec["step"] + 1
-        o.stats.append(rec)
-        if not train:
-            call.record(rec, "fwd")
-            return out
-        ctx.lrmoe = dict(layer=layer, dt=dt, dims=dims, W=W, Pl=Pl, keep_alive=(
-            w_gate, w_up, w_down, w_f32, placement, fwd_alloc), x=x, ids=ids, alpha=alpha,
-            pair_rank=pair_rank, phi=phi, sg=sg, su=su, pair_out=pair_out, quota=quota,
-            bwd_alloc=bwd_alloc, wdtype=gate_up.dtype, adtype=topk_weights.dtype, rec=rec,
-            cap_keep=layer.cap_keep)
-        call.record(rec, "fwd")
+    W = _lib.ExecWeights(dtype=_lib.DT[dt], w_gate=_buf("w_gate", w_gate, dt, (E, F, D)),
+                         w_up=_buf("w_up", w_up, dt, (E, F, D)),
+                         w_down=_buf("down_proj", w_down, dt, (E, D, F)), w_f32=wf)
+    return W, (w_gate, w_up, w_down, w_f32)
+
+
+def _act_dtype(name: str, hidden: Tensor, gate_up: Tensor, down: Tensor) -> str:
+    dt = _TORCH_DT.get(hidden.dtype)
+    if dt is None:
+        raise Error(f"{name}: hidden is {hidden.dtype}; lrmoe computes float32 or bfloat16 "
+                    "activations")
+    if gate_up.dtype != hidden.dtype or down.dtype != hidden.dtype:
+        raise Error(f"{name}: mismatched dtypes: hidden is {hidden.dtype}, expert weights are "
+                    f"{gate_up.dtype}/{down.dtype}; convert the model to one dtype "
+                    "(model.to(dtype))")
+    return dt
+
+
+def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down: Tensor,
+                    topk_ids: Tensor, cap_keep: Optional[Tensor], handle: int,
+                    train: bool) -> _FwdOut:
+    """out = sum_k alpha_tk SwiGLU_e(x_t) over the routed pairs (lrmoe plan +
+    expert-parallel forward in liblrmoe) and, with train, the backward's
+    state: pair_rank, phi_sqnorm, saved_gate, saved_up, pair_out (T rows, 0
+    without train), the plan's placement, fwd_alloc, quota, bwd_alloc, and
+    meta = [step, keeps by forward rank]. hidden (T,D), topk_weights (T,K),
+    gate_up (E,2F,D), down (E,D,F), topk_ids (T,K); cap_keep (T,K) uint8:
+    the capacity planner's keep mask, or None. Registered as
+    torch.ops.lrmoe.experts_forward."""
+    layer = _layer_of(handle)
+    o, call, blk = layer.owner, _Call(), layer.block
+    dt = _act_dtype(blk.name, hidden, gate_up, down)
+    _check_call(blk.name, blk.E, blk.D, blk.F, hidden, topk_ids, topk_weights, gate_up, down)
+    T, D = hidden.shape
+    E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
+    x = hidden.detach().contiguous()
+    ids = topk_ids.detach().to(torch.int32).contiguous()
+    alpha = topk_weights.detach().to(torch.float32).contiguous()
+    load = torch.bincount(ids.view(-1).long(), minlength=E).numpy()
+    try:
+        cf = call(layer.plan, load, T, K, dt)
+    except Error as e:
+        raise Error(f"{blk.name}: plan: {e}") from None
+    placement = np.ascontiguousarray(cf.get("placement")[0], np.uint8)
+    fwd_alloc = np.ascontiguousarray(cf.get("fwd_alloc")[0], np.int64)
+    quota = np.ascontiguousarray(cf.get("quota")[0], np.int64)
+    bwd_alloc = np.ascontiguousarray(cf.get("bwd_alloc")[0], np.int64)
+    attrs = cf.attrs()
+    W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True)
+    dims = _lib.ExecDims(T=T, E=E, K=K, D=D, F=F, P=P)
+    Pl = _lib.ExecPlan(placement=_buf("placement", placement, "U8", (E, P)),
+                       fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
+    out = torch.empty(T, D, dtype=hidden.dtype)
+    pair_rank = torch.empty(T, K, dtype=torch.int32)
+    # the backward's state only when a gradient will be asked for
+    n = T if train else 0
+    phi = torch.empty(n, K, dtype=torch.float32)
+    sg = torch.empty(n, K, F, dtype=hidden.dtype)
+    su = torch.empty(n, K, F, dtype=hidden.dtype)
+    pair_out = torch.empty(n, K, D, dtype=hidden.dtype)
+    tr = (lambda t: t) if train else (lambda t: None)
+    a = _lib.ExecFwd(act_dtype=_lib.DT[dt], hidden=_buf("hidden", x, dt, (T, D)),
+                     topk_ids=_buf("topk_ids", ids, "I32", (T, K)),
+                     topk_weights=_buf("topk_weights", alpha, "F32", (T, K)),
+                     output=_buf("output", out, dt, (T, D), True),
+                     pair_rank=_buf("pair_rank", pair_rank, "I32", (T, K), True),
+                     phi_sqnorm=_buf("phi_sqnorm", tr(phi), "F32", (T, K), True),
+                     saved_gate=_buf("saved_gate", tr(sg), dt, (T, K, F), True),
+                     saved_up=_buf("saved_up", tr(su), dt, (T, K, F), True),
+                     pair_out=_buf("pair_out", tr(pair_out), dt, (T, K, D), True))
+    tim = (ctypes.c_double * (P * _STAGES))()
+    check(call(lib.lrmoe_exec_forward, ctypes.byref(o.cfg), ctypes.byref(dims),
+               ctypes.byref(W), ctypes.byref(Pl), ctypes.byref(a), tim), f"{blk.name}: forward")
+    del keep_alive
+    rec: Dict[str, Any] = {"layer": blk.layer, "step": o.steps.get(blk.layer, 0), "pairs": T * K,
+                           "tokens": T}
+    for k, v in attrs.items():
+        if k.startswith("plan."):  # plan.keep as keep_rule: "keep" is the mask
+            rec["keep_rule" if k == "plan.keep" else k[5:]] = _num(v)
+    o.steps[blk.layer] = rec["step"] + 1
+    o.stats.append(rec)
+    meta = torch.tensor([rec["step"], int(rec.get("keep_rule") == "by-rank")], dtype=torch.int64)
+    if train:
+        layer.hold(rec)
+    call.record(rec, "fwd")
+    return (out, pair_rank, phi, sg, su, pair_out, torch.from_numpy(placement),
+            torch.from_numpy(fwd_alloc), torch.from_numpy(quota), torch.from_numpy(bwd_alloc),
+            meta)
+
+
+def experts_backward(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gate_up: Tensor,
+                     down: Tensor, topk_ids: Tensor, cap_keep: Optional[Tensor],
+                     pair_rank: Tensor, phi: Tensor, sg: Tensor, su: Tensor, pair_out: Tensor,
+                     placement: Tensor, fwd_alloc: Tensor, quota: Tensor, bwd_alloc: Tensor,
+                     meta: Tensor, handle: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of hidden, topk_weights, gate_up and down from
+    grad_out (T,D) and experts_forward's inputs and state (SAVED): score,
+    per-expert selection at the plan's quotas, pack and the compact backward
+    in liblrmoe. Registered as torch.ops.lrmoe.experts_backward."""
+    layer = _layer_of(handle)
+    o, call, blk = layer.owner, _Call(), layer.block
+    step, by_rank = (int(v) for v in meta.tolist())
+    rec = layer.release(step)
+    dt = _act_dtype(blk.name, hidden, gate_up, down)
+    T, D = hidden.shape
+    E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
+    d = _lib.ExecDims(T=T, E=E, K=K, D=D, F=F, P=P)
+    c = torch.Tensor.contiguous  # saved-tensor hooks may unpack any layout
+    x = hidden.detach().contiguous()
+    ids = topk_ids.detach().to(torch.int32).contiguous()
+    alpha = topk_weights.detach().to(torch.float32).contiguous()
+    pair_rank, phi, sg, su, pair_out = c(pair_rank), c(phi), c(sg), c(su), c(pair_out)
+    placement = np.ascontiguousarray(placement.numpy(), np.uint8)
+    fwd_alloc = np.ascontiguousarray(fwd_alloc.numpy(), np.int64)
+    quota = np.ascontiguousarray(quota.numpy(), np.int64)
+    bwd_alloc = np.ascontiguousarray(bwd_alloc.numpy(), np.int64)
+    W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False)
+    Pl = _lib.ExecPlan(placement=_buf("placement", placement, "U8", (E, P)),
+                       fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
+    g = grad_out.contiguous()
+    gdt = _TORCH_DT.get(g.dtype)
+    if gdt is None:
+        g, gdt = g.float(), "F32"
+    _buf("grad_output", g, gdt, (T, D))
+    # score and per-expert selection (the plan's quotas)
+    score = torch.empty(T, K, dtype=torch.float32)
+    seed = o.seed + step
+    check(call(lib.lrmoe_score_pairs_dt, o.metric, T, K, D, _lib.DT[gdt], _ptr(g), _ptr(alpha),
+               _ptr(phi), seed, _ptr(score)), "score")
+    keep = torch.empty(T, K, dtype=torch.uint8)
+    load = np.empty(E, np.int64)
+    # alpha_b: the routing weights the kept rows are scaled by; with
+    # select="sample" alpha_u / p_u (pair_weight), else alpha
+    alpha_b = alpha
+    if cap_keep is not None:
+        # capacity-factor dropping: backward keeps exactly the forward's pairs
+        keep = cap_keep.to(torch.uint8).contiguous()
+        kq = np.bincount(ids.view(-1).long().numpy()[keep.view(-1).numpy() > 0], minlength=E)
+        if not np.array_equal(kq, quota):
+            raise Error(f"{blk.name}: the capacity plan's quotas are not the forward's kept "
+                        "pairs per expert")
+    elif o.select == _SAMPLE:
+        w = torch.empty(T, K, dtype=torch.float32)
+        pr = torch.empty(T, K, dtype=torch.float32) if o.keep_masks else None
+        if by_rank:
+            check(call(lib.lrmoe_score_sample_by_rank, T, K, E, P, _ptr(ids), _ptr(score),
+                       _ptr(pair_rank), bwd_alloc.ctypes.data, seed, _ptr(keep), _ptr(w),
+                       _ptr(pr), load.ctypes.data, None), "select")
+        else:
+            check(call(lib.lrmoe_score_sample, T, K, E, _ptr(ids), _ptr(score),
+                       quota.ctypes.data, -1.0, seed, _ptr(keep), _ptr(w), _ptr(pr),
+                       load.ctypes.data, None), "select")
+        alpha_b = torch.empty(T, K, dtype=torch.float32)
+        lib.lrmoe_score_weighted_alpha(T * K, _ptr(alpha), _ptr(w), _ptr(alpha_b))
+    elif by_rank:
+        # the plan's backward relies on the keep by forward rank
+        # (plan.keep=by-rank, lrmoe-score(1)): bwd_alloc's row sums are the quotas
+        check(call(lib.lrmoe_score_select_by_rank, T, K, E, P, _ptr(ids), _ptr(score),
+                   _ptr(pair_rank), bwd_alloc.ctypes.data, _ptr(keep), load.ctypes.data,
+                   None), "select")
+    else:
+        check(call(lib.lrmoe_score_select, T, K, E, _ptr(ids), _ptr(score), quota.ctypes.data,
+                   -1.0, _ptr(keep), load.ctypes.data, None), "select")
+    # pack: assignment to the plan's backward allocation, then the rows
+    pin = _lib.PackIn(T=T, K=K, E=E, P=P, topk_ids=_ptr(ids), keep=_ptr(keep),
+                      pair_rank=_ptr(pair_rank), placement=Pl.placement,
+                      bwd_alloc=bwd_alloc.ctypes.data, quota=quota.ctypes.data)
+    pp = _lib.PackPlan()
+    check(call(lib.lrmoe_pack_assign, ctypes.byref(pin), ctypes.byref(pp)), "pack")
+    try:
+        R = pp.R
+        # the layout-only form (lrmoe-pack --layout-only): the CPU backend
+        # gathers each segment's rows from x, sg, su and alpha*g by pack_pair
+        # while it fills its buffers, the bits of the packed copies
+        gh = torch.empty(T, D, dtype=torch.float32)
+        gwg, gwu = o.scratch_grad(E, F, D)
+        gwd = torch.empty(E, D, F, dtype=torch.float32)
+        gtw = torch.empty(T, K, dtype=torch.float32)
+        b = _lib.ExecBwd(mode=2, act_dtype=_lib.DT[dt], grad_dtype=_lib.DT[gdt],
+                         topk_ids=_ptr(ids), topk_weights=_ptr(alpha_b), grad_output=_ptr(g),
+                         pair_out=_ptr(pair_out), hidden=_ptr(x), pair_rank=_ptr(pair_rank),
+                         saved_gate=_ptr(sg), saved_up=_ptr(su), R=R, pack_pair=pp.pair,
+                         pack_rank=pp.rank, pack_counts=pp.counts, pack_offsets=pp.offsets,
+                         pack_grad=None, pack_hidden=None, pack_gate=None, pack_up=None,
+                         grad_hidden=_ptr(gh), grad_w_gate=_ptr(gwg), grad_w_up=_ptr(gwu),
+                         grad_w_down=_ptr(gwd), grad_topk_weights=_ptr(gtw))
+        tim = (ctypes.c_double * (P * _STAGES))()
+        check(call(lib.lrmoe_exec_backward, ctypes.byref(o.cfg), ctypes.byref(d),
+                   ctypes.byref(W), ctypes.byref(Pl), ctypes.byref(b), tim),
+              f"{blk.name}: backward")
+        rec["kept"], rec["moved"] = int(R), int(pp.moved)
+    finally:
+        lib.lrmoe_pack_plan_free(ctypes.byref(pp))
+    del keep_alive
+    if o.keep_masks:
+        rec["keep"] = keep.numpy().astype(bool)
+        if o.select == _SAMPLE and cap_keep is None:
+            rec["pair_weight"] = w.numpy().copy()
+            rec["pair_prob"] = pr.numpy().copy()
+    wdt = gate_up.dtype
+    gate_up_grad = torch.cat([gwg, gwu], dim=1).to(wdt)
+    call.record(rec, "bwd")
+    return gh.to(hidden.dtype), gtw.to(topk_weights.dtype), gate_up_grad, gwd.to(wdt)
+
+
+def capacity_keep(topk_ids: Tensor, topk_weights: Tensor, handle: int) -> Tensor:
+    """The capacity planner's keep mask (T,K) uint8 of one layer call
+    (Patch.capacity_keep). Registered as torch.ops.lrmoe.capacity_keep."""
+    layer = _layer_of(handle)
+    blk = layer.block
+    _check_ids(blk.name, topk_ids, blk.E)
+    return torch.from_numpy(layer.owner.capacity_keep(topk_ids, topk_weights, blk.E))
+
+
+def _forward_fake(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down: Tensor,
+                  topk_ids: Tensor, cap_keep: Optional[Tensor], handle: int,
+                  train: bool) -> _FwdOut:
+    layer = _layer_of(handle)
+    E, F, P = layer.block.E, layer.block.F, layer.owner.ranks
+    T, D = hidden.shape
+    K = topk_ids.shape[1]
+    n = T if train else 0
+    e = hidden.new_empty
+    i64 = torch.int64
+    return (e(T, D), e((T, K), dtype=torch.int32), e((n, K), dtype=torch.float32), e((n, K, F)),
+            e((n, K, F)), e((n, K, D)), e((E, P), dtype=torch.uint8), e((E, P), dtype=i64),
+            e((E,), dtype=i64), e((E, P), dtype=i64), e((2,), dtype=i64))
+
+
+def _backward_fake(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gate_up: Tensor,
+                   down: Tensor, *rest: Any) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    return (hidden.new_empty(hidden.shape), topk_weights.new_empty(topk_weights.shape),
+            gate_up.new_empty(gate_up.shape), down.new_empty(down.shape))
+
+
+def _capacity_fake(topk_ids: Tensor, topk_weights: Tensor, handle: int) -> Tensor:
+    return topk_ids.new_empty(topk_ids.shape, dtype=torch.uint8)
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    hidden, topk_weights, gate_up, down, topk_ids, cap_keep, handle, train = inputs
+    ctx.handle = handle
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.save_for_backward(hidden, topk_weights, gate_up, down, topk_ids, cap_keep, *output[1:])
+
+
+def _backward(ctx: Any, grad_out: Tensor, *unused: Any) -> tuple:
+    grads = _BWD(grad_out, *ctx.saved_tensors, ctx.handle)
+    return (*grads, None, None, None, None)
+
+
+class _ExpertsFunction(torch.autograd.Function):
+    """experts_forward/experts_backward as an autograd.Function: the path
+    where torch.library.custom_op is missing (torch < 2.4)."""
+
+    @staticmethod
+    def forward(ctx: Any, *inputs: Any) -> _FwdOut:  # type: ignore[override]
+        out = experts_forward(*inputs)
+        _setup_context(ctx, inputs, out)
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
-        s, call = ctx.lrmoe, _Call()
-        layer, rec = s["layer"], s["rec"]
-        o, d = layer.owner, s["dims"]
-        T, E, K, D, F = d.T, d.E, d.K, d.D, d.F
-        g = grad_out.contiguous()
-        gdt = _TORCH_DT.get(g.dtype)
-        if gdt is None:
-            g, gdt = g.float(), "F32"
-        _buf("grad_output", g, gdt, (T, D))
-        ids, alpha = s["ids"], s["alpha"]
-        # score and per-expert selection (the plan's quotas)
-        score = torch.empty(T, K, dtype=torch.float32)
-        check(call(lib.lrmoe_score_pairs_dt, o.metric, T, K, D, _lib.DT[gdt], _ptr(g),
-                   _ptr(alpha), _ptr(s["phi"]), o.seed + rec["step"], _ptr(score)), "score")
-        keep = torch.empty(T, K, dtype=torch.uint8)
-        load = np.empty(E, np.int64)
-        quota = s["quota"]
-        seed = o.seed + rec["step"]
-        by_rank = rec.get("keep_rule") == "by-rank"
-        # alpha_b: the routing weights the kept rows are scaled by; with
-        # select="sample" alpha_u / p_u (pair_weight), else alpha
-        alpha_b = alpha
-        if s["cap_keep"] is not None:
-            # capacity-factor dropping: backward keeps exactly the forward's pairs
-            keep = torch.from_numpy(s["cap_keep"])
-            kq = np.bincount(ids.view(-1).long().numpy()[s["cap_keep"].reshape(-1) > 0],
-                             minlength=E)
-            if not np.array_equal(kq, quota):
-                raise Error(f"{layer.block.name}: the capacity plan's quotas are not the "
-                            "forward's kept pairs per expert")
-        elif o.select == _SAMPLE:
-            w = torch.empty(T, K, dtype=torch.float32)
-            pr = torch.empty(T, K, dtype=torch.float32) if o.keep_masks else None
-            if by_rank:
-                check(call(lib.lrmoe_score_sample_by_rank, T, K, E, d.P, _ptr(ids), _ptr(score),
-                           _ptr(s["pair_rank"]), s["bwd_alloc"].ctypes.data, seed, _ptr(keep),
-                           _ptr(w), _ptr(pr), load.ctypes.data, None), "select")
-            else:
-                check(call(lib.lrmoe_score_sample, T, K, E, _ptr(ids), _ptr(score),
-                           quota.ctypes.data, -1.0, seed, _ptr(keep), _ptr(w), _ptr(pr),
-                           load.ctypes.data, None), "select")
-            alpha_b = torch.empty(T, K, dtype=torch.float32)
-            lib.lrmoe_score_weighted_alpha(T * K, _ptr(alpha), _ptr(w), _ptr(alpha_b))
-        elif by_rank:
-            # the plan's backward relies on the keep by forward rank
-            # (plan.keep=by-rank, lrmoe-score(1)): bwd_alloc's row sums are the quotas
-            check(call(lib.lrmoe_score_select_by_rank, T, K, E, d.P, _ptr(ids), _ptr(score),
-                       _ptr(s["pair_rank"]), s["bwd_alloc"].ctypes.data, _ptr(keep),
-                       load.ctypes.data, None), "select")
-        else:
-            check(call(lib.lrmoe_score_select, T, K, E, _ptr(ids), _ptr(score),
-                       quota.ctypes.data, -1.0, _ptr(keep), load.ctypes.data, None), "select")
-        # pack: assignment to the plan's backward allocation, then the rows
-        pin = _lib.PackIn(T=T, K=K, E=E, P=d.P, topk_ids=_ptr(ids), keep=_ptr(keep),
-                          pair_rank=_ptr(s["pair_rank"]), placement=s["Pl"].placement,
-                          bwd_alloc=s["bwd_alloc"].ctypes.data, quota=quota.ctypes.data)
-        pp = _lib.PackPlan()
-        check(call(lib.lrmoe_pack_assign, ctypes.byref(pin), ctypes.byref(pp)), "pack")
+    def backward(ctx: Any, *grads: Any) -> tuple:  # type: ignore[override]
+        return _backward(ctx, *grads)
+
+
+CUSTOM_OPS = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
+if CUSTOM_OPS:
+    _fwd_op = torch.library.custom_op("lrmoe::experts_forward", experts_forward,
+                                      mutates_args=())
+    _fwd_op.register_fake(_forward_fake)
+    _bwd_op = torch.library.custom_op("lrmoe::experts_backward", experts_backward,
+                                      mutates_args=())
+    _bwd_op.register_fake(_backward_fake)
+    _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+    _cap_op = torch.library.custom_op("lrmoe::capacity_keep", capacity_keep, mutates_args=())
+    _cap_op.register_fake(_capacity_fake)
+    _FWD: Callable[..., _FwdOut] = torch.ops.lrmoe.experts_forward
+    _BWD: Callable[..., Tuple[Tensor, Tensor, Tensor, Tensor]] = torch.ops.lrmoe.experts_backward
+    _CAP: Callable[..., Tensor] = torch.ops.lrmoe.capacity_keep
+else:  # torch < 2.4: the same functions, eager only (torch.compile breaks the graph here)
+    _FWD, _BWD, _CAP = _ExpertsFunction.apply, experts_backward, capacity_keep
+
+
+def saved_state(output: Tensor) -> Dict[str, Any]:
+    """The state a patched experts call saved for its backward, by name
+    (SAVED), from its output while the backward has not run: the saved
+    tensors (through any saved-tensor hooks), the call's stats record
+    ("rec") and its block ("block"). For analysis (lrmoe.study_run)."""
+    node = output.grad_fn
+    handle = getattr(node, "handle", None)
+    if handle is None:
+        raise Error("saved_state: not the output of a patched experts call that saved state")
+    st: Dict[str, Any] = dict(zip(SAVED, node.saved_tensors))
+    layer = _layer_of(handle)
+    st["rec"] = layer.held.get(int(st["meta"][0]))
+    st["block"] = layer.block
+    return st
+
+
+class LRMoEExperts(torch.nn.Module):
+    """What patch() installs in place of a Hugging Face experts module: the
+    same Parameter objects under the same names (state_dict keys, optimizers
+    and tied references unchanged), the same call, experts(hidden_states
+    (T,D), top_k_index (T,K), top_k_weights (T,K)) -> (T,D), computed by
+    torch.ops.lrmoe.experts_forward/_backward in liblrmoe. The original
+    module is kept (not as a submodule) for unpatch() and answers the
+    attributes this one lacks (config, act_fn, ...); forward hooks are
+    shared with it, so a hook on either fires on the patched layer."""
+
+    _HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+              "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
+
+    def __init__(self, original: torch.nn.Module, layer: "_Layer") -> None:
+        super().__init__()
+        for n, p in original._parameters.items():
+            self._parameters[n] = p
+        for n, b in original._buffers.items():
+            self._buffers[n] = b
+        self._non_persistent_buffers_set = set(original._non_persistent_buffers_set)
+        for h in self._HOOKS:
+            if hasattr(original, h):
+                self.__dict__[h] = getattr(original, h)
+        self.training = original.training
+        self.__dict__["_lrmoe_original"] = original
+        self.__dict__["_lrmoe_layer"] = layer
+        self.handle = layer.handle
+
+    @property
+    def original(self) -> torch.nn.Module:
+        """The Hugging Face experts module this one replaces."""
+        return self.__dict__["_lrmoe_original"]
+
+    def __getattr__(self, name: str) -> Any:
         try:
-            R = pp.R
-            # the layout-only form (lrmoe-pack --layout-only): the CPU backend
-            # gathers each segment's rows from x, sg, su and alpha*g by pack_pair
-            # while it fills its buffers, the bits of the packed copies
-            gh = torch.empty(T, D, dtype=torch.float32)
-            gwg, gwu = o.scratch_grad(E, F, D)
-            gwd = torch.empty(E, D, F, dtype=torch.float32)
-            gtw = torch.empty(T, K, dtype=torch.float32)
-            b = _lib.ExecBwd(mode=2, act_dtype=_lib.DT[s["dt"]], grad_dtype=_lib.DT[gdt],
-                             topk_ids=_ptr(ids), topk_weights=_ptr(alpha_b), grad_output=_ptr(g),
-                             pair_out=_ptr(s["pair_out"]), hidden=_ptr(s["x"]),
-                             pair_rank=_ptr(s["pair_rank"]), saved_gate=_ptr(s["sg"]),
-                             saved_up=_ptr(s["su"]), R=R, pack_pair=pp.pair,
-                             pack_rank=pp.rank, pack_counts=pp.counts,
-                             pack_offsets=pp.offsets, pack_grad=None,
-                             pack_hidden=None, pack_gate=None, pack_up=None,
-                             grad_hidden=_ptr(gh), grad_w_gate=_ptr(gwg),
-                             grad_w_up=_ptr(gwu), grad_w_down=_ptr(gwd),
-                             grad_topk_weights=_ptr(gtw))
-            tim = (ctypes.c_double * (d.P * _STAGES))()
-            check(call(lib.lrmoe_exec_backward, ctypes.byref(o.cfg), ctypes.byref(d),
-                       ctypes.byref(s["W"]), ctypes.byref(s["Pl"]), ctypes.byref(b), tim),
-                  f"{layer.block.name}: backward")
-            rec["kept"], rec["moved"] = int(R), int(pp.moved)
-        finally:
-            lib.lrmoe_pack_plan_free(ctypes.byref(pp))
-        if o.keep_masks:
-            rec["keep"] = keep.numpy().astype(bool)
-            if o.select == _SAMPLE and s["cap_keep"] is None:
-                rec["pair_weight"] = w.numpy().copy()
-                rec["pair_prob"] = pr.numpy().copy()
-        wdt = s["wdtype"]
-        gate_up_grad = torch.cat([gwg, gwu], dim=1).to(wdt)
-        call.record(rec, "bwd")
-        ctx.lrmoe = None
-        return (gh.to(s["x"].dtype), gtw.to(s["adtype"]), gate_up_grad, gwd.to(wdt),
-                None, None)
+            return super().__getattr__(name)
+        except AttributeError:
+            orig = self.__dict__.get("_lrmoe_original")
+            if orig is None or name.startswith("__"):
+                raise
+            return getattr(orig, name)
+
+    def extra_repr(self) -> str:
+        layer = self.__dict__["_lrmoe_layer"]
+        b, o = layer.block, layer.owner
+        opts = "".join(f", {k}={v}" for k, v in o.plan_options.items() if k != "planner")
+        return (f"{type(self.original).__name__}: experts={b.E}, hidden={b.D}, ffn={b.F}, "
+                f"ranks={o.ranks}, planner={o.plan_options['planner']}{opts}, "
+                f"metric={o.metric_name}, select={o.select_name}")
+
+    def forward(self, hidden_states: Tensor, top_k_index: Tensor,
+                top_k_weights: Tensor) -> Tensor:
+        layer = self.__dict__["_lrmoe_layer"]
+        b = layer.block
+        gu, dn = self.gate_up_proj, self.down_proj
+        # what needs no data is checked here, before the op (and its fake
+        # kernel) sees it; the ids' range inside the op
+        _check_call(b.name, b.E, b.D, b.F, hidden_states, top_k_index, top_k_weights, gu, dn,
+                    ids_range=False)
+        _act_dtype(b.name, hidden_states, gu, dn)
+        cap = None
+        if layer.owner.capacity_factor is not None:
+            # Megatron-Core's token dropping (planner="capacity"): the pairs
+            # above each expert's capacity leave the layer in forward and
+            # backward; their routing weight is zeroed here, in torch, so
+            # they add nothing to the output and get no router gradient
+            cap = _CAP(top_k_index, top_k_weights.detach(), self.handle)
+            top_k_weights = top_k_weights * cap.to(top_k_weights.dtype)
+        train = torch.is_grad_enabled() and (
+            hidden_states.requires_grad or top_k_weights.requires_grad or gu.requires_grad or
+            dn.requires_grad)
+        return _FWD(hidden_states, top_k_weights, gu, dn, top_k_index, cap, self.handle,
+                    train)[0]
 
 
 def _storage_split(gu, dn, F, placement, fwd_alloc, P):
@@ -656,10 +914,12 @@ class Patch:
     pair_prob, p), and
     {fwd,bwd}_seconds / _cpu_seconds / _lib_seconds / _lib_cpu_seconds: wall
     and thread-CPU time of the whole forward/backward and inside liblrmoe);
-    unpatch() restores the original expert forwards."""
+    .modules the installed LRMoEExperts; unpatch() puts the original
+    experts modules back (with the parameters they share, trained)."""
 
-    def __init__(self, model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
-                 options, select="sample"):
+    def __init__(self, model: torch.nn.Module, rate: Optional[float], hbm: Any, metric: str,
+                 ranks: int, planner: str, threads: Optional[int], seed: int, keep_masks: bool,
+                 options: Dict[str, Any], select: str = "sample") -> None:
         self.blocks = find_blocks(model)
         self.ranks = _lib.i32("ranks", ranks, 1, 4096)
         for b in self.blocks:
@@ -671,7 +931,8 @@ class Patch:
         sel = ctypes.c_int()
         check(lib.lrmoe_score_keep_rule_parse(_lib.cstr("select", str(select)), ctypes.byref(sel)))
         self.select = sel.value
-        self.plan_options = {"planner": planner, **options}
+        self.metric_name, self.select_name = str(metric), str(select)
+        self.plan_options: Dict[str, Any] = {"planner": planner, **options}
         if rate is not None:
             self.plan_options["rate"] = rate
         if hbm is not None:
@@ -697,31 +958,21 @@ class Patch:
         # F32 numerics: the layer hands liblrmoe packed F32 weights (w_f32) and,
         # in storage dtype, only the experts that cross ranks
         self.cfg.compute = _lib.COMPUTE_F32
-        self.stats, self.steps, self.layers = [], {}, []
-        self._scratch = None
+        self.stats: List[Dict[str, Any]] = []
+        self.steps: Dict[int, int] = {}
+        self.layers: List[_Layer] = []
+        self.modules: List[LRMoEExperts] = []
+        self._scratch: Optional[Tensor] = None
         for b in self.blocks:
             layer = _Layer(self, b)
             layer.adopt_packed()
             self.layers.append(layer)
+            mod = LRMoEExperts(b.experts, layer)
+            b.module.experts = mod  # nn.Module.__setattr__: registered as the submodule
+            b.experts = mod
+            self.modules.append(mod)
 
-            def fwd(mod, hidden_states, top_k_index, top_k_weights, layer=layer):
-                b = layer.block
-                _check_call(b.name, b.E, b.D, b.F, hidden_states, top_k_index, top_k_weights,
-                            mod.gate_up_proj, mod.down_proj)
-                layer.cap_keep = None
-                if self.capacity_factor is not None:
-                    # Megatron-Core's token dropping (planner="capacity"): the pairs
-                    # above each expert's capacity leave the layer in forward and
-                    # backward; their routing weight is zeroed here, in torch, so
-                    # they add nothing to the output and get no router gradient
-                    keep = self.capacity_keep(top_k_index, top_k_weights, layer.block.E)
-                    layer.cap_keep = keep
-                    top_k_weights = top_k_weights * torch.from_numpy(keep).to(top_k_weights.dtype)
-                return LRMoEExperts.apply(hidden_states, top_k_weights, mod.gate_up_proj,
-                                          mod.down_proj, top_k_index, layer)
-            b.experts.forward = types.MethodType(fwd, b.experts)
-
-    def capacity_keep(self, ids, weights, E):
+    def capacity_keep(self, ids: Tensor, weights: Tensor, E: int) -> np.ndarray:
         """The keep mask (T,K) uint8 of capacity-factor dropping
         (lrmoe_capacity_keep, lib/capacity.h) for one layer call."""
         T, K = ids.shape
@@ -736,31 +987,47 @@ class Patch:
                                       None), "capacity")
         return keep
 
-    def scratch_grad(self, E, F, D):
+    def scratch_grad(self, E: int, F: int, D: int) -> Tuple[Tensor, Tensor]:
         """Two (E,F,D) F32 buffers for grad_w_gate/grad_w_up, shared by the
         layers (each backward concatenates them into a new gate_up gradient)."""
         if self._scratch is None or self._scratch.shape != (2, E, F, D):
             self._scratch = torch.empty(2, E, F, D, dtype=torch.float32)
         return self._scratch[0], self._scratch[1]
 
-    def unpatch(self):
-        for layer in self.layers:
+    def unpatch(self) -> None:
+        """Put every block's original experts module back, holding the
+        parameters the patched one holds now (the same objects unless one
+        was replaced), their memory contiguous again. A second call does
+        nothing."""
+        for layer, mod in zip(self.layers, self.modules):
+            b = layer.block
+            if b.module.experts is not mod:
+                continue
             layer.release_packed()
-        for b in self.blocks:
-            if "forward" in b.experts.__dict__:
-                del b.experts.forward
+            orig = mod.original
+            for n, p in mod._parameters.items():
+                orig._parameters[n] = p
+            for n, t in mod._buffers.items():
+                orig._buffers[n] = t
+            orig.train(mod.training)
+            b.module.experts = orig
+            b.experts = orig
 
-    def __enter__(self):
+    def __enter__(self) -> "Patch":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.unpatch()
 
 
-def patch(model, rate=None, hbm=None, metric="lrm", ranks=1, planner="lrmoe", threads=None,
-          seed=0, keep_masks=False, select="sample", **plan_options):
-    """Replace the expert computation of every supported MoE block by
-    LRMoEExperts on `ranks` simulated expert-parallel ranks. rate: the one
+def patch(model: torch.nn.Module, rate: Optional[float] = None, hbm: Any = None,
+          metric: str = "lrm", ranks: int = 1, planner: str = "lrmoe",
+          threads: Optional[int] = None, seed: int = 0, keep_masks: bool = False,
+          select: str = "sample", **plan_options: Any) -> Patch:
+    """Replace the experts module of every supported MoE block by an
+    LRMoEExperts module (visible in print(model); same parameters and
+    state_dict keys) computing on `ranks` simulated expert-parallel ranks in
+    liblrmoe. rate: the one
     retention rate to plan for (None: lrmoe-plan's candidate list), hbm:
     the per-rank budget ("16GiB" or bytes), metric: lrm, gradnorm, absgrad,
     random or uniform; select: "sample" (default: the unbiased draw, p ~
@@ -774,9 +1041,23 @@ def patch(model, rate=None, hbm=None, metric="lrm", ranks=1, planner="lrmoe", th
     in its stats record. threads: BLAS threads (default torch's).
     float32 expert parameters are moved (their .data, not the Parameter
     objects) into one buffer in lrmoe's packed layout, so no step copies
-    them; unpatch() gives them contiguous memory of their own again."""
+    them; unpatch() (or lrmoe.torch.unpatch(model)) gives them contiguous
+    memory of their own again and puts the original modules back."""
     return Patch(model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
                  plan_options, select=select)
+
+
+def unpatch(model: torch.nn.Module) -> int:
+    """Put back the original experts module of every LRMoEExperts in model
+    (Patch.unpatch of the patches that installed them); the count."""
+    n = 0
+    for _, m in list(model.named_modules()):
+        if isinstance(m, LRMoEExperts):
+            layer = m.__dict__["_lrmoe_layer"]
+            before = m
+            layer.owner.unpatch()
+            n += layer.block.module.experts is not before
+    return n
 
 
 # ------------------------------------------------------------ memory budget
@@ -820,9 +1101,12 @@ def _optim_bytes(optimizer, params):
                 "step; pass optim_bytes=")
 
 
-def budget(model, optimizer=None, *, gpu_mem=None, reserve=0, tp=1, pp=1, dp=1, ep=1, seq=4096,
-           micro_batch=1, checkpoint="full", zero1=False, grad_dtype=None, act_dtype=None,
-           optim_bytes=None):
+def budget(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, *,
+           gpu_mem: Union[int, str, None] = None, reserve: Union[int, str] = 0, tp: int = 1,
+           pp: int = 1, dp: int = 1, ep: int = 1, seq: int = 4096, micro_batch: int = 1,
+           checkpoint: str = "full", zero1: bool = False, grad_dtype: Optional[str] = None,
+           act_dtype: Optional[str] = None, optim_bytes: Optional[int] = None
+           ) -> Dict[str, Any]:
     """The per-layer budget -M of lrmoe-plan for a live Hugging Face MoE model
     (patched by lrmoe.torch.patch or not) and its optimizer: lrmoe-budget's
     breakdown (a dict keyed as its --tsv columns), computed by the same C
