@@ -116,11 +116,6 @@ class ExecWeights(Structure):
         "w_gate", "w_up", "w_down", "w_gate_f32", "w_up_f32", "w_down_f32", "w_f32")]
 
 
-class ExecFrameOpts(Structure):
-    _fields_ = [("backward", c_int), ("mode", c_int), ("cfg", ExecCfg), ("ranks", c_int),
-                ("warmup", c_int), ("repeat", c_int)]
-
-
 class ExecPlan(Structure):
     _fields_ = [("placement", c_void_p), ("fwd_alloc", c_void_p)]
 
@@ -255,11 +250,11 @@ _sig("lrmoe_exec_native", c_int, c_int64, c_int64, c_int)
 _sig("lrmoe_exec_check_finite", c_int, c_int, P, c_size_t, c_char_p)
 _sig("lrmoe_exec_mode_parse", c_int, c_char_p, POINTER(c_int))
 _sig("lrmoe_backend_parse", c_int, c_char_p, POINTER(c_int))
-_sig("lrmoe_exec_frame_opts_default", None, POINTER(ExecFrameOpts))
-_sig("lrmoe_exec_ctx_init", None, P, POINTER(ExecFrameOpts))
-_sig("lrmoe_exec_ctx_weights_file", None, P, c_char_p)
-_sig("lrmoe_exec_ctx_free", None, P)
-_sig("lrmoe_exec_frame", c_int, P, POINTER(Frame))
+# the executor behind its opaque handle (api.h): options by lrmoe-exec's names
+_sig("lrmoe_exec_new", c_void_p)
+_sig("lrmoe_exec_set", c_int, c_void_p, c_char_p, c_char_p)
+_sig("lrmoe_exec_run", c_int, c_void_p, POINTER(Frame))
+_sig("lrmoe_exec_free", None, c_void_p)
 
 VERSION = lib.lrmoe_version().decode()
 VERSION_NUMBER = lib.lrmoe_version_number()
@@ -271,10 +266,8 @@ _MIRRORS = {"lrmoe_tensor_t": Tensor, "lrmoe_frame_t": Frame, "lrmoe_wopts_t": W
             "lrmoe_exec_dims_t": ExecDims, "lrmoe_exec_cfg_t": ExecCfg,
             "lrmoe_exec_weights_t": ExecWeights, "lrmoe_exec_plan_t": ExecPlan,
             "lrmoe_exec_fwd_t": ExecFwd, "lrmoe_exec_bwd_t": ExecBwd,
-            "lrmoe_exec_frame_opts_t": ExecFrameOpts, "lrmoe_budget_model_t": BudgetModel,
+            "lrmoe_budget_model_t": BudgetModel,
             "lrmoe_budget_opts_t": BudgetOpts, "lrmoe_budget_t": Budget}
-# lrmoe_exec_ctx_t is only allocated here (its size), never read
-EXEC_CTX_SIZE = lib.lrmoe_abi_sizeof(b"lrmoe_exec_ctx_t")
 
 
 def check_mirror(name, struct):

@@ -329,31 +329,41 @@ def pack(keep: ArrayLike, topk_ids: ArrayLike, topk_weights: ArrayLike, grad_out
 
 
 class Exec:
-    """lrmoe-exec in-process (lrmoe_exec_frame): one phase over frames with
-    a weights stream, keeping the weights and the packed F32 copy of the
-    current layer between frames. run(frame) returns the tensors and exec.*
-    attributes the phase adds."""
+    """lrmoe-exec in-process (the opaque lrmoe_exec_t of api.h, options by
+    lrmoe-exec's long names): one phase over frames with a weights stream,
+    keeping the weights and the packed F32 copy of the current layer between
+    frames. run(frame) returns the tensors and exec.* attributes the phase
+    adds."""
 
     def __init__(self, weights: Any, phase: str = "forward", mode: str = "full", ranks: int = 0,
                  threads: int = 0, backend: str = "cpu", allow_nonfinite: bool = False) -> None:
         self.ctx = None
         if phase not in ("forward", "backward"):
             raise Error(f"exec: phase '{phase}': expected forward or backward")
-        o = _lib.ExecFrameOpts()
-        lib.lrmoe_exec_frame_opts_default(ctypes.byref(o))
         m, b = ctypes.c_int(), ctypes.c_int()
         check(lib.lrmoe_exec_mode_parse(cstr("mode", str(mode)), ctypes.byref(m)), "mode")
         check(lib.lrmoe_backend_parse(cstr("backend", str(backend)), ctypes.byref(b)),
               "backend")
-        # lrmoe-exec's ranges: --ranks 0..4096, --threads 0..1024
-        o.backward, o.mode = int(phase == "backward"), m.value
-        o.ranks = i32("ranks", ranks, 0, 4096)
-        o.cfg.backend, o.cfg.threads = b.value, i32("threads", threads, 0, 1024)
-        o.cfg.allow_nonfinite = int(bool(allow_nonfinite))
-        self._path = cstr("weights", weights)  # borrowed by the context
-        self.ctx = ctypes.create_string_buffer(_lib.EXEC_CTX_SIZE)
-        lib.lrmoe_exec_ctx_init(self.ctx, ctypes.byref(o))
-        lib.lrmoe_exec_ctx_weights_file(self.ctx, self._path)
+        # lrmoe-exec's ranges: --ranks 0..4096 (0: the plan's), --threads 0..1024
+        opts = [("weights", cstr("weights", weights)), ("phase", phase.encode()),
+                ("backend", str(backend).encode())]
+        if phase == "backward":  # the forward has no modes
+            opts.append(("mode", str(mode).encode()))
+        nranks = i32("ranks", ranks, 0, 4096)
+        if nranks:
+            opts.append(("ranks", str(nranks).encode()))
+        opts.append(("threads", str(i32("threads", threads, 0, 1024)).encode()))
+        if allow_nonfinite:
+            opts.append(("allow-nonfinite", None))
+        x = lib.lrmoe_exec_new()
+        if not x:
+            raise Error(_lib.errmsg())
+        self.ctx = x
+        for name, value in opts:
+            if lib.lrmoe_exec_set(x, name.encode(), value) < 0:
+                err = _lib.errmsg()
+                self.close()
+                raise Error(err)
 
     def run(self, frame: Mapping[str, Any], dtypes: Optional[Mapping[str, str]] = None
             ) -> Frame:
@@ -364,17 +374,17 @@ class Exec:
         given = dict(frame)
         cf = CFrame(Frame(given, getattr(frame, "attrs", {}),
                           {**getattr(frame, "dtypes", {}), **(dtypes or {})}))
-        check(lib.lrmoe_exec_frame(self.ctx, cf.ref))
+        check(lib.lrmoe_exec_run(self.ctx, cf.ref))
         before = set(getattr(frame, "attrs", {}))
         out = cf.to_frame(names={n for n in cf.names() if n not in given})
         out.attrs = {k: v for k, v in out.attrs.items() if k not in before or k.startswith("exec.")}
         return out
 
     def close(self) -> None:
-        """Free the context; run() raises Error from then on."""
+        """Free the handle; run() raises Error from then on."""
         if getattr(self, "ctx", None) is not None and lib is not None:
             ctx, self.ctx = self.ctx, None
-            lib.lrmoe_exec_ctx_free(ctx)
+            lib.lrmoe_exec_free(ctx)
 
     __del__ = close
 
