@@ -1292,10 +1292,107 @@ out:
     return rc;
 }
 
-int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
-                      const lrmoe_score_opts_t *o, lrmoe_score_stats_t *st)
+/* The score.* attributes of a selection and its stats (st may be NULL):
+ * pairs kept, the dropped share of the total score, the time, the
+ * fidelity (-1: not computed). */
+static int score_attrs(lrmoe_frame_t *f, const lrmoe_score_opts_t *o, const float *score,
+                       const uint8_t *keep, int64_t N, double tsel, double fid, int by_rank,
+                       lrmoe_score_stats_t *st)
 {
-    double t0 = lrmoe_now();
+    int64_t kept = 0;
+    double all = 0, dropped = 0;
+    for (int64_t u = 0; u < N; u++) {
+        all += score[u];
+        if (keep[u])
+            kept++;
+        else
+            dropped += score[u];
+    }
+    double retained = N ? (double)kept / (double)N : 1.0;
+    double share = all > 0 ? dropped / all : 0.0;
+    if (lrmoe_frame_set_attr(f, "score.metric",
+                             lrmoe_score_metric_name(o->metric)) < 0 ||
+        lrmoe_frame_set_attrf(f, "score.kept", "%lld", (long long)kept) < 0 ||
+        lrmoe_frame_set_attrf(f, "score.retained", "%.6f", retained) < 0 ||
+        lrmoe_frame_set_attrf(f, "score.dropped_share", "%.6g", share) < 0 ||
+        lrmoe_frame_set_attrf(f, "score.seconds", "%.6f", tsel) < 0 ||
+        (by_rank && lrmoe_frame_set_attr(f, "score.keep", "by-rank") < 0))
+        return -1;
+    if (o->drop_pct >= 0 &&
+        lrmoe_frame_set_attrf(f, "score.drop", "%g", o->drop_pct) < 0)
+        return -1;
+    if (o->fidelity &&
+        lrmoe_frame_set_attrf(f, "score.fidelity", "%.6g", fid) < 0)
+        return -1;
+    if (st) {
+        st->pairs = N;
+        st->kept = kept;
+        st->retained = retained;
+        st->dropped_share = share;
+        st->fidelity = fid;
+        st->seconds = tsel;
+    }
+    return 0;
+}
+
+/* --fidelity: the expert-wise dW_down errors (score_fidelity) and the
+ * overall one (*fid) of the selection keep against every pair, with the
+ * split attributes score.fidelity.* (fidelity_split_attrs). */
+static int fidelity_attrs(lrmoe_frame_t *f, int threads, int64_t T, int K, int E, int64_t D,
+                          const int32_t *ids, const uint8_t *keep, const float *g,
+                          const float *alpha, const float *pw, const float *pp, double *fid)
+{
+    lrmoe_tensor_t *ts_g = lrmoe_frame_need(f, "saved_gate");
+    lrmoe_tensor_t *ts_u = ts_g ? lrmoe_frame_need(f, "saved_up") : NULL;
+    if (!ts_u || lrmoe_tensor_check(ts_g, 3, (int64_t[]){T, K, -1}) < 0 ||
+        lrmoe_tensor_check(ts_u, 3, (int64_t[]){T, K, ts_g->shape[2]}) < 0)
+        return -1;
+    const int64_t F = ts_g->shape[2];
+    int rc = -1;
+    float *gate = NULL, *up = NULL, *ef = NULL;
+    double *err = malloc((size_t)(E ? E : 1) * sizeof *err);
+    if (!err) {
+        lrmoe_err("out of memory");
+        goto out;
+    }
+    if (!(gate = lrmoe_tensor_f32(ts_g)) || !(up = lrmoe_tensor_f32(ts_u)))
+        goto out;
+    lrmoe_blas_threads(threads); /* its F32 GEMMs: -@'s count, not one per core */
+    if (lrmoe_score_fidelity(T, K, E, D, F, ids, keep, g, alpha, gate, up, err, fid) < 0)
+        goto out;
+    if (!(ef = malloc((size_t)(E ? E : 1) * sizeof *ef))) {
+        lrmoe_err("out of memory");
+        goto out;
+    }
+    for (int e = 0; e < E; e++)
+        ef[e] = (float)err[e];
+    if (fidelity_split_attrs(f, T, K, E, D, F, ids, g, alpha, gate, up, keep, pw, pp) < 0)
+        goto out;
+    float *owned = ef;  /* adopt owns (and on failure frees) the buffer */
+    ef = NULL;
+    if (!lrmoe_frame_adopt(f, "score_fidelity", LRMOE_F32, 1, (int64_t[]){E}, owned))
+        goto out;
+    rc = 0;
+out:
+    free(err);
+    free(gate);
+    free(up);
+    free(ef);
+    return rc;
+}
+
+/* The tensors lrmoe_score_frame reads, checked: their shapes agree, and
+ * what the metric, the selection and the plan's keep rule need is there. */
+typedef struct {
+    lrmoe_tensor_t *tid, *tw, *tg, *tphi, *tq;
+    lrmoe_tensor_t *tba, *tpr;  /* plan.keep=by-rank: bwd_alloc, pair_rank */
+    int64_t T, N, D;
+    int K, E;                   /* E 0: from the ids */
+} score_in_t;
+
+static int score_inputs(lrmoe_frame_t *f, const lrmoe_score_opts_t *o, score_in_t *in)
+{
+    *in = (score_in_t){0};
     lrmoe_tensor_t *tid = lrmoe_frame_need(f, "topk_ids");
     if (!tid)
         return -1;
@@ -1305,10 +1402,8 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
     int K;
     if (lrmoe_tensor_dim_int(tid, 1, &K) < 0)
         return -1;
-    int64_t N = T * K;
     if ((unsigned)o->select >= LRMOE_NKEEP_RULES)
         return lrmoe_err("unknown selection %d", (int)o->select);
-    const int sample = o->select == LRMOE_KEEP_SAMPLE;
     int need_alpha = o->metric == LRMOE_METRIC_LRM || o->fidelity;
     int need_g = (o->metric != LRMOE_METRIC_RANDOM && o->metric != LRMOE_METRIC_UNIFORM) ||
                  o->fidelity;
@@ -1358,9 +1453,27 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
             E = (int)t->shape[0];
     }
 
+    *in = (score_in_t){tid, tw, tg, tphi, tq, tba, tpr, T, T * K, D, K, E};
+    return 0;
+}
+
+int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
+                      const lrmoe_score_opts_t *o, lrmoe_score_stats_t *st)
+{
+    double t0 = lrmoe_now();
+    score_in_t in;
+    if (score_inputs(f, o, &in) < 0)
+        return -1;
+    const int64_t T = in.T, N = in.N, D = in.D;
+    const int K = in.K;
+    int E = in.E;
+    const int sample = o->select == LRMOE_KEEP_SAMPLE;
+    lrmoe_tensor_t *tid = in.tid, *tw = in.tw, *tg = in.tg, *tphi = in.tphi, *tq = in.tq;
+    lrmoe_tensor_t *tba = in.tba, *tpr = in.tpr;
+
     int rc = -1;
     int32_t *ids = NULL;
-    float *alpha = NULL, *g = NULL, *phi = NULL, *gate = NULL, *up = NULL;
+    float *alpha = NULL, *g = NULL, *phi = NULL;
     float *score = malloc((size_t)(N ? N : 1) * sizeof *score);
     uint8_t *keep = malloc((size_t)(N ? N : 1));
     float *pw = sample ? malloc((size_t)(N ? N : 1) * sizeof *pw) : NULL;
@@ -1368,7 +1481,6 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
     float *pp = sample && o->fidelity ? malloc((size_t)(N ? N : 1) * sizeof *pp) : NULL;
     int64_t *quota = NULL, *load = NULL, *qout = NULL, *ba = NULL;
     int32_t *prank = NULL;
-    double *err = NULL;
     if (!score || !keep || (sample && !pw) || (sample && o->fidelity && !pp)) {
         lrmoe_err("out of memory");
         goto out;
@@ -1421,49 +1533,10 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
         goto out;
     double tsel = lrmoe_now() - t0;
 
-    int64_t kept = 0;
-    double all = 0, dropped = 0;
-    for (int64_t u = 0; u < N; u++) {
-        all += score[u];
-        if (keep[u])
-            kept++;
-        else
-            dropped += score[u];
-    }
     double fid = -1;
-    if (o->fidelity) {
-        lrmoe_tensor_t *ts_g = lrmoe_frame_need(f, "saved_gate");
-        lrmoe_tensor_t *ts_u = ts_g ? lrmoe_frame_need(f, "saved_up") : NULL;
-        if (!ts_u || lrmoe_tensor_check(ts_g, 3, (int64_t[]){T, K, -1}) < 0 ||
-            lrmoe_tensor_check(ts_u, 3, (int64_t[]){T, K, ts_g->shape[2]}) < 0)
-            goto out;
-        int64_t F = ts_g->shape[2];
-        err = malloc((size_t)(E ? E : 1) * sizeof *err);
-        if (!err) {
-            lrmoe_err("out of memory");
-            goto out;
-        }
-        if (!(gate = lrmoe_tensor_f32(ts_g)) || !(up = lrmoe_tensor_f32(ts_u)))
-            goto out;
-        lrmoe_blas_threads(o->threads); /* its F32 GEMMs: -@'s count, not one per core */
-        if (lrmoe_score_fidelity(T, K, E, D, F, ids, keep, g, alpha, gate, up,
-                                 err, &fid) < 0)
-            goto out;
-        float *ef = malloc((size_t)(E ? E : 1) * sizeof *ef);
-        if (!ef) {
-            lrmoe_err("out of memory");
-            goto out;
-        }
-        for (int e = 0; e < E; e++)
-            ef[e] = (float)err[e];
-        if (fidelity_split_attrs(f, T, K, E, D, F, ids, g, alpha, gate, up, keep, pw, pp) < 0) {
-            free(ef);
-            goto out;
-        }
-        if (!lrmoe_frame_adopt(f, "score_fidelity", LRMOE_F32, 1,
-                               (int64_t[]){E}, ef))
-            goto out;
-    }
+    if (o->fidelity && fidelity_attrs(f, o->threads, T, K, E, D, ids, keep, g, alpha, pw, pp,
+                                      &fid) < 0)
+        goto out;
 
     /* adopt owns (and on failure frees) the buffer it is given */
     float *sc = score;
@@ -1489,38 +1562,14 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
         if (!lrmoe_frame_adopt(f, "quota", LRMOE_I64, 1, (int64_t[]){E}, qo))
             goto out;
     }
-    double retained = N ? (double)kept / (double)N : 1.0;
-    double share = all > 0 ? dropped / all : 0.0;
-    if (lrmoe_frame_set_attr(f, "score.metric",
-                             lrmoe_score_metric_name(o->metric)) < 0 ||
-        lrmoe_frame_set_attrf(f, "score.kept", "%lld", (long long)kept) < 0 ||
-        lrmoe_frame_set_attrf(f, "score.retained", "%.6f", retained) < 0 ||
-        lrmoe_frame_set_attrf(f, "score.dropped_share", "%.6g", share) < 0 ||
-        lrmoe_frame_set_attrf(f, "score.seconds", "%.6f", tsel) < 0 ||
-        (tba && lrmoe_frame_set_attr(f, "score.keep", "by-rank") < 0))
+    if (score_attrs(f, o, sc, kp, N, tsel, fid, tba != NULL, st) < 0)
         goto out;
-    if (o->drop_pct >= 0 &&
-        lrmoe_frame_set_attrf(f, "score.drop", "%g", o->drop_pct) < 0)
-        goto out;
-    if (o->fidelity &&
-        lrmoe_frame_set_attrf(f, "score.fidelity", "%.6g", fid) < 0)
-        goto out;
-    if (st) {
-        st->pairs = N;
-        st->kept = kept;
-        st->retained = retained;
-        st->dropped_share = share;
-        st->fidelity = fid;
-        st->seconds = tsel;
-    }
     rc = 0;
 out:
     free(ids);
     free(alpha);
     free(g);
     free(phi);
-    free(gate);
-    free(up);
     free(score);
     free(keep);
     free(pw);
@@ -1530,6 +1579,5 @@ out:
     free(qout);
     free(ba);
     free(prank);
-    free(err);
     return rc;
 }
