@@ -1016,6 +1016,27 @@ static void glpk_thread_note(void)
     glpk_noted = 1;
 }
 
+/* Solve the loaded MIP to proven optimality within tm_lim seconds: 0, or
+ * -1 naming why not (time limit, infeasible, GLPK's failure). */
+static int glpk_optimise(glp_prob *lp, double tm_lim)
+{
+    glp_iocp parm;
+    glp_init_iocp(&parm);
+    parm.presolve = GLP_ON;
+    parm.msg_lev = GLP_MSG_OFF;
+    double ms = tm_lim * 1000.0;
+    parm.tm_lim = ms > 2e9 ? 2000000000 : (int)ms;
+    int ret = glp_intopt(lp, &parm);
+    int st = glp_mip_status(lp);
+    if (ret == GLP_ETMLIM || (ret == 0 && st == GLP_FEAS))
+        return lrmoe_err("GLPK: time limit %.3g s reached before proving optimality", tm_lim);
+    if (ret == GLP_ENOPFS || ret == GLP_ENODFS || st == GLP_NOFEAS)
+        return lrmoe_err("GLPK: allocation problem has no feasible solution");
+    if (ret != 0 || st != GLP_OPT)
+        return lrmoe_err("GLPK: glp_intopt failed (return %d, status %d)", ret, st);
+    return 0;
+}
+
 /* Shared model: columns x_ep for eligible (e,p) with n[e] > 0, then T.
  * Experts: fixed row sum need[e] (lo == NULL) or lo[e] <= K_e <= n[e] with
  * sum K_e = total. Objective: T, minus (quota mode, pref given) a tie-break
@@ -1132,26 +1153,8 @@ static int64_t glpk_solve(const uint8_t *pl, const int64_t *lo, const int64_t *n
             goto out;
     }
     glp_load_matrix(lp, tr.nnz, tr.ia, tr.ja, tr.ar);
-    glp_iocp parm;
-    glp_init_iocp(&parm);
-    parm.presolve = GLP_ON;
-    parm.msg_lev = GLP_MSG_OFF;
-    double ms = tm_lim * 1000.0;
-    parm.tm_lim = ms > 2e9 ? 2000000000 : (int)ms;
-    int ret = glp_intopt(lp, &parm);
-    int st = glp_mip_status(lp);
-    if (ret == GLP_ETMLIM || (ret == 0 && st == GLP_FEAS)) {
-        lrmoe_err("GLPK: time limit %.3g s reached before proving optimality", tm_lim);
+    if (glpk_optimise(lp, tm_lim) < 0)
         goto out;
-    }
-    if (ret == GLP_ENOPFS || ret == GLP_ENODFS || st == GLP_NOFEAS) {
-        lrmoe_err("GLPK: allocation problem has no feasible solution");
-        goto out;
-    }
-    if (ret != 0 || st != GLP_OPT) {
-        lrmoe_err("GLPK: glp_intopt failed (return %d, status %d)", ret, st);
-        goto out;
-    }
     memset(x, 0, (size_t)E * P * sizeof *x);
     if (K)
         memset(K, 0, (size_t)E * sizeof *K);
