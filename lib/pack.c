@@ -432,6 +432,87 @@ int lrmoe_pack_frame(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o)
     return lrmoe_pack_frame_x(f, o, 0);
 }
 
+/* E and P of a pack from the plan's bwd_alloc and placement (which must
+ * agree), else --ranks, else the exec.ranks the forward recorded; E stays 0
+ * when no plan tensor says it. */
+static int pack_ranks(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o, lrmoe_tensor_t *tba,
+                      lrmoe_tensor_t *tpl, int *Ep, int *Pp)
+{
+    int E = 0, P = 0;
+    if (tba) {
+        if (lrmoe_tensor_check(tba, 2, (int64_t[]){-1, -1}) < 0)
+            return -1;
+        E = (int)tba->shape[0];
+        P = (int)tba->shape[1];
+    }
+    if (tpl) {
+        if (lrmoe_tensor_check(tpl, 2, (int64_t[]){E ? E : -1, P ? P : -1}) < 0)
+            return -1;
+        E = (int)tpl->shape[0];
+        P = (int)tpl->shape[1];
+    }
+    if (!P)
+        P = o->P;
+    int64_t xr = 0;
+    if (!P && lrmoe_frame_attr_i64(f, "exec.ranks", &xr) == 1 && xr > 0 && xr <= 1 << 20)
+        P = (int)xr; /* the ranks the forward ran on (lrmoe-exec records them) */
+    if (!P)
+        return lrmoe_err("cannot tell the number of ranks: no bwd_alloc or "
+                         "placement tensor and no exec.ranks attribute (give --ranks)");
+    if (o->P && o->P != P)
+        return lrmoe_err("--ranks %d disagrees with the plan's %d ranks", o->P, P);
+    *Ep = E;
+    *Pp = P;
+    return 0;
+}
+
+/* The layout a pack realised into f: pack_pair, pack_rank (R), pack_counts
+ * and pack_offsets (P,E), adopted from pl (whose pointers are cleared:
+ * the frame owns them). */
+static int adopt_layout(lrmoe_frame_t *f, lrmoe_pack_plan_t *pl, int P, int E)
+{
+    struct { const char *name; lrmoe_dtype_t dt; int nd; void **d; } t[4] = {
+        {"pack_pair", LRMOE_I64, 1, (void **)&pl->pair},
+        {"pack_rank", LRMOE_I32, 1, (void **)&pl->rank},
+        {"pack_counts", LRMOE_I64, 2, (void **)&pl->counts},
+        {"pack_offsets", LRMOE_I64, 2, (void **)&pl->offsets}};
+    for (int i = 0; i < 4; i++) {
+        void *d = *t[i].d;
+        *t[i].d = NULL;
+        int64_t shape[2] = {t[i].nd == 1 ? pl->R : P, E};
+        if (!lrmoe_frame_adopt(f, t[i].name, t[i].dt, t[i].nd, shape, d))
+            return -1;
+    }
+    return 0;
+}
+
+/* The pack.* attributes: rows, moved state, ranks, rows per rank, the
+ * allocation ("plan" or "forward"), the form and the time since t0. */
+static int pack_attrs(lrmoe_frame_t *f, const lrmoe_pack_plan_t *pl, int P, int E,
+                      const char *alloc_name, int layout_only, double t0)
+{
+    const int64_t *cnt = lrmoe_frame_get(f, "pack_counts")->data;
+    char buf[4096];
+    size_t n = 0;
+    buf[0] = 0;
+    for (int p = 0; p < P && n + 24 < sizeof buf; p++) {
+        int64_t s = 0;
+        for (int e = 0; e < E; e++)
+            s += cnt[(int64_t)p * E + e];
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%lld",
+                              p ? "," : "", (long long)s);
+    }
+    if (lrmoe_frame_set_attrf(f, "pack.rows", "%lld", (long long)pl->R) < 0 ||
+        lrmoe_frame_set_attrf(f, "pack.moved", "%lld", (long long)pl->moved) < 0 ||
+        lrmoe_frame_set_attrf(f, "pack.ranks", "%d", P) < 0 ||
+        lrmoe_frame_set_attr(f, "pack.rank_rows", buf) < 0 ||
+        lrmoe_frame_set_attr(f, "pack.alloc", alloc_name) < 0 ||
+        lrmoe_frame_set_attr(f, "pack.form", layout_only ? "layout" : "rows") < 0 ||
+        lrmoe_frame_set_attrf(f, "pack.seconds", "%.6f", lrmoe_now() - t0) < 0)
+        return -1;
+    return 0;
+}
+
 int lrmoe_pack_frame_x(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o, unsigned flags)
 {
     const int layout_only = (flags & LRMOE_PACK_LAYOUT_ONLY) != 0;
@@ -475,28 +556,8 @@ int lrmoe_pack_frame_x(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o, unsigned fl
         return lrmoe_err("missing tensor bwd_alloc (run lrmoe-plan first, or "
                          "give --alloc forward)");
     int E = 0, P = 0;
-    if (tba) {
-        if (lrmoe_tensor_check(tba, 2, (int64_t[]){-1, -1}) < 0)
-            return -1;
-        E = (int)tba->shape[0];
-        P = (int)tba->shape[1];
-    }
-    if (tpl) {
-        if (lrmoe_tensor_check(tpl, 2, (int64_t[]){E ? E : -1, P ? P : -1}) < 0)
-            return -1;
-        E = (int)tpl->shape[0];
-        P = (int)tpl->shape[1];
-    }
-    if (!P)
-        P = o->P;
-    int64_t xr = 0;
-    if (!P && lrmoe_frame_attr_i64(f, "exec.ranks", &xr) == 1 && xr > 0 && xr <= 1 << 20)
-        P = (int)xr; /* the ranks the forward ran on (lrmoe-exec records them) */
-    if (!P)
-        return lrmoe_err("cannot tell the number of ranks: no bwd_alloc or "
-                         "placement tensor and no exec.ranks attribute (give --ranks)");
-    if (o->P && o->P != P)
-        return lrmoe_err("--ranks %d disagrees with the plan's %d ranks", o->P, P);
+    if (pack_ranks(f, o, tba, tpl, &E, &P) < 0)
+        return -1;
     if (tq) {
         if (lrmoe_tensor_check(tq, 1, (int64_t[]){E ? E : -1}) < 0)
             return -1;
@@ -554,34 +615,8 @@ int lrmoe_pack_frame_x(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o, unsigned fl
                put_all_rows(f, &pl, alpha, o->threads) < 0) {
         goto out;
     }
-    {
-        void *d = pl.pair;
-        pl.pair = NULL;
-        if (!lrmoe_frame_adopt(f, "pack_pair", LRMOE_I64, 1, (int64_t[]){pl.R},
-                           d))
-            goto out;
-    }
-    {
-        void *d = pl.rank;
-        pl.rank = NULL;
-        if (!lrmoe_frame_adopt(f, "pack_rank", LRMOE_I32, 1, (int64_t[]){pl.R},
-                           d))
-            goto out;
-    }
-    {
-        void *d = pl.counts;
-        pl.counts = NULL;
-        if (!lrmoe_frame_adopt(f, "pack_counts", LRMOE_I64, 2, (int64_t[]){P, E},
-                           d))
-            goto out;
-    }
-    {
-        void *d = pl.offsets;
-        pl.offsets = NULL;
-        if (!lrmoe_frame_adopt(f, "pack_offsets", LRMOE_I64, 2, (int64_t[]){P, E},
-                           d))
-            goto out;
-    }
+    if (adopt_layout(f, &pl, P, E) < 0)
+        goto out;
     if (had_alloc && !alloc) {
         /* forward allocation over a plan: record what was realised so the
          * plan's bwd_alloc keeps summing to the (new) quotas */
@@ -599,27 +634,8 @@ int lrmoe_pack_frame_x(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o, unsigned fl
         lrmoe_frame_del(f, "saved_gate");
         lrmoe_frame_del(f, "saved_up");
     }
-    {
-        const int64_t *cnt = lrmoe_frame_get(f, "pack_counts")->data;
-        char buf[4096];
-        size_t n = 0;
-        buf[0] = 0;
-        for (int p = 0; p < P && n + 24 < sizeof buf; p++) {
-            int64_t s = 0;
-            for (int e = 0; e < E; e++)
-                s += cnt[(int64_t)p * E + e];
-            n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%lld",
-                                  p ? "," : "", (long long)s);
-        }
-        if (lrmoe_frame_set_attrf(f, "pack.rows", "%lld", (long long)pl.R) < 0 ||
-            lrmoe_frame_set_attrf(f, "pack.moved", "%lld", (long long)pl.moved) < 0 ||
-            lrmoe_frame_set_attrf(f, "pack.ranks", "%d", P) < 0 ||
-            lrmoe_frame_set_attr(f, "pack.rank_rows", buf) < 0 ||
-            lrmoe_frame_set_attr(f, "pack.alloc", alloc ? "plan" : "forward") < 0 ||
-            lrmoe_frame_set_attr(f, "pack.form", layout_only ? "layout" : "rows") < 0 ||
-            lrmoe_frame_set_attrf(f, "pack.seconds", "%.6f", lrmoe_now() - t0) < 0)
-            goto out;
-    }
+    if (pack_attrs(f, &pl, P, E, alloc ? "plan" : "forward", layout_only, t0) < 0)
+        goto out;
     rc = 0;
 out:
     lrmoe_pack_plan_free(&pl);
