@@ -29,6 +29,40 @@ static int native_rank(int e, int E, int P)
     return r;
 }
 
+/* The plan's backward rows per (expert, rank) into rem, checked: none
+ * negative, none on a rank without an instance of the expert, and each
+ * expert's rows summing to its kept pairs. */
+static int plan_rows(const lrmoe_pack_in_t *in, const int64_t *kept, int64_t *rem)
+{
+    const int E = in->E, P = in->P;
+    for (int e = 0; e < E; e++) {
+        int64_t s = 0;
+        for (int p = 0; p < P; p++) {
+            int64_t a = in->bwd_alloc[(int64_t)e * P + p];
+            if (a < 0) {
+                lrmoe_err("bwd_alloc: expert %d rank %d is negative (%lld)",
+                          e, p, (long long)a);
+                return -1;
+            }
+            if (a > 0 && in->placement && !in->placement[(int64_t)e * P + p]) {
+                lrmoe_err("bwd_alloc: expert %d has %lld rows on rank %d, "
+                          "which holds no instance of it", e, (long long)a, p);
+                return -1;
+            }
+            s += a;
+            rem[(int64_t)e * P + p] = a;
+        }
+        if (s != kept[e]) {
+            lrmoe_err("bwd_alloc: expert %d allocates %lld rows but %lld "
+                      "pairs are kept (the keep mask is not the plan's quotas, as after "
+                      "lrmoe-score --drop: pack with --alloc forward)", e, (long long)s,
+                      (long long)kept[e]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int lrmoe_pack_assign(const lrmoe_pack_in_t *in, lrmoe_pack_plan_t *out)
 {
     memset(out, 0, sizeof *out);
@@ -85,31 +119,8 @@ int lrmoe_pack_assign(const lrmoe_pack_in_t *in, lrmoe_pack_plan_t *out)
                 goto out;
             }
     if (in->bwd_alloc) {
-        for (int e = 0; e < E; e++) {
-            int64_t s = 0;
-            for (int p = 0; p < P; p++) {
-                int64_t a = in->bwd_alloc[(int64_t)e * P + p];
-                if (a < 0) {
-                    lrmoe_err("bwd_alloc: expert %d rank %d is negative (%lld)",
-                              e, p, (long long)a);
-                    goto out;
-                }
-                if (a > 0 && in->placement && !in->placement[(int64_t)e * P + p]) {
-                    lrmoe_err("bwd_alloc: expert %d has %lld rows on rank %d, "
-                              "which holds no instance of it", e, (long long)a, p);
-                    goto out;
-                }
-                s += a;
-                rem[(int64_t)e * P + p] = a;
-            }
-            if (s != kept[e]) {
-                lrmoe_err("bwd_alloc: expert %d allocates %lld rows but %lld "
-                          "pairs are kept (the keep mask is not the plan's quotas, as after "
-                          "lrmoe-score --drop: pack with --alloc forward)", e, (long long)s,
-                          (long long)kept[e]);
-                goto out;
-            }
-        }
+        if (plan_rows(in, kept, rem) < 0)
+            goto out;
     } else if (in->placement) {
         for (int64_t u = 0; u < N; u++)
             if (in->keep[u] &&
