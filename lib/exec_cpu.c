@@ -1173,17 +1173,11 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
     return 0;
 }
 
-int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
-                            lrmoe_exec_bwd_t *a, double *timings)
+/* The backward's arguments for its mode: the arrays it reads and writes,
+ * the compact forms' all-or-none row arrays, expert ids in range. */
+static int bwd_check_args(const lrmoe_exec_dims_t *d, const lrmoe_exec_bwd_t *a)
 {
-    if (check_common(d, w) < 0 || act_ok(a->act_dtype, "saved state") < 0 ||
-        act_ok(a->grad_dtype, "grad_output") < 0)
-        return -1;
-    const int64_t T = d->T, K = d->K, E = d->E, D = d->D, F = d->F;
-    const int P = d->P;
-    const lrmoe_dtype_t adt = a->act_dtype;
-    const size_t as = lrmoe_dtype_size(adt);
+    const int64_t T = d->T, K = d->K, E = d->E;
     const int compact = a->mode == LRMOE_MODE_COMPACT;
     if (!a->topk_ids || !a->topk_weights || !a->grad_output || !a->pair_out ||
         !a->grad_hidden || !a->grad_w_gate || !a->grad_w_up || !a->grad_w_down ||
@@ -1208,6 +1202,97 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
             return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
                              (long long)(u / K), (long long)(u % K), a->topk_ids[u],
                              (long long)E);
+    return 0;
+}
+
+/* gradient reduction: helpers send their weight gradients to the owner,
+ * which adds them in ascending helper rank (with one rank per process,
+ * each process takes the sends and receives that are its own) */
+static int reduce_helper_grads(lrmoe_comm_t *comm, const layout_t *L, lrmoe_exec_bwd_t *a,
+                               float **rgrad, int64_t E, int P, size_t FD, double *tim)
+{
+    float *recvb = NULL;
+    for (int64_t e = 0; e < E; e++) {
+        int nat = lrmoe_exec_native(e, E, P);
+        for (int p = 0; p < P; p++) {
+            float *g = rgrad[p * E + e];
+            if (!L->cnt[p * E + e] || nat == p) continue; /* no helper gradient */
+            if (!lrmoe_comm_local(comm, p) && !lrmoe_comm_local(comm, nat)) continue;
+            if (!recvb && !(recvb = malloc(3 * FD * sizeof(float)))) {
+                lrmoe_err("exec: out of memory"); return -1;
+            }
+            double t0 = now_();
+            if (comm->p2p(comm, p, g, nat, recvb, 3 * FD * sizeof(float)) < 0) {
+                free(recvb); return -1;
+            }
+            double t1 = now_();
+            float *og = a->grad_w_gate + e * FD, *ou = a->grad_w_up + e * FD,
+                  *od = a->grad_w_down + e * FD;
+            if (lrmoe_comm_local(comm, nat))
+                for (size_t j = 0; j < FD; j++) {
+                    og[j] += recvb[j]; ou[j] += recvb[FD + j]; od[j] += recvb[2 * FD + j];
+                }
+            double t2 = now_();
+            if (lrmoe_comm_local(comm, p)) TIM(p, LRMOE_STAGE_GRADRED) += t1 - t0;
+            if (lrmoe_comm_local(comm, nat)) TIM(nat, LRMOE_STAGE_GRADRED) += t2 - t0;
+            free(g);
+            rgrad[p * E + e] = NULL;
+        }
+    }
+    free(recvb);
+    return 0;
+}
+
+/* combine, after the dx rows are back at their token owners (urow):
+ * grad_hidden_t = sum_k dx_tk (ascending k), and the router gradient
+ * g_t . y_u over all pairs, each rank its share of the tokens */
+static int combine_grads(const lrmoe_comm_t *comm, lrmoe_exec_bwd_t *a, const char **urow,
+                         float *tmp, const lrmoe_exec_dims_t *d, double *tim)
+{
+    const int64_t T = d->T, K = d->K, D = d->D;
+    const int P = d->P;
+    const lrmoe_dtype_t adt = a->act_dtype;
+    const size_t as = lrmoe_dtype_size(adt), rowf = (size_t)D * sizeof(float);
+    size_t gs = lrmoe_dtype_size(a->grad_dtype);
+    float *yrow = malloc((size_t)K * rowf);
+    if (!yrow) return lrmoe_err("exec: out of memory");
+    for (int s = 0; s < P; s++) {
+        if (!lrmoe_comm_local(comm, s)) continue;
+        double t0 = now_();
+        int64_t t_lo = (int64_t)s * T / P, t_hi = (int64_t)(s + 1) * T / P;
+        for (int64_t t = t_lo; t < t_hi; t++) {
+            float *gh = a->grad_hidden + t * D;
+            memset(gh, 0, rowf);
+            lrmoe_convert_to_f32(a->grad_dtype, (const char *)a->grad_output + (size_t)(t * D) * gs,
+                                 tmp, (size_t)D);
+            for (int64_t k = 0; k < K; k++) {
+                int64_t u = t * K + k;
+                if (urow[u]) {
+                    const float *src = (const float *)urow[u];
+                    for (int64_t j = 0; j < D; j++) gh[j] += src[j];
+                }
+                lrmoe_convert_to_f32(adt, (const char *)a->pair_out + (size_t)(u * D) * as,
+                                     yrow + k * D, (size_t)D);
+            }
+            dots_f64(tmp, yrow, K, D, a->grad_topk_weights + t * K);
+        }
+        TIM(s, LRMOE_STAGE_COMBINE) += now_() - t0;
+    }
+    free(yrow);
+    return 0;
+}
+
+int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                            lrmoe_exec_bwd_t *a, double *timings)
+{
+    if (check_common(d, w) < 0 || act_ok(a->act_dtype, "saved state") < 0 ||
+        act_ok(a->grad_dtype, "grad_output") < 0)
+        return -1;
+    const int64_t T = d->T, K = d->K, E = d->E, D = d->D, F = d->F;
+    const int P = d->P;
+    const int compact = a->mode == LRMOE_MODE_COMPACT;
+    if (bwd_check_args(d, a) < 0) return -1;
     if (lrmoe_exec_check_bwd_inputs(cfg, d, a) < 0) return -1;
     const uint8_t *placement = plan ? plan->placement : NULL;
     blas_threads(cfg);
@@ -1292,72 +1377,13 @@ int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t
     if (lrmoe_gemm_resolve((lrmoe_compute_t)cfg->compute, w->dtype, &J.compute) < 0) goto out;
     if (run_ranks(&J, bwd_rank, cfg->rank_threads) < 0) goto out;
 
-    /* gradient reduction: helpers send their weight gradients to the owner,
-     * which adds them in ascending helper rank (with one rank per process,
-     * each process takes the sends and receives that are its own) */
-    {
-        float *recvb = NULL;
-        for (int64_t e = 0; e < E; e++) {
-            int nat = lrmoe_exec_native(e, E, P);
-            for (int p = 0; p < P; p++) {
-                float *g = rgrad[p * E + e];
-                if (!L.cnt[p * E + e] || nat == p) continue; /* no helper gradient */
-                if (!lrmoe_comm_local(&comm, p) && !lrmoe_comm_local(&comm, nat)) continue;
-                if (!recvb && !(recvb = malloc(3 * FD * sizeof(float)))) {
-                    lrmoe_err("exec: out of memory"); goto out;
-                }
-                double t0 = now_();
-                if (comm.p2p(&comm, p, g, nat, recvb, 3 * FD * sizeof(float)) < 0) {
-                    free(recvb); goto out;
-                }
-                double t1 = now_();
-                float *og = a->grad_w_gate + e * FD, *ou = a->grad_w_up + e * FD,
-                      *od = a->grad_w_down + e * FD;
-                if (lrmoe_comm_local(&comm, nat))
-                    for (size_t j = 0; j < FD; j++) {
-                        og[j] += recvb[j]; ou[j] += recvb[FD + j]; od[j] += recvb[2 * FD + j];
-                    }
-                double t2 = now_();
-                if (lrmoe_comm_local(&comm, p)) TIM(p, LRMOE_STAGE_GRADRED) += t1 - t0;
-                if (lrmoe_comm_local(&comm, nat)) TIM(nat, LRMOE_STAGE_GRADRED) += t2 - t0;
-                free(g);
-                rgrad[p * E + e] = NULL;
-            }
-        }
-        free(recvb);
-    }
+    /* gradient reduction: helpers' weight gradients to the owners */
+    if (reduce_helper_grads(&comm, &L, a, rgrad, E, P, FD, tim) < 0) goto out;
 
     /* combine: dx rows back to the token owners; grad_hidden_t = sum_k dx_tk
      * (ascending k); router gradient g_t . y_u over all pairs */
     if (exchange_rev(&comm, &L, LRMOE_F32, D, DY, LRMOE_F32, bufB, bufA, urow, tim) < 0) goto out;
-    {
-        size_t gs = lrmoe_dtype_size(a->grad_dtype);
-        float *yrow = malloc((size_t)K * rowf);
-        if (!yrow) { lrmoe_err("exec: out of memory"); goto out; }
-        for (int s = 0; s < P; s++) {
-            if (!lrmoe_comm_local(&comm, s)) continue;
-            double t0 = now_();
-            int64_t t_lo = (int64_t)s * T / P, t_hi = (int64_t)(s + 1) * T / P;
-            for (int64_t t = t_lo; t < t_hi; t++) {
-                float *gh = a->grad_hidden + t * D;
-                memset(gh, 0, rowf);
-                lrmoe_convert_to_f32(a->grad_dtype, (const char *)a->grad_output + (size_t)(t * D) * gs,
-                                     tmp, (size_t)D);
-                for (int64_t k = 0; k < K; k++) {
-                    int64_t u = t * K + k;
-                    if (urow[u]) {
-                        const float *src = (const float *)urow[u];
-                        for (int64_t j = 0; j < D; j++) gh[j] += src[j];
-                    }
-                    lrmoe_convert_to_f32(adt, (const char *)a->pair_out + (size_t)(u * D) * as,
-                                         yrow + k * D, (size_t)D);
-                }
-                dots_f64(tmp, yrow, K, D, a->grad_topk_weights + t * K);
-            }
-            TIM(s, LRMOE_STAGE_COMBINE) += now_() - t0;
-        }
-        free(yrow);
-    }
+    if (combine_grads(&comm, a, urow, tmp, d, tim) < 0) goto out;
     rc = 0;
 out:
     if (rgrad) for (int64_t j = 0; j < P * E; j++) free(rgrad[j]);
