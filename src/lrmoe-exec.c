@@ -7,6 +7,7 @@
 #include "gemm_cpu.h"
 #include "exec_mpi.h"
 #include "lrmoe.h"
+#include "tools.h"
 
 static void usage(FILE *fp)
 {
@@ -97,36 +98,13 @@ enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_NONFINITE,
        OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS, OPT_REPEAT, OPT_WARMUP,
        OPT_COMPUTE, OPT_LAUNCHER, OPT_PER_RANK, OPT_TIMEOUT };
 
-/* --per-rank: lrmoe_filter_run's frame loop, but an output gets its trailer
- * only once every rank has agreed that the job is complete
- * (lrmoe_exec_mpi_end): a rank whose input ends early would otherwise close a
- * clean-looking stream of a job that fails. */
-static int shard_run(lrmoe_exec_mpi_t *m, ctx_t *c, const char *in, const char *out,
-                     const lrmoe_wopts_t *wo)
+/* --per-rank: an output gets its trailer only once every rank has agreed
+ * that the job is complete (lrmoe_exec_mpi_end, the filter's end hook): a
+ * rank whose input ends early would otherwise close a clean-looking stream
+ * of a job that fails. */
+static int shard_end(void *vctx)
 {
-    lrmoe_reader_t *r = lrmoe_reader_open(in);
-    if (!r) return -1;
-    lrmoe_writer_t *w = lrmoe_writer_open(out, wo);
-    if (!w) { lrmoe_reader_close(r); return -1; }
-    lrmoe_frame_t f;
-    lrmoe_frame_init(&f);
-    int64_t n = 0;
-    int rc;
-    while ((rc = lrmoe_reader_next(r, &f)) == 1) {
-        if (on_frame(&f, n, c) < 0) {
-            lrmoe_err_prefix("frame %lld", (long long)n);
-            rc = -1;
-            break;
-        }
-        if (lrmoe_writer_write(w, &f) < 0) { rc = -1; break; }
-        n++;
-    }
-    if (rc == 0 && lrmoe_exec_mpi_end(m) < 0) rc = -1;
-    if (rc < 0) lrmoe_writer_abort(w);
-    else if (lrmoe_writer_close(w) < 0) rc = -1;
-    lrmoe_frame_clear(&f);
-    lrmoe_reader_close(r);
-    return rc;
+    return lrmoe_exec_mpi_end(((ctx_t *)vctx)->x.mpi);
 }
 
 /* Under MPI: ranks > 0 serve rank 0's jobs; rank 0 runs the filter. An
@@ -137,7 +115,8 @@ static int run_mpi(lrmoe_exec_mpi_t *m, ctx_t *c, const lrmoe_exec_frame_opts_t 
 {
     if (m->shard) { /* every rank runs the filter on its own streams */
         c->x.mpi = m;
-        int bad = shard_run(m, c, in, out, w) < 0;
+        lrmoe_filter_hooks_t h = {.frame = on_frame, .end = shard_end, .ctx = c};
+        int bad = lrmoe_filter_run_hooks(in, out, w, &h) < 0;
         if (bad && !m->agreed) { /* this rank alone: the others wait in a collective */
             fprintf(stderr, "lrmoe-exec: rank %d: %s\n", m->rank, lrmoe_errmsg());
             lrmoe_comm_mpi_abort(&m->comm, 1);

@@ -7,8 +7,9 @@
 #include "blas.h"
 #include "lrmoe.h"
 #include "route_frame.h"
+#include "tools.h"
 
-#define HOT 3 /* hottest experts in the stats TSV */
+#define HOT 3 /* hottest experts in the stats TSV (hot1..hot3 in its header) */
 
 static void usage(FILE *fp)
 {
@@ -212,30 +213,16 @@ int main(int argc, char **argv)
         }
         c.o.weights = &c.w;
     }
-    if (stats_path) {
-        if (!(c.stats = lrmoe_stats_open(stats_path, io.out))) {
-            fprintf(stderr, "lrmoe-route: %s: ", stats_path);
-            perror(NULL);
-            if (c.o.weights)
-                lrmoe_weights_free(&c.w);
-            return 1;
-        }
-        fprintf(c.stats, "frame\tlayer\tstep\ttokens\texperts\ttopk\tpairs"
-                         "\texpert_max\texpert_mean\texpert_imbalance"
-                         "\tranks\trank_max\trank_mean\trank_imbalance");
-        for (int i = 1; i <= HOT; i++)
-            fprintf(c.stats, "\thot%d\thot%d_share", i, i);
-        fputc('\n', c.stats);
-    }
-    int64_t n = lrmoe_filter_run(in, io.out, &io.w, route_frame, &c);
+    lrmoe_filter_t run = {
+        .in = in, .io = &io, .stats_path = stats_path, .stats = &c.stats,
+        .stats_header = "frame\tlayer\tstep\ttokens\texperts\ttopk\tpairs"
+                        "\texpert_max\texpert_mean\texpert_imbalance"
+                        "\tranks\trank_max\trank_mean\trank_imbalance"
+                        "\thot1\thot1_share\thot2\thot2_share\thot3\thot3_share\n",
+        .hooks = {.frame = route_frame, .ctx = &c}};
     int rc = 0;
-    if (n < 0) {
+    if (lrmoe_filter_main(&run) < 0) {
         fprintf(stderr, "lrmoe-route: %s\n", lrmoe_errmsg());
-        rc = 1;
-    }
-    if (c.stats && lrmoe_stats_close(c.stats) != 0 && !rc) {
-        fprintf(stderr, "lrmoe-route: %s: ", stats_path);
-        perror(NULL);
         rc = 1;
     }
     if (c.o.weights)
