@@ -92,6 +92,13 @@ int lrmoe_select_add_tensor(lrmoe_select_t *s, const char *name)
     return 0;
 }
 
+int lrmoe_select_opt(lrmoe_select_t *s, int c, const char *arg)
+{
+    if (c == 'F') return lrmoe_select_add_frames(s, arg) < 0 ? -1 : 1;
+    if (c == 'T') return lrmoe_select_add_tensor(s, arg) < 0 ? -2 : 1;
+    return 0;
+}
+
 int lrmoe_select_frame(const lrmoe_select_t *s, int64_t i)
 {
     if (!s->nranges) return 1;
@@ -144,6 +151,18 @@ int lrmoe_io_opt(lrmoe_io_t *io, int c, const char *arg)
     case '@':
         if (lrmoe_parse_i64("--threads", arg, 0, 256, &v) < 0) return -1;
         io->w.threads = (int)v;
+        return 1;
+    }
+    return 0;
+}
+
+int lrmoe_int_opt(const lrmoe_int_opt_t *t, int n, int c, const char *arg, void *base)
+{
+    for (int i = 0; i < n; i++) {
+        if (t[i].c != c) continue;
+        int64_t v;
+        if (lrmoe_parse_i64(t[i].name, arg, t[i].lo, t[i].hi, &v) < 0) return -1;
+        *(int *)((char *)base + t[i].off) = (int)v;
         return 1;
     }
     return 0;

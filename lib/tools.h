@@ -26,6 +26,23 @@ typedef struct {
 int64_t lrmoe_filter_run_hooks(const char *in, const char *out, const lrmoe_wopts_t *o,
                                const lrmoe_filter_hooks_t *h);
 
+/* -F/--frame N[-M] and -T/--tensor NAME of a tool that selects (c is
+ * getopt's value): 1 handled, 0 neither, -1 a bad --frame (a usage error),
+ * -2 --tensor out of memory; the error set. */
+int lrmoe_select_opt(lrmoe_select_t *s, int c, const char *arg);
+
+/* Integer options set from a table: an option whose getopt value is c
+ * sets the int at offset off of the caller's options struct to the
+ * argument, a whole number in [lo, hi] (lrmoe_parse_i64, name in the
+ * message). 1 handled, 0 not in the table, -1 a bad value (error set). */
+typedef struct {
+    int c;
+    const char *name;
+    int64_t lo, hi;
+    size_t off;
+} lrmoe_int_opt_t;
+int lrmoe_int_opt(const lrmoe_int_opt_t *t, int n, int c, const char *arg, void *base);
+
 /* How a --stats PATH is named in messages: PATH, or "<stdout>"/"<stderr>"
  * for "-" (lrmoe_stats_open's choice for the tool's stream_out). */
 const char *lrmoe_stats_label(const char *path, const char *stream_out);

@@ -94,6 +94,11 @@ static int stats_row(FILE *fp, const lrmoe_frame_t *f, int64_t index, const ctx_
     return ferror(fp) ? lrmoe_err("--stats: write error") : 0;
 }
 
+/* The --stats table's header, a column per value of its rows */
+static const char stats_header[] =
+    "frame\tlayer\tstep\top\tpairs\trows\tdropped\tmoved\twritten_bytes"
+    "\ttime_ms\n";
+
 static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 {
     ctx_t *c = vctx;
@@ -205,16 +210,12 @@ int main(int argc, char **argv)
     if (lrmoe_check_tty_out(io.out, io.force) < 0)
         goto bad;
     const char *in = optind < argc ? argv[optind] : "-";
-    lrmoe_filter_t run = {
-        .in = in, .io = &io, .stats_path = stats_path, .stats = &c.stats,
-        .stats_header = "frame\tlayer\tstep\top\tpairs\trows\tdropped\tmoved\twritten_bytes"
-                        "\ttime_ms\n",
-        .hooks = {.frame = on_frame, .ctx = &c}};
-    int rc = 0;
-    if (lrmoe_filter_main(&run) < 0) {
+    lrmoe_filter_t run = {.in = in, .io = &io, .stats_path = stats_path,
+                          .stats_header = stats_header, .stats = &c.stats,
+                          .hooks = {.frame = on_frame, .ctx = &c}};
+    int rc = lrmoe_filter_main(&run) < 0;
+    if (rc)
         fprintf(stderr, "lrmoe-pack: %s\n", lrmoe_errmsg());
-        rc = 1;
-    }
     return rc;
 bad:
     fprintf(stderr, "lrmoe-pack: %s\n", lrmoe_errmsg());

@@ -87,6 +87,14 @@ typedef struct {
     lrmoe_sim_trace_t *trace; /* --plot: the planned frames' loads */
 } ctx_t;
 
+/* The --stats table's header, a column per value of its rows */
+static const char stats_header[] =
+    "frame\tlayer\tstep\tplanner\texperts\tranks\tpairs\trho"
+    "\tfwd_peak\tbwd_peak\tfwd_lb\tbwd_lb\tmean_ceil\tpeak_over_mean"
+    "\treplicas\tmem_peak_gib\tmem_peak_rank\tt_comm_ms\tt_total_ms"
+    "\tfeasible\tplan_ms\tsolver_ms\tbinding\thidden\tffn\ttopk"
+    "\ttokens_per_rank\tsource\tllep\tplan_cpu_ms\n";
+
 static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
 {
     ctx_t *c = arg;
@@ -235,19 +243,12 @@ int main(int argc, char **argv)
     }
     c.stats_path = stats_path;
     c.out = io.out;
-    lrmoe_filter_t run = {
-        .in = in, .io = &io, .stats_path = stats_path, .stats = &c.stats,
-        .stats_header = "frame\tlayer\tstep\tplanner\texperts\tranks\tpairs\trho"
-                        "\tfwd_peak\tbwd_peak\tfwd_lb\tbwd_lb\tmean_ceil\tpeak_over_mean"
-                        "\treplicas\tmem_peak_gib\tmem_peak_rank\tt_comm_ms\tt_total_ms"
-                        "\tfeasible\tplan_ms\tsolver_ms\tbinding\thidden\tffn\ttopk"
-                        "\ttokens_per_rank\tsource\tllep\tplan_cpu_ms\n",
-        .hooks = {.frame = plan_frame, .ctx = &c}};
-    int rc = 0;
-    if (lrmoe_filter_main(&run) < 0) {
+    lrmoe_filter_t run = {.in = in, .io = &io, .stats_path = stats_path,
+                          .stats_header = stats_header, .stats = &c.stats,
+                          .hooks = {.frame = plan_frame, .ctx = &c}};
+    int rc = lrmoe_filter_main(&run) < 0;
+    if (rc)
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
-        rc = 1;
-    }
     lrmoe_eplb_cache_free(c.eplb);
     /* the figure of the frames planned, also when a later one failed */
     if (plot_path && (trace.n || !rc) && lrmoe_sim_plot_trace(&trace, &c.cli, plot_path) < 0) {

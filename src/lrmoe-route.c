@@ -75,6 +75,13 @@ static void notes(ctx_t *c, const lrmoe_route_frame_info_t *info, int64_t index)
     }
 }
 
+/* The --stats table's header, a column per value of its rows */
+static const char stats_header[] =
+    "frame\tlayer\tstep\ttokens\texperts\ttopk\tpairs"
+    "\texpert_max\texpert_mean\texpert_imbalance"
+    "\tranks\trank_max\trank_mean\trank_imbalance"
+    "\thot1\thot1_share\thot2\thot2_share\thot3\thot3_share\n";
+
 static int stats_row(FILE *fp, const lrmoe_frame_t *f, int64_t index, int64_t ranks,
                      const lrmoe_route_frame_info_t *in)
 {
@@ -213,18 +220,12 @@ int main(int argc, char **argv)
         }
         c.o.weights = &c.w;
     }
-    lrmoe_filter_t run = {
-        .in = in, .io = &io, .stats_path = stats_path, .stats = &c.stats,
-        .stats_header = "frame\tlayer\tstep\ttokens\texperts\ttopk\tpairs"
-                        "\texpert_max\texpert_mean\texpert_imbalance"
-                        "\tranks\trank_max\trank_mean\trank_imbalance"
-                        "\thot1\thot1_share\thot2\thot2_share\thot3\thot3_share\n",
-        .hooks = {.frame = route_frame, .ctx = &c}};
-    int rc = 0;
-    if (lrmoe_filter_main(&run) < 0) {
+    lrmoe_filter_t run = {.in = in, .io = &io, .stats_path = stats_path,
+                          .stats_header = stats_header, .stats = &c.stats,
+                          .hooks = {.frame = route_frame, .ctx = &c}};
+    int rc = lrmoe_filter_main(&run) < 0;
+    if (rc)
         fprintf(stderr, "lrmoe-route: %s\n", lrmoe_errmsg());
-        rc = 1;
-    }
     if (c.o.weights)
         lrmoe_weights_free(&c.w);
     return rc;

@@ -78,6 +78,13 @@ static int add_weights(lrmoe_frame_t *f, const lrmoe_weights_t *w)
     return 0;
 }
 
+/* The --stats table's header, a column per value of its rows */
+static const char stats_header[] =
+    "frame\tlayer\tstep\tmetric\tpairs\tkept\tdropped\tretained"
+    "\tdropped_score_share\tfidelity\tscore_ms\tselect"
+    "\tdw_down_rel_err\tdw_down_cosine\tdw_down_bias\tdx_rel_err"
+    "\tdx_bias\n";
+
 static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 {
     ctx_t *c = vctx;
@@ -209,18 +216,12 @@ int main(int argc, char **argv)
     if (lrmoe_check_tty_out(io.out, io.force) < 0)
         goto bad;
     const char *in = optind < argc ? argv[optind] : "-";
-    lrmoe_filter_t run = {
-        .in = in, .io = &io, .stats_path = stats_path, .stats = &c.stats,
-        .stats_header = "frame\tlayer\tstep\tmetric\tpairs\tkept\tdropped\tretained"
-                        "\tdropped_score_share\tfidelity\tscore_ms\tselect"
-                        "\tdw_down_rel_err\tdw_down_cosine\tdw_down_bias\tdx_rel_err"
-                        "\tdx_bias\n",
-        .hooks = {.frame = on_frame, .ctx = &c}};
-    int rc = 0;
-    if (lrmoe_filter_main(&run) < 0) {
+    lrmoe_filter_t run = {.in = in, .io = &io, .stats_path = stats_path,
+                          .stats_header = stats_header, .stats = &c.stats,
+                          .hooks = {.frame = on_frame, .ctx = &c}};
+    int rc = lrmoe_filter_main(&run) < 0;
+    if (rc)
         fprintf(stderr, "lrmoe-score: %s\n", lrmoe_errmsg());
-        rc = 1;
-    }
     if (c.w)
         lrmoe_weights_free(c.w);
     return rc;
