@@ -58,7 +58,10 @@ int lrmoe_stats_close(FILE *fp)
         return 0;
     if (fp == stdout || fp == stderr)
         return fflush(fp) != 0 || ferror(fp) ? EOF : 0;
-    return fclose(fp);
+    /* a write that failed earlier (a line already flushed) counts too:
+     * fclose itself fails only on what it still has to write */
+    int failed = ferror(fp);
+    return fclose(fp) != 0 || failed ? EOF : 0;
 }
 
 void lrmoe_select_init(lrmoe_select_t *s)
@@ -239,16 +242,20 @@ int lrmoe_filter_main(const lrmoe_filter_t *fl)
 {
     const char *out = fl->io->out;
     FILE *fp = NULL;
+    int header_err = 0; /* why the header's write failed: a close that fails
+                         * on the error flag alone has no errno of its own */
     if (fl->stats_path) {
         if (!(fp = lrmoe_stats_open(fl->stats_path, out)))
             return lrmoe_err("%s: %s", fl->stats_path, strerror(errno));
+        errno = 0;
         fputs(fl->stats_header, fp);
+        if (ferror(fp)) header_err = errno;
     }
     if (fl->stats) *fl->stats = fp;
     int rc = lrmoe_filter_run_hooks(fl->in, out, &fl->io->w, &fl->hooks) < 0 ? -1 : 0;
     errno = 0;
     if (fp && lrmoe_stats_close(fp) != 0 && rc == 0)
-        rc = lrmoe_stats_write_error(fl->stats_path, out, errno);
+        rc = lrmoe_stats_write_error(fl->stats_path, out, errno ? errno : header_err);
     if (fl->stats) *fl->stats = NULL;
     return rc;
 }
