@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "lrmoe.h"
+#include "tools.h"
 
 int lrmoe_check_tty_out(const char *path, int force)
 {
@@ -57,7 +58,10 @@ int lrmoe_stats_close(FILE *fp)
         return 0;
     if (fp == stdout || fp == stderr)
         return fflush(fp) != 0 || ferror(fp) ? EOF : 0;
-    return fclose(fp);
+    /* a write that failed earlier (a line already flushed) counts too:
+     * fclose itself fails only on what it still has to write */
+    int failed = ferror(fp);
+    return fclose(fp) != 0 || failed ? EOF : 0;
 }
 
 void lrmoe_select_init(lrmoe_select_t *s)
@@ -88,6 +92,13 @@ int lrmoe_select_add_tensor(lrmoe_select_t *s, const char *name)
     s->seen = seen;
     s->tensors[s->ntensors] = name;
     s->seen[s->ntensors++] = 0;
+    return 0;
+}
+
+int lrmoe_select_opt(lrmoe_select_t *s, int c, const char *arg)
+{
+    if (c == 'F') return lrmoe_select_add_frames(s, arg) < 0 ? -1 : 1;
+    if (c == 'T') return lrmoe_select_add_tensor(s, arg) < 0 ? -2 : 1;
     return 0;
 }
 
@@ -148,14 +159,34 @@ int lrmoe_io_opt(lrmoe_io_t *io, int c, const char *arg)
     return 0;
 }
 
+int lrmoe_int_opt(const lrmoe_int_opt_t *t, int n, int c, const char *arg, void *base)
+{
+    for (int i = 0; i < n; i++) {
+        if (t[i].c != c) continue;
+        int64_t v;
+        if (lrmoe_parse_i64(t[i].name, arg, t[i].lo, t[i].hi, &v) < 0) return -1;
+        *(int *)((char *)base + t[i].off) = (int)v;
+        return 1;
+    }
+    return 0;
+}
+
 int64_t lrmoe_filter_run(const char *in, const char *out, const lrmoe_wopts_t *o,
                          lrmoe_frame_fn fn, void *ctx)
 {
-    return lrmoe_filter_run_done(in, out, o, fn, NULL, ctx);
+    lrmoe_filter_hooks_t h = {.frame = fn, .ctx = ctx};
+    return lrmoe_filter_run_hooks(in, out, o, &h);
 }
 
 int64_t lrmoe_filter_run_done(const char *in, const char *out, const lrmoe_wopts_t *o,
                               lrmoe_frame_fn fn, lrmoe_frame_fn done, void *ctx)
+{
+    lrmoe_filter_hooks_t h = {.frame = fn, .written = done, .ctx = ctx};
+    return lrmoe_filter_run_hooks(in, out, o, &h);
+}
+
+int64_t lrmoe_filter_run_hooks(const char *in, const char *out, const lrmoe_wopts_t *o,
+                               const lrmoe_filter_hooks_t *h)
 {
     lrmoe_reader_t *r = lrmoe_reader_open(in);
     if (!r) return -1;
@@ -166,19 +197,20 @@ int64_t lrmoe_filter_run_done(const char *in, const char *out, const lrmoe_wopts
     int64_t n = 0;
     int rc;
     while ((rc = lrmoe_reader_next(r, &f)) == 1) {
-        if (fn && fn(&f, n, ctx) < 0) {
+        if (h->frame && h->frame(&f, n, h->ctx) < 0) {
             lrmoe_err_prefix("frame %" PRId64, n);
             rc = -1;
             break;
         }
         if (lrmoe_writer_write(w, &f) < 0) { rc = -1; break; }
-        if (done && done(&f, n, ctx) < 0) {
+        if (h->written && h->written(&f, n, h->ctx) < 0) {
             lrmoe_err_prefix("frame %" PRId64, n);
             rc = -1;
             break;
         }
         n++;
     }
+    if (rc == 0 && h->end && h->end(h->ctx) < 0) rc = -1;
     /* the output is closed first: the next stage gets its end of stream
      * before this one frees its last frame (hundreds of MiB to unmap) */
     if (rc < 0) lrmoe_writer_abort(w);
@@ -186,4 +218,44 @@ int64_t lrmoe_filter_run_done(const char *in, const char *out, const lrmoe_wopts
     lrmoe_frame_clear(&f);
     lrmoe_reader_close(r);
     return rc < 0 ? -1 : n;
+}
+
+const char *lrmoe_stats_label(const char *path, const char *stream_out)
+{
+    if (strcmp(path, "-"))
+        return path;
+    return stream_out && !strcmp(stream_out, "-") ? "<stderr>" : "<stdout>";
+}
+
+int lrmoe_stats_write_error(const char *path, const char *stream_out, int err)
+{
+    const char *label = lrmoe_stats_label(path, stream_out);
+    /* a reader that stopped (EPIPE: SIGPIPE is ignored) is named as such,
+     * like the stream's own broken pipe, not as a generic write error */
+    if (err == EPIPE)
+        return lrmoe_err("--stats %s: write failed: broken pipe (the next stage stopped "
+                         "reading)", label);
+    return lrmoe_err("--stats %s: write failed: %s", label, err ? strerror(err) : "I/O error");
+}
+
+int lrmoe_filter_main(const lrmoe_filter_t *fl)
+{
+    const char *out = fl->io->out;
+    FILE *fp = NULL;
+    int header_err = 0; /* why the header's write failed: a close that fails
+                         * on the error flag alone has no errno of its own */
+    if (fl->stats_path) {
+        if (!(fp = lrmoe_stats_open(fl->stats_path, out)))
+            return lrmoe_err("%s: %s", fl->stats_path, strerror(errno));
+        errno = 0;
+        fputs(fl->stats_header, fp);
+        if (ferror(fp)) header_err = errno;
+    }
+    if (fl->stats) *fl->stats = fp;
+    int rc = lrmoe_filter_run_hooks(fl->in, out, &fl->io->w, &fl->hooks) < 0 ? -1 : 0;
+    errno = 0;
+    if (fp && lrmoe_stats_close(fp) != 0 && rc == 0)
+        rc = lrmoe_stats_write_error(fl->stats_path, out, errno ? errno : header_err);
+    if (fl->stats) *fl->stats = NULL;
+    return rc;
 }

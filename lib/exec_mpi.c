@@ -41,8 +41,10 @@ _Static_assert(sizeof(hdr_t) % 8 == 0, "no padding in the header");
 enum { SEL_TOK, SEL_TOKPAIR, SEL_PAIR_ON, SEL_TOK_ON, SEL_PACK_SRC, SEL_PACK_DST, SEL_NATIVE };
 typedef struct { int64_t n, lo; int64_t *idx; } sel_t;   /* idx NULL: rows [lo, lo+n) */
 
-/* One job as every rank sees it. Metadata pointers are the caller's on
- * rank 0 and owned (in own[]) elsewhere. */
+/* One job as every rank sees it (exec_cpu.c's job_t is one rank's compute
+ * of a job). Metadata pointers are the caller's on rank 0 and owned
+ * elsewhere. Every buffer job_alloc gives it is listed in own (grown as
+ * needed) and freed by job_free; a zeroed mpi_job_t owns nothing. */
 typedef struct {
     hdr_t h;
     int P, me;
@@ -50,25 +52,34 @@ typedef struct {
     const float *tw;
     const uint8_t *placement, *keep;
     const int64_t *fwd_alloc, *pack_pair, *pack_counts, *pack_offsets;
-    void *own[48];
-    int nown;
-} job_t;
+    void **own;
+    size_t nown, own_cap;
+} mpi_job_t;
 
-static void *job_alloc(job_t *J, size_t n)
+/* n zeroed bytes owned by the job, or NULL (out of memory) */
+static void *job_alloc(mpi_job_t *J, size_t n)
 {
-    if (J->nown >= (int)(sizeof J->own / sizeof *J->own)) return NULL;
+    if (J->nown == J->own_cap) {
+        size_t cap = J->own_cap ? 2 * J->own_cap : 16;
+        void **own = realloc(J->own, cap * sizeof *own);
+        if (!own) return NULL;
+        J->own = own;
+        J->own_cap = cap;
+    }
     void *p = calloc(n ? n : 1, 1);
     if (p) J->own[J->nown++] = p;
     return p;
 }
 
-static void job_free(job_t *J)
+static void job_free(mpi_job_t *J)
 {
-    for (int i = 0; i < J->nown; i++) free(J->own[i]);
-    J->nown = 0;
+    for (size_t i = 0; i < J->nown; i++) free(J->own[i]);
+    free(J->own);
+    J->own = NULL;
+    J->nown = J->own_cap = 0;
 }
 
-static int sel_make(const job_t *J, int kind, int r, sel_t *s)
+static int sel_make(const mpi_job_t *J, int kind, int r, sel_t *s)
 {
     const hdr_t *h = &J->h;
     const int P = J->P;
@@ -131,7 +142,7 @@ static void sel_unpack(const sel_t *s, size_t rowb, const char *buf, void *arr)
 /* Move one tensor's rows: scatter (from rank 0's src into every rank's loc)
  * or gather (from every rank's loc into rank 0's src). Contiguous row sets
  * lie rank after rank from row 0, so they move without a copy. */
-static int move_rows(lrmoe_exec_mpi_t *m, const job_t *J, int gather, int kind, size_t rowb,
+static int move_rows(lrmoe_exec_mpi_t *m, const mpi_job_t *J, int gather, int kind, size_t rowb,
                      void *src, void *loc)
 {
     const int P = J->P, me = J->me;
@@ -195,7 +206,7 @@ out:
 }
 
 /* A metadata array: rank 0's (*p, the caller's) to every rank (allocated). */
-static int meta(lrmoe_exec_mpi_t *m, job_t *J, const void **p, size_t bytes)
+static int meta(lrmoe_exec_mpi_t *m, mpi_job_t *J, const void **p, size_t bytes)
 {
     if (J->me != 0 && !(*p = job_alloc(J, bytes))) return lrmoe_err("out of memory");
     return lrmoe_comm_mpi_bcast(&m->comm, (void *)*p, bytes, 0);
@@ -414,7 +425,7 @@ static int job_cfg(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, const hdr_t
  * returns its error (its caller prints it and aborts the job), the others
  * wait in a collective it never joins, which its MPI_Abort ends. A
  * collective of every rank, right after the header. */
-static int job_kernel(lrmoe_exec_mpi_t *m, job_t *J)
+static int job_kernel(lrmoe_exec_mpi_t *m, mpi_job_t *J)
 {
     const hdr_t *h = &J->h;
     if (h->backend != LRMOE_BACKEND_CPU || h->compute != LRMOE_COMPUTE_BF16) return 0;
@@ -445,7 +456,7 @@ static int job_kernel(lrmoe_exec_mpi_t *m, job_t *J)
     return lrmoe_err("rank %d cannot run the job's bf16 kernel", first);
 }
 
-static int job_meta(lrmoe_exec_mpi_t *m, job_t *J, const lrmoe_exec_plan_t *plan,
+static int job_meta(lrmoe_exec_mpi_t *m, mpi_job_t *J, const lrmoe_exec_plan_t *plan,
                     lrmoe_exec_plan_t *lp)
 {
     const hdr_t *h = &J->h;
@@ -487,7 +498,7 @@ static void job_sent(lrmoe_exec_mpi_t *m, double sent[3])
 
 /* This rank's stage times and sent (job_sent) to rank 0 (timings (P,
  * NSTAGES) there), or to every rank with per-rank inputs. */
-static int job_stats(lrmoe_exec_mpi_t *m, const job_t *J, const double *tim, double *timings,
+static int job_stats(lrmoe_exec_mpi_t *m, const mpi_job_t *J, const double *tim, double *timings,
                      const double sent[3])
 {
     const int P = J->P;
@@ -519,7 +530,7 @@ static int job_stats(lrmoe_exec_mpi_t *m, const job_t *J, const double *tim, dou
 }
 
 /* Forward on every rank; ca/cplan/w/timings are rank 0's caller's (NULL elsewhere). */
-static int job_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t *J,
+static int job_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, mpi_job_t *J,
                        const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *cplan,
                        lrmoe_exec_fwd_t *ca, double *timings)
 {
@@ -582,7 +593,7 @@ static int job_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t *
     return job_stats(m, J, tim, timings, sent);
 }
 
-static int job_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, job_t *J,
+static int job_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, mpi_job_t *J,
                         const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *cplan,
                         lrmoe_exec_bwd_t *ca, double *timings)
 {
@@ -713,7 +724,7 @@ static void mv_add(mv_t *v, int64_t i, int s, int d)
     if (d == v->me) v->ridx[v->rpos[s]++] = i;
 }
 
-static void mv_walk(const job_t *J, int kind, mv_t *v)
+static void mv_walk(const mpi_job_t *J, int kind, mv_t *v)
 {
     const int64_t T = J->h.T, K = J->h.K;
     for (int64_t t = 0; t < T; t++) {
@@ -733,7 +744,7 @@ static void mv_walk(const job_t *J, int kind, mv_t *v)
 /* Move the rows of arr (global shape, rows of rowb bytes) as kind says, by
  * all-to-all-v; time and bytes sent go to rank's scatter (out = 0) or
  * gather (out = 1) figures. */
-static int redistribute(lrmoe_exec_mpi_t *m, const job_t *J, int kind, int out, size_t rowb,
+static int redistribute(lrmoe_exec_mpi_t *m, const mpi_job_t *J, int kind, int out, size_t rowb,
                         void *arr)
 {
     const int P = J->P, me = J->me;
@@ -797,7 +808,7 @@ static int agreed(lrmoe_exec_mpi_t *m)
 /* Every rank's job header to every rank: the frames must agree (but for T,
  * and the numerics, which are rank 0's); T becomes the total; Tr[r] each
  * rank's tokens. An END header meeting a job is an error on both sides. */
-static int shard_hdr(lrmoe_exec_mpi_t *m, job_t *J, int64_t *Tr)
+static int shard_hdr(lrmoe_exec_mpi_t *m, mpi_job_t *J, int64_t *Tr)
 {
     const int P = J->P;
     hdr_t *all = job_alloc(J, (size_t)P * sizeof *all);
@@ -867,7 +878,7 @@ static int shard_hdr(lrmoe_exec_mpi_t *m, job_t *J, int64_t *Tr)
 }
 
 /* rows of a local array (n rows of rowb) at row lo of a global-shaped copy */
-static void *spread(job_t *J, const void *loc, int64_t n, int64_t lo, int64_t rows, size_t rowb)
+static void *spread(mpi_job_t *J, const void *loc, int64_t n, int64_t lo, int64_t rows, size_t rowb)
 {
     char *g = job_alloc(J, (size_t)rows * rowb);
     if (g && n) memcpy(g + (size_t)lo * rowb, loc, (size_t)n * rowb);
@@ -875,7 +886,7 @@ static void *spread(job_t *J, const void *loc, int64_t n, int64_t lo, int64_t ro
 }
 
 /* the routing of all ranks: every rank's n rows of rowb to everyone */
-static void *gather_all(lrmoe_exec_mpi_t *m, job_t *J, const void *loc, int64_t n,
+static void *gather_all(lrmoe_exec_mpi_t *m, mpi_job_t *J, const void *loc, int64_t n,
                         const int64_t *Tr, size_t rowb)
 {
     char *g = job_alloc(J, (size_t)J->h.T * rowb);
@@ -885,7 +896,7 @@ static void *gather_all(lrmoe_exec_mpi_t *m, job_t *J, const void *loc, int64_t 
 
 static int shard_begin(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
                        const lrmoe_exec_dims_t *d, int64_t layer, const lrmoe_exec_weights_t *w,
-                       const lrmoe_exec_plan_t *plan, job_t *J)
+                       const lrmoe_exec_plan_t *plan, mpi_job_t *J)
 {
     memset(J, 0, sizeof *J);
     m->agreed = 0;
@@ -895,7 +906,7 @@ static int shard_begin(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
 }
 
 /* the plan (rank 0's) and the global routing on every rank */
-static int shard_meta(lrmoe_exec_mpi_t *m, job_t *J, const lrmoe_exec_dims_t *d,
+static int shard_meta(lrmoe_exec_mpi_t *m, mpi_job_t *J, const lrmoe_exec_dims_t *d,
                       const int32_t *ids, const float *tw, const lrmoe_exec_plan_t *plan,
                       lrmoe_exec_plan_t *lp, const int64_t *Tr)
 {
@@ -925,7 +936,7 @@ static int shard_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
                          const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                          lrmoe_exec_fwd_t *a, double *timings)
 {
-    job_t J;
+    mpi_job_t J;
     const int P = m->P;
     int64_t *Tr = calloc((size_t)P, sizeof *Tr);
     int rc = -1;
@@ -1003,7 +1014,7 @@ static int shard_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
                           const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                           lrmoe_exec_bwd_t *a, double *timings)
 {
-    job_t J;
+    mpi_job_t J;
     const int P = m->P;
     int64_t *Tr = calloc((size_t)P, sizeof *Tr);
     int rc = -1;
@@ -1099,7 +1110,7 @@ out:
 
 static int shard_end(lrmoe_exec_mpi_t *m)
 {
-    job_t J;
+    mpi_job_t J;
     memset(&J, 0, sizeof J);
     m->agreed = 0;
     J.P = m->P;
@@ -1196,7 +1207,7 @@ int lrmoe_exec_mpi_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
                            lrmoe_exec_fwd_t *a, double *timings)
 {
     if (m->shard) return shard_forward(m, cfg, d, layer, w, plan, a, timings);
-    job_t J;
+    mpi_job_t J;
     memset(&J, 0, sizeof J);
     if (hdr_common(m, cfg, d, layer, w, plan, &J.h) < 0) return -1;
     if (!a->hidden || !a->topk_ids || !a->topk_weights || !a->output || !a->pair_rank)
@@ -1225,7 +1236,7 @@ int lrmoe_exec_mpi_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
                             lrmoe_exec_bwd_t *a, double *timings)
 {
     if (m->shard) return shard_backward(m, cfg, d, layer, w, plan, a, timings);
-    job_t J;
+    mpi_job_t J;
     memset(&J, 0, sizeof J);
     if (hdr_common(m, cfg, d, layer, w, plan, &J.h) < 0) return -1;
     const int compact = a->mode == LRMOE_MODE_COMPACT;
@@ -1280,7 +1291,7 @@ int lrmoe_exec_mpi_end(lrmoe_exec_mpi_t *m)
 int lrmoe_exec_mpi_serve(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg)
 {
     for (;;) {
-        job_t J;
+        mpi_job_t J;
         memset(&J, 0, sizeof J);
         /* the next job waits on rank 0's input: no --timeout on this wait */
         int was = lrmoe_comm_mpi_idle(&m->comm, 1);

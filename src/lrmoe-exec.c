@@ -1,5 +1,6 @@
 /* lrmoe-exec: expert-parallel forward and backward of each frame's MoE layer. */
 #include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include "gemm_cpu.h"
 #include "exec_mpi.h"
 #include "lrmoe.h"
+#include "tools.h"
 
 static void usage(FILE *fp)
 {
@@ -97,36 +99,13 @@ enum { OPT_PHASE = 0x2000, OPT_WEIGHTS, OPT_MODE, OPT_BACKEND, OPT_NONFINITE,
        OPT_CLOCK, OPT_GPUS, OPT_DEVICE, OPT_GEMM, OPT_GEMM_STREAMS, OPT_REPEAT, OPT_WARMUP,
        OPT_COMPUTE, OPT_LAUNCHER, OPT_PER_RANK, OPT_TIMEOUT };
 
-/* --per-rank: lrmoe_filter_run's frame loop, but an output gets its trailer
- * only once every rank has agreed that the job is complete
- * (lrmoe_exec_mpi_end): a rank whose input ends early would otherwise close a
- * clean-looking stream of a job that fails. */
-static int shard_run(lrmoe_exec_mpi_t *m, ctx_t *c, const char *in, const char *out,
-                     const lrmoe_wopts_t *wo)
+/* --per-rank: an output gets its trailer only once every rank has agreed
+ * that the job is complete (lrmoe_exec_mpi_end, the filter's end hook): a
+ * rank whose input ends early would otherwise close a clean-looking stream
+ * of a job that fails. */
+static int shard_end(void *vctx)
 {
-    lrmoe_reader_t *r = lrmoe_reader_open(in);
-    if (!r) return -1;
-    lrmoe_writer_t *w = lrmoe_writer_open(out, wo);
-    if (!w) { lrmoe_reader_close(r); return -1; }
-    lrmoe_frame_t f;
-    lrmoe_frame_init(&f);
-    int64_t n = 0;
-    int rc;
-    while ((rc = lrmoe_reader_next(r, &f)) == 1) {
-        if (on_frame(&f, n, c) < 0) {
-            lrmoe_err_prefix("frame %lld", (long long)n);
-            rc = -1;
-            break;
-        }
-        if (lrmoe_writer_write(w, &f) < 0) { rc = -1; break; }
-        n++;
-    }
-    if (rc == 0 && lrmoe_exec_mpi_end(m) < 0) rc = -1;
-    if (rc < 0) lrmoe_writer_abort(w);
-    else if (lrmoe_writer_close(w) < 0) rc = -1;
-    lrmoe_frame_clear(&f);
-    lrmoe_reader_close(r);
-    return rc;
+    return lrmoe_exec_mpi_end(((ctx_t *)vctx)->x.mpi);
 }
 
 /* Under MPI: ranks > 0 serve rank 0's jobs; rank 0 runs the filter. An
@@ -137,7 +116,8 @@ static int run_mpi(lrmoe_exec_mpi_t *m, ctx_t *c, const lrmoe_exec_frame_opts_t 
 {
     if (m->shard) { /* every rank runs the filter on its own streams */
         c->x.mpi = m;
-        int bad = shard_run(m, c, in, out, w) < 0;
+        lrmoe_filter_hooks_t h = {.frame = on_frame, .end = shard_end, .ctx = c};
+        int bad = lrmoe_filter_run_hooks(in, out, w, &h) < 0;
         if (bad && !m->agreed) { /* this rank alone: the others wait in a collective */
             fprintf(stderr, "lrmoe-exec: rank %d: %s\n", m->rank, lrmoe_errmsg());
             lrmoe_comm_mpi_abort(&m->comm, 1);
@@ -169,6 +149,19 @@ static int run_mpi(lrmoe_exec_mpi_t *m, ctx_t *c, const lrmoe_exec_frame_opts_t 
     }
     return rc;
 }
+
+/* the options that set one int of lrmoe_exec_frame_opts_t */
+#define FOPT(c, name, lo, hi, field) {c, name, lo, hi, offsetof(lrmoe_exec_frame_opts_t, field)}
+static const lrmoe_int_opt_t int_opts[] = {
+    FOPT('P', "--ranks", 1, 4096, ranks),
+    FOPT('j', "--rank-threads", 1, 4096, cfg.rank_threads),
+    FOPT(OPT_GPUS, "--gpus", 0, 4096, cfg.gpus),
+    FOPT(OPT_DEVICE, "--device", 0, 4096, cfg.device),
+    FOPT(OPT_GEMM_STREAMS, "--gemm-streams", 1, 8, cfg.gemm_streams),
+    FOPT(OPT_REPEAT, "--repeat", 1, 1000, repeat),
+    FOPT(OPT_WARMUP, "--warmup", 0, 1000, warmup),
+};
+#undef FOPT
 
 int main(int argc, char **argv)
 {
@@ -206,22 +199,14 @@ int main(int argc, char **argv)
     const char *phase = NULL, *weights = NULL, *timings = NULL;
     double timeout = 0;
     int mode_set = 0, ch, launcher = -1, per_rank = 0; /* launcher -1 auto, 0 none, 1 mpi */
-    int64_t v;
     while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "P:j:S:hV", longopts, NULL)) != -1) {
         int r = lrmoe_io_opt(&io, ch, optarg);
+        if (r == 0) r = lrmoe_int_opt(int_opts, sizeof int_opts / sizeof *int_opts, ch, optarg, &o);
         if (r > 0) continue;
         if (r < 0) goto usage_err;
         switch (ch) {
         case OPT_PHASE: phase = optarg; break;
         case OPT_WEIGHTS: weights = optarg; break;
-        case 'P':
-            if (lrmoe_parse_i64("--ranks", optarg, 1, 4096, &v) < 0) goto usage_err;
-            o.ranks = (int)v;
-            break;
-        case 'j':
-            if (lrmoe_parse_i64("--rank-threads", optarg, 1, 4096, &v) < 0) goto usage_err;
-            o.cfg.rank_threads = (int)v;
-            break;
         case OPT_MODE:
             if (lrmoe_exec_mode_parse(optarg, &o.mode) < 0) goto usage_err;
             mode_set = 1;
@@ -230,14 +215,6 @@ int main(int argc, char **argv)
             if (lrmoe_backend_parse(optarg, &o.cfg.backend) < 0) goto usage_err;
             break;
         case 'S': timings = optarg; break;
-        case OPT_GPUS:
-            if (lrmoe_parse_i64("--gpus", optarg, 0, 4096, &v) < 0) goto usage_err;
-            o.cfg.gpus = (int)v;
-            break;
-        case OPT_DEVICE:
-            if (lrmoe_parse_i64("--device", optarg, 0, 4096, &v) < 0) goto usage_err;
-            o.cfg.device = (int)v;
-            break;
         case OPT_GEMM: {
             lrmoe_exec_gemm_t g;
             if (lrmoe_exec_gemm_parse(optarg, &g) < 0) {
@@ -247,10 +224,6 @@ int main(int argc, char **argv)
             o.cfg.gemm = (int)g;
             break;
         }
-        case OPT_GEMM_STREAMS:
-            if (lrmoe_parse_i64("--gemm-streams", optarg, 1, 8, &v) < 0) goto usage_err;
-            o.cfg.gemm_streams = (int)v;
-            break;
         case OPT_COMPUTE: {
             lrmoe_compute_t cm;
             if (lrmoe_compute_parse(optarg, &cm) < 0) {
@@ -260,14 +233,6 @@ int main(int argc, char **argv)
             o.cfg.compute = (int)cm;
             break;
         }
-        case OPT_REPEAT:
-            if (lrmoe_parse_i64("--repeat", optarg, 1, 1000, &v) < 0) goto usage_err;
-            o.repeat = (int)v;
-            break;
-        case OPT_WARMUP:
-            if (lrmoe_parse_i64("--warmup", optarg, 0, 1000, &v) < 0) goto usage_err;
-            o.warmup = (int)v;
-            break;
         case OPT_NONFINITE: o.cfg.allow_nonfinite = 1; break;
         case OPT_PER_RANK: per_rank = 1; break;
         case OPT_TIMEOUT:

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "lrmoe.h"
+#include "tools.h"
 #include "npy.h"
 
 static const char *prog = "lrmoe-export";
@@ -165,6 +166,13 @@ int main(int argc, char **argv)
     o.npy = 1;
     int c;
     while ((c = getopt_long(argc, argv, "d:O:F:T:vhV", lopts, NULL)) != -1) {
+        int sel = lrmoe_select_opt(&o.sel, c, optarg);
+        if (sel < 0) {
+            fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
+            return sel == -1 ? 2 : 1;
+        }
+        if (sel > 0)
+            continue;
         switch (c) {
         case 'd':
             o.dir = optarg;
@@ -179,19 +187,6 @@ int main(int argc, char **argv)
             else {
                 fprintf(stderr, "%s: --format: '%s' is not npy, safetensors or both\n", prog, optarg);
                 return 2;
-            }
-            break;
-        case 'F': {
-            if (lrmoe_select_add_frames(&o.sel, optarg) < 0) {
-                fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
-                return 2;
-            }
-            break;
-        }
-        case 'T':
-            if (lrmoe_select_add_tensor(&o.sel, optarg) < 0) {
-                fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
-                return 1;
             }
             break;
         case OPT_BF16_AS:

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "lrmoe.h"
+#include "tools.h"
 #include "pack.h"
 
 static void usage(FILE *fp)
@@ -92,6 +93,11 @@ static int stats_row(FILE *fp, const lrmoe_frame_t *f, int64_t index, const ctx_
     fprintf(fp, "\t%.0f\t%.3f\n", bytes, seconds * 1e3);
     return ferror(fp) ? lrmoe_err("--stats: write error") : 0;
 }
+
+/* The --stats table's header, a column per value of its rows */
+static const char stats_header[] =
+    "frame\tlayer\tstep\top\tpairs\trows\tdropped\tmoved\twritten_bytes"
+    "\ttime_ms\n";
 
 static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 {
@@ -204,23 +210,12 @@ int main(int argc, char **argv)
     if (lrmoe_check_tty_out(io.out, io.force) < 0)
         goto bad;
     const char *in = optind < argc ? argv[optind] : "-";
-    if (stats_path) {
-        if (!(c.stats = lrmoe_stats_open(stats_path, io.out))) {
-            fprintf(stderr, "lrmoe-pack: %s: %s\n", stats_path, strerror(errno));
-            return 1;
-        }
-        fprintf(c.stats, "frame\tlayer\tstep\top\tpairs\trows\tdropped\tmoved\twritten_bytes"
-                         "\ttime_ms\n");
-    }
-    int rc = 0;
-    if (lrmoe_filter_run(in, io.out, &io.w, on_frame, &c) < 0) {
+    lrmoe_filter_t run = {.in = in, .io = &io, .stats_path = stats_path,
+                          .stats_header = stats_header, .stats = &c.stats,
+                          .hooks = {.frame = on_frame, .ctx = &c}};
+    int rc = lrmoe_filter_main(&run) < 0;
+    if (rc)
         fprintf(stderr, "lrmoe-pack: %s\n", lrmoe_errmsg());
-        rc = 1;
-    }
-    if (lrmoe_stats_close(c.stats) != 0 && !rc) {
-        fprintf(stderr, "lrmoe-pack: %s: write failed\n", stats_path);
-        rc = 1;
-    }
     return rc;
 bad:
     fprintf(stderr, "lrmoe-pack: %s\n", lrmoe_errmsg());

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "lrmoe.h"
+#include "tools.h"
 #include "plan_cli.h"
 #include "route.h"
 #include "sim.h"
@@ -82,27 +83,17 @@ typedef struct {
     lrmoe_plan_cli_t cli; /* the options shared with lrmoe-sim */
     lrmoe_eplb_cache_t *eplb; /* deployed EPLB's layout per layer */
     FILE *stats;
-    const char *stats_label;  /* where --stats goes, for messages */
+    const char *stats_path, *out; /* --stats and --output, for messages */
     lrmoe_sim_trace_t *trace; /* --plot: the planned frames' loads */
 } ctx_t;
 
-/* A failed --stats write, errno from the write that failed: a reader that
- * stopped reading (EPIPE, SIGPIPE is ignored) is named as such, like the
- * stream's own broken pipe, not as a generic write error. */
-static int stats_error(const char *label, int err)
-{
-    if (err == EPIPE)
-        return lrmoe_err("--stats %s: write failed: broken pipe (the next stage stopped "
-                         "reading)", label);
-    return lrmoe_err("--stats %s: write failed: %s", label,
-                     err ? strerror(err) : "I/O error");
-}
-
-static void attr_or_na(FILE *fp, const lrmoe_frame_t *f, const char *key)
-{
-    const char *v = lrmoe_frame_attr(f, key);
-    fprintf(fp, "\t%s", v && *v && !strpbrk(v, "\t\n") ? v : "NA");
-}
+/* The --stats table's header, a column per value of its rows */
+static const char stats_header[] =
+    "frame\tlayer\tstep\tplanner\texperts\tranks\tpairs\trho"
+    "\tfwd_peak\tbwd_peak\tfwd_lb\tbwd_lb\tmean_ceil\tpeak_over_mean"
+    "\treplicas\tmem_peak_gib\tmem_peak_rank\tt_comm_ms\tt_total_ms"
+    "\tfeasible\tplan_ms\tsolver_ms\tbinding\thidden\tffn\ttopk"
+    "\ttokens_per_rank\tsource\tllep\tplan_cpu_ms\n";
 
 static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
 {
@@ -139,8 +130,8 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
         errno = 0;
         const double G = 1024.0 * 1024.0 * 1024.0;
         fprintf(fp, "%" PRId64, index);
-        attr_or_na(fp, f, "layer");
-        attr_or_na(fp, f, "step");
+        lrmoe_tsv_attr(fp, f, "layer");
+        lrmoe_tsv_attr(fp, f, "step");
         fprintf(fp, "\t%s\t%d\t%d\t%" PRId64 "\t%.6f\t%" PRId64 "\t%" PRId64 "\t%" PRId64
                     "\t%" PRId64 "\t%" PRId64 "\t%.6f\t%d\t%.6f\t%d\t%.6f\t%.6f\t%d\t%.3f\t%.3f\t%s"
                     "\t%" PRId64 "\t%" PRId64 "\t%d\t%" PRId64 "\t%s",
@@ -152,7 +143,7 @@ static int plan_frame(lrmoe_frame_t *f, int64_t index, void *arg)
                 p.tokens, p.source[0] ? p.source : "NA");
         fprintf(fp, "\t%s\t%.3f\n", p.llep[0] ? p.llep : "NA", p.plan_cpu_seconds * 1e3);
         if (ferror(fp))
-            rc = stats_error(c->stats_label, errno);
+            rc = lrmoe_stats_write_error(c->stats_path, c->out, errno);
     }
     lrmoe_plan_free(&p);
     free(load);
@@ -236,20 +227,6 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *in = optind < argc ? argv[optind] : "-";
-    if (stats_path) {
-        c.stats_label = !strcmp(stats_path, "-")
-                            ? (!strcmp(io.out, "-") ? "<stderr>" : "<stdout>") : stats_path;
-        if (!(c.stats = lrmoe_stats_open(stats_path, io.out))) {
-            fprintf(stderr, "lrmoe-plan: %s: ", stats_path);
-            perror(NULL);
-            return 1;
-        }
-        fprintf(c.stats, "frame\tlayer\tstep\tplanner\texperts\tranks\tpairs\trho"
-                         "\tfwd_peak\tbwd_peak\tfwd_lb\tbwd_lb\tmean_ceil\tpeak_over_mean"
-                         "\treplicas\tmem_peak_gib\tmem_peak_rank\tt_comm_ms\tt_total_ms"
-                         "\tfeasible\tplan_ms\tsolver_ms\tbinding\thidden\tffn\ttopk"
-                         "\ttokens_per_rank\tsource\tllep\tplan_cpu_ms\n");
-    }
     if (plot_path && lrmoe_sim_plot_check(plot_path) < 0) {
         fprintf(stderr, "lrmoe-plan: --plot %s: %s\n", plot_path, lrmoe_errmsg());
         return 2;
@@ -264,13 +241,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
         return 1;
     }
-    int64_t n = lrmoe_filter_run(in, io.out, &io.w, plan_frame, &c);
-    lrmoe_eplb_cache_free(c.eplb);
-    int rc = 0;
-    if (n < 0) {
+    c.stats_path = stats_path;
+    c.out = io.out;
+    lrmoe_filter_t run = {.in = in, .io = &io, .stats_path = stats_path,
+                          .stats_header = stats_header, .stats = &c.stats,
+                          .hooks = {.frame = plan_frame, .ctx = &c}};
+    int rc = lrmoe_filter_main(&run) < 0;
+    if (rc)
         fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
-        rc = 1;
-    }
+    lrmoe_eplb_cache_free(c.eplb);
     /* the figure of the frames planned, also when a later one failed */
     if (plot_path && (trace.n || !rc) && lrmoe_sim_plot_trace(&trace, &c.cli, plot_path) < 0) {
         fprintf(stderr, "lrmoe-plan: --plot %s: %s\n", plot_path, lrmoe_errmsg());
@@ -279,11 +258,5 @@ int main(int argc, char **argv)
     lrmoe_sim_trace_free(&trace);
     lrmoe_plan_cli_free(&c.cli);
     lrmoe_plan_thread_cleanup();
-    errno = 0;
-    if (c.stats && lrmoe_stats_close(c.stats) != 0 && !rc) {
-        stats_error(c.stats_label, errno);
-        fprintf(stderr, "lrmoe-plan: %s\n", lrmoe_errmsg());
-        rc = 1;
-    }
     return rc;
 }

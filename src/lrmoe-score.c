@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "lrmoe.h"
+#include "tools.h"
 #include "score.h"
 
 static void usage(FILE *fp)
@@ -76,6 +77,13 @@ static int add_weights(lrmoe_frame_t *f, const lrmoe_weights_t *w)
     }
     return 0;
 }
+
+/* The --stats table's header, a column per value of its rows */
+static const char stats_header[] =
+    "frame\tlayer\tstep\tmetric\tpairs\tkept\tdropped\tretained"
+    "\tdropped_score_share\tfidelity\tscore_ms\tselect"
+    "\tdw_down_rel_err\tdw_down_cosine\tdw_down_bias\tdx_rel_err"
+    "\tdx_bias\n";
 
 static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 {
@@ -208,25 +216,12 @@ int main(int argc, char **argv)
     if (lrmoe_check_tty_out(io.out, io.force) < 0)
         goto bad;
     const char *in = optind < argc ? argv[optind] : "-";
-    if (stats_path) {
-        if (!(c.stats = lrmoe_stats_open(stats_path, io.out))) {
-            fprintf(stderr, "lrmoe-score: %s: %s\n", stats_path, strerror(errno));
-            return 1;
-        }
-        fprintf(c.stats, "frame\tlayer\tstep\tmetric\tpairs\tkept\tdropped\tretained"
-                         "\tdropped_score_share\tfidelity\tscore_ms\tselect"
-                         "\tdw_down_rel_err\tdw_down_cosine\tdw_down_bias\tdx_rel_err"
-                         "\tdx_bias\n");
-    }
-    int rc = 0;
-    if (lrmoe_filter_run(in, io.out, &io.w, on_frame, &c) < 0) {
+    lrmoe_filter_t run = {.in = in, .io = &io, .stats_path = stats_path,
+                          .stats_header = stats_header, .stats = &c.stats,
+                          .hooks = {.frame = on_frame, .ctx = &c}};
+    int rc = lrmoe_filter_main(&run) < 0;
+    if (rc)
         fprintf(stderr, "lrmoe-score: %s\n", lrmoe_errmsg());
-        rc = 1;
-    }
-    if (lrmoe_stats_close(c.stats) != 0 && !rc) {
-        fprintf(stderr, "lrmoe-score: %s: write failed\n", stats_path);
-        rc = 1;
-    }
     if (c.w)
         lrmoe_weights_free(c.w);
     return rc;

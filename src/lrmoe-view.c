@@ -10,6 +10,7 @@
 #include <string.h>
 #include <jansson.h>
 #include "lrmoe.h"
+#include "tools.h"
 #include "diff.h"
 #include "stats.h"
 
@@ -705,22 +706,16 @@ int main(int argc, char **argv)
     o.stats = 1;
     int c;
     while ((c = getopt_long(argc, argv, "F:T:hV", lopts, NULL)) != -1) {
+        int sel = lrmoe_select_opt(&o.sel, c, optarg);
+        if (sel < 0) {
+            fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
+            return sel == -1 ? 2 : 1;
+        }
+        if (sel > 0)
+            continue;
         switch (c) {
         case OPT_JSON:
             o.json = 1;
-            break;
-        case 'F': {
-            if (lrmoe_select_add_frames(&o.sel, optarg) < 0) {
-                fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
-                return 2;
-            }
-            break;
-        }
-        case 'T':
-            if (lrmoe_select_add_tensor(&o.sel, optarg) < 0) {
-                fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
-                return 1;
-            }
             break;
         case OPT_VALUES:
             if (lrmoe_parse_i64("--values", optarg, 0, INT64_MAX, &o.values) < 0) {

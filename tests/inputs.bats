@@ -148,6 +148,20 @@ no_trailer() {
     assert_output "lrmoe-plan: frame 0: --stats /dev/full: write failed: No space left on device"
 }
 
+@test "--stats a full disk took even the header of, on an empty stream: every filter fails naming it (no exit 0)" {
+    # no frame: no row fails, only the header did; the runner's close must say so
+    python3 -c "import lrmoe_stream as s; s.write_stream('$T/empty.lrm', [])"
+    for t in route plan score pack; do
+        args=(); [ "$t" = plan ] && args=(-P 4)
+        run "$BIN/lrmoe-$t" "${args[@]}" -S /dev/full -o "$T/o.lrm" "$T/empty.lrm"
+        assert_failure 1
+        assert_output "lrmoe-$t: --stats /dev/full: write failed: No space left on device"
+        run bash -c '"$@" > /dev/full' _ "$BIN/lrmoe-$t" "${args[@]}" -S - -o "$T/o.lrm" "$T/empty.lrm"
+        assert_failure 1
+        assert_output "lrmoe-$t: --stats <stdout>: write failed: No space left on device"
+    done
+}
+
 @test "expert_load as whole-number floats (Megatron's tokens_per_expert) plans as I64; a fraction names the fix" {
     python3 - "$T" <<'PY'
 import sys, numpy as np, lrmoe_stream as s
