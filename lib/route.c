@@ -114,29 +114,29 @@ static weights_fn pick_weights(int K)
 {
 #ifdef ROUTE_X86
     if (K <= 8 && simd_ok("fma"))
-        return route_weights_avx2;
+        return lrmoe_route_weights_avx2;
 #endif
     (void)K;
-    return route_weights_scalar;
+    return lrmoe_route_weights_scalar;
 }
 
 static topk_fn pick_topk(void)
 {
 #ifdef ROUTE_X86
-    route_avx2_init();
+    lrmoe_route_avx2_init();
     if (simd_ok(NULL))
-        return route_topk_avx2;
+        return lrmoe_route_topk_avx2;
 #endif
-    return route_topk_scalar;
+    return lrmoe_route_topk_scalar;
 }
 
 static expsum_fn pick_expsum(void)
 {
 #ifdef ROUTE_X86
     if (simd_ok("fma"))
-        return route_expsum_avx2;
+        return lrmoe_route_expsum_avx2;
 #endif
-    return route_expsum_scalar;
+    return lrmoe_route_expsum_scalar;
 }
 
 
@@ -188,7 +188,7 @@ static void *run_job(void *arg)
     double *gscore = malloc((size_t)G * sizeof(double));
     unsigned char *gok = malloc((size_t)G);
     /* candidates of a block of ROUTE512_ROWS rows, ranks of one, a block of widened
-     * rows (route_rows_softmax_avx2; route_row_sigmoid_filter uses the first two) */
+     * rows (lrmoe_route_rows_softmax_avx2; lrmoe_route_row_sigmoid_filter uses the first two) */
     jb->cv = calloc(ROUTE512_SCRATCH(E), sizeof(float));
     jb->ci = calloc(ROUTE512_SCRATCH(E), sizeof(int32_t));
     jb->rank = calloc((size_t)E + 16, sizeof(int32_t));
@@ -205,7 +205,7 @@ static void *run_job(void *arg)
 #ifdef ROUTE_X86
     if (jb->fast) {
         int64_t bt = jb->t0;
-        int bad = 0, rc = route_rows_softmax_avx2(jb, &bt, &bad);
+        int bad = 0, rc = lrmoe_route_rows_softmax_avx2(jb, &bt, &bad);
         if (rc) {
             jb->err = rc;
             jb->err_token = bt;
@@ -238,12 +238,12 @@ static void *run_job(void *arg)
         int rc;
 #ifdef ROUTE_X86
         if (sig && jb->sigfast)
-            rc = route_row_sigmoid_filter(jb, x, ids, w, key, ka, cj, tvf, tvd, gscore, gok, sge,
+            rc = lrmoe_route_row_sigmoid_filter(jb, x, ids, w, key, ka, cj, tvf, tvd, gscore, gok, sge,
                                     seen, t, &bad);
         else
 #endif
-        rc = sig ? route_row_sigmoid(jb, x, ids, w, key, tvd, gscore, gok, &bad)
-                 : route_row_softmax(jb, x, ids, w, tvf, &bad);
+        rc = sig ? lrmoe_route_row_sigmoid(jb, x, ids, w, key, tvd, gscore, gok, &bad)
+                 : lrmoe_route_row_softmax(jb, x, ids, w, tvf, &bad);
         if (rc) {
             jb->err = rc;
             jb->err_token = t;
@@ -294,9 +294,9 @@ int lrmoe_route_topk(const lrmoe_route_opts_t *o, int64_t T, int64_t E,
     int sigfast = E % 8 == 0 && simd_ok("fma");
 #ifdef ROUTE_X86
     int fast = o->router != LRMOE_ROUTER_SIGMOID && o->k <= 8 &&
-               E % 8 == 0 && E <= EMAX && tk == route_topk_avx2 && wf == route_weights_avx2 &&
-               es == route_expsum_avx2;
-    int k512 = fast && E % 16 == 0 && route_avx512_ok();
+               E % 8 == 0 && E <= EMAX && tk == lrmoe_route_topk_avx2 && wf == lrmoe_route_weights_avx2 &&
+               es == lrmoe_route_expsum_avx2;
+    int k512 = fast && E % 16 == 0 && lrmoe_route_avx512_ok();
 #else
     int fast = 0, k512 = 0;
 #endif
@@ -317,7 +317,7 @@ int lrmoe_route_topk(const lrmoe_route_opts_t *o, int64_t T, int64_t E,
         jb->expsum = es;
         jb->weights = wf;
         jb->fast = fast;
-        jb->rows512 = k512 ? route_softmax_rows512 : NULL;
+        jb->rows512 = k512 ? lrmoe_route_softmax_rows512 : NULL;
         jb->sigfast = sigfast;
         jb->bmax = bmax;
     }

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #ifdef ROUTE_X86
-/* Same as route_topk_scalar: eight logits at a time are compared with the
+/* Same as lrmoe_route_topk_scalar: eight logits at a time are compared with the
  * current K-th value and skipped when none beats it (or is NaN). */
 __attribute__((target("avx2")))
 static int topk_f32_avx2(const float *x, int E, int K, float *tv, int32_t *ti, int *bad)
@@ -205,7 +205,7 @@ static inline int topk_f32_avx2_bound(const float *x, int E, int K, float *tv, i
     return 0;
 }
 
-/* route_topk_avx2 for K <= 8 and E a multiple of 8 up to EMAX, split in
+/* lrmoe_route_topk_avx2 for K <= 8 and E a multiple of 8 up to EMAX, split in
  * two stages so that a block of rows runs stage 1 row after row and then
  * stage 2 row after row: stage 2 reads back whole vectors that stage 1
  * stored piecewise, which a store buffer cannot forward; a row later the
@@ -214,7 +214,7 @@ static inline int topk_f32_avx2_bound(const float *x, int E, int K, float *tv, i
  * checks only the candidates (-1: the caller takes a path that names it).
  * The picks are those of route_topk_avx2. */
 
-/* Stage 1: the bound m (without NaN, that of route_topk_avx2; with one,
+/* Stage 1: the bound m (without NaN, that of lrmoe_route_topk_avx2; with one,
  * anything, NaN included) and the candidates x >= m or NaN, in index order,
  * into cv, ci (E + 16 each), then 16 -inf into cv. Returns their number. */
 __attribute__((target("avx2")))
@@ -364,7 +364,7 @@ static inline int top8_stage2(const float *cv, const int32_t *ci, int c, int K, 
 }
 
 __attribute__((target("avx2,fma")))
-float route_expsum_avx2(const float *x, int E, float m)
+float lrmoe_route_expsum_avx2(const float *x, int E, float m)
 {
     __m256 acc = _mm256_setzero_ps(), vm = _mm256_set1_ps(m);
     int j = 0;
@@ -419,7 +419,7 @@ static inline void weights_avx2(const float *tv, int K, float m, float s, float 
 #endif
 
 #ifdef ROUTE_X86
-/* route_row_softmax over all rows of a job, everything inlined: a softmax router,
+/* lrmoe_route_row_softmax over all rows of a job, everything inlined: a softmax router,
  * K <= 8, E a multiple of 8 up to EMAX. Rows go in blocks of B, each stage
  * of the top-K (top8_stage1, top8_stage2_16) over the whole block before the
  * next, then the weights; with AVX-512 and E a multiple of 16 a block goes
@@ -427,7 +427,7 @@ static inline void weights_avx2(const float *tv, int K, float m, float s, float 
  * widened a block at a time into jb->row (B*E), which stays in L1/L2. Rows
  * that need the special cases (NaN, +-inf maximum) go through route_row_softmax. */
 __attribute__((target("avx2,fma")))
-int route_rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
+int lrmoe_route_rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
 {
     const lrmoe_route_opts_t *o = jb->o;
     int E = jb->E, K = jb->K;
@@ -469,7 +469,7 @@ int route_rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
                 int r = __builtin_ctz(left);
                 int64_t t = t0 + r;
                 int32_t *ids = jb->ids + t * K;
-                int rc = route_row_softmax(jb, xb + (size_t)r * E, ids, jb->w + t * K, tb[r], bad);
+                int rc = lrmoe_route_row_softmax(jb, xb + (size_t)r * E, ids, jb->w + t * K, tb[r], bad);
                 if (rc) {
                     *bad_t = t;
                     return rc;
@@ -503,14 +503,14 @@ int route_rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad)
                 special |= 1 << r;
                 continue;
             }
-            sb[r] = full ? route_expsum_avx2(xb + (size_t)r * E, E, tb[r][0]) : 0.0f;
+            sb[r] = full ? lrmoe_route_expsum_avx2(xb + (size_t)r * E, E, tb[r][0]) : 0.0f;
         }
         for (int r = 0; r < nb; r++) {
             int64_t t = t0 + r;
             int32_t *ids = jb->ids + t * K;
             float *w = jb->w + t * K;
             if ((special >> r) & 1) {
-                int rc = route_row_softmax(jb, xb + (size_t)r * E, ids, w, tb[r], bad);
+                int rc = lrmoe_route_row_softmax(jb, xb + (size_t)r * E, ids, w, tb[r], bad);
                 if (rc) {
                     *bad_t = t;
                     return rc;
@@ -626,14 +626,14 @@ static int append_ge_f64_avx2(const float *v, int n, double thr, int32_t *out)
     return c;
 }
 
-/* route_row_sigmoid with the same result, computing the double-precision keys only
+/* lrmoe_route_row_sigmoid with the same result, computing the double-precision keys only
  * where they can matter: with F32 keys ka within delta of the exact ones, an
  * expert whose ka is below (K-th largest ka) - 2 delta has an exact key
  * strictly below the K-th largest exact key, and a group whose approximate
  * score (error <= 2 delta) is below (M-th largest) - 4 delta scores strictly
  * below M other groups; neither can be chosen, ties included. */
 __attribute__((target("avx2,fma")))
-int route_row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, float *w,
+int lrmoe_route_row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, float *w,
                               double *key, float *ka, int32_t *cj, float *tvf, double *tv,
                               double *gscore, unsigned char *gok, double *sge,
                               int64_t *seen, int64_t t, int *bad)
@@ -642,7 +642,7 @@ int route_row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, floa
     int E = jb->E, K = jb->K;
     const float *b = jb->bias;
     if (approx_keys_avx2(x, b, E, ka))
-        return route_row_sigmoid(jb, x, ids, w, key, tv, gscore, gok, bad); /* names the NaN */
+        return lrmoe_route_row_sigmoid(jb, x, ids, w, key, tv, gscore, gok, bad); /* names the NaN */
     double delta = 1e-5 * (1.0 + jb->bmax);
     float tau;
     if (o->groups > 1) {
@@ -785,18 +785,18 @@ int route_row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, floa
 /* the exported entry points of the two kernels above (the row loops here
  * call the static inline ones, so they stay inlined) */
 __attribute__((target("avx2")))
-int route_topk_avx2(const float *x, int E, int K, float *tv, int32_t *ti, int *bad)
+int lrmoe_route_topk_avx2(const float *x, int E, int K, float *tv, int32_t *ti, int *bad)
 {
     return topk_f32_avx2_bound(x, E, K, tv, ti, bad);
 }
 
 __attribute__((target("avx2,fma")))
-void route_weights_avx2(const float *tv, int K, float m, float s, float scale, float *w)
+void lrmoe_route_weights_avx2(const float *tv, int K, float m, float s, float scale, float *w)
 {
     weights_avx2(tv, K, m, s, scale, w);
 }
 
-void route_avx2_init(void)
+void lrmoe_route_avx2_init(void)
 {
     pthread_once(&compress_once, compress_init);
 }

@@ -36,7 +36,7 @@
     __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi2,avx2,fma,bmi,bmi2," \
                           "popcnt")))
 
-int route_avx512_ok(void)
+int lrmoe_route_avx512_ok(void)
 {
     const char *e = getenv("LRMOE_NO_SIMD");
     if (e && *e && strcmp(e, "0") != 0)
@@ -304,7 +304,7 @@ T512 static inline int weights512(const float *x, int E, int K, int full, float 
     return 0;
 }
 
-T512 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int full,
+T512 uint32_t lrmoe_route_softmax_rows512(const float *x, int nb, int E, int K, int full,
                                     float scale, int32_t *ids, float *w, float *cv,
                                     int32_t *ci, const void *next, size_t nnext)
 {
@@ -362,12 +362,12 @@ T512 uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int fu
 
 #else
 
-int route_avx512_ok(void)
+int lrmoe_route_avx512_ok(void)
 {
     return 0;
 }
 
-uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int full,
+uint32_t lrmoe_route_softmax_rows512(const float *x, int nb, int E, int K, int full,
                                float scale, int32_t *ids, float *w, float *cv, int32_t *ci,
                                const void *next, size_t nnext)
 {

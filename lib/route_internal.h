@@ -9,13 +9,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 1 when the CPU and the OS run route_softmax_rows512 (AVX-512 F, BW, DQ,
+/* 1 when the CPU and the OS run lrmoe_route_softmax_rows512 (AVX-512 F, BW, DQ,
  * VL and VBMI2, with BMI2 and POPCNT: Ice Lake, Sapphire Rapids, Zen 4 and
  * later); 0 elsewhere, and always when the environment
  * sets LRMOE_NO_SIMD or LRMOE_NO_AVX512 (so tests reach the other paths). */
-int route_avx512_ok(void);
+int lrmoe_route_avx512_ok(void);
 
-/* Rows per call of route_softmax_rows512, and the scratch it needs. */
+/* Rows per call of lrmoe_route_softmax_rows512, and the scratch it needs. */
 enum { ROUTE512_ROWS = 16 };
 #define ROUTE512_SCRATCH(E) ((size_t)ROUTE512_ROWS * ((size_t)(E) + 32))
 
@@ -31,7 +31,7 @@ enum { ROUTE512_ROWS = 16 };
  * logits at or above its bound (about 0.4% of rows of random logits), or
  * a pick whose exp is below FLT_MIN. Returns those rows as a bit mask
  * (bit r = row r). */
-uint32_t route_softmax_rows512(const float *x, int nb, int E, int K, int full,
+uint32_t lrmoe_route_softmax_rows512(const float *x, int nb, int E, int K, int full,
                                float scale, int32_t *ids, float *w, float *cv, int32_t *ci,
                                const void *next, size_t nnext);
 typedef uint32_t (*rows512_fn)(const float *x, int nb, int E, int K, int full, float scale,
@@ -136,7 +136,7 @@ typedef struct {
     weights_fn weights;
     int fast;            /* rows_softmax_avx2 applies */
     rows512_fn rows512;  /* ...and its blocks go to this AVX-512 kernel (route.c
-                            chooses: route_softmax_rows512, or NULL) */
+                            chooses: lrmoe_route_softmax_rows512, or NULL) */
     int sigfast;         /* row_sigmoid_filter applies */
     double bmax;         /* max |expert_bias| (0 without) */
     float *cv, *row;     /* scratch of rows_softmax_avx2 */
@@ -150,29 +150,29 @@ static inline double route_sigmoid(double x)
 }
 
 /* route_scalar.c */
-int route_topk_scalar(const float *x, int E, int K, float *tv, int32_t *ti, int *bad);
-float route_expsum_scalar(const float *x, int E, float m);
-void route_weights_scalar(const float *tv, int K, float m, float s, float scale, float *w);
+int lrmoe_route_topk_scalar(const float *x, int E, int K, float *tv, int32_t *ti, int *bad);
+float lrmoe_route_expsum_scalar(const float *x, int E, float m);
+void lrmoe_route_weights_scalar(const float *tv, int K, float m, float s, float scale, float *w);
 /* Top-K over double keys, optionally only experts whose group is allowed. */
-void route_topk_f64(const double *key, int E, int K, const unsigned char *gok,
+void lrmoe_route_topk_f64(const double *key, int E, int K, const unsigned char *gok,
                     int gsize, double *tv, int32_t *ti);
 /* Softmax routers on one row. 0, or ERR_* with *bad set. */
-int route_row_softmax(const job_t *jb, const float *x, int32_t *ids, float *w,
+int lrmoe_route_row_softmax(const job_t *jb, const float *x, int32_t *ids, float *w,
                       float *tv, int *bad);
 /* Sigmoid router on one row; key (E) and gscore/gok (G) are scratch. */
-int route_row_sigmoid(const job_t *jb, const float *x, int32_t *ids, float *w,
+int lrmoe_route_row_sigmoid(const job_t *jb, const float *x, int32_t *ids, float *w,
                       double *key, double *tv, double *gscore, unsigned char *gok,
                       int *bad);
 
 #ifdef ROUTE_X86
-/* route_avx2.c (callers check AVX2/FMA first; route_avx2_init once before
- * route_topk_avx2) */
-void route_avx2_init(void);
-int route_topk_avx2(const float *x, int E, int K, float *tv, int32_t *ti, int *bad);
-float route_expsum_avx2(const float *x, int E, float m);
-void route_weights_avx2(const float *tv, int K, float m, float s, float scale, float *w);
-int route_rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad);
-int route_row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, float *w,
+/* route_avx2.c (callers check AVX2/FMA first; lrmoe_route_avx2_init once before
+ * lrmoe_route_topk_avx2) */
+void lrmoe_route_avx2_init(void);
+int lrmoe_route_topk_avx2(const float *x, int E, int K, float *tv, int32_t *ti, int *bad);
+float lrmoe_route_expsum_avx2(const float *x, int E, float m);
+void lrmoe_route_weights_avx2(const float *tv, int K, float m, float s, float scale, float *w);
+int lrmoe_route_rows_softmax_avx2(job_t *jb, int64_t *bad_t, int *bad);
+int lrmoe_route_row_sigmoid_filter(const job_t *jb, const float *x, int32_t *ids, float *w,
                              double *key, float *ka, int32_t *cj, float *tvf, double *tv,
                              double *gscore, unsigned char *gok, double *sge,
                              int64_t *seen, int64_t t, int *bad);

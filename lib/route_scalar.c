@@ -11,7 +11,7 @@
 
 
 /* Top-K of a float row; -1 with *bad = expert on NaN. */
-int route_topk_scalar(const float *x, int E, int K, float *tv, int32_t *ti, int *bad)
+int lrmoe_route_topk_scalar(const float *x, int E, int K, float *tv, int32_t *ti, int *bad)
 {
     int j = 0;
     for (; j < K; j++) {
@@ -32,7 +32,7 @@ int route_topk_scalar(const float *x, int E, int K, float *tv, int32_t *ti, int 
 }
 
 /* sum_j exp(x_j - m), x_j <= m, m finite. */
-float route_expsum_scalar(const float *x, int E, float m)
+float lrmoe_route_expsum_scalar(const float *x, int E, float m)
 {
     double s = 0; /* a float sum of E terms drifts by up to E ulps */
     for (int j = 0; j < E; j++)
@@ -41,7 +41,7 @@ float route_expsum_scalar(const float *x, int E, float m)
 }
 
 
-void route_weights_scalar(const float *tv, int K, float m, float s, float scale, float *w)
+void lrmoe_route_weights_scalar(const float *tv, int K, float m, float s, float scale, float *w)
 {
     float sum = 0;
     for (int k = 0; k < K; k++) {
@@ -56,7 +56,7 @@ void route_weights_scalar(const float *tv, int K, float m, float s, float scale,
 }
 
 /* Top-K over double keys, optionally only experts whose group is allowed. */
-void route_topk_f64(const double *key, int E, int K, const unsigned char *gok,
+void lrmoe_route_topk_f64(const double *key, int E, int K, const unsigned char *gok,
                      int gsize, double *tv, int32_t *ti)
 {
     int n = 0;
@@ -77,7 +77,7 @@ void route_topk_f64(const double *key, int E, int K, const unsigned char *gok,
 }
 
 /* Softmax routers on one row. 0, or ERR_* with *bad set. */
-int route_row_softmax(const job_t *jb, const float *x, int32_t *ids, float *w,
+int lrmoe_route_row_softmax(const job_t *jb, const float *x, int32_t *ids, float *w,
                        float *tv, int *bad)
 {
     const lrmoe_route_opts_t *o = jb->o;
@@ -107,7 +107,7 @@ int route_row_softmax(const job_t *jb, const float *x, int32_t *ids, float *w,
 }
 
 /* Sigmoid router on one row; key (E) and gscore/gok (G) are scratch. */
-int route_row_sigmoid(const job_t *jb, const float *x, int32_t *ids, float *w,
+int lrmoe_route_row_sigmoid(const job_t *jb, const float *x, int32_t *ids, float *w,
                        double *key, double *tv, double *gscore, unsigned char *gok,
                        int *bad)
 {
@@ -144,7 +144,7 @@ int route_row_sigmoid(const job_t *jb, const float *x, int32_t *ids, float *w,
         }
         allow = gok;
     }
-    route_topk_f64(key, E, K, allow, gsize, tv, ids);
+    lrmoe_route_topk_f64(key, E, K, allow, gsize, tv, ids);
     double s = 0, *wd = tv; /* the top values are no longer needed */
     for (int k = 0; k < K; k++) {
         wd[k] = route_sigmoid(x[ids[k]]);

@@ -213,7 +213,7 @@ int main(int argc, char **argv)
     int fails = 0;
     long cases = 0;
     printf("route_test: the default path %s the AVX-512 kernel on this CPU\n",
-           route_avx512_ok() ? "is" : "is not (no AVX-512 here; it runs the AVX2 one)");
+           lrmoe_route_avx512_ok() ? "is" : "is not (no AVX-512 here; it runs the AVX2 one)");
     for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
         unsetenv("LRMOE_NO_AVX512");
         unsetenv("LRMOE_NO_SIMD");
