@@ -44,6 +44,37 @@ int lrmoe_exec_set(lrmoe_exec_t *x, const char *name, const char *value);
  * set. */
 int lrmoe_exec_run(lrmoe_exec_t *x, lrmoe_frame_t *f);
 
+/* ---------------------------------------------- route, score and pack */
+
+/* The route, score and pack stages on frames behind opaque handles, with
+ * the tools' defaults; options set by the long names of lrmoe-route(1),
+ * lrmoe-score(1) and lrmoe-pack(1) and their values as text (a flag:
+ * value NULL); each run is the tool's work on one frame, by the same call.
+ *   route: topk, router, renorm, scale, groups, topk-groups, threads, ranks,
+ *          weights (a weights stream, read at the set), from-hidden,
+ *          loads-only
+ *   score: metric, select, drop, seed, threads, fidelity, weights (read at
+ *          the set; only with fidelity); the n-th run of a handle seeds its
+ *          draw with seed + n, as lrmoe-score does frame n of a stream
+ *   pack:  alloc, ranks, threads, strip, layout-only
+ * _new returns NULL when out of memory; _set and _run 0, or -1 with the
+ * error naming the option or the failure; _free accepts NULL. */
+typedef struct lrmoe_route lrmoe_route_t;
+lrmoe_route_t *lrmoe_route_new(void);
+int lrmoe_route_set(lrmoe_route_t *r, const char *name, const char *value);
+int lrmoe_route_run(lrmoe_route_t *r, lrmoe_frame_t *f);
+void lrmoe_route_free(lrmoe_route_t *r);
+typedef struct lrmoe_score lrmoe_score_t;
+lrmoe_score_t *lrmoe_score_new(void);
+int lrmoe_score_set(lrmoe_score_t *s, const char *name, const char *value);
+int lrmoe_score_run(lrmoe_score_t *s, lrmoe_frame_t *f);
+void lrmoe_score_free(lrmoe_score_t *s);
+typedef struct lrmoe_pack lrmoe_pack_t;
+lrmoe_pack_t *lrmoe_pack_new(void);
+int lrmoe_pack_set(lrmoe_pack_t *p, const char *name, const char *value);
+int lrmoe_pack_run(lrmoe_pack_t *p, lrmoe_frame_t *f);
+void lrmoe_pack_free(lrmoe_pack_t *p);
+
 /* ------------------------------------------------------------ planner */
 
 typedef struct lrmoe_plan_cfg lrmoe_plan_cfg_t;

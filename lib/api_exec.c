@@ -56,11 +56,13 @@ static int int_opt(const char *name, const char *v, int64_t lo, int64_t hi, int 
 
 int lrmoe_exec_set(lrmoe_exec_t *x, const char *name, const char *value)
 {
-    static const char *const flags[] = {"allow-nonfinite"};
-    if (!x || !name) return lrmoe_err("exec: no handle or no option name");
-    int flag = !strcmp(name, flags[0]);
-    if (flag && value) return lrmoe_err("exec: %s takes no value", name);
-    if (!flag && !value) return lrmoe_err("exec: %s needs a value", name);
+    static const char *const names[] = {"phase", "mode", "weights", "backend", "compute",
+                                        "ranks", "threads", "rank-threads", "gpus", "device",
+                                        "gemm", "gemm-streams", "repeat", "warmup", "clock",
+                                        "allow-nonfinite!", NULL};
+    if (!x) return lrmoe_err("exec: no handle");
+    if (lrmoe_parse_opt_name("exec", names, name, value) < 0) return -1;
+    const int flag = !strcmp(name, "allow-nonfinite");
     lrmoe_exec_frame_opts_t o = x->o;
     int rc = 0;
     if (!strcmp(name, "phase")) {
@@ -109,11 +111,6 @@ int lrmoe_exec_set(lrmoe_exec_t *x, const char *name, const char *value)
         free(x->weights);
         x->weights = w;
         return 0;
-    } else {
-        return lrmoe_err("exec: unknown option '%s' (the long options of lrmoe-exec(1): phase, "
-                         "mode, weights, backend, compute, ranks, threads, rank-threads, gpus, "
-                         "device, gemm, gemm-streams, repeat, warmup, clock, allow-nonfinite)",
-                         name);
     }
     if (rc < 0) return -1;
     drop_ctx(x);

@@ -86,3 +86,25 @@ int lrmoe_parse_range(const char *opt, const char *s, int64_t *lo, int64_t *hi)
     if (lrmoe_parse_i64(opt, first, 0, INT64_MAX, lo) < 0) return -1;
     return lrmoe_parse_i64(opt, dash + 1, *lo, INT64_MAX, hi);
 }
+
+int lrmoe_parse_opt_name(const char *stage, const char *const *names, const char *name,
+                         const char *value)
+{
+    if (!name) return lrmoe_err("%s: no option name", stage);
+    for (const char *const *n = names; *n; n++) {
+        size_t len = strlen(*n);
+        int flag = (*n)[len - 1] == '!';
+        if (strncmp(*n, name, len - flag) || name[len - flag]) continue;
+        if (flag && value) return lrmoe_err("%s: %s takes no value", stage, name);
+        if (!flag && !value) return lrmoe_err("%s: %s needs a value", stage, name);
+        return 0;
+    }
+    char list[512];
+    size_t k = 0;
+    list[0] = 0;
+    for (const char *const *n = names; *n && k < sizeof list; n++)
+        k += (size_t)snprintf(list + k, sizeof list - k, "%s%.*s", k ? ", " : "",
+                              (int)(strlen(*n) - ((*n)[strlen(*n) - 1] == '!')), *n);
+    return lrmoe_err("%s: unknown option '%s' (the long options of lrmoe-%s(1)%s: %s)", stage,
+                     name, stage, strcmp(stage, "pack") ? "" : " that pack a frame", list);
+}

@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include "lrmoe.h"
+#include "score.h"
 
 /* What a filter does to its stream (every hook may be NULL):
  *   frame    each frame before it is written (lrmoe_filter_run's fn);
@@ -25,6 +26,13 @@ typedef struct {
 /* lrmoe_filter_run with hooks: frames processed, or -1. */
 int64_t lrmoe_filter_run_hooks(const char *in, const char *out, const lrmoe_wopts_t *o,
                                const lrmoe_filter_hooks_t *h);
+
+/* lrmoe_score_frame with the layer's w_gate, w_up and w_down taken from w
+ * (lrmoe-score --weights, for --fidelity's dW_gate, dW_up and dx; w NULL:
+ * lrmoe_score_frame itself) and removed again; st may be NULL
+ * (lib/api_stage.c, which the score handle runs too). */
+int lrmoe_score_frame_w(lrmoe_frame_t *f, int64_t index, const lrmoe_score_opts_t *o,
+                        const lrmoe_weights_t *w, lrmoe_score_stats_t *st);
 
 /* -F/--frame N[-M] and -T/--tensor NAME of a tool that selects (c is
  * getopt's value): 1 handled, 0 neither, -1 a bad --frame (a usage error),

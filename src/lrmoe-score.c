@@ -53,31 +53,6 @@ typedef struct {
     lrmoe_weights_t *w;   /* --weights (with --fidelity), or NULL */
 } ctx_t;
 
-static const char *const wnames[3] = {"w_gate", "w_up", "w_down"};
-
-/* The frame's layer weights put into the frame for lrmoe_score_frame's
- * fidelity (removed again by on_frame). */
-static int add_weights(lrmoe_frame_t *f, const lrmoe_weights_t *w)
-{
-    int64_t layer = 0;
-    if (lrmoe_frame_attr(f, "layer") && lrmoe_frame_attr_i64(f, "layer", &layer) < 0)
-        return -1;
-    const lrmoe_frame_t *wf = lrmoe_weights_layer(w, layer);
-    if (!wf)
-        return lrmoe_err("--weights: no weights for layer %lld", (long long)layer);
-    for (int i = 0; i < 3; i++) {
-        if (lrmoe_frame_get(f, wnames[i]))
-            return lrmoe_err("--weights: the frame already has a tensor %s", wnames[i]);
-        const lrmoe_tensor_t *t = lrmoe_frame_need(wf, wnames[i]);
-        lrmoe_tensor_t *c = t ? lrmoe_frame_put(f, wnames[i], t->dtype, t->ndim, t->shape) : NULL;
-        if (!c)
-            return -1;
-        if (t->nbytes)
-            memcpy(c->data, t->data, t->nbytes);
-    }
-    return 0;
-}
-
 /* The --stats table's header, a column per value of its rows */
 static const char stats_header[] =
     "frame\tlayer\tstep\tmetric\tpairs\tkept\tdropped\tretained"
@@ -89,13 +64,7 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 {
     ctx_t *c = vctx;
     lrmoe_score_stats_t st;
-    if (c->w && add_weights(f, c->w) < 0)
-        return -1;
-    int rc = lrmoe_score_frame(f, index, &c->o, &st);
-    if (c->w)
-        for (int i = 0; i < 3; i++)
-            lrmoe_frame_del(f, wnames[i]);
-    if (rc < 0)
+    if (lrmoe_score_frame_w(f, index, &c->o, c->w, &st) < 0)
         return -1;
     if (c->verbose) {
         fprintf(stderr, "lrmoe-score: frame %lld: %s kept %lld/%lld (%.4f), "

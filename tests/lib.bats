@@ -336,22 +336,15 @@ PY
     refute_output --partial "LeakSanitizer"
 }
 
-@test "lrmoe_exec_t (opaque, options by lrmoe-exec's long names): forward, then backward in each mode, lrmoe-exec's tensors bit for bit and its attributes but the timings; bad options named" {
+@test "the opaque stage handles (lrmoe_route_t, lrmoe_score_t, lrmoe_pack_t, lrmoe_exec_t; options by the tools' long names) give the tools' tensors bit for bit and their attributes but the timings; bad options named" {
     export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
     flags=$(pkg-config --cflags --libs lrmoe)
     run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
-        -o "$T/exec_x" "$BATS_TEST_DIRNAME/lib/exec_inproc.c" $flags
+        -o "$T/stage" "$BATS_TEST_DIRNAME/lib/stage_inproc.c" $flags
     assert_success
-    X() { env LD_LIBRARY_PATH="$LIBD" "$T/exec_x" "$@"; }
-    "$BIN/lrmoe-gen" --tokens 256 --experts 16 --topk 4 --hidden 64 --ffn 32 --layers 2 \
-        --zipf 1.2 --seed 5 --weights "$T/w.lrm" | "$BIN/lrmoe-route" |
-        "$BIN/lrmoe-plan" -P 4 --rate 0.8 -o "$T/p.lrm"
-    run X "$T/p.lrm" "$T/xf.lrm" "$T/w.lrm" phase=forward ranks=4 threads=1 compute=f32
-    assert_success
-    "$BIN/lrmoe-exec" --phase forward -P 4 -@ 1 --compute f32 --weights "$T/w.lrm" \
-        --no-compress -o "$T/tf.lrm" "$T/p.lrm"
-    # the exec.* timings differ from run to run: every tensor and every other
-    # attribute must be equal
+    X() { env LD_LIBRARY_PATH="$LIBD" "$T/stage" "$@"; }
+    # the exec.*/score.*/pack.* seconds and the slowest rank are timings:
+    # every tensor and every other attribute must be equal
     same() {
         python3 - "$BATS_TEST_DIRNAME/helpers" "$1" "$2" <<'PY'
 import sys
@@ -360,8 +353,9 @@ from lrmoe_stream import read_stream
 import numpy as np
 a, b = read_stream(sys.argv[2]), read_stream(sys.argv[3])
 assert len(a) == len(b) == 2, (len(a), len(b))
-def timed(k):  # exec.PHASE.STAGE_s seconds and the slowest rank: timings
-    return k.startswith("exec.") and (k.endswith("_s") or k.endswith("critical_rank"))
+def timed(k):
+    return k.split(".")[0] in ("exec", "score", "pack", "route") and (
+        k.endswith("_s") or k.endswith("seconds") or k.endswith("critical_rank"))
 for (ta, aa), (tb, ab) in zip(a, b):
     assert sorted(ta) == sorted(tb), (sorted(ta), sorted(tb))
     for n in ta:
@@ -372,29 +366,88 @@ for (ta, aa), (tb, ab) in zip(a, b):
 print("same", len(a), "frames")
 PY
     }
-    run same "$T/xf.lrm" "$T/tf.lrm"
+    "$BIN/lrmoe-gen" --tokens 256 --experts 16 --topk 4 --hidden 64 --ffn 32 --layers 2 \
+        --zipf 1.2 --seed 5 --weights "$T/w.lrm" --no-compress -o "$T/g.lrm"
+    # route (from the frame's logits; the second run from hidden x router_weight)
+    run X route "$T/g.lrm" "$T/xr.lrm" topk=4 ranks=4 threads=1
     assert_success
-    assert_output "same 2 frames"
-    "$BIN/lrmoe-score" --no-compress -o "$T/s.lrm" "$T/tf.lrm"
-    for m in full masked; do
-        run X "$T/s.lrm" "$T/xb.lrm" "$T/w.lrm" phase=backward mode=$m ranks=4 threads=1 compute=f32
+    "$BIN/lrmoe-route" -k 4 -P 4 -@ 1 --no-compress -o "$T/r.lrm" "$T/g.lrm"
+    run same "$T/xr.lrm" "$T/r.lrm"
+    assert_success
+    run X route "$T/g.lrm" "$T/xr2.lrm" topk=4 renorm weights="$T/w.lrm" from-hidden threads=1
+    assert_success
+    "$BIN/lrmoe-route" -k 4 --renorm --weights "$T/w.lrm" --from-hidden -@ 1 --no-compress \
+        -o "$T/r2.lrm" "$T/g.lrm"
+    run same "$T/xr2.lrm" "$T/r2.lrm"
+    assert_success
+    "$BIN/lrmoe-plan" -P 4 --rate 0.8 --no-compress -o "$T/p.lrm" "$T/r.lrm"
+    # exec forward
+    run X exec "$T/p.lrm" "$T/xf.lrm" weights="$T/w.lrm" phase=forward ranks=4 threads=1 compute=f32
+    assert_success
+    "$BIN/lrmoe-exec" --phase forward -P 4 -@ 1 --compute f32 --weights "$T/w.lrm" \
+        --no-compress -o "$T/f.lrm" "$T/p.lrm"
+    run same "$T/xf.lrm" "$T/f.lrm"
+    assert_success
+    # score: the sampled draw (the n-th frame seeded seed + n, as the tool)
+    # and topk with --fidelity and --weights
+    run X score "$T/f.lrm" "$T/xs.lrm" seed=9 threads=1
+    assert_success
+    "$BIN/lrmoe-score" --seed 9 -@ 1 --no-compress -o "$T/s.lrm" "$T/f.lrm"
+    run same "$T/xs.lrm" "$T/s.lrm"
+    assert_success
+    run X score "$T/f.lrm" "$T/xs2.lrm" select=topk fidelity weights="$T/w.lrm"
+    assert_success
+    "$BIN/lrmoe-score" --select topk --fidelity --weights "$T/w.lrm" --no-compress \
+        -o "$T/s2.lrm" "$T/f.lrm"
+    run same "$T/xs2.lrm" "$T/s2.lrm"
+    assert_success
+    # pack (copying and layout-only forms)
+    for form in "" layout-only; do
+        run X pack "$T/s.lrm" "$T/xk.lrm" $form
+        assert_success
+        "$BIN/lrmoe-pack" ${form:+--$form} --no-compress -o "$T/k.lrm" "$T/s.lrm"
+        run same "$T/xk.lrm" "$T/k.lrm"
+        assert_success
+    done
+    # exec backward in each mode (compact on the packed rows)
+    for m in full masked compact; do
+        in="$T/s.lrm"; [ $m = compact ] && in="$T/k.lrm"
+        run X exec "$in" "$T/xb.lrm" weights="$T/w.lrm" phase=backward mode=$m ranks=4 threads=1 \
+            compute=f32
         assert_success
         "$BIN/lrmoe-exec" --phase backward --mode $m -P 4 -@ 1 --compute f32 --weights "$T/w.lrm" \
-            --no-compress -o "$T/tb.lrm" "$T/s.lrm"
-        run same "$T/xb.lrm" "$T/tb.lrm"
+            --no-compress -o "$T/b.lrm" "$in"
+        run same "$T/xb.lrm" "$T/b.lrm"
         assert_success
     done
     # errors name the option
-    run X "$T/p.lrm" "$T/e.lrm" "$T/w.lrm" speed=11
+    run X exec "$T/p.lrm" "$T/e.lrm" speed=11
     assert_failure
     assert_output --partial "exec: unknown option 'speed'"
-    run X "$T/p.lrm" "$T/e.lrm" "$T/w.lrm" ranks=0
+    run X exec "$T/p.lrm" "$T/e.lrm" ranks=0
+    assert_output "stage_inproc: ranks: 0 is out of range [1, 4096]"
+    run X exec "$T/p.lrm" "$T/e.lrm" allow-nonfinite=1
+    assert_output "stage_inproc: exec: allow-nonfinite takes no value"
+    run X exec "$T/p.lrm" "$T/e.lrm" weights="$T/w.lrm" mode=masked
+    assert_output "stage_inproc: mode: only the backward phase has modes (set phase backward)"
+    run X exec "$T/p.lrm" "$T/e.lrm" phase=sideways
+    assert_output "stage_inproc: phase: 'sideways' is not forward or backward"
+    run X exec "$T/p.lrm" "$T/e.lrm"
+    assert_output "stage_inproc: exec: no weights (set \"weights\" to a weights stream)"
+    run X route "$T/g.lrm" "$T/e.lrm" topk
+    assert_output "stage_inproc: route: topk needs a value"
+    run X route "$T/g.lrm" "$T/e.lrm" router=argmax
     assert_failure
-    assert_output "exec_inproc: ranks: 0 is out of range [1, 4096]"
-    run X "$T/p.lrm" "$T/e.lrm" "$T/w.lrm" allow-nonfinite=1
-    assert_output "exec_inproc: exec: allow-nonfinite takes no value"
-    run X "$T/p.lrm" "$T/e.lrm" "$T/w.lrm" mode=masked
-    assert_output "exec_inproc: mode: only the backward phase has modes (set phase backward)"
-    run X "$T/p.lrm" "$T/e.lrm" "$T/w.lrm" phase=sideways
-    assert_output "exec_inproc: phase: 'sideways' is not forward or backward"
+    assert_output --partial "argmax"
+    run X route "$T/g.lrm" "$T/e.lrm" from-hidden
+    assert_output "stage_inproc: route: from-hidden needs weights"
+    run X score "$T/f.lrm" "$T/e.lrm" weights="$T/nothere.lrm"
+    assert_failure
+    assert_output --partial "nothere.lrm"
+    run X score "$T/f.lrm" "$T/e.lrm" drop=101
+    assert_output "stage_inproc: drop: 101 is out of range [0, 100]"
+    run X pack "$T/s.lrm" "$T/e.lrm" alloc=later
+    assert_output "stage_inproc: alloc: 'later' is not auto, plan or forward"
+    run X pack "$T/s.lrm" "$T/e.lrm" unpack
+    assert_output --partial "pack: unknown option 'unpack'"
 }
