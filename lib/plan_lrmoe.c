@@ -408,7 +408,7 @@ typedef struct {
                             lengthen the modelled backward */
     slot_t any;          /* the best that fits, longer or not (used only
                             with --longer-backward, below rate 1) */
-    lrmoe_plan_t cand;
+    lrmoe_plan_t *cand;  /* the candidate being evaluated (scratch) */
     double ref_t;        /* the best baseline: the lowest t_total of those */
     int64_t ref_pk;      /* that fit (of all when none fits), its forward peak */
     double glpk;         /* seconds in the min-peak allocations (max-flow;
@@ -513,7 +513,7 @@ static double max_drop(const lctx_t *c, const lrmoe_plan_t *k)
  * largest drop fraction, then the forward peak. */
 static int beats(const lctx_t *c, const slot_t *sl, int cls)
 {
-    const lrmoe_plan_t *k = &c->cand, *b = sl->p;
+    const lrmoe_plan_t *k = c->cand, *b = sl->p;
     if (!sl->have)
         return 1;
     if (c->total < c->N) {
@@ -549,7 +549,7 @@ static int beats(const lctx_t *c, const slot_t *sl, int cls)
 
 static void take(const lctx_t *c, slot_t *sl, int cls, const char *src)
 {
-    plan_copy(sl->p, &c->cand);
+    plan_copy(sl->p, c->cand);
     snprintf(sl->p->source, sizeof sl->p->source, "%s", src);
     snprintf(sl->p->planner, sizeof sl->p->planner, "lrmoe");
     sl->have = 1;
@@ -566,7 +566,7 @@ static void take(const lctx_t *c, slot_t *sl, int cls, const char *src)
  * its name ending in "+longer" when it is. */
 static void submit(lctx_t *c, const char *src, int longer)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     if (c->total < c->N && c->have_anchor &&
         (k->t_total > c->anchor_t * (1 + 1e-12) || t_bwd_of(&k->cost) > c->anchor_b * (1 + 1e-12)))
         longer = 1;
@@ -597,10 +597,10 @@ static void submit(lctx_t *c, const char *src, int longer)
 /* Summary and cost of c->cand as it stands (global keep); 0 or -1. */
 static int cand_eval(lctx_t *c)
 {
-    c->cand.keep_by_rank = 0;
-    if (lrmoe_plan_cost(c->o, &c->cand, c->load, NULL) < 0)
+    c->cand->keep_by_rank = 0;
+    if (lrmoe_plan_cost(c->o, c->cand, c->load, NULL) < 0)
         return -1;
-    lrmoe_plan_summarise(&c->cand, c->load);
+    lrmoe_plan_summarise(c->cand, c->load);
     return 0;
 }
 
@@ -612,7 +612,7 @@ static int cand_eval(lctx_t *c)
  * that is not longer; else the longer one is. 0 or -1. */
 static int submit_bwd(lctx_t *c, const char *src, double t1)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     if (t_bwd_of(&k->cost) <= t1) {
         submit(c, src, 0);
         return 0;
@@ -647,7 +647,7 @@ static int submit_bwd(lctx_t *c, const char *src, double t1)
 static int bwd_in_place(lctx_t *c, int64_t beat)
 {
     const int E = c->E, P = c->P;
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     int64_t *M = calloc((size_t)P, sizeof *M), *S = calloc((size_t)P, sizeof *S);
     int64_t *L = calloc((size_t)P, sizeof *L), *x = calloc((size_t)P, sizeof *x);
     int *where = malloc((size_t)E * sizeof(int));
@@ -833,7 +833,7 @@ static int even_floors(lctx_t *c, const uint8_t *pl, int64_t T, int64_t *lf)
  * or -1. */
 static int bwd_minpeak(lctx_t *c, const int64_t *K, int64_t lb)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     const int E = c->E, P = c->P;
     const uint8_t *pl = k->placement;
     double t0 = lrmoe_now();
@@ -896,7 +896,7 @@ static int bwd_minpeak(lctx_t *c, const int64_t *K, int64_t lb)
  * where forward ran (largest remainders). */
 static void bwd_follow(lctx_t *c)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     const int P = c->P;
     const size_t EP = (size_t)c->E * P;
     /* forward runs only where an expert is placed: elsewhere b = f = 0 */
@@ -931,7 +931,7 @@ static int bwd_loses(const lctx_t *c, int64_t cap)
 {
     if (cap == INT64_MAX)
         return 0;
-    const lrmoe_plan_t *k = &c->cand;
+    const lrmoe_plan_t *k = c->cand;
     const int P = c->P;
     int64_t *br = calloc((size_t)P, sizeof *br);
     if (!br)
@@ -995,7 +995,7 @@ static int fc_same(const fcand_t *a, const fcand_t *b, int P)
 static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t flb)
 {
     fcand_t *f = &fc[*nfc];
-    const lrmoe_plan_t *k = &c->cand;
+    const lrmoe_plan_t *k = c->cand;
     const size_t EP = (size_t)c->E * c->P;
     int npl = 0, nfw = 0;
     /* pairs only where an expert is placed: the placement's entries */
@@ -1045,7 +1045,7 @@ static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t f
     (*nfc)++;
     if (c->pre1) { /* rate 1 comes first: offer it as it stands */
         char all[56];
-        c->cand.fwd_lb = c->cand.bwd_lb = flb;
+        c->cand->fwd_lb = c->cand->bwd_lb = flb;
         snprintf(all, sizeof all, "%s/all", name);
         submit(c, all, 0);
     }
@@ -1055,7 +1055,7 @@ static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t f
 /* Candidate f into cand: placement, forward, slot accounting. */
 static void fc_load(lctx_t *c, const fcand_t *f)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     const size_t EP = (size_t)c->E * c->P;
     /* cand's forward lies on its placement: clearing those entries clears it */
     FOR_PLACED(k->placement, EP, i, k->placement[i] = 0; k->fwd_alloc[i] = 0;)
@@ -1081,7 +1081,7 @@ static void fc_load(lctx_t *c, const fcand_t *f)
 static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl,
                           const char *src, fcand_t *fc, int *nfc)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     const int E = c->E, P = c->P;
     const size_t EP = (size_t)E * P;
     char name[40];
@@ -1171,8 +1171,8 @@ static int offer_bwd(lctx_t *c, const char *src, const char *what, int64_t flb, 
     char name[56];
     if (cand_eval(c) < 0)
         return -1;
-    c->cand.fwd_lb = flb;
-    c->cand.bwd_lb = blb;
+    c->cand->fwd_lb = flb;
+    c->cand->bwd_lb = blb;
     snprintf(name, sizeof name, "%s/%s", src, what);
     if (t1 < 0) {
         submit(c, name, 0);
@@ -1206,7 +1206,7 @@ static int64_t peak_cap(const lctx_t *c, const fcand_t *f)
  * plan with every pair kept. K: proportional quotas (NULL: free). */
 static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     const int E = c->E;
     const size_t EP = (size_t)E * c->P;
     const int64_t flb = f->flb;
@@ -1297,7 +1297,7 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
  * Returns 0 or -1. */
 static int offer_scaled(lctx_t *c, const lrmoe_plan_t *ch)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     const int E = c->E, P = c->P;
     int64_t sk = 0;
     for (int e = 0; e < E; e++)
@@ -1394,23 +1394,46 @@ static void explain(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan
     lrmoe_plan_free(&t);
 }
 
-/* The scratch plans of lrmoe_plan_lrmoe (the three baselines, the candidate,
- * the any slot and the chain's plan), kept per thread from one call to the next: planning frame
- * after frame then neither allocates nor faults in five [E,P] plans each
- * time. They are freed when the thread ends (a thread-specific key's
- * destructor), or earlier by lrmoe_plan_thread_cleanup; a nested call
- * (explain) uses plans of its own. */
-enum { SCRATCH = 6 };
-static _Thread_local lrmoe_plan_t scratch[SCRATCH];
+/* The scratch plans of lrmoe_plan_lrmoe, kept per thread from one call to
+ * the next: planning frame after frame then neither allocates nor faults in
+ * six [E,P] plans each time. They are freed when the thread ends (a
+ * thread-specific key's destructor), or earlier by
+ * lrmoe_plan_thread_cleanup; a nested call (explain) uses plans of its own. */
+typedef struct {
+    lrmoe_plan_t base[3]; /* the baselines at rate 1: fixed, llep, eplb */
+    lrmoe_plan_t cand;    /* the candidate being evaluated */
+    lrmoe_plan_t any;     /* the any slot's plan (--longer-backward, best effort) */
+    lrmoe_plan_t chain;   /* the plan of the last chain rate that fit */
+} scratch_t;
+
+static _Thread_local scratch_t scratch;
 static _Thread_local int scratch_ready, scratch_busy;
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static int scratch_key_ok;
 
+static void scratch_init(scratch_t *s)
+{
+    for (int i = 0; i < 3; i++)
+        lrmoe_plan_init(&s->base[i]);
+    lrmoe_plan_init(&s->cand);
+    lrmoe_plan_init(&s->any);
+    lrmoe_plan_init(&s->chain);
+}
+
+static void scratch_free(scratch_t *s)
+{
+    for (int i = 0; i < 3; i++)
+        lrmoe_plan_free(&s->base[i]);
+    lrmoe_plan_free(&s->cand);
+    lrmoe_plan_free(&s->any);
+    lrmoe_plan_free(&s->chain);
+}
+
 void lrmoe_plan_lrmoe_thread_cleanup(void)
 {
-    for (int i = 0; scratch_ready && i < SCRATCH; i++)
-        lrmoe_plan_free(&scratch[i]);
+    if (scratch_ready)
+        scratch_free(&scratch);
     scratch_ready = 0;
 }
 
@@ -1425,356 +1448,483 @@ static void scratch_key_make(void)
     scratch_key_ok = pthread_key_create(&scratch_key, scratch_exit) == 0;
 }
 
-int lrmoe_plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base_fn base,
-               lrmoe_plan_t *p)
+/* The scratch plans of a call: the thread's (*kept = 1: scratch_give hands
+ * them back), or in a nested call fresh ones in own. */
+static scratch_t *scratch_take(scratch_t *own, int *kept)
 {
-    const int P = o->P, per = E / P;
-    const size_t EP = (size_t)E * P;
-    int64_t N = 0;
-    for (int e = 0; e < E; e++)
-        N += load[e];
-    const int ex = extra_slots(o, E, N);
-    int64_t *lo = malloc((size_t)E * sizeof *lo), *K = malloc((size_t)E * sizeof *K);
-    uint8_t *pl = malloc(EP);
-    int *he = malloc(((size_t)ex * P + 1) * sizeof(int)), *hp = malloc(((size_t)ex * P + 1) * sizeof(int));
-    lrmoe_plan_t sp[SCRATCH], *bl = sp, *anyp = NULL; /* bl: sp[0..2] */
-    const int kept = !scratch_busy;
-    if (kept) {
-        if (!scratch_ready) { /* the thread's exit frees them */
-            pthread_once(&scratch_once, scratch_key_make);
-            if (scratch_key_ok) pthread_setspecific(scratch_key, scratch);
-        }
-        for (int i = 0; !scratch_ready && i < SCRATCH; i++)
-            lrmoe_plan_init(&scratch[i]);
-        scratch_ready = scratch_busy = 1;
-        memcpy(sp, scratch, sizeof sp);
-    } else {
-        for (int i = 0; i < SCRATCH; i++)
-            lrmoe_plan_init(&sp[i]);
+    *kept = !scratch_busy;
+    if (!*kept) {
+        scratch_init(own);
+        return own;
     }
-    lctx_t c;
-    memset(&c, 0, sizeof c);
-    c.exhaustive = plan_exhaustive();
-    c.cand = sp[3];
-    int rc = -1;
-    char why[480] = "", why1[400] = "", alt_why[480] = "";
-    fcand_t *fc = NULL;
-    if (!lo || !K || !pl || !he || !hp || lrmoe_plan_alloc(&c.cand, E, P) < 0) {
-        lrmoe_err("lrmoe: out of memory");
-        goto out;
+    if (!scratch_ready) { /* the thread's exit frees them */
+        pthread_once(&scratch_once, scratch_key_make);
+        if (scratch_key_ok)
+            pthread_setspecific(scratch_key, &scratch);
+        scratch_init(&scratch);
     }
-    c.o = o;
-    c.load = load;
-    c.lo = lo;
-    c.E = E;
-    c.P = P;
-    c.per = per;
-    c.N = N;
-    /* the baselines at rate 1: what lrmoe must not lose to */
-    static const lrmoe_planner_t bp[3] = {LRMOE_PLANNER_FIXED, LRMOE_PLANNER_LLEP,
-                                          LRMOE_PLANNER_EPLB};
-    c.ref_t = HUGE_VAL;
-    c.ref_pk = INT64_MAX;
-    c.min_mem1 = HUGE_VAL;
+    scratch_ready = scratch_busy = 1;
+    return &scratch;
+}
+
+static void scratch_give(scratch_t *s, int kept)
+{
+    if (kept)
+        scratch_busy = 0;
+    else
+        scratch_free(s);
+}
+
+/* What lrmoe_plan_lrmoe keeps over its rates besides the planner state:
+ * lrmoe's own placement, the forward candidates and the messages of the
+ * rates tried. */
+typedef struct {
+    scratch_t *sp;              /* the call's scratch plans */
+    int extra;                  /* slots per rank beyond the natives */
+    int cached;                 /* the forward candidates in fc serve every
+                                   rate (above GREEDY_MAX_P ranks) */
+    int64_t *lo, *K;            /* the rate's floors, proportional quotas */
+    uint8_t *pl;                /* lrmoe's own placement */
+    int *add_expert, *add_rank; /* its replicas, in the order added */
+    fcand_t *fc, *fo;           /* forward candidates: of every rate, and
+                                   the rate's own (when not cached) */
+    int nfc, nfo, ncand;        /* their counts; ncand: fc's entries, fo's
+                                   included (fo lies inside fc) */
+    lrmoe_plan_t *anyp;         /* the any slot's plan, or NULL */
+    lrmoe_plan_t *chain;        /* the plan of the last chain rate that fit */
+    char why[480];              /* why the last user rate tried failed */
+    char why1[400];             /* why the first user rate failed */
+    char alt_why[480];          /* why the rate of the any slot's plan did */
+    int alt_ri;                 /* that rate (the user's index), or -1 */
+} search_t;
+_Static_assert(sizeof ((search_t *)0)->alt_why < sizeof ((lrmoe_plan_t *)0)->binding,
+               "take_longer copies alt_why whole into binding");
+
+static int search_alloc(search_t *s, int E, int P)
+{
+    const int nown = own_count(s->extra * P);
+    s->lo = malloc((size_t)E * sizeof *s->lo);
+    s->K = malloc((size_t)E * sizeof *s->K);
+    s->pl = malloc((size_t)E * P);
+    s->add_expert = malloc(((size_t)s->extra * P + 1) * sizeof(int));
+    s->add_rank = malloc(((size_t)s->extra * P + 1) * sizeof(int));
+    s->ncand = 2 * nown + 7;
+    s->fc = calloc((size_t)s->ncand, sizeof *s->fc);
+    if (!s->lo || !s->K || !s->pl || !s->add_expert || !s->add_rank || !s->fc)
+        return -1;
+    s->fo = s->fc + nown + 7;
+    return 0;
+}
+
+static void search_free(search_t *s)
+{
+    for (int i = 0; s->fc && i < s->ncand; i++)
+        fc_free(&s->fc[i]);
+    free(s->fc);
+    free(s->lo);
+    free(s->K);
+    free(s->pl);
+    free(s->add_expert);
+    free(s->add_rank);
+}
+
+/* The floors lo_e = ceil(min_keep n_e) within [0, n_e]; returns their sum. */
+static int64_t keep_floors(double min_keep, const int64_t *load, int E, int64_t *lo)
+{
+    int64_t sum = 0;
+    for (int e = 0; e < E; e++) {
+        int64_t l = (int64_t)ceil(min_keep * (double)load[e] - 1e-9);
+        lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
+        sum += lo[e];
+    }
+    return sum;
+}
+
+/* Pairs retained at rate rho of N. */
+static int64_t rate_total(double rho, int64_t N)
+{
+    return rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9);
+}
+
+/* lrmoe's own placement at c's rate into s->pl: the natives, plus the
+ * replicas place_replicas adds (recorded in s->add_expert, s->add_rank)
+ * for fixed quotas K (NULL: the loads) or free ones (bwd_free). Returns the
+ * replicas added, or -1. */
+static int own_placement(const lctx_t *c, search_t *s, const int64_t *K, int bwd_free)
+{
+    gctx_t g = {c->load, s->lo, K, c->total, c->N, c->E, c->P, bwd_free, NULL, NULL, NULL};
+    memset(s->pl, 0, (size_t)c->E * c->P);
+    for (int e = 0; e < c->E; e++)
+        s->pl[(size_t)e * c->P + e / c->per] = 1;
+    return place_replicas(&g, s->extra, s->pl, s->add_expert, s->add_rank);
+}
+
+/* The baselines at rate 1 (fixed, llep, eplb by base, every pair kept),
+ * evaluated into bl; the best of them (the lowest t_total of those that
+ * fit, of all when none does; then the least forward peak) is what lrmoe
+ * must not lose to: c->ref_t, c->ref_pk. 0 or -1. */
+static int plan_baselines(lctx_t *c, plan_base_fn base, lrmoe_plan_t *bl)
+{
+    static const lrmoe_planner_t planners[3] = {LRMOE_PLANNER_FIXED, LRMOE_PLANNER_LLEP,
+                                                LRMOE_PLANNER_EPLB};
+    const int E = c->E, P = c->P;
+    const int64_t *load = c->load;
     int ref_fits = 0;
+    c->ref_t = HUGE_VAL;
+    c->ref_pk = INT64_MAX;
     for (int i = 0; i < 3; i++) {
-        lrmoe_plan_opts_t ob = *o;
-        ob.planner = bp[i];
+        lrmoe_plan_opts_t ob = *c->o;
+        ob.planner = planners[i];
         if (lrmoe_plan_alloc(&bl[i], E, P) < 0)
-            goto out;
+            return -1;
         if (base(&ob, load, E, &bl[i]) < 0)
-            goto out;
+            return -1;
         memcpy(bl[i].quota, load, (size_t)E * sizeof *load);
-        memcpy(bl[i].bwd_alloc, bl[i].fwd_alloc, EP * sizeof(int64_t));
+        memcpy(bl[i].bwd_alloc, bl[i].fwd_alloc, (size_t)E * P * sizeof(int64_t));
         if (lrmoe_plan_cost(&ob, &bl[i], load, NULL) < 0)
-            goto out;
+            return -1;
         lrmoe_plan_summarise(&bl[i], load);
         char w[200];
-        const int fits = lrmoe_plan_fits(o, &bl[i], w, sizeof w);
-        if ((fits && !ref_fits) || (fits == ref_fits && (bl[i].t_total < c.ref_t ||
-                                    (bl[i].t_total == c.ref_t && bl[i].fwd_peak < c.ref_pk)))) {
-            c.ref_t = bl[i].t_total;
-            c.ref_pk = bl[i].fwd_peak;
+        const int fits = lrmoe_plan_fits(c->o, &bl[i], w, sizeof w);
+        if ((fits && !ref_fits) || (fits == ref_fits && (bl[i].t_total < c->ref_t ||
+                                    (bl[i].t_total == c->ref_t && bl[i].fwd_peak < c->ref_pk)))) {
+            c->ref_t = bl[i].t_total;
+            c->ref_pk = bl[i].fwd_peak;
             ref_fits = fits;
         }
     }
-    /* the forward candidates: above GREEDY_MAX_P ranks the replica search
-     * works on the loads alone, so its placements (and the baselines') are
-     * the same at every rate; below it the greedy objective weighs the
-     * rate's quotas, and lrmoe's own candidates are made per rate */
-    const int cached = P > GREEDY_MAX_P;
-    const int nown = own_count(ex * P);
-    fc = calloc((size_t)2 * nown + 7, sizeof *fc);
-    if (!fc) {
+    return 0;
+}
+
+/* The forward candidates built before the rates (s->fc): above
+ * GREEDY_MAX_P ranks the replica search works on the loads alone, so
+ * lrmoe's own placements (and the baselines') are the same at every rate,
+ * and are offered at rate 1 as they are built (c->pre1); below it the
+ * greedy objective weighs the rate's quotas, and lrmoe's own candidates
+ * are made per rate (try_rate). Then the baselines'. 0 or -1. */
+static int first_candidates(lctx_t *c, search_t *s, const lrmoe_plan_t *bl)
+{
+    static const char *const names[3] = {"fixed", "llep", "eplb"};
+    c->pre1 = s->cached;
+    if (c->pre1) { /* the state of rate 1, as try_rate sets it */
+        keep_floors(c->o->min_keep, c->load, c->E, s->lo);
+        c->total = c->N;
+        c->rho = 1.0;
+    }
+    if (s->cached) {
+        const int nadd = own_placement(c, s, NULL, 0);
+        if (nadd < 0 ||
+            own_candidates(c, s->pl, nadd, s->add_expert, s->add_rank, s->fc, &s->nfc) < 0)
+            return -1;
+    }
+    for (int i = 0; i < 3; i++)
+        if (fwd_candidates(c, &bl[i], NULL, names[i], s->fc, &s->nfc) < 0)
+            return -1;
+    return 0;
+}
+
+/* The rates searched, in decreasing order, into rl: the user's, and the
+ * chain's (ur -1: 1, 0.9, 0.8, ... down to the user's last rate, where the
+ * user has not given them) whose plans are not returned but bound the
+ * rates below them; ur: the user's index of each. Rate 1 comes first, the
+ * user's or the chain's. Returns their count. */
+static int rate_list(const lrmoe_plan_opts_t *o, double *rl, int *ur)
+{
+    int n = 0, u = 0;
+    for (int g = 10; g >= 1 && g / 10.0 >= o->rates[o->nrates - 1] - 1e-9; g--) {
+        for (; u < o->nrates && o->rates[u] > g / 10.0 + 1e-9; u++) {
+            rl[n] = o->rates[u];
+            ur[n++] = u;
+        }
+        if (u < o->nrates && o->rates[u] >= g / 10.0 - 1e-9) {
+            rl[n] = o->rates[u];
+            ur[n++] = u++;
+        } else {
+            rl[n] = g / 10.0;
+            ur[n++] = -1;
+        }
+    }
+    for (; u < o->nrates; u++) {
+        rl[n] = o->rates[u];
+        ur[n++] = u;
+    }
+    return n;
+}
+
+/* After a chain rate: its plan p, when one fits, is the anchor of the
+ * rates below (kept in s->chain, offered scaled down to them); rate 1's
+ * placement and forward join the candidates (unless one of them is it
+ * already). The messages stay those of the user's rates. 0 or -1. */
+static int chain_rate_done(lctx_t *c, search_t *s, const lrmoe_plan_t *p)
+{
+    if (c->strict.have) {
+        if (!s->chain) {
+            s->chain = &s->sp->chain;
+            if (lrmoe_plan_alloc(s->chain, c->E, c->P) < 0)
+                return -1;
+        }
+        plan_copy(s->chain, p); /* its summary and source too */
+        c->have_anchor = 1;
+        c->anchor_t = p->t_total;
+        c->anchor_b = t_bwd_of(&p->cost);
+        if (c->total == c->N) {
+            char name[40];
+            snprintf(name, sizeof name, "%.*s", (int)strcspn(p->source, "/"), p->source);
+            plan_copy(c->cand, p);
+            if (fc_take(c, s->fc, &s->nfc, name, p->fwd_lb) < 0)
+                return -1;
+        }
+    }
+    s->why[0] = 0;
+    if (c->total == c->N)
+        c->min_mem1 = HUGE_VAL;
+    return 0;
+}
+
+/* After the user's rate ui (rho): 1 when its plan wins (p is the result),
+ * else 0 with the explanation of the miss in s->why (and s->why1 at the
+ * first rate) and, with --longer-backward, the first rate whose any slot
+ * holds a plan noted (s->alt_ri). */
+static int user_rate_done(lctx_t *c, search_t *s, lrmoe_plan_t *p, double rho, int ui)
+{
+    if (c->strict.have) {
+        p->feasible = 1;
+        p->rate_index = ui;
+        snprintf(p->binding, sizeof p->binding, "%s", s->why);
+        return 1;
+    }
+    if (c->allow_longer && c->any.have) {
+        s->alt_ri = ui;
+        snprintf(s->alt_why, sizeof s->alt_why, "%s", s->why1[0] ? s->why1 : s->why);
+    }
+    if (c->longer_fits)
+        snprintf(s->why, sizeof s->why,
+                 "rate %.3f: every plan that drops pairs and fits would lengthen the "
+                 "modelled backward", rho);
+    else if (c->why[0])
+        snprintf(s->why, sizeof s->why, "rate %.3f: %s", rho, c->why);
+    if (ui == 0)
+        snprintf(s->why1, sizeof s->why1, "%.*s", (int)sizeof s->why1 - 1, s->why);
+    return 0;
+}
+
+/* One rate of the search (ui: the user's index, -1 a chain rate; done: its
+ * candidates in fc were offered as they were built): floors and quotas,
+ * lrmoe's own candidates (when not cached), the chain's plan scaled down,
+ * every backward of every forward candidate. Returns 1 when this rate's
+ * plan is the result (in p), 0 to go on, -1 on error. */
+static int try_rate(lctx_t *c, search_t *s, lrmoe_plan_t *p, double rho, int ui, int done)
+{
+    const lrmoe_plan_opts_t *o = c->o;
+    const int E = c->E;
+    const int64_t N = c->N, total = rate_total(rho, N);
+    const int64_t slo = keep_floors(o->min_keep, c->load, E, s->lo);
+    if (slo > total) {
+        snprintf(s->why, sizeof s->why,
+                 "min-keep: rate %.3f allows %lld retained pairs, min-keep %.3f needs %lld",
+                 rho, (long long)total, o->min_keep, (long long)slo);
+        return 0;
+    }
+    c->total = total;
+    c->rho = rho;
+    if (!done) {
+        c->strict.have = 0;
+        c->why[0] = 0;
+        c->longer_fits = 0;
+    }
+    c->allow_longer = o->longer_bwd && s->alt_ri < 0;
+    if (c->allow_longer)
+        c->any.have = 0;
+    const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
+    if (total < N && (prop || o->quota == LRMOE_QUOTA_EVEN))
+        quota_proportional(c->load, s->lo, E, rho, total, s->K);
+    const int64_t *Kq = prop ? s->K : NULL;
+    c->kprop = total < N && o->quota == LRMOE_QUOTA_EVEN ? s->K : NULL;
+    if (!s->cached) { /* lrmoe's own placement at this rate */
+        const int nadd = own_placement(c, s, Kq, total < N && !prop);
+        if (nadd < 0 ||
+            own_candidates(c, s->pl, nadd, s->add_expert, s->add_rank, s->fo, &s->nfo) < 0)
+            return -1;
+    }
+    /* the chain's plan above, scaled down: first, so that its t_total
+     * bounds the search of the others early (peak_cap) */
+    if (s->chain && total < N && offer_scaled(c, s->chain) < 0)
+        return -1;
+    for (int i = 0; i < s->nfo; i++)
+        if (try_backwards(c, Kq, &s->fo[i]) < 0)
+            return -1;
+    for (int i = 0; i < s->nfc && !done; i++)
+        if (try_backwards(c, Kq, &s->fc[i]) < 0)
+            return -1;
+    for (; s->nfo > 0; s->nfo--)
+        fc_free(&s->fo[s->nfo - 1]);
+    if (ui < 0) /* a chain rate: its plan is the anchor from here on */
+        return chain_rate_done(c, s, p) < 0 ? -1 : 0;
+    return user_rate_done(c, s, p, rho, ui);
+}
+
+/* The rates in decreasing order: the first user rate with a fitting plan
+ * whose modelled backward is no longer than keeping every pair (nor, below
+ * rate 1, its t_total or backward than the plan of the rate above it in
+ * the chain, the anchor) wins; with --longer-backward, when no rate has
+ * one, the first rate below 1 with any fitting plan (kept in the any slot
+ * while the search goes on). A chain rate's plan that fits becomes the
+ * anchor of the rates below it, and is offered scaled down to each of them
+ * (offer_scaled): so every rate below has a plan, and none is slower in
+ * t_total or backward than the plans of the chain rates above it. The
+ * placement and forward of rate 1's plan join the candidates of every rate
+ * (fc). Returns 1 when a rate's plan is in p, 0 when none won, -1. */
+static int search_rates(lctx_t *c, search_t *s, lrmoe_plan_t *p)
+{
+    double rl[LRMOE_PLAN_MAX_RATES + 10];
+    int ur[LRMOE_PLAN_MAX_RATES + 10];
+    const int nrl = rate_list(c->o, rl, ur);
+    const int pre1 = c->pre1;
+    c->pre1 = 0;
+    for (int ri = 0; ri < nrl; ri++) {
+        const int r = try_rate(c, s, p, rl[ri], ur[ri], ri == 0 && pre1);
+        if (r)
+            return r;
+    }
+    return 0;
+}
+
+/* No plan that drops pairs keeps the modelled backward: the any slot's
+ * plan, at the first rate that had one. */
+static void take_longer(const search_t *s, lrmoe_plan_t *p)
+{
+    plan_copy(p, s->anyp);
+    snprintf(p->source, sizeof p->source, "%s", s->anyp->source);
+    snprintf(p->planner, sizeof p->planner, "lrmoe");
+    p->feasible = 1;
+    p->rate_index = s->alt_ri;
+    /* s->alt_why is shorter than binding: the note is cut where binding ends */
+    const size_t n = strlen(s->alt_why);
+    memcpy(p->binding, s->alt_why, n);
+    snprintf(p->binding + n, sizeof p->binding - n, "%s", "; no plan that drops pairs keeps "
+             "the modelled backward within that of keeping them all");
+}
+
+/* Best effort when no rate fits: the last rate (at least its floors),
+ * budgets ignored, lrmoe's own placement, any backward; p->feasible = 0.
+ * 0 or -1. */
+static int best_effort(lctx_t *c, search_t *s, lrmoe_plan_t *p)
+{
+    const lrmoe_plan_opts_t *o = c->o;
+    const int E = c->E;
+    const int64_t N = c->N;
+    const int ri = o->nrates - 1;
+    const double rho = o->rates[ri];
+    int64_t total = rate_total(rho, N);
+    const int64_t slo = keep_floors(o->min_keep, c->load, E, s->lo);
+    if (slo > total)
+        total = slo;
+    if (!s->anyp) {
+        s->anyp = &s->sp->any;
+        if (lrmoe_plan_alloc(s->anyp, E, c->P) < 0)
+            return -1;
+    }
+    lrmoe_plan_opts_t ob = *o;
+    ob.cost.hbm = 0;
+    ob.cost.window = 0;
+    c->o = &ob;
+    c->total = total;
+    c->rho = rho;
+    c->strict.have = c->any.have = 0;
+    c->have_anchor = 0; /* budgets ignored: nothing to bound */
+    c->any.p = s->anyp;
+    c->allow_longer = 1;
+    c->kprop = NULL;
+    const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
+    if (prop)
+        quota_proportional(c->load, s->lo, E, rho, total, s->K);
+    int rc = 0;
+    if (!s->cached) {
+        const int nadd = own_placement(c, s, prop ? s->K : NULL, total < N && !prop);
+        if (nadd < 0 || fwd_candidates(c, NULL, s->pl, "lrmoe", s->fo, &s->nfo) < 0)
+            rc = -1;
+    }
+    if (!rc && try_backwards(c, prop ? s->K : NULL, s->cached ? &s->fc[0] : &s->fo[0]) < 0)
+        rc = -1;
+    c->o = o;
+    if (rc < 0)
+        return -1;
+    if (c->any.have) {
+        plan_copy(p, s->anyp);
+        snprintf(p->source, sizeof p->source, "%s", s->anyp->source);
+        snprintf(p->planner, sizeof p->planner, "lrmoe");
+    }
+    if (lrmoe_plan_cost(o, p, c->load, NULL) < 0)
+        return -1;
+    p->feasible = 0;
+    p->rate_index = ri;
+    snprintf(p->binding, sizeof p->binding, "%s", s->why);
+    return 0;
+}
+
+int lrmoe_plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base_fn base,
+               lrmoe_plan_t *p)
+{
+    const int P = o->P;
+    int64_t N = 0;
+    for (int e = 0; e < E; e++)
+        N += load[e];
+    int kept;
+    scratch_t own;
+    scratch_t *sp = scratch_take(&own, &kept);
+    lctx_t c;
+    memset(&c, 0, sizeof c);
+    search_t s;
+    memset(&s, 0, sizeof s);
+    s.sp = sp;
+    s.extra = extra_slots(o, E, N);
+    s.cached = P > GREEDY_MAX_P;
+    s.alt_ri = -1;
+    c.exhaustive = plan_exhaustive();
+    c.cand = &sp->cand;
+    c.o = o;
+    c.load = load;
+    c.E = E;
+    c.P = P;
+    c.per = E / P;
+    c.N = N;
+    c.min_mem1 = HUGE_VAL;
+    c.strict.p = p;
+    int rc = -1;
+    if (search_alloc(&s, E, P) < 0 || lrmoe_plan_alloc(c.cand, E, P) < 0) {
         lrmoe_err("lrmoe: out of memory");
         goto out;
     }
-    fcand_t *fo = fc + nown + 7; /* per-rate own candidates (not cached) */
-    int nfc = 0, nfo = 0;
-    c.strict.p = p;
-    /* the rates searched, in decreasing order: the user's, and the chain's
-     * (ur -1: 1, 0.9, 0.8, ... down to the user's last rate, where the user
-     * has not given them) whose plans are not returned but bound the rates
-     * below them. Rate 1 comes first, the user's or the chain's. */
-    double rl[LRMOE_PLAN_MAX_RATES + 10];
-    int ur[LRMOE_PLAN_MAX_RATES + 10], nrl = 0;
-    {
-        int u = 0;
-        for (int g = 10; g >= 1 && g / 10.0 >= o->rates[o->nrates - 1] - 1e-9; g--) {
-            for (; u < o->nrates && o->rates[u] > g / 10.0 + 1e-9; u++) {
-                rl[nrl] = o->rates[u];
-                ur[nrl++] = u;
-            }
-            if (u < o->nrates && o->rates[u] >= g / 10.0 - 1e-9) {
-                rl[nrl] = o->rates[u];
-                ur[nrl++] = u++;
-            } else {
-                rl[nrl] = g / 10.0;
-                ur[nrl++] = -1;
-            }
-        }
-        for (; u < o->nrates; u++) {
-            rl[nrl] = o->rates[u];
-            ur[nrl++] = u;
-        }
-    }
-    lrmoe_plan_t *chain = NULL; /* the plan of the last chain rate that fit */
-    c.pre1 = cached;
-    if (c.pre1) { /* the state of rate 1, as the rate loop sets it */
-        for (int e = 0; e < E; e++) {
-            int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
-            lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
-        }
-        c.total = N;
-        c.rho = 1.0;
-    }
-    if (cached) {
-        gctx_t jc = {load, lo, NULL, N, N, E, P, 0, NULL, NULL, NULL};
-        memset(pl, 0, EP);
-        for (int e = 0; e < E; e++)
-            pl[(size_t)e * P + e / per] = 1;
-        const int nadd = place_replicas(&jc, ex, pl, he, hp);
-        if (nadd < 0 || own_candidates(&c, pl, nadd, he, hp, fc, &nfc) < 0)
-            goto out;
-    }
-    static const char *const bn[3] = {"fixed", "llep", "eplb"};
-    for (int i = 0; i < 3; i++)
-        if (fwd_candidates(&c, &bl[i], NULL, bn[i], fc, &nfc) < 0)
-            goto out;
-    const int pre1 = c.pre1;
-    c.pre1 = 0;
-    /* rates in decreasing order: the first user rate with a fitting plan
-     * whose modelled backward is no longer than keeping every pair (nor,
-     * below rate 1, its t_total or backward than the plan of the rate
-     * above it in the chain, the anchor) wins; with --longer-backward,
-     * when no rate has one, the first rate below 1 with any fitting plan
-     * (kept in the any slot while the search goes on). A chain rate's plan
-     * that fits becomes the anchor of the rates below it, and is offered
-     * scaled down to each of them (offer_scaled): so every rate below has
-     * a plan, and none is slower in t_total or backward than the plans of
-     * the chain rates above it. The placement and forward of rate 1's plan
-     * join the candidates of every rate (fc). */
-    int found = 0, alt_ri = -1;
+    c.lo = s.lo;
+    if (plan_baselines(&c, base, sp->base) < 0 || first_candidates(&c, &s, sp->base) < 0)
+        goto out;
     if (o->longer_bwd) {
-        anyp = &sp[4];
-        if (lrmoe_plan_alloc(anyp, E, P) < 0)
+        s.anyp = &sp->any;
+        if (lrmoe_plan_alloc(s.anyp, E, P) < 0)
             goto out;
     }
-    c.any.p = anyp;
-    for (int ri = 0; ri < nrl; ri++) {
-        const int ui = ur[ri]; /* the user's rate index; -1: a chain rate */
-        const double rho = rl[ri];
-        int64_t total = rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9);
-        int64_t slo = 0;
-        for (int e = 0; e < E; e++) {
-            int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
-            lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
-            slo += lo[e];
-        }
-        if (slo > total) {
-            snprintf(why, sizeof why,
-                     "min-keep: rate %.3f allows %lld retained pairs, min-keep %.3f needs %lld",
-                     rho, (long long)total, o->min_keep, (long long)slo);
-            continue;
-        }
-        const int done = ri == 0 && pre1; /* offered as they were built */
-        c.total = total;
-        c.rho = rho;
-        if (!done) {
-            c.strict.have = 0;
-            c.why[0] = 0;
-            c.longer_fits = 0;
-        }
-        c.allow_longer = o->longer_bwd && alt_ri < 0;
-        if (c.allow_longer)
-            c.any.have = 0;
-        const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
-        if (total < N && (prop || o->quota == LRMOE_QUOTA_EVEN))
-            quota_proportional(load, lo, E, rho, total, K);
-        const int64_t *Kq = prop ? K : NULL;
-        c.kprop = total < N && o->quota == LRMOE_QUOTA_EVEN ? K : NULL;
-        if (!cached) { /* lrmoe's own placement at this rate */
-            gctx_t jc = {load, lo, Kq, total, N, E, P, total < N && !prop, NULL, NULL, NULL};
-            memset(pl, 0, EP);
-            for (int e = 0; e < E; e++)
-                pl[(size_t)e * P + e / per] = 1;
-            const int nadd = place_replicas(&jc, ex, pl, he, hp);
-            if (nadd < 0 || own_candidates(&c, pl, nadd, he, hp, fo, &nfo) < 0)
-                goto out;
-        }
-        /* the chain's plan above, scaled down: first, so that its t_total
-         * bounds the search of the others early (peak_cap) */
-        if (chain && total < N && offer_scaled(&c, chain) < 0)
-            goto out;
-        for (int i = 0; i < nfo; i++)
-            if (try_backwards(&c, Kq, &fo[i]) < 0)
-                goto out;
-        for (int i = 0; i < nfc && !done; i++)
-            if (try_backwards(&c, Kq, &fc[i]) < 0)
-                goto out;
-        for (; nfo > 0; nfo--)
-            fc_free(&fo[nfo - 1]);
-        if (ui < 0) { /* a chain rate: its plan is the anchor from here on */
-            if (c.strict.have) {
-                if (!chain) {
-                    chain = &sp[5];
-                    if (lrmoe_plan_alloc(chain, E, P) < 0)
-                        goto out;
-                }
-                plan_copy(chain, p); /* its summary and source too */
-                c.have_anchor = 1;
-                c.anchor_t = p->t_total;
-                c.anchor_b = t_bwd_of(&p->cost);
-                if (total == N) {
-                    /* rate 1's placement and forward join the candidates
-                     * (unless one of them is it already) */
-                    char name[40];
-                    snprintf(name, sizeof name, "%.*s", (int)strcspn(p->source, "/"), p->source);
-                    plan_copy(&c.cand, p);
-                    if (fc_take(&c, fc, &nfc, name, p->fwd_lb) < 0)
-                        goto out;
-                }
-            }
-            /* the messages stay those of the user's rates */
-            why[0] = 0;
-            if (total == N)
-                c.min_mem1 = HUGE_VAL;
-            continue;
-        }
-        if (c.strict.have) {
-            p->feasible = 1;
-            p->rate_index = ui;
-            snprintf(p->binding, sizeof p->binding, "%s", why);
-            found = 1;
-            break;
-        }
-        if (c.allow_longer && c.any.have) {
-            alt_ri = ui;
-            snprintf(alt_why, sizeof alt_why, "%s", why1[0] ? why1 : why);
-        }
-        if (c.longer_fits)
-            snprintf(why, sizeof why,
-                     "rate %.3f: every plan that drops pairs and fits would lengthen the "
-                     "modelled backward", rho);
-        else if (c.why[0])
-            snprintf(why, sizeof why, "rate %.3f: %s", rho, c.why);
-        if (ui == 0)
-            snprintf(why1, sizeof why1, "%s", why);
-    }
-    if (!found && alt_ri >= 0) {
-        plan_copy(p, anyp);
-        snprintf(p->source, sizeof p->source, "%s", anyp->source);
-        snprintf(p->planner, sizeof p->planner, "lrmoe");
-        p->feasible = 1;
-        p->rate_index = alt_ri;
-        snprintf(p->binding, sizeof p->binding, "%s; no plan that drops pairs keeps the "
-                 "modelled backward within that of keeping them all", alt_why);
+    c.any.p = s.anyp;
+    int found = search_rates(&c, &s, p);
+    if (found < 0)
+        goto out;
+    if (!found && s.alt_ri >= 0) {
+        take_longer(&s, p);
         found = 1;
     }
-    if (found) {
-        rc = 0;
-    } else {
-        if (!o->best_effort) {
-            char more[200] = "";
-            if (o->explain)
-                explain(o, load, E, base, c.min_mem1, more, sizeof more);
-            lrmoe_err("infeasible at every rate (%d tried): %s%s%s", o->nrates, why,
-                      strstr(why, "lengthen") ? " (--longer-backward allows it)" : "", more);
-            goto out;
-        }
-        /* best effort: the last rate (at least its floors), budgets ignored,
-         * lrmoe's own placement, any backward */
-        const int ri = o->nrates - 1;
-        const double rho = o->rates[ri];
-        int64_t total = rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9), slo = 0;
-        for (int e = 0; e < E; e++) {
-            int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
-            lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
-            slo += lo[e];
-        }
-        if (slo > total)
-            total = slo;
-        if (!anyp) {
-            anyp = &sp[4];
-            if (lrmoe_plan_alloc(anyp, E, P) < 0)
-                goto out;
-        }
-        lrmoe_plan_opts_t ob = *o;
-        ob.cost.hbm = 0;
-        ob.cost.window = 0;
-        c.o = &ob;
-        c.total = total;
-        c.rho = rho;
-        c.strict.have = c.any.have = 0;
-        c.have_anchor = 0; /* budgets ignored: nothing to bound */
-        c.any.p = anyp;
-        c.allow_longer = 1;
-        c.kprop = NULL;
-        const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
-        if (prop)
-            quota_proportional(load, lo, E, rho, total, K);
-        if (!cached) {
-            gctx_t jc = {load, lo, prop ? K : NULL, total, N, E, P, total < N && !prop,
-                         NULL, NULL, NULL};
-            memset(pl, 0, EP);
-            for (int e = 0; e < E; e++)
-                pl[(size_t)e * P + e / per] = 1;
-            const int nadd = place_replicas(&jc, ex, pl, he, hp);
-            if (nadd < 0 || fwd_candidates(&c, NULL, pl, "lrmoe", fo, &nfo) < 0)
-                goto out;
-        }
-        if (try_backwards(&c, prop ? K : NULL, cached ? &fc[0] : &fo[0]) < 0)
-            goto out;
-        c.o = o;
-        if (c.any.have) {
-            plan_copy(p, anyp);
-            snprintf(p->source, sizeof p->source, "%s", anyp->source);
-            snprintf(p->planner, sizeof p->planner, "lrmoe");
-        }
-        if (lrmoe_plan_cost(o, p, load, NULL) < 0)
-            goto out;
-        p->feasible = 0;
-        p->rate_index = ri;
-        snprintf(p->binding, sizeof p->binding, "%s", why);
-        rc = 0;
+    if (!found && !o->best_effort) {
+        char more[200] = "";
+        if (o->explain)
+            explain(o, load, E, base, c.min_mem1, more, sizeof more);
+        lrmoe_err("infeasible at every rate (%d tried): %s%s%s", o->nrates, s.why,
+                  strstr(s.why, "lengthen") ? " (--longer-backward allows it)" : "", more);
+        goto out;
     }
+    if (!found && best_effort(&c, &s, p) < 0)
+        goto out;
     p->glpk_seconds = c.glpk;
+    rc = 0;
 out:
-    for (int i = 0; fc && i < 2 * own_count(ex * P) + 7; i++)
-        fc_free(&fc[i]);
-    free(fc);
-    free(lo);
-    free(K);
-    free(pl);
-    free(he);
-    free(hp);
-    sp[3] = c.cand;
-    if (kept) {
-        memcpy(scratch, sp, sizeof sp);
-        scratch_busy = 0;
-    } else {
-        for (int i = 0; i < SCRATCH; i++)
-            lrmoe_plan_free(&sp[i]);
-    }
+    search_free(&s);
+    scratch_give(sp, kept);
     return rc;
 }
