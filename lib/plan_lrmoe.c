@@ -19,20 +19,23 @@
 /* Greedy replica placement works on eligibility masks and the closed-form
  * bounds directly (P <= LRMOE_PLAN_MAX_P). */
 typedef struct {
-    const int64_t *n, *lo, *K; /* loads, quota floors, fixed quotas (NULL: K = n) */
-    int64_t total, N;
+    const int64_t *load;       /* (E) pairs routed to each expert */
+    const int64_t *floor;      /* (E) quota floors (free quotas) */
+    const int64_t *K;          /* (E) fixed quotas (NULL: K = load) */
+    int64_t total, N;          /* retained pairs, all pairs */
     int E, P, bwd_free;        /* quotas free (minpeak policy, total < N) */
-    uint32_t *mask;            /* (E) eligible ranks */
-    int64_t *a, *b;            /* (2^P) subset sums */
-} gctx_t;
+    uint32_t *mask;            /* (E) each expert's ranks, as bits */
+    int64_t *load_sums;        /* (2^P) loads of the experts within each rank set */
+    int64_t *bwd_sums;         /* (2^P) the same of K (or of the floors) */
+} greedy_ctx_t;
 
 typedef struct {
-    int64_t f, b;      /* forward and backward optimum peaks */
-    double ex;         /* excess over the reference levels (plateau progress) */
-    uint32_t sf, sb;   /* a bottleneck subset of each */
-} jv_t;
+    int64_t fwd, bwd;          /* forward and backward optimum peaks */
+    double excess;             /* excess over the reference levels (plateau progress) */
+    uint32_t fwd_set, bwd_set; /* a bottleneck rank subset of each */
+} greedy_value_t;
 
-static void zsum(const uint32_t *mask, const int64_t *w, int E, int P, int64_t *sub)
+static void subset_sums(const uint32_t *mask, const int64_t *w, int E, int P, int64_t *sub)
 {
     const size_t S = (size_t)1 << P;
     memset(sub, 0, S * sizeof *sub);
@@ -44,17 +47,17 @@ static void zsum(const uint32_t *mask, const int64_t *w, int E, int P, int64_t *
                 sub[m] += sub[m ^ ((size_t)1 << bit)];
 }
 
-static int64_t cdiv(int64_t x, int64_t k) { return x >= 0 ? (x + k - 1) / k : -((-x) / k); }
+static int64_t ceil_div(int64_t x, int64_t k) { return x >= 0 ? (x + k - 1) / k : -((-x) / k); }
 
 /* Refresh the subset sums of the current masks: a from the loads, b from
  * the backward quotas (fixed K) or their floors (free quotas). */
-static void jsums(gctx_t *c)
+static void greedy_sums(greedy_ctx_t *c)
 {
-    zsum(c->mask, c->n, c->E, c->P, c->a);
+    subset_sums(c->mask, c->load, c->E, c->P, c->load_sums);
     if (c->bwd_free)
-        zsum(c->mask, c->lo, c->E, c->P, c->b);
+        subset_sums(c->mask, c->floor, c->E, c->P, c->bwd_sums);
     else if (c->K)
-        zsum(c->mask, c->K, c->E, c->P, c->b);
+        subset_sums(c->mask, c->K, c->E, c->P, c->bwd_sums);
 }
 
 /* Objective: forward peak + 2 x backward peak (a backward pair costs two
@@ -62,21 +65,22 @@ static void jsums(gctx_t *c)
  * the rank subsets measures progress towards lowering a peak. Evaluated for
  * the current masks with, when e >= 0, rank q added to expert e: that only
  * removes e's pairs from the subsets that contain e's ranks but not q. */
-static void jeval(const gctx_t *c, int e, int q, int64_t fref, int64_t bref, jv_t *o)
+static void greedy_eval(const greedy_ctx_t *c, int e, int q, int64_t fref, int64_t bref,
+                        greedy_value_t *o)
 {
     const size_t S = (size_t)1 << c->P;
-    const uint32_t me = e >= 0 ? c->mask[e] : 0, qb = e >= 0 ? 1u << q : 0;
-    const int64_t dn = e >= 0 ? c->n[e] : 0;
-    const int64_t db = e < 0 ? 0 : c->bwd_free ? c->lo[e] : c->K ? c->K[e] : 0;
+    const uint32_t emask = e >= 0 ? c->mask[e] : 0, qbit = e >= 0 ? 1u << q : 0;
+    const int64_t dload = e >= 0 ? c->load[e] : 0;
+    const int64_t dbwd = e < 0 ? 0 : c->bwd_free ? c->floor[e] : c->K ? c->K[e] : 0;
     const int same = !c->bwd_free && !c->K; /* backward = forward */
     int64_t f = 0, bb = 0;
     double exf = 0, exb = 0;
     uint32_t sf = 1, sb = 1;
     for (size_t m = 1; m < S; m++) {
-        const int hit = e >= 0 && ((uint32_t)m & me) == me && !((uint32_t)m & qb);
+        const int hit = e >= 0 && ((uint32_t)m & emask) == emask && !((uint32_t)m & qbit);
         const int64_t k = __builtin_popcount((unsigned)m);
-        const int64_t a = c->a[m] - (hit ? dn : 0);
-        int64_t v = cdiv(a, k);
+        const int64_t a = c->load_sums[m] - (hit ? dload : 0);
+        int64_t v = ceil_div(a, k);
         if (v > f) {
             f = v;
             sf = (uint32_t)m;
@@ -86,13 +90,13 @@ static void jeval(const gctx_t *c, int e, int q, int64_t fref, int64_t bref, jv_
             exf += x;
         if (same)
             continue;
-        const int64_t b = c->b[m] - (hit ? db : 0);
-        v = cdiv(b, k);
+        const int64_t b = c->bwd_sums[m] - (hit ? dbwd : 0);
+        v = ceil_div(b, k);
         double y = (double)b - (double)(bref - 1) * k;
         if (y > 0)
             exb += y;
         if (c->bwd_free) {
-            int64_t qv = c->total - c->N + a, w = cdiv(qv, k);
+            int64_t qv = c->total - c->N + a, w = ceil_div(qv, k);
             if (w > v)
                 v = w;
             x = (double)qv - (double)(bref - 1) * k;
@@ -109,11 +113,11 @@ static void jeval(const gctx_t *c, int e, int q, int64_t fref, int64_t bref, jv_
         exb = exf;
         sb = sf;
     }
-    o->f = f;
-    o->b = bb;
-    o->ex = exf + 2 * exb;
-    o->sf = sf;
-    o->sb = sb;
+    o->fwd = f;
+    o->bwd = bb;
+    o->excess = exf + 2 * exb;
+    o->fwd_set = sf;
+    o->bwd_set = sb;
 }
 
 /* Above GREEDY_MAX_P ranks the exact greedy (2^P subsets per evaluation)
@@ -123,13 +127,13 @@ static void jeval(const gctx_t *c, int e, int q, int64_t fref, int64_t bref, jv_
  * effective load), the excess goes in chunks to the ranks with the most
  * room under T that have a free slot and no instance of the expert, each
  * chunk a replica. Returns 1 when every pair fits (pl: natives plus the
- * replicas, he/hp their order, *nadd their count), 0 when the slots or the
+ * replicas, add_expert/add_rank their order, *nadded their count), 0 when the slots or the
  * room run out. The allocation it builds keeps every rank <= T, so the
  * placement's optimum T* (max-flow, computed by the caller) is <= T. */
 #define GREEDY_MAX_P 10
 static int spill_at(const int64_t *n, const int *ord, int E, int P, int extra, int64_t T,
-                    int64_t *as, int64_t *pend, int *used, uint8_t *pl, int *he, int *hp,
-                    int *nadd)
+                    int64_t *as, int64_t *pend, int *used, uint8_t *pl, int *add_expert,
+                    int *add_rank, int *nadded)
 {
     const int per = E / P;
     memset(as, 0, (size_t)P * sizeof *as);
@@ -164,13 +168,13 @@ static int spill_at(const int64_t *n, const int *ord, int E, int P, int extra, i
             as[q] += d;
             used[q]++;
             pl[(size_t)e * P + q] = 1;
-            he[k] = e;
-            hp[k] = q;
+            add_expert[k] = e;
+            add_rank[k] = q;
             k++;
             rem -= d;
         }
     }
-    *nadd = k;
+    *nadded = k;
     return 1;
 }
 
@@ -188,7 +192,7 @@ static int by_load_desc(const void *a, const void *b)
 /* The least T in [ceil(N/P), the natives' peak] at which spill_at fits
  * (bisection), and its placement. Returns the replicas added, or -1. */
 static int place_replicas_search(const int64_t *n, int E, int P, int extra, uint8_t *pl,
-                                 int *he, int *hp)
+                                 int *add_expert, int *add_rank)
 {
     const int per = E / P;
     int *ord = malloc((size_t)E * sizeof *ord), *used = malloc((size_t)P * sizeof *used);
@@ -219,19 +223,19 @@ static int place_replicas_search(const int64_t *n, int E, int P, int extra, uint
     for (int e = 0; e < E; e++)
         ord[e] = el[e].e;
     free(el);
-    int nadd = 0;
+    int nadded = 0;
     while (lo < hi) {
         const int64_t T = lo + (hi - lo) / 2;
-        if (spill_at(n, ord, E, P, extra, T, as, pend, used, pl, he, hp, &nadd))
+        if (spill_at(n, ord, E, P, extra, T, as, pend, used, pl, add_expert, add_rank, &nadded))
             hi = T;
         else
             lo = T + 1;
     }
-    if (!spill_at(n, ord, E, P, extra, hi, as, pend, used, pl, he, hp, &nadd)) {
+    if (!spill_at(n, ord, E, P, extra, hi, as, pend, used, pl, add_expert, add_rank, &nadded)) {
         lrmoe_err("replica search: no spill at the natives' peak (internal error)");
         goto out;
     }
-    rc = nadd;
+    rc = nadded;
 out:
     free(ord);
     free(used);
@@ -246,20 +250,20 @@ out:
  * the pair with the lowest (objective, excess). Stop when neither drops; keep
  * the shortest prefix that reached the best objective. pl holds the natives
  * on entry. Returns the replicas added, or -1. */
-static int place_replicas(gctx_t *c, int extra, uint8_t *pl, int *he, int *hp)
+static int place_replicas(greedy_ctx_t *c, int extra, uint8_t *pl, int *add_expert, int *add_rank)
 {
     const int E = c->E, P = c->P, C = 6;
     const int maxadd = extra * P;
     if (maxadd <= 0 || P == 1)
         return 0;
     if (P > GREEDY_MAX_P)
-        return place_replicas_search(c->n, E, P, extra, pl, he, hp);
+        return place_replicas_search(c->load, E, P, extra, pl, add_expert, add_rank);
     int *inst = malloc((size_t)E * sizeof(int)), *reps = calloc((size_t)P, sizeof(int));
     c->mask = malloc((size_t)E * sizeof(uint32_t));
-    c->a = malloc(((size_t)1 << P) * sizeof(int64_t));
-    c->b = malloc(((size_t)1 << P) * sizeof(int64_t));
+    c->load_sums = malloc(((size_t)1 << P) * sizeof(int64_t));
+    c->bwd_sums = malloc(((size_t)1 << P) * sizeof(int64_t));
     int rc = -1;
-    if (!inst || !reps || !c->mask || !c->a || !c->b) {
+    if (!inst || !reps || !c->mask || !c->load_sums || !c->bwd_sums) {
         lrmoe_err("replica placement: out of memory");
         goto out;
     }
@@ -272,81 +276,82 @@ static int place_replicas(gctx_t *c, int extra, uint8_t *pl, int *he, int *hp)
                 inst[e]++;
             }
     }
-    jv_t cur;
-    jsums(c);
-    jeval(c, -1, 0, 0, 0, &cur);
-    jeval(c, -1, 0, cur.f, cur.b, &cur);
-    int64_t bestJ = cur.f + 2 * cur.b;
+    greedy_value_t cur;
+    greedy_sums(c);
+    greedy_eval(c, -1, 0, 0, 0, &cur);
+    greedy_eval(c, -1, 0, cur.fwd, cur.bwd, &cur);
+    int64_t bestJ = cur.fwd + 2 * cur.bwd;
     int added = 0, best_count = 0;
     int cand[8];
     while (added < maxadd) {
         int nc = 0;
         for (int k = 0; k < C; k++) {
-            int bst = -1;
+            int heaviest = -1;
             for (int e = 0; e < E; e++) {
-                if (c->n[e] <= 0 || inst[e] >= P)
+                if (c->load[e] <= 0 || inst[e] >= P)
                     continue;
-                if ((c->mask[e] & ~cur.sf) && (c->mask[e] & ~cur.sb))
+                if ((c->mask[e] & ~cur.fwd_set) && (c->mask[e] & ~cur.bwd_set))
                     continue; /* outside both bottlenecks */
                 int taken = 0;
                 for (int j = 0; j < nc; j++)
                     taken |= cand[j] == e;
                 if (taken)
                     continue;
-                if (bst < 0 || (double)c->n[e] / inst[e] > (double)c->n[bst] / inst[bst])
-                    bst = e;
+                if (heaviest < 0 ||
+                    (double)c->load[e] / inst[e] > (double)c->load[heaviest] / inst[heaviest])
+                    heaviest = e;
             }
-            if (bst < 0)
+            if (heaviest < 0)
                 break;
-            cand[nc++] = bst;
+            cand[nc++] = heaviest;
         }
-        int be = -1, bp = -1;
-        jv_t bv = {0, 0, 0, 0, 0};
+        int best_e = -1, best_q = -1;
+        greedy_value_t best = {0, 0, 0, 0, 0};
         for (int k = 0; k < nc; k++) {
             int e = cand[k];
             for (int q = 0; q < P; q++) {
                 if (reps[q] >= extra || (c->mask[e] >> q & 1u))
                     continue;
-                jv_t v;
-                jeval(c, e, q, cur.f, cur.b, &v);
-                int64_t j = v.f + 2 * v.b, jb = bv.f + 2 * bv.b;
-                if (be < 0 || j < jb || (j == jb && v.ex < bv.ex)) {
-                    bv = v;
-                    be = e;
-                    bp = q;
+                greedy_value_t v;
+                greedy_eval(c, e, q, cur.fwd, cur.bwd, &v);
+                int64_t j = v.fwd + 2 * v.bwd, jb = best.fwd + 2 * best.bwd;
+                if (best_e < 0 || j < jb || (j == jb && v.excess < best.excess)) {
+                    best = v;
+                    best_e = e;
+                    best_q = q;
                 }
             }
         }
-        if (be < 0)
+        if (best_e < 0)
             break;
-        int64_t j = bv.f + 2 * bv.b, jc = cur.f + 2 * cur.b;
-        if (!(j < jc || (j == jc && bv.ex < cur.ex)))
+        int64_t j = best.fwd + 2 * best.bwd, jc = cur.fwd + 2 * cur.bwd;
+        if (!(j < jc || (j == jc && best.excess < cur.excess)))
             break; /* no progress */
-        c->mask[be] |= 1u << bp;
-        pl[(size_t)be * P + bp] = 1;
-        inst[be]++;
-        reps[bp]++;
-        he[added] = be;
-        hp[added] = bp;
+        c->mask[best_e] |= 1u << best_q;
+        pl[(size_t)best_e * P + best_q] = 1;
+        inst[best_e]++;
+        reps[best_q]++;
+        add_expert[added] = best_e;
+        add_rank[added] = best_q;
         added++;
-        jsums(c);
-        jeval(c, -1, 0, bv.f, bv.b, &cur); /* excess against the new levels */
+        greedy_sums(c);
+        greedy_eval(c, -1, 0, best.fwd, best.bwd, &cur); /* excess against the new levels */
         if (j < bestJ) {
             bestJ = j;
             best_count = added;
         }
     }
     for (int i = added - 1; i >= best_count; i--)
-        pl[(size_t)he[i] * P + hp[i]] = 0;
+        pl[(size_t)add_expert[i] * P + add_rank[i]] = 0;
     rc = best_count;
 out:
     free(inst);
     free(reps);
     free(c->mask);
-    free(c->a);
-    free(c->b);
+    free(c->load_sums);
+    free(c->bwd_sums);
     c->mask = NULL;
-    c->a = c->b = NULL;
+    c->load_sums = c->bwd_sums = NULL;
     return rc;
 }
 
@@ -427,7 +432,7 @@ typedef struct {
     int have_anchor;     /* below rate 1: the best rate-1 plan that fits ... */
     double anchor_t;     /* ... its t_total and modelled backward: no plan */
     double anchor_b;     /* below rate 1 may take longer in either */
-} lctx_t;
+} plan_state_t;
 
 /* LRMOE_PLAN_EXHAUSTIVE set to anything but "" or "0": the planner skips
  * nothing that it proves cannot change the plan (the backward-peak and
@@ -491,7 +496,7 @@ static void plan_copy(lrmoe_plan_t *b, const lrmoe_plan_t *a)
 }
 
 /* The largest per-expert drop fraction (n_e - K_e) / n_e of plan k. */
-static double max_drop(const lctx_t *c, const lrmoe_plan_t *k)
+static double max_drop(const plan_state_t *c, const lrmoe_plan_t *k)
 {
     double m = 0;
     for (int e = 0; e < c->E; e++)
@@ -511,7 +516,7 @@ static double max_drop(const lctx_t *c, const lrmoe_plan_t *k)
  * only lower-peak plans are left), then the least backward peak, the global
  * keep before by-rank, (policy even) the proportional quotas, the least
  * largest drop fraction, then the forward peak. */
-static int beats(const lctx_t *c, const slot_t *sl, int cls)
+static int beats(const plan_state_t *c, const slot_t *sl, int cls)
 {
     const lrmoe_plan_t *k = c->cand, *b = sl->p;
     if (!sl->have)
@@ -547,7 +552,7 @@ static int beats(const lctx_t *c, const slot_t *sl, int cls)
     return k->bwd_peak < b->bwd_peak;
 }
 
-static void take(const lctx_t *c, slot_t *sl, int cls, const char *src)
+static void take(const plan_state_t *c, slot_t *sl, int cls, const char *src)
 {
     plan_copy(sl->p, c->cand);
     snprintf(sl->p->source, sizeof sl->p->source, "%s", src);
@@ -564,7 +569,7 @@ static void take(const lctx_t *c, slot_t *sl, int cls, const char *src)
  * closest miss by memory); one that fits goes to the strict slot unless it
  * is longer, and (with --longer-backward, below rate 1) to the any slot,
  * its name ending in "+longer" when it is. */
-static void submit(lctx_t *c, const char *src, int longer)
+static void submit(plan_state_t *c, const char *src, int longer)
 {
     lrmoe_plan_t *k = c->cand;
     if (c->total < c->N && c->have_anchor &&
@@ -595,7 +600,7 @@ static void submit(lctx_t *c, const char *src, int longer)
 }
 
 /* Summary and cost of c->cand as it stands (global keep); 0 or -1. */
-static int cand_eval(lctx_t *c)
+static int cand_eval(plan_state_t *c)
 {
     c->cand->keep_by_rank = 0;
     if (lrmoe_plan_cost(c->o, c->cand, c->load, NULL) < 0)
@@ -610,7 +615,7 @@ static int cand_eval(lctx_t *c)
  * kept), the same plan with the keep by forward rank (plan.keep=by-rank:
  * the state moved onto p for e is max(0, bwd - fwd)) is offered instead if
  * that is not longer; else the longer one is. 0 or -1. */
-static int submit_bwd(lctx_t *c, const char *src, double t1)
+static int submit_bwd(plan_state_t *c, const char *src, double t1)
 {
     lrmoe_plan_t *k = c->cand;
     if (t_bwd_of(&k->cost) <= t1) {
@@ -644,18 +649,27 @@ static int submit_bwd(lctx_t *c, const char *src, double t1)
  * droppable experts cannot absorb N - total, 2 when its peak is above beat
  * (>= 0: the strict slot's, which it then cannot beat; see bwd_loses), -1
  * on error. */
-static int bwd_in_place(lctx_t *c, int64_t beat)
+static int bwd_in_place(plan_state_t *c, int64_t beat)
 {
     const int E = c->E, P = c->P;
     lrmoe_plan_t *k = c->cand;
-    int64_t *M = calloc((size_t)P, sizeof *M), *S = calloc((size_t)P, sizeof *S);
-    int64_t *L = calloc((size_t)P, sizeof *L), *x = calloc((size_t)P, sizeof *x);
-    int *where = malloc((size_t)E * sizeof(int));
-    int64_t *sn = malloc((size_t)E * sizeof *sn), *sl = malloc((size_t)E * sizeof *sl);
-    int64_t *sk = malloc((size_t)E * sizeof *sk);
-    int *idx = malloc((size_t)E * sizeof(int));
+    /* per rank p (the comments' notation): spread (M_p) the forward rows of
+     * the experts that ran on several ranks, kept where they ran;
+     * drop_load (S_p) and drop_floor (L_p) the loads and floors of the
+     * experts that ran on p alone (only_rank[e] = p), which drop; kept
+     * (x_p) the pairs those retain. rank_*: one rank's droppable experts. */
+    int64_t *spread = calloc((size_t)P, sizeof *spread);
+    int64_t *drop_load = calloc((size_t)P, sizeof *drop_load);
+    int64_t *drop_floor = calloc((size_t)P, sizeof *drop_floor);
+    int64_t *kept = calloc((size_t)P, sizeof *kept);
+    int *only_rank = malloc((size_t)E * sizeof(int));
+    int64_t *rank_load = malloc((size_t)E * sizeof *rank_load);
+    int64_t *rank_floor = malloc((size_t)E * sizeof *rank_floor);
+    int64_t *rank_quota = malloc((size_t)E * sizeof *rank_quota);
+    int *rank_expert = malloc((size_t)E * sizeof(int));
     int rc = -1;
-    if (!M || !S || !L || !x || !where || !sn || !sl || !sk || !idx) {
+    if (!spread || !drop_load || !drop_floor || !kept || !only_rank || !rank_load ||
+        !rank_floor || !rank_quota || !rank_expert) {
         lrmoe_err("lrmoe: out of memory");
         goto out;
     }
@@ -666,84 +680,84 @@ static int bwd_in_place(lctx_t *c, int64_t beat)
                 cnt++;
                 w = p;
             }
-        where[e] = cnt == 1 ? w : -1;
+        only_rank[e] = cnt == 1 ? w : -1;
         if (cnt == 1) {
-            S[w] += c->load[e];
-            L[w] += c->lo[e];
+            drop_load[w] += c->load[e];
+            drop_floor[w] += c->lo[e];
         } else {
             for (int p = 0; p < P; p++)
-                M[p] += k->fwd_alloc[(size_t)e * P + p];
+                spread[p] += k->fwd_alloc[(size_t)e * P + p];
         }
     }
-    int64_t R = c->total, sL = 0, hi = 0, lo = 0;
+    int64_t retain = c->total, floor_sum = 0, hi = 0, lo = 0;
     for (int p = 0; p < P; p++) {
-        R -= M[p];
-        sL += L[p];
-        if (M[p] + L[p] > lo)
-            lo = M[p] + L[p];
-        if (M[p] + S[p] > hi)
-            hi = M[p] + S[p];
+        retain -= spread[p];
+        floor_sum += drop_floor[p];
+        if (spread[p] + drop_floor[p] > lo)
+            lo = spread[p] + drop_floor[p];
+        if (spread[p] + drop_load[p] > hi)
+            hi = spread[p] + drop_load[p];
     }
-    if (R < sL) {
+    if (retain < floor_sum) {
         rc = 0;
         goto out;
     }
-    /* least T with sum_p min(S_p, T - M_p) >= R */
+    /* least T with sum_p min(S_p, T - M_p) >= retain */
     while (lo < hi) {
         const int64_t T = lo + (hi - lo) / 2;
         int64_t room = 0;
         for (int p = 0; p < P; p++)
-            room += T - M[p] < S[p] ? T - M[p] : S[p];
-        if (room >= R)
+            room += T - spread[p] < drop_load[p] ? T - spread[p] : drop_load[p];
+        if (room >= retain)
             hi = T;
         else
             lo = T + 1;
     }
     const int64_t T = lo;
     /* T is this backward's peak: x_p <= T - M_p keeps every rank <= T, and
-     * a peak below T would leave room >= R at T - 1 (or, at T = lo, a rank
+     * a peak below T would leave room >= retain at T - 1 (or, at T = lo, a rank
      * is at M_p + L_p = T) */
     if (beat >= 0 && T > beat) {
         rc = 2;
         goto out;
     }
     /* even retention: x_p = clamp(floor(f*S_p), L_p, cap_p), f as large as
-     * keeps sum x <= R (bisection), the rest where room is left */
+     * keeps sum kept <= retain (bisection), the rest where room is left */
     double fl = 0, fh = 1;
     for (int it = 0; it < 60; it++) {
         const double f = 0.5 * (fl + fh);
         int64_t s = 0;
         for (int p = 0; p < P; p++) {
-            int64_t cap = T - M[p] < S[p] ? T - M[p] : S[p];
-            int64_t v = (int64_t)floor(f * (double)S[p]);
-            s += v < L[p] ? L[p] : v > cap ? cap : v;
+            int64_t cap = T - spread[p] < drop_load[p] ? T - spread[p] : drop_load[p];
+            int64_t v = (int64_t)floor(f * (double)drop_load[p]);
+            s += v < drop_floor[p] ? drop_floor[p] : v > cap ? cap : v;
         }
-        if (s <= R)
+        if (s <= retain)
             fl = f;
         else
             fh = f;
     }
     int64_t s = 0;
     for (int p = 0; p < P; p++) {
-        int64_t cap = T - M[p] < S[p] ? T - M[p] : S[p];
-        int64_t v = (int64_t)floor(fl * (double)S[p]);
-        x[p] = v < L[p] ? L[p] : v > cap ? cap : v;
-        s += x[p];
+        int64_t cap = T - spread[p] < drop_load[p] ? T - spread[p] : drop_load[p];
+        int64_t v = (int64_t)floor(fl * (double)drop_load[p]);
+        kept[p] = v < drop_floor[p] ? drop_floor[p] : v > cap ? cap : v;
+        s += kept[p];
     }
-    for (int p = 0; p < P && s < R; p++) {
-        int64_t cap = T - M[p] < S[p] ? T - M[p] : S[p];
-        int64_t d = cap - x[p] < R - s ? cap - x[p] : R - s;
-        x[p] += d;
+    for (int p = 0; p < P && s < retain; p++) {
+        int64_t cap = T - spread[p] < drop_load[p] ? T - spread[p] : drop_load[p];
+        int64_t d = cap - kept[p] < retain - s ? cap - kept[p] : retain - s;
+        kept[p] += d;
         s += d;
     }
-    if (s != R) {
+    if (s != retain) {
         lrmoe_err("lrmoe: in-place backward: retained %lld of %lld (internal error)",
-                  (long long)s, (long long)R);
+                  (long long)s, (long long)retain);
         goto out;
     }
     memset(k->bwd_alloc, 0, (size_t)E * P * sizeof *k->bwd_alloc);
     for (int e = 0; e < E; e++) {
-        if (where[e] >= 0)
+        if (only_rank[e] >= 0)
             continue;
         k->quota[e] = c->load[e];
         for (int p = 0; p < P; p++)
@@ -752,23 +766,26 @@ static int bwd_in_place(lctx_t *c, int64_t beat)
     for (int p = 0; p < P; p++) {
         int m = 0;
         for (int e = 0; e < E; e++)
-            if (where[e] == p) {
-                idx[m] = e;
-                sn[m] = c->load[e];
-                sl[m] = c->lo[e];
+            if (only_rank[e] == p) {
+                rank_expert[m] = e;
+                rank_load[m] = c->load[e];
+                rank_floor[m] = c->lo[e];
                 m++;
             }
         if (!m)
             continue;
-        quota_proportional(sn, sl, m, S[p] ? (double)x[p] / (double)S[p] : 0, x[p], sk);
+        quota_proportional(rank_load, rank_floor, m,
+                           drop_load[p] ? (double)kept[p] / (double)drop_load[p] : 0, kept[p],
+                           rank_quota);
         for (int j = 0; j < m; j++) {
-            k->quota[idx[j]] = sk[j];
-            k->bwd_alloc[(size_t)idx[j] * P + p] = sk[j];
+            k->quota[rank_expert[j]] = rank_quota[j];
+            k->bwd_alloc[(size_t)rank_expert[j] * P + p] = rank_quota[j];
         }
     }
     rc = 1;
 out:
-    free(M); free(S); free(L); free(x); free(where); free(sn); free(sl); free(sk); free(idx);
+    free(spread); free(drop_load); free(drop_floor); free(kept); free(only_rank);
+    free(rank_load); free(rank_floor); free(rank_quota); free(rank_expert);
     return rc;
 }
 
@@ -778,7 +795,7 @@ out:
 /* Fidelity-aware floors (policy even): the least drop fraction f such that
  * floors max(lo_e, ceil((1-f) n_e)) still reach the least backward peak T
  * of the free quotas; written to lf. Returns 0 or -1. */
-static int even_floors(lctx_t *c, const uint8_t *pl, int64_t T, int64_t *lf)
+static int even_floors(plan_state_t *c, const uint8_t *pl, int64_t T, int64_t *lf)
 {
     const int E = c->E;
     double fl = 0, fh = 1;
@@ -831,7 +848,7 @@ static int even_floors(lctx_t *c, const uint8_t *pl, int64_t T, int64_t *lf)
  * by plan_minpeak, the allocation at it by max-flow (retained pairs first
  * where forward ran). Fills cand's quota, bwd_alloc and bwd_lb. Returns 0
  * or -1. */
-static int bwd_minpeak(lctx_t *c, const int64_t *K, int64_t lb)
+static int bwd_minpeak(plan_state_t *c, const int64_t *K, int64_t lb)
 {
     lrmoe_plan_t *k = c->cand;
     const int E = c->E, P = c->P;
@@ -894,7 +911,7 @@ static int bwd_minpeak(lctx_t *c, const int64_t *K, int64_t lb)
 
 /* Retained pairs of cand's quotas split over the ranks in proportion to
  * where forward ran (largest remainders). */
-static void bwd_follow(lctx_t *c)
+static void bwd_follow(plan_state_t *c)
 {
     lrmoe_plan_t *k = c->cand;
     const int P = c->P;
@@ -927,7 +944,7 @@ static void bwd_follow(lctx_t *c)
  * rate: its peak is above cap (peak_cap). Once the strict slot holds a
  * plan the rate is decided by it: the any slot, the explanation of a miss
  * and the closest miss are not used. So the cost evaluation is skipped. */
-static int bwd_loses(const lctx_t *c, int64_t cap)
+static int bwd_loses(const plan_state_t *c, int64_t cap)
 {
     if (cap == INT64_MAX)
         return 0;
@@ -962,9 +979,9 @@ typedef struct {
     int have_slots, weight_moves;
     int64_t *held;      /* (P) with have_slots */
     double *wsend, *wrecv;
-} fcand_t;
+} fwd_cand_t;
 
-static void fc_free(fcand_t *f)
+static void fwd_cand_free(fwd_cand_t *f)
 {
     free(f->pidx);
     free(f->fidx);
@@ -976,7 +993,7 @@ static void fc_free(fcand_t *f)
 }
 
 /* 1 when candidates a and b are the same plan (P ranks). */
-static int fc_same(const fcand_t *a, const fcand_t *b, int P)
+static int fwd_cand_same(const fwd_cand_t *a, const fwd_cand_t *b, int P)
 {
     if (a->npl != b->npl || a->nfw != b->nfw || a->have_slots != b->have_slots ||
         memcmp(a->pidx, b->pidx, (size_t)a->npl * sizeof *a->pidx) ||
@@ -990,11 +1007,12 @@ static int fc_same(const fcand_t *a, const fcand_t *b, int P)
 }
 
 /* Keep cand's placement and forward (and, evaluated with every pair kept,
- * its backward time) as candidate fc[*nfc], unless an earlier one is the
+ * its backward time) as candidate cands[*ncands], unless an earlier one is the
  * same plan (it would tie and lose every comparison). Returns 0 or -1. */
-static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t flb)
+static int fwd_cand_take(plan_state_t *c, fwd_cand_t *cands, int *ncands, const char *name,
+                         int64_t flb)
 {
-    fcand_t *f = &fc[*nfc];
+    fwd_cand_t *f = &cands[*ncands];
     const lrmoe_plan_t *k = c->cand;
     const size_t EP = (size_t)c->E * c->P;
     int npl = 0, nfw = 0;
@@ -1024,7 +1042,7 @@ static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t f
     }
     if (!f->pidx || !f->fidx || !f->fval ||
         (k->have_slots && (!f->held || !f->wsend || !f->wrecv))) {
-        fc_free(f);
+        fwd_cand_free(f);
         return lrmoe_err("lrmoe: out of memory");
     }
     FOR_PLACED(k->placement, EP, i, f->pidx[f->npl++] = (int32_t)i;
@@ -1037,12 +1055,12 @@ static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t f
         memcpy(f->wsend, k->wsend, (size_t)c->P * sizeof *f->wsend);
         memcpy(f->wrecv, k->wrecv, (size_t)c->P * sizeof *f->wrecv);
     }
-    for (int i = 0; i < *nfc; i++)
-        if (fc_same(&fc[i], f, c->P)) {
-            fc_free(f);
+    for (int i = 0; i < *ncands; i++)
+        if (fwd_cand_same(&cands[i], f, c->P)) {
+            fwd_cand_free(f);
             return 0;
         }
-    (*nfc)++;
+    (*ncands)++;
     if (c->pre1) { /* rate 1 comes first: offer it as it stands */
         char all[56];
         c->cand->fwd_lb = c->cand->bwd_lb = flb;
@@ -1053,7 +1071,7 @@ static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t f
 }
 
 /* Candidate f into cand: placement, forward, slot accounting. */
-static void fc_load(lctx_t *c, const fcand_t *f)
+static void fwd_cand_load(plan_state_t *c, const fwd_cand_t *f)
 {
     lrmoe_plan_t *k = c->cand;
     const size_t EP = (size_t)c->E * c->P;
@@ -1072,14 +1090,14 @@ static void fc_load(lctx_t *c, const fcand_t *f)
     }
 }
 
-/* The forward candidates of a placement, appended to fc[*nfc]: when base is
+/* The forward candidates of a placement, appended to cands[*ncands]: when base is
  * given, the baseline's own plan (slot accounting included); then the
  * min-peak forward on the placement (pl, or base's). Replicas left without
  * pairs by the min-peak allocation are dropped (they would cost weights for
  * nothing; T* stays: the allocation still routes). Each is evaluated with
  * every pair kept. Returns 0 or -1. */
-static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl,
-                          const char *src, fcand_t *fc, int *nfc)
+static int fwd_candidates(plan_state_t *c, const lrmoe_plan_t *base, const uint8_t *pl,
+                          const char *src, fwd_cand_t *cands, int *ncands)
 {
     lrmoe_plan_t *k = c->cand;
     const int E = c->E, P = c->P;
@@ -1092,7 +1110,7 @@ static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl
         if (flb < 0)
             return -1;
         snprintf(name, sizeof name, "%s:own", src);
-        if (fc_take(c, fc, nfc, name, flb) < 0)
+        if (fwd_cand_take(c, cands, ncands, name, flb) < 0)
             return -1;
         /* without replicas (every expert on its native rank alone) the
          * forward has one allocation: the min-peak candidate would be this
@@ -1130,34 +1148,34 @@ static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl
     if (cand_eval(c) < 0)
         return -1;
     snprintf(name, sizeof name, "%s:minpeak", src);
-    return fc_take(c, fc, nfc, name, fpk);
+    return fwd_cand_take(c, cands, ncands, name, fpk);
 }
 
-/* lrmoe's own placement pl (nadd additions, history he/hp) and its shorter
+/* lrmoe's own placement pl (nadded additions, history add_expert/add_rank) and its shorter
  * prefixes of the additions (1/2, 1/4, ...: fewer weight transfers). */
-static int own_candidates(lctx_t *c, uint8_t *pl, int nadd, const int *he, const int *hp,
-                          fcand_t *fc, int *nfc)
+static int own_candidates(plan_state_t *c, uint8_t *pl, int nadded, const int *add_expert,
+                          const int *add_rank, fwd_cand_t *cands, int *ncands)
 {
     const int P = c->P;
-    if (fwd_candidates(c, NULL, pl, "lrmoe", fc, nfc) < 0)
+    if (fwd_candidates(c, NULL, pl, "lrmoe", cands, ncands) < 0)
         return -1;
-    for (int k = nadd / 2; k > 0; k /= 2) {
-        for (int i = nadd - 1; i >= k; i--)
-            pl[(size_t)he[i] * P + hp[i]] = 0;
-        int r = fwd_candidates(c, NULL, pl, "lrmoe", fc, nfc);
-        for (int i = k; i < nadd; i++)
-            pl[(size_t)he[i] * P + hp[i]] = 1;
+    for (int k = nadded / 2; k > 0; k /= 2) {
+        for (int i = nadded - 1; i >= k; i--)
+            pl[(size_t)add_expert[i] * P + add_rank[i]] = 0;
+        int r = fwd_candidates(c, NULL, pl, "lrmoe", cands, ncands);
+        for (int i = k; i < nadded; i++)
+            pl[(size_t)add_expert[i] * P + add_rank[i]] = 1;
         if (r < 0)
             return -1;
     }
     return 0;
 }
 
-/* Candidates a placement search with nadd additions yields. */
-static int own_count(int nadd)
+/* Candidates a placement search with nadded additions yields. */
+static int own_count(int nadded)
 {
     int n = 1;
-    for (int k = nadd / 2; k > 0; k /= 2)
+    for (int k = nadded / 2; k > 0; k /= 2)
         n++;
     return n;
 }
@@ -1165,7 +1183,7 @@ static int own_count(int nadd)
 /* Evaluate cand's backward and submit it as src/what, with the bounds
  * flb, blb; t1: the backward keeping every pair (submit_bwd), or < 0 for a
  * backward that cannot be longer (submitted as it is). 0 or -1. */
-static int offer_bwd(lctx_t *c, const char *src, const char *what, int64_t flb, int64_t blb,
+static int offer_bwd(plan_state_t *c, const char *src, const char *what, int64_t flb, int64_t blb,
                      double t1)
 {
     char name[56];
@@ -1188,7 +1206,7 @@ static int offer_bwd(lctx_t *c, const char *src, const char *what, int64_t flb, 
  * loses. INT64_MAX when nothing is known (the slot is empty, or
  * LRMOE_PLAN_EXHAUSTIVE), -1 when no backward of f can win. The margin
  * (1e-9 relative) keeps rounding from pruning a candidate that ties. */
-static int64_t peak_cap(const lctx_t *c, const fcand_t *f)
+static int64_t peak_cap(const plan_state_t *c, const fwd_cand_t *f)
 {
     if (!c->strict.have || c->exhaustive)
         return INT64_MAX;
@@ -1204,7 +1222,7 @@ static int64_t peak_cap(const lctx_t *c, const fcand_t *f)
 /* All backward variants of forward candidate f at the current rate, each
  * submitted with whether it lengthens the modelled backward of the same
  * plan with every pair kept. K: proportional quotas (NULL: free). */
-static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
+static int try_backwards(plan_state_t *c, const int64_t *K, const fwd_cand_t *f)
 {
     lrmoe_plan_t *k = c->cand;
     const int E = c->E;
@@ -1212,7 +1230,7 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
     const int64_t flb = f->flb;
     const char *src = f->name;
     char name[56];
-    fc_load(c, f);
+    fwd_cand_load(c, f);
     if (c->total == c->N) {
         memcpy(k->quota, c->load, (size_t)E * sizeof *c->load);
         memcpy(k->bwd_alloc, k->fwd_alloc, EP * sizeof(int64_t));
@@ -1295,7 +1313,7 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
  * backward nor its memory can exceed ch's: a plan at this rate no slower
  * than ch always exists. Named "placement:forward/scaled+by-rank".
  * Returns 0 or -1. */
-static int offer_scaled(lctx_t *c, const lrmoe_plan_t *ch)
+static int offer_scaled(plan_state_t *c, const lrmoe_plan_t *ch)
 {
     lrmoe_plan_t *k = c->cand;
     const int E = c->E, P = c->P;
@@ -1481,15 +1499,16 @@ static void scratch_give(scratch_t *s, int kept)
 typedef struct {
     scratch_t *sp;              /* the call's scratch plans */
     int extra;                  /* slots per rank beyond the natives */
-    int cached;                 /* the forward candidates in fc serve every
+    int cached;                 /* the forward candidates in cands serve every
                                    rate (above GREEDY_MAX_P ranks) */
     int64_t *lo, *K;            /* the rate's floors, proportional quotas */
     uint8_t *pl;                /* lrmoe's own placement */
     int *add_expert, *add_rank; /* its replicas, in the order added */
-    fcand_t *fc, *fo;           /* forward candidates: of every rate, and
-                                   the rate's own (when not cached) */
-    int nfc, nfo, ncand;        /* their counts; ncand: fc's entries, fo's
-                                   included (fo lies inside fc) */
+    fwd_cand_t *cands;          /* forward candidates of every rate */
+    fwd_cand_t *rate_cands;     /* the rate's own (when not cached; they
+                                   lie inside cands' allocation) */
+    int ncands, nrate_cands;    /* their counts */
+    int cands_cap;              /* the entries of cands' allocation */
     lrmoe_plan_t *anyp;         /* the any slot's plan, or NULL */
     lrmoe_plan_t *chain;        /* the plan of the last chain rate that fit */
     char why[480];              /* why the last user rate tried failed */
@@ -1508,19 +1527,19 @@ static int search_alloc(search_t *s, int E, int P)
     s->pl = malloc((size_t)E * P);
     s->add_expert = malloc(((size_t)s->extra * P + 1) * sizeof(int));
     s->add_rank = malloc(((size_t)s->extra * P + 1) * sizeof(int));
-    s->ncand = 2 * nown + 7;
-    s->fc = calloc((size_t)s->ncand, sizeof *s->fc);
-    if (!s->lo || !s->K || !s->pl || !s->add_expert || !s->add_rank || !s->fc)
+    s->cands_cap = 2 * nown + 7;
+    s->cands = calloc((size_t)s->cands_cap, sizeof *s->cands);
+    if (!s->lo || !s->K || !s->pl || !s->add_expert || !s->add_rank || !s->cands)
         return -1;
-    s->fo = s->fc + nown + 7;
+    s->rate_cands = s->cands + nown + 7;
     return 0;
 }
 
 static void search_free(search_t *s)
 {
-    for (int i = 0; s->fc && i < s->ncand; i++)
-        fc_free(&s->fc[i]);
-    free(s->fc);
+    for (int i = 0; s->cands && i < s->cands_cap; i++)
+        fwd_cand_free(&s->cands[i]);
+    free(s->cands);
     free(s->lo);
     free(s->K);
     free(s->pl);
@@ -1550,9 +1569,9 @@ static int64_t rate_total(double rho, int64_t N)
  * replicas place_replicas adds (recorded in s->add_expert, s->add_rank)
  * for fixed quotas K (NULL: the loads) or free ones (bwd_free). Returns the
  * replicas added, or -1. */
-static int own_placement(const lctx_t *c, search_t *s, const int64_t *K, int bwd_free)
+static int own_placement(const plan_state_t *c, search_t *s, const int64_t *K, int bwd_free)
 {
-    gctx_t g = {c->load, s->lo, K, c->total, c->N, c->E, c->P, bwd_free, NULL, NULL, NULL};
+    greedy_ctx_t g = {c->load, s->lo, K, c->total, c->N, c->E, c->P, bwd_free, NULL, NULL, NULL};
     memset(s->pl, 0, (size_t)c->E * c->P);
     for (int e = 0; e < c->E; e++)
         s->pl[(size_t)e * c->P + e / c->per] = 1;
@@ -1563,7 +1582,7 @@ static int own_placement(const lctx_t *c, search_t *s, const int64_t *K, int bwd
  * evaluated into bl; the best of them (the lowest t_total of those that
  * fit, of all when none does; then the least forward peak) is what lrmoe
  * must not lose to: c->ref_t, c->ref_pk. 0 or -1. */
-static int plan_baselines(lctx_t *c, plan_base_fn base, lrmoe_plan_t *bl)
+static int plan_baselines(plan_state_t *c, plan_base_fn base, lrmoe_plan_t *bl)
 {
     static const lrmoe_planner_t planners[3] = {LRMOE_PLANNER_FIXED, LRMOE_PLANNER_LLEP,
                                                 LRMOE_PLANNER_EPLB};
@@ -1596,13 +1615,13 @@ static int plan_baselines(lctx_t *c, plan_base_fn base, lrmoe_plan_t *bl)
     return 0;
 }
 
-/* The forward candidates built before the rates (s->fc): above
+/* The forward candidates built before the rates (s->cands): above
  * GREEDY_MAX_P ranks the replica search works on the loads alone, so
  * lrmoe's own placements (and the baselines') are the same at every rate,
  * and are offered at rate 1 as they are built (c->pre1); below it the
  * greedy objective weighs the rate's quotas, and lrmoe's own candidates
  * are made per rate (try_rate). Then the baselines'. 0 or -1. */
-static int first_candidates(lctx_t *c, search_t *s, const lrmoe_plan_t *bl)
+static int first_candidates(plan_state_t *c, search_t *s, const lrmoe_plan_t *bl)
 {
     static const char *const names[3] = {"fixed", "llep", "eplb"};
     c->pre1 = s->cached;
@@ -1612,41 +1631,41 @@ static int first_candidates(lctx_t *c, search_t *s, const lrmoe_plan_t *bl)
         c->rho = 1.0;
     }
     if (s->cached) {
-        const int nadd = own_placement(c, s, NULL, 0);
-        if (nadd < 0 ||
-            own_candidates(c, s->pl, nadd, s->add_expert, s->add_rank, s->fc, &s->nfc) < 0)
+        const int nadded = own_placement(c, s, NULL, 0);
+        if (nadded < 0 ||
+            own_candidates(c, s->pl, nadded, s->add_expert, s->add_rank, s->cands, &s->ncands) < 0)
             return -1;
     }
     for (int i = 0; i < 3; i++)
-        if (fwd_candidates(c, &bl[i], NULL, names[i], s->fc, &s->nfc) < 0)
+        if (fwd_candidates(c, &bl[i], NULL, names[i], s->cands, &s->ncands) < 0)
             return -1;
     return 0;
 }
 
-/* The rates searched, in decreasing order, into rl: the user's, and the
- * chain's (ur -1: 1, 0.9, 0.8, ... down to the user's last rate, where the
+/* The rates searched, in decreasing order, into rates: the user's, and the
+ * chain's (user_index -1: 1, 0.9, 0.8, ... down to the user's last rate, where the
  * user has not given them) whose plans are not returned but bound the
- * rates below them; ur: the user's index of each. Rate 1 comes first, the
+ * rates below them; user_index: the user's index of each. Rate 1 comes first, the
  * user's or the chain's. Returns their count. */
-static int rate_list(const lrmoe_plan_opts_t *o, double *rl, int *ur)
+static int rate_list(const lrmoe_plan_opts_t *o, double *rates, int *user_index)
 {
     int n = 0, u = 0;
     for (int g = 10; g >= 1 && g / 10.0 >= o->rates[o->nrates - 1] - 1e-9; g--) {
         for (; u < o->nrates && o->rates[u] > g / 10.0 + 1e-9; u++) {
-            rl[n] = o->rates[u];
-            ur[n++] = u;
+            rates[n] = o->rates[u];
+            user_index[n++] = u;
         }
         if (u < o->nrates && o->rates[u] >= g / 10.0 - 1e-9) {
-            rl[n] = o->rates[u];
-            ur[n++] = u++;
+            rates[n] = o->rates[u];
+            user_index[n++] = u++;
         } else {
-            rl[n] = g / 10.0;
-            ur[n++] = -1;
+            rates[n] = g / 10.0;
+            user_index[n++] = -1;
         }
     }
     for (; u < o->nrates; u++) {
-        rl[n] = o->rates[u];
-        ur[n++] = u;
+        rates[n] = o->rates[u];
+        user_index[n++] = u;
     }
     return n;
 }
@@ -1655,7 +1674,7 @@ static int rate_list(const lrmoe_plan_opts_t *o, double *rl, int *ur)
  * rates below (kept in s->chain, offered scaled down to them); rate 1's
  * placement and forward join the candidates (unless one of them is it
  * already). The messages stay those of the user's rates. 0 or -1. */
-static int chain_rate_done(lctx_t *c, search_t *s, const lrmoe_plan_t *p)
+static int chain_rate_done(plan_state_t *c, search_t *s, const lrmoe_plan_t *p)
 {
     if (c->strict.have) {
         if (!s->chain) {
@@ -1671,7 +1690,7 @@ static int chain_rate_done(lctx_t *c, search_t *s, const lrmoe_plan_t *p)
             char name[40];
             snprintf(name, sizeof name, "%.*s", (int)strcspn(p->source, "/"), p->source);
             plan_copy(c->cand, p);
-            if (fc_take(c, s->fc, &s->nfc, name, p->fwd_lb) < 0)
+            if (fwd_cand_take(c, s->cands, &s->ncands, name, p->fwd_lb) < 0)
                 return -1;
         }
     }
@@ -1685,7 +1704,7 @@ static int chain_rate_done(lctx_t *c, search_t *s, const lrmoe_plan_t *p)
  * else 0 with the explanation of the miss in s->why (and s->why1 at the
  * first rate) and, with --longer-backward, the first rate whose any slot
  * holds a plan noted (s->alt_ri). */
-static int user_rate_done(lctx_t *c, search_t *s, lrmoe_plan_t *p, double rho, int ui)
+static int user_rate_done(plan_state_t *c, search_t *s, lrmoe_plan_t *p, double rho, int ui)
 {
     if (c->strict.have) {
         p->feasible = 1;
@@ -1709,11 +1728,11 @@ static int user_rate_done(lctx_t *c, search_t *s, lrmoe_plan_t *p, double rho, i
 }
 
 /* One rate of the search (ui: the user's index, -1 a chain rate; done: its
- * candidates in fc were offered as they were built): floors and quotas,
+ * candidates in cands were offered as they were built): floors and quotas,
  * lrmoe's own candidates (when not cached), the chain's plan scaled down,
  * every backward of every forward candidate. Returns 1 when this rate's
  * plan is the result (in p), 0 to go on, -1 on error. */
-static int try_rate(lctx_t *c, search_t *s, lrmoe_plan_t *p, double rho, int ui, int done)
+static int try_rate(plan_state_t *c, search_t *s, lrmoe_plan_t *p, double rho, int ui, int done)
 {
     const lrmoe_plan_opts_t *o = c->o;
     const int E = c->E;
@@ -1741,23 +1760,24 @@ static int try_rate(lctx_t *c, search_t *s, lrmoe_plan_t *p, double rho, int ui,
     const int64_t *Kq = prop ? s->K : NULL;
     c->kprop = total < N && o->quota == LRMOE_QUOTA_EVEN ? s->K : NULL;
     if (!s->cached) { /* lrmoe's own placement at this rate */
-        const int nadd = own_placement(c, s, Kq, total < N && !prop);
-        if (nadd < 0 ||
-            own_candidates(c, s->pl, nadd, s->add_expert, s->add_rank, s->fo, &s->nfo) < 0)
+        const int nadded = own_placement(c, s, Kq, total < N && !prop);
+        if (nadded < 0 ||
+            own_candidates(c, s->pl, nadded, s->add_expert, s->add_rank, s->rate_cands,
+                           &s->nrate_cands) < 0)
             return -1;
     }
     /* the chain's plan above, scaled down: first, so that its t_total
      * bounds the search of the others early (peak_cap) */
     if (s->chain && total < N && offer_scaled(c, s->chain) < 0)
         return -1;
-    for (int i = 0; i < s->nfo; i++)
-        if (try_backwards(c, Kq, &s->fo[i]) < 0)
+    for (int i = 0; i < s->nrate_cands; i++)
+        if (try_backwards(c, Kq, &s->rate_cands[i]) < 0)
             return -1;
-    for (int i = 0; i < s->nfc && !done; i++)
-        if (try_backwards(c, Kq, &s->fc[i]) < 0)
+    for (int i = 0; i < s->ncands && !done; i++)
+        if (try_backwards(c, Kq, &s->cands[i]) < 0)
             return -1;
-    for (; s->nfo > 0; s->nfo--)
-        fc_free(&s->fo[s->nfo - 1]);
+    for (; s->nrate_cands > 0; s->nrate_cands--)
+        fwd_cand_free(&s->rate_cands[s->nrate_cands - 1]);
     if (ui < 0) /* a chain rate: its plan is the anchor from here on */
         return chain_rate_done(c, s, p) < 0 ? -1 : 0;
     return user_rate_done(c, s, p, rho, ui);
@@ -1773,16 +1793,16 @@ static int try_rate(lctx_t *c, search_t *s, lrmoe_plan_t *p, double rho, int ui,
  * (offer_scaled): so every rate below has a plan, and none is slower in
  * t_total or backward than the plans of the chain rates above it. The
  * placement and forward of rate 1's plan join the candidates of every rate
- * (fc). Returns 1 when a rate's plan is in p, 0 when none won, -1. */
-static int search_rates(lctx_t *c, search_t *s, lrmoe_plan_t *p)
+ * (cands). Returns 1 when a rate's plan is in p, 0 when none won, -1. */
+static int search_rates(plan_state_t *c, search_t *s, lrmoe_plan_t *p)
 {
-    double rl[LRMOE_PLAN_MAX_RATES + 10];
-    int ur[LRMOE_PLAN_MAX_RATES + 10];
-    const int nrl = rate_list(c->o, rl, ur);
+    double rates[LRMOE_PLAN_MAX_RATES + 10];
+    int user_index[LRMOE_PLAN_MAX_RATES + 10];
+    const int nrates_tried = rate_list(c->o, rates, user_index);
     const int pre1 = c->pre1;
     c->pre1 = 0;
-    for (int ri = 0; ri < nrl; ri++) {
-        const int r = try_rate(c, s, p, rl[ri], ur[ri], ri == 0 && pre1);
+    for (int ri = 0; ri < nrates_tried; ri++) {
+        const int r = try_rate(c, s, p, rates[ri], user_index[ri], ri == 0 && pre1);
         if (r)
             return r;
     }
@@ -1808,7 +1828,7 @@ static void take_longer(const search_t *s, lrmoe_plan_t *p)
 /* Best effort when no rate fits: the last rate (at least its floors),
  * budgets ignored, lrmoe's own placement, any backward; p->feasible = 0.
  * 0 or -1. */
-static int best_effort(lctx_t *c, search_t *s, lrmoe_plan_t *p)
+static int best_effort(plan_state_t *c, search_t *s, lrmoe_plan_t *p)
 {
     const lrmoe_plan_opts_t *o = c->o;
     const int E = c->E;
@@ -1840,11 +1860,13 @@ static int best_effort(lctx_t *c, search_t *s, lrmoe_plan_t *p)
         quota_proportional(c->load, s->lo, E, rho, total, s->K);
     int rc = 0;
     if (!s->cached) {
-        const int nadd = own_placement(c, s, prop ? s->K : NULL, total < N && !prop);
-        if (nadd < 0 || fwd_candidates(c, NULL, s->pl, "lrmoe", s->fo, &s->nfo) < 0)
+        const int nadded = own_placement(c, s, prop ? s->K : NULL, total < N && !prop);
+        if (nadded < 0 ||
+            fwd_candidates(c, NULL, s->pl, "lrmoe", s->rate_cands, &s->nrate_cands) < 0)
             rc = -1;
     }
-    if (!rc && try_backwards(c, prop ? s->K : NULL, s->cached ? &s->fc[0] : &s->fo[0]) < 0)
+    if (!rc &&
+        try_backwards(c, prop ? s->K : NULL, s->cached ? &s->cands[0] : &s->rate_cands[0]) < 0)
         rc = -1;
     c->o = o;
     if (rc < 0)
@@ -1872,7 +1894,7 @@ int lrmoe_plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, pla
     int kept;
     scratch_t own;
     scratch_t *sp = scratch_take(&own, &kept);
-    lctx_t c;
+    plan_state_t c;
     memset(&c, 0, sizeof c);
     search_t s;
     memset(&s, 0, sizeof s);
