@@ -1,7 +1,9 @@
 /* The min-peak solver under every planner: the closed-form optimum T*
  * (rank subsets, P <= LRMOE_PLAN_MAX_P), the exact parametric max-flow
- * search (any P), the Dinic max-flow allocation and the GLPK integer
- * allocation (fixed or free quotas). Depends on nothing of the planners. */
+ * search (any P), the max-flow allocation and the GLPK integer allocation
+ * (fixed or free quotas). One max-flow implementation (Dinic, below) serves
+ * the search, the allocations and the routing network. Depends on nothing
+ * of the planners. */
 #include <glpk.h>
 #include <math.h>
 #include <pthread.h>
@@ -110,367 +112,6 @@ int64_t lrmoe_minpeak_quota_lb(const uint8_t *placement, const int64_t *lo,
     if (best < 0)
         return lrmoe_err("quota bound: pairs of an expert without eligible rank");
     return best;
-}
-
-/* ------------------------------------------------- min-peak search (any P) */
-
-/* The exact optimum by a parametric max-flow search, for P above
- * LRMOE_PLAN_MAX_P (and whenever a witness subset is wanted).
- *
- * Cheap bound first: LB0 = the bound of the whole rank set and of every
- * single rank (for fixed needs max(ceil(N/P), max_p load of the experts whose
- * only eligible rank is p)). When the caller knows a feasible allocation
- * whose peak ub equals LB0, T* = LB0 and nothing else runs.
- *
- * Otherwise, starting at T = LB0: max-flow on the network source -> expert
- * (cap need) -> eligible rank -> sink (cap T). If not every pair routes, the
- * ranks R reachable from the source in the residual network form a violated
- * subset: every reachable expert has all its eligible ranks in R, so the
- * cut N - N_reach + T|R| < N gives N(R) > T|R| and ceil(N(R)/|R|) is a
- * lower bound above T. T rises to it and the search continues from the
- * current flow (raising the sink capacities keeps it feasible); a T where
- * every pair routes is feasible, hence T*. Each step raises T strictly to a
- * valid bound (Dinkelbach's ratio iteration), so a handful of steps suffice,
- * each an incremental Dinic. With free quotas the same holds for the two
- * families of the closed form: the floors lo must route (ceil(Lo(R)/|R|)),
- * and at least total of the loads n must (ceil((total - N + n(R))/|R|)). */
-
-typedef struct {
-    int E, P, nn, s, t;
-    int *head, *nxt, *to, *level, *it, *queue;
-    int64_t *cap;
-    int na, sink0;          /* arcs used; arc of rank 0 -> sink (rank p: +2p) */
-    int64_t T, flow;
-} mpnet_t;
-
-static void mp_free(mpnet_t *g)
-{
-    free(g->head); free(g->nxt); free(g->to); free(g->level); free(g->it);
-    free(g->queue); free(g->cap);
-    memset(g, 0, sizeof *g);
-}
-
-static void mp_arc(mpnet_t *g, int u, int v, int64_t c)
-{
-    int a = g->na;
-    g->to[a] = v; g->cap[a] = c; g->nxt[a] = g->head[u]; g->head[u] = a;
-    g->to[a + 1] = u; g->cap[a + 1] = 0; g->nxt[a + 1] = g->head[v]; g->head[v] = a + 1;
-    g->na += 2;
-}
-
-/* Network for caps c[e] over the eligible lists (eoff, elist), sink caps T,
- * with a greedy initial flow (each expert fills its ranks in order). */
-static int mp_build(mpnet_t *g, const int64_t *c, const int *eoff, const int *elist, int E,
-                    int P, int64_t T)
-{
-    memset(g, 0, sizeof *g);
-    int arcs = 0;
-    for (int e = 0; e < E; e++)
-        if (c[e] > 0)
-            arcs += 1 + eoff[e + 1] - eoff[e];
-    arcs = 2 * (arcs + P);
-    g->E = E;
-    g->P = P;
-    g->nn = E + P + 2;
-    g->s = 0;
-    g->t = E + P + 1;
-    g->head = malloc((size_t)g->nn * sizeof(int));
-    g->level = malloc((size_t)g->nn * sizeof(int));
-    g->it = malloc((size_t)g->nn * sizeof(int));
-    g->queue = malloc((size_t)g->nn * sizeof(int));
-    g->nxt = malloc((size_t)arcs * sizeof(int));
-    g->to = malloc((size_t)arcs * sizeof(int));
-    g->cap = malloc((size_t)arcs * sizeof(int64_t));
-    if (!g->head || !g->level || !g->it || !g->queue || !g->nxt || !g->to || !g->cap) {
-        mp_free(g);
-        return lrmoe_err("min-peak search: out of memory");
-    }
-    for (int i = 0; i < g->nn; i++)
-        g->head[i] = -1;
-    g->sink0 = 0;
-    for (int p = 0; p < P; p++)
-        mp_arc(g, 1 + E + p, g->t, T);
-    g->T = T;
-    for (int e = 0; e < E; e++) {
-        if (c[e] <= 0)
-            continue;
-        int sa = g->na;
-        mp_arc(g, g->s, 1 + e, c[e]);
-        int64_t rem = c[e];
-        for (int k = eoff[e]; k < eoff[e + 1]; k++) {
-            const int p = elist[k], ra = g->sink0 + 2 * p;
-            int ea = g->na;
-            mp_arc(g, 1 + e, 1 + E + p, c[e]);
-            int64_t d = rem < g->cap[ra] ? rem : g->cap[ra];
-            if (d > 0) { /* greedy: push d along s -> e -> p -> t */
-                g->cap[sa] -= d; g->cap[sa + 1] += d;
-                g->cap[ea] -= d; g->cap[ea + 1] += d;
-                g->cap[ra] -= d; g->cap[ra + 1] += d;
-                rem -= d;
-                g->flow += d;
-            }
-        }
-    }
-    return 0;
-}
-
-static void mp_set_T(mpnet_t *g, int64_t T)
-{
-    for (int p = 0; p < g->P; p++)
-        g->cap[g->sink0 + 2 * p] += T - g->T;
-    g->T = T;
-}
-
-static int mp_bfs(mpnet_t *g)
-{
-    for (int i = 0; i < g->nn; i++)
-        g->level[i] = -1;
-    int qh = 0, qt = 0;
-    g->level[g->s] = 0;
-    g->queue[qt++] = g->s;
-    while (qh < qt) {
-        int u = g->queue[qh++];
-        for (int a = g->head[u]; a >= 0; a = g->nxt[a])
-            if (g->cap[a] > 0 && g->level[g->to[a]] < 0) {
-                g->level[g->to[a]] = g->level[u] + 1;
-                if (g->to[a] == g->t)
-                    return 1; /* as flow_bfs; the last BFS (t unreached) is whole */
-                g->queue[qt++] = g->to[a];
-            }
-    }
-    return 0;
-}
-
-/* Blocking flow (multi-push, current arcs, dead ends pruned). */
-static int64_t mp_dfs(mpnet_t *g, int u, int64_t f)
-{
-    if (u == g->t)
-        return f;
-    int64_t pushed = 0;
-    for (; g->it[u] >= 0; g->it[u] = g->nxt[g->it[u]]) {
-        const int a = g->it[u], v = g->to[a];
-        if (g->cap[a] <= 0 || g->level[v] != g->level[u] + 1)
-            continue;
-        int64_t want = f - pushed;
-        int64_t d = mp_dfs(g, v, want < g->cap[a] ? want : g->cap[a]);
-        if (d > 0) {
-            g->cap[a] -= d;
-            g->cap[a ^ 1] += d;
-            pushed += d;
-            if (pushed == f)
-                return pushed;
-        }
-    }
-    g->level[u] = -1;
-    return pushed;
-}
-
-/* Max flow from the current one; afterwards level[] >= 0 marks the nodes
- * reachable from the source in the residual network (the last BFS). */
-static void mp_maxflow(mpnet_t *g)
-{
-    while (mp_bfs(g)) {
-        memcpy(g->it, g->head, (size_t)g->nn * sizeof(int));
-        g->flow += mp_dfs(g, g->s, INT64_MAX);
-    }
-}
-
-/* The nonzero entries of the placement pl (n entries): zero 8-byte words
- * skipped (plans are sparse). */
-static int pl_count(const uint8_t *pl, size_t n)
-{
-    int nnz = 0;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, pl + i, sizeof w);
-        if (w)
-            for (int k = 0; k < 8; k++)
-                nnz += pl[i + k] != 0;
-    }
-    for (; i < n; i++)
-        nnz += pl[i] != 0;
-    return nnz;
-}
-
-/* The next rank from p (inclusive) where row (P entries) holds an
- * instance, or P: aligned zero 8-byte words skipped. */
-static int pl_next(const uint8_t *row, int p, int P)
-{
-    while (p < P) {
-        uint64_t w;
-        if (!(p & 7) && p + 8 <= P && (memcpy(&w, row + p, sizeof w), !w)) {
-            p += 8;
-            continue;
-        }
-        if (row[p])
-            return p;
-        p++;
-    }
-    return P;
-}
-
-/* Eligible ranks of each expert as lists (CSR). */
-static int elig_lists(const uint8_t *pl, int E, int P, int **eoff, int **elist)
-{
-    const int nnz = pl_count(pl, (size_t)E * P);
-    *eoff = malloc(((size_t)E + 1) * sizeof(int));
-    *elist = malloc(((size_t)nnz + 1) * sizeof(int));
-    if (!*eoff || !*elist) {
-        free(*eoff);
-        free(*elist);
-        return lrmoe_err("min-peak search: out of memory");
-    }
-    int k = 0;
-    for (int e = 0; e < E; e++) {
-        (*eoff)[e] = k;
-        const uint8_t *row = pl + (size_t)e * P;
-        for (int p = pl_next(row, 0, P); p < P; p = pl_next(row, p + 1, P))
-            (*elist)[k++] = p;
-    }
-    (*eoff)[E] = k;
-    return 0;
-}
-
-int64_t lrmoe_plan_minpeak(const uint8_t *pl, const int64_t *lo, const int64_t *n, int64_t total,
-                     int E, int P, int64_t ub, uint8_t *witness, int *how)
-{
-    if (P <= 0 || E <= 0)
-        return lrmoe_err("min-peak bound: bad shape");
-    int *eoff = NULL, *elist = NULL;
-    int64_t *s1 = calloc((size_t)P, sizeof *s1), *l1 = calloc((size_t)P, sizeof *l1);
-    int64_t rc = -1;
-    mpnet_t A, B;
-    memset(&A, 0, sizeof A);
-    memset(&B, 0, sizeof B);
-    if (how)
-        *how = 0;
-    if (!s1 || !l1 || elig_lists(pl, E, P, &eoff, &elist) < 0) {
-        lrmoe_err("min-peak search: out of memory");
-        goto out;
-    }
-    /* totals, orphans, single-rank experts */
-    int64_t N = 0, slo = 0, on = 0, ol = 0;
-    for (int e = 0; e < E; e++) {
-        const int64_t l = lo ? lo[e] : 0;
-        if (n[e] < 0 || (lo && (l < 0 || l > n[e]))) {
-            lrmoe_err("min-peak bound: need of expert %d is negative or lo outside [0,n]", e);
-            goto out;
-        }
-        N += n[e];
-        slo += l;
-        const int k = eoff[e + 1] - eoff[e];
-        if (k == 0) {
-            on += n[e];
-            ol += l;
-        } else if (k == 1) {
-            s1[elist[eoff[e]]] += n[e];
-            l1[elist[eoff[e]]] += l;
-        }
-    }
-    if (!lo)
-        total = N;
-    if (lo && (total < slo || total > N)) {
-        lrmoe_err("quota bound: total %lld outside [%lld,%lld]", (long long)total,
-                  (long long)slo, (long long)N);
-        goto out;
-    }
-    if (lo ? (ol > 0 || total > N - on) : on > 0) {
-        lrmoe_err(lo ? "quota bound: pairs of an expert without eligible rank"
-                     : "min-peak bound: an expert with pairs has no eligible rank");
-        goto out;
-    }
-    /* LB0: the whole rank set and every single rank */
-    int64_t T = ceil_div(total, P);
-    int wrank = -1; /* witness: -1 all ranks, else one rank */
-    for (int p = 0; p < P; p++) {
-        int64_t v = lo ? l1[p] : s1[p];
-        if (lo && total - N + on + s1[p] > v)
-            v = total - N + on + s1[p];
-        if (v > T) {
-            T = v;
-            wrank = p;
-        }
-    }
-    if (witness)
-        for (int p = 0; p < P; p++)
-            witness[p] = wrank < 0 || p == wrank;
-    if (ub >= 0 && T >= ub) {
-        rc = T; /* LB0 <= T* <= ub */
-        if (how)
-            *how = 1;
-        goto out;
-    }
-    if (P <= LRMOE_PLAN_MAX_P && !witness) {
-        if (how)
-            *how = 2;
-        rc = lo ? lrmoe_minpeak_quota_lb(pl, lo, n, total, E, P) : lrmoe_minpeak_lb(pl, n, E, P);
-        goto out;
-    }
-    if (how)
-        *how = 3;
-    if ((lo && mp_build(&A, lo, eoff, elist, E, P, T) < 0) ||
-        mp_build(&B, n, eoff, elist, E, P, T) < 0)
-        goto out;
-    for (;;) {
-        mpnet_t *g = NULL;
-        int fam = 0; /* 0: the needs (or floors) exceed T|R|; 1: total - N + n(R) does */
-        if (lo) {
-            mp_set_T(&A, T);
-            mp_maxflow(&A);
-            if (A.flow < slo)
-                g = &A;
-        }
-        if (!g) {
-            mp_set_T(&B, T);
-            mp_maxflow(&B);
-            if (B.flow < total) {
-                g = &B;
-                fam = lo != NULL;
-            }
-        }
-        if (!g) {
-            rc = T; /* every pair routes at T, and T is a lower bound */
-            break;
-        }
-        /* the violated subset R: ranks reachable in the residual network */
-        int64_t k = 0, w = 0;
-        for (int p = 0; p < P; p++)
-            k += g->level[1 + E + p] >= 0;
-        const int64_t *c = g == &A ? lo : n;
-        for (int e = 0; e < E; e++) {
-            int in = 1;
-            for (int j = eoff[e]; in && j < eoff[e + 1]; j++)
-                in = g->level[1 + E + elist[j]] >= 0;
-            if (in)
-                w += c[e];
-        }
-        if (k == 0) {
-            lrmoe_err("min-peak search: pairs cannot be routed at any peak");
-            goto out;
-        }
-        int64_t nt = ceil_div(fam ? total - N + w : w, k);
-        if (nt <= T) {
-            lrmoe_err("min-peak search: no progress at T=%lld (internal error)", (long long)T);
-            goto out;
-        }
-        T = nt;
-        if (witness)
-            for (int p = 0; p < P; p++)
-                witness[p] = g->level[1 + E + p] >= 0;
-        if (ub >= 0 && T >= ub) {
-            rc = T;
-            break;
-        }
-    }
-out:
-    mp_free(&A);
-    mp_free(&B);
-    free(s1);
-    free(l1);
-    free(eoff);
-    free(elist);
-    return rc;
 }
 
 /* ---------------------------------------------------------------- Dinic */
@@ -593,6 +234,282 @@ static void flow_push3(flow_t *g, int se, int ep, int pt, int64_t d)
     g->cap[se] -= d; g->cap[se ^ 1] += d;
     g->cap[ep] -= d; g->cap[ep ^ 1] += d;
     g->cap[pt] -= d; g->cap[pt ^ 1] += d;
+}
+
+/* ------------------------------------------------- min-peak search (any P) */
+
+/* The exact optimum by a parametric max-flow search, for P above
+ * LRMOE_PLAN_MAX_P (and whenever a witness subset is wanted).
+ *
+ * Cheap bound first: LB0 = the bound of the whole rank set and of every
+ * single rank (for fixed needs max(ceil(N/P), max_p load of the experts whose
+ * only eligible rank is p)). When the caller knows a feasible allocation
+ * whose peak ub equals LB0, T* = LB0 and nothing else runs.
+ *
+ * Otherwise, starting at T = LB0: max-flow on the network source -> expert
+ * (cap need) -> eligible rank -> sink (cap T). If not every pair routes, the
+ * ranks R reachable from the source in the residual network form a violated
+ * subset: every reachable expert has all its eligible ranks in R, so the
+ * cut N - N_reach + T|R| < N gives N(R) > T|R| and ceil(N(R)/|R|) is a
+ * lower bound above T. T rises to it and the search continues from the
+ * current flow (raising the sink capacities keeps it feasible); a T where
+ * every pair routes is feasible, hence T*. Each step raises T strictly to a
+ * valid bound (Dinkelbach's ratio iteration), so a handful of steps suffice,
+ * each an incremental Dinic. With free quotas the same holds for the two
+ * families of the closed form: the floors lo must route (ceil(Lo(R)/|R|)),
+ * and at least total of the loads n must (ceil((total - N + n(R))/|R|)). */
+
+/* The nonzero entries of the placement pl (n entries): zero 8-byte words
+ * skipped (plans are sparse). */
+static int pl_count(const uint8_t *pl, size_t n)
+{
+    int nnz = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, pl + i, sizeof w);
+        if (w)
+            for (int k = 0; k < 8; k++)
+                nnz += pl[i + k] != 0;
+    }
+    for (; i < n; i++)
+        nnz += pl[i] != 0;
+    return nnz;
+}
+
+/* The next rank from p (inclusive) where row (P entries) holds an
+ * instance, or P: aligned zero 8-byte words skipped. */
+static int pl_next(const uint8_t *row, int p, int P)
+{
+    while (p < P) {
+        uint64_t w;
+        if (!(p & 7) && p + 8 <= P && (memcpy(&w, row + p, sizeof w), !w)) {
+            p += 8;
+            continue;
+        }
+        if (row[p])
+            return p;
+        p++;
+    }
+    return P;
+}
+
+/* Eligible ranks of each expert as lists (CSR). */
+static int elig_lists(const uint8_t *pl, int E, int P, int **eoff, int **elist)
+{
+    const int nnz = pl_count(pl, (size_t)E * P);
+    *eoff = malloc(((size_t)E + 1) * sizeof(int));
+    *elist = malloc(((size_t)nnz + 1) * sizeof(int));
+    if (!*eoff || !*elist) {
+        free(*eoff);
+        free(*elist);
+        return lrmoe_err("min-peak search: out of memory");
+    }
+    int k = 0;
+    for (int e = 0; e < E; e++) {
+        (*eoff)[e] = k;
+        const uint8_t *row = pl + (size_t)e * P;
+        for (int p = pl_next(row, 0, P); p < P; p = pl_next(row, p + 1, P))
+            (*elist)[k++] = p;
+    }
+    (*eoff)[E] = k;
+    return 0;
+}
+
+/* The search's network (the Dinic network above): source -> expert e (cap
+ * c[e], experts with c[e] > 0) -> its eligible ranks (eoff, elist) -> sink,
+ * the sink arcs first (rank p's at 2p) at cap T, with a greedy start (each
+ * expert fills its ranks in order); *flow: what the start routes. */
+static int search_net(flow_t *g, const int64_t *c, const int *eoff, const int *elist, int E,
+                      int P, int64_t T, int64_t *flow)
+{
+    int arcs = P;
+    for (int e = 0; e < E; e++)
+        if (c[e] > 0)
+            arcs += 1 + eoff[e + 1] - eoff[e];
+    if (flow_init(g, E + P + 2, arcs) < 0)
+        return lrmoe_err("min-peak search: out of memory");
+    const int t = E + P + 1;
+    for (int p = 0; p < P; p++)
+        flow_edge(g, 1 + E + p, t, T);
+    *flow = 0;
+    for (int e = 0; e < E; e++) {
+        if (c[e] <= 0)
+            continue;
+        const int se = flow_edge(g, 0, 1 + e, c[e]);
+        int64_t rem = c[e];
+        for (int k = eoff[e]; k < eoff[e + 1]; k++) {
+            const int p = elist[k], pt = 2 * p;
+            const int ep = flow_edge(g, 1 + e, 1 + E + p, c[e]);
+            const int64_t d = rem < g->cap[pt] ? rem : g->cap[pt];
+            if (d > 0) {
+                flow_push3(g, se, ep, pt, d);
+                rem -= d;
+                *flow += d;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Raise the search network's sink caps from T to T2 (the flow stays
+ * feasible) and route what more it can; *flow grows by that. Afterwards
+ * level[] >= 0 marks the nodes reachable from the source in the residual
+ * network (flow_max's last BFS, which did not reach the sink). The search
+ * reads only the flow's value and that set, and both are the same for
+ * every maximum flow (the set is the source side of the least minimum
+ * cut), so its T* and witness do not depend on how Dinic routes: this was
+ * a second Dinic with multi-push blocking flows, with the same results and
+ * speed (tests/unit/plan_test fastpath 2000 3: 1.34 s both). */
+static void search_net_at(flow_t *g, int P, int64_t T, int64_t T2, int64_t *flow)
+{
+    for (int p = 0; p < P; p++)
+        g->cap[2 * p] += T2 - T;
+    *flow += flow_max(g, 0, g->n - 1);
+}
+
+int64_t lrmoe_plan_minpeak(const uint8_t *pl, const int64_t *lo, const int64_t *n, int64_t total,
+                     int E, int P, int64_t ub, uint8_t *witness, int *how)
+{
+    if (P <= 0 || E <= 0)
+        return lrmoe_err("min-peak bound: bad shape");
+    int *eoff = NULL, *elist = NULL;
+    int64_t *s1 = calloc((size_t)P, sizeof *s1), *l1 = calloc((size_t)P, sizeof *l1);
+    int64_t rc = -1;
+    /* the floors' network (free quotas) and the loads' */
+    flow_t A, B;
+    int64_t Aflow = 0, Bflow = 0, Anet_T = 0, Bnet_T = 0;
+    memset(&A, 0, sizeof A);
+    memset(&B, 0, sizeof B);
+    if (how)
+        *how = 0;
+    if (!s1 || !l1 || elig_lists(pl, E, P, &eoff, &elist) < 0) {
+        lrmoe_err("min-peak search: out of memory");
+        goto out;
+    }
+    /* totals, orphans, single-rank experts */
+    int64_t N = 0, slo = 0, on = 0, ol = 0;
+    for (int e = 0; e < E; e++) {
+        const int64_t l = lo ? lo[e] : 0;
+        if (n[e] < 0 || (lo && (l < 0 || l > n[e]))) {
+            lrmoe_err("min-peak bound: need of expert %d is negative or lo outside [0,n]", e);
+            goto out;
+        }
+        N += n[e];
+        slo += l;
+        const int k = eoff[e + 1] - eoff[e];
+        if (k == 0) {
+            on += n[e];
+            ol += l;
+        } else if (k == 1) {
+            s1[elist[eoff[e]]] += n[e];
+            l1[elist[eoff[e]]] += l;
+        }
+    }
+    if (!lo)
+        total = N;
+    if (lo && (total < slo || total > N)) {
+        lrmoe_err("quota bound: total %lld outside [%lld,%lld]", (long long)total,
+                  (long long)slo, (long long)N);
+        goto out;
+    }
+    if (lo ? (ol > 0 || total > N - on) : on > 0) {
+        lrmoe_err(lo ? "quota bound: pairs of an expert without eligible rank"
+                     : "min-peak bound: an expert with pairs has no eligible rank");
+        goto out;
+    }
+    /* LB0: the whole rank set and every single rank */
+    int64_t T = ceil_div(total, P);
+    int wrank = -1; /* witness: -1 all ranks, else one rank */
+    for (int p = 0; p < P; p++) {
+        int64_t v = lo ? l1[p] : s1[p];
+        if (lo && total - N + on + s1[p] > v)
+            v = total - N + on + s1[p];
+        if (v > T) {
+            T = v;
+            wrank = p;
+        }
+    }
+    if (witness)
+        for (int p = 0; p < P; p++)
+            witness[p] = wrank < 0 || p == wrank;
+    if (ub >= 0 && T >= ub) {
+        rc = T; /* LB0 <= T* <= ub */
+        if (how)
+            *how = 1;
+        goto out;
+    }
+    if (P <= LRMOE_PLAN_MAX_P && !witness) {
+        if (how)
+            *how = 2;
+        rc = lo ? lrmoe_minpeak_quota_lb(pl, lo, n, total, E, P) : lrmoe_minpeak_lb(pl, n, E, P);
+        goto out;
+    }
+    if (how)
+        *how = 3;
+    if ((lo && search_net(&A, lo, eoff, elist, E, P, T, &Aflow) < 0) ||
+        search_net(&B, n, eoff, elist, E, P, T, &Bflow) < 0)
+        goto out;
+    Anet_T = Bnet_T = T;
+    for (;;) {
+        flow_t *g = NULL;
+        int fam = 0; /* 0: the needs (or floors) exceed T|R|; 1: total - N + n(R) does */
+        if (lo) {
+            search_net_at(&A, P, Anet_T, T, &Aflow);
+            Anet_T = T;
+            if (Aflow < slo)
+                g = &A;
+        }
+        if (!g) {
+            search_net_at(&B, P, Bnet_T, T, &Bflow);
+            Bnet_T = T;
+            if (Bflow < total) {
+                g = &B;
+                fam = lo != NULL;
+            }
+        }
+        if (!g) {
+            rc = T; /* every pair routes at T, and T is a lower bound */
+            break;
+        }
+        /* the violated subset R: ranks reachable in the residual network */
+        int64_t k = 0, w = 0;
+        for (int p = 0; p < P; p++)
+            k += g->level[1 + E + p] >= 0;
+        const int64_t *c = g == &A ? lo : n;
+        for (int e = 0; e < E; e++) {
+            int in = 1;
+            for (int j = eoff[e]; in && j < eoff[e + 1]; j++)
+                in = g->level[1 + E + elist[j]] >= 0;
+            if (in)
+                w += c[e];
+        }
+        if (k == 0) {
+            lrmoe_err("min-peak search: pairs cannot be routed at any peak");
+            goto out;
+        }
+        int64_t nt = ceil_div(fam ? total - N + w : w, k);
+        if (nt <= T) {
+            lrmoe_err("min-peak search: no progress at T=%lld (internal error)", (long long)T);
+            goto out;
+        }
+        T = nt;
+        if (witness)
+            for (int p = 0; p < P; p++)
+                witness[p] = g->level[1 + E + p] >= 0;
+        if (ub >= 0 && T >= ub) {
+            rc = T;
+            break;
+        }
+    }
+out:
+    flow_free(&A);
+    flow_free(&B);
+    free(s1);
+    free(l1);
+    free(eoff);
+    free(elist);
+    return rc;
 }
 
 int64_t lrmoe_alloc_flow_quota(const uint8_t *pl, const int64_t *lo, const int64_t *n,

@@ -19,20 +19,23 @@
 /* Greedy replica placement works on eligibility masks and the closed-form
  * bounds directly (P <= LRMOE_PLAN_MAX_P). */
 typedef struct {
-    const int64_t *n, *lo, *K; /* loads, quota floors, fixed quotas (NULL: K = n) */
-    int64_t total, N;
+    const int64_t *load;       /* (E) pairs routed to each expert */
+    const int64_t *floor;      /* (E) quota floors (free quotas) */
+    const int64_t *K;          /* (E) fixed quotas (NULL: K = load) */
+    int64_t total, N;          /* retained pairs, all pairs */
     int E, P, bwd_free;        /* quotas free (minpeak policy, total < N) */
-    uint32_t *mask;            /* (E) eligible ranks */
-    int64_t *a, *b;            /* (2^P) subset sums */
-} gctx_t;
+    uint32_t *mask;            /* (E) each expert's ranks, as bits */
+    int64_t *load_sums;        /* (2^P) loads of the experts within each rank set */
+    int64_t *bwd_sums;         /* (2^P) the same of K (or of the floors) */
+} greedy_ctx_t;
 
 typedef struct {
-    int64_t f, b;      /* forward and backward optimum peaks */
-    double ex;         /* excess over the reference levels (plateau progress) */
-    uint32_t sf, sb;   /* a bottleneck subset of each */
-} jv_t;
+    int64_t fwd, bwd;          /* forward and backward optimum peaks */
+    double excess;             /* excess over the reference levels (plateau progress) */
+    uint32_t fwd_set, bwd_set; /* a bottleneck rank subset of each */
+} greedy_value_t;
 
-static void zsum(const uint32_t *mask, const int64_t *w, int E, int P, int64_t *sub)
+static void subset_sums(const uint32_t *mask, const int64_t *w, int E, int P, int64_t *sub)
 {
     const size_t S = (size_t)1 << P;
     memset(sub, 0, S * sizeof *sub);
@@ -44,17 +47,17 @@ static void zsum(const uint32_t *mask, const int64_t *w, int E, int P, int64_t *
                 sub[m] += sub[m ^ ((size_t)1 << bit)];
 }
 
-static int64_t cdiv(int64_t x, int64_t k) { return x >= 0 ? (x + k - 1) / k : -((-x) / k); }
+static int64_t ceil_div(int64_t x, int64_t k) { return x >= 0 ? (x + k - 1) / k : -((-x) / k); }
 
 /* Refresh the subset sums of the current masks: a from the loads, b from
  * the backward quotas (fixed K) or their floors (free quotas). */
-static void jsums(gctx_t *c)
+static void greedy_sums(greedy_ctx_t *c)
 {
-    zsum(c->mask, c->n, c->E, c->P, c->a);
+    subset_sums(c->mask, c->load, c->E, c->P, c->load_sums);
     if (c->bwd_free)
-        zsum(c->mask, c->lo, c->E, c->P, c->b);
+        subset_sums(c->mask, c->floor, c->E, c->P, c->bwd_sums);
     else if (c->K)
-        zsum(c->mask, c->K, c->E, c->P, c->b);
+        subset_sums(c->mask, c->K, c->E, c->P, c->bwd_sums);
 }
 
 /* Objective: forward peak + 2 x backward peak (a backward pair costs two
@@ -62,21 +65,22 @@ static void jsums(gctx_t *c)
  * the rank subsets measures progress towards lowering a peak. Evaluated for
  * the current masks with, when e >= 0, rank q added to expert e: that only
  * removes e's pairs from the subsets that contain e's ranks but not q. */
-static void jeval(const gctx_t *c, int e, int q, int64_t fref, int64_t bref, jv_t *o)
+static void greedy_eval(const greedy_ctx_t *c, int e, int q, int64_t fref, int64_t bref,
+                        greedy_value_t *o)
 {
     const size_t S = (size_t)1 << c->P;
-    const uint32_t me = e >= 0 ? c->mask[e] : 0, qb = e >= 0 ? 1u << q : 0;
-    const int64_t dn = e >= 0 ? c->n[e] : 0;
-    const int64_t db = e < 0 ? 0 : c->bwd_free ? c->lo[e] : c->K ? c->K[e] : 0;
+    const uint32_t emask = e >= 0 ? c->mask[e] : 0, qbit = e >= 0 ? 1u << q : 0;
+    const int64_t dload = e >= 0 ? c->load[e] : 0;
+    const int64_t dbwd = e < 0 ? 0 : c->bwd_free ? c->floor[e] : c->K ? c->K[e] : 0;
     const int same = !c->bwd_free && !c->K; /* backward = forward */
     int64_t f = 0, bb = 0;
     double exf = 0, exb = 0;
     uint32_t sf = 1, sb = 1;
     for (size_t m = 1; m < S; m++) {
-        const int hit = e >= 0 && ((uint32_t)m & me) == me && !((uint32_t)m & qb);
+        const int hit = e >= 0 && ((uint32_t)m & emask) == emask && !((uint32_t)m & qbit);
         const int64_t k = __builtin_popcount((unsigned)m);
-        const int64_t a = c->a[m] - (hit ? dn : 0);
-        int64_t v = cdiv(a, k);
+        const int64_t a = c->load_sums[m] - (hit ? dload : 0);
+        int64_t v = ceil_div(a, k);
         if (v > f) {
             f = v;
             sf = (uint32_t)m;
@@ -86,13 +90,13 @@ static void jeval(const gctx_t *c, int e, int q, int64_t fref, int64_t bref, jv_
             exf += x;
         if (same)
             continue;
-        const int64_t b = c->b[m] - (hit ? db : 0);
-        v = cdiv(b, k);
+        const int64_t b = c->bwd_sums[m] - (hit ? dbwd : 0);
+        v = ceil_div(b, k);
         double y = (double)b - (double)(bref - 1) * k;
         if (y > 0)
             exb += y;
         if (c->bwd_free) {
-            int64_t qv = c->total - c->N + a, w = cdiv(qv, k);
+            int64_t qv = c->total - c->N + a, w = ceil_div(qv, k);
             if (w > v)
                 v = w;
             x = (double)qv - (double)(bref - 1) * k;
@@ -109,11 +113,11 @@ static void jeval(const gctx_t *c, int e, int q, int64_t fref, int64_t bref, jv_
         exb = exf;
         sb = sf;
     }
-    o->f = f;
-    o->b = bb;
-    o->ex = exf + 2 * exb;
-    o->sf = sf;
-    o->sb = sb;
+    o->fwd = f;
+    o->bwd = bb;
+    o->excess = exf + 2 * exb;
+    o->fwd_set = sf;
+    o->bwd_set = sb;
 }
 
 /* Above GREEDY_MAX_P ranks the exact greedy (2^P subsets per evaluation)
@@ -123,13 +127,13 @@ static void jeval(const gctx_t *c, int e, int q, int64_t fref, int64_t bref, jv_
  * effective load), the excess goes in chunks to the ranks with the most
  * room under T that have a free slot and no instance of the expert, each
  * chunk a replica. Returns 1 when every pair fits (pl: natives plus the
- * replicas, he/hp their order, *nadd their count), 0 when the slots or the
+ * replicas, add_expert/add_rank their order, *nadded their count), 0 when the slots or the
  * room run out. The allocation it builds keeps every rank <= T, so the
  * placement's optimum T* (max-flow, computed by the caller) is <= T. */
 #define GREEDY_MAX_P 10
 static int spill_at(const int64_t *n, const int *ord, int E, int P, int extra, int64_t T,
-                    int64_t *as, int64_t *pend, int *used, uint8_t *pl, int *he, int *hp,
-                    int *nadd)
+                    int64_t *as, int64_t *pend, int *used, uint8_t *pl, int *add_expert,
+                    int *add_rank, int *nadded)
 {
     const int per = E / P;
     memset(as, 0, (size_t)P * sizeof *as);
@@ -164,13 +168,13 @@ static int spill_at(const int64_t *n, const int *ord, int E, int P, int extra, i
             as[q] += d;
             used[q]++;
             pl[(size_t)e * P + q] = 1;
-            he[k] = e;
-            hp[k] = q;
+            add_expert[k] = e;
+            add_rank[k] = q;
             k++;
             rem -= d;
         }
     }
-    *nadd = k;
+    *nadded = k;
     return 1;
 }
 
@@ -188,7 +192,7 @@ static int by_load_desc(const void *a, const void *b)
 /* The least T in [ceil(N/P), the natives' peak] at which spill_at fits
  * (bisection), and its placement. Returns the replicas added, or -1. */
 static int place_replicas_search(const int64_t *n, int E, int P, int extra, uint8_t *pl,
-                                 int *he, int *hp)
+                                 int *add_expert, int *add_rank)
 {
     const int per = E / P;
     int *ord = malloc((size_t)E * sizeof *ord), *used = malloc((size_t)P * sizeof *used);
@@ -219,19 +223,19 @@ static int place_replicas_search(const int64_t *n, int E, int P, int extra, uint
     for (int e = 0; e < E; e++)
         ord[e] = el[e].e;
     free(el);
-    int nadd = 0;
+    int nadded = 0;
     while (lo < hi) {
         const int64_t T = lo + (hi - lo) / 2;
-        if (spill_at(n, ord, E, P, extra, T, as, pend, used, pl, he, hp, &nadd))
+        if (spill_at(n, ord, E, P, extra, T, as, pend, used, pl, add_expert, add_rank, &nadded))
             hi = T;
         else
             lo = T + 1;
     }
-    if (!spill_at(n, ord, E, P, extra, hi, as, pend, used, pl, he, hp, &nadd)) {
+    if (!spill_at(n, ord, E, P, extra, hi, as, pend, used, pl, add_expert, add_rank, &nadded)) {
         lrmoe_err("replica search: no spill at the natives' peak (internal error)");
         goto out;
     }
-    rc = nadd;
+    rc = nadded;
 out:
     free(ord);
     free(used);
@@ -246,20 +250,20 @@ out:
  * the pair with the lowest (objective, excess). Stop when neither drops; keep
  * the shortest prefix that reached the best objective. pl holds the natives
  * on entry. Returns the replicas added, or -1. */
-static int place_replicas(gctx_t *c, int extra, uint8_t *pl, int *he, int *hp)
+static int place_replicas(greedy_ctx_t *c, int extra, uint8_t *pl, int *add_expert, int *add_rank)
 {
     const int E = c->E, P = c->P, C = 6;
     const int maxadd = extra * P;
     if (maxadd <= 0 || P == 1)
         return 0;
     if (P > GREEDY_MAX_P)
-        return place_replicas_search(c->n, E, P, extra, pl, he, hp);
+        return place_replicas_search(c->load, E, P, extra, pl, add_expert, add_rank);
     int *inst = malloc((size_t)E * sizeof(int)), *reps = calloc((size_t)P, sizeof(int));
     c->mask = malloc((size_t)E * sizeof(uint32_t));
-    c->a = malloc(((size_t)1 << P) * sizeof(int64_t));
-    c->b = malloc(((size_t)1 << P) * sizeof(int64_t));
+    c->load_sums = malloc(((size_t)1 << P) * sizeof(int64_t));
+    c->bwd_sums = malloc(((size_t)1 << P) * sizeof(int64_t));
     int rc = -1;
-    if (!inst || !reps || !c->mask || !c->a || !c->b) {
+    if (!inst || !reps || !c->mask || !c->load_sums || !c->bwd_sums) {
         lrmoe_err("replica placement: out of memory");
         goto out;
     }
@@ -272,81 +276,82 @@ static int place_replicas(gctx_t *c, int extra, uint8_t *pl, int *he, int *hp)
                 inst[e]++;
             }
     }
-    jv_t cur;
-    jsums(c);
-    jeval(c, -1, 0, 0, 0, &cur);
-    jeval(c, -1, 0, cur.f, cur.b, &cur);
-    int64_t bestJ = cur.f + 2 * cur.b;
+    greedy_value_t cur;
+    greedy_sums(c);
+    greedy_eval(c, -1, 0, 0, 0, &cur);
+    greedy_eval(c, -1, 0, cur.fwd, cur.bwd, &cur);
+    int64_t bestJ = cur.fwd + 2 * cur.bwd;
     int added = 0, best_count = 0;
     int cand[8];
     while (added < maxadd) {
         int nc = 0;
         for (int k = 0; k < C; k++) {
-            int bst = -1;
+            int heaviest = -1;
             for (int e = 0; e < E; e++) {
-                if (c->n[e] <= 0 || inst[e] >= P)
+                if (c->load[e] <= 0 || inst[e] >= P)
                     continue;
-                if ((c->mask[e] & ~cur.sf) && (c->mask[e] & ~cur.sb))
+                if ((c->mask[e] & ~cur.fwd_set) && (c->mask[e] & ~cur.bwd_set))
                     continue; /* outside both bottlenecks */
                 int taken = 0;
                 for (int j = 0; j < nc; j++)
                     taken |= cand[j] == e;
                 if (taken)
                     continue;
-                if (bst < 0 || (double)c->n[e] / inst[e] > (double)c->n[bst] / inst[bst])
-                    bst = e;
+                if (heaviest < 0 ||
+                    (double)c->load[e] / inst[e] > (double)c->load[heaviest] / inst[heaviest])
+                    heaviest = e;
             }
-            if (bst < 0)
+            if (heaviest < 0)
                 break;
-            cand[nc++] = bst;
+            cand[nc++] = heaviest;
         }
-        int be = -1, bp = -1;
-        jv_t bv = {0, 0, 0, 0, 0};
+        int best_e = -1, best_q = -1;
+        greedy_value_t best = {0, 0, 0, 0, 0};
         for (int k = 0; k < nc; k++) {
             int e = cand[k];
             for (int q = 0; q < P; q++) {
                 if (reps[q] >= extra || (c->mask[e] >> q & 1u))
                     continue;
-                jv_t v;
-                jeval(c, e, q, cur.f, cur.b, &v);
-                int64_t j = v.f + 2 * v.b, jb = bv.f + 2 * bv.b;
-                if (be < 0 || j < jb || (j == jb && v.ex < bv.ex)) {
-                    bv = v;
-                    be = e;
-                    bp = q;
+                greedy_value_t v;
+                greedy_eval(c, e, q, cur.fwd, cur.bwd, &v);
+                int64_t j = v.fwd + 2 * v.bwd, jb = best.fwd + 2 * best.bwd;
+                if (best_e < 0 || j < jb || (j == jb && v.excess < best.excess)) {
+                    best = v;
+                    best_e = e;
+                    best_q = q;
                 }
             }
         }
-        if (be < 0)
+        if (best_e < 0)
             break;
-        int64_t j = bv.f + 2 * bv.b, jc = cur.f + 2 * cur.b;
-        if (!(j < jc || (j == jc && bv.ex < cur.ex)))
+        int64_t j = best.fwd + 2 * best.bwd, jc = cur.fwd + 2 * cur.bwd;
+        if (!(j < jc || (j == jc && best.excess < cur.excess)))
             break; /* no progress */
-        c->mask[be] |= 1u << bp;
-        pl[(size_t)be * P + bp] = 1;
-        inst[be]++;
-        reps[bp]++;
-        he[added] = be;
-        hp[added] = bp;
+        c->mask[best_e] |= 1u << best_q;
+        pl[(size_t)best_e * P + best_q] = 1;
+        inst[best_e]++;
+        reps[best_q]++;
+        add_expert[added] = best_e;
+        add_rank[added] = best_q;
         added++;
-        jsums(c);
-        jeval(c, -1, 0, bv.f, bv.b, &cur); /* excess against the new levels */
+        greedy_sums(c);
+        greedy_eval(c, -1, 0, best.fwd, best.bwd, &cur); /* excess against the new levels */
         if (j < bestJ) {
             bestJ = j;
             best_count = added;
         }
     }
     for (int i = added - 1; i >= best_count; i--)
-        pl[(size_t)he[i] * P + hp[i]] = 0;
+        pl[(size_t)add_expert[i] * P + add_rank[i]] = 0;
     rc = best_count;
 out:
     free(inst);
     free(reps);
     free(c->mask);
-    free(c->a);
-    free(c->b);
+    free(c->load_sums);
+    free(c->bwd_sums);
     c->mask = NULL;
-    c->a = c->b = NULL;
+    c->load_sums = c->bwd_sums = NULL;
     return rc;
 }
 
@@ -408,7 +413,7 @@ typedef struct {
                             lengthen the modelled backward */
     slot_t any;          /* the best that fits, longer or not (used only
                             with --longer-backward, below rate 1) */
-    lrmoe_plan_t cand;
+    lrmoe_plan_t *cand;  /* the candidate being evaluated (scratch) */
     double ref_t;        /* the best baseline: the lowest t_total of those */
     int64_t ref_pk;      /* that fit (of all when none fits), its forward peak */
     double glpk;         /* seconds in the min-peak allocations (max-flow;
@@ -427,7 +432,7 @@ typedef struct {
     int have_anchor;     /* below rate 1: the best rate-1 plan that fits ... */
     double anchor_t;     /* ... its t_total and modelled backward: no plan */
     double anchor_b;     /* below rate 1 may take longer in either */
-} lctx_t;
+} plan_state_t;
 
 /* LRMOE_PLAN_EXHAUSTIVE set to anything but "" or "0": the planner skips
  * nothing that it proves cannot change the plan (the backward-peak and
@@ -491,7 +496,7 @@ static void plan_copy(lrmoe_plan_t *b, const lrmoe_plan_t *a)
 }
 
 /* The largest per-expert drop fraction (n_e - K_e) / n_e of plan k. */
-static double max_drop(const lctx_t *c, const lrmoe_plan_t *k)
+static double max_drop(const plan_state_t *c, const lrmoe_plan_t *k)
 {
     double m = 0;
     for (int e = 0; e < c->E; e++)
@@ -511,9 +516,9 @@ static double max_drop(const lctx_t *c, const lrmoe_plan_t *k)
  * only lower-peak plans are left), then the least backward peak, the global
  * keep before by-rank, (policy even) the proportional quotas, the least
  * largest drop fraction, then the forward peak. */
-static int beats(const lctx_t *c, const slot_t *sl, int cls)
+static int beats(const plan_state_t *c, const slot_t *sl, int cls)
 {
-    const lrmoe_plan_t *k = &c->cand, *b = sl->p;
+    const lrmoe_plan_t *k = c->cand, *b = sl->p;
     if (!sl->have)
         return 1;
     if (c->total < c->N) {
@@ -547,9 +552,9 @@ static int beats(const lctx_t *c, const slot_t *sl, int cls)
     return k->bwd_peak < b->bwd_peak;
 }
 
-static void take(const lctx_t *c, slot_t *sl, int cls, const char *src)
+static void take(const plan_state_t *c, slot_t *sl, int cls, const char *src)
 {
-    plan_copy(sl->p, &c->cand);
+    plan_copy(sl->p, c->cand);
     snprintf(sl->p->source, sizeof sl->p->source, "%s", src);
     snprintf(sl->p->planner, sizeof sl->p->planner, "lrmoe");
     sl->have = 1;
@@ -564,9 +569,9 @@ static void take(const lctx_t *c, slot_t *sl, int cls, const char *src)
  * closest miss by memory); one that fits goes to the strict slot unless it
  * is longer, and (with --longer-backward, below rate 1) to the any slot,
  * its name ending in "+longer" when it is. */
-static void submit(lctx_t *c, const char *src, int longer)
+static void submit(plan_state_t *c, const char *src, int longer)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     if (c->total < c->N && c->have_anchor &&
         (k->t_total > c->anchor_t * (1 + 1e-12) || t_bwd_of(&k->cost) > c->anchor_b * (1 + 1e-12)))
         longer = 1;
@@ -595,12 +600,12 @@ static void submit(lctx_t *c, const char *src, int longer)
 }
 
 /* Summary and cost of c->cand as it stands (global keep); 0 or -1. */
-static int cand_eval(lctx_t *c)
+static int cand_eval(plan_state_t *c)
 {
-    c->cand.keep_by_rank = 0;
-    if (lrmoe_plan_cost(c->o, &c->cand, c->load, NULL) < 0)
+    c->cand->keep_by_rank = 0;
+    if (lrmoe_plan_cost(c->o, c->cand, c->load, NULL) < 0)
         return -1;
-    lrmoe_plan_summarise(&c->cand, c->load);
+    lrmoe_plan_summarise(c->cand, c->load);
     return 0;
 }
 
@@ -610,9 +615,9 @@ static int cand_eval(lctx_t *c)
  * kept), the same plan with the keep by forward rank (plan.keep=by-rank:
  * the state moved onto p for e is max(0, bwd - fwd)) is offered instead if
  * that is not longer; else the longer one is. 0 or -1. */
-static int submit_bwd(lctx_t *c, const char *src, double t1)
+static int submit_bwd(plan_state_t *c, const char *src, double t1)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     if (t_bwd_of(&k->cost) <= t1) {
         submit(c, src, 0);
         return 0;
@@ -644,18 +649,27 @@ static int submit_bwd(lctx_t *c, const char *src, double t1)
  * droppable experts cannot absorb N - total, 2 when its peak is above beat
  * (>= 0: the strict slot's, which it then cannot beat; see bwd_loses), -1
  * on error. */
-static int bwd_in_place(lctx_t *c, int64_t beat)
+static int bwd_in_place(plan_state_t *c, int64_t beat)
 {
     const int E = c->E, P = c->P;
-    lrmoe_plan_t *k = &c->cand;
-    int64_t *M = calloc((size_t)P, sizeof *M), *S = calloc((size_t)P, sizeof *S);
-    int64_t *L = calloc((size_t)P, sizeof *L), *x = calloc((size_t)P, sizeof *x);
-    int *where = malloc((size_t)E * sizeof(int));
-    int64_t *sn = malloc((size_t)E * sizeof *sn), *sl = malloc((size_t)E * sizeof *sl);
-    int64_t *sk = malloc((size_t)E * sizeof *sk);
-    int *idx = malloc((size_t)E * sizeof(int));
+    lrmoe_plan_t *k = c->cand;
+    /* per rank p (the comments' notation): spread (M_p) the forward rows of
+     * the experts that ran on several ranks, kept where they ran;
+     * drop_load (S_p) and drop_floor (L_p) the loads and floors of the
+     * experts that ran on p alone (only_rank[e] = p), which drop; kept
+     * (x_p) the pairs those retain. rank_*: one rank's droppable experts. */
+    int64_t *spread = calloc((size_t)P, sizeof *spread);
+    int64_t *drop_load = calloc((size_t)P, sizeof *drop_load);
+    int64_t *drop_floor = calloc((size_t)P, sizeof *drop_floor);
+    int64_t *kept = calloc((size_t)P, sizeof *kept);
+    int *only_rank = malloc((size_t)E * sizeof(int));
+    int64_t *rank_load = malloc((size_t)E * sizeof *rank_load);
+    int64_t *rank_floor = malloc((size_t)E * sizeof *rank_floor);
+    int64_t *rank_quota = malloc((size_t)E * sizeof *rank_quota);
+    int *rank_expert = malloc((size_t)E * sizeof(int));
     int rc = -1;
-    if (!M || !S || !L || !x || !where || !sn || !sl || !sk || !idx) {
+    if (!spread || !drop_load || !drop_floor || !kept || !only_rank || !rank_load ||
+        !rank_floor || !rank_quota || !rank_expert) {
         lrmoe_err("lrmoe: out of memory");
         goto out;
     }
@@ -666,84 +680,84 @@ static int bwd_in_place(lctx_t *c, int64_t beat)
                 cnt++;
                 w = p;
             }
-        where[e] = cnt == 1 ? w : -1;
+        only_rank[e] = cnt == 1 ? w : -1;
         if (cnt == 1) {
-            S[w] += c->load[e];
-            L[w] += c->lo[e];
+            drop_load[w] += c->load[e];
+            drop_floor[w] += c->lo[e];
         } else {
             for (int p = 0; p < P; p++)
-                M[p] += k->fwd_alloc[(size_t)e * P + p];
+                spread[p] += k->fwd_alloc[(size_t)e * P + p];
         }
     }
-    int64_t R = c->total, sL = 0, hi = 0, lo = 0;
+    int64_t retain = c->total, floor_sum = 0, hi = 0, lo = 0;
     for (int p = 0; p < P; p++) {
-        R -= M[p];
-        sL += L[p];
-        if (M[p] + L[p] > lo)
-            lo = M[p] + L[p];
-        if (M[p] + S[p] > hi)
-            hi = M[p] + S[p];
+        retain -= spread[p];
+        floor_sum += drop_floor[p];
+        if (spread[p] + drop_floor[p] > lo)
+            lo = spread[p] + drop_floor[p];
+        if (spread[p] + drop_load[p] > hi)
+            hi = spread[p] + drop_load[p];
     }
-    if (R < sL) {
+    if (retain < floor_sum) {
         rc = 0;
         goto out;
     }
-    /* least T with sum_p min(S_p, T - M_p) >= R */
+    /* least T with sum_p min(S_p, T - M_p) >= retain */
     while (lo < hi) {
         const int64_t T = lo + (hi - lo) / 2;
         int64_t room = 0;
         for (int p = 0; p < P; p++)
-            room += T - M[p] < S[p] ? T - M[p] : S[p];
-        if (room >= R)
+            room += T - spread[p] < drop_load[p] ? T - spread[p] : drop_load[p];
+        if (room >= retain)
             hi = T;
         else
             lo = T + 1;
     }
     const int64_t T = lo;
     /* T is this backward's peak: x_p <= T - M_p keeps every rank <= T, and
-     * a peak below T would leave room >= R at T - 1 (or, at T = lo, a rank
+     * a peak below T would leave room >= retain at T - 1 (or, at T = lo, a rank
      * is at M_p + L_p = T) */
     if (beat >= 0 && T > beat) {
         rc = 2;
         goto out;
     }
     /* even retention: x_p = clamp(floor(f*S_p), L_p, cap_p), f as large as
-     * keeps sum x <= R (bisection), the rest where room is left */
+     * keeps sum kept <= retain (bisection), the rest where room is left */
     double fl = 0, fh = 1;
     for (int it = 0; it < 60; it++) {
         const double f = 0.5 * (fl + fh);
         int64_t s = 0;
         for (int p = 0; p < P; p++) {
-            int64_t cap = T - M[p] < S[p] ? T - M[p] : S[p];
-            int64_t v = (int64_t)floor(f * (double)S[p]);
-            s += v < L[p] ? L[p] : v > cap ? cap : v;
+            int64_t cap = T - spread[p] < drop_load[p] ? T - spread[p] : drop_load[p];
+            int64_t v = (int64_t)floor(f * (double)drop_load[p]);
+            s += v < drop_floor[p] ? drop_floor[p] : v > cap ? cap : v;
         }
-        if (s <= R)
+        if (s <= retain)
             fl = f;
         else
             fh = f;
     }
     int64_t s = 0;
     for (int p = 0; p < P; p++) {
-        int64_t cap = T - M[p] < S[p] ? T - M[p] : S[p];
-        int64_t v = (int64_t)floor(fl * (double)S[p]);
-        x[p] = v < L[p] ? L[p] : v > cap ? cap : v;
-        s += x[p];
+        int64_t cap = T - spread[p] < drop_load[p] ? T - spread[p] : drop_load[p];
+        int64_t v = (int64_t)floor(fl * (double)drop_load[p]);
+        kept[p] = v < drop_floor[p] ? drop_floor[p] : v > cap ? cap : v;
+        s += kept[p];
     }
-    for (int p = 0; p < P && s < R; p++) {
-        int64_t cap = T - M[p] < S[p] ? T - M[p] : S[p];
-        int64_t d = cap - x[p] < R - s ? cap - x[p] : R - s;
-        x[p] += d;
+    for (int p = 0; p < P && s < retain; p++) {
+        int64_t cap = T - spread[p] < drop_load[p] ? T - spread[p] : drop_load[p];
+        int64_t d = cap - kept[p] < retain - s ? cap - kept[p] : retain - s;
+        kept[p] += d;
         s += d;
     }
-    if (s != R) {
+    if (s != retain) {
         lrmoe_err("lrmoe: in-place backward: retained %lld of %lld (internal error)",
-                  (long long)s, (long long)R);
+                  (long long)s, (long long)retain);
         goto out;
     }
     memset(k->bwd_alloc, 0, (size_t)E * P * sizeof *k->bwd_alloc);
     for (int e = 0; e < E; e++) {
-        if (where[e] >= 0)
+        if (only_rank[e] >= 0)
             continue;
         k->quota[e] = c->load[e];
         for (int p = 0; p < P; p++)
@@ -752,23 +766,26 @@ static int bwd_in_place(lctx_t *c, int64_t beat)
     for (int p = 0; p < P; p++) {
         int m = 0;
         for (int e = 0; e < E; e++)
-            if (where[e] == p) {
-                idx[m] = e;
-                sn[m] = c->load[e];
-                sl[m] = c->lo[e];
+            if (only_rank[e] == p) {
+                rank_expert[m] = e;
+                rank_load[m] = c->load[e];
+                rank_floor[m] = c->lo[e];
                 m++;
             }
         if (!m)
             continue;
-        quota_proportional(sn, sl, m, S[p] ? (double)x[p] / (double)S[p] : 0, x[p], sk);
+        quota_proportional(rank_load, rank_floor, m,
+                           drop_load[p] ? (double)kept[p] / (double)drop_load[p] : 0, kept[p],
+                           rank_quota);
         for (int j = 0; j < m; j++) {
-            k->quota[idx[j]] = sk[j];
-            k->bwd_alloc[(size_t)idx[j] * P + p] = sk[j];
+            k->quota[rank_expert[j]] = rank_quota[j];
+            k->bwd_alloc[(size_t)rank_expert[j] * P + p] = rank_quota[j];
         }
     }
     rc = 1;
 out:
-    free(M); free(S); free(L); free(x); free(where); free(sn); free(sl); free(sk); free(idx);
+    free(spread); free(drop_load); free(drop_floor); free(kept); free(only_rank);
+    free(rank_load); free(rank_floor); free(rank_quota); free(rank_expert);
     return rc;
 }
 
@@ -778,7 +795,7 @@ out:
 /* Fidelity-aware floors (policy even): the least drop fraction f such that
  * floors max(lo_e, ceil((1-f) n_e)) still reach the least backward peak T
  * of the free quotas; written to lf. Returns 0 or -1. */
-static int even_floors(lctx_t *c, const uint8_t *pl, int64_t T, int64_t *lf)
+static int even_floors(plan_state_t *c, const uint8_t *pl, int64_t T, int64_t *lf)
 {
     const int E = c->E;
     double fl = 0, fh = 1;
@@ -831,9 +848,9 @@ static int even_floors(lctx_t *c, const uint8_t *pl, int64_t T, int64_t *lf)
  * by plan_minpeak, the allocation at it by max-flow (retained pairs first
  * where forward ran). Fills cand's quota, bwd_alloc and bwd_lb. Returns 0
  * or -1. */
-static int bwd_minpeak(lctx_t *c, const int64_t *K, int64_t lb)
+static int bwd_minpeak(plan_state_t *c, const int64_t *K, int64_t lb)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     const int E = c->E, P = c->P;
     const uint8_t *pl = k->placement;
     double t0 = lrmoe_now();
@@ -894,9 +911,9 @@ static int bwd_minpeak(lctx_t *c, const int64_t *K, int64_t lb)
 
 /* Retained pairs of cand's quotas split over the ranks in proportion to
  * where forward ran (largest remainders). */
-static void bwd_follow(lctx_t *c)
+static void bwd_follow(plan_state_t *c)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     const int P = c->P;
     const size_t EP = (size_t)c->E * P;
     /* forward runs only where an expert is placed: elsewhere b = f = 0 */
@@ -927,11 +944,11 @@ static void bwd_follow(lctx_t *c)
  * rate: its peak is above cap (peak_cap). Once the strict slot holds a
  * plan the rate is decided by it: the any slot, the explanation of a miss
  * and the closest miss are not used. So the cost evaluation is skipped. */
-static int bwd_loses(const lctx_t *c, int64_t cap)
+static int bwd_loses(const plan_state_t *c, int64_t cap)
 {
     if (cap == INT64_MAX)
         return 0;
-    const lrmoe_plan_t *k = &c->cand;
+    const lrmoe_plan_t *k = c->cand;
     const int P = c->P;
     int64_t *br = calloc((size_t)P, sizeof *br);
     if (!br)
@@ -962,9 +979,9 @@ typedef struct {
     int have_slots, weight_moves;
     int64_t *held;      /* (P) with have_slots */
     double *wsend, *wrecv;
-} fcand_t;
+} fwd_cand_t;
 
-static void fc_free(fcand_t *f)
+static void fwd_cand_free(fwd_cand_t *f)
 {
     free(f->pidx);
     free(f->fidx);
@@ -976,7 +993,7 @@ static void fc_free(fcand_t *f)
 }
 
 /* 1 when candidates a and b are the same plan (P ranks). */
-static int fc_same(const fcand_t *a, const fcand_t *b, int P)
+static int fwd_cand_same(const fwd_cand_t *a, const fwd_cand_t *b, int P)
 {
     if (a->npl != b->npl || a->nfw != b->nfw || a->have_slots != b->have_slots ||
         memcmp(a->pidx, b->pidx, (size_t)a->npl * sizeof *a->pidx) ||
@@ -990,12 +1007,13 @@ static int fc_same(const fcand_t *a, const fcand_t *b, int P)
 }
 
 /* Keep cand's placement and forward (and, evaluated with every pair kept,
- * its backward time) as candidate fc[*nfc], unless an earlier one is the
+ * its backward time) as candidate cands[*ncands], unless an earlier one is the
  * same plan (it would tie and lose every comparison). Returns 0 or -1. */
-static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t flb)
+static int fwd_cand_take(plan_state_t *c, fwd_cand_t *cands, int *ncands, const char *name,
+                         int64_t flb)
 {
-    fcand_t *f = &fc[*nfc];
-    const lrmoe_plan_t *k = &c->cand;
+    fwd_cand_t *f = &cands[*ncands];
+    const lrmoe_plan_t *k = c->cand;
     const size_t EP = (size_t)c->E * c->P;
     int npl = 0, nfw = 0;
     /* pairs only where an expert is placed: the placement's entries */
@@ -1024,7 +1042,7 @@ static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t f
     }
     if (!f->pidx || !f->fidx || !f->fval ||
         (k->have_slots && (!f->held || !f->wsend || !f->wrecv))) {
-        fc_free(f);
+        fwd_cand_free(f);
         return lrmoe_err("lrmoe: out of memory");
     }
     FOR_PLACED(k->placement, EP, i, f->pidx[f->npl++] = (int32_t)i;
@@ -1037,15 +1055,15 @@ static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t f
         memcpy(f->wsend, k->wsend, (size_t)c->P * sizeof *f->wsend);
         memcpy(f->wrecv, k->wrecv, (size_t)c->P * sizeof *f->wrecv);
     }
-    for (int i = 0; i < *nfc; i++)
-        if (fc_same(&fc[i], f, c->P)) {
-            fc_free(f);
+    for (int i = 0; i < *ncands; i++)
+        if (fwd_cand_same(&cands[i], f, c->P)) {
+            fwd_cand_free(f);
             return 0;
         }
-    (*nfc)++;
+    (*ncands)++;
     if (c->pre1) { /* rate 1 comes first: offer it as it stands */
         char all[56];
-        c->cand.fwd_lb = c->cand.bwd_lb = flb;
+        c->cand->fwd_lb = c->cand->bwd_lb = flb;
         snprintf(all, sizeof all, "%s/all", name);
         submit(c, all, 0);
     }
@@ -1053,9 +1071,9 @@ static int fc_take(lctx_t *c, fcand_t *fc, int *nfc, const char *name, int64_t f
 }
 
 /* Candidate f into cand: placement, forward, slot accounting. */
-static void fc_load(lctx_t *c, const fcand_t *f)
+static void fwd_cand_load(plan_state_t *c, const fwd_cand_t *f)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     const size_t EP = (size_t)c->E * c->P;
     /* cand's forward lies on its placement: clearing those entries clears it */
     FOR_PLACED(k->placement, EP, i, k->placement[i] = 0; k->fwd_alloc[i] = 0;)
@@ -1072,16 +1090,16 @@ static void fc_load(lctx_t *c, const fcand_t *f)
     }
 }
 
-/* The forward candidates of a placement, appended to fc[*nfc]: when base is
+/* The forward candidates of a placement, appended to cands[*ncands]: when base is
  * given, the baseline's own plan (slot accounting included); then the
  * min-peak forward on the placement (pl, or base's). Replicas left without
  * pairs by the min-peak allocation are dropped (they would cost weights for
  * nothing; T* stays: the allocation still routes). Each is evaluated with
  * every pair kept. Returns 0 or -1. */
-static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl,
-                          const char *src, fcand_t *fc, int *nfc)
+static int fwd_candidates(plan_state_t *c, const lrmoe_plan_t *base, const uint8_t *pl,
+                          const char *src, fwd_cand_t *cands, int *ncands)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     const int E = c->E, P = c->P;
     const size_t EP = (size_t)E * P;
     char name[40];
@@ -1092,7 +1110,7 @@ static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl
         if (flb < 0)
             return -1;
         snprintf(name, sizeof name, "%s:own", src);
-        if (fc_take(c, fc, nfc, name, flb) < 0)
+        if (fwd_cand_take(c, cands, ncands, name, flb) < 0)
             return -1;
         /* without replicas (every expert on its native rank alone) the
          * forward has one allocation: the min-peak candidate would be this
@@ -1130,34 +1148,34 @@ static int fwd_candidates(lctx_t *c, const lrmoe_plan_t *base, const uint8_t *pl
     if (cand_eval(c) < 0)
         return -1;
     snprintf(name, sizeof name, "%s:minpeak", src);
-    return fc_take(c, fc, nfc, name, fpk);
+    return fwd_cand_take(c, cands, ncands, name, fpk);
 }
 
-/* lrmoe's own placement pl (nadd additions, history he/hp) and its shorter
+/* lrmoe's own placement pl (nadded additions, history add_expert/add_rank) and its shorter
  * prefixes of the additions (1/2, 1/4, ...: fewer weight transfers). */
-static int own_candidates(lctx_t *c, uint8_t *pl, int nadd, const int *he, const int *hp,
-                          fcand_t *fc, int *nfc)
+static int own_candidates(plan_state_t *c, uint8_t *pl, int nadded, const int *add_expert,
+                          const int *add_rank, fwd_cand_t *cands, int *ncands)
 {
     const int P = c->P;
-    if (fwd_candidates(c, NULL, pl, "lrmoe", fc, nfc) < 0)
+    if (fwd_candidates(c, NULL, pl, "lrmoe", cands, ncands) < 0)
         return -1;
-    for (int k = nadd / 2; k > 0; k /= 2) {
-        for (int i = nadd - 1; i >= k; i--)
-            pl[(size_t)he[i] * P + hp[i]] = 0;
-        int r = fwd_candidates(c, NULL, pl, "lrmoe", fc, nfc);
-        for (int i = k; i < nadd; i++)
-            pl[(size_t)he[i] * P + hp[i]] = 1;
+    for (int k = nadded / 2; k > 0; k /= 2) {
+        for (int i = nadded - 1; i >= k; i--)
+            pl[(size_t)add_expert[i] * P + add_rank[i]] = 0;
+        int r = fwd_candidates(c, NULL, pl, "lrmoe", cands, ncands);
+        for (int i = k; i < nadded; i++)
+            pl[(size_t)add_expert[i] * P + add_rank[i]] = 1;
         if (r < 0)
             return -1;
     }
     return 0;
 }
 
-/* Candidates a placement search with nadd additions yields. */
-static int own_count(int nadd)
+/* Candidates a placement search with nadded additions yields. */
+static int own_count(int nadded)
 {
     int n = 1;
-    for (int k = nadd / 2; k > 0; k /= 2)
+    for (int k = nadded / 2; k > 0; k /= 2)
         n++;
     return n;
 }
@@ -1165,14 +1183,14 @@ static int own_count(int nadd)
 /* Evaluate cand's backward and submit it as src/what, with the bounds
  * flb, blb; t1: the backward keeping every pair (submit_bwd), or < 0 for a
  * backward that cannot be longer (submitted as it is). 0 or -1. */
-static int offer_bwd(lctx_t *c, const char *src, const char *what, int64_t flb, int64_t blb,
+static int offer_bwd(plan_state_t *c, const char *src, const char *what, int64_t flb, int64_t blb,
                      double t1)
 {
     char name[56];
     if (cand_eval(c) < 0)
         return -1;
-    c->cand.fwd_lb = flb;
-    c->cand.bwd_lb = blb;
+    c->cand->fwd_lb = flb;
+    c->cand->bwd_lb = blb;
     snprintf(name, sizeof name, "%s/%s", src, what);
     if (t1 < 0) {
         submit(c, name, 0);
@@ -1188,7 +1206,7 @@ static int offer_bwd(lctx_t *c, const char *src, const char *what, int64_t flb, 
  * loses. INT64_MAX when nothing is known (the slot is empty, or
  * LRMOE_PLAN_EXHAUSTIVE), -1 when no backward of f can win. The margin
  * (1e-9 relative) keeps rounding from pruning a candidate that ties. */
-static int64_t peak_cap(const lctx_t *c, const fcand_t *f)
+static int64_t peak_cap(const plan_state_t *c, const fwd_cand_t *f)
 {
     if (!c->strict.have || c->exhaustive)
         return INT64_MAX;
@@ -1204,15 +1222,15 @@ static int64_t peak_cap(const lctx_t *c, const fcand_t *f)
 /* All backward variants of forward candidate f at the current rate, each
  * submitted with whether it lengthens the modelled backward of the same
  * plan with every pair kept. K: proportional quotas (NULL: free). */
-static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
+static int try_backwards(plan_state_t *c, const int64_t *K, const fwd_cand_t *f)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     const int E = c->E;
     const size_t EP = (size_t)E * c->P;
     const int64_t flb = f->flb;
     const char *src = f->name;
     char name[56];
-    fc_load(c, f);
+    fwd_cand_load(c, f);
     if (c->total == c->N) {
         memcpy(k->quota, c->load, (size_t)E * sizeof *c->load);
         memcpy(k->bwd_alloc, k->fwd_alloc, EP * sizeof(int64_t));
@@ -1295,9 +1313,9 @@ static int try_backwards(lctx_t *c, const int64_t *K, const fcand_t *f)
  * backward nor its memory can exceed ch's: a plan at this rate no slower
  * than ch always exists. Named "placement:forward/scaled+by-rank".
  * Returns 0 or -1. */
-static int offer_scaled(lctx_t *c, const lrmoe_plan_t *ch)
+static int offer_scaled(plan_state_t *c, const lrmoe_plan_t *ch)
 {
-    lrmoe_plan_t *k = &c->cand;
+    lrmoe_plan_t *k = c->cand;
     const int E = c->E, P = c->P;
     int64_t sk = 0;
     for (int e = 0; e < E; e++)
@@ -1394,23 +1412,46 @@ static void explain(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan
     lrmoe_plan_free(&t);
 }
 
-/* The scratch plans of lrmoe_plan_lrmoe (the three baselines, the candidate,
- * the any slot and the chain's plan), kept per thread from one call to the next: planning frame
- * after frame then neither allocates nor faults in five [E,P] plans each
- * time. They are freed when the thread ends (a thread-specific key's
- * destructor), or earlier by lrmoe_plan_thread_cleanup; a nested call
- * (explain) uses plans of its own. */
-enum { SCRATCH = 6 };
-static _Thread_local lrmoe_plan_t scratch[SCRATCH];
+/* The scratch plans of lrmoe_plan_lrmoe, kept per thread from one call to
+ * the next: planning frame after frame then neither allocates nor faults in
+ * six [E,P] plans each time. They are freed when the thread ends (a
+ * thread-specific key's destructor), or earlier by
+ * lrmoe_plan_thread_cleanup; a nested call (explain) uses plans of its own. */
+typedef struct {
+    lrmoe_plan_t base[3]; /* the baselines at rate 1: fixed, llep, eplb */
+    lrmoe_plan_t cand;    /* the candidate being evaluated */
+    lrmoe_plan_t any;     /* the any slot's plan (--longer-backward, best effort) */
+    lrmoe_plan_t chain;   /* the plan of the last chain rate that fit */
+} scratch_t;
+
+static _Thread_local scratch_t scratch;
 static _Thread_local int scratch_ready, scratch_busy;
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static int scratch_key_ok;
 
+static void scratch_init(scratch_t *s)
+{
+    for (int i = 0; i < 3; i++)
+        lrmoe_plan_init(&s->base[i]);
+    lrmoe_plan_init(&s->cand);
+    lrmoe_plan_init(&s->any);
+    lrmoe_plan_init(&s->chain);
+}
+
+static void scratch_free(scratch_t *s)
+{
+    for (int i = 0; i < 3; i++)
+        lrmoe_plan_free(&s->base[i]);
+    lrmoe_plan_free(&s->cand);
+    lrmoe_plan_free(&s->any);
+    lrmoe_plan_free(&s->chain);
+}
+
 void lrmoe_plan_lrmoe_thread_cleanup(void)
 {
-    for (int i = 0; scratch_ready && i < SCRATCH; i++)
-        lrmoe_plan_free(&scratch[i]);
+    if (scratch_ready)
+        scratch_free(&scratch);
     scratch_ready = 0;
 }
 
@@ -1425,356 +1466,487 @@ static void scratch_key_make(void)
     scratch_key_ok = pthread_key_create(&scratch_key, scratch_exit) == 0;
 }
 
-int lrmoe_plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base_fn base,
-               lrmoe_plan_t *p)
+/* The scratch plans of a call: the thread's (*kept = 1: scratch_give hands
+ * them back), or in a nested call fresh ones in own. */
+static scratch_t *scratch_take(scratch_t *own, int *kept)
 {
-    const int P = o->P, per = E / P;
-    const size_t EP = (size_t)E * P;
-    int64_t N = 0;
-    for (int e = 0; e < E; e++)
-        N += load[e];
-    const int ex = extra_slots(o, E, N);
-    int64_t *lo = malloc((size_t)E * sizeof *lo), *K = malloc((size_t)E * sizeof *K);
-    uint8_t *pl = malloc(EP);
-    int *he = malloc(((size_t)ex * P + 1) * sizeof(int)), *hp = malloc(((size_t)ex * P + 1) * sizeof(int));
-    lrmoe_plan_t sp[SCRATCH], *bl = sp, *anyp = NULL; /* bl: sp[0..2] */
-    const int kept = !scratch_busy;
-    if (kept) {
-        if (!scratch_ready) { /* the thread's exit frees them */
-            pthread_once(&scratch_once, scratch_key_make);
-            if (scratch_key_ok) pthread_setspecific(scratch_key, scratch);
-        }
-        for (int i = 0; !scratch_ready && i < SCRATCH; i++)
-            lrmoe_plan_init(&scratch[i]);
-        scratch_ready = scratch_busy = 1;
-        memcpy(sp, scratch, sizeof sp);
-    } else {
-        for (int i = 0; i < SCRATCH; i++)
-            lrmoe_plan_init(&sp[i]);
+    *kept = !scratch_busy;
+    if (!*kept) {
+        scratch_init(own);
+        return own;
     }
-    lctx_t c;
-    memset(&c, 0, sizeof c);
-    c.exhaustive = plan_exhaustive();
-    c.cand = sp[3];
-    int rc = -1;
-    char why[480] = "", why1[400] = "", alt_why[480] = "";
-    fcand_t *fc = NULL;
-    if (!lo || !K || !pl || !he || !hp || lrmoe_plan_alloc(&c.cand, E, P) < 0) {
-        lrmoe_err("lrmoe: out of memory");
-        goto out;
+    if (!scratch_ready) { /* the thread's exit frees them */
+        pthread_once(&scratch_once, scratch_key_make);
+        if (scratch_key_ok)
+            pthread_setspecific(scratch_key, &scratch);
+        scratch_init(&scratch);
     }
-    c.o = o;
-    c.load = load;
-    c.lo = lo;
-    c.E = E;
-    c.P = P;
-    c.per = per;
-    c.N = N;
-    /* the baselines at rate 1: what lrmoe must not lose to */
-    static const lrmoe_planner_t bp[3] = {LRMOE_PLANNER_FIXED, LRMOE_PLANNER_LLEP,
-                                          LRMOE_PLANNER_EPLB};
-    c.ref_t = HUGE_VAL;
-    c.ref_pk = INT64_MAX;
-    c.min_mem1 = HUGE_VAL;
+    scratch_ready = scratch_busy = 1;
+    return &scratch;
+}
+
+static void scratch_give(scratch_t *s, int kept)
+{
+    if (kept)
+        scratch_busy = 0;
+    else
+        scratch_free(s);
+}
+
+/* What lrmoe_plan_lrmoe keeps over its rates besides the planner state:
+ * lrmoe's own placement, the forward candidates and the messages of the
+ * rates tried. */
+typedef struct {
+    scratch_t *sp;              /* the call's scratch plans */
+    int extra;                  /* slots per rank beyond the natives */
+    int cached;                 /* the forward candidates in cands serve every
+                                   rate (above GREEDY_MAX_P ranks) */
+    int64_t *lo, *K;            /* the rate's floors, proportional quotas */
+    uint8_t *pl;                /* lrmoe's own placement */
+    int *add_expert, *add_rank; /* its replicas, in the order added */
+    fwd_cand_t *cands;          /* forward candidates of every rate */
+    fwd_cand_t *rate_cands;     /* the rate's own (when not cached; they
+                                   lie inside cands' allocation) */
+    int ncands, nrate_cands;    /* their counts */
+    int cands_cap;              /* the entries of cands' allocation */
+    lrmoe_plan_t *anyp;         /* the any slot's plan, or NULL */
+    lrmoe_plan_t *chain;        /* the plan of the last chain rate that fit */
+    char why[480];              /* why the last user rate tried failed */
+    char why1[400];             /* why the first user rate failed */
+    char alt_why[480];          /* why the rate of the any slot's plan did */
+    int alt_ri;                 /* that rate (the user's index), or -1 */
+} search_t;
+_Static_assert(sizeof ((search_t *)0)->alt_why < sizeof ((lrmoe_plan_t *)0)->binding,
+               "take_longer copies alt_why whole into binding");
+
+static int search_alloc(search_t *s, int E, int P)
+{
+    const int nown = own_count(s->extra * P);
+    s->lo = malloc((size_t)E * sizeof *s->lo);
+    s->K = malloc((size_t)E * sizeof *s->K);
+    s->pl = malloc((size_t)E * P);
+    s->add_expert = malloc(((size_t)s->extra * P + 1) * sizeof(int));
+    s->add_rank = malloc(((size_t)s->extra * P + 1) * sizeof(int));
+    s->cands_cap = 2 * nown + 7;
+    s->cands = calloc((size_t)s->cands_cap, sizeof *s->cands);
+    if (!s->lo || !s->K || !s->pl || !s->add_expert || !s->add_rank || !s->cands)
+        return -1;
+    s->rate_cands = s->cands + nown + 7;
+    return 0;
+}
+
+static void search_free(search_t *s)
+{
+    for (int i = 0; s->cands && i < s->cands_cap; i++)
+        fwd_cand_free(&s->cands[i]);
+    free(s->cands);
+    free(s->lo);
+    free(s->K);
+    free(s->pl);
+    free(s->add_expert);
+    free(s->add_rank);
+}
+
+/* The floors lo_e = ceil(min_keep n_e) within [0, n_e]; returns their sum. */
+static int64_t keep_floors(double min_keep, const int64_t *load, int E, int64_t *lo)
+{
+    int64_t sum = 0;
+    for (int e = 0; e < E; e++) {
+        int64_t l = (int64_t)ceil(min_keep * (double)load[e] - 1e-9);
+        lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
+        sum += lo[e];
+    }
+    return sum;
+}
+
+/* Pairs retained at rate rho of N. */
+static int64_t rate_total(double rho, int64_t N)
+{
+    return rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9);
+}
+
+/* lrmoe's own placement at c's rate into s->pl: the natives, plus the
+ * replicas place_replicas adds (recorded in s->add_expert, s->add_rank)
+ * for fixed quotas K (NULL: the loads) or free ones (bwd_free). Returns the
+ * replicas added, or -1. */
+static int own_placement(const plan_state_t *c, search_t *s, const int64_t *K, int bwd_free)
+{
+    greedy_ctx_t g = {c->load, s->lo, K, c->total, c->N, c->E, c->P, bwd_free, NULL, NULL, NULL};
+    memset(s->pl, 0, (size_t)c->E * c->P);
+    for (int e = 0; e < c->E; e++)
+        s->pl[(size_t)e * c->P + e / c->per] = 1;
+    return place_replicas(&g, s->extra, s->pl, s->add_expert, s->add_rank);
+}
+
+/* The baselines at rate 1 (fixed, llep, eplb by base, every pair kept),
+ * evaluated into bl; the best of them (the lowest t_total of those that
+ * fit, of all when none does; then the least forward peak) is what lrmoe
+ * must not lose to: c->ref_t, c->ref_pk. 0 or -1. */
+static int plan_baselines(plan_state_t *c, plan_base_fn base, lrmoe_plan_t *bl)
+{
+    static const lrmoe_planner_t planners[3] = {LRMOE_PLANNER_FIXED, LRMOE_PLANNER_LLEP,
+                                                LRMOE_PLANNER_EPLB};
+    const int E = c->E, P = c->P;
+    const int64_t *load = c->load;
     int ref_fits = 0;
+    c->ref_t = HUGE_VAL;
+    c->ref_pk = INT64_MAX;
     for (int i = 0; i < 3; i++) {
-        lrmoe_plan_opts_t ob = *o;
-        ob.planner = bp[i];
+        lrmoe_plan_opts_t ob = *c->o;
+        ob.planner = planners[i];
         if (lrmoe_plan_alloc(&bl[i], E, P) < 0)
-            goto out;
+            return -1;
         if (base(&ob, load, E, &bl[i]) < 0)
-            goto out;
+            return -1;
         memcpy(bl[i].quota, load, (size_t)E * sizeof *load);
-        memcpy(bl[i].bwd_alloc, bl[i].fwd_alloc, EP * sizeof(int64_t));
+        memcpy(bl[i].bwd_alloc, bl[i].fwd_alloc, (size_t)E * P * sizeof(int64_t));
         if (lrmoe_plan_cost(&ob, &bl[i], load, NULL) < 0)
-            goto out;
+            return -1;
         lrmoe_plan_summarise(&bl[i], load);
         char w[200];
-        const int fits = lrmoe_plan_fits(o, &bl[i], w, sizeof w);
-        if ((fits && !ref_fits) || (fits == ref_fits && (bl[i].t_total < c.ref_t ||
-                                    (bl[i].t_total == c.ref_t && bl[i].fwd_peak < c.ref_pk)))) {
-            c.ref_t = bl[i].t_total;
-            c.ref_pk = bl[i].fwd_peak;
+        const int fits = lrmoe_plan_fits(c->o, &bl[i], w, sizeof w);
+        if ((fits && !ref_fits) || (fits == ref_fits && (bl[i].t_total < c->ref_t ||
+                                    (bl[i].t_total == c->ref_t && bl[i].fwd_peak < c->ref_pk)))) {
+            c->ref_t = bl[i].t_total;
+            c->ref_pk = bl[i].fwd_peak;
             ref_fits = fits;
         }
     }
-    /* the forward candidates: above GREEDY_MAX_P ranks the replica search
-     * works on the loads alone, so its placements (and the baselines') are
-     * the same at every rate; below it the greedy objective weighs the
-     * rate's quotas, and lrmoe's own candidates are made per rate */
-    const int cached = P > GREEDY_MAX_P;
-    const int nown = own_count(ex * P);
-    fc = calloc((size_t)2 * nown + 7, sizeof *fc);
-    if (!fc) {
+    return 0;
+}
+
+/* The forward candidates built before the rates (s->cands): above
+ * GREEDY_MAX_P ranks the replica search works on the loads alone, so
+ * lrmoe's own placements (and the baselines') are the same at every rate,
+ * and are offered at rate 1 as they are built (c->pre1); below it the
+ * greedy objective weighs the rate's quotas, and lrmoe's own candidates
+ * are made per rate (try_rate). Then the baselines'. 0 or -1. */
+static int first_candidates(plan_state_t *c, search_t *s, const lrmoe_plan_t *bl)
+{
+    static const char *const names[3] = {"fixed", "llep", "eplb"};
+    c->pre1 = s->cached;
+    if (c->pre1) { /* the state of rate 1, as try_rate sets it */
+        keep_floors(c->o->min_keep, c->load, c->E, s->lo);
+        c->total = c->N;
+        c->rho = 1.0;
+    }
+    if (s->cached) {
+        const int nadded = own_placement(c, s, NULL, 0);
+        if (nadded < 0 ||
+            own_candidates(c, s->pl, nadded, s->add_expert, s->add_rank, s->cands, &s->ncands) < 0)
+            return -1;
+    }
+    for (int i = 0; i < 3; i++)
+        if (fwd_candidates(c, &bl[i], NULL, names[i], s->cands, &s->ncands) < 0)
+            return -1;
+    return 0;
+}
+
+/* The rates searched, in decreasing order, into rates: the user's, and the
+ * chain's (user_index -1: 1, 0.9, 0.8, ... down to the user's last rate, where the
+ * user has not given them) whose plans are not returned but bound the
+ * rates below them; user_index: the user's index of each. Rate 1 comes first, the
+ * user's or the chain's. Returns their count. */
+static int rate_list(const lrmoe_plan_opts_t *o, double *rates, int *user_index)
+{
+    int n = 0, u = 0;
+    for (int g = 10; g >= 1 && g / 10.0 >= o->rates[o->nrates - 1] - 1e-9; g--) {
+        for (; u < o->nrates && o->rates[u] > g / 10.0 + 1e-9; u++) {
+            rates[n] = o->rates[u];
+            user_index[n++] = u;
+        }
+        if (u < o->nrates && o->rates[u] >= g / 10.0 - 1e-9) {
+            rates[n] = o->rates[u];
+            user_index[n++] = u++;
+        } else {
+            rates[n] = g / 10.0;
+            user_index[n++] = -1;
+        }
+    }
+    for (; u < o->nrates; u++) {
+        rates[n] = o->rates[u];
+        user_index[n++] = u;
+    }
+    return n;
+}
+
+/* After a chain rate: its plan p, when one fits, is the anchor of the
+ * rates below (kept in s->chain, offered scaled down to them); rate 1's
+ * placement and forward join the candidates (unless one of them is it
+ * already). The messages stay those of the user's rates. 0 or -1. */
+static int chain_rate_done(plan_state_t *c, search_t *s, const lrmoe_plan_t *p)
+{
+    if (c->strict.have) {
+        if (!s->chain) {
+            s->chain = &s->sp->chain;
+            if (lrmoe_plan_alloc(s->chain, c->E, c->P) < 0)
+                return -1;
+        }
+        plan_copy(s->chain, p); /* its summary and source too */
+        c->have_anchor = 1;
+        c->anchor_t = p->t_total;
+        c->anchor_b = t_bwd_of(&p->cost);
+        if (c->total == c->N) {
+            char name[40];
+            snprintf(name, sizeof name, "%.*s", (int)strcspn(p->source, "/"), p->source);
+            plan_copy(c->cand, p);
+            if (fwd_cand_take(c, s->cands, &s->ncands, name, p->fwd_lb) < 0)
+                return -1;
+        }
+    }
+    s->why[0] = 0;
+    if (c->total == c->N)
+        c->min_mem1 = HUGE_VAL;
+    return 0;
+}
+
+/* After the user's rate ui (rho): 1 when its plan wins (p is the result),
+ * else 0 with the explanation of the miss in s->why (and s->why1 at the
+ * first rate) and, with --longer-backward, the first rate whose any slot
+ * holds a plan noted (s->alt_ri). */
+static int user_rate_done(plan_state_t *c, search_t *s, lrmoe_plan_t *p, double rho, int ui)
+{
+    if (c->strict.have) {
+        p->feasible = 1;
+        p->rate_index = ui;
+        snprintf(p->binding, sizeof p->binding, "%s", s->why);
+        return 1;
+    }
+    if (c->allow_longer && c->any.have) {
+        s->alt_ri = ui;
+        snprintf(s->alt_why, sizeof s->alt_why, "%s", s->why1[0] ? s->why1 : s->why);
+    }
+    if (c->longer_fits)
+        snprintf(s->why, sizeof s->why,
+                 "rate %.3f: every plan that drops pairs and fits would lengthen the "
+                 "modelled backward", rho);
+    else if (c->why[0])
+        snprintf(s->why, sizeof s->why, "rate %.3f: %s", rho, c->why);
+    if (ui == 0)
+        snprintf(s->why1, sizeof s->why1, "%.*s", (int)sizeof s->why1 - 1, s->why);
+    return 0;
+}
+
+/* One rate of the search (ui: the user's index, -1 a chain rate; done: its
+ * candidates in cands were offered as they were built): floors and quotas,
+ * lrmoe's own candidates (when not cached), the chain's plan scaled down,
+ * every backward of every forward candidate. Returns 1 when this rate's
+ * plan is the result (in p), 0 to go on, -1 on error. */
+static int try_rate(plan_state_t *c, search_t *s, lrmoe_plan_t *p, double rho, int ui, int done)
+{
+    const lrmoe_plan_opts_t *o = c->o;
+    const int E = c->E;
+    const int64_t N = c->N, total = rate_total(rho, N);
+    const int64_t slo = keep_floors(o->min_keep, c->load, E, s->lo);
+    if (slo > total) {
+        snprintf(s->why, sizeof s->why,
+                 "min-keep: rate %.3f allows %lld retained pairs, min-keep %.3f needs %lld",
+                 rho, (long long)total, o->min_keep, (long long)slo);
+        return 0;
+    }
+    c->total = total;
+    c->rho = rho;
+    if (!done) {
+        c->strict.have = 0;
+        c->why[0] = 0;
+        c->longer_fits = 0;
+    }
+    c->allow_longer = o->longer_bwd && s->alt_ri < 0;
+    if (c->allow_longer)
+        c->any.have = 0;
+    const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
+    if (total < N && (prop || o->quota == LRMOE_QUOTA_EVEN))
+        quota_proportional(c->load, s->lo, E, rho, total, s->K);
+    const int64_t *Kq = prop ? s->K : NULL;
+    c->kprop = total < N && o->quota == LRMOE_QUOTA_EVEN ? s->K : NULL;
+    if (!s->cached) { /* lrmoe's own placement at this rate */
+        const int nadded = own_placement(c, s, Kq, total < N && !prop);
+        if (nadded < 0 ||
+            own_candidates(c, s->pl, nadded, s->add_expert, s->add_rank, s->rate_cands,
+                           &s->nrate_cands) < 0)
+            return -1;
+    }
+    /* the chain's plan above, scaled down: first, so that its t_total
+     * bounds the search of the others early (peak_cap) */
+    if (s->chain && total < N && offer_scaled(c, s->chain) < 0)
+        return -1;
+    for (int i = 0; i < s->nrate_cands; i++)
+        if (try_backwards(c, Kq, &s->rate_cands[i]) < 0)
+            return -1;
+    for (int i = 0; i < s->ncands && !done; i++)
+        if (try_backwards(c, Kq, &s->cands[i]) < 0)
+            return -1;
+    for (; s->nrate_cands > 0; s->nrate_cands--)
+        fwd_cand_free(&s->rate_cands[s->nrate_cands - 1]);
+    if (ui < 0) /* a chain rate: its plan is the anchor from here on */
+        return chain_rate_done(c, s, p) < 0 ? -1 : 0;
+    return user_rate_done(c, s, p, rho, ui);
+}
+
+/* The rates in decreasing order: the first user rate with a fitting plan
+ * whose modelled backward is no longer than keeping every pair (nor, below
+ * rate 1, its t_total or backward than the plan of the rate above it in
+ * the chain, the anchor) wins; with --longer-backward, when no rate has
+ * one, the first rate below 1 with any fitting plan (kept in the any slot
+ * while the search goes on). A chain rate's plan that fits becomes the
+ * anchor of the rates below it, and is offered scaled down to each of them
+ * (offer_scaled): so every rate below has a plan, and none is slower in
+ * t_total or backward than the plans of the chain rates above it. The
+ * placement and forward of rate 1's plan join the candidates of every rate
+ * (cands). Returns 1 when a rate's plan is in p, 0 when none won, -1. */
+static int search_rates(plan_state_t *c, search_t *s, lrmoe_plan_t *p)
+{
+    double rates[LRMOE_PLAN_MAX_RATES + 10];
+    int user_index[LRMOE_PLAN_MAX_RATES + 10];
+    const int nrates_tried = rate_list(c->o, rates, user_index);
+    const int pre1 = c->pre1;
+    c->pre1 = 0;
+    for (int ri = 0; ri < nrates_tried; ri++) {
+        const int r = try_rate(c, s, p, rates[ri], user_index[ri], ri == 0 && pre1);
+        if (r)
+            return r;
+    }
+    return 0;
+}
+
+/* No plan that drops pairs keeps the modelled backward: the any slot's
+ * plan, at the first rate that had one. */
+static void take_longer(const search_t *s, lrmoe_plan_t *p)
+{
+    plan_copy(p, s->anyp);
+    snprintf(p->source, sizeof p->source, "%s", s->anyp->source);
+    snprintf(p->planner, sizeof p->planner, "lrmoe");
+    p->feasible = 1;
+    p->rate_index = s->alt_ri;
+    /* s->alt_why is shorter than binding: the note is cut where binding ends */
+    const size_t n = strlen(s->alt_why);
+    memcpy(p->binding, s->alt_why, n);
+    snprintf(p->binding + n, sizeof p->binding - n, "%s", "; no plan that drops pairs keeps "
+             "the modelled backward within that of keeping them all");
+}
+
+/* Best effort when no rate fits: the last rate (at least its floors),
+ * budgets ignored, lrmoe's own placement, any backward; p->feasible = 0.
+ * 0 or -1. */
+static int best_effort(plan_state_t *c, search_t *s, lrmoe_plan_t *p)
+{
+    const lrmoe_plan_opts_t *o = c->o;
+    const int E = c->E;
+    const int64_t N = c->N;
+    const int ri = o->nrates - 1;
+    const double rho = o->rates[ri];
+    int64_t total = rate_total(rho, N);
+    const int64_t slo = keep_floors(o->min_keep, c->load, E, s->lo);
+    if (slo > total)
+        total = slo;
+    if (!s->anyp) {
+        s->anyp = &s->sp->any;
+        if (lrmoe_plan_alloc(s->anyp, E, c->P) < 0)
+            return -1;
+    }
+    lrmoe_plan_opts_t ob = *o;
+    ob.cost.hbm = 0;
+    ob.cost.window = 0;
+    c->o = &ob;
+    c->total = total;
+    c->rho = rho;
+    c->strict.have = c->any.have = 0;
+    c->have_anchor = 0; /* budgets ignored: nothing to bound */
+    c->any.p = s->anyp;
+    c->allow_longer = 1;
+    c->kprop = NULL;
+    const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
+    if (prop)
+        quota_proportional(c->load, s->lo, E, rho, total, s->K);
+    int rc = 0;
+    if (!s->cached) {
+        const int nadded = own_placement(c, s, prop ? s->K : NULL, total < N && !prop);
+        if (nadded < 0 ||
+            fwd_candidates(c, NULL, s->pl, "lrmoe", s->rate_cands, &s->nrate_cands) < 0)
+            rc = -1;
+    }
+    if (!rc &&
+        try_backwards(c, prop ? s->K : NULL, s->cached ? &s->cands[0] : &s->rate_cands[0]) < 0)
+        rc = -1;
+    c->o = o;
+    if (rc < 0)
+        return -1;
+    if (c->any.have) {
+        plan_copy(p, s->anyp);
+        snprintf(p->source, sizeof p->source, "%s", s->anyp->source);
+        snprintf(p->planner, sizeof p->planner, "lrmoe");
+    }
+    if (lrmoe_plan_cost(o, p, c->load, NULL) < 0)
+        return -1;
+    p->feasible = 0;
+    p->rate_index = ri;
+    snprintf(p->binding, sizeof p->binding, "%s", s->why);
+    return 0;
+}
+
+int lrmoe_plan_lrmoe(const lrmoe_plan_opts_t *o, const int64_t *load, int E, plan_base_fn base,
+               lrmoe_plan_t *p)
+{
+    const int P = o->P;
+    int64_t N = 0;
+    for (int e = 0; e < E; e++)
+        N += load[e];
+    int kept;
+    scratch_t own;
+    scratch_t *sp = scratch_take(&own, &kept);
+    plan_state_t c;
+    memset(&c, 0, sizeof c);
+    search_t s;
+    memset(&s, 0, sizeof s);
+    s.sp = sp;
+    s.extra = extra_slots(o, E, N);
+    s.cached = P > GREEDY_MAX_P;
+    s.alt_ri = -1;
+    c.exhaustive = plan_exhaustive();
+    c.cand = &sp->cand;
+    c.o = o;
+    c.load = load;
+    c.E = E;
+    c.P = P;
+    c.per = E / P;
+    c.N = N;
+    c.min_mem1 = HUGE_VAL;
+    c.strict.p = p;
+    int rc = -1;
+    if (search_alloc(&s, E, P) < 0 || lrmoe_plan_alloc(c.cand, E, P) < 0) {
         lrmoe_err("lrmoe: out of memory");
         goto out;
     }
-    fcand_t *fo = fc + nown + 7; /* per-rate own candidates (not cached) */
-    int nfc = 0, nfo = 0;
-    c.strict.p = p;
-    /* the rates searched, in decreasing order: the user's, and the chain's
-     * (ur -1: 1, 0.9, 0.8, ... down to the user's last rate, where the user
-     * has not given them) whose plans are not returned but bound the rates
-     * below them. Rate 1 comes first, the user's or the chain's. */
-    double rl[LRMOE_PLAN_MAX_RATES + 10];
-    int ur[LRMOE_PLAN_MAX_RATES + 10], nrl = 0;
-    {
-        int u = 0;
-        for (int g = 10; g >= 1 && g / 10.0 >= o->rates[o->nrates - 1] - 1e-9; g--) {
-            for (; u < o->nrates && o->rates[u] > g / 10.0 + 1e-9; u++) {
-                rl[nrl] = o->rates[u];
-                ur[nrl++] = u;
-            }
-            if (u < o->nrates && o->rates[u] >= g / 10.0 - 1e-9) {
-                rl[nrl] = o->rates[u];
-                ur[nrl++] = u++;
-            } else {
-                rl[nrl] = g / 10.0;
-                ur[nrl++] = -1;
-            }
-        }
-        for (; u < o->nrates; u++) {
-            rl[nrl] = o->rates[u];
-            ur[nrl++] = u;
-        }
-    }
-    lrmoe_plan_t *chain = NULL; /* the plan of the last chain rate that fit */
-    c.pre1 = cached;
-    if (c.pre1) { /* the state of rate 1, as the rate loop sets it */
-        for (int e = 0; e < E; e++) {
-            int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
-            lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
-        }
-        c.total = N;
-        c.rho = 1.0;
-    }
-    if (cached) {
-        gctx_t jc = {load, lo, NULL, N, N, E, P, 0, NULL, NULL, NULL};
-        memset(pl, 0, EP);
-        for (int e = 0; e < E; e++)
-            pl[(size_t)e * P + e / per] = 1;
-        const int nadd = place_replicas(&jc, ex, pl, he, hp);
-        if (nadd < 0 || own_candidates(&c, pl, nadd, he, hp, fc, &nfc) < 0)
-            goto out;
-    }
-    static const char *const bn[3] = {"fixed", "llep", "eplb"};
-    for (int i = 0; i < 3; i++)
-        if (fwd_candidates(&c, &bl[i], NULL, bn[i], fc, &nfc) < 0)
-            goto out;
-    const int pre1 = c.pre1;
-    c.pre1 = 0;
-    /* rates in decreasing order: the first user rate with a fitting plan
-     * whose modelled backward is no longer than keeping every pair (nor,
-     * below rate 1, its t_total or backward than the plan of the rate
-     * above it in the chain, the anchor) wins; with --longer-backward,
-     * when no rate has one, the first rate below 1 with any fitting plan
-     * (kept in the any slot while the search goes on). A chain rate's plan
-     * that fits becomes the anchor of the rates below it, and is offered
-     * scaled down to each of them (offer_scaled): so every rate below has
-     * a plan, and none is slower in t_total or backward than the plans of
-     * the chain rates above it. The placement and forward of rate 1's plan
-     * join the candidates of every rate (fc). */
-    int found = 0, alt_ri = -1;
+    c.lo = s.lo;
+    if (plan_baselines(&c, base, sp->base) < 0 || first_candidates(&c, &s, sp->base) < 0)
+        goto out;
     if (o->longer_bwd) {
-        anyp = &sp[4];
-        if (lrmoe_plan_alloc(anyp, E, P) < 0)
+        s.anyp = &sp->any;
+        if (lrmoe_plan_alloc(s.anyp, E, P) < 0)
             goto out;
     }
-    c.any.p = anyp;
-    for (int ri = 0; ri < nrl; ri++) {
-        const int ui = ur[ri]; /* the user's rate index; -1: a chain rate */
-        const double rho = rl[ri];
-        int64_t total = rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9);
-        int64_t slo = 0;
-        for (int e = 0; e < E; e++) {
-            int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
-            lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
-            slo += lo[e];
-        }
-        if (slo > total) {
-            snprintf(why, sizeof why,
-                     "min-keep: rate %.3f allows %lld retained pairs, min-keep %.3f needs %lld",
-                     rho, (long long)total, o->min_keep, (long long)slo);
-            continue;
-        }
-        const int done = ri == 0 && pre1; /* offered as they were built */
-        c.total = total;
-        c.rho = rho;
-        if (!done) {
-            c.strict.have = 0;
-            c.why[0] = 0;
-            c.longer_fits = 0;
-        }
-        c.allow_longer = o->longer_bwd && alt_ri < 0;
-        if (c.allow_longer)
-            c.any.have = 0;
-        const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
-        if (total < N && (prop || o->quota == LRMOE_QUOTA_EVEN))
-            quota_proportional(load, lo, E, rho, total, K);
-        const int64_t *Kq = prop ? K : NULL;
-        c.kprop = total < N && o->quota == LRMOE_QUOTA_EVEN ? K : NULL;
-        if (!cached) { /* lrmoe's own placement at this rate */
-            gctx_t jc = {load, lo, Kq, total, N, E, P, total < N && !prop, NULL, NULL, NULL};
-            memset(pl, 0, EP);
-            for (int e = 0; e < E; e++)
-                pl[(size_t)e * P + e / per] = 1;
-            const int nadd = place_replicas(&jc, ex, pl, he, hp);
-            if (nadd < 0 || own_candidates(&c, pl, nadd, he, hp, fo, &nfo) < 0)
-                goto out;
-        }
-        /* the chain's plan above, scaled down: first, so that its t_total
-         * bounds the search of the others early (peak_cap) */
-        if (chain && total < N && offer_scaled(&c, chain) < 0)
-            goto out;
-        for (int i = 0; i < nfo; i++)
-            if (try_backwards(&c, Kq, &fo[i]) < 0)
-                goto out;
-        for (int i = 0; i < nfc && !done; i++)
-            if (try_backwards(&c, Kq, &fc[i]) < 0)
-                goto out;
-        for (; nfo > 0; nfo--)
-            fc_free(&fo[nfo - 1]);
-        if (ui < 0) { /* a chain rate: its plan is the anchor from here on */
-            if (c.strict.have) {
-                if (!chain) {
-                    chain = &sp[5];
-                    if (lrmoe_plan_alloc(chain, E, P) < 0)
-                        goto out;
-                }
-                plan_copy(chain, p); /* its summary and source too */
-                c.have_anchor = 1;
-                c.anchor_t = p->t_total;
-                c.anchor_b = t_bwd_of(&p->cost);
-                if (total == N) {
-                    /* rate 1's placement and forward join the candidates
-                     * (unless one of them is it already) */
-                    char name[40];
-                    snprintf(name, sizeof name, "%.*s", (int)strcspn(p->source, "/"), p->source);
-                    plan_copy(&c.cand, p);
-                    if (fc_take(&c, fc, &nfc, name, p->fwd_lb) < 0)
-                        goto out;
-                }
-            }
-            /* the messages stay those of the user's rates */
-            why[0] = 0;
-            if (total == N)
-                c.min_mem1 = HUGE_VAL;
-            continue;
-        }
-        if (c.strict.have) {
-            p->feasible = 1;
-            p->rate_index = ui;
-            snprintf(p->binding, sizeof p->binding, "%s", why);
-            found = 1;
-            break;
-        }
-        if (c.allow_longer && c.any.have) {
-            alt_ri = ui;
-            snprintf(alt_why, sizeof alt_why, "%s", why1[0] ? why1 : why);
-        }
-        if (c.longer_fits)
-            snprintf(why, sizeof why,
-                     "rate %.3f: every plan that drops pairs and fits would lengthen the "
-                     "modelled backward", rho);
-        else if (c.why[0])
-            snprintf(why, sizeof why, "rate %.3f: %s", rho, c.why);
-        if (ui == 0)
-            snprintf(why1, sizeof why1, "%s", why);
-    }
-    if (!found && alt_ri >= 0) {
-        plan_copy(p, anyp);
-        snprintf(p->source, sizeof p->source, "%s", anyp->source);
-        snprintf(p->planner, sizeof p->planner, "lrmoe");
-        p->feasible = 1;
-        p->rate_index = alt_ri;
-        snprintf(p->binding, sizeof p->binding, "%s; no plan that drops pairs keeps the "
-                 "modelled backward within that of keeping them all", alt_why);
+    c.any.p = s.anyp;
+    int found = search_rates(&c, &s, p);
+    if (found < 0)
+        goto out;
+    if (!found && s.alt_ri >= 0) {
+        take_longer(&s, p);
         found = 1;
     }
-    if (found) {
-        rc = 0;
-    } else {
-        if (!o->best_effort) {
-            char more[200] = "";
-            if (o->explain)
-                explain(o, load, E, base, c.min_mem1, more, sizeof more);
-            lrmoe_err("infeasible at every rate (%d tried): %s%s%s", o->nrates, why,
-                      strstr(why, "lengthen") ? " (--longer-backward allows it)" : "", more);
-            goto out;
-        }
-        /* best effort: the last rate (at least its floors), budgets ignored,
-         * lrmoe's own placement, any backward */
-        const int ri = o->nrates - 1;
-        const double rho = o->rates[ri];
-        int64_t total = rho >= 1.0 ? N : (int64_t)floor(rho * (double)N + 1e-9), slo = 0;
-        for (int e = 0; e < E; e++) {
-            int64_t l = (int64_t)ceil(o->min_keep * (double)load[e] - 1e-9);
-            lo[e] = l > load[e] ? load[e] : (l < 0 ? 0 : l);
-            slo += lo[e];
-        }
-        if (slo > total)
-            total = slo;
-        if (!anyp) {
-            anyp = &sp[4];
-            if (lrmoe_plan_alloc(anyp, E, P) < 0)
-                goto out;
-        }
-        lrmoe_plan_opts_t ob = *o;
-        ob.cost.hbm = 0;
-        ob.cost.window = 0;
-        c.o = &ob;
-        c.total = total;
-        c.rho = rho;
-        c.strict.have = c.any.have = 0;
-        c.have_anchor = 0; /* budgets ignored: nothing to bound */
-        c.any.p = anyp;
-        c.allow_longer = 1;
-        c.kprop = NULL;
-        const int prop = total < N && o->quota == LRMOE_QUOTA_PROPORTIONAL;
-        if (prop)
-            quota_proportional(load, lo, E, rho, total, K);
-        if (!cached) {
-            gctx_t jc = {load, lo, prop ? K : NULL, total, N, E, P, total < N && !prop,
-                         NULL, NULL, NULL};
-            memset(pl, 0, EP);
-            for (int e = 0; e < E; e++)
-                pl[(size_t)e * P + e / per] = 1;
-            const int nadd = place_replicas(&jc, ex, pl, he, hp);
-            if (nadd < 0 || fwd_candidates(&c, NULL, pl, "lrmoe", fo, &nfo) < 0)
-                goto out;
-        }
-        if (try_backwards(&c, prop ? K : NULL, cached ? &fc[0] : &fo[0]) < 0)
-            goto out;
-        c.o = o;
-        if (c.any.have) {
-            plan_copy(p, anyp);
-            snprintf(p->source, sizeof p->source, "%s", anyp->source);
-            snprintf(p->planner, sizeof p->planner, "lrmoe");
-        }
-        if (lrmoe_plan_cost(o, p, load, NULL) < 0)
-            goto out;
-        p->feasible = 0;
-        p->rate_index = ri;
-        snprintf(p->binding, sizeof p->binding, "%s", why);
-        rc = 0;
+    if (!found && !o->best_effort) {
+        char more[200] = "";
+        if (o->explain)
+            explain(o, load, E, base, c.min_mem1, more, sizeof more);
+        lrmoe_err("infeasible at every rate (%d tried): %s%s%s", o->nrates, s.why,
+                  strstr(s.why, "lengthen") ? " (--longer-backward allows it)" : "", more);
+        goto out;
     }
+    if (!found && best_effort(&c, &s, p) < 0)
+        goto out;
     p->glpk_seconds = c.glpk;
+    rc = 0;
 out:
-    for (int i = 0; fc && i < 2 * own_count(ex * P) + 7; i++)
-        fc_free(&fc[i]);
-    free(fc);
-    free(lo);
-    free(K);
-    free(pl);
-    free(he);
-    free(hp);
-    sp[3] = c.cand;
-    if (kept) {
-        memcpy(scratch, sp, sizeof sp);
-        scratch_busy = 0;
-    } else {
-        for (int i = 0; i < SCRATCH; i++)
-            lrmoe_plan_free(&sp[i]);
-    }
+    search_free(&s);
+    scratch_give(sp, kept);
     return rc;
 }
