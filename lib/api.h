@@ -56,6 +56,7 @@ int lrmoe_exec_run(lrmoe_exec_t *x, lrmoe_frame_t *f);
  *   score: metric, select, drop, seed, threads, fidelity, weights (read at
  *          the set; only with fidelity); the n-th run of a handle seeds its
  *          draw with seed + n, as lrmoe-score does frame n of a stream
+ *          (frame N: the next run is frame N, the one after N + 1, ...)
  *   pack:  alloc, ranks, threads, strip, layout-only
  * _new returns NULL when out of memory; _set and _run 0, or -1 with the
  * error naming the option or the failure; _free accepts NULL. */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "api.h"
+#include "options.h"
 #include "exec_frame.h"
 #include "gemm_cpu.h"
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "api.h"
+#include "options.h"
 #include "pack.h"
 #include "route_frame.h"
 #include "score.h"
@@ -147,7 +148,7 @@ void lrmoe_score_free(lrmoe_score_t *s)
 int lrmoe_score_set(lrmoe_score_t *s, const char *name, const char *value)
 {
     static const char *const names[] = {"metric", "select", "drop", "seed", "threads",
-                                        "fidelity!", "weights", NULL};
+                                        "fidelity!", "weights", "frame", NULL};
     if (!s) return lrmoe_err("score: no handle");
     if (lrmoe_parse_opt_name("score", names, name, value) < 0) return -1;
     lrmoe_score_opts_t o = s->o;
@@ -168,6 +169,10 @@ int lrmoe_score_set(lrmoe_score_t *s, const char *name, const char *value)
         o.fidelity = 1;
     } else if (is(name, "weights")) {
         return set_weights(&s->w, &s->have_w, value);
+    } else if (is(name, "frame")) { /* the next run's frame index (the seed's offset) */
+        if (lrmoe_parse_i64("frame", value, 0, INT64_MAX, &v) < 0) return -1;
+        s->index = v;
+        return 0;
     }
     if (rc < 0) return -1;
     s->o = o;

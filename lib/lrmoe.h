@@ -334,12 +334,6 @@ int lrmoe_parse_f64(const char *opt, const char *s, double lo, double hi, double
  * 1024 (16g = 16G = 16GiB = 16 * 2^30); with B alone powers of 1000 (16GB =
  * 16gb = 16e9); B is bytes ("1.5G", "100e9", "512 MiB"). Must be >= 0 and
  * <= 1e18. 0 ok, -1 with error naming opt. */
-/* A by-name option of an in-process handle (api.h) whose options are
- * names (NULL-terminated; a trailing '!' marks a flag): 0 when name is one
- * of them with a value (a flag: none); else -1, an unknown name named with
- * the list of lrmoe-STAGE(1)'s names. */
-int lrmoe_parse_opt_name(const char *stage, const char *const *names, const char *name,
-                         const char *value);
 int lrmoe_parse_bytes(const char *opt, const char *s, double *out);
 
 #endif

@@ -70,20 +70,6 @@ class RouteOpts(Structure):
                 ("groups", c_int), ("topk_groups", c_int), ("threads", c_int)]
 
 
-class ScoreOpts(Structure):
-    _fields_ = [("metric", c_int), ("select", c_int), ("drop_pct", c_double), ("seed", c_uint64),
-                ("fidelity", c_int), ("threads", c_int)]
-
-
-class ScoreStats(Structure):
-    _fields_ = [("pairs", c_int64), ("kept", c_int64), ("retained", c_double),
-                ("dropped_share", c_double), ("fidelity", c_double), ("seconds", c_double)]
-
-
-class PackOpts(Structure):
-    _fields_ = [("alloc", c_int), ("P", c_int), ("strip", c_int), ("threads", c_int)]
-
-
 class PackIn(Structure):
     _fields_ = [("T", c_int64), ("K", c_int), ("E", c_int), ("P", c_int),
                 ("topk_ids", c_void_p), ("keep", c_void_p), ("pair_rank", c_void_p),
@@ -220,9 +206,11 @@ _sig("lrmoe_budget_compute", c_int, POINTER(BudgetModel), POINTER(BudgetOpts), P
 _sig("lrmoe_parse_bytes", c_int, c_char_p, c_char_p, POINTER(c_double))
 # score
 _sig("lrmoe_score_metric_parse", c_int, c_char_p, POINTER(c_int))
-_sig("lrmoe_score_opts_default", None, POINTER(ScoreOpts))
-_sig("lrmoe_score_frame", c_int, POINTER(Frame), c_int64, POINTER(ScoreOpts),
-     POINTER(ScoreStats))
+for _st in ("score", "pack"):  # the stages' opaque handles (api.h)
+    _sig(f"lrmoe_{_st}_new", c_void_p)
+    _sig(f"lrmoe_{_st}_set", c_int, c_void_p, c_char_p, c_char_p)
+    _sig(f"lrmoe_{_st}_run", c_int, c_void_p, POINTER(Frame))
+    _sig(f"lrmoe_{_st}_free", None, c_void_p)
 _sig("lrmoe_score_pairs_dt", c_int, c_int, c_int64, c_int, c_int64, c_int, P, P, P, c_uint64, P)
 _sig("lrmoe_score_select", c_int, c_int64, c_int, c_int, P, P, P, c_double, P, P, P)
 _sig("lrmoe_score_select_by_rank", c_int, c_int64, c_int, c_int, c_int, P, P, P, P, P, P, P)
@@ -233,8 +221,6 @@ _sig("lrmoe_score_sample_by_rank", c_int, c_int64, c_int, c_int, c_int, P, P, P,
      P, P, P, P, P)
 _sig("lrmoe_score_weighted_alpha", None, c_int64, P, P, P)
 # pack
-_sig("lrmoe_pack_opts_default", None, POINTER(PackOpts))
-_sig("lrmoe_pack_frame", c_int, POINTER(Frame), POINTER(PackOpts))
 _sig("lrmoe_pack_assign", c_int, POINTER(PackIn), POINTER(PackPlan))
 _sig("lrmoe_pack_plan_free", None, POINTER(PackPlan))
 _sig("lrmoe_pack_gather", None, P, c_int64, c_int, c_int, P, c_size_t, P)
@@ -260,8 +246,7 @@ VERSION = lib.lrmoe_version().decode()
 VERSION_NUMBER = lib.lrmoe_version_number()
 
 _MIRRORS = {"lrmoe_tensor_t": Tensor, "lrmoe_frame_t": Frame, "lrmoe_wopts_t": WOpts,
-            "lrmoe_route_opts_t": RouteOpts, "lrmoe_score_opts_t": ScoreOpts,
-            "lrmoe_score_stats_t": ScoreStats, "lrmoe_pack_opts_t": PackOpts,
+            "lrmoe_route_opts_t": RouteOpts,
             "lrmoe_pack_in_t": PackIn, "lrmoe_pack_plan_t": PackPlan,
             "lrmoe_exec_dims_t": ExecDims, "lrmoe_exec_cfg_t": ExecCfg,
             "lrmoe_exec_weights_t": ExecWeights, "lrmoe_exec_plan_t": ExecPlan,

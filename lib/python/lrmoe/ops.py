@@ -275,29 +275,55 @@ def score(topk_ids: ArrayLike, topk_weights: ArrayLike, grad_output: ArrayLike,
     Without drop, quota (E) says how many pairs each expert keeps;
     keep_rule="by-rank" (a plan's plan.keep) keeps by forward rank from
     bwd_alloc (E,P) and pair_rank (T,K), as lrmoe-score(1) describes."""
-    o = _lib.ScoreOpts()
-    lib.lrmoe_score_opts_default(ctypes.byref(o))
-    m = ctypes.c_int()
+    m, sel = ctypes.c_int(), ctypes.c_int()
     check(lib.lrmoe_score_metric_parse(cstr("metric", str(metric)), ctypes.byref(m)), "metric")
-    o.metric, o.seed, o.fidelity = m.value, u64("seed", seed), int(bool(fidelity))
-    sel = ctypes.c_int()
     check(lib.lrmoe_score_keep_rule_parse(cstr("select", str(select)), ctypes.byref(sel)),
           "select")
-    o.select = sel.value
-    # lrmoe-score --drop C: a percent in [0, 100] (NaN refused, as there)
-    o.drop_pct = -1.0 if drop is None else f64("drop", drop, 0, 100)
-    index = i64("index", index)
+    # lrmoe-score's ranges: --seed 0..2^64-1, --drop a percent in [0, 100] (NaN refused)
+    opts = [("metric", str(metric)), ("select", str(select)), ("seed", str(u64("seed", seed))),
+            ("frame", str(i64("index", index, 0)))]
+    if drop is not None:
+        opts.append(("drop", repr(f64("drop", drop, 0, 100))))
+    if fidelity:
+        opts.append(("fidelity", None))
     if drop is None and quota is None:
         raise Error("score: give quota (E) or drop= (percent)")
-    st = _lib.ScoreStats()
     inputs = dict(topk_ids=topk_ids, topk_weights=topk_weights, grad_output=grad_output,
                   phi_sqnorm=phi_sqnorm, quota=None if drop is not None else quota,
                   saved_gate=saved_gate, saved_up=saved_up, bwd_alloc=bwd_alloc,
                   pair_rank=pair_rank)
     attrs = {"plan.keep": keep_rule} if keep_rule else None
-    return _frame_call(inputs, dtypes, lambda cf: check(
-        lib.lrmoe_score_frame(cf.ref, index, ctypes.byref(o), ctypes.byref(st))),
-        attrs=attrs)
+    with _Handle("score", opts) as h:
+        return _frame_call(inputs, dtypes, lambda cf: check(lib.lrmoe_score_run(h.x, cf.ref)),
+                           attrs=attrs)
+
+
+class _Handle:
+    """A stage's opaque handle of api.h (lrmoe_STAGE_new), its options set by
+    the tool's long names (value None: a flag), freed on leaving the block."""
+
+    def __init__(self, stage: str, opts) -> None:
+        self.stage = stage
+        self.x = getattr(lib, f"lrmoe_{stage}_new")()
+        if not self.x:
+            raise Error(_lib.errmsg())
+        for name, value in opts:
+            v = None if value is None else cstr(name, value)
+            if getattr(lib, f"lrmoe_{stage}_set")(self.x, name.encode(), v) < 0:
+                err = _lib.errmsg()
+                self.close()
+                raise Error(err)
+
+    def close(self) -> None:
+        if self.x:
+            getattr(lib, f"lrmoe_{self.stage}_free")(self.x)
+            self.x = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 _ALLOC = {"auto": 0, "plan": 1, "forward": 2}
@@ -317,15 +343,17 @@ def pack(keep: ArrayLike, topk_ids: ArrayLike, topk_weights: ArrayLike, grad_out
     dtype of inputs given as float32 that the tool would see as BF16."""
     if not isinstance(alloc, str) or alloc not in _ALLOC:
         raise Error(f"pack: alloc '{alloc}': expected auto, plan or forward")
-    o = _lib.PackOpts()
-    lib.lrmoe_pack_opts_default(ctypes.byref(o))
-    o.alloc, o.P, o.strip = _ALLOC[alloc], i32("ranks", ranks, 0), int(bool(strip))
+    opts = [("alloc", alloc)]
+    if i32("ranks", ranks, 0):  # 0: the plan's (lrmoe-pack without --ranks)
+        opts.append(("ranks", str(int(ranks))))
+    if strip:
+        opts.append(("strip", None))
     inputs = dict(keep=keep, topk_ids=topk_ids, topk_weights=topk_weights,
                   grad_output=grad_output, hidden=hidden, saved_gate=saved_gate,
                   saved_up=saved_up, pair_rank=pair_rank, placement=placement,
                   bwd_alloc=bwd_alloc, quota=quota, pair_weight=pair_weight)
-    return _frame_call(inputs, dtypes, lambda cf: check(
-        lib.lrmoe_pack_frame(cf.ref, ctypes.byref(o))))
+    with _Handle("pack", opts) as h:
+        return _frame_call(inputs, dtypes, lambda cf: check(lib.lrmoe_pack_run(h.x, cf.ref)))
 
 
 class Exec:
