@@ -5,6 +5,8 @@
 unit_test() {
     local top="$BATS_TEST_DIRNAME/.." b=build san=
     if [ "$1" = score ] && [ -n "${SANITIZE:-}" ]; then b=${LRMOE_BUILD:-build/san} san=1; fi
-    make -s -C "$top" NODEPS=1 ${san:+SANITIZE=1} "$b/unit/$1_test" >&2 || return 1
+    # SANITIZE given explicitly either way: under make check SANITIZE=1 it
+    # reaches this make through the environment and MAKEFLAGS
+    make -s -C "$top" NODEPS=1 SANITIZE=${san} "$b/unit/$1_test" >&2 || return 1
     echo "$(cd "$top" && pwd)/$b/unit/$1_test"
 }
