@@ -47,6 +47,7 @@ extern "C" {
 
 #define TIM(r, s) (tim[(size_t)(r) * LRMOE_NSTAGES + (s)])
 #define CK(x) do { if ((x) < 0) goto out; } while (0)
+#define CKR(x) do { if ((x) < 0) return -1; } while (0)
 
 namespace {
 
@@ -464,41 +465,28 @@ static lrmoe_gemm_t G(int64_t m, int64_t n, int64_t k, int ta, int tb, const voi
 
 /* ---------------------------------------------------------------- forward */
 
-extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                                       const lrmoe_exec_weights_t *w,
-                                       const lrmoe_exec_plan_t *plan, lrmoe_exec_fwd_t *a,
-                                       double *timings)
+namespace {
+
+/* The caller's per-rank stage seconds zeroed, or local ones when it passed
+ * none. */
+static double *stage_times(int P, double *timings, std::vector<double> &tloc)
 {
-    if (check_common(d, w) < 0 || act_ok(a->act_dtype, "hidden") < 0) return -1;
-    if (!a->hidden || !a->topk_ids || !a->topk_weights || !a->output || !a->pair_rank)
-        return lrmoe_err("forward: missing hidden, topk_ids, topk_weights, output or pair_rank");
-    const int64_t T = d->T, K = d->K, E = d->E, D = d->D, F = d->F;
-    const int P = d->P;
-    const lrmoe_dtype_t adt = a->act_dtype;
-    const size_t as = lrmoe_dtype_size(adt);
-    const int abf = adt == LRMOE_BF16;
-    if (lrmoe_exec_check_fwd_inputs(cfg, d, a) < 0) return -1;
-    const uint8_t *placement = plan ? plan->placement : NULL;
-    if (lrmoe_exec_assign(T, K, E, P, a->topk_ids, plan ? plan->fwd_alloc : NULL, placement,
-                          a->pair_rank) < 0)
-        return -1;
-    std::vector<double> tloc;
-    double *tim = timings;
-    if (!tim) { tloc.assign((size_t)P * LRMOE_NSTAGES, 0.0); tim = tloc.data(); }
-    else memset(tim, 0, (size_t)P * LRMOE_NSTAGES * sizeof *tim);
+    if (!timings) {
+        tloc.assign((size_t)P * LRMOE_NSTAGES, 0.0);
+        return tloc.data();
+    }
+    memset(timings, 0, (size_t)P * LRMOE_NSTAGES * sizeof *timings);
+    return timings;
+}
 
-    layout_t L;
-    run_t R;
-    int rc = -1;
-    const size_t rowb = (size_t)D * as;
-    std::vector<void *> sendb(P, nullptr), X(P, nullptr), Yst(P, nullptr), recv(P, nullptr);
-    std::vector<int64_t> upos;
-    CK(layout_pairs(L, P, T, K, E, a->topk_ids, a->pair_rank));
-    CK(run_init(R, cfg, d, tim));
-    CK(load_weights(R, w, L, placement));
-
-    /* dispatch: token rows (storage dtype) from their owners to the ranks */
-    for (int s = 0; s < P; s++) {
+/* Forward dispatch: token rows (storage dtype) from their owners into each
+ * owner's send buffer sendb[s], in send order. */
+static int fwd_dispatch(run_t &R, const layout_t &L, const lrmoe_exec_fwd_t *a, size_t rowb,
+                        std::vector<void *> &sendb)
+{
+    double *tim = R.tim;
+    const int64_t K = R.d->K;
+    for (int s = 0; s < R.P; s++) {
         if (!R.loc(s)) continue;
         double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
@@ -507,88 +495,112 @@ extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_
         for (size_t j = 0; j < rows.size(); j++) idx[j] = L.u[rows[j]] - rs.t_lo * K;
         void *hid;
         int64_t *didx;
-        CK(R.dalloc(s, &hid, (size_t)nt * rowb));
-        CK(R.dalloc(s, &didx, idx.size() * 8));
-        CK(R.dalloc(s, &sendb[s], rows.size() * rowb));
-        CK(lrmoe_kcu_h2d(hid, (const char *)a->hidden + (size_t)rs.t_lo * rowb, (size_t)nt * rowb));
-        CK(lrmoe_kcu_h2d(didx, idx.data(), rows.size() * 8));
-        CK(lrmoe_kcu_pack_gather(didx, (int64_t)rows.size(), (int)K, 1, hid, rowb, sendb[s]));
-        CK(R.sync(s));
+        CKR(R.dalloc(s, &hid, (size_t)nt * rowb));
+        CKR(R.dalloc(s, &didx, idx.size() * 8));
+        CKR(R.dalloc(s, &sendb[s], rows.size() * rowb));
+        CKR(lrmoe_kcu_h2d(hid, (const char *)a->hidden + (size_t)rs.t_lo * rowb, (size_t)nt * rowb));
+        CKR(lrmoe_kcu_h2d(didx, idx.data(), rows.size() * 8));
+        CKR(lrmoe_kcu_pack_gather(didx, (int64_t)rows.size(), (int)K, 1, hid, rowb, sendb[s]));
+        CKR(R.sync(s));
         TIM(s, LRMOE_STAGE_DISPATCH) += lrmoe_now() - t0;
     }
-    CK(exchange_fwd(R, L, rowb, sendb, X, LRMOE_STAGE_DISPATCH));
+    return 0;
+}
 
-    /* experts: h_g, h_u = x W^T (F32), phi = silu(h_g) h_u, y = phi W_down^T */
-    for (int r = 0; r < P; r++) {
-        if (!R.loc(r)) continue;
-        int64_t n = L.base[r + 1] - L.base[r], b0 = L.base[r];
-        if (!n) continue;
-        double t0 = lrmoe_now();
-        const uint16_t *xb;
-        float *hg, *hu, *phi, *sq, *y;
-        uint16_t *phib;
-        CK(as_bf16(R, r, adt, X[r], n * D, &xb));
-        CK(R.dalloc(r, &hg, (size_t)(n * F) * 4));
-        CK(R.dalloc(r, &hu, (size_t)(n * F) * 4));
-        CK(R.dalloc(r, &phi, (size_t)(n * F) * 4));
-        CK(R.dalloc(r, &phib, (size_t)(n * F) * 2));
-        CK(R.dalloc(r, &sq, (size_t)n * 4));
-        CK(R.dalloc(r, &y, (size_t)(n * D) * 4));
-        std::vector<lrmoe_gemm_t> g1, g2;
-        for (int64_t e = 0; e < E; e++) {
-            int64_t c = L.cnt[r * E + e], i0 = L.seg[r * E + e] - b0;
-            if (!c) continue;
-            const uint16_t *W = R.rk[r].wbf[e];
-            size_t FD = (size_t)(F * D);
-            // x is (c,D), W_gate/W_up are (F,D): h = x W^T is (c,F)
-            g1.push_back(G(c, F, D, 0, 1, xb + i0 * D, D, W, D, hg + i0 * F, F, 0.0f));
-            g1.push_back(G(c, F, D, 0, 1, xb + i0 * D, D, W + FD, D, hu + i0 * F, F, 0.0f));
-            // phi is (c,F), W_down is (D,F): y = phi W_down^T is (c,D)
-            g2.push_back(G(c, D, F, 0, 1, phib + i0 * F, F, W + 2 * FD, F, y + i0 * D, D, 0.0f));
-        }
-        CK(lrmoe_kcu_gemm((int)g1.size(), g1.data()));
-        CK(R.sync(r));
-        double t1 = lrmoe_now();
-        CK(lrmoe_kcu_swiglu_fwd(n, F, hg, hu, phi, sq));
-        CK(lrmoe_kcu_f32_to_bf16(n * F, phi, phib));
-        /* saved state and ||phi||^2 back to the host, by pair */
-        {
-            std::vector<float> hsq(n);
-            std::vector<char> hbuf;
-            CK(lrmoe_kcu_d2h(hsq.data(), sq, (size_t)n * 4));
-            void *st = nullptr;
-            if (a->saved_gate || a->saved_up) {
-                CK(R.dalloc(r, &st, (size_t)(n * F) * as));
-                hbuf.resize((size_t)(n * F) * as);
-            }
-            for (int which = 0; which < 2; which++) {
-                void *dst = which ? a->saved_up : a->saved_gate;
-                if (!dst) continue;
-                CK(lrmoe_kcu_from_f32(n * F, which ? hu : hg, abf, st));
-                CK(lrmoe_kcu_d2h(hbuf.data(), st, hbuf.size()));
-                CK(R.sync(r));
-                for (int64_t j = 0; j < n; j++)
-                    memcpy((char *)dst + (size_t)(L.u[b0 + j] * F) * as, hbuf.data() + (size_t)(j * F) * as,
-                           (size_t)F * as);
-            }
-            CK(R.sync(r));
-            if (a->phi_sqnorm)
-                for (int64_t j = 0; j < n; j++) a->phi_sqnorm[L.u[b0 + j]] = hsq[j];
-        }
-        double t2 = lrmoe_now();
-        CK(lrmoe_kcu_gemm((int)g2.size(), g2.data()));
-        /* y rows in the storage dtype, as they travel */
-        CK(R.dalloc(r, &Yst[r], (size_t)n * rowb));
-        CK(lrmoe_kcu_from_f32(n * D, y, abf, Yst[r]));
-        CK(R.sync(r));
-        double t3 = lrmoe_now();
-        TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
-        TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+/* Rank r's n rows (from b0): the saved state h_g, h_u (storage dtype) and
+ * ||phi||^2 (sq) back to the host, by pair. */
+static int fwd_save_state(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a, int r, int64_t n,
+                          int64_t b0, const float *hg, const float *hu, const float *sq)
+{
+    const int64_t F = R.d->F;
+    const size_t as = lrmoe_dtype_size(a->act_dtype);
+    const int abf = a->act_dtype == LRMOE_BF16;
+    std::vector<float> hsq(n);
+    std::vector<char> hbuf;
+    CKR(lrmoe_kcu_d2h(hsq.data(), sq, (size_t)n * 4));
+    void *st = nullptr;
+    if (a->saved_gate || a->saved_up) {
+        CKR(R.dalloc(r, &st, (size_t)(n * F) * as));
+        hbuf.resize((size_t)(n * F) * as);
     }
+    for (int which = 0; which < 2; which++) {
+        void *dst = which ? a->saved_up : a->saved_gate;
+        if (!dst) continue;
+        CKR(lrmoe_kcu_from_f32(n * F, which ? hu : hg, abf, st));
+        CKR(lrmoe_kcu_d2h(hbuf.data(), st, hbuf.size()));
+        CKR(R.sync(r));
+        for (int64_t j = 0; j < n; j++)
+            memcpy((char *)dst + (size_t)(L.u[b0 + j] * F) * as, hbuf.data() + (size_t)(j * F) * as,
+                   (size_t)F * as);
+    }
+    CKR(R.sync(r));
+    if (a->phi_sqnorm)
+        for (int64_t j = 0; j < n; j++) a->phi_sqnorm[L.u[b0 + j]] = hsq[j];
+    return 0;
+}
 
-    /* combine: y rows back to the token owners, out_t = sum_k alpha_tk y_tk */
-    CK(exchange_rev(R, L, rowb, Yst, recv, upos, LRMOE_STAGE_COMBINE));
-    for (int s = 0; s < P; s++) {
+/* Rank r's experts on its rows X (layout order, storage dtype):
+ * h_g, h_u = x W^T (F32), phi = silu(h_g) h_u, y = phi W_down^T; *Yst gets
+ * the y rows in the storage dtype, as they travel. */
+static int fwd_experts(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a, int r, const void *X,
+                       void **Yst)
+{
+    double *tim = R.tim;
+    const int64_t E = R.d->E, D = R.d->D, F = R.d->F;
+    const lrmoe_dtype_t adt = a->act_dtype;
+    const size_t rowb = (size_t)D * lrmoe_dtype_size(adt);
+    int64_t n = L.base[r + 1] - L.base[r], b0 = L.base[r];
+    if (!n) return 0;
+    double t0 = lrmoe_now();
+    const uint16_t *xb;
+    float *hg, *hu, *phi, *sq, *y;
+    uint16_t *phib;
+    CKR(as_bf16(R, r, adt, X, n * D, &xb));
+    CKR(R.dalloc(r, &hg, (size_t)(n * F) * 4));
+    CKR(R.dalloc(r, &hu, (size_t)(n * F) * 4));
+    CKR(R.dalloc(r, &phi, (size_t)(n * F) * 4));
+    CKR(R.dalloc(r, &phib, (size_t)(n * F) * 2));
+    CKR(R.dalloc(r, &sq, (size_t)n * 4));
+    CKR(R.dalloc(r, &y, (size_t)(n * D) * 4));
+    std::vector<lrmoe_gemm_t> g1, g2;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t c = L.cnt[r * E + e], i0 = L.seg[r * E + e] - b0;
+        if (!c) continue;
+        const uint16_t *W = R.rk[r].wbf[e];
+        size_t FD = (size_t)(F * D);
+        // x is (c,D), W_gate/W_up are (F,D): h = x W^T is (c,F)
+        g1.push_back(G(c, F, D, 0, 1, xb + i0 * D, D, W, D, hg + i0 * F, F, 0.0f));
+        g1.push_back(G(c, F, D, 0, 1, xb + i0 * D, D, W + FD, D, hu + i0 * F, F, 0.0f));
+        // phi is (c,F), W_down is (D,F): y = phi W_down^T is (c,D)
+        g2.push_back(G(c, D, F, 0, 1, phib + i0 * F, F, W + 2 * FD, F, y + i0 * D, D, 0.0f));
+    }
+    CKR(lrmoe_kcu_gemm((int)g1.size(), g1.data()));
+    CKR(R.sync(r));
+    double t1 = lrmoe_now();
+    CKR(lrmoe_kcu_swiglu_fwd(n, F, hg, hu, phi, sq));
+    CKR(lrmoe_kcu_f32_to_bf16(n * F, phi, phib));
+    CKR(fwd_save_state(R, L, a, r, n, b0, hg, hu, sq));
+    double t2 = lrmoe_now();
+    CKR(lrmoe_kcu_gemm((int)g2.size(), g2.data()));
+    CKR(R.dalloc(r, Yst, (size_t)n * rowb));
+    CKR(lrmoe_kcu_from_f32(n * D, y, adt == LRMOE_BF16, *Yst));
+    CKR(R.sync(r));
+    double t3 = lrmoe_now();
+    TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
+    TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+    return 0;
+}
+
+/* Forward combine on each owner s, after the reverse exchange (recv[s], upos):
+ * out_t = sum_k alpha_tk y_tk, and the pair rows y_u when asked. */
+static int fwd_combine(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a,
+                       const std::vector<void *> &recv, const std::vector<int64_t> &upos)
+{
+    double *tim = R.tim;
+    const int64_t K = R.d->K, D = R.d->D;
+    const int abf = a->act_dtype == LRMOE_BF16;
+    const size_t rowb = (size_t)D * lrmoe_dtype_size(a->act_dtype);
+    for (int s = 0; s < R.P; s++) {
         if (!R.loc(s)) continue;
         double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
@@ -599,28 +611,67 @@ extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_
         float *yf, *al, *o;
         int64_t *drow;
         void *ost;
-        CK(R.dalloc(s, &yf, (size_t)(nr * D) * 4));
-        CK(R.dalloc(s, &al, (size_t)(nt * K) * 4));
-        CK(R.dalloc(s, &drow, (size_t)(nt * K) * 8));
-        CK(R.dalloc(s, &o, (size_t)(nt * D) * 4));
-        CK(R.dalloc(s, &ost, (size_t)nt * rowb));
-        CK(lrmoe_kcu_to_f32(nr * D, abf, recv[s], yf));
-        CK(lrmoe_kcu_h2d(al, a->topk_weights + rs.t_lo * K, (size_t)(nt * K) * 4));
-        CK(lrmoe_kcu_h2d(drow, row.data(), (size_t)(nt * K) * 8));
-        CK(lrmoe_kcu_combine(nt, (int)K, D, al, drow, yf, o));
-        CK(lrmoe_kcu_from_f32(nt * D, o, abf, ost));
-        CK(lrmoe_kcu_d2h((char *)a->output + (size_t)rs.t_lo * rowb, ost, (size_t)nt * rowb));
+        CKR(R.dalloc(s, &yf, (size_t)(nr * D) * 4));
+        CKR(R.dalloc(s, &al, (size_t)(nt * K) * 4));
+        CKR(R.dalloc(s, &drow, (size_t)(nt * K) * 8));
+        CKR(R.dalloc(s, &o, (size_t)(nt * D) * 4));
+        CKR(R.dalloc(s, &ost, (size_t)nt * rowb));
+        CKR(lrmoe_kcu_to_f32(nr * D, abf, recv[s], yf));
+        CKR(lrmoe_kcu_h2d(al, a->topk_weights + rs.t_lo * K, (size_t)(nt * K) * 4));
+        CKR(lrmoe_kcu_h2d(drow, row.data(), (size_t)(nt * K) * 8));
+        CKR(lrmoe_kcu_combine(nt, (int)K, D, al, drow, yf, o));
+        CKR(lrmoe_kcu_from_f32(nt * D, o, abf, ost));
+        CKR(lrmoe_kcu_d2h((char *)a->output + (size_t)rs.t_lo * rowb, ost, (size_t)nt * rowb));
         if (a->pair_out) {
             std::vector<char> h((size_t)nr * rowb);
-            CK(lrmoe_kcu_d2h(h.data(), recv[s], h.size()));
-            CK(R.sync(s));
+            CKR(lrmoe_kcu_d2h(h.data(), recv[s], h.size()));
+            CKR(R.sync(s));
             for (int64_t j = 0; j < nt * K; j++)
                 memcpy((char *)a->pair_out + (size_t)(rs.t_lo * K + j) * rowb,
                        h.data() + (size_t)row[j] * rowb, rowb);
         }
-        CK(R.sync(s));
+        CKR(R.sync(s));
         TIM(s, LRMOE_STAGE_COMBINE) += lrmoe_now() - t0;
     }
+    return 0;
+}
+
+} /* namespace */
+
+extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                                       const lrmoe_exec_weights_t *w,
+                                       const lrmoe_exec_plan_t *plan, lrmoe_exec_fwd_t *a,
+                                       double *timings)
+{
+    if (check_common(d, w) < 0 || act_ok(a->act_dtype, "hidden") < 0) return -1;
+    if (!a->hidden || !a->topk_ids || !a->topk_weights || !a->output || !a->pair_rank)
+        return lrmoe_err("forward: missing hidden, topk_ids, topk_weights, output or pair_rank");
+    const int P = d->P;
+    if (lrmoe_exec_check_fwd_inputs(cfg, d, a) < 0) return -1;
+    const uint8_t *placement = plan ? plan->placement : NULL;
+    if (lrmoe_exec_assign(d->T, d->K, d->E, P, a->topk_ids, plan ? plan->fwd_alloc : NULL,
+                          placement, a->pair_rank) < 0)
+        return -1;
+    std::vector<double> tloc;
+    double *tim = stage_times(P, timings, tloc);
+
+    layout_t L;
+    run_t R;
+    int rc = -1;
+    const size_t rowb = (size_t)d->D * lrmoe_dtype_size(a->act_dtype);
+    std::vector<void *> sendb(P, nullptr), X(P, nullptr), Yst(P, nullptr), recv(P, nullptr);
+    std::vector<int64_t> upos;
+    CK(layout_pairs(L, P, d->T, d->K, d->E, a->topk_ids, a->pair_rank));
+    CK(run_init(R, cfg, d, tim));
+    CK(load_weights(R, w, L, placement));
+    /* dispatch: token rows to the ranks; experts; combine: y rows back to
+     * the token owners */
+    CK(fwd_dispatch(R, L, a, rowb, sendb));
+    CK(exchange_fwd(R, L, rowb, sendb, X, LRMOE_STAGE_DISPATCH));
+    for (int r = 0; r < P; r++)
+        if (R.loc(r)) CK(fwd_experts(R, L, a, r, X[r], &Yst[r]));
+    CK(exchange_rev(R, L, rowb, Yst, recv, upos, LRMOE_STAGE_COMBINE));
+    CK(fwd_combine(R, L, a, recv, upos));
     rc = 0;
 out:
     run_free(R);
