@@ -47,6 +47,7 @@ extern "C" {
 
 #define TIM(r, s) (tim[(size_t)(r) * LRMOE_NSTAGES + (s)])
 #define CK(x) do { if ((x) < 0) goto out; } while (0)
+#define CKR(x) do { if ((x) < 0) return -1; } while (0)
 
 namespace {
 
@@ -464,41 +465,28 @@ static lrmoe_gemm_t G(int64_t m, int64_t n, int64_t k, int ta, int tb, const voi
 
 /* ---------------------------------------------------------------- forward */
 
-extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                                       const lrmoe_exec_weights_t *w,
-                                       const lrmoe_exec_plan_t *plan, lrmoe_exec_fwd_t *a,
-                                       double *timings)
+namespace {
+
+/* The caller's per-rank stage seconds zeroed, or local ones when it passed
+ * none. */
+static double *stage_times(int P, double *timings, std::vector<double> &tloc)
 {
-    if (check_common(d, w) < 0 || act_ok(a->act_dtype, "hidden") < 0) return -1;
-    if (!a->hidden || !a->topk_ids || !a->topk_weights || !a->output || !a->pair_rank)
-        return lrmoe_err("forward: missing hidden, topk_ids, topk_weights, output or pair_rank");
-    const int64_t T = d->T, K = d->K, E = d->E, D = d->D, F = d->F;
-    const int P = d->P;
-    const lrmoe_dtype_t adt = a->act_dtype;
-    const size_t as = lrmoe_dtype_size(adt);
-    const int abf = adt == LRMOE_BF16;
-    if (lrmoe_exec_check_fwd_inputs(cfg, d, a) < 0) return -1;
-    const uint8_t *placement = plan ? plan->placement : NULL;
-    if (lrmoe_exec_assign(T, K, E, P, a->topk_ids, plan ? plan->fwd_alloc : NULL, placement,
-                          a->pair_rank) < 0)
-        return -1;
-    std::vector<double> tloc;
-    double *tim = timings;
-    if (!tim) { tloc.assign((size_t)P * LRMOE_NSTAGES, 0.0); tim = tloc.data(); }
-    else memset(tim, 0, (size_t)P * LRMOE_NSTAGES * sizeof *tim);
+    if (!timings) {
+        tloc.assign((size_t)P * LRMOE_NSTAGES, 0.0);
+        return tloc.data();
+    }
+    memset(timings, 0, (size_t)P * LRMOE_NSTAGES * sizeof *timings);
+    return timings;
+}
 
-    layout_t L;
-    run_t R;
-    int rc = -1;
-    const size_t rowb = (size_t)D * as;
-    std::vector<void *> sendb(P, nullptr), X(P, nullptr), Yst(P, nullptr), recv(P, nullptr);
-    std::vector<int64_t> upos;
-    CK(layout_pairs(L, P, T, K, E, a->topk_ids, a->pair_rank));
-    CK(run_init(R, cfg, d, tim));
-    CK(load_weights(R, w, L, placement));
-
-    /* dispatch: token rows (storage dtype) from their owners to the ranks */
-    for (int s = 0; s < P; s++) {
+/* Forward dispatch: token rows (storage dtype) from their owners into each
+ * owner's send buffer sendb[s], in send order. */
+static int fwd_dispatch(run_t &R, const layout_t &L, const lrmoe_exec_fwd_t *a, size_t rowb,
+                        std::vector<void *> &sendb)
+{
+    double *tim = R.tim;
+    const int64_t K = R.d->K;
+    for (int s = 0; s < R.P; s++) {
         if (!R.loc(s)) continue;
         double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
@@ -507,88 +495,112 @@ extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_
         for (size_t j = 0; j < rows.size(); j++) idx[j] = L.u[rows[j]] - rs.t_lo * K;
         void *hid;
         int64_t *didx;
-        CK(R.dalloc(s, &hid, (size_t)nt * rowb));
-        CK(R.dalloc(s, &didx, idx.size() * 8));
-        CK(R.dalloc(s, &sendb[s], rows.size() * rowb));
-        CK(lrmoe_kcu_h2d(hid, (const char *)a->hidden + (size_t)rs.t_lo * rowb, (size_t)nt * rowb));
-        CK(lrmoe_kcu_h2d(didx, idx.data(), rows.size() * 8));
-        CK(lrmoe_kcu_pack_gather(didx, (int64_t)rows.size(), (int)K, 1, hid, rowb, sendb[s]));
-        CK(R.sync(s));
+        CKR(R.dalloc(s, &hid, (size_t)nt * rowb));
+        CKR(R.dalloc(s, &didx, idx.size() * 8));
+        CKR(R.dalloc(s, &sendb[s], rows.size() * rowb));
+        CKR(lrmoe_kcu_h2d(hid, (const char *)a->hidden + (size_t)rs.t_lo * rowb, (size_t)nt * rowb));
+        CKR(lrmoe_kcu_h2d(didx, idx.data(), rows.size() * 8));
+        CKR(lrmoe_kcu_pack_gather(didx, (int64_t)rows.size(), (int)K, 1, hid, rowb, sendb[s]));
+        CKR(R.sync(s));
         TIM(s, LRMOE_STAGE_DISPATCH) += lrmoe_now() - t0;
     }
-    CK(exchange_fwd(R, L, rowb, sendb, X, LRMOE_STAGE_DISPATCH));
+    return 0;
+}
 
-    /* experts: h_g, h_u = x W^T (F32), phi = silu(h_g) h_u, y = phi W_down^T */
-    for (int r = 0; r < P; r++) {
-        if (!R.loc(r)) continue;
-        int64_t n = L.base[r + 1] - L.base[r], b0 = L.base[r];
-        if (!n) continue;
-        double t0 = lrmoe_now();
-        const uint16_t *xb;
-        float *hg, *hu, *phi, *sq, *y;
-        uint16_t *phib;
-        CK(as_bf16(R, r, adt, X[r], n * D, &xb));
-        CK(R.dalloc(r, &hg, (size_t)(n * F) * 4));
-        CK(R.dalloc(r, &hu, (size_t)(n * F) * 4));
-        CK(R.dalloc(r, &phi, (size_t)(n * F) * 4));
-        CK(R.dalloc(r, &phib, (size_t)(n * F) * 2));
-        CK(R.dalloc(r, &sq, (size_t)n * 4));
-        CK(R.dalloc(r, &y, (size_t)(n * D) * 4));
-        std::vector<lrmoe_gemm_t> g1, g2;
-        for (int64_t e = 0; e < E; e++) {
-            int64_t c = L.cnt[r * E + e], i0 = L.seg[r * E + e] - b0;
-            if (!c) continue;
-            const uint16_t *W = R.rk[r].wbf[e];
-            size_t FD = (size_t)(F * D);
-            // x is (c,D), W_gate/W_up are (F,D): h = x W^T is (c,F)
-            g1.push_back(G(c, F, D, 0, 1, xb + i0 * D, D, W, D, hg + i0 * F, F, 0.0f));
-            g1.push_back(G(c, F, D, 0, 1, xb + i0 * D, D, W + FD, D, hu + i0 * F, F, 0.0f));
-            // phi is (c,F), W_down is (D,F): y = phi W_down^T is (c,D)
-            g2.push_back(G(c, D, F, 0, 1, phib + i0 * F, F, W + 2 * FD, F, y + i0 * D, D, 0.0f));
-        }
-        CK(lrmoe_kcu_gemm((int)g1.size(), g1.data()));
-        CK(R.sync(r));
-        double t1 = lrmoe_now();
-        CK(lrmoe_kcu_swiglu_fwd(n, F, hg, hu, phi, sq));
-        CK(lrmoe_kcu_f32_to_bf16(n * F, phi, phib));
-        /* saved state and ||phi||^2 back to the host, by pair */
-        {
-            std::vector<float> hsq(n);
-            std::vector<char> hbuf;
-            CK(lrmoe_kcu_d2h(hsq.data(), sq, (size_t)n * 4));
-            void *st = nullptr;
-            if (a->saved_gate || a->saved_up) {
-                CK(R.dalloc(r, &st, (size_t)(n * F) * as));
-                hbuf.resize((size_t)(n * F) * as);
-            }
-            for (int which = 0; which < 2; which++) {
-                void *dst = which ? a->saved_up : a->saved_gate;
-                if (!dst) continue;
-                CK(lrmoe_kcu_from_f32(n * F, which ? hu : hg, abf, st));
-                CK(lrmoe_kcu_d2h(hbuf.data(), st, hbuf.size()));
-                CK(R.sync(r));
-                for (int64_t j = 0; j < n; j++)
-                    memcpy((char *)dst + (size_t)(L.u[b0 + j] * F) * as, hbuf.data() + (size_t)(j * F) * as,
-                           (size_t)F * as);
-            }
-            CK(R.sync(r));
-            if (a->phi_sqnorm)
-                for (int64_t j = 0; j < n; j++) a->phi_sqnorm[L.u[b0 + j]] = hsq[j];
-        }
-        double t2 = lrmoe_now();
-        CK(lrmoe_kcu_gemm((int)g2.size(), g2.data()));
-        /* y rows in the storage dtype, as they travel */
-        CK(R.dalloc(r, &Yst[r], (size_t)n * rowb));
-        CK(lrmoe_kcu_from_f32(n * D, y, abf, Yst[r]));
-        CK(R.sync(r));
-        double t3 = lrmoe_now();
-        TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
-        TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+/* Rank r's n rows (from b0): the saved state h_g, h_u (storage dtype) and
+ * ||phi||^2 (sq) back to the host, by pair. */
+static int fwd_save_state(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a, int r, int64_t n,
+                          int64_t b0, const float *hg, const float *hu, const float *sq)
+{
+    const int64_t F = R.d->F;
+    const size_t as = lrmoe_dtype_size(a->act_dtype);
+    const int abf = a->act_dtype == LRMOE_BF16;
+    std::vector<float> hsq(n);
+    std::vector<char> hbuf;
+    CKR(lrmoe_kcu_d2h(hsq.data(), sq, (size_t)n * 4));
+    void *st = nullptr;
+    if (a->saved_gate || a->saved_up) {
+        CKR(R.dalloc(r, &st, (size_t)(n * F) * as));
+        hbuf.resize((size_t)(n * F) * as);
     }
+    for (int which = 0; which < 2; which++) {
+        void *dst = which ? a->saved_up : a->saved_gate;
+        if (!dst) continue;
+        CKR(lrmoe_kcu_from_f32(n * F, which ? hu : hg, abf, st));
+        CKR(lrmoe_kcu_d2h(hbuf.data(), st, hbuf.size()));
+        CKR(R.sync(r));
+        for (int64_t j = 0; j < n; j++)
+            memcpy((char *)dst + (size_t)(L.u[b0 + j] * F) * as, hbuf.data() + (size_t)(j * F) * as,
+                   (size_t)F * as);
+    }
+    CKR(R.sync(r));
+    if (a->phi_sqnorm)
+        for (int64_t j = 0; j < n; j++) a->phi_sqnorm[L.u[b0 + j]] = hsq[j];
+    return 0;
+}
 
-    /* combine: y rows back to the token owners, out_t = sum_k alpha_tk y_tk */
-    CK(exchange_rev(R, L, rowb, Yst, recv, upos, LRMOE_STAGE_COMBINE));
-    for (int s = 0; s < P; s++) {
+/* Rank r's experts on its rows X (layout order, storage dtype):
+ * h_g, h_u = x W^T (F32), phi = silu(h_g) h_u, y = phi W_down^T; *Yst gets
+ * the y rows in the storage dtype, as they travel. */
+static int fwd_experts(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a, int r, const void *X,
+                       void **Yst)
+{
+    double *tim = R.tim;
+    const int64_t E = R.d->E, D = R.d->D, F = R.d->F;
+    const lrmoe_dtype_t adt = a->act_dtype;
+    const size_t rowb = (size_t)D * lrmoe_dtype_size(adt);
+    int64_t n = L.base[r + 1] - L.base[r], b0 = L.base[r];
+    if (!n) return 0;
+    double t0 = lrmoe_now();
+    const uint16_t *xb;
+    float *hg, *hu, *phi, *sq, *y;
+    uint16_t *phib;
+    CKR(as_bf16(R, r, adt, X, n * D, &xb));
+    CKR(R.dalloc(r, &hg, (size_t)(n * F) * 4));
+    CKR(R.dalloc(r, &hu, (size_t)(n * F) * 4));
+    CKR(R.dalloc(r, &phi, (size_t)(n * F) * 4));
+    CKR(R.dalloc(r, &phib, (size_t)(n * F) * 2));
+    CKR(R.dalloc(r, &sq, (size_t)n * 4));
+    CKR(R.dalloc(r, &y, (size_t)(n * D) * 4));
+    std::vector<lrmoe_gemm_t> g1, g2;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t c = L.cnt[r * E + e], i0 = L.seg[r * E + e] - b0;
+        if (!c) continue;
+        const uint16_t *W = R.rk[r].wbf[e];
+        size_t FD = (size_t)(F * D);
+        // x is (c,D), W_gate/W_up are (F,D): h = x W^T is (c,F)
+        g1.push_back(G(c, F, D, 0, 1, xb + i0 * D, D, W, D, hg + i0 * F, F, 0.0f));
+        g1.push_back(G(c, F, D, 0, 1, xb + i0 * D, D, W + FD, D, hu + i0 * F, F, 0.0f));
+        // phi is (c,F), W_down is (D,F): y = phi W_down^T is (c,D)
+        g2.push_back(G(c, D, F, 0, 1, phib + i0 * F, F, W + 2 * FD, F, y + i0 * D, D, 0.0f));
+    }
+    CKR(lrmoe_kcu_gemm((int)g1.size(), g1.data()));
+    CKR(R.sync(r));
+    double t1 = lrmoe_now();
+    CKR(lrmoe_kcu_swiglu_fwd(n, F, hg, hu, phi, sq));
+    CKR(lrmoe_kcu_f32_to_bf16(n * F, phi, phib));
+    CKR(fwd_save_state(R, L, a, r, n, b0, hg, hu, sq));
+    double t2 = lrmoe_now();
+    CKR(lrmoe_kcu_gemm((int)g2.size(), g2.data()));
+    CKR(R.dalloc(r, Yst, (size_t)n * rowb));
+    CKR(lrmoe_kcu_from_f32(n * D, y, adt == LRMOE_BF16, *Yst));
+    CKR(R.sync(r));
+    double t3 = lrmoe_now();
+    TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
+    TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+    return 0;
+}
+
+/* Forward combine on each owner s, after the reverse exchange (recv[s], upos):
+ * out_t = sum_k alpha_tk y_tk, and the pair rows y_u when asked. */
+static int fwd_combine(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a,
+                       const std::vector<void *> &recv, const std::vector<int64_t> &upos)
+{
+    double *tim = R.tim;
+    const int64_t K = R.d->K, D = R.d->D;
+    const int abf = a->act_dtype == LRMOE_BF16;
+    const size_t rowb = (size_t)D * lrmoe_dtype_size(a->act_dtype);
+    for (int s = 0; s < R.P; s++) {
         if (!R.loc(s)) continue;
         double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
@@ -599,28 +611,67 @@ extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_
         float *yf, *al, *o;
         int64_t *drow;
         void *ost;
-        CK(R.dalloc(s, &yf, (size_t)(nr * D) * 4));
-        CK(R.dalloc(s, &al, (size_t)(nt * K) * 4));
-        CK(R.dalloc(s, &drow, (size_t)(nt * K) * 8));
-        CK(R.dalloc(s, &o, (size_t)(nt * D) * 4));
-        CK(R.dalloc(s, &ost, (size_t)nt * rowb));
-        CK(lrmoe_kcu_to_f32(nr * D, abf, recv[s], yf));
-        CK(lrmoe_kcu_h2d(al, a->topk_weights + rs.t_lo * K, (size_t)(nt * K) * 4));
-        CK(lrmoe_kcu_h2d(drow, row.data(), (size_t)(nt * K) * 8));
-        CK(lrmoe_kcu_combine(nt, (int)K, D, al, drow, yf, o));
-        CK(lrmoe_kcu_from_f32(nt * D, o, abf, ost));
-        CK(lrmoe_kcu_d2h((char *)a->output + (size_t)rs.t_lo * rowb, ost, (size_t)nt * rowb));
+        CKR(R.dalloc(s, &yf, (size_t)(nr * D) * 4));
+        CKR(R.dalloc(s, &al, (size_t)(nt * K) * 4));
+        CKR(R.dalloc(s, &drow, (size_t)(nt * K) * 8));
+        CKR(R.dalloc(s, &o, (size_t)(nt * D) * 4));
+        CKR(R.dalloc(s, &ost, (size_t)nt * rowb));
+        CKR(lrmoe_kcu_to_f32(nr * D, abf, recv[s], yf));
+        CKR(lrmoe_kcu_h2d(al, a->topk_weights + rs.t_lo * K, (size_t)(nt * K) * 4));
+        CKR(lrmoe_kcu_h2d(drow, row.data(), (size_t)(nt * K) * 8));
+        CKR(lrmoe_kcu_combine(nt, (int)K, D, al, drow, yf, o));
+        CKR(lrmoe_kcu_from_f32(nt * D, o, abf, ost));
+        CKR(lrmoe_kcu_d2h((char *)a->output + (size_t)rs.t_lo * rowb, ost, (size_t)nt * rowb));
         if (a->pair_out) {
             std::vector<char> h((size_t)nr * rowb);
-            CK(lrmoe_kcu_d2h(h.data(), recv[s], h.size()));
-            CK(R.sync(s));
+            CKR(lrmoe_kcu_d2h(h.data(), recv[s], h.size()));
+            CKR(R.sync(s));
             for (int64_t j = 0; j < nt * K; j++)
                 memcpy((char *)a->pair_out + (size_t)(rs.t_lo * K + j) * rowb,
                        h.data() + (size_t)row[j] * rowb, rowb);
         }
-        CK(R.sync(s));
+        CKR(R.sync(s));
         TIM(s, LRMOE_STAGE_COMBINE) += lrmoe_now() - t0;
     }
+    return 0;
+}
+
+} /* namespace */
+
+extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                                       const lrmoe_exec_weights_t *w,
+                                       const lrmoe_exec_plan_t *plan, lrmoe_exec_fwd_t *a,
+                                       double *timings)
+{
+    if (check_common(d, w) < 0 || act_ok(a->act_dtype, "hidden") < 0) return -1;
+    if (!a->hidden || !a->topk_ids || !a->topk_weights || !a->output || !a->pair_rank)
+        return lrmoe_err("forward: missing hidden, topk_ids, topk_weights, output or pair_rank");
+    const int P = d->P;
+    if (lrmoe_exec_check_fwd_inputs(cfg, d, a) < 0) return -1;
+    const uint8_t *placement = plan ? plan->placement : NULL;
+    if (lrmoe_exec_assign(d->T, d->K, d->E, P, a->topk_ids, plan ? plan->fwd_alloc : NULL,
+                          placement, a->pair_rank) < 0)
+        return -1;
+    std::vector<double> tloc;
+    double *tim = stage_times(P, timings, tloc);
+
+    layout_t L;
+    run_t R;
+    int rc = -1;
+    const size_t rowb = (size_t)d->D * lrmoe_dtype_size(a->act_dtype);
+    std::vector<void *> sendb(P, nullptr), X(P, nullptr), Yst(P, nullptr), recv(P, nullptr);
+    std::vector<int64_t> upos;
+    CK(layout_pairs(L, P, d->T, d->K, d->E, a->topk_ids, a->pair_rank));
+    CK(run_init(R, cfg, d, tim));
+    CK(load_weights(R, w, L, placement));
+    /* dispatch: token rows to the ranks; experts; combine: y rows back to
+     * the token owners */
+    CK(fwd_dispatch(R, L, a, rowb, sendb));
+    CK(exchange_fwd(R, L, rowb, sendb, X, LRMOE_STAGE_DISPATCH));
+    for (int r = 0; r < P; r++)
+        if (R.loc(r)) CK(fwd_experts(R, L, a, r, X[r], &Yst[r]));
+    CK(exchange_rev(R, L, rowb, Yst, recv, upos, LRMOE_STAGE_COMBINE));
+    CK(fwd_combine(R, L, a, recv, upos));
     rc = 0;
 out:
     run_free(R);
@@ -629,66 +680,91 @@ out:
 
 /* ---------------------------------------------------------------- backward */
 
-extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                                        const lrmoe_exec_weights_t *w,
-                                        const lrmoe_exec_plan_t *plan, lrmoe_exec_bwd_t *a,
-                                        double *timings)
+namespace {
+
+static int bwd_check(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                     const lrmoe_exec_weights_t *w, const lrmoe_exec_bwd_t *a)
 {
     if (check_common(d, w) < 0 || act_ok(a->act_dtype, "saved state") < 0 ||
         act_ok(a->grad_dtype, "grad_output") < 0)
         return -1;
-    const int64_t T = d->T, K = d->K, E = d->E, D = d->D, F = d->F;
-    const int P = d->P;
-    const lrmoe_dtype_t adt = a->act_dtype;
-    const size_t as = lrmoe_dtype_size(adt);
-    const int abf = adt == LRMOE_BF16, gbf = a->grad_dtype == LRMOE_BF16;
-    const size_t gs = lrmoe_dtype_size(a->grad_dtype);
-    const int compact = a->mode == LRMOE_MODE_COMPACT, masked = a->mode == LRMOE_MODE_MASKED;
+    const int64_t T = d->T, K = d->K, E = d->E;
     if (!a->topk_ids || !a->topk_weights || !a->grad_output || !a->pair_out || !a->grad_hidden ||
         !a->grad_w_gate || !a->grad_w_up || !a->grad_w_down || !a->grad_topk_weights)
         return lrmoe_err("backward: missing topk_ids, topk_weights, grad_output, pair_out "
                          "or an output array");
-    if (!compact && (!a->hidden || !a->pair_rank || !a->saved_gate || !a->saved_up))
+    if (a->mode != LRMOE_MODE_COMPACT &&
+        (!a->hidden || !a->pair_rank || !a->saved_gate || !a->saved_up))
         return lrmoe_err("backward %s: needs hidden, pair_rank, saved_gate and saved_up",
                          lrmoe_exec_mode_name(a->mode));
-    if (masked && !a->keep) return lrmoe_err("backward masked: needs keep");
+    if (a->mode == LRMOE_MODE_MASKED && !a->keep) return lrmoe_err("backward masked: needs keep");
     for (int64_t u = 0; u < T * K; u++)
         if (a->topk_ids[u] < 0 || a->topk_ids[u] >= E)
             return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
                              (long long)(u / K), (long long)(u % K), a->topk_ids[u], (long long)E);
-    if (lrmoe_exec_check_bwd_inputs(cfg, d, a) < 0) return -1;
-    const uint8_t *placement = plan ? plan->placement : NULL;
-    std::vector<double> tloc;
-    double *tim = timings;
-    if (!tim) { tloc.assign((size_t)P * LRMOE_NSTAGES, 0.0); tim = tloc.data(); }
-    else memset(tim, 0, (size_t)P * LRMOE_NSTAGES * sizeof *tim);
+    return lrmoe_exec_check_bwd_inputs(cfg, d, a) < 0 ? -1 : 0;
+}
 
-    layout_t L;
-    run_t R;
-    int rc = -1;
-    const size_t rowf = (size_t)D * 4, FD = (size_t)(F * D);
-    std::vector<void *> sendb(P, nullptr), DY(P, nullptr), DX(P, nullptr), recv(P, nullptr);
-    std::vector<float *> gtok(P, nullptr);         /* (T_s, D) f32 g on its owner */
-    std::vector<float *> wgrad((size_t)P * E, nullptr); /* (3*FD) per instance */
-    std::vector<int64_t> upos;
-    if (compact) {
-        CK(layout_packed(L, P, T, K, E, a->topk_ids, a, placement));
-    } else {
-        CK(layout_pairs(L, P, T, K, E, a->topk_ids, a->pair_rank));
-        if (placement)
-            for (int64_t u = 0; u < T * K; u++)
-                if (!placement[(int64_t)a->topk_ids[u] * P + a->pair_rank[u]]) {
-                    lrmoe_err("pair_rank[%lld,%lld]: rank %d holds no instance of expert %d",
-                              (long long)(u / K), (long long)(u % K), a->pair_rank[u], a->topk_ids[u]);
-                    goto out;
-                }
+/* The rows of the backward: lrmoe-pack's (compact), else the forward's
+ * pairs, each on a rank that holds an instance of its expert. */
+static int bwd_layout(layout_t &L, const lrmoe_exec_dims_t *d, const lrmoe_exec_bwd_t *a,
+                      const uint8_t *placement)
+{
+    const int64_t T = d->T, K = d->K, E = d->E;
+    const int P = d->P;
+    if (a->mode == LRMOE_MODE_COMPACT) return layout_packed(L, P, T, K, E, a->topk_ids, a, placement);
+    CKR(layout_pairs(L, P, T, K, E, a->topk_ids, a->pair_rank));
+    if (placement)
+        for (int64_t u = 0; u < T * K; u++)
+            if (!placement[(int64_t)a->topk_ids[u] * P + a->pair_rank[u]])
+                return lrmoe_err("pair_rank[%lld,%lld]: rank %d holds no instance of expert %d",
+                                 (long long)(u / K), (long long)(u % K), a->pair_rank[u],
+                                 a->topk_ids[u]);
+    return 0;
+}
+
+/* Owner s's dy rows alpha_u g_t into send (send order rows, pairs u), zeroed
+ * where keep_u == 0 when masked; g is s's (T_s, D) F32 gradient. */
+static int bwd_dispatch_pairs(run_t &R, const layout_t &L, const lrmoe_exec_bwd_t *a, int s,
+                              const std::vector<int64_t> &rows, const float *g, float *send)
+{
+    const int64_t K = R.d->K, D = R.d->D;
+    const int masked = a->mode == LRMOE_MODE_MASKED;
+    rank_t &rs = R.rk[s];
+    int64_t nt = rs.t_hi - rs.t_lo, ns = (int64_t)rows.size();
+    std::vector<int64_t> idx(ns);
+    std::vector<uint8_t> mk(ns);
+    for (int64_t j = 0; j < ns; j++) {
+        int64_t u = L.u[rows[j]];
+        idx[j] = u - rs.t_lo * K;
+        mk[j] = masked ? (a->keep[u] != 0) : 1;
     }
-    CK(run_init(R, cfg, d, tim));
-    CK(load_weights(R, w, L, placement));
+    float *al;
+    int64_t *didx;
+    uint8_t *dmk;
+    CKR(R.dalloc(s, &al, (size_t)(nt * K) * 4));
+    CKR(R.dalloc(s, &didx, (size_t)ns * 8));
+    CKR(lrmoe_kcu_h2d(al, a->topk_weights + rs.t_lo * K, (size_t)(nt * K) * 4));
+    CKR(lrmoe_kcu_h2d(didx, idx.data(), (size_t)ns * 8));
+    CKR(lrmoe_kcu_pack_gather_scaled(didx, ns, (int)K, D, g, al, send));
+    if (masked) {
+        CKR(R.dalloc(s, &dmk, (size_t)ns));
+        CKR(lrmoe_kcu_h2d(dmk, mk.data(), (size_t)ns));
+        CKR(lrmoe_kcu_mask_rows(ns, D, dmk, send));
+    }
+    return 0;
+}
 
-    /* dispatch: dy rows (F32) from the token owners to the ranks: alpha_u g_t
-     * (masked: zero where keep_u == 0), compact: the pack_grad rows */
-    for (int s = 0; s < P; s++) {
+/* Backward dispatch on each owner s: grad_output to F32 (gtok[s], kept for
+ * the router gradient), and the dy rows (F32) in send order into sendb[s]:
+ * alpha_u g_t (masked: zero where keep_u == 0), compact: the pack_grad rows. */
+static int bwd_dispatch(run_t &R, const layout_t &L, const lrmoe_exec_bwd_t *a,
+                        std::vector<float *> &gtok, std::vector<void *> &sendb)
+{
+    double *tim = R.tim;
+    const int64_t D = R.d->D;
+    const size_t rowf = (size_t)D * 4, gs = lrmoe_dtype_size(a->grad_dtype);
+    for (int s = 0; s < R.P; s++) {
         if (!R.loc(s)) continue;
         double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
@@ -696,148 +772,186 @@ extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe
         std::vector<int64_t> rows = send_rows(L, s);
         int64_t ns = (int64_t)rows.size();
         void *graw;
-        CK(R.dalloc(s, &graw, (size_t)nt * D * gs));
-        CK(R.dalloc(s, &gtok[s], (size_t)nt * rowf));
-        CK(R.dalloc(s, &sendb[s], (size_t)ns * rowf));
-        CK(lrmoe_kcu_h2d(graw, (const char *)a->grad_output + (size_t)(rs.t_lo * D) * gs,
-                         (size_t)nt * D * gs));
-        CK(lrmoe_kcu_to_f32(nt * D, gbf, graw, gtok[s]));
-        if (compact) {
+        CKR(R.dalloc(s, &graw, (size_t)nt * D * gs));
+        CKR(R.dalloc(s, &gtok[s], (size_t)nt * rowf));
+        CKR(R.dalloc(s, &sendb[s], (size_t)ns * rowf));
+        CKR(lrmoe_kcu_h2d(graw, (const char *)a->grad_output + (size_t)(rs.t_lo * D) * gs,
+                          (size_t)nt * D * gs));
+        CKR(lrmoe_kcu_to_f32(nt * D, a->grad_dtype == LRMOE_BF16, graw, gtok[s]));
+        if (a->mode == LRMOE_MODE_COMPACT) {
             /* the packed gradient rows this owner holds, in send order */
             std::vector<float> h((size_t)(ns ? ns : 1) * D);
             for (int64_t j = 0; j < ns; j++)
                 memcpy(&h[(size_t)j * D], a->pack_grad + rows[j] * D, rowf);
-            CK(lrmoe_kcu_h2d(sendb[s], h.data(), (size_t)ns * rowf));
-            CK(R.sync(s));
+            CKR(lrmoe_kcu_h2d(sendb[s], h.data(), (size_t)ns * rowf));
         } else if (ns) {
-            std::vector<int64_t> idx(ns);
-            std::vector<uint8_t> mk(ns);
-            for (int64_t j = 0; j < ns; j++) {
-                int64_t u = L.u[rows[j]];
-                idx[j] = u - rs.t_lo * K;
-                mk[j] = masked ? (a->keep[u] != 0) : 1;
-            }
-            float *al;
-            int64_t *didx;
-            uint8_t *dmk;
-            CK(R.dalloc(s, &al, (size_t)(nt * K) * 4));
-            CK(R.dalloc(s, &didx, (size_t)ns * 8));
-            CK(lrmoe_kcu_h2d(al, a->topk_weights + rs.t_lo * K, (size_t)(nt * K) * 4));
-            CK(lrmoe_kcu_h2d(didx, idx.data(), (size_t)ns * 8));
-            CK(lrmoe_kcu_pack_gather_scaled(didx, ns, (int)K, D, gtok[s], al, (float *)sendb[s]));
-            if (masked) {
-                CK(R.dalloc(s, &dmk, (size_t)ns));
-                CK(lrmoe_kcu_h2d(dmk, mk.data(), (size_t)ns));
-                CK(lrmoe_kcu_mask_rows(ns, D, dmk, (float *)sendb[s]));
-            }
-            CK(R.sync(s));
-        } else {
-            CK(R.sync(s));
+            CKR(bwd_dispatch_pairs(R, L, a, s, rows, gtok[s], (float *)sendb[s]));
         }
+        CKR(R.sync(s));
         TIM(s, LRMOE_STAGE_DISPATCH) += lrmoe_now() - t0;
     }
-    CK(exchange_fwd(R, L, rowf, sendb, DY, LRMOE_STAGE_DISPATCH));
+    return 0;
+}
 
-    /* experts, rank by rank */
-    for (int r = 0; r < P; r++) {
-        if (!R.loc(r)) continue;
-        int64_t n = L.base[r + 1] - L.base[r], b0 = L.base[r];
-        double t0 = lrmoe_now();
-        /* weight-gradient buffers of every instance with rows; the owner of an
-         * expert without local rows gets zeros */
-        for (int64_t e = 0; e < E; e++) {
-            int nat = lrmoe_exec_native(e, E, P);
-            if (L.cnt[r * E + e] == 0 && nat != r) continue;
-            CK(R.dalloc(r, &wgrad[(size_t)r * E + e], 3 * FD * 4));
-            if (L.cnt[r * E + e] == 0) CK(lrmoe_kcu_memset(wgrad[(size_t)r * E + e], 0, 3 * FD * 4));
-        }
-        if (!n) {
-            CK(R.sync(r));
-            TIM(r, LRMOE_STAGE_GEMM) += lrmoe_now() - t0;
-            continue;
-        }
-        /* saved state of the rows, gathered where the rows run */
-        void *xs, *gst, *ust;
-        CK(R.dalloc(r, &xs, (size_t)(n * D) * as));
-        CK(R.dalloc(r, &gst, (size_t)(n * F) * as));
-        CK(R.dalloc(r, &ust, (size_t)(n * F) * as));
-        if (compact) {
-            CK(lrmoe_kcu_h2d(xs, (const char *)a->pack_hidden + (size_t)(b0 * D) * as, (size_t)(n * D) * as));
-            CK(lrmoe_kcu_h2d(gst, (const char *)a->pack_gate + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
-            CK(lrmoe_kcu_h2d(ust, (const char *)a->pack_up + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
-        } else {
-            std::vector<char> hx((size_t)(n * D) * as), hg_((size_t)(n * F) * as), hu_((size_t)(n * F) * as);
-            for (int64_t j = 0; j < n; j++) {
-                int64_t u = L.u[b0 + j];
-                memcpy(&hx[(size_t)(j * D) * as], (const char *)a->hidden + (size_t)((u / K) * D) * as, (size_t)D * as);
-                memcpy(&hg_[(size_t)(j * F) * as], (const char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F * as);
-                memcpy(&hu_[(size_t)(j * F) * as], (const char *)a->saved_up + (size_t)(u * F) * as, (size_t)F * as);
-            }
-            CK(lrmoe_kcu_h2d(xs, hx.data(), hx.size()));
-            CK(lrmoe_kcu_h2d(gst, hg_.data(), hg_.size()));
-            CK(lrmoe_kcu_h2d(ust, hu_.data(), hu_.size()));
-            CK(R.sync(r)); /* host staging buffers go out of scope */
-        }
-        const uint16_t *xb;
-        uint16_t *dyb, *phib, *dgb, *dub;
-        float *dphi;
-        CK(as_bf16(R, r, adt, xs, n * D, &xb));
-        CK(R.dalloc(r, &dyb, (size_t)(n * D) * 2));
-        CK(lrmoe_kcu_f32_to_bf16(n * D, (const float *)DY[r], dyb));
-        CK(R.dalloc(r, &dphi, (size_t)(n * F) * 4));
-        CK(R.dalloc(r, &phib, (size_t)(n * F) * 2));
-        CK(R.dalloc(r, &dgb, (size_t)(n * F) * 2));
-        CK(R.dalloc(r, &dub, (size_t)(n * F) * 2));
-        DX[r] = DY[r]; /* dx (n,D) F32 overwrites dy: dy lives on as dyb */
-        std::vector<lrmoe_gemm_t> g1, g2, g3;
-        for (int64_t e = 0; e < E; e++) {
-            int64_t c = L.cnt[r * E + e], i0 = L.seg[r * E + e] - b0;
-            if (!c) continue;
-            const uint16_t *W = R.rk[r].wbf[e];
-            float *gw = wgrad[(size_t)r * E + e];
-            // dy is (c,D), W_down is (D,F): dphi = dy W_down is (c,F)
-            g1.push_back(G(c, F, D, 0, 0, dyb + i0 * D, D, W + 2 * FD, F, dphi + i0 * F, F, 0.0f));
-            // grad W_down (D,F) = dy^T phi: the retained rows are the K dimension
-            g2.push_back(G(D, F, c, 1, 0, dyb + i0 * D, D, phib + i0 * F, F, gw + 2 * FD, F, 0.0f));
-            // grad W_gate, W_up (F,D) = dg^T x, du^T x
-            g2.push_back(G(F, D, c, 1, 0, dgb + i0 * F, F, xb + i0 * D, D, gw, D, 0.0f));
-            g2.push_back(G(F, D, c, 1, 0, dub + i0 * F, F, xb + i0 * D, D, gw + FD, D, 0.0f));
-            // dx (c,D) = dg W_gate + du W_up
-            g2.push_back(G(c, D, F, 0, 0, dgb + i0 * F, F, W, D, (float *)DX[r] + i0 * D, D, 0.0f));
-            g3.push_back(G(c, D, F, 0, 0, dub + i0 * F, F, W + FD, D, (float *)DX[r] + i0 * D, D, 1.0f));
-        }
-        CK(lrmoe_kcu_gemm((int)g1.size(), g1.data()));
-        CK(R.sync(r));
-        double t1 = lrmoe_now();
-        if (abf) {
-            /* BF16 saved state: dg, du, phi straight to BF16 operands (the
-             * same F32 arithmetic as below, without F32 copies in memory) */
-            CK(lrmoe_kcu_swiglu_bwd_bf16(n, F, (const uint16_t *)gst, (const uint16_t *)ust, dphi,
-                                         dgb, dub, phib));
-        } else {
-            float *dg, *du, *phi;
-            CK(R.dalloc(r, &dg, (size_t)(n * F) * 4));
-            CK(R.dalloc(r, &du, (size_t)(n * F) * 4));
-            CK(R.dalloc(r, &phi, (size_t)(n * F) * 4));
-            CK(lrmoe_kcu_swiglu_bwd(n, F, (const float *)gst, (const float *)ust, dphi, dg, du, phi));
-            CK(lrmoe_kcu_f32_to_bf16(n * F, phi, phib));
-            CK(lrmoe_kcu_f32_to_bf16(n * F, dg, dgb));
-            CK(lrmoe_kcu_f32_to_bf16(n * F, du, dub));
-        }
-        CK(R.sync(r));
-        double t2 = lrmoe_now();
-        /* g2 writes dx while reading dyb only, so dx may overwrite dy (F32) */
-        CK(lrmoe_kcu_gemm((int)g2.size(), g2.data()));
-        CK(lrmoe_kcu_gemm((int)g3.size(), g3.data())); /* after g2: accumulates into dx */
-        CK(R.sync(r));
-        double t3 = lrmoe_now();
-        TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
-        TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+/* Rank r's weight-gradient buffers (3 F*D F32) of every instance with rows;
+ * the owner of an expert without local rows gets zeros. */
+static int bwd_wgrad_alloc(run_t &R, const layout_t &L, int r, std::vector<float *> &wgrad)
+{
+    const int64_t E = R.d->E;
+    const size_t FD = (size_t)(R.d->F * R.d->D);
+    for (int64_t e = 0; e < E; e++) {
+        int nat = lrmoe_exec_native(e, E, R.P);
+        if (L.cnt[r * E + e] == 0 && nat != r) continue;
+        CKR(R.dalloc(r, &wgrad[(size_t)r * E + e], 3 * FD * 4));
+        if (L.cnt[r * E + e] == 0) CKR(lrmoe_kcu_memset(wgrad[(size_t)r * E + e], 0, 3 * FD * 4));
     }
+    return 0;
+}
 
-    /* gradient reduction: helpers send their weight gradients to the owner,
-     * which adds them in ascending helper rank; then the owners' sums go to
-     * the host */
+/* The saved state of rank r's n rows (from b0), gathered where the rows run:
+ * x (n,D), h_g and h_u (n,F), storage dtype, on the device. */
+static int bwd_saved_state(run_t &R, const layout_t &L, const lrmoe_exec_bwd_t *a, int r,
+                           int64_t n, int64_t b0, void **xs, void **gst, void **ust)
+{
+    const int64_t K = R.d->K, D = R.d->D, F = R.d->F;
+    const size_t as = lrmoe_dtype_size(a->act_dtype);
+    CKR(R.dalloc(r, xs, (size_t)(n * D) * as));
+    CKR(R.dalloc(r, gst, (size_t)(n * F) * as));
+    CKR(R.dalloc(r, ust, (size_t)(n * F) * as));
+    if (a->mode == LRMOE_MODE_COMPACT) {
+        CKR(lrmoe_kcu_h2d(*xs, (const char *)a->pack_hidden + (size_t)(b0 * D) * as, (size_t)(n * D) * as));
+        CKR(lrmoe_kcu_h2d(*gst, (const char *)a->pack_gate + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
+        CKR(lrmoe_kcu_h2d(*ust, (const char *)a->pack_up + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
+        return 0;
+    }
+    std::vector<char> hx((size_t)(n * D) * as), hg_((size_t)(n * F) * as), hu_((size_t)(n * F) * as);
+    for (int64_t j = 0; j < n; j++) {
+        int64_t u = L.u[b0 + j];
+        memcpy(&hx[(size_t)(j * D) * as], (const char *)a->hidden + (size_t)((u / K) * D) * as, (size_t)D * as);
+        memcpy(&hg_[(size_t)(j * F) * as], (const char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F * as);
+        memcpy(&hu_[(size_t)(j * F) * as], (const char *)a->saved_up + (size_t)(u * F) * as, (size_t)F * as);
+    }
+    CKR(lrmoe_kcu_h2d(*xs, hx.data(), hx.size()));
+    CKR(lrmoe_kcu_h2d(*gst, hg_.data(), hg_.size()));
+    CKR(lrmoe_kcu_h2d(*ust, hu_.data(), hu_.size()));
+    return R.sync(r); /* host staging buffers go out of scope */
+}
+
+/* Device operands of rank r's backward GEMMs (rows in layout order). */
+struct bwd_ops_t {
+    const uint16_t *xb;        /* x (n,D) BF16 */
+    const uint16_t *dyb;       /* dy (n,D) BF16 */
+    const uint16_t *phib, *dgb, *dub; /* phi, dg, du (n,F) BF16 */
+    float *dphi;               /* (n,F) */
+    float *dx;                 /* (n,D) F32 */
+};
+
+/* Rank r's GEMMs, expert by expert: g1 dphi; g2 the weight gradients and
+ * dx = dg W_gate; g3 dx += du W_up (after g2). */
+static void bwd_gemms(const run_t &R, const layout_t &L, int r, const bwd_ops_t &o,
+                      const std::vector<float *> &wgrad, std::vector<lrmoe_gemm_t> &g1,
+                      std::vector<lrmoe_gemm_t> &g2, std::vector<lrmoe_gemm_t> &g3)
+{
+    const int64_t E = R.d->E, D = R.d->D, F = R.d->F;
+    const size_t FD = (size_t)(F * D);
+    const int64_t b0 = L.base[r];
+    for (int64_t e = 0; e < E; e++) {
+        int64_t c = L.cnt[r * E + e], i0 = L.seg[r * E + e] - b0;
+        if (!c) continue;
+        const uint16_t *W = R.rk[r].wbf[e];
+        float *gw = wgrad[(size_t)r * E + e];
+        // dy is (c,D), W_down is (D,F): dphi = dy W_down is (c,F)
+        g1.push_back(G(c, F, D, 0, 0, o.dyb + i0 * D, D, W + 2 * FD, F, o.dphi + i0 * F, F, 0.0f));
+        // grad W_down (D,F) = dy^T phi: the retained rows are the K dimension
+        g2.push_back(G(D, F, c, 1, 0, o.dyb + i0 * D, D, o.phib + i0 * F, F, gw + 2 * FD, F, 0.0f));
+        // grad W_gate, W_up (F,D) = dg^T x, du^T x
+        g2.push_back(G(F, D, c, 1, 0, o.dgb + i0 * F, F, o.xb + i0 * D, D, gw, D, 0.0f));
+        g2.push_back(G(F, D, c, 1, 0, o.dub + i0 * F, F, o.xb + i0 * D, D, gw + FD, D, 0.0f));
+        // dx (c,D) = dg W_gate + du W_up
+        g2.push_back(G(c, D, F, 0, 0, o.dgb + i0 * F, F, W, D, o.dx + i0 * D, D, 0.0f));
+        g3.push_back(G(c, D, F, 0, 0, o.dub + i0 * F, F, W + FD, D, o.dx + i0 * D, D, 1.0f));
+    }
+}
+
+/* SwiGLU backward of rank r's n rows: dg, du, phi as BF16 GEMM operands. */
+static int bwd_swiglu(run_t &R, int r, int64_t n, int abf, const void *gst, const void *ust,
+                      const float *dphi, uint16_t *dgb, uint16_t *dub, uint16_t *phib)
+{
+    const int64_t F = R.d->F;
+    if (abf) {
+        /* BF16 saved state: dg, du, phi straight to BF16 operands (the
+         * same F32 arithmetic as below, without F32 copies in memory) */
+        return lrmoe_kcu_swiglu_bwd_bf16(n, F, (const uint16_t *)gst, (const uint16_t *)ust, dphi,
+                                         dgb, dub, phib);
+    }
+    float *dg, *du, *phi;
+    CKR(R.dalloc(r, &dg, (size_t)(n * F) * 4));
+    CKR(R.dalloc(r, &du, (size_t)(n * F) * 4));
+    CKR(R.dalloc(r, &phi, (size_t)(n * F) * 4));
+    CKR(lrmoe_kcu_swiglu_bwd(n, F, (const float *)gst, (const float *)ust, dphi, dg, du, phi));
+    CKR(lrmoe_kcu_f32_to_bf16(n * F, phi, phib));
+    CKR(lrmoe_kcu_f32_to_bf16(n * F, dg, dgb));
+    CKR(lrmoe_kcu_f32_to_bf16(n * F, du, dub));
+    return 0;
+}
+
+/* Rank r's experts on its dy rows DY (layout order, F32): the weight
+ * gradients into wgrad, and dx (n,D) F32 into *DX, which overwrites DY. */
+static int bwd_experts(run_t &R, const layout_t &L, const lrmoe_exec_bwd_t *a, int r, void *DY,
+                       void **DX, std::vector<float *> &wgrad)
+{
+    double *tim = R.tim;
+    const int64_t D = R.d->D, F = R.d->F;
+    const int abf = a->act_dtype == LRMOE_BF16;
+    int64_t n = L.base[r + 1] - L.base[r], b0 = L.base[r];
+    double t0 = lrmoe_now();
+    CKR(bwd_wgrad_alloc(R, L, r, wgrad));
+    if (!n) {
+        CKR(R.sync(r));
+        TIM(r, LRMOE_STAGE_GEMM) += lrmoe_now() - t0;
+        return 0;
+    }
+    void *xs, *gst, *ust;
+    CKR(bwd_saved_state(R, L, a, r, n, b0, &xs, &gst, &ust));
+    const uint16_t *xb;
+    uint16_t *dyb, *phib, *dgb, *dub;
+    float *dphi;
+    CKR(as_bf16(R, r, a->act_dtype, xs, n * D, &xb));
+    CKR(R.dalloc(r, &dyb, (size_t)(n * D) * 2));
+    CKR(lrmoe_kcu_f32_to_bf16(n * D, (const float *)DY, dyb));
+    CKR(R.dalloc(r, &dphi, (size_t)(n * F) * 4));
+    CKR(R.dalloc(r, &phib, (size_t)(n * F) * 2));
+    CKR(R.dalloc(r, &dgb, (size_t)(n * F) * 2));
+    CKR(R.dalloc(r, &dub, (size_t)(n * F) * 2));
+    *DX = DY; /* dx (n,D) F32 overwrites dy: dy lives on as dyb */
+    std::vector<lrmoe_gemm_t> g1, g2, g3;
+    bwd_gemms(R, L, r, bwd_ops_t{xb, dyb, phib, dgb, dub, dphi, (float *)*DX}, wgrad, g1, g2, g3);
+    CKR(lrmoe_kcu_gemm((int)g1.size(), g1.data()));
+    CKR(R.sync(r));
+    double t1 = lrmoe_now();
+    CKR(bwd_swiglu(R, r, n, abf, gst, ust, dphi, dgb, dub, phib));
+    CKR(R.sync(r));
+    double t2 = lrmoe_now();
+    /* g2 writes dx while reading dyb only, so dx may overwrite dy (F32) */
+    CKR(lrmoe_kcu_gemm((int)g2.size(), g2.data()));
+    CKR(lrmoe_kcu_gemm((int)g3.size(), g3.data())); /* after g2: accumulates into dx */
+    CKR(R.sync(r));
+    double t3 = lrmoe_now();
+    TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
+    TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+    return 0;
+}
+
+/* Gradient reduction: helpers send their weight gradients to the owner,
+ * which adds them in ascending helper rank; then the owners' sums go to the
+ * host. */
+static int bwd_gradred(run_t &R, const layout_t &L, lrmoe_exec_bwd_t *a,
+                       const std::vector<float *> &wgrad)
+{
+    double *tim = R.tim;
+    const int P = R.P;
+    const int64_t E = R.d->E;
+    const size_t FD = (size_t)(R.d->F * R.d->D);
     for (int64_t e = 0; e < E; e++) {
         int nat = lrmoe_exec_native(e, E, P);
         float *own = wgrad[(size_t)nat * E + e];
@@ -847,31 +961,40 @@ extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe
              * that rank lives in another process) */
             if (p == nat || L.cnt[(size_t)p * E + e] == 0 || (!R.loc(p) && !R.loc(nat))) continue;
             double t0 = lrmoe_now();
-            if (R.loc(nat) && !rb) CK(R.dalloc(nat, &rb, 3 * FD * 4));
-            CK(R.cm->p2p(R.cm, p, R.loc(p) ? wgrad[(size_t)p * E + e] : nullptr, nat, rb,
-                         3 * FD * 4));
+            if (R.loc(nat) && !rb) CKR(R.dalloc(nat, &rb, 3 * FD * 4));
+            CKR(R.cm->p2p(R.cm, p, R.loc(p) ? wgrad[(size_t)p * E + e] : nullptr, nat, rb,
+                          3 * FD * 4));
             double t1 = lrmoe_now();
             if (R.loc(p)) TIM(p, LRMOE_STAGE_GRADRED) += t1 - t0;
             if (!R.loc(nat)) continue;
-            CK(R.use(nat));
-            CK(lrmoe_kcu_add((int64_t)(3 * FD), rb, own));
-            CK(R.sync(nat));
+            CKR(R.use(nat));
+            CKR(lrmoe_kcu_add((int64_t)(3 * FD), rb, own));
+            CKR(R.sync(nat));
             TIM(nat, LRMOE_STAGE_GRADRED) += lrmoe_now() - t0;
         }
         if (!R.loc(nat)) continue;
         double t0 = lrmoe_now();
-        CK(R.use(nat));
-        CK(lrmoe_kcu_d2h(a->grad_w_gate + e * FD, own, FD * 4));
-        CK(lrmoe_kcu_d2h(a->grad_w_up + e * FD, own + FD, FD * 4));
-        CK(lrmoe_kcu_d2h(a->grad_w_down + e * FD, own + 2 * FD, FD * 4));
-        CK(R.sync(nat));
+        CKR(R.use(nat));
+        CKR(lrmoe_kcu_d2h(a->grad_w_gate + e * FD, own, FD * 4));
+        CKR(lrmoe_kcu_d2h(a->grad_w_up + e * FD, own + FD, FD * 4));
+        CKR(lrmoe_kcu_d2h(a->grad_w_down + e * FD, own + 2 * FD, FD * 4));
+        CKR(R.sync(nat));
         TIM(nat, LRMOE_STAGE_GRADRED) += lrmoe_now() - t0;
     }
+    return 0;
+}
 
-    /* combine: dx rows back to the token owners; grad_hidden_t = sum_k dx_tk
-     * (ascending k); router gradient g_t . y_u over all pairs */
-    CK(exchange_rev(R, L, rowf, DX, recv, upos, LRMOE_STAGE_COMBINE));
-    for (int s = 0; s < P; s++) {
+/* Backward combine on each owner s, after the reverse exchange (recv[s],
+ * upos): grad_hidden_t = sum_k dx_tk (ascending k); the router gradient
+ * g_t . y_u over all pairs (gtok[s]: g in F32). */
+static int bwd_combine(run_t &R, lrmoe_exec_bwd_t *a,
+                       const std::vector<void *> &recv, const std::vector<int64_t> &upos,
+                       const std::vector<float *> &gtok)
+{
+    double *tim = R.tim;
+    const int64_t K = R.d->K, D = R.d->D;
+    const size_t rowf = (size_t)D * 4, as = lrmoe_dtype_size(a->act_dtype);
+    for (int s = 0; s < R.P; s++) {
         if (!R.loc(s)) continue;
         double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
@@ -883,27 +1006,63 @@ extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe
         float *on, *gh, *yf, *gtw;
         int64_t *drow, *did;
         void *yst;
-        CK(R.dalloc(s, &on, (size_t)(nt * K) * 4));
-        CK(R.dalloc(s, &drow, (size_t)(nt * K) * 8));
-        CK(R.dalloc(s, &did, (size_t)(nt * K) * 8));
-        CK(R.dalloc(s, &gh, (size_t)nt * rowf));
-        CK(R.dalloc(s, &yst, (size_t)(nt * K) * D * as));
-        CK(R.dalloc(s, &yf, (size_t)(nt * K) * rowf));
-        CK(R.dalloc(s, &gtw, (size_t)(nt * K) * 4));
-        CK(lrmoe_kcu_h2d(on, ones.data(), (size_t)(nt * K) * 4));
-        CK(lrmoe_kcu_h2d(drow, row.data(), (size_t)(nt * K) * 8));
-        CK(lrmoe_kcu_h2d(did, ident.data(), (size_t)(nt * K) * 8));
+        CKR(R.dalloc(s, &on, (size_t)(nt * K) * 4));
+        CKR(R.dalloc(s, &drow, (size_t)(nt * K) * 8));
+        CKR(R.dalloc(s, &did, (size_t)(nt * K) * 8));
+        CKR(R.dalloc(s, &gh, (size_t)nt * rowf));
+        CKR(R.dalloc(s, &yst, (size_t)(nt * K) * D * as));
+        CKR(R.dalloc(s, &yf, (size_t)(nt * K) * rowf));
+        CKR(R.dalloc(s, &gtw, (size_t)(nt * K) * 4));
+        CKR(lrmoe_kcu_h2d(on, ones.data(), (size_t)(nt * K) * 4));
+        CKR(lrmoe_kcu_h2d(drow, row.data(), (size_t)(nt * K) * 8));
+        CKR(lrmoe_kcu_h2d(did, ident.data(), (size_t)(nt * K) * 8));
         /* 1.0f * row is exact: this is the plain ascending-k sum */
-        CK(lrmoe_kcu_combine(nt, (int)K, D, on, drow, (const float *)recv[s], gh));
-        CK(lrmoe_kcu_d2h(a->grad_hidden + rs.t_lo * D, gh, (size_t)nt * rowf));
-        CK(lrmoe_kcu_h2d(yst, (const char *)a->pair_out + (size_t)(rs.t_lo * K * D) * as,
-                         (size_t)(nt * K) * D * as));
-        CK(lrmoe_kcu_to_f32(nt * K * D, abf, yst, yf));
-        CK(lrmoe_kcu_pair_dot(nt, (int)K, D, gtok[s], did, yf, gtw));
-        CK(lrmoe_kcu_d2h(a->grad_topk_weights + rs.t_lo * K, gtw, (size_t)(nt * K) * 4));
-        CK(R.sync(s));
+        CKR(lrmoe_kcu_combine(nt, (int)K, D, on, drow, (const float *)recv[s], gh));
+        CKR(lrmoe_kcu_d2h(a->grad_hidden + rs.t_lo * D, gh, (size_t)nt * rowf));
+        CKR(lrmoe_kcu_h2d(yst, (const char *)a->pair_out + (size_t)(rs.t_lo * K * D) * as,
+                          (size_t)(nt * K) * D * as));
+        CKR(lrmoe_kcu_to_f32(nt * K * D, a->act_dtype == LRMOE_BF16, yst, yf));
+        CKR(lrmoe_kcu_pair_dot(nt, (int)K, D, gtok[s], did, yf, gtw));
+        CKR(lrmoe_kcu_d2h(a->grad_topk_weights + rs.t_lo * K, gtw, (size_t)(nt * K) * 4));
+        CKR(R.sync(s));
         TIM(s, LRMOE_STAGE_COMBINE) += lrmoe_now() - t0;
     }
+    return 0;
+}
+
+} /* namespace */
+
+extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                                        const lrmoe_exec_weights_t *w,
+                                        const lrmoe_exec_plan_t *plan, lrmoe_exec_bwd_t *a,
+                                        double *timings)
+{
+    if (bwd_check(cfg, d, w, a) < 0) return -1;
+    const int P = d->P;
+    const uint8_t *placement = plan ? plan->placement : NULL;
+    std::vector<double> tloc;
+    double *tim = stage_times(P, timings, tloc);
+
+    layout_t L;
+    run_t R;
+    int rc = -1;
+    const size_t rowf = (size_t)d->D * 4;
+    std::vector<void *> sendb(P, nullptr), DY(P, nullptr), DX(P, nullptr), recv(P, nullptr);
+    std::vector<float *> gtok(P, nullptr);              /* (T_s, D) f32 g on its owner */
+    std::vector<float *> wgrad((size_t)P * d->E, nullptr); /* (3*FD) per instance */
+    std::vector<int64_t> upos;
+    CK(bwd_layout(L, d, a, placement));
+    CK(run_init(R, cfg, d, tim));
+    CK(load_weights(R, w, L, placement));
+    /* dispatch: dy rows to the ranks; experts, rank by rank; gradient
+     * reduction; combine: dx rows back to the token owners */
+    CK(bwd_dispatch(R, L, a, gtok, sendb));
+    CK(exchange_fwd(R, L, rowf, sendb, DY, LRMOE_STAGE_DISPATCH));
+    for (int r = 0; r < P; r++)
+        if (R.loc(r)) CK(bwd_experts(R, L, a, r, DY[r], &DX[r], wgrad));
+    CK(bwd_gradred(R, L, a, wgrad));
+    CK(exchange_rev(R, L, rowf, DX, recv, upos, LRMOE_STAGE_COMBINE));
+    CK(bwd_combine(R, a, recv, upos, gtok));
     rc = 0;
 out:
     run_free(R);
