@@ -326,7 +326,8 @@ PY
 }
 
 @test "planning threads that end without lrmoe_plan_thread_cleanup leak nothing (scratch plans and GLPK's environment freed at thread exit; ASan's leak checker)" {
-    cc -std=c11 -O1 -g -D_GNU_SOURCE -fsanitize=address -I"$TOP/lib" -o "$T/pt" \
+    # under make check SANITIZE=1 the archive is the ASan + UBSan build
+    cc -std=c11 -O1 -g -D_GNU_SOURCE -fsanitize=address${SANITIZE:+,undefined} -I"$TOP/lib" -o "$T/pt" \
         "$BATS_TEST_DIRNAME/lib/plan_threads.c" "$(BD)/liblrmoe.a" -lzstd -ljansson -lglpk -lm \
         -lpthread -ldl
     # the leak report on standard error (the sanitized pass's log_path would hide it)
