@@ -45,16 +45,6 @@ void lrmoe_exec_free(lrmoe_exec_t *x)
     free(x);
 }
 
-static int int_opt(const char *name, const char *v, int64_t lo, int64_t hi, int *out)
-{
-    int64_t n;
-    char opt[64];
-    snprintf(opt, sizeof opt, "%s", name);
-    if (lrmoe_parse_i64(opt, v, lo, hi, &n) < 0) return -1;
-    *out = (int)n;
-    return 0;
-}
-
 int lrmoe_exec_set(lrmoe_exec_t *x, const char *name, const char *value)
 {
     static const char *const names[] = {"phase", "mode", "weights", "backend", "compute",
@@ -80,25 +70,25 @@ int lrmoe_exec_set(lrmoe_exec_t *x, const char *name, const char *value)
         rc = lrmoe_compute_parse(value, &cm) < 0 ? lrmoe_err_prefix("compute") : 0;
         if (!rc) o.cfg.compute = (int)cm;
     } else if (!strcmp(name, "ranks")) {
-        rc = int_opt("ranks", value, 1, 4096, &o.ranks);
+        rc = lrmoe_parse_int("ranks", value, 1, 4096, &o.ranks);
     } else if (!strcmp(name, "threads")) {
-        rc = int_opt("threads", value, 0, 4096, &o.cfg.threads);
+        rc = lrmoe_parse_int("threads", value, 0, 4096, &o.cfg.threads);
     } else if (!strcmp(name, "rank-threads")) {
-        rc = int_opt("rank-threads", value, 1, 4096, &o.cfg.rank_threads);
+        rc = lrmoe_parse_int("rank-threads", value, 1, 4096, &o.cfg.rank_threads);
     } else if (!strcmp(name, "gpus")) {
-        rc = int_opt("gpus", value, 0, 4096, &o.cfg.gpus);
+        rc = lrmoe_parse_int("gpus", value, 0, 4096, &o.cfg.gpus);
     } else if (!strcmp(name, "device")) {
-        rc = int_opt("device", value, 0, 4096, &o.cfg.device);
+        rc = lrmoe_parse_int("device", value, 0, 4096, &o.cfg.device);
     } else if (!strcmp(name, "gemm")) {
         lrmoe_exec_gemm_t g;
         rc = lrmoe_exec_gemm_parse(value, &g) < 0 ? lrmoe_err_prefix("gemm") : 0;
         if (!rc) o.cfg.gemm = (int)g;
     } else if (!strcmp(name, "gemm-streams")) {
-        rc = int_opt("gemm-streams", value, 1, 8, &o.cfg.gemm_streams);
+        rc = lrmoe_parse_int("gemm-streams", value, 1, 8, &o.cfg.gemm_streams);
     } else if (!strcmp(name, "repeat")) {
-        rc = int_opt("repeat", value, 1, 1000, &o.repeat);
+        rc = lrmoe_parse_int("repeat", value, 1, 1000, &o.repeat);
     } else if (!strcmp(name, "warmup")) {
-        rc = int_opt("warmup", value, 0, 1000, &o.warmup);
+        rc = lrmoe_parse_int("warmup", value, 0, 1000, &o.warmup);
     } else if (!strcmp(name, "clock")) {
         if (!strcmp(value, "cpu")) o.cfg.cpu_clock = 1;
         else if (!strcmp(value, "wall")) o.cfg.cpu_clock = 0;

@@ -17,14 +17,6 @@
 
 static int is(const char *name, const char *want) { return !strcmp(name, want); }
 
-static int set_int(const char *name, const char *v, int64_t lo, int64_t hi, int *out)
-{
-    int64_t n;
-    if (lrmoe_parse_i64(name, v, lo, hi, &n) < 0) return -1;
-    *out = (int)n;
-    return 0;
-}
-
 /* a weights stream for a handle: read now (a missing file fails at the set) */
 static int set_weights(lrmoe_weights_t *w, int *have, const char *path)
 {
@@ -75,7 +67,7 @@ int lrmoe_route_set(lrmoe_route_t *r, const char *name, const char *value)
     int64_t v;
     int rc = 0;
     if (is(name, "topk")) {
-        rc = set_int("topk", value, 1, INT32_MAX, &o.ro.k);
+        rc = lrmoe_parse_int("topk", value, 1, INT32_MAX, &o.ro.k);
         o.k_given = 1;
     } else if (is(name, "router")) {
         rc = lrmoe_route_parse_router(value, &o.ro.router);
@@ -85,11 +77,11 @@ int lrmoe_route_set(lrmoe_route_t *r, const char *name, const char *value)
         rc = lrmoe_parse_f64("scale", value, -1e30, 1e30, &d);
         o.ro.scale = d;
     } else if (is(name, "groups")) {
-        rc = set_int("groups", value, 1, INT32_MAX, &o.ro.groups);
+        rc = lrmoe_parse_int("groups", value, 1, INT32_MAX, &o.ro.groups);
     } else if (is(name, "topk-groups")) {
-        rc = set_int("topk-groups", value, 1, INT32_MAX, &o.ro.topk_groups);
+        rc = lrmoe_parse_int("topk-groups", value, 1, INT32_MAX, &o.ro.topk_groups);
     } else if (is(name, "threads")) {
-        rc = set_int("threads", value, 1, 4096, &o.ro.threads);
+        rc = lrmoe_parse_int("threads", value, 1, 4096, &o.ro.threads);
     } else if (is(name, "ranks")) {
         rc = lrmoe_parse_i64("ranks", value, 1, INT32_MAX, &v);
         o.ranks = v;
@@ -164,7 +156,7 @@ int lrmoe_score_set(lrmoe_score_t *s, const char *name, const char *value)
         rc = lrmoe_parse_i64("seed", value, 0, INT64_MAX, &v);
         o.seed = (uint64_t)v;
     } else if (is(name, "threads")) {
-        rc = set_int("threads", value, 1, 4096, &o.threads);
+        rc = lrmoe_parse_int("threads", value, 1, 4096, &o.threads);
     } else if (is(name, "fidelity")) {
         o.fidelity = 1;
     } else if (is(name, "weights")) {
@@ -260,8 +252,8 @@ int lrmoe_pack_set(lrmoe_pack_t *p, const char *name, const char *value)
         else return lrmoe_err("alloc: '%s' is not auto, plan or forward", value);
         return 0;
     }
-    if (is(name, "ranks")) return set_int("ranks", value, 1, 1 << 20, &p->o.P);
-    if (is(name, "threads")) return set_int("threads", value, 1, 4096, &p->o.threads);
+    if (is(name, "ranks")) return lrmoe_parse_int("ranks", value, 1, 1 << 20, &p->o.P);
+    if (is(name, "threads")) return lrmoe_parse_int("threads", value, 1, 4096, &p->o.threads);
     if (is(name, "strip")) {
         p->o.strip = 1;
         return 0;

@@ -109,3 +109,11 @@ int lrmoe_parse_opt_name(const char *stage, const char *const *names, const char
     return lrmoe_err("%s: unknown option '%s' (the long options of lrmoe-%s(1)%s: %s)", stage,
                      name, stage, strcmp(stage, "pack") ? "" : " that pack a frame", list);
 }
+
+int lrmoe_parse_int(const char *name, const char *s, int64_t lo, int64_t hi, int *out)
+{
+    int64_t v;
+    if (lrmoe_parse_i64(name, s, lo, hi, &v) < 0) return -1;
+    *out = (int)v;
+    return 0;
+}
