@@ -373,25 +373,17 @@ class Exec:
         check(lib.lrmoe_backend_parse(cstr("backend", str(backend)), ctypes.byref(b)),
               "backend")
         # lrmoe-exec's ranges: --ranks 0..4096 (0: the plan's), --threads 0..1024
-        opts = [("weights", cstr("weights", weights)), ("phase", phase.encode()),
-                ("backend", str(backend).encode())]
+        opts = [("weights", cstr("weights", weights)), ("phase", phase),
+                ("backend", str(backend))]
         if phase == "backward":  # the forward has no modes
-            opts.append(("mode", str(mode).encode()))
+            opts.append(("mode", str(mode)))
         nranks = i32("ranks", ranks, 0, 4096)
         if nranks:
-            opts.append(("ranks", str(nranks).encode()))
-        opts.append(("threads", str(i32("threads", threads, 0, 1024)).encode()))
+            opts.append(("ranks", str(nranks)))
+        opts.append(("threads", str(i32("threads", threads, 0, 1024))))
         if allow_nonfinite:
             opts.append(("allow-nonfinite", None))
-        x = lib.lrmoe_exec_new()
-        if not x:
-            raise Error(_lib.errmsg())
-        self.ctx = x
-        for name, value in opts:
-            if lib.lrmoe_exec_set(x, name.encode(), value) < 0:
-                err = _lib.errmsg()
-                self.close()
-                raise Error(err)
+        self.ctx = _Handle("exec", opts)
 
     def run(self, frame: Mapping[str, Any], dtypes: Optional[Mapping[str, str]] = None
             ) -> Frame:
@@ -402,7 +394,7 @@ class Exec:
         given = dict(frame)
         cf = CFrame(Frame(given, getattr(frame, "attrs", {}),
                           {**getattr(frame, "dtypes", {}), **(dtypes or {})}))
-        check(lib.lrmoe_exec_run(self.ctx, cf.ref))
+        check(lib.lrmoe_exec_run(self.ctx.x, cf.ref))
         before = set(getattr(frame, "attrs", {}))
         out = cf.to_frame(names={n for n in cf.names() if n not in given})
         out.attrs = {k: v for k, v in out.attrs.items() if k not in before or k.startswith("exec.")}
@@ -412,7 +404,7 @@ class Exec:
         """Free the handle; run() raises Error from then on."""
         if getattr(self, "ctx", None) is not None and lib is not None:
             ctx, self.ctx = self.ctx, None
-            lib.lrmoe_exec_free(ctx)
+            ctx.close()
 
     __del__ = close
 
