@@ -65,7 +65,7 @@ LDLIBS   += $(if $(filter 1,$(HAVE_DNNL)),-ldnnl -lgomp)
 # kernels/*.cu go into liblrmoe.a (the tools, tests/gpu) and into the module
 # liblrmoe-cuda.so.1 (with kernels/module.c), the only object linked against
 # cudart/cublas/nccl: liblrmoe.so.1 dlopens it on first use of the CUDA
-# backend (lib/cuda_module.c, kernels/cuda_module.h), so a Python user's
+# backend (lib/cuda_module.c, lib/cuda_module.h), so a Python user's
 # `import lrmoe` loads no CUDA library. tests/gpu/*.cu (kernel tests, GPU
 # bench) are built by `make` too, so a compile error anywhere in CUDA code fails it.
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null))

@@ -1,4 +1,4 @@
-/* liblrmoe-cuda.so.1's C part (kernels/cuda_module.h): its entry point, and
+/* liblrmoe-cuda.so.1's C part (lib/cuda_module.h): its entry point, and
  * liblrmoe's functions that the kernels call, forwarded to the liblrmoe that
  * loaded the module. The error message is liblrmoe's thread-local one, so
  * lrmoe_errmsg() after a failed CUDA call reads what the kernels reported.
@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include "cuda_module.h"
+#include "kcu.h"
 
 static const lrmoe_cuda_host_t *host;
 

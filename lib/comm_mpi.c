@@ -442,7 +442,8 @@ int lrmoe_comm_mpi_gatherv(lrmoe_comm_t *c, size_t row_bytes, const void *sendbu
 
 #ifdef LRMOE_HAVE_CUDA
 #include <unistd.h>
-#include "../kernels/comm_cuda.h"
+#include "comm_cuda.h"
+#include "cuda_module.h"
 
 static int bcast_cb(void *buf, size_t n, void *arg)
 {

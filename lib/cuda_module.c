@@ -1,5 +1,5 @@
 /* liblrmoe.so.1's loader of the CUDA module liblrmoe-cuda.so.1
- * (kernels/cuda_module.h): the CUDA entry points of liblrmoe are
+ * (lib/cuda_module.h): the CUDA entry points of liblrmoe are
  * trampolines that load the module once, on first use, and call through
  * its table. A module that does not load is one error, the same for every
  * call: "backend cuda: cannot load the CUDA module PATH: WHY".
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "../kernels/cuda_module.h"
+#include "cuda_module.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static lrmoe_cuda_module_t mod;

@@ -4,14 +4,12 @@
 #include "exec.h"
 #include "exec_internal.h"
 
-/* The CUDA entry points are linked only when the build has CUDA and the CUDA
- * backend exists (kernels/exec_cuda.cu): in liblrmoe.a the kernels'
+/* The CUDA entry points are linked only when the build has CUDA
+ * (LRMOE_HAVE_CUDA: nvcc found, kernels/ compiled): in liblrmoe.a the kernels'
  * own, in liblrmoe.so.1 the loader's, which load the module
  * liblrmoe-cuda.so.1 on first use (lib/cuda_module.c). */
-#if defined(LRMOE_HAVE_CUDA) && defined(__has_include)
-#if __has_include("../kernels/exec_cuda.cu")
+#ifdef LRMOE_HAVE_CUDA
 #define LRMOE_EXEC_CUDA 1
-#endif
 #endif
 
 int lrmoe_exec_forward(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,

@@ -16,12 +16,16 @@
 #ifndef LRMOE_COMM_CUDA_H
 #define LRMOE_COMM_CUDA_H
 
-#include "kcu.h"
+#include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 #include "comm.h"
+
+/* a CUDA device context (kernels/kcu.h) */
+typedef struct lrmoe_kcu_ctx lrmoe_kcu_ctx_t;
 
 /* ctx: (P) contexts, one per rank (devices may repeat). use_nccl: 1 force
  * NCCL (fails when devices repeat), 0 device copies, -1 NCCL when the P

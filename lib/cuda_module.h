@@ -68,6 +68,14 @@
       (lrmoe_comm_t *c, int64_t *a2a_bytes, int64_t *p2p_bytes, double *a2a_sec),           \
       (c, a2a_bytes, p2p_bytes, a2a_sec))
 
+/* Their prototypes: the kernels define them in the module; in liblrmoe.so
+ * the loader (lib/cuda_module.c) defines functions of the same names that
+ * call the module's (liblrmoe.a links the kernels' own). */
+#define LRMOE_CUDA_PROTO(ret, name, params, args) ret name params;
+#define LRMOE_CUDA_VPROTO(name, params, args) void name params;
+LRMOE_CUDA_MODULE_FUNCS(LRMOE_CUDA_PROTO)
+LRMOE_CUDA_MODULE_VOIDS(LRMOE_CUDA_VPROTO)
+
 /* liblrmoe's functions that the kernels call (besides lrmoe_err and
  * lrmoe_err_prefix, which are variadic: host.err / host.err_prefix). */
 #define LRMOE_CUDA_HOST_FUNCS(X)                                                            \
