@@ -46,10 +46,14 @@ VERSION  := $(shell sed -n 's/^\#define LRMOE_VERSION "\(.*\)"/\1/p' lib/lrmoe.h
 # functions declared in the public headers exported (build/liblrmoe.map is
 # generated from them), headers installed under $(PREFIX)/include/lrmoe/.
 PUB_HDR  := lib/lrmoe.h lib/cost.h lib/route.h lib/plan.h lib/score.h lib/pack.h \
-            lib/minpeak.h lib/exec.h $(wildcard lib/exec_frame.h) lib/api.h \
+            lib/minpeak.h lib/exec.h lib/api.h \
             lib/capacity.h lib/budget.h
 SONAME   := liblrmoe.so.1
 PICFLAGS := -fPIC
+OBJCOPY  ?= objcopy
+# the library's objects: only what the installed headers declare (their
+# `#pragma GCC visibility push(default)`) is visible outside them
+LIBVIS   := -fvisibility=hidden
 
 # ---- oneDNN: the CPU backend's BF16 expert GEMMs (lrmoe-exec --compute bf16).
 # Detected once, when the first object is compiled (after deps-build, which
@@ -134,15 +138,23 @@ deps-build:
 deps-test: deps-build
 	@$(DEPS_SH) test
 
-$(BUILD)/liblrmoe.a: $(filter-out $(CUDA_LOADER),$(LIB_OBJ)) $(CU_OBJ)
+# liblrmoe.a: the C objects (each exports only lrmoe_* names), and the CUDA
+# objects partially linked into one, cuda.o, whose C++, CUB and NVTX
+# symbols are made local once its files have resolved each other: a
+# static link sees only lrmoe_* from liblrmoe.a (tests/lib.bats).
+CUDA_A_OBJ := $(if $(CU_OBJ),$(BUILD)/kernels/cuda.o)
+$(BUILD)/kernels/cuda.o: $(CU_OBJ)
+	$(LD) -r --force-group-allocation -o $@ $^
+	$(OBJCOPY) --wildcard --keep-global-symbol='lrmoe_*' $@
+$(BUILD)/liblrmoe.a: $(filter-out $(CUDA_LOADER),$(LIB_OBJ)) $(CUDA_A_OBJ)
 	@mkdir -p $(@D)
-	$(AR) rcs $@ $^
+	rm -f $@ && $(AR) rcs $@ $^
 
 $(LIB_OBJ) $(TOOL_SRC:src/%.c=$(BUILD)/src/%.o): | deps-build
 
 $(BUILD)/lib/%.o: lib/%.c
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(PICFLAGS) -c -o $@ $<
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(PICFLAGS) $(LIBVIS) -c -o $@ $<
 
 $(BUILD)/liblrmoe.map: $(PUB_HDR) Makefile
 	@mkdir -p $(@D)
@@ -175,7 +187,7 @@ $(BUILD)/lrmoe.pc: lrmoe.pc.in Makefile $(wildcard $(BUILD)/mpi.mk)
 
 $(BUILD)/kernels/%.o: kernels/%.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -Xcompiler $(PICFLAGS) -c -o $@ $<
+	$(NVCC) $(NVCCFLAGS) -Xcompiler $(PICFLAGS) -Xcompiler $(LIBVIS) -Xcompiler -fno-gnu-unique -c -o $@ $<
 
 $(BUILD)/tests/gpu/%.o: tests/gpu/%.cu
 	@mkdir -p $(@D)

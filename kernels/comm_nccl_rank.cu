@@ -8,6 +8,7 @@
 #include <string.h>
 #include "kcu_internal.h"
 #include "comm_cuda.h"
+#include "clock.h"
 
 #define KCU_NCCL(call) do { ncclResult_t r_ = (call); if (r_ != ncclSuccess) \
     return lrmoe_err("%s: %s", kcu_callname(#call), ncclGetErrorString(r_)); } while (0)

@@ -43,6 +43,8 @@
 #include "comm_cuda.h"
 extern "C" {
 #include "exec.h"
+#include "exec_backend.h"
+#include "clock.h"
 }
 
 #define TIM(r, s) (tim[(size_t)(r) * LRMOE_NSTAGES + (s)])

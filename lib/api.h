@@ -8,6 +8,12 @@
 #ifndef LRMOE_API_H
 #define LRMOE_API_H
 
+/* Only what the installed headers declare is exported (the library is
+ * built with -fvisibility=hidden, lrmoe(3)). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 #include "lrmoe.h"
@@ -106,5 +112,9 @@ int lrmoe_plan_cfg_run(lrmoe_plan_cfg_t *c, const int64_t *load, int E, lrmoe_fr
 /* Forget the kept EPLB layouts (a new stream, or options that change a
  * layer's shape). 0, or -1 (out of memory; c keeps its layouts). */
 int lrmoe_plan_cfg_reset(lrmoe_plan_cfg_t *c);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "api.h"
 #include "plan_cli.h"
+#include "parse.h"
 
 enum { OPT_PLANNER = LRMOE_PLAN_OPT_END, OPT_RATE, OPT_BEST_EFFORT };
 

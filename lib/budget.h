@@ -14,6 +14,12 @@
 #ifndef LRMOE_BUDGET_H
 #define LRMOE_BUDGET_H
 
+/* Only what the installed headers declare is exported (the library is
+ * built with -fvisibility=hidden, lrmoe(3)). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #include <stdint.h>
 
 /* A model as the budget sees it (filled by lrmoe_budget_model_json/_file/
@@ -98,5 +104,9 @@ const char *lrmoe_budget_preset_name(int i);
  * fit is not an error: out->fits = 0, out->free_bytes < 0, out->hbm = 0. */
 int lrmoe_budget_compute(const lrmoe_budget_model_t *m, const lrmoe_budget_opts_t *o,
                          lrmoe_budget_t *out);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

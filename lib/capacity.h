@@ -17,6 +17,12 @@
 #ifndef LRMOE_CAPACITY_H
 #define LRMOE_CAPACITY_H
 
+/* Only what the installed headers declare is exported (the library is
+ * built with -fvisibility=hidden, lrmoe(3)). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #include <stdint.h>
 
 typedef enum {
@@ -47,5 +53,9 @@ int64_t lrmoe_capacity_pairs(int64_t N, int E, double factor);
 int lrmoe_capacity_keep(int64_t T, int K, int E, const int32_t *topk_ids,
                         const float *topk_weights, int64_t capacity,
                         lrmoe_capacity_policy_t policy, uint8_t *keep, int64_t *kept);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

@@ -2,6 +2,7 @@
  * bottom layer, like error.c (lrmoe(7), THE LIBRARY). */
 #include <time.h>
 #include "lrmoe.h"
+#include "clock.h"
 
 double lrmoe_now(void)
 {

@@ -4,6 +4,7 @@
 #include "lrmoe.h"
 #include "comm.h"
 #include "exec.h"
+#include "clock.h"
 
 typedef struct { double (*now)(void); } cpu_ctx_t;
 

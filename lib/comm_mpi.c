@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "clock.h"
 #include "lrmoe.h"
 #include "comm.h"
 #include "exec.h"

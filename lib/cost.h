@@ -25,6 +25,12 @@
 #ifndef LRMOE_COST_H
 #define LRMOE_COST_H
 
+/* Only what the installed headers declare is exported (the library is
+ * built with -fvisibility=hidden, lrmoe(3)). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -111,5 +117,9 @@ int lrmoe_cost_eval_slots(const lrmoe_cost_model_t *m, int E, int P,
                           const int64_t *fwd, const int64_t *quota, const int64_t *bwd,
                           const lrmoe_cost_slots_t *slots, lrmoe_rank_cost_t *rank,
                           lrmoe_cost_summary_t *sum);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

@@ -28,7 +28,9 @@
 #include <stdint.h>
 #include "comm_cuda.h"
 #include "exec.h"
+#include "exec_backend.h"
 #include "lrmoe.h"
+#include "clock.h"
 
 #define LRMOE_CUDA_MODULE_NAME "liblrmoe-cuda.so.1"
 #define LRMOE_CUDA_MODULE_ENV  "LRMOE_CUDA_MODULE"

@@ -28,6 +28,12 @@
 #ifndef LRMOE_EXEC_H
 #define LRMOE_EXEC_H
 
+/* Only what the installed headers declare is exported (the library is
+ * built with -fvisibility=hidden, lrmoe(3)). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #include <stdint.h>
 #include "lrmoe.h"
 
@@ -161,7 +167,7 @@ typedef struct {
  * pack_pair/K to p) and every expert GEMM has exactly its retained row count.
  * The saved state is taken from pack_hidden/pack_gate/pack_up (already
  * gathered at the destination by lrmoe-pack). The layout-only form
- * (lrmoe-pack --layout-only; CPU backend only, see lrmoe_exec_check_pack):
+ * (lrmoe-pack --layout-only; CPU backend in one process only):
  * pack_grad, pack_hidden, pack_gate and pack_up all NULL, and the backward
  * gathers row i from hidden[u/K], saved_gate[u], saved_up[u] and
  * alpha_u grad_output[u/K] (u = pack_pair[i]) as it copies its segments:
@@ -212,26 +218,6 @@ int lrmoe_exec_backward(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                         const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                         lrmoe_exec_bwd_t *a, double *timings);
 
-/* Backend implementations behind the two entry points (same arguments).
- * lib/exec.c (the dispatcher) routes backend CUDA to the _cuda pair only when the build
- * defines LRMOE_HAVE_CUDA and kernels/exec_cuda.cu exists (the CUDA backend
- * then must define both functions there); otherwise
- * backend CUDA fails with "this build has no CUDA support". */
-int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                           const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
-                           lrmoe_exec_fwd_t *a, double *timings);
-int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
-                            lrmoe_exec_bwd_t *a, double *timings);
-#ifdef LRMOE_HAVE_CUDA
-int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
-                            lrmoe_exec_fwd_t *a, double *timings);
-int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
-                             lrmoe_exec_bwd_t *a, double *timings);
-#endif
-
 /* ---------------------------------------------------------------- helpers */
 
 /* Native rank of expert e: the r with floor(r*E/P) <= e < floor((r+1)*E/P). */
@@ -257,24 +243,8 @@ int lrmoe_exec_critical(int P, const double *timings);
 /* 0 if all n values are finite, else -1 "NAME: non-finite value at index I". */
 int lrmoe_exec_check_finite(lrmoe_dtype_t dt, const void *x, size_t n, const char *name);
 
-/* Every floating input the phase reads (hidden, topk_weights; backward:
- * grad_output, pair_out and the mode's saved state or packed rows) must be
- * finite unless cfg->allow_nonfinite. Both backends call these. */
-int lrmoe_exec_check_fwd_inputs(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                                const lrmoe_exec_fwd_t *a);
-int lrmoe_exec_check_bwd_inputs(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                                const lrmoe_exec_bwd_t *a);
-
-/* Validate the packed rows of a compact backward (the CUDA and MPI
- * backends call it): the four row tensors must be given, then the layout
- * is checked as lrmoe_exec_check_pack_layout does. */
-int lrmoe_exec_check_pack(int P, int64_t T, int64_t K, int64_t E, const int32_t *topk,
-                          const lrmoe_exec_bwd_t *a, const uint8_t *placement);
-/* The layout alone (pack_pair, pack_rank, pack_counts, pack_offsets): the
- * CPU backend calls it, which also takes the layout-only form (no
- * pack_grad/pack_hidden/pack_gate/pack_up: the rows are read from
- * grad_output, hidden, saved_gate and saved_up by pack_pair). */
-int lrmoe_exec_check_pack_layout(int P, int64_t T, int64_t K, int64_t E, const int32_t *topk,
-                                 const lrmoe_exec_bwd_t *a, const uint8_t *placement);
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

@@ -23,8 +23,10 @@
 #include "blas.h"
 #include "comm.h"
 #include "exec.h"
+#include "exec_backend.h"
 #include "gemm_cpu.h"
 #include "swiglu.h"
+#include "clock.h"
 
 /* The stage clock: monotonic wall time, or the calling thread's CPU time
  * (cfg->cpu_clock). Set at the start of each call; one clock per process. */

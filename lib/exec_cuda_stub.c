@@ -4,6 +4,7 @@
  * cover direct callers.) With CUDA the real ones are kernels/exec_cuda.cu. */
 #ifndef LRMOE_HAVE_CUDA
 #include "exec.h"
+#include "exec_backend.h"
 
 int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,

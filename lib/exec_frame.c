@@ -11,6 +11,7 @@
 #include "exec_mpi.h"
 #include "plan.h"
 #include "pack.h"
+#include "clock.h"
 
 void lrmoe_exec_frame_opts_default(lrmoe_exec_frame_opts_t *o)
 {

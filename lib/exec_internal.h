@@ -1,6 +1,7 @@
-/* What the exec modules share below the installed headers (not installed):
- * the vectorised non-finite scan of exec_common.c, which exec_frame.c's
- * weights check also uses. */
+/* What the CPU exec modules share below the installed headers (not
+ * installed): exec_backend.h, the vectorised non-finite scan of
+ * exec_common.c (which exec_frame.c's weights check also uses) and the
+ * numerics resolution. */
 #ifndef LRMOE_EXEC_INTERNAL_H
 #define LRMOE_EXEC_INTERNAL_H
 
@@ -8,6 +9,7 @@
 #include <stdint.h>
 #include "lrmoe.h"
 #include "exec.h"
+#include "exec_backend.h"
 #include "gemm_cpu.h"
 
 /* Index of the first non-finite value of x[0..n) (BF16, F16 or F32), or -1

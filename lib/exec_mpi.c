@@ -7,6 +7,7 @@
 #include "exec_internal.h"
 #include "gemm_cpu.h"
 #include "lrmoe.h"
+#include "clock.h"
 
 struct lrmoe_exec_mpi_layer {
     int64_t layer, E, F, D;

@@ -7,6 +7,12 @@
 #ifndef LRMOE_H
 #define LRMOE_H
 
+/* Only what the installed headers declare is exported (the library is
+ * built with -fvisibility=hidden, lrmoe(3)). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -197,9 +203,6 @@ int lrmoe_reader_compressed(const lrmoe_reader_t *r);
  * (lrmoe-stream(5)); through a pipe that is an error. */
 int lrmoe_reader_plain(const lrmoe_reader_t *r);
 void lrmoe_reader_close(lrmoe_reader_t *r);
-/* The input list of a tool that reads several streams: 0, or -1 when "-"
- * (standard input, read once) is named twice. n == 0 means stdin alone. */
-int lrmoe_inputs_check(int n, char *const *paths);
 
 /* The default level: zstd level 1 on a regular file, raw (no compression) on
  * a pipe, socket, terminal or device (lrmoe(7), COMPRESSION). */
@@ -249,91 +252,21 @@ int lrmoe_weights_load(const char *path, lrmoe_weights_t *w);
 const lrmoe_frame_t *lrmoe_weights_layer(const lrmoe_weights_t *w, int64_t layer);
 void lrmoe_weights_free(lrmoe_weights_t *w);
 
-/* ---------------------------------------------------------------- tools */
+/* ---------------------------------------------------------------- utilities */
 
-/* Shared plumbing for the filters in src/ (no printing here either). */
-double lrmoe_now(void); /* monotonic seconds */
-/* Refuse to write binary to a terminal unless force. */
-int lrmoe_check_tty_out(const char *path, int force);
-/* fopen(path, "w") for a --stats/--timings table: line-buffered, so every
- * row reaches the file when it ends (a live pipeline's table can be
- * followed with tail -f, and a stage that fails keeps the rows it wrote).
- * NULL with errno set, like fopen. */
-FILE *lrmoe_tsv_open(const char *path);
-/* A tool's statistics file (--stats and the like): "-" is standard output,
- * or standard error when the tool's own output goes there (stream_out is
- * "-": its -o value, or "-" for a tool whose report is on stdout); NULL
- * stream_out: the tool writes nothing else to stdout. Line-buffered; NULL
- * with errno set. lrmoe_tsv_open(p) is lrmoe_stats_open(p, NULL). */
-FILE *lrmoe_stats_open(const char *path, const char *stream_out);
-/* Close what lrmoe_stats_open returned (flushes a standard stream, closes a
- * file): 0, or EOF on a write error. NULL is a no-op. */
-int lrmoe_stats_close(FILE *fp);
-/* A TSV cell: a tab, then attribute key of f, or NA when it is absent,
- * empty or holds a tab or newline. */
-void lrmoe_tsv_attr(FILE *fp, const lrmoe_frame_t *f, const char *key);
-
-/* The frame loop every filter runs: read each frame of `in`, call fn (which
- * may read, add, replace or delete tensors and attributes; <0 stops with its
- * error), write the frame to `out`; at a clean end write the trailer. On any
- * error the output is closed WITHOUT a trailer so the next stage fails too.
- * fn may be NULL (a plain copy). Returns frames processed, or -1. */
+/* A callback over the frames of a stream (the importers, the tools' frame
+ * loop): <0 stops with its error. */
 typedef int (*lrmoe_frame_fn)(lrmoe_frame_t *f, int64_t index, void *ctx);
-int64_t lrmoe_filter_run(const char *in, const char *out, const lrmoe_wopts_t *o,
-                         lrmoe_frame_fn fn, void *ctx);
-/* lrmoe_filter_run, and done(f, index, ctx) after each frame is written and
- * before it is cleared for the next (e.g. to take back buffers fn put in it:
- * lrmoe_exec_ctx_recycle); done may be NULL, <0 stops with its error. */
-int64_t lrmoe_filter_run_done(const char *in, const char *out, const lrmoe_wopts_t *o,
-                              lrmoe_frame_fn fn, lrmoe_frame_fn done, void *ctx);
 
-/* Standard stream options shared by every tool (getopt_long):
- *   -o, --output FILE   -l, --level N   -@, --threads N   --no-compress
- *   -f, --force  (write binary to a terminal)
- * Put LRMOE_STREAM_SHORTOPTS in the short-option string and
- * LRMOE_STREAM_LONGOPTS in the long-option table; pass every option to
- * lrmoe_io_opt(): 1 handled, 0 not a stream option, -1 bad value (error set). */
-typedef struct {
-    const char *out;   /* default "-" */
-    lrmoe_wopts_t w;
-    int force;
-} lrmoe_io_t;
-#define LRMOE_OPT_NO_COMPRESS 0x1001
-#define LRMOE_STREAM_SHORTOPTS "o:l:@:f"
-#define LRMOE_STREAM_LONGOPTS \
-    {"output", required_argument, 0, 'o'}, \
-    {"level", required_argument, 0, 'l'}, \
-    {"threads", required_argument, 0, '@'}, \
-    {"no-compress", no_argument, 0, LRMOE_OPT_NO_COMPRESS}, \
-    {"force", no_argument, 0, 'f'}
-void lrmoe_io_init(lrmoe_io_t *io);
-int lrmoe_io_opt(lrmoe_io_t *io, int c, const char *arg);
-/* Strict number parsing for option values: 0 ok, -1 with error naming opt. */
-int lrmoe_parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
-/* "N" or "A-B" (inclusive, A <= B), non-negative: frame selections. */
-int lrmoe_parse_range(const char *opt, const char *s, int64_t *lo, int64_t *hi);
-/* Frame and tensor selection of the reading tools (--frame N[-M] and
- * --tensor NAME, both repeatable; none given selects everything). */
-typedef struct {
-    int64_t (*ranges)[2];
-    int nranges;
-    int64_t last;          /* highest selected frame (INT64_MAX: all) */
-    const char **tensors;
-    int ntensors;
-    int *seen;             /* seen[k]: tensors[k] matched in some frame */
-} lrmoe_select_t;
-void lrmoe_select_init(lrmoe_select_t *s);
-int lrmoe_select_add_frames(lrmoe_select_t *s, const char *arg); /* -1: bad range */
-int lrmoe_select_add_tensor(lrmoe_select_t *s, const char *name);
-int lrmoe_select_frame(const lrmoe_select_t *s, int64_t i);
-int lrmoe_select_tensor(const lrmoe_select_t *s, const char *name); /* marks it seen */
-void lrmoe_select_free(lrmoe_select_t *s);
-int lrmoe_parse_f64(const char *opt, const char *s, double lo, double hi, double *out);
 /* A byte size or rate (BYTES, lrmoe(7)): a number, optional spaces, an
  * optional unit in any case: K, M, G, T, P alone or with iB are powers of
  * 1024 (16g = 16G = 16GiB = 16 * 2^30); with B alone powers of 1000 (16GB =
  * 16gb = 16e9); B is bytes ("1.5G", "100e9", "512 MiB"). Must be >= 0 and
  * <= 1e18. 0 ok, -1 with error naming opt. */
 int lrmoe_parse_bytes(const char *opt, const char *s, double *out);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

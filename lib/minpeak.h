@@ -5,6 +5,12 @@
 #ifndef LRMOE_MINPEAK_H
 #define LRMOE_MINPEAK_H
 
+/* Only what the installed headers declare is exported (the library is
+ * built with -fvisibility=hidden, lrmoe(3)). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #include <stdint.h>
 
 #define LRMOE_PLAN_MAX_P 16    /* closed-form T* enumerates 2^P rank subsets;
@@ -75,5 +81,9 @@ int64_t lrmoe_minpeak_quota_lb_flow(const uint8_t *placement, const int64_t *lo,
 
 /* Free GLPK's per-thread environment (lrmoe_plan_thread_cleanup calls it). */
 void lrmoe_minpeak_thread_cleanup(void);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

@@ -3,6 +3,7 @@
  * scatter-add. See pack.h for the layout and the assignment rule. */
 #include "pack.h"
 #include "par.h"
+#include "clock.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -17,6 +17,12 @@
 #ifndef LRMOE_PACK_H
 #define LRMOE_PACK_H
 
+/* Only what the installed headers declare is exported (the library is
+ * built with -fvisibility=hidden, lrmoe(3)). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #include <stdint.h>
 #include "lrmoe.h"
 
@@ -166,5 +172,9 @@ int lrmoe_pack_unpack_frame(lrmoe_frame_t *f, const char *rows_name,
 /* 0, or -1 when out_name is a tensor the unpack reads (topk_ids, pack_pair,
  * rows_name): the output would silently replace its own input. */
 int lrmoe_pack_unpack_names(const char *rows_name, const char *out_name);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

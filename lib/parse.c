@@ -10,6 +10,7 @@
 #include <string.h>
 #include "lrmoe.h"
 #include "options.h"
+#include "parse.h"
 
 int lrmoe_parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out)
 {

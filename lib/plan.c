@@ -10,6 +10,7 @@
 #include "plan.h"
 #include "plan_internal.h"
 #include "minpeak_internal.h"
+#include "clock.h"
 
 void lrmoe_plan_opts_default(lrmoe_plan_opts_t *o)
 {

@@ -14,6 +14,12 @@
 #ifndef LRMOE_PLAN_H
 #define LRMOE_PLAN_H
 
+/* Only what the installed headers declare is exported (the library is
+ * built with -fvisibility=hidden, lrmoe(3)). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #include <stdint.h>
 #include "lrmoe.h"
 #include "capacity.h"
@@ -277,5 +283,9 @@ const char *lrmoe_llep_reason_name(lrmoe_llep_reason_t r);
 int lrmoe_llep_gate(const int64_t *load, int E, int P, double lambda);
 /* The reference capacity int(alpha * (N // P)), N when N // P == 0, >= 1. */
 int64_t lrmoe_llep_capacity(int64_t N, int P, double alpha);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

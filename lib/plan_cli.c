@@ -5,6 +5,7 @@
 
 #include "plan_cli.h"
 #include "route.h"
+#include "parse.h"
 
 void lrmoe_plan_cli_init(lrmoe_plan_cli_t *c, lrmoe_plan_opts_t *o)
 {

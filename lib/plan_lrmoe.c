@@ -13,6 +13,7 @@
 #include "plan.h"
 #include "plan_internal.h"
 #include "minpeak_internal.h"
+#include "clock.h"
 
 /* ---------------------------------------------------------------- planner */
 

@@ -26,6 +26,12 @@
 #ifndef LRMOE_ROUTE_H
 #define LRMOE_ROUTE_H
 
+/* Only what the installed headers declare is exported (the library is
+ * built with -fvisibility=hidden, lrmoe(3)). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #include "lrmoe.h"
 
 typedef enum {
@@ -90,5 +96,9 @@ void lrmoe_route_load_stats(const int64_t *x, int64_t n, lrmoe_load_stats_t *s);
 /* The n most loaded entries of x (ties: lower index first) into idx; returns
  * how many were written (min(n, nx)). */
 int lrmoe_route_hottest(const int64_t *x, int64_t nx, int n, int64_t *idx);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

@@ -4,6 +4,7 @@
 #include "score.h"
 
 #include "blas.h"
+#include "clock.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

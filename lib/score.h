@@ -22,6 +22,12 @@
 #ifndef LRMOE_SCORE_H
 #define LRMOE_SCORE_H
 
+/* Only what the installed headers declare is exported (the library is
+ * built with -fvisibility=hidden, lrmoe(3)). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #include <stdint.h>
 #include "lrmoe.h"
 
@@ -219,5 +225,9 @@ typedef struct {
  * and pair_rank if present) and writes score.keep=by-rank. */
 int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
                       const lrmoe_score_opts_t *o, lrmoe_score_stats_t *st);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

@@ -2,6 +2,7 @@
  * the summary report (see sim.h). */
 #include "sim.h"
 #include "route.h"
+#include "parse.h"
 
 #include <math.h>
 #include <stdlib.h>

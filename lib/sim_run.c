@@ -13,6 +13,7 @@
 
 #include "plot.h"
 #include "sim.h"
+#include "clock.h"
 
 #define BATCH_PER_JOB 4 /* frames read ahead per worker thread */
 

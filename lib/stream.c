@@ -14,6 +14,7 @@
 #include <zstd.h>
 #include "lrmoe.h"
 #include "xxh64.h"
+#include "tools.h"
 
 static const char TRAILER_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'E', 'N', 'D'};
 /* The digest record before each frame: these 8 bytes and the XXH64 of the

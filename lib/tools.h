@@ -1,12 +1,95 @@
-/* The tools' plumbing that is not in the installed API (lib/cli.c): the
- * filter tools' common run and its hooks. Included by src/ only; nothing
- * here prints or exits: -1 with lrmoe_err set. */
+/* The tools' plumbing, not in the installed API (lib/cli.c): streams and
+ * tables, option parsing, the filter tools' common run and its hooks.
+ * Included by src/ and the modules defining these (cli.c, stream.c) only;
+ * nothing here prints or exits: -1 with lrmoe_err set. */
 #ifndef LRMOE_TOOLS_H
 #define LRMOE_TOOLS_H
 
 #include <stdio.h>
+#include "clock.h"
 #include "lrmoe.h"
+#include "parse.h"
 #include "score.h"
+
+/* ---------------------------------------------------------------- streams and tables
+ * (lib/cli.c, lib/stream.c; moved out of lrmoe.h with API 2, lrmoe(3)) */
+
+/* The input list of a tool that reads several streams: 0, or -1 when "-"
+ * (standard input, read once) is named twice. n == 0 means stdin alone. */
+int lrmoe_inputs_check(int n, char *const *paths);
+
+/* Refuse to write binary to a terminal unless force. */
+int lrmoe_check_tty_out(const char *path, int force);
+/* fopen(path, "w") for a --stats/--timings table: line-buffered, so every
+ * row reaches the file when it ends (a live pipeline's table can be
+ * followed with tail -f, and a stage that fails keeps the rows it wrote).
+ * NULL with errno set, like fopen. */
+FILE *lrmoe_tsv_open(const char *path);
+/* A tool's statistics file (--stats and the like): "-" is standard output,
+ * or standard error when the tool's own output goes there (stream_out is
+ * "-": its -o value, or "-" for a tool whose report is on stdout); NULL
+ * stream_out: the tool writes nothing else to stdout. Line-buffered; NULL
+ * with errno set. lrmoe_tsv_open(p) is lrmoe_stats_open(p, NULL). */
+FILE *lrmoe_stats_open(const char *path, const char *stream_out);
+/* Close what lrmoe_stats_open returned (flushes a standard stream, closes a
+ * file): 0, or EOF on a write error. NULL is a no-op. */
+int lrmoe_stats_close(FILE *fp);
+/* A TSV cell: a tab, then attribute key of f, or NA when it is absent,
+ * empty or holds a tab or newline. */
+void lrmoe_tsv_attr(FILE *fp, const lrmoe_frame_t *f, const char *key);
+
+/* The frame loop every filter runs: read each frame of `in`, call fn (which
+ * may read, add, replace or delete tensors and attributes; <0 stops with its
+ * error), write the frame to `out`; at a clean end write the trailer. On any
+ * error the output is closed WITHOUT a trailer so the next stage fails too.
+ * fn may be NULL (a plain copy). Returns frames processed, or -1. */
+int64_t lrmoe_filter_run(const char *in, const char *out, const lrmoe_wopts_t *o,
+                         lrmoe_frame_fn fn, void *ctx);
+/* lrmoe_filter_run, and done(f, index, ctx) after each frame is written and
+ * before it is cleared for the next (e.g. to take back buffers fn put in it:
+ * lrmoe_exec_ctx_recycle); done may be NULL, <0 stops with its error. */
+int64_t lrmoe_filter_run_done(const char *in, const char *out, const lrmoe_wopts_t *o,
+                              lrmoe_frame_fn fn, lrmoe_frame_fn done, void *ctx);
+
+/* Standard stream options shared by every tool (getopt_long):
+ *   -o, --output FILE   -l, --level N   -@, --threads N   --no-compress
+ *   -f, --force  (write binary to a terminal)
+ * Put LRMOE_STREAM_SHORTOPTS in the short-option string and
+ * LRMOE_STREAM_LONGOPTS in the long-option table; pass every option to
+ * lrmoe_io_opt(): 1 handled, 0 not a stream option, -1 bad value (error set). */
+typedef struct {
+    const char *out;   /* default "-" */
+    lrmoe_wopts_t w;
+    int force;
+} lrmoe_io_t;
+#define LRMOE_OPT_NO_COMPRESS 0x1001
+#define LRMOE_STREAM_SHORTOPTS "o:l:@:f"
+#define LRMOE_STREAM_LONGOPTS \
+    {"output", required_argument, 0, 'o'}, \
+    {"level", required_argument, 0, 'l'}, \
+    {"threads", required_argument, 0, '@'}, \
+    {"no-compress", no_argument, 0, LRMOE_OPT_NO_COMPRESS}, \
+    {"force", no_argument, 0, 'f'}
+void lrmoe_io_init(lrmoe_io_t *io);
+int lrmoe_io_opt(lrmoe_io_t *io, int c, const char *arg);
+/* Frame and tensor selection of the reading tools (--frame N[-M] and
+ * --tensor NAME, both repeatable; none given selects everything). */
+typedef struct {
+    int64_t (*ranges)[2];
+    int nranges;
+    int64_t last;          /* highest selected frame (INT64_MAX: all) */
+    const char **tensors;
+    int ntensors;
+    int *seen;             /* seen[k]: tensors[k] matched in some frame */
+} lrmoe_select_t;
+void lrmoe_select_init(lrmoe_select_t *s);
+int lrmoe_select_add_frames(lrmoe_select_t *s, const char *arg); /* -1: bad range */
+int lrmoe_select_add_tensor(lrmoe_select_t *s, const char *name);
+int lrmoe_select_frame(const lrmoe_select_t *s, int64_t i);
+int lrmoe_select_tensor(const lrmoe_select_t *s, const char *name); /* marks it seen */
+void lrmoe_select_free(lrmoe_select_t *s);
+
+/* ---------------------------------------------------------------- the filter runner */
 
 /* What a filter does to its stream (every hook may be NULL):
  *   frame    each frame before it is written (lrmoe_filter_run's fn);

@@ -8,6 +8,7 @@
 #include "budget.h"
 #include "cost.h"
 #include "lrmoe.h"
+#include "parse.h"
 
 static const char *prog = "lrmoe-budget";
 

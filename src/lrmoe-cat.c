@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "lrmoe.h"
+#include "tools.h"
 
 static void usage(FILE *fp)
 {

@@ -8,6 +8,7 @@
 
 #include "gen.h"
 #include "lrmoe.h"
+#include "tools.h"
 
 static void usage(FILE *fp)
 {

@@ -6,6 +6,7 @@
 #include "import.h"
 #include "import_hf.h"
 #include "lrmoe.h"
+#include "tools.h"
 
 static const char *prog = "lrmoe-import";
 

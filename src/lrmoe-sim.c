@@ -15,6 +15,7 @@
 #include "plan_cli.h"
 #include "plot.h"
 #include "sim.h"
+#include "tools.h"
 
 #define TOOL "lrmoe-sim"
 

@@ -54,6 +54,19 @@ setup() {
     done
 }
 
+@test "the staged liblrmoe.a defines only lrmoe_* globals (C objects hidden by default, CUDA objects' C++/CUB/NVTX symbols made local)" {
+    [ -f "$LIBD/liblrmoe.a" ]
+    syms=$(nm -g --defined-only "$LIBD/liblrmoe.a" | awk 'NF == 3 { print $3 }' | sort -u)
+    [ "$(printf '%s\n' "$syms" | wc -l)" -gt 100 ]
+    bad=$(printf '%s\n' "$syms" | grep -v '^lrmoe_' | head -20 || true)
+    [ -z "$bad" ] || fail "liblrmoe.a defines globals without the lrmoe_ prefix: $bad"
+    # the tools' plumbing and the backends are not in the installed headers
+    for s in lrmoe_now lrmoe_filter_run lrmoe_io_opt lrmoe_parse_i64 lrmoe_exec_forward_cpu \
+             lrmoe_exec_check_pack lrmoe_exec_ctx_init; do
+        ! grep -qw "$s" "$LIBD"/../include/lrmoe/*.h || fail "$s is in an installed header"
+    done
+}
+
 @test "make install stages the library, the headers, lrmoe.pc and the man3 pages" {
     local v
     v=$(sed -n 's/^#define LRMOE_VERSION "\(.*\)"/\1/p' "$BATS_TEST_DIRNAME/../lib/lrmoe.h")
@@ -209,7 +222,7 @@ PY
 BD() { echo "$TOP/${LRMOE_BUILD:-build}"; }
 cuda_build() {
     if [ -f "$(BD)/liblrmoe-cuda.so.1" ]; then return 0; fi
-    if ar t "$(BD)/liblrmoe.a" | grep -qx kcu.o; then
+    if ar t "$(BD)/liblrmoe.a" | grep -qx cuda.o; then
         fail "liblrmoe.a has the CUDA kernels but $(BD)/liblrmoe-cuda.so.1 was not built"
     fi
     skip "CPU-only build (no nvcc at build time): no CUDA module"

@@ -20,6 +20,7 @@
 #include <string.h>
 #include "lrmoe.h"
 #include "xxh64.h"
+#include "clock.h"
 
 static uint64_t s = 0x9e3779b97f4a7c15ull;
 static double unif(void)

@@ -61,7 +61,9 @@ def objects(objdir, kerndir):
     if kerndir and os.path.isdir(kerndir):
         for o in sorted(glob.glob(os.path.join(kerndir, "*.o"))):
             name = os.path.basename(o)[:-2]
-            if name != "module":
+            # module.o: the CUDA module's boundary; cuda.o: the others
+            # partially linked for liblrmoe.a (Makefile)
+            if name not in ("module", "cuda"):
                 mods["kernels/" + name] = symbols(o)
     return mods
 

@@ -38,6 +38,7 @@
 #include "plan.h"
 #include "plan_internal.h"
 #include "minpeak_internal.h"
+#include "clock.h"
 
 static uint64_t rs = 88172645463325252ull;
 static uint64_t rnd(void)

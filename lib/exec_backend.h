@@ -1,0 +1,52 @@
+/* The exec backends behind lrmoe_exec_forward and lrmoe_exec_backward, and
+ * the input checks both backends run (not installed: moved out of exec.h
+ * with API 2, lrmoe(3)). Shared by lib/exec*.c and the CUDA backend
+ * (kernels/exec_cuda.cu, lib/cuda_module.h). */
+#ifndef LRMOE_EXEC_BACKEND_H
+#define LRMOE_EXEC_BACKEND_H
+
+#include "exec.h"
+
+/* Backend implementations behind the two entry points (same arguments).
+ * lib/exec.c (the dispatcher) routes backend CUDA to the _cuda pair only
+ * when the build defines LRMOE_HAVE_CUDA (the CUDA backend then defines
+ * both); otherwise backend CUDA fails with "this build has no CUDA
+ * support". */
+int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                           const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                           lrmoe_exec_fwd_t *a, double *timings);
+int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                            lrmoe_exec_bwd_t *a, double *timings);
+#ifdef LRMOE_HAVE_CUDA
+int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                            lrmoe_exec_fwd_t *a, double *timings);
+int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                             lrmoe_exec_bwd_t *a, double *timings);
+#endif
+
+/* ---------------------------------------------------------------- input checks */
+
+/* Every floating input the phase reads (hidden, topk_weights; backward:
+ * grad_output, pair_out and the mode's saved state or packed rows) must be
+ * finite unless cfg->allow_nonfinite. Both backends call these. */
+int lrmoe_exec_check_fwd_inputs(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                                const lrmoe_exec_fwd_t *a);
+int lrmoe_exec_check_bwd_inputs(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                                const lrmoe_exec_bwd_t *a);
+
+/* Validate the packed rows of a compact backward (the CUDA and MPI
+ * backends call it): the four row tensors must be given, then the layout
+ * is checked as lrmoe_exec_check_pack_layout does. */
+int lrmoe_exec_check_pack(int P, int64_t T, int64_t K, int64_t E, const int32_t *topk,
+                          const lrmoe_exec_bwd_t *a, const uint8_t *placement);
+/* The layout alone (pack_pair, pack_rank, pack_counts, pack_offsets): the
+ * CPU backend calls it, which also takes the layout-only form (no
+ * pack_grad/pack_hidden/pack_gate/pack_up: the rows are read from
+ * grad_output, hidden, saved_gate and saved_up by pack_pair). */
+int lrmoe_exec_check_pack_layout(int P, int64_t T, int64_t K, int64_t E, const int32_t *topk,
+                                 const lrmoe_exec_bwd_t *a, const uint8_t *placement);
+
+#endif
