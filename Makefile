@@ -42,13 +42,13 @@ MANS     := $(wildcard man/man*/*.[1-9])
 LIBDIR   ?= $(PREFIX)/lib
 VERSION  := $(shell sed -n 's/^\#define LRMOE_VERSION "\(.*\)"/\1/p' lib/lrmoe.h)
 
-# ---- liblrmoe.so.1 (lrmoe(3)): the same -fPIC objects as liblrmoe.a, only the
+# ---- liblrmoe.so.2 (lrmoe(3)): the same -fPIC objects as liblrmoe.a, only the
 # functions declared in the public headers exported (build/liblrmoe.map is
 # generated from them), headers installed under $(PREFIX)/include/lrmoe/.
 PUB_HDR  := lib/lrmoe.h lib/cost.h lib/route.h lib/plan.h lib/score.h lib/pack.h \
             lib/minpeak.h lib/exec.h lib/api.h \
             lib/capacity.h lib/budget.h
-SONAME   := liblrmoe.so.1
+SONAME   := liblrmoe.so.2
 PICFLAGS := -fPIC
 OBJCOPY  ?= objcopy
 # the library's objects: only what the installed headers declare (their
@@ -68,7 +68,7 @@ LDLIBS   += $(if $(filter 1,$(HAVE_DNNL)),-ldnnl -lgomp)
 # ---- CUDA backend: built whenever nvcc is found (CUDA_HOME overridable).
 # kernels/*.cu go into liblrmoe.a (the tools, tests/gpu) and into the module
 # liblrmoe-cuda.so.1 (with kernels/module.c), the only object linked against
-# cudart/cublas/nccl: liblrmoe.so.1 dlopens it on first use of the CUDA
+# cudart/cublas/nccl: liblrmoe.so.2 dlopens it on first use of the CUDA
 # backend (lib/cuda_module.c, lib/cuda_module.h), so a Python user's
 # `import lrmoe` loads no CUDA library. tests/gpu/*.cu (kernel tests, GPU
 # bench) are built by `make` too, so a compile error anywhere in CUDA code fails it.
@@ -158,7 +158,7 @@ $(BUILD)/lib/%.o: lib/%.c
 
 $(BUILD)/liblrmoe.map: $(PUB_HDR) Makefile
 	@mkdir -p $(@D)
-	{ echo 'LRMOE_1 {'; echo '  global:'; \
+	{ echo 'LRMOE_2 {'; echo '  global:'; \
 	  perl -0777 -ne 's{/\*.*?\*/}{}gs; s{//[^\n]*}{}g; print "    $$1;\n" while /\b(lrmoe_[a-z0-9_]+)\s*\(/g' $(PUB_HDR) | sort -u; \
 	  echo '  local: *;'; echo '};'; } > $@
 
@@ -246,7 +246,7 @@ UNIT_plan     := plan plan_eplb plan_llep plan_lrmoe plan_core minpeak capacity 
                  producers dtype clock stream
 UNIT_route    := route route_scalar route_avx2 route_avx512 error dtype blas
 UNIT_swiglu   := swiglu
-# score_test is linked against liblrmoe.so.1 (it calls the public API only)
+# score_test is linked against liblrmoe.so.2 (it calls the public API only)
 $(BUILD)/unit/score_test: tests/unit/score_test.c $(BUILD)/$(SONAME)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(BUILD) -l:$(SONAME) \

@@ -3,10 +3,8 @@
 #include <string.h>
 
 #include "api.h"
-#include "budget.h"
 #include "cost.h"
 #include "exec.h"
-#include "exec_frame.h"
 #include "pack.h"
 #include "route.h"
 #include "score.h"
@@ -39,9 +37,7 @@ static const struct {
     SIZE(lrmoe_pack_opts_t), SIZE(lrmoe_pack_in_t), SIZE(lrmoe_pack_plan_t),
     SIZE(lrmoe_exec_dims_t), SIZE(lrmoe_exec_cfg_t),
     SIZE(lrmoe_exec_weights_t), SIZE(lrmoe_exec_plan_t), SIZE(lrmoe_exec_fwd_t),
-    SIZE(lrmoe_exec_bwd_t), SIZE(lrmoe_exec_frame_opts_t), SIZE(lrmoe_exec_ctx_t),
-    SIZE(lrmoe_cost_model_t), SIZE(lrmoe_cost_summary_t),
-    SIZE(lrmoe_budget_model_t), SIZE(lrmoe_budget_opts_t), SIZE(lrmoe_budget_t),
+    SIZE(lrmoe_exec_bwd_t), SIZE(lrmoe_cost_model_t), SIZE(lrmoe_cost_summary_t),
 };
 
 size_t lrmoe_abi_sizeof(const char *type)

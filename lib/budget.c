@@ -1,6 +1,6 @@
 /* budget: the per-layer memory budget of lrmoe-plan -M (budget.h,
  * lrmoe-budget(1) writes the formula down term by term). */
-#include "budget.h"
+#include "budget_internal.h"
 #include "lrmoe.h"
 
 #include <jansson.h>

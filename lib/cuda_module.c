@@ -1,10 +1,10 @@
-/* liblrmoe.so.1's loader of the CUDA module liblrmoe-cuda.so.1
+/* liblrmoe.so.2's loader of the CUDA module liblrmoe-cuda.so.1
  * (lib/cuda_module.h): the CUDA entry points of liblrmoe are
  * trampolines that load the module once, on first use, and call through
  * its table. A module that does not load is one error, the same for every
  * call: "backend cuda: cannot load the CUDA module PATH: WHY".
  *
- * Compiled into liblrmoe.so.1 and the tools (the Makefile defines
+ * Compiled into liblrmoe.so.2 and the tools (the Makefile defines
  * LRMOE_CUDA_LOADER for this object in a CUDA build; the tools link
  * $(BUILD)/liblrmoe-tools.a, the .so's objects), so neither needs a CUDA
  * library until --backend cuda; left out of the installed liblrmoe.a, where
@@ -39,7 +39,7 @@ static const lrmoe_cuda_host_t host = {
  * last one) the one opened:
  *   $LRMOE_CUDA_MODULE, when set and not empty: that path and nothing else;
  *   the module's name in the directory of the object this function is in
- *   (liblrmoe.so.1; for a tool linked with the loader, the executable);
+ *   (liblrmoe.so.2; for a tool linked with the loader, the executable);
  *   the name in each directory of the dynamic loader's search for that
  *   object, which for a tool starts with its run path ($ORIGIN/../lib of
  *   an installed tool, the build directory of an in-tree one), then

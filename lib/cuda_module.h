@@ -1,13 +1,13 @@
 /* The CUDA backend as a module of its own: liblrmoe-cuda.so.1.
  *
- * liblrmoe.so.1 has no DT_NEEDED entry for libcudart, libcublas or libnccl:
+ * liblrmoe.so.2 has no DT_NEEDED entry for libcudart, libcublas or libnccl:
  * those belong to the module (the kernels/ sources and kernels/module.c), which
  * liblrmoe dlopens (RTLD_NOW | RTLD_LOCAL) the first time a CUDA entry
  * point is called (lib/cuda_module.c). Its dependencies resolve by soname,
  * so a libnccl.so.2 or libcudart.so.13 already loaded (PyTorch's) is the
  * one the module uses. The path: $LRMOE_CUDA_MODULE when set and not empty,
  * else liblrmoe-cuda.so.1 in the directory of the object holding the loader
- * (dladdr: liblrmoe.so.1, or a tool's executable) when it exists, else the
+ * (dladdr: liblrmoe.so.2, or a tool's executable) when it exists, else the
  * bare name through the dynamic loader's search (a tool's run path:
  * $ORIGIN/../lib, then its build directory). The tools link the loader too
  * ($(BUILD)/liblrmoe-tools.a); liblrmoe.a (installed, tests/gpu) links the

@@ -6,7 +6,7 @@
 
 /* The CUDA entry points are linked only when the build has CUDA
  * (LRMOE_HAVE_CUDA: nvcc found, kernels/ compiled): in liblrmoe.a the kernels'
- * own, in liblrmoe.so.1 the loader's, which load the module
+ * own, in liblrmoe.so.2 the loader's, which load the module
  * liblrmoe-cuda.so.1 on first use (lib/cuda_module.c). */
 #ifdef LRMOE_HAVE_CUDA
 #define LRMOE_EXEC_CUDA 1

@@ -17,11 +17,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define LRMOE_VERSION "0.6.0"
+#define LRMOE_VERSION "0.7.0"
 /* the same as numbers, and as one comparable number (MAJOR*10000 +
  * MINOR*100 + PATCH): #if LRMOE_VERSION_NUMBER >= 600 ... */
 #define LRMOE_VERSION_MAJOR 0
-#define LRMOE_VERSION_MINOR 6
+#define LRMOE_VERSION_MINOR 7
 #define LRMOE_VERSION_PATCH 0
 #define LRMOE_VERSION_NUMBER \
     (LRMOE_VERSION_MAJOR * 10000 + LRMOE_VERSION_MINOR * 100 + LRMOE_VERSION_PATCH)

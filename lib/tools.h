@@ -117,6 +117,14 @@ int64_t lrmoe_filter_run_hooks(const char *in, const char *out, const lrmoe_wopt
 int lrmoe_score_frame_w(lrmoe_frame_t *f, int64_t index, const lrmoe_score_opts_t *o,
                         const lrmoe_weights_t *w, lrmoe_score_stats_t *st);
 
+/* A tool's failure: "prog: <the library's error>" on standard error, and
+ * code, the exit status to return (the tools print; the library does not). */
+static inline int lrmoe_tool_fail(const char *prog, int code)
+{
+    fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
+    return code;
+}
+
 /* -F/--frame N[-M] and -T/--tensor NAME of a tool that selects (c is
  * getopt's value): 1 handled, 0 neither, -1 a bad --frame (a usage error),
  * -2 --tensor out of memory; the error set. */

@@ -167,10 +167,8 @@ int main(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "d:O:F:T:vhV", lopts, NULL)) != -1) {
         int sel = lrmoe_select_opt(&o.sel, c, optarg);
-        if (sel < 0) {
-            fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
-            return sel == -1 ? 2 : 1;
-        }
+        if (sel < 0) /* -1: a bad --frame, a usage error */
+            return lrmoe_tool_fail(prog, sel == -1 ? 2 : 1);
         if (sel > 0)
             continue;
         switch (c) {
@@ -202,15 +200,9 @@ int main(int argc, char **argv)
         case 'v':
             o.verbose = 1;
             break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        case 'V':
-            printf("%s (lrmoe) %s\n", prog, LRMOE_VERSION);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
+        case 'h': usage(stdout); return 0;
+        case 'V': printf("%s (lrmoe) %s\n", prog, LRMOE_VERSION); return 0;
+        default: usage(stderr); return 2;
         }
     }
     if (argc - optind > 1) {

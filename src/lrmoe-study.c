@@ -1,5 +1,5 @@
 /* lrmoe-study: the launcher of the training study lrmoe.study (Python,
- * lib/python/lrmoe/study.py). It finds the package and liblrmoe.so.1 of
+ * lib/python/lrmoe/study.py). It finds the package and liblrmoe.so.2 of
  * the build tree when run from one (bin/ next to lib/python and build/),
  * else uses the installed ones, then execs the interpreter. The options,
  * --help and --version are the module's (lrmoe-study(1)). */
@@ -39,7 +39,7 @@ static int exists(const char *dir, const char *rel, char *out, size_t n)
 
 /* The build tree above the executable (TOP/bin/lrmoe-study), if any:
  * PYTHONPATH gets TOP/lib/python in front, LRMOE_LIBRARY (unless set)
- * TOP/$BUILD/liblrmoe.so.1 (BUILD: the environment's, else build). */
+ * TOP/$BUILD/liblrmoe.so.2 (BUILD: the environment's, else build). */
 static void use_build_tree(void)
 {
     char exe[PATH_MAX], top[PATH_MAX], py[PATH_MAX + 32], so[PATH_MAX + 64];
@@ -73,7 +73,7 @@ static void use_build_tree(void)
     }
     const char *build = getenv("BUILD");
     char rel[PATH_MAX];
-    snprintf(rel, sizeof rel, "%s/liblrmoe.so.1", build && *build ? build : "build");
+    snprintf(rel, sizeof rel, "%s/liblrmoe.so.2", build && *build ? build : "build");
     if (!getenv("LRMOE_LIBRARY") && exists(top, rel, so, sizeof so))
         setenv("LRMOE_LIBRARY", so, 1);
 }

@@ -707,10 +707,8 @@ int main(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "F:T:hV", lopts, NULL)) != -1) {
         int sel = lrmoe_select_opt(&o.sel, c, optarg);
-        if (sel < 0) {
-            fprintf(stderr, "%s: %s\n", prog, lrmoe_errmsg());
-            return sel == -1 ? 2 : 1;
-        }
+        if (sel < 0) /* -1: a bad --frame, a usage error */
+            return lrmoe_tool_fail(prog, sel == -1 ? 2 : 1);
         if (sel > 0)
             continue;
         switch (c) {
@@ -737,15 +735,9 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        case 'V':
-            printf("%s (lrmoe) %s\n", prog, LRMOE_VERSION);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
+        case 'h': usage(stdout); return 0;
+        case 'V': printf("%s (lrmoe) %s\n", prog, LRMOE_VERSION); return 0;
+        default: usage(stderr); return 2;
         }
     }
     int nfiles = argc - optind, rc = 0;

@@ -150,7 +150,7 @@ PY
 @test "by-rank: the Python API (lrmoe.ops.score with keep_rule) keeps what lrmoe-score keeps" {
     python3 -c 'import numpy' 2>/dev/null || skip "numpy is not installed"
     pipeline
-    run env LRMOE_LIBRARY="$BATS_TEST_DIRNAME/../build/liblrmoe.so.1" \
+    run env LRMOE_LIBRARY="$BATS_TEST_DIRNAME/../build/liblrmoe.so.2" \
         PYTHONPATH="$BATS_TEST_DIRNAME/../lib/python" python3 - "$H" "$T/f.lrm" "$T/s.lrm" <<'PY'
 import sys
 import numpy as np

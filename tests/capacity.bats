@@ -69,8 +69,8 @@ EOF
     assert_line "keep 1 1 0 1 kept 1 1 1"
 }
 
-@test "capacity: liblrmoe.so.1 exports the calls and installs capacity.h" {
-    SO="$BATS_TEST_DIRNAME/../build/liblrmoe.so.1"
+@test "capacity: liblrmoe.so.2 exports the calls and installs capacity.h" {
+    SO="$BATS_TEST_DIRNAME/../build/liblrmoe.so.2"
     syms=$(nm -D --defined-only "$SO" | awk '{ sub(/@.*/, "", $3); print $3 }')
     for s in lrmoe_capacity lrmoe_capacity_pairs lrmoe_capacity_keep \
              lrmoe_capacity_policy_parse lrmoe_capacity_policy_name \

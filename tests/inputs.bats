@@ -193,7 +193,7 @@ PY
 }
 
 @test "study: a corpus without record separators says so (and a binary one that it holds NUL bytes), not 'too small'" {
-    export LRMOE_LIBRARY="$BATS_TEST_DIRNAME/../build/liblrmoe.so.1"
+    export LRMOE_LIBRARY="$BATS_TEST_DIRNAME/../build/liblrmoe.so.2"
     head -c 300001 /dev/urandom | tr -d '%' > "$T/bin.dat"
     printf '\0' >> "$T/bin.dat"
     run "$BIN/lrmoe-study" --quick -c "$T/bin.dat" -o "$T/o"

@@ -16,16 +16,16 @@ setup_file() {
 setup() {
     TOP="$BATS_TEST_DIRNAME/.."
     BIN="$TOP/bin"
-    SO="$TOP/build/liblrmoe.so.1"
+    SO="$TOP/build/liblrmoe.so.2"
     T="$BATS_TEST_TMPDIR"
     LIBD="$STAGE$PFX/lib"
 }
 
-@test "build/liblrmoe.so.1 has soname liblrmoe.so.1 and is position independent" {
+@test "build/liblrmoe.so.2 has soname liblrmoe.so.2 and is position independent" {
     [ -f "$SO" ]
     run readelf -d "$SO"
     assert_success
-    assert_output --partial "Library soname: [liblrmoe.so.1]"
+    assert_output --partial "Library soname: [liblrmoe.so.2]"
     run readelf -h "$SO"
     assert_output --partial "DYN (Shared object file)"
     # no text relocations: every object was compiled -fPIC
@@ -35,7 +35,7 @@ setup() {
 
 @test "only lrmoe_* functions declared in the installed headers are exported" {
     syms=$(nm -D --defined-only "$SO" | awk '{ sub(/@.*/, "", $3); print $3 }' |
-        grep -v '^LRMOE_1$' | sort -u)
+        grep -v '^LRMOE_2$' | sort -u)
     n=$(printf '%s\n' "$syms" | wc -l)
     [ "$n" -gt 100 ]
     bad=$(printf '%s\n' "$syms" | grep -v '^lrmoe_' || true)
@@ -72,8 +72,8 @@ setup() {
     v=$(sed -n 's/^#define LRMOE_VERSION "\(.*\)"/\1/p' "$BATS_TEST_DIRNAME/../lib/lrmoe.h")
     [ -n "$v" ]
     [ -f "$LIBD/liblrmoe.so.$v" ] || { cat "$BATS_FILE_TMPDIR/install.log"; false; }
-    [ "$(readlink "$LIBD/liblrmoe.so.1")" = "liblrmoe.so.$v" ]
-    [ "$(readlink "$LIBD/liblrmoe.so")" = liblrmoe.so.1 ]
+    [ "$(readlink "$LIBD/liblrmoe.so.2")" = "liblrmoe.so.$v" ]
+    [ "$(readlink "$LIBD/liblrmoe.so")" = liblrmoe.so.2 ]
     [ -f "$LIBD/liblrmoe.a" ]
     for h in lrmoe.h plan.h cost.h route.h score.h pack.h exec.h api.h; do
         [ -f "$STAGE$PFX/include/lrmoe/$h" ] || fail "header $h not installed"
@@ -112,7 +112,7 @@ setup() {
     assert_success
     # the program runs against the staged .so, not the build tree's
     run env LD_LIBRARY_PATH="$LIBD" ldd "$T/plan_inproc"
-    assert_output --partial "$LIBD/liblrmoe.so.1"
+    assert_output --partial "$LIBD/liblrmoe.so.2"
     "$BIN/lrmoe-gen" --tokens 512 --experts 16 --topk 4 --hidden 64 --ffn 32 --layers 2 \
         --zipf 1.2 --seed 5 | "$BIN/lrmoe-route" -o "$T/routed.lrm"
     run env LD_LIBRARY_PATH="$LIBD" "$T/plan_inproc" "$T/routed.lrm" "$T/inproc.lrm" 4 64 32
@@ -228,8 +228,8 @@ cuda_build() {
     skip "CPU-only build (no nvcc at build time): no CUDA module"
 }
 
-@test "liblrmoe.so.1 needs no CUDA library; the CUDA module liblrmoe-cuda.so.1 does and exports only its entry point" {
-    run readelf -d "$(BD)/liblrmoe.so.1"
+@test "liblrmoe.so.2 needs no CUDA library; the CUDA module liblrmoe-cuda.so.1 does and exports only its entry point" {
+    run readelf -d "$(BD)/liblrmoe.so.2"
     assert_success
     refute_output --regexp 'NEEDED.*\[lib(cudart|cublas|cublasLt|nccl)\.so'
     cuda_build
@@ -254,7 +254,7 @@ cuda_inproc() {
     run env ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" "$@" "$T/cuda_inproc"
 }
 
-@test "make install stages liblrmoe-cuda.so.1 next to liblrmoe.so.1, which loads it from there on the first CUDA call only" {
+@test "make install stages liblrmoe-cuda.so.1 next to liblrmoe.so.2, which loads it from there on the first CUDA call only" {
     cuda_build
     [ -f "$LIBD/liblrmoe-cuda.so.1" ] || { cat "$BATS_FILE_TMPDIR/install.log"; fail "module not installed"; }
     cuda_inproc
@@ -277,8 +277,8 @@ cuda_inproc() {
     done
     refute_line --regexp '^mapped'
     # a file that is no lrmoe module
-    cuda_inproc LRMOE_CUDA_MODULE="$LIBD/liblrmoe.so.1"
-    assert_line "call 1: backend cuda: cannot load the CUDA module $LIBD/liblrmoe.so.1: it has no lrmoe_cuda_module_init (not an lrmoe CUDA module)"
+    cuda_inproc LRMOE_CUDA_MODULE="$LIBD/liblrmoe.so.2"
+    assert_line "call 1: backend cuda: cannot load the CUDA module $LIBD/liblrmoe.so.2: it has no lrmoe_cuda_module_init (not an lrmoe CUDA module)"
     # the staged library without the module next to it
     mv "$LIBD/liblrmoe-cuda.so.1" "$T/moved.so"
     cuda_inproc
@@ -464,4 +464,32 @@ PY
     assert_output "stage_inproc: alloc: 'later' is not auto, plan or forward"
     run X pack "$T/s.lrm" "$T/e.lrm" unpack
     assert_output --partial "pack: unknown option 'unpack'"
+}
+
+@test "lrmoe_budget_cfg_t: options by lrmoe-budget's long names give its --tsv rows; misuse is named" {
+    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
+    flags=$(pkg-config --cflags --libs lrmoe)
+    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
+        -o "$T/budget" "$BATS_TEST_DIRNAME/lib/budget_inproc.c" $flags
+    assert_success
+    X() { env LD_LIBRARY_PATH="$LIBD" "$T/budget" "$@"; }
+    run X preset=qwen3-30b-a3b gpu-mem=80G tp=2 pp=4 ep=8 dp=8 checkpoint=none micro-batch=2 \
+        seq=8192 reserve=5G grad-dtype=bf16 optim-bytes=8 zero1
+    assert_success
+    want=$("$BIN/lrmoe-budget" --preset qwen3-30b-a3b --gpu-mem 80G --tp 2 --pp 4 --ep 8 --dp 8 \
+        --checkpoint none --micro-batch 2 --seq 8192 --reserve 5G --grad-dtype bf16 \
+        --optim-bytes 8 --zero1 --tsv | cut -f 2-)
+    [ "$output" = "$want" ] || fail "handle rows differ from the tool's: $output vs $want"
+    run X errors
+    assert_success
+    assert_line "run: -1 budget: no model (set preset, config or config-json)"
+    assert_line --regexp "^unknown: -1 .*gpu_mem.*gpu-mem"
+    assert_line "params: -1 expert-params: set a model first"
+    assert_line "hidden: -1 budget: 'hidden' before a model is set"
+    assert_line --regexp "^preset: -1 unknown budget preset 'nope'"
+    assert_line --regexp "^tp: -1 --tp"
+    assert_line "mem: -1 budget: gpu-mem, the memory of one GPU, is required"
+    assert_line "row: none before a run"
+    assert_line "fits: -1 budget: 'fits' before a run"
+    assert_line --regexp "^ep: -1 .*ep"
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bats
 # The lrmoe Python package (lib/python): `pip install ./lib/python` works,
-# and the unittest suites of tests/python run against build/liblrmoe.so.1,
+# and the unittest suites of tests/python run against build/liblrmoe.so.2,
 # one bats test per module (stream I/O, route/plan/score/pack against the
 # tools, patch() against the Hugging Face blocks, dump() and the CLI).
 
@@ -9,7 +9,7 @@ load /usr/lib/bats/bats-assert/load
 
 setup() {
     TOP="$BATS_TEST_DIRNAME/.."
-    export LRMOE_LIBRARY="$TOP/build/liblrmoe.so.1"
+    export LRMOE_LIBRARY="$TOP/build/liblrmoe.so.2"
     export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 }
 

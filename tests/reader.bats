@@ -170,7 +170,7 @@ for i in range(2): pos = s.decode_frame(b, pos)[3]
 print(pos - 1)")
     python3 -c "import sys; f = open('$T/g.raw', 'r+b'); f.seek($off); c = f.read(1); f.seek($off); f.write(bytes([c[0] ^ 0x10]))"
     for f in g.raw g.zst; do
-        run env LRMOE_LIBRARY="$TOP/build/liblrmoe.so.1" PYTHONPATH="$TOP/lib/python" python3 -c "
+        run env LRMOE_LIBRARY="$TOP/build/liblrmoe.so.2" PYTHONPATH="$TOP/lib/python" python3 -c "
 import lrmoe
 got = []
 try:

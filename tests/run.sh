@@ -23,9 +23,9 @@ export LSAN_OPTIONS="log_path=$R/lsan:log_exe_name=1"
 # components it has unloaded, which no suppression can name), and its
 # out-of-memory fault test limits the address space below what ASan's shadow
 # needs. The plain pass runs it.
-# tests/python.bats and tests/study.bats load liblrmoe.so.1 into python3 by
+# tests/python.bats and tests/study.bats load liblrmoe.so.2 into python3 by
 # ctypes: an ASan library cannot be loaded into an interpreter that was not
-# started with the ASan runtime, so they load the plain build/liblrmoe.so.1
+# started with the ASan runtime, so they load the plain build/liblrmoe.so.2
 # in this pass too and would only repeat the plain pass (3-4 minutes of
 # torch). The tools they compare against are sanitized here by their own
 # files (route, plan, score, pack, exec, import-hf ...).

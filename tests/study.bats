@@ -164,7 +164,7 @@ RULES="lrm-topk lrm-sample uniform-sample gradnorm-topk"
 
 @test "loss figures: eight runs get eight dash patterns and point types (they read in greyscale)" {
     cd "$BATS_TEST_TMPDIR"
-    PYTHONPATH="$TOP/lib/python" LRMOE_LIBRARY="$TOP/build/liblrmoe.so.1" python3 - <<'PY'
+    PYTHONPATH="$TOP/lib/python" LRMOE_LIBRARY="$TOP/build/liblrmoe.so.2" python3 - <<'PY'
 from lrmoe.study_report import figure
 rows = lambda k: [{"step": s, "val_loss": 3.0 - 0.1 * s - 0.01 * k, "gpu_model_s": 1e-4,
                    "moe_fwd_cpu_s": 0.01, "moe_bwd_cpu_s": 0.01} for s in range(10)]

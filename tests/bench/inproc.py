@@ -18,7 +18,7 @@ import time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(TOP, "lib", "python"))
-os.environ.setdefault("LRMOE_LIBRARY", os.path.join(TOP, "build", "liblrmoe.so.1"))
+os.environ.setdefault("LRMOE_LIBRARY", os.path.join(TOP, "build", "liblrmoe.so.2"))
 
 import torch  # noqa: E402
 import transformers as tf  # noqa: E402

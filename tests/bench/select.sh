@@ -33,7 +33,7 @@ bin/lrmoe-route --renorm $raw "$tmp/g.lrm" | bin/lrmoe-plan -P 8 --planner fixed
 have_torch=0
 if python3 -c 'import torch, transformers' 2>/dev/null; then
     have_torch=1
-    LRMOE_LIBRARY="$PWD/build/liblrmoe.so.1" PYTHONPATH="$PWD/lib/python" python3 - "$tmp" <<'PY'
+    LRMOE_LIBRARY="$PWD/build/liblrmoe.so.2" PYTHONPATH="$PWD/lib/python" python3 - "$tmp" <<'PY'
 import sys
 import torch
 import transformers as tf

@@ -5,7 +5,7 @@
 #  2. lrmoe-exec --backend cuda against --backend cpu on the same streams:
 #     forward, and backward full, masked and compact (LOOP and GROUPED GEMMs,
 #     P = 1, 3, 4, BF16 and F32 storage).
-#  3. the in-process forward through liblrmoe.so.1 and its CUDA module
+#  3. the in-process forward through liblrmoe.so.2 and its CUDA module
 #     (tests/gpu/inproc.py) against lrmoe-exec's, with and without torch
 #     imported first.
 # Exit 0 when every check ran and passed, 1 when any check fails, and 77
@@ -116,19 +116,19 @@ for dt in $DTS; do
     done
 done
 
-# in-process: liblrmoe.so.1 loads the CUDA module on the first CUDA call;
+# in-process: liblrmoe.so.2 loads the CUDA module on the first CUDA call;
 # its forward equals the tool's (f32, P=4: the last of the loop above), and
 # again with torch imported first (the module then on torch's CUDA libraries)
 if [ -n "$FAKE" ]; then
     echo "skip in-process: fake device"
-elif [ -f "$BUILD/liblrmoe-cuda.so.1" ] && [ -f "$BUILD/liblrmoe.so.1" ]; then
+elif [ -f "$BUILD/liblrmoe-cuda.so.1" ] && [ -f "$BUILD/liblrmoe.so.2" ]; then
     for first in plain torch; do
-        step "in-process forward cuda (liblrmoe.so.1 + module, $first) = lrmoe-exec cuda" \
-            env LRMOE_LIBRARY="$BUILD/liblrmoe.so.1" PYTHONPATH=lib/python \
+        step "in-process forward cuda (liblrmoe.so.2 + module, $first) = lrmoe-exec cuda" \
+            env LRMOE_LIBRARY="$BUILD/liblrmoe.so.2" PYTHONPATH=lib/python \
             python3 tests/gpu/inproc.py "$T/pl.lrm" "$T/w.lrm" "$T/fg.lrm" 4 cuda $first
     done
 else
-    echo "skip in-process: $BUILD/liblrmoe.so.1 or $BUILD/liblrmoe-cuda.so.1 not built"
+    echo "skip in-process: $BUILD/liblrmoe.so.2 or $BUILD/liblrmoe-cuda.so.1 not built"
 fi
 
 # the real pipeline: gen | route | exec | score | pack | exec compact, cuda vs cpu

@@ -45,7 +45,7 @@ B=${DEVICE_CHECK_BUILD:-build/dev}
 
 targets() { # BUILD
     echo "bin/lrmoe-exec bin/lrmoe-gen bin/lrmoe-route bin/lrmoe-score bin/lrmoe-pack" \
-        "bin/lrmoe-plan $1/tests/gpu/test-kernels $1/tests/gpu/bench-gpu $1/liblrmoe.so.1" \
+        "bin/lrmoe-plan $1/tests/gpu/test-kernels $1/tests/gpu/bench-gpu $1/liblrmoe.so.2" \
         "$1/liblrmoe-cuda.so.1"
 }
 if [ "${1:-}" = --targets ]; then

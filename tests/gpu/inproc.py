@@ -1,4 +1,4 @@
-"""check-gpu: the CUDA backend in-process, through liblrmoe.so.1 and the
+"""check-gpu: the CUDA backend in-process, through liblrmoe.so.2 and the
 module liblrmoe-cuda.so.1 it loads on the first CUDA call (LRMOE_LIBRARY),
 against lrmoe-exec's --backend cuda forward of the same stream (the same
 kernels, linked into the tool): pair_rank exact, the rest within 1e-3 of

@@ -1,6 +1,6 @@
 """`import lrmoe` and `import torch` in the order argv[1] names
 (lrmoe-first or torch-first), then a patched block's forward and backward
-and a route call. liblrmoe.so.1 loads no CUDA library of its own: after
+and a route call. liblrmoe.so.2 loads no CUDA library of its own: after
 `import lrmoe` alone none is mapped, and when the CUDA backend's module
 loads (argv[2] = the frame and weights of a tiny step, or -), it uses the
 libnccl/libcudart/libcublas torch already mapped, by soname. Prints one

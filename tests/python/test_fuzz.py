@@ -28,7 +28,7 @@ class Fuzz(unittest.TestCase):
                            f"-o {d}/r.lrm", shell=True, check=True)
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(
                 [os.path.join(TOP, "lib", "python"), HERE]))
-            env.setdefault("LRMOE_LIBRARY", os.path.join(TOP, "build", "liblrmoe.so.1"))
+            env.setdefault("LRMOE_LIBRARY", os.path.join(TOP, "build", "liblrmoe.so.2"))
             n = os.environ.get("LRMOE_FUZZ_EXAMPLES", "60")
             r = subprocess.run([sys.executable, "-W", "ignore", os.path.join(HERE,
                                 "fuzz_binding.py"), d, n], env=env, capture_output=True,

@@ -15,7 +15,7 @@ BIN = os.path.join(TOP, "bin")
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
     [os.path.join(TOP, "lib", "python"), os.path.dirname(os.path.abspath(__file__))]),
     LRMOE_LIBRARY=os.environ.get("LRMOE_LIBRARY",
-                                 os.path.join(TOP, "build", "liblrmoe.so.1")))
+                                 os.path.join(TOP, "build", "liblrmoe.so.2")))
 
 try:
     import torch  # noqa: F401

@@ -348,9 +348,9 @@ class BadInput(unittest.TestCase):
     def test_missing_library(self):
         r = subprocess.run([sys.executable, "-c", "import lrmoe"], capture_output=True, text=True,
                            env={"PYTHONPATH": tiny.os.path.join(tiny.TOP, "lib", "python"),
-                                "LRMOE_LIBRARY": "/nonexistent/liblrmoe.so.1"})
+                                "LRMOE_LIBRARY": "/nonexistent/liblrmoe.so.2"})
         self.assertNotEqual(r.returncode, 0)
-        self.assertIn("lrmoe: cannot load /nonexistent/liblrmoe.so.1", r.stderr)
+        self.assertIn("lrmoe: cannot load /nonexistent/liblrmoe.so.2", r.stderr)
         self.assertIn("LibraryNotFound", r.stderr)
 
 

@@ -9,7 +9,7 @@ import torch
 
 TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(TOP, "lib", "python"))
-os.environ.setdefault("LRMOE_LIBRARY", os.path.join(TOP, "build", "liblrmoe.so.1"))
+os.environ.setdefault("LRMOE_LIBRARY", os.path.join(TOP, "build", "liblrmoe.so.2"))
 BIN = os.path.join(TOP, "bin")
 HELPERS = os.path.join(TOP, "tests", "helpers")
 

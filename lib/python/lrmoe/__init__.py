@@ -1,4 +1,4 @@
-"""lrmoe: Python bindings of liblrmoe (ctypes over liblrmoe.so.1).
+"""lrmoe: Python bindings of liblrmoe (ctypes over liblrmoe.so.2).
 
     lrmoe.read / lrmoe.write / lrmoe.Reader / lrmoe.Writer   streams (lrmoe-stream(5))
     lrmoe.route / lrmoe.plan / lrmoe.score / lrmoe.pack      the tools' work on arrays
@@ -9,7 +9,7 @@
     lrmoe.torch.budget                                       -M of a live model + optimizer
 
 NumPy is required; PyTorch only for lrmoe.torch. The shared library is
-LRMOE_LIBRARY, else liblrmoe.so.1 on the loader's path (see lrmoe(3)).
+LRMOE_LIBRARY, else liblrmoe.so.2 on the loader's path (see lrmoe(3)).
 """
 from ._lib import VERSION as __version__, Error, LibraryNotFound
 from .frame import Frame, Reader, Writer, bf16_to_f32, f32_to_bf16, read, write

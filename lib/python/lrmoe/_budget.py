@@ -1,8 +1,9 @@
 """lrmoe.budget (this module is lrmoe._budget): the per-layer memory budget of lrmoe-plan -M (lrmoe-budget(1)).
 
-Every number comes from lrmoe_budget_compute (lib/budget.c); this module only
-turns Python values into its arguments and its result into a dict whose keys
-are lrmoe-budget --tsv's columns."""
+Every number comes from liblrmoe's budget handle (lrmoe_budget_cfg_t,
+budget.h; lib/api_budget.c), set by lrmoe-budget's long option names; this
+module only turns Python values into those strings and the handle's rows into
+a dict whose keys are lrmoe-budget --tsv's columns."""
 import ctypes
 import json
 import os
@@ -11,7 +12,6 @@ from typing import Any, Dict, Optional, Union
 from . import _lib
 from ._lib import Error, check, lib
 
-_CKPT = {"none": 0, "full": 1}
 _DT = {"bf16": 2, "f16": 2, "f32": 4}
 
 
@@ -41,58 +41,79 @@ def presets():
         i += 1
 
 
+class Handle:
+    """One lrmoe_budget_cfg_t: options set by lrmoe-budget's long names."""
+
+    def __init__(self):
+        self._h = lib.lrmoe_budget_cfg_new()
+        if not self._h:
+            check(-1, "budget")
+
+    def __del__(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            lib.lrmoe_budget_cfg_free(h)
+
+    def set(self, name, value):
+        v = None if value is None else _lib.cstr(name, str(value))
+        check(lib.lrmoe_budget_cfg_set(self._h, name.encode(), v))
+        return self
+
+    def get(self, key):
+        v = ctypes.c_int64()
+        check(lib.lrmoe_budget_cfg_get(self._h, key.encode(), ctypes.byref(v)))
+        return v.value
+
+    def run(self):
+        check(lib.lrmoe_budget_cfg_run(self._h))
+        return self
+
+    def rows(self):
+        out, v, i = {}, ctypes.c_int64(), 0
+        while True:
+            k = lib.lrmoe_budget_cfg_row(self._h, i, ctypes.byref(v))
+            if not k:
+                return out
+            out[k.decode()] = v.value
+            i += 1
+
+    def family(self):
+        return lib.lrmoe_budget_cfg_family(self._h).decode()
+
+
 def model(config=None, preset=None):
-    """The C model (a ctypes struct) from a config.json path, a config dict,
-    a transformers config object, or a preset name."""
-    m = _lib.BudgetModel()
+    """A handle holding the model from a config.json path, a config dict, a
+    transformers config object, or a preset name."""
+    h = Handle()
     if (config is None) == (preset is None):
         raise Error("budget: give one of config= and preset=")
     if preset is not None:
-        check(lib.lrmoe_budget_model_preset(_lib.cstr("preset", preset), ctypes.byref(m), None))
-    elif isinstance(config, (str, bytes, os.PathLike)):
-        check(lib.lrmoe_budget_model_file(_lib.cstr("config", config), ctypes.byref(m)))
+        return h.set("preset", preset)
+    if isinstance(config, (str, bytes, os.PathLike)):
+        return h.set("config", os.fsdecode(config))
+    if hasattr(config, "to_json_string"):  # a transformers PretrainedConfig
+        text = config.to_json_string(use_diff=False)
+    elif isinstance(config, dict):
+        text = json.dumps(config)
     else:
-        if hasattr(config, "to_json_string"):  # a transformers PretrainedConfig
-            text = config.to_json_string(use_diff=False)
-        elif isinstance(config, dict):
-            text = json.dumps(config)
-        else:
-            raise Error(f"config: {type(config).__name__} is not a path, dict or HF config")
-        check(lib.lrmoe_budget_model_json(_lib.cstr("config", text), ctypes.byref(m)))
-    return m
+        raise Error(f"config: {type(config).__name__} is not a path, dict or HF config")
+    return h.set("config-json", text)
 
 
-def compute(m, gpu_mem, reserve=0, tp=1, pp=1, dp=1, ep=1, seq=4096, micro_batch=1,
+def compute(h, gpu_mem, reserve=0, tp=1, pp=1, dp=1, ep=1, seq=4096, micro_batch=1,
             checkpoint="full", zero1=False, param_bytes=2, grad_bytes=4, optim_bytes=12,
             act_bytes=2, name="config"):
-    """lrmoe_budget_compute on model m (see model()); the breakdown as a dict."""
-    o = _lib.BudgetOpts()
-    lib.lrmoe_budget_opts_default(ctypes.byref(o))
+    """The budget of handle h (see model()); the breakdown as a dict."""
     for k, v in (("tp", tp), ("pp", pp), ("dp", dp), ("ep", ep), ("seq", seq),
-                 ("micro_batch", micro_batch), ("param_bytes", param_bytes),
-                 ("grad_bytes", grad_bytes), ("optim_bytes", optim_bytes),
-                 ("act_bytes", act_bytes)):
-        setattr(o, k, _lib.i64(k, v))
-    if checkpoint not in _CKPT:
+                 ("micro-batch", micro_batch), ("param-bytes", param_bytes),
+                 ("grad-bytes", grad_bytes), ("optim-bytes", optim_bytes),
+                 ("act-bytes", act_bytes)):
+        h.set(k, _lib.i64(k, v))
+    if checkpoint not in ("full", "none"):
         raise Error(f"checkpoint: {checkpoint!r} is not 'full' or 'none'")
-    o.checkpoint, o.zero1 = _CKPT[checkpoint], 1 if zero1 else 0
-    o.gpu_mem, o.reserve = size_bytes("gpu_mem", gpu_mem), size_bytes("reserve", reserve)
-    r = _lib.Budget()
-    check(lib.lrmoe_budget_compute(ctypes.byref(m), ctypes.byref(o), ctypes.byref(r)))
-    expert_total = m.expert_params * m.moe_layers
-    return {
-        "model": name, "family": m.family.decode(),
-        "layers": m.layers, "moe_layers": m.moe_layers,
-        "params_total": m.dense_params + expert_total, "params_experts_total": expert_total,
-        "params_other_total": m.dense_params, "stage_layers": r.stage_layers,
-        "stage_moe_layers": r.stage_moe_layers, "inflight": r.inflight, "edp": r.edp,
-        "params_other": r.params_dense, "params_experts": r.params_expert,
-        "gpu_mem_bytes": o.gpu_mem, "reserve_bytes": r.reserve, "weights_bytes": r.weights,
-        "grads_bytes": r.grads, "optim_bytes": r.optim, "act_stored_bytes": r.act_stored,
-        "act_working_bytes": r.act_working, "logits_bytes": r.logits,
-        "free_bytes": r.free_bytes, "alive": r.alive, "hbm_bytes": r.hbm,
-        "resident_bytes": r.resident, "fits": r.fits,
-    }
+    h.set("checkpoint", checkpoint).set("zero1", 1 if zero1 else 0)
+    h.set("gpu-mem", size_bytes("gpu_mem", gpu_mem)).set("reserve", size_bytes("reserve", reserve))
+    return {"model": name, "family": h.family(), **h.run().rows()}
 
 
 def budget(config: Any = None, preset: Optional[str] = None, *, gpu_mem: Union[int, str],
@@ -105,7 +126,7 @@ def budget(config: Any = None, preset: Optional[str] = None, *, gpu_mem: Union[i
     config.json path, a dict or a transformers config; or preset=NAME.
     A model that does not fit is not an error: fits is 0 and free_bytes < 0."""
     pb = _dtype_bytes("dtype", dtype)
-    m = model(config, preset)
-    return compute(m, gpu_mem, reserve, tp, pp, dp, ep, seq, micro_batch, checkpoint, zero1,
+    h = model(config, preset)
+    return compute(h, gpu_mem, reserve, tp, pp, dp, ep, seq, micro_batch, checkpoint, zero1,
                    pb, _dtype_bytes("grad_dtype", grad_dtype), optim_bytes, pb,
                    name=preset if preset is not None else "config")

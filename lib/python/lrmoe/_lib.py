@@ -1,4 +1,4 @@
-"""ctypes view of liblrmoe.so.1: loading, the mirrored public structs, and
+"""ctypes view of liblrmoe.so.2: loading, the mirrored public structs, and
 the error convention (a call that returns < 0 raises lrmoe.Error with the
 library's own message). Every struct mirrored here is checked against
 lrmoe_abi_sizeof() of the library actually loaded, so a binding/library
@@ -10,7 +10,7 @@ import os
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int32,
                     c_int64, c_size_t, c_uint64, c_void_p)
 
-SONAME = "liblrmoe.so.1"
+SONAME = "liblrmoe.so.2"
 MAX_DIMS = 8
 
 
@@ -19,7 +19,7 @@ class Error(RuntimeError):
 
 
 class LibraryNotFound(Error, OSError):
-    """liblrmoe.so.1 could not be loaded."""
+    """liblrmoe.so.2 could not be loaded."""
 
 
 def _load():
@@ -38,7 +38,7 @@ def _load():
                 break
     raise LibraryNotFound(
         "lrmoe: cannot load " + (env or SONAME) + " (" + "; ".join(tried) + "); build it with "
-        "`make` and point LRMOE_LIBRARY at build/liblrmoe.so.1, or `make install` it "
+        "`make` and point LRMOE_LIBRARY at build/liblrmoe.so.2, or `make install` it "
         "where the dynamic loader finds it")
 
 
@@ -124,27 +124,6 @@ class ExecBwd(Structure):
                                          "grad_w_up", "grad_w_down", "grad_topk_weights")])
 
 
-class BudgetModel(Structure):
-    _fields_ = [("family", ctypes.c_char * 32)] + [(n, c_int64) for n in (
-        "layers", "moe_layers", "hidden", "vocab", "heads", "experts", "topk", "expert_ffn",
-        "tied", "expert_params", "dense_params", "attn_act", "moe_mlp_act", "dense_mlp_act")]
-
-
-class BudgetOpts(Structure):
-    _fields_ = ([(n, c_int64) for n in ("tp", "pp", "dp", "ep", "seq", "micro_batch")] +
-                [("checkpoint", c_int), ("zero1", c_int)] +
-                [(n, c_int64) for n in ("param_bytes", "grad_bytes", "optim_bytes", "act_bytes",
-                                        "gpu_mem", "reserve")])
-
-
-class Budget(Structure):
-    _fields_ = [(n, c_int64) for n in (
-        "stage_layers", "stage_moe_layers", "inflight", "edp", "params_dense", "params_expert",
-        "weights", "grads", "optim", "static_bytes", "act_layer_moe", "act_layer_dense",
-        "act_stored", "act_working", "logits", "activations", "reserve", "free_bytes", "alive",
-        "hbm", "resident")] + [("fits", c_int)]
-
-
 def _sig(name, res, *args):
     f = getattr(lib, name)
     f.restype = res
@@ -197,12 +176,14 @@ _sig("lrmoe_capacity_pairs", c_int64, c_int64, c_int, c_double)
 _sig("lrmoe_capacity_policy_parse", c_int, c_char_p, POINTER(c_int))
 _sig("lrmoe_capacity_keep", c_int, c_int64, c_int, c_int, P, P, c_int64, c_int, P, P)
 # budget (the per-layer memory budget; budget.h)
-_sig("lrmoe_budget_opts_default", None, POINTER(BudgetOpts))
-_sig("lrmoe_budget_model_json", c_int, c_char_p, POINTER(BudgetModel))
-_sig("lrmoe_budget_model_file", c_int, c_char_p, POINTER(BudgetModel))
-_sig("lrmoe_budget_model_preset", c_int, c_char_p, POINTER(BudgetModel), POINTER(c_char_p))
+_sig("lrmoe_budget_cfg_new", c_void_p)
+_sig("lrmoe_budget_cfg_free", None, c_void_p)
+_sig("lrmoe_budget_cfg_set", c_int, c_void_p, c_char_p, c_char_p)
+_sig("lrmoe_budget_cfg_run", c_int, c_void_p)
+_sig("lrmoe_budget_cfg_row", c_char_p, c_void_p, c_int, POINTER(c_int64))
+_sig("lrmoe_budget_cfg_get", c_int, c_void_p, c_char_p, POINTER(c_int64))
+_sig("lrmoe_budget_cfg_family", c_char_p, c_void_p)
 _sig("lrmoe_budget_preset_name", c_char_p, c_int)
-_sig("lrmoe_budget_compute", c_int, POINTER(BudgetModel), POINTER(BudgetOpts), POINTER(Budget))
 _sig("lrmoe_parse_bytes", c_int, c_char_p, c_char_p, POINTER(c_double))
 # score
 _sig("lrmoe_score_metric_parse", c_int, c_char_p, POINTER(c_int))
@@ -250,9 +231,7 @@ _MIRRORS = {"lrmoe_tensor_t": Tensor, "lrmoe_frame_t": Frame, "lrmoe_wopts_t": W
             "lrmoe_pack_in_t": PackIn, "lrmoe_pack_plan_t": PackPlan,
             "lrmoe_exec_dims_t": ExecDims, "lrmoe_exec_cfg_t": ExecCfg,
             "lrmoe_exec_weights_t": ExecWeights, "lrmoe_exec_plan_t": ExecPlan,
-            "lrmoe_exec_fwd_t": ExecFwd, "lrmoe_exec_bwd_t": ExecBwd,
-            "lrmoe_budget_model_t": BudgetModel,
-            "lrmoe_budget_opts_t": BudgetOpts, "lrmoe_budget_t": Budget}
+            "lrmoe_exec_fwd_t": ExecFwd, "lrmoe_exec_bwd_t": ExecBwd}
 
 
 def check_mirror(name, struct):

@@ -1128,10 +1128,11 @@ def budget(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = 
     ex = _expert_param_ids(model)
     expert_total = sum(p.numel() for p in params if id(p) in ex)
     other_total = sum(p.numel() for p in params if id(p) not in ex)
-    if expert_total % m.moe_layers:
-        raise Error(f"{expert_total} expert parameters do not split over {m.moe_layers} MoE "
+    moe_layers = m.get("moe_layers")
+    if expert_total % moe_layers:
+        raise Error(f"{expert_total} expert parameters do not split over {moe_layers} MoE "
                     "layers of the config")
-    m.expert_params, m.dense_params = expert_total // m.moe_layers, other_total
+    m.set("expert-params", expert_total // moe_layers).set("dense-params", other_total)
     by_size = {}
     for p in params:
         by_size[p.element_size()] = by_size.get(p.element_size(), 0) + p.numel()
