@@ -113,6 +113,33 @@ int lrmoe_plan_cfg_run(lrmoe_plan_cfg_t *c, const int64_t *load, int E, lrmoe_fr
  * layer's shape). 0, or -1 (out of memory; c keeps its layouts). */
 int lrmoe_plan_cfg_reset(lrmoe_plan_cfg_t *c);
 
+/* ---------------------------------------------------------------- exec arguments by name
+ * The arguments of lrmoe_exec_forward, lrmoe_exec_backward (exec.h) and
+ * lrmoe_pack_assign (pack.h) held by the library and set by their field
+ * names, for a caller that passes its own buffers without mirroring those
+ * structs (lrmoe_exec_args_new(3); lib/api_args.c). A name sets every field
+ * so named: "hidden" is the forward's and the backward's, "topk_ids" the
+ * exec's and the pack's; the weights' dtype is "weights_dtype". Numbers
+ * (dims, dtypes, modes and the cfg's ints) by _set, buffers by _set_ptr; an
+ * unknown name, or a number for a pointer, is an error. new starts from
+ * lrmoe_exec_cfg_default and every other field zero/NULL. pack runs
+ * lrmoe_pack_assign on the pack's fields (T, K, E, P, topk_ids, keep,
+ * pair_rank, placement, bwd_alloc, quota) and sets the backward's R and
+ * pack_pair/pack_rank/pack_counts/pack_offsets to its plan, kept until the
+ * next pack or free ("moved": its moved rows, through _get). */
+typedef struct lrmoe_exec_args lrmoe_exec_args_t;
+lrmoe_exec_args_t *lrmoe_exec_args_new(void);
+void lrmoe_exec_args_free(lrmoe_exec_args_t *a);
+int lrmoe_exec_args_set(lrmoe_exec_args_t *a, const char *name, int64_t value);
+int lrmoe_exec_args_set_ptr(lrmoe_exec_args_t *a, const char *name, const void *p);
+int lrmoe_exec_args_get(const lrmoe_exec_args_t *a, const char *name, int64_t *value);
+/* a pointer field by name (NULL when unset or unknown) */
+const void *lrmoe_exec_args_get_ptr(const lrmoe_exec_args_t *a, const char *name);
+int lrmoe_exec_args_pack(lrmoe_exec_args_t *a);
+/* lrmoe_exec_forward / lrmoe_exec_backward on the held arguments */
+int lrmoe_exec_args_forward(lrmoe_exec_args_t *a, double *timings);
+int lrmoe_exec_args_backward(lrmoe_exec_args_t *a, double *timings);
+
 #if defined(__GNUC__)
 #pragma GCC visibility pop
 #endif
