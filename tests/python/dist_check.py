@@ -14,12 +14,14 @@ every rank compares its share with the simulated single-process run
       of this rank's rows, the gradient of its input embeddings and its
       native experts' gradients equal, over 3 SGD steps on the expert
       parameters.
-  ... dist_check.py die
-      rank 1 exits in its first forward: rank 0 ends with one clear error
-      (the group's timeout), no hang.
+  ... dist_check.py die early|inexec|plan
+      rank 1 exits in its first forward (before the collectives or inside
+      liblrmoe's exec), or plans for another rate: rank 0 (every rank, for
+      plan) ends with one clear error, no hang (the group's timeout bounds it).
 Prints "dist: RANK ok N checks" per rank (rank 0 also "dist: all ok").
 """
 import copy
+import ctypes
 import datetime
 import os
 import sys
@@ -66,7 +68,6 @@ def native(E):
 
 def experts(planners):
     E, D = tiny.E, tiny.D
-    S = 24 + 3 * ME  # unequal token counts: only the floor split qualifies, so equal ones
     S = 24
     Tg = S * P
     lo, hi = ME * Tg // P, (ME + 1) * Tg // P
@@ -82,6 +83,7 @@ def experts(planners):
                               group=dist.group.WORLD)
                 opt_r = torch.optim.SGD(ref.experts.parameters(), lr=0.5)
                 opt_m = torch.optim.SGD(mine.experts.parameters(), lr=0.5)
+                moved = 0
                 for step in range(3):
                     gen = torch.Generator().manual_seed(100 + step)
                     x = torch.randn(Tg, D, generator=gen)
@@ -119,15 +121,30 @@ def experts(planners):
                              f"expected the kept rows {rec['kept']} x {D} x 4 = {want} each")
                     if rate < 1 and planner == "lrmoe" and not rec["kept"] < rec["pairs"]:
                         fail(f"{t}: rate {rate} kept all {rec['pairs']} pairs")
+                    moved += rec["moved"]
                     opt_r.step()
                     opt_m.step()
                     opt_r.zero_grad()
                     opt_m.zero_grad()
+                # planners with replicas sent weights and gradients by p2p
+                a2a, p2p = ctypes.c_int64(), ctypes.c_int64()
+                lt.lib.lrmoe_comm_callback_sent(hm.dist.comm, ctypes.byref(a2a), ctypes.byref(p2p))
+                n = torch.tensor([p2p.value, a2a.value])
+                dist.all_reduce(n)
+                checks += 1
+                if planner != "fixed" and n[0] == 0:
+                    fail(f"{tag}: no p2p bytes: no replica used")
+                if planner == "fixed" and n[0] != 0:
+                    fail(f"{tag}: {int(n[0])} p2p bytes without replicas")
 
 
 def model(family):
     V, S = 64, 12
-    m0 = tiny.model(family, seed=4)
+    if family == "deepseek_v3":
+        torch.manual_seed(4)
+        m0 = tiny.tf.DeepseekV3ForCausalLM(tiny.config(family)).float()
+    else:
+        m0 = tiny.model(family, seed=4)
     ref, mine = copy.deepcopy(m0), copy.deepcopy(m0)
     lt.patch(ref, rate=0.7, ranks=P, seed=9)
     lt.patch(mine, rate=0.7, seed=9, group=dist.group.WORLD)
@@ -167,20 +184,26 @@ def model(family):
         opt_m.zero_grad()
 
 
-def die():
+def die(how):
+    """inexec: rank 1 exits where the exec starts (rank 0 is then inside
+    liblrmoe's all-to-all); early: in the token count; plan: rank 1 plans
+    for another rate."""
     blk = tiny.block("qwen3_moe", seed=3)
-    lt.patch(blk, rate=0.7, group=dist.group.WORLD)
+    lt.patch(blk, rate=0.5 if how == "plan" and ME == 1 else 0.7, group=dist.group.WORLD)
+    if how == "inexec" and ME == 1:
+        from lrmoe import dist as ld
+        ld.Group.run = lambda *a: os._exit(3)
     Tg, D = 16 * P, tiny.D
     ids, w = routing(Tg, tiny.E, tiny.K, 1)
     lo, hi = ME * Tg // P, (ME + 1) * Tg // P
-    if ME == 1:
+    if how == "early" and ME == 1:
         os._exit(3)
     try:
         blk.experts(torch.randn(hi - lo, D, requires_grad=True), ids[lo:hi], w[lo:hi])
     except lt.Error as e:
         print(f"dist: rank {ME}: error: {e}", flush=True)
         sys.exit(2)
-    fail("no error though rank 1 died")
+    fail("no error though rank 1 died or disagreed")
 
 
 what = sys.argv[1]
@@ -189,7 +212,7 @@ if what == "experts":
 elif what == "model":
     model(sys.argv[2])
 elif what == "die":
-    die()
+    die(sys.argv[2])
 print(f"dist: {ME} ok {checks} checks", flush=True)
 dist.barrier()
 if ME == 0:
