@@ -106,7 +106,7 @@ lrmoe_comm_t *lrmoe_comm_callback_new(int P, int rank, lrmoe_comm_a2a_fn a2a,
 void lrmoe_comm_callback_free(lrmoe_comm_t *c)
 {
     if (!c) return;
-    lrmoe_comm_free(c);
+    cb_destroy(c);
     free(c);
 }
 
