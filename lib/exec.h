@@ -247,4 +247,31 @@ int lrmoe_exec_check_finite(lrmoe_dtype_t dt, const void *x, size_t n, const cha
 #pragma GCC visibility pop
 #endif
 
+/* ---------------------------------------------------------------- callback communicator
+ * One process per rank whose data the caller moves (lib/comm_cb.c): the
+ * communicator of rank `rank` of P (comm.h's self = rank+1: the exec then
+ * computes and fills only that rank's part of the global arrays), for
+ * lrmoe_exec_cfg_t.comm. Every process makes the same exec calls.
+ *   a2a: this rank's all-to-all-v: scounts[d] elements of elem_size bytes at
+ *     send + sdispls[d]*elem_size go to rank d; rcounts[s] elements from
+ *     rank s land at recv + rdispls[s]*elem_size (all arrays (P); rows to
+ *     this rank itself included). Every rank calls it, in the same order.
+ *   p2p: bytes from rank src's sendbuf to rank dst's recvbuf, called on src
+ *     (recvbuf NULL) and on dst (sendbuf NULL) only, never with src == dst
+ *     (a local copy); every process walks the same sequence of transfers.
+ * Both return 0, or nonzero (the exec call then fails). */
+struct lrmoe_comm;
+typedef int (*lrmoe_comm_a2a_fn)(void *user, size_t elem_size, const void *send,
+                                 const int64_t *scounts, const int64_t *sdispls, void *recv,
+                                 const int64_t *rcounts, const int64_t *rdispls);
+typedef int (*lrmoe_comm_p2p_fn)(void *user, int src, const void *sendbuf, int dst,
+                                 void *recvbuf, size_t bytes);
+/* NULL with lrmoe_err on bad arguments or no memory. */
+struct lrmoe_comm *lrmoe_comm_callback_new(int P, int rank, lrmoe_comm_a2a_fn a2a,
+                                           lrmoe_comm_p2p_fn p2p, void *user);
+void lrmoe_comm_callback_free(struct lrmoe_comm *c);
+/* Bytes this rank sent by all-to-all-v (rows to itself included) and by p2p. */
+void lrmoe_comm_callback_sent(const struct lrmoe_comm *c, int64_t *a2a_bytes,
+                              int64_t *p2p_bytes);
+
 #endif

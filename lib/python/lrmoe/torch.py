@@ -525,6 +525,9 @@ def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down:
     the capacity planner's keep mask, or None. Registered as
     torch.ops.lrmoe.experts_forward."""
     layer = _layer_of(handle)
+    if layer.owner.dist is not None:  # one rank of a process group (lrmoe.dist)
+        return layer.owner.dist_forward(layer, hidden, topk_weights, gate_up, down, topk_ids,
+                                        cap_keep, train)
     o, call, blk = layer.owner, _Call(), layer.block
     dt = _act_dtype(blk.name, hidden, gate_up, down)
     _check_call(blk.name, blk.E, blk.D, blk.F, hidden, topk_ids, topk_weights, gate_up, down)
@@ -595,6 +598,10 @@ def experts_backward(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gat
     per-expert selection at the plan's quotas, pack and the compact backward
     in liblrmoe. Registered as torch.ops.lrmoe.experts_backward."""
     layer = _layer_of(handle)
+    if layer.owner.dist is not None:
+        return layer.owner.dist_backward(layer, grad_out, hidden, topk_weights, gate_up, down,
+                                         topk_ids, cap_keep, pair_rank, phi, sg, su, pair_out,
+                                         placement, fwd_alloc, quota, bwd_alloc, meta)
     o, call, blk = layer.owner, _Call(), layer.block
     step, by_rank = (int(v) for v in meta.tolist())
     rec = layer.release(step)
@@ -919,8 +926,16 @@ class Patch:
 
     def __init__(self, model: torch.nn.Module, rate: Optional[float], hbm: Any, metric: str,
                  ranks: int, planner: str, threads: Optional[int], seed: int, keep_masks: bool,
-                 options: Dict[str, Any], select: str = "sample") -> None:
+                 options: Dict[str, Any], select: str = "sample", group: Any = None) -> None:
         self.blocks = find_blocks(model)
+        self.dist = None
+        if group is not None:  # one process per rank (lrmoe.dist)
+            from . import dist as _dist
+            self.dist = _dist.Group(group)
+            self.dist_forward, self.dist_backward = _dist.forward, _dist.backward
+            if ranks not in (1, self.dist.P):
+                raise Error(f"ranks={ranks} but the process group has {self.dist.P} ranks")
+            ranks = self.dist.P
         self.ranks = _lib.i32("ranks", ranks, 1, 4096)
         for b in self.blocks:
             if b.E % self.ranks:
@@ -1023,7 +1038,7 @@ class Patch:
 def patch(model: torch.nn.Module, rate: Optional[float] = None, hbm: Any = None,
           metric: str = "lrm", ranks: int = 1, planner: str = "lrmoe",
           threads: Optional[int] = None, seed: int = 0, keep_masks: bool = False,
-          select: str = "sample", **plan_options: Any) -> Patch:
+          select: str = "sample", group: Any = None, **plan_options: Any) -> Patch:
     """Replace the experts module of every supported MoE block by an
     LRMoEExperts module (visible in print(model); same parameters and
     state_dict keys) computing on `ranks` simulated expert-parallel ranks in
@@ -1044,7 +1059,7 @@ def patch(model: torch.nn.Module, rate: Optional[float] = None, hbm: Any = None,
     them; unpatch() (or lrmoe.torch.unpatch(model)) gives them contiguous
     memory of their own again and puts the original modules back."""
     return Patch(model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
-                 plan_options, select=select)
+                 plan_options, select=select, group=group)
 
 
 def unpatch(model: torch.nn.Module) -> int:

@@ -1,0 +1,482 @@
+"""lrmoe.torch over a torch.distributed process group: one expert-parallel
+rank per process (patch(model, ..., group=pg)).
+
+Each process routes its own T_r tokens; rank r's tokens are rows
+[floor(r*T/P), floor((r+1)*T/P)) of the global batch of T = sum T_r tokens
+(equal T_r always qualify; unequal ones only when they are that floor
+split, else every rank raises the same error). liblrmoe's exec runs as rank
+r only (a callback communicator, lrmoe_comm_callback_new in exec.h, with
+self = r+1): its all-to-alls are dist.all_to_all_single, its weight and
+weight-gradient transfers dist.send/recv. All algorithmic work stays in
+liblrmoe; this module moves tensors and small metadata:
+
+forward: the routing (topk ids and weights, 8 bytes per pair) is
+  all-gathered, so every rank counts the same per-expert loads and runs the
+  same deterministic planner on them (a digest of the plan is compared
+  across ranks: a disagreement is one error on every rank); the exec
+  dispatches, computes this rank's pairs and combines; ||phi||^2 of each
+  pair goes back to its token's owner (4 bytes per pair).
+backward: LRM scores are formed where g_t is (the owner), all-gathered (4
+  bytes per pair), and every rank runs the same selection and
+  lrmoe_pack_assign on them; the saved state of a kept pair whose backward
+  rank differs from its forward rank moves there, and the hidden rows its
+  backward rank lacks come from the token's owner; then the compact
+  backward, whose all-to-alls carry only the kept pairs' rows.
+
+Arrays handed to the exec are global-shaped (T rows) with only this rank's
+rows written (torch.empty: rows never touched cost no memory); the exec's
+own finiteness check of whole arrays is replaced by a check of the rows this
+rank holds. The simulated single-process run (patch(..., ranks=P)) is the
+reference: outputs, router and hidden gradients of a rank's tokens and the
+weight gradients of its native experts are the same bits. The parameters
+of the other experts get a zero gradient here (their owner trains them).
+"""
+import ctypes
+import time
+from ctypes import POINTER, c_int, c_int64, c_size_t, c_void_p
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import _lib
+from ._lib import Error, check, lib
+
+A2A = ctypes.CFUNCTYPE(c_int, c_void_p, c_size_t, c_void_p, POINTER(c_int64), POINTER(c_int64),
+                       c_void_p, POINTER(c_int64), POINTER(c_int64))
+P2P = ctypes.CFUNCTYPE(c_int, c_void_p, c_int, c_void_p, c_int, c_void_p, c_size_t)
+lib.lrmoe_comm_callback_new.restype = c_void_p
+lib.lrmoe_comm_callback_new.argtypes = [c_int, c_int, A2A, P2P, c_void_p]
+lib.lrmoe_comm_callback_free.restype = None
+lib.lrmoe_comm_callback_free.argtypes = [c_void_p]
+lib.lrmoe_comm_callback_sent.restype = None
+lib.lrmoe_comm_callback_sent.argtypes = [c_void_p, POINTER(c_int64), POINTER(c_int64)]
+lib.lrmoe_exec_assign.restype = c_int
+lib.lrmoe_exec_assign.argtypes = [c_int64, c_int64, c_int64, c_int, c_void_p, c_void_p, c_void_p,
+                                  c_void_p]
+_U8 = torch.uint8
+
+
+def _mem(ptr: Optional[int], n: int) -> torch.Tensor:
+    """n bytes at address ptr as a uint8 tensor (no copy)."""
+    if n == 0:
+        return torch.empty(0, dtype=_U8)
+    if not ptr:
+        raise Error(f"internal: NULL buffer of {n} bytes")
+    return torch.frombuffer((ctypes.c_uint8 * n).from_address(ptr), dtype=_U8)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor as (rows, bytes per row) uint8 (no copy)."""
+    return t.view(t.shape[0], -1).view(_U8) if t.numel() else t.new_empty(t.shape[0], 0,
+                                                                             dtype=_U8)
+
+
+def _prefix(counts: List[int]) -> List[int]:
+    out, acc = [], 0
+    for c in counts:
+        out.append(acc)
+        acc += c
+    return out
+
+
+class Group:
+    """The process group of a patch(group=...): rank, size and the callback
+    communicator that liblrmoe's exec drives. .sent lists (phase, bytes this
+    rank sent) per all-to-all of the exec; .moved the bytes of the state
+    moves (phi to owners, saved state to backward ranks) per phase."""
+
+    def __init__(self, group: Any) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise Error("group=: torch.distributed is not initialized "
+                        "(dist.init_process_group first, e.g. under torchrun)")
+        self.group = group if group is not None else dist.group.WORLD
+        self.P = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
+        if self.rank < 0:
+            raise Error("group=: this process is not a member of the group")
+        self.glob = [dist.get_global_rank(self.group, r) for r in range(self.P)]
+        self.sent: List[tuple] = []
+        self.moved: Dict[str, int] = {}
+        self.phase = ""
+        self.comm_s = 0.0
+        self.error: Optional[BaseException] = None
+        self._a2a, self._p2p = A2A(self._a2a_cb), P2P(self._p2p_cb)
+        self.comm = lib.lrmoe_comm_callback_new(self.P, self.rank, self._a2a, self._p2p, None)
+        if not self.comm:
+            raise Error(f"group=: {_lib.errmsg()}")
+
+    def __del__(self) -> None:
+        c, self.comm = getattr(self, "comm", None), None
+        if c:
+            lib.lrmoe_comm_callback_free(c)
+
+    # ---- the callbacks liblrmoe calls (no exception may cross into C)
+    def _a2a_cb(self, user, es, send, sc, sd, recv, rc, rd):
+        try:
+            P = self.P
+            sc, sd = [sc[i] for i in range(P)], [sd[i] for i in range(P)]
+            rc, rd = [rc[i] for i in range(P)], [rd[i] for i in range(P)]
+            ns, nr = sum(sc), sum(rc)
+            if sd == _prefix(sc):
+                inp = _mem(send, ns * es).view(ns, es)
+            else:
+                inp = torch.cat([_mem(send + sd[d] * es, sc[d] * es).view(sc[d], es)
+                                 for d in range(P)]) if ns else torch.empty(0, es, dtype=_U8)
+            direct = rd == _prefix(rc)
+            out = _mem(recv, nr * es).view(nr, es) if direct else torch.empty(nr, es, dtype=_U8)
+            dist.all_to_all_single(out, inp, rc, sc, group=self.group)
+            if not direct:
+                at = 0
+                for s in range(P):
+                    if rc[s]:
+                        _mem(recv + rd[s] * es, rc[s] * es).copy_(out[at:at + rc[s]].view(-1))
+                    at += rc[s]
+            self.sent.append((self.phase, ns * es))
+            return 0
+        except BaseException as e:  # noqa: B902 (reported after the exec returns)
+            self.error = e
+            return -1
+
+    def _p2p_cb(self, user, src, sbuf, dst, rbuf, n):
+        try:
+            if src == self.rank:
+                dist.send(_mem(sbuf, n), self.glob[dst], group=self.group)
+            else:
+                dist.recv(_mem(rbuf, n), self.glob[src], group=self.group)
+            return 0
+        except BaseException as e:  # noqa: B902
+            self.error = e
+            return -1
+
+    def run(self, what: str, fn, *args) -> None:
+        """One exec call: a failed collective is named as such."""
+        self.error = None
+        rc = fn(*args)
+        if rc < 0:
+            if self.error is not None:
+                raise Error(f"{what}: rank {self.rank} of {self.P}: the process group failed "
+                            f"({type(self.error).__name__}: {self.error}); did a peer rank "
+                            "die or raise?") from None
+            check(rc, what)
+
+    def collective(self, what: str, fn, *args, **kw) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, group=self.group, **kw)
+        except RuntimeError as e:
+            raise Error(f"{what}: rank {self.rank} of {self.P}: the process group failed "
+                        f"({e}); did a peer rank die or raise?") from None
+        finally:
+            self.comm_s += time.perf_counter() - t0
+
+    # ---- collectives on small metadata
+    def tokens(self, name: str, T: int):
+        """Every rank's token count; rank r's first global row."""
+        t = torch.tensor([T], dtype=torch.int64)
+        lst = [torch.empty(1, dtype=torch.int64) for _ in range(self.P)]
+        self.collective(f"{name}: token counts", dist.all_gather, lst, t)
+        Tr = [int(x) for x in lst]
+        Tg, P = sum(Tr), self.P
+        for r in range(P):
+            want = Tg * (r + 1) // P - Tg * r // P
+            if Tr[r] != want:
+                raise Error(f"{name}: rank {r} has {Tr[r]} tokens, but rank r must hold rows "
+                            f"[r*T/P, (r+1)*T/P) of all T={Tg} (counts {Tr}): {want}")
+        return Tr, Tg * self.rank // P
+
+    def gather_rows(self, what: str, t: torch.Tensor, Tr: List[int]) -> torch.Tensor:
+        """Every rank's rows, rank after rank."""
+        m = max(Tr)
+        pad = t.new_zeros((m,) + tuple(t.shape[1:]))
+        pad[:t.shape[0]] = t
+        lst = [torch.empty_like(pad) for _ in range(self.P)]
+        self.collective(what, dist.all_gather, lst, pad)
+        return torch.cat([x[:n] for x, n in zip(lst, Tr)])
+
+    def agree(self, name: str, *arrays: np.ndarray) -> None:
+        """Every rank must hold the same plan: its bytes' digest is compared."""
+        h = np.uint64(1469598103934665603)
+        for a in arrays:
+            b = np.frombuffer(np.ascontiguousarray(a).tobytes(), np.uint8).astype(np.uint64)
+            w = np.arange(1, len(b) + 1, dtype=np.uint64)
+            with np.errstate(over="ignore"):
+                h = np.uint64(h * np.uint64(1099511628211)) ^ np.uint64(
+                    (b * w * np.uint64(0x9E3779B97F4A7C15)).sum())
+        d = torch.tensor([int(h) & (2**62 - 1)], dtype=torch.int64)
+        lst = [torch.empty(1, dtype=torch.int64) for _ in range(self.P)]
+        self.collective(f"{name}: plan digest", dist.all_gather, lst, d)
+        bad = [r for r in range(self.P) if int(lst[r]) != int(lst[0])]
+        if bad:
+            raise Error(f"{name}: the ranks disagree on the plan: rank {bad[0]}'s differs from "
+                        "rank 0's (different loads, planner options or liblrmoe builds?)")
+
+    def move(self, what: str, arr: torch.Tensor, idx: np.ndarray, src: np.ndarray,
+             dst: np.ndarray) -> int:
+        """Rows idx of the global-shaped arr from rank src to rank dst (the
+        same lists on every rank; rows with src == dst stay); bytes sent."""
+        m = src != dst
+        idx, src, dst = idx[m], src[m], dst[m]
+        me, P = self.rank, self.P
+        rows = _rows(arr)
+        s = src == me
+        so = np.argsort(dst[s], kind="stable")
+        sidx = torch.from_numpy(np.ascontiguousarray(idx[s][so], np.int64))
+        sc = np.bincount(dst[s], minlength=P).tolist()
+        r = dst == me
+        ro = np.argsort(src[r], kind="stable")
+        ridx = torch.from_numpy(np.ascontiguousarray(idx[r][ro], np.int64))
+        rc = np.bincount(src[r], minlength=P).tolist()
+        inp = rows.index_select(0, sidx)
+        out = rows.new_empty(len(ridx), rows.shape[1])
+        self.collective(what, dist.all_to_all_single, out, inp, rc, sc)
+        rows.index_copy_(0, ridx, out)
+        n = inp.numel()
+        self.moved[self.phase] = self.moved.get(self.phase, 0) + n
+        return n
+
+    def owners(self, Tg: int, t: np.ndarray) -> np.ndarray:
+        """The owning rank of global token rows t (the exec's floor split:
+        rank r owns [floor(r*T/P), floor((r+1)*T/P)))."""
+        b = np.array([r * Tg // self.P for r in range(self.P + 1)], np.int64)
+        return (np.searchsorted(b, t, side="right") - 1).astype(np.int64)
+
+    def cfg(self, base: Any) -> Any:
+        c = _lib.ExecCfg()
+        ctypes.memmove(ctypes.byref(c), ctypes.byref(base), ctypes.sizeof(c))
+        c.comm = self.comm
+        c.allow_nonfinite = 1  # the rows this rank holds are checked instead
+        return c
+
+    def sent_bytes(self, phase: str) -> List[int]:
+        return [n for p, n in self.sent if p == phase]
+
+
+def _finite(dt: str, t: torch.Tensor, name: str, what: str) -> None:
+    check(lib.lrmoe_exec_check_finite(_lib.DT[dt], _lib.buf(name, t, dt, tuple(t.shape)),
+                                      t.numel(), name.encode()), what)
+
+
+def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, train):
+    """experts_forward (lrmoe.torch) as rank r of the group."""
+    from . import torch as lt
+    o, call, blk = layer.owner, lt._Call(), layer.block
+    g: Group = o.dist
+    dt = lt._act_dtype(blk.name, hidden, gate_up, down)
+    lt._check_call(blk.name, blk.E, blk.D, blk.F, hidden, topk_ids, topk_weights, gate_up, down)
+    if cap_keep is not None:
+        raise Error(f"{blk.name}: planner=\"capacity\" is not supported with group=")
+    T, D = hidden.shape
+    E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
+    x = hidden.detach().contiguous()
+    ids = topk_ids.detach().to(torch.int32).contiguous()
+    alpha = topk_weights.detach().to(torch.float32).contiguous()
+    _finite(dt, x, "hidden", blk.name)
+    _finite("F32", alpha, "topk_weights", blk.name)
+    g.comm_s = 0.0
+    Tr, lo = g.tokens(blk.name, T)
+    Tg = sum(Tr)
+    ga = g.gather_rows(f"{blk.name}: routing", torch.cat([ids, alpha.view(torch.int32)], 1), Tr)
+    gids, galpha = ga[:, :K].contiguous(), ga[:, K:].contiguous().view(torch.float32)
+    load = torch.bincount(gids.view(-1).long(), minlength=E).numpy()
+    try:
+        cf = call(layer.plan, load, Tg, K, dt)
+    except Error as e:
+        raise Error(f"{blk.name}: plan: {e}") from None
+    placement = np.ascontiguousarray(cf.get("placement")[0], np.uint8)
+    fwd_alloc = np.ascontiguousarray(cf.get("fwd_alloc")[0], np.int64)
+    quota = np.ascontiguousarray(cf.get("quota")[0], np.int64)
+    bwd_alloc = np.ascontiguousarray(cf.get("bwd_alloc")[0], np.int64)
+    g.agree(blk.name, placement, fwd_alloc, quota, bwd_alloc)
+    attrs = cf.attrs()
+    pr = np.empty((Tg, K), np.int32)
+    check(lib.lrmoe_exec_assign(Tg, K, E, P, gids.data_ptr(), fwd_alloc.ctypes.data,
+                                placement.ctypes.data, pr.ctypes.data), f"{blk.name}: assign")
+    W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True)
+    dims = _lib.ExecDims(T=Tg, E=E, K=K, D=D, F=F, P=P)
+    Pl = _lib.ExecPlan(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
+    xg = torch.empty(Tg, D, dtype=hidden.dtype)
+    xg[lo:lo + T] = x
+    out = torch.empty(Tg, D, dtype=hidden.dtype)
+    prs = torch.empty(Tg, K, dtype=torch.int32)
+    n = Tg if train else 0
+    phi = torch.empty(n, K, dtype=torch.float32)
+    sg = torch.empty(n, K, F, dtype=hidden.dtype)
+    su = torch.empty(n, K, F, dtype=hidden.dtype)
+    po = torch.empty(n, K, D, dtype=hidden.dtype)
+    tr = (lambda t: t.data_ptr()) if train else (lambda t: None)
+    a = _lib.ExecFwd(act_dtype=_lib.DT[dt], hidden=xg.data_ptr(), topk_ids=gids.data_ptr(),
+                     topk_weights=galpha.data_ptr(), output=out.data_ptr(),
+                     pair_rank=prs.data_ptr(), phi_sqnorm=tr(phi), saved_gate=tr(sg),
+                     saved_up=tr(su), pair_out=tr(po))
+    tim = (ctypes.c_double * (P * lt._STAGES))()
+    cfg = g.cfg(o.cfg)
+    g.phase, g.sent, g.moved = "fwd", [], {}
+    call(g.run, f"{blk.name}: forward", lib.lrmoe_exec_forward, ctypes.byref(cfg),
+         ctypes.byref(dims), ctypes.byref(W), ctypes.byref(Pl), ctypes.byref(a), tim)
+    del keep_alive
+    if train:  # ||phi||^2 where the pair ran -> its token's owner, who scores it
+        u = np.arange(Tg * K, dtype=np.int64)
+        g.move(f"{blk.name}: phi", phi.view(Tg * K, 1), u, pr.reshape(-1).astype(np.int64),
+             g.owners(Tg, u // K))
+    rec: Dict[str, Any] = {"layer": blk.layer, "step": o.steps.get(blk.layer, 0),
+                           "pairs": Tg * K, "tokens": Tg, "rank": g.rank,
+                           "rank_tokens": T}
+    for k, v in attrs.items():
+        if k.startswith("plan."):
+            rec["keep_rule" if k == "plan.keep" else k[5:]] = lt._num(v)
+    rec["fwd_a2a_bytes"] = g.sent_bytes("fwd")
+    rec["fwd_move_bytes"] = g.moved.get("fwd", 0)
+    o.steps[blk.layer] = rec["step"] + 1
+    o.stats.append(rec)
+    meta = torch.tensor([rec["step"], int(rec.get("keep_rule") == "by-rank")], dtype=torch.int64)
+    if train:
+        layer.hold(rec)
+    call.record(rec, "fwd")
+    rec["fwd_comm_seconds"] = g.comm_s
+    k0, k1 = lo * K, (lo + T) * K
+    return (out[lo:lo + T], torch.from_numpy(pr), phi.view(-1)[k0:k1].view(T, K) if train else phi,
+            sg, su, po.view(-1, D)[k0:k1].view(T, K, D) if train else po,
+            torch.from_numpy(placement), torch.from_numpy(fwd_alloc), torch.from_numpy(quota),
+            torch.from_numpy(bwd_alloc), meta)
+
+
+def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap_keep,
+             pair_rank, phi, sg, su, pair_out, placement, fwd_alloc, quota, bwd_alloc, meta):
+    """experts_backward (lrmoe.torch) as rank r of the group: pair_rank, sg
+    and su are global-shaped (the forward's rows where each pair ran), phi
+    and pair_out this rank's tokens'."""
+    from . import torch as lt
+    o, call, blk = layer.owner, lt._Call(), layer.block
+    g: Group = o.dist
+    step, by_rank = (int(v) for v in meta.tolist())
+    rec = layer.release(step)
+    dt = lt._act_dtype(blk.name, hidden, gate_up, down)
+    T, D = hidden.shape
+    E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
+    c = torch.Tensor.contiguous
+    x = hidden.detach().contiguous()
+    ids = topk_ids.detach().to(torch.int32).contiguous()
+    alpha = topk_weights.detach().to(torch.float32).contiguous()
+    pair_rank, phi, sg, su, pair_out = c(pair_rank), c(phi), c(sg), c(su), c(pair_out)
+    placement = np.ascontiguousarray(placement.numpy(), np.uint8)
+    fwd_alloc = np.ascontiguousarray(fwd_alloc.numpy(), np.int64)
+    quota = np.ascontiguousarray(quota.numpy(), np.int64)
+    bwd_alloc = np.ascontiguousarray(bwd_alloc.numpy(), np.int64)
+    gr = grad_out.contiguous()
+    gdt = lt._TORCH_DT.get(gr.dtype)
+    if gdt is None:
+        gr, gdt = gr.float(), "F32"
+    _finite(gdt, gr, "grad_output", blk.name)
+    g.comm_s = 0.0
+    Tr, lo = g.tokens(blk.name, T)
+    Tg = sum(Tr)
+    g.phase, g.sent, g.moved = "bwd", [], {}
+    ga = g.gather_rows(f"{blk.name}: routing", torch.cat([ids, alpha.view(torch.int32)], 1), Tr)
+    gids, galpha = ga[:, :K].contiguous(), ga[:, K:].contiguous().view(torch.float32)
+    seed = o.seed + step
+    # scores where g_t is, then every rank's to every rank (4 bytes a pair)
+    if o.metric_name in ("random", "uniform"):  # no g: the global pair index only
+        gscore = torch.empty(Tg, K, dtype=torch.float32)
+        check(call(lib.lrmoe_score_pairs_dt, o.metric, Tg, K, D, _lib.DT[gdt], None,
+                   galpha.data_ptr(), None, seed, gscore.data_ptr()), "score")
+    else:
+        score = torch.empty(T, K, dtype=torch.float32)
+        check(call(lib.lrmoe_score_pairs_dt, o.metric, T, K, D, _lib.DT[gdt], gr.data_ptr(),
+                   alpha.data_ptr(), phi.data_ptr(), seed, score.data_ptr()), "score")
+        gscore = g.gather_rows(f"{blk.name}: scores", score, Tr)
+    keep = torch.empty(Tg, K, dtype=torch.uint8)
+    load = np.empty(E, np.int64)
+    alpha_b = galpha
+    pr_p = pair_rank.data_ptr()
+    if o.select == lt._SAMPLE:
+        w = torch.empty(Tg, K, dtype=torch.float32)
+        prob = torch.empty(Tg, K, dtype=torch.float32) if o.keep_masks else None
+        pp_ = prob.data_ptr() if prob is not None else None
+        if by_rank:
+            check(call(lib.lrmoe_score_sample_by_rank, Tg, K, E, P, gids.data_ptr(),
+                       gscore.data_ptr(), pr_p, bwd_alloc.ctypes.data, seed, keep.data_ptr(),
+                       w.data_ptr(), pp_, load.ctypes.data, None), "select")
+        else:
+            check(call(lib.lrmoe_score_sample, Tg, K, E, gids.data_ptr(), gscore.data_ptr(),
+                       quota.ctypes.data, -1.0, seed, keep.data_ptr(), w.data_ptr(), pp_,
+                       load.ctypes.data, None), "select")
+        alpha_b = torch.empty(Tg, K, dtype=torch.float32)
+        lib.lrmoe_score_weighted_alpha(Tg * K, galpha.data_ptr(), w.data_ptr(),
+                                       alpha_b.data_ptr())
+    elif by_rank:
+        check(call(lib.lrmoe_score_select_by_rank, Tg, K, E, P, gids.data_ptr(),
+                   gscore.data_ptr(), pr_p, bwd_alloc.ctypes.data, keep.data_ptr(),
+                   load.ctypes.data, None), "select")
+    else:
+        check(call(lib.lrmoe_score_select, Tg, K, E, gids.data_ptr(), gscore.data_ptr(),
+                   quota.ctypes.data, -1.0, keep.data_ptr(), load.ctypes.data, None), "select")
+    pin = _lib.PackIn(T=Tg, K=K, E=E, P=P, topk_ids=gids.data_ptr(), keep=keep.data_ptr(),
+                      pair_rank=pr_p, placement=placement.ctypes.data,
+                      bwd_alloc=bwd_alloc.ctypes.data, quota=quota.ctypes.data)
+    pp = _lib.PackPlan()
+    check(call(lib.lrmoe_pack_assign, ctypes.byref(pin), ctypes.byref(pp)), "pack")
+    try:
+        R = pp.R
+        upair = np.ctypeslib.as_array(ctypes.cast(pp.pair, POINTER(c_int64)), (R,)).copy() \
+            if R else np.empty(0, np.int64)
+        urank = np.ctypeslib.as_array(ctypes.cast(pp.rank, POINTER(ctypes.c_int32)),
+                                      (R,)).astype(np.int64) if R else np.empty(0, np.int64)
+        # the saved state of kept pairs to their backward rank, the hidden
+        # rows it lacks from the token's owner
+        qrank = pair_rank.numpy().reshape(-1)[upair].astype(np.int64)
+        g.move(f"{blk.name}: saved_gate", sg.view(Tg * K, F), upair, qrank, urank)
+        g.move(f"{blk.name}: saved_up", su.view(Tg * K, F), upair, qrank, urank)
+        xg = torch.empty(Tg, D, dtype=hidden.dtype)
+        xg[lo:lo + T] = x
+        tp = np.unique((upair // K) * P + urank)
+        g.move(f"{blk.name}: hidden", xg, tp // P, g.owners(Tg, tp // P), tp % P)
+        gg = torch.empty(Tg, D, dtype=gr.dtype)
+        gg[lo:lo + T] = gr
+        pog = torch.empty(Tg, K, D, dtype=hidden.dtype)
+        pog[lo:lo + T] = pair_out
+        gh = torch.empty(Tg, D, dtype=torch.float32)
+        gwg, gwu = o.scratch_grad(E, F, D)
+        gwd = torch.empty(E, D, F, dtype=torch.float32)
+        gtw = torch.empty(Tg, K, dtype=torch.float32)
+        W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False)
+        Pl = _lib.ExecPlan(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
+        d = _lib.ExecDims(T=Tg, E=E, K=K, D=D, F=F, P=P)
+        b = _lib.ExecBwd(mode=2, act_dtype=_lib.DT[dt], grad_dtype=_lib.DT[gdt],
+                         topk_ids=gids.data_ptr(), topk_weights=alpha_b.data_ptr(),
+                         grad_output=gg.data_ptr(), pair_out=pog.data_ptr(),
+                         hidden=xg.data_ptr(), pair_rank=pr_p, saved_gate=sg.data_ptr(),
+                         saved_up=su.data_ptr(), R=R, pack_pair=pp.pair, pack_rank=pp.rank,
+                         pack_counts=pp.counts, pack_offsets=pp.offsets, pack_grad=None,
+                         pack_hidden=None, pack_gate=None, pack_up=None,
+                         grad_hidden=gh.data_ptr(), grad_w_gate=gwg.data_ptr(),
+                         grad_w_up=gwu.data_ptr(), grad_w_down=gwd.data_ptr(),
+                         grad_topk_weights=gtw.data_ptr())
+        tim = (ctypes.c_double * (P * lt._STAGES))()
+        cfg = g.cfg(o.cfg)
+        call(g.run, f"{blk.name}: backward", lib.lrmoe_exec_backward, ctypes.byref(cfg),
+             ctypes.byref(d), ctypes.byref(W), ctypes.byref(Pl), ctypes.byref(b), tim)
+        del keep_alive
+        rec["kept"], rec["moved"] = int(R), int(pp.moved)
+    finally:
+        lib.lrmoe_pack_plan_free(ctypes.byref(pp))
+    rec["bwd_a2a_bytes"] = g.sent_bytes("bwd")
+    rec["bwd_move_bytes"] = g.moved.get("bwd", 0)
+    if o.keep_masks:
+        rec["keep"] = keep.numpy().astype(bool)
+        if o.select == lt._SAMPLE:
+            rec["pair_weight"] = w.numpy().copy()
+            rec["pair_prob"] = prob.numpy().copy()
+    # the weight gradients of this rank's native experts; the others' owners
+    # train them (zero here)
+    nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)]) == g.rank
+    other = torch.from_numpy(np.nonzero(~nat)[0])
+    for t in (gwg, gwu, gwd):
+        t.index_fill_(0, other, 0.0)
+    wdt = gate_up.dtype
+    gate_up_grad = torch.cat([gwg, gwu], dim=1).to(wdt)
+    call.record(rec, "bwd")
+    rec["bwd_comm_seconds"] = g.comm_s
+    return (gh[lo:lo + T].to(hidden.dtype), gtw[lo:lo + T].to(topk_weights.dtype),
+            gate_up_grad, gwd.to(wdt))

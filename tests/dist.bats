@@ -1,0 +1,87 @@
+#!/usr/bin/env bats
+# lrmoe.torch over a real torch.distributed process group (patch(group=pg),
+# lrmoe/dist.py, lrmoe_comm_callback_new): torchrun --standalone, gloo, CPU.
+# Each rank of tests/python/dist_check.py also runs the simulated
+# single-process patch(ranks=P) on the whole batch and compares its share
+# bit for bit (outputs, gradients of its tokens and of its native experts,
+# the backward all-to-alls' bytes = kept rows x D x 4).
+
+load /usr/lib/bats/bats-support/load
+load /usr/lib/bats/bats-assert/load
+
+setup() {
+    TOP="$BATS_TEST_DIRNAME/.."
+    export LRMOE_LIBRARY="$TOP/build/liblrmoe.so.1"
+    export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+    python3 -c 'import torch, transformers' 2>/dev/null ||
+        skip "torch and transformers are not installed (tests/deps.sh test installs them)"
+    command -v torchrun >/dev/null || skip "torchrun is not on PATH (it comes with torch)"
+    python3 -c 'import torch.distributed as d, sys; sys.exit(not (d.is_available() and d.is_gloo_available()))' ||
+        skip "this torch has no gloo backend"
+    cd "$TOP/tests/python" || return 1
+}
+
+# dist NPROC ARGS...: the check under torchrun, every rank ok
+dist() {
+    local n=$1
+    shift
+    run timeout 600 torchrun --standalone --nproc-per-node "$n" dist_check.py "$@"
+    [ "$status" -eq 0 ] || { printf '%s\n' "$output" | grep -v '^W[0-9]' | tail -40; return 1; }
+    has 'dist: all ok'
+    [ "$(printf '%s\n' "$output" | grep -oE 'dist: [0-9]+ ok [1-9][0-9]* checks' | wc -l)" -eq "$n" ]
+}
+
+# has ERE: the output holds it (the ranks' lines can run together: no anchors)
+has() {
+    printf '%s\n' "$output" | grep -qE -- "$1" || {
+        printf 'missing: %s\n' "$1"; printf '%s\n' "$output" | grep -v '^W[0-9]' | tail -20
+        return 1
+    }
+}
+
+@test "2 ranks: the experts op equals the simulated run for fixed, lrmoe, llep, eplb at rate 1.0 and 0.7" {
+    dist 2 experts
+}
+
+@test "4 ranks: the experts op equals the simulated run for every planner" {
+    dist 4 experts
+}
+
+@test "2 ranks: tiny Qwen3-MoE, 3 training steps: logits, input and expert gradients equal" {
+    dist 2 model qwen3_moe
+}
+
+@test "2 ranks: tiny Mixtral and DeepSeek-V3 equal the simulated run" {
+    dist 2 model mixtral
+    dist 2 model deepseek_v3
+}
+
+@test "4 ranks: tiny Qwen3-MoE equals the simulated run" {
+    dist 4 model qwen3_moe
+}
+
+# die HOW: rank 1 fails; the job ends in bounded time with one clear error
+die() {
+    local t0=$SECONDS
+    DIST_TIMEOUT=20 run timeout 120 torchrun --standalone --nproc-per-node 2 dist_check.py die "$1"
+    [ "$status" -ne 0 ]
+    [ "$status" -ne 124 ]
+    [ $((SECONDS - t0)) -lt 60 ]
+    if has 'dist: all ok' >/dev/null; then return 1; fi
+}
+
+@test "a rank that dies before the collectives: the other ends with one clear error" {
+    die early
+    has 'dist: rank 0: error: [^ ]+: token counts: rank 0 of 2: the process group failed .*did a peer rank die or raise\?'
+}
+
+@test "a rank that dies while the other is inside liblrmoe's all-to-all: one clear error" {
+    die inexec
+    has 'dist: rank 0: error: [^ ]+: forward: rank 0 of 2: the process group failed .*did a peer rank die or raise\?'
+}
+
+@test "ranks that plan differently: every rank says so" {
+    die plan
+    has "dist: rank 0: error: [^ ]+: the ranks disagree on the plan: rank 1's differs from rank 0's"
+    has "dist: rank 1: error: [^ ]+: the ranks disagree on the plan"
+}

@@ -1,0 +1,220 @@
+"""lrmoe.torch over a real process group, run under torchrun (gloo, CPU):
+every rank compares its share with the simulated single-process run
+(patch(..., ranks=P)), which each rank computes itself on the whole batch.
+
+  torchrun --standalone --nproc-per-node P dist_check.py experts [planners]
+      the experts op alone: for each planner, rate 1.0 and 0.7, select topk
+      and sample, 3 SGD steps: outputs, the hidden and routing-weight
+      gradients of this rank's tokens and the weight gradients of its native
+      experts are the same bits (the others' zero), the backward all-to-alls
+      carry exactly the kept rows (R*D*4 bytes over all ranks, each of the
+      two), and with rate < 1 fewer rows than pairs.
+  ... dist_check.py model FAMILY
+      a tiny Hugging Face model, each rank one sequence of the batch: logits
+      of this rank's rows, the gradient of its input embeddings and its
+      native experts' gradients equal, over 3 SGD steps on the expert
+      parameters.
+  ... dist_check.py die early|inexec|plan
+      rank 1 exits in its first forward (before the collectives or inside
+      liblrmoe's exec), or plans for another rate: rank 0 (every rank, for
+      plan) ends with one clear error, no hang (the group's timeout bounds it).
+Prints "dist: RANK ok N checks" per rank (rank 0 also "dist: all ok").
+"""
+import copy
+import ctypes
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import tiny  # noqa: F401  (paths, LRMOE_LIBRARY)
+import lrmoe.torch as lt
+
+TIMEOUT = float(os.environ.get("DIST_TIMEOUT", "60"))
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT))
+ME, P = dist.get_rank(), dist.get_world_size()
+torch.set_num_threads(1)
+checks = 0
+
+
+def fail(msg):
+    print(f"dist: rank {ME}: FAIL {msg}", flush=True)
+    sys.exit(1)
+
+
+def same(a, b, what):
+    global checks
+    checks += 1
+    if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
+        d = (a.float() - b.float()).abs().max().item() if a.shape == b.shape else "shape"
+        fail(f"{what}: differs from the simulated run (max |diff| {d}, {tuple(a.shape)} vs "
+             f"{tuple(b.shape)})")
+
+
+def routing(Tg, E, K, seed):
+    """Skewed top-K routing of Tg tokens (the same on every rank)."""
+    g = torch.Generator().manual_seed(seed)
+    prob = torch.tensor([8.0 / (1 + e) for e in range(E)])
+    ids = torch.stack([torch.multinomial(prob, K, generator=g) for _ in range(Tg)])
+    w = torch.softmax(torch.randn(Tg, K, generator=g), -1)
+    return ids, w
+
+
+def native(E):
+    return [e for e in range(E) if lt.lib.lrmoe_exec_native(e, E, P) == ME]
+
+
+def experts(planners):
+    E, D = tiny.E, tiny.D
+    S = 24
+    Tg = S * P
+    lo, hi = ME * Tg // P, (ME + 1) * Tg // P
+    nat = native(E)
+    for planner in planners:
+        for rate in (1.0, 0.7):
+            for select in ("topk", "sample"):
+                tag = f"{planner} rate={rate} select={select}"
+                base = tiny.block("qwen3_moe", seed=3)
+                ref, mine = copy.deepcopy(base), copy.deepcopy(base)
+                hr = lt.patch(ref, rate=rate, ranks=P, planner=planner, select=select, seed=5)
+                hm = lt.patch(mine, rate=rate, planner=planner, select=select, seed=5,
+                              group=dist.group.WORLD)
+                opt_r = torch.optim.SGD(ref.experts.parameters(), lr=0.5)
+                opt_m = torch.optim.SGD(mine.experts.parameters(), lr=0.5)
+                moved = 0
+                for step in range(3):
+                    gen = torch.Generator().manual_seed(100 + step)
+                    x = torch.randn(Tg, D, generator=gen)
+                    G = torch.randn(Tg, D, generator=gen)
+                    ids, w = routing(Tg, E, tiny.K, 200 + step)
+                    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+                    out_r = ref.experts(xr, ids, wr)
+                    out_r.backward(G)
+                    xm, wm = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
+                    out_m = mine.experts(xm, ids[lo:hi], wm)
+                    out_m.backward(G[lo:hi])
+                    t = f"{tag} step {step}"
+                    same(out_m, out_r[lo:hi].detach(), f"{t}: output")
+                    same(xm.grad, xr.grad[lo:hi], f"{t}: grad hidden")
+                    same(wm.grad, wr.grad[lo:hi], f"{t}: grad topk_weights")
+                    for n in ("gate_up_proj", "down_proj"):
+                        gm = getattr(mine.experts, n).grad
+                        gr = getattr(ref.experts, n).grad
+                        same(gm[nat], gr[nat], f"{t}: grad {n} of native experts {nat}")
+                        other = [e for e in range(E) if e not in nat]
+                        same(gm[other], torch.zeros_like(gm[other]), f"{t}: grad {n} of others")
+                    rec, rr = hm.stats[-1], hr.stats[-1]
+                    global checks
+                    checks += 1
+                    if rec["kept"] != rr["kept"] or rec["moved"] != rr["moved"]:
+                        fail(f"{t}: kept/moved {rec['kept']}/{rec['moved']} vs simulated "
+                             f"{rr['kept']}/{rr['moved']}")
+                    b = torch.tensor(rec["bwd_a2a_bytes"], dtype=torch.int64)
+                    if len(b) != 2:
+                        fail(f"{t}: {len(b)} backward all-to-alls, expected 2")
+                    dist.all_reduce(b)
+                    want = rec["kept"] * D * 4
+                    if b.tolist() != [want, want]:
+                        fail(f"{t}: backward all-to-all bytes {b.tolist()} over all ranks, "
+                             f"expected the kept rows {rec['kept']} x {D} x 4 = {want} each")
+                    if rate < 1 and planner == "lrmoe" and not rec["kept"] < rec["pairs"]:
+                        fail(f"{t}: rate {rate} kept all {rec['pairs']} pairs")
+                    moved += rec["moved"]
+                    opt_r.step()
+                    opt_m.step()
+                    opt_r.zero_grad()
+                    opt_m.zero_grad()
+                # planners with replicas sent weights and gradients by p2p
+                a2a, p2p = ctypes.c_int64(), ctypes.c_int64()
+                lt.lib.lrmoe_comm_callback_sent(hm.dist.comm, ctypes.byref(a2a), ctypes.byref(p2p))
+                n = torch.tensor([p2p.value, a2a.value])
+                dist.all_reduce(n)
+                checks += 1
+                if planner != "fixed" and n[0] == 0:
+                    fail(f"{tag}: no p2p bytes: no replica used")
+                if planner == "fixed" and n[0] != 0:
+                    fail(f"{tag}: {int(n[0])} p2p bytes without replicas")
+
+
+def model(family):
+    V, S = 64, 12
+    if family == "deepseek_v3":
+        torch.manual_seed(4)
+        m0 = tiny.tf.DeepseekV3ForCausalLM(tiny.config(family)).float()
+    else:
+        m0 = tiny.model(family, seed=4)
+    ref, mine = copy.deepcopy(m0), copy.deepcopy(m0)
+    lt.patch(ref, rate=0.7, ranks=P, seed=9)
+    lt.patch(mine, rate=0.7, seed=9, group=dist.group.WORLD)
+    E = tiny.E
+    nat = native(E)
+
+    def eparams(m):
+        return [p for n, p in m.named_parameters() if ".experts." in n]
+    for m in (ref, mine):
+        for n, p in m.named_parameters():
+            p.requires_grad_(".experts." in n)
+    opt_r = torch.optim.SGD(eparams(ref), lr=0.5)
+    opt_m = torch.optim.SGD(eparams(mine), lr=0.5)
+    for step in range(3):
+        gen = torch.Generator().manual_seed(300 + step)
+        ids = torch.randint(0, V, (P, S), generator=gen)
+        emb_r = ref.get_input_embeddings()(ids).detach().requires_grad_()
+        emb_m = mine.get_input_embeddings()(ids[ME:ME + 1]).detach().requires_grad_()
+        lr_ = ref(inputs_embeds=emb_r).logits
+        lm = mine(inputs_embeds=emb_m).logits
+        same(lm[0], lr_[ME].detach(), f"{family} step {step}: logits")
+        tgt = torch.roll(ids, -1, 1)
+        N = P * S
+        loss_r = torch.nn.functional.cross_entropy(lr_.reshape(-1, V), tgt.reshape(-1),
+                                                   reduction="sum") / N
+        loss_m = torch.nn.functional.cross_entropy(lm.reshape(-1, V), tgt[ME].reshape(-1),
+                                                   reduction="sum") / N
+        loss_r.backward()
+        loss_m.backward()
+        same(emb_m.grad[0], emb_r.grad[ME], f"{family} step {step}: grad of the input embeddings")
+        for (n, pm), (_, pr) in zip(mine.named_parameters(), ref.named_parameters()):
+            if ".experts." in n:
+                same(pm.grad[nat], pr.grad[nat], f"{family} step {step}: grad {n}[{nat}]")
+        opt_r.step()
+        opt_m.step()
+        opt_r.zero_grad()
+        opt_m.zero_grad()
+
+
+def die(how):
+    """inexec: rank 1 exits where the exec starts (rank 0 is then inside
+    liblrmoe's all-to-all); early: in the token count; plan: rank 1 plans
+    for another rate."""
+    blk = tiny.block("qwen3_moe", seed=3)
+    lt.patch(blk, rate=0.5 if how == "plan" and ME == 1 else 0.7, group=dist.group.WORLD)
+    if how == "inexec" and ME == 1:
+        from lrmoe import dist as ld
+        ld.Group.run = lambda *a: os._exit(3)
+    Tg, D = 16 * P, tiny.D
+    ids, w = routing(Tg, tiny.E, tiny.K, 1)
+    lo, hi = ME * Tg // P, (ME + 1) * Tg // P
+    if how == "early" and ME == 1:
+        os._exit(3)
+    try:
+        blk.experts(torch.randn(hi - lo, D, requires_grad=True), ids[lo:hi], w[lo:hi])
+    except lt.Error as e:
+        print(f"dist: rank {ME}: error: {e}", flush=True)
+        sys.exit(2)
+    fail("no error though rank 1 died or disagreed")
+
+
+what = sys.argv[1]
+if what == "experts":
+    experts(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb"])
+elif what == "model":
+    model(sys.argv[2])
+elif what == "die":
+    die(sys.argv[2])
+print(f"dist: {ME} ok {checks} checks", flush=True)
+dist.barrier()
+if ME == 0:
+    print("dist: all ok", flush=True)
+dist.destroy_process_group()
