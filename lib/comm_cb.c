@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "lrmoe.h"
+#include "clock.h"
 #include "comm.h"
 #include "exec.h"
 

@@ -11,7 +11,7 @@ load /usr/lib/bats/bats-assert/load
 
 setup() {
     TOP="$BATS_TEST_DIRNAME/.."
-    export LRMOE_LIBRARY="$TOP/build/liblrmoe.so.1"
+    export LRMOE_LIBRARY="$TOP/build/liblrmoe.so.2"
     export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
     python3 -c 'import torch, transformers' 2>/dev/null ||
         skip "torch and transformers are not installed (tests/deps.sh test installs them)"
