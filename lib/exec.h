@@ -243,9 +243,6 @@ int lrmoe_exec_critical(int P, const double *timings);
 /* 0 if all n values are finite, else -1 "NAME: non-finite value at index I". */
 int lrmoe_exec_check_finite(lrmoe_dtype_t dt, const void *x, size_t n, const char *name);
 
-#if defined(__GNUC__)
-#pragma GCC visibility pop
-#endif
 
 /* ---------------------------------------------------------------- callback communicator
  * One process per rank whose data the caller moves (lib/comm_cb.c): the
@@ -273,5 +270,9 @@ void lrmoe_comm_callback_free(struct lrmoe_comm *c);
 /* Bytes this rank sent by all-to-all-v (rows to itself included) and by p2p. */
 void lrmoe_comm_callback_sent(const struct lrmoe_comm *c, int64_t *a2a_bytes,
                               int64_t *p2p_bytes);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #endif

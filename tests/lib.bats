@@ -52,6 +52,12 @@ setup() {
     for s in lrmoe_plan_cli_opt lrmoe_gen_frame lrmoe_sim_run; do
         ! printf '%s\n' "$syms" | grep -qx "$s" || fail "internal $s exported"
     done
+    # and every function they declare is exported: a declaration outside
+    # a header's `#pragma GCC visibility push(default)` would stay hidden
+    declared=$(perl -0777 -ne 's{/\*.*?\*/}{}gs; s{//[^\n]*}{}g; print "$1\n" while /\b(lrmoe_[a-z0-9_]+)\s*\(/g' \
+        "$LIBD"/../include/lrmoe/*.h | sort -u)
+    missing=$(comm -23 <(printf '%s\n' "$declared") <(printf '%s\n' "$syms"))
+    [ -z "$missing" ] || fail "declared in an installed header but not exported: $missing"
 }
 
 @test "the staged liblrmoe.a defines only lrmoe_* globals (C objects hidden by default, CUDA objects' C++/CUB/NVTX symbols made local)" {
