@@ -499,3 +499,22 @@ PY
     assert_line "fits: -1 budget: 'fits' before a run"
     assert_line --regexp "^ep: -1 .*ep"
 }
+
+@test "lrmoe_exec_args_t: forward, pack and compact backward by field name give the struct calls' bits; misuse is named" {
+    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
+    flags=$(pkg-config --cflags --libs lrmoe)
+    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
+        -o "$T/args" "$BATS_TEST_DIRNAME/lib/args_inproc.c" $flags
+    assert_success
+    run env LD_LIBRARY_PATH="$LIBD" "$T/args"
+    assert_success
+    assert_line "R 16 moved 0 pack_pair set"
+    assert_line "same bits"
+    assert_line "unknown: -1 exec args: no argument 'hiden' (lrmoe_exec_args_new(3) lists them)"
+    assert_line "number for a pointer: -1 exec args: 'hidden' is a pointer (lrmoe_exec_args_set_ptr)"
+    assert_line "pointer for a number: -1 exec args: 'T' is a number (lrmoe_exec_args_set)"
+    assert_line "int range: -1 exec args: P = 1099511627776 is out of int range"
+    assert_line "get: -1 exec args: no number 'w_gate'"
+    assert_line --regexp "^forward: -1 "
+    assert_line "unset ptr: NULL"
+}

@@ -1,11 +1,14 @@
-"""ctypes view of liblrmoe.so.2: loading, the mirrored public structs, and
-the error convention (a call that returns < 0 raises lrmoe.Error with the
-library's own message). Every struct mirrored here is checked against
+"""ctypes view of liblrmoe.so.2: loading, the few mirrored public structs
+(a frame and its tensors, the writer's and the router's options), the exec
+arguments by name (ExecArgs), and the error convention (a call that returns
+< 0 raises lrmoe.Error with the library's own message). Every struct
+mirrored here is checked against
 lrmoe_abi_sizeof() of the library actually loaded, so a binding/library
 mismatch is one clear error at import instead of memory corruption."""
 import ctypes
 import ctypes.util
 import os
+from typing import Any, Dict, Optional
 
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int32,
                     c_int64, c_size_t, c_uint64, c_void_p)
@@ -70,58 +73,8 @@ class RouteOpts(Structure):
                 ("groups", c_int), ("topk_groups", c_int), ("threads", c_int)]
 
 
-class PackIn(Structure):
-    _fields_ = [("T", c_int64), ("K", c_int), ("E", c_int), ("P", c_int),
-                ("topk_ids", c_void_p), ("keep", c_void_p), ("pair_rank", c_void_p),
-                ("placement", c_void_p), ("bwd_alloc", c_void_p), ("quota", c_void_p)]
-
-
-class PackPlan(Structure):
-    _fields_ = [("R", c_int64), ("E", c_int), ("P", c_int), ("K", c_int), ("T", c_int64),
-                ("moved", c_int64), ("pair", c_void_p), ("rank", c_void_p),
-                ("counts", c_void_p), ("offsets", c_void_p)]
-
-
-class ExecDims(Structure):
-    _fields_ = [("T", c_int64), ("E", c_int64), ("K", c_int64), ("D", c_int64),
-                ("F", c_int64), ("P", c_int)]
-
-
-# lrmoe_compute_t (lib/gemm_cpu.h): lrmoe_exec_cfg_t.compute
+# lrmoe_compute_t (lib/gemm_cpu.h): the exec argument "compute"
 COMPUTE_AUTO, COMPUTE_F32, COMPUTE_BF16 = 0, 1, 2
-
-
-class ExecCfg(Structure):
-    _fields_ = [(n, c_int) for n in ("backend", "threads", "allow_nonfinite", "device",
-                                     "rank_threads", "cpu_clock", "gpus", "gemm",
-                                     "gemm_streams", "compute")] + [("comm", c_void_p)]
-
-
-class ExecWeights(Structure):
-    _fields_ = [("dtype", c_int)] + [(n, c_void_p) for n in (
-        "w_gate", "w_up", "w_down", "w_gate_f32", "w_up_f32", "w_down_f32", "w_f32")]
-
-
-class ExecPlan(Structure):
-    _fields_ = [("placement", c_void_p), ("fwd_alloc", c_void_p)]
-
-
-class ExecFwd(Structure):
-    _fields_ = [("act_dtype", c_int)] + [(n, c_void_p) for n in (
-        "hidden", "topk_ids", "topk_weights", "output", "pair_rank", "phi_sqnorm",
-        "saved_gate", "saved_up", "pair_out")]
-
-
-class ExecBwd(Structure):
-    _fields_ = ([("mode", c_int), ("act_dtype", c_int), ("grad_dtype", c_int)] +
-                [(n, c_void_p) for n in ("topk_ids", "topk_weights", "grad_output", "pair_out",
-                                         "hidden", "pair_rank", "saved_gate", "saved_up",
-                                         "keep")] +
-                [("R", c_int64)] +
-                [(n, c_void_p) for n in ("pack_pair", "pack_rank", "pack_counts",
-                                         "pack_offsets", "pack_grad", "pack_hidden",
-                                         "pack_gate", "pack_up", "grad_hidden", "grad_w_gate",
-                                         "grad_w_up", "grad_w_down", "grad_topk_weights")])
 
 
 def _sig(name, res, *args):
@@ -202,16 +155,19 @@ _sig("lrmoe_score_sample_by_rank", c_int, c_int64, c_int, c_int, c_int, P, P, P,
      P, P, P, P, P)
 _sig("lrmoe_score_weighted_alpha", None, c_int64, P, P, P)
 # pack
-_sig("lrmoe_pack_assign", c_int, POINTER(PackIn), POINTER(PackPlan))
-_sig("lrmoe_pack_plan_free", None, POINTER(PackPlan))
 _sig("lrmoe_pack_gather", None, P, c_int64, c_int, c_int, P, c_size_t, P)
 _sig("lrmoe_pack_gather_scaled_dt", None, P, c_int64, c_int, c_int64, c_int, P, P, P)
 # exec
-_sig("lrmoe_exec_cfg_default", None, POINTER(ExecCfg))
-_sig("lrmoe_exec_forward", c_int, POINTER(ExecCfg), POINTER(ExecDims), POINTER(ExecWeights),
-     POINTER(ExecPlan), POINTER(ExecFwd), P)
-_sig("lrmoe_exec_backward", c_int, POINTER(ExecCfg), POINTER(ExecDims), POINTER(ExecWeights),
-     POINTER(ExecPlan), POINTER(ExecBwd), P)
+# lrmoe_exec_forward/backward's and lrmoe_pack_assign's arguments by name (api.h)
+_sig("lrmoe_exec_args_new", c_void_p)
+_sig("lrmoe_exec_args_free", None, c_void_p)
+_sig("lrmoe_exec_args_set", c_int, c_void_p, c_char_p, c_int64)
+_sig("lrmoe_exec_args_set_ptr", c_int, c_void_p, c_char_p, c_void_p)
+_sig("lrmoe_exec_args_get", c_int, c_void_p, c_char_p, POINTER(c_int64))
+_sig("lrmoe_exec_args_get_ptr", c_void_p, c_void_p, c_char_p)
+_sig("lrmoe_exec_args_pack", c_int, c_void_p)
+_sig("lrmoe_exec_args_forward", c_int, c_void_p, P)
+_sig("lrmoe_exec_args_backward", c_int, c_void_p, P)
 _sig("lrmoe_exec_stage_name", c_char_p, c_int)
 _sig("lrmoe_exec_native", c_int, c_int64, c_int64, c_int)
 _sig("lrmoe_exec_check_finite", c_int, c_int, P, c_size_t, c_char_p)
@@ -227,11 +183,7 @@ VERSION = lib.lrmoe_version().decode()
 VERSION_NUMBER = lib.lrmoe_version_number()
 
 _MIRRORS = {"lrmoe_tensor_t": Tensor, "lrmoe_frame_t": Frame, "lrmoe_wopts_t": WOpts,
-            "lrmoe_route_opts_t": RouteOpts,
-            "lrmoe_pack_in_t": PackIn, "lrmoe_pack_plan_t": PackPlan,
-            "lrmoe_exec_dims_t": ExecDims, "lrmoe_exec_cfg_t": ExecCfg,
-            "lrmoe_exec_weights_t": ExecWeights, "lrmoe_exec_plan_t": ExecPlan,
-            "lrmoe_exec_fwd_t": ExecFwd, "lrmoe_exec_bwd_t": ExecBwd}
+            "lrmoe_route_opts_t": RouteOpts}
 
 
 def check_mirror(name, struct):
@@ -411,3 +363,53 @@ def ptr(a):
     if not a.flags.c_contiguous:
         raise Error("internal: a non-contiguous buffer")
     return a.ctypes.data
+
+
+# the exec arguments that are numbers (lrmoe_exec_args_set); every other
+# name is a buffer or pointer (lrmoe_exec_args_set_ptr)
+_ARG_NUMBERS = frozenset((
+    "backend", "threads", "allow_nonfinite", "device", "rank_threads", "cpu_clock", "gpus",
+    "gemm", "gemm_streams", "compute", "T", "E", "K", "D", "F", "P", "weights_dtype",
+    "act_dtype", "mode", "grad_dtype", "R"))
+
+
+class ExecArgs:
+    """lrmoe_exec_args_t (api.h): the arguments of lrmoe_exec_forward,
+    lrmoe_exec_backward and lrmoe_pack_assign held by liblrmoe and set by
+    field name, so this binding mirrors none of their structs. Built from
+    dicts of fields (numbers, and buffers as addresses or None)."""
+
+    def __init__(self, *groups: Dict[str, Any], **fields: Any) -> None:
+        self.h = lib.lrmoe_exec_args_new()
+        if not self.h:
+            check(-1, "exec arguments")
+        for g in groups:
+            self.set(**g)
+        self.set(**fields)
+
+    def __del__(self) -> None:
+        h, self.h = getattr(self, "h", None), None
+        if h:
+            lib.lrmoe_exec_args_free(h)
+
+    def set(self, **fields: Any) -> "ExecArgs":
+        for k, v in fields.items():
+            if k in _ARG_NUMBERS:
+                check(lib.lrmoe_exec_args_set(self.h, k.encode(), int(v)))
+            else:
+                check(lib.lrmoe_exec_args_set_ptr(self.h, k.encode(), v))
+        return self
+
+    def get(self, name: str) -> int:
+        v = c_int64()
+        check(lib.lrmoe_exec_args_get(self.h, name.encode(), ctypes.byref(v)))
+        return v.value
+
+    def get_ptr(self, name: str) -> Optional[int]:
+        return lib.lrmoe_exec_args_get_ptr(self.h, name.encode())
+
+    def pack(self) -> "ExecArgs":
+        """lrmoe_pack_assign on the pack's fields; the backward's R and
+        pack_* fields become its plan."""
+        check(lib.lrmoe_exec_args_pack(self.h))
+        return self

@@ -242,12 +242,11 @@ class Group:
         b = np.array([r * Tg // self.P for r in range(self.P + 1)], np.int64)
         return (np.searchsorted(b, t, side="right") - 1).astype(np.int64)
 
-    def cfg(self, base: Any) -> Any:
-        c = _lib.ExecCfg()
-        ctypes.memmove(ctypes.byref(c), ctypes.byref(base), ctypes.sizeof(c))
-        c.comm = self.comm
-        c.allow_nonfinite = 1  # the rows this rank holds are checked instead
-        return c
+    def cfg(self, base: Dict[str, Any]) -> Dict[str, Any]:
+        """The exec's cfg by name (lrmoe_exec_args_t) on this rank's
+        communicator; the rows this rank holds are checked instead of the
+        whole global-shaped arrays."""
+        return dict(base, comm=self.comm, allow_nonfinite=1)
 
     def sent_bytes(self, phase: str) -> List[int]:
         return [n for p, n in self.sent if p == phase]
@@ -294,8 +293,8 @@ def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, trai
     check(lib.lrmoe_exec_assign(Tg, K, E, P, gids.data_ptr(), fwd_alloc.ctypes.data,
                                 placement.ctypes.data, pr.ctypes.data), f"{blk.name}: assign")
     W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True)
-    dims = _lib.ExecDims(T=Tg, E=E, K=K, D=D, F=F, P=P)
-    Pl = _lib.ExecPlan(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
+    dims = dict(T=Tg, E=E, K=K, D=D, F=F, P=P)
+    Pl = dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
     xg = torch.empty(Tg, D, dtype=hidden.dtype)
     xg[lo:lo + T] = x
     out = torch.empty(Tg, D, dtype=hidden.dtype)
@@ -306,15 +305,13 @@ def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, trai
     su = torch.empty(n, K, F, dtype=hidden.dtype)
     po = torch.empty(n, K, D, dtype=hidden.dtype)
     tr = (lambda t: t.data_ptr()) if train else (lambda t: None)
-    a = _lib.ExecFwd(act_dtype=_lib.DT[dt], hidden=xg.data_ptr(), topk_ids=gids.data_ptr(),
-                     topk_weights=galpha.data_ptr(), output=out.data_ptr(),
-                     pair_rank=prs.data_ptr(), phi_sqnorm=tr(phi), saved_gate=tr(sg),
-                     saved_up=tr(su), pair_out=tr(po))
+    a = _lib.ExecArgs(g.cfg(o.cfg), dims, W, Pl, act_dtype=_lib.DT[dt], hidden=xg.data_ptr(),
+                      topk_ids=gids.data_ptr(), topk_weights=galpha.data_ptr(),
+                      output=out.data_ptr(), pair_rank=prs.data_ptr(), phi_sqnorm=tr(phi),
+                      saved_gate=tr(sg), saved_up=tr(su), pair_out=tr(po))
     tim = (ctypes.c_double * (P * lt._STAGES))()
-    cfg = g.cfg(o.cfg)
     g.phase, g.sent, g.moved = "fwd", [], {}
-    call(g.run, f"{blk.name}: forward", lib.lrmoe_exec_forward, ctypes.byref(cfg),
-         ctypes.byref(dims), ctypes.byref(W), ctypes.byref(Pl), ctypes.byref(a), tim)
+    call(g.run, f"{blk.name}: forward", lib.lrmoe_exec_args_forward, a.h, tim)
     del keep_alive
     if train:  # ||phi||^2 where the pair ran -> its token's owner, who scores it
         u = np.arange(Tg * K, dtype=np.int64)
@@ -412,55 +409,43 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     else:
         check(call(lib.lrmoe_score_select, Tg, K, E, gids.data_ptr(), gscore.data_ptr(),
                    quota.ctypes.data, -1.0, keep.data_ptr(), load.ctypes.data, None), "select")
-    pin = _lib.PackIn(T=Tg, K=K, E=E, P=P, topk_ids=gids.data_ptr(), keep=keep.data_ptr(),
-                      pair_rank=pr_p, placement=placement.ctypes.data,
+    W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False)
+    b = _lib.ExecArgs(g.cfg(o.cfg), dict(T=Tg, E=E, K=K, D=D, F=F, P=P), W,
+                      dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data),
+                      topk_ids=gids.data_ptr(), keep=keep.data_ptr(), pair_rank=pr_p,
                       bwd_alloc=bwd_alloc.ctypes.data, quota=quota.ctypes.data)
-    pp = _lib.PackPlan()
-    check(call(lib.lrmoe_pack_assign, ctypes.byref(pin), ctypes.byref(pp)), "pack")
-    try:
-        R = pp.R
-        upair = np.ctypeslib.as_array(ctypes.cast(pp.pair, POINTER(c_int64)), (R,)).copy() \
-            if R else np.empty(0, np.int64)
-        urank = np.ctypeslib.as_array(ctypes.cast(pp.rank, POINTER(ctypes.c_int32)),
-                                      (R,)).astype(np.int64) if R else np.empty(0, np.int64)
-        # the saved state of kept pairs to their backward rank, the hidden
-        # rows it lacks from the token's owner
-        qrank = pair_rank.numpy().reshape(-1)[upair].astype(np.int64)
-        g.move(f"{blk.name}: saved_gate", sg.view(Tg * K, F), upair, qrank, urank)
-        g.move(f"{blk.name}: saved_up", su.view(Tg * K, F), upair, qrank, urank)
-        xg = torch.empty(Tg, D, dtype=hidden.dtype)
-        xg[lo:lo + T] = x
-        tp = np.unique((upair // K) * P + urank)
-        g.move(f"{blk.name}: hidden", xg, tp // P, g.owners(Tg, tp // P), tp % P)
-        gg = torch.empty(Tg, D, dtype=gr.dtype)
-        gg[lo:lo + T] = gr
-        pog = torch.empty(Tg, K, D, dtype=hidden.dtype)
-        pog[lo:lo + T] = pair_out
-        gh = torch.empty(Tg, D, dtype=torch.float32)
-        gwg, gwu = o.scratch_grad(E, F, D)
-        gwd = torch.empty(E, D, F, dtype=torch.float32)
-        gtw = torch.empty(Tg, K, dtype=torch.float32)
-        W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False)
-        Pl = _lib.ExecPlan(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
-        d = _lib.ExecDims(T=Tg, E=E, K=K, D=D, F=F, P=P)
-        b = _lib.ExecBwd(mode=2, act_dtype=_lib.DT[dt], grad_dtype=_lib.DT[gdt],
-                         topk_ids=gids.data_ptr(), topk_weights=alpha_b.data_ptr(),
-                         grad_output=gg.data_ptr(), pair_out=pog.data_ptr(),
-                         hidden=xg.data_ptr(), pair_rank=pr_p, saved_gate=sg.data_ptr(),
-                         saved_up=su.data_ptr(), R=R, pack_pair=pp.pair, pack_rank=pp.rank,
-                         pack_counts=pp.counts, pack_offsets=pp.offsets, pack_grad=None,
-                         pack_hidden=None, pack_gate=None, pack_up=None,
-                         grad_hidden=gh.data_ptr(), grad_w_gate=gwg.data_ptr(),
-                         grad_w_up=gwu.data_ptr(), grad_w_down=gwd.data_ptr(),
-                         grad_topk_weights=gtw.data_ptr())
-        tim = (ctypes.c_double * (P * lt._STAGES))()
-        cfg = g.cfg(o.cfg)
-        call(g.run, f"{blk.name}: backward", lib.lrmoe_exec_backward, ctypes.byref(cfg),
-             ctypes.byref(d), ctypes.byref(W), ctypes.byref(Pl), ctypes.byref(b), tim)
-        del keep_alive
-        rec["kept"], rec["moved"] = int(R), int(pp.moved)
-    finally:
-        lib.lrmoe_pack_plan_free(ctypes.byref(pp))
+    check(call(lib.lrmoe_exec_args_pack, b.h), "pack")
+    R = b.get("R")
+    upair = np.ctypeslib.as_array(ctypes.cast(b.get_ptr("pack_pair"), POINTER(c_int64)),
+                                  (R,)).copy() if R else np.empty(0, np.int64)
+    urank = np.ctypeslib.as_array(ctypes.cast(b.get_ptr("pack_rank"), POINTER(ctypes.c_int32)),
+                                  (R,)).astype(np.int64) if R else np.empty(0, np.int64)
+    # the saved state of kept pairs to their backward rank, the hidden
+    # rows it lacks from the token's owner
+    qrank = pair_rank.numpy().reshape(-1)[upair].astype(np.int64)
+    g.move(f"{blk.name}: saved_gate", sg.view(Tg * K, F), upair, qrank, urank)
+    g.move(f"{blk.name}: saved_up", su.view(Tg * K, F), upair, qrank, urank)
+    xg = torch.empty(Tg, D, dtype=hidden.dtype)
+    xg[lo:lo + T] = x
+    tp = np.unique((upair // K) * P + urank)
+    g.move(f"{blk.name}: hidden", xg, tp // P, g.owners(Tg, tp // P), tp % P)
+    gg = torch.empty(Tg, D, dtype=gr.dtype)
+    gg[lo:lo + T] = gr
+    pog = torch.empty(Tg, K, D, dtype=hidden.dtype)
+    pog[lo:lo + T] = pair_out
+    gh = torch.empty(Tg, D, dtype=torch.float32)
+    gwg, gwu = o.scratch_grad(E, F, D)
+    gwd = torch.empty(E, D, F, dtype=torch.float32)
+    gtw = torch.empty(Tg, K, dtype=torch.float32)
+    b.set(mode=2, act_dtype=_lib.DT[dt], grad_dtype=_lib.DT[gdt],
+          topk_weights=alpha_b.data_ptr(), grad_output=gg.data_ptr(), pair_out=pog.data_ptr(),
+          hidden=xg.data_ptr(), saved_gate=sg.data_ptr(), saved_up=su.data_ptr(),
+          grad_hidden=gh.data_ptr(), grad_w_gate=gwg.data_ptr(), grad_w_up=gwu.data_ptr(),
+          grad_w_down=gwd.data_ptr(), grad_topk_weights=gtw.data_ptr())
+    tim = (ctypes.c_double * (P * lt._STAGES))()
+    call(g.run, f"{blk.name}: backward", lib.lrmoe_exec_args_backward, b.h, tim)
+    del keep_alive
+    rec["kept"], rec["moved"] = int(R), b.get("moved")
     rec["bwd_a2a_bytes"] = g.sent_bytes("bwd")
     rec["bwd_move_bytes"] = g.moved.get("bwd", 0)
     if o.keep_masks:

@@ -480,8 +480,9 @@ def _layer_of(handle: int) -> "_Layer":
 
 def _exec_weights(layer: "_Layer", gate_up: Tensor, down: Tensor, dt: str, placement: np.ndarray,
                   fwd_alloc: np.ndarray, check_finite: bool) -> Tuple[Any, tuple]:
-    """lrmoe_exec_weights_t of the expert parameters for one call (and the
-    tensors it points into, to keep alive while it is used)."""
+    """The weights' exec arguments (lrmoe_exec_weights_t's fields by name)
+    of the expert parameters for one call, and the tensors they point into,
+    to keep alive while they are used."""
     blk = layer.block
     E, D, F = blk.E, blk.D, blk.F
     gu, dn = gate_up.detach(), down.detach()
@@ -495,9 +496,9 @@ def _exec_weights(layer: "_Layer", gate_up: Tensor, down: Tensor, dt: str, place
         # --allow-nonfinite has no counterpart here): one pass of the library's check
         check(lib.lrmoe_exec_check_finite(_lib.DT["F32"], wf, E * 3 * F * D,
                                           b"expert weights"), blk.name)
-    W = _lib.ExecWeights(dtype=_lib.DT[dt], w_gate=_buf("w_gate", w_gate, dt, (E, F, D)),
-                         w_up=_buf("w_up", w_up, dt, (E, F, D)),
-                         w_down=_buf("down_proj", w_down, dt, (E, D, F)), w_f32=wf)
+    W = dict(weights_dtype=_lib.DT[dt], w_gate=_buf("w_gate", w_gate, dt, (E, F, D)),
+             w_up=_buf("w_up", w_up, dt, (E, F, D)),
+             w_down=_buf("down_proj", w_down, dt, (E, D, F)), w_f32=wf)
     return W, (w_gate, w_up, w_down, w_f32)
 
 
@@ -547,9 +548,9 @@ def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down:
     bwd_alloc = np.ascontiguousarray(cf.get("bwd_alloc")[0], np.int64)
     attrs = cf.attrs()
     W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True)
-    dims = _lib.ExecDims(T=T, E=E, K=K, D=D, F=F, P=P)
-    Pl = _lib.ExecPlan(placement=_buf("placement", placement, "U8", (E, P)),
-                       fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
+    dims = dict(T=T, E=E, K=K, D=D, F=F, P=P)
+    Pl = dict(placement=_buf("placement", placement, "U8", (E, P)),
+              fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
     out = torch.empty(T, D, dtype=hidden.dtype)
     pair_rank = torch.empty(T, K, dtype=torch.int32)
     # the backward's state only when a gradient will be asked for
@@ -559,18 +560,18 @@ def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down:
     su = torch.empty(n, K, F, dtype=hidden.dtype)
     pair_out = torch.empty(n, K, D, dtype=hidden.dtype)
     tr = (lambda t: t) if train else (lambda t: None)
-    a = _lib.ExecFwd(act_dtype=_lib.DT[dt], hidden=_buf("hidden", x, dt, (T, D)),
-                     topk_ids=_buf("topk_ids", ids, "I32", (T, K)),
-                     topk_weights=_buf("topk_weights", alpha, "F32", (T, K)),
-                     output=_buf("output", out, dt, (T, D), True),
-                     pair_rank=_buf("pair_rank", pair_rank, "I32", (T, K), True),
-                     phi_sqnorm=_buf("phi_sqnorm", tr(phi), "F32", (T, K), True),
-                     saved_gate=_buf("saved_gate", tr(sg), dt, (T, K, F), True),
-                     saved_up=_buf("saved_up", tr(su), dt, (T, K, F), True),
-                     pair_out=_buf("pair_out", tr(pair_out), dt, (T, K, D), True))
+    a = _lib.ExecArgs(o.cfg, dims, W, Pl, act_dtype=_lib.DT[dt],
+                      hidden=_buf("hidden", x, dt, (T, D)),
+                      topk_ids=_buf("topk_ids", ids, "I32", (T, K)),
+                      topk_weights=_buf("topk_weights", alpha, "F32", (T, K)),
+                      output=_buf("output", out, dt, (T, D), True),
+                      pair_rank=_buf("pair_rank", pair_rank, "I32", (T, K), True),
+                      phi_sqnorm=_buf("phi_sqnorm", tr(phi), "F32", (T, K), True),
+                      saved_gate=_buf("saved_gate", tr(sg), dt, (T, K, F), True),
+                      saved_up=_buf("saved_up", tr(su), dt, (T, K, F), True),
+                      pair_out=_buf("pair_out", tr(pair_out), dt, (T, K, D), True))
     tim = (ctypes.c_double * (P * _STAGES))()
-    check(call(lib.lrmoe_exec_forward, ctypes.byref(o.cfg), ctypes.byref(dims),
-               ctypes.byref(W), ctypes.byref(Pl), ctypes.byref(a), tim), f"{blk.name}: forward")
+    check(call(lib.lrmoe_exec_args_forward, a.h, tim), f"{blk.name}: forward")
     del keep_alive
     rec: Dict[str, Any] = {"layer": blk.layer, "step": o.steps.get(blk.layer, 0), "pairs": T * K,
                            "tokens": T}
@@ -608,7 +609,7 @@ def experts_backward(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gat
     dt = _act_dtype(blk.name, hidden, gate_up, down)
     T, D = hidden.shape
     E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
-    d = _lib.ExecDims(T=T, E=E, K=K, D=D, F=F, P=P)
+    d = dict(T=T, E=E, K=K, D=D, F=F, P=P)
     c = torch.Tensor.contiguous  # saved-tensor hooks may unpack any layout
     x = hidden.detach().contiguous()
     ids = topk_ids.detach().to(torch.int32).contiguous()
@@ -619,8 +620,8 @@ def experts_backward(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gat
     quota = np.ascontiguousarray(quota.numpy(), np.int64)
     bwd_alloc = np.ascontiguousarray(bwd_alloc.numpy(), np.int64)
     W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False)
-    Pl = _lib.ExecPlan(placement=_buf("placement", placement, "U8", (E, P)),
-                       fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
+    Pl = dict(placement=_buf("placement", placement, "U8", (E, P)),
+              fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
     g = grad_out.contiguous()
     gdt = _TORCH_DT.get(g.dtype)
     if gdt is None:
@@ -665,36 +666,25 @@ def experts_backward(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gat
     else:
         check(call(lib.lrmoe_score_select, T, K, E, _ptr(ids), _ptr(score), quota.ctypes.data,
                    -1.0, _ptr(keep), load.ctypes.data, None), "select")
-    # pack: assignment to the plan's backward allocation, then the rows
-    pin = _lib.PackIn(T=T, K=K, E=E, P=P, topk_ids=_ptr(ids), keep=_ptr(keep),
-                      pair_rank=_ptr(pair_rank), placement=Pl.placement,
-                      bwd_alloc=bwd_alloc.ctypes.data, quota=quota.ctypes.data)
-    pp = _lib.PackPlan()
-    check(call(lib.lrmoe_pack_assign, ctypes.byref(pin), ctypes.byref(pp)), "pack")
-    try:
-        R = pp.R
-        # the layout-only form (lrmoe-pack --layout-only): the CPU backend
-        # gathers each segment's rows from x, sg, su and alpha*g by pack_pair
-        # while it fills its buffers, the bits of the packed copies
-        gh = torch.empty(T, D, dtype=torch.float32)
-        gwg, gwu = o.scratch_grad(E, F, D)
-        gwd = torch.empty(E, D, F, dtype=torch.float32)
-        gtw = torch.empty(T, K, dtype=torch.float32)
-        b = _lib.ExecBwd(mode=2, act_dtype=_lib.DT[dt], grad_dtype=_lib.DT[gdt],
-                         topk_ids=_ptr(ids), topk_weights=_ptr(alpha_b), grad_output=_ptr(g),
-                         pair_out=_ptr(pair_out), hidden=_ptr(x), pair_rank=_ptr(pair_rank),
-                         saved_gate=_ptr(sg), saved_up=_ptr(su), R=R, pack_pair=pp.pair,
-                         pack_rank=pp.rank, pack_counts=pp.counts, pack_offsets=pp.offsets,
-                         pack_grad=None, pack_hidden=None, pack_gate=None, pack_up=None,
-                         grad_hidden=_ptr(gh), grad_w_gate=_ptr(gwg), grad_w_up=_ptr(gwu),
-                         grad_w_down=_ptr(gwd), grad_topk_weights=_ptr(gtw))
-        tim = (ctypes.c_double * (P * _STAGES))()
-        check(call(lib.lrmoe_exec_backward, ctypes.byref(o.cfg), ctypes.byref(d),
-                   ctypes.byref(W), ctypes.byref(Pl), ctypes.byref(b), tim),
-              f"{blk.name}: backward")
-        rec["kept"], rec["moved"] = int(R), int(pp.moved)
-    finally:
-        lib.lrmoe_pack_plan_free(ctypes.byref(pp))
+    # pack: assignment to the plan's backward allocation (the rows' layout)
+    b = _lib.ExecArgs(o.cfg, d, W, Pl, topk_ids=_ptr(ids), keep=_ptr(keep),
+                      pair_rank=_ptr(pair_rank), bwd_alloc=bwd_alloc.ctypes.data,
+                      quota=quota.ctypes.data)
+    check(call(lib.lrmoe_exec_args_pack, b.h), "pack")
+    # the layout-only form (lrmoe-pack --layout-only): the CPU backend
+    # gathers each segment's rows from x, sg, su and alpha*g by pack_pair
+    # while it fills its buffers, the bits of the packed copies
+    gh = torch.empty(T, D, dtype=torch.float32)
+    gwg, gwu = o.scratch_grad(E, F, D)
+    gwd = torch.empty(E, D, F, dtype=torch.float32)
+    gtw = torch.empty(T, K, dtype=torch.float32)
+    b.set(mode=2, act_dtype=_lib.DT[dt], grad_dtype=_lib.DT[gdt], topk_weights=_ptr(alpha_b),
+          grad_output=_ptr(g), pair_out=_ptr(pair_out), hidden=_ptr(x), saved_gate=_ptr(sg),
+          saved_up=_ptr(su), grad_hidden=_ptr(gh), grad_w_gate=_ptr(gwg),
+          grad_w_up=_ptr(gwu), grad_w_down=_ptr(gwd), grad_topk_weights=_ptr(gtw))
+    tim = (ctypes.c_double * (P * _STAGES))()
+    check(call(lib.lrmoe_exec_args_backward, b.h, tim), f"{blk.name}: backward")
+    rec["kept"], rec["moved"] = b.get("R"), b.get("moved")
     del keep_alive
     if o.keep_masks:
         rec["keep"] = keep.numpy().astype(bool)
@@ -966,13 +956,13 @@ class Patch:
         elif planner == "capacity":
             raise Error('planner="capacity" needs capacity_factor= (e.g. 1.0 or 1.25)')
         Planner(ranks=self.ranks, **self.plan_options)  # bad options fail here, once
-        self.cfg = _lib.ExecCfg()
-        lib.lrmoe_exec_cfg_default(ctypes.byref(self.cfg))
-        self.cfg.threads = _lib.i32("threads", threads if threads is not None
-                                    else torch.get_num_threads(), 0, 1024)
-        # F32 numerics: the layer hands liblrmoe packed F32 weights (w_f32) and,
-        # in storage dtype, only the experts that cross ranks
-        self.cfg.compute = _lib.COMPUTE_F32
+        # the exec's cfg by name (lrmoe_exec_args_t); F32 numerics: the layer
+        # hands liblrmoe packed F32 weights (w_f32) and, in storage dtype,
+        # only the experts that cross ranks
+        self.cfg: Dict[str, Any] = dict(
+            threads=_lib.i32("threads", threads if threads is not None
+                             else torch.get_num_threads(), 0, 1024),
+            compute=_lib.COMPUTE_F32)
         self.stats: List[Dict[str, Any]] = []
         self.steps: Dict[int, int] = {}
         self.layers: List[_Layer] = []

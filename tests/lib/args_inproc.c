@@ -1,0 +1,136 @@
+/* lrmoe_exec_args_t (api.h) against the struct calls it holds the
+ * arguments of: a forward and a compact backward (layout-only) on the same
+ * buffers through both, which must give the same bits; then the misuse
+ * cases, each printed with its error. Built against the staged tree. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <lrmoe/lrmoe.h>
+#include <lrmoe/api.h>
+#include <lrmoe/exec.h>
+#include <lrmoe/pack.h>
+
+enum { T = 12, E = 4, K = 2, D = 8, F = 6, P = 2 };
+
+static float rnd(unsigned *s)
+{
+    *s = *s * 1103515245u + 12345u;
+    return (float)((*s >> 8) & 0xffff) / 65536.0f - 0.5f;
+}
+
+static void fill(float *x, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++) x[i] = rnd(&seed);
+}
+
+typedef struct {
+    float out[T * D], phi[T * K], sg[T * K * F], su[T * K * F], po[T * K * D];
+    int32_t pr[T * K];
+    float gh[T * D], gwg[E * F * D], gwu[E * F * D], gwd[E * D * F], gtw[T * K];
+} result_t;
+
+static float x[T * D], alpha[T * K], wg[E * F * D], wu[E * F * D], wd[E * D * F], g[T * D];
+static int32_t ids[T * K];
+static uint8_t keep[T * K];
+
+static int by_structs(result_t *r)
+{
+    lrmoe_exec_cfg_t cfg;
+    lrmoe_exec_cfg_default(&cfg);
+    lrmoe_exec_dims_t d = {T, E, K, D, F, P};
+    lrmoe_exec_weights_t w = {.dtype = LRMOE_F32, .w_gate = wg, .w_up = wu, .w_down = wd};
+    lrmoe_exec_plan_t pl = {NULL, NULL};
+    lrmoe_exec_fwd_t f = {.act_dtype = LRMOE_F32, .hidden = x, .topk_ids = ids,
+                          .topk_weights = alpha, .output = r->out, .pair_rank = r->pr,
+                          .phi_sqnorm = r->phi, .saved_gate = r->sg, .saved_up = r->su,
+                          .pair_out = r->po};
+    if (lrmoe_exec_forward(&cfg, &d, &w, &pl, &f, NULL) < 0) return -1;
+    lrmoe_pack_in_t in = {T, K, E, P, ids, keep, r->pr, NULL, NULL, NULL};
+    lrmoe_pack_plan_t pp;
+    if (lrmoe_pack_assign(&in, &pp) < 0) return -1;
+    lrmoe_exec_bwd_t b = {.mode = LRMOE_MODE_COMPACT, .act_dtype = LRMOE_F32,
+                          .grad_dtype = LRMOE_F32, .topk_ids = ids, .topk_weights = alpha,
+                          .grad_output = g, .pair_out = r->po, .hidden = x,
+                          .pair_rank = r->pr, .saved_gate = r->sg, .saved_up = r->su,
+                          .R = pp.R, .pack_pair = pp.pair, .pack_rank = pp.rank,
+                          .pack_counts = pp.counts, .pack_offsets = pp.offsets,
+                          .grad_hidden = r->gh, .grad_w_gate = r->gwg, .grad_w_up = r->gwu,
+                          .grad_w_down = r->gwd, .grad_topk_weights = r->gtw};
+    int rc = lrmoe_exec_backward(&cfg, &d, &w, &pl, &b, NULL);
+    lrmoe_pack_plan_free(&pp);
+    return rc;
+}
+
+static int by_name(result_t *r)
+{
+    lrmoe_exec_args_t *a = lrmoe_exec_args_new();
+    const struct { const char *n; int64_t v; } nums[] = {
+        {"T", T}, {"E", E}, {"K", K}, {"D", D}, {"F", F}, {"P", P},
+        {"weights_dtype", LRMOE_F32}, {"act_dtype", LRMOE_F32}};
+    const struct { const char *n; const void *p; } ptrs[] = {
+        {"w_gate", wg}, {"w_up", wu}, {"w_down", wd}, {"hidden", x}, {"topk_ids", ids},
+        {"topk_weights", alpha}, {"output", r->out}, {"pair_rank", r->pr},
+        {"phi_sqnorm", r->phi}, {"saved_gate", r->sg}, {"saved_up", r->su},
+        {"pair_out", r->po}, {"keep", keep}};
+    int rc = 0;
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
+        rc |= lrmoe_exec_args_set(a, nums[i].n, nums[i].v);
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        rc |= lrmoe_exec_args_set_ptr(a, ptrs[i].n, ptrs[i].p);
+    if (rc || lrmoe_exec_args_forward(a, NULL) < 0 || lrmoe_exec_args_pack(a) < 0) {
+        lrmoe_exec_args_free(a);
+        return -1;
+    }
+    lrmoe_exec_args_set(a, "mode", LRMOE_MODE_COMPACT);
+    lrmoe_exec_args_set(a, "grad_dtype", LRMOE_F32);
+    lrmoe_exec_args_set_ptr(a, "grad_output", g);
+    lrmoe_exec_args_set_ptr(a, "grad_hidden", r->gh);
+    lrmoe_exec_args_set_ptr(a, "grad_w_gate", r->gwg);
+    lrmoe_exec_args_set_ptr(a, "grad_w_up", r->gwu);
+    lrmoe_exec_args_set_ptr(a, "grad_w_down", r->gwd);
+    lrmoe_exec_args_set_ptr(a, "grad_topk_weights", r->gtw);
+    int64_t R = -1, moved = -1;
+    lrmoe_exec_args_get(a, "R", &R);
+    lrmoe_exec_args_get(a, "moved", &moved);
+    printf("R %lld moved %lld pack_pair %s\n", (long long)R, (long long)moved,
+           lrmoe_exec_args_get_ptr(a, "pack_pair") ? "set" : "NULL");
+    rc = lrmoe_exec_args_backward(a, NULL);
+    lrmoe_exec_args_free(a);
+    return rc;
+}
+
+static void show(const char *what, int rc)
+{
+    printf("%s: %d %s\n", what, rc, lrmoe_errmsg());
+}
+
+int main(void)
+{
+    unsigned s = 7;
+    fill(x, sizeof x / 4, 1), fill(wg, sizeof wg / 4, 2), fill(wu, sizeof wu / 4, 3);
+    fill(wd, sizeof wd / 4, 4), fill(g, sizeof g / 4, 5), fill(alpha, sizeof alpha / 4, 6);
+    for (int u = 0; u < T * K; u++) {
+        ids[u] = (int32_t)((u / K * 3 + (u % K) * (1 + (int)(rnd(&s) > 0))) % E);
+        keep[u] = (uint8_t)(u % 3 != 1);
+    }
+    for (int t = 0; t < T; t++) /* two distinct experts per token */
+        if (ids[t * K] == ids[t * K + 1]) ids[t * K + 1] = (ids[t * K] + 1) % E;
+    static result_t r1, r2;
+    memset(&r1, 0xa5, sizeof r1), memset(&r2, 0x5a, sizeof r2);
+    if (by_structs(&r1) < 0 || by_name(&r2) < 0) {
+        fprintf(stderr, "exec: %s\n", lrmoe_errmsg());
+        return 1;
+    }
+    printf("%s\n", memcmp(&r1, &r2, sizeof r1) ? "DIFFERENT" : "same bits");
+    lrmoe_exec_args_t *a = lrmoe_exec_args_new();
+    show("unknown", lrmoe_exec_args_set(a, "hiden", 1));
+    show("number for a pointer", lrmoe_exec_args_set(a, "hidden", 1));
+    show("pointer for a number", lrmoe_exec_args_set_ptr(a, "T", x));
+    show("int range", lrmoe_exec_args_set(a, "P", (int64_t)1 << 40));
+    show("get", lrmoe_exec_args_get(a, "w_gate", &(int64_t){0}));
+    show("forward", lrmoe_exec_args_forward(a, NULL));
+    printf("unset ptr: %s\n", lrmoe_exec_args_get_ptr(a, "hidden") ? "set" : "NULL");
+    lrmoe_exec_args_free(a);
+    lrmoe_exec_args_free(NULL);
+    return 0;
+}
