@@ -518,3 +518,18 @@ PY
     assert_line --regexp "^forward: -1 "
     assert_line "unset ptr: NULL"
 }
+
+@test "lrmoe_comm_callback_new: 3 ranks on 3 threads (forward with a replica, pack, compact backward) equal the single-controller run bit for bit" {
+    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
+    flags=$(pkg-config --cflags --libs lrmoe)
+    run cc -std=c11 -Wall -Wextra -Werror -pthread ${SANITIZE:+-fsanitize=address,undefined} \
+        -o "$T/comm" "$BATS_TEST_DIRNAME/lib/comm_threads.c" $flags
+    assert_success
+    run env LD_LIBRARY_PATH="$LIBD" "$T/comm"
+    assert_success
+    assert_line "same bits"
+    # the replica of expert 0 on rank 2: its weights leave rank 0 by p2p,
+    # its weight gradients come back from rank 2
+    assert_line --regexp "^rank 0 sent [1-9][0-9]* a2a bytes, [1-9][0-9]* p2p bytes$"
+    assert_line --regexp "^rank 2 sent [1-9][0-9]* a2a bytes, [1-9][0-9]* p2p bytes$"
+}
