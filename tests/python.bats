@@ -67,6 +67,11 @@ unit() {
     unit test_torch_api
 }
 
+@test "python: lrmoe.torch.register: a torchtitan-style GroupedExperts block and a custom transposed-layout block patched (plain torch autograd at rate 1 to 1e-6, the drop reference at rate < 1), dumped, and bad registrations refused" {
+    need_torch
+    unit test_register
+}
+
 @test "python: lrmoe.budget and lrmoe.torch.budget (a live model and optimizer) equal lrmoe-budget" {
     need_torch
     unit test_budget
