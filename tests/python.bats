@@ -115,3 +115,24 @@ unit() {
     need_torch
     unit test_byrank
 }
+
+@test "lrmoe-python(3) documents every public function and class of lrmoe and lrmoe.torch, and every unit-suffixed stats key" {
+    need_torch
+    page=$(mandoc -T ascii "$TOP/man/man3/lrmoe-python.3" | col -b)
+    names=$(cd "$TOP/lib/python" && python3 -c '
+import inspect, lrmoe, lrmoe.torch as lt
+for n in lrmoe.__all__:
+    if n != "__version__":
+        print("lrmoe." + n if n not in ("Error", "LibraryNotFound") else n)
+for n, o in sorted(vars(lt).items()):
+    if not n.startswith("_") and (inspect.isfunction(o) or inspect.isclass(o)) and \
+            o.__module__ in ("lrmoe.torch", "lrmoe.adapters"):
+        print(n)
+for n in lt.UNIT_KEYS.values():
+    print(n)
+')
+    [ "$(printf '%s\n' "$names" | wc -l)" -ge 40 ]
+    for n in $names; do
+        printf '%s' "$page" | grep -qF -- "$n" || fail "$n is not in lrmoe-python(3)"
+    done
+}

@@ -237,6 +237,9 @@ class Rate1(unittest.TestCase):
             self.assertLess(rel(g1[n], g0[n]), tol, f"grad {n}")
         rec = h.stats[-1]
         self.assertEqual((rec["rho"], rec["kept"], rec["pairs"]), (1.0, T * K, T * K))
+        for old, new in lt.UNIT_KEYS.items():  # unit-suffixed keys, the old as aliases
+            self.assertEqual(rec[new], rec[old], new)
+        self.assertTrue({"mem_peak_bytes", "t_comm_s", "fwd_s", "bwd_lib_cpu_s"} <= set(rec))
         if kind == "titan":  # the load accumulates as the block's own forward does
             self.assertTrue(torch.equal(pat.tokens_per_expert, ref.tokens_per_expert))
         h.unpatch()

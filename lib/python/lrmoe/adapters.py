@@ -325,10 +325,22 @@ class Adapter:
 _REGISTRY: Dict[Union[type, str], Adapter] = {}
 
 
-def register(cls: Union[type, str], **kw: Any) -> Adapter:
+def register(cls: Union[type, str], *, experts: str = "experts", layout: str = "fused",
+             weights: Optional[Dict[str, str]] = None, router: Optional[str] = "gate",
+             route: Optional[str] = None, k: Union[int, str, None] = None,
+             renorm: Union[bool, str] = False, scale: Union[float, str] = 1.0,
+             groups: Union[int, str] = 0, topk_groups: Union[int, str] = 0,
+             expert_bias: Optional[str] = None, shared: Optional[str] = None, act: Any = "silu",
+             load: Optional[str] = None, route_from: Optional[str] = None,
+             scaled_input: Optional[str] = None) -> Adapter:
     """Register (or replace) the adapter of block class cls (a class, or a
-    class name matched on any class of that name): Adapter(cls, **kw)."""
-    ad = Adapter(cls, **kw)
+    class name matched on any class of that name); the arguments are
+    Adapter's (module docstring, lrmoe-python(3)). Bad arguments raise
+    lrmoe.Error naming them and register nothing."""
+    ad = Adapter(cls, experts=experts, layout=layout, weights=weights, router=router,
+                 route=route, k=k, renorm=renorm, scale=scale, groups=groups,
+                 topk_groups=topk_groups, expert_bias=expert_bias, shared=shared, act=act,
+                 load=load, route_from=route_from, scaled_input=scaled_input)
     _REGISTRY[cls] = ad
     return ad
 

@@ -8,6 +8,9 @@ Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE, DeepSeek-V3, GLM4-MoE. gpt-oss's
 experts are not SwiGLU (interleaved gate/up, sigmoid(1.702 g) gating,
 clamping, +1 on up, biases); no weights make lrmoe's silu(g)*u equal to
 it, so patch() and the weights of dump() refuse it with a clear message.
+Other blocks: register(cls, experts=, layout=, weights=, router=, route=,
+...) (lrmoe.adapters; the six families above are its pre-registered
+entries). Reference: lrmoe-python(3).
 
 dump(model, out, every=N, weights=PATH)  hooks writing one frame per MoE
     block and dumped step: hidden (T,D), router_logits (T,E), grad_output
@@ -523,6 +526,22 @@ class _Call:
         rec[f"{phase}_cpu_seconds"] = time.thread_time() - self.c0
         rec[f"{phase}_lib_seconds"] = self.lib
         rec[f"{phase}_lib_cpu_seconds"] = self.lib_cpu
+        _units(rec)
+
+
+# stats keys with the TSVs' unit suffixes (lrmoe-python(3)); the older
+# names stay in the record as aliases of the same values
+UNIT_KEYS = {"mem_peak": "mem_peak_bytes", "t_comm": "t_comm_s"}
+for _ph in ("fwd", "bwd"):
+    UNIT_KEYS.update({f"{_ph}_seconds": f"{_ph}_s", f"{_ph}_cpu_seconds": f"{_ph}_cpu_s",
+                      f"{_ph}_lib_seconds": f"{_ph}_lib_s",
+                      f"{_ph}_lib_cpu_seconds": f"{_ph}_lib_cpu_s"})
+
+
+def _units(rec: Dict[str, Any]) -> None:
+    for old, new in UNIT_KEYS.items():
+        if old in rec:
+            rec[new] = rec[old]
 
 
 # The expert layer as two torch ops over liblrmoe. They take tensors, the
@@ -989,7 +1008,9 @@ class Patch:
     with select="sample" also pair_weight, 1/p of each kept pair, and
     pair_prob, p), and
     {fwd,bwd}_seconds / _cpu_seconds / _lib_seconds / _lib_cpu_seconds: wall
-    and thread-CPU time of the whole forward/backward and inside liblrmoe);
+    and thread-CPU time of the whole forward/backward and inside liblrmoe;
+    each also under its unit-suffixed name, UNIT_KEYS: mem_peak_bytes,
+    t_comm_s, fwd_s, fwd_cpu_s, fwd_lib_s, fwd_lib_cpu_s, bwd_...);
     .modules the installed LRMoEExperts; unpatch() puts the original
     experts modules back (with the parameters they share, trained)."""
 
