@@ -156,6 +156,81 @@ class CustomMoE(nn.Module):
         return (out + self.shared(x)).reshape(shape)
 
 
+STORED = {"fused": {"gate_up": (E, 2 * F, D), "down": (E, D, F)},
+          "fused_t": {"gate_up": (E, D, 2 * F), "down": (E, F, D)},
+          "separate": {"wg": (E, F, D), "wu": (E, F, D), "wd": (E, D, F)},
+          "separate_t": {"wg": (E, D, F), "wu": (E, D, F), "wd": (E, F, D)}}
+
+
+class LayoutMoE(nn.Module):
+    """Experts stored in one of the four layouts; the reference reads W_gate,
+    W_up (E,F,D) and W_down (E,D,F) out of them in plain torch. Routing:
+    softmax + renorm, or DeepSeek-V3's sigmoid with a selection-only bias,
+    limited to the 2 best of 4 groups (group score: sum of its two best),
+    renormalised and scaled by 2.5."""
+    layout, route = "fused", "softmax"
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(D, E, bias=False)
+        self.experts = nn.Module()
+        for n, sh in STORED[self.layout].items():
+            setattr(self.experts, n, nn.Parameter(torch.empty(sh)))
+        self.register_buffer("bias", torch.zeros(E))
+        self.keep = self.pw = None
+
+    def mats(self):
+        ex, lay = self.experts, self.layout
+        if lay.startswith("fused"):
+            gu = ex.gate_up.transpose(1, 2) if lay == "fused_t" else ex.gate_up
+            dn = ex.down.transpose(1, 2) if lay == "fused_t" else ex.down
+            return gu[:, :F], gu[:, F:], dn
+        t = (lambda w: w.transpose(1, 2)) if lay == "separate_t" else (lambda w: w)
+        return t(ex.wg), t(ex.wu), t(ex.wd)
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        lg = self.gate(x).float()
+        if self.route == "softmax":
+            p = Fn.softmax(lg, dim=-1)
+            w, ids = torch.topk(p, K, dim=-1)
+            w = w / w.sum(-1, keepdim=True)
+        else:
+            s = torch.sigmoid(lg)
+            c = (s + self.bias).detach()
+            g = c.view(-1, 4, E // 4).topk(2, dim=-1).values.sum(-1)
+            gm = torch.zeros_like(g).scatter_(1, g.topk(2, dim=-1).indices, 1.0)
+            c = c.masked_fill(gm.repeat_interleave(E // 4, 1) == 0, float("-inf"))
+            ids = c.topk(K, dim=-1).indices
+            w = s.gather(1, ids)
+            w = w / (w.sum(-1, keepdim=True) + 1e-20) * 2.5
+        wg, wu, wd = self.mats()
+        y = torch.stack([torch.einsum("tf,tdf->td", Fn.silu(torch.einsum("td,tfd->tf", x,
+                                                                         wg[ids[:, k]])) *
+                                      torch.einsum("td,tfd->tf", x, wu[ids[:, k]]),
+                                      wd[ids[:, k]]) for k in range(K)], 1)
+        y = _pairs(y, self.keep, self.pw)
+        return (y * w[..., None].to(y.dtype)).sum(1).reshape(shape)
+
+
+LAYOUT_CLASSES = {}
+for _lay in STORED:
+    for _rt in ("softmax", "sigmoid"):
+        LAYOUT_CLASSES[_lay, _rt] = type(f"LayoutMoE_{_lay}_{_rt}", (LayoutMoE,),
+                                         {"layout": _lay, "route": _rt})
+
+
+def build_layout(layout, route, seed=0):
+    torch.manual_seed(seed)
+    b = LAYOUT_CLASSES[layout, route]()
+    with torch.no_grad():
+        for p in b.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+        b.bias.copy_(torch.randn(E) * 0.1)
+    return b
+
+
 def build(kind, seed=0, dtype=torch.float32, **kw):
     torch.manual_seed(seed)
     b = TitanMoE(**kw) if kind == "titan" else CustomMoE()
@@ -168,6 +243,13 @@ def build(kind, seed=0, dtype=torch.float32, **kw):
 
 
 def setUpModule():
+    for (lay, rt), cls in LAYOUT_CLASSES.items():
+        w = None if lay.startswith("fused") else {"gate": "wg", "up": "wu", "down": "wd"}
+        if lay.startswith("fused"):
+            w = {"gate_up": "gate_up", "down": "down"}
+        opts = dict(renorm=True) if rt == "softmax" else dict(
+            renorm=True, scale=2.5, groups=4, topk_groups=2, expert_bias="bias")
+        lt.register(cls, layout=lay, weights=w, router="gate", route=rt, k=K, **opts)
     lt.register_torchtitan(TitanMoE)
     lt.register(CustomMoE, experts="experts", layout="separate_t",
                 weights={"gate": "gate", "up": "up", "down": "down"}, router="router",
@@ -175,6 +257,8 @@ def setUpModule():
 
 
 def tearDownModule():
+    for cls in LAYOUT_CLASSES.values():
+        lt.unregister(cls)
     lt.unregister(TitanMoE)
     lt.unregister(CustomMoE)
 
@@ -303,6 +387,35 @@ class Drop(unittest.TestCase):
                         self.assertLess(rel(g1[n], g0[n]), 1e-6, f"grad {n}")
                     _, gxf, _ = run(build(kind, **kw), x)  # the drop is real
                     self.assertGreater(rel(gx1, gxf), 1e-3)
+
+
+class Layouts(unittest.TestCase):
+    """Each of the four layouts, with softmax and group-limited sigmoid
+    routing: rate 1 equals plain torch autograd (1e-6), rate 0.6 the drop
+    reference (1e-6); float32 weights of every layout run on views of the
+    packed buffer."""
+
+    def test_layouts(self):
+        for lay, rt in LAYOUT_CLASSES:
+            for rate in (1.0, 0.6):
+                with self.subTest(f"{lay} {rt} {rate}"):
+                    ref = build_layout(lay, rt)
+                    pat = copy.deepcopy(ref)
+                    h = lt.patch(pat, rate=rate, ranks=2, keep_masks=True, select="topk")
+                    torch.manual_seed(11)
+                    x = torch.randn(2, T // 2, D)
+                    o1, gx1, g1 = run(pat, x)
+                    rec = h.stats[-1]
+                    if rate < 1:
+                        self.assertLess(rec["kept"], rec["pairs"])
+                        ref.keep = rec["keep"]
+                    o0, gx0, g0 = run(ref, x)
+                    self.assertLess(rel(o1, o0), 1e-6)
+                    self.assertLess(rel(gx1, gx0), 1e-6)
+                    self.assertEqual(sorted(g0), sorted(g1))
+                    for n in g0:
+                        self.assertLess(rel(g1[n], g0[n]), 1e-6, f"grad {n}")
+                    self.assertTrue(h.layers[0].adopted)
 
 
 class DumpRegistered(tiny.TmpDirCase):
