@@ -481,6 +481,15 @@ class BadRegistration(unittest.TestCase):
         self.err(lambda: lt.register(CustomMoE, shared="shared"), "shared= goes with route=")
         self.err(lambda: lt.register(42), "cls is 42")
 
+    def test_unregistered(self):
+        lt.unregister(TitanMoE)
+        try:
+            with self.assertRaisesRegex(lrmoe.Error, "unsupported MoE block TitanMoE.*"
+                                        "lrmoe.torch.register"):
+                lt.patch(build("titan"))
+        finally:
+            setUpModule()
+
     def test_found_blocks(self):
         try:
             blk = build("custom")

@@ -151,8 +151,11 @@ def _check_ids(name, topk_ids, E):
 
 
 def _is_moe_like(m):
+    """An experts module with Hugging Face's or torchtitan's weight names."""
     ex = getattr(m, "experts", None)
-    return ex is not None and hasattr(ex, "gate_up_proj") and hasattr(ex, "down_proj")
+    return ex is not None and (hasattr(ex, "gate_up_proj") and hasattr(ex, "down_proj") or
+                               all(isinstance(getattr(ex, n, None), torch.Tensor)
+                                   for n in ("w1", "w2", "w3")))
 
 
 class _Block:
@@ -319,7 +322,8 @@ class Dump:
         self.w = Writer(out, compress=compress)
         first = self.blocks[0]
         for b in self.blocks:
-            self.hooks.append(b.router.register_forward_hook(self._router_hook(b)))
+            if b.router is not None:
+                self.hooks.append(b.router.register_forward_hook(self._router_hook(b)))
             # a route block's routed output is its output less the shared
             # experts': the gradient at it is the block output's
             self.hooks.append((b.module if b.route is not None else b.experts)
