@@ -472,7 +472,8 @@ class BadRegistration(unittest.TestCase):
                  "fused, fused_t, separate, separate_t")
         self.err(lambda: lt.register(CustomMoE, layout="separate", act="gelu"),
                  "register(CustomMoE)", "activation 'gelu' is not silu")
-        self.err(lambda: lt.register(CustomMoE, act=torch.nn.GELU()), "act=GELU(approximate='none')")
+        self.err(lambda: lt.register(CustomMoE, act=torch.nn.GELU()),
+                 "act=GELU(approximate='none')")
         self.err(lambda: lt.register(CustomMoE, act=Fn.gelu), "act='gelu'")
         self.err(lambda: lt.register(CustomMoE, layout="separate", weights={"gate_up": "w"}),
                  "weights ['gate_up']: not roles of layout 'separate'")

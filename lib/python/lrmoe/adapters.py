@@ -49,8 +49,7 @@ LAYOUTS: Dict[str, Dict[str, Tuple[str, bool]]] = {
     "fused_t": {"gate_up": ("E,D,2F", True), "down": ("E,F,D", True)},
     # torchtitan's GroupedExperts: w1 (gate), w3 (up) (E,F,D), w2 (down) (E,D,F)
     "separate": {"gate": ("E,F,D", False), "up": ("E,F,D", False), "down": ("E,D,F", False)},
-    # per-expert [D,F] matrices used as x @ W (Megatron-Core GroupedMLP's
-    # per-expert view, older torchtitan): gate, up (E,D,F), down (E,F,D)
+    # per-expert [D,F] matrices used as x @ W: gate, up (E,D,F), down (E,F,D)
     "separate_t": {"gate": ("E,D,F", True), "up": ("E,D,F", True), "down": ("E,F,D", True)},
 }
 DEFAULT_WEIGHTS = {"fused": {"gate_up": "gate_up_proj", "down": "down_proj"},
@@ -160,7 +159,8 @@ class Adapter:
                         "(silu(x Wg^T) * (x Wu^T) Wd^T)")
         if name is None and (not callable(act) or isinstance(act, (type, torch.nn.Module)) or
                              str(getattr(act, "__module__", "")).startswith("torch")):
-            raise Error(f"{w}: act={getattr(act, '__name__', act)!r}: expected 'silu', a silu module or function, or a "
+            raise Error(f"{w}: act={getattr(act, '__name__', act)!r}: expected 'silu', a silu "
+                        "module or function, or a "
                         "function of the experts module giving the activation's name")
         self.experts, self.layout, self.weights = experts, layout, names
         self.router, self.route, self.shared, self.load = router, route, shared, load
