@@ -389,6 +389,28 @@ class Drop(unittest.TestCase):
                     self.assertGreater(rel(gx1, gxf), 1e-3)
 
 
+class Compile(unittest.TestCase):
+    """torch.compile(fullgraph=True) keeps a patched route block in one
+    graph (routing is the custom op torch.ops.lrmoe.route_topk) and gives
+    eager's output and gradients."""
+
+    def test_fullgraph(self):
+        blk = build("titan")
+        lt.patch(blk, rate=1.0, ranks=2)
+        x = torch.randn(2, T // 2, D)
+        e = run(blk, x)
+        blk.zero_grad(set_to_none=True)
+        torch._dynamo.reset()
+        try:
+            c = run(torch.compile(blk, fullgraph=True, backend="aot_eager"), x)
+        finally:
+            torch._dynamo.reset()
+        self.assertTrue(torch.equal(c[0], e[0]) and torch.equal(c[1], e[1]))
+        self.assertEqual(len(c[2]), len(e[2]))
+        for n in e[2]:
+            self.assertTrue(torch.equal(c[2]["_orig_mod." + n], e[2][n]), n)
+
+
 class Layouts(unittest.TestCase):
     """Each of the four layouts, with softmax and group-limited sigmoid
     routing: rate 1 equals plain torch autograd (1e-6), rate 0.6 the drop

@@ -102,6 +102,11 @@ class _Join(torch.autograd.Function):
         return g[:, :ctx.F], g[:, ctx.F:]
 
 
+def _compiling() -> bool:
+    c = getattr(torch, "compiler", None)
+    return bool(c is not None and hasattr(c, "is_compiling") and c.is_compiling())
+
+
 def _adjacent(gate: torch.Tensor, up: torch.Tensor) -> bool:
     """up follows gate row by row in one buffer: [W_gate; W_up] per expert."""
     E, F, D = gate.shape
@@ -246,7 +251,10 @@ class Adapter:
         if "gate_up" in v:
             return v["gate_up"], v["down"]
         g, u = v["gate"], v["up"]
-        gu = _Join.apply(g, u) if _adjacent(g, u) else torch.cat([g, u], dim=1)
+        # torch.compile cannot trace the storage check: compiled, gate and up
+        # are joined by a copy (and the layer then packs its own copy)
+        gu = (_Join.apply(g, u) if not _compiling() and _adjacent(g, u)
+              else torch.cat([g, u], dim=1))
         return gu, v["down"]
 
     def adopt(self, ex: torch.nn.Module, buf: torch.Tensor, E: int, D: int, F: int) -> None:
@@ -275,21 +283,17 @@ class Adapter:
     # ---- routing (route blocks)
 
     def route_pairs(self, block: torch.nn.Module, logits: torch.Tensor
-                    ) -> Tuple[torch.Tensor, torch.Tensor, Any]:
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """(topk_ids (T,K) int64, topk_weights (T,K) float32 with autograd to
-        the logits, expert_load (E) numpy): liblrmoe chooses, torch weighs."""
-        from .ops import route
+        the logits): liblrmoe chooses (torch.ops.lrmoe.route_topk), torch
+        weighs."""
         rt = self.route_for(block)
         k, renorm = int(self.opt(block, "k")), bool(self.opt(block, "renorm"))
         scale = float(self.opt(block, "scale"))
         bias = resolve(block, self.expert_bias, None) if self.expert_bias else None
-        lg = logits.detach().float().contiguous()
-        f = route(lg.numpy(), k=k, router=rt, renorm=renorm, scale=scale,
-                  groups=int(self.opt(block, "groups")),
-                  topk_groups=int(self.opt(block, "topk_groups")),
-                  expert_bias=None if bias is None or rt != "sigmoid"
-                  else bias.detach().float().contiguous().numpy())
-        ids = torch.from_numpy(f["topk_ids"]).long()
+        ids = _ROUTE(logits.detach(), None if bias is None or rt != "sigmoid" else bias.detach(),
+                     k, rt, renorm, scale, int(self.opt(block, "groups")),
+                     int(self.opt(block, "topk_groups")))
         x = logits.float()
         if rt == "softmax":
             w = torch.softmax(x, dim=-1).gather(1, ids)
@@ -301,7 +305,7 @@ class Adapter:
             w = torch.sigmoid(x).gather(1, ids)
             if renorm:
                 w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
-        return ids, w * scale, f["expert_load"]
+        return ids, w * scale
 
     def forward(self, block: torch.nn.Module, x: torch.Tensor, *args: Any,
                 **kwargs: Any) -> torch.Tensor:
@@ -309,17 +313,46 @@ class Adapter:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         logits = resolve(block, self.router)(x2)
-        ids, w, load = self.route_pairs(block, logits)
+        ids, w = self.route_pairs(block, logits)
         if self.load:
             acc = resolve(block, self.load, None)
             if isinstance(acc, torch.Tensor):
                 with torch.no_grad():
-                    acc.add_(torch.from_numpy(load).to(acc.dtype))
+                    acc.add_(torch.bincount(ids.view(-1), minlength=acc.numel()).to(acc.dtype))
         out = resolve(block, self.experts)(x2, ids, w.to(x2.dtype))
         sh = resolve(block, self.shared, None) if self.shared else None
         if sh is not None:
             out = out + sh(x2)
         return out.reshape(shape)
+
+
+def route_topk(logits: torch.Tensor, expert_bias: Optional[torch.Tensor], k: int, router: str,
+               renorm: bool, scale: float, groups: int, topk_groups: int) -> torch.Tensor:
+    """The experts (T,k) int64 that liblrmoe's router (lrmoe.route,
+    lrmoe_route_topk(3)) chooses for logits (T,E). Registered as the custom
+    op torch.ops.lrmoe.route_topk, so torch.compile(fullgraph=True) keeps a
+    route block in one graph."""
+    from .ops import route
+    if logits.device.type != "cpu":
+        raise Error(f"route: logits on {logits.device}; lrmoe.torch runs on CPU tensors")
+    f = route(logits.detach().float().contiguous().numpy(), k=k, router=router, renorm=renorm,
+              scale=scale, groups=groups, topk_groups=topk_groups,
+              expert_bias=None if expert_bias is None
+              else expert_bias.detach().float().contiguous().numpy())
+    return torch.from_numpy(f["topk_ids"]).long()
+
+
+def _route_fake(logits: torch.Tensor, expert_bias: Optional[torch.Tensor], k: int, router: str,
+                renorm: bool, scale: float, groups: int, topk_groups: int) -> torch.Tensor:
+    return logits.new_empty((logits.shape[0], k), dtype=torch.int64)
+
+
+if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake"):
+    _route_op = torch.library.custom_op("lrmoe::route_topk", route_topk, mutates_args=())
+    _route_op.register_fake(_route_fake)
+    _ROUTE = torch.ops.lrmoe.route_topk
+else:  # torch < 2.4: eager only
+    _ROUTE = route_topk
 
 
 _REGISTRY: Dict[Union[type, str], Adapter] = {}
