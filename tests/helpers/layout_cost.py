@@ -13,18 +13,33 @@ E, K, D, F, T = 32, 4, 512, 256, int(sys.argv[1]) if len(sys.argv) > 1 else 2048
 SHAPES = {"fused": {"gate_up": (E, 2*F, D), "down": (E, D, F)},
           "fused_t": {"gate_up": (E, D, 2*F), "down": (E, F, D)},
           "separate": {"w1": (E, F, D), "w3": (E, F, D), "w2": (E, D, F)},
-          "separate_t": {"w1": (E, D, F), "w3": (E, D, F), "w2": (E, F, D)}}
-class Ex(nn.Module):
-    def __init__(s, lay):
+          "separate_t": {"w1": (E, D, F), "w3": (E, D, F), "w2": (E, F, D)},
+          "per_expert": {"gate_proj": (F, D), "up_proj": (F, D), "down_proj": (D, F)},
+          "per_expert_fused": {"linear_fc1": (2*F, D), "linear_fc2": (D, F)}}
+class One(nn.Module):
+    def __init__(s, shapes):
         super().__init__()
-        for n, sh in SHAPES[lay].items():
-            setattr(s, n, nn.Parameter(torch.randn(sh) * 0.05))
+        for n, sh in shapes.items():
+            setattr(s, n, nn.Linear(sh[1], sh[0], bias=False))
+def Ex(lay):
+    if lay == "per_expert":
+        return nn.ModuleList(One(SHAPES[lay]) for _ in range(E))
+    if lay == "per_expert_fused":
+        m = nn.Module()
+        m.local_experts = nn.ModuleList(One(SHAPES[lay]) for _ in range(E))
+        return m
+    m = nn.Module()
+    for n, sh in SHAPES[lay].items():
+        setattr(m, n, nn.Parameter(torch.randn(sh) * 0.05))
+    return m
 def make(lay):
     cls = type(f"Blk_{lay}", (nn.Module,), {})
     def init(s):
         nn.Module.__init__(s); s.router = nn.Linear(D, E, bias=False); s.experts = Ex(lay)
     cls.__init__ = init
     w = {"gate_up": "gate_up", "down": "down"} if lay.startswith("fused") else None
+    if lay.startswith("per_expert"):
+        w = None
     lt.register(cls, layout=lay, weights=w, router="router", route="softmax", k=K, renorm=True)
     return cls()
 res = {}

@@ -231,9 +231,75 @@ def build_layout(layout, route, seed=0):
     return b
 
 
+class MixtralV4MoE(nn.Module):
+    """transformers 4's Mixtral block: experts an nn.ModuleList of w1 (gate),
+    w3 (up), w2 (down) nn.Linear; top-K of the logits, softmax over them."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(D, E, bias=False)
+        self.experts = nn.ModuleList(FeedForward(D, F) for _ in range(E))
+        self.keep = self.pw = None
+
+    def pairs(self, x, ids):
+        y = x.new_zeros(x.shape[0], K, D)
+        for e, m in enumerate(self.experts):
+            t, k = torch.nonzero(ids == e, as_tuple=True)
+            if len(t):
+                y = y.index_put((t, k), m(x[t]))
+        return y
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        lg, ids = torch.topk(self.gate(x).float(), K, dim=-1)
+        w = Fn.softmax(lg, dim=-1)
+        y = _pairs(self.pairs(x, ids), self.keep, self.pw)
+        return (y * w[..., None].to(y.dtype)).sum(1).reshape(shape)
+
+
+class GLUExpert(nn.Module):
+    """Megatron-Core's SequentialMLP expert: linear_fc1 (2F,D) = [gate; up]."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear_fc1 = nn.Linear(D, 2 * F, bias=False)
+        self.linear_fc2 = nn.Linear(F, D, bias=False)
+
+    def forward(self, x):
+        g, u = torch.chunk(self.linear_fc1(x), 2, dim=-1)
+        return self.linear_fc2(Fn.silu(g) * u)
+
+
+class SequentialMoE(MixtralV4MoE):
+    """Megatron-Core-style: experts.local_experts[e] GLU experts, softmax over
+    E then top-K, not renormalised (Qwen2-MoE/OLMoE's convention)."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = nn.Module()
+        self.experts.local_experts = nn.ModuleList(GLUExpert() for _ in range(E))
+
+    def pairs(self, x, ids):
+        y = x.new_zeros(x.shape[0], K, D)
+        for e, m in enumerate(self.experts.local_experts):
+            t, k = torch.nonzero(ids == e, as_tuple=True)
+            if len(t):
+                y = y.index_put((t, k), m(x[t]))
+        return y
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        w, ids = torch.topk(Fn.softmax(self.gate(x).float(), dim=-1), K, dim=-1)
+        y = _pairs(self.pairs(x, ids), self.keep, self.pw)
+        return (y * w[..., None].to(y.dtype)).sum(1).reshape(shape)
+
+
 def build(kind, seed=0, dtype=torch.float32, **kw):
     torch.manual_seed(seed)
-    b = TitanMoE(**kw) if kind == "titan" else CustomMoE()
+    b = {"titan": TitanMoE, "custom": CustomMoE, "mixtral4": MixtralV4MoE,
+         "sequential": SequentialMoE}[kind](**kw)
     with torch.no_grad():
         for n, p in b.named_parameters():
             p.copy_(torch.randn_like(p) * 0.3)
@@ -251,6 +317,10 @@ def setUpModule():
             renorm=True, scale=2.5, groups=4, topk_groups=2, expert_bias="bias")
         lt.register(cls, layout=lay, weights=w, router="gate", route=rt, k=K, **opts)
     lt.register_torchtitan(TitanMoE)
+    lt.register(MixtralV4MoE, layout="per_expert", router="gate", route="topk-softmax", k=K,
+                weights={"gate": "{e}.w1.weight", "up": "{e}.w3.weight",
+                         "down": "{e}.w2.weight"})
+    lt.register(SequentialMoE, layout="per_expert_fused", router="gate", route="softmax", k=K)
     lt.register(CustomMoE, experts="experts", layout="separate_t",
                 weights={"gate": "gate", "up": "up", "down": "down"}, router="router",
                 route="softmax", k="top_k", renorm=True, shared="shared")
@@ -259,14 +329,14 @@ def setUpModule():
 def tearDownModule():
     for cls in LAYOUT_CLASSES.values():
         lt.unregister(cls)
-    lt.unregister(TitanMoE)
-    lt.unregister(CustomMoE)
+    for cls in (TitanMoE, CustomMoE, MixtralV4MoE, SequentialMoE):
+        lt.unregister(cls)
 
 
 def untied(blk, dtype, seed=7):
     """An input whose router scores have no tie among each token's K+1 best
     (bfloat16 logits tie often; ties may be broken either way)."""
-    r = blk.router.gate if isinstance(blk, TitanMoE) else blk.router
+    r = blk.router.gate if isinstance(blk, TitanMoE) else getattr(blk, "router", None) or blk.gate
     bias = getattr(blk, "expert_bias", None)
     while True:
         torch.manual_seed(seed)
@@ -296,7 +366,7 @@ def rel(a, b):
 
 CASES = [("titan", dict(score_func="sigmoid", route_norm=True, route_scale=2.5)),
          ("titan", dict(score_func="softmax", route_norm=False, route_scale=1.0, bias=False)),
-         ("custom", {})]
+         ("custom", {}), ("mixtral4", {}), ("sequential", {})]
 
 
 class Rate1(unittest.TestCase):
@@ -346,7 +416,7 @@ class Rate1(unittest.TestCase):
         """float32: w1/w3/w2 (or the transposed gate/up/down) become views of
         lrmoe's packed buffer, and the steps run on it (no copy: a copy would
         have left the layer's adopted flag False)."""
-        for kind, kw in CASES[::2]:
+        for kind, kw in CASES[::2] + [CASES[3]]:
             with self.subTest(kind):
                 blk = build(kind, **kw)
                 h = lt.patch(blk, rate=1.0, ranks=2)
@@ -355,9 +425,12 @@ class Rate1(unittest.TestCase):
                     self.assertEqual(p.untyped_storage().data_ptr(), layer.w_f32.data_ptr())
                 run(blk, torch.randn(2, T // 2, D))
                 self.assertTrue(layer.adopted)
+                buf = layer.w_f32.data_ptr()
                 h.unpatch()
-                for p in blk.experts.parameters():
+                for p in blk.experts.parameters():  # memory of their own again
                     self.assertTrue(p.is_contiguous())
+                    self.assertNotEqual(p.untyped_storage().data_ptr(), buf)
+                    self.assertEqual(p.untyped_storage().nbytes(), p.numel() * 4)
 
 
 class Drop(unittest.TestCase):
@@ -446,7 +519,7 @@ class DumpRegistered(tiny.TmpDirCase):
     lrmoe's layout (transposed storage undone)."""
 
     def test_dump(self):
-        for kind, kw in CASES[::2]:
+        for kind, kw in (CASES[0], CASES[2]):
             with self.subTest(kind):
                 blk = build(kind, **kw)
                 out, wp = self.p(f"{kind}.lrmoe"), self.p(f"{kind}.w.lrmoe")

@@ -8,7 +8,8 @@ An adapter names, relative to the block module (dotted attribute paths):
   layout    how the weights are stored (LAYOUTS): lrmoe computes
             silu(x Wg^T) * (x Wu^T) Wd^T with Wg, Wu (F,D) and Wd (D,F)
   weights   the parameter names of the layout's roles, e.g. {"gate": "w1",
-            "up": "w3", "down": "w2"}
+            "up": "w3", "down": "w2"} ({e} in them, the expert index, for
+            the per-expert layouts: "{e}.w1.weight")
   router    the router module; with route=None only read (dump's logits,
             the weights stream's router_weight)
   route     None: the block routes itself and calls
@@ -33,7 +34,7 @@ str) read on each block. Nothing here computes an expert: the adapter only
 finds tensors and hands (T,D) hidden states, routing and (E,2F,D)/(E,D,F)
 weight views to lrmoe.torch's ops.
 """
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -51,11 +52,22 @@ LAYOUTS: Dict[str, Dict[str, Tuple[str, bool]]] = {
     "separate": {"gate": ("E,F,D", False), "up": ("E,F,D", False), "down": ("E,D,F", False)},
     # per-expert [D,F] matrices used as x @ W: gate, up (E,D,F), down (E,F,D)
     "separate_t": {"gate": ("E,D,F", True), "up": ("E,D,F", True), "down": ("E,F,D", True)},
+    # one module per expert (an nn.ModuleList: transformers 4's Mixtral,
+    # Megatron-Core's SequentialMLP): the paths hold {e}, the expert index;
+    # nn.Linear weights (F,D), (D,F) are lrmoe's per-expert layout
+    "per_expert": {"gate": ("F,D", False), "up": ("F,D", False), "down": ("D,F", False)},
+    "per_expert_fused": {"gate_up": ("2F,D", False), "down": ("D,F", False)},
 }
 DEFAULT_WEIGHTS = {"fused": {"gate_up": "gate_up_proj", "down": "down_proj"},
                    "fused_t": {"gate_up": "gate_up_proj", "down": "down_proj"},
                    "separate": {"gate": "w1", "up": "w3", "down": "w2"},
-                   "separate_t": {"gate": "w1", "up": "w3", "down": "w2"}}
+                   "separate_t": {"gate": "w1", "up": "w3", "down": "w2"},
+                   "per_expert": {"gate": "{e}.gate_proj.weight", "up": "{e}.up_proj.weight",
+                                  "down": "{e}.down_proj.weight"},
+                   "per_expert_fused": {"gate_up": "local_experts.{e}.linear_fc1.weight",
+                                        "down": "local_experts.{e}.linear_fc2.weight"}}
+# offset of each role in an expert's packed row [W_gate; W_up; W_down], in F*D
+_OFFSET = {"gate_up": 0, "gate": 0, "up": 1, "down": 2}
 ROUTES = ("softmax", "topk-softmax", "sigmoid")
 _MISSING = object()
 
@@ -102,6 +114,49 @@ class _Join(torch.autograd.Function):
         return g[:, :ctx.F], g[:, ctx.F:]
 
 
+def _packed_rows(flat: List[torch.Tensor], roles: List[str]) -> bool:
+    """flat (expert-major, roles in order) lies as lrmoe's packed (E, 3FD)
+    buffer: expert e's role r at row e, offset _OFFSET[r]*F*D, contiguous."""
+    t0 = flat[0]
+    D = t0.shape[1]
+    F = flat[len(roles) - 1].shape[1]  # down is (D,F)
+    n, es, st = 3 * F * D, t0.element_size(), t0.untyped_storage().data_ptr()
+    base = t0.data_ptr()
+    for i, t in enumerate(flat):
+        e, r = divmod(i, len(roles))
+        if (not t.is_contiguous() or t.untyped_storage().data_ptr() != st or
+                t.dtype != t0.dtype or
+                t.data_ptr() != base + (e * n + _OFFSET[roles[r]] * F * D) * es):
+            return False
+    return True
+
+
+class _Stack(torch.autograd.Function):
+    """(gate_up (E,2F,D), down (E,D,F)) as views of the packed buffer that
+    every expert's tensors lie in (_packed_rows); the gradients are split
+    back per expert and role."""
+
+    @staticmethod
+    def forward(ctx: Any, roles: Tuple[str, ...], *flat: torch.Tensor
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+        t0 = flat[0]
+        D, F = t0.shape[1], flat[len(roles) - 1].shape[1]
+        E = len(flat) // len(roles)
+        ctx.roles, ctx.E, ctx.F = roles, E, F
+        n = 3 * F * D
+        return (t0.as_strided((E, 2 * F, D), (n, D, 1)),
+                t0.as_strided((E, D, F), (n, F, 1), t0.storage_offset() + 2 * F * D))
+
+    @staticmethod
+    def backward(ctx: Any, ggu: torch.Tensor, gdn: torch.Tensor) -> tuple:
+        F, out = ctx.F, [None]
+        part = {"gate_up": lambda e: ggu[e], "gate": lambda e: ggu[e, :F],
+                "up": lambda e: ggu[e, F:], "down": lambda e: gdn[e]}
+        for e in range(ctx.E):
+            out += [part[r](e) for r in ctx.roles]
+        return tuple(out)
+
+
 def _compiling() -> bool:
     c = getattr(torch, "compiler", None)
     return bool(c is not None and hasattr(c, "is_compiling") and c.is_compiling())
@@ -144,6 +199,12 @@ class Adapter:
         for p in [experts] + list(names.values()):
             if not isinstance(p, str) or not p:
                 raise Error(f"{w}: attribute path {p!r}: expected a non-empty str")
+        self.per_expert = layout.startswith("per_expert")
+        for role, p in names.items():
+            if ("{e}" in p) != self.per_expert:
+                raise Error(f"{w}: weights['{role}'] = '{p}': " + (
+                    "a per-expert layout's paths hold {e}, the expert index" if self.per_expert
+                    else "{e} belongs to the per_expert layouts"))
         if route is not None and route not in ROUTES:
             raise Error(f"{w}: route '{route}': unknown; one of None (the block routes and "
                         "calls experts(hidden, top_k_index, top_k_weights)), " + ", ".join(ROUTES))
@@ -203,8 +264,34 @@ class Adapter:
 
     # ---- weights
 
-    def params(self, ex: torch.nn.Module, where: str) -> Dict[str, torch.Tensor]:
-        """role -> the stored tensor, each checked to exist and be 3-d."""
+    def _per_expert(self, ex: torch.nn.Module, where: Optional[str]
+                    ) -> Dict[str, List[torch.Tensor]]:
+        """role -> the tensors of experts 0, 1, ... (as many as the first
+        role's path finds), each checked to be a 2-d tensor when where is given."""
+        out: Dict[str, List[torch.Tensor]] = {}
+        E = None
+        for role, attr in self.weights.items():
+            ts = []
+            while E is None or len(ts) < E:
+                t = resolve(ex, attr.format(e=len(ts)), None)
+                if t is None and E is None and ts:
+                    break
+                if where is not None and (not isinstance(t, torch.Tensor) or t.dim() != 2):
+                    desc = (f"is {list(t.shape)}, expected [{LAYOUTS[self.layout][role][0]}]"
+                            if isinstance(t, torch.Tensor) else
+                            f"is {type(t).__name__}, not a tensor")
+                    raise Error(f"{where}: {self.experts}.{attr.format(e=len(ts))} ({role} of "
+                                f"layout '{self.layout}') {desc}")
+                ts.append(t)
+            E = len(ts)
+            out[role] = ts
+        return out
+
+    def params(self, ex: torch.nn.Module, where: str) -> Dict[str, Any]:
+        """role -> the stored tensor (a list of them, per expert), each
+        checked to exist and have the layout's rank."""
+        if self.per_expert:
+            return self._per_expert(ex, where)
         out = {}
         for role, attr in self.weights.items():
             t = resolve(ex, attr, None)
@@ -221,6 +308,20 @@ class Adapter:
         """(E, D, F) from the stored shapes, every role checked against them."""
         p = self.params(ex, where)
         roles = LAYOUTS[self.layout]
+        if self.per_expert:
+            E = len(p["down"])
+            s = p["down"][0].shape
+            D, F = s[0], s[1]
+            val = {"F": F, "D": D, "2F": 2 * F}
+            for role, ts in p.items():
+                want = tuple(val[x] for x in roles[role][0].split(","))
+                for e, t in enumerate(ts):
+                    if tuple(t.shape) != want:
+                        raise Error(f"{where}: {self.experts}."
+                                    f"{self.weights[role].format(e=e)} ({role}) is "
+                                    f"{list(t.shape)}, expected [{','.join(map(str, want))}] "
+                                    f"({roles[role][0]}, layout '{self.layout}')")
+            return E, D, F
         if "gate_up" in p:
             s = p["gate_up"].shape
             E, twoF, D = (s[0], s[2], s[1]) if roles["gate_up"][1] else tuple(s)
@@ -245,6 +346,8 @@ class Adapter:
         parameters themselves, their transposes (views), or for separate
         gate/up their [gate; up], a view when they lie that way in lrmoe's
         packed buffer (float32 after patch()), else a copy (torch.cat)."""
+        if self.per_expert:
+            return self._stacked(ex)
         t = {r: resolve(ex, a) for r, a in self.weights.items()}
         roles = LAYOUTS[self.layout]
         v = {r: x.transpose(1, 2) if roles[r][1] else x for r, x in t.items()}
@@ -257,10 +360,30 @@ class Adapter:
               else torch.cat([g, u], dim=1))
         return gu, v["down"]
 
+    def _stacked(self, ex: torch.nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
+        """op_weights of a per-expert layout: a view of lrmoe's packed buffer
+        when every expert's tensors lie there, else stacked copies."""
+        ts = self._per_expert(ex, None)
+        roles = list(ts)
+        flat = [ts[r][e] for e in range(len(ts["down"])) for r in roles]
+        if not _compiling() and _packed_rows(flat, roles):
+            return _Stack.apply(tuple(roles), *flat)
+        gu = (torch.stack(ts["gate_up"]) if "gate_up" in ts else
+              torch.cat([torch.stack(ts["gate"]), torch.stack(ts["up"])], dim=1))
+        return gu, torch.stack(ts["down"])
+
     def adopt(self, ex: torch.nn.Module, buf: torch.Tensor, E: int, D: int, F: int) -> None:
         """Let the parameters' .data be views into buf (E, 3FD), lrmoe's packed
         [W_gate; W_up; W_down] per expert (the values already copied there)."""
         n = F * D
+        if self.per_expert:
+            for role, attr in self.weights.items():
+                size = 2 * n if role == "gate_up" else n
+                shape = (D, F) if role == "down" else (size // D, D)
+                o = _OFFSET[role] * n
+                for e in range(E):
+                    resolve(ex, attr.format(e=e)).data = buf[e, o:o + size].view(shape)
+            return
         views = {"gate_up": buf[:, :2 * n].view(E, 2 * F, D), "gate": buf[:, :n].view(E, F, D),
                  "up": buf[:, n:2 * n].view(E, F, D), "down": buf[:, 2 * n:].view(E, D, F)}
         for role, attr in self.weights.items():
@@ -268,11 +391,14 @@ class Adapter:
             resolve(ex, attr).data = v.transpose(1, 2) if LAYOUTS[self.layout][role][1] else v
 
     def release(self, ex: torch.nn.Module) -> None:
-        """Give every parameter contiguous memory of its own again."""
-        for attr in self.weights.values():
-            prm = resolve(ex, attr)
-            if not prm.is_contiguous():
-                prm.data = prm.data.contiguous()
+        """Give every parameter contiguous memory of its own again (a view of
+        the packed buffer is contiguous yet shares it: copied)."""
+        ps = ([t for ts in self._per_expert(ex, None).values() for t in ts] if self.per_expert
+              else [resolve(ex, a) for a in self.weights.values()])
+        for prm in ps:
+            if (not prm.is_contiguous() or
+                    prm.untyped_storage().nbytes() > prm.numel() * prm.element_size()):
+                prm.data = prm.data.clone(memory_format=torch.contiguous_format)
 
     # ---- activation
 

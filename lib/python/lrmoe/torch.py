@@ -913,6 +913,11 @@ class LRMoEExperts(torch.nn.Module):
             self._parameters[n] = p
         for n, b in original._buffers.items():
             self._buffers[n] = b
+        if layer.block.adapter.per_expert:
+            # one module per expert: the same submodules (their parameters,
+            # state_dict keys and optimizer entries unchanged)
+            for n, m in original._modules.items():
+                self._modules[n] = m
         self._non_persistent_buffers_set = set(original._non_persistent_buffers_set)
         for h in self._HOOKS:
             if hasattr(original, h):
@@ -1109,6 +1114,8 @@ class Patch:
                 orig._parameters[n] = p
             for n, t in mod._buffers.items():
                 orig._buffers[n] = t
+            for n, m in mod._modules.items():
+                orig._modules[n] = m
             orig.train(mod.training)
             b.install(orig, False)
 
