@@ -576,6 +576,11 @@ class BadRegistration(unittest.TestCase):
         self.err(lambda: lt.register(CustomMoE, route="softmax"), "needs k=")
         self.err(lambda: lt.register(CustomMoE, shared="shared"), "shared= goes with route=")
         self.err(lambda: lt.register(42), "cls is 42")
+        self.err(lambda: lt.register(CustomMoE, layout="per_expert",
+                                     weights={"gate": "w1.weight"}),
+                 "weights['gate'] = 'w1.weight': a per-expert layout's paths hold {e}")
+        self.err(lambda: lt.register(CustomMoE, layout="separate", weights={"gate": "{e}.w"}),
+                 "{e} belongs to the per_expert layouts")
 
     def test_unregistered(self):
         lt.unregister(TitanMoE)
@@ -601,6 +606,10 @@ class BadRegistration(unittest.TestCase):
             self.err(lambda: lt.patch(blk), "router.weight is [9, 32], expected [8,32]")
             self.err(lambda: lt.patch(build("titan", score_before_experts=True)),
                      "score_before_experts=True scales the experts' input")
+            blk = build("mixtral4")
+            blk.experts[5].w2 = nn.Linear(F + 1, D, bias=False)
+            self.err(lambda: lt.patch(blk), "experts.5.w2.weight (down) is [32, 17], expected "
+                     "[32,16]")
             blk = build("titan")
             blk.router.score_func = "relu"
             self.err(lambda: lt.patch(blk), "router.score_func is 'relu'")
