@@ -67,6 +67,11 @@ unit() {
     unit test_torch_api
 }
 
+@test "python: lrmoe.torch.register: a torchtitan-style GroupedExperts block and a custom transposed-layout block patched (plain torch autograd at rate 1 to 1e-6, the drop reference at rate < 1), dumped, and bad registrations refused" {
+    need_torch
+    unit test_register
+}
+
 @test "python: lrmoe.budget and lrmoe.torch.budget (a live model and optimizer) equal lrmoe-budget" {
     need_torch
     unit test_budget
@@ -109,4 +114,25 @@ unit() {
 @test "python: patch() on a plan that keeps by forward rank keeps, moves and trains like the tool pipeline" {
     need_torch
     unit test_byrank
+}
+
+@test "lrmoe-python(3) documents every public function and class of lrmoe and lrmoe.torch, and every unit-suffixed stats key" {
+    need_torch
+    page=$(mandoc -T ascii "$TOP/man/man3/lrmoe-python.3" | col -b)
+    names=$(cd "$TOP/lib/python" && python3 -c '
+import inspect, lrmoe, lrmoe.torch as lt
+for n in lrmoe.__all__:
+    if n != "__version__":
+        print("lrmoe." + n if n not in ("Error", "LibraryNotFound") else n)
+for n, o in sorted(vars(lt).items()):
+    if not n.startswith("_") and (inspect.isfunction(o) or inspect.isclass(o)) and \
+            o.__module__ in ("lrmoe.torch", "lrmoe.adapters"):
+        print(n)
+for n in lt.UNIT_KEYS.values():
+    print(n)
+')
+    [ "$(printf '%s\n' "$names" | wc -l)" -ge 40 ]
+    for n in $names; do
+        printf '%s' "$page" | grep -qF -- "$n" || fail "$n is not in lrmoe-python(3)"
+    done
 }

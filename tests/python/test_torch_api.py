@@ -327,7 +327,8 @@ class TypeHints(unittest.TestCase):
                            (lrmoe.torch, ["dump", "Dump", "patch", "Patch", "unpatch",
                                           "LRMoEExperts", "budget", "find_blocks",
                                           "weights_frame", "saved_state", "experts_forward",
-                                          "experts_backward", "capacity_keep"])):
+                                          "experts_backward", "capacity_keep", "register",
+                                          "unregister", "register_torchtitan", "Adapter"])):
             for n in names:
                 obj = getattr(mod, n)
                 fns = [obj] if inspect.isfunction(obj) else [

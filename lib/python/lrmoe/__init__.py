@@ -6,10 +6,12 @@
     lrmoe.budget                                             lrmoe-budget: the per-layer -M
     lrmoe.forward / lrmoe.backward / lrmoe.Exec              lrmoe-exec on frames
     lrmoe.torch.dump / lrmoe.torch.patch / .unpatch          Hugging Face MoE models
+    lrmoe.torch.register / .register_torchtitan              any SwiGLU MoE block
     lrmoe.torch.budget                                       -M of a live model + optimizer
 
 NumPy is required; PyTorch only for lrmoe.torch. The shared library is
-LRMOE_LIBRARY, else liblrmoe.so.2 on the loader's path (see lrmoe(3)).
+LRMOE_LIBRARY, else liblrmoe.so.2 on the loader's path (see lrmoe(3));
+the package's reference is lrmoe-python(3).
 """
 from ._lib import VERSION as __version__, Error, LibraryNotFound
 from .frame import Frame, Reader, Writer, bf16_to_f32, f32_to_bf16, read, write

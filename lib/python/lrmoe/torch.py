@@ -8,6 +8,9 @@ Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE, DeepSeek-V3, GLM4-MoE. gpt-oss's
 experts are not SwiGLU (interleaved gate/up, sigmoid(1.702 g) gating,
 clamping, +1 on up, biases); no weights make lrmoe's silu(g)*u equal to
 it, so patch() and the weights of dump() refuse it with a clear message.
+Other blocks: register(cls, experts=, layout=, weights=, router=, route=,
+...) (lrmoe.adapters; the six families above are its pre-registered
+entries). Reference: lrmoe-python(3).
 
 dump(model, out, every=N, weights=PATH)  hooks writing one frame per MoE
     block and dumped step: hidden (T,D), router_logits (T,E), grad_output
@@ -30,24 +33,55 @@ import itertools
 import re
 import time
 import weakref
+from collections.abc import MutableMapping
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
-from . import _lib
+from . import _lib, adapters
 from ._lib import Error, check, lib
 from .frame import Frame, Writer, dtype_of
 from .ops import Planner
 
-SUPPORTED = {
-    "Qwen3MoeSparseMoeBlock": "gate",
-    "MixtralSparseMoeBlock": "gate",
-    "OlmoeSparseMoeBlock": "gate",
-    "Qwen2MoeSparseMoeBlock": "gate",
-    "DeepseekV3MoE": "gate",
-    "Glm4MoeMoE": "gate",
-}
+
+
+class _Supported(MutableMapping):
+    """The registered block classes by name -> their router attribute (the
+    registry of lrmoe.torch.register, read live). Setting an entry,
+    SUPPORTED["MyBlock"] = "gate", registers MyBlock as a Hugging Face-style
+    block (fused gate_up_proj/down_proj experts called with (hidden,
+    top_k_index, top_k_weights), activation config.hidden_act), as before
+    register() existed; deleting one unregisters it."""
+
+    def __getitem__(self, name: str) -> Optional[str]:
+        ad = adapters.registered().get(name)
+        if ad is None:
+            raise KeyError(name)
+        return ad.router
+
+    def __setitem__(self, name: str, router: str) -> None:
+        adapters.register_hf(name, router=router)
+
+    def __delitem__(self, name: str) -> None:
+        for key, ad in list(adapters._REGISTRY.items()):
+            if ad.name == name:
+                adapters.unregister(key)
+                return
+        raise KeyError(name)
+
+    def __iter__(self):
+        return iter(adapters.registered())
+
+    def __len__(self) -> int:
+        return len(adapters.registered())
+
+
+SUPPORTED = _Supported()
+register = adapters.register
+unregister = adapters.unregister
+register_torchtitan = adapters.register_torchtitan
+Adapter = adapters.Adapter
 REFUSED = {
     "GptOssMLP": "gpt-oss experts are not SwiGLU: gate and up are interleaved, the gate is "
                  "clamped and gated by sigmoid(alpha*g) with alpha=1.702 instead of silu, up is "
@@ -117,63 +151,106 @@ def _check_ids(name, topk_ids, E):
 
 
 def _is_moe_like(m):
+    """An experts module with Hugging Face's or torchtitan's weight names."""
     ex = getattr(m, "experts", None)
-    return ex is not None and hasattr(ex, "gate_up_proj") and hasattr(ex, "down_proj")
+    return ex is not None and (hasattr(ex, "gate_up_proj") and hasattr(ex, "down_proj") or
+                               all(isinstance(getattr(ex, n, None), torch.Tensor)
+                                   for n in ("w1", "w2", "w3")))
 
 
 class _Block:
-    """One supported MoE block: its experts module, router and names."""
+    """One registered MoE block: its adapter, experts module, router, names
+    and E, D, F."""
 
-    def __init__(self, name, module, index):
+    def __init__(self, name, module, index, adapter=None):
         self.name = name or type(module).__name__
-        self.module, self.experts = module, module.experts
+        self.module, self.adapter = module, adapter
         cls = type(module).__name__
-        self.router = getattr(module, SUPPORTED.get(cls) or ROUTING_ONLY[cls])
         m = re.search(r"layers\.(\d+)\.", name + ".")
         self.layer = int(m.group(1)) if m else index
-        ex = self.experts
-        if cls in ROUTING_ONLY:  # gpt-oss: gate_up_proj is (E,D,2F)
-            self.E, self.D, twoF = ex.gate_up_proj.shape
-        else:
-            self.E, twoF, self.D = ex.gate_up_proj.shape
-        self.F = twoF // 2
+        if adapter is None:  # gpt-oss, routing only: gate_up_proj is (E,D,2F)
+            self.experts = module.experts
+            self.router = getattr(module, ROUTING_ONLY[cls])
+            self.E, self.D, twoF = self.experts.gate_up_proj.shape
+            self.F = twoF // 2
+            self.route, self.K = None, None
+            return
+        try:
+            self.experts = adapters.resolve(module, adapter.experts)
+            self.router = (adapters.resolve(module, adapter.router)
+                           if adapter.router is not None else None)
+        except AttributeError as e:
+            raise Error(f"{self.name}: {cls} registered with {e.name!r} missing: {e}") from None
+        if not isinstance(self.experts, torch.nn.Module):
+            raise Error(f"{self.name}: {adapter.experts} is {type(self.experts).__name__}, not "
+                        "an nn.Module")
+        self.E, self.D, self.F = adapter.dims(self.experts, self.name)
+        adapter.check(module, self.name)
+        self.route = adapter.route_for(module)
+        self.K = int(adapter.opt(module, "k")) if self.route is not None else None
+        rw = getattr(self.router, "weight", None) if self.route is not None else None
+        if isinstance(rw, torch.Tensor) and tuple(rw.shape) != (self.E, self.D):
+            raise Error(f"{self.name}: {adapter.router}.weight is {list(rw.shape)}, expected "
+                        f"[{self.E},{self.D}] (experts x hidden)")
 
     def check_swiglu(self):
-        ex = self.experts
-        cfg = getattr(ex, "config", None)
-        act = getattr(cfg, "hidden_act", None)
+        ex, ad = self.experts, self.adapter
+        act = ad.activation(ex)
         if act not in ("silu", "swish"):
             raise Error(f"{self.name}: experts use activation '{act}', not silu: lrmoe's "
                         "experts are SwiGLU (silu(x Wg^T) * (x Wu^T) Wd^T)")
-        if getattr(ex, "has_bias", False) or getattr(ex, "is_transposed", False) or \
-                not getattr(ex, "is_concatenated", True) or not getattr(ex, "has_gate", True):
+        if ad.layout == "fused" and (
+                getattr(ex, "has_bias", False) or getattr(ex, "is_transposed", False) or
+                not getattr(ex, "is_concatenated", True) or not getattr(ex, "has_gate", True)):
             raise Error(f"{self.name}: expert weights are not the fused [gate; up] layout "
                         "without biases that lrmoe maps")
-        if tuple(ex.down_proj.shape) != (self.E, self.D, self.F):
-            raise Error(f"{self.name}: down_proj is {list(ex.down_proj.shape)}, expected "
-                        f"[{self.E},{self.D},{self.F}]")
+
+    def op_weights(self, ex=None):
+        """(gate_up (E,2F,D), down (E,D,F)) of the experts module (or ex, the
+        LRMoEExperts holding the same parameters), as the ops take them."""
+        return self.adapter.op_weights(self.experts if ex is None else ex)
+
+    def installed(self):
+        """The module now at the adapter's experts path."""
+        return adapters.resolve(self.module, self.adapter.experts)
+
+    def install(self, mod, patched):
+        """Put mod at the experts path; a route block's forward becomes the
+        adapter's while patched (an instance attribute, removed after)."""
+        adapters._assign(self.module, self.adapter.experts, mod)
+        self.experts = mod
+        if self.route is not None:
+            if patched:
+                ad, blk = self.adapter, self.module
+                self.module.__dict__["forward"] = \
+                    lambda x, *a, **kw: ad.forward(blk, x, *a, **kw)
+            else:
+                self.module.__dict__.pop("forward", None)
 
 
 def find_blocks(model: torch.nn.Module, swiglu: bool = True) -> List["_Block"]:
-    """The supported MoE blocks of model, in module order. One clear error
-    for a refused (gpt-oss, unless swiglu=False: routing only) or unknown
-    MoE block, or none at all."""
+    """The registered MoE blocks of model (lrmoe.torch.register; the six
+    Hugging Face families are pre-registered), in module order. One clear
+    error for a refused (gpt-oss, unless swiglu=False: routing only),
+    unregistered or malformed MoE block, or none at all."""
     blocks = []
     for name, m in model.named_modules():
         cls = type(m).__name__
         if cls in REFUSED and (swiglu or cls not in ROUTING_ONLY):
             raise Error(f"{name or cls}: {REFUSED[cls]}")
-        if cls in SUPPORTED or cls in ROUTING_ONLY:
-            b = _Block(name, m, len(blocks))
+        ad = adapters.lookup(type(m))
+        if ad is not None or cls in ROUTING_ONLY:
+            b = _Block(name, m, len(blocks), ad)
             if swiglu:
                 b.check_swiglu()
             blocks.append(b)
         elif _is_moe_like(m):
             raise Error(f"{name or cls}: unsupported MoE block {cls}; lrmoe.torch supports "
-                        + ", ".join(sorted(SUPPORTED)))
+                        + ", ".join(sorted(SUPPORTED)) + " and what lrmoe.torch.register() adds")
     if not blocks:
         raise Error(f"{type(model).__name__} has no MoE block of a supported family ("
-                    + ", ".join(sorted(SUPPORTED)) + ")")
+                    + ", ".join(sorted(SUPPORTED)) + ") or registered with "
+                    "lrmoe.torch.register()")
     return blocks
 
 
@@ -197,15 +274,18 @@ def _put(frame, name, t):
 def weights_frame(block: "_Block") -> Frame:
     """lrmoe's weights layout of one block: w_gate, w_up (E,F,D), w_down
     (E,D,F), router_weight (E,D), expert_bias (E) when the router has one."""
-    ex, F = block.experts, block.F
+    F = block.F
+    with torch.no_grad():
+        gu, dn = block.op_weights()
     f = Frame(attrs={"layer": str(block.layer)})
-    _put(f, "w_gate", ex.gate_up_proj[:, :F])
-    _put(f, "w_up", ex.gate_up_proj[:, F:])
-    _put(f, "w_down", ex.down_proj)
+    _put(f, "w_gate", gu[:, :F])
+    _put(f, "w_up", gu[:, F:])
+    _put(f, "w_down", dn)
     rw = getattr(block.router, "weight", None)
     if rw is not None:
         _put(f, "router_weight", rw)
-    eb = getattr(block.router, "e_score_correction_bias", None)
+    ad = block.adapter
+    eb = adapters.resolve(block.module, ad.expert_bias, None) if ad and ad.expert_bias else None
     if eb is not None:
         _put(f, "expert_bias", eb.float())
     return f
@@ -242,8 +322,12 @@ class Dump:
         self.w = Writer(out, compress=compress)
         first = self.blocks[0]
         for b in self.blocks:
-            self.hooks.append(b.router.register_forward_hook(self._router_hook(b)))
-            self.hooks.append(b.experts.register_forward_hook(self._experts_hook(b)))
+            if b.router is not None:
+                self.hooks.append(b.router.register_forward_hook(self._router_hook(b)))
+            # a route block's routed output is its output less the shared
+            # experts': the gradient at it is the block output's
+            self.hooks.append((b.module if b.route is not None else b.experts)
+                              .register_forward_hook(self._experts_hook(b)))
             if b is first:
                 self.hooks.append(b.module.register_forward_pre_hook(self._step_hook))
 
@@ -265,9 +349,10 @@ class Dump:
             if not self._dumping():
                 return
             p = self.pending.pop(b.layer, {})
-            hidden, ids = args[0], args[1]
+            hidden = args[0]
+            K = b.K if b.route is not None else args[1].shape[-1]
             f = Frame(attrs={"layer": str(b.layer), "step": str(self.step),
-                             "model": self.model_type, "topk": str(ids.shape[-1]),
+                             "model": self.model_type, "topk": str(K),
                              "ffn": str(b.F)})
             _put(f, "hidden", hidden.reshape(-1, hidden.shape[-1]))
             if "router_logits" in p:
@@ -354,17 +439,18 @@ class _Layer:
         one (E, 3FD) buffer laid out as lrmoe's packed weights, [W_gate; W_up;
         W_down] per expert, so the forward passes the parameters' own memory
         and copies nothing (the parameter objects stay, only .data moves)."""
-        ex = self.block.experts
-        gu, dn = ex.gate_up_proj, ex.down_proj
+        blk = self.block
+        ex = blk.experts
+        with torch.no_grad():
+            gu, dn = blk.op_weights()
         if gu.dtype != torch.float32 or dn.dtype != torch.float32 or gu.device.type != "cpu":
             return
         E, n1, n2 = gu.shape[0], gu[0].numel(), dn[0].numel()
         buf = torch.empty(E, n1 + n2, dtype=torch.float32)
         with torch.no_grad():
-            buf[:, :n1].copy_(gu.reshape(E, -1))
-            buf[:, n1:].copy_(dn.reshape(E, -1))
-        gu.data = buf[:, :n1].view(gu.shape)
-        dn.data = buf[:, n1:].view(dn.shape)
+            buf[:, :n1].view(gu.shape).copy_(gu)
+            buf[:, n1:].view(dn.shape).copy_(dn)
+        blk.adapter.adopt(ex, buf, blk.E, blk.D, blk.F)
         self.w_f32, self.adopted = buf, True
 
     def hold(self, rec):
@@ -379,10 +465,7 @@ class _Layer:
         return self.held.pop(step, None) or {"layer": self.block.layer, "step": step}
 
     def release_packed(self):
-        ex = self.block.experts
-        for prm in (ex.gate_up_proj, ex.down_proj):  # back to HF's own layout
-            if not prm.is_contiguous():
-                prm.data = prm.data.contiguous()
+        self.block.adapter.release(self.block.experts)  # back to the block's own layout
         self.w_f32, self.adopted = None, False
 
     def packed(self, gu, down):
@@ -447,6 +530,22 @@ class _Call:
         rec[f"{phase}_cpu_seconds"] = time.thread_time() - self.c0
         rec[f"{phase}_lib_seconds"] = self.lib
         rec[f"{phase}_lib_cpu_seconds"] = self.lib_cpu
+        _units(rec)
+
+
+# stats keys with the TSVs' unit suffixes (lrmoe-python(3)); the older
+# names stay in the record as aliases of the same values
+UNIT_KEYS = {"mem_peak": "mem_peak_bytes", "t_comm": "t_comm_s"}
+for _ph in ("fwd", "bwd"):
+    UNIT_KEYS.update({f"{_ph}_seconds": f"{_ph}_s", f"{_ph}_cpu_seconds": f"{_ph}_cpu_s",
+                      f"{_ph}_lib_seconds": f"{_ph}_lib_s",
+                      f"{_ph}_lib_cpu_seconds": f"{_ph}_lib_cpu_s"})
+
+
+def _units(rec: Dict[str, Any]) -> None:
+    for old, new in UNIT_KEYS.items():
+        if old in rec:
+            rec[new] = rec[old]
 
 
 # The expert layer as two torch ops over liblrmoe. They take tensors, the
@@ -811,6 +910,11 @@ class LRMoEExperts(torch.nn.Module):
             self._parameters[n] = p
         for n, b in original._buffers.items():
             self._buffers[n] = b
+        if layer.block.adapter.per_expert:
+            # one module per expert: the same submodules (their parameters,
+            # state_dict keys and optimizer entries unchanged)
+            for n, m in original._modules.items():
+                self._modules[n] = m
         self._non_persistent_buffers_set = set(original._non_persistent_buffers_set)
         for h in self._HOOKS:
             if hasattr(original, h):
@@ -846,7 +950,7 @@ class LRMoEExperts(torch.nn.Module):
                 top_k_weights: Tensor) -> Tensor:
         layer = self.__dict__["_lrmoe_layer"]
         b = layer.block
-        gu, dn = self.gate_up_proj, self.down_proj
+        gu, dn = b.op_weights(self)
         # what needs no data is checked here, before the op (and its fake
         # kernel) sees it; the ids' range inside the op
         _check_call(b.name, b.E, b.D, b.F, hidden_states, top_k_index, top_k_weights, gu, dn,
@@ -910,7 +1014,9 @@ class Patch:
     with select="sample" also pair_weight, 1/p of each kept pair, and
     pair_prob, p), and
     {fwd,bwd}_seconds / _cpu_seconds / _lib_seconds / _lib_cpu_seconds: wall
-    and thread-CPU time of the whole forward/backward and inside liblrmoe);
+    and thread-CPU time of the whole forward/backward and inside liblrmoe;
+    each also under its unit-suffixed name, UNIT_KEYS: mem_peak_bytes,
+    t_comm_s, fwd_s, fwd_cpu_s, fwd_lib_s, fwd_lib_cpu_s, bwd_...);
     .modules the installed LRMoEExperts; unpatch() puts the original
     experts modules back (with the parameters they share, trained)."""
 
@@ -973,8 +1079,7 @@ class Patch:
             layer.adopt_packed()
             self.layers.append(layer)
             mod = LRMoEExperts(b.experts, layer)
-            b.module.experts = mod  # nn.Module.__setattr__: registered as the submodule
-            b.experts = mod
+            b.install(mod, True)  # nn.Module.__setattr__: registered as the submodule
             self.modules.append(mod)
 
     def capacity_keep(self, ids: Tensor, weights: Tensor, E: int) -> np.ndarray:
@@ -1006,7 +1111,7 @@ class Patch:
         nothing."""
         for layer, mod in zip(self.layers, self.modules):
             b = layer.block
-            if b.module.experts is not mod:
+            if b.installed() is not mod:
                 continue
             layer.release_packed()
             orig = mod.original
@@ -1014,9 +1119,10 @@ class Patch:
                 orig._parameters[n] = p
             for n, t in mod._buffers.items():
                 orig._buffers[n] = t
+            for n, m in mod._modules.items():
+                orig._modules[n] = m
             orig.train(mod.training)
-            b.module.experts = orig
-            b.experts = orig
+            b.install(orig, False)
 
     def __enter__(self) -> "Patch":
         return self
@@ -1061,7 +1167,7 @@ def unpatch(model: torch.nn.Module) -> int:
             layer = m.__dict__["_lrmoe_layer"]
             before = m
             layer.owner.unpatch()
-            n += layer.block.module.experts is not before
+            n += layer.block.installed() is not before
     return n
 
 
