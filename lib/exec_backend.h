@@ -18,14 +18,14 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
 int lrmoe_exec_backward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                             lrmoe_exec_bwd_t *a, double *timings);
-#ifdef LRMOE_HAVE_CUDA
+/* every build has these: kernels/exec_cuda.cu's with CUDA, else
+ * lib/exec_cuda_stub.c's, which fail with a clear message */
 int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                             lrmoe_exec_fwd_t *a, double *timings);
 int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                              const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                              lrmoe_exec_bwd_t *a, double *timings);
-#endif
 
 /* ---------------------------------------------------------------- input checks */
 

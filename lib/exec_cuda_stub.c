@@ -1,17 +1,10 @@
-/* The CUDA entry points of lib/exec.h in a build without nvcc: they exist so
+/* The CUDA entry points of lib/exec_backend.h in a build without nvcc: they exist so
  * that any caller links, and fail with a clear message. (lrmoe_exec_forward/
  * lrmoe_exec_backward in exec.c report the same condition themselves; these
  * cover direct callers.) With CUDA the real ones are kernels/exec_cuda.cu. */
 #ifndef LRMOE_HAVE_CUDA
 #include "exec.h"
 #include "exec_backend.h"
-
-int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                            const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
-                            lrmoe_exec_fwd_t *a, double *timings);
-int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
-                             lrmoe_exec_bwd_t *a, double *timings);
 
 int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                             const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
