@@ -7,7 +7,7 @@
 # run last, lists them grouped by kind and place and fails if there is any.
 # SANITIZE_TESTS overrides the files run in that pass (default: all but
 # tests/fuzz.bats, whose harnesses are sanitized builds of their own and ran
-# in the plain pass, tests/mpi.bats, see below, and the two files whose C
+# in the plain pass, tests/mpi.bats, see below, and the three files whose C
 # runs inside a Python interpreter, see below).
 cd "$(dirname "$0")/.." || exit 1
 [ -z "${SANITIZE:-}" ] && exec prove -f -o --timer -e 'bats --tap' tests/*.bats
@@ -23,12 +23,12 @@ export LSAN_OPTIONS="log_path=$R/lsan:log_exe_name=1"
 # components it has unloaded, which no suppression can name), and its
 # out-of-memory fault test limits the address space below what ASan's shadow
 # needs. The plain pass runs it.
-# tests/python.bats and tests/study.bats load liblrmoe.so.2 into python3 by
+# tests/python.bats, tests/dist.bats and tests/study.bats load liblrmoe.so.2 into python3 by
 # ctypes: an ASan library cannot be loaded into an interpreter that was not
 # started with the ASan runtime, so they load the plain build/liblrmoe.so.2
 # in this pass too and would only repeat the plain pass (3-4 minutes of
 # torch). The tools they compare against are sanitized here by their own
 # files (route, plan, score, pack, exec, import-hf ...).
 files=${SANITIZE_TESTS:-$(ls tests/*.bats | grep -v -e '^tests/fuzz.bats$' -e '^tests/mpi.bats$' \
-    -e '^tests/python.bats$' -e '^tests/study.bats$')}
+    -e '^tests/python.bats$' -e '^tests/dist.bats$' -e '^tests/study.bats$')}
 exec prove -f -o --timer -e 'bats --tap' $files tests/san/report.bats
