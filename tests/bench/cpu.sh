@@ -123,6 +123,21 @@ else
     echo "  tests/bench/membw.c did not compile: no memory bound"
 fi
 
+# ---- issue 34 item 3's question, where the CPU has AVX512_BF16: does an lrmoe
+# kernel on vdpbf16ps that reads both operands in place (tests/bench/
+# dpbf16_kernel.c, the "dot" form) beat oneDNN's matmul on one expert's forward
+# GEMM (x W^T: M rows, N = F = 768, K = D = 2048)? Alternated, best of 5 each.
+if grep -q avx512_bf16 /proc/cpuinfo && [ -x "$tmp/dense" ] && [ "$ddt" = bf16 ] &&
+    cc -O2 -mavx512f -mavx512bf16 -mavx512bw -mavx512vl -o "$tmp/dpk" \
+        tests/bench/dpbf16_kernel.c -lm 2>/dev/null; then
+    for M in 64 256 1024; do
+        a=$("$tmp/dpk" $M 768 2048 5 | cut -d' ' -f2)
+        b=$("$tmp/dense" $M 768 2048 1 5 | cut -d' ' -f2)
+        echo "  one expert GEMM M=$M N=768 K=2048: lrmoe dot-form vdpbf16ps kernel $a GFLOP/s," \
+             "oneDNN $b GFLOP/s, kernel/oneDNN $(echo "$a $b" | awk '{printf "%.2f", $1 / $2}')"
+    done
+fi
+
 # ---- one-frame processes at the default compute, each size: time outside the layer
 mid=$(echo $TOKENS | awk '{print $(int((NF + 1) / 2))}')
 for T in $TOKENS; do
