@@ -38,6 +38,7 @@ static const struct {
     SIZE(lrmoe_exec_dims_t), SIZE(lrmoe_exec_cfg_t),
     SIZE(lrmoe_exec_weights_t), SIZE(lrmoe_exec_plan_t), SIZE(lrmoe_exec_fwd_t),
     SIZE(lrmoe_exec_bwd_t), SIZE(lrmoe_cost_model_t), SIZE(lrmoe_cost_summary_t),
+    SIZE(lrmoe_fidelity_t),
 };
 
 size_t lrmoe_abi_sizeof(const char *type)

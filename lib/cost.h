@@ -118,6 +118,24 @@ int lrmoe_cost_eval_slots(const lrmoe_cost_model_t *m, int E, int P,
                           const lrmoe_cost_slots_t *slots, lrmoe_rank_cost_t *rank,
                           lrmoe_cost_summary_t *sum);
 
+/* The cost model behind an opaque handle (lib/api_cost.c): the model's
+ * parameters set by their field names above ("D", "F", "K", "tokens",
+ * "dtype_bytes", "grad_bytes", "gpu_mem", "resident", "hbm", "window",
+ * "bw", "flops", "keep_by_rank"; whole numbers where the field is an
+ * integer), a plan evaluated as lrmoe_cost_eval does, and its summary read
+ * by the field names of lrmoe_cost_summary_t ("mem_peak", "t_total", ...;
+ * the model's parameters too), so no caller depends on either struct's
+ * layout. new starts from lrmoe_cost_default. 0, or -1 with the error set
+ * (an unknown name, a summary value before an evaluation). */
+typedef struct lrmoe_cost_cfg lrmoe_cost_cfg_t;
+lrmoe_cost_cfg_t *lrmoe_cost_cfg_new(void);
+void lrmoe_cost_cfg_free(lrmoe_cost_cfg_t *c);
+int lrmoe_cost_cfg_set(lrmoe_cost_cfg_t *c, const char *name, double value);
+int lrmoe_cost_cfg_eval(lrmoe_cost_cfg_t *c, int E, int P, const uint8_t *placement,
+                        const int64_t *load, const int64_t *fwd, const int64_t *quota,
+                        const int64_t *bwd);
+int lrmoe_cost_cfg_get(const lrmoe_cost_cfg_t *c, const char *name, double *value);
+
 #if defined(__GNUC__)
 #pragma GCC visibility pop
 #endif

@@ -533,3 +533,19 @@ PY
     assert_line --regexp "^rank 0 sent [1-9][0-9]* a2a bytes, [1-9][0-9]* p2p bytes$"
     assert_line --regexp "^rank 2 sent [1-9][0-9]* a2a bytes, [1-9][0-9]* p2p bytes$"
 }
+
+@test "lrmoe_cost_cfg_t: the cost model by field name gives lrmoe_cost_eval's summary; misuse is named" {
+    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
+    flags=$(pkg-config --cflags --libs lrmoe)
+    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
+        -o "$T/cost" "$BATS_TEST_DIRNAME/lib/cost_inproc.c" $flags
+    assert_success
+    run env LD_LIBRARY_PATH="$LIBD" "$T/cost"
+    assert_success
+    assert_line "same summary"
+    assert_line "before eval: -1 cost: 't_total' before an evaluation"
+    assert_line "unknown: -1 cost: no model parameter 'tokenz' (cost.h lists them)"
+    assert_line --regexp "^fraction: -1 cost: K = 2.5 is not a whole number"
+    assert_line --regexp "^negative: -1 cost: tokens = -1 is not a whole number"
+    assert_line "get: -1 cost: no value 'nope'"
+}

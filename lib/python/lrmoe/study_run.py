@@ -36,6 +36,7 @@ Python; the figures are liblrmoe's):
 import ctypes
 import math
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -51,32 +52,30 @@ FIELDS = ["step", "loss", "val_loss", "moe_fwd_s", "moe_bwd_s", "moe_fwd_cpu_s",
 
 # ---------------------------------------------------------------- cost model
 
-class CostModel(ctypes.Structure):  # lrmoe_cost_model_t (lib/cost.h)
-    _fields_ = [("D", ctypes.c_int64), ("F", ctypes.c_int64), ("K", ctypes.c_int),
-                ("tokens", ctypes.c_int64), ("dtype_bytes", ctypes.c_int),
-                ("grad_bytes", ctypes.c_int)] + [
-        (n, ctypes.c_double) for n in ("gpu_mem", "resident", "hbm", "window", "bw", "flops")] + [
-        ("keep_by_rank", ctypes.c_int)]
-
-
-class CostSummary(ctypes.Structure):  # lrmoe_cost_summary_t
-    _fields_ = [("mem_peak", ctypes.c_double), ("mem_peak_rank", ctypes.c_int)] + [
-        (n, ctypes.c_double) for n in (
-            "t_dispatch", "t_combine", "t_bwd_dispatch", "t_bwd_combine", "t_weights",
-            "t_comm", "t_fwd_compute", "t_bwd_compute", "t_total", "bytes_total")]
-
-
-_lib.check_mirror("lrmoe_cost_model_t", CostModel)
-_lib.check_mirror("lrmoe_cost_summary_t", CostSummary)
-
 _P = ctypes.c_void_p
-lib.lrmoe_cost_default.restype = None
-lib.lrmoe_cost_default.argtypes = [ctypes.POINTER(CostModel)]
-lib.lrmoe_cost_eval.restype = ctypes.c_int
-lib.lrmoe_cost_eval.argtypes = [ctypes.POINTER(CostModel), ctypes.c_int, ctypes.c_int,
-                                _P, _P, _P, _P, _P, _P, ctypes.POINTER(CostSummary)]
+# the cost model behind its handle (lrmoe_cost_cfg_t, cost.h): parameters
+# set and the summary read by field name, no struct mirrored
+lib.lrmoe_cost_cfg_new.restype = ctypes.c_void_p
+lib.lrmoe_cost_cfg_new.argtypes = []
+lib.lrmoe_cost_cfg_free.restype = None
+lib.lrmoe_cost_cfg_free.argtypes = [ctypes.c_void_p]
+lib.lrmoe_cost_cfg_set.restype = ctypes.c_int
+lib.lrmoe_cost_cfg_set.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_double]
+lib.lrmoe_cost_cfg_eval.restype = ctypes.c_int
+lib.lrmoe_cost_cfg_eval.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int] + [_P] * 5
+lib.lrmoe_cost_cfg_get.restype = ctypes.c_int
+lib.lrmoe_cost_cfg_get.argtypes = [ctypes.c_void_p, ctypes.c_char_p,
+                                   ctypes.POINTER(ctypes.c_double)]
+_SUMMARY = ("mem_peak", "mem_peak_rank", "t_dispatch", "t_combine", "t_bwd_dispatch",
+            "t_bwd_combine", "t_weights", "t_comm", "t_fwd_compute", "t_bwd_compute",
+            "t_total", "bytes_total")
+
+
 class Fidelity(ctypes.Structure):  # lrmoe_fidelity_t (lib/score.h)
     _fields_ = [(n, ctypes.c_double) for n in ("rel_err", "norm_ratio", "cosine", "bias")]
+
+
+_lib.check_mirror("lrmoe_fidelity_t", Fidelity)
 
 
 _NFID = 4  # LRMOE_NFID: dw_down, dw_gate, dw_up, dx
@@ -99,23 +98,31 @@ def layer_cost(state, D, F, ranks):
     load = np.bincount(ids.reshape(-1).numpy().astype(np.int64), minlength=E).astype(np.int64)
     quota = np.ascontiguousarray(state["quota"].numpy(), np.int64)
     bwd = np.ascontiguousarray(state["bwd_alloc"].numpy(), np.int64)
-    m = CostModel()
-    lib.lrmoe_cost_default(ctypes.byref(m))
-    m.D, m.F, m.K, m.tokens = D, F, K, T // ranks
-    m.dtype_bytes = state["hidden"].element_size()
-    # a plan that keeps pairs by forward rank is charged so (plan.keep=by-rank)
-    m.keep_by_rank = int(state["rec"].get("keep_rule") == "by-rank")
-    s = CostSummary()
     pl = np.ascontiguousarray(placement, np.uint8)
     fa = np.ascontiguousarray(fwd_alloc, np.int64)
     if state["rec"].get("planner") == "capacity":
         # capacity-factor dropping: the forward runs the kept pairs only (the
         # planner models it so: its bwd_alloc rows on the native ranks)
         load, fa = quota.copy(), bwd
-    check(lib.lrmoe_cost_eval(ctypes.byref(m), E, ranks, _np_ptr(pl), _np_ptr(load),
-                              _np_ptr(fa), _np_ptr(quota), _np_ptr(bwd), None,
-                              ctypes.byref(s)), "cost model")
-    return s
+    h = lib.lrmoe_cost_cfg_new()
+    if not h:
+        check(-1, "cost model")
+    try:
+        # a plan that keeps pairs by forward rank is charged so (plan.keep=by-rank)
+        for k, v in (("D", D), ("F", F), ("K", K), ("tokens", T // ranks),
+                     ("dtype_bytes", state["hidden"].element_size()),
+                     ("keep_by_rank", int(state["rec"].get("keep_rule") == "by-rank"))):
+            check(lib.lrmoe_cost_cfg_set(h, k.encode(), float(v)), "cost model")
+        check(lib.lrmoe_cost_cfg_eval(h, E, ranks, _np_ptr(pl), _np_ptr(load), _np_ptr(fa),
+                                      _np_ptr(quota), _np_ptr(bwd)), "cost model")
+        v = ctypes.c_double()
+        out = {}
+        for k in _SUMMARY:
+            check(lib.lrmoe_cost_cfg_get(h, k.encode(), ctypes.byref(v)), "cost model")
+            out[k] = v.value
+    finally:
+        lib.lrmoe_cost_cfg_free(h)
+    return SimpleNamespace(**out)
 
 
 def layer_fidelity(state, g, rec, block):
