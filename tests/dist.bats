@@ -47,17 +47,22 @@ has() {
     dist 4 experts
 }
 
-@test "2 ranks: tiny Qwen3-MoE, 3 training steps: logits, input and expert gradients equal" {
-    dist 2 model qwen3_moe
+@test "2 ranks: tiny Qwen3-MoE, 10 training steps at rate 1.0 and 0.7: losses and every gradient equal" {
+    dist 2 model qwen3_moe 1.0 10
+    dist 2 model qwen3_moe 0.7 10
 }
 
-@test "2 ranks: tiny Mixtral and DeepSeek-V3 equal the simulated run" {
-    dist 2 model mixtral
-    dist 2 model deepseek_v3
+@test "2 ranks: tiny Qwen3-MoE, 10 training steps with llep's replicas at rate 0.7" {
+    dist 2 model qwen3_moe 0.7 10 llep
 }
 
-@test "4 ranks: tiny Qwen3-MoE equals the simulated run" {
-    dist 4 model qwen3_moe
+@test "2 ranks: tiny Mixtral and DeepSeek-V3 equal the simulated run (3 steps)" {
+    dist 2 model mixtral 0.7 3
+    dist 2 model deepseek_v3 0.7 3
+}
+
+@test "4 ranks: tiny Qwen3-MoE, 10 training steps at rate 0.7" {
+    dist 4 model qwen3_moe 0.7 10
 }
 
 # die HOW: rank 1 fails; the job ends in bounded time with one clear error

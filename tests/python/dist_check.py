@@ -9,11 +9,12 @@ every rank compares its share with the simulated single-process run
       experts are the same bits (the others' zero), the backward all-to-alls
       carry exactly the kept rows (R*D*4 bytes over all ranks, each of the
       two), and with rate < 1 fewer rows than pairs.
-  ... dist_check.py model FAMILY
-      a tiny Hugging Face model, each rank one sequence of the batch: logits
-      of this rank's rows, the gradient of its input embeddings and its
-      native experts' gradients equal, over 3 SGD steps on the expert
-      parameters.
+  ... dist_check.py model FAMILY [RATE [STEPS [PLANNER]]]
+      a tiny Hugging Face model trained STEPS (10) SGD steps at RATE (0.7),
+      each rank one sequence of the batch: per step the logits and
+      per-token losses of this rank's rows, the gradient of its input
+      embeddings and every expert parameter's gradient equal bit for bit
+      (non-expert gradients, all-reduced, to 1e-5: see model()).
   ... dist_check.py die early|inexec|plan
       rank 1 exits in its first forward (before the collectives or inside
       liblrmoe's exec), or plans for another rate: rank 0 (every rank, for
@@ -138,7 +139,18 @@ def experts(planners):
                     fail(f"{tag}: {int(n[0])} p2p bytes without replicas")
 
 
-def model(family):
+def model(family, rate=0.7, steps=10, planner="lrmoe"):
+    """A training run of STEPS SGD steps on a tiny model, each rank one
+    sequence of the batch: per step the per-token losses and logits of this
+    rank's rows, the gradient of its input embeddings and of every expert
+    parameter (its native experts' the same bits, the others' zero) equal
+    the simulated run's; every non-expert parameter (attention, norms,
+    router, shared experts) gets its gradient too, all-reduced over the
+    ranks as data parallelism would: that sum of per-rank partial sums is
+    not the simulated run's one sum over the batch, so it is checked to
+    1e-5 of its largest entry; those parameters stay fixed (lr 0) so the
+    expert trajectory can stay bit for bit over every step."""
+    global checks
     V, S = 64, 12
     if family == "deepseek_v3":
         torch.manual_seed(4)
@@ -146,42 +158,72 @@ def model(family):
     else:
         m0 = tiny.model(family, seed=4)
     ref, mine = copy.deepcopy(m0), copy.deepcopy(m0)
-    lt.patch(ref, rate=0.7, ranks=P, seed=9)
-    lt.patch(mine, rate=0.7, seed=9, group=dist.group.WORLD)
+    hr = lt.patch(ref, rate=rate, ranks=P, seed=9, planner=planner)
+    hm = lt.patch(mine, rate=rate, seed=9, planner=planner, group=dist.group.WORLD)
     E = tiny.E
     nat = native(E)
+    other = [e for e in range(E) if e not in nat]
 
     def eparams(m):
         return [p for n, p in m.named_parameters() if ".experts." in n]
     for m in (ref, mine):
-        for n, p in m.named_parameters():
-            p.requires_grad_(".experts." in n)
+        m.requires_grad_(True)
     opt_r = torch.optim.SGD(eparams(ref), lr=0.5)
     opt_m = torch.optim.SGD(eparams(mine), lr=0.5)
-    for step in range(3):
+    tag = f"{family} {planner} rate={rate}"
+    nexp = 0
+    for step in range(steps):
         gen = torch.Generator().manual_seed(300 + step)
         ids = torch.randint(0, V, (P, S), generator=gen)
         emb_r = ref.get_input_embeddings()(ids).detach().requires_grad_()
         emb_m = mine.get_input_embeddings()(ids[ME:ME + 1]).detach().requires_grad_()
         lr_ = ref(inputs_embeds=emb_r).logits
         lm = mine(inputs_embeds=emb_m).logits
-        same(lm[0], lr_[ME].detach(), f"{family} step {step}: logits")
+        t = f"{tag} step {step}"
+        same(lm[0], lr_[ME].detach(), f"{t}: logits")
         tgt = torch.roll(ids, -1, 1)
         N = P * S
-        loss_r = torch.nn.functional.cross_entropy(lr_.reshape(-1, V), tgt.reshape(-1),
-                                                   reduction="sum") / N
-        loss_m = torch.nn.functional.cross_entropy(lm.reshape(-1, V), tgt[ME].reshape(-1),
-                                                   reduction="sum") / N
-        loss_r.backward()
-        loss_m.backward()
-        same(emb_m.grad[0], emb_r.grad[ME], f"{family} step {step}: grad of the input embeddings")
+        tok_r = torch.nn.functional.cross_entropy(lr_.reshape(-1, V), tgt.reshape(-1),
+                                                  reduction="none")
+        tok_m = torch.nn.functional.cross_entropy(lm.reshape(-1, V), tgt[ME].reshape(-1),
+                                                  reduction="none")
+        same(tok_m, tok_r.view(P, S)[ME].detach(), f"{t}: per-token losses")
+        (tok_r.sum() / N).backward()
+        (tok_m.sum() / N).backward()
+        same(emb_m.grad[0], emb_r.grad[ME], f"{t}: grad of the input embeddings")
         for (n, pm), (_, pr) in zip(mine.named_parameters(), ref.named_parameters()):
             if ".experts." in n:
-                same(pm.grad[nat], pr.grad[nat], f"{family} step {step}: grad {n}[{nat}]")
+                nexp += 1
+                same(pm.grad[nat], pr.grad[nat], f"{t}: grad {n}[{nat}]")
+                same(pm.grad[other], torch.zeros_like(pm.grad[other]), f"{t}: grad {n}[{other}]")
+            elif pm is not mine.get_input_embeddings().weight:  # (inputs_embeds: emb.grad)
+                if pm.grad is None or pr.grad is None:
+                    fail(f"{t}: {n}: no gradient ({pm.grad is None}, {pr.grad is None})")
+                gsum = pm.grad.clone()
+                dist.all_reduce(gsum)
+                tol = 1e-5 * max(pr.grad.abs().max().item(), 1e-30)
+                d = (gsum - pr.grad).abs().max().item()
+                checks += 1
+                if not d <= tol:
+                    fail(f"{t}: all-reduced grad {n}: max |diff| {d} > {tol}")
+        rec, rr = hm.stats[-1], hr.stats[-1]
+        checks += 1
+        if rec["kept"] != rr["kept"] or (planner == "lrmoe" and
+                                         (rate < 1) != (rec["kept"] < rec["pairs"])):
+            fail(f"{t}: kept {rec['kept']} of {rec['pairs']} vs simulated {rr['kept']}")
         opt_r.step()
         opt_m.step()
-        opt_r.zero_grad()
-        opt_m.zero_grad()
+        for m in (ref, mine):
+            m.zero_grad(set_to_none=True)
+    if nexp == 0:
+        fail(f"{tag}: no expert parameters")
+    a2a, p2p = ctypes.c_int64(), ctypes.c_int64()
+    lt.lib.lrmoe_comm_callback_sent(hm.dist.comm, ctypes.byref(a2a), ctypes.byref(p2p))
+    n = torch.tensor([p2p.value])
+    dist.all_reduce(n)
+    checks += 1
+    if planner == "llep" and n[0] == 0:
+        fail(f"{tag}: no p2p bytes: no replica used")
 
 
 def die(how):
@@ -210,7 +252,7 @@ what = sys.argv[1]
 if what == "experts":
     experts(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb"])
 elif what == "model":
-    model(sys.argv[2])
+    model(sys.argv[2], *[f(v) for f, v in zip((float, int, str), sys.argv[3:])])
 elif what == "die":
     die(sys.argv[2])
 print(f"dist: {ME} ok {checks} checks", flush=True)
