@@ -101,3 +101,8 @@ die() {
     has 'verdict: backward all-to-all bytes \(all ranks\) [0-9]+ at rate 0\.7 = 0\.[0-9]+ of [0-9]+ at 1\.0 .*: falls with rho'
     has 'verdict: largest share outside liblrmoe and the collectives [0-9.]+%'
 }
+
+@test "2 and 4 ranks: shard=True keeps 1/P of the experts, the same bits as unsharded, full_state_dict loads" {
+    dist 2 shard
+    dist 4 shard
+}

@@ -15,6 +15,10 @@ every rank compares its share with the simulated single-process run
       per-token losses of this rank's rows, the gradient of its input
       embeddings and every expert parameter's gradient equal bit for bit
       (non-expert gradients, all-reduced, to 1e-5: see model()).
+  ... dist_check.py shard [planners]
+      patch(group=, shard=True) against the unsharded group run (see
+      shard()): the same bits, 1/P of the expert parameters per rank, and
+      full_state_dict() / load_full_state_dict().
   ... dist_check.py die early|inexec|plan
       rank 1 exits in its first forward (before the collectives or inside
       liblrmoe's exec), or plans for another rate: rank 0 (every rank, for
@@ -226,6 +230,115 @@ def model(family, rate=0.7, steps=10, planner="lrmoe"):
         fail(f"{tag}: no p2p bytes: no replica used")
 
 
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident(t):
+    """Bytes of tensor t's pages in memory (mincore(2))."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    a, n = t.data_ptr(), t.numel() * t.element_size()
+    a0 = a - a % PAGE
+    npg = (a + n - a0 + PAGE - 1) // PAGE
+    v = (ctypes.c_ubyte * npg)()
+    if libc.mincore(ctypes.c_void_p(a0), ctypes.c_size_t(npg * PAGE), v) != 0:
+        fail(f"mincore: errno {ctypes.get_errno()}")
+    return sum(x & 1 for x in v) * PAGE
+
+
+def shard(planners):
+    """patch(group=, shard=True) against the unsharded group run: each rank
+    keeps experts [lo, hi) = its native ones, 1/P of the expert parameters;
+    for each planner at rate 1.0 and 0.7, 3 SGD steps: outputs, hidden and
+    routing-weight gradients and its experts' gradients and parameters are
+    the same bits; the pages of the packed weights and gradient scratch
+    ever written are the shard's rows (mincore: about 1/P of the memory);
+    full_state_dict() is the unsharded model's state_dict
+    (every rank), and load_full_state_dict() of it restores the shard."""
+    global checks
+    E, D = tiny.E, tiny.D
+    Tg = 24 * P
+    lo, hi = ME * Tg // P, (ME + 1) * Tg // P
+    nat = native(E)
+    s0, s1 = nat[0], nat[-1] + 1
+    for planner in planners:
+        for rate in (1.0, 0.7):
+            tag = f"shard {planner} rate={rate}"
+            base = tiny.block("qwen3_moe", seed=3)
+            ref, mine = copy.deepcopy(base), copy.deepcopy(base)
+            lt.patch(ref, rate=rate, planner=planner, seed=5, group=dist.group.WORLD)
+            hm = lt.patch(mine, rate=rate, planner=planner, seed=5, group=dist.group.WORLD,
+                          shard=True)
+            for n in ("gate_up_proj", "down_proj"):
+                pm, pr = getattr(mine.experts, n), getattr(ref.experts, n)
+                checks += 1
+                if pm.shape[0] * P != pr.shape[0] or pm.shape[0] != s1 - s0:
+                    fail(f"{tag}: {n} holds {pm.shape[0]} of {pr.shape[0]} experts, expected "
+                         f"[{s0},{s1})")
+                same(pm.detach(), pr.detach()[s0:s1], f"{tag}: {n} after patch")
+            opt_r = torch.optim.SGD(ref.experts.parameters(), lr=0.5)
+            opt_m = torch.optim.SGD(mine.experts.parameters(), lr=0.5)
+            for step in range(3):
+                gen = torch.Generator().manual_seed(100 + step)
+                x = torch.randn(Tg, D, generator=gen)
+                G = torch.randn(Tg, D, generator=gen)
+                ids, w = routing(Tg, E, tiny.K, 200 + step)
+                outs = []
+                for m in (ref, mine):
+                    xm, wm = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
+                    out = m.experts(xm, ids[lo:hi], wm)
+                    out.backward(G[lo:hi])
+                    outs.append((out.detach(), xm.grad, wm.grad))
+                t = f"{tag} step {step}"
+                for what, a, b in zip(("output", "grad hidden", "grad topk_weights"), outs[1],
+                                      outs[0]):
+                    same(a, b, f"{t}: {what}")
+                for n in ("gate_up_proj", "down_proj"):
+                    gm, gr = getattr(mine.experts, n).grad, getattr(ref.experts, n).grad
+                    same(gm, gr[s0:s1], f"{t}: grad {n} of experts [{s0},{s1})")
+                opt_r.step()
+                opt_m.step()
+                opt_r.zero_grad()
+                opt_m.zero_grad()
+                for n in ("gate_up_proj", "down_proj"):
+                    same(getattr(mine.experts, n).detach(),
+                         getattr(ref.experts, n).detach()[s0:s1], f"{t}: {n} after the step")
+            # memory: the pages of the packed buffer and of the gradient
+            # scratch ever written are the shard's (mincore(2))
+            for name, t in [("packed buffer", hm.layers[0].w_f32), *[
+                    ("gradient scratch", x) for x in hm._scratch]]:
+                n = t.numel() * 4
+                own = (s1 - s0) * n // E
+                res = resident(t)
+                checks += 1
+                if not res <= own + 2 * PAGE or not res < n:
+                    fail(f"{tag}: {name}: {res} of {n} bytes resident, the shard's rows are {own}")
+            # the unsharded ref trains only its native rows: the full state is
+            # every rank's native rows of its ref
+            full = hm.full_state_dict()
+            want = ref.state_dict()
+            for k in want:
+                v = want[k].clone()
+                if "experts." in k:
+                    parts = [torch.empty_like(v) for _ in range(P)]
+                    dist.all_gather(parts, v.contiguous())
+                    for r in range(P):
+                        rr = [e for e in range(E) if lt.lib.lrmoe_exec_native(e, E, P) == r]
+                        v[rr[0]:rr[-1] + 1] = parts[r][rr[0]:rr[-1] + 1]
+                same(full[k], v, f"{tag}: full_state_dict()[{k}]")
+            fresh = copy.deepcopy(base)
+            fresh.load_state_dict(full)  # loadable into the unsharded block
+            other = copy.deepcopy(base)
+            ho = lt.patch(other, rate=rate, planner=planner, group=dist.group.WORLD, shard=True)
+            ptr = other.experts.gate_up_proj.data_ptr()
+            ho.load_full_state_dict(full)
+            checks += 1
+            if other.experts.gate_up_proj.data_ptr() != ptr:
+                fail(f"{tag}: load_full_state_dict moved the shard out of the packed buffer")
+            for n in ("gate_up_proj", "down_proj"):
+                same(getattr(other.experts, n).detach(), full[f"experts.{n}"][s0:s1],
+                     f"{tag}: {n} after load_full_state_dict")
+
+
 def die(how):
     """inexec: rank 1 exits where the exec starts (rank 0 is then inside
     liblrmoe's all-to-all); early: in the token count; plan: rank 1 plans
@@ -253,6 +366,8 @@ if what == "experts":
     experts(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb"])
 elif what == "model":
     model(sys.argv[2], *[f(v) for f, v in zip((float, int, str), sys.argv[3:])])
+elif what == "shard":
+    shard(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb"])
 elif what == "die":
     die(sys.argv[2])
 print(f"dist: {ME} ok {checks} checks", flush=True)
