@@ -106,3 +106,8 @@ die() {
     dist 2 shard
     dist 4 shard
 }
+
+@test "2 and 4 ranks: tiny Qwen3-MoE sharded (llep's replicas), 10 steps: the simulated run's bits, full_state_dict its parameters" {
+    dist 2 model qwen3_moe 0.7 10 llep shard
+    dist 4 model qwen3_moe 0.7 10 llep shard
+}

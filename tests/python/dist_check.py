@@ -9,7 +9,7 @@ every rank compares its share with the simulated single-process run
       experts are the same bits (the others' zero), the backward all-to-alls
       carry exactly the kept rows (R*D*4 bytes over all ranks, each of the
       two), and with rate < 1 fewer rows than pairs.
-  ... dist_check.py model FAMILY [RATE [STEPS [PLANNER]]]
+  ... dist_check.py model FAMILY [RATE [STEPS [PLANNER [shard]]]]
       a tiny Hugging Face model trained STEPS (10) SGD steps at RATE (0.7),
       each rank one sequence of the batch: per step the logits and
       per-token losses of this rank's rows, the gradient of its input
@@ -143,7 +143,7 @@ def experts(planners):
                     fail(f"{tag}: {int(n[0])} p2p bytes without replicas")
 
 
-def model(family, rate=0.7, steps=10, planner="lrmoe"):
+def model(family, rate=0.7, steps=10, planner="lrmoe", sharded=""):
     """A training run of STEPS SGD steps on a tiny model, each rank one
     sequence of the batch: per step the per-token losses and logits of this
     rank's rows, the gradient of its input embeddings and of every expert
@@ -153,7 +153,10 @@ def model(family, rate=0.7, steps=10, planner="lrmoe"):
     ranks as data parallelism would: that sum of per-rank partial sums is
     not the simulated run's one sum over the batch, so it is checked to
     1e-5 of its largest entry; those parameters stay fixed (lr 0) so the
-    expert trajectory can stay bit for bit over every step."""
+    expert trajectory can stay bit for bit over every step. sharded="shard":
+    patch(shard=True): this rank's expert parameters are its native rows,
+    their gradients those rows of the simulated run's, and at the end
+    full_state_dict() holds every rank's trained rows."""
     global checks
     V, S = 64, 12
     if family == "deepseek_v3":
@@ -163,10 +166,12 @@ def model(family, rate=0.7, steps=10, planner="lrmoe"):
         m0 = tiny.model(family, seed=4)
     ref, mine = copy.deepcopy(m0), copy.deepcopy(m0)
     hr = lt.patch(ref, rate=rate, ranks=P, seed=9, planner=planner)
-    hm = lt.patch(mine, rate=rate, seed=9, planner=planner, group=dist.group.WORLD)
+    hm = lt.patch(mine, rate=rate, seed=9, planner=planner, group=dist.group.WORLD,
+                  shard=sharded == "shard")
     E = tiny.E
     nat = native(E)
     other = [e for e in range(E) if e not in nat]
+    s0, s1 = nat[0], nat[-1] + 1
 
     def eparams(m):
         return [p for n, p in m.named_parameters() if ".experts." in n]
@@ -198,8 +203,12 @@ def model(family, rate=0.7, steps=10, planner="lrmoe"):
         for (n, pm), (_, pr) in zip(mine.named_parameters(), ref.named_parameters()):
             if ".experts." in n:
                 nexp += 1
-                same(pm.grad[nat], pr.grad[nat], f"{t}: grad {n}[{nat}]")
-                same(pm.grad[other], torch.zeros_like(pm.grad[other]), f"{t}: grad {n}[{other}]")
+                if sharded:
+                    same(pm.grad, pr.grad[s0:s1], f"{t}: grad {n} (shard [{s0},{s1}))")
+                else:
+                    same(pm.grad[nat], pr.grad[nat], f"{t}: grad {n}[{nat}]")
+                    same(pm.grad[other], torch.zeros_like(pm.grad[other]),
+                         f"{t}: grad {n}[{other}]")
             elif pm is not mine.get_input_embeddings().weight:  # (inputs_embeds: emb.grad)
                 if pm.grad is None or pr.grad is None:
                     fail(f"{t}: {n}: no gradient ({pm.grad is None}, {pr.grad is None})")
@@ -221,6 +230,11 @@ def model(family, rate=0.7, steps=10, planner="lrmoe"):
             m.zero_grad(set_to_none=True)
     if nexp == 0:
         fail(f"{tag}: no expert parameters")
+    if sharded:  # every rank's trained rows, gathered: the simulated run's parameters
+        full, want = hm.full_state_dict(), ref.state_dict()
+        for k in want:
+            if ".experts." in k:
+                same(full[k], want[k], f"{tag}: full_state_dict()[{k}] after {steps} steps")
     a2a, p2p = ctypes.c_int64(), ctypes.c_int64()
     lt.lib.lrmoe_comm_callback_sent(hm.dist.comm, ctypes.byref(a2a), ctypes.byref(p2p))
     n = torch.tensor([p2p.value])
@@ -365,7 +379,7 @@ what = sys.argv[1]
 if what == "experts":
     experts(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb"])
 elif what == "model":
-    model(sys.argv[2], *[f(v) for f, v in zip((float, int, str), sys.argv[3:])])
+    model(sys.argv[2], *[f(v) for f, v in zip((float, int, str, str), sys.argv[3:])])
 elif what == "shard":
     shard(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb"])
 elif what == "die":
