@@ -91,15 +91,17 @@ die() {
     has "dist: rank 1: error: [^ ]+: the ranks disagree on the plan"
 }
 
-@test "make bench's dist section (quick): a table for both ranks, the backward bytes fall with rho" {
+@test "make bench's dist section (quick): a table for both ranks, the backward bytes fall with rho, shard=True holds half the expert bytes" {
     cd "$TOP" || return 1
     BENCH_QUICK=1 REPS=1 run timeout 300 sh tests/bench/dist.sh
     [ "$status" -eq 0 ] || { printf '%s\n' "$output" | tail -20; return 1; }
     has '1024 tokens per rank'
     [ "$(printf '%s\n' "$output" | grep -cE '^group +[01] +(1\.00|0\.70) ')" -eq 4 ]
+    [ "$(printf '%s\n' "$output" | grep -cE '^sharded +[01] +0\.70 +25165824 ')" -eq 2 ]
     [ "$(printf '%s\n' "$output" | grep -cE '^simulated +all ')" -eq 2 ]
     has 'verdict: backward all-to-all bytes \(all ranks\) [0-9]+ at rate 0\.7 = 0\.[0-9]+ of [0-9]+ at 1\.0 .*: falls with rho'
     has 'verdict: largest share outside liblrmoe and the collectives [0-9.]+%'
+    has 'verdict: shard=True keeps 25165824 expert parameter bytes per rank = 0\.500 of unsharded'
 }
 
 @test "2 and 4 ranks: shard=True keeps 1/P of the experts, the same bits as unsharded, full_state_dict loads" {

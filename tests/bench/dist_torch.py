@@ -14,6 +14,9 @@ float32, gloo on the CPU, one BLAS thread per rank, skewed routing. For rate
   fwd/bwd a2a_B  bytes this rank sent in each of the two all-to-alls of
             the phase (dispatch, combine)
   move_B    bytes of the state moves of the phase
+  expert_B  bytes of the expert parameters this rank holds
+rows "sharded": rate 0.7 with patch(shard=True) (each rank keeps its
+native experts only);
 then the simulated single-process run (patch(ranks=P), one process, all
 ranks one after the other) on rank 0 with the whole batch, best of REPS.
 One table on rank 0 and verdict lines: the backward all-to-all bytes at rate
@@ -54,9 +57,9 @@ if ME == 0:
           f"{os.cpu_count()} cores), {Tl} tokens per rank, 1 thread per rank, "
           f"fwd+bwd best of {REPS}", flush=True)
 rows = []
-for rate in (1.0, 0.7):
+for rate, sharded in ((1.0, False), (0.7, False), (0.7, True)):
     m = copy.deepcopy(blk)
-    h = lt.patch(m, rate=rate, group=dist.group.WORLD, threads=1)
+    h = lt.patch(m, rate=rate, group=dist.group.WORLD, threads=1, shard=sharded)
     best = None
     for it in range(REPS):
         xm, wm = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
@@ -70,7 +73,8 @@ for rate in (1.0, 0.7):
     wall = r["fwd_seconds"] + r["bwd_seconds"]
     lib_s = r["fwd_lib_seconds"] + r["bwd_lib_seconds"]
     comm = r["fwd_comm_seconds"] + r["bwd_comm_seconds"]
-    rows.append(dict(rank=ME, rate=rate, step=t, lib=lib_s, comm=comm,
+    rows.append(dict(rank=ME, rate=rate, shard=sharded, step=t,
+                     wbytes=sum(p.numel() * p.element_size() for p in m.experts.parameters()), lib=lib_s, comm=comm,
                      out=(wall - lib_s - comm) / wall, fa=list(r["fwd_a2a_bytes"]),
                      ba=list(r["bwd_a2a_bytes"]), fm=r["fwd_move_bytes"],
                      bm=r["bwd_move_bytes"], kept=r["kept"], pairs=r["pairs"]))
@@ -89,7 +93,8 @@ if ME == 0:
             m.experts(xm, ids, wm).backward(G)
             ts.append(time.perf_counter() - t0)
         sim[rate] = min(ts)
-    print(f"{'run':<10} {'rank':>4} {'rate':>5} {'step_s':>7} {'lib_s':>7} {'comm_s':>7} "
+    print(f"{'run':<10} {'rank':>4} {'rate':>5} {'expert_B':>9} {'step_s':>7} {'lib_s':>7} "
+          f"{'comm_s':>7} "
           f"{'outside':>7} {'fwd_a2a_B':>19} {'bwd_a2a_B':>19} {'fwd_move_B':>10} "
           f"{'bwd_move_B':>10} {'kept/pairs':>12}")
     for rate in (1.0, 0.7):
@@ -97,13 +102,15 @@ if ME == 0:
             for q in rr:
                 if q["rate"] != rate:
                     continue
-                print(f"{'group':<10} {q['rank']:>4} {rate:5.2f} {q['step']:7.3f} {q['lib']:7.3f} "
+                print(f"{'sharded' if q['shard'] else 'group':<10} {q['rank']:>4} {rate:5.2f} "
+                      f"{q['wbytes']:>9} {q['step']:7.3f} {q['lib']:7.3f} "
                       f"{q['comm']:7.3f} {100 * q['out']:6.1f}% "
                       f"{','.join(map(str, q['fa'])):>19} {','.join(map(str, q['ba'])):>19} "
                       f"{q['fm']:>10} {q['bm']:>10} {str(q['kept']) + '/' + str(q['pairs']):>12}")
-        print(f"{'simulated':<10} {'all':>4} {rate:5.2f} {sim[rate]:7.3f} {'-':>7} {'-':>7} "
+        print(f"{'simulated':<10} {'all':>4} {rate:5.2f} {'-':>9} {sim[rate]:7.3f} {'-':>7} {'-':>7} "
               f"{'-':>7} {'-':>19} {'-':>19} {'-':>10} {'-':>10} {'-':>12}")
-    flat = [q for rr in everyone for q in rr]
+    flat = [q for rr in everyone for q in rr if not q["shard"]]
+    shd = [q for rr in everyone for q in rr if q["shard"]]
 
     def bwd(rate):
         return sum(sum(q["ba"]) for q in flat if q["rate"] == rate)
@@ -120,5 +127,10 @@ if ME == 0:
           f"({'meets' if worst < 0.10 else 'misses'} the 10% target); group step / simulated "
           f"step {step[1.0] / sim[1.0]:.2f} at rate 1.0, {step[0.7] / sim[0.7]:.2f} at 0.7 "
           f"({P} processes on {os.cpu_count()} cores)", flush=True)
+    un = {q["rank"]: q for q in flat if q["rate"] == 0.7}
+    print(f"verdict: shard=True keeps {max(q['wbytes'] for q in shd)} expert parameter bytes per "
+          f"rank = {max(q['wbytes'] / un[q['rank']]['wbytes'] for q in shd):.3f} of unsharded "
+          f"(1/P = {1 / P:.3f}); its step {max(q['step'] for q in shd) / step[0.7]:.2f}x the "
+          f"unsharded one at rate 0.7", flush=True)
 dist.barrier()
 dist.destroy_process_group()
