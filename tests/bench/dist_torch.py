@@ -74,7 +74,8 @@ for rate, sharded in ((1.0, False), (0.7, False), (0.7, True)):
     lib_s = r["fwd_lib_seconds"] + r["bwd_lib_seconds"]
     comm = r["fwd_comm_seconds"] + r["bwd_comm_seconds"]
     rows.append(dict(rank=ME, rate=rate, shard=sharded, step=t,
-                     wbytes=sum(p.numel() * p.element_size() for p in m.experts.parameters()), lib=lib_s, comm=comm,
+                     wbytes=sum(p.numel() * p.element_size() for p in m.experts.parameters()),
+                     lib=lib_s, comm=comm,
                      out=(wall - lib_s - comm) / wall, fa=list(r["fwd_a2a_bytes"]),
                      ba=list(r["bwd_a2a_bytes"]), fm=r["fwd_move_bytes"],
                      bm=r["bwd_move_bytes"], kept=r["kept"], pairs=r["pairs"]))
@@ -107,7 +108,8 @@ if ME == 0:
                       f"{q['comm']:7.3f} {100 * q['out']:6.1f}% "
                       f"{','.join(map(str, q['fa'])):>19} {','.join(map(str, q['ba'])):>19} "
                       f"{q['fm']:>10} {q['bm']:>10} {str(q['kept']) + '/' + str(q['pairs']):>12}")
-        print(f"{'simulated':<10} {'all':>4} {rate:5.2f} {'-':>9} {sim[rate]:7.3f} {'-':>7} {'-':>7} "
+        print(f"{'simulated':<10} {'all':>4} {rate:5.2f} {'-':>9} {sim[rate]:7.3f} {'-':>7} "
+              f"{'-':>7} "
               f"{'-':>7} {'-':>19} {'-':>19} {'-':>10} {'-':>10} {'-':>12}")
     flat = [q for rr in everyone for q in rr if not q["shard"]]
     shd = [q for rr in everyone for q in rr if q["shard"]]
