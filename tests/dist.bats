@@ -47,17 +47,22 @@ has() {
     dist 4 experts
 }
 
-@test "2 ranks: tiny Qwen3-MoE, 3 training steps: logits, input and expert gradients equal" {
-    dist 2 model qwen3_moe
+@test "2 ranks: tiny Qwen3-MoE, 10 training steps at rate 1.0 and 0.7: losses and every gradient equal" {
+    dist 2 model qwen3_moe 1.0 10
+    dist 2 model qwen3_moe 0.7 10
 }
 
-@test "2 ranks: tiny Mixtral and DeepSeek-V3 equal the simulated run" {
-    dist 2 model mixtral
-    dist 2 model deepseek_v3
+@test "2 ranks: tiny Qwen3-MoE, 10 training steps with llep's replicas at rate 0.7" {
+    dist 2 model qwen3_moe 0.7 10 llep
 }
 
-@test "4 ranks: tiny Qwen3-MoE equals the simulated run" {
-    dist 4 model qwen3_moe
+@test "2 ranks: tiny Mixtral and DeepSeek-V3 equal the simulated run (3 steps)" {
+    dist 2 model mixtral 0.7 3
+    dist 2 model deepseek_v3 0.7 3
+}
+
+@test "4 ranks: tiny Qwen3-MoE, 10 training steps at rate 0.7" {
+    dist 4 model qwen3_moe 0.7 10
 }
 
 # die HOW: rank 1 fails; the job ends in bounded time with one clear error
@@ -84,4 +89,27 @@ die() {
     die plan
     has "dist: rank 0: error: [^ ]+: the ranks disagree on the plan: rank 1's differs from rank 0's"
     has "dist: rank 1: error: [^ ]+: the ranks disagree on the plan"
+}
+
+@test "make bench's dist section (quick): a table for both ranks, the backward bytes fall with rho, shard=True holds half the expert bytes" {
+    cd "$TOP" || return 1
+    BENCH_QUICK=1 REPS=1 run timeout 300 sh tests/bench/dist.sh
+    [ "$status" -eq 0 ] || { printf '%s\n' "$output" | tail -20; return 1; }
+    has '1024 tokens per rank'
+    [ "$(printf '%s\n' "$output" | grep -cE '^group +[01] +(1\.00|0\.70) ')" -eq 4 ]
+    [ "$(printf '%s\n' "$output" | grep -cE '^sharded +[01] +0\.70 +25165824 ')" -eq 2 ]
+    [ "$(printf '%s\n' "$output" | grep -cE '^simulated +all ')" -eq 2 ]
+    has 'verdict: backward all-to-all bytes \(all ranks\) [0-9]+ at rate 0\.7 = 0\.[0-9]+ of [0-9]+ at 1\.0 .*: falls with rho'
+    has 'verdict: largest share outside liblrmoe and the collectives [0-9.]+%'
+    has 'verdict: shard=True keeps 25165824 expert parameter bytes per rank = 0\.500 of unsharded'
+}
+
+@test "2 and 4 ranks: shard=True keeps 1/P of the experts, the same bits as unsharded, full_state_dict loads" {
+    dist 2 shard
+    dist 4 shard
+}
+
+@test "2 and 4 ranks: tiny Qwen3-MoE sharded (llep's replicas), 10 steps: the simulated run's bits, full_state_dict its parameters" {
+    dist 2 model qwen3_moe 0.7 10 llep shard
+    dist 4 model qwen3_moe 0.7 10 llep shard
 }

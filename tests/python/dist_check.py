@@ -9,11 +9,16 @@ every rank compares its share with the simulated single-process run
       experts are the same bits (the others' zero), the backward all-to-alls
       carry exactly the kept rows (R*D*4 bytes over all ranks, each of the
       two), and with rate < 1 fewer rows than pairs.
-  ... dist_check.py model FAMILY
-      a tiny Hugging Face model, each rank one sequence of the batch: logits
-      of this rank's rows, the gradient of its input embeddings and its
-      native experts' gradients equal, over 3 SGD steps on the expert
-      parameters.
+  ... dist_check.py model FAMILY [RATE [STEPS [PLANNER [shard]]]]
+      a tiny Hugging Face model trained STEPS (10) SGD steps at RATE (0.7),
+      each rank one sequence of the batch: per step the logits and
+      per-token losses of this rank's rows, the gradient of its input
+      embeddings and every expert parameter's gradient equal bit for bit
+      (non-expert gradients, all-reduced, to 1e-5: see model()).
+  ... dist_check.py shard [planners]
+      patch(group=, shard=True) against the unsharded group run (see
+      shard()): the same bits, 1/P of the expert parameters per rank, and
+      full_state_dict() / load_full_state_dict().
   ... dist_check.py die early|inexec|plan
       rank 1 exits in its first forward (before the collectives or inside
       liblrmoe's exec), or plans for another rate: rank 0 (every rank, for
@@ -138,7 +143,21 @@ def experts(planners):
                     fail(f"{tag}: {int(n[0])} p2p bytes without replicas")
 
 
-def model(family):
+def model(family, rate=0.7, steps=10, planner="lrmoe", sharded=""):
+    """A training run of STEPS SGD steps on a tiny model, each rank one
+    sequence of the batch: per step the per-token losses and logits of this
+    rank's rows, the gradient of its input embeddings and of every expert
+    parameter (its native experts' the same bits, the others' zero) equal
+    the simulated run's; every non-expert parameter (attention, norms,
+    router, shared experts) gets its gradient too, all-reduced over the
+    ranks as data parallelism would: that sum of per-rank partial sums is
+    not the simulated run's one sum over the batch, so it is checked to
+    1e-5 of its largest entry; those parameters stay fixed (lr 0) so the
+    expert trajectory can stay bit for bit over every step. sharded="shard":
+    patch(shard=True): this rank's expert parameters are its native rows,
+    their gradients those rows of the simulated run's, and at the end
+    full_state_dict() holds every rank's trained rows."""
+    global checks
     V, S = 64, 12
     if family == "deepseek_v3":
         torch.manual_seed(4)
@@ -146,42 +165,192 @@ def model(family):
     else:
         m0 = tiny.model(family, seed=4)
     ref, mine = copy.deepcopy(m0), copy.deepcopy(m0)
-    lt.patch(ref, rate=0.7, ranks=P, seed=9)
-    lt.patch(mine, rate=0.7, seed=9, group=dist.group.WORLD)
+    hr = lt.patch(ref, rate=rate, ranks=P, seed=9, planner=planner)
+    hm = lt.patch(mine, rate=rate, seed=9, planner=planner, group=dist.group.WORLD,
+                  shard=sharded == "shard")
     E = tiny.E
     nat = native(E)
+    other = [e for e in range(E) if e not in nat]
+    s0, s1 = nat[0], nat[-1] + 1
 
     def eparams(m):
         return [p for n, p in m.named_parameters() if ".experts." in n]
     for m in (ref, mine):
-        for n, p in m.named_parameters():
-            p.requires_grad_(".experts." in n)
+        m.requires_grad_(True)
     opt_r = torch.optim.SGD(eparams(ref), lr=0.5)
     opt_m = torch.optim.SGD(eparams(mine), lr=0.5)
-    for step in range(3):
+    tag = f"{family} {planner} rate={rate}"
+    nexp = 0
+    for step in range(steps):
         gen = torch.Generator().manual_seed(300 + step)
         ids = torch.randint(0, V, (P, S), generator=gen)
         emb_r = ref.get_input_embeddings()(ids).detach().requires_grad_()
         emb_m = mine.get_input_embeddings()(ids[ME:ME + 1]).detach().requires_grad_()
         lr_ = ref(inputs_embeds=emb_r).logits
         lm = mine(inputs_embeds=emb_m).logits
-        same(lm[0], lr_[ME].detach(), f"{family} step {step}: logits")
+        t = f"{tag} step {step}"
+        same(lm[0], lr_[ME].detach(), f"{t}: logits")
         tgt = torch.roll(ids, -1, 1)
         N = P * S
-        loss_r = torch.nn.functional.cross_entropy(lr_.reshape(-1, V), tgt.reshape(-1),
-                                                   reduction="sum") / N
-        loss_m = torch.nn.functional.cross_entropy(lm.reshape(-1, V), tgt[ME].reshape(-1),
-                                                   reduction="sum") / N
-        loss_r.backward()
-        loss_m.backward()
-        same(emb_m.grad[0], emb_r.grad[ME], f"{family} step {step}: grad of the input embeddings")
+        tok_r = torch.nn.functional.cross_entropy(lr_.reshape(-1, V), tgt.reshape(-1),
+                                                  reduction="none")
+        tok_m = torch.nn.functional.cross_entropy(lm.reshape(-1, V), tgt[ME].reshape(-1),
+                                                  reduction="none")
+        same(tok_m, tok_r.view(P, S)[ME].detach(), f"{t}: per-token losses")
+        (tok_r.sum() / N).backward()
+        (tok_m.sum() / N).backward()
+        same(emb_m.grad[0], emb_r.grad[ME], f"{t}: grad of the input embeddings")
         for (n, pm), (_, pr) in zip(mine.named_parameters(), ref.named_parameters()):
             if ".experts." in n:
-                same(pm.grad[nat], pr.grad[nat], f"{family} step {step}: grad {n}[{nat}]")
+                nexp += 1
+                if sharded:
+                    same(pm.grad, pr.grad[s0:s1], f"{t}: grad {n} (shard [{s0},{s1}))")
+                else:
+                    same(pm.grad[nat], pr.grad[nat], f"{t}: grad {n}[{nat}]")
+                    same(pm.grad[other], torch.zeros_like(pm.grad[other]),
+                         f"{t}: grad {n}[{other}]")
+            elif pm is not mine.get_input_embeddings().weight:  # (inputs_embeds: emb.grad)
+                if pm.grad is None or pr.grad is None:
+                    fail(f"{t}: {n}: no gradient ({pm.grad is None}, {pr.grad is None})")
+                gsum = pm.grad.clone()
+                dist.all_reduce(gsum)
+                tol = 1e-5 * max(pr.grad.abs().max().item(), 1e-30)
+                d = (gsum - pr.grad).abs().max().item()
+                checks += 1
+                if not d <= tol:
+                    fail(f"{t}: all-reduced grad {n}: max |diff| {d} > {tol}")
+        rec, rr = hm.stats[-1], hr.stats[-1]
+        checks += 1
+        if rec["kept"] != rr["kept"] or (planner == "lrmoe" and
+                                         (rate < 1) != (rec["kept"] < rec["pairs"])):
+            fail(f"{t}: kept {rec['kept']} of {rec['pairs']} vs simulated {rr['kept']}")
         opt_r.step()
         opt_m.step()
-        opt_r.zero_grad()
-        opt_m.zero_grad()
+        for m in (ref, mine):
+            m.zero_grad(set_to_none=True)
+    if nexp == 0:
+        fail(f"{tag}: no expert parameters")
+    if sharded:  # every rank's trained rows, gathered: the simulated run's parameters
+        full, want = hm.full_state_dict(), ref.state_dict()
+        for k in want:
+            if ".experts." in k:
+                same(full[k], want[k], f"{tag}: full_state_dict()[{k}] after {steps} steps")
+    a2a, p2p = ctypes.c_int64(), ctypes.c_int64()
+    lt.lib.lrmoe_comm_callback_sent(hm.dist.comm, ctypes.byref(a2a), ctypes.byref(p2p))
+    n = torch.tensor([p2p.value])
+    dist.all_reduce(n)
+    checks += 1
+    if planner == "llep" and n[0] == 0:
+        fail(f"{tag}: no p2p bytes: no replica used")
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident(t):
+    """Bytes of tensor t's pages in memory (mincore(2))."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    a, n = t.data_ptr(), t.numel() * t.element_size()
+    a0 = a - a % PAGE
+    npg = (a + n - a0 + PAGE - 1) // PAGE
+    v = (ctypes.c_ubyte * npg)()
+    if libc.mincore(ctypes.c_void_p(a0), ctypes.c_size_t(npg * PAGE), v) != 0:
+        fail(f"mincore: errno {ctypes.get_errno()}")
+    return sum(x & 1 for x in v) * PAGE
+
+
+def shard(planners):
+    """patch(group=, shard=True) against the unsharded group run: each rank
+    keeps experts [lo, hi) = its native ones, 1/P of the expert parameters;
+    for each planner at rate 1.0 and 0.7, 3 SGD steps: outputs, hidden and
+    routing-weight gradients and its experts' gradients and parameters are
+    the same bits; the pages of the packed weights and gradient scratch
+    ever written are the shard's rows (mincore: about 1/P of the memory);
+    full_state_dict() is the unsharded model's state_dict
+    (every rank), and load_full_state_dict() of it restores the shard."""
+    global checks
+    E, D = tiny.E, tiny.D
+    Tg = 24 * P
+    lo, hi = ME * Tg // P, (ME + 1) * Tg // P
+    nat = native(E)
+    s0, s1 = nat[0], nat[-1] + 1
+    for planner in planners:
+        for rate in (1.0, 0.7):
+            tag = f"shard {planner} rate={rate}"
+            base = tiny.block("qwen3_moe", seed=3)
+            ref, mine = copy.deepcopy(base), copy.deepcopy(base)
+            lt.patch(ref, rate=rate, planner=planner, seed=5, group=dist.group.WORLD)
+            hm = lt.patch(mine, rate=rate, planner=planner, seed=5, group=dist.group.WORLD,
+                          shard=True)
+            for n in ("gate_up_proj", "down_proj"):
+                pm, pr = getattr(mine.experts, n), getattr(ref.experts, n)
+                checks += 1
+                if pm.shape[0] * P != pr.shape[0] or pm.shape[0] != s1 - s0:
+                    fail(f"{tag}: {n} holds {pm.shape[0]} of {pr.shape[0]} experts, expected "
+                         f"[{s0},{s1})")
+                same(pm.detach(), pr.detach()[s0:s1], f"{tag}: {n} after patch")
+            opt_r = torch.optim.SGD(ref.experts.parameters(), lr=0.5)
+            opt_m = torch.optim.SGD(mine.experts.parameters(), lr=0.5)
+            for step in range(3):
+                gen = torch.Generator().manual_seed(100 + step)
+                x = torch.randn(Tg, D, generator=gen)
+                G = torch.randn(Tg, D, generator=gen)
+                ids, w = routing(Tg, E, tiny.K, 200 + step)
+                outs = []
+                for m in (ref, mine):
+                    xm, wm = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
+                    out = m.experts(xm, ids[lo:hi], wm)
+                    out.backward(G[lo:hi])
+                    outs.append((out.detach(), xm.grad, wm.grad))
+                t = f"{tag} step {step}"
+                for what, a, b in zip(("output", "grad hidden", "grad topk_weights"), outs[1],
+                                      outs[0]):
+                    same(a, b, f"{t}: {what}")
+                for n in ("gate_up_proj", "down_proj"):
+                    gm, gr = getattr(mine.experts, n).grad, getattr(ref.experts, n).grad
+                    same(gm, gr[s0:s1], f"{t}: grad {n} of experts [{s0},{s1})")
+                opt_r.step()
+                opt_m.step()
+                opt_r.zero_grad()
+                opt_m.zero_grad()
+                for n in ("gate_up_proj", "down_proj"):
+                    same(getattr(mine.experts, n).detach(),
+                         getattr(ref.experts, n).detach()[s0:s1], f"{t}: {n} after the step")
+            # memory: the pages of the packed buffer and of the gradient
+            # scratch ever written are the shard's (mincore(2))
+            for name, t in [("packed buffer", hm.layers[0].w_f32), *[
+                    ("gradient scratch", x) for x in hm._scratch]]:
+                n = t.numel() * 4
+                own = (s1 - s0) * n // E
+                res = resident(t)
+                checks += 1
+                if not res <= own + 2 * PAGE or not res < n:
+                    fail(f"{tag}: {name}: {res} of {n} bytes resident, the shard's rows are {own}")
+            # the unsharded ref trains only its native rows: the full state is
+            # every rank's native rows of its ref
+            full = hm.full_state_dict()
+            want = ref.state_dict()
+            for k in want:
+                v = want[k].clone()
+                if "experts." in k:
+                    parts = [torch.empty_like(v) for _ in range(P)]
+                    dist.all_gather(parts, v.contiguous())
+                    for r in range(P):
+                        rr = [e for e in range(E) if lt.lib.lrmoe_exec_native(e, E, P) == r]
+                        v[rr[0]:rr[-1] + 1] = parts[r][rr[0]:rr[-1] + 1]
+                same(full[k], v, f"{tag}: full_state_dict()[{k}]")
+            fresh = copy.deepcopy(base)
+            fresh.load_state_dict(full)  # loadable into the unsharded block
+            other = copy.deepcopy(base)
+            ho = lt.patch(other, rate=rate, planner=planner, group=dist.group.WORLD, shard=True)
+            ptr = other.experts.gate_up_proj.data_ptr()
+            ho.load_full_state_dict(full)
+            checks += 1
+            if other.experts.gate_up_proj.data_ptr() != ptr:
+                fail(f"{tag}: load_full_state_dict moved the shard out of the packed buffer")
+            for n in ("gate_up_proj", "down_proj"):
+                same(getattr(other.experts, n).detach(), full[f"experts.{n}"][s0:s1],
+                     f"{tag}: {n} after load_full_state_dict")
 
 
 def die(how):
@@ -210,7 +379,9 @@ what = sys.argv[1]
 if what == "experts":
     experts(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb"])
 elif what == "model":
-    model(sys.argv[2])
+    model(sys.argv[2], *[f(v) for f, v in zip((float, int, str, str), sys.argv[3:])])
+elif what == "shard":
+    shard(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb"])
 elif what == "die":
     die(sys.argv[2])
 print(f"dist: {ME} ok {checks} checks", flush=True)

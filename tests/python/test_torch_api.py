@@ -39,6 +39,12 @@ class InstalledModule(unittest.TestCase):
     names (state_dict keys and optimizers unchanged), unpatch (the handle's
     or lrmoe.torch.unpatch(model)) puts the original modules back."""
 
+    def test_shard_needs_a_group(self):
+        m = tiny.model("qwen3_moe", seed=3)
+        with self.assertRaisesRegex(lrmoe.Error, r"shard=True needs group="):
+            lt.patch(m, rate=1.0, shard=True)
+        self.assertNotIsInstance(m.model.layers[0].mlp.experts, lt.LRMoEExperts)
+
     def test_module_in_place(self):
         m = tiny.model("qwen3_moe", seed=3)
         text0, keys0 = repr(m), list(m.state_dict())

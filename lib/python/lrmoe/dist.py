@@ -263,7 +263,8 @@ def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, trai
     o, call, blk = layer.owner, lt._Call(), layer.block
     g: Group = o.dist
     dt = lt._act_dtype(blk.name, hidden, gate_up, down)
-    lt._check_call(blk.name, blk.E, blk.D, blk.F, hidden, topk_ids, topk_weights, gate_up, down)
+    lt._check_call(blk.name, blk.E, blk.D, blk.F, hidden, topk_ids, topk_weights, gate_up, down,
+                   Ew=layer.experts_held())
     if cap_keep is not None:
         raise Error(f"{blk.name}: planner=\"capacity\" is not supported with group=")
     T, D = hidden.shape
@@ -435,7 +436,8 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     pog[lo:lo + T] = pair_out
     gh = torch.empty(Tg, D, dtype=torch.float32)
     gwg, gwu = o.scratch_grad(E, F, D)
-    gwd = torch.empty(E, D, F, dtype=torch.float32)
+    gwd = (lt._virtual((E, D, F)) if layer.shard is not None
+           else torch.empty(E, D, F, dtype=torch.float32))
     gtw = torch.empty(Tg, K, dtype=torch.float32)
     b.set(mode=2, act_dtype=_lib.DT[dt], grad_dtype=_lib.DT[gdt],
           topk_weights=alpha_b.data_ptr(), grad_output=gg.data_ptr(), pair_out=pog.data_ptr(),
@@ -454,14 +456,19 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
             rec["pair_weight"] = w.numpy().copy()
             rec["pair_prob"] = prob.numpy().copy()
     # the weight gradients of this rank's native experts; the others' owners
-    # train them (zero here)
-    nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)]) == g.rank
-    other = torch.from_numpy(np.nonzero(~nat)[0])
-    for t in (gwg, gwu, gwd):
-        t.index_fill_(0, other, 0.0)
+    # train them (zero here; sharded, the parameters are the native rows)
     wdt = gate_up.dtype
-    gate_up_grad = torch.cat([gwg, gwu], dim=1).to(wdt)
+    if layer.shard is not None:  # the shard's rows, the only ones liblrmoe wrote
+        s0, s1 = layer.shard
+        gate_up_grad = torch.cat([gwg[s0:s1], gwu[s0:s1]], dim=1).to(wdt)
+        down_grad = gwd[s0:s1].to(wdt, copy=True)
+    else:
+        nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)]) == g.rank
+        other = torch.from_numpy(np.nonzero(~nat)[0])
+        for t in (gwg, gwu, gwd):
+            t.index_fill_(0, other, 0.0)
+        gate_up_grad, down_grad = torch.cat([gwg, gwu], dim=1).to(wdt), gwd.to(wdt)
     call.record(rec, "bwd")
     rec["bwd_comm_seconds"] = g.comm_s
     return (gh[lo:lo + T].to(hidden.dtype), gtw[lo:lo + T].to(topk_weights.dtype),
-            gate_up_grad, gwd.to(wdt))
+            gate_up_grad, down_grad)

@@ -30,6 +30,7 @@ patch(model, rate=, hbm=, metric=, ranks=)  replaces every supported
 """
 import ctypes
 import itertools
+import mmap
 import re
 import time
 import weakref
@@ -109,9 +110,11 @@ _buf = _lib.buf
 
 
 def _check_call(name, E, D, F, hidden, topk_ids, topk_weights, gate_up, down,
-                ids_range=True):
+                ids_range=True, Ew=None):
     """What the patched experts are called with, against the block's E, D, F:
-    every shape, dtype and id is checked before liblrmoe reads a byte."""
+    every shape, dtype and id is checked before liblrmoe reads a byte. Ew:
+    the experts the weights hold (a shard's, shard=True; default E)."""
+    Ew = E if Ew is None else Ew
     for n, t in (("hidden", hidden), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
                  ("gate_up_proj", gate_up), ("down_proj", down)):
         if not isinstance(t, torch.Tensor):
@@ -133,10 +136,10 @@ def _check_call(name, E, D, F, hidden, topk_ids, topk_weights, gate_up, down,
         raise Error(f"{name}: topk_ids is {topk_ids.dtype}, expected an integer dtype")
     if not topk_weights.is_floating_point():
         raise Error(f"{name}: topk_weights is {topk_weights.dtype}, expected a float dtype")
-    if tuple(gate_up.shape) != (E, 2 * F, D):
-        raise Error(f"{name}: gate_up_proj is {list(gate_up.shape)}, expected [{E},{2 * F},{D}]")
-    if tuple(down.shape) != (E, D, F):
-        raise Error(f"{name}: down_proj is {list(down.shape)}, expected [{E},{D},{F}]")
+    if tuple(gate_up.shape) != (Ew, 2 * F, D):
+        raise Error(f"{name}: gate_up_proj is {list(gate_up.shape)}, expected [{Ew},{2 * F},{D}]")
+    if tuple(down.shape) != (Ew, D, F):
+        raise Error(f"{name}: down_proj is {list(down.shape)}, expected [{Ew},{D},{F}]")
     if ids_range:
         _check_ids(name, topk_ids, E)
 
@@ -422,6 +425,19 @@ def dump(model: torch.nn.Module, out: Any, every: int = 1, weights: Any = None,
 
 # ------------------------------------------------------------ patch
 
+def _virtual(shape: Tuple[int, ...]) -> torch.Tensor:
+    """A zero float32 tensor of shape (E, ...) in an anonymous mapping of
+    its own: a page costs memory only once written, so a global-shaped
+    array of which a rank writes only its native experts' rows (shard=True)
+    holds about 1/P of its size. liblrmoe reads and writes only those rows
+    of the global-shaped arrays it is given as one rank (exec.h)."""
+    n = int(np.prod(shape)) * 4
+    if n == 0:
+        return torch.zeros(shape, dtype=torch.float32)
+    mm = mmap.mmap(-1, n)  # torch.frombuffer keeps it alive with the tensor
+    return torch.frombuffer(mm, dtype=torch.float32).view(shape)
+
+
 class _Layer:
     """Per-block state of a patched model: the planner and the records."""
 
@@ -433,6 +449,7 @@ class _Layer:
         self.held = {}  # step -> stats record of a forward whose backward is to come
         self.w_f32 = None  # the packed F32 weights, reused step to step
         self.adopted = False  # w_f32 is the parameters' own memory
+        self.shard = None  # (lo, hi): the native experts a sharded rank keeps
 
     def adopt_packed(self):
         """Float32 experts: let gate_up_proj and down_proj become views into
@@ -444,6 +461,21 @@ class _Layer:
         with torch.no_grad():
             gu, dn = blk.op_weights()
         if gu.dtype != torch.float32 or dn.dtype != torch.float32 or gu.device.type != "cpu":
+            if self.shard is not None:
+                raise Error(f"{blk.name}: shard=True takes float32 CPU experts (they are "
+                            f"{gu.dtype} on {gu.device})")
+            return
+        if self.shard is not None:
+            # the global-shaped packed buffer; the parameters become views of
+            # its native rows only, the other experts' memory is let go
+            lo, hi = self.shard
+            E, n1, n2 = gu.shape[0], gu[0].numel(), dn[0].numel()
+            buf = _virtual((E, n1 + n2))
+            with torch.no_grad():
+                buf[lo:hi, :n1].view(gu[lo:hi].shape).copy_(gu[lo:hi])
+                buf[lo:hi, n1:].view(dn[lo:hi].shape).copy_(dn[lo:hi])
+            blk.adapter.adopt(ex, buf[lo:hi], hi - lo, blk.D, blk.F)
+            self.w_f32, self.adopted = buf, True
             return
         E, n1, n2 = gu.shape[0], gu[0].numel(), dn[0].numel()
         buf = torch.empty(E, n1 + n2, dtype=torch.float32)
@@ -452,6 +484,10 @@ class _Layer:
             buf[:, n1:].view(dn.shape).copy_(dn)
         blk.adapter.adopt(ex, buf, blk.E, blk.D, blk.F)
         self.w_f32, self.adopted = buf, True
+
+    def experts_held(self) -> int:
+        """How many experts the parameters hold (E, or the shard's)."""
+        return self.block.E if self.shard is None else self.shard[1] - self.shard[0]
 
     def hold(self, rec):
         """Keep the stats record of a forward until its backward (the
@@ -476,6 +512,17 @@ class _Layer:
         E = gu.shape[0]
         n = gu[0].numel() + down[0].numel()
         w = self.w_f32
+        if self.shard is not None:  # gu, down: the native rows [lo, hi)
+            lo, hi = self.shard
+            if not (self.adopted and gu.data_ptr() == w[lo].data_ptr() and
+                    down.data_ptr() == w[lo].data_ptr() + 4 * gu[0].numel() and
+                    gu.stride() == (n, gu.shape[2], 1) and
+                    down.stride() == (n, down.shape[2], 1)):
+                if self.adopted:  # a parameter was given other memory: a buffer of our own
+                    self.adopted, self.w_f32 = False, _virtual(w.shape)
+                self.w_f32[lo:hi].copy_(torch.cat([gu.reshape(E, -1).float(),
+                                                   down.reshape(E, -1).float()], dim=1))
+            return self.w_f32
         if self.adopted:
             if (w.shape == (E, n) and gu.data_ptr() == w.data_ptr() and
                     down.data_ptr() == w.data_ptr() + 4 * gu[0].numel() and
@@ -585,16 +632,19 @@ def _exec_weights(layer: "_Layer", gate_up: Tensor, down: Tensor, dt: str, place
     blk = layer.block
     E, D, F = blk.E, blk.D, blk.F
     gu, dn = gate_up.detach(), down.detach()
-    w_gate, w_up, w_down = _storage_split(gu, dn, F, placement, fwd_alloc, layer.owner.ranks)
+    w_gate, w_up, w_down = _storage_split(gu, dn, F, placement, fwd_alloc, layer.owner.ranks,
+                                          E, layer.shard)
     # the packed F32 copy lrmoe-exec makes too: [W_gate; W_up; W_down] per
     # expert, so gate and up run as one GEMM (HF's gate_up_proj is [W_gate; W_up])
     w_f32 = layer.packed(gu, dn)
     wf = _buf("expert weights (packed F32)", w_f32, "F32", (E, 3 * F * D))
     if check_finite:
         # non-finite weights are refused, as lrmoe-exec refuses them (its
-        # --allow-nonfinite has no counterpart here): one pass of the library's check
-        check(lib.lrmoe_exec_check_finite(_lib.DT["F32"], wf, E * 3 * F * D,
-                                          b"expert weights"), blk.name)
+        # --allow-nonfinite has no counterpart here): one pass of the library's
+        # check (a shard: its rows, the only ones liblrmoe reads)
+        lo, hi = layer.shard or (0, E)
+        check(lib.lrmoe_exec_check_finite(_lib.DT["F32"], wf + lo * 3 * F * D * 4,
+                                          (hi - lo) * 3 * F * D, b"expert weights"), blk.name)
     W = dict(weights_dtype=_lib.DT[dt], w_gate=_buf("w_gate", w_gate, dt, (E, F, D)),
              w_up=_buf("w_up", w_up, dt, (E, F, D)),
              w_down=_buf("down_proj", w_down, dt, (E, D, F)), w_f32=wf)
@@ -954,7 +1004,7 @@ class LRMoEExperts(torch.nn.Module):
         # what needs no data is checked here, before the op (and its fake
         # kernel) sees it; the ids' range inside the op
         _check_call(b.name, b.E, b.D, b.F, hidden_states, top_k_index, top_k_weights, gu, dn,
-                    ids_range=False)
+                    ids_range=False, Ew=layer.experts_held())
         _act_dtype(b.name, hidden_states, gu, dn)
         cap = None
         if layer.owner.capacity_factor is not None:
@@ -971,15 +1021,34 @@ class LRMoEExperts(torch.nn.Module):
                     train)[0]
 
 
-def _storage_split(gu, dn, F, placement, fwd_alloc, P):
+def _storage_split(gu, dn, F, placement, fwd_alloc, P, E=None, shard=None):
     """w_gate, w_up (E,F,D) and w_down (E,D,F) in the storage dtype from HF's
     (E,2F,D) and (E,D,F). With the packed F32 copy given, the CPU backend
     reads the storage arrays only to send an expert to the ranks holding a
     replica or helper instance of it (lrmoe_exec_weights_t in exec.h), so
     only those experts are copied; the rows of the others are never read.
-    down_proj is passed as it is when contiguous."""
-    E = gu.shape[0]
+    down_proj is passed as it is when contiguous. shard (lo, hi): gu and dn
+    hold experts [lo, hi) only (float32), a rank's native ones, the only
+    ones it sends: global-shaped arrays of which only those rows are
+    written (_virtual)."""
+    E = gu.shape[0] if E is None else E
     nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)])
+    if shard is not None:
+        lo, hi = shard
+        w_gate, w_up = _virtual((E, F, gu.shape[2])), _virtual((E, F, gu.shape[2]))
+        w_down = _virtual((E,) + tuple(dn.shape[1:]))
+        mine = np.arange(lo, hi)
+        rem = placement[lo:hi].astype(bool)
+        fa = fwd_alloc[lo:hi] > 0
+        rem[np.arange(hi - lo), nat[lo:hi]] = False
+        fa[np.arange(hi - lo), nat[lo:hi]] = False
+        sent = mine[rem.any(1) | fa.any(1)]
+        if len(sent):
+            i, j = torch.from_numpy(sent), torch.from_numpy(sent - lo)
+            w_gate[i] = gu[j, :F]
+            w_up[i] = gu[j, F:]
+            w_down[i] = dn[j]
+        return w_gate, w_up, w_down
     remote = placement.astype(bool)
     remote[np.arange(E), nat] = False
     fa = fwd_alloc.copy()
@@ -1022,9 +1091,13 @@ class Patch:
 
     def __init__(self, model: torch.nn.Module, rate: Optional[float], hbm: Any, metric: str,
                  ranks: int, planner: str, threads: Optional[int], seed: int, keep_masks: bool,
-                 options: Dict[str, Any], select: str = "sample", group: Any = None) -> None:
+                 options: Dict[str, Any], select: str = "sample", group: Any = None,
+                 shard: bool = False) -> None:
         self.blocks = find_blocks(model)
+        self.model, self.sharded = model, bool(shard)
         self.dist = None
+        if shard and group is None:
+            raise Error("shard=True needs group= (each process keeps its native experts)")
         if group is not None:  # one process per rank (lrmoe.dist)
             from . import dist as _dist
             self.dist = _dist.Group(group)
@@ -1074,8 +1147,17 @@ class Patch:
         self.layers: List[_Layer] = []
         self.modules: List[LRMoEExperts] = []
         self._scratch: Optional[Tensor] = None
-        for b in self.blocks:
+        if shard:
+            nat = [[e for e in range(b.E) if lib.lrmoe_exec_native(e, b.E, self.ranks) ==
+                    self.dist.rank] for b in self.blocks]
+            for b in self.blocks:
+                if b.adapter is None or b.adapter.per_expert:
+                    raise Error(f"{b.name}: shard=True takes experts stacked as [E, ...] "
+                                "parameters (not one module per expert)")
+        for i, b in enumerate(self.blocks):
             layer = _Layer(self, b)
+            if shard:
+                layer.shard = (nat[i][0], nat[i][-1] + 1)
             layer.adopt_packed()
             self.layers.append(layer)
             mod = LRMoEExperts(b.experts, layer)
@@ -1099,10 +1181,51 @@ class Patch:
 
     def scratch_grad(self, E: int, F: int, D: int) -> Tuple[Tensor, Tensor]:
         """Two (E,F,D) F32 buffers for grad_w_gate/grad_w_up, shared by the
-        layers (each backward concatenates them into a new gate_up gradient)."""
-        if self._scratch is None or self._scratch.shape != (2, E, F, D):
-            self._scratch = torch.empty(2, E, F, D, dtype=torch.float32)
+        layers (each backward concatenates them into a new gate_up gradient);
+        sharded, with only the native rows ever written (_virtual)."""
+        if self._scratch is None or self._scratch[0].shape != (E, F, D):
+            mk = _virtual if self.sharded else (lambda s: torch.empty(s, dtype=torch.float32))
+            self._scratch = (mk((E, F, D)), mk((E, F, D)))
         return self._scratch[0], self._scratch[1]
+
+    def _shards(self) -> Dict[str, Tuple[int, int, int]]:
+        """state_dict key -> (lo, hi, E) of every sharded expert parameter."""
+        ids = {}
+        for layer in self.layers:
+            b = layer.block
+            if layer.shard is None:
+                continue
+            for attr in b.adapter.weights.values():
+                ids[id(adapters.resolve(b.installed(), attr))] = (*layer.shard, b.E)
+        return {n: ids[id(p)] for n, p in self.model.named_parameters(remove_duplicate=False)
+                if id(p) in ids}
+
+    def full_state_dict(self) -> Dict[str, Tensor]:
+        """model.state_dict() with every sharded expert parameter whole (E
+        rows: the ranks' shards all-gathered, rank after rank), loadable
+        into the unsharded model; a collective: every rank calls it. Without
+        shard=True, model.state_dict()."""
+        sd = self.model.state_dict()
+        if not self.sharded:
+            return sd
+        import torch.distributed as tdist
+        g = self.dist
+        for k, (lo, hi, E) in sorted(self._shards().items()):
+            t = sd[k].detach().contiguous()
+            parts = [t.new_empty(t.shape) for _ in range(g.P)]
+            g.collective(f"full_state_dict: {k}", tdist.all_gather, parts, t)
+            sd[k] = torch.cat(parts, 0)
+            if sd[k].shape[0] != E:
+                raise Error(f"full_state_dict: {k}: {sd[k].shape[0]} experts gathered, not {E}")
+        return sd
+
+    def load_full_state_dict(self, sd: Dict[str, Tensor], strict: bool = True) -> Any:
+        """Load a full (unsharded) state dict: each rank copies its native
+        experts' rows [lo, hi) into its shard (in place: the packed buffer
+        stays), everything else as model.load_state_dict does."""
+        sh = self._shards() if self.sharded else {}
+        part = {k: (v[sh[k][0]:sh[k][1]] if k in sh else v) for k, v in sd.items()}
+        return self.model.load_state_dict(part, strict=strict)
 
     def unpatch(self) -> None:
         """Put every block's original experts module back, holding the
@@ -1134,7 +1257,8 @@ class Patch:
 def patch(model: torch.nn.Module, rate: Optional[float] = None, hbm: Any = None,
           metric: str = "lrm", ranks: int = 1, planner: str = "lrmoe",
           threads: Optional[int] = None, seed: int = 0, keep_masks: bool = False,
-          select: str = "sample", group: Any = None, **plan_options: Any) -> Patch:
+          select: str = "sample", group: Any = None, shard: bool = False,
+          **plan_options: Any) -> Patch:
     """Replace the experts module of every supported MoE block by an
     LRMoEExperts module (visible in print(model); same parameters and
     state_dict keys) computing on `ranks` simulated expert-parallel ranks in
@@ -1153,9 +1277,15 @@ def patch(model: torch.nn.Module, rate: Optional[float] = None, hbm: Any = None,
     float32 expert parameters are moved (their .data, not the Parameter
     objects) into one buffer in lrmoe's packed layout, so no step copies
     them; unpatch() (or lrmoe.torch.unpatch(model)) gives them contiguous
-    memory of their own again and puts the original modules back."""
+    memory of their own again and puts the original modules back.
+    group=pg: one expert-parallel rank per process (lrmoe.dist); with
+    shard=True each process then keeps only its native experts
+    [floor(rE/P), floor((r+1)E/P)) (float32, experts stacked as [E, ...]
+    parameters): the parameters become those rows (state_dict shapes too),
+    Patch.full_state_dict() gathers the whole ones, load_full_state_dict()
+    loads them (unpatch() leaves the shards)."""
     return Patch(model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
-                 plan_options, select=select, group=group)
+                 plan_options, select=select, group=group, shard=shard)
 
 
 def unpatch(model: torch.nn.Module) -> int:
