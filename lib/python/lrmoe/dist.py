@@ -32,6 +32,7 @@ weight gradients of its native experts are the same bits. The parameters
 of the other experts get a zero gradient here (their owner trains them).
 """
 import ctypes
+import hashlib
 import time
 from ctypes import POINTER, c_int, c_int64, c_size_t, c_void_p
 from typing import Any, Dict, List, Optional
@@ -197,14 +198,10 @@ class Group:
 
     def agree(self, name: str, *arrays: np.ndarray) -> None:
         """Every rank must hold the same plan: its bytes' digest is compared."""
-        h = np.uint64(1469598103934665603)
+        h = hashlib.blake2b(digest_size=8)
         for a in arrays:
-            b = np.frombuffer(np.ascontiguousarray(a).tobytes(), np.uint8).astype(np.uint64)
-            w = np.arange(1, len(b) + 1, dtype=np.uint64)
-            with np.errstate(over="ignore"):
-                h = np.uint64(h * np.uint64(1099511628211)) ^ np.uint64(
-                    (b * w * np.uint64(0x9E3779B97F4A7C15)).sum())
-        d = torch.tensor([int(h) & (2**62 - 1)], dtype=torch.int64)
+            h.update(np.ascontiguousarray(a).tobytes())
+        d = torch.tensor([int.from_bytes(h.digest(), "little") >> 2], dtype=torch.int64)
         lst = [torch.empty(1, dtype=torch.int64) for _ in range(self.P)]
         self.collective(f"{name}: plan digest", dist.all_gather, lst, d)
         bad = [r for r in range(self.P) if int(lst[r]) != int(lst[0])]
@@ -280,16 +277,8 @@ def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, trai
     ga = g.gather_rows(f"{blk.name}: routing", torch.cat([ids, alpha.view(torch.int32)], 1), Tr)
     gids, galpha = ga[:, :K].contiguous(), ga[:, K:].contiguous().view(torch.float32)
     load = torch.bincount(gids.view(-1).long(), minlength=E).numpy()
-    try:
-        cf = call(layer.plan, load, Tg, K, dt)
-    except Error as e:
-        raise Error(f"{blk.name}: plan: {e}") from None
-    placement = np.ascontiguousarray(cf.get("placement")[0], np.uint8)
-    fwd_alloc = np.ascontiguousarray(cf.get("fwd_alloc")[0], np.int64)
-    quota = np.ascontiguousarray(cf.get("quota")[0], np.int64)
-    bwd_alloc = np.ascontiguousarray(cf.get("bwd_alloc")[0], np.int64)
+    placement, fwd_alloc, quota, bwd_alloc, attrs = lt._plan(layer, call, load, Tg, K, dt)
     g.agree(blk.name, placement, fwd_alloc, quota, bwd_alloc)
-    attrs = cf.attrs()
     pr = np.empty((Tg, K), np.int32)
     check(lib.lrmoe_exec_assign(Tg, K, E, P, gids.data_ptr(), fwd_alloc.ctypes.data,
                                 placement.ctypes.data, pr.ctypes.data), f"{blk.name}: assign")

@@ -663,6 +663,20 @@ def _act_dtype(name: str, hidden: Tensor, gate_up: Tensor, down: Tensor) -> str:
     return dt
 
 
+def _plan(layer: "_Layer", call: "_Call", load: np.ndarray, T: int, K: int,
+          dt: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Dict[str, str]]:
+    """The layer's plan for these loads (liblrmoe's planner, _Layer.plan):
+    placement, fwd_alloc, quota, bwd_alloc as arrays, and its attributes."""
+    try:
+        cf = call(layer.plan, load, T, K, dt)
+    except Error as e:
+        raise Error(f"{layer.block.name}: plan: {e}") from None
+    return (np.ascontiguousarray(cf.get("placement")[0], np.uint8),
+            np.ascontiguousarray(cf.get("fwd_alloc")[0], np.int64),
+            np.ascontiguousarray(cf.get("quota")[0], np.int64),
+            np.ascontiguousarray(cf.get("bwd_alloc")[0], np.int64), cf.attrs())
+
+
 def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down: Tensor,
                     topk_ids: Tensor, cap_keep: Optional[Tensor], handle: int,
                     train: bool) -> _FwdOut:
@@ -687,15 +701,7 @@ def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down:
     ids = topk_ids.detach().to(torch.int32).contiguous()
     alpha = topk_weights.detach().to(torch.float32).contiguous()
     load = torch.bincount(ids.view(-1).long(), minlength=E).numpy()
-    try:
-        cf = call(layer.plan, load, T, K, dt)
-    except Error as e:
-        raise Error(f"{blk.name}: plan: {e}") from None
-    placement = np.ascontiguousarray(cf.get("placement")[0], np.uint8)
-    fwd_alloc = np.ascontiguousarray(cf.get("fwd_alloc")[0], np.int64)
-    quota = np.ascontiguousarray(cf.get("quota")[0], np.int64)
-    bwd_alloc = np.ascontiguousarray(cf.get("bwd_alloc")[0], np.int64)
-    attrs = cf.attrs()
+    placement, fwd_alloc, quota, bwd_alloc, attrs = _plan(layer, call, load, T, K, dt)
     W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True)
     dims = dict(T=T, E=E, K=K, D=D, F=F, P=P)
     Pl = dict(placement=_buf("placement", placement, "U8", (E, P)),
