@@ -634,7 +634,7 @@ write_stream('$D/nan.lrm', [(t, a)])"
     run $MPIRUN -np 2 "$EXEC" --phase forward --backend cuda --weights "$D/w.lrm" -o "$D/o.lrm" "$D/r.lrm"
     assert_failure
     [ "$status" -ne 124 ]
-    if nm "$EXEC" | grep -q ' T lrmoe_exec_forward_cuda$'; then
+    if nm "$EXEC" | grep -q ' [Tt] lrmoe_exec_forward_cuda$'; then
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
             skip "a GPU is present (tests/gpu/device-check.sh runs the CUDA backend under mpirun)"
         fi
