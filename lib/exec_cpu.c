@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "alloc.h"
 #include "blas.h"
 #include "comm.h"
 #include "exec.h"
@@ -1114,6 +1115,12 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
             float *b = J->rgrad[r * E + e]; /* allocated by the caller */
             gwg = b; gwu = b + FD; gwd = b + 2 * FD;
         }
+        /* fresh gradient memory (a cold process' first frame, a helper's
+         * buffer) faults in with one call per matrix, not once per page in
+         * the GEMMs (lrmoe_alloc_prefault; nothing when already resident) */
+        lrmoe_alloc_prefault(gwg, FD * sizeof(float));
+        lrmoe_alloc_prefault(gwu, FD * sizeof(float));
+        lrmoe_alloc_prefault(gwd, FD * sizeof(float));
         ew_t w;
         expert_w(d, J->w, &k->wc, e, &w);
         const size_t ws = lrmoe_dtype_size(w.dt);
