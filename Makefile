@@ -237,6 +237,7 @@ $(BUILD)/inst/%: $(BUILD)/src/%.o $(BUILD)/liblrmoe-tools.a Makefile
 # and runs them all on quick arguments (tests/unit/run.sh).
 UNIT_NAMES    := $(patsubst tests/unit/%_test.c,%,$(wildcard tests/unit/*_test.c))
 UNIT_BIN      := $(UNIT_NAMES:%=$(BUILD)/unit/%_test)
+UNIT_alloc    := frame dtype producers error
 UNIT_blas     := blas error
 UNIT_capacity := capacity error
 UNIT_dtype    := dtype error

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "alloc.h"
 #include "blas.h"
 #include "comm.h"
 #include "exec.h"
@@ -1093,6 +1094,22 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
     float *hg = k->s[0], *hu = k->s[1], *dphi = k->s[2], *G = k->s[3], *phi = k->s[5],
           *Xs = k->Xs;
     if (fetch_replicas(J->comm, d, J->w, J->placement, L->cnt, r, &k->wc, tim) < 0) return -1;
+    /* Fresh weight-gradient memory (a cold process' first frame) is faulted
+     * in here, each native expert's three matrices with one call apiece,
+     * instead of a page at a time inside the GEMMs: the kernel then takes no
+     * exception per 4 KiB page (lrmoe_alloc_prefault; nothing to do where
+     * the memory is resident already, as in a later frame). Counted in the
+     * GEMM stage, where those faults were. */
+    {
+        double t0 = now_();
+        for (int64_t e = 0; e < E; e++)
+            if (lrmoe_exec_native(e, E, P) == r) {
+                lrmoe_alloc_prefault(a->grad_w_gate + e * FD, FD * sizeof(float));
+                lrmoe_alloc_prefault(a->grad_w_up + e * FD, FD * sizeof(float));
+                lrmoe_alloc_prefault(a->grad_w_down + e * FD, FD * sizeof(float));
+            }
+        TIM(r, LRMOE_STAGE_GEMM) += now_() - t0;
+    }
     for (int64_t e = 0; e < E; e++) {
         int64_t n = L->cnt[r * E + e], i0 = L->seg[r * E + e];
         int nat = lrmoe_exec_native(e, E, P);

@@ -3,7 +3,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include "exec_frame.h"
 #include "exec_internal.h"
 #include "gemm_cpu.h"
@@ -302,8 +301,10 @@ static lrmoe_tensor_t *need_m(const lrmoe_exec_ctx_t *c, const lrmoe_exec_dims_t
 
 /* A new output tensor. The CPU backend in this process writes every element
  * of every output (lib/exec_cpu.c), so its outputs are neither zeroed nor
- * pre-faulted (lrmoe_frame_put would zero them): their pages are faulted
- * in once, by the layer's own writes (repeat and warmup runs reuse them),
+ * pre-faulted here (lrmoe_frame_put would zero them): their pages are
+ * faulted in once, by the layer (its own writes; the backward's weight
+ * gradients an expert at a time, lrmoe_alloc_prefault; huge or 4 KiB pages
+ * as lrmoe_alloc_big decides), repeat and warmup runs reuse them,
  * or not at all when sp (NULL: none) holds the previous frame's buffer of
  * that name and size (lrmoe_exec_frame_reuse). Other backends and MPI jobs
  * get zeroed outputs. */
@@ -321,10 +322,7 @@ static lrmoe_tensor_t *put(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *sp, lrmoe_f
         s->data = NULL;
         lrmoe_frame_del(sp, name);
     }
-    if (!p && nb) {
-        p = lrmoe_alloc_big(nb);
-        if (p && nb >= (4u << 20)) madvise(p, (nb + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1), MADV_NOHUGEPAGE);
-    }
+    if (!p && nb) p = lrmoe_alloc_big(nb);
     if (nb && !p) {
         lrmoe_err("out of memory: %zu bytes for tensor %s", nb, name);
         return NULL;

@@ -6,7 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <sys/mman.h>
+#include <unistd.h>
+#include "alloc.h"
 #include "lrmoe.h"
 
 int64_t lrmoe_tensor_numel(const lrmoe_tensor_t *t)
@@ -205,6 +211,83 @@ static lrmoe_tensor_t *tensor_new(const char *name, lrmoe_dtype_t dtype, int ndi
     return t;
 }
 
+static int g_thp = -1;
+static const char *g_thp_why;
+static pthread_once_t g_thp_once = PTHREAD_ONCE_INIT;
+
+/* a virtio balloon (device id 5) that negotiated free page reporting
+ * (feature bit 5, VIRTIO_BALLOON_F_REPORTING) */
+static int balloon_reports(void)
+{
+    DIR *d = opendir("/sys/bus/virtio/devices");
+    if (!d) return 0;
+    int found = 0;
+    struct dirent *de;
+    while (!found && (de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char path[512], buf[256];
+        snprintf(path, sizeof path, "/sys/bus/virtio/devices/%s/device", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        int ok = fgets(buf, sizeof buf, f) && strtol(buf, NULL, 0) == 5;
+        fclose(f);
+        if (!ok) continue;
+        snprintf(path, sizeof path, "/sys/bus/virtio/devices/%s/features", de->d_name);
+        if (!(f = fopen(path, "r"))) continue;
+        if (fgets(buf, sizeof buf, f) && strlen(buf) > 5 && buf[5] == '1') found = 1;
+        fclose(f);
+    }
+    closedir(d);
+    return found;
+}
+
+static void thp_decide(void)
+{
+    const char *e = getenv("LRMOE_THP");
+    if (e && (!strcmp(e, "0") || !strcmp(e, "1"))) {
+        g_thp = e[0] == '1';
+        g_thp_why = "LRMOE_THP";
+        return;
+    }
+    char buf[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) {
+        if (!fgets(buf, sizeof buf, f)) buf[0] = 0;
+        fclose(f);
+    }
+    if (strstr(buf, "[never]")) {
+        g_thp = 0;
+        g_thp_why = "THP never";
+    } else if (balloon_reports()) {
+        g_thp = 0;
+        g_thp_why = "free page reporting";
+    } else {
+        g_thp = 1;
+        g_thp_why = "default";
+    }
+}
+
+int lrmoe_alloc_thp(const char **why)
+{
+    pthread_once(&g_thp_once, thp_decide);
+    if (why) *why = g_thp_why;
+    return g_thp;
+}
+
+int lrmoe_alloc_prefault(void *p, size_t n)
+{
+#ifdef MADV_POPULATE_WRITE
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1), b = ((uintptr_t)p + n) & ~(pg - 1);
+    unsigned char v = 1;
+    if (b > a && !mincore((void *)a, (size_t)pg, &v) && !(v & 1))
+        return !madvise((void *)a, (size_t)(b - a), MADV_POPULATE_WRITE);
+#else
+    (void)p; (void)n;
+#endif
+    return 0;
+}
+
 void *lrmoe_alloc_big(size_t n)
 {
     const size_t huge = (size_t)2 << 20;
@@ -212,9 +295,9 @@ void *lrmoe_alloc_big(size_t n)
         return malloc(n ? n : 1);
     size_t m = (n + huge - 1) / huge * huge;
     void *p = aligned_alloc(huge, m);
-#ifdef MADV_HUGEPAGE
+#if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
     if (p)
-        madvise(p, m, MADV_HUGEPAGE);
+        madvise(p, m, lrmoe_alloc_thp(NULL) ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
 #endif
     return p;
 }

@@ -106,8 +106,12 @@ typedef struct {
 
 /* Memory for tensor data: buffers of 4 MiB and more are 2 MiB aligned and
  * advised as transparent huge pages, so that filling a fresh one costs one
- * page fault per 2 MiB instead of one per 4 KiB; smaller ones are malloc's.
- * Not zeroed; free() releases either kind. NULL when out of memory. */
+ * page fault per 2 MiB instead of one per 4 KiB, except where the kernel's
+ * THP is "never" or a virtio balloon reports free memory to a hypervisor
+ * (there huge pages cost more, and the buffers are advised to stay on
+ * 4 KiB pages); LRMOE_THP=1 or 0 in the environment forces either.
+ * Smaller ones are malloc's. Not zeroed; free() releases either kind.
+ * NULL when out of memory. */
 void *lrmoe_alloc_big(size_t n);
 
 void lrmoe_frame_init(lrmoe_frame_t *f);

@@ -830,6 +830,22 @@ print('same')"
     done
 }
 
+@test "exec output buffers: lrmoe_alloc_big advises huge or 4 KiB pages as chosen (LRMOE_THP, smaps VmFlags and AnonHugePages), lrmoe_alloc_prefault faults a fresh buffer in with one call (tests/unit/alloc_test.c)" {
+    cp "$(unit_test alloc)" "$D/at"
+    run "$D/at" 0
+    assert_success
+    assert_line "alloc: ok"
+    assert_line --partial "VmFlags"
+    run "$D/at" 1
+    assert_success
+    assert_line "alloc: ok"
+    # the process' own choice (free page reporting, THP never, or huge pages)
+    run "$D/at" auto
+    assert_success
+    assert_line "alloc: ok"
+    assert_line --regexp "^alloc: huge pages (yes \(default\)|no \((THP never|free page reporting)\))$"
+}
+
 @test "exec SwiGLU: the AVX-512 rows (lrmoe's expf) equal the scalar rows with libm's expf bit for bit, forward, backward and sqnorm (tests/unit/swiglu_test.c)" {
     cp "$(unit_test swiglu)" "$D/sw"
     # every 257th float bit pattern (16.7M sigmoids) and 49 layers of special and random rows

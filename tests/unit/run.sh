@@ -20,6 +20,8 @@ t() {
         printf 'FAIL %-9s %s (wanted "%s"):\n%s\n' "$name" "$*" "$want" "$out" | head -20
     fi
 }
+t alloc "alloc: ok" 0
+t alloc "alloc: ok" 1
 t blas "loaded=1 threads=2" 2
 t capacity "0 failures" random 300 1
 t capacity "" errors
