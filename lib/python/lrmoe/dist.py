@@ -266,9 +266,7 @@ def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, trai
         raise Error(f"{blk.name}: planner=\"capacity\" is not supported with group=")
     T, D = hidden.shape
     E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
-    x = hidden.detach().contiguous()
-    ids = topk_ids.detach().to(torch.int32).contiguous()
-    alpha = topk_weights.detach().to(torch.float32).contiguous()
+    x, ids, alpha = lt._pairs(hidden, topk_ids, topk_weights)
     _finite(dt, x, "hidden", blk.name)
     _finite("F32", alpha, "topk_weights", blk.name)
     g.comm_s = 0.0
@@ -343,14 +341,10 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     T, D = hidden.shape
     E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
     c = torch.Tensor.contiguous
-    x = hidden.detach().contiguous()
-    ids = topk_ids.detach().to(torch.int32).contiguous()
-    alpha = topk_weights.detach().to(torch.float32).contiguous()
+    x, ids, alpha = lt._pairs(hidden, topk_ids, topk_weights)
     pair_rank, phi, sg, su, pair_out = c(pair_rank), c(phi), c(sg), c(su), c(pair_out)
-    placement = np.ascontiguousarray(placement.numpy(), np.uint8)
-    fwd_alloc = np.ascontiguousarray(fwd_alloc.numpy(), np.int64)
-    quota = np.ascontiguousarray(quota.numpy(), np.int64)
-    bwd_alloc = np.ascontiguousarray(bwd_alloc.numpy(), np.int64)
+    placement, fwd_alloc, quota, bwd_alloc = lt._plan_arrays(placement, fwd_alloc, quota,
+                                                              bwd_alloc)
     gr = grad_out.contiguous()
     gdt = lt._TORCH_DT.get(gr.dtype)
     if gdt is None:

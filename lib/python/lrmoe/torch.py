@@ -663,6 +663,24 @@ def _act_dtype(name: str, hidden: Tensor, gate_up: Tensor, down: Tensor) -> str:
     return dt
 
 
+def _pairs(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor
+           ) -> Tuple[Tensor, Tensor, Tensor]:
+    """The layer call's rows as liblrmoe takes them: hidden, int32 ids and
+    float32 routing weights, detached and contiguous."""
+    return (hidden.detach().contiguous(), topk_ids.detach().to(torch.int32).contiguous(),
+            topk_weights.detach().to(torch.float32).contiguous())
+
+
+def _plan_arrays(placement: Tensor, fwd_alloc: Tensor, quota: Tensor, bwd_alloc: Tensor
+                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The plan the forward saved for the backward, as the arrays liblrmoe
+    takes (placement uint8, the rest int64)."""
+    return (np.ascontiguousarray(placement.numpy(), np.uint8),
+            np.ascontiguousarray(fwd_alloc.numpy(), np.int64),
+            np.ascontiguousarray(quota.numpy(), np.int64),
+            np.ascontiguousarray(bwd_alloc.numpy(), np.int64))
+
+
 def _plan(layer: "_Layer", call: "_Call", load: np.ndarray, T: int, K: int,
           dt: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Dict[str, str]]:
     """The layer's plan for these loads (liblrmoe's planner, _Layer.plan):
@@ -697,9 +715,7 @@ def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down:
     _check_call(blk.name, blk.E, blk.D, blk.F, hidden, topk_ids, topk_weights, gate_up, down)
     T, D = hidden.shape
     E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
-    x = hidden.detach().contiguous()
-    ids = topk_ids.detach().to(torch.int32).contiguous()
-    alpha = topk_weights.detach().to(torch.float32).contiguous()
+    x, ids, alpha = _pairs(hidden, topk_ids, topk_weights)
     load = torch.bincount(ids.view(-1).long(), minlength=E).numpy()
     placement, fwd_alloc, quota, bwd_alloc, attrs = _plan(layer, call, load, T, K, dt)
     W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True)
@@ -766,14 +782,9 @@ def experts_backward(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gat
     E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
     d = dict(T=T, E=E, K=K, D=D, F=F, P=P)
     c = torch.Tensor.contiguous  # saved-tensor hooks may unpack any layout
-    x = hidden.detach().contiguous()
-    ids = topk_ids.detach().to(torch.int32).contiguous()
-    alpha = topk_weights.detach().to(torch.float32).contiguous()
+    x, ids, alpha = _pairs(hidden, topk_ids, topk_weights)
     pair_rank, phi, sg, su, pair_out = c(pair_rank), c(phi), c(sg), c(su), c(pair_out)
-    placement = np.ascontiguousarray(placement.numpy(), np.uint8)
-    fwd_alloc = np.ascontiguousarray(fwd_alloc.numpy(), np.int64)
-    quota = np.ascontiguousarray(quota.numpy(), np.int64)
-    bwd_alloc = np.ascontiguousarray(bwd_alloc.numpy(), np.int64)
+    placement, fwd_alloc, quota, bwd_alloc = _plan_arrays(placement, fwd_alloc, quota, bwd_alloc)
     W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False)
     Pl = dict(placement=_buf("placement", placement, "U8", (E, P)),
               fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
