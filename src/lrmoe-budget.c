@@ -228,9 +228,12 @@ int main(int argc, char **argv)
             break;
         case OPT_TSV: tsv = 1; break;
         case OPT_JSON: json = 1; break;
-        case 'h': usage(stdout); return 0;
-        case 'V': printf("%s (lrmoe) %s\n", prog, LRMOE_VERSION); return 0;
-        default: usage(stderr); return 2;
+        case 'h': usage(stdout); lrmoe_budget_cfg_free(b); return 0;
+        case 'V':
+            printf("%s (lrmoe) %s\n", prog, LRMOE_VERSION);
+            lrmoe_budget_cfg_free(b);
+            return 0;
+        default: usage(stderr); lrmoe_budget_cfg_free(b); return 2;
         }
     }
     const char *why = optind < argc ? "unexpected argument"
