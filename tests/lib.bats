@@ -21,6 +21,19 @@ setup() {
     LIBD="$STAGE$PFX/lib"
 }
 
+# Build tests/lib/SRC.c against the staged tree into $T/NAME with
+# `pkg-config --cflags --libs lrmoe` (the ASan + UBSan runtime first under
+# make check SANITIZE=1, whose staged library is that build); more cc flags
+# after SRC. Exports the pkg-config variables for the test's later calls.
+staged_cc() {
+    local name=$1 src=$2
+    shift 2
+    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
+    run cc -std=c11 -Wall -Wextra -Werror "$@" ${SANITIZE:+-fsanitize=address,undefined} \
+        -o "$T/$name" "$BATS_TEST_DIRNAME/lib/$src.c" $(pkg-config --cflags --libs lrmoe)
+    assert_success
+}
+
 @test "build/liblrmoe.so.2 has soname liblrmoe.so.2 and is position independent" {
     [ -f "$SO" ]
     run readelf -d "$SO"
@@ -180,11 +193,7 @@ PY
 }
 
 @test "one lrmoe_plan_cfg_t keeps EPLB's layouts: in-process plans equal lrmoe-plan's frame by frame with --rebalance-every 2" {
-    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
-    flags=$(pkg-config --cflags --libs lrmoe)
-    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
-        -o "$T/plan_cfg" "$BATS_TEST_DIRNAME/lib/plan_cfg_inproc.c" $flags
-    assert_success
+    staged_cc plan_cfg plan_cfg_inproc
     # 2 layers x 4 steps, loads drifting from step to step
     "$BIN/lrmoe-gen" --tokens 512 --experts 16 --topk 4 --hidden 64 --ffn 32 --layers 2 \
         --steps 4 --zipf 1.2 --drift 3 --seed 5 | "$BIN/lrmoe-route" -o "$T/routed.lrm"
@@ -357,11 +366,7 @@ PY
 }
 
 @test "the opaque stage handles (lrmoe_route_t, lrmoe_score_t, lrmoe_pack_t, lrmoe_exec_t; options by the tools' long names) give the tools' tensors bit for bit and their attributes but the timings; bad options named" {
-    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
-    flags=$(pkg-config --cflags --libs lrmoe)
-    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
-        -o "$T/stage" "$BATS_TEST_DIRNAME/lib/stage_inproc.c" $flags
-    assert_success
+    staged_cc stage stage_inproc
     X() { env LD_LIBRARY_PATH="$LIBD" "$T/stage" "$@"; }
     # the exec.*/score.*/pack.* seconds and the slowest rank are timings:
     # every tensor and every other attribute must be equal
@@ -473,11 +478,7 @@ PY
 }
 
 @test "lrmoe_budget_cfg_t: options by lrmoe-budget's long names give its --tsv rows; misuse is named" {
-    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
-    flags=$(pkg-config --cflags --libs lrmoe)
-    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
-        -o "$T/budget" "$BATS_TEST_DIRNAME/lib/budget_inproc.c" $flags
-    assert_success
+    staged_cc budget budget_inproc
     X() { env LD_LIBRARY_PATH="$LIBD" "$T/budget" "$@"; }
     run X preset=qwen3-30b-a3b gpu-mem=80G tp=2 pp=4 ep=8 dp=8 checkpoint=none micro-batch=2 \
         seq=8192 reserve=5G grad-dtype=bf16 optim-bytes=8 zero1
@@ -501,11 +502,7 @@ PY
 }
 
 @test "lrmoe_exec_args_t: forward, pack and compact backward by field name give the struct calls' bits; misuse is named" {
-    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
-    flags=$(pkg-config --cflags --libs lrmoe)
-    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
-        -o "$T/args" "$BATS_TEST_DIRNAME/lib/args_inproc.c" $flags
-    assert_success
+    staged_cc args args_inproc
     run env LD_LIBRARY_PATH="$LIBD" "$T/args"
     assert_success
     assert_line "R 16 moved 0 pack_pair set"
@@ -520,11 +517,7 @@ PY
 }
 
 @test "lrmoe_comm_callback_new: 3 ranks on 3 threads (forward with a replica, pack, compact backward) equal the single-controller run bit for bit" {
-    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
-    flags=$(pkg-config --cflags --libs lrmoe)
-    run cc -std=c11 -Wall -Wextra -Werror -pthread ${SANITIZE:+-fsanitize=address,undefined} \
-        -o "$T/comm" "$BATS_TEST_DIRNAME/lib/comm_threads.c" $flags
-    assert_success
+    staged_cc comm comm_threads -pthread
     run env LD_LIBRARY_PATH="$LIBD" "$T/comm"
     assert_success
     assert_line "same bits"
@@ -535,11 +528,7 @@ PY
 }
 
 @test "lrmoe_cost_cfg_t: the cost model by field name gives lrmoe_cost_eval's summary; misuse is named" {
-    export PKG_CONFIG_SYSROOT_DIR="$STAGE" PKG_CONFIG_PATH="$LIBD/pkgconfig"
-    flags=$(pkg-config --cflags --libs lrmoe)
-    run cc -std=c11 -Wall -Wextra -Werror ${SANITIZE:+-fsanitize=address,undefined} \
-        -o "$T/cost" "$BATS_TEST_DIRNAME/lib/cost_inproc.c" $flags
-    assert_success
+    staged_cc cost cost_inproc
     run env LD_LIBRARY_PATH="$LIBD" "$T/cost"
     assert_success
     assert_line "same summary"
