@@ -288,10 +288,7 @@ def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, trai
     out = torch.empty(Tg, D, dtype=hidden.dtype)
     prs = torch.empty(Tg, K, dtype=torch.int32)
     n = Tg if train else 0
-    phi = torch.empty(n, K, dtype=torch.float32)
-    sg = torch.empty(n, K, F, dtype=hidden.dtype)
-    su = torch.empty(n, K, F, dtype=hidden.dtype)
-    po = torch.empty(n, K, D, dtype=hidden.dtype)
+    phi, sg, su, po = lt._saved_buffers(n, K, F, D, hidden.dtype)
     tr = (lambda t: t.data_ptr()) if train else (lambda t: None)
     a = _lib.ExecArgs(g.cfg(o.cfg), dims, W, Pl, act_dtype=_lib.DT[dt], hidden=xg.data_ptr(),
                       topk_ids=gids.data_ptr(), topk_weights=galpha.data_ptr(),

@@ -681,6 +681,15 @@ def _plan_arrays(placement: Tensor, fwd_alloc: Tensor, quota: Tensor, bwd_alloc:
             np.ascontiguousarray(bwd_alloc.numpy(), np.int64))
 
 
+def _saved_buffers(n: int, K: int, F: int, D: int, dtype: torch.dtype
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The forward's state for the backward, n tokens' worth (0 when no
+    gradient will be asked for): ||phi||^2 (F32), h_g and h_u (n,K,F) and
+    y (n,K,D) in the activations' dtype."""
+    return (torch.empty(n, K, dtype=torch.float32), torch.empty(n, K, F, dtype=dtype),
+            torch.empty(n, K, F, dtype=dtype), torch.empty(n, K, D, dtype=dtype))
+
+
 def _plan(layer: "_Layer", call: "_Call", load: np.ndarray, T: int, K: int,
           dt: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Dict[str, str]]:
     """The layer's plan for these loads (liblrmoe's planner, _Layer.plan):
@@ -726,10 +735,7 @@ def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down:
     pair_rank = torch.empty(T, K, dtype=torch.int32)
     # the backward's state only when a gradient will be asked for
     n = T if train else 0
-    phi = torch.empty(n, K, dtype=torch.float32)
-    sg = torch.empty(n, K, F, dtype=hidden.dtype)
-    su = torch.empty(n, K, F, dtype=hidden.dtype)
-    pair_out = torch.empty(n, K, D, dtype=hidden.dtype)
+    phi, sg, su, pair_out = _saved_buffers(n, K, F, D, hidden.dtype)
     tr = (lambda t: t) if train else (lambda t: None)
     a = _lib.ExecArgs(o.cfg, dims, W, Pl, act_dtype=_lib.DT[dt],
                       hidden=_buf("hidden", x, dt, (T, D)),
