@@ -240,6 +240,7 @@ UNIT_BIN      := $(UNIT_NAMES:%=$(BUILD)/unit/%_test)
 UNIT_alloc    := frame dtype producers error
 UNIT_blas     := blas error
 UNIT_capacity := capacity error
+UNIT_crc64    := crc64 error
 UNIT_dtype    := dtype error
 UNIT_gemm     := gemm_cpu gemm_amx gemm_avx2 dtype error blas
 UNIT_gemm_amx := $(UNIT_gemm)
