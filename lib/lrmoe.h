@@ -223,7 +223,8 @@ lrmoe_writer_t *lrmoe_writer_open(const char *path, const lrmoe_wopts_t *o);
 /* Digest records (lrmoe-stream(5), Integrity): on by default, a 16-byte
  * record with the CRC-64/NVME of the frame's bytes before each frame
  * (kind LRMOE_DIGEST_CRC64, or any nonzero kind but the next);
- * LRMOE_DIGEST_XXH64: records with the XXH64 instead, as 0.4.2 wrote them.
+ * LRMOE_DIGEST_XXH64: records with the XXH64 instead, as earlier writers
+ * wrote them.
  * 0, off (call before the first write): the format before the records,
  * which readers still take, e.g. to write a frame alone as a .safetensors
  * file. Readers verify both kinds. */

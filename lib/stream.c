@@ -19,7 +19,7 @@
 
 static const char TRAILER_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'E', 'N', 'D'};
 /* The digest record before each frame: one of these 8 bytes and the
- * CRC-64/NVME (written by default) or the XXH64 (written before 0.4.3) of
+ * CRC-64/NVME (written by default) or the XXH64 (earlier writers) of
  * the frame's bytes (lrmoe-stream(5), Integrity). Read as a header length,
  * like the trailer's, either exceeds the limit by far. */
 static const char CRC_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'C', 'R', 'C'};

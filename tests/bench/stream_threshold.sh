@@ -50,4 +50,4 @@ med() { sort -n "$1" | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; 
 echo "raw frames, 64 MiB in all, $ROUNDS rounds: median ratio with records / without"
 printf '%-12s %8s %8s\n' "frame MiB" inline thread
 for s in $sizes; do printf '%-12s %8s %8s\n' "$s" "$(med "$W/i.$s")" "$(med "$W/t.$s")"; done
-echo "2 cores (XXH64 on two threads at once / on one; 1.00: a free second core): median $(med "$W/par")"
+echo "2 cores (CRC-64 on two threads at once / on one; 1.00: a free second core): median $(med "$W/par")"

@@ -19,7 +19,7 @@ import numpy as np
 
 TRAILER = b"LRMOEEND"
 DIGEST = b"LRMOECRC"        # the records lrmoe's writers write: CRC-64/NVME
-DIGEST_XXH = b"LRMOEXXH"    # the records of 0.4.2's writers: XXH64
+DIGEST_XXH = b"LRMOEXXH"    # the records of earlier writers: XXH64
 DIGESTS = (DIGEST, DIGEST_XXH)
 NP = {
     "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16,
@@ -189,7 +189,7 @@ def encode_frame(tensors, attrs=None, dtypes=None, at=0, align=64):
 def write_stream(path, frames, trailer=True, compress=False, align=64, digests=False):
     """frames: iterable of (tensors, attrs) or (tensors, attrs, dtypes).
     digests=True (or "crc") writes each frame's digest record before it, as
-    lrmoe's writers do (CRC-64); "xxh" the XXH64 records of 0.4.2's writers;
+    lrmoe's writers do (CRC-64); "xxh" the XXH64 records of earlier writers;
     the default writes the format before the records existed."""
     kind = DIGEST_XXH if digests == "xxh" else DIGEST
     out, n, at = [], 0, 0
