@@ -185,26 +185,39 @@ T_Z static inline __m512i fold_z(__m512i x, __m512i k, __m512i d)
 }
 
 T_Z static inline __m512i kz(int j) { return _mm512_broadcast_i32x4(kx(j)); }
-T_Z static inline __m512i ldz(const uint8_t *p) { return _mm512_loadu_si512(p); }
-
-/* VPCLMULQDQ on 512-bit registers, four of them: 256 bytes per iteration */
-T_Z static uint64_t crc_avx512(uint64_t r, const uint8_t *p, size_t n)
+/* 64 bytes at p, also stored at d when copying (copy is a constant where
+ * this is inlined: the store vanishes without it) */
+T_Z static inline __m512i ldz(const uint8_t *p, uint8_t *d, const int copy)
 {
-    if (n < 256) return crc_pclmul(r, p, n);
-    __m512i a0 = _mm512_xor_si512(ldz(p), _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, (long long)r));
-    __m512i a1 = ldz(p + 64), a2 = ldz(p + 128), a3 = ldz(p + 192);
-    p += 256, n -= 256;
+    __m512i v = _mm512_loadu_si512(p);
+    if (copy) _mm512_storeu_si512(d, v);
+    return v;
+}
+
+/* VPCLMULQDQ on 512-bit registers, four of them: 256 bytes per iteration;
+ * with copy, every byte is also stored to d as it is loaded (the stores
+ * and the loads go beside the multiplies, which bound the loop). n a
+ * multiple of 16, at least 256. */
+T_Z static inline __attribute__((always_inline)) uint64_t
+avx512_body(uint64_t r, const uint8_t *p, size_t n, uint8_t *d, const int copy)
+{
+    __m512i a0 = _mm512_xor_si512(ldz(p, d, copy),
+                                  _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, (long long)r));
+    __m512i a1 = ldz(p + 64, d + 64, copy), a2 = ldz(p + 128, d + 128, copy),
+            a3 = ldz(p + 192, d + 192, copy);
+    p += 256, d += 256, n -= 256;
     const __m512i k16 = kz(16);
-    for (; n >= 256; n -= 256, p += 256) {
-        a0 = fold_z(a0, k16, ldz(p));
-        a1 = fold_z(a1, k16, ldz(p + 64));
-        a2 = fold_z(a2, k16, ldz(p + 128));
-        a3 = fold_z(a3, k16, ldz(p + 192));
+    for (; n >= 256; n -= 256, p += 256, d += 256) {
+        a0 = fold_z(a0, k16, ldz(p, d, copy));
+        a1 = fold_z(a1, k16, ldz(p + 64, d + 64, copy));
+        a2 = fold_z(a2, k16, ldz(p + 128, d + 128, copy));
+        a3 = fold_z(a3, k16, ldz(p + 192, d + 192, copy));
     }
     const __m512i z = _mm512_setzero_si512();
     __m512i x = _mm512_ternarylogic_epi64(fold_z(a0, kz(12), z), fold_z(a1, kz(8), z),
                                           fold_z(a2, kz(4), a3), 0x96);
-    for (const __m512i k4 = kz(4); n >= 64; n -= 64, p += 64) x = fold_z(x, k4, ldz(p));
+    for (const __m512i k4 = kz(4); n >= 64; n -= 64, p += 64, d += 64)
+        x = fold_z(x, k4, ldz(p, d, copy));
     /* lanes 0..2 move forward by 384, 256, 128 bits onto lane 3 */
     __m512i kl = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(z, kx(3), 0),
                                                          kx(2), 1), kx(1), 2);
@@ -213,7 +226,25 @@ T_Z static uint64_t crc_avx512(uint64_t r, const uint8_t *p, size_t n)
                                             _mm512_extracti32x4_epi32(t, 1)),
                               _mm_xor_si128(_mm512_extracti32x4_epi32(t, 2),
                                             _mm512_extracti32x4_epi32(x, 3)));
-    return tail16(y, p, n);
+    if (!copy) return tail16(y, p, n);
+    const __m128i k1 = kx(1);
+    for (; n; n -= 16, p += 16, d += 16) {
+        __m128i v = ld(p);
+        _mm_storeu_si128((__m128i *)d, v);
+        y = _mm_xor_si128(fold(y, k1), v);
+    }
+    return tail16(y, p, 0);
+}
+
+T_Z static uint64_t crc_avx512(uint64_t r, const uint8_t *p, size_t n)
+{
+    if (n < 256) return crc_pclmul(r, p, n);
+    return avx512_body(r, p, n, (uint8_t *)(uintptr_t)p, 0);
+}
+
+T_Z static uint64_t crc_avx512_copy(uint64_t r, uint8_t *d, const uint8_t *p, size_t n)
+{
+    return avx512_body(r, p, n, d, 1);
 }
 #endif
 
@@ -281,4 +312,21 @@ uint64_t lrmoe_crc64_update(uint64_t crc, const void *data, size_t n)
     }
 #endif
     return ~crc_table(r, p, n);
+}
+
+uint64_t lrmoe_crc64_copy(uint64_t crc, void *dst, const void *src, size_t n)
+{
+    pthread_once(&once, init);
+    uint8_t *d = dst;
+    const uint8_t *p = src;
+#ifdef HAVE_CLMUL
+    if (n >= 256 && __atomic_load_n(&path_cur, __ATOMIC_RELAXED) == LRMOE_CRC64_AVX512) {
+        size_t m = n & ~(size_t)15;
+        uint64_t r = crc_avx512_copy(~crc, d, p, m);
+        if (n > m) memcpy(d + m, p + m, n - m);
+        return ~crc_table(r, d + m, n - m);
+    }
+#endif
+    if (n) memcpy(d, p, n);
+    return lrmoe_crc64_update(crc, d, n);
 }

@@ -631,8 +631,13 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
             }
             size_t c = r->in.size - r->in.pos;
             if (c > n - got) c = n - got;
-            memcpy((uint8_t *)dst + got, (const uint8_t *)r->in.src + r->in.pos, c);
-            if (r->hashing) dg_update(&r->hs, (uint8_t *)dst + got, c);
+            if (r->hashing && r->hs.kind == LRMOE_DIGEST_CRC64)   /* copied and hashed in one pass */
+                r->hs.crc = lrmoe_crc64_copy(r->hs.crc, (uint8_t *)dst + got,
+                                             (const uint8_t *)r->in.src + r->in.pos, c);
+            else {
+                memcpy((uint8_t *)dst + got, (const uint8_t *)r->in.src + r->in.pos, c);
+                if (r->hashing) dg_update(&r->hs, (uint8_t *)dst + got, c);
+            }
             if (r->async) hasher_publish(r->hasher, c);
             r->in.pos += c;
             got += c;

@@ -16,8 +16,10 @@
  *                                       second core is free, near 2 when not
  *   stream_bench crc KIB                the checksums' speed on one KIB KiB
  *                                       buffer (in cache when it fits):
- *                                       "NAME GB/s" for XXH64 and each
- *                                       CRC-64 path this CPU runs
+ *                                       "NAME GB/s" for XXH64, each CRC-64
+ *                                       path this CPU runs, memcpy, memcpy
+ *                                       then CRC-64, both in one pass
+ *                                       (lrmoe_crc64_copy)
  *   stream_bench copy IN OUT MODE DIG   (DIG: 0 none, 1 CRC-64 records,
  *                                       the default, 2 XXH64 records)
  * Timings go to stdout as "seconds bytes". */
@@ -60,7 +62,10 @@ static void *hash_job(void *a)
     return NULL;
 }
 
-/* the best of 7 runs of enough calls for ~20 ms each: GB/s */
+/* the best of 7 runs of enough calls for ~20 ms each: GB/s of path (a
+ * CRC-64 path), or XXH64 (-1), memcpy to d (-2), memcpy then CRC-64 of the
+ * copy (-3), lrmoe_crc64_copy (-4) */
+static uint8_t *d;
 static double rate(int path, const uint8_t *p, size_t n)
 {
     static volatile uint64_t sink;
@@ -70,7 +75,13 @@ static double rate(int path, const uint8_t *p, size_t n)
         double t0 = lrmoe_now();
         uint64_t h = 0;
         for (size_t i = 0; i < reps; i++)
-            h ^= path < 0 ? lrmoe_xxh64(p, n) : lrmoe_crc64_update(h, p, n);
+            switch (path) {
+            case -1: h ^= lrmoe_xxh64(p, n); break;
+            case -2: memcpy(d, p, n); h ^= d[i % n]; break;
+            case -3: memcpy(d, p, n); h = lrmoe_crc64_update(h, d, n); break;
+            case -4: h = lrmoe_crc64_copy(h, d, p, n); break;
+            default: h = lrmoe_crc64_update(h, p, n);
+            }
         double t = lrmoe_now() - t0;
         sink = h;
         if (t < best) best = t;
@@ -83,7 +94,8 @@ int main(int argc, char **argv)
     if (argc == 3 && !strcmp(argv[1], "crc")) {
         size_t n = (size_t)atoll(argv[2]) << 10;
         uint8_t *a = malloc(n);
-        if (!a) return 1;
+        d = malloc(n);
+        if (!a || !d) return 1;
         for (size_t i = 0; i < n; i++) a[i] = (uint8_t)(unif() * 256);
         printf("xxh64 %.2f\n", rate(-1, a, n));
         int def = lrmoe_crc64_path();
@@ -91,7 +103,11 @@ int main(int argc, char **argv)
             if (lrmoe_crc64_path_set(p) == 0)
                 printf("crc64-%s %.2f%s\n", lrmoe_crc64_path_name(p), rate(p, a, n),
                        p == def ? " (default)" : "");
+        lrmoe_crc64_path_set(def);
+        printf("memcpy %.2f\nmemcpy+crc64 %.2f\ncrc64-copy %.2f\n", rate(-2, a, n), rate(-3, a, n),
+               rate(-4, a, n));
         free(a);
+        free(d);
         return 0;
     }
     if (argc == 3 && !strcmp(argv[1], "par")) {

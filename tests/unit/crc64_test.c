@@ -1,7 +1,8 @@
 /* crc64_test: every CRC-64/NVME path this CPU can run (lib/crc64.c) against
  * a bitwise reference written from the CRC's definition, on all lengths up
  * to 1100 bytes, random lengths up to 300 KiB, random alignments and random
- * splits into pieces; and the catalogue's check value.
+ * splits into pieces; and the catalogue's check value. lrmoe_crc64_copy
+ * too: the same CRC, and the bytes copied, nothing written around them.
  *   crc64_test [quick|full] [SEED]
  * prints the paths run and skipped, then "crc64: N cases, F failed". */
 #include <stdio.h>
@@ -35,8 +36,8 @@ int main(int argc, char **argv)
     int full = argc > 1 && !strcmp(argv[1], "full");
     if (argc > 2) s = strtoull(argv[2], NULL, 0) | 1;
     size_t cap = (300u << 10) + 128;
-    uint8_t *buf = malloc(cap);
-    if (!buf) return 1;
+    uint8_t *buf = malloc(cap), *dst = malloc(cap + 128);
+    if (!buf || !dst) return 1;
     for (size_t i = 0; i < cap; i++) buf[i] = (uint8_t)rnd();
     int cases = 0, failed = 0;
     int def = lrmoe_crc64_path();
@@ -69,6 +70,22 @@ int main(int argc, char **argv)
                 pc = lrmoe_crc64_update(pc, buf + off + at, k);
                 at += k;
             }
+            /* copy and CRC in one: to another alignment, the bytes around
+             * the copy untouched */
+            size_t doff = rnd() % 64;
+            memset(dst, 0xA5, cap + 128);
+            uint64_t cc = lrmoe_crc64_copy(seed, dst + doff, buf + off, n);
+            int copied = !memcmp(dst + doff, buf + off, n);
+            for (size_t i = 0; i < doff; i++) copied &= dst[i] == 0xA5;
+            for (size_t i = doff + n; i < doff + n + 64; i++) copied &= dst[i] == 0xA5;
+            cases++;
+            if (cc != want || !copied) {
+                if (failed - f0 < 5)
+                    printf("FAIL %s copy: n=%zu off=%zu doff=%zu: %016llx want %016llx, bytes %s\n",
+                           lrmoe_crc64_path_name(path), n, off, doff, (unsigned long long)cc,
+                           (unsigned long long)want, copied ? "ok" : "wrong");
+                failed++;
+            }
             cases++;
             if (got != want || pc != want) {
                 if (failed - f0 < 5)
@@ -83,5 +100,6 @@ int main(int argc, char **argv)
     }
     printf("crc64: %d cases, %d failed\n", cases, failed);
     free(buf);
+    free(dst);
     return failed != 0;
 }
