@@ -12,8 +12,8 @@
 # wall time). Reported: min, median and max of the rounds' ratios; the
 # verdict takes the CRC-64 records' median wall ratio.
 # First, the checksums alone on one buffer (36 KiB, the small frames' size,
-# and 1 MiB, the reader's piece): GB/s of XXH64 and of every CRC-64 path
-# this CPU runs. Each round also times the CRC-64 on one thread and on two
+# and 1 MiB, the reader's piece): GB/s of XXH64, of every CRC-64 path this
+# CPU runs, of memcpy, memcpy then CRC-64, and both in one pass. Each round also times the CRC-64 on one thread and on two
 # at once ("2 cores": t2/t1, 1.00 when a second core is free, 2.00 when it
 # is not): the second thread hides the hash only when the machine has a
 # core to give it.
@@ -92,10 +92,17 @@ done
 # CRC-64 of one frame's bytes at the speed measured on its size
 t0=$(med "$W/small.raw.t0")
 fb=$(($("$W/sb" read "$W/small.raw.0" | cut -d' ' -f2) / 2000))
-crc=$(sed -n 1p "$W/crc" | tr ' ' '\n' | grep -A1 '\*' | head -1 | tr -d '*')
-echo "small raw frames: $(echo "scale=2; $t0 * 1000000 / 2000" | bc -l) us per frame read without records;" \
-     "the CRC-64 of its $fb data bytes at $crc GB/s: $(echo "scale=3; $fb / $crc / 1000" | bc -l) us" \
-     "($(echo "scale=2; 100 * $fb / $crc / 1000 / ($t0 * 1000000 / 2000)" | bc -l)% of it)"
+# (the raw reader copies a small frame out of its input buffer: with CRC-64
+# records, copy and CRC go in one pass, lrmoe_crc64_copy)
+val() { sed -n 1p "$W/crc" | tr ' ' '\n' | grep -A1 -x -- "$1" | tail -1 | tr -d '*'; }
+crc=$(sed -n 1p "$W/crc" | tr ' ' '\n' | grep -x '[0-9.]*\*' | tr -d '*')
+cpy=$(val memcpy); fused=$(val crc64-copy)
+us=$(echo "scale=4; $t0 * 1000000 / 2000" | bc -l)
+echo "small raw frames: $(echo "scale=2; $us / 1" | bc -l) us per frame read without records;" \
+     "for its $fb data bytes: the CRC-64 alone at $crc GB/s $(echo "scale=3; $fb / $crc / 1000" | bc -l) us" \
+     "($(echo "scale=2; 100 * $fb / $crc / 1000 / $us" | bc -l)% of it); copy and CRC-64 in one pass at" \
+     "$fused GB/s against the copy alone at $cpy GB/s: $(echo "scale=3; $fb / $fused / 1000 - $fb / $cpy / 1000" | bc -l) us" \
+     "more ($(echo "scale=2; 100 * ($fb / $fused / 1000 - $fb / $cpy / 1000) / $us" | bc -l)%)"
 set -- $(stats "$W/par")
 echo "2 cores (CRC-64 on two threads at once / on one; 1.00: a free second core): min $1 median $2 max $3"
 busy=""
