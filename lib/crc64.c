@@ -153,29 +153,64 @@ T_Y static inline __m256i fold_y(__m256i x, __m256i k)
 }
 
 T_Y static inline __m256i ky(int j) { return _mm256_broadcastsi128_si256(kx(j)); }
-T_Y static inline __m256i ldy(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
-
-/* VPCLMULQDQ on 256-bit registers, four of them: 128 bytes per iteration */
-T_Y static uint64_t crc_avx2(uint64_t r, const uint8_t *p, size_t n)
+/* 32 bytes at p, also stored at d when copying (as ldz below) */
+T_Y static inline __m256i ldy(const uint8_t *p, uint8_t *d, const int copy)
 {
-    if (n < 128) return crc_pclmul(r, p, n);
-    __m256i a0 = _mm256_xor_si256(ldy(p), _mm256_set_epi64x(0, 0, 0, (long long)r));
-    __m256i a1 = ldy(p + 32), a2 = ldy(p + 64), a3 = ldy(p + 96);
-    p += 128, n -= 128;
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    if (copy) _mm256_storeu_si256((__m256i *)d, v);
+    return v;
+}
+
+/* the last 16-byte blocks folded onto y and copied to d when copying; the
+ * raw state after them */
+T_PCL static inline __attribute__((always_inline)) uint64_t
+tail16c(__m128i y, const uint8_t *p, size_t n, uint8_t *d, const int copy)
+{
+    if (!copy) return tail16(y, p, n);
+    const __m128i k1 = kx(1);
+    for (; n; n -= 16, p += 16, d += 16) {
+        __m128i v = ld(p);
+        _mm_storeu_si128((__m128i *)d, v);
+        y = _mm_xor_si128(fold(y, k1), v);
+    }
+    return tail16(y, p, 0);
+}
+
+/* VPCLMULQDQ on 256-bit registers, four of them: 128 bytes per iteration;
+ * with copy, the bytes also stored to d (as avx512_body). n a multiple of
+ * 16, at least 128. */
+T_Y static inline __attribute__((always_inline)) uint64_t
+avx2_body(uint64_t r, const uint8_t *p, size_t n, uint8_t *d, const int copy)
+{
+    __m256i a0 = _mm256_xor_si256(ldy(p, d, copy), _mm256_set_epi64x(0, 0, 0, (long long)r));
+    __m256i a1 = ldy(p + 32, d + 32, copy), a2 = ldy(p + 64, d + 64, copy),
+            a3 = ldy(p + 96, d + 96, copy);
+    p += 128, d += 128, n -= 128;
     const __m256i k8 = ky(8);
-    for (; n >= 128; n -= 128, p += 128) {
-        a0 = _mm256_xor_si256(fold_y(a0, k8), ldy(p));
-        a1 = _mm256_xor_si256(fold_y(a1, k8), ldy(p + 32));
-        a2 = _mm256_xor_si256(fold_y(a2, k8), ldy(p + 64));
-        a3 = _mm256_xor_si256(fold_y(a3, k8), ldy(p + 96));
+    for (; n >= 128; n -= 128, p += 128, d += 128) {
+        a0 = _mm256_xor_si256(fold_y(a0, k8), ldy(p, d, copy));
+        a1 = _mm256_xor_si256(fold_y(a1, k8), ldy(p + 32, d + 32, copy));
+        a2 = _mm256_xor_si256(fold_y(a2, k8), ldy(p + 64, d + 64, copy));
+        a3 = _mm256_xor_si256(fold_y(a3, k8), ldy(p + 96, d + 96, copy));
     }
     __m256i x = _mm256_xor_si256(_mm256_xor_si256(a3, fold_y(a0, ky(6))),
                                  _mm256_xor_si256(fold_y(a1, ky(4)), fold_y(a2, ky(2))));
-    for (const __m256i k2 = ky(2); n >= 32; n -= 32, p += 32)
-        x = _mm256_xor_si256(fold_y(x, k2), ldy(p));
+    for (const __m256i k2 = ky(2); n >= 32; n -= 32, p += 32, d += 32)
+        x = _mm256_xor_si256(fold_y(x, k2), ldy(p, d, copy));
     __m128i y = _mm_xor_si128(_mm256_extracti128_si256(x, 1),
                               fold(_mm256_castsi256_si128(x), kx(1)));
-    return tail16(y, p, n);
+    return tail16c(y, p, n, d, copy);
+}
+
+T_Y static uint64_t crc_avx2(uint64_t r, const uint8_t *p, size_t n)
+{
+    if (n < 128) return crc_pclmul(r, p, n);
+    return avx2_body(r, p, n, (uint8_t *)(uintptr_t)p, 0);
+}
+
+T_Y static uint64_t crc_avx2_copy(uint64_t r, uint8_t *d, const uint8_t *p, size_t n)
+{
+    return avx2_body(r, p, n, d, 1);
 }
 
 T_Z static inline __m512i fold_z(__m512i x, __m512i k, __m512i d)
@@ -226,14 +261,7 @@ avx512_body(uint64_t r, const uint8_t *p, size_t n, uint8_t *d, const int copy)
                                             _mm512_extracti32x4_epi32(t, 1)),
                               _mm_xor_si128(_mm512_extracti32x4_epi32(t, 2),
                                             _mm512_extracti32x4_epi32(x, 3)));
-    if (!copy) return tail16(y, p, n);
-    const __m128i k1 = kx(1);
-    for (; n; n -= 16, p += 16, d += 16) {
-        __m128i v = ld(p);
-        _mm_storeu_si128((__m128i *)d, v);
-        y = _mm_xor_si128(fold(y, k1), v);
-    }
-    return tail16(y, p, 0);
+    return tail16c(y, p, n, d, copy);
 }
 
 T_Z static uint64_t crc_avx512(uint64_t r, const uint8_t *p, size_t n)
@@ -320,9 +348,11 @@ uint64_t lrmoe_crc64_copy(uint64_t crc, void *dst, const void *src, size_t n)
     uint8_t *d = dst;
     const uint8_t *p = src;
 #ifdef HAVE_CLMUL
-    if (n >= 256 && __atomic_load_n(&path_cur, __ATOMIC_RELAXED) == LRMOE_CRC64_AVX512) {
+    int path = __atomic_load_n(&path_cur, __ATOMIC_RELAXED);
+    if ((n >= 256 && path == LRMOE_CRC64_AVX512) || (n >= 128 && path == LRMOE_CRC64_AVX2)) {
         size_t m = n & ~(size_t)15;
-        uint64_t r = crc_avx512_copy(~crc, d, p, m);
+        uint64_t r = path == LRMOE_CRC64_AVX512 ? crc_avx512_copy(~crc, d, p, m)
+                                                : crc_avx2_copy(~crc, d, p, m);
         if (n > m) memcpy(d + m, p + m, n - m);
         return ~crc_table(r, d + m, n - m);
     }

@@ -22,9 +22,9 @@
 uint64_t lrmoe_crc64_update(uint64_t crc, const void *p, size_t n);
 
 /* memcpy(dst, src, n) and lrmoe_crc64_update(crc, src, n) in one pass
- * where the path allows (AVX-512: the bytes are stored as they are loaded
- * for the CRC, so the copy costs little beside it); the regions must not
- * overlap. */
+ * where the path allows (AVX-512, AVX2: the bytes are stored as they are
+ * loaded for the CRC, so the copy costs little beside it); the regions
+ * must not overlap. */
 uint64_t lrmoe_crc64_copy(uint64_t crc, void *dst, const void *src, size_t n);
 
 /* The paths, slowest first; the name of the one in use. */

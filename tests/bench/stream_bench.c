@@ -19,7 +19,9 @@
  *                                       "NAME GB/s" for XXH64, each CRC-64
  *                                       path this CPU runs, memcpy, memcpy
  *                                       then CRC-64, both in one pass
- *                                       (lrmoe_crc64_copy)
+ *                                       (lrmoe_crc64_copy; on the default
+ *                                       path, and crc64-copy-PATH on the
+ *                                       other paths that have one)
  *   stream_bench copy IN OUT MODE DIG   (DIG: 0 none, 1 CRC-64 records,
  *                                       the default, 2 XXH64 records)
  * Timings go to stdout as "seconds bytes". */
@@ -103,6 +105,9 @@ int main(int argc, char **argv)
             if (lrmoe_crc64_path_set(p) == 0)
                 printf("crc64-%s %.2f%s\n", lrmoe_crc64_path_name(p), rate(p, a, n),
                        p == def ? " (default)" : "");
+        for (int p = LRMOE_CRC64_AVX2; p < LRMOE_CRC64_NPATHS; p++)
+            if (p != def && lrmoe_crc64_path_set(p) == 0)
+                printf("crc64-copy-%s %.2f\n", lrmoe_crc64_path_name(p), rate(-4, a, n));
         lrmoe_crc64_path_set(def);
         printf("memcpy %.2f\nmemcpy+crc64 %.2f\ncrc64-copy %.2f\n", rate(-2, a, n), rate(-3, a, n),
                rate(-4, a, n));
