@@ -474,6 +474,12 @@ flip() { python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(int(sys.ar
     refute_output --partial "FAIL"
     # which paths ran here, in the TAP log
     printf '# %s\n' "${lines[@]}" | grep -E 'default|skipped|run:' >&3
+    # LRMOE_NO_SIMD picks the table; a stream still reads and verifies
+    run env LRMOE_NO_SIMD=1 "$(unit_test crc64)" quick
+    assert_success
+    assert_line "crc64: default path table"
+    LRMOE_NO_SIMD=1 "$BIN/lrmoe-cat" --no-compress -o "$T/t.raw" "$T/ok.lrm"
+    cmp "$T/t.raw" "$T/ok.lrm"
 }
 
 @test "integrity: one flipped bit in a frame of a raw or zstd stream stops the reader at that frame, before it is passed on (CRC-64 and XXH64 records)" {
