@@ -240,11 +240,12 @@ UNIT_BIN      := $(UNIT_NAMES:%=$(BUILD)/unit/%_test)
 UNIT_alloc    := frame dtype producers error
 UNIT_blas     := blas error
 UNIT_capacity := capacity error
+UNIT_crc64    := crc64 error
 UNIT_dtype    := dtype error
 UNIT_gemm     := gemm_cpu gemm_amx gemm_avx2 dtype error blas
 UNIT_gemm_amx := $(UNIT_gemm)
 UNIT_plan     := plan plan_eplb plan_llep plan_lrmoe plan_core minpeak capacity cost error frame \
-                 producers dtype clock stream
+                 producers dtype clock stream crc64
 UNIT_route    := route route_scalar route_avx2 route_avx512 error dtype blas
 UNIT_swiglu   := swiglu
 # score_test is linked against liblrmoe.so.2 (it calls the public API only)

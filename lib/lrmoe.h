@@ -221,10 +221,15 @@ void lrmoe_wopts_default(lrmoe_wopts_t *o);
 /* path "-" or NULL is stdout. */
 lrmoe_writer_t *lrmoe_writer_open(const char *path, const lrmoe_wopts_t *o);
 /* Digest records (lrmoe-stream(5), Integrity): on by default, a 16-byte
- * record with the XXH64 of the frame's bytes before each frame. Off (call
- * before the first write): the format before the records, which readers
- * still take, e.g. to write a frame alone as a .safetensors file. */
-void lrmoe_writer_set_digests(lrmoe_writer_t *w, int on);
+ * record with the CRC-64/NVME of the frame's bytes before each frame
+ * (kind LRMOE_DIGEST_CRC64, or any nonzero kind but the next);
+ * LRMOE_DIGEST_XXH64: records with the XXH64 instead, as earlier writers
+ * wrote them.
+ * 0, off (call before the first write): the format before the records,
+ * which readers still take, e.g. to write a frame alone as a .safetensors
+ * file. Readers verify both kinds. */
+enum { LRMOE_DIGEST_CRC64 = 1, LRMOE_DIGEST_XXH64 = 2 };
+void lrmoe_writer_set_digests(lrmoe_writer_t *w, int kind);
 /* Writes the frame and flushes it (a zstd flush and fflush): it is
  * complete on the wire when the call returns. */
 int lrmoe_writer_write(lrmoe_writer_t *w, const lrmoe_frame_t *f);

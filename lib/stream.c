@@ -13,14 +13,17 @@
 #define ZSTD_STATIC_LINKING_ONLY   /* ZSTD_d_forceIgnoreChecksum */
 #include <zstd.h>
 #include "lrmoe.h"
+#include "crc64.h"
 #include "xxh64.h"
 #include "tools.h"
 
 static const char TRAILER_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'E', 'N', 'D'};
-/* The digest record before each frame: these 8 bytes and the XXH64 of the
- * frame's bytes (lrmoe-stream(5), Integrity). Read as a header length,
- * like the trailer's, it exceeds the limit by far. */
-static const char DIGEST_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'X', 'X', 'H'};
+/* The digest record before each frame: one of these 8 bytes and the
+ * CRC-64/NVME (written by default) or the XXH64 (earlier writers) of
+ * the frame's bytes (lrmoe-stream(5), Integrity). Read as a header length,
+ * like the trailer's, either exceeds the limit by far. */
+static const char CRC_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'C', 'R', 'C'};
+static const char XXH_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'X', 'X', 'H'};
 #define IOBUF (1u << 20)
 #define HASH_CHUNK (1u << 20) /* raw reads straight into a tensor, hashed while cached */
 /* A frame with at least this much data is hashed by the reader's hasher
@@ -29,6 +32,39 @@ static const char DIGEST_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'X', 'X', 'H'};
 #ifndef HASH_THREAD_MIN   /* tests/bench/stream_threshold.sh builds the reader with others */
 #define HASH_THREAD_MIN (4u << 20)
 #endif
+
+/* The kind of digest record that p (8 bytes) starts, or 0 */
+static int digest_kind(const void *p)
+{
+    if (!memcmp(p, CRC_MAGIC, 8)) return LRMOE_DIGEST_CRC64;
+    if (!memcmp(p, XXH_MAGIC, 8)) return LRMOE_DIGEST_XXH64;
+    return 0;
+}
+
+/* A frame's digest as it is computed, of either kind */
+typedef struct {
+    int kind;
+    uint64_t crc;
+    lrmoe_xxh64_t xxh;
+} digest_t;
+
+static void dg_reset(digest_t *d, int kind)
+{
+    d->kind = kind;
+    d->crc = 0;
+    if (kind == LRMOE_DIGEST_XXH64) lrmoe_xxh64_reset(&d->xxh);
+}
+
+static void dg_update(digest_t *d, const void *p, size_t n)
+{
+    if (d->kind == LRMOE_DIGEST_CRC64) d->crc = lrmoe_crc64_update(d->crc, p, n);
+    else lrmoe_xxh64_update(&d->xxh, p, n);
+}
+
+static uint64_t dg_final(const digest_t *d)
+{
+    return d->kind == LRMOE_DIGEST_CRC64 ? d->crc : lrmoe_xxh64_digest(&d->xxh);
+}
 
 static uint64_t get_le64(const uint8_t *p)
 {
@@ -288,9 +324,9 @@ int lrmoe_frame_fread(FILE *fp, lrmoe_frame_t *f)
         if (ferror(fp)) return lrmoe_err("read error: %s", strerror(errno));
         return lrmoe_err("truncated: %zu bytes where a safetensors header length (8) starts", got);
     }
-    if (!memcmp(h8, TRAILER_MAGIC, 8) || !memcmp(h8, DIGEST_MAGIC, 8))
+    if (!memcmp(h8, TRAILER_MAGIC, 8) || digest_kind(h8))
         return lrmoe_err("this is an lrmoe stream (its %s), not safetensors: "
-                         "lrmoe-cat reads streams", h8[5] == 'X' ? "digest record" : "trailer");
+                         "lrmoe-cat reads streams", digest_kind(h8) ? "digest record" : "trailer");
     if (!memcmp(h8, "\x28\xb5\x2f\xfd", 4))
         return lrmoe_err("zstd-compressed data, not safetensors (an lrmoe stream? lrmoe-cat "
                          "reads those)");
@@ -344,7 +380,7 @@ struct lrmoe_reader {
     int digests;            /* a digest record came: every frame must have one */
     int hashing;            /* rd() adds what it delivers to hs */
     int async;              /* rd() hands what it delivers to the hasher thread */
-    lrmoe_xxh64_t hs;
+    digest_t hs;            /* the frame's digest so far */
     struct hasher *hasher;  /* started by the first frame of HASH_THREAD_MIN data */
     int zstart;             /* zstd: the next input byte starts a zstd frame */
 };
@@ -362,7 +398,7 @@ struct hasher {
     pthread_t tid;
     pthread_mutex_t mu;
     pthread_cond_t work, caught_up;
-    lrmoe_xxh64_t *hs;
+    digest_t *hs;
     lrmoe_frame_t *f;       /* the frame being hashed; NULL: no job */
     uint64_t ready, done;   /* data bytes arrived, hashed */
     int ti;                 /* the hasher's place: tensor ti, byte toff */
@@ -388,7 +424,7 @@ static void *hasher_main(void *arg)
             lrmoe_tensor_t *t = f->tensors[h->ti];
             size_t c = t->nbytes - h->toff;
             if (c > left) c = (size_t)left;
-            if (c) lrmoe_xxh64_update(h->hs, (const uint8_t *)t->data + h->toff, c);
+            if (c) dg_update(h->hs, (const uint8_t *)t->data + h->toff, c);
             h->toff += c;
             left -= c;
             if (h->toff == t->nbytes) h->ti++, h->toff = 0;
@@ -534,7 +570,7 @@ static void zstd_frame_peek(lrmoe_reader_t *r)
         r->in.size += (size_t)m;
         in.size = r->in.size;
     }
-    int rec = o.pos == 8 && !memcmp(head, DIGEST_MAGIC, 8);
+    int rec = o.pos == 8 && digest_kind(head);
     ZSTD_DCtx_reset(r->dctx, ZSTD_reset_session_only);
     if (rec) ZSTD_DCtx_setParameter(r->dctx, ZSTD_d_forceIgnoreChecksum, ZSTD_d_ignoreChecksum);
 }
@@ -583,7 +619,7 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
                     if ((r->hashing || r->async) && want >= HASH_CHUNK + IOBUF) want = HASH_CHUNK;
                     ssize_t m = read_some(r->fp, (uint8_t *)dst + got, want);
                     if (m < 0) return lrmoe_err("read error: %s", strerror(errno));
-                    if (r->hashing) lrmoe_xxh64_update(&r->hs, (uint8_t *)dst + got, (size_t)m);
+                    if (r->hashing) dg_update(&r->hs, (uint8_t *)dst + got, (size_t)m);
                     if (r->async) hasher_publish(r->hasher, (size_t)m);
                     got += (size_t)m;
                     if (m == 0 || got == n) break;
@@ -595,8 +631,13 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
             }
             size_t c = r->in.size - r->in.pos;
             if (c > n - got) c = n - got;
-            memcpy((uint8_t *)dst + got, (const uint8_t *)r->in.src + r->in.pos, c);
-            if (r->hashing) lrmoe_xxh64_update(&r->hs, (uint8_t *)dst + got, c);
+            if (r->hashing && r->hs.kind == LRMOE_DIGEST_CRC64)   /* copied and hashed in one pass */
+                r->hs.crc = lrmoe_crc64_copy(r->hs.crc, (uint8_t *)dst + got,
+                                             (const uint8_t *)r->in.src + r->in.pos, c);
+            else {
+                memcpy((uint8_t *)dst + got, (const uint8_t *)r->in.src + r->in.pos, c);
+                if (r->hashing) dg_update(&r->hs, (uint8_t *)dst + got, c);
+            }
             if (r->async) hasher_publish(r->hasher, c);
             r->in.pos += c;
             got += c;
@@ -624,7 +665,7 @@ static int64_t rd(lrmoe_reader_t *r, void *dst, size_t n)
         size_t before = out.pos;
         size_t ret = ZSTD_decompressStream(r->dctx, &out, &r->in);
         if (ZSTD_isError(ret)) return lrmoe_err("zstd: %s", ZSTD_getErrorName(ret));
-        if (r->hashing) lrmoe_xxh64_update(&r->hs, (uint8_t *)dst + before, out.pos - before);
+        if (r->hashing) dg_update(&r->hs, (uint8_t *)dst + before, out.pos - before);
         if (r->async) hasher_publish(r->hasher, out.pos - before);
         r->last_ret = ret;
         r->zstart = ret == 0;
@@ -778,7 +819,7 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
     }
     if (n < 8) { lrmoe_err("truncated inside the frame header"); goto fail; }
     uint64_t digest = 0;
-    int has_digest = !memcmp(h8, DIGEST_MAGIC, 8);
+    int has_digest = digest_kind(h8);
     if (has_digest) {   /* the record, then the frame it covers, hashed as it arrives */
         uint8_t d8[8];
         n = rd(r, d8, 8);
@@ -786,12 +827,12 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
         if (n < 8) { lrmoe_err("truncated inside the digest record"); goto fail; }
         digest = get_le64(d8);
         r->digests = 1;
-        lrmoe_xxh64_reset(&r->hs);
+        dg_reset(&r->hs, has_digest);
         r->hashing = 1;
         n = rd(r, h8, 8);
         if (n < 0) goto fail;
         if (n < 8) { lrmoe_err("truncated after the digest record"); goto fail; }
-        if (!memcmp(h8, TRAILER_MAGIC, 8) || !memcmp(h8, DIGEST_MAGIC, 8)) {
+        if (!memcmp(h8, TRAILER_MAGIC, 8) || digest_kind(h8)) {
             lrmoe_err("a digest record without a frame after it");
             goto fail;
         }
@@ -834,10 +875,11 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
     if (has_digest) {
         r->hashing = 0;
         hasher_finish(r);
-        uint64_t got = lrmoe_xxh64_digest(&r->hs);
+        uint64_t got = dg_final(&r->hs);
         if (got != digest) {
-            lrmoe_err("digest mismatch: the frame's bytes hash to %016" PRIx64 ", its digest record "
-                      "says %016" PRIx64 " (the stream changed after it was written)", got, digest);
+            lrmoe_err("digest mismatch: the frame's %s is %016" PRIx64 ", its digest record "
+                      "says %016" PRIx64 " (the stream changed after it was written)",
+                      has_digest == LRMOE_DIGEST_CRC64 ? "CRC-64" : "XXH64", got, digest);
             goto fail;
         }
     }
@@ -874,10 +916,13 @@ struct lrmoe_writer {
     size_t outcap;
     int64_t count;
     uint64_t at;            /* bytes of the uncompressed stream written so far */
-    int nodigest;           /* no digest records (lrmoe_writer_set_digests) */
+    int digest;             /* the records' kind, 0: none (lrmoe_writer_set_digests) */
 };
 
-void lrmoe_writer_set_digests(lrmoe_writer_t *w, int on) { w->nodigest = !on; }
+void lrmoe_writer_set_digests(lrmoe_writer_t *w, int kind)
+{
+    w->digest = kind == LRMOE_DIGEST_XXH64 ? kind : kind ? LRMOE_DIGEST_CRC64 : 0;
+}
 
 void lrmoe_wopts_default(lrmoe_wopts_t *o)
 {
@@ -970,6 +1015,7 @@ lrmoe_writer_t *lrmoe_writer_open(const char *path, const lrmoe_wopts_t *o)
     if (!o) { lrmoe_wopts_default(&def); o = &def; }
     lrmoe_writer_t *w = calloc(1, sizeof *w);
     if (!w) { lrmoe_err("out of memory"); return NULL; }
+    w->digest = LRMOE_DIGEST_CRC64;
     if (!path || !strcmp(path, "-")) {
         w->fp = stdout;
         snprintf(w->label, sizeof w->label, "<stdout>");
@@ -1010,20 +1056,20 @@ int lrmoe_writer_write(lrmoe_writer_t *w, const lrmoe_frame_t *f)
     char *hdr;
     size_t hlen, dlen;
     /* the frame starts after its 16-byte digest record */
-    size_t rl = w->nodigest ? 0 : 16;
+    size_t rl = w->digest ? 16 : 0;
     if (frame_header(f, w->at + rl, &hdr, &hlen, &dlen) < 0) return -1;
     uint8_t h8[8], rec[16];
     put_le64(h8, hlen);
     int rc = 0;
     if (rl) {
-        lrmoe_xxh64_t hs;
-        lrmoe_xxh64_reset(&hs);
-        lrmoe_xxh64_update(&hs, h8, 8);
-        lrmoe_xxh64_update(&hs, hdr, hlen);
+        digest_t hs;
+        dg_reset(&hs, w->digest);
+        dg_update(&hs, h8, 8);
+        dg_update(&hs, hdr, hlen);
         for (int i = 0; i < f->ntensors; i++)
-            if (f->tensors[i]->nbytes) lrmoe_xxh64_update(&hs, f->tensors[i]->data, f->tensors[i]->nbytes);
-        memcpy(rec, DIGEST_MAGIC, 8);
-        put_le64(rec + 8, lrmoe_xxh64_digest(&hs));
+            if (f->tensors[i]->nbytes) dg_update(&hs, f->tensors[i]->data, f->tensors[i]->nbytes);
+        memcpy(rec, w->digest == LRMOE_DIGEST_CRC64 ? CRC_MAGIC : XXH_MAGIC, 8);
+        put_le64(rec + 8, dg_final(&hs));
         rc = wr(w, rec, 16);
     }
     if (!rc) rc = wr(w, h8, 8);

@@ -1,7 +1,8 @@
 /* Mapped raw weights streams (lib/weights_map.h). The layout is
  * lrmoe-stream(5): safetensors frames (8-byte little-endian header length,
- * JSON header, data), each after its digest record ("LRMOEXXH" + the XXH64
- * of its bytes, verified here) in streams written since the record exists,
+ * JSON header, data), each after its digest record ("LRMOECRC" + the
+ * CRC-64/NVME or "LRMOEXXH" + the XXH64 of its bytes, verified here) in
+ * streams written since the records exist,
  * and the trailer "LRMOEEND" + 8-byte frame count. The
  * mapping is accepted only when every frame parses exactly as the stream
  * reader would accept it; any doubt answers 0 and the reader runs instead,
@@ -15,6 +16,7 @@
 #include <unistd.h>
 #include <jansson.h>
 #include "weights_map.h"
+#include "crc64.h"
 #include "xxh64.h"
 
 static uint64_t le64(const uint8_t *p)
@@ -138,8 +140,8 @@ static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w)
         if (!memcmp(b + at, TRAILER, 8))
             return len - at == 16 && le64(b + at + 8) == (uint64_t)w->n ? 0 : -1;
         /* a digest record: every frame has one or none does */
-        int rec = !memcmp(b + at, "LRMOEXXH", 8);
-        if (w->n && rec != digests) return -1;
+        int rec = !memcmp(b + at, "LRMOECRC", 8) ? 1 : !memcmp(b + at, "LRMOEXXH", 8) ? 2 : 0;
+        if (w->n && !rec != !digests) return -1;
         digests = rec;
         uint64_t digest = 0;
         if (rec) {
@@ -164,7 +166,8 @@ static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w)
         uint64_t dlen = 0;
         if (frame_at((const char *)b + at + 8, (size_t)hlen, b + d0, len - d0, f, &dlen) < 0)
             return -1;
-        if (rec && lrmoe_xxh64(b + at, 8 + (size_t)hlen + (size_t)dlen) != digest)
+        const size_t fl = 8 + (size_t)hlen + (size_t)dlen;
+        if (rec && (rec == 1 ? lrmoe_crc64_update(0, b + at, fl) : lrmoe_xxh64(b + at, fl)) != digest)
             return -1;   /* the reader names the frame that changed */
         int64_t l = w->n - 1;
         if (lrmoe_frame_attr_i64(f, "layer", &l) < 0) return -1;

@@ -652,6 +652,24 @@ print('same')"
     assert_output --partial "$D/wt.lrm: frame 0: truncated"
 }
 
+@test "exec: a mapped raw weights file with CRC-64 or XXH64 records is verified: a flipped bit is refused naming the frame" {
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 24 --E 8 --K 2 --D 16 --F 12 --dtype bf16
+    "$BIN/lrmoe-cat" --no-compress -o "$D/wc.lrm" "$D/w.lrm"
+    pyedit "write_stream('$D/wx.lrm', read_stream('$D/w.lrm', True), digests='xxh')"
+    for k in wc wx; do
+        run sh -c "'$EXEC' --phase forward --weights '$D/$k.lrm' --no-compress -o '$D/o.lrm' '$D/in.lrm'"
+        assert_success
+        run pyedit "print(read_stream('$D/o.lrm')[0][1]['exec.weights'])"
+        assert_output mapped
+        # a bit of the last tensor's data, 100 bytes before the trailer
+        python3 -c "
+import os; p = '$D/$k.lrm'; n = os.path.getsize(p); f = open(p, 'r+b'); f.seek(n - 100); b = f.read(1); f.seek(n - 100); f.write(bytes([b[0] ^ 4]))"
+        run sh -c "'$EXEC' --phase forward --weights '$D/$k.lrm' --no-compress '$D/in.lrm' > '$D/o.lrm'"
+        assert_fails_clean
+        assert_output --partial "$D/$k.lrm: frame 0: digest mismatch"
+    done
+}
+
 @test "exec: non-finite weights are an error in the experts a frame uses, once per expert; unused experts are not read" {
     python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 24 --E 8 --K 2 --D 16 --F 12 --dtype bf16
     # route every token to experts 0..5: experts 6 and 7 are unused

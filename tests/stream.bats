@@ -464,43 +464,74 @@ PY
 # Flip bit 0 of byte $2 of file $1 in place.
 flip() { python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0] ^ 1]))" "$1" "$2"; }
 
-@test "integrity: one flipped bit in a frame of a raw or zstd stream stops the reader at that frame, before it is passed on" {
+@test "crc64: every CRC-64/NVME path this CPU runs (table, PCLMULQDQ, VPCLMULQDQ ymm, zmm) agrees with a bitwise reference" {
+    # all lengths to 1100 bytes, random ones to 300 KiB, random alignments,
+    # continued CRCs and random splits into pieces; the check value
+    run "$(unit_test crc64)" full 7
+    assert_success
+    assert_output --partial ", 0 failed"
+    assert_output --partial "crc64: path table run: 0 failed"
+    refute_output --partial "FAIL"
+    # which paths ran here, in the TAP log
+    printf '# %s\n' "${lines[@]}" | grep -E 'default|skipped|run:' >&3
+    # LRMOE_NO_SIMD picks the table; a stream still reads and verifies
+    run env LRMOE_NO_SIMD=1 "$(unit_test crc64)" quick
+    assert_success
+    assert_line "crc64: default path table"
+    LRMOE_NO_SIMD=1 "$BIN/lrmoe-cat" --no-compress -o "$T/t.raw" "$T/ok.lrm"
+    cmp "$T/t.raw" "$T/ok.lrm"
+}
+
+@test "integrity: one flipped bit in a frame of a raw or zstd stream stops the reader at that frame, before it is passed on (CRC-64 and XXH64 records)" {
     # random bytes: zstd stores them, so a flip in the file is a flip in the frame
     python3 -c "
 import numpy as np, lrmoe_stream as s
 r = np.random.default_rng(5)
-s.write_stream('$T/src.raw', [({'hidden': r.integers(0, 256, (64, 256), dtype=np.uint8)}, {'step': i})
-                              for i in range(4)])"
-    "$BIN/lrmoe-cat" --no-compress -o "$T/g.raw" "$T/src.raw"
-    # every frame has its record, and the independent XXH64 agrees with it
-    python3 -c "
+fr = [({'hidden': r.integers(0, 256, (64, 256), dtype=np.uint8)}, {'step': i}) for i in range(4)]
+s.write_stream('$T/src.raw', fr)
+s.write_stream('$T/g.xxh.raw', fr, digests='xxh')"
+    # the writers' records: CRC-64; 0.4.2's (XXH64) come from the Python writer
+    "$BIN/lrmoe-cat" --no-compress -o "$T/g.crc.raw" "$T/src.raw"
+    for kind in crc xxh; do
+        g=$T/g.$kind.raw
+        # every frame has its record of that kind, and the independent CRC-64
+        # or XXH64 agrees with it
+        python3 -c "
 import struct, lrmoe_stream as s
-b, pos, n = open('$T/g.raw', 'rb').read(), 0, 0
+kind = s.DIGEST if '$kind' == 'crc' else s.DIGEST_XXH
+b, pos, n = open('$g', 'rb').read(), 0, 0
 while b[pos:pos + 8] != s.TRAILER:
-    assert b[pos:pos + 8] == s.DIGEST
+    assert b[pos:pos + 8] == kind
     end = s.decode_frame(b, pos)[3]
-    assert struct.unpack_from('<Q', b, pos + 8)[0] == s.xxh64(b[pos + 16:end]); pos, n = end, n + 1
+    assert struct.unpack_from('<Q', b, pos + 8)[0] == s.digest_of(kind, b[pos + 16:end]); pos, n = end, n + 1
 assert n == 4"
-    off=$(data_offset 2 1000 hidden "$T/g.raw")
-    # the bytes of frames 0 and 1 (records included): what may reach the next stage
-    keep=$(( $(data_offset 2 0 hidden "$T/g.raw") - $(python3 -c "
+        off=$(data_offset 2 1000 hidden "$g")
+        # the bytes of frames 0 and 1 (CRC records, as lrmoe-cat rewrites
+        # them): what may reach the next stage
+        keep=$(( $(data_offset 2 0 hidden "$T/g.crc.raw") - $(python3 -c "
 import json, struct, lrmoe_stream as s
-b = open('$T/g.raw', 'rb').read(); pos = 0
+b = open('$T/g.crc.raw', 'rb').read(); pos = 0
 for i in range(2): pos = s.decode_frame(b, pos)[3]
 start = s.skip_digest(b, pos); (n,) = struct.unpack_from('<Q', b, start)
 print(start + 8 + n - pos)") ))
-    cp "$T/g.raw" "$T/bad.raw"
-    flip "$T/bad.raw" "$off"
-    # raw, from a pipe (the default on pipes): exit 1 naming frame 2, no trailer
-    run sh -c "'$BIN/lrmoe-cat' --no-compress < '$T/bad.raw' > '$T/out.raw'"
-    assert_failure 1
-    assert_output --partial "lrmoe-cat: <stdin>: frame 2: digest mismatch"
-    assert_equal "$(stat -c %s "$T/out.raw")" "$keep"
-    cmp -n "$keep" "$T/out.raw" "$T/g.raw"
-    # zstd: a stream whose frames are stored (random F32 data) carries the flip
-    # into the decoded bytes; zstd's own checksum would come at the very end
-    "$BIN/lrmoe-cat" -l 1 -o "$T/g.zst" "$T/g.raw"
-    python3 - "$T/g.zst" "$T/g.raw" "$off" > "$T/zoff" <<'PY'
+        # intact, it reads
+        run sh -c "'$BIN/lrmoe-cat' --no-compress < '$g' > '$T/out.raw'"
+        assert_success
+        cmp "$T/out.raw" "$T/g.crc.raw"
+        cp "$g" "$T/bad.raw"
+        flip "$T/bad.raw" "$off"
+        # raw, from a pipe (the default on pipes): exit 1 naming frame 2, no trailer
+        run sh -c "'$BIN/lrmoe-cat' --no-compress < '$T/bad.raw' > '$T/out.raw'"
+        assert_failure 1
+        assert_output --partial "lrmoe-cat: <stdin>: frame 2: digest mismatch: the frame's $([ $kind = crc ] && echo CRC-64 || echo XXH64) is"
+        assert_equal "$(stat -c %s "$T/out.raw")" "$keep"
+        cmp -n "$keep" "$T/out.raw" "$T/g.crc.raw"
+        # zstd: a stream whose frames are stored (random bytes) carries the
+        # flip into the decoded bytes; zstd's own checksum would come at the
+        # very end (lrmoe-cat writes CRC records; zstd(1) keeps the XXH64 ones)
+        if [ $kind = crc ]; then "$BIN/lrmoe-cat" -l 1 -o "$T/g.zst" "$g"
+        else zstd -q -1 -c "$g" > "$T/g.zst"; fi
+        python3 - "$T/g.zst" "$g" "$off" > "$T/zoff" <<'PY'
 import subprocess, sys
 z, raw, off = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read(), int(sys.argv[3])
 # find the compressed byte whose flip flips raw byte off (stored blocks copy it)
@@ -509,16 +540,45 @@ i = z.find(ctx)
 assert i >= 0, "frame data not stored verbatim"
 print(i + 24)
 PY
-    cp "$T/g.zst" "$T/bad.zst"
-    flip "$T/bad.zst" "$(cat "$T/zoff")"
-    run sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad.zst' > '$T/out2.raw'"
+        cp "$T/g.zst" "$T/bad.zst"
+        flip "$T/bad.zst" "$(cat "$T/zoff")"
+        run sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad.zst' > '$T/out2.raw'"
+        assert_failure 1
+        assert_output --partial "lrmoe-cat: $T/bad.zst: frame 2: digest mismatch"
+        assert_equal "$(stat -c %s "$T/out2.raw")" "$keep"
+        # the next stage of a pipeline fails too (no trailer)
+        run sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad.zst' | '$BIN/lrmoe-view' --no-stats - > /dev/null"
+        assert_failure 1
+        assert_output --partial "truncated"
+    done
+}
+
+@test "integrity: a stream mixing CRC-64 and XXH64 records frame by frame is accepted; a record of one kind checked as the other is not" {
+    python3 -c "
+import numpy as np, lrmoe_stream as s
+r = np.random.default_rng(9)
+fr = [({'x': r.integers(0, 256, 3000 + 7 * i, dtype=np.uint8)}, {'step': i}) for i in range(4)]
+s.write_stream('$T/c.raw', fr, digests=True)
+s.write_stream('$T/x.raw', fr, digests='xxh')
+c, x = open('$T/c.raw', 'rb').read(), open('$T/x.raw', 'rb').read()
+# frames 0 and 2 with CRC-64 records, 1 and 3 with XXH64 (the same offsets:
+# both records are 16 bytes)
+ends, pos = [], 0
+for i in range(4): pos = s.decode_frame(c, pos)[3]; ends.append(pos)
+b = c[:ends[0]] + x[ends[0]:ends[1]] + c[ends[1]:ends[2]] + x[ends[2]:]
+open('$T/mix.raw', 'wb').write(b)
+# frame 1's XXH64 record relabelled as CRC-64: its value no longer matches
+open('$T/swap.raw', 'wb').write(b[:ends[0]] + s.DIGEST + b[ends[0] + 8:])"
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/back.raw" "$T/mix.raw"
+    assert_success
+    cmp "$T/back.raw" "$T/c.raw"
+    zstd -q -c "$T/mix.raw" > "$T/mix.zst"
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/back.raw" "$T/mix.zst"
+    assert_success
+    cmp "$T/back.raw" "$T/c.raw"
+    run "$BIN/lrmoe-cat" -o /dev/null "$T/swap.raw"
     assert_failure 1
-    assert_output --partial "lrmoe-cat: $T/bad.zst: frame 2: digest mismatch"
-    assert_equal "$(stat -c %s "$T/out2.raw")" "$keep"
-    # the next stage of a pipeline fails too (no trailer)
-    run sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad.zst' | '$BIN/lrmoe-view' --no-stats - > /dev/null"
-    assert_failure 1
-    assert_output --partial "truncated"
+    assert_output --partial "frame 1: digest mismatch: the frame's CRC-64 is"
 }
 
 @test "integrity: frames of 4 MiB and more (hashed by the reader's second thread while they are read) are verified before they are handed on" {

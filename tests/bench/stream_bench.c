@@ -5,21 +5,35 @@
  *   stream_bench write FILE MODE IN     time writing IN's first frame to FILE
  *                                       (MODE raw | zstd:LEVEL:THREADS)
  *   stream_bench read FILE              time reading every frame of FILE
+ *                                       ("seconds bytes cpu-seconds": the
+ *                                       process's CPU time, all threads)
  *   stream_bench copy IN OUT MODE DIG   rewrite IN as OUT (MODE as write),
  *                                       with (DIG 1) or without (0) digest
  *                                       records
- *   stream_bench par MIB                XXH64 of MIB MiB on one thread, then
+ *   stream_bench par MIB                CRC-64 of MIB MiB on one thread, then
  *                                       on two at once (each its own MIB):
  *                                       prints "t1 t2"; t2/t1 near 1 when a
  *                                       second core is free, near 2 when not
+ *   stream_bench crc KIB                the checksums' speed on one KIB KiB
+ *                                       buffer (in cache when it fits):
+ *                                       "NAME GB/s" for XXH64, each CRC-64
+ *                                       path this CPU runs, memcpy, memcpy
+ *                                       then CRC-64, both in one pass
+ *                                       (lrmoe_crc64_copy; on the default
+ *                                       path, and crc64-copy-PATH on the
+ *                                       other paths that have one)
+ *   stream_bench copy IN OUT MODE DIG   (DIG: 0 none, 1 CRC-64 records,
+ *                                       the default, 2 XXH64 records)
  * Timings go to stdout as "seconds bytes". */
 #include <math.h>
+#include <sys/resource.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "lrmoe.h"
 #include "xxh64.h"
+#include "crc64.h"
 #include "clock.h"
 
 static uint64_t s = 0x9e3779b97f4a7c15ull;
@@ -46,12 +60,61 @@ typedef struct { const uint8_t *p; size_t n; uint64_t h; } hjob_t;
 static void *hash_job(void *a)
 {
     hjob_t *j = a;
-    j->h = lrmoe_xxh64(j->p, j->n);
+    j->h = lrmoe_crc64_update(0, j->p, j->n);
     return NULL;
+}
+
+/* the best of 7 runs of enough calls for ~20 ms each: GB/s of path (a
+ * CRC-64 path), or XXH64 (-1), memcpy to d (-2), memcpy then CRC-64 of the
+ * copy (-3), lrmoe_crc64_copy (-4) */
+static uint8_t *d;
+static double rate(int path, const uint8_t *p, size_t n)
+{
+    static volatile uint64_t sink;
+    size_t reps = (size_t)(20e6 / (double)n) + 1;
+    double best = 1e30;
+    for (int k = 0; k < 7; k++) {
+        double t0 = lrmoe_now();
+        uint64_t h = 0;
+        for (size_t i = 0; i < reps; i++)
+            switch (path) {
+            case -1: h ^= lrmoe_xxh64(p, n); break;
+            case -2: memcpy(d, p, n); h ^= d[i % n]; break;
+            case -3: memcpy(d, p, n); h = lrmoe_crc64_update(h, d, n); break;
+            case -4: h = lrmoe_crc64_copy(h, d, p, n); break;
+            default: h = lrmoe_crc64_update(h, p, n);
+            }
+        double t = lrmoe_now() - t0;
+        sink = h;
+        if (t < best) best = t;
+    }
+    return (double)n * (double)reps / best / 1e9;
 }
 
 int main(int argc, char **argv)
 {
+    if (argc == 3 && !strcmp(argv[1], "crc")) {
+        size_t n = (size_t)atoll(argv[2]) << 10;
+        uint8_t *a = malloc(n);
+        d = malloc(n);
+        if (!a || !d) return 1;
+        for (size_t i = 0; i < n; i++) a[i] = (uint8_t)(unif() * 256);
+        printf("xxh64 %.2f\n", rate(-1, a, n));
+        int def = lrmoe_crc64_path();
+        for (int p = 0; p < LRMOE_CRC64_NPATHS; p++)
+            if (lrmoe_crc64_path_set(p) == 0)
+                printf("crc64-%s %.2f%s\n", lrmoe_crc64_path_name(p), rate(p, a, n),
+                       p == def ? " (default)" : "");
+        for (int p = LRMOE_CRC64_AVX2; p < LRMOE_CRC64_NPATHS; p++)
+            if (p != def && lrmoe_crc64_path_set(p) == 0)
+                printf("crc64-copy-%s %.2f\n", lrmoe_crc64_path_name(p), rate(-4, a, n));
+        lrmoe_crc64_path_set(def);
+        printf("memcpy %.2f\nmemcpy+crc64 %.2f\ncrc64-copy %.2f\n", rate(-2, a, n), rate(-3, a, n),
+               rate(-4, a, n));
+        free(a);
+        free(d);
+        return 0;
+    }
     if (argc == 3 && !strcmp(argv[1], "par")) {
         size_t n = (size_t)atoll(argv[2]) << 20;
         uint8_t *a = malloc(n), *b = malloc(n);
@@ -124,6 +187,8 @@ int main(int argc, char **argv)
         return 0;
     }
     if (argc == 3 && !strcmp(argv[1], "read")) {
+        struct rusage u0, u1;
+        getrusage(RUSAGE_SELF, &u0);
         double t0 = lrmoe_now();
         lrmoe_reader_t *r = lrmoe_reader_open(argv[2]);
         lrmoe_frame_t f;
@@ -135,7 +200,11 @@ int main(int argc, char **argv)
         if (rc < 0) die();
         lrmoe_reader_close(r);
         lrmoe_frame_clear(&f);
-        printf("%.6f %lld\n", lrmoe_now() - t0, (long long)bytes);
+        double t = lrmoe_now() - t0;
+        getrusage(RUSAGE_SELF, &u1);
+#define TV(x) ((double)(x).tv_sec + (double)(x).tv_usec * 1e-6)
+        double cpu = TV(u1.ru_utime) - TV(u0.ru_utime) + TV(u1.ru_stime) - TV(u0.ru_stime);
+        printf("%.6f %lld %.6f\n", t, (long long)bytes, cpu);
         return 0;
     }
     if (argc == 6 && !strcmp(argv[1], "copy")) {
@@ -158,7 +227,7 @@ int main(int argc, char **argv)
         lrmoe_frame_clear(&f);
         return 0;
     }
-    fprintf(stderr, "usage: stream_bench gen MIB NFRAMES - FILE | write FILE MODE IN | read FILE | "
+    fprintf(stderr, "usage: stream_bench gen MIB NFRAMES - FILE | write FILE MODE IN | read FILE | crc KIB | par MIB | "
             "copy IN OUT MODE DIGESTS\n");
     return 2;
 }

@@ -16,8 +16,13 @@ W="$OUT/tmp"
     --logits-dtype f16 --no-compress -o "$W/f32.lrm"
 "$BIN/lrmoe-cat" -l 1 -o "$W/route.zst.lrm" "$W/route.lrm"
 printf 'LRMOEEND\000\000\000\000\000\000\000\000' > "$W/empty.lrm"
+# the writers' records are CRC-64 (LRMOECRC); the same stream with the XXH64
+# records (LRMOEXXH) of earlier writers, which readers still verify
+python3 -c "import sys; sys.path.insert(0, sys.argv[1]); import lrmoe_stream as s
+s.write_stream(sys.argv[3], s.read_stream(sys.argv[2], True), digests='xxh')" \
+    "$(cd "$(dirname "$0")/../helpers" && pwd)" "$W/route.lrm" "$W/xxh.lrm"
 i=0
-for f in gen route f32 empty w; do
+for f in gen route f32 empty w xxh; do
     for mode in 0 1 2 6; do   # raw: by buffer, through zstd, by file, written back as zstd
         i=$((i + 1))
         { printf "\\$(printf %03o $mode)"; cat "$W/$f.lrm"; } > "$OUT/stream/$i-$f-m$mode"

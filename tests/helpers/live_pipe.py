@@ -44,7 +44,7 @@ def count_frames(buf):
     """Complete frames at the start of buf (a raw stream being written)."""
     pos, n = 0, 0
     while len(buf) - pos >= 8 and buf[pos:pos + 8] != s.TRAILER:
-        if buf[pos:pos + 8] == s.DIGEST:
+        if buf[pos:pos + 8] in s.DIGESTS:
             if len(buf) - pos < 24:
                 break
             pos += 16

@@ -18,7 +18,9 @@ import sys
 import numpy as np
 
 TRAILER = b"LRMOEEND"
-DIGEST = b"LRMOEXXH"
+DIGEST = b"LRMOECRC"        # the records lrmoe's writers write: CRC-64/NVME
+DIGEST_XXH = b"LRMOEXXH"    # the records of earlier writers: XXH64
+DIGESTS = (DIGEST, DIGEST_XXH)
 NP = {
     "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16,
     "I16": np.int16, "U32": np.uint32, "I32": np.int32, "U64": np.uint64,
@@ -94,10 +96,39 @@ def xxh64(data):
     return h ^ (h >> 32)
 
 
+def _crc64_table():
+    t = []
+    for b in range(256):
+        c = b
+        for _ in range(8):
+            c = (c >> 1) ^ 0x9A6C9329AC4BC9B5 if c & 1 else c >> 1
+        t.append(c)
+    return t
+
+
+_CRC_T = _crc64_table()
+
+
+def crc64(data, crc=0):
+    """CRC-64/NVME (reflected 0xAD93D23594C93659, init and xorout all ones;
+    check("123456789") = 0xAE8B14860A799888), bytewise from its definition:
+    an independent check of liblrmoe's folding (slow: test-sized frames)."""
+    r, t = crc ^ M64, _CRC_T
+    for b in data:
+        r = t[(r ^ b) & 0xFF] ^ (r >> 8)
+    return r ^ M64
+
+
+def digest_of(kind, frame):
+    """The record's value for a frame's bytes: kind DIGEST or DIGEST_XXH."""
+    return crc64(frame) if kind == DIGEST else xxh64(frame)
+
+
 def skip_digest(buf, pos):
     """The position after the digest record at buf[pos:] (lrmoe-stream(5),
-    Integrity: "LRMOEXXH" + the frame's XXH64), or pos when there is none."""
-    return pos + 16 if buf[pos:pos + 8] == DIGEST else pos
+    Integrity: "LRMOECRC" + the frame's CRC-64, or "LRMOEXXH" + its XXH64),
+    or pos when there is none."""
+    return pos + 16 if buf[pos:pos + 8] in DIGESTS else pos
 
 
 def decode_frame(buf, pos=0):
@@ -157,15 +188,17 @@ def encode_frame(tensors, attrs=None, dtypes=None, at=0, align=64):
 
 def write_stream(path, frames, trailer=True, compress=False, align=64, digests=False):
     """frames: iterable of (tensors, attrs) or (tensors, attrs, dtypes).
-    digests=True writes each frame's digest record before it, as lrmoe's
-    writers do; the default writes the format before the records existed."""
+    digests=True (or "crc") writes each frame's digest record before it, as
+    lrmoe's writers do (CRC-64); "xxh" the XXH64 records of earlier writers;
+    the default writes the format before the records existed."""
+    kind = DIGEST_XXH if digests == "xxh" else DIGEST
     out, n, at = [], 0, 0
     for fr in frames:
         if digests:
             at += 16
         out.append(encode_frame(*fr, at=at, align=align))
         if digests:
-            out.insert(len(out) - 1, DIGEST + struct.pack("<Q", xxh64(out[-1])))
+            out.insert(len(out) - 1, kind + struct.pack("<Q", digest_of(kind, out[-1])))
         at += len(out[-1])
         n += 1
     if trailer:

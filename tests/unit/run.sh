@@ -25,6 +25,7 @@ t alloc "alloc: ok" 1
 t blas "loaded=1 threads=2" 2
 t capacity "0 failures" random 300 1
 t capacity "" errors
+t crc64 "crc64: 10004 cases, 0 failed" quick
 t dtype "" empty
 t gemm "384 cases, 0 failed" f32
 t gemm_amx "cases, 0 failed"
