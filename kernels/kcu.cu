@@ -177,6 +177,59 @@ int lrmoe_kcu_memset(void *dst, int v, size_t bytes)
     return 0;
 }
 
+/* ---------------------------------------------------------------- events, pinned memory */
+
+int lrmoe_kcu_event_create(void **ev, int timing)
+{
+    cudaEvent_t e = NULL;
+    *ev = NULL;
+    KCU_CUDA(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    *ev = (void *)e;
+    return 0;
+}
+
+void lrmoe_kcu_event_destroy(void *ev)
+{
+    if (ev) (void)cudaEventDestroy((cudaEvent_t)ev);
+}
+
+int lrmoe_kcu_event_record(void *ev)
+{
+    KCU_CUDA(cudaEventRecord((cudaEvent_t)ev, kcu_stream()));
+    return 0;
+}
+
+int lrmoe_kcu_event_wait(void *ev)
+{
+    KCU_CUDA(cudaStreamWaitEvent(kcu_stream(), (cudaEvent_t)ev, 0));
+    return 0;
+}
+
+int lrmoe_kcu_event_sync(void *ev)
+{
+    KCU_CUDA(cudaEventSynchronize((cudaEvent_t)ev));
+    return 0;
+}
+
+int lrmoe_kcu_event_ms(void *a, void *b, float *ms)
+{
+    *ms = 0.0f;
+    KCU_CUDA(cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b));
+    return 0;
+}
+
+int lrmoe_kcu_host_alloc(void **p, size_t bytes)
+{
+    *p = NULL;
+    KCU_CUDA(cudaMallocHost(p, bytes ? bytes : 16));
+    return 0;
+}
+
+void lrmoe_kcu_host_free(void *p)
+{
+    if (p) (void)cudaFreeHost(p);
+}
+
 /* ---------------------------------------------------------------- error flag
  * Kernels that validate input record the first problem in one 64-bit word:
  * (code << 48) | index, combined by atomicMin, so the report is the smallest

@@ -58,6 +58,22 @@ int lrmoe_kcu_d2h(void *dst, const void *src, size_t bytes);
 int lrmoe_kcu_d2d(void *dst, const void *src, size_t bytes);
 int lrmoe_kcu_memset(void *dst, int v, size_t bytes);
 
+/* Events and pinned host memory, for the persistent executor
+ * (kernels/exec_cuda.cu): it orders ranks' streams by events instead of
+ * host waits, and stages every host transfer through pinned memory.
+ * event_create: timing 1 for an event cudaEventElapsedTime can read.
+ * event_record/event_wait: on the current context's stream.
+ * event_sync: the host waits for the event (one host synchronisation).
+ * event_ms: milliseconds between two completed events (0 when not timed). */
+int lrmoe_kcu_event_create(void **ev, int timing);
+void lrmoe_kcu_event_destroy(void *ev);
+int lrmoe_kcu_event_record(void *ev);
+int lrmoe_kcu_event_wait(void *ev);
+int lrmoe_kcu_event_sync(void *ev);
+int lrmoe_kcu_event_ms(void *a, void *b, float *ms);
+int lrmoe_kcu_host_alloc(void **p, size_t bytes);
+void lrmoe_kcu_host_free(void *p);
+
 /* Elementwise helpers without a CPU twin (exec glue). */
 /* dst (n) f32 = src (n) of dtype BF16 (bits) or F32 (copy). */
 int lrmoe_kcu_to_f32(int64_t n, int src_bf16, const void *src, float *dst);

@@ -16,13 +16,23 @@ setup() {
     LIB="$TOP/${BUILD:-build}/liblrmoe.a"
     RUN=${LRMOE_MOCK_RUN:-}
     if [ -z "$RUN" ]; then
+        # liblrmoe.a holds the kernels as one partially linked cuda.o whose
+        # CUDA symbols would come from libcudart; link the build's own
+        # kernel objects and the library's C objects against the mock
+        K="$TOP/${BUILD:-build}/kernels"
         [ -f "$LIB" ] || skip "no $LIB (run make first)"
-        ar t "$LIB" | grep -qx kcu.o || skip "liblrmoe.a was built without CUDA (no kernels/kcu.o)"
+        [ -f "$K/kcu.o" ] || skip "built without CUDA (no $K/kcu.o)"
         CF="-std=c11 -O1 -Wall -Wextra -D_GNU_SOURCE -I$TOP/lib -I$TOP/kernels"
         cc $CF -c -o "$D/mock-cuda.o" "$TOP/tests/gpu/mock-cuda.c"
         cc $CF -c -o "$D/mock-run.o" "$TOP/tests/gpu/mock-run.c"
-        cc -o "$D/mock-run" "$D/mock-run.o" "$D/mock-cuda.o" "$LIB" -lstdc++ -lzstd -ljansson \
-            -lglpk -lopenblas -lm -lpthread -ldl
+        (cd "$D" && ar x "$LIB" && rm -f cuda.o)
+        # the build's libraries less CUDA's (lrmoe.pc's Libs.private)
+        LP=$(sed -n 's/^Libs.private: //p' "$TOP/${BUILD:-build}/lrmoe.pc" |
+             sed -e 's/-L[^ ]*cuda[^ ]*//g' -e 's/-Wl,-rpath,[^ ]*cuda[^ ]*//g' \
+                 -e 's/-lcudart//; s/-lcublas//; s/-lnccl//')
+        objs=$(ar t "$LIB" | grep -vx cuda.o | sed "s,^,$D/,")
+        cc -o "$D/mock-run" "$D/mock-run.o" "$D/mock-cuda.o" "$K"/kcu.o "$K"/gemm.o \
+            "$K"/comm_nccl.o "$K"/comm_nccl_rank.o "$K"/exec_cuda.o $objs $LP
         RUN="$D/mock-run"
     fi
     export MOCK_CUDA_LOG="$D/log"
@@ -139,4 +149,43 @@ pool_access pool1 dev=0 type=1 flags=3"
     assert_line "comm rc=0"
     run grep '^pool_access' "$D/log"
     assert_output "pool_access pool1 dev=0 type=1 flags=3"
+}
+
+# host synchronisations per phase of mock-run exec: stream, event and device
+# syncs, and copies from or to pageable memory (synchronous for the host)
+host_syncs() {
+    awk '$1 == "mark" { ph = $2 }
+         $1 == "stream_sync" || $1 == "event_sync" || $1 == "device_sync" ||
+         ($1 == "memcpy" && $3 == "pageable") { n[ph]++ }
+         END { for (p in n) print p, n[p] }' "$D/log" | sort
+}
+syncs_in() { host_syncs | awk -v p="$1" '$1 == p { print $2; f = 1 } END { if (!f) print 0 }'; }
+
+@test "cuda-mock: the persistent executor waits on the host once per forward and per backward at P=8, E=128" {
+    MOCK_NDEV=8 run "$RUN" exec
+    echo "$output"
+    assert_success
+    for p in oneshot_fwd oneshot_bwd new fwd1 bwd1 fwd2 bwd2 fwd3 bwd3; do assert_line "$p rc=0"; done
+    host_syncs
+    # the one-shot calls (lrmoe_exec_forward/backward: an executor made and
+    # freed per call, its contexts drained at teardown) for comparison
+    echo "one-shot forward: $(syncs_in oneshot_fwd) host syncs, backward: $(syncs_in oneshot_bwd)" >&3
+    echo "steady forward: $(syncs_in fwd2) host syncs, backward: $(syncs_in bwd2)" >&3
+    for p in fwd2 bwd2 fwd3 bwd3; do
+        n=$(syncs_in "$p")
+        [ "$n" -ge 1 ] && [ "$n" -le 2 ] || { echo "$p: $n host syncs"; false; }
+    done
+    # the first frame too (weights uploaded through pinned staging)
+    [ "$(syncs_in fwd1)" -le 2 ] && [ "$(syncs_in bwd1)" -le 2 ]
+    # steady state: no pinned allocation, no pageable copy, weights not uploaded again
+    run awk '$1 == "mark" { on = ($2 == "fwd2" || $2 == "bwd2" || $2 == "fwd3" || $2 == "bwd3") }
+             on && ($1 == "host_alloc" || $1 == "host_free" || $3 == "pageable" || $1 == "pool_trim" ||
+                    $1 == "blas_create" || $1 == "nccl_init") { print; bad = 1 }
+             END { exit bad }' "$D/log"
+    echo "$output"
+    assert_success
+    # every rank's stream ran work: 8 streams joined by events into one
+    run awk '$1 == "mark" { on = ($2 == "fwd2") } on && $1 == "wait_event" { n++ }
+             END { if (n < 7) { print n " waits"; exit 1 } }' "$D/log"
+    assert_success
 }

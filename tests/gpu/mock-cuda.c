@@ -10,7 +10,10 @@
  * (streams, events and handles are named s1.., e1.., h1.., pools pool<dev>):
  *   stream_create s2 dev0 | stream_sync s2 | stream_destroy s2
  *   event_create e3 | event_record e3 s2 | event_sync e3 | wait_event s1 e3
- *   host_alloc p1 | host_free p1 | memcpy H2D pinned|pageable s2
+ *   host_alloc p1 | host_free p1 | memcpy H2D|D2H pinned|pageable s2
+ *   device_sync dev0
+ * Host synchronisations (tests/cuda-mock.bats counts them): stream_sync,
+ * event_sync, device_sync, and every copy from or to pageable memory.
  *   pool_attr pool0 attr=4 value=N | pool_access pool0 dev=1 type=1 flags=3
  *   pool_trim pool0 0 | blas_create h1 | blas_stream h1 s2 | blas_destroy h1
  *   gemm h1 s2 [FAIL] | gemm_grouped h1 s2 n=4 [FAIL] | launch block=256 s2
@@ -53,7 +56,7 @@ static void *mk(int id, int kind) { return (void *)(uintptr_t)((unsigned)id << 4
 static int id_of(const void *p) { return (int)((uintptr_t)p >> 4); }
 
 /* pinned blocks: [base, base+len) */
-#define MAXHOST 64
+#define MAXHOST 256
 static struct { char *p; size_t n; int id; } host[MAXHOST];
 
 static int pinned(const void *src)
@@ -112,6 +115,8 @@ int cudaEventCreateWithFlags(void **e, unsigned f)
 int cudaEventDestroy(void *e) { mlog("event_destroy e%d", id_of(e)); return 0; }
 int cudaEventRecord(void *e, void *s) { mlog("event_record e%d s%d", id_of(e), id_of(s)); return 0; }
 int cudaEventSynchronize(void *e) { mlog("event_sync e%d", id_of(e)); return 0; }
+int cudaEventElapsedTime(float *ms, void *a, void *b) { (void)a; (void)b; *ms = 0.0f; return 0; }
+int cudaDeviceSynchronize(void) { mlog("device_sync dev%d", cur_dev); return 0; }
 
 int cudaMallocAsync(void **p, size_t n, void *s)
 {
@@ -148,6 +153,7 @@ int cudaFreeHost(void *p)
 int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *s)
 {
     if (kind == 1) mlog("memcpy H2D %s s%d", pinned(src) ? "pinned" : "pageable", id_of(s));
+    if (kind == 2) mlog("memcpy D2H %s s%d", pinned(dst) ? "pinned" : "pageable", id_of(s));
     memcpy(dst, src, n);
     return 0;
 }
@@ -159,6 +165,7 @@ int cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, void *s)
     return 0;
 }
 
+int cudaDeviceGetPCIBusId(char *buf, int len, int dev) { snprintf(buf, (size_t)len, "mock:%d", dev); return 0; }
 int cudaDeviceCanAccessPeer(int *can, int dev, int peer)
 {
     const char *e = getenv("MOCK_NOPEER");
@@ -260,6 +267,14 @@ int ncclCommInitAll(void **comm, int n, const int *dev)
     return 0;
 }
 int ncclCommDestroy(void *c) { (void)c; return 0; }
+int ncclGetUniqueId(void *id) { memset(id, 0, 128); return 0; }
+int ncclCommInitRank(void **comm, int n, const void *id, int rank)
+{
+    (void)id;
+    *comm = mk(rank + 1, 5);
+    mlog("nccl_init_rank n=%d rank=%d", n, rank);
+    return 0;
+}
 int ncclGroupStart(void) { return 0; }
 int ncclGroupEnd(void) { return 0; }
 int ncclSend(void) { return 0; }

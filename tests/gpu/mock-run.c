@@ -3,6 +3,13 @@
  *   mock-run loop     6 GEMMs over 4 side streams (MOCK_GEMM_FAIL=N fails one)
  *   mock-run grouped  three grouped calls of F32 and BF16 outputs
  *   mock-run comm     contexts on devices 0, 1, 1 and their communicator
+ *   mock-run exec     a layer step at P ranks (MOCK_P, default 8) on P
+ *                     devices, E = 128: the one-shot lrmoe_exec_forward and
+ *                     _backward (marks oneshot_fwd, oneshot_bwd), then an
+ *                     executor's forward and backward three times each
+ *                     (marks fwd1..3, bwd1..3); nothing is computed (the
+ *                     mock runs no kernel), the host logic and its waits are
+ *                     what the log shows
  * Prints "rc=R" per call (and the error message when R < 0); the mock's log
  * ($MOCK_CUDA_LOG) is what the test reads. */
 #include <stdint.h>
@@ -12,6 +19,7 @@
 #include "lrmoe.h"
 #include "kcu.h"
 #include "comm_cuda.h"
+#include "exec.h"
 
 void mock_mark(const char *what);
 
@@ -38,6 +46,86 @@ static int gemms(int n)
     rc = lrmoe_kcu_gemm(n, g);
     for (int i = 0; i < 3 * n; i++) lrmoe_kcu_free(buf[i]);
     return rc;
+}
+
+/* zeroed host arrays of one layer step */
+static void *z(size_t n) { return calloc(n ? n : 1, 1); }
+
+static int exec_steps(void)
+{
+    const char *ps = getenv("MOCK_P");
+    int P = ps ? atoi(ps) : 8;
+    lrmoe_exec_dims_t d = {256, 128, 8, 64, 32, P};
+    const int64_t T = d.T, K = d.K, E = d.E, D = d.D, F = d.F, M = T * K;
+    lrmoe_exec_cfg_t cfg;
+    lrmoe_exec_cfg_default(&cfg);
+    cfg.backend = LRMOE_BACKEND_CUDA;
+    cfg.allow_nonfinite = 1; /* the mock's "device" results are not computed */
+    lrmoe_exec_weights_t w;
+    memset(&w, 0, sizeof w);
+    w.dtype = LRMOE_BF16;
+    w.w_gate = z((size_t)(E * F * D) * 2);
+    w.w_up = z((size_t)(E * F * D) * 2);
+    w.w_down = z((size_t)(E * F * D) * 2);
+    int32_t *ids = z((size_t)M * 4);
+    float *tw = z((size_t)M * 4);
+    for (int64_t u = 0; u < M; u++) { ids[u] = (int32_t)((u * 37 + u / K) % E); tw[u] = 0.125f; }
+    for (int64_t t = 0; t < T; t++) /* distinct experts per token */
+        for (int64_t k = 0; k < K; k++) ids[t * K + k] = (int32_t)((t * 5 + k * 16) % E);
+    lrmoe_exec_fwd_t f;
+    memset(&f, 0, sizeof f);
+    f.act_dtype = LRMOE_BF16;
+    f.hidden = z((size_t)(T * D) * 2);
+    f.topk_ids = ids;
+    f.topk_weights = tw;
+    f.output = z((size_t)(T * D) * 2);
+    f.pair_rank = z((size_t)M * 4);
+    f.phi_sqnorm = z((size_t)M * 4);
+    f.saved_gate = z((size_t)(M * F) * 2);
+    f.saved_up = z((size_t)(M * F) * 2);
+    f.pair_out = z((size_t)(M * D) * 2);
+    lrmoe_exec_bwd_t b;
+    memset(&b, 0, sizeof b);
+    b.mode = LRMOE_MODE_FULL;
+    b.act_dtype = LRMOE_BF16;
+    b.grad_dtype = LRMOE_BF16;
+    b.hidden = f.hidden;
+    b.topk_ids = ids;
+    b.topk_weights = tw;
+    b.pair_rank = f.pair_rank;
+    b.saved_gate = f.saved_gate;
+    b.saved_up = f.saved_up;
+    b.pair_out = f.pair_out;
+    b.grad_output = z((size_t)(T * D) * 2);
+    b.grad_hidden = z((size_t)(T * D) * 4);
+    b.grad_w_gate = z((size_t)(E * F * D) * 4);
+    b.grad_w_up = z((size_t)(E * F * D) * 4);
+    b.grad_w_down = z((size_t)(E * F * D) * 4);
+    b.grad_topk_weights = z((size_t)M * 4);
+    double *tim = z((size_t)P * LRMOE_NSTAGES * sizeof(double));
+    mock_mark("oneshot_fwd");
+    show("oneshot_fwd", lrmoe_exec_forward(&cfg, &d, &w, NULL, &f, tim));
+    mock_mark("oneshot_bwd");
+    show("oneshot_bwd", lrmoe_exec_backward(&cfg, &d, &w, NULL, &b, tim));
+#ifndef MOCK_ONESHOT_ONLY /* -DMOCK_ONESHOT_ONLY: for sources before the executor */
+    lrmoe_exec_cuda_t *x = NULL;
+    mock_mark("new");
+    show("new", lrmoe_exec_cuda_new(&cfg, P, &x));
+    if (!x) return 1;
+    char m[16];
+    for (int i = 1; i <= 3; i++) {
+        snprintf(m, sizeof m, "fwd%d", i);
+        mock_mark(m);
+        show(m, lrmoe_exec_cuda_forward(x, &cfg, &d, &w, NULL, &f, tim));
+        snprintf(m, sizeof m, "bwd%d", i);
+        mock_mark(m);
+        show(m, lrmoe_exec_cuda_backward(x, &cfg, &d, &w, NULL, &b, tim));
+    }
+    mock_mark("free");
+    lrmoe_exec_cuda_free(x);
+#endif
+    mock_mark("end");
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -73,6 +161,7 @@ int main(int argc, char **argv)
         mock_mark("end");
         return 0;
     }
-    fprintf(stderr, "usage: mock-run loop|grouped|comm\n");
+    if (!strcmp(what, "exec")) return exec_steps();
+    fprintf(stderr, "usage: mock-run loop|grouped|comm|exec\n");
     return 2;
 }
