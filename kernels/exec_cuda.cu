@@ -164,6 +164,12 @@ struct lrmoe_exec_cuda {
     std::vector<void *> pin_tmp;    /* blocks of this frame only */
     std::vector<std::vector<void *>> ev;  /* (P) timing events, reused */
     std::vector<void *> join;             /* (P) join events */
+    /* lrmoe_exec_cuda_set_io: activations and outputs are device pointers,
+     * the frame runs after `stream`'s queued work and `stream` waits for it */
+    int dev = 0;
+    void *stream = nullptr;
+    void *start = nullptr;          /* recorded on `stream` at a frame's start */
+    int pending = 0;                /* a device-I/O frame not yet waited for */
     lrmoe_exec_cuda() { memset(&comm, 0, sizeof comm); }
 };
 
@@ -195,6 +201,10 @@ struct run_t {
     struct hcopy { void *dst; const void *src; size_t bytes; };
     std::vector<hcopy> later;                         /* host copies after the wait */
     std::vector<std::function<void()>> later_fn;      /* host scatters after the wait */
+    /* device-I/O forward: each rank's saved rows (layout order) that go back
+     * to the token owners like y: ||phi||^2, h_g, h_u */
+    std::vector<void *> sv_sq, sv_g, sv_u;
+    std::vector<int64_t *> dur;   /* (T_s*K) on owner s: the pair rows' receive rows */
 
     int loc(int r) const { return self == 0 || self == r + 1; }
     int use(int r) { return lrmoe_kcu_use(rk[r].ctx); }
@@ -267,6 +277,22 @@ struct run_t {
         later.push_back(hcopy{dst, p, bytes});
         return 0;
     }
+    /* an input of the caller (activations, device pointers in device-I/O
+     * mode) into rank r's device memory */
+    int in(int r, void *dst, const void *src, size_t bytes)
+    {
+        if (!X->dev) return put(r, dst, src, bytes);
+        if (use(r) < 0) return -1;
+        return lrmoe_kcu_copy(dst, src, bytes);
+    }
+    /* rank r's device memory into an output of the caller */
+    int out(int r, void *dst, const void *src, size_t bytes)
+    {
+        if (!X->dev) return get(r, dst, src, bytes);
+        if (!bytes) return 0;
+        if (use(r) < 0) return -1;
+        return lrmoe_kcu_copy(dst, src, bytes);
+    }
     /* the work rank r queued since its last mark belongs to `stage` */
     int mark(int r, int stage)
     {
@@ -306,6 +332,7 @@ static void x_free(xs_t *X)
         for (void *e : X->ev[r]) lrmoe_kcu_event_destroy(e);
         if (X->join[r]) lrmoe_kcu_event_destroy(X->join[r]);
     }
+    lrmoe_kcu_event_destroy(X->start);
     for (int r = 0; r < X->P; r++)
         if (X->ctx.size() && X->ctx[r] && lrmoe_kcu_use(X->ctx[r]) == 0) (void)lrmoe_kcu_sync();
     lrmoe_kcu_host_free(X->pin);
@@ -356,6 +383,12 @@ static int x_new(const lrmoe_exec_cfg_t *cfg, int P, xs_t **out)
             return lrmoe_err("backend cuda: the rank communicator has no device context");
         }
         lrmoe_kcu_set_gemm(X->ctx[c->self - 1], impl);
+        if (lrmoe_kcu_use(X->ctx[c->self - 1]) < 0 ||
+            lrmoe_kcu_event_create(&X->join[c->self - 1], 0) < 0) {
+            x_free(X);
+            return -1;
+        }
+        (void)lrmoe_kcu_use(nullptr);
         *out = X;
         return 0;
     }
@@ -387,12 +420,40 @@ static int run_init(run_t &R, xs_t *X, const lrmoe_exec_dims_t *d, double *tim)
     R.self = X->self;
     if (d->P != X->P)
         return lrmoe_err("backend cuda: the executor has %d ranks, the call %d", X->P, d->P);
+    int first = 0;
+    while (!X->ctx[first]) first++;
+    if (X->pending) { /* the last device-I/O frame: its staging is reused now */
+        X->pending = 0;
+        if (lrmoe_kcu_use(X->ctx[first]) < 0 || lrmoe_kcu_event_sync(X->join[first]) < 0)
+            return -1;
+        if (!X->pin_extra.empty()) {
+            lrmoe_kcu_host_free(X->pin);
+            for (void *p : X->pin_extra) lrmoe_kcu_host_free(p);
+            X->pin_extra.clear();
+            X->pin = nullptr;
+            X->pin_cap = 0;
+            size_t n = X->pin_need + X->pin_need / 4;
+            if (lrmoe_kcu_host_alloc((void **)&X->pin, n) == 0) X->pin_cap = n;
+        }
+        for (void *p : X->pin_tmp) lrmoe_kcu_host_free(p);
+        X->pin_tmp.clear();
+    }
     X->pin_used = X->pin_need = 0;
     R.rk.resize(R.P);
+    R.sv_sq.assign(R.P, nullptr);
+    R.sv_g.assign(R.P, nullptr);
+    R.sv_u.assign(R.P, nullptr);
+    R.dur.assign(R.P, nullptr);
     for (int r = 0; r < R.P; r++) {
         R.rk[r].t_lo = (int64_t)r * d->T / R.P;
         R.rk[r].t_hi = (int64_t)(r + 1) * d->T / R.P;
         R.rk[r].ctx = X->ctx[r];
+    }
+    if (X->dev) { /* after the caller's queued work */
+        if (lrmoe_kcu_use(X->ctx[first]) < 0 || lrmoe_kcu_event_record_on(X->start, X->stream) < 0)
+            return -1;
+        for (int r = 0; r < R.P; r++)
+            if (R.loc(r) && (R.use(r) < 0 || lrmoe_kcu_event_wait(X->start) < 0)) return -1;
     }
     for (int r = 0; r < R.P; r++)
         if (R.loc(r) && R.mark(r, -1) < 0) return -1; /* the frame's start */
@@ -417,6 +478,25 @@ static int run_finish(run_t &R, int ok)
         R.rk[r].mem.clear();
         if (ok && R.mark(r, -2) < 0) rc = -1;
         if (first < 0) first = r;
+    }
+    if (X->dev && first >= 0 && (X->async || X->self)) {
+        /* device I/O: the caller's stream waits for every rank; the host
+         * waits only when the next frame reuses the staging (run_init) */
+        for (int r = 0; r < R.P; r++) {
+            if (r == first || !R.loc(r) || !R.rk[r].ctx) continue;
+            if (R.use(r) < 0 || lrmoe_kcu_event_record(X->join[r]) < 0 || R.use(first) < 0 ||
+                lrmoe_kcu_event_wait(X->join[r]) < 0)
+                rc = -1;
+        }
+        if (R.use(first) < 0 || lrmoe_kcu_event_record(X->join[first]) < 0 ||
+            lrmoe_kcu_stream_wait(X->stream, X->join[first]) < 0)
+            rc = -1;
+        X->pending = 1;
+        if (rc < 0)
+            for (int r = 0; r < R.P; r++)
+                if (R.rk[r].ctx && R.use(r) == 0) (void)lrmoe_kcu_sync();
+        (void)lrmoe_kcu_use(nullptr);
+        return rc; /* no host copies to make; stage times stay 0 */
     }
     if (X->async && first >= 0) {
         for (int r = 0; r < R.P; r++) {
@@ -490,14 +570,21 @@ static xw_t *weights_set(run_t &R, const lrmoe_exec_weights_t *w)
         if (!R.loc(r)) continue;
         int64_t nn = 0;
         for (int64_t e = 0; e < d->E; e++) nn += lrmoe_exec_native(e, d->E, R.P) == r;
-        char *p = (char *)R.stage(3 * mb * (size_t)nn, 0);
-        if (!p) return nullptr;
+        char *p = X->dev ? nullptr : (char *)R.stage(3 * mb * (size_t)nn, 0);
+        if (!p && !X->dev) return nullptr;
         for (int64_t e = 0; e < d->E; e++) {
             if (lrmoe_exec_native(e, d->E, R.P) != r) continue;
             size_t i = (size_t)r * d->E + e;
             char *buf;
             if (R.use(r) < 0 || lrmoe_kcu_alloc((void **)&buf, 3 * mb) < 0) return nullptr;
             W->wst[i] = buf;
+            if (X->dev) { /* device weights: copied into one block per expert */
+                if (lrmoe_kcu_copy(buf, (const char *)w->w_gate + e * mb, mb) < 0 ||
+                    lrmoe_kcu_copy(buf + mb, (const char *)w->w_up + e * mb, mb) < 0 ||
+                    lrmoe_kcu_copy(buf + 2 * mb, (const char *)w->w_down + e * mb, mb) < 0)
+                    return nullptr;
+                continue;
+            }
             memcpy(p, (const char *)w->w_gate + e * mb, mb);
             memcpy(p + mb, (const char *)w->w_up + e * mb, mb);
             memcpy(p + 2 * mb, (const char *)w->w_down + e * mb, mb);
@@ -749,7 +836,7 @@ static int fwd_dispatch(run_t &R, const layout_t &L, const lrmoe_exec_fwd_t *a, 
         CKR(R.dalloc(s, &hid, (size_t)nt * rowb));
         CKR(R.dalloc(s, &didx, idx.size() * 8));
         CKR(R.dalloc(s, &sendb[s], rows.size() * rowb));
-        CKR(R.put(s, hid, (const char *)a->hidden + (size_t)rs.t_lo * rowb, (size_t)nt * rowb));
+        CKR(R.in(s, hid, (const char *)a->hidden + (size_t)rs.t_lo * rowb, (size_t)nt * rowb));
         CKR(R.put(s, didx, idx.data(), rows.size() * 8));
         CKR(lrmoe_kcu_pack_gather(didx, (int64_t)rows.size(), (int)K, 1, hid, rowb, sendb[s]));
         CKR(R.mark(s, LRMOE_STAGE_DISPATCH));
@@ -766,6 +853,17 @@ static int fwd_save_state(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a, int 
     const size_t as = lrmoe_dtype_size(a->act_dtype);
     const int abf = a->act_dtype == LRMOE_BF16;
     const std::vector<int64_t> *u = &L.u;
+    if (R.X->dev) { /* kept in layout order; they go back to the owners like y */
+        R.sv_sq[r] = (void *)sq;
+        for (int which = 0; which < 2; which++) {
+            if (!(which ? a->saved_up : a->saved_gate)) continue;
+            void *st;
+            CKR(R.dalloc(r, &st, (size_t)(n * F) * as));
+            CKR(lrmoe_kcu_from_f32(n * F, which ? hu : hg, abf, st));
+            (which ? R.sv_u : R.sv_g)[r] = st;
+        }
+        return 0;
+    }
     if (a->phi_sqnorm) {
         const float *hsq = (const float *)R.fetch(r, sq, (size_t)n * 4);
         if (!hsq) return -1;
@@ -863,8 +961,13 @@ static int fwd_combine(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a,
         CKR(R.put(s, drow, row.data(), (size_t)(nt * K) * 8));
         CKR(lrmoe_kcu_combine(nt, (int)K, D, al, drow, yf, o));
         CKR(lrmoe_kcu_from_f32(nt * D, o, abf, ost));
-        CKR(R.get(s, (char *)a->output + (size_t)rs.t_lo * rowb, ost, (size_t)nt * rowb));
-        if (a->pair_out) {
+        CKR(R.out(s, (char *)a->output + (size_t)rs.t_lo * rowb, ost, (size_t)nt * rowb));
+        if (R.X->dev) { /* pair rows gathered on the device, straight into pair_out */
+            R.dur[s] = drow;
+            if (a->pair_out)
+                CKR(lrmoe_kcu_pack_gather(drow, nt * K, 1, 0, recv[s], rowb,
+                                          (char *)a->pair_out + (size_t)(rs.t_lo * K) * rowb));
+        } else if (a->pair_out) {
             const char *h = (const char *)R.fetch(s, recv[s], (size_t)nr * rowb);
             if (!h) return -1;
             char *dst = (char *)a->pair_out + (size_t)(rs.t_lo * K) * rowb;
@@ -880,20 +983,59 @@ static int fwd_combine(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a,
 }
 
 
-/* A forward frame on executor X (also the one-shot lrmoe_exec_forward_cuda). */
-static int x_forward(xs_t *X, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+/* Device I/O: ||phi||^2, h_g and h_u travel back to the token owners as y
+ * did (same receive rows, R.dur) and are gathered there straight into the
+ * caller's pair-major arrays. */
+static int fwd_saved_back(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a)
+{
+    const int64_t K = R.d->K, F = R.d->F;
+    const size_t as = lrmoe_dtype_size(a->act_dtype);
+    struct { std::vector<void *> *rows; void *dst; size_t rb; } what[3] = {
+        {&R.sv_sq, a->phi_sqnorm, 4}, {&R.sv_g, a->saved_gate, (size_t)F * as},
+        {&R.sv_u, a->saved_up, (size_t)F * as}};
+    for (auto &w : what) {
+        if (!w.dst) continue;
+        std::vector<void *> recv(R.P, nullptr);
+        std::vector<int64_t> upos;
+        CKR(exchange_rev(R, L, w.rb, *w.rows, recv, upos, LRMOE_STAGE_COMBINE));
+        for (int s = 0; s < R.P; s++) {
+            rank_t &rs = R.rk[s];
+            int64_t nt = rs.t_hi - rs.t_lo;
+            if (!R.loc(s) || !nt) continue;
+            CKR(R.use(s));
+            CKR(lrmoe_kcu_pack_gather(R.dur[s], nt * K, 1, 0, recv[s], w.rb,
+                                      (char *)w.dst + (size_t)(rs.t_lo * K) * w.rb));
+            CKR(R.mark(s, LRMOE_STAGE_COMBINE));
+        }
+    }
+    return 0;
+}
+
+/* The forward's input checks and pair assignment (before any device work). */
+static int fwd_check(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                      const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
-                     lrmoe_exec_fwd_t *a, double *timings)
+                     lrmoe_exec_fwd_t *a, int dev)
 {
     if (check_common(d, w) < 0 || act_ok(a->act_dtype, "hidden") < 0) return -1;
     if (!a->hidden || !a->topk_ids || !a->topk_weights || !a->output || !a->pair_rank)
         return lrmoe_err("forward: missing hidden, topk_ids, topk_weights, output or pair_rank");
     const int P = d->P;
-    if (lrmoe_exec_check_fwd_inputs(cfg, d, a) < 0) return -1;
+    /* device I/O: the activations are not readable here (not checked) */
+    if (!dev && lrmoe_exec_check_fwd_inputs(cfg, d, a) < 0) return -1;
     const uint8_t *placement = plan ? plan->placement : NULL;
-    if (lrmoe_exec_assign(d->T, d->K, d->E, P, a->topk_ids, plan ? plan->fwd_alloc : NULL,
-                          placement, a->pair_rank) < 0)
-        return -1;
+    return lrmoe_exec_assign(d->T, d->K, d->E, P, a->topk_ids, plan ? plan->fwd_alloc : NULL,
+                             placement, a->pair_rank) < 0 ? -1 : 0;
+}
+
+/* A forward frame on executor X (also the one-shot lrmoe_exec_forward_cuda);
+ * checked: fwd_check has run. */
+static int x_forward(xs_t *X, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                     const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                     lrmoe_exec_fwd_t *a, double *timings, int checked)
+{
+    if (!checked && fwd_check(cfg, d, w, plan, a, X->dev) < 0) return -1;
+    const int P = d->P;
+    const uint8_t *placement = plan ? plan->placement : NULL;
     std::vector<double> tloc;
     double *tim = stage_times(P, timings, tloc);
 
@@ -915,6 +1057,7 @@ static int x_forward(xs_t *X, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims
         if (R.loc(r)) CK(fwd_experts(R, L, a, r, Xr[r], &Yst[r]));
     CK(exchange_rev(R, L, rowb, Yst, recv, upos, LRMOE_STAGE_COMBINE));
     CK(fwd_combine(R, L, a, recv, upos));
+    if (X->dev) CK(fwd_saved_back(R, L, a));
     ok = 1;
 out:
     return run_finish(R, ok);
@@ -928,8 +1071,8 @@ extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_
                                        double *timings)
 {
     xs_t *X;
-    if (x_new(cfg, d->P, &X) < 0) return -1;
-    int rc = x_forward(X, cfg, d, w, plan, a, timings);
+    if (fwd_check(cfg, d, w, plan, a, 0) < 0 || x_new(cfg, d->P, &X) < 0) return -1;
+    int rc = x_forward(X, cfg, d, w, plan, a, timings, 1);
     x_free(X);
     return rc;
 }
@@ -939,7 +1082,7 @@ extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_
 namespace {
 
 static int bwd_check(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                     const lrmoe_exec_weights_t *w, const lrmoe_exec_bwd_t *a)
+                     const lrmoe_exec_weights_t *w, const lrmoe_exec_bwd_t *a, int dev)
 {
     if (check_common(d, w) < 0 || act_ok(a->act_dtype, "saved state") < 0 ||
         act_ok(a->grad_dtype, "grad_output") < 0)
@@ -958,7 +1101,7 @@ static int bwd_check(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
         if (a->topk_ids[u] < 0 || a->topk_ids[u] >= E)
             return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
                              (long long)(u / K), (long long)(u % K), a->topk_ids[u], (long long)E);
-    return lrmoe_exec_check_bwd_inputs(cfg, d, a) < 0 ? -1 : 0;
+    return !dev && lrmoe_exec_check_bwd_inputs(cfg, d, a) < 0 ? -1 : 0;
 }
 
 /* The rows of the backward: lrmoe-pack's (compact), else the forward's
@@ -1033,10 +1176,19 @@ static int bwd_dispatch(run_t &R, const layout_t &L, const lrmoe_exec_bwd_t *a,
         CKR(R.dalloc(s, &graw, (size_t)nt * D * gs));
         CKR(R.dalloc(s, &gtok[s], (size_t)nt * rowf));
         CKR(R.dalloc(s, &sendb[s], (size_t)ns * rowh));
-        CKR(R.put(s, graw, (const char *)a->grad_output + (size_t)(rs.t_lo * D) * gs,
-                  (size_t)nt * D * gs));
+        CKR(R.in(s, graw, (const char *)a->grad_output + (size_t)(rs.t_lo * D) * gs,
+                 (size_t)nt * D * gs));
         CKR(lrmoe_kcu_to_f32(nt * D, a->grad_dtype == LRMOE_BF16, graw, gtok[s]));
-        if (a->mode == LRMOE_MODE_COMPACT && ns) {
+        if (a->mode == LRMOE_MODE_COMPACT && ns && R.X->dev) {
+            /* the packed gradient rows this owner holds, gathered on the device */
+            float *f;
+            int64_t *didx;
+            CKR(R.dalloc(s, &f, (size_t)ns * rowf));
+            CKR(R.dalloc(s, &didx, (size_t)ns * 8));
+            CKR(R.put(s, didx, rows.data(), (size_t)ns * 8));
+            CKR(lrmoe_kcu_pack_gather(didx, ns, 1, 0, a->pack_grad, rowf, f));
+            CKR(lrmoe_kcu_f32_to_bf16(ns * D, f, (uint16_t *)sendb[s]));
+        } else if (a->mode == LRMOE_MODE_COMPACT && ns) {
             /* the packed gradient rows this owner holds, in send order */
             float *h = (float *)R.stage((size_t)ns * rowf), *f;
             if (!h) return -1;
@@ -1080,9 +1232,18 @@ static int bwd_saved_state(run_t &R, const layout_t &L, const lrmoe_exec_bwd_t *
     CKR(R.dalloc(r, gst, (size_t)(n * F) * as));
     CKR(R.dalloc(r, ust, (size_t)(n * F) * as));
     if (a->mode == LRMOE_MODE_COMPACT) {
-        CKR(R.put(r, *xs, (const char *)a->pack_hidden + (size_t)(b0 * D) * as, (size_t)(n * D) * as));
-        CKR(R.put(r, *gst, (const char *)a->pack_gate + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
-        CKR(R.put(r, *ust, (const char *)a->pack_up + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
+        CKR(R.in(r, *xs, (const char *)a->pack_hidden + (size_t)(b0 * D) * as, (size_t)(n * D) * as));
+        CKR(R.in(r, *gst, (const char *)a->pack_gate + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
+        CKR(R.in(r, *ust, (const char *)a->pack_up + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
+        return 0;
+    }
+    if (R.X->dev) { /* gathered by pair on the device from the caller's arrays */
+        int64_t *didx;
+        CKR(R.dalloc(r, &didx, (size_t)n * 8));
+        CKR(R.put(r, didx, &L.u[b0], (size_t)n * 8));
+        CKR(lrmoe_kcu_pack_gather(didx, n, (int)K, 1, a->hidden, (size_t)D * as, *xs));
+        CKR(lrmoe_kcu_pack_gather(didx, n, (int)K, 0, a->saved_gate, (size_t)F * as, *gst));
+        CKR(lrmoe_kcu_pack_gather(didx, n, (int)K, 0, a->saved_up, (size_t)F * as, *ust));
         return 0;
     }
     /* gathered by pair straight into pinned staging */
@@ -1218,9 +1379,9 @@ static int bwd_gradred(run_t &R, const layout_t &L, lrmoe_exec_bwd_t *a,
             CKR(lrmoe_kcu_add((int64_t)(3 * FD), rb, own));
         }
         if (!R.loc(nat)) continue;
-        CKR(R.get(nat, a->grad_w_gate + e * FD, own, FD * 4));
-        CKR(R.get(nat, a->grad_w_up + e * FD, own + FD, FD * 4));
-        CKR(R.get(nat, a->grad_w_down + e * FD, own + 2 * FD, FD * 4));
+        CKR(R.out(nat, a->grad_w_gate + e * FD, own, FD * 4));
+        CKR(R.out(nat, a->grad_w_up + e * FD, own + FD, FD * 4));
+        CKR(R.out(nat, a->grad_w_down + e * FD, own + 2 * FD, FD * 4));
     }
     for (int r = 0; r < P; r++)
         if (R.loc(r)) CKR(R.mark(r, LRMOE_STAGE_GRADRED));
@@ -1259,24 +1420,25 @@ static int bwd_combine(run_t &R, lrmoe_exec_bwd_t *a,
         CKR(R.put(s, did, ident.data(), (size_t)(nt * K) * 8));
         /* 1.0f * row is exact: this is the plain ascending-k sum */
         CKR(lrmoe_kcu_combine(nt, (int)K, D, on, drow, (const float *)recv[s], gh));
-        CKR(R.get(s, a->grad_hidden + rs.t_lo * D, gh, (size_t)nt * rowf));
-        CKR(R.put(s, yst, (const char *)a->pair_out + (size_t)(rs.t_lo * K * D) * as,
-                  (size_t)(nt * K) * D * as));
+        CKR(R.out(s, a->grad_hidden + rs.t_lo * D, gh, (size_t)nt * rowf));
+        CKR(R.in(s, yst, (const char *)a->pair_out + (size_t)(rs.t_lo * K * D) * as,
+                 (size_t)(nt * K) * D * as));
         CKR(lrmoe_kcu_to_f32(nt * K * D, a->act_dtype == LRMOE_BF16, yst, yf));
         CKR(lrmoe_kcu_pair_dot(nt, (int)K, D, gtok[s], did, yf, gtw));
-        CKR(R.get(s, a->grad_topk_weights + rs.t_lo * K, gtw, (size_t)(nt * K) * 4));
+        CKR(R.out(s, a->grad_topk_weights + rs.t_lo * K, gtw, (size_t)(nt * K) * 4));
         CKR(R.mark(s, LRMOE_STAGE_COMBINE));
     }
     return 0;
 }
 
 
-/* A backward frame on executor X (also the one-shot lrmoe_exec_backward_cuda). */
+/* A backward frame on executor X (also the one-shot lrmoe_exec_backward_cuda);
+ * checked: bwd_check has run. */
 static int x_backward(xs_t *X, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                       const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
-                      lrmoe_exec_bwd_t *a, double *timings)
+                      lrmoe_exec_bwd_t *a, double *timings, int checked)
 {
-    if (bwd_check(cfg, d, w, a) < 0) return -1;
+    if (!checked && bwd_check(cfg, d, w, a, X->dev) < 0) return -1;
     const int P = d->P;
     const uint8_t *placement = plan ? plan->placement : NULL;
     std::vector<double> tloc;
@@ -1316,8 +1478,8 @@ extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe
                                         double *timings)
 {
     xs_t *X;
-    if (x_new(cfg, d->P, &X) < 0) return -1;
-    int rc = x_backward(X, cfg, d, w, plan, a, timings);
+    if (bwd_check(cfg, d, w, a, 0) < 0 || x_new(cfg, d->P, &X) < 0) return -1;
+    int rc = x_backward(X, cfg, d, w, plan, a, timings, 1);
     x_free(X);
     return rc;
 }
@@ -1331,10 +1493,33 @@ extern "C" int lrmoe_exec_cuda_new(const lrmoe_exec_cfg_t *cfg, int P, lrmoe_exe
 
 extern "C" void lrmoe_exec_cuda_free(lrmoe_exec_cuda_t *x) { x_free(x); }
 
+extern "C" int lrmoe_exec_cuda_set_io(lrmoe_exec_cuda_t *x, int device_io, void *stream)
+{
+    int first = -1;
+    for (int r = 0; r < x->P; r++) {
+        if (!x->ctx[r]) continue;
+        if (first < 0) first = r;
+        else if (device_io && lrmoe_kcu_device(x->ctx[r]) != lrmoe_kcu_device(x->ctx[first]))
+            return lrmoe_err("backend cuda: device I/O needs every rank of this process on one "
+                             "device (ranks %d and %d are on devices %d and %d)", first, r,
+                             lrmoe_kcu_device(x->ctx[first]), lrmoe_kcu_device(x->ctx[r]));
+    }
+    if (x->pending) { /* the last device-I/O frame's staging and events */
+        if (lrmoe_kcu_use(x->ctx[first]) < 0 || lrmoe_kcu_event_sync(x->join[first]) < 0) return -1;
+        x->pending = 0;
+    }
+    if (device_io && !x->start &&
+        (lrmoe_kcu_use(x->ctx[first]) < 0 || lrmoe_kcu_event_create(&x->start, 0) < 0))
+        return -1;
+    x->dev = device_io != 0;
+    x->stream = stream;
+    (void)lrmoe_kcu_use(nullptr);
+    return 0;
+}
+
 extern "C" int lrmoe_exec_cuda_weights_changed(lrmoe_exec_cuda_t *x)
 {
-    for (int r = 0; r < x->P; r++)
-        if (x->ctx[r] && (lrmoe_kcu_use(x->ctx[r]) < 0 || lrmoe_kcu_sync() < 0)) return -1;
+    /* the resident copies are freed in each rank's stream order: no wait */
     for (xw_t *W : x->ws) xw_free(x, W);
     x->ws.clear();
     (void)lrmoe_kcu_use(nullptr);
@@ -1346,7 +1531,7 @@ extern "C" int lrmoe_exec_cuda_forward(lrmoe_exec_cuda_t *x, const lrmoe_exec_cf
                                        const lrmoe_exec_plan_t *plan, lrmoe_exec_fwd_t *a,
                                        double *timings)
 {
-    return x_forward(x, cfg, d, w, plan, a, timings);
+    return x_forward(x, cfg, d, w, plan, a, timings, 0);
 }
 
 extern "C" int lrmoe_exec_cuda_backward(lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg,
@@ -1354,5 +1539,5 @@ extern "C" int lrmoe_exec_cuda_backward(lrmoe_exec_cuda_t *x, const lrmoe_exec_c
                                         const lrmoe_exec_plan_t *plan, lrmoe_exec_bwd_t *a,
                                         double *timings)
 {
-    return x_backward(x, cfg, d, w, plan, a, timings);
+    return x_backward(x, cfg, d, w, plan, a, timings, 0);
 }

@@ -230,6 +230,24 @@ void lrmoe_kcu_host_free(void *p)
     if (p) (void)cudaFreeHost(p);
 }
 
+int lrmoe_kcu_event_record_on(void *ev, void *stream)
+{
+    KCU_CUDA(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream));
+    return 0;
+}
+
+int lrmoe_kcu_stream_wait(void *stream, void *ev)
+{
+    KCU_CUDA(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0));
+    return 0;
+}
+
+int lrmoe_kcu_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) KCU_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, kcu_stream()));
+    return 0;
+}
+
 /* ---------------------------------------------------------------- error flag
  * Kernels that validate input record the first problem in one 64-bit word:
  * (code << 48) | index, combined by atomicMin, so the report is the smallest

@@ -73,6 +73,13 @@ int lrmoe_kcu_event_sync(void *ev);
 int lrmoe_kcu_event_ms(void *a, void *b, float *ms);
 int lrmoe_kcu_host_alloc(void **p, size_t bytes);
 void lrmoe_kcu_host_free(void *p);
+/* A caller's stream (cudaStream_t; NULL the legacy default stream):
+ * record ev on it, or make it wait for ev. */
+int lrmoe_kcu_event_record_on(void *ev, void *stream);
+int lrmoe_kcu_stream_wait(void *stream, void *ev);
+/* Copy between any two device (or host) pointers on the current stream
+ * (cudaMemcpyDefault: the pointers say where they live). */
+int lrmoe_kcu_copy(void *dst, const void *src, size_t bytes);
 
 /* Elementwise helpers without a CPU twin (exec glue). */
 /* dst (n) f32 = src (n) of dtype BF16 (bits) or F32 (copy). */

@@ -53,6 +53,8 @@
     X(int, lrmoe_exec_cuda_new, (const lrmoe_exec_cfg_t *cfg, int P, lrmoe_exec_cuda_t **out), \
       (cfg, P, out))                                                                        \
     X(int, lrmoe_exec_cuda_weights_changed, (lrmoe_exec_cuda_t *x), (x))                    \
+    X(int, lrmoe_exec_cuda_set_io, (lrmoe_exec_cuda_t *x, int device_io, void *stream),     \
+      (x, device_io, stream))                                                               \
     X(int, lrmoe_exec_cuda_forward,                                                         \
       (lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,       \
        const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan, lrmoe_exec_fwd_t *a,   \

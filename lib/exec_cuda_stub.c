@@ -31,6 +31,11 @@ int lrmoe_exec_cuda_new(const lrmoe_exec_cfg_t *cfg, int P, lrmoe_exec_cuda_t **
 }
 void lrmoe_exec_cuda_free(lrmoe_exec_cuda_t *x) { (void)x; }
 int lrmoe_exec_cuda_weights_changed(lrmoe_exec_cuda_t *x) { (void)x; return NOCUDA; }
+int lrmoe_exec_cuda_set_io(lrmoe_exec_cuda_t *x, int device_io, void *stream)
+{
+    (void)x; (void)device_io; (void)stream;
+    return NOCUDA;
+}
 int lrmoe_exec_cuda_forward(lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg,
                             const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
                             const lrmoe_exec_plan_t *plan, lrmoe_exec_fwd_t *a, double *timings)
