@@ -165,7 +165,11 @@ syncs_in() { host_syncs | awk -v p="$1" '$1 == p { print $2; f = 1 } END { if (!
     MOCK_NDEV=8 run "$RUN" exec
     echo "$output"
     assert_success
-    for p in oneshot_fwd oneshot_bwd new fwd1 bwd1 fwd2 bwd2 fwd3 bwd3; do assert_line "$p rc=0"; done
+    out=$output
+    for p in oneshot_fwd oneshot_bwd new fwd1 bwd1 fwd2 bwd2 fwd3 bwd3 new1 set_io dfwd1 dbwd1 \
+             dfwd2 dbwd2 dfwd3 dbwd3; do
+        grep -qx "$p rc=0" <<< "$out" || { echo "no '$p rc=0'"; false; }
+    done
     host_syncs
     # the one-shot calls (lrmoe_exec_forward/backward: an executor made and
     # freed per call, its contexts drained at teardown) for comparison
@@ -181,6 +185,17 @@ syncs_in() { host_syncs | awk -v p="$1" '$1 == p { print $2; f = 1 } END { if (!
     run awk '$1 == "mark" { on = ($2 == "fwd2" || $2 == "bwd2" || $2 == "fwd3" || $2 == "bwd3") }
              on && ($1 == "host_alloc" || $1 == "host_free" || $3 == "pageable" || $1 == "pool_trim" ||
                     $1 == "blas_create" || $1 == "nccl_init") { print; bad = 1 }
+             END { exit bad }' "$D/log"
+    echo "$output"
+    assert_success
+    # device-pointer I/O: no host wait at a frame's end, one at the next
+    # frame's start (the last frame's staging is reused)
+    echo "device I/O steady forward: $(syncs_in dfwd2) host syncs, backward: $(syncs_in dbwd2)" >&3
+    for p in dbwd1 dfwd2 dbwd2 dfwd3 dbwd3; do
+        [ "$(syncs_in "$p")" -eq 1 ] || { echo "$p: $(syncs_in "$p") host syncs"; false; }
+    done
+    run awk '$1 == "mark" { on = ($2 ~ /^d(fwd|bwd)[23]$/) }
+             on && ($1 == "host_alloc" || $1 == "host_free" || $3 == "pageable") { print; bad = 1 }
              END { exit bad }' "$D/log"
     echo "$output"
     assert_success

@@ -7,7 +7,9 @@
  *                     devices, E = 128: the one-shot lrmoe_exec_forward and
  *                     _backward (marks oneshot_fwd, oneshot_bwd), then an
  *                     executor's forward and backward three times each
- *                     (marks fwd1..3, bwd1..3); nothing is computed (the
+ *                     (marks fwd1..3, bwd1..3), then on one device with
+ *                     device-pointer I/O (dfwd1..3, dbwd1..3); nothing is
+ *                     computed (the
  *                     mock runs no kernel), the host logic and its waits are
  *                     what the log shows
  * Prints "rc=R" per call (and the error message when R < 0); the mock's log
@@ -118,6 +120,23 @@ static int exec_steps(void)
         mock_mark(m);
         show(m, lrmoe_exec_cuda_forward(x, &cfg, &d, &w, NULL, &f, tim));
         snprintf(m, sizeof m, "bwd%d", i);
+        mock_mark(m);
+        show(m, lrmoe_exec_cuda_backward(x, &cfg, &d, &w, NULL, &b, tim));
+    }
+    /* device-pointer I/O on a stream of the caller ("device" memory is host
+     * memory here) */
+    mock_mark("free");
+    lrmoe_exec_cuda_free(x);
+    cfg.gpus = 1; /* device I/O: every rank on the pointers' device */
+    mock_mark("set_io");
+    show("new1", lrmoe_exec_cuda_new(&cfg, P, &x));
+    if (!x) return 1;
+    show("set_io", lrmoe_exec_cuda_set_io(x, 1, NULL));
+    for (int i = 1; i <= 3; i++) {
+        snprintf(m, sizeof m, "dfwd%d", i);
+        mock_mark(m);
+        show(m, lrmoe_exec_cuda_forward(x, &cfg, &d, &w, NULL, &f, tim));
+        snprintf(m, sizeof m, "dbwd%d", i);
         mock_mark(m);
         show(m, lrmoe_exec_cuda_backward(x, &cfg, &d, &w, NULL, &b, tim));
     }
