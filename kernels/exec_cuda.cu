@@ -24,8 +24,23 @@
  * phi, dy, dphi-derived dg/du), so results agree to BF16 operand precision
  * (relative error ~1e-3..1e-2), exactly where operands were BF16 already.
  *
- * Timings: stages are timed on the host around work that is synchronised per
- * rank, so each rank's seconds are its own device time plus launch overhead.
+ * The executor (lrmoe_exec_cuda_t, exec.h) keeps the contexts, the
+ * communicator (async mode: no host waits, events order the ranks) and each
+ * layer's weights resident across frames; the one-shot entry points make and
+ * free one per call. A frame queues every rank's work from this thread
+ * before waiting for any: host-to-device transfers come from pinned staging
+ * (the executor's block, reused frame after frame), device-to-host ones land
+ * there and are copied or scattered into the caller's arrays after the one
+ * host wait at the frame's end (run_finish). With device-pointer I/O
+ * (lrmoe_exec_cuda_set_io) activations never cross to the host and the
+ * caller's stream waits for the frame instead of the host.
+ *
+ * dy travels in BF16 (the dispatch rounds alpha_u g_t once, as the expert
+ * rank did before: dy is only a BF16 GEMM operand), dx back in F32.
+ *
+ * Timings: each rank records an event on its stream at every stage boundary
+ * (run_t::mark); a stage's seconds are the device time between its events,
+ * read after the frame's wait (zero with device-pointer I/O).
  *
  * One rank per process (MPI, lib/exec_mpi.c): cfg->comm is then the rank's
  * NCCL communicator from lrmoe_comm_cuda_init_rank (self = rank+1), whose

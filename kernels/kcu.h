@@ -81,6 +81,18 @@ int lrmoe_kcu_stream_wait(void *stream, void *ev);
  * (cudaMemcpyDefault: the pointers say where they live). */
 int lrmoe_kcu_copy(void *dst, const void *src, size_t bytes);
 
+/* Deferred input checks. pair_score, select, sample, pack_assign and
+ * pack_unpack validate their input on the device and by default read the
+ * result back at once (one host wait each). After lrmoe_kcu_flags_defer(1)
+ * on the current context they only write it to a word of the context's
+ * flag array (up to 32 calls; beyond that a call checks at once), and
+ * lrmoe_kcu_flags_check reads every word written since the last check with
+ * one copy and one wait, and fails with the first failing call's message
+ * (in call order). flags_defer(0) checks what is pending, then stops
+ * deferring. */
+int lrmoe_kcu_flags_defer(int on);
+int lrmoe_kcu_flags_check(void);
+
 /* Elementwise helpers without a CPU twin (exec glue). */
 /* dst (n) f32 = src (n) of dtype BF16 (bits) or F32 (copy). */
 int lrmoe_kcu_to_f32(int64_t n, int src_bf16, const void *src, float *dst);

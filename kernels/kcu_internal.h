@@ -11,6 +11,7 @@ extern "C" {
 #include "kcu_launch.h"
 
 #define KCU_MAX_STREAMS 8
+#define KCU_FLAG_SLOTS 32
 
 /* Pinned host staging of the grouped GEMM's argument arrays (gemm.cu), kept
  * for the context's life. cudaMemcpyAsync from pageable memory promises
@@ -37,6 +38,12 @@ struct lrmoe_kcu_ctx {
     lrmoe_gemm_impl_t gemm_impl;
     struct kcu_stage stage[KCU_STAGE_SLOTS];
     int stage_next;
+    /* deferred input checks (lrmoe_kcu_flags_defer): each checking kernel
+     * gets a word of `flags` (device) instead of a read-back of its own;
+     * lrmoe_kcu_flags_check reads the used words at once */
+    unsigned long long *flags, *flags_host;
+    int defer, nflags;
+    struct { const char *what; int K, P; } flag_meta[KCU_FLAG_SLOTS];
 };
 
 /* Every call is checked; the message names the call and its status string. */

@@ -204,3 +204,21 @@ syncs_in() { host_syncs | awk -v p="$1" '$1 == p { print $2; f = 1 } END { if (!
              END { if (n < 7) { print n " waits"; exit 1 } }' "$D/log"
     assert_success
 }
+
+@test "cuda-mock: the compact step's input checks, deferred, are read once (4 read-backs -> 1)" {
+    run "$RUN" flags
+    echo "$output"
+    assert_success
+    for c in pair_score select pack_assign pack_unpack; do
+        [ "$(grep -c "^$c rc=0$" <<< "$output")" -eq 2 ] || { echo "$c did not succeed twice"; false; }
+    done
+    assert_line "check rc=0"
+    host_syncs
+    echo "compact step checks: $(syncs_in immediate) host syncs immediate, $(syncs_in deferred) deferred" >&3
+    # immediate: each kernel copies its word to pageable memory and waits
+    [ "$(grep -c . <<< "$(awk '$1 == "mark" { ph = $2 } ph == "immediate" && $1 == "stream_sync"' "$D/log")")" -eq 4 ]
+    # deferred: one copy of the words into pinned memory, one wait
+    [ "$(syncs_in deferred)" -eq 1 ]
+    run awk '$1 == "mark" { ph = $2 } ph == "deferred" && $1 == "memcpy" && $2 == "D2H" { print $3 }' "$D/log"
+    assert_output "pinned"
+}

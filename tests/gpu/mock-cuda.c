@@ -80,8 +80,34 @@ int cudaGetDevice(int *d) { *d = cur_dev; return 0; }
 int cudaGetLastError(void) { return 0; }
 int cudaPeekAtLastError(void) { return 0; }
 const char *cudaGetErrorString(int e) { return e ? "mock error" : "no error"; }
-int cudaDeviceGetAttribute(int *v, int attr, int dev) { (void)attr; (void)dev; *v = 90; return 0; }
-int cudaFuncGetAttributes(void *a, const void *f) { (void)a; (void)f; return 0; }
+/* an H100's values where CUB asks (cudaDeviceAttr codes), 90 otherwise */
+int cudaDeviceGetAttribute(int *v, int attr, int dev)
+{
+    (void)dev;
+    switch (attr) {
+    case 1: *v = 1024; break;            /* max threads per block */
+    case 8: *v = 49152; break;           /* shared memory per block */
+    case 10: *v = 32; break;             /* warp size */
+    case 12: *v = 65536; break;          /* registers per block */
+    case 16: *v = 132; break;            /* multiprocessors */
+    case 75: *v = 9; break;              /* compute capability */
+    case 76: *v = 0; break;
+    case 81: *v = 233472; break;         /* shared memory per multiprocessor */
+    case 97: *v = 232448; break;         /* opt-in shared memory per block */
+    default: *v = 90;
+    }
+    return 0;
+}
+/* cudaFuncAttributes: three size_t, then maxThreadsPerBlock, numRegs,
+ * ptxVersion, binaryVersion, ... (CUB reads the PTX version) */
+int cudaFuncGetAttributes(void *a, const void *f)
+{
+    (void)f;
+    memset(a, 0, 3 * sizeof(size_t) + 16 * sizeof(int));
+    int *i = (int *)((char *)a + 3 * sizeof(size_t));
+    i[0] = 1024; i[1] = 32; i[2] = 90; i[3] = 90;
+    return 0;
+}
 int cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, const void *f, int b, size_t s,
                                                             unsigned fl)
 {

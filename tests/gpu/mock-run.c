@@ -3,6 +3,8 @@
  *   mock-run loop     6 GEMMs over 4 side streams (MOCK_GEMM_FAIL=N fails one)
  *   mock-run grouped  three grouped calls of F32 and BF16 outputs
  *   mock-run comm     contexts on devices 0, 1, 1 and their communicator
+ *   mock-run flags    the compact step's checking kernels, each reading its
+ *                     check back, then deferred to one lrmoe_kcu_flags_check
  *   mock-run exec     a layer step at P ranks (MOCK_P, default 8) on P
  *                     devices, E = 128: the one-shot lrmoe_exec_forward and
  *                     _backward (marks oneshot_fwd, oneshot_bwd), then an
@@ -48,6 +50,41 @@ static int gemms(int n)
     rc = lrmoe_kcu_gemm(n, g);
     for (int i = 0; i < 3 * n; i++) lrmoe_kcu_free(buf[i]);
     return rc;
+}
+
+/* The compact step's checking kernels (pair_score, select, pack_assign,
+ * pack_unpack) on one context: marks immediate (each reads its check word
+ * back) and deferred (lrmoe_kcu_flags_defer(1), one lrmoe_kcu_flags_check). */
+static int flag_steps(void)
+{
+    enum { T = 64, K = 4, E = 8, D = 16, P = 2 };
+    const int64_t N = T * K;
+    lrmoe_kcu_ctx_t *c;
+    show("create", lrmoe_kcu_ctx_create(0, 1, &c));
+    show("use", lrmoe_kcu_use(c));
+    void *g, *al, *sq, *sc, *ids, *q, *keep, *load, *alloc, *pair, *rank, *cnt, *off, *rows, *out;
+    size_t sz[] = {T * D * 4, N * 4, N * 4, N * 4, N * 4, E * 8, N, E * 8, E * P * 8, N * 8,
+                   N * 4, E * P * 8, E * P * 8, N * D * 4, T * D * 4};
+    void **p[] = {&g, &al, &sq, &sc, &ids, &q, &keep, &load, &alloc, &pair, &rank, &cnt, &off,
+                  &rows, &out};
+    for (int i = 0; i < 15; i++) {
+        if (lrmoe_kcu_alloc(p[i], sz[i]) < 0) return 1;
+        memset(*p[i], 0, sz[i]);
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        mock_mark(pass ? "deferred" : "immediate");
+        if (pass) show("defer", lrmoe_kcu_flags_defer(1));
+        show("pair_score", lrmoe_kcu_pair_score(T, K, D, g, al, sq, sc));
+        show("select", lrmoe_kcu_select(T, K, E, ids, sc, q, keep, load));
+        show("pack_assign", lrmoe_kcu_pack_assign(T, K, E, P, ids, keep, NULL, alloc, 0, pair,
+                                                  rank, cnt, off));
+        show("pack_unpack", lrmoe_kcu_pack_unpack(pair, 0, rows, D, T, K, out));
+        if (pass) show("check", lrmoe_kcu_flags_defer(0));
+    }
+    mock_mark("destroy");
+    lrmoe_kcu_ctx_destroy(c);
+    mock_mark("end");
+    return 0;
 }
 
 /* zeroed host arrays of one layer step */
@@ -181,6 +218,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(what, "exec")) return exec_steps();
-    fprintf(stderr, "usage: mock-run loop|grouped|comm|exec\n");
+    if (!strcmp(what, "flags")) return flag_steps();
+    fprintf(stderr, "usage: mock-run loop|grouped|comm|exec|flags\n");
     return 2;
 }

@@ -12,19 +12,26 @@
  * device-I/O frames run twice each (the second reuses the first's staging
  * after the one host wait at its start).
  *
- * Built two ways: on a GPU (tests/gpu/device-check.sh, `make check-gpu`)
- * with -DDEVIO_CUDA against liblrmoe.so.2 (the CUDA module) and cudart;
- * GPU-free (tests/cuda.bats) against the kernels' CPU references
- * (tests/gpu/fake-kcu.c), where "device memory" is host memory.
- * Prints "devio: PASS" or the first difference; exit 0/1. */
+ * Built two ways: by make with nvcc like the other tests/gpu programs,
+ * against liblrmoe.a (the kernels linked in) and cudart, for the GPU
+ * (tests/gpu/device-check.sh's devio step); as plain C++ by
+ * tests/gpu/build-fake.sh against the kernels' CPU references
+ * (tests/gpu/fake-kcu.c, tests/cuda.bats), where "device memory" is host
+ * memory.
+ * Prints "devio: PASS" or the first difference; exit 0/1 (3: no GPU). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+extern "C" {
 #include "api.h"
 #include "exec.h"
 #include "lrmoe.h"
+}
 
+#ifdef __CUDACC__ /* nvcc (make, the device check): real device memory */
+#define DEVIO_CUDA 1
+#endif
 #ifdef DEVIO_CUDA
 #include <cuda_runtime.h>
 static void *stream;
@@ -48,6 +55,11 @@ static void dfree(void *d) { cudaFree(d); }
 static void stream_new(void)
 {
     cudaStream_t s;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        printf("devio: NOT RUN (no CUDA device)\n");
+        exit(3);
+    }
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) exit(1);
     stream = s;
 }
@@ -75,7 +87,7 @@ static uint16_t bf(float f) { uint32_t u; memcpy(&u, &f, 4); return (uint16_t)((
 static float unif(void) { return (float)(rnd() % 2001) / 1000.0f - 1.0f; }
 static void *bfrand(size_t n, float scale)
 {
-    uint16_t *p = malloc(n * 2);
+    uint16_t *p = (uint16_t *)malloc(n * 2);
     for (size_t i = 0; i < n; i++) p[i] = bf(unif() * scale);
     return p;
 }
@@ -84,7 +96,7 @@ static int fails;
 static void same(const char *what, const void *a, const void *b, size_t n)
 {
     if (!memcmp(a, b, n)) return;
-    const unsigned char *x = a, *y = b;
+    const unsigned char *x = (const unsigned char *)a, *y = (const unsigned char *)b;
     size_t i = 0;
     while (x[i] == y[i]) i++;
     printf("devio: FAIL %s differs at byte %zu of %zu\n", what, i, n);
@@ -100,10 +112,11 @@ static int setp(lrmoe_exec_args_t *a, const char *n, const void *p)
 
 int main(void)
 {
+    stream_new();
     /* inputs: distinct experts per token, a plan splitting every expert
      * between its native rank and the next (a replica there) */
-    int32_t *ids = malloc(M * 4);
-    float *tw = malloc(M * 4);
+    int32_t *ids = (int32_t *)malloc(M * 4);
+    float *tw = (float *)malloc(M * 4);
     for (int t = 0; t < T; t++) {
         int base = (int)(rnd() % E);
         for (int k = 0; k < K; k++) {
@@ -126,7 +139,7 @@ int main(void)
     void *wg = bfrand((size_t)E * F * D, 0.2f), *wu = bfrand((size_t)E * F * D, 0.2f),
          *wd = bfrand((size_t)E * D * F, 0.2f);
     void *gout = bfrand((size_t)T * D, 1.0f);
-    uint8_t *keep = malloc(M);
+    uint8_t *keep = (uint8_t *)malloc(M);
     for (int u = 0; u < M; u++) keep[u] = rnd() % 4 != 0;
 
     /* the two executors' arguments: h host, g device */
@@ -149,8 +162,8 @@ int main(void)
                  PB = (size_t)M * D * 2, GW = (size_t)E * F * D * 4;
     /* host side */
     void *h_out = malloc(HB), *h_sg = malloc(SB), *h_su = malloc(SB), *h_po = malloc(PB);
-    float *h_sq = malloc(M * 4);
-    int32_t *prh = malloc(M * 4), *prg = malloc(M * 4);
+    float *h_sq = (float *)malloc(M * 4);
+    int32_t *prh = (int32_t *)malloc(M * 4), *prg = (int32_t *)malloc(M * 4);
     CK(setp(ah, "w_gate", wg)); CK(setp(ah, "w_up", wu)); CK(setp(ah, "w_down", wd));
     CK(setp(ah, "hidden", hid)); CK(setp(ah, "output", h_out)); CK(setp(ah, "pair_rank", prh));
     CK(setp(ah, "phi_sqnorm", h_sq)); CK(setp(ah, "saved_gate", h_sg));
@@ -164,7 +177,6 @@ int main(void)
     CK(setp(ag, "phi_sqnorm", d_sq)); CK(setp(ag, "saved_gate", d_sg));
     CK(setp(ag, "saved_up", d_su)); CK(setp(ag, "pair_out", d_po));
 
-    stream_new();
     lrmoe_exec_cuda_t *xh, *xg;
     CK(lrmoe_exec_args_cuda_new(ah, &xh));
     CK(lrmoe_exec_args_cuda_new(ag, &xg));
@@ -182,10 +194,8 @@ int main(void)
 
     /* backward on the host forward's saved state (copied to the device) */
     void *d_sg2 = dput(h_sg, SB), *d_su2 = dput(h_su, SB), *d_po2 = dput(h_po, PB);
-    uint8_t *d_unused = NULL;
-    (void)d_unused;
-    float *hgh = malloc(HB * 2), *hgg = malloc(GW), *hgu = malloc(GW), *hgd = malloc(GW),
-          *hgt = malloc(M * 4);
+    float *hgh = (float *)malloc(HB * 2), *hgg = (float *)malloc(GW), *hgu = (float *)malloc(GW),
+          *hgd = (float *)malloc(GW), *hgt = (float *)malloc(M * 4);
     void *d_gh = dput(NULL, HB * 2), *d_gg = dput(NULL, GW), *d_gu = dput(NULL, GW),
          *d_gd = dput(NULL, GW), *d_gt = dput(NULL, M * 4);
     CK(setp(ah, "grad_output", gout)); CK(setp(ah, "saved_gate", h_sg));
@@ -214,7 +224,7 @@ int main(void)
         snprintf(w, sizeof w, "%s grad_topk_weights", modes[m]); dget(g, d_gt, M * 4); same(w, hgt, g, M * 4);
     }
     /* weights changed in place on the device: the next frame sees them */
-    uint16_t *wg2 = malloc(WB);
+    uint16_t *wg2 = (uint16_t *)malloc(WB);
     memcpy(wg2, wg, WB);
     for (size_t i = 0; i < WB / 2; i += 7) wg2[i] = bf(0.5f);
     void *tmp = dput(wg2, WB);
