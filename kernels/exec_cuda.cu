@@ -510,6 +510,10 @@ static int run_finish(run_t &R, int ok)
         if (rc < 0)
             for (int r = 0; r < R.P; r++)
                 if (R.rk[r].ctx && R.use(r) == 0) (void)lrmoe_kcu_sync();
+        if (!ok) { /* a weight copy may have stopped half way */
+            for (xw_t *W : X->ws) xw_free(X, W);
+            X->ws.clear();
+        }
         (void)lrmoe_kcu_use(nullptr);
         return rc; /* no host copies to make; stage times stay 0 */
     }
@@ -528,6 +532,10 @@ static int run_finish(run_t &R, int ok)
         }
     } else if (first >= 0) {
         if (R.use(first) < 0 || lrmoe_kcu_sync() < 0) rc = -1;
+    }
+    if (!ok) { /* a weight upload or copy may have stopped half way */
+        for (xw_t *W : X->ws) xw_free(X, W);
+        X->ws.clear();
     }
     if (rc == 0) {
         for (const run_t::hcopy &c : R.later) memcpy(c.dst, c.src, c.bytes);

@@ -259,7 +259,7 @@ cuda_module_built() {
     grep -q 'gpu-carry/include' "$D/tree/build/dev/lib/stream.d"
     # each step's status, in order of value, each GPU step NOT RUN
     run grep -o '^step [a-z]*: [A-Z]*[a-z]*' "$D/out/summary.txt"
-    assert_output "$(printf 'step env: done\nstep build: ok\nstep kernels: NOT\nstep bench: NOT\nstep exec: NOT\nstep mpi: NOT\nstep sass: NOT')"
+    assert_output "$(printf 'step env: done\nstep build: ok\nstep kernels: NOT\nstep bench: NOT\nstep exec: NOT\nstep devio: NOT\nstep mpi: NOT\nstep sass: NOT')"
     run grep '^step mpi:' "$D/out/summary.txt"
     assert_output --partial "no usable GPU"
     # env.txt: the commit, ldconfig -p, the toolkit's listing, the search
