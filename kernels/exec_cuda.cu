@@ -437,6 +437,14 @@ static int run_init(run_t &R, xs_t *X, const lrmoe_exec_dims_t *d, double *tim)
         return lrmoe_err("backend cuda: the executor has %d ranks, the call %d", X->P, d->P);
     int first = 0;
     while (!X->ctx[first]) first++;
+    if (X->dev) { /* see lrmoe_exec_cuda_new(3), NOTES: no graph capture of a frame */
+        int cap = lrmoe_kcu_stream_capturing(X->stream);
+        if (cap < 0) return -1;
+        if (cap)
+            return lrmoe_err("backend cuda: a frame cannot be captured into a CUDA graph (its "
+                             "index arrays are staged from the host per frame); run it outside "
+                             "the capture");
+    }
     if (X->pending) { /* the last device-I/O frame: its staging is reused now */
         X->pending = 0;
         if (lrmoe_kcu_use(X->ctx[first]) < 0 || lrmoe_kcu_event_sync(X->join[first]) < 0)
@@ -484,7 +492,7 @@ static int run_finish(run_t &R, int ok)
 {
     xs_t *X = R.X;
     int rc = ok ? 0 : -1;
-    if (!X) return rc;
+    if (!X || (int)R.rk.size() != R.P) return rc; /* run_init stopped before queueing */
     int first = -1;
     for (int r = 0; r < R.P; r++) {
         if (!R.loc(r) || !R.rk[r].ctx) continue;

@@ -238,6 +238,13 @@ int lrmoe_kcu_event_record_on(void *ev, void *stream)
     return 0;
 }
 
+int lrmoe_kcu_stream_capturing(void *stream)
+{
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    KCU_CUDA(cudaStreamIsCapturing((cudaStream_t)stream, &st));
+    return st != cudaStreamCaptureStatusNone;
+}
+
 int lrmoe_kcu_stream_wait(void *stream, void *ev)
 {
     KCU_CUDA(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0));

@@ -76,6 +76,8 @@ void lrmoe_kcu_host_free(void *p);
 /* A caller's stream (cudaStream_t; NULL the legacy default stream):
  * record ev on it, or make it wait for ev. */
 int lrmoe_kcu_event_record_on(void *ev, void *stream);
+/* 1 when a CUDA graph capture is under way on the caller's stream, else 0 */
+int lrmoe_kcu_stream_capturing(void *stream);
 int lrmoe_kcu_stream_wait(void *stream, void *ev);
 /* Copy between any two device (or host) pointers on the current stream
  * (cudaMemcpyDefault: the pointers say where they live). */

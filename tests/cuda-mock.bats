@@ -205,6 +205,15 @@ syncs_in() { host_syncs | awk -v p="$1" '$1 == p { print $2; f = 1 } END { if (!
     assert_success
 }
 
+@test "cuda-mock: a device-pointer frame under CUDA graph capture is refused before it queues anything" {
+    MOCK_NDEV=8 MOCK_CAPTURE_AT_END=1 run "$RUN" exec
+    assert_success
+    assert_line "capture_fwd rc=-1 err=backend cuda: a frame cannot be captured into a CUDA graph (its index arrays are staged from the host per frame); run it outside the capture"
+    run awk '$1 == "mark" { on = ($2 == "capture") } on && ($1 == "launch" || $1 == "memcpy" || $1 == "gemm") { print; bad = 1 }
+             END { exit bad }' "$D/log"
+    assert_success
+}
+
 @test "cuda-mock: the compact step's input checks, deferred, are read once (4 read-backs -> 1)" {
     run "$RUN" flags
     echo "$output"

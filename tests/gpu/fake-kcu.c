@@ -80,6 +80,8 @@ int lrmoe_kcu_host_alloc(void **p, size_t bytes)
 void lrmoe_kcu_host_free(void *p) { free(p); }
 int lrmoe_kcu_event_record_on(void *ev, void *stream);
 int lrmoe_kcu_stream_wait(void *stream, void *ev);
+int lrmoe_kcu_stream_capturing(void *stream);
+int lrmoe_kcu_stream_capturing(void *stream) { (void)stream; return 0; }
 int lrmoe_kcu_copy(void *dst, const void *src, size_t bytes);
 int lrmoe_kcu_event_record_on(void *ev, void *stream) { (void)ev; (void)stream; return 0; }
 int lrmoe_kcu_stream_wait(void *stream, void *ev) { (void)ev; (void)stream; return 0; }

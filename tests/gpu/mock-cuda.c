@@ -125,6 +125,13 @@ int cudaStreamCreateWithFlags(void **s, unsigned f)
 }
 int cudaStreamDestroy(void *s) { mlog("stream_destroy s%d", id_of(s)); return 0; }
 int cudaStreamSynchronize(void *s) { mlog("stream_sync s%d", id_of(s)); return 0; }
+/* MOCK_CAPTURING=1: every stream is being captured into a graph */
+int cudaStreamIsCapturing(void *s, int *st)
+{
+    (void)s;
+    *st = getenv("MOCK_CAPTURING") ? 1 : 0;
+    return 0;
+}
 int cudaStreamWaitEvent(void *s, void *e, unsigned f)
 {
     (void)f;

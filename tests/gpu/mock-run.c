@@ -177,6 +177,12 @@ static int exec_steps(void)
         mock_mark(m);
         show(m, lrmoe_exec_cuda_backward(x, &cfg, &d, &w, NULL, &b, tim));
     }
+    if (getenv("MOCK_CAPTURE_AT_END")) { /* a frame under graph capture: refused */
+        setenv("MOCK_CAPTURING", "1", 1);
+        mock_mark("capture");
+        show("capture_fwd", lrmoe_exec_cuda_forward(x, &cfg, &d, &w, NULL, &f, tim));
+        unsetenv("MOCK_CAPTURING");
+    }
     mock_mark("free");
     lrmoe_exec_cuda_free(x);
 #endif
