@@ -19,8 +19,10 @@ extern "C" {
  * reads are copied from pinned memory. `done` is recorded after all the
  * work of the call that filled a slot (its copies, and cuBLAS, which reads
  * the size arrays on the host), and the slot is refilled only once it has
- * passed. Two slots used in turn let the host run one call ahead. */
-#define KCU_STAGE_SLOTS 2
+ * passed (a completed event is not waited for). Four slots used in turn
+ * let the host run three calls ahead: a backward frame's three grouped
+ * calls per rank never wait inside the frame (the persistent executor). */
+#define KCU_STAGE_SLOTS 4
 struct kcu_stage {
     void *host;        /* cudaMallocHost, `bytes` long */
     size_t bytes;

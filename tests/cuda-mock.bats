@@ -98,20 +98,21 @@ joined_after() {
 @test "cuda-mock: grouped GEMM uploads only from pinned staging kept for the context's life" {
     run "$RUN" grouped
     assert_success
-    [ "$(grep -c '^gemm rc=0$' <<< "$output")" -eq 3 ]
+    [ "$(grep -c '^gemm rc=0$' <<< "$output")" -eq 5 ]
     # pointer arrays and widen descriptors: two uploads a call, all pinned
-    [ "$(grep -c '^memcpy H2D pinned' "$D/log")" -eq 6 ]
+    [ "$(grep -c '^memcpy H2D pinned' "$D/log")" -eq 10 ]
     ! grep -q '^memcpy H2D pageable' "$D/log"
     # the staging lives until the context goes: no host_free before destroy
     run awk '$0 == "mark destroy" { on = 1 } $1 == "host_free" && !on { print; exit 1 }
-             $1 == "host_free" { n++ } END { if (n != 2) { print n " host_free"; exit 1 } }' "$D/log"
+             $1 == "host_free" { n++ } END { if (n != 4) { print n " host_free"; exit 1 } }' "$D/log"
     echo "$output"
     assert_success
-    # two slots in turn: the third call waits for the event the first
-    # recorded behind its work, and nothing else waits on the host
+    # four slots in turn: the fifth call waits for the event the first
+    # recorded behind its work (not yet covered by a host wait), and
+    # nothing else waits on the host
     run awk '$0 == "mark gemm" { call++ }
              call == 1 && $1 == "event_record" && $3 == "s2" && first == "" { first = $2 }
-             $1 == "event_sync" { if (call != 3 || $2 != first) { print "event_sync " $2 " in call " call; exit 1 } n++ }
+             $1 == "event_sync" { if (call != 5 || $2 != first) { print "event_sync " $2 " in call " call; exit 1 } n++ }
              END { if (n != 1) { print n " event_sync"; exit 1 } }' "$D/log"
     echo "$output"
     assert_success
@@ -199,6 +200,17 @@ syncs_in() { host_syncs | awk -v p="$1" '$1 == p { print $2; f = 1 } END { if (!
              END { exit bad }' "$D/log"
     echo "$output"
     assert_success
+    # --gemm grouped: its pinned slots (four per context) are reused across
+    # frames without a wait (their calls ended before the last frame's wait)
+    rm -f "$D/log"
+    MOCK_NDEV=8 MOCK_GEMM_GROUPED=1 run "$RUN" exec
+    assert_success
+    echo "--gemm grouped steady forward: $(syncs_in fwd2) host syncs, backward: $(syncs_in bwd2)" >&3
+    for p in fwd2 bwd2 fwd3 bwd3 dfwd2 dbwd2 dfwd3 dbwd3; do
+        n=$(syncs_in "$p")
+        [ "$n" -ge 1 ] && [ "$n" -le 2 ] || { echo "grouped $p: $n host syncs"; false; }
+    done
+    grep -q '^gemm_grouped ' "$D/log"
     # every rank's stream ran work: 8 streams joined by events into one
     run awk '$1 == "mark" { on = ($2 == "fwd2") } on && $1 == "wait_event" { n++ }
              END { if (n < 7) { print n " waits"; exit 1 } }' "$D/log"

@@ -67,6 +67,11 @@ static int pinned(const void *src)
     return 0;
 }
 
+/* events: record order, stream, and whether a host wait covered them */
+#define MAXEV 65536
+static int ev_done[MAXEV], ev_strm[MAXEV];
+static long ev_seq[MAXEV], seqn;
+
 /* ---------------------------------------------------------------- runtime */
 
 int cudaGetDeviceCount(int *n)
@@ -124,7 +129,12 @@ int cudaStreamCreateWithFlags(void **s, unsigned f)
     return 0;
 }
 int cudaStreamDestroy(void *s) { mlog("stream_destroy s%d", id_of(s)); return 0; }
-int cudaStreamSynchronize(void *s) { mlog("stream_sync s%d", id_of(s)); return 0; }
+int cudaStreamSynchronize(void *s)
+{
+    for (int i = 0; i < MAXEV; i++) if (ev_seq[i] && ev_strm[i] == id_of(s)) ev_done[i] = 1;
+    mlog("stream_sync s%d", id_of(s));
+    return 0;
+}
 /* MOCK_CAPTURING=1: every stream is being captured into a graph */
 int cudaStreamIsCapturing(void *s, int *st)
 {
@@ -146,10 +156,38 @@ int cudaEventCreateWithFlags(void **e, unsigned f)
     return 0;
 }
 int cudaEventDestroy(void *e) { mlog("event_destroy e%d", id_of(e)); return 0; }
-int cudaEventRecord(void *e, void *s) { mlog("event_record e%d s%d", id_of(e), id_of(s)); return 0; }
-int cudaEventSynchronize(void *e) { mlog("event_sync e%d", id_of(e)); return 0; }
+/* cudaEventQuery's answer: an event is complete once a host wait covered
+ * it: a stream_sync of its stream, or an event_sync of it or of an event
+ * recorded after it (the executor joins every rank's stream before its
+ * one wait), or a device_sync. */
+int cudaEventRecord(void *e, void *s)
+{
+    int i = id_of(e) % MAXEV;
+    ev_done[i] = 0; ev_strm[i] = id_of(s); ev_seq[i] = ++seqn;
+    mlog("event_record e%d s%d", id_of(e), id_of(s));
+    return 0;
+}
+int cudaEventSynchronize(void *e)
+{
+    long q = ev_seq[id_of(e) % MAXEV];
+    for (int i = 0; i < MAXEV; i++) if (ev_seq[i] && ev_seq[i] <= q) ev_done[i] = 1;
+    mlog("event_sync e%d", id_of(e));
+    return 0;
+}
+int cudaEventQuery(void *e)
+{
+    int i = id_of(e) % MAXEV;
+    int done = !ev_seq[i] || ev_done[i];
+    mlog("event_query e%d %s", id_of(e), done ? "done" : "not_ready");
+    return done ? 0 : 600; /* cudaErrorNotReady */
+}
 int cudaEventElapsedTime(float *ms, void *a, void *b) { (void)a; (void)b; *ms = 0.0f; return 0; }
-int cudaDeviceSynchronize(void) { mlog("device_sync dev%d", cur_dev); return 0; }
+int cudaDeviceSynchronize(void)
+{
+    for (int i = 0; i < MAXEV; i++) ev_done[i] = 1;
+    mlog("device_sync dev%d", cur_dev);
+    return 0;
+}
 
 int cudaMallocAsync(void **p, size_t n, void *s)
 {

@@ -1,11 +1,12 @@
 /* mock-run: drive the CUDA backend's host logic (kernels/kcu.cu context,
  * gemm.cu, comm_nccl.cu) on tests/gpu/mock-cuda.c, for tests/cuda-mock.bats.
  *   mock-run loop     6 GEMMs over 4 side streams (MOCK_GEMM_FAIL=N fails one)
- *   mock-run grouped  three grouped calls of F32 and BF16 outputs
+ *   mock-run grouped  five grouped calls of F32 and BF16 outputs
  *   mock-run comm     contexts on devices 0, 1, 1 and their communicator
  *   mock-run flags    the compact step's checking kernels, each reading its
  *                     check back, then deferred to one lrmoe_kcu_flags_check
  *   mock-run exec     a layer step at P ranks (MOCK_P, default 8) on P
+ *                     (MOCK_GEMM_GROUPED=1: --gemm grouped)
  *                     devices, E = 128: the one-shot lrmoe_exec_forward and
  *                     _backward (marks oneshot_fwd, oneshot_bwd), then an
  *                     executor's forward and backward three times each
@@ -100,6 +101,7 @@ static int exec_steps(void)
     lrmoe_exec_cfg_default(&cfg);
     cfg.backend = LRMOE_BACKEND_CUDA;
     cfg.allow_nonfinite = 1; /* the mock's "device" results are not computed */
+    if (getenv("MOCK_GEMM_GROUPED")) cfg.gemm = LRMOE_EXEC_GEMM_GROUPED;
     lrmoe_exec_weights_t w;
     memset(&w, 0, sizeof w);
     w.dtype = LRMOE_BF16;
@@ -199,7 +201,7 @@ int main(int argc, char **argv)
         show("create", lrmoe_kcu_ctx_create(0, 4, &c[0]));
         show("use", lrmoe_kcu_use(c[0]));
         lrmoe_kcu_set_gemm(c[0], what[0] == 'g' ? LRMOE_GEMM_GROUPED : LRMOE_GEMM_LOOP);
-        for (int call = 0; call < (what[0] == 'g' ? 3 : 1); call++) {
+        for (int call = 0; call < (what[0] == 'g' ? 5 : 1); call++) {
             mock_mark("gemm");
             show("gemm", gemms(6));
         }
