@@ -14,6 +14,8 @@ typedef struct {
     int P, nccl;
     lrmoe_kcu_ctx_t **ctx;   /* (P) borrowed */
     ncclComm_t *comm;        /* (P) when nccl */
+    int async;               /* lrmoe_comm_cuda_set_async: events, no host waits */
+    cudaEvent_t *ev;         /* (P) one per rank, on its device, when async */
 } cstate_t;
 
 static cstate_t *st(lrmoe_comm_t *c) { return (cstate_t *)c->ctx; }
@@ -82,6 +84,37 @@ static int copy_a2a(cstate_t *s, size_t es, const void *const *send, const int64
     return 0;
 }
 
+/* Async mode: rank r's stream waits for rank q's queued work (an event
+ * recorded on q's stream now). */
+static int order_after(cstate_t *s, int r, int q)
+{
+    if (r == q || s->ctx[r]->stream == s->ctx[q]->stream) return 0;
+    KCU_CUDA(cudaSetDevice(s->ctx[q]->device));
+    KCU_CUDA(cudaEventRecord(s->ev[q], s->ctx[q]->stream));
+    KCU_CUDA(cudaSetDevice(s->ctx[r]->device));
+    KCU_CUDA(cudaStreamWaitEvent(s->ctx[r]->stream, s->ev[q], 0));
+    return 0;
+}
+
+/* Async device copies: each receiver's stream first waits for every sender
+ * that sends to it (its rows are written), copies on its own stream, and
+ * every sender's stream then waits for its receivers (the send buffer
+ * outlives the copies: stream-ordered frees on the sender's stream). */
+static int async_copy_a2a(cstate_t *s, size_t es, const void *const *send,
+                          const int64_t *counts, const int64_t *sdispls, void *const *recv,
+                          const int64_t *rdispls)
+{
+    int P = s->P;
+    for (int d = 0; d < P; d++)
+        for (int r = 0; r < P; r++)
+            if (counts[(size_t)r * P + d] > 0 && order_after(s, d, r) < 0) return -1;
+    if (copy_a2a(s, es, send, counts, sdispls, recv, rdispls) < 0) return -1;
+    for (int r = 0; r < P; r++)
+        for (int d = 0; d < P; d++)
+            if (counts[(size_t)r * P + d] > 0 && order_after(s, r, d) < 0) return -1;
+    return 0;
+}
+
 static int cuda_alltoallv(lrmoe_comm_t *c, size_t es, const void *const *send,
                           const int64_t *counts, const int64_t *sdispls, void *const *recv,
                           const int64_t *rdispls, double *rank_sec)
@@ -95,6 +128,12 @@ static int cuda_alltoallv(lrmoe_comm_t *c, size_t es, const void *const *send,
         int out = 0, in = 0;
         for (int q = 0; q < P; q++) { out |= counts[r * P + q] > 0; in |= counts[q * P + r] > 0; }
         if ((out && !send[r]) || (in && !recv[r])) return lrmoe_err("alltoallv: NULL buffer");
+    }
+    if (s->async) { /* stream order (NCCL) or events (copies), no host wait */
+        int rc = s->nccl ? nccl_a2a(s, es, send, counts, sdispls, recv, rdispls)
+                         : async_copy_a2a(s, es, send, counts, sdispls, recv, rdispls);
+        if (restore() < 0) rc = -1;
+        return rc;
     }
     /* senders' buffers are ready once their streams drain */
     if (sync_all(s) < 0) return -1;
@@ -116,6 +155,25 @@ static int cuda_p2p(lrmoe_comm_t *c, int src, const void *sendbuf, int dst, void
     if (src < 0 || src >= s->P || dst < 0 || dst >= s->P)
         return lrmoe_err("p2p: rank out of range (%d -> %d, P=%d)", src, dst, s->P);
     if (!bytes || sendbuf == recvbuf) return 0;
+    if (s->async) {
+        int rc = 0;
+        if (s->nccl && src != dst) {
+            KCU_NCCL(ncclGroupStart());
+            ncclResult_t r1 = ncclSend(sendbuf, bytes, ncclUint8, dst, s->comm[src], s->ctx[src]->stream);
+            ncclResult_t r2 = ncclRecv(recvbuf, bytes, ncclUint8, src, s->comm[dst], s->ctx[dst]->stream);
+            ncclResult_t r3 = ncclGroupEnd();
+            if (r1 != ncclSuccess) return lrmoe_err("ncclSend: %s", ncclGetErrorString(r1));
+            if (r2 != ncclSuccess) return lrmoe_err("ncclRecv: %s", ncclGetErrorString(r2));
+            if (r3 != ncclSuccess) return lrmoe_err("ncclGroupEnd: %s", ncclGetErrorString(r3));
+        } else {
+            if (order_after(s, dst, src) < 0) return -1;
+            KCU_CUDA(cudaSetDevice(s->ctx[dst]->device));
+            KCU_CUDA(cudaMemcpyAsync(recvbuf, sendbuf, bytes, cudaMemcpyDefault, s->ctx[dst]->stream));
+            rc = order_after(s, src, dst);
+        }
+        if (restore() < 0) rc = -1;
+        return rc;
+    }
     if (sync_all(s) < 0) return -1;
     if (s->nccl && src != dst) {
         KCU_NCCL(ncclGroupStart());
@@ -141,6 +199,10 @@ static void cuda_destroy(lrmoe_comm_t *c)
         for (int r = 0; r < s->P; r++)
             if (s->comm[r]) (void)ncclCommDestroy(s->comm[r]);
     free(s->comm);
+    if (s->ev)
+        for (int r = 0; r < s->P; r++)
+            if (s->ev[r]) (void)cudaEventDestroy(s->ev[r]);
+    free(s->ev);
     free(s->ctx);
     free(s);
     c->ctx = NULL;
@@ -224,6 +286,24 @@ int lrmoe_comm_cuda_init(lrmoe_comm_t *c, int P, lrmoe_kcu_ctx_t *const *ctx, in
         }
         if (restore() < 0) { cuda_destroy(c); return -1; }
     }
+    return 0;
+}
+
+int lrmoe_comm_cuda_set_async(lrmoe_comm_t *c, int on)
+{
+    cstate_t *s = st(c);
+    if (!s || c->alltoallv != cuda_alltoallv)
+        return lrmoe_err("comm: set_async needs a communicator of lrmoe_comm_cuda_init");
+    if (on && !s->ev) {
+        s->ev = (cudaEvent_t *)calloc((size_t)s->P, sizeof *s->ev);
+        if (!s->ev) return lrmoe_err("out of memory");
+        for (int r = 0; r < s->P; r++) {
+            KCU_CUDA(cudaSetDevice(s->ctx[r]->device));
+            KCU_CUDA(cudaEventCreateWithFlags(&s->ev[r], cudaEventDisableTiming));
+        }
+        if (restore() < 0) return -1;
+    }
+    s->async = on != 0;
     return 0;
 }
 

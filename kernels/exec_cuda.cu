@@ -24,8 +24,23 @@
  * phi, dy, dphi-derived dg/du), so results agree to BF16 operand precision
  * (relative error ~1e-3..1e-2), exactly where operands were BF16 already.
  *
- * Timings: stages are timed on the host around work that is synchronised per
- * rank, so each rank's seconds are its own device time plus launch overhead.
+ * The executor (lrmoe_exec_cuda_t, exec.h) keeps the contexts, the
+ * communicator (async mode: no host waits, events order the ranks) and each
+ * layer's weights resident across frames; the one-shot entry points make and
+ * free one per call. A frame queues every rank's work from this thread
+ * before waiting for any: host-to-device transfers come from pinned staging
+ * (the executor's block, reused frame after frame), device-to-host ones land
+ * there and are copied or scattered into the caller's arrays after the one
+ * host wait at the frame's end (run_finish). With device-pointer I/O
+ * (lrmoe_exec_cuda_set_io) activations never cross to the host and the
+ * caller's stream waits for the frame instead of the host.
+ *
+ * dy travels in BF16 (the dispatch rounds alpha_u g_t once, as the expert
+ * rank did before: dy is only a BF16 GEMM operand), dx back in F32.
+ *
+ * Timings: each rank records an event on its stream at every stage boundary
+ * (run_t::mark); a stage's seconds are the device time between its events,
+ * read after the frame's wait (zero with device-pointer I/O).
  *
  * One rank per process (MPI, lib/exec_mpi.c): cfg->comm is then the rank's
  * NCCL communicator from lrmoe_comm_cuda_init_rank (self = rank+1), whose
@@ -38,6 +53,8 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <functional>
+#include <new>
 #include <vector>
 #include "kcu_internal.h"
 #include "comm_cuda.h"
@@ -127,31 +144,87 @@ static int layout_packed(layout_t &L, int P, int64_t T, int64_t K, int64_t E,
     return layout_finish(L);
 }
 
-/* ---------------------------------------------------------------- ranks */
+/* ---------------------------------------------------------------- executor */
+
+} /* namespace */
+
+/* The weights of one layer resident on the ranks: wst[r*E+e] the storage
+ * dtype (3 matrices), wbf[r*E+e] its BF16 view; natives uploaded once,
+ * replicas copied from the native rank the first time a frame needs them. */
+struct xw_t {
+    const void *g = nullptr, *u = nullptr, *dn = nullptr;
+    lrmoe_dtype_t dtype = LRMOE_F32;
+    int64_t E = 0, F = 0, D = 0;
+    std::vector<void *> wst, wbf;
+    std::vector<int> own_bf;        /* wbf[i] is an allocation of its own */
+    std::vector<char> rep;          /* replica i copied (set alike in both processes) */
+};
+
+/* lrmoe_exec_cuda_t (exec.h): what lives across frames. */
+struct lrmoe_exec_cuda {
+    int P = 0;
+    int self = 0;                   /* 0: all ranks here; r+1: only rank r (comm.h) */
+    std::vector<lrmoe_kcu_ctx_t *> ctx;   /* (P); nullptr: a rank of another process */
+    std::vector<int> own_ctx;
+    lrmoe_comm_t comm;
+    int comm_ok = 0;
+    lrmoe_comm_t *cm = &comm;
+    int async = 0;                  /* comm in async mode: no host waits inside a frame */
+    std::vector<xw_t *> ws;         /* resident weight sets, one per layer */
+    /* pinned staging: one block reused by every frame (bumped from 0), and
+     * blocks added when a frame needed more, merged after it */
+    char *pin = nullptr;
+    size_t pin_cap = 0, pin_used = 0, pin_need = 0;
+    std::vector<void *> pin_extra;  /* earlier blocks of this frame */
+    std::vector<void *> pin_tmp;    /* blocks of this frame only */
+    std::vector<std::vector<void *>> ev;  /* (P) timing events, reused */
+    std::vector<void *> join;             /* (P) join events */
+    /* lrmoe_exec_cuda_set_io: activations and outputs are device pointers,
+     * the frame runs after `stream`'s queued work and `stream` waits for it */
+    int dev = 0;
+    void *stream = nullptr;
+    void *start = nullptr;          /* recorded on `stream` at a frame's start */
+    int pending = 0;                /* a device-I/O frame not yet waited for */
+    lrmoe_exec_cuda() { memset(&comm, 0, sizeof comm); }
+};
+
+namespace {
+
+typedef lrmoe_exec_cuda xs_t;
 
 struct rank_t {
     lrmoe_kcu_ctx_t *ctx = nullptr;       /* nullptr: a rank of another process */
-    int own_ctx = 1;                      /* 0: the rank communicator's context */
     int64_t t_lo = 0, t_hi = 0;
-    std::vector<void *> mem;              /* device allocations to free */
-    std::vector<void *> wst;              /* (E) expert weights, storage dtype (3 matrices) */
-    std::vector<const uint16_t *> wbf;    /* (E) BF16 view (3 matrices) */
+    std::vector<void *> mem;              /* this frame's device allocations */
+    void **wst = nullptr;                 /* (E) resident weights, storage dtype */
+    const uint16_t *const *wbf = nullptr; /* (E) BF16 view */
+    size_t nev = 0;                       /* timing events used this frame */
+    std::vector<int> evstage;             /* the stage each event closes */
 };
 
+/* One frame on an executor. Nothing waits on the host until run_finish: every
+ * host transfer goes through pinned staging; copies to the host and the
+ * scatters by pair behind them are deferred to after the one wait. */
 struct run_t {
     int P = 0;
+    xs_t *X = nullptr;
     const lrmoe_exec_dims_t *d = nullptr;
     std::vector<rank_t> rk;
-    lrmoe_comm_t comm;
-    int comm_ok = 0;
-    lrmoe_comm_t *cm = &comm;  /* the communicator: comm, or the caller's rank comm */
-    int self = 0;              /* 0: all ranks here; r+1: only rank r (comm.h) */
+    lrmoe_comm_t *cm = nullptr;
+    int self = 0;
     double *tim = nullptr;
+    struct hcopy { void *dst; const void *src; size_t bytes; };
+    std::vector<hcopy> later;                         /* host copies after the wait */
+    std::vector<std::function<void()>> later_fn;      /* host scatters after the wait */
+    /* device-I/O forward: each rank's saved rows (layout order) that go back
+     * to the token owners like y: ||phi||^2, h_g, h_u */
+    std::vector<void *> sv_sq, sv_g, sv_u;
+    std::vector<int64_t *> dur;   /* (T_s*K) on owner s: the pair rows' receive rows */
 
     int loc(int r) const { return self == 0 || self == r + 1; }
     int use(int r) { return lrmoe_kcu_use(rk[r].ctx); }
 
-    /* device memory on rank r (freed at the end) */
+    /* device memory on rank r (freed, stream-ordered, at the end) */
     int dalloc(int r, void **p, size_t bytes)
     {
         if (use(r) < 0) return -1;
@@ -166,20 +239,131 @@ struct run_t {
         *p = (X *)v;
         return rc;
     }
-    int sync(int r)
+    /* pinned staging of `bytes`, valid until run_finish, bumped from the
+     * executor's block; when that is short, from added blocks (at least
+     * 4 MiB, doubling), merged into one block of the frame's need after it.
+     * keep 0: a block of its own, not counted (the weights' upload). */
+    void *stage(size_t bytes, int keep = 1)
     {
+        bytes = (bytes + 255) & ~(size_t)255;
+        if (!bytes) bytes = 256;
+        void *p = nullptr;
+        if (!keep) {
+            if (lrmoe_kcu_host_alloc(&p, bytes) < 0) return nullptr;
+            X->pin_tmp.push_back(p);
+            return p;
+        }
+        X->pin_need += bytes;
+        if (X->pin_used + bytes > X->pin_cap) {
+            size_t n = X->pin_cap * 2 > bytes ? X->pin_cap * 2 : bytes;
+            if (n < ((size_t)4 << 20)) n = (size_t)4 << 20;
+            if (lrmoe_kcu_host_alloc(&p, n) < 0) return nullptr;
+            if (X->pin) X->pin_extra.push_back(X->pin);
+            X->pin = (char *)p;
+            X->pin_cap = n;
+            X->pin_used = 0;
+        }
+        p = X->pin + X->pin_used;
+        X->pin_used += bytes;
+        return p;
+    }
+    /* host -> rank r's device memory, through pinned staging */
+    int put(int r, void *dst, const void *src, size_t bytes)
+    {
+        if (!bytes) return 0;
+        void *p = stage(bytes);
+        if (!p || use(r) < 0) return -1;
+        memcpy(p, src, bytes);
+        return lrmoe_kcu_h2d(dst, p, bytes);
+    }
+    /* rank r's device memory -> pinned staging (returned); read after run_finish */
+    void *fetch(int r, const void *src, size_t bytes)
+    {
+        void *p = stage(bytes);
+        if (!p || use(r) < 0) return nullptr;
+        if (bytes && lrmoe_kcu_d2h(p, src, bytes) < 0) return nullptr;
+        return p;
+    }
+    int get(int r, void *dst, const void *src, size_t bytes)
+    {
+        if (!bytes) return 0;
+        void *p = fetch(r, src, bytes);
+        if (!p) return -1;
+        later.push_back(hcopy{dst, p, bytes});
+        return 0;
+    }
+    /* an input of the caller (activations, device pointers in device-I/O
+     * mode) into rank r's device memory */
+    int in(int r, void *dst, const void *src, size_t bytes)
+    {
+        if (!X->dev) return put(r, dst, src, bytes);
         if (use(r) < 0) return -1;
-        return lrmoe_kcu_sync();
+        return lrmoe_kcu_copy(dst, src, bytes);
+    }
+    /* rank r's device memory into an output of the caller */
+    int out(int r, void *dst, const void *src, size_t bytes)
+    {
+        if (!X->dev) return get(r, dst, src, bytes);
+        if (!bytes) return 0;
+        if (use(r) < 0) return -1;
+        return lrmoe_kcu_copy(dst, src, bytes);
+    }
+    /* the work rank r queued since its last mark belongs to `stage` */
+    int mark(int r, int stage)
+    {
+        rank_t &k = rk[r];
+        std::vector<void *> &ev = X->ev[r];
+        if (use(r) < 0) return -1;
+        if (k.nev == ev.size()) {
+            void *e;
+            if (lrmoe_kcu_event_create(&e, 1) < 0) return -1;
+            ev.push_back(e);
+        }
+        k.evstage.push_back(stage);
+        return lrmoe_kcu_event_record(ev[k.nev++]);
     }
 };
 
-static int run_init(run_t &R, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                    double *tim)
+static void xw_free(xs_t *X, xw_t *W)
 {
-    R.P = d->P;
-    R.d = d;
-    R.tim = tim;
-    memset(&R.comm, 0, sizeof R.comm);
+    for (int r = 0; r < X->P; r++) {
+        if (!X->ctx[r] || lrmoe_kcu_use(X->ctx[r]) < 0) continue;
+        for (int64_t e = 0; e < W->E; e++) {
+            size_t i = (size_t)r * W->E + e;
+            if (W->own_bf[i]) (void)lrmoe_kcu_free(W->wbf[i]);
+            if (W->wst[i]) (void)lrmoe_kcu_free(W->wst[i]);
+        }
+    }
+    delete W;
+}
+
+static void x_free(xs_t *X)
+{
+    if (!X) return;
+    for (int r = 0; r < X->P; r++)
+        if (X->ctx.size() && X->ctx[r] && lrmoe_kcu_use(X->ctx[r]) == 0) (void)lrmoe_kcu_sync();
+    for (xw_t *W : X->ws) xw_free(X, W);
+    for (int r = 0; r < (int)X->ev.size(); r++) {
+        for (void *e : X->ev[r]) lrmoe_kcu_event_destroy(e);
+        if (X->join[r]) lrmoe_kcu_event_destroy(X->join[r]);
+    }
+    lrmoe_kcu_event_destroy(X->start);
+    for (int r = 0; r < X->P; r++)
+        if (X->ctx.size() && X->ctx[r] && lrmoe_kcu_use(X->ctx[r]) == 0) (void)lrmoe_kcu_sync();
+    lrmoe_kcu_host_free(X->pin);
+    for (void *p : X->pin_extra) lrmoe_kcu_host_free(p);
+    for (void *p : X->pin_tmp) lrmoe_kcu_host_free(p);
+    if (X->comm_ok) lrmoe_comm_free(&X->comm);
+    for (int r = 0; r < (int)X->ctx.size(); r++)
+        if (X->own_ctx[r]) lrmoe_kcu_ctx_destroy(X->ctx[r]);
+    (void)lrmoe_kcu_use(nullptr);
+    delete X;
+}
+
+static int x_new(const lrmoe_exec_cfg_t *cfg, int P, xs_t **out)
+{
+    *out = nullptr;
+    if (P < 1) return lrmoe_err("ranks must be >= 1 (got %d)", P);
     int ndev = lrmoe_kcu_device_count();
     if (ndev < 0) return lrmoe_err_prefix("backend cuda: no usable CUDA device");
     int gpus = cfg->gpus > 0 ? cfg->gpus : ndev;
@@ -194,118 +378,308 @@ static int run_init(run_t &R, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims
     else return lrmoe_err("backend cuda: unknown GEMM implementation %d", cfg->gemm);
     if (cfg->device < 0 || cfg->device >= ndev)
         return lrmoe_err("backend cuda: device %d out of range (%d devices)", cfg->device, ndev);
-    R.rk.resize(R.P);
-    for (int r = 0; r < R.P; r++) {
-        R.rk[r].t_lo = (int64_t)r * d->T / R.P;
-        R.rk[r].t_hi = (int64_t)(r + 1) * d->T / R.P;
-        R.rk[r].wst.assign(d->E, nullptr);
-        R.rk[r].wbf.assign(d->E, nullptr);
-    }
+    xs_t *X = new (std::nothrow) xs_t;
+    if (!X) return lrmoe_err("out of memory");
+    X->P = P;
+    X->ctx.assign(P, nullptr);
+    X->own_ctx.assign(P, 0);
+    X->ev.resize(P);
+    X->join.assign(P, nullptr);
     if (cfg->comm && cfg->comm->self) { /* one rank of an MPI job: its comm and GPU */
         lrmoe_comm_t *c = cfg->comm;
-        if (c->backend != LRMOE_BACKEND_CUDA || c->P != R.P || c->self > R.P)
-            return lrmoe_err("backend cuda: the communicator is not a CUDA one of %d ranks", R.P);
-        R.cm = c;
-        R.self = c->self;
-        rank_t &me = R.rk[c->self - 1];
-        if (!(me.ctx = (lrmoe_kcu_ctx_t *)c->device))
+        if (c->backend != LRMOE_BACKEND_CUDA || c->P != P || c->self > P) {
+            x_free(X);
+            return lrmoe_err("backend cuda: the communicator is not a CUDA one of %d ranks", P);
+        }
+        X->cm = c;
+        X->self = c->self;
+        if (!(X->ctx[c->self - 1] = (lrmoe_kcu_ctx_t *)c->device)) {
+            x_free(X);
             return lrmoe_err("backend cuda: the rank communicator has no device context");
-        me.own_ctx = 0;
-        lrmoe_kcu_set_gemm(me.ctx, impl);
+        }
+        lrmoe_kcu_set_gemm(X->ctx[c->self - 1], impl);
+        if (lrmoe_kcu_use(X->ctx[c->self - 1]) < 0 ||
+            lrmoe_kcu_event_create(&X->join[c->self - 1], 0) < 0) {
+            x_free(X);
+            return -1;
+        }
+        (void)lrmoe_kcu_use(nullptr);
+        *out = X;
         return 0;
     }
-    std::vector<lrmoe_kcu_ctx_t *> ctxs(R.P);
-    for (int r = 0; r < R.P; r++) {
+    for (int r = 0; r < P; r++) {
         int dev = (cfg->device + r % gpus) % ndev;
-        if (lrmoe_kcu_ctx_create(dev, streams, &R.rk[r].ctx) < 0) return -1;
-        lrmoe_kcu_set_gemm(R.rk[r].ctx, impl);
-        ctxs[r] = R.rk[r].ctx;
+        if (lrmoe_kcu_ctx_create(dev, streams, &X->ctx[r]) < 0) { x_free(X); return -1; }
+        X->own_ctx[r] = 1;
+        lrmoe_kcu_set_gemm(X->ctx[r], impl);
+        if (lrmoe_kcu_use(X->ctx[r]) < 0 || lrmoe_kcu_event_create(&X->join[r], 0) < 0) {
+            x_free(X);
+            return -1;
+        }
     }
-    if (lrmoe_comm_cuda_init(&R.comm, R.P, ctxs.data(), -1) < 0) return -1;
-    R.comm_ok = 1;
+    if (lrmoe_comm_cuda_init(&X->comm, P, X->ctx.data(), -1) < 0) { x_free(X); return -1; }
+    X->comm_ok = 1;
+    if (lrmoe_comm_cuda_set_async(&X->comm, 1) < 0) { x_free(X); return -1; }
+    X->async = 1;
+    *out = X;
     return 0;
 }
 
-static void run_free(run_t &R)
+static int run_init(run_t &R, xs_t *X, const lrmoe_exec_dims_t *d, double *tim)
 {
-    for (int r = 0; r < (int)R.rk.size(); r++) {
-        if (!R.rk[r].ctx) continue;
-        if (R.use(r) == 0) {
-            for (void *p : R.rk[r].mem) (void)lrmoe_kcu_free(p);
-            (void)lrmoe_kcu_sync();
+    R.P = d->P;
+    R.X = X;
+    R.d = d;
+    R.tim = tim;
+    R.cm = X->cm;
+    R.self = X->self;
+    if (d->P != X->P)
+        return lrmoe_err("backend cuda: the executor has %d ranks, the call %d", X->P, d->P);
+    int first = 0;
+    while (!X->ctx[first]) first++;
+    if (X->dev) { /* see lrmoe_exec_cuda_new(3), NOTES: no graph capture of a frame */
+        int cap = lrmoe_kcu_stream_capturing(X->stream);
+        if (cap < 0) return -1;
+        if (cap)
+            return lrmoe_err("backend cuda: a frame cannot be captured into a CUDA graph (its "
+                             "index arrays are staged from the host per frame); run it outside "
+                             "the capture");
+    }
+    if (X->pending) { /* the last device-I/O frame: its staging is reused now */
+        X->pending = 0;
+        if (lrmoe_kcu_use(X->ctx[first]) < 0 || lrmoe_kcu_event_sync(X->join[first]) < 0)
+            return -1;
+        if (!X->pin_extra.empty()) {
+            lrmoe_kcu_host_free(X->pin);
+            for (void *p : X->pin_extra) lrmoe_kcu_host_free(p);
+            X->pin_extra.clear();
+            X->pin = nullptr;
+            X->pin_cap = 0;
+            size_t n = X->pin_need + X->pin_need / 4;
+            if (lrmoe_kcu_host_alloc((void **)&X->pin, n) == 0) X->pin_cap = n;
+        }
+        for (void *p : X->pin_tmp) lrmoe_kcu_host_free(p);
+        X->pin_tmp.clear();
+    }
+    X->pin_used = X->pin_need = 0;
+    R.rk.resize(R.P);
+    R.sv_sq.assign(R.P, nullptr);
+    R.sv_g.assign(R.P, nullptr);
+    R.sv_u.assign(R.P, nullptr);
+    R.dur.assign(R.P, nullptr);
+    for (int r = 0; r < R.P; r++) {
+        R.rk[r].t_lo = (int64_t)r * d->T / R.P;
+        R.rk[r].t_hi = (int64_t)(r + 1) * d->T / R.P;
+        R.rk[r].ctx = X->ctx[r];
+    }
+    if (X->dev) { /* after the caller's queued work */
+        if (lrmoe_kcu_use(X->ctx[first]) < 0 || lrmoe_kcu_event_record_on(X->start, X->stream) < 0)
+            return -1;
+        for (int r = 0; r < R.P; r++)
+            if (R.loc(r) && (R.use(r) < 0 || lrmoe_kcu_event_wait(X->start) < 0)) return -1;
+    }
+    for (int r = 0; r < R.P; r++)
+        if (R.loc(r) && R.mark(r, -1) < 0) return -1; /* the frame's start */
+    return 0;
+}
+
+/* End of a frame, also after an error: this frame's memory freed in stream
+ * order; one host wait for all ranks (every other rank's stream joined into
+ * rank 0's by events, then rank 0's join event waited for); the deferred
+ * host copies and scatters (only after success); stage times from the
+ * events; staging merged into one block for the next frame. */
+static int run_finish(run_t &R, int ok)
+{
+    xs_t *X = R.X;
+    int rc = ok ? 0 : -1;
+    if (!X || (int)R.rk.size() != R.P) return rc; /* run_init stopped before queueing */
+    int first = -1;
+    for (int r = 0; r < R.P; r++) {
+        if (!R.loc(r) || !R.rk[r].ctx) continue;
+        if (R.use(r) < 0) { rc = -1; continue; }
+        for (void *p : R.rk[r].mem) if (lrmoe_kcu_free(p) < 0) rc = -1;
+        R.rk[r].mem.clear();
+        if (ok && R.mark(r, -2) < 0) rc = -1;
+        if (first < 0) first = r;
+    }
+    if (X->dev && first >= 0 && (X->async || X->self)) {
+        /* device I/O: the caller's stream waits for every rank; the host
+         * waits only when the next frame reuses the staging (run_init) */
+        for (int r = 0; r < R.P; r++) {
+            if (r == first || !R.loc(r) || !R.rk[r].ctx) continue;
+            if (R.use(r) < 0 || lrmoe_kcu_event_record(X->join[r]) < 0 || R.use(first) < 0 ||
+                lrmoe_kcu_event_wait(X->join[r]) < 0)
+                rc = -1;
+        }
+        if (R.use(first) < 0 || lrmoe_kcu_event_record(X->join[first]) < 0 ||
+            lrmoe_kcu_stream_wait(X->stream, X->join[first]) < 0)
+            rc = -1;
+        X->pending = 1;
+        if (rc < 0)
+            for (int r = 0; r < R.P; r++)
+                if (R.rk[r].ctx && R.use(r) == 0) (void)lrmoe_kcu_sync();
+        if (!ok) { /* a weight copy may have stopped half way */
+            for (xw_t *W : X->ws) xw_free(X, W);
+            X->ws.clear();
+        }
+        (void)lrmoe_kcu_use(nullptr);
+        return rc; /* no host copies to make; stage times stay 0 */
+    }
+    if (X->async && first >= 0) {
+        for (int r = 0; r < R.P; r++) {
+            if (r == first || !R.rk[r].ctx) continue;
+            if (R.use(r) < 0 || lrmoe_kcu_event_record(X->join[r]) < 0 || R.use(first) < 0 ||
+                lrmoe_kcu_event_wait(X->join[r]) < 0)
+                rc = -1;
+        }
+        if (R.use(first) < 0 || lrmoe_kcu_event_record(X->join[first]) < 0 ||
+            lrmoe_kcu_event_sync(X->join[first]) < 0) {
+            rc = -1;
+            for (int r = 0; r < R.P; r++) /* make sure nothing still reads staging */
+                if (R.rk[r].ctx && R.use(r) == 0) (void)lrmoe_kcu_sync();
+        }
+    } else if (first >= 0) {
+        if (R.use(first) < 0 || lrmoe_kcu_sync() < 0) rc = -1;
+    }
+    if (!ok) { /* a weight upload or copy may have stopped half way */
+        for (xw_t *W : X->ws) xw_free(X, W);
+        X->ws.clear();
+    }
+    if (rc == 0) {
+        for (const run_t::hcopy &c : R.later) memcpy(c.dst, c.src, c.bytes);
+        for (auto &f : R.later_fn) f();
+        double *tim = R.tim;
+        for (int r = 0; r < R.P; r++) {
+            rank_t &k = R.rk[r];
+            for (size_t i = 1; i < k.nev; i++) {
+                float ms = 0.0f;
+                if (lrmoe_kcu_event_ms(X->ev[r][i - 1], X->ev[r][i], &ms) < 0) { rc = -1; break; }
+                if (k.evstage[i] >= 0) TIM(r, k.evstage[i]) += ms * 1e-3;
+            }
         }
     }
-    if (R.comm_ok) lrmoe_comm_free(&R.comm);
-    for (int r = 0; r < (int)R.rk.size(); r++)
-        if (R.rk[r].own_ctx) lrmoe_kcu_ctx_destroy(R.rk[r].ctx);
-    R.rk.clear();
+    for (void *p : X->pin_tmp) lrmoe_kcu_host_free(p);
+    X->pin_tmp.clear();
+    if (!X->pin_extra.empty()) {
+        lrmoe_kcu_host_free(X->pin);
+        for (void *p : X->pin_extra) lrmoe_kcu_host_free(p);
+        X->pin_extra.clear();
+        X->pin = nullptr;
+        X->pin_cap = 0;
+        size_t n = X->pin_need + X->pin_need / 4; /* room for frames a little larger */
+        if (rc == 0 && lrmoe_kcu_host_alloc((void **)&X->pin, n) == 0) X->pin_cap = n;
+    }
+    X->pin_used = 0;
     (void)lrmoe_kcu_use(nullptr);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- weights */
 
-/* Native experts from the host, replicas/helpers by p2p from the native rank
- * (stage weights); then a BF16 view of each (converted when F32). need(r,e)
- * as the CPU backend: rows of e on r, or an instance in the placement. */
+/* The resident weight set of w (same matrices, dtype and shape), made when
+ * new: every rank's native experts uploaded (through pinned staging) and
+ * converted to BF16. */
+static xw_t *weights_set(run_t &R, const lrmoe_exec_weights_t *w)
+{
+    xs_t *X = R.X;
+    const lrmoe_exec_dims_t *d = R.d;
+    for (xw_t *W : X->ws)
+        if (W->g == w->w_gate && W->u == w->w_up && W->dn == w->w_down && W->dtype == w->dtype &&
+            W->E == d->E && W->F == d->F && W->D == d->D)
+            return W;
+    xw_t *W = new (std::nothrow) xw_t;
+    if (!W) { lrmoe_err("out of memory"); return nullptr; }
+    W->g = w->w_gate; W->u = w->w_up; W->dn = w->w_down; W->dtype = w->dtype;
+    W->E = d->E; W->F = d->F; W->D = d->D;
+    W->wst.assign((size_t)R.P * d->E, nullptr);
+    W->wbf.assign((size_t)R.P * d->E, nullptr);
+    W->own_bf.assign((size_t)R.P * d->E, 0);
+    W->rep.assign((size_t)R.P * d->E, 0);
+    X->ws.push_back(W);
+    const size_t FD = (size_t)(d->F * d->D), mb = FD * lrmoe_dtype_size(w->dtype);
+    for (int r = 0; r < R.P; r++) {
+        if (!R.loc(r)) continue;
+        int64_t nn = 0;
+        for (int64_t e = 0; e < d->E; e++) nn += lrmoe_exec_native(e, d->E, R.P) == r;
+        char *p = X->dev ? nullptr : (char *)R.stage(3 * mb * (size_t)nn, 0);
+        if (!p && !X->dev) return nullptr;
+        for (int64_t e = 0; e < d->E; e++) {
+            if (lrmoe_exec_native(e, d->E, R.P) != r) continue;
+            size_t i = (size_t)r * d->E + e;
+            char *buf;
+            if (R.use(r) < 0 || lrmoe_kcu_alloc((void **)&buf, 3 * mb) < 0) return nullptr;
+            W->wst[i] = buf;
+            if (X->dev) { /* device weights: copied into one block per expert */
+                if (lrmoe_kcu_copy(buf, (const char *)w->w_gate + e * mb, mb) < 0 ||
+                    lrmoe_kcu_copy(buf + mb, (const char *)w->w_up + e * mb, mb) < 0 ||
+                    lrmoe_kcu_copy(buf + 2 * mb, (const char *)w->w_down + e * mb, mb) < 0)
+                    return nullptr;
+                continue;
+            }
+            memcpy(p, (const char *)w->w_gate + e * mb, mb);
+            memcpy(p + mb, (const char *)w->w_up + e * mb, mb);
+            memcpy(p + 2 * mb, (const char *)w->w_down + e * mb, mb);
+            if (lrmoe_kcu_h2d(buf, p, 3 * mb) < 0) return nullptr;
+            p += 3 * mb;
+        }
+        if (R.mark(r, LRMOE_STAGE_WEIGHTS) < 0) return nullptr;
+    }
+    return W;
+}
+
+/* Rank r's BF16 view of expert e (converted when F32), kept. */
+static int weights_bf16(run_t &R, xw_t *W, int r, int64_t e)
+{
+    size_t i = (size_t)r * W->E + e;
+    if (W->wbf[i]) return 0;
+    if (W->dtype == LRMOE_BF16) { W->wbf[i] = W->wst[i]; return 0; }
+    const size_t FD = (size_t)(W->F * W->D);
+    void *b;
+    if (R.use(r) < 0 || lrmoe_kcu_alloc(&b, 3 * FD * 2) < 0) return -1;
+    W->wbf[i] = b;
+    W->own_bf[i] = 1;
+    return lrmoe_kcu_f32_to_bf16((int64_t)(3 * FD), (const float *)W->wst[i], (uint16_t *)b);
+}
+
+/* The weights this frame needs resident: natives (the set), then each
+ * replica or helper instance not yet there copied from the native rank;
+ * need(r,e) as the CPU backend: rows of e on r, or an instance in the
+ * placement. Steady state: nothing moves. */
 static int load_weights(run_t &R, const lrmoe_exec_weights_t *w, const layout_t &L,
                         const uint8_t *placement)
 {
     const lrmoe_exec_dims_t *d = R.d;
     int P = R.P;
     int64_t E = d->E;
-    size_t FD = (size_t)(d->F * d->D);
-    size_t mb = FD * lrmoe_dtype_size(w->dtype);
-    int isbf = w->dtype == LRMOE_BF16;
-    double *tim = R.tim;
-    for (int r = 0; r < P; r++) {
-        if (!R.loc(r)) continue;
-        double t0 = lrmoe_now();
-        for (int64_t e = 0; e < E; e++) {
-            if (lrmoe_exec_native(e, E, P) != r) continue;
-            char *buf;
-            if (R.dalloc(r, &buf, 3 * mb) < 0 ||
-                lrmoe_kcu_h2d(buf, (const char *)w->w_gate + e * mb, mb) < 0 ||
-                lrmoe_kcu_h2d(buf + mb, (const char *)w->w_up + e * mb, mb) < 0 ||
-                lrmoe_kcu_h2d(buf + 2 * mb, (const char *)w->w_down + e * mb, mb) < 0)
-                return -1;
-            R.rk[r].wst[e] = buf;
-        }
-        if (R.sync(r) < 0) return -1;
-        TIM(r, LRMOE_STAGE_WEIGHTS) += lrmoe_now() - t0;
-    }
-    for (int r = 0; r < P; r++) {
-        double t0 = lrmoe_now();
+    xw_t *W = weights_set(R, w);
+    if (!W) return -1;
+    const size_t mb = (size_t)(d->F * d->D) * lrmoe_dtype_size(w->dtype);
+    for (int r = 0; r < P; r++)
         for (int64_t e = 0; e < E; e++) {
             int nat = lrmoe_exec_native(e, E, P);
+            size_t i = (size_t)r * E + e;
             int need = nat != r && (L.cnt[r * E + e] > 0 || (placement && placement[e * P + r]));
             if (!need || (!R.loc(r) && !R.loc(nat))) continue;
+            /* every process walks the same order and marks the copy alike,
+             * so sends and receives pair up across processes */
+            if (W->rep[i]) continue;
+            W->rep[i] = 1;
             char *buf = nullptr;
             if (R.loc(r)) {
-                if (R.dalloc(r, &buf, 3 * mb) < 0) return -1;
-                R.rk[r].wst[e] = buf;
+                if (R.use(r) < 0 || lrmoe_kcu_alloc((void **)&buf, 3 * mb) < 0) return -1;
+                W->wst[i] = buf;
             }
-            if (R.cm->p2p(R.cm, nat, R.loc(nat) ? R.rk[nat].wst[e] : nullptr, r, buf, 3 * mb) < 0)
+            if (R.cm->p2p(R.cm, nat, R.loc(nat) ? W->wst[(size_t)nat * E + e] : nullptr, r, buf,
+                          3 * mb) < 0)
                 return -1;
         }
-        if (R.loc(r)) TIM(r, LRMOE_STAGE_WEIGHTS) += lrmoe_now() - t0;
-    }
     for (int r = 0; r < P; r++) {
         if (!R.loc(r)) continue;
-        double t0 = lrmoe_now();
-        for (int64_t e = 0; e < E; e++) {
-            if (!R.rk[r].wst[e]) continue;
-            if (isbf) {
-                R.rk[r].wbf[e] = (const uint16_t *)R.rk[r].wst[e];
-                continue;
-            }
-            uint16_t *b;
-            if (R.dalloc(r, &b, 3 * FD * 2) < 0 ||
-                lrmoe_kcu_f32_to_bf16((int64_t)(3 * FD), (const float *)R.rk[r].wst[e], b) < 0)
-                return -1;
-            R.rk[r].wbf[e] = b;
-        }
-        if (R.sync(r) < 0) return -1;
-        TIM(r, LRMOE_STAGE_GEMM) += lrmoe_now() - t0;
+        for (int64_t e = 0; e < E; e++)
+            if (W->wst[(size_t)r * E + e] && weights_bf16(R, W, r, e) < 0) return -1;
+        R.rk[r].wst = &W->wst[(size_t)r * E];
+        R.rk[r].wbf = (const uint16_t *const *)&W->wbf[(size_t)r * E];
+        if (R.mark(r, LRMOE_STAGE_WEIGHTS) < 0) return -1;
     }
     return 0;
 }
@@ -319,7 +693,6 @@ static int exchange_fwd(run_t &R, const layout_t &L, size_t row_bytes,
                         std::vector<void *> &sendbuf, std::vector<void *> &out, int stage)
 {
     int P = R.P;
-    double *tim = R.tim;
     std::vector<void *> recv(P, nullptr);
     std::vector<double> sec(P, 0.0);
     for (int d = 0; d < P; d++)
@@ -331,7 +704,6 @@ static int exchange_fwd(run_t &R, const layout_t &L, size_t row_bytes,
         return -1;
     for (int d = 0; d < P; d++) {
         if (!R.loc(d)) continue;
-        double t0 = lrmoe_now();
         int64_t n = L.base[d + 1] - L.base[d];
         std::vector<int64_t> perm(n ? n : 1);
         std::vector<int64_t> pos(P);
@@ -339,10 +711,10 @@ static int exchange_fwd(run_t &R, const layout_t &L, size_t row_bytes,
         for (int64_t i = L.base[d]; i < L.base[d + 1]; i++) perm[i - L.base[d]] = pos[L.owner[i]]++;
         int64_t *dperm;
         if (R.dalloc(d, &out[d], (size_t)n * row_bytes) < 0 || R.dalloc(d, &dperm, (size_t)n * 8) < 0 ||
-            lrmoe_kcu_h2d(dperm, perm.data(), (size_t)n * 8) < 0 ||
-            lrmoe_kcu_pack_gather(dperm, n, 1, 0, recv[d], row_bytes, out[d]) < 0 || R.sync(d) < 0)
+            R.put(d, dperm, perm.data(), (size_t)n * 8) < 0 ||
+            lrmoe_kcu_pack_gather(dperm, n, 1, 0, recv[d], row_bytes, out[d]) < 0 ||
+            R.mark(d, stage) < 0)
             return -1;
-        TIM(d, stage) += lrmoe_now() - t0 + sec[d];
     }
     return 0;
 }
@@ -355,7 +727,6 @@ static int exchange_rev(run_t &R, const layout_t &L, size_t row_bytes, std::vect
                         std::vector<void *> &recv, std::vector<int64_t> &upos, int stage)
 {
     int P = R.P;
-    double *tim = R.tim;
     std::vector<int64_t> cnt2((size_t)P * P), sd2((size_t)P * P), rd2((size_t)P * P);
     std::vector<void *> send(P, nullptr);
     std::vector<double> sec(P, 0.0);
@@ -367,7 +738,6 @@ static int exchange_rev(run_t &R, const layout_t &L, size_t row_bytes, std::vect
         }
     for (int d = 0; d < P; d++) {
         if (!R.loc(d)) continue;
-        double t0 = lrmoe_now();
         int64_t n = L.base[d + 1] - L.base[d];
         /* send position of row i is its receive position; as a gather:
          * send[pos] = in[i] */
@@ -377,10 +747,10 @@ static int exchange_rev(run_t &R, const layout_t &L, size_t row_bytes, std::vect
         for (int64_t i = L.base[d]; i < L.base[d + 1]; i++) src[pos[L.owner[i]]++] = i - L.base[d];
         int64_t *dsrc;
         if (R.dalloc(d, &send[d], (size_t)n * row_bytes) < 0 || R.dalloc(d, &dsrc, (size_t)n * 8) < 0 ||
-            lrmoe_kcu_h2d(dsrc, src.data(), (size_t)n * 8) < 0 ||
-            lrmoe_kcu_pack_gather(dsrc, n, 1, 0, in[d], row_bytes, send[d]) < 0 || R.sync(d) < 0)
+            R.put(d, dsrc, src.data(), (size_t)n * 8) < 0 ||
+            lrmoe_kcu_pack_gather(dsrc, n, 1, 0, in[d], row_bytes, send[d]) < 0 ||
+            R.mark(d, stage) < 0)
             return -1;
-        TIM(d, stage) += lrmoe_now() - t0;
     }
     for (int s = 0; s < P; s++)
         if (R.loc(s) && R.dalloc(s, &recv[s], (size_t)(L.sbase[s + 1] - L.sbase[s]) * row_bytes) < 0)
@@ -391,14 +761,13 @@ static int exchange_rev(run_t &R, const layout_t &L, size_t row_bytes, std::vect
     upos.assign((size_t)(L.T * L.K), -1);
     for (int s = 0; s < P; s++) {
         if (!R.loc(s)) continue;
-        double t0 = lrmoe_now();
         for (int d = 0; d < P; d++) {
             int64_t k = L.sdispls[(size_t)s * P + d];
             if (!L.counts[(size_t)s * P + d]) continue;
             for (int64_t i = L.base[d]; i < L.base[d + 1]; i++)
                 if (L.owner[i] == s) upos[L.u[i]] = k++;
         }
-        TIM(s, stage) += lrmoe_now() - t0 + sec[s];
+        if (R.mark(s, stage) < 0) return -1; /* the all-to-all */
     }
     return 0;
 }
@@ -486,11 +855,9 @@ static double *stage_times(int P, double *timings, std::vector<double> &tloc)
 static int fwd_dispatch(run_t &R, const layout_t &L, const lrmoe_exec_fwd_t *a, size_t rowb,
                         std::vector<void *> &sendb)
 {
-    double *tim = R.tim;
     const int64_t K = R.d->K;
     for (int s = 0; s < R.P; s++) {
         if (!R.loc(s)) continue;
-        double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
         int64_t nt = rs.t_hi - rs.t_lo;
         std::vector<int64_t> rows = send_rows(L, s), idx(rows.size() ? rows.size() : 1);
@@ -500,11 +867,10 @@ static int fwd_dispatch(run_t &R, const layout_t &L, const lrmoe_exec_fwd_t *a, 
         CKR(R.dalloc(s, &hid, (size_t)nt * rowb));
         CKR(R.dalloc(s, &didx, idx.size() * 8));
         CKR(R.dalloc(s, &sendb[s], rows.size() * rowb));
-        CKR(lrmoe_kcu_h2d(hid, (const char *)a->hidden + (size_t)rs.t_lo * rowb, (size_t)nt * rowb));
-        CKR(lrmoe_kcu_h2d(didx, idx.data(), rows.size() * 8));
+        CKR(R.in(s, hid, (const char *)a->hidden + (size_t)rs.t_lo * rowb, (size_t)nt * rowb));
+        CKR(R.put(s, didx, idx.data(), rows.size() * 8));
         CKR(lrmoe_kcu_pack_gather(didx, (int64_t)rows.size(), (int)K, 1, hid, rowb, sendb[s]));
-        CKR(R.sync(s));
-        TIM(s, LRMOE_STAGE_DISPATCH) += lrmoe_now() - t0;
+        CKR(R.mark(s, LRMOE_STAGE_DISPATCH));
     }
     return 0;
 }
@@ -517,27 +883,38 @@ static int fwd_save_state(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a, int 
     const int64_t F = R.d->F;
     const size_t as = lrmoe_dtype_size(a->act_dtype);
     const int abf = a->act_dtype == LRMOE_BF16;
-    std::vector<float> hsq(n);
-    std::vector<char> hbuf;
-    CKR(lrmoe_kcu_d2h(hsq.data(), sq, (size_t)n * 4));
-    void *st = nullptr;
-    if (a->saved_gate || a->saved_up) {
-        CKR(R.dalloc(r, &st, (size_t)(n * F) * as));
-        hbuf.resize((size_t)(n * F) * as);
+    const std::vector<int64_t> *u = &L.u;
+    if (R.X->dev) { /* kept in layout order; they go back to the owners like y */
+        R.sv_sq[r] = (void *)sq;
+        for (int which = 0; which < 2; which++) {
+            if (!(which ? a->saved_up : a->saved_gate)) continue;
+            void *st;
+            CKR(R.dalloc(r, &st, (size_t)(n * F) * as));
+            CKR(lrmoe_kcu_from_f32(n * F, which ? hu : hg, abf, st));
+            (which ? R.sv_u : R.sv_g)[r] = st;
+        }
+        return 0;
+    }
+    if (a->phi_sqnorm) {
+        const float *hsq = (const float *)R.fetch(r, sq, (size_t)n * 4);
+        if (!hsq) return -1;
+        float *dst = a->phi_sqnorm;
+        R.later_fn.push_back([=] { for (int64_t j = 0; j < n; j++) dst[(*u)[b0 + j]] = hsq[j]; });
     }
     for (int which = 0; which < 2; which++) {
-        void *dst = which ? a->saved_up : a->saved_gate;
+        char *dst = (char *)(which ? a->saved_up : a->saved_gate);
         if (!dst) continue;
+        void *st;
+        CKR(R.dalloc(r, &st, (size_t)(n * F) * as));
         CKR(lrmoe_kcu_from_f32(n * F, which ? hu : hg, abf, st));
-        CKR(lrmoe_kcu_d2h(hbuf.data(), st, hbuf.size()));
-        CKR(R.sync(r));
-        for (int64_t j = 0; j < n; j++)
-            memcpy((char *)dst + (size_t)(L.u[b0 + j] * F) * as, hbuf.data() + (size_t)(j * F) * as,
-                   (size_t)F * as);
+        const char *h = (const char *)R.fetch(r, st, (size_t)(n * F) * as);
+        if (!h) return -1;
+        R.later_fn.push_back([=] {
+            for (int64_t j = 0; j < n; j++)
+                memcpy(dst + (size_t)((*u)[b0 + j] * F) * as, h + (size_t)(j * F) * as,
+                       (size_t)F * as);
+        });
     }
-    CKR(R.sync(r));
-    if (a->phi_sqnorm)
-        for (int64_t j = 0; j < n; j++) a->phi_sqnorm[L.u[b0 + j]] = hsq[j];
     return 0;
 }
 
@@ -547,13 +924,11 @@ static int fwd_save_state(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a, int 
 static int fwd_experts(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a, int r, const void *X,
                        void **Yst)
 {
-    double *tim = R.tim;
     const int64_t E = R.d->E, D = R.d->D, F = R.d->F;
     const lrmoe_dtype_t adt = a->act_dtype;
     const size_t rowb = (size_t)D * lrmoe_dtype_size(adt);
     int64_t n = L.base[r + 1] - L.base[r], b0 = L.base[r];
     if (!n) return 0;
-    double t0 = lrmoe_now();
     const uint16_t *xb;
     float *hg, *hu, *phi, *sq, *y;
     uint16_t *phib;
@@ -577,19 +952,15 @@ static int fwd_experts(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a, int r, 
         g2.push_back(G(c, D, F, 0, 1, phib + i0 * F, F, W + 2 * FD, F, y + i0 * D, D, 0.0f));
     }
     CKR(lrmoe_kcu_gemm((int)g1.size(), g1.data()));
-    CKR(R.sync(r));
-    double t1 = lrmoe_now();
+    CKR(R.mark(r, LRMOE_STAGE_GEMM));
     CKR(lrmoe_kcu_swiglu_fwd(n, F, hg, hu, phi, sq));
     CKR(lrmoe_kcu_f32_to_bf16(n * F, phi, phib));
     CKR(fwd_save_state(R, L, a, r, n, b0, hg, hu, sq));
-    double t2 = lrmoe_now();
+    CKR(R.mark(r, LRMOE_STAGE_ACT));
     CKR(lrmoe_kcu_gemm((int)g2.size(), g2.data()));
     CKR(R.dalloc(r, Yst, (size_t)n * rowb));
     CKR(lrmoe_kcu_from_f32(n * D, y, adt == LRMOE_BF16, *Yst));
-    CKR(R.sync(r));
-    double t3 = lrmoe_now();
-    TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
-    TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+    CKR(R.mark(r, LRMOE_STAGE_GEMM));
     return 0;
 }
 
@@ -598,13 +969,11 @@ static int fwd_experts(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a, int r, 
 static int fwd_combine(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a,
                        const std::vector<void *> &recv, const std::vector<int64_t> &upos)
 {
-    double *tim = R.tim;
     const int64_t K = R.d->K, D = R.d->D;
     const int abf = a->act_dtype == LRMOE_BF16;
     const size_t rowb = (size_t)D * lrmoe_dtype_size(a->act_dtype);
     for (int s = 0; s < R.P; s++) {
         if (!R.loc(s)) continue;
-        double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
         int64_t nt = rs.t_hi - rs.t_lo, nr = L.sbase[s + 1] - L.sbase[s];
         if (!nt) continue;
@@ -619,23 +988,110 @@ static int fwd_combine(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a,
         CKR(R.dalloc(s, &o, (size_t)(nt * D) * 4));
         CKR(R.dalloc(s, &ost, (size_t)nt * rowb));
         CKR(lrmoe_kcu_to_f32(nr * D, abf, recv[s], yf));
-        CKR(lrmoe_kcu_h2d(al, a->topk_weights + rs.t_lo * K, (size_t)(nt * K) * 4));
-        CKR(lrmoe_kcu_h2d(drow, row.data(), (size_t)(nt * K) * 8));
+        CKR(R.put(s, al, a->topk_weights + rs.t_lo * K, (size_t)(nt * K) * 4));
+        CKR(R.put(s, drow, row.data(), (size_t)(nt * K) * 8));
         CKR(lrmoe_kcu_combine(nt, (int)K, D, al, drow, yf, o));
         CKR(lrmoe_kcu_from_f32(nt * D, o, abf, ost));
-        CKR(lrmoe_kcu_d2h((char *)a->output + (size_t)rs.t_lo * rowb, ost, (size_t)nt * rowb));
-        if (a->pair_out) {
-            std::vector<char> h((size_t)nr * rowb);
-            CKR(lrmoe_kcu_d2h(h.data(), recv[s], h.size()));
-            CKR(R.sync(s));
-            for (int64_t j = 0; j < nt * K; j++)
-                memcpy((char *)a->pair_out + (size_t)(rs.t_lo * K + j) * rowb,
-                       h.data() + (size_t)row[j] * rowb, rowb);
+        CKR(R.out(s, (char *)a->output + (size_t)rs.t_lo * rowb, ost, (size_t)nt * rowb));
+        if (R.X->dev) { /* pair rows gathered on the device, straight into pair_out */
+            R.dur[s] = drow;
+            if (a->pair_out)
+                CKR(lrmoe_kcu_pack_gather(drow, nt * K, 1, 0, recv[s], rowb,
+                                          (char *)a->pair_out + (size_t)(rs.t_lo * K) * rowb));
+        } else if (a->pair_out) {
+            const char *h = (const char *)R.fetch(s, recv[s], (size_t)nr * rowb);
+            if (!h) return -1;
+            char *dst = (char *)a->pair_out + (size_t)(rs.t_lo * K) * rowb;
+            const int64_t *ur = &upos[rs.t_lo * K];
+            R.later_fn.push_back([=] {
+                for (int64_t j = 0; j < nt * K; j++)
+                    memcpy(dst + (size_t)j * rowb, h + (size_t)ur[j] * rowb, rowb);
+            });
         }
-        CKR(R.sync(s));
-        TIM(s, LRMOE_STAGE_COMBINE) += lrmoe_now() - t0;
+        CKR(R.mark(s, LRMOE_STAGE_COMBINE));
     }
     return 0;
+}
+
+
+/* Device I/O: ||phi||^2, h_g and h_u travel back to the token owners as y
+ * did (same receive rows, R.dur) and are gathered there straight into the
+ * caller's pair-major arrays. */
+static int fwd_saved_back(run_t &R, const layout_t &L, lrmoe_exec_fwd_t *a)
+{
+    const int64_t K = R.d->K, F = R.d->F;
+    const size_t as = lrmoe_dtype_size(a->act_dtype);
+    struct { std::vector<void *> *rows; void *dst; size_t rb; } what[3] = {
+        {&R.sv_sq, a->phi_sqnorm, 4}, {&R.sv_g, a->saved_gate, (size_t)F * as},
+        {&R.sv_u, a->saved_up, (size_t)F * as}};
+    for (auto &w : what) {
+        if (!w.dst) continue;
+        std::vector<void *> recv(R.P, nullptr);
+        std::vector<int64_t> upos;
+        CKR(exchange_rev(R, L, w.rb, *w.rows, recv, upos, LRMOE_STAGE_COMBINE));
+        for (int s = 0; s < R.P; s++) {
+            rank_t &rs = R.rk[s];
+            int64_t nt = rs.t_hi - rs.t_lo;
+            if (!R.loc(s) || !nt) continue;
+            CKR(R.use(s));
+            CKR(lrmoe_kcu_pack_gather(R.dur[s], nt * K, 1, 0, recv[s], w.rb,
+                                      (char *)w.dst + (size_t)(rs.t_lo * K) * w.rb));
+            CKR(R.mark(s, LRMOE_STAGE_COMBINE));
+        }
+    }
+    return 0;
+}
+
+/* The forward's input checks and pair assignment (before any device work). */
+static int fwd_check(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                     const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                     lrmoe_exec_fwd_t *a, int dev)
+{
+    if (check_common(d, w) < 0 || act_ok(a->act_dtype, "hidden") < 0) return -1;
+    if (!a->hidden || !a->topk_ids || !a->topk_weights || !a->output || !a->pair_rank)
+        return lrmoe_err("forward: missing hidden, topk_ids, topk_weights, output or pair_rank");
+    const int P = d->P;
+    /* device I/O: the activations are not readable here (not checked) */
+    if (!dev && lrmoe_exec_check_fwd_inputs(cfg, d, a) < 0) return -1;
+    const uint8_t *placement = plan ? plan->placement : NULL;
+    return lrmoe_exec_assign(d->T, d->K, d->E, P, a->topk_ids, plan ? plan->fwd_alloc : NULL,
+                             placement, a->pair_rank) < 0 ? -1 : 0;
+}
+
+/* A forward frame on executor X (also the one-shot lrmoe_exec_forward_cuda);
+ * checked: fwd_check has run. */
+static int x_forward(xs_t *X, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                     const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                     lrmoe_exec_fwd_t *a, double *timings, int checked)
+{
+    if (!checked && fwd_check(cfg, d, w, plan, a, X->dev) < 0) return -1;
+    const int P = d->P;
+    const uint8_t *placement = plan ? plan->placement : NULL;
+    std::vector<double> tloc;
+    double *tim = stage_times(P, timings, tloc);
+
+    layout_t L;
+    run_t R;
+    int ok = 0;
+    const size_t rowb = (size_t)d->D * lrmoe_dtype_size(a->act_dtype);
+    std::vector<void *> sendb(P, nullptr), Xr(P, nullptr), Yst(P, nullptr), recv(P, nullptr);
+    std::vector<int64_t> upos;
+    if (layout_pairs(L, P, d->T, d->K, d->E, a->topk_ids, a->pair_rank) < 0) return -1;
+    CK(run_init(R, X, d, tim));
+    CK(load_weights(R, w, L, placement));
+    /* dispatch: token rows to the ranks; experts; combine: y rows back to
+     * the token owners. Every rank's work is queued before any is waited
+     * for (run_finish). */
+    CK(fwd_dispatch(R, L, a, rowb, sendb));
+    CK(exchange_fwd(R, L, rowb, sendb, Xr, LRMOE_STAGE_DISPATCH));
+    for (int r = 0; r < P; r++)
+        if (R.loc(r)) CK(fwd_experts(R, L, a, r, Xr[r], &Yst[r]));
+    CK(exchange_rev(R, L, rowb, Yst, recv, upos, LRMOE_STAGE_COMBINE));
+    CK(fwd_combine(R, L, a, recv, upos));
+    if (X->dev) CK(fwd_saved_back(R, L, a));
+    ok = 1;
+out:
+    return run_finish(R, ok);
 }
 
 } /* namespace */
@@ -645,38 +1101,10 @@ extern "C" int lrmoe_exec_forward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe_
                                        const lrmoe_exec_plan_t *plan, lrmoe_exec_fwd_t *a,
                                        double *timings)
 {
-    if (check_common(d, w) < 0 || act_ok(a->act_dtype, "hidden") < 0) return -1;
-    if (!a->hidden || !a->topk_ids || !a->topk_weights || !a->output || !a->pair_rank)
-        return lrmoe_err("forward: missing hidden, topk_ids, topk_weights, output or pair_rank");
-    const int P = d->P;
-    if (lrmoe_exec_check_fwd_inputs(cfg, d, a) < 0) return -1;
-    const uint8_t *placement = plan ? plan->placement : NULL;
-    if (lrmoe_exec_assign(d->T, d->K, d->E, P, a->topk_ids, plan ? plan->fwd_alloc : NULL,
-                          placement, a->pair_rank) < 0)
-        return -1;
-    std::vector<double> tloc;
-    double *tim = stage_times(P, timings, tloc);
-
-    layout_t L;
-    run_t R;
-    int rc = -1;
-    const size_t rowb = (size_t)d->D * lrmoe_dtype_size(a->act_dtype);
-    std::vector<void *> sendb(P, nullptr), X(P, nullptr), Yst(P, nullptr), recv(P, nullptr);
-    std::vector<int64_t> upos;
-    CK(layout_pairs(L, P, d->T, d->K, d->E, a->topk_ids, a->pair_rank));
-    CK(run_init(R, cfg, d, tim));
-    CK(load_weights(R, w, L, placement));
-    /* dispatch: token rows to the ranks; experts; combine: y rows back to
-     * the token owners */
-    CK(fwd_dispatch(R, L, a, rowb, sendb));
-    CK(exchange_fwd(R, L, rowb, sendb, X, LRMOE_STAGE_DISPATCH));
-    for (int r = 0; r < P; r++)
-        if (R.loc(r)) CK(fwd_experts(R, L, a, r, X[r], &Yst[r]));
-    CK(exchange_rev(R, L, rowb, Yst, recv, upos, LRMOE_STAGE_COMBINE));
-    CK(fwd_combine(R, L, a, recv, upos));
-    rc = 0;
-out:
-    run_free(R);
+    xs_t *X;
+    if (fwd_check(cfg, d, w, plan, a, 0) < 0 || x_new(cfg, d->P, &X) < 0) return -1;
+    int rc = x_forward(X, cfg, d, w, plan, a, timings, 1);
+    x_free(X);
     return rc;
 }
 
@@ -685,7 +1113,7 @@ out:
 namespace {
 
 static int bwd_check(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
-                     const lrmoe_exec_weights_t *w, const lrmoe_exec_bwd_t *a)
+                     const lrmoe_exec_weights_t *w, const lrmoe_exec_bwd_t *a, int dev)
 {
     if (check_common(d, w) < 0 || act_ok(a->act_dtype, "saved state") < 0 ||
         act_ok(a->grad_dtype, "grad_output") < 0)
@@ -704,7 +1132,7 @@ static int bwd_check(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
         if (a->topk_ids[u] < 0 || a->topk_ids[u] >= E)
             return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
                              (long long)(u / K), (long long)(u % K), a->topk_ids[u], (long long)E);
-    return lrmoe_exec_check_bwd_inputs(cfg, d, a) < 0 ? -1 : 0;
+    return !dev && lrmoe_exec_check_bwd_inputs(cfg, d, a) < 0 ? -1 : 0;
 }
 
 /* The rows of the backward: lrmoe-pack's (compact), else the forward's
@@ -725,10 +1153,12 @@ static int bwd_layout(layout_t &L, const lrmoe_exec_dims_t *d, const lrmoe_exec_
     return 0;
 }
 
-/* Owner s's dy rows alpha_u g_t into send (send order rows, pairs u), zeroed
- * where keep_u == 0 when masked; g is s's (T_s, D) F32 gradient. */
+/* Owner s's dy rows alpha_u g_t into send (send order rows, pairs u) in
+ * BF16, zeroed where keep_u == 0 when masked; g is s's (T_s, D) F32
+ * gradient. The rows are rounded to BF16 once, from the same F32 product,
+ * as the expert rank did before they travelled in BF16. */
 static int bwd_dispatch_pairs(run_t &R, const layout_t &L, const lrmoe_exec_bwd_t *a, int s,
-                              const std::vector<int64_t> &rows, const float *g, float *send)
+                              const std::vector<int64_t> &rows, const float *g, uint16_t *send)
 {
     const int64_t K = R.d->K, D = R.d->D;
     const int masked = a->mode == LRMOE_MODE_MASKED;
@@ -746,29 +1176,29 @@ static int bwd_dispatch_pairs(run_t &R, const layout_t &L, const lrmoe_exec_bwd_
     uint8_t *dmk;
     CKR(R.dalloc(s, &al, (size_t)(nt * K) * 4));
     CKR(R.dalloc(s, &didx, (size_t)ns * 8));
-    CKR(lrmoe_kcu_h2d(al, a->topk_weights + rs.t_lo * K, (size_t)(nt * K) * 4));
-    CKR(lrmoe_kcu_h2d(didx, idx.data(), (size_t)ns * 8));
-    CKR(lrmoe_kcu_pack_gather_scaled(didx, ns, (int)K, D, g, al, send));
-    if (masked) {
-        CKR(R.dalloc(s, &dmk, (size_t)ns));
-        CKR(lrmoe_kcu_h2d(dmk, mk.data(), (size_t)ns));
-        CKR(lrmoe_kcu_mask_rows(ns, D, dmk, send));
-    }
-    return 0;
+    CKR(R.put(s, al, a->topk_weights + rs.t_lo * K, (size_t)(nt * K) * 4));
+    CKR(R.put(s, didx, idx.data(), (size_t)ns * 8));
+    if (!masked) return lrmoe_kcu_pack_gather_scaled_bf16(didx, ns, (int)K, D, g, al, send);
+    float *f;
+    CKR(R.dalloc(s, &f, (size_t)(ns * D) * 4));
+    CKR(lrmoe_kcu_pack_gather_scaled(didx, ns, (int)K, D, g, al, f));
+    CKR(R.dalloc(s, &dmk, (size_t)ns));
+    CKR(R.put(s, dmk, mk.data(), (size_t)ns));
+    CKR(lrmoe_kcu_mask_rows(ns, D, dmk, f));
+    return lrmoe_kcu_f32_to_bf16(ns * D, f, send);
 }
 
 /* Backward dispatch on each owner s: grad_output to F32 (gtok[s], kept for
- * the router gradient), and the dy rows (F32) in send order into sendb[s]:
- * alpha_u g_t (masked: zero where keep_u == 0), compact: the pack_grad rows. */
+ * the router gradient), and the dy rows (BF16, the expert GEMMs' operand)
+ * in send order into sendb[s]: alpha_u g_t (masked: zero where keep_u == 0),
+ * compact: the pack_grad rows. */
 static int bwd_dispatch(run_t &R, const layout_t &L, const lrmoe_exec_bwd_t *a,
                         std::vector<float *> &gtok, std::vector<void *> &sendb)
 {
-    double *tim = R.tim;
     const int64_t D = R.d->D;
-    const size_t rowf = (size_t)D * 4, gs = lrmoe_dtype_size(a->grad_dtype);
+    const size_t rowf = (size_t)D * 4, rowh = (size_t)D * 2, gs = lrmoe_dtype_size(a->grad_dtype);
     for (int s = 0; s < R.P; s++) {
         if (!R.loc(s)) continue;
-        double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
         int64_t nt = rs.t_hi - rs.t_lo;
         std::vector<int64_t> rows = send_rows(L, s);
@@ -776,21 +1206,33 @@ static int bwd_dispatch(run_t &R, const layout_t &L, const lrmoe_exec_bwd_t *a,
         void *graw;
         CKR(R.dalloc(s, &graw, (size_t)nt * D * gs));
         CKR(R.dalloc(s, &gtok[s], (size_t)nt * rowf));
-        CKR(R.dalloc(s, &sendb[s], (size_t)ns * rowf));
-        CKR(lrmoe_kcu_h2d(graw, (const char *)a->grad_output + (size_t)(rs.t_lo * D) * gs,
-                          (size_t)nt * D * gs));
+        CKR(R.dalloc(s, &sendb[s], (size_t)ns * rowh));
+        CKR(R.in(s, graw, (const char *)a->grad_output + (size_t)(rs.t_lo * D) * gs,
+                 (size_t)nt * D * gs));
         CKR(lrmoe_kcu_to_f32(nt * D, a->grad_dtype == LRMOE_BF16, graw, gtok[s]));
-        if (a->mode == LRMOE_MODE_COMPACT) {
+        if (a->mode == LRMOE_MODE_COMPACT && ns && R.X->dev) {
+            /* the packed gradient rows this owner holds, gathered on the device */
+            float *f;
+            int64_t *didx;
+            CKR(R.dalloc(s, &f, (size_t)ns * rowf));
+            CKR(R.dalloc(s, &didx, (size_t)ns * 8));
+            CKR(R.put(s, didx, rows.data(), (size_t)ns * 8));
+            CKR(lrmoe_kcu_pack_gather(didx, ns, 1, 0, a->pack_grad, rowf, f));
+            CKR(lrmoe_kcu_f32_to_bf16(ns * D, f, (uint16_t *)sendb[s]));
+        } else if (a->mode == LRMOE_MODE_COMPACT && ns) {
             /* the packed gradient rows this owner holds, in send order */
-            std::vector<float> h((size_t)(ns ? ns : 1) * D);
+            float *h = (float *)R.stage((size_t)ns * rowf), *f;
+            if (!h) return -1;
             for (int64_t j = 0; j < ns; j++)
-                memcpy(&h[(size_t)j * D], a->pack_grad + rows[j] * D, rowf);
-            CKR(lrmoe_kcu_h2d(sendb[s], h.data(), (size_t)ns * rowf));
+                memcpy(h + (size_t)j * D, a->pack_grad + rows[j] * D, rowf);
+            CKR(R.dalloc(s, &f, (size_t)ns * rowf));
+            CKR(R.use(s));
+            CKR(lrmoe_kcu_h2d(f, h, (size_t)ns * rowf));
+            CKR(lrmoe_kcu_f32_to_bf16(ns * D, f, (uint16_t *)sendb[s]));
         } else if (ns) {
-            CKR(bwd_dispatch_pairs(R, L, a, s, rows, gtok[s], (float *)sendb[s]));
+            CKR(bwd_dispatch_pairs(R, L, a, s, rows, gtok[s], (uint16_t *)sendb[s]));
         }
-        CKR(R.sync(s));
-        TIM(s, LRMOE_STAGE_DISPATCH) += lrmoe_now() - t0;
+        CKR(R.mark(s, LRMOE_STAGE_DISPATCH));
     }
     return 0;
 }
@@ -821,22 +1263,35 @@ static int bwd_saved_state(run_t &R, const layout_t &L, const lrmoe_exec_bwd_t *
     CKR(R.dalloc(r, gst, (size_t)(n * F) * as));
     CKR(R.dalloc(r, ust, (size_t)(n * F) * as));
     if (a->mode == LRMOE_MODE_COMPACT) {
-        CKR(lrmoe_kcu_h2d(*xs, (const char *)a->pack_hidden + (size_t)(b0 * D) * as, (size_t)(n * D) * as));
-        CKR(lrmoe_kcu_h2d(*gst, (const char *)a->pack_gate + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
-        CKR(lrmoe_kcu_h2d(*ust, (const char *)a->pack_up + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
+        CKR(R.in(r, *xs, (const char *)a->pack_hidden + (size_t)(b0 * D) * as, (size_t)(n * D) * as));
+        CKR(R.in(r, *gst, (const char *)a->pack_gate + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
+        CKR(R.in(r, *ust, (const char *)a->pack_up + (size_t)(b0 * F) * as, (size_t)(n * F) * as));
         return 0;
     }
-    std::vector<char> hx((size_t)(n * D) * as), hg_((size_t)(n * F) * as), hu_((size_t)(n * F) * as);
+    if (R.X->dev) { /* gathered by pair on the device from the caller's arrays */
+        int64_t *didx;
+        CKR(R.dalloc(r, &didx, (size_t)n * 8));
+        CKR(R.put(r, didx, &L.u[b0], (size_t)n * 8));
+        CKR(lrmoe_kcu_pack_gather(didx, n, (int)K, 1, a->hidden, (size_t)D * as, *xs));
+        CKR(lrmoe_kcu_pack_gather(didx, n, (int)K, 0, a->saved_gate, (size_t)F * as, *gst));
+        CKR(lrmoe_kcu_pack_gather(didx, n, (int)K, 0, a->saved_up, (size_t)F * as, *ust));
+        return 0;
+    }
+    /* gathered by pair straight into pinned staging */
+    char *hx = (char *)R.stage((size_t)(n * D) * as), *hg_ = (char *)R.stage((size_t)(n * F) * as),
+         *hu_ = (char *)R.stage((size_t)(n * F) * as);
+    if (!hx || !hg_ || !hu_) return -1;
     for (int64_t j = 0; j < n; j++) {
         int64_t u = L.u[b0 + j];
-        memcpy(&hx[(size_t)(j * D) * as], (const char *)a->hidden + (size_t)((u / K) * D) * as, (size_t)D * as);
-        memcpy(&hg_[(size_t)(j * F) * as], (const char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F * as);
-        memcpy(&hu_[(size_t)(j * F) * as], (const char *)a->saved_up + (size_t)(u * F) * as, (size_t)F * as);
+        memcpy(hx + (size_t)(j * D) * as, (const char *)a->hidden + (size_t)((u / K) * D) * as, (size_t)D * as);
+        memcpy(hg_ + (size_t)(j * F) * as, (const char *)a->saved_gate + (size_t)(u * F) * as, (size_t)F * as);
+        memcpy(hu_ + (size_t)(j * F) * as, (const char *)a->saved_up + (size_t)(u * F) * as, (size_t)F * as);
     }
-    CKR(lrmoe_kcu_h2d(*xs, hx.data(), hx.size()));
-    CKR(lrmoe_kcu_h2d(*gst, hg_.data(), hg_.size()));
-    CKR(lrmoe_kcu_h2d(*ust, hu_.data(), hu_.size()));
-    return R.sync(r); /* host staging buffers go out of scope */
+    CKR(R.use(r));
+    CKR(lrmoe_kcu_h2d(*xs, hx, (size_t)(n * D) * as));
+    CKR(lrmoe_kcu_h2d(*gst, hg_, (size_t)(n * F) * as));
+    CKR(lrmoe_kcu_h2d(*ust, hu_, (size_t)(n * F) * as));
+    return 0;
 }
 
 /* Device operands of rank r's backward GEMMs (rows in layout order). */
@@ -897,50 +1352,36 @@ static int bwd_swiglu(run_t &R, int r, int64_t n, int abf, const void *gst, cons
     return 0;
 }
 
-/* Rank r's experts on its dy rows DY (layout order, F32): the weight
- * gradients into wgrad, and dx (n,D) F32 into *DX, which overwrites DY. */
+/* Rank r's experts on its dy rows DY (layout order, BF16): the weight
+ * gradients into wgrad, and dx (n,D) F32 into *DX. */
 static int bwd_experts(run_t &R, const layout_t &L, const lrmoe_exec_bwd_t *a, int r, void *DY,
                        void **DX, std::vector<float *> &wgrad)
 {
-    double *tim = R.tim;
     const int64_t D = R.d->D, F = R.d->F;
     const int abf = a->act_dtype == LRMOE_BF16;
     int64_t n = L.base[r + 1] - L.base[r], b0 = L.base[r];
-    double t0 = lrmoe_now();
     CKR(bwd_wgrad_alloc(R, L, r, wgrad));
-    if (!n) {
-        CKR(R.sync(r));
-        TIM(r, LRMOE_STAGE_GEMM) += lrmoe_now() - t0;
-        return 0;
-    }
+    if (!n) return R.mark(r, LRMOE_STAGE_GEMM);
     void *xs, *gst, *ust;
     CKR(bwd_saved_state(R, L, a, r, n, b0, &xs, &gst, &ust));
-    const uint16_t *xb;
-    uint16_t *dyb, *phib, *dgb, *dub;
+    const uint16_t *xb, *dyb = (const uint16_t *)DY;
+    uint16_t *phib, *dgb, *dub;
     float *dphi;
     CKR(as_bf16(R, r, a->act_dtype, xs, n * D, &xb));
-    CKR(R.dalloc(r, &dyb, (size_t)(n * D) * 2));
-    CKR(lrmoe_kcu_f32_to_bf16(n * D, (const float *)DY, dyb));
     CKR(R.dalloc(r, &dphi, (size_t)(n * F) * 4));
     CKR(R.dalloc(r, &phib, (size_t)(n * F) * 2));
     CKR(R.dalloc(r, &dgb, (size_t)(n * F) * 2));
     CKR(R.dalloc(r, &dub, (size_t)(n * F) * 2));
-    *DX = DY; /* dx (n,D) F32 overwrites dy: dy lives on as dyb */
+    CKR(R.dalloc(r, DX, (size_t)(n * D) * 4));
     std::vector<lrmoe_gemm_t> g1, g2, g3;
     bwd_gemms(R, L, r, bwd_ops_t{xb, dyb, phib, dgb, dub, dphi, (float *)*DX}, wgrad, g1, g2, g3);
     CKR(lrmoe_kcu_gemm((int)g1.size(), g1.data()));
-    CKR(R.sync(r));
-    double t1 = lrmoe_now();
+    CKR(R.mark(r, LRMOE_STAGE_GEMM));
     CKR(bwd_swiglu(R, r, n, abf, gst, ust, dphi, dgb, dub, phib));
-    CKR(R.sync(r));
-    double t2 = lrmoe_now();
-    /* g2 writes dx while reading dyb only, so dx may overwrite dy (F32) */
+    CKR(R.mark(r, LRMOE_STAGE_ACT));
     CKR(lrmoe_kcu_gemm((int)g2.size(), g2.data()));
     CKR(lrmoe_kcu_gemm((int)g3.size(), g3.data())); /* after g2: accumulates into dx */
-    CKR(R.sync(r));
-    double t3 = lrmoe_now();
-    TIM(r, LRMOE_STAGE_GEMM) += (t1 - t0) + (t3 - t2);
-    TIM(r, LRMOE_STAGE_ACT) += t2 - t1;
+    CKR(R.mark(r, LRMOE_STAGE_GEMM));
     return 0;
 }
 
@@ -950,7 +1391,6 @@ static int bwd_experts(run_t &R, const layout_t &L, const lrmoe_exec_bwd_t *a, i
 static int bwd_gradred(run_t &R, const layout_t &L, lrmoe_exec_bwd_t *a,
                        const std::vector<float *> &wgrad)
 {
-    double *tim = R.tim;
     const int P = R.P;
     const int64_t E = R.d->E;
     const size_t FD = (size_t)(R.d->F * R.d->D);
@@ -962,27 +1402,20 @@ static int bwd_gradred(run_t &R, const layout_t &L, lrmoe_exec_bwd_t *a,
             /* a helper's buffer exists where it ran rows of e (also when
              * that rank lives in another process) */
             if (p == nat || L.cnt[(size_t)p * E + e] == 0 || (!R.loc(p) && !R.loc(nat))) continue;
-            double t0 = lrmoe_now();
             if (R.loc(nat) && !rb) CKR(R.dalloc(nat, &rb, 3 * FD * 4));
             CKR(R.cm->p2p(R.cm, p, R.loc(p) ? wgrad[(size_t)p * E + e] : nullptr, nat, rb,
                           3 * FD * 4));
-            double t1 = lrmoe_now();
-            if (R.loc(p)) TIM(p, LRMOE_STAGE_GRADRED) += t1 - t0;
             if (!R.loc(nat)) continue;
             CKR(R.use(nat));
             CKR(lrmoe_kcu_add((int64_t)(3 * FD), rb, own));
-            CKR(R.sync(nat));
-            TIM(nat, LRMOE_STAGE_GRADRED) += lrmoe_now() - t0;
         }
         if (!R.loc(nat)) continue;
-        double t0 = lrmoe_now();
-        CKR(R.use(nat));
-        CKR(lrmoe_kcu_d2h(a->grad_w_gate + e * FD, own, FD * 4));
-        CKR(lrmoe_kcu_d2h(a->grad_w_up + e * FD, own + FD, FD * 4));
-        CKR(lrmoe_kcu_d2h(a->grad_w_down + e * FD, own + 2 * FD, FD * 4));
-        CKR(R.sync(nat));
-        TIM(nat, LRMOE_STAGE_GRADRED) += lrmoe_now() - t0;
+        CKR(R.out(nat, a->grad_w_gate + e * FD, own, FD * 4));
+        CKR(R.out(nat, a->grad_w_up + e * FD, own + FD, FD * 4));
+        CKR(R.out(nat, a->grad_w_down + e * FD, own + 2 * FD, FD * 4));
     }
+    for (int r = 0; r < P; r++)
+        if (R.loc(r)) CKR(R.mark(r, LRMOE_STAGE_GRADRED));
     return 0;
 }
 
@@ -993,12 +1426,10 @@ static int bwd_combine(run_t &R, lrmoe_exec_bwd_t *a,
                        const std::vector<void *> &recv, const std::vector<int64_t> &upos,
                        const std::vector<float *> &gtok)
 {
-    double *tim = R.tim;
     const int64_t K = R.d->K, D = R.d->D;
     const size_t rowf = (size_t)D * 4, as = lrmoe_dtype_size(a->act_dtype);
     for (int s = 0; s < R.P; s++) {
         if (!R.loc(s)) continue;
-        double t0 = lrmoe_now();
         rank_t &rs = R.rk[s];
         int64_t nt = rs.t_hi - rs.t_lo;
         if (!nt) continue;
@@ -1015,21 +1446,59 @@ static int bwd_combine(run_t &R, lrmoe_exec_bwd_t *a,
         CKR(R.dalloc(s, &yst, (size_t)(nt * K) * D * as));
         CKR(R.dalloc(s, &yf, (size_t)(nt * K) * rowf));
         CKR(R.dalloc(s, &gtw, (size_t)(nt * K) * 4));
-        CKR(lrmoe_kcu_h2d(on, ones.data(), (size_t)(nt * K) * 4));
-        CKR(lrmoe_kcu_h2d(drow, row.data(), (size_t)(nt * K) * 8));
-        CKR(lrmoe_kcu_h2d(did, ident.data(), (size_t)(nt * K) * 8));
+        CKR(R.put(s, on, ones.data(), (size_t)(nt * K) * 4));
+        CKR(R.put(s, drow, row.data(), (size_t)(nt * K) * 8));
+        CKR(R.put(s, did, ident.data(), (size_t)(nt * K) * 8));
         /* 1.0f * row is exact: this is the plain ascending-k sum */
         CKR(lrmoe_kcu_combine(nt, (int)K, D, on, drow, (const float *)recv[s], gh));
-        CKR(lrmoe_kcu_d2h(a->grad_hidden + rs.t_lo * D, gh, (size_t)nt * rowf));
-        CKR(lrmoe_kcu_h2d(yst, (const char *)a->pair_out + (size_t)(rs.t_lo * K * D) * as,
-                          (size_t)(nt * K) * D * as));
+        CKR(R.out(s, a->grad_hidden + rs.t_lo * D, gh, (size_t)nt * rowf));
+        CKR(R.in(s, yst, (const char *)a->pair_out + (size_t)(rs.t_lo * K * D) * as,
+                 (size_t)(nt * K) * D * as));
         CKR(lrmoe_kcu_to_f32(nt * K * D, a->act_dtype == LRMOE_BF16, yst, yf));
         CKR(lrmoe_kcu_pair_dot(nt, (int)K, D, gtok[s], did, yf, gtw));
-        CKR(lrmoe_kcu_d2h(a->grad_topk_weights + rs.t_lo * K, gtw, (size_t)(nt * K) * 4));
-        CKR(R.sync(s));
-        TIM(s, LRMOE_STAGE_COMBINE) += lrmoe_now() - t0;
+        CKR(R.out(s, a->grad_topk_weights + rs.t_lo * K, gtw, (size_t)(nt * K) * 4));
+        CKR(R.mark(s, LRMOE_STAGE_COMBINE));
     }
     return 0;
+}
+
+
+/* A backward frame on executor X (also the one-shot lrmoe_exec_backward_cuda);
+ * checked: bwd_check has run. */
+static int x_backward(xs_t *X, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
+                      const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
+                      lrmoe_exec_bwd_t *a, double *timings, int checked)
+{
+    if (!checked && bwd_check(cfg, d, w, a, X->dev) < 0) return -1;
+    const int P = d->P;
+    const uint8_t *placement = plan ? plan->placement : NULL;
+    std::vector<double> tloc;
+    double *tim = stage_times(P, timings, tloc);
+
+    layout_t L;
+    run_t R;
+    int ok = 0;
+    const size_t rowf = (size_t)d->D * 4, rowh = (size_t)d->D * 2;
+    std::vector<void *> sendb(P, nullptr), DY(P, nullptr), DX(P, nullptr), recv(P, nullptr);
+    std::vector<float *> gtok(P, nullptr);              /* (T_s, D) f32 g on its owner */
+    std::vector<float *> wgrad((size_t)P * d->E, nullptr); /* (3*FD) per instance */
+    std::vector<int64_t> upos;
+    if (bwd_layout(L, d, a, placement) < 0) return -1;
+    CK(run_init(R, X, d, tim));
+    CK(load_weights(R, w, L, placement));
+    /* dispatch: dy rows (BF16) to the ranks; experts; gradient reduction;
+     * combine: dx rows back to the token owners. Every rank's work is
+     * queued before any is waited for (run_finish). */
+    CK(bwd_dispatch(R, L, a, gtok, sendb));
+    CK(exchange_fwd(R, L, rowh, sendb, DY, LRMOE_STAGE_DISPATCH));
+    for (int r = 0; r < P; r++)
+        if (R.loc(r)) CK(bwd_experts(R, L, a, r, DY[r], &DX[r], wgrad));
+    CK(bwd_gradred(R, L, a, wgrad));
+    CK(exchange_rev(R, L, rowf, DX, recv, upos, LRMOE_STAGE_COMBINE));
+    CK(bwd_combine(R, a, recv, upos, gtok));
+    ok = 1;
+out:
+    return run_finish(R, ok);
 }
 
 } /* namespace */
@@ -1039,34 +1508,67 @@ extern "C" int lrmoe_exec_backward_cuda(const lrmoe_exec_cfg_t *cfg, const lrmoe
                                         const lrmoe_exec_plan_t *plan, lrmoe_exec_bwd_t *a,
                                         double *timings)
 {
-    if (bwd_check(cfg, d, w, a) < 0) return -1;
-    const int P = d->P;
-    const uint8_t *placement = plan ? plan->placement : NULL;
-    std::vector<double> tloc;
-    double *tim = stage_times(P, timings, tloc);
-
-    layout_t L;
-    run_t R;
-    int rc = -1;
-    const size_t rowf = (size_t)d->D * 4;
-    std::vector<void *> sendb(P, nullptr), DY(P, nullptr), DX(P, nullptr), recv(P, nullptr);
-    std::vector<float *> gtok(P, nullptr);              /* (T_s, D) f32 g on its owner */
-    std::vector<float *> wgrad((size_t)P * d->E, nullptr); /* (3*FD) per instance */
-    std::vector<int64_t> upos;
-    CK(bwd_layout(L, d, a, placement));
-    CK(run_init(R, cfg, d, tim));
-    CK(load_weights(R, w, L, placement));
-    /* dispatch: dy rows to the ranks; experts, rank by rank; gradient
-     * reduction; combine: dx rows back to the token owners */
-    CK(bwd_dispatch(R, L, a, gtok, sendb));
-    CK(exchange_fwd(R, L, rowf, sendb, DY, LRMOE_STAGE_DISPATCH));
-    for (int r = 0; r < P; r++)
-        if (R.loc(r)) CK(bwd_experts(R, L, a, r, DY[r], &DX[r], wgrad));
-    CK(bwd_gradred(R, L, a, wgrad));
-    CK(exchange_rev(R, L, rowf, DX, recv, upos, LRMOE_STAGE_COMBINE));
-    CK(bwd_combine(R, a, recv, upos, gtok));
-    rc = 0;
-out:
-    run_free(R);
+    xs_t *X;
+    if (bwd_check(cfg, d, w, a, 0) < 0 || x_new(cfg, d->P, &X) < 0) return -1;
+    int rc = x_backward(X, cfg, d, w, plan, a, timings, 1);
+    x_free(X);
     return rc;
+}
+
+/* ---------------------------------------------------------------- the executor (exec.h) */
+
+extern "C" int lrmoe_exec_cuda_new(const lrmoe_exec_cfg_t *cfg, int P, lrmoe_exec_cuda_t **out)
+{
+    return x_new(cfg, P, out);
+}
+
+extern "C" void lrmoe_exec_cuda_free(lrmoe_exec_cuda_t *x) { x_free(x); }
+
+extern "C" int lrmoe_exec_cuda_set_io(lrmoe_exec_cuda_t *x, int device_io, void *stream)
+{
+    int first = -1;
+    for (int r = 0; r < x->P; r++) {
+        if (!x->ctx[r]) continue;
+        if (first < 0) first = r;
+        else if (device_io && lrmoe_kcu_device(x->ctx[r]) != lrmoe_kcu_device(x->ctx[first]))
+            return lrmoe_err("backend cuda: device I/O needs every rank of this process on one "
+                             "device (ranks %d and %d are on devices %d and %d)", first, r,
+                             lrmoe_kcu_device(x->ctx[first]), lrmoe_kcu_device(x->ctx[r]));
+    }
+    if (x->pending) { /* the last device-I/O frame's staging and events */
+        if (lrmoe_kcu_use(x->ctx[first]) < 0 || lrmoe_kcu_event_sync(x->join[first]) < 0) return -1;
+        x->pending = 0;
+    }
+    if (device_io && !x->start &&
+        (lrmoe_kcu_use(x->ctx[first]) < 0 || lrmoe_kcu_event_create(&x->start, 0) < 0))
+        return -1;
+    x->dev = device_io != 0;
+    x->stream = stream;
+    (void)lrmoe_kcu_use(nullptr);
+    return 0;
+}
+
+extern "C" int lrmoe_exec_cuda_weights_changed(lrmoe_exec_cuda_t *x)
+{
+    /* the resident copies are freed in each rank's stream order: no wait */
+    for (xw_t *W : x->ws) xw_free(x, W);
+    x->ws.clear();
+    (void)lrmoe_kcu_use(nullptr);
+    return 0;
+}
+
+extern "C" int lrmoe_exec_cuda_forward(lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg,
+                                       const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
+                                       const lrmoe_exec_plan_t *plan, lrmoe_exec_fwd_t *a,
+                                       double *timings)
+{
+    return x_forward(x, cfg, d, w, plan, a, timings, 0);
+}
+
+extern "C" int lrmoe_exec_cuda_backward(lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg,
+                                        const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
+                                        const lrmoe_exec_plan_t *plan, lrmoe_exec_bwd_t *a,
+                                        double *timings)
+{
+    return x_backward(x, cfg, d, w, plan, a, timings, 0);
 }

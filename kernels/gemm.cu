@@ -242,8 +242,14 @@ static int stage_take(lrmoe_kcu_ctx_t *c, size_t bytes, kcu_stage **out)
 {
     kcu_stage *st = &c->stage[c->stage_next];
     *out = NULL;
-    if (st->pending) {
-        KCU_CUDA(cudaEventSynchronize(st->done));
+    if (st->pending) { /* wait only when its call may still run */
+        cudaError_t q = cudaEventQuery(st->done);
+        if (q == cudaErrorNotReady) {
+            (void)cudaGetLastError(); /* not an error: clear it */
+            KCU_CUDA(cudaEventSynchronize(st->done));
+        } else if (q != cudaSuccess) {
+            return lrmoe_err("cudaEventQuery: %s", cudaGetErrorString(q));
+        }
         st->pending = 0;
     }
     if (st->bytes < bytes) {

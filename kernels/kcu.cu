@@ -98,6 +98,7 @@ void lrmoe_kcu_ctx_destroy(lrmoe_kcu_ctx_t *c)
      * anything it may still use goes: the side streams too (a GEMM queued
      * there reads operands and uses its cuBLAS handle and staging). */
     (void)cudaSetDevice(c->device);
+    if (c->flags) (void)cudaFreeAsync(c->flags, c->stream);
     if (c->stream) (void)cudaStreamSynchronize(c->stream);
     for (int i = 0; i < KCU_MAX_STREAMS; i++)
         if (c->side[i]) (void)cudaStreamSynchronize(c->side[i]);
@@ -110,6 +111,7 @@ void lrmoe_kcu_ctx_destroy(lrmoe_kcu_ctx_t *c)
         if (c->stage[i].host) (void)cudaFreeHost(c->stage[i].host);
         if (c->stage[i].done) (void)cudaEventDestroy(c->stage[i].done);
     }
+    if (c->flags_host) (void)cudaFreeHost(c->flags_host);
     if (c->ev_fork) (void)cudaEventDestroy(c->ev_fork);
     if (c->stream) (void)cudaStreamDestroy(c->stream);
     {   /* the pool's unused memory back to the driver (pool_keep) */
@@ -177,6 +179,84 @@ int lrmoe_kcu_memset(void *dst, int v, size_t bytes)
     return 0;
 }
 
+/* ---------------------------------------------------------------- events, pinned memory */
+
+int lrmoe_kcu_event_create(void **ev, int timing)
+{
+    cudaEvent_t e = NULL;
+    *ev = NULL;
+    KCU_CUDA(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    *ev = (void *)e;
+    return 0;
+}
+
+void lrmoe_kcu_event_destroy(void *ev)
+{
+    if (ev) (void)cudaEventDestroy((cudaEvent_t)ev);
+}
+
+int lrmoe_kcu_event_record(void *ev)
+{
+    KCU_CUDA(cudaEventRecord((cudaEvent_t)ev, kcu_stream()));
+    return 0;
+}
+
+int lrmoe_kcu_event_wait(void *ev)
+{
+    KCU_CUDA(cudaStreamWaitEvent(kcu_stream(), (cudaEvent_t)ev, 0));
+    return 0;
+}
+
+int lrmoe_kcu_event_sync(void *ev)
+{
+    KCU_CUDA(cudaEventSynchronize((cudaEvent_t)ev));
+    return 0;
+}
+
+int lrmoe_kcu_event_ms(void *a, void *b, float *ms)
+{
+    *ms = 0.0f;
+    KCU_CUDA(cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b));
+    return 0;
+}
+
+int lrmoe_kcu_host_alloc(void **p, size_t bytes)
+{
+    *p = NULL;
+    KCU_CUDA(cudaMallocHost(p, bytes ? bytes : 16));
+    return 0;
+}
+
+void lrmoe_kcu_host_free(void *p)
+{
+    if (p) (void)cudaFreeHost(p);
+}
+
+int lrmoe_kcu_event_record_on(void *ev, void *stream)
+{
+    KCU_CUDA(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream));
+    return 0;
+}
+
+int lrmoe_kcu_stream_capturing(void *stream)
+{
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    KCU_CUDA(cudaStreamIsCapturing((cudaStream_t)stream, &st));
+    return st != cudaStreamCaptureStatusNone;
+}
+
+int lrmoe_kcu_stream_wait(void *stream, void *ev)
+{
+    KCU_CUDA(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0));
+    return 0;
+}
+
+int lrmoe_kcu_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) KCU_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, kcu_stream()));
+    return 0;
+}
+
 /* ---------------------------------------------------------------- error flag
  * Kernels that validate input record the first problem in one 64-bit word:
  * (code << 48) | index, combined by atomicMin, so the report is the smallest
@@ -201,28 +281,34 @@ __device__ __forceinline__ void flag_set(unsigned long long *fl, unsigned code, 
     atomicMin(fl, ((unsigned long long)code << 48) | ((unsigned long long)idx & 0xFFFFFFFFFFFFull));
 }
 
-typedef struct { unsigned long long *d; } kflag_t;
+typedef struct { unsigned long long *d; int slot; } kflag_t;
 
 static int flag_new(kflag_t *f)
 {
     f->d = NULL;
+    f->slot = -1;
+    lrmoe_kcu_ctx_t *c = cur_ctx;
+    if (c && c->defer && c->nflags < KCU_FLAG_SLOTS) {
+        if (!c->flags) {
+            KCU_CUDA(cudaMallocAsync((void **)&c->flags, KCU_FLAG_SLOTS * sizeof *c->flags, c->stream));
+            KCU_CUDA(cudaMallocHost((void **)&c->flags_host, KCU_FLAG_SLOTS * sizeof *c->flags_host));
+        }
+        if (c->nflags == 0)
+            KCU_CUDA(cudaMemsetAsync(c->flags, 0xFF, KCU_FLAG_SLOTS * sizeof *c->flags, c->stream));
+        f->slot = c->nflags++;
+        f->d = c->flags + f->slot;
+        c->flag_meta[f->slot].what = "check";
+        c->flag_meta[f->slot].K = c->flag_meta[f->slot].P = 1;
+        return 0;
+    }
     KCU_CUDA(cudaMallocAsync((void **)&f->d, sizeof *f->d, kcu_stream()));
     KCU_CUDA(cudaMemsetAsync(f->d, 0xFF, sizeof *f->d, kcu_stream()));
     return 0;
 }
 
-/* Read the flag back (synchronises the stream), free it, turn it into an
- * error message. */
-static int flag_check(kflag_t *f, const char *what, int K, int P)
+/* The message of flag word h of call `what`. */
+static int flag_msg(unsigned long long h, const char *what, int K, int P)
 {
-    unsigned long long h = FL_NONE;
-    cudaError_t e1 = cudaMemcpyAsync(&h, f->d, sizeof h, cudaMemcpyDeviceToHost, kcu_stream());
-    cudaError_t e2 = cudaStreamSynchronize(kcu_stream());
-    cudaError_t e3 = cudaFreeAsync(f->d, kcu_stream());
-    f->d = NULL;
-    if (e1 != cudaSuccess) return lrmoe_err("cudaMemcpyAsync: %s", cudaGetErrorString(e1));
-    if (e2 != cudaSuccess) return lrmoe_err("cudaStreamSynchronize: %s", cudaGetErrorString(e2));
-    if (e3 != cudaSuccess) return lrmoe_err("cudaFreeAsync: %s", cudaGetErrorString(e3));
     if (h == FL_NONE) return 0;
     unsigned code = (unsigned)(h >> 48);
     long long i = (long long)(h & 0xFFFFFFFFFFFFull);
@@ -244,10 +330,58 @@ static int flag_check(kflag_t *f, const char *what, int K, int P)
     }
 }
 
+/* Read the flag back (synchronises the stream), free it, turn it into an
+ * error message; a deferred one only records its call for
+ * lrmoe_kcu_flags_check. */
+static int flag_check(kflag_t *f, const char *what, int K, int P)
+{
+    if (f->slot >= 0) {
+        cur_ctx->flag_meta[f->slot].what = what;
+        cur_ctx->flag_meta[f->slot].K = K;
+        cur_ctx->flag_meta[f->slot].P = P;
+        f->d = NULL;
+        return 0;
+    }
+    unsigned long long h = FL_NONE;
+    cudaError_t e1 = cudaMemcpyAsync(&h, f->d, sizeof h, cudaMemcpyDeviceToHost, kcu_stream());
+    cudaError_t e2 = cudaStreamSynchronize(kcu_stream());
+    cudaError_t e3 = cudaFreeAsync(f->d, kcu_stream());
+    f->d = NULL;
+    if (e1 != cudaSuccess) return lrmoe_err("cudaMemcpyAsync: %s", cudaGetErrorString(e1));
+    if (e2 != cudaSuccess) return lrmoe_err("cudaStreamSynchronize: %s", cudaGetErrorString(e2));
+    if (e3 != cudaSuccess) return lrmoe_err("cudaFreeAsync: %s", cudaGetErrorString(e3));
+    return flag_msg(h, what, K, P);
+}
+
 static void flag_drop(kflag_t *f)
 {
-    if (f->d) (void)cudaFreeAsync(f->d, kcu_stream());
+    if (f->d && f->slot < 0) (void)cudaFreeAsync(f->d, kcu_stream());
     f->d = NULL;
+}
+
+int lrmoe_kcu_flags_check(void)
+{
+    lrmoe_kcu_ctx_t *c = cur_ctx;
+    if (!c || !c->nflags) return 0;
+    int n = c->nflags;
+    c->nflags = 0;
+    KCU_CUDA(cudaMemcpyAsync(c->flags_host, c->flags, (size_t)n * sizeof *c->flags,
+                             cudaMemcpyDeviceToHost, c->stream));
+    KCU_CUDA(cudaStreamSynchronize(c->stream));
+    for (int i = 0; i < n; i++)
+        if (flag_msg(c->flags_host[i], c->flag_meta[i].what, c->flag_meta[i].K,
+                     c->flag_meta[i].P) < 0)
+            return -1;
+    return 0;
+}
+
+int lrmoe_kcu_flags_defer(int on)
+{
+    lrmoe_kcu_ctx_t *c = cur_ctx;
+    if (!c) return lrmoe_err("flags_defer: no CUDA context (lrmoe_kcu_use)");
+    int rc = on ? 0 : lrmoe_kcu_flags_check();
+    c->defer = on != 0;
+    return rc;
 }
 
 /* ---------------------------------------------------------------- helpers */

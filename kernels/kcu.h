@@ -58,6 +58,43 @@ int lrmoe_kcu_d2h(void *dst, const void *src, size_t bytes);
 int lrmoe_kcu_d2d(void *dst, const void *src, size_t bytes);
 int lrmoe_kcu_memset(void *dst, int v, size_t bytes);
 
+/* Events and pinned host memory, for the persistent executor
+ * (kernels/exec_cuda.cu): it orders ranks' streams by events instead of
+ * host waits, and stages every host transfer through pinned memory.
+ * event_create: timing 1 for an event cudaEventElapsedTime can read.
+ * event_record/event_wait: on the current context's stream.
+ * event_sync: the host waits for the event (one host synchronisation).
+ * event_ms: milliseconds between two completed events (0 when not timed). */
+int lrmoe_kcu_event_create(void **ev, int timing);
+void lrmoe_kcu_event_destroy(void *ev);
+int lrmoe_kcu_event_record(void *ev);
+int lrmoe_kcu_event_wait(void *ev);
+int lrmoe_kcu_event_sync(void *ev);
+int lrmoe_kcu_event_ms(void *a, void *b, float *ms);
+int lrmoe_kcu_host_alloc(void **p, size_t bytes);
+void lrmoe_kcu_host_free(void *p);
+/* A caller's stream (cudaStream_t; NULL the legacy default stream):
+ * record ev on it, or make it wait for ev. */
+int lrmoe_kcu_event_record_on(void *ev, void *stream);
+/* 1 when a CUDA graph capture is under way on the caller's stream, else 0 */
+int lrmoe_kcu_stream_capturing(void *stream);
+int lrmoe_kcu_stream_wait(void *stream, void *ev);
+/* Copy between any two device (or host) pointers on the current stream
+ * (cudaMemcpyDefault: the pointers say where they live). */
+int lrmoe_kcu_copy(void *dst, const void *src, size_t bytes);
+
+/* Deferred input checks. pair_score, select, sample, pack_assign and
+ * pack_unpack validate their input on the device and by default read the
+ * result back at once (one host wait each). After lrmoe_kcu_flags_defer(1)
+ * on the current context they only write it to a word of the context's
+ * flag array (up to 32 calls; beyond that a call checks at once), and
+ * lrmoe_kcu_flags_check reads every word written since the last check with
+ * one copy and one wait, and fails with the first failing call's message
+ * (in call order). flags_defer(0) checks what is pending, then stops
+ * deferring. */
+int lrmoe_kcu_flags_defer(int on);
+int lrmoe_kcu_flags_check(void);
+
 /* Elementwise helpers without a CPU twin (exec glue). */
 /* dst (n) f32 = src (n) of dtype BF16 (bits) or F32 (copy). */
 int lrmoe_kcu_to_f32(int64_t n, int src_bf16, const void *src, float *dst);

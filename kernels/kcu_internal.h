@@ -11,6 +11,7 @@ extern "C" {
 #include "kcu_launch.h"
 
 #define KCU_MAX_STREAMS 8
+#define KCU_FLAG_SLOTS 32
 
 /* Pinned host staging of the grouped GEMM's argument arrays (gemm.cu), kept
  * for the context's life. cudaMemcpyAsync from pageable memory promises
@@ -18,8 +19,10 @@ extern "C" {
  * reads are copied from pinned memory. `done` is recorded after all the
  * work of the call that filled a slot (its copies, and cuBLAS, which reads
  * the size arrays on the host), and the slot is refilled only once it has
- * passed. Two slots used in turn let the host run one call ahead. */
-#define KCU_STAGE_SLOTS 2
+ * passed (a completed event is not waited for). Four slots used in turn
+ * let the host run three calls ahead: a backward frame's three grouped
+ * calls per rank never wait inside the frame (the persistent executor). */
+#define KCU_STAGE_SLOTS 4
 struct kcu_stage {
     void *host;        /* cudaMallocHost, `bytes` long */
     size_t bytes;
@@ -37,6 +40,12 @@ struct lrmoe_kcu_ctx {
     lrmoe_gemm_impl_t gemm_impl;
     struct kcu_stage stage[KCU_STAGE_SLOTS];
     int stage_next;
+    /* deferred input checks (lrmoe_kcu_flags_defer): each checking kernel
+     * gets a word of `flags` (device) instead of a read-back of its own;
+     * lrmoe_kcu_flags_check reads the used words at once */
+    unsigned long long *flags, *flags_host;
+    int defer, nflags;
+    struct { const char *what; int K, P; } flag_meta[KCU_FLAG_SLOTS];
 };
 
 /* Every call is checked; the message names the call and its status string. */

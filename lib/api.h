@@ -139,6 +139,18 @@ int lrmoe_exec_args_pack(lrmoe_exec_args_t *a);
 /* lrmoe_exec_forward / lrmoe_exec_backward on the held arguments */
 int lrmoe_exec_args_forward(lrmoe_exec_args_t *a, double *timings);
 int lrmoe_exec_args_backward(lrmoe_exec_args_t *a, double *timings);
+/* The CUDA executor (exec.h, lrmoe_exec_cuda_new(3)) on the held
+ * arguments, for a caller without the structs (lrmoe.torch on CUDA
+ * tensors): cuda_new makes one from the held cfg (device, gpus, gemm,
+ * gemm_streams, comm) and P; forward_cuda/backward_cuda run a frame on it
+ * with the held arguments (device pointers where lrmoe_exec_cuda_set_io
+ * says so). */
+struct lrmoe_exec_cuda;
+int lrmoe_exec_args_cuda_new(const lrmoe_exec_args_t *a, struct lrmoe_exec_cuda **out);
+int lrmoe_exec_args_forward_cuda(lrmoe_exec_args_t *a, struct lrmoe_exec_cuda *x,
+                                 double *timings);
+int lrmoe_exec_args_backward_cuda(lrmoe_exec_args_t *a, struct lrmoe_exec_cuda *x,
+                                  double *timings);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -202,3 +202,22 @@ int lrmoe_exec_args_backward(lrmoe_exec_args_t *a, double *timings)
     if (!a) return lrmoe_err("exec args: no handle");
     return lrmoe_exec_backward(&a->cfg, &a->d, &a->w, &a->plan, &a->b, timings);
 }
+
+int lrmoe_exec_args_cuda_new(const lrmoe_exec_args_t *a, lrmoe_exec_cuda_t **out)
+{
+    if (!a || !out) return lrmoe_err("exec args: no handle");
+    *out = NULL;
+    return lrmoe_exec_cuda_new(&a->cfg, a->d.P, out);
+}
+
+int lrmoe_exec_args_forward_cuda(lrmoe_exec_args_t *a, lrmoe_exec_cuda_t *x, double *timings)
+{
+    if (!a || !x) return lrmoe_err("exec args: no handle");
+    return lrmoe_exec_cuda_forward(x, &a->cfg, &a->d, &a->w, &a->plan, &a->f, timings);
+}
+
+int lrmoe_exec_args_backward_cuda(lrmoe_exec_args_t *a, lrmoe_exec_cuda_t *x, double *timings)
+{
+    if (!a || !x) return lrmoe_err("exec args: no handle");
+    return lrmoe_exec_cuda_backward(x, &a->cfg, &a->d, &a->w, &a->plan, &a->b, timings);
+}

@@ -43,6 +43,13 @@ int lrmoe_comm_cuda_device_key(lrmoe_kcu_ctx_t *ctx, char *buf, size_t n);
  * all-to-all-v, since the last call (then zeroed); zeros for other comms. */
 void lrmoe_comm_cuda_rank_take(lrmoe_comm_t *c, int64_t *a2a_bytes, int64_t *p2p_bytes,
                                double *a2a_sec);
+/* Async mode (on = 1) of a communicator of lrmoe_comm_cuda_init: alltoallv
+ * and p2p only enqueue: NCCL in stream order, device copies ordered by
+ * events (each receiver's stream waits for its senders' queued work, each
+ * sender's stream then waits for the copies out of its buffer); no host
+ * waits, and rank_sec is left alone (time them with events). The caller
+ * synchronises. Default off: each operation completes before it returns. */
+int lrmoe_comm_cuda_set_async(lrmoe_comm_t *c, int on);
 /* 1 when c moves data through NCCL. */
 int lrmoe_comm_cuda_is_nccl(const lrmoe_comm_t *c);
 

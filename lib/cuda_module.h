@@ -35,7 +35,7 @@
 #define LRMOE_CUDA_MODULE_NAME "liblrmoe-cuda.so.1"
 #define LRMOE_CUDA_MODULE_ENV  "LRMOE_CUDA_MODULE"
 #define LRMOE_CUDA_MODULE_INIT "lrmoe_cuda_module_init"
-#define LRMOE_CUDA_MODULE_ABI  1
+#define LRMOE_CUDA_MODULE_ABI  2
 
 /* The module's functions that liblrmoe calls (lib/exec.c, comm_mpi.c,
  * exec_mpi.c). */
@@ -50,6 +50,21 @@
        const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan, lrmoe_exec_bwd_t *a,   \
        double *timings),                                                                    \
       (cfg, d, w, plan, a, timings))                                                        \
+    X(int, lrmoe_exec_cuda_new, (const lrmoe_exec_cfg_t *cfg, int P, lrmoe_exec_cuda_t **out), \
+      (cfg, P, out))                                                                        \
+    X(int, lrmoe_exec_cuda_weights_changed, (lrmoe_exec_cuda_t *x), (x))                    \
+    X(int, lrmoe_exec_cuda_set_io, (lrmoe_exec_cuda_t *x, int device_io, void *stream),     \
+      (x, device_io, stream))                                                               \
+    X(int, lrmoe_exec_cuda_forward,                                                         \
+      (lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,       \
+       const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan, lrmoe_exec_fwd_t *a,   \
+       double *timings),                                                                    \
+      (x, cfg, d, w, plan, a, timings))                                                     \
+    X(int, lrmoe_exec_cuda_backward,                                                        \
+      (lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,       \
+       const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan, lrmoe_exec_bwd_t *a,   \
+       double *timings),                                                                    \
+      (x, cfg, d, w, plan, a, timings))                                                     \
     X(int, lrmoe_kcu_ctx_create, (int device, int nstreams, lrmoe_kcu_ctx_t **out),         \
       (device, nstreams, out))                                                              \
     X(int, lrmoe_kcu_use, (lrmoe_kcu_ctx_t *c), (c))                                        \
@@ -66,6 +81,7 @@
       (ctx, buf, n))
 #define LRMOE_CUDA_MODULE_VOIDS(V)                                                          \
     V(lrmoe_kcu_ctx_destroy, (lrmoe_kcu_ctx_t *c), (c))                                     \
+    V(lrmoe_exec_cuda_free, (lrmoe_exec_cuda_t *x), (x))                                    \
     V(lrmoe_comm_cuda_rank_take,                                                            \
       (lrmoe_comm_t *c, int64_t *a2a_bytes, int64_t *p2p_bytes, double *a2a_sec),           \
       (c, a2a_bytes, p2p_bytes, a2a_sec))

@@ -218,6 +218,52 @@ int lrmoe_exec_backward(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                         const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                         lrmoe_exec_bwd_t *a, double *timings);
 
+/* ---------------------------------------------------------------- CUDA executor
+ * What the CUDA backend keeps across frames (lrmoe(3), "CUDA executor"):
+ * the ranks' device contexts (streams, cuBLAS handles), the communicator
+ * (NCCL or device copies, in async mode), each layer's weights resident on
+ * the ranks (keyed by the three weight pointers, dtype and shape: natives
+ * uploaded the first time, replicas copied on first use), pinned staging
+ * and timing events. A frame queues every rank's work, ordered across
+ * ranks by events, and waits on the host once, at its end. Results are
+ * those of lrmoe_exec_forward/backward with backend CUDA (which make and
+ * free an executor per call). cfg gives device, gpus, gemm, gemm_streams
+ * and comm (an MPI rank communicator) at creation; forward/backward take
+ * the same cfg (input checks) and P must be the executor's. Not
+ * thread-safe: one thread per executor. Built with CUDA only (else
+ * lrmoe_exec_cuda_new fails with the backend's message). */
+typedef struct lrmoe_exec_cuda lrmoe_exec_cuda_t;
+int lrmoe_exec_cuda_new(const lrmoe_exec_cfg_t *cfg, int P, lrmoe_exec_cuda_t **out);
+void lrmoe_exec_cuda_free(lrmoe_exec_cuda_t *x);
+/* The caller changed weight values in place: drop every resident copy (the
+ * next frame uploads again). Frees in stream order: no host wait. */
+int lrmoe_exec_cuda_weights_changed(lrmoe_exec_cuda_t *x);
+/* Device-pointer I/O (device_io 1): every activation, weight and output
+ * array of the frames that follow is a device pointer on the device of
+ * this process's ranks (all must share one: --gpus 1, or an MPI rank):
+ * weights w_gate/w_up/w_down; forward hidden, output, phi_sqnorm,
+ * saved_gate, saved_up, pair_out; backward hidden, saved_gate, saved_up,
+ * pair_out, grad_output, pack_grad, pack_hidden, pack_gate, pack_up and
+ * every grad_ output. Routing and layout stay host arrays (topk_ids,
+ * topk_weights, pair_rank, keep, the plan, pack_pair/rank/counts/offsets).
+ * stream (a cudaStream_t of that device, NULL the legacy default stream,
+ * e.g. torch.cuda.current_stream().cuda_stream): a frame starts after the
+ * work queued on it and it waits for the frame (events), so the host does
+ * not wait at the end: the call returns once everything is queued, and
+ * the outputs are ready in stream order. The host waits once, at the next
+ * frame's start, for the last frame (its pinned staging is reused). Input
+ * activations are not checked for finiteness here; timings stay zero.
+ * device_io 0: host arrays again (stream ignored). */
+int lrmoe_exec_cuda_set_io(lrmoe_exec_cuda_t *x, int device_io, void *stream);
+int lrmoe_exec_cuda_forward(lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg,
+                            const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
+                            const lrmoe_exec_plan_t *plan, lrmoe_exec_fwd_t *a,
+                            double *timings);
+int lrmoe_exec_cuda_backward(lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg,
+                             const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
+                             const lrmoe_exec_plan_t *plan, lrmoe_exec_bwd_t *a,
+                             double *timings);
+
 /* ---------------------------------------------------------------- helpers */
 
 /* Native rank of expert e: the r with floor(r*E/P) <= e < floor((r+1)*E/P). */

@@ -52,12 +52,14 @@ static void drop_weights(lrmoe_exec_ctx_t *c)
     free(c->wok);
     c->wok = NULL;
     c->wok_E = 0;
+    if (c->cx) (void)lrmoe_exec_cuda_weights_changed(c->cx); /* pointers may be reused */
 }
 
 void lrmoe_exec_ctx_free(lrmoe_exec_ctx_t *c)
 {
     drop_f32(c);
     drop_weights(c);
+    if (c->cx) lrmoe_exec_cuda_free(c->cx);
     free(c->tim);
     free(c->rep);
     free(c->wall_rep);
@@ -492,12 +494,37 @@ typedef int (*layer_fn)(const lrmoe_exec_ctx_t *, const lrmoe_exec_dims_t *,
                         const lrmoe_exec_weights_t *, const lrmoe_exec_plan_t *, void *,
                         double *);
 
+/* Backend cuda in this process: the job's executor (made at the first
+ * frame, again only if P changes), kept until lrmoe_exec_ctx_free. NULL
+ * (plain calls) otherwise, and in a build without CUDA. */
+static lrmoe_exec_cuda_t *cuda_exec(const lrmoe_exec_ctx_t *cc, int P, int *rc)
+{
+    *rc = 0;
+#ifdef LRMOE_HAVE_CUDA
+    lrmoe_exec_ctx_t *c = (lrmoe_exec_ctx_t *)cc; /* the executor is the call's cache */
+    if (c->mpi || c->o.cfg.backend != LRMOE_BACKEND_CUDA) return NULL;
+    if (c->cx && c->cx_P == P) return c->cx;
+    if (c->cx) lrmoe_exec_cuda_free(c->cx);
+    c->cx = NULL;
+    if (lrmoe_exec_cuda_new(&c->o.cfg, P, &c->cx) < 0) { *rc = -1; return NULL; }
+    c->cx_P = P;
+    return c->cx;
+#else
+    (void)cc; (void)P;
+    return NULL;
+#endif
+}
+
 /* One layer call: in this process, or (c->mpi) spread over the MPI ranks. */
 static int fwd_call(const lrmoe_exec_ctx_t *c, const lrmoe_exec_dims_t *d,
                     const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *p, void *a,
                     double *tim)
 {
     if (c->mpi) return lrmoe_exec_mpi_forward(c->mpi, &c->o.cfg, d, c->layer, w, p, a, tim);
+    int rc;
+    lrmoe_exec_cuda_t *x = cuda_exec(c, d->P, &rc);
+    if (rc < 0) return -1;
+    if (x) return lrmoe_exec_cuda_forward(x, &c->o.cfg, d, w, p, a, tim);
     return lrmoe_exec_forward(&c->o.cfg, d, w, p, a, tim);
 }
 
@@ -506,6 +533,10 @@ static int bwd_call(const lrmoe_exec_ctx_t *c, const lrmoe_exec_dims_t *d,
                     double *tim)
 {
     if (c->mpi) return lrmoe_exec_mpi_backward(c->mpi, &c->o.cfg, d, c->layer, w, p, a, tim);
+    int rc;
+    lrmoe_exec_cuda_t *x = cuda_exec(c, d->P, &rc);
+    if (rc < 0) return -1;
+    if (x) return lrmoe_exec_cuda_backward(x, &c->o.cfg, d, w, p, a, tim);
     return lrmoe_exec_backward(&c->o.cfg, d, w, p, a, tim);
 }
 

@@ -62,6 +62,11 @@ typedef struct {
     uint8_t *wok;
     int64_t wok_E;
     uint8_t *f32_done;       /* (E): experts of f32_layer already in f32 */
+    /* backend cuda in this process: the executor every frame runs on (made
+     * at the first frame: contexts, communicator and weights stay resident
+     * across frames), and its P */
+    lrmoe_exec_cuda_t *cx;
+    int cx_P;
 } lrmoe_exec_ctx_t;
 
 void lrmoe_exec_ctx_init(lrmoe_exec_ctx_t *c, const lrmoe_exec_frame_opts_t *o);

@@ -16,13 +16,23 @@ setup() {
     LIB="$TOP/${BUILD:-build}/liblrmoe.a"
     RUN=${LRMOE_MOCK_RUN:-}
     if [ -z "$RUN" ]; then
+        # liblrmoe.a holds the kernels as one partially linked cuda.o whose
+        # CUDA symbols would come from libcudart; link the build's own
+        # kernel objects and the library's C objects against the mock
+        K="$TOP/${BUILD:-build}/kernels"
         [ -f "$LIB" ] || skip "no $LIB (run make first)"
-        ar t "$LIB" | grep -qx kcu.o || skip "liblrmoe.a was built without CUDA (no kernels/kcu.o)"
+        [ -f "$K/kcu.o" ] || skip "built without CUDA (no $K/kcu.o)"
         CF="-std=c11 -O1 -Wall -Wextra -D_GNU_SOURCE -I$TOP/lib -I$TOP/kernels"
         cc $CF -c -o "$D/mock-cuda.o" "$TOP/tests/gpu/mock-cuda.c"
         cc $CF -c -o "$D/mock-run.o" "$TOP/tests/gpu/mock-run.c"
-        cc -o "$D/mock-run" "$D/mock-run.o" "$D/mock-cuda.o" "$LIB" -lstdc++ -lzstd -ljansson \
-            -lglpk -lopenblas -lm -lpthread -ldl
+        (cd "$D" && ar x "$LIB" && rm -f cuda.o)
+        # the build's libraries less CUDA's (lrmoe.pc's Libs.private)
+        LP=$(sed -n 's/^Libs.private: //p' "$TOP/${BUILD:-build}/lrmoe.pc" |
+             sed -e 's/-L[^ ]*cuda[^ ]*//g' -e 's/-Wl,-rpath,[^ ]*cuda[^ ]*//g' \
+                 -e 's/-lcudart//; s/-lcublas//; s/-lnccl//')
+        objs=$(ar t "$LIB" | grep -vx cuda.o | sed "s,^,$D/,")
+        cc -o "$D/mock-run" "$D/mock-run.o" "$D/mock-cuda.o" "$K"/kcu.o "$K"/gemm.o \
+            "$K"/comm_nccl.o "$K"/comm_nccl_rank.o "$K"/exec_cuda.o $objs $LP
         RUN="$D/mock-run"
     fi
     export MOCK_CUDA_LOG="$D/log"
@@ -88,20 +98,21 @@ joined_after() {
 @test "cuda-mock: grouped GEMM uploads only from pinned staging kept for the context's life" {
     run "$RUN" grouped
     assert_success
-    [ "$(grep -c '^gemm rc=0$' <<< "$output")" -eq 3 ]
+    [ "$(grep -c '^gemm rc=0$' <<< "$output")" -eq 5 ]
     # pointer arrays and widen descriptors: two uploads a call, all pinned
-    [ "$(grep -c '^memcpy H2D pinned' "$D/log")" -eq 6 ]
+    [ "$(grep -c '^memcpy H2D pinned' "$D/log")" -eq 10 ]
     ! grep -q '^memcpy H2D pageable' "$D/log"
     # the staging lives until the context goes: no host_free before destroy
     run awk '$0 == "mark destroy" { on = 1 } $1 == "host_free" && !on { print; exit 1 }
-             $1 == "host_free" { n++ } END { if (n != 2) { print n " host_free"; exit 1 } }' "$D/log"
+             $1 == "host_free" { n++ } END { if (n != 4) { print n " host_free"; exit 1 } }' "$D/log"
     echo "$output"
     assert_success
-    # two slots in turn: the third call waits for the event the first
-    # recorded behind its work, and nothing else waits on the host
+    # four slots in turn: the fifth call waits for the event the first
+    # recorded behind its work (not yet covered by a host wait), and
+    # nothing else waits on the host
     run awk '$0 == "mark gemm" { call++ }
              call == 1 && $1 == "event_record" && $3 == "s2" && first == "" { first = $2 }
-             $1 == "event_sync" { if (call != 3 || $2 != first) { print "event_sync " $2 " in call " call; exit 1 } n++ }
+             $1 == "event_sync" { if (call != 5 || $2 != first) { print "event_sync " $2 " in call " call; exit 1 } n++ }
              END { if (n != 1) { print n " event_sync"; exit 1 } }' "$D/log"
     echo "$output"
     assert_success
@@ -139,4 +150,96 @@ pool_access pool1 dev=0 type=1 flags=3"
     assert_line "comm rc=0"
     run grep '^pool_access' "$D/log"
     assert_output "pool_access pool1 dev=0 type=1 flags=3"
+}
+
+# host synchronisations per phase of mock-run exec: stream, event and device
+# syncs, and copies from or to pageable memory (synchronous for the host)
+host_syncs() {
+    awk '$1 == "mark" { ph = $2 }
+         $1 == "stream_sync" || $1 == "event_sync" || $1 == "device_sync" ||
+         ($1 == "memcpy" && $3 == "pageable") { n[ph]++ }
+         END { for (p in n) print p, n[p] }' "$D/log" | sort
+}
+syncs_in() { host_syncs | awk -v p="$1" '$1 == p { print $2; f = 1 } END { if (!f) print 0 }'; }
+
+@test "cuda-mock: the persistent executor waits on the host once per forward and per backward at P=8, E=128" {
+    MOCK_NDEV=8 run "$RUN" exec
+    echo "$output"
+    assert_success
+    out=$output
+    for p in oneshot_fwd oneshot_bwd new fwd1 bwd1 fwd2 bwd2 fwd3 bwd3 new1 set_io dfwd1 dbwd1 \
+             dfwd2 dbwd2 dfwd3 dbwd3; do
+        grep -qx "$p rc=0" <<< "$out" || { echo "no '$p rc=0'"; false; }
+    done
+    host_syncs
+    # the one-shot calls (lrmoe_exec_forward/backward: an executor made and
+    # freed per call, its contexts drained at teardown) for comparison
+    echo "one-shot forward: $(syncs_in oneshot_fwd) host syncs, backward: $(syncs_in oneshot_bwd)" >&3
+    echo "steady forward: $(syncs_in fwd2) host syncs, backward: $(syncs_in bwd2)" >&3
+    for p in fwd2 bwd2 fwd3 bwd3; do
+        n=$(syncs_in "$p")
+        [ "$n" -ge 1 ] && [ "$n" -le 2 ] || { echo "$p: $n host syncs"; false; }
+    done
+    # the first frame too (weights uploaded through pinned staging)
+    [ "$(syncs_in fwd1)" -le 2 ] && [ "$(syncs_in bwd1)" -le 2 ]
+    # steady state: no pinned allocation, no pageable copy, weights not uploaded again
+    run awk '$1 == "mark" { on = ($2 == "fwd2" || $2 == "bwd2" || $2 == "fwd3" || $2 == "bwd3") }
+             on && ($1 == "host_alloc" || $1 == "host_free" || $3 == "pageable" || $1 == "pool_trim" ||
+                    $1 == "blas_create" || $1 == "nccl_init") { print; bad = 1 }
+             END { exit bad }' "$D/log"
+    echo "$output"
+    assert_success
+    # device-pointer I/O: no host wait at a frame's end, one at the next
+    # frame's start (the last frame's staging is reused)
+    echo "device I/O steady forward: $(syncs_in dfwd2) host syncs, backward: $(syncs_in dbwd2)" >&3
+    for p in dbwd1 dfwd2 dbwd2 dfwd3 dbwd3; do
+        [ "$(syncs_in "$p")" -eq 1 ] || { echo "$p: $(syncs_in "$p") host syncs"; false; }
+    done
+    run awk '$1 == "mark" { on = ($2 ~ /^d(fwd|bwd)[23]$/) }
+             on && ($1 == "host_alloc" || $1 == "host_free" || $3 == "pageable") { print; bad = 1 }
+             END { exit bad }' "$D/log"
+    echo "$output"
+    assert_success
+    # --gemm grouped: its pinned slots (four per context) are reused across
+    # frames without a wait (their calls ended before the last frame's wait)
+    rm -f "$D/log"
+    MOCK_NDEV=8 MOCK_GEMM_GROUPED=1 run "$RUN" exec
+    assert_success
+    echo "--gemm grouped steady forward: $(syncs_in fwd2) host syncs, backward: $(syncs_in bwd2)" >&3
+    for p in fwd2 bwd2 fwd3 bwd3 dfwd2 dbwd2 dfwd3 dbwd3; do
+        n=$(syncs_in "$p")
+        [ "$n" -ge 1 ] && [ "$n" -le 2 ] || { echo "grouped $p: $n host syncs"; false; }
+    done
+    grep -q '^gemm_grouped ' "$D/log"
+    # every rank's stream ran work: 8 streams joined by events into one
+    run awk '$1 == "mark" { on = ($2 == "fwd2") } on && $1 == "wait_event" { n++ }
+             END { if (n < 7) { print n " waits"; exit 1 } }' "$D/log"
+    assert_success
+}
+
+@test "cuda-mock: a device-pointer frame under CUDA graph capture is refused before it queues anything" {
+    MOCK_NDEV=8 MOCK_CAPTURE_AT_END=1 run "$RUN" exec
+    assert_success
+    assert_line "capture_fwd rc=-1 err=backend cuda: a frame cannot be captured into a CUDA graph (its index arrays are staged from the host per frame); run it outside the capture"
+    run awk '$1 == "mark" { on = ($2 == "capture") } on && ($1 == "launch" || $1 == "memcpy" || $1 == "gemm") { print; bad = 1 }
+             END { exit bad }' "$D/log"
+    assert_success
+}
+
+@test "cuda-mock: the compact step's input checks, deferred, are read once (4 read-backs -> 1)" {
+    run "$RUN" flags
+    echo "$output"
+    assert_success
+    for c in pair_score select pack_assign pack_unpack; do
+        [ "$(grep -c "^$c rc=0$" <<< "$output")" -eq 2 ] || { echo "$c did not succeed twice"; false; }
+    done
+    assert_line "check rc=0"
+    host_syncs
+    echo "compact step checks: $(syncs_in immediate) host syncs immediate, $(syncs_in deferred) deferred" >&3
+    # immediate: each kernel copies its word to pageable memory and waits
+    [ "$(grep -c . <<< "$(awk '$1 == "mark" { ph = $2 } ph == "immediate" && $1 == "stream_sync"' "$D/log")")" -eq 4 ]
+    # deferred: one copy of the words into pinned memory, one wait
+    [ "$(syncs_in deferred)" -eq 1 ]
+    run awk '$1 == "mark" { ph = $2 } ph == "deferred" && $1 == "memcpy" && $2 == "D2H" { print $3 }' "$D/log"
+    assert_output "pinned"
 }

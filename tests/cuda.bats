@@ -125,6 +125,34 @@ cuda_module_built() {
     assert_output --partial "FAIL backward full cuda = cpu"
 }
 
+@test "cuda: the persistent executor (fake device): repeated frames on one executor give the first frame's results; device-pointer I/O equals host I/O bitwise" {
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the CUDA headers are needed)"
+    run sh "$TOP/tests/gpu/build-fake.sh" "$D/fake"
+    assert_success
+    REF="$TOP/tests/helpers/exec_ref.py"
+    X="$D/fake/lrmoe-exec-fake"
+    python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 101 --E 16 --K 4 --D 32 --F 24 --dtype bf16 --seed 5
+    python3 "$REF" plan "$D/in.lrm" "$D/pl.lrm" --P 4 --replicas --seed 2
+    # one frame, then the same frame three times on one executor (weights
+    # resident from the first): equal, forward and backward
+    run "$X" --phase forward --backend cuda --weights "$D/w.lrm" -P 4 --no-compress -o "$D/f1.lrm" "$D/pl.lrm"
+    assert_success
+    run "$X" --phase forward --backend cuda --warmup 2 --repeat 1 --weights "$D/w.lrm" -P 4 --no-compress -o "$D/f3.lrm" "$D/pl.lrm"
+    assert_success
+    run python3 "$REF" compare "$D/f3.lrm" "$D/f1.lrm" output pair_out phi_sqnorm saved_gate saved_up --tol 0
+    assert_success
+    run "$X" --phase backward --backend cuda --weights "$D/w.lrm" --no-compress -o "$D/b1.lrm" "$D/f1.lrm"
+    assert_success
+    run "$X" --phase backward --backend cuda --warmup 2 --weights "$D/w.lrm" --no-compress -o "$D/b3.lrm" "$D/f1.lrm"
+    assert_success
+    run python3 "$REF" compare "$D/b3.lrm" "$D/b1.lrm" grad_hidden grad_w_gate grad_w_up grad_w_down grad_topk_weights --tol 0
+    assert_success
+    run "$D/fake/devio-test"
+    echo "$output"
+    assert_success
+    assert_output --partial "devio: PASS"
+}
+
 @test "cuda: --gpus, --device, --gemm, --gemm-streams parse; bad values exit 2; cpu ignores them; cuda without a GPU exits 1" {
     run "$EXEC" --help
     assert_success
@@ -231,7 +259,7 @@ cuda_module_built() {
     grep -q 'gpu-carry/include' "$D/tree/build/dev/lib/stream.d"
     # each step's status, in order of value, each GPU step NOT RUN
     run grep -o '^step [a-z]*: [A-Z]*[a-z]*' "$D/out/summary.txt"
-    assert_output "$(printf 'step env: done\nstep build: ok\nstep kernels: NOT\nstep bench: NOT\nstep exec: NOT\nstep mpi: NOT\nstep sass: NOT')"
+    assert_output "$(printf 'step env: done\nstep build: ok\nstep kernels: NOT\nstep bench: NOT\nstep exec: NOT\nstep devio: NOT\nstep mpi: NOT\nstep sass: NOT')"
     run grep '^step mpi:' "$D/out/summary.txt"
     assert_output --partial "no usable GPU"
     # env.txt: the commit, ldconfig -p, the toolkit's listing, the search

@@ -212,6 +212,8 @@ static step_t backward(const data_t &d, work_t &w, const std::vector<int64_t> &q
     cudaEvent_t ev[6], evm;
     CU(cudaEventCreate(&evm));
     for (auto &e : ev) CU(cudaEventCreate(&e));
+    /* the step's input checks are read once, after it (no host wait inside) */
+    OK(lrmoe_kcu_flags_defer(1));
     CU(cudaEventRecord(ev[0], S));
     if (compact) {
         OK(lrmoe_kcu_pair_score(T, (int)K, D, d.g, d.alpha, d.phisq, d.score));
@@ -251,6 +253,7 @@ static step_t backward(const data_t &d, work_t &w, const std::vector<int64_t> &q
     OK(lrmoe_kcu_pack_unpack(w.pair, R, w.dx, D, T, (int)K, w.gh));
     CU(cudaEventRecord(ev[5], S));
     CU(cudaEventSynchronize(ev[5]));
+    OK(lrmoe_kcu_flags_defer(0)); /* the one read of the step's check words */
     float ms[5];
     for (int i = 0; i < 5; i++) CU(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
     float msa;

@@ -27,3 +27,9 @@ $CXX -std=c++17 -O2 -Wall -Wextra -x c++ -DLRMOE_HAVE_CUDA -Ilib -Ikernels -I"$C
     -c -o "$O/exec_cuda.o" kernels/exec_cuda.cu || exit 1
 $CC -pthread -o "$O/lrmoe-exec-fake" "$O"/*.o -lzstd -ljansson -lglpk -lopenblas -lm -lpthread \
     -lstdc++ $LMPI || exit 1
+# and devio-test (tests/gpu/devio-test.c): the executor's device-pointer
+# entry against its host-pointer frames, on the same fake device
+$CXX -std=c++17 -O2 -Wall -Wextra -x c++ -D_GNU_SOURCE -Ilib -c -o "$O/devio-test.o.tmp" \
+    tests/gpu/devio-test.cu || exit 1
+$CC -pthread -o "$O/devio-test" "$O/devio-test.o.tmp" $(ls "$O"/*.o | grep -v '/lrmoe-exec\.o$') \
+    -lzstd -ljansson -lglpk -lopenblas -lm -lpthread -lstdc++ $LMPI || exit 1

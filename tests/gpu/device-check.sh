@@ -28,6 +28,9 @@
 #   bench    bench-gpu                                            -> bench.txt
 #   exec     check-gpu.sh without its kernel part: lrmoe-exec --backend cuda
 #            against --backend cpu, in-process, pipeline          -> exec.txt
+#   devio    devio-test: the CUDA executor with device pointers on a stream
+#            (lrmoe.torch's entry) = its host-pointer frames, bitwise
+#                                                       (appended to exec.txt)
 #   mpi      check-mpi-cuda.sh (probes for a GPU first)       -> mpi-cuda.txt
 #   sass     division-free check of the built kernel objects (cuobjdump)
 #                                                        (appended to build.log)
@@ -45,7 +48,8 @@ B=${DEVICE_CHECK_BUILD:-build/dev}
 
 targets() { # BUILD
     echo "bin/lrmoe-exec bin/lrmoe-gen bin/lrmoe-route bin/lrmoe-score bin/lrmoe-pack" \
-        "bin/lrmoe-plan $1/tests/gpu/test-kernels $1/tests/gpu/bench-gpu $1/liblrmoe.so.2" \
+        "bin/lrmoe-plan $1/tests/gpu/test-kernels $1/tests/gpu/bench-gpu $1/tests/gpu/devio-test" \
+        "$1/liblrmoe.so.2" \
         "$1/liblrmoe-cuda.so.1"
 }
 if [ "${1:-}" = --targets ]; then
@@ -212,6 +216,20 @@ if run_step exec 120 "$OUT/exec.txt" env BUILD="$B" HAVE_CUDA=1 LRMOE_CHECK_SKIP
     elif [ "$src" = 124 ]; then verdict exec TIMEOUT "$nok ok, $nf FAIL before it"
     else verdict exec FAIL "exit $src, $nok ok, $nf FAIL"
          grep '^FAIL' "$OUT/exec.txt" | head -20 | sed 's/^/     /' | tee -a "$S"; fi
+fi
+
+# ---- devio: the CUDA executor's device-pointer entry (lrmoe.torch's path)
+# against its host-pointer frames, bitwise (appended to exec.txt)
+DV="$B/tests/gpu/devio-test"
+if [ ! -x "$DV" ]; then
+    note "step devio: NOT RUN (devio-test not built)"; notrun=1
+elif echo "== devio-test" >> "$OUT/exec.txt" && run_step devio 30 "$OUT/exec.txt" "$DV"; then
+    case $src in
+    0) verdict devio PASS "$(grep -m1 '^devio: PASS' "$OUT/exec.txt")" ;;
+    3) verdict devio "NOT RUN" "no device" ;;
+    124) verdict devio TIMEOUT ;;
+    *) verdict devio FAIL "exit $src: $(grep -m1 '^devio: FAIL' "$OUT/exec.txt")" ;;
+    esac
 fi
 
 # ---- mpi: the CUDA backend under mpirun -np 2 (issue 18)

@@ -47,6 +47,45 @@ int lrmoe_kcu_mask_rows(int64_t nrows, int64_t row, const uint8_t *mask, float *
 int lrmoe_kcu_add(int64_t n, const float *src, float *dst);
 int lrmoe_comm_cuda_init(lrmoe_comm_t *c, int P, lrmoe_kcu_ctx_t *const *ctx, int use_nccl);
 int lrmoe_comm_cuda_is_nccl(const lrmoe_comm_t *c);
+int lrmoe_comm_cuda_set_async(lrmoe_comm_t *c, int on);
+int lrmoe_kcu_event_create(void **ev, int timing);
+void lrmoe_kcu_event_destroy(void *ev);
+int lrmoe_kcu_event_record(void *ev);
+int lrmoe_kcu_event_wait(void *ev);
+int lrmoe_kcu_event_sync(void *ev);
+int lrmoe_kcu_event_ms(void *a, void *b, float *ms);
+int lrmoe_kcu_host_alloc(void **p, size_t bytes);
+void lrmoe_kcu_host_free(void *p);
+
+/* events: everything here has run when it returns, so an event is a
+ * no-op marker (time 0); pinned memory is plain memory */
+int lrmoe_kcu_event_create(void **ev, int timing)
+{
+    (void)timing;
+    *ev = malloc(1);
+    return *ev ? 0 : lrmoe_err("out of memory");
+}
+void lrmoe_kcu_event_destroy(void *ev) { free(ev); }
+int lrmoe_kcu_event_record(void *ev) { (void)ev; return cur ? 0 : lrmoe_err("event_record: no context"); }
+int lrmoe_kcu_event_wait(void *ev) { (void)ev; return cur ? 0 : lrmoe_err("event_wait: no context"); }
+int lrmoe_kcu_event_sync(void *ev) { (void)ev; return 0; }
+int lrmoe_kcu_event_ms(void *a, void *b, float *ms) { (void)a; (void)b; *ms = 0.0f; return 0; }
+int lrmoe_kcu_host_alloc(void **p, size_t bytes)
+{
+    *p = malloc(bytes ? bytes : 16);
+    if (!*p) return lrmoe_err("cudaMallocHost: out of memory (fake)");
+    memset(*p, 0xFF, bytes); /* poisoned, like device memory */
+    return 0;
+}
+void lrmoe_kcu_host_free(void *p) { free(p); }
+int lrmoe_kcu_event_record_on(void *ev, void *stream);
+int lrmoe_kcu_stream_wait(void *stream, void *ev);
+int lrmoe_kcu_stream_capturing(void *stream);
+int lrmoe_kcu_stream_capturing(void *stream) { (void)stream; return 0; }
+int lrmoe_kcu_copy(void *dst, const void *src, size_t bytes);
+int lrmoe_kcu_event_record_on(void *ev, void *stream) { (void)ev; (void)stream; return 0; }
+int lrmoe_kcu_stream_wait(void *stream, void *ev) { (void)ev; (void)stream; return 0; }
+int lrmoe_kcu_copy(void *d, const void *s, size_t n) { if (n && d != s) memmove(d, s, n); return 0; }
 
 int lrmoe_gemm_impl_parse(const char *s, lrmoe_gemm_impl_t *impl)
 {
@@ -187,6 +226,7 @@ int lrmoe_comm_cuda_init(lrmoe_comm_t *c, int P, lrmoe_kcu_ctx_t *const *ctx, in
     return lrmoe_comm_cpu_init(c, P);
 }
 int lrmoe_comm_cuda_is_nccl(const lrmoe_comm_t *c) { (void)c; return 0; }
+int lrmoe_comm_cuda_set_async(lrmoe_comm_t *c, int on) { (void)c; (void)on; return 0; }
 
 /* One rank per process (lib/exec_mpi.c, lrmoe_comm_mpi_nccl_init; MPI
  * builds only). Ranks on distinct fake devices (LRMOE_FAKE_DEVICES=N) get

@@ -10,7 +10,10 @@
  * (streams, events and handles are named s1.., e1.., h1.., pools pool<dev>):
  *   stream_create s2 dev0 | stream_sync s2 | stream_destroy s2
  *   event_create e3 | event_record e3 s2 | event_sync e3 | wait_event s1 e3
- *   host_alloc p1 | host_free p1 | memcpy H2D pinned|pageable s2
+ *   host_alloc p1 | host_free p1 | memcpy H2D|D2H pinned|pageable s2
+ *   device_sync dev0
+ * Host synchronisations (tests/cuda-mock.bats counts them): stream_sync,
+ * event_sync, device_sync, and every copy from or to pageable memory.
  *   pool_attr pool0 attr=4 value=N | pool_access pool0 dev=1 type=1 flags=3
  *   pool_trim pool0 0 | blas_create h1 | blas_stream h1 s2 | blas_destroy h1
  *   gemm h1 s2 [FAIL] | gemm_grouped h1 s2 n=4 [FAIL] | launch block=256 s2
@@ -53,7 +56,7 @@ static void *mk(int id, int kind) { return (void *)(uintptr_t)((unsigned)id << 4
 static int id_of(const void *p) { return (int)((uintptr_t)p >> 4); }
 
 /* pinned blocks: [base, base+len) */
-#define MAXHOST 64
+#define MAXHOST 256
 static struct { char *p; size_t n; int id; } host[MAXHOST];
 
 static int pinned(const void *src)
@@ -63,6 +66,11 @@ static int pinned(const void *src)
             return host[i].id;
     return 0;
 }
+
+/* events: record order, stream, and whether a host wait covered them */
+#define MAXEV 65536
+static int ev_done[MAXEV], ev_strm[MAXEV];
+static long ev_seq[MAXEV], seqn;
 
 /* ---------------------------------------------------------------- runtime */
 
@@ -77,8 +85,34 @@ int cudaGetDevice(int *d) { *d = cur_dev; return 0; }
 int cudaGetLastError(void) { return 0; }
 int cudaPeekAtLastError(void) { return 0; }
 const char *cudaGetErrorString(int e) { return e ? "mock error" : "no error"; }
-int cudaDeviceGetAttribute(int *v, int attr, int dev) { (void)attr; (void)dev; *v = 90; return 0; }
-int cudaFuncGetAttributes(void *a, const void *f) { (void)a; (void)f; return 0; }
+/* an H100's values where CUB asks (cudaDeviceAttr codes), 90 otherwise */
+int cudaDeviceGetAttribute(int *v, int attr, int dev)
+{
+    (void)dev;
+    switch (attr) {
+    case 1: *v = 1024; break;            /* max threads per block */
+    case 8: *v = 49152; break;           /* shared memory per block */
+    case 10: *v = 32; break;             /* warp size */
+    case 12: *v = 65536; break;          /* registers per block */
+    case 16: *v = 132; break;            /* multiprocessors */
+    case 75: *v = 9; break;              /* compute capability */
+    case 76: *v = 0; break;
+    case 81: *v = 233472; break;         /* shared memory per multiprocessor */
+    case 97: *v = 232448; break;         /* opt-in shared memory per block */
+    default: *v = 90;
+    }
+    return 0;
+}
+/* cudaFuncAttributes: three size_t, then maxThreadsPerBlock, numRegs,
+ * ptxVersion, binaryVersion, ... (CUB reads the PTX version) */
+int cudaFuncGetAttributes(void *a, const void *f)
+{
+    (void)f;
+    memset(a, 0, 3 * sizeof(size_t) + 16 * sizeof(int));
+    int *i = (int *)((char *)a + 3 * sizeof(size_t));
+    i[0] = 1024; i[1] = 32; i[2] = 90; i[3] = 90;
+    return 0;
+}
 int cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, const void *f, int b, size_t s,
                                                             unsigned fl)
 {
@@ -95,7 +129,19 @@ int cudaStreamCreateWithFlags(void **s, unsigned f)
     return 0;
 }
 int cudaStreamDestroy(void *s) { mlog("stream_destroy s%d", id_of(s)); return 0; }
-int cudaStreamSynchronize(void *s) { mlog("stream_sync s%d", id_of(s)); return 0; }
+int cudaStreamSynchronize(void *s)
+{
+    for (int i = 0; i < MAXEV; i++) if (ev_seq[i] && ev_strm[i] == id_of(s)) ev_done[i] = 1;
+    mlog("stream_sync s%d", id_of(s));
+    return 0;
+}
+/* MOCK_CAPTURING=1: every stream is being captured into a graph */
+int cudaStreamIsCapturing(void *s, int *st)
+{
+    (void)s;
+    *st = getenv("MOCK_CAPTURING") ? 1 : 0;
+    return 0;
+}
 int cudaStreamWaitEvent(void *s, void *e, unsigned f)
 {
     (void)f;
@@ -110,8 +156,38 @@ int cudaEventCreateWithFlags(void **e, unsigned f)
     return 0;
 }
 int cudaEventDestroy(void *e) { mlog("event_destroy e%d", id_of(e)); return 0; }
-int cudaEventRecord(void *e, void *s) { mlog("event_record e%d s%d", id_of(e), id_of(s)); return 0; }
-int cudaEventSynchronize(void *e) { mlog("event_sync e%d", id_of(e)); return 0; }
+/* cudaEventQuery's answer: an event is complete once a host wait covered
+ * it: a stream_sync of its stream, or an event_sync of it or of an event
+ * recorded after it (the executor joins every rank's stream before its
+ * one wait), or a device_sync. */
+int cudaEventRecord(void *e, void *s)
+{
+    int i = id_of(e) % MAXEV;
+    ev_done[i] = 0; ev_strm[i] = id_of(s); ev_seq[i] = ++seqn;
+    mlog("event_record e%d s%d", id_of(e), id_of(s));
+    return 0;
+}
+int cudaEventSynchronize(void *e)
+{
+    long q = ev_seq[id_of(e) % MAXEV];
+    for (int i = 0; i < MAXEV; i++) if (ev_seq[i] && ev_seq[i] <= q) ev_done[i] = 1;
+    mlog("event_sync e%d", id_of(e));
+    return 0;
+}
+int cudaEventQuery(void *e)
+{
+    int i = id_of(e) % MAXEV;
+    int done = !ev_seq[i] || ev_done[i];
+    mlog("event_query e%d %s", id_of(e), done ? "done" : "not_ready");
+    return done ? 0 : 600; /* cudaErrorNotReady */
+}
+int cudaEventElapsedTime(float *ms, void *a, void *b) { (void)a; (void)b; *ms = 0.0f; return 0; }
+int cudaDeviceSynchronize(void)
+{
+    for (int i = 0; i < MAXEV; i++) ev_done[i] = 1;
+    mlog("device_sync dev%d", cur_dev);
+    return 0;
+}
 
 int cudaMallocAsync(void **p, size_t n, void *s)
 {
@@ -148,6 +224,7 @@ int cudaFreeHost(void *p)
 int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *s)
 {
     if (kind == 1) mlog("memcpy H2D %s s%d", pinned(src) ? "pinned" : "pageable", id_of(s));
+    if (kind == 2) mlog("memcpy D2H %s s%d", pinned(dst) ? "pinned" : "pageable", id_of(s));
     memcpy(dst, src, n);
     return 0;
 }
@@ -159,6 +236,7 @@ int cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, void *s)
     return 0;
 }
 
+int cudaDeviceGetPCIBusId(char *buf, int len, int dev) { snprintf(buf, (size_t)len, "mock:%d", dev); return 0; }
 int cudaDeviceCanAccessPeer(int *can, int dev, int peer)
 {
     const char *e = getenv("MOCK_NOPEER");
@@ -260,6 +338,14 @@ int ncclCommInitAll(void **comm, int n, const int *dev)
     return 0;
 }
 int ncclCommDestroy(void *c) { (void)c; return 0; }
+int ncclGetUniqueId(void *id) { memset(id, 0, 128); return 0; }
+int ncclCommInitRank(void **comm, int n, const void *id, int rank)
+{
+    (void)id;
+    *comm = mk(rank + 1, 5);
+    mlog("nccl_init_rank n=%d rank=%d", n, rank);
+    return 0;
+}
 int ncclGroupStart(void) { return 0; }
 int ncclGroupEnd(void) { return 0; }
 int ncclSend(void) { return 0; }

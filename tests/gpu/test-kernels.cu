@@ -243,6 +243,15 @@ static void t_select(int64_t T, int K, int E, const char *how, int ties)
     int gr = lrmoe_kcu_select(T, K, E, di.d, dsc.d, dq.d, dk.d, dl.d);
     int rr = lrmoe_kref_select(T, K, E, ids.data(), sc.data(), q.data(), rk.data(), rl.data());
     if (N) report("select bad quota", cs, gr < 0 && rr < 0, 0, gr < 0 ? lrmoe_errmsg() : "accepted");
+    if (N) { /* the same, its check deferred (lrmoe_kcu_flags_defer): the call
+              * queues, the one read at the end fails with select's message */
+        OK(lrmoe_kcu_flags_defer(1));
+        int gq = lrmoe_kcu_select(T, K, E, di.d, dsc.d, dq.d, dk.d, dl.d);
+        int gc = lrmoe_kcu_flags_defer(0);
+        const char *m = gc < 0 ? lrmoe_errmsg() : "accepted";
+        report("select bad quota, deferred check", cs,
+               gq == 0 && gc < 0 && strstr(m, "select: expert") != NULL, 0, m);
+    }
 }
 
 /* the unbiased draw (lrmoe-score --select sample) on the device against

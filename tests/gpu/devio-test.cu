@@ -1,0 +1,250 @@
+/* devio-test: the CUDA executor's device-pointer entry (lrmoe_exec_cuda_set_io,
+ * through the named-argument calls lrmoe.torch uses: lrmoe_exec_args_cuda_new,
+ * _forward_cuda, _backward_cuda) against its host-pointer frames, which
+ * tests/gpu/check-gpu.sh compares with the CPU backend.
+ *
+ * One layer, P = 4 ranks of this process (one device: --gpus 1), E = 16,
+ * a plan with split experts and replicas, BF16 activations and weights:
+ * forward, backward full and masked, each on a host-I/O executor and on a
+ * device-I/O executor fed device copies of the same inputs on a stream of
+ * the test's own; every output must be bitwise equal (the same kernels run
+ * on the same rows; only where the rows come from and go to differs). The
+ * device-I/O frames run twice each (the second reuses the first's staging
+ * after the one host wait at its start).
+ *
+ * Built two ways: by make with nvcc like the other tests/gpu programs,
+ * against liblrmoe.a (the kernels linked in) and cudart, for the GPU
+ * (tests/gpu/device-check.sh's devio step); as plain C++ by
+ * tests/gpu/build-fake.sh against the kernels' CPU references
+ * (tests/gpu/fake-kcu.c, tests/cuda.bats), where "device memory" is host
+ * memory.
+ * Prints "devio: PASS" or the first difference; exit 0/1 (3: no GPU). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+extern "C" {
+#include "api.h"
+#include "exec.h"
+#include "lrmoe.h"
+}
+
+#ifdef __CUDACC__ /* nvcc (make, the device check): real device memory */
+#define DEVIO_CUDA 1
+#endif
+#ifdef DEVIO_CUDA
+#include <cuda_runtime.h>
+static void *stream;
+static void *dput(const void *h, size_t n)
+{
+    void *d = NULL;
+    if (cudaMalloc(&d, n ? n : 16) != cudaSuccess) { fprintf(stderr, "devio: cudaMalloc\n"); exit(1); }
+    if (h && cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) != cudaSuccess) exit(1);
+    if (!h && cudaMemset(d, 0xFF, n ? n : 16) != cudaSuccess) exit(1);
+    return d;
+}
+static void dget(void *h, const void *d, size_t n)
+{
+    if (cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess ||
+        cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        fprintf(stderr, "devio: copy back failed\n");
+        exit(1);
+    }
+}
+static void dfree(void *d) { cudaFree(d); }
+static void stream_new(void)
+{
+    cudaStream_t s;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        printf("devio: NOT RUN (no CUDA device)\n");
+        exit(3);
+    }
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) exit(1);
+    stream = s;
+}
+#else
+static void *stream;
+static void *dput(const void *h, size_t n)
+{
+    void *d = malloc(n ? n : 16);
+    if (!d) exit(1);
+    if (h) memcpy(d, h, n);
+    else memset(d, 0xFF, n);
+    return d;
+}
+static void dget(void *h, const void *d, size_t n) { memcpy(h, d, n); }
+static void dfree(void *d) { free(d); }
+static void stream_new(void) { stream = NULL; }
+#endif
+
+enum { T = 97, E = 16, K = 4, D = 32, F = 24, P = 4 };
+#define M (T * K)
+
+static uint64_t rs = 88172645463325252ull;
+static uint32_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (uint32_t)rs; }
+static uint16_t bf(float f) { uint32_t u; memcpy(&u, &f, 4); return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16); }
+static float unif(void) { return (float)(rnd() % 2001) / 1000.0f - 1.0f; }
+static void *bfrand(size_t n, float scale)
+{
+    uint16_t *p = (uint16_t *)malloc(n * 2);
+    for (size_t i = 0; i < n; i++) p[i] = bf(unif() * scale);
+    return p;
+}
+
+static int fails;
+static void same(const char *what, const void *a, const void *b, size_t n)
+{
+    if (!memcmp(a, b, n)) return;
+    const unsigned char *x = (const unsigned char *)a, *y = (const unsigned char *)b;
+    size_t i = 0;
+    while (x[i] == y[i]) i++;
+    printf("devio: FAIL %s differs at byte %zu of %zu\n", what, i, n);
+    fails++;
+}
+
+#define CK(x) do { if ((x) < 0) { printf("devio: FAIL %s: %s\n", #x, lrmoe_errmsg()); return 1; } } while (0)
+
+static int setp(lrmoe_exec_args_t *a, const char *n, const void *p)
+{
+    return lrmoe_exec_args_set_ptr(a, n, p);
+}
+
+int main(void)
+{
+    stream_new();
+    /* inputs: distinct experts per token, a plan splitting every expert
+     * between its native rank and the next (a replica there) */
+    int32_t *ids = (int32_t *)malloc(M * 4);
+    float *tw = (float *)malloc(M * 4);
+    for (int t = 0; t < T; t++) {
+        int base = (int)(rnd() % E);
+        for (int k = 0; k < K; k++) {
+            ids[t * K + k] = (base + k * 3) % E;
+            tw[t * K + k] = 0.25f + (float)(rnd() % 100) / 400.0f;
+        }
+    }
+    int64_t n_e[E] = {0}, alloc[E * P];
+    uint8_t place[E * P];
+    for (int u = 0; u < M; u++) n_e[ids[u]]++;
+    memset(alloc, 0, sizeof alloc);
+    memset(place, 0, sizeof place);
+    for (int e = 0; e < E; e++) {
+        int nat = lrmoe_exec_native(e, E, P), nx = (nat + 1) % P;
+        alloc[e * P + nat] = n_e[e] - n_e[e] / 3;
+        alloc[e * P + nx] = n_e[e] / 3;
+        place[e * P + nat] = place[e * P + nx] = 1;
+    }
+    void *hid = bfrand((size_t)T * D, 1.0f);
+    void *wg = bfrand((size_t)E * F * D, 0.2f), *wu = bfrand((size_t)E * F * D, 0.2f),
+         *wd = bfrand((size_t)E * D * F, 0.2f);
+    void *gout = bfrand((size_t)T * D, 1.0f);
+    uint8_t *keep = (uint8_t *)malloc(M);
+    for (int u = 0; u < M; u++) keep[u] = rnd() % 4 != 0;
+
+    /* the two executors' arguments: h host, g device */
+    lrmoe_exec_args_t *ah = lrmoe_exec_args_new(), *ag = lrmoe_exec_args_new();
+    lrmoe_exec_args_t *both[2] = {ah, ag};
+    for (int i = 0; i < 2; i++) {
+        lrmoe_exec_args_t *a = both[i];
+        CK(lrmoe_exec_args_set(a, "backend", LRMOE_BACKEND_CUDA));
+        CK(lrmoe_exec_args_set(a, "gpus", 1));
+        CK(lrmoe_exec_args_set(a, "T", T)); CK(lrmoe_exec_args_set(a, "E", E));
+        CK(lrmoe_exec_args_set(a, "K", K)); CK(lrmoe_exec_args_set(a, "D", D));
+        CK(lrmoe_exec_args_set(a, "F", F)); CK(lrmoe_exec_args_set(a, "P", P));
+        CK(lrmoe_exec_args_set(a, "weights_dtype", LRMOE_BF16));
+        CK(lrmoe_exec_args_set(a, "act_dtype", LRMOE_BF16));
+        CK(lrmoe_exec_args_set(a, "grad_dtype", LRMOE_BF16));
+        CK(setp(a, "topk_ids", ids)); CK(setp(a, "topk_weights", tw));
+        CK(setp(a, "placement", place)); CK(setp(a, "fwd_alloc", alloc));
+    }
+    const size_t WB = (size_t)E * F * D * 2, HB = (size_t)T * D * 2, SB = (size_t)M * F * 2,
+                 PB = (size_t)M * D * 2, GW = (size_t)E * F * D * 4;
+    /* host side */
+    void *h_out = malloc(HB), *h_sg = malloc(SB), *h_su = malloc(SB), *h_po = malloc(PB);
+    float *h_sq = (float *)malloc(M * 4);
+    int32_t *prh = (int32_t *)malloc(M * 4), *prg = (int32_t *)malloc(M * 4);
+    CK(setp(ah, "w_gate", wg)); CK(setp(ah, "w_up", wu)); CK(setp(ah, "w_down", wd));
+    CK(setp(ah, "hidden", hid)); CK(setp(ah, "output", h_out)); CK(setp(ah, "pair_rank", prh));
+    CK(setp(ah, "phi_sqnorm", h_sq)); CK(setp(ah, "saved_gate", h_sg));
+    CK(setp(ah, "saved_up", h_su)); CK(setp(ah, "pair_out", h_po));
+    /* device side: the same inputs copied, outputs poisoned */
+    void *d_wg = dput(wg, WB), *d_wu = dput(wu, WB), *d_wd = dput(wd, WB), *d_hid = dput(hid, HB);
+    void *d_out = dput(NULL, HB), *d_sg = dput(NULL, SB), *d_su = dput(NULL, SB),
+         *d_po = dput(NULL, PB), *d_sq = dput(NULL, M * 4), *d_gout = dput(gout, HB);
+    CK(setp(ag, "w_gate", d_wg)); CK(setp(ag, "w_up", d_wu)); CK(setp(ag, "w_down", d_wd));
+    CK(setp(ag, "hidden", d_hid)); CK(setp(ag, "output", d_out)); CK(setp(ag, "pair_rank", prg));
+    CK(setp(ag, "phi_sqnorm", d_sq)); CK(setp(ag, "saved_gate", d_sg));
+    CK(setp(ag, "saved_up", d_su)); CK(setp(ag, "pair_out", d_po));
+
+    lrmoe_exec_cuda_t *xh, *xg;
+    CK(lrmoe_exec_args_cuda_new(ah, &xh));
+    CK(lrmoe_exec_args_cuda_new(ag, &xg));
+    CK(lrmoe_exec_cuda_set_io(xg, 1, stream));
+
+    CK(lrmoe_exec_args_forward_cuda(ah, xh, NULL));
+    for (int rep = 0; rep < 2; rep++) CK(lrmoe_exec_args_forward_cuda(ag, xg, NULL));
+    void *g = malloc(PB > GW ? PB : GW);
+    same("pair_rank", prh, prg, M * 4);
+    dget(g, d_out, HB); same("output", h_out, g, HB);
+    dget(g, d_sq, M * 4); same("phi_sqnorm", h_sq, g, M * 4);
+    dget(g, d_sg, SB); same("saved_gate", h_sg, g, SB);
+    dget(g, d_su, SB); same("saved_up", h_su, g, SB);
+    dget(g, d_po, PB); same("pair_out", h_po, g, PB);
+
+    /* backward on the host forward's saved state (copied to the device) */
+    void *d_sg2 = dput(h_sg, SB), *d_su2 = dput(h_su, SB), *d_po2 = dput(h_po, PB);
+    float *hgh = (float *)malloc(HB * 2), *hgg = (float *)malloc(GW), *hgu = (float *)malloc(GW),
+          *hgd = (float *)malloc(GW), *hgt = (float *)malloc(M * 4);
+    void *d_gh = dput(NULL, HB * 2), *d_gg = dput(NULL, GW), *d_gu = dput(NULL, GW),
+         *d_gd = dput(NULL, GW), *d_gt = dput(NULL, M * 4);
+    CK(setp(ah, "grad_output", gout)); CK(setp(ah, "saved_gate", h_sg));
+    CK(setp(ah, "saved_up", h_su)); CK(setp(ah, "pair_out", h_po)); CK(setp(ah, "pair_rank", prh));
+    CK(setp(ah, "grad_hidden", hgh)); CK(setp(ah, "grad_w_gate", hgg));
+    CK(setp(ah, "grad_w_up", hgu)); CK(setp(ah, "grad_w_down", hgd));
+    CK(setp(ah, "grad_topk_weights", hgt));
+    CK(setp(ag, "grad_output", d_gout)); CK(setp(ag, "saved_gate", d_sg2));
+    CK(setp(ag, "saved_up", d_su2)); CK(setp(ag, "pair_out", d_po2)); CK(setp(ag, "pair_rank", prh));
+    CK(setp(ag, "grad_hidden", d_gh)); CK(setp(ag, "grad_w_gate", d_gg));
+    CK(setp(ag, "grad_w_up", d_gu)); CK(setp(ag, "grad_w_down", d_gd));
+    CK(setp(ag, "grad_topk_weights", d_gt));
+    const char *modes[2] = {"full", "masked"};
+    for (int m = 0; m < 2; m++) {
+        char w[64];
+        for (int i = 0; i < 2; i++) {
+            CK(lrmoe_exec_args_set(both[i], "mode", m ? LRMOE_MODE_MASKED : LRMOE_MODE_FULL));
+            CK(setp(both[i], "keep", m ? keep : NULL));
+        }
+        CK(lrmoe_exec_args_backward_cuda(ah, xh, NULL));
+        for (int rep = 0; rep < 2; rep++) CK(lrmoe_exec_args_backward_cuda(ag, xg, NULL));
+        snprintf(w, sizeof w, "%s grad_hidden", modes[m]); dget(g, d_gh, HB * 2); same(w, hgh, g, HB * 2);
+        snprintf(w, sizeof w, "%s grad_w_gate", modes[m]); dget(g, d_gg, GW); same(w, hgg, g, GW);
+        snprintf(w, sizeof w, "%s grad_w_up", modes[m]); dget(g, d_gu, GW); same(w, hgu, g, GW);
+        snprintf(w, sizeof w, "%s grad_w_down", modes[m]); dget(g, d_gd, GW); same(w, hgd, g, GW);
+        snprintf(w, sizeof w, "%s grad_topk_weights", modes[m]); dget(g, d_gt, M * 4); same(w, hgt, g, M * 4);
+    }
+    /* weights changed in place on the device: the next frame sees them */
+    uint16_t *wg2 = (uint16_t *)malloc(WB);
+    memcpy(wg2, wg, WB);
+    for (size_t i = 0; i < WB / 2; i += 7) wg2[i] = bf(0.5f);
+    void *tmp = dput(wg2, WB);
+#ifdef DEVIO_CUDA
+    if (cudaMemcpy(d_wg, tmp, WB, cudaMemcpyDeviceToDevice) != cudaSuccess) return 1;
+#else
+    memcpy(d_wg, tmp, WB);
+#endif
+    CK(setp(ah, "w_gate", wg2));
+    CK(lrmoe_exec_cuda_weights_changed(xg));
+    CK(lrmoe_exec_cuda_weights_changed(xh));
+    CK(lrmoe_exec_args_forward_cuda(ah, xh, NULL));
+    CK(lrmoe_exec_args_forward_cuda(ag, xg, NULL));
+    dget(g, d_out, HB); same("output after weights_changed", h_out, g, HB);
+    lrmoe_exec_cuda_free(xh);
+    lrmoe_exec_cuda_free(xg);
+    lrmoe_exec_args_free(ah);
+    lrmoe_exec_args_free(ag);
+    dfree(tmp);
+    if (fails) return 1;
+    printf("devio: PASS (forward, backward full and masked, P=%d E=%d, device I/O = host I/O bitwise)\n", P, E);
+    return 0;
+}
