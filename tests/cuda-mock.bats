@@ -17,7 +17,7 @@ setup() {
     RUN=${LRMOE_MOCK_RUN:-}
     if [ -z "$RUN" ]; then
         [ -f "$LIB" ] || skip "no $LIB (run make first)"
-        ar t "$LIB" | grep -qx kcu.o || skip "liblrmoe.a was built without CUDA (no kernels/kcu.o)"
+        ar t "$LIB" | grep -qx "kcu.o\|cuda.o" || skip "liblrmoe.a was built without CUDA (no kernels/kcu.o or cuda.o)"
         CF="-std=c11 -O1 -Wall -Wextra -D_GNU_SOURCE -I$TOP/lib -I$TOP/kernels"
         cc $CF -c -o "$D/mock-cuda.o" "$TOP/tests/gpu/mock-cuda.c"
         cc $CF -c -o "$D/mock-run.o" "$TOP/tests/gpu/mock-run.c"
@@ -118,6 +118,34 @@ joined_after() {
     run joined_after "^gemm_grouped .* FAIL$" "$side0"
     echo "$output"
     assert_success
+}
+
+@test "cuda-mock: --gemm cutlass: one pinned upload, the CUTLASS kernels on the first side stream, a misaligned GEMM on cuBLAS" {
+    [ -n "${LRMOE_MOCK_RUN:-}" ] || nm "$LIB" 2>/dev/null | grep -q kcu_gg_sm90_0 ||
+        skip "liblrmoe.a has no CUTLASS objects (built without the headers)"
+    run "$RUN" cutlass
+    echo "$output"
+    cat "$D/log"
+    assert_success
+    assert_line "gemm rc=0"
+    # six 16x16x16 GEMMs, F32 and BF16 C: two launches (variants 000 and
+    # 001), their arrays in one upload from the pinned slot, no cuBLAS
+    [ "$(grep -c '^memcpy H2D pinned' "$D/log")" -eq 1 ]
+    ! grep -q '^memcpy H2D pageable' "$D/log"
+    ! grep -q '^gemm h' "$D/log"
+    ! grep -q '^gemm_grouped' "$D/log"
+    side0=$(awk '$1 == "blas_stream" { print $3; exit }' "$D/log")
+    [ "$(grep -c "^launch grid=.* block=384 shm=[0-9]* $side0\$" "$D/log")" -eq 2 ]
+    grep -q '^driver_entry cuTensorMapEncodeTiled' "$D/log"
+    run joined_after "^mark gemm" "$side0"
+    assert_success
+
+    rm -f "$D/log"
+    MOCK_GEMM_MISALIGN=2 run "$RUN" cutlass
+    assert_line "gemm rc=0"
+    # GEMM 2 (F32 C) on cuBLAS, the other five still in two launches
+    [ "$(grep -c '^gemm h' "$D/log")" -eq 1 ]
+    [ "$(grep -c '^launch grid=.* block=384 ' "$D/log")" -eq 2 ]
 }
 
 @test "cuda-mock: pools keep memory (threshold UINT64_MAX, trimmed at destroy) and open to peer devices" {
