@@ -94,8 +94,18 @@ int kcu_gg_launch(lrmoe_kcu_ctx_t *c, int variant, int G, void *block, float alp
     const kcu_gg_sm90_fn *fn = variant_fn(variant);
     if (!fn) return lrmoe_err("ggemm: no CUTLASS kernel for variant %d", variant);
     if (!G) return 0;
-    if (!c->sm_count)
-        KCU_CUDA(cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device));
+    if (!c->sm_count) {
+        /* the kernels are sm_90a machine code only: say so on another GPU
+         * instead of failing the launch */
+        int major = 0, minor = 0, sms = 0;
+        KCU_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
+        KCU_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device));
+        if (major != 9 || minor != 0)
+            return lrmoe_err("ggemm: the CUTLASS grouped GEMM is built for sm_90a (Hopper) only; "
+                             "device %d is sm_%d%d", c->device, major, minor);
+        KCU_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device));
+        c->sm_count = sms;
+    }
     kcu_gg_arrays_t x;
     kcu_gg_carve(block, G, &x);
     kcu_gg_sm90_args a;

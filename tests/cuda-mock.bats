@@ -146,6 +146,14 @@ joined_after() {
     # GEMM 2 (F32 C) on cuBLAS, the other five still in two launches
     [ "$(grep -c '^gemm h' "$D/log")" -eq 1 ]
     [ "$(grep -c '^launch grid=.* block=384 ' "$D/log")" -eq 2 ]
+
+    # not a Hopper GPU: one clear error, no launch, the side stream joined
+    rm -f "$D/log"
+    MOCK_CC=8.0 run "$RUN" cutlass
+    assert_line "gemm rc=-1 err=ggemm: the CUTLASS grouped GEMM is built for sm_90a (Hopper) only; device 0 is sm_80"
+    ! grep -q '^launch grid=.* block=384 ' "$D/log"
+    run joined_after "^mark gemm" "$side0"
+    assert_success
 }
 
 @test "cuda-mock: pools keep memory (threshold UINT64_MAX, trimmed at destroy) and open to peer devices" {

@@ -77,7 +77,16 @@ int cudaGetDevice(int *d) { *d = cur_dev; return 0; }
 int cudaGetLastError(void) { return 0; }
 int cudaPeekAtLastError(void) { return 0; }
 const char *cudaGetErrorString(int e) { return e ? "mock error" : "no error"; }
-int cudaDeviceGetAttribute(int *v, int attr, int dev) { (void)attr; (void)dev; *v = 90; return 0; }
+/* compute capability 9.0 (attributes 75, 76: MOCK_CC=major.minor another),
+ * 90 for every other attribute (multiprocessors, ...) */
+int cudaDeviceGetAttribute(int *v, int attr, int dev)
+{
+    (void)dev;
+    const char *cc = getenv("MOCK_CC");
+    int major = cc ? atoi(cc) : 9, minor = cc && strchr(cc, '.') ? atoi(strchr(cc, '.') + 1) : 0;
+    *v = attr == 75 ? major : attr == 76 ? minor : 90;
+    return 0;
+}
 int cudaFuncGetAttributes(void *a, const void *f) { (void)a; (void)f; return 0; }
 int cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, const void *f, int b, size_t s,
                                                             unsigned fl)
