@@ -82,8 +82,33 @@ ifneq ($(wildcard $(NVCC)),)
 HAVE_CUDA := 1
 endif
 endif
+# The Hopper grouped GEMM (--gemm cutlass, kernels/ggemm.cu) adds one object
+# per variant of kernels/cutlass/ggemm_sm90.cu (ta tb c_bf16; ~1 min of
+# nvcc each here): compiled when the CUTLASS headers are found
+# (tests/gpu/cutlass-inc.sh, after tests/deps.sh installed them; written to
+# $(BUILD)/cutlass.mk; CUTLASS=0 builds without), or taken prebuilt from
+# CUTLASS_PREBUILT (a directory of gg_VARIANT.o, what device-check.sh
+# carries to a machine without the headers).
+GG_VARIANTS := 000 001 010 011 100 101
+gg_digits = $(subst 0,0 ,$(subst 1,1 ,$(1)))
+gg_defs = -DGG_TA=$(word 1,$(call gg_digits,$(1))) -DGG_TB=$(word 2,$(call gg_digits,$(1))) \
+    -DGG_CBF16=$(word 3,$(call gg_digits,$(1)))
+CUTLASS_NVCCFLAGS = -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+    -DNDEBUG -DLRMOE_HAVE_CUDA -Ilib -Ikernels -I$(CUTLASS_INC) -Xcompiler -fPIC \
+    -Xcompiler -fvisibility=hidden -Xcompiler -fno-gnu-unique -Xptxas -v
 ifeq ($(HAVE_CUDA),1)
-CU_OBJ    := $(CU_SRC:kernels/%.cu=$(BUILD)/kernels/%.o)
+ifneq ($(CUTLASS),0)
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+-include $(BUILD)/cutlass.mk
+endif
+endif
+ifneq ($(CUTLASS_PREBUILT),)
+GG_OBJ    := $(GG_VARIANTS:%=$(CUTLASS_PREBUILT)/gg_%.o)
+else ifneq ($(strip $(CUTLASS_INC)),)
+GG_OBJ    := $(GG_VARIANTS:%=$(BUILD)/kernels/cutlass/gg_%.o)
+endif
+HAVE_CUTLASS := $(if $(GG_OBJ),1)
+CU_OBJ    := $(CU_SRC:kernels/%.cu=$(BUILD)/kernels/%.o) $(GG_OBJ)
 GPU_BIN   := $(GPU_SRC:tests/gpu/%.cu=$(BUILD)/tests/gpu/%)
 CPPFLAGS  += -DLRMOE_HAVE_CUDA
 NVCCFLAGS ?= -O2
@@ -95,7 +120,7 @@ CUDA_MOD  := liblrmoe-cuda.so.1
 CUDA_LOADER := $(BUILD)/lib/cuda_module.o
 $(CUDA_LOADER): CPPFLAGS += -DLRMOE_CUDA_LOADER
 all: deps-build $(GPU_BIN) $(BUILD)/$(CUDA_MOD)
--include $(CU_OBJ:.o=.d) $(GPU_BIN:=.d) $(BUILD)/kernels/module.d
+-include $(CU_SRC:kernels/%.cu=$(BUILD)/kernels/%.d) $(GPU_BIN:=.d) $(BUILD)/kernels/module.d
 else
 CU_OBJ    :=
 GPU_BIN   :=
@@ -115,6 +140,9 @@ ifeq ($(filter clean,$(MAKECMDGOALS)),)
 -include $(BUILD)/mpi.mk
 endif
 endif
+$(BUILD)/cutlass.mk: tests/deps.sh tests/gpu/cutlass-inc.sh | $(BUILD)/mpi.mk
+	@mkdir -p $(@D)
+	@echo "CUTLASS_INC := $$(sh tests/gpu/cutlass-inc.sh 2>/dev/null)" > $@
 $(BUILD)/mpi.mk: tests/deps.sh
 	@$(DEPS_SH) build
 	@mkdir -p $(@D)
@@ -130,6 +158,8 @@ all: deps-build $(TOOLS) $(BUILD)/$(SONAME) $(BUILD)/lrmoe.pc
 	@test "$(HAVE_CUDA)" = 1 || echo "lrmoe: nvcc not found (set CUDA_HOME): building CPU-only"
 	@test "$(HAVE_DNNL)" = 1 || echo "lrmoe: oneDNN (libdnnl-dev) not found: building without --compute bf16"
 	@test "$(HAVE_MPI)" = 1 || echo "lrmoe: OpenMPI not found (libopenmpi-dev): lrmoe-exec without MPI"
+	@test "$(HAVE_CUDA)" != 1 || test "$(HAVE_CUTLASS)" = 1 || \
+	  echo "lrmoe: CUTLASS headers not found (nvidia-cutlass): CUDA backend without --gemm cutlass"
 
 # Build dependencies: installed with apt-get when missing and root, else named;
 # NODEPS=1: not looked at (nothing installed, nothing checked).
@@ -188,6 +218,16 @@ $(BUILD)/lrmoe.pc: lrmoe.pc.in Makefile $(wildcard $(BUILD)/mpi.mk)
 $(BUILD)/kernels/%.o: kernels/%.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -Xcompiler $(PICFLAGS) -Xcompiler $(LIBVIS) -Xcompiler -fno-gnu-unique -c -o $@ $<
+
+# ggemm.cu calls the CUTLASS objects only when there are some
+$(BUILD)/kernels/ggemm.o: NVCCFLAGS += $(if $(HAVE_CUTLASS),-DLRMOE_HAVE_CUTLASS)
+$(BUILD)/kernels/ggemm.o: $(wildcard $(BUILD)/cutlass.mk)
+# one CUTLASS variant (ta tb c_bf16 = the three digits); ptxas's report kept
+# beside it for tests/cuda-resources.bats
+$(BUILD)/kernels/cutlass/gg_%.o: kernels/cutlass/ggemm_sm90.cu kernels/ggemm_sm90.h kernels/ggemm_variant.h
+	@mkdir -p $(@D)
+	$(NVCC) $(CUTLASS_NVCCFLAGS) $(call gg_defs,$*) -c -o $@ $< 2> $(@:.o=.ptxas) || \
+	  { cat $(@:.o=.ptxas) >&2; exit 1; }
 
 $(BUILD)/tests/gpu/%.o: tests/gpu/%.cu
 	@mkdir -p $(@D)
@@ -288,6 +328,10 @@ check-resources:
 	@NVCC="$(NVCC)" NVCCFLAGS="$(NVCCFLAGS)" sh tests/gpu/check-resources.sh
 print-nvccflags:
 	@echo $(NVCCFLAGS)
+print-cutlass:
+	@echo "HAVE_CUTLASS=$(HAVE_CUTLASS) CUTLASS_INC=$(CUTLASS_INC) GG_OBJ=$(GG_OBJ)"
+# the CUTLASS objects alone (device-check.sh --prepare carries them)
+cutlass-objs: $(GG_OBJ)
 
 bench: all deps-test
 	@sh tests/bench/run.sh
@@ -313,6 +357,6 @@ clean:
 	rm -rf $(BUILD) bin
 
 .PHONY: all check check-fast check-layers unit unit-build check-gpu bench demo install clean deps-build deps-test fuzz FORCE
-.PHONY: check-resources print-nvccflags
+.PHONY: check-resources print-nvccflags print-cutlass cutlass-objs
 .SECONDARY:
 -include $(LIB_OBJ:.o=.d) $(TOOL_SRC:src/%.c=$(BUILD)/src/%.d)

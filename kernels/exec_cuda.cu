@@ -375,6 +375,7 @@ static int x_new(const lrmoe_exec_cfg_t *cfg, int P, xs_t **out)
     lrmoe_gemm_impl_t impl;
     if (cfg->gemm == LRMOE_EXEC_GEMM_LOOP) impl = LRMOE_GEMM_LOOP;
     else if (cfg->gemm == LRMOE_EXEC_GEMM_GROUPED) impl = LRMOE_GEMM_GROUPED;
+    else if (cfg->gemm == LRMOE_EXEC_GEMM_CUTLASS) impl = LRMOE_GEMM_CUTLASS;
     else return lrmoe_err("backend cuda: unknown GEMM implementation %d", cfg->gemm);
     if (cfg->device < 0 || cfg->device >= ndev)
         return lrmoe_err("backend cuda: device %d out of range (%d devices)", cfg->device, ndev);

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kcu_internal.h"
+#include "ggemm_setup.h"
 
 static int gemm_check(int ngemm, const lrmoe_gemm_t *g)
 {
@@ -238,7 +239,7 @@ static size_t grouped_layout(size_t n, char *base, grouped_bufs *b)
 
 /* The next staging slot, at least `bytes` long, once the call that last
  * used it has run (kcu_stage). */
-static int stage_take(lrmoe_kcu_ctx_t *c, size_t bytes, kcu_stage **out)
+int kcu_stage_take(lrmoe_kcu_ctx_t *c, size_t bytes, kcu_stage **out)
 {
     kcu_stage *st = &c->stage[c->stage_next];
     *out = NULL;
@@ -278,7 +279,7 @@ static int gemm_grouped(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
     grouped_bufs b;
     memset(&b, 0, sizeof b);
     size_t n = (size_t)(ngemm ? ngemm : 1);
-    if (stage_take(c, grouped_layout(n, NULL, NULL), &st) < 0) return -1;
+    if (kcu_stage_take(c, grouped_layout(n, NULL, NULL), &st) < 0) return -1;
     grouped_layout(n, (char *)st->host, &b);
     /* BF16 temporaries for F32 outputs */
     for (int i = 0; i < ngemm; i++)
@@ -372,6 +373,74 @@ out:
     return join_after(c, forked, rc);
 }
 
+/* CUTLASS: the list split into launches by kcu_gg_split (one per operand
+ * layout, C type and beta), each launch's arrays filled on the host in one
+ * pinned staging slot and copied to the device in one copy, then one
+ * CUTLASS grouped launch each (ggemm.cu); the GEMMs it cannot take run as
+ * cublasGemmEx and k == 0 ones as zero_c, all on side stream 0. */
+static int gemm_cutlass(lrmoe_kcu_ctx_t *c, int ngemm, const lrmoe_gemm_t *g)
+{
+    cudaStream_t s = c->side[0];
+    int rc = -1, forked = 0;
+    int *launch = (int *)malloc((size_t)ngemm * sizeof(int));
+    int cnt[2 * KCU_GG_NVARIANTS] = {0};
+    size_t off[2 * KCU_GG_NVARIANTS + 1];
+    kcu_stage *st = NULL;
+    char *dev = NULL;
+    if (!launch) return lrmoe_err("gemm: out of memory");
+    int n = kcu_gg_split(ngemm, g, launch);
+    for (int i = 0; i < ngemm; i++)
+        if (launch[i] >= 0) cnt[launch[i]]++;
+    off[0] = 0;
+    for (int l = 0; l < 2 * KCU_GG_NVARIANTS; l++)
+        off[l + 1] = off[l] + al16(kcu_gg_bytes(cnt[l]));
+    if (fork_side(c, 1, &forked) < 0) goto out;
+    if (n) {
+        size_t bytes = off[2 * KCU_GG_NVARIANTS];
+        if (kcu_stage_take(c, bytes, &st) < 0) goto out;
+        int fill[2 * KCU_GG_NVARIANTS] = {0};
+        cudaError_t e = cudaMallocAsync((void **)&dev, bytes, s);
+        if (e != cudaSuccess) { lrmoe_err("cudaMallocAsync: %s", cudaGetErrorString(e)); goto out; }
+        for (int i = 0; i < ngemm; i++) {
+            int l = launch[i];
+            if (l < 0) continue;
+            const lrmoe_gemm_t *x = &g[i];
+            kcu_gg_arrays_t h;
+            kcu_gg_carve((char *)st->host + off[l], cnt[l], &h);
+            int j = fill[l]++;
+            h.a[j] = x->a; h.b[j] = x->b; h.c[j] = x->c;
+            h.lda[j] = x->lda; h.ldb[j] = x->ldb; h.ldc[j] = x->ldc;
+            h.shapes[3 * j] = (int)x->m; h.shapes[3 * j + 1] = (int)x->n;
+            h.shapes[3 * j + 2] = (int)x->k;
+            h.zm[j] = 0;
+        }
+        e = cudaMemcpyAsync(dev, st->host, bytes, cudaMemcpyHostToDevice, s);
+        if (e != cudaSuccess) { lrmoe_err("cudaMemcpyAsync: %s", cudaGetErrorString(e)); goto out; }
+        for (int l = 0; l < 2 * KCU_GG_NVARIANTS; l++) {
+            if (!cnt[l]) continue;
+            if (kcu_gg_launch(c, l / 2, cnt[l], dev + off[l], 1.0f, (float)(l & 1), s) < 0) goto out;
+        }
+    }
+    for (int i = 0; i < ngemm; i++) {
+        const lrmoe_gemm_t *x = &g[i];
+        if (launch[i] >= 0 || !x->m || !x->n) continue;
+        if (!x->k) {
+            if (x->beta == 0.0f && zero_c(x, s) < 0) goto out;
+            continue;
+        }
+        if (gemm_one(c->blas[0], x) < 0) goto out;
+    }
+    rc = 0;
+out:
+    if (st) {
+        if (cudaEventRecord(st->done, s) == cudaSuccess) st->pending = 1;
+        else (void)cudaStreamSynchronize(s);
+    }
+    if (dev) (void)cudaFreeAsync(dev, s);
+    free(launch);
+    return join_after(c, forked, rc);
+}
+
 int lrmoe_kcu_gemm(int ngemm, const lrmoe_gemm_t *g)
 {
     lrmoe_kcu_ctx_t *c = lrmoe_kcu_current();
@@ -379,5 +448,17 @@ int lrmoe_kcu_gemm(int ngemm, const lrmoe_gemm_t *g)
     if (ngemm < 0) return lrmoe_err("gemm: negative count");
     if (gemm_check(ngemm, g) < 0) return -1;
     if (!ngemm) return 0;
+    if (c->gemm_impl == LRMOE_GEMM_CUTLASS) {
+        if (!lrmoe_kcu_have_cutlass())
+            return lrmoe_err("gemm: --gemm cutlass: not built with CUTLASS (no headers found)");
+        return gemm_cutlass(c, ngemm, g);
+    }
     return c->gemm_impl == LRMOE_GEMM_GROUPED ? gemm_grouped(c, ngemm, g) : gemm_loop(c, ngemm, g);
+}
+
+int lrmoe_kcu_ggemm(const lrmoe_ggemm_t *d)
+{
+    lrmoe_kcu_ctx_t *c = lrmoe_kcu_current();
+    if (!c) return lrmoe_err("ggemm: no CUDA context (lrmoe_kcu_use)");
+    return kcu_gg_dev(c, d, c->stream);
 }

@@ -22,12 +22,13 @@ int lrmoe_gemm_impl_parse(const char *s, lrmoe_gemm_impl_t *impl)
 {
     if (!strcmp(s, "loop")) { *impl = LRMOE_GEMM_LOOP; return 0; }
     if (!strcmp(s, "grouped")) { *impl = LRMOE_GEMM_GROUPED; return 0; }
-    return lrmoe_err("unknown GEMM implementation '%s' (loop, grouped)", s);
+    if (!strcmp(s, "cutlass")) { *impl = LRMOE_GEMM_CUTLASS; return 0; }
+    return lrmoe_err("unknown GEMM implementation '%s' (loop, grouped, cutlass)", s);
 }
 
 const char *lrmoe_gemm_impl_name(lrmoe_gemm_impl_t impl)
 {
-    return impl == LRMOE_GEMM_GROUPED ? "grouped" : "loop";
+    return impl == LRMOE_GEMM_GROUPED ? "grouped" : impl == LRMOE_GEMM_CUTLASS ? "cutlass" : "loop";
 }
 
 int lrmoe_kcu_device_count(void)

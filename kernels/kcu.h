@@ -26,8 +26,13 @@ extern "C" {
  * cublasGemmGroupedBatchedEx call (GROUPED; BF16 output only in cuBLAS, so an
  * F32 C is produced through a BF16 temporary and converted; a GEMM whose BF16
  * operands are not 16-byte aligned runs as cublasGemmEx instead). */
-typedef enum { LRMOE_GEMM_LOOP = 0, LRMOE_GEMM_GROUPED = 1 } lrmoe_gemm_impl_t;
-int lrmoe_gemm_impl_parse(const char *s, lrmoe_gemm_impl_t *impl); /* "loop"/"grouped" */
+/* CUTLASS: the Hopper grouped GEMM of kernels/ggemm.cu (CUTLASS 3.x sm90
+ * ptr-array kernel, wgmma + TMA, F32 or BF16 C written in its epilogue): one
+ * launch per (ta, tb, C type, beta) of the list; a GEMM it cannot take (see
+ * kcu_gg_variant_of in ggemm_setup.h) runs as cublasGemmEx. Only in a build
+ * that found the CUTLASS headers (lrmoe_kcu_have_cutlass). */
+typedef enum { LRMOE_GEMM_LOOP = 0, LRMOE_GEMM_GROUPED = 1, LRMOE_GEMM_CUTLASS = 2 } lrmoe_gemm_impl_t;
+int lrmoe_gemm_impl_parse(const char *s, lrmoe_gemm_impl_t *impl); /* loop/grouped/cutlass */
 const char *lrmoe_gemm_impl_name(lrmoe_gemm_impl_t impl);
 
 typedef struct lrmoe_kcu_ctx lrmoe_kcu_ctx_t;
@@ -104,6 +109,43 @@ int lrmoe_kcu_from_f32(int64_t n, const float *src, int dst_bf16, void *dst);
 int lrmoe_kcu_mask_rows(int64_t nrows, int64_t row, const uint8_t *mask, float *x);
 /* dst (n) += src (n), f32. */
 int lrmoe_kcu_add(int64_t n, const float *src, float *dst);
+
+/* 1 when this build has the CUTLASS grouped GEMM (LRMOE_GEMM_CUTLASS,
+ * lrmoe_kcu_ggemm), else 0. */
+int lrmoe_kcu_have_cutlass(void);
+
+/* A grouped GEMM whose group sizes live on the device: ngroups GEMMs
+ * (one per expert) with the rows of group g at offsets[g] .. offsets[g+1]
+ * (expert-major, device memory, ngroups + 1 entries, within 0 .. rows), so
+ * no count is copied to the host. Row-major, BF16 A and B, F32 accumulation,
+ * C F32 or BF16 (c_bf16) = alpha * op(A) op(B) + beta * C, beta 0 or 1.
+ *   kgrouped = 0 (forward FC1/FC2, dphi, dx): C_g (rows_g, n) =
+ *     A_g (rows_g, k) op(B_g) with A_g = a + offsets[g]*lda, ta = 0,
+ *     B_g = b + g*sb (the expert's weight, op by tb), C_g = c + offsets[g]*ldc;
+ *   kgrouped = 1 (weight gradients): C_g (m, n) = A_g^T B_g with K = rows_g,
+ *     A_g = a + offsets[g]*lda stored (rows_g, m), B_g = b + offsets[g]*ldb
+ *     stored (rows_g, n), C_g = c + g*sc; ta = 1, tb = 0. A group with no
+ *     rows gets C_g = beta * C_g (zeroed when beta == 0).
+ * Strides in elements. The fixed sizes are multiples of 8, pointers and
+ * strides 16-byte aligned. Offsets that are not within 0..rows and
+ * nondecreasing (or a group above INT_MAX rows) make their group empty and
+ * set *err (device int, may be NULL) to 1; nothing else is read back. */
+typedef struct {
+    int kgrouped;
+    int ngroups;
+    const int64_t *offsets;
+    int64_t rows;
+    int64_t m, n, k;          /* kgrouped 0: n, k used; kgrouped 1: m, n used */
+    int ta, tb;
+    const void *a, *b;
+    void *c;
+    int64_t lda, ldb, ldc;
+    int64_t sb, sc;           /* group strides of B (kgrouped 0), of C (kgrouped 1) */
+    int c_bf16;
+    float alpha, beta;
+    int *err;
+} lrmoe_ggemm_t;
+int lrmoe_kcu_ggemm(const lrmoe_ggemm_t *d);
 
 #define LRMOE_KCU_DECL(name, args) int lrmoe_kcu_##name args;
 LRMOE_KERNELS(LRMOE_KCU_DECL)

@@ -46,7 +46,19 @@ struct lrmoe_kcu_ctx {
     unsigned long long *flags, *flags_host;
     int defer, nflags;
     struct { const char *what; int K, P; } flag_meta[KCU_FLAG_SLOTS];
+    int sm_count;                          /* multiprocessors, 0 until ggemm asks */
 };
+
+/* gemm.cu: the next pinned staging slot, at least `bytes` long, once the
+ * call that last used it has run. */
+int kcu_stage_take(lrmoe_kcu_ctx_t *c, size_t bytes, struct kcu_stage **out);
+/* ggemm.cu: one CUTLASS grouped launch (variant KCU_GG_VARIANT(ta, tb,
+ * c_bf16)) over G groups whose arrays (kcu_gg_carve) are in device memory
+ * at `block`, on stream s; asynchronous. */
+int kcu_gg_launch(lrmoe_kcu_ctx_t *c, int variant, int G, void *block, float alpha, float beta,
+                  cudaStream_t s);
+/* ggemm.cu: lrmoe_kcu_ggemm of context c on stream s (kcu.h). */
+int kcu_gg_dev(lrmoe_kcu_ctx_t *c, const lrmoe_ggemm_t *d, cudaStream_t s);
 
 /* Every call is checked; the message names the call and its status string. */
 #define KCU_CUDA(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) \

@@ -72,7 +72,9 @@
     X(k_swiglu_bwd_bf16,    KCU_TPB,        0, 0)             \
     X(k_combine,            KCU_TPB,        0, 0)             \
     X(k_pair_dot,           KCU_TPB,        0, 0)             \
-    X(k_widen,              KCU_WIDEN_TPB,  0, 0)
+    X(k_widen,              KCU_WIDEN_TPB,  0, 0)             \
+    X(k_gg_setup,           KCU_TPB,        0, 0)             \
+    X(k_gg_zero,            KCU_TPB,        0, 0)
 
 #define KCU_THREADS_ENUM_(k, threads, dsmem, local) KCU_THREADS_##k = (threads),
 #define KCU_DSMEM_ENUM_(k, threads, dsmem, local) KCU_DSMEM_##k = (dsmem),

@@ -101,12 +101,15 @@ typedef struct {
 void lrmoe_exec_cfg_default(lrmoe_exec_cfg_t *c);
 
 /* CUDA expert GEMMs: a loop of cublasGemmEx over gemm_streams streams
- * (default), or one cublasGemmGroupedBatchedEx per GEMM kind. */
+ * (default), one cublasGemmGroupedBatchedEx per GEMM kind, or the Hopper
+ * grouped GEMM (CUTLASS sm90 ptr-array kernel writing F32 or BF16 C itself;
+ * only in a CUDA build that found the CUTLASS headers). */
 typedef enum {
     LRMOE_EXEC_GEMM_LOOP = 0,
-    LRMOE_EXEC_GEMM_GROUPED = 1
+    LRMOE_EXEC_GEMM_GROUPED = 1,
+    LRMOE_EXEC_GEMM_CUTLASS = 2
 } lrmoe_exec_gemm_t;
-int lrmoe_exec_gemm_parse(const char *s, lrmoe_exec_gemm_t *g); /* "loop"/"grouped" */
+int lrmoe_exec_gemm_parse(const char *s, lrmoe_exec_gemm_t *g); /* loop/grouped/cutlass */
 const char *lrmoe_exec_gemm_name(lrmoe_exec_gemm_t g);
 
 /* Weights of all E experts (the full logical copy; rank r reads only its

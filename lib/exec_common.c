@@ -55,12 +55,13 @@ int lrmoe_exec_gemm_parse(const char *s, lrmoe_exec_gemm_t *g)
 {
     if (!strcmp(s, "loop")) { *g = LRMOE_EXEC_GEMM_LOOP; return 0; }
     if (!strcmp(s, "grouped")) { *g = LRMOE_EXEC_GEMM_GROUPED; return 0; }
-    return lrmoe_err("unknown GEMM implementation '%s' (loop, grouped)", s);
+    if (!strcmp(s, "cutlass")) { *g = LRMOE_EXEC_GEMM_CUTLASS; return 0; }
+    return lrmoe_err("unknown GEMM implementation '%s' (loop, grouped, cutlass)", s);
 }
 
 const char *lrmoe_exec_gemm_name(lrmoe_exec_gemm_t g)
 {
-    return g == LRMOE_EXEC_GEMM_GROUPED ? "grouped" : "loop";
+    return g == LRMOE_EXEC_GEMM_GROUPED ? "grouped" : g == LRMOE_EXEC_GEMM_CUTLASS ? "cutlass" : "loop";
 }
 
 int lrmoe_exec_native(int64_t e, int64_t E, int P)

@@ -31,8 +31,10 @@ setup() {
              sed -e 's/-L[^ ]*cuda[^ ]*//g' -e 's/-Wl,-rpath,[^ ]*cuda[^ ]*//g' \
                  -e 's/-lcudart//; s/-lcublas//; s/-lnccl//')
         objs=$(ar t "$LIB" | grep -vx cuda.o | sed "s,^,$D/,")
+        # the CUTLASS variants (--gemm cutlass) where the build has them
+        gg=$(ls "$K"/cutlass/gg_*.o 2>/dev/null || true)
         cc -o "$D/mock-run" "$D/mock-run.o" "$D/mock-cuda.o" "$K"/kcu.o "$K"/gemm.o \
-            "$K"/comm_nccl.o "$K"/comm_nccl_rank.o "$K"/exec_cuda.o $objs $LP
+            "$K"/comm_nccl.o "$K"/comm_nccl_rank.o "$K"/exec_cuda.o "$K"/ggemm.o $gg $objs $LP -lstdc++
         RUN="$D/mock-run"
     fi
     export MOCK_CUDA_LOG="$D/log"
@@ -128,6 +130,42 @@ joined_after() {
     assert_line "gemm rc=-1 err=cublasGemmGroupedBatchedEx: mock status"
     run joined_after "^gemm_grouped .* FAIL$" "$side0"
     echo "$output"
+    assert_success
+}
+
+@test "cuda-mock: --gemm cutlass: one pinned upload, the CUTLASS kernels on the first side stream, a misaligned GEMM on cuBLAS" {
+    [ -n "${LRMOE_MOCK_RUN:-}" ] || nm "$LIB" 2>/dev/null | grep -q kcu_gg_sm90_0 ||
+        skip "liblrmoe.a has no CUTLASS objects (built without the headers)"
+    run "$RUN" cutlass
+    echo "$output"
+    cat "$D/log"
+    assert_success
+    assert_line "gemm rc=0"
+    # six 16x16x16 GEMMs, F32 and BF16 C: two launches (variants 000 and
+    # 001), their arrays in one upload from the pinned slot, no cuBLAS
+    [ "$(grep -c '^memcpy H2D pinned' "$D/log")" -eq 1 ]
+    ! grep -q '^memcpy H2D pageable' "$D/log"
+    ! grep -q '^gemm h' "$D/log"
+    ! grep -q '^gemm_grouped' "$D/log"
+    side0=$(awk '$1 == "blas_stream" { print $3; exit }' "$D/log")
+    [ "$(grep -c "^launch grid=.* block=384 shm=[0-9]* $side0\$" "$D/log")" -eq 2 ]
+    grep -q '^driver_entry cuTensorMapEncodeTiled' "$D/log"
+    run joined_after "^mark gemm" "$side0"
+    assert_success
+
+    rm -f "$D/log"
+    MOCK_GEMM_MISALIGN=2 run "$RUN" cutlass
+    assert_line "gemm rc=0"
+    # GEMM 2 (F32 C) on cuBLAS, the other five still in two launches
+    [ "$(grep -c '^gemm h' "$D/log")" -eq 1 ]
+    [ "$(grep -c '^launch grid=.* block=384 ' "$D/log")" -eq 2 ]
+
+    # not a Hopper GPU: one clear error, no launch, the side stream joined
+    rm -f "$D/log"
+    MOCK_CC=8.0 run "$RUN" cutlass
+    assert_line "gemm rc=-1 err=ggemm: the CUTLASS grouped GEMM is built for sm_90a (Hopper) only; device 0 is sm_80"
+    ! grep -q '^launch grid=.* block=384 ' "$D/log"
+    run joined_after "^mark gemm" "$side0"
     assert_success
 }
 

@@ -18,7 +18,7 @@ setup() {
 # a copy of the sources the check compiles (kernels/, lib/ headers)
 copy_tree() {
     mkdir -p "$D/tree/kernels" "$D/tree/lib"
-    cp "$TOP"/kernels/* "$D/tree/kernels/"
+    cp "$TOP"/kernels/*.cu "$TOP"/kernels/*.h "$D/tree/kernels/"
     cp "$TOP"/lib/*.h "$D/tree/lib/"
 }
 
@@ -191,4 +191,80 @@ EOF
     assert_output --partial "FAIL k.cu:1: kernel k_big: 512 threads a block and no __launch_bounds__(KCU_THREADS(k_big))"
     # library kernels are listed, not looked up in the table
     assert_line --regexp '^EmptyKernel +k\.cu .* ok \(library\)$'
+}
+
+# ---- the Hopper grouped GEMM (kernels/ggemm.cu, issue 39)
+
+@test "cuda-resources: ggemm's setup logic (offsets -> shapes, pointers; K-grouped split; zero-row experts; checks; list split) on the host" {
+    cc -std=c11 -O2 -Wall -Wextra -Werror -I"$TOP/lib" -I"$TOP/kernels" -o "$D/gg" "$TOP/tests/gpu/ggemm-test.c"
+    run "$D/gg"
+    echo "$output"
+    assert_success
+    assert_line "ggemm-test: row-grouped tb=0 beta=0: 12 rows of 5 experts equal the row-by-row layer"
+    assert_line "ggemm-test: row-grouped tb=1 beta=0: 12 rows of 5 experts equal the row-by-row layer"
+    assert_line "ggemm-test: K-grouped beta=0: 4 experts (one without rows: zeroed) equal the per-expert sums"
+    assert_line "ggemm-test: K-grouped beta=1: 4 experts (one without rows: kept) equal the per-expert sums"
+    assert_line "ggemm-test: split of a list: 5 of 12 GEMMs in 5 launches, the rest to cuBLAS"
+    assert_line --regexp '^ggemm-test: argument checks: [0-9]+ bad descriptions rejected with their reason$'
+    assert_line "ggemm-test: ok"
+    # the test can fail: C of a row group at the wrong row stride, a
+    # K-grouped expert without rows left unzeroed, B of a K group at the
+    # expert index instead of its rows
+    mkdir -p "$D/bad"
+    for mut in 's/out->co = o0 \* d->ldc;/out->co = o0 * d->lda;/' \
+               's/out->zm = d->beta == 0.0f ? (int)m : 0;/out->zm = 0;/' \
+               's/out->bo = o0 \* d->ldb;/out->bo = g * d->ldb;/'; do
+        sed "$mut" "$TOP/kernels/ggemm_setup.h" > "$D/bad/ggemm_setup.h"
+        ! cmp -s "$TOP/kernels/ggemm_setup.h" "$D/bad/ggemm_setup.h"
+        cc -std=c11 -O2 -I"$D/bad" -I"$TOP/lib" -I"$TOP/kernels" -o "$D/gg-bad" "$TOP/tests/gpu/ggemm-test.c"
+        run "$D/gg-bad"
+        assert_failure
+        assert_output --partial "ggemm-test: FAIL"
+    done
+}
+
+@test "cuda-resources: the CUTLASS grouped GEMM objects are Hopper wgmma code (HGMMA), no local memory, under sm_90's register limit" {
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH"
+    B="$TOP/${BUILD:-build}"
+    make -s --no-print-directory -C "$TOP" print-cutlass | grep -q '^HAVE_CUTLASS=1' ||
+        skip "built without the CUTLASS headers (tests/gpu/cutlass-inc.sh finds none)"
+    # cuobjdump: the toolkit's, else the one Triton's wheel ships
+    CO=$(command -v cuobjdump || python3 -c 'import importlib.util as u, os
+s = u.find_spec("triton")
+print(os.path.join(list(s.submodule_search_locations)[0], "backends/nvidia/bin/cuobjdump") if s else "")' 2>/dev/null)
+    [ -n "$CO" ] && [ -x "$CO" ] || skip "no cuobjdump"
+    for v in 000 001 010 011 100 101; do
+        o="$B/kernels/cutlass/gg_$v.o"
+        [ -f "$o" ] || { echo "no $o (run make)"; false; }
+        # ptxas's report of the make that built it: one kernel, no spill
+        r="$B/kernels/cutlass/gg_$v.ptxas"
+        run grep -c "Compiling entry function '_ZN7cutlass13device_kernel" "$r"
+        assert_output 1
+        run grep -A2 "Compiling entry function '_ZN7cutlass13device_kernel" "$r"
+        assert_output --partial "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+        regs=$(grep -A3 "Compiling entry function '_ZN7cutlass13device_kernel" "$r" |
+               sed -n 's/.*Used \([0-9]*\) registers.*/\1/p')
+        [ -n "$regs" ] && [ "$regs" -le 255 ]
+        # sm_90a machine code with warpgroup MMAs (not the HMMA path)
+        run sh -c "'$CO' -sass '$o' | grep -c HGMMA"
+        [ "$output" -gt 0 ]
+        run "$CO" -lelf "$o"
+        assert_output --partial "sm_90a"
+        echo "gg_$v: $regs registers, $("$CO" -sass "$o" | grep -c HGMMA) HGMMA"
+    done
+}
+
+@test "cuda-resources: CUTLASS accepts the grouped GEMM's arguments with device-only problem shapes and sizes its workspace (host code, no GPU)" {
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH"
+    B="$TOP/${BUILD:-build}"
+    make -s --no-print-directory -C "$TOP" print-cutlass | grep -q '^HAVE_CUTLASS=1' ||
+        skip "built without the CUTLASS headers"
+    nvcc -std=c++17 -I"$TOP/kernels" -o "$D/gga" "$TOP/tests/gpu/ggemm-args.cpp" \
+        "$B"/kernels/cutlass/gg_*.o
+    run "$D/gga" 0 1 2 3 4 5
+    echo "$output"
+    assert_success
+    for v in 0 1 2 3 4 5; do
+        assert_line --regexp "^ggemm-args: variant $v: workspace [0-9]+ B at 66 SMs, [0-9]+ B at 132 SMs: ok$"
+    done
 }

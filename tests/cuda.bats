@@ -167,11 +167,17 @@ cuda_module_built() {
     done
     python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 20 --E 4 --K 2 --D 8 --F 6 --dtype bf16
     "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --no-compress -o "$D/a.lrm" "$D/in.lrm"
-    run "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --gpus 2 --device 1 --gemm grouped \
-        --gemm-streams 8 --no-compress -o "$D/b.lrm" "$D/in.lrm"
-    assert_success
-    run python3 "$REF" compare "$D/a.lrm" "$D/b.lrm" output phi_sqnorm --tol 0
-    assert_success
+    assert_output --partial "or cutlass (Hopper grouped GEMM"
+    for g in grouped cutlass; do
+        run "$EXEC" --phase forward --weights "$D/w.lrm" -P 2 --gpus 2 --device 1 --gemm $g \
+            --gemm-streams 8 --no-compress -o "$D/b.lrm" "$D/in.lrm"
+        assert_success
+        run python3 "$REF" compare "$D/a.lrm" "$D/b.lrm" output phi_sqnorm --tol 0
+        assert_success
+    done
+    run "$EXEC" --phase forward --weights x --gemm cutlas
+    assert_equal "$status" 2
+    assert_line --partial "unknown GEMM implementation 'cutlas' (loop, grouped, cutlass)"
     have_gpu && skip "a GPU is present: make check-gpu tests the backend"
     run "$EXEC" --phase forward --backend cuda --gpus 1 --gemm grouped --gemm-streams 2 \
         --weights "$D/w.lrm" --no-compress -o "$D/c.lrm" "$D/in.lrm"
@@ -220,6 +226,13 @@ cuda_module_built() {
     (cd "$TOP" && git ls-files -co --exclude-standard | grep -v '^shared/' | tar -cf - -T -) |
         tar -C "$D/tree" -xf -
     [ -f "$D/tree/tests/gpu/device-check.sh" ]
+    # the CUTLASS objects of this build stand in for --prepare's compile of
+    # them (minutes); it copies them into the carry, and the device build
+    # links them from there (CUTLASS_PREBUILT)
+    if [ -f "$TOP/${BUILD:-build}/kernels/cutlass/gg_000.o" ]; then
+        mkdir -p "$D/tree/build/kernels/cutlass"
+        cp -p "$TOP/${BUILD:-build}"/kernels/cutlass/gg_*.o "$D/tree/build/kernels/cutlass/"
+    fi
     # --prepare runs in the checkout (its commit travels in the carry)
     (cd "$D/tree" && GIT_DIR="$(cd "$TOP" && git rev-parse --absolute-git-dir)" GIT_WORK_TREE="$D/tree" \
         sh tests/gpu/device-check.sh --prepare) > /dev/null
@@ -259,7 +272,13 @@ cuda_module_built() {
     grep -q 'gpu-carry/include' "$D/tree/build/dev/lib/stream.d"
     # each step's status, in order of value, each GPU step NOT RUN
     run grep -o '^step [a-z]*: [A-Z]*[a-z]*' "$D/out/summary.txt"
-    assert_output "$(printf 'step env: done\nstep build: ok\nstep kernels: NOT\nstep bench: NOT\nstep exec: NOT\nstep devio: NOT\nstep mpi: NOT\nstep sass: NOT')"
+    assert_output "$(printf 'step env: done\nstep build: ok\nstep kernels: NOT\nstep ggemm: NOT\nstep bench: NOT\nstep exec: NOT\nstep devio: NOT\nstep mpi: NOT\nstep sass: NOT')"
+    # the CUTLASS grouped GEMM linked from the carried objects
+    if [ -f "$TOP/${BUILD:-build}/kernels/cutlass/gg_000.o" ]; then
+        grep -qx "cutlass: CUTLASS_PREBUILT=$D/tree/build/gpu-carry/cutlass" "$D/out/summary.txt"
+        [ "$(ls "$D/tree/build/gpu-carry/cutlass" | wc -l)" = 6 ]
+        nm "$D/tree/build/dev/liblrmoe-cuda.so.1" | grep -q kcu_gg_sm90_5
+    fi
     run grep '^step mpi:' "$D/out/summary.txt"
     assert_output --partial "no usable GPU"
     # env.txt: the commit, ldconfig -p, the toolkit's listing, the search

@@ -95,6 +95,21 @@ if ! printf '#include <oneapi/dnnl/dnnl.h>\n' | $CC -E -x c - -o /dev/null >/dev
         echo "lrmoe: libdnnl-dev not installed: building without --compute bf16" >&2
 fi
 
+# Optional: CUTLASS 3.x headers (PyPI nvidia-cutlass, header-only, no
+# dependencies needed for them) for the Hopper grouped GEMM of the CUDA
+# backend (lrmoe-exec --gemm cutlass); only looked at when nvcc is there.
+# Without them the CUDA build goes on without that kernel (the Makefile
+# says so). tests/gpu/cutlass-inc.sh prints where the headers are.
+CUTLASS_PIN=4.2.0.0
+if command -v nvcc >/dev/null 2>&1 && ! sh tests/gpu/cutlass-inc.sh >/dev/null 2>&1; then
+    echo "lrmoe: installing python module nvidia-cutlass==$CUTLASS_PIN (headers only)" >&2
+    for bsp in "" --break-system-packages; do
+        python3 -m pip install -q --no-deps $bsp "nvidia-cutlass==$CUTLASS_PIN" >&2 2>/dev/null && break
+    done
+    sh tests/gpu/cutlass-inc.sh >/dev/null 2>&1 ||
+        echo "lrmoe: nvidia-cutlass not installed: building without --gemm cutlass" >&2
+fi
+
 if [ "$what" = test ]; then
     # Python helpers for the reference checks and interop tests.
     if ! python3 -c 'import numpy, safetensors' 2>/dev/null; then

@@ -78,6 +78,10 @@ step() { # name, command...
     fi
 }
 cmp() { python3 "$REF" compare "$@"; }
+# --gemm cutlass too where the module has the CUTLASS grouped GEMM
+GEMMS="loop grouped"
+nm "$BUILD/liblrmoe-cuda.so.1" 2>/dev/null | grep -q kcu_gg_sm90_0 && GEMMS="$GEMMS cutlass"
+echo "== GEMM implementations compared: $GEMMS"
 
 for dt in $DTS; do
     python3 "$REF" make "$T/in.lrm" "$T/w.lrm" --T 301 --E 16 --K 4 --D 64 --F 48 \
@@ -91,7 +95,7 @@ for dt in $DTS; do
         step "forward cuda = cpu $tag" cmp "$T/fg.lrm" "$T/fc.lrm" $FWD --tol $TOL
         step "pair_rank cuda = cpu $tag" cmp "$T/fg.lrm" "$T/fc.lrm" pair_rank --tol 0
         # backward on the CPU forward's stream, so both see identical inputs
-        for gi in loop grouped; do
+        for gi in $GEMMS; do
             step "backward full cpu $tag" $EXEC --phase backward --weights "$T/w.lrm" --no-compress -o "$T/bc.lrm" "$T/fc.lrm"
             step "backward full cuda $tag $gi" $EXEC --phase backward --backend cuda --gemm $gi --weights "$T/w.lrm" --no-compress -o "$T/bg.lrm" "$T/fc.lrm"
             step "backward full cuda = cpu $tag $gi" cmp "$T/bg.lrm" "$T/bc.lrm" $GRADS --tol $TOL

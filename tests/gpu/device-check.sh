@@ -5,8 +5,10 @@
 #
 #   on this (CPU) machine, once:   sh tests/gpu/device-check.sh --prepare
 #       copies the build dependencies the CUDA image may lack (headers and
-#       shared libraries of zstd, jansson, glpk, OpenBLAS) and the commit
-#       into build/gpu-carry (git-ignored, ~40 MB)
+#       shared libraries of zstd, jansson, glpk, OpenBLAS), the CUTLASS
+#       grouped GEMM objects compiled here (make cutlass-objs: the device
+#       machine has no CUTLASS headers and the compile takes minutes) and
+#       the commit into build/gpu-carry (git-ignored, ~40 MB)
 #   on the device machine:          sh tests/gpu/device-check.sh
 #       (run tool: carry ["build/gpu-carry"], timeout_s 480)
 #   sh tests/gpu/device-check.sh --targets BUILD
@@ -25,6 +27,10 @@
 #            apt-get without network)                             -> build.log
 #   kernels  test-kernels: every kernel against its CPU reference
 #            (the only step that executes kernels on their own) -> kernels.txt
+#   ggemm    bench-ggemm: the CUTLASS grouped GEMM against the cuBLAS loop,
+#            cuBLAS grouped and dense cuBLAS, T 4096/16384 x E 128/16, then
+#            tests/gpu/ggemm-torch.py (torch._grouped_mm on the same
+#            rows, when torch with CUDA is there)           -> ggemm.txt
 #   bench    bench-gpu                                            -> bench.txt
 #   exec     check-gpu.sh without its kernel part: lrmoe-exec --backend cuda
 #            against --backend cpu, in-process, pipeline          -> exec.txt
@@ -37,7 +43,7 @@
 # DEVICE_CHECK_BUILD (build/dev), DEVICE_CHECK_JOBS (16) and
 # DEVICE_CHECK_BUILD_S (the build's cap, 170) are for tests/cuda.bats's
 # simulation of the device machine on a 2-core one.
-# $OUT holds at most these 7 files (the run tool returns 8). The last line
+# $OUT holds at most these 8 files (the run tool returns 8). The last line
 # says PASS (exit 0) only when every step ran and passed; NOT ALL PASSED
 # when one failed, timed out or was skipped, INCOMPLETE when none did but
 # one could not run (no GPU, no mpirun, no cuobjdump).
@@ -49,6 +55,7 @@ B=${DEVICE_CHECK_BUILD:-build/dev}
 targets() { # BUILD
     echo "bin/lrmoe-exec bin/lrmoe-gen bin/lrmoe-route bin/lrmoe-score bin/lrmoe-pack" \
         "bin/lrmoe-plan $1/tests/gpu/test-kernels $1/tests/gpu/bench-gpu $1/tests/gpu/devio-test" \
+        "$1/tests/gpu/bench-ggemm" \
         "$1/liblrmoe.so.2" \
         "$1/liblrmoe-cuda.so.1"
 }
@@ -73,6 +80,16 @@ if [ "${1:-}" = --prepare ]; then
         cp -L "/lib/x86_64-linux-gnu/$so" "$CARRY/lib/" || exit 1
         ln -sf "$so" "$CARRY/lib/${so%%.so.*}.so"
     done
+    # the CUTLASS objects (Makefile: CUTLASS_PREBUILT), when this build has them
+    if make -s --no-print-directory print-cutlass | grep -q '^HAVE_CUTLASS=1'; then
+        make -s --no-print-directory -j2 cutlass-objs || exit 1
+        mkdir -p "$CARRY/cutlass" || exit 1
+        for o in $(make -s --no-print-directory print-cutlass | sed -n 's/.* GG_OBJ=//p'); do
+            cp "$o" "$CARRY/cutlass/" || exit 1
+        done
+    else
+        echo "device-check: --prepare: no CUTLASS headers here: the device build has no --gemm cutlass" >&2
+    fi
     # the device machine gets the tree without .git: the commit travels here
     { git rev-parse HEAD && git status --porcelain --untracked-files=no | sed 's/^/  modified: /'; } \
         > "$CARRY/commit" 2>/dev/null || echo "unknown (--prepare outside a git checkout)" > "$CARRY/commit"
@@ -165,8 +182,12 @@ verdict() { # name status detail: one line, written now
 TARGETS=$(targets "$B")
 : > "$OUT/build.log"
 # shellcheck disable=SC2086
+# the carried CUTLASS objects stand in for the compile (no headers there)
+CUTLASS_ARG=
+[ -f "$CARRY/cutlass/gg_000.o" ] && CUTLASS_ARG="CUTLASS_PREBUILT=$PWD/$CARRY/cutlass"
+note "cutlass: ${CUTLASS_ARG:-no carried objects (the build looks for headers)}"
 if run_step build "${DEVICE_CHECK_BUILD_S:-170}" "$OUT/build.log" make -k -j"${DEVICE_CHECK_JOBS:-16}" NODEPS=1 BUILD="$B" CUDA_HOME="$CH" \
-        ${CUDA_LIBDIR:+CUDA_LIBDIR="$CUDA_LIBDIR"} $TARGETS; then
+        ${CUDA_LIBDIR:+CUDA_LIBDIR="$CUDA_LIBDIR"} $CUTLASS_ARG $TARGETS; then
     missing=
     for t in $TARGETS; do [ -e "$t" ] || missing="$missing $(basename "$t")"; done
     if [ "$src" = 0 ]; then verdict build ok
@@ -190,6 +211,29 @@ elif run_step kernels 90 "$OUT/kernels.txt" "$TK"; then
     *) verdict kernels FAIL "exit $src, $nf FAIL lines; $line"
        grep '^FAIL\|^test-kernels:' "$OUT/kernels.txt" | head -20 | sed 's/^/     /' | tee -a "$S" ;;
     esac
+fi
+
+# ---- ggemm: the Hopper grouped GEMM against cuBLAS (loop, grouped, dense),
+# then torch._grouped_mm on the same rows
+: > "$OUT/ggemm.txt"
+if [ ! -x "$B/tests/gpu/bench-ggemm" ]; then
+    note "step ggemm: NOT RUN (bench-ggemm not built)"; notrun=1
+elif run_step ggemm 75 "$OUT/ggemm.txt" "$B/tests/gpu/bench-ggemm" --counts "$B/ggemm-counts.txt"; then
+    case $src in
+    0) verdict ggemm ok "$(grep 'grouped/dense' "$OUT/ggemm.txt" | sed 's/ (cutlass-dev, four kinds)//' | tr '\n' ';')" ;;
+    3|4) verdict ggemm "NOT RUN" "$(tail -1 "$OUT/ggemm.txt")" ;;
+    124) verdict ggemm TIMEOUT "$(grep -c 'grouped/dense' "$OUT/ggemm.txt") of 4 shapes" ;;
+    *) verdict ggemm FAIL "exit $src: $(grep -m3 'FAIL\|bench-ggemm:' "$OUT/ggemm.txt" | tr '\n' ';')" ;;
+    esac
+    if [ -s "$B/ggemm-counts.txt" ] && run_step torch 40 "$OUT/ggemm.txt" python3 tests/gpu/ggemm-torch.py \
+            "$B/ggemm-counts.txt"; then
+        case $src in
+        0) verdict torch ok "$(grep -c '^ggemm-torch: T=' "$OUT/ggemm.txt") lines" ;;
+        3) note "step torch: not run ($(grep -m1 'NOT run' "$OUT/ggemm.txt"))" ;;
+        124) verdict torch TIMEOUT ;;
+        *) verdict torch FAIL "exit $src" ;;
+        esac
+    fi
 fi
 
 # ---- bench: the GPU benchmark
@@ -257,6 +301,7 @@ else
 fi
 
 echo "----"
+grep 'grouped/dense\|agreement' "$OUT/ggemm.txt"
 cat "$OUT/bench.txt"
 echo "----"
 if [ $rc_all != 0 ]; then v="NOT ALL PASSED"

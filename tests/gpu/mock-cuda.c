@@ -95,8 +95,12 @@ int cudaDeviceGetAttribute(int *v, int attr, int dev)
     case 10: *v = 32; break;             /* warp size */
     case 12: *v = 65536; break;          /* registers per block */
     case 16: *v = 132; break;            /* multiprocessors */
-    case 75: *v = 9; break;              /* compute capability */
-    case 76: *v = 0; break;
+    case 75: case 76: {                  /* compute capability 9.0, MOCK_CC=major.minor another */
+        const char *cc = getenv("MOCK_CC");
+        int major = cc ? atoi(cc) : 9, minor = cc && strchr(cc, '.') ? atoi(strchr(cc, '.') + 1) : 0;
+        *v = attr == 75 ? major : minor;
+        break;
+    }
     case 81: *v = 233472; break;         /* shared memory per multiprocessor */
     case 97: *v = 232448; break;         /* opt-in shared memory per block */
     default: *v = 90;
@@ -287,6 +291,31 @@ int __cudaLaunchKernel(void *k, mdim3 g, mdim3 b, void **args, size_t shm, void 
     (void)k; (void)args;
     mlog("launch grid=%u,%u block=%u shm=%zu s%d", g.x, g.y, b.x, shm, id_of(s));
     return 0;
+}
+
+/* CUTLASS's host code (the grouped GEMM objects of kernels/cutlass): the
+ * dynamic shared memory opt-in, and driver entry points it looks up at run
+ * time (cuTensorMapEncodeTiled, ...), each logged and answered by a function
+ * that logs its call and succeeds */
+int cudaFuncSetAttribute(const void *f, int attr, int v)
+{
+    (void)f;
+    mlog("func_attr %d %d", attr, v);
+    return 0;
+}
+static int driver_call(void) { mlog("driver_call"); return 0; }
+int cudaGetDriverEntryPointByVersion(const char *sym, void **fn, unsigned ver, unsigned long long fl,
+                                     int *st)
+{
+    (void)ver; (void)fl;
+    mlog("driver_entry %s", sym);
+    *fn = (void *)driver_call;
+    if (st) *st = 0;
+    return 0;
+}
+int cudaGetDriverEntryPoint(const char *sym, void **fn, unsigned long long fl, int *st)
+{
+    return cudaGetDriverEntryPointByVersion(sym, fn, 0, fl, st);
 }
 
 /* ---------------------------------------------------------------- cuBLAS */

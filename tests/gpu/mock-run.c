@@ -2,6 +2,8 @@
  * gemm.cu, comm_nccl.cu) on tests/gpu/mock-cuda.c, for tests/cuda-mock.bats.
  *   mock-run loop     6 GEMMs over 4 side streams (MOCK_GEMM_FAIL=N fails one)
  *   mock-run grouped  five grouped calls of F32 and BF16 outputs
+ *   mock-run cutlass  one --gemm cutlass call of the same 6 GEMMs
+ *                     (MOCK_GEMM_MISALIGN=N: GEMM N's A off 16 bytes)
  *   mock-run comm     contexts on devices 0, 1, 1 and their communicator
  *   mock-run flags    the compact step's checking kernels, each reading its
  *                     check back, then deferred to one lrmoe_kcu_flags_check
@@ -37,6 +39,9 @@ static void show(const char *what, int rc)
  * second one with a BF16 output */
 static int gemms(int n)
 {
+    /* MOCK_GEMM_MISALIGN=i: GEMM i's A starts 2 bytes in (cuBLAS fallback) */
+    const char *mis = getenv("MOCK_GEMM_MISALIGN");
+    int mi = mis ? atoi(mis) : -1;
     lrmoe_gemm_t g[8];
     memset(g, 0, sizeof g);
     void *buf[24];
@@ -46,6 +51,7 @@ static int gemms(int n)
             if (lrmoe_kcu_alloc(&buf[3 * i + j], 16 * 16 * 4) < 0) return -1;
         lrmoe_gemm_t x = {16, 16, 16, 0, 0, buf[3 * i], buf[3 * i + 1], buf[3 * i + 2],
                           16, 16, 16, i % 2, 0.0f};
+        if (i == mi) x.a = (const char *)x.a + 2;
         g[i] = x;
     }
     rc = lrmoe_kcu_gemm(n, g);
@@ -196,11 +202,12 @@ int main(int argc, char **argv)
 {
     const char *what = argc > 1 ? argv[1] : "";
     lrmoe_kcu_ctx_t *c[3] = {NULL, NULL, NULL};
-    if (!strcmp(what, "loop") || !strcmp(what, "grouped")) {
+    if (!strcmp(what, "loop") || !strcmp(what, "grouped") || !strcmp(what, "cutlass")) {
         mock_mark("create");
         show("create", lrmoe_kcu_ctx_create(0, 4, &c[0]));
         show("use", lrmoe_kcu_use(c[0]));
-        lrmoe_kcu_set_gemm(c[0], what[0] == 'g' ? LRMOE_GEMM_GROUPED : LRMOE_GEMM_LOOP);
+        lrmoe_kcu_set_gemm(c[0], what[0] == 'g' ? LRMOE_GEMM_GROUPED
+                                 : what[0] == 'c' ? LRMOE_GEMM_CUTLASS : LRMOE_GEMM_LOOP);
         for (int call = 0; call < (what[0] == 'g' ? 5 : 1); call++) {
             mock_mark("gemm");
             show("gemm", gemms(6));
@@ -227,6 +234,6 @@ int main(int argc, char **argv)
     }
     if (!strcmp(what, "exec")) return exec_steps();
     if (!strcmp(what, "flags")) return flag_steps();
-    fprintf(stderr, "usage: mock-run loop|grouped|comm|exec|flags\n");
+    fprintf(stderr, "usage: mock-run loop|grouped|cutlass|comm|exec|flags\n");
     return 2;
 }

@@ -609,6 +609,86 @@ static void t_gemm(int E, int64_t D, int64_t F, int c_bf16, lrmoe_gemm_impl_t im
     cmp_f32("gemm", cs, g.data(), r.data(), cn, atol, rounded ? 1.0 / 128 : 1e-5);
 }
 
+/* lrmoe_kcu_ggemm (the Hopper grouped GEMM fed by device-side row offsets)
+ * against the CPU reference, GEMM by GEMM: row-grouped (tb 0: dphi/dx form,
+ * tb 1: forward FC1/FC2) or K-grouped (weight gradients), E experts of m_e
+ * rows including empty ones; the offsets are only ever in device memory
+ * for the call. Tolerances as in t_gemm (an F32 C is not rounded). */
+static void t_ggemm(int E, int64_t n, int64_t k, int kgrouped, int tb, int c_bf16, int beta1)
+{
+    char cs[112];
+    snprintf(cs, sizeof cs, "E=%d n=%lld k=%lld %s tb=%d C=%s beta=%d cutlass-offsets", E,
+             (long long)n, (long long)k, kgrouped ? "K-grouped" : "row-grouped", tb,
+             c_bf16 ? "bf16" : "f32", beta1);
+    std::vector<int64_t> m(E), off(E + 1, 0);
+    for (int e = 0; e < E; e++) {
+        m[e] = e == 0 ? 0 : e == 1 ? 1 : irand(300);
+        off[e + 1] = off[e] + m[e];
+    }
+    int64_t M = off[E];
+    /* row-grouped: A (M,k), B E x op (k,n), C (M,n); K-grouped: A (M,n_a=k)
+     * stored rows x k as the "m" side, B (M,n), C E x (k,n) */
+    int64_t arows = M, acols = k, brows = kgrouped ? M : (int64_t)E * (tb ? n : k);
+    int64_t bcols = kgrouped ? n : (tb ? k : n), crows = kgrouped ? (int64_t)E * k : M;
+    size_t es = c_bf16 ? 2 : 4, cn = (size_t)(crows * n);
+    auto a = randbf((size_t)(arows * acols)), b = randbf((size_t)(brows * bcols));
+    std::vector<uint8_t> c0(cn * es);
+    if (c_bf16) { auto v = randbf(cn); memcpy(c0.data(), v.data(), cn * 2); }
+    else { auto v = randf(cn, -1, 1); memcpy(c0.data(), v.data(), cn * 4); }
+    dbuf<uint16_t> da(a.size() ? a.size() : 1), db(b.size() ? b.size() : 1);
+    dbuf<uint8_t> dc(c0.size() ? c0.size() : 1);
+    dbuf<int64_t> doff(off.size());
+    dbuf<int> derr(1);
+    if (a.size()) da.put(a);
+    if (b.size()) db.put(b);
+    if (c0.size()) dc.put(c0);
+    doff.put(off);
+    derr.put(std::vector<int>{0});
+    lrmoe_ggemm_t d;
+    memset(&d, 0, sizeof d);
+    d.kgrouped = kgrouped; d.ngroups = E; d.offsets = doff.d; d.rows = M;
+    d.m = k; d.n = n; d.k = k;
+    d.ta = kgrouped; d.tb = kgrouped ? 0 : tb;
+    d.a = da.d; d.b = db.d; d.c = dc.d;
+    d.lda = acols; d.ldb = bcols; d.ldc = n;
+    d.sb = kgrouped ? 0 : (tb ? n : k) * bcols;
+    d.sc = kgrouped ? k * n : 0;
+    d.c_bf16 = c_bf16; d.alpha = 1.0f; d.beta = beta1 ? 1.0f : 0.0f; d.err = derr.d;
+    OK(lrmoe_kcu_ggemm(&d));
+    /* the reference, one lrmoe_gemm_t per expert on the host copies */
+    std::vector<uint8_t> hc(c0);
+    std::vector<lrmoe_gemm_t> gh;
+    for (int e = 0; e < E; e++) {
+        lrmoe_gemm_t x;
+        memset(&x, 0, sizeof x);
+        if (!kgrouped) {
+            x.m = m[e]; x.n = n; x.k = k; x.ta = 0; x.tb = tb;
+            x.a = a.data() + off[e] * acols; x.b = b.data() + (size_t)e * d.sb;
+            x.c = hc.data() + (size_t)(off[e] * n) * es;
+        } else {
+            x.m = k; x.n = n; x.k = m[e]; x.ta = 1; x.tb = 0;
+            x.a = a.data() + off[e] * acols; x.b = b.data() + off[e] * bcols;
+            x.c = hc.data() + (size_t)e * d.sc * es;
+        }
+        x.lda = d.lda; x.ldb = d.ldb; x.ldc = d.ldc; x.c_bf16 = c_bf16; x.beta = d.beta;
+        gh.push_back(x);
+    }
+    OK(lrmoe_kref_gemm((int)gh.size(), gh.data()));
+    auto got = dc.get();
+    auto err = derr.get();
+    if (err[0]) report("ggemm", cs, 0, 0, "error flag set for valid offsets");
+    std::vector<float> g(cn), r(cn);
+    if (c_bf16) {
+        lrmoe_convert_to_f32(LRMOE_BF16, got.data(), g.data(), cn);
+        lrmoe_convert_to_f32(LRMOE_BF16, hc.data(), r.data(), cn);
+    } else {
+        memcpy(g.data(), got.data(), cn * 4);
+        memcpy(r.data(), hc.data(), cn * 4);
+    }
+    double kmax = (double)(k > M ? k : M);
+    cmp_f32("ggemm", cs, g.data(), r.data(), cn, 1e-6 * kmax, c_bf16 ? 1.0 / 128 : 1e-5);
+}
+
 int main(int argc, char **argv)
 {
     /* one line per case as it happens: a hang or a crash on the device keeps
@@ -682,13 +762,28 @@ int main(int argc, char **argv)
     CASE(t_swiglu(0, 7)); CASE(t_swiglu(1, 1)); CASE(t_swiglu(300, 768)); CASE(t_swiglu(77, 1000));
     CASE(t_combine(0, 2, 4)); CASE(t_combine(1, 1, 1)); CASE(t_combine(300, 8, 257)); CASE(t_combine(64, 4, 2048));
     CASE(t_combine(300, 8, 20)); CASE(t_combine(64, 4, 2048, 1)); CASE(t_combine(33, 2, 6));
-    for (int impl = 0; impl < 2; impl++)
+    /* --gemm cutlass where the build has it (an sm_90 device) */
+    int nimpl = lrmoe_kcu_have_cutlass() ? 3 : 2;
+    if (nimpl == 2) printf("test-kernels: built without CUTLASS: no cutlass GEMM cases\n");
+    for (int impl = 0; impl < nimpl; impl++)
         for (int cb = 0; cb < 2; cb++) {
             CASE(t_gemm(6, 64, 48, cb, (lrmoe_gemm_impl_t)impl, 0));
             CASE(t_gemm(5, 130, 70, cb, (lrmoe_gemm_impl_t)impl, 1));
         }
     CASE(t_gemm(16, 512, 384, 0, LRMOE_GEMM_LOOP, 0));
     CASE(t_gemm(16, 512, 384, 0, LRMOE_GEMM_GROUPED, 0));
+    if (nimpl == 3) {
+        CASE(t_gemm(16, 512, 384, 0, LRMOE_GEMM_CUTLASS, 0));
+        CASE(t_gemm(16, 512, 384, 0, LRMOE_GEMM_CUTLASS, 1));
+        for (int cb = 0; cb < 2; cb++)
+            for (int b1 = 0; b1 < 2; b1++) {
+                CASE(t_ggemm(7, 64, 48, 0, 0, cb, b1));   /* dphi / dx form */
+                CASE(t_ggemm(7, 64, 48, 0, 1, cb, b1));   /* forward form */
+                CASE(t_ggemm(7, 64, 48, 1, 0, cb, b1));   /* weight gradient */
+            }
+        CASE(t_ggemm(16, 768, 512, 0, 1, 0, 0));
+        CASE(t_ggemm(16, 768, 512, 1, 0, 0, 0));
+    }
 
     if (lrmoe_kcu_sync() < 0) report("final sync", "", 0, 0, lrmoe_errmsg());
     lrmoe_kcu_ctx_destroy(ctx);
