@@ -242,3 +242,60 @@ PY
     run "$STUDY" --experts 10 --ranks 4
     assert_failure 2
 }
+
+# notime FILE: the TSV without its measured-time columns (wall and CPU
+# seconds, and what is computed from them), which no two runs share
+notime() {
+    awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++)
+            k[i] = $i !~ /^(moe_(fwd|bwd)(_cpu)?_s|lib_(fwd|bwd)_s|step_s|moe_cpu_s|moe_saving_pct)(_std)?$/ }
+        { o = ""; n = 0; for (i = 1; i <= NF; i++) if (k[i]) o = o (n++ ? "\t" : "") $i; print o }' "$1"
+}
+
+@test "--nproc 2: the study under torchrun (gloo) writes the single-process numbers, every digit (--exact)" {
+    need_fortunes
+    python3 -c 'import torch.distributed as d, sys; sys.exit(not (d.is_available() and d.is_gloo_available()))' ||
+        skip "this torch has no torch.distributed with gloo"
+    local a=(--quick --layers 1 --steps 3 --seeds 1 --val-batches 2 --eval-every 2 --exact --hbm-run
+        --runs C0,C30-lrm-sample,C30-lrm-topk,hbm-lrm-sample -o)
+    "$STUDY" "${a[@]}" "$BATS_TEST_TMPDIR/one" -j 1 2>"$BATS_TEST_TMPDIR/one.err" ||
+        fail "one process: $(cat "$BATS_TEST_TMPDIR/one.err")"
+    run "$STUDY" "${a[@]}" "$BATS_TEST_TMPDIR/two" --nproc 2
+    [ "$status" -eq 0 ] || fail "$(printf '%s\n' "$output" | grep -v '^W[0-9]' | tail -20)"
+    assert_output --partial "lrmoe-study: --nproc 2: torchrun --standalone --nproc-per-node 2"
+    # rank 0 alone logs and writes
+    [ "$(printf '%s\n' "$output" | grep -c 'C0 seed 0:')" -eq 1 ]
+    n=0
+    for r in C0 C30-lrm-sample C30-lrm-topk hbm-lrm-sample; do
+        f=runs/seed0/$r.tsv
+        [ "$(col "$BATS_TEST_TMPDIR/two/$f" loss | wc -l)" -eq 3 ] || fail "$r: not 3 rows"
+        # every digit: a loss is the float32's repr (more than 6 significant digits)
+        col "$BATS_TEST_TMPDIR/two/$f" loss | grep -Eq '^[0-9]\.[0-9]{8,}$' || fail "$r: losses rounded"
+        diff <(notime "$BATS_TEST_TMPDIR/one/$f") <(notime "$BATS_TEST_TMPDIR/two/$f") ||
+            fail "$r: the --nproc 2 run's numbers differ from one process's"
+        n=$((n + 1))
+    done
+    [ "$n" -eq 4 ]
+    for f in summary.tsv table1.tsv table2.tsv; do
+        diff <(notime "$BATS_TEST_TMPDIR/one/$f") <(notime "$BATS_TEST_TMPDIR/two/$f") ||
+            fail "report $f differs"
+    done
+    # the dropped run dropped and the memory-pressure run recalibrated: the
+    # comparison covers a backward that keeps fewer pairs than it routes
+    col "$BATS_TEST_TMPDIR/two/runs/seed0/C30-lrm-sample.tsv" rho | awk '$1 >= 1 { bad = 1 } END { exit bad }'
+}
+
+@test "--nproc: one process per rank (--ranks must agree), runs one at a time, not with --check-hf" {
+    run "$STUDY" --nproc 2 --ranks 4
+    assert_failure 2
+    assert_output --partial "--ranks 4 and --nproc 2: one process per rank"
+    run "$STUDY" --nproc 2 --check-hf 3
+    assert_failure 2
+    run "$STUDY" --nproc 2 -j 2
+    assert_failure 2
+    assert_output --partial "under --nproc the runs train one at a time"
+    run "$STUDY" --nproc 0
+    assert_failure 2
+    run "$STUDY" --nproc 3 --experts 8
+    assert_failure 2
+    assert_output --partial "do not split over --ranks 3"
+}
