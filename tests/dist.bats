@@ -56,9 +56,14 @@ has() {
     dist 2 model qwen3_moe 0.7 10 llep
 }
 
-@test "2 ranks: tiny Mixtral and DeepSeek-V3 equal the simulated run (3 steps)" {
-    dist 2 model mixtral 0.7 3
-    dist 2 model deepseek_v3 0.7 3
+@test "2 ranks: tiny Mixtral, 10 training steps at rate 1.0 and 0.7: losses and every gradient equal" {
+    dist 2 model mixtral 1.0 10
+    dist 2 model mixtral 0.7 10
+}
+
+@test "2 ranks: tiny DeepSeek-V3, 10 training steps at rate 1.0 and 0.7: losses and every gradient equal" {
+    dist 2 model deepseek_v3 1.0 10
+    dist 2 model deepseek_v3 0.7 10
 }
 
 @test "4 ranks: tiny Qwen3-MoE, 10 training steps at rate 0.7" {
