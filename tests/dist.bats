@@ -39,7 +39,7 @@ has() {
     }
 }
 
-@test "2 ranks: the experts op equals the simulated run for fixed, lrmoe, llep, eplb at rate 1.0 and 0.7" {
+@test "2 ranks: the experts op equals the simulated run for fixed, lrmoe, llep, eplb, capacity at rate 1.0 and 0.7" {
     dist 2 experts
 }
 
@@ -64,6 +64,10 @@ has() {
 @test "2 ranks: tiny DeepSeek-V3, 10 training steps at rate 1.0 and 0.7: losses and every gradient equal" {
     dist 2 model deepseek_v3 1.0 10
     dist 2 model deepseek_v3 0.7 10
+}
+
+@test "2 ranks: tiny Qwen3-MoE, 10 training steps with capacity-factor dropping (factor 0.7): losses and every gradient equal" {
+    dist 2 model qwen3_moe 0.7 10 capacity
 }
 
 @test "4 ranks: tiny Qwen3-MoE, 10 training steps at rate 0.7" {

@@ -256,7 +256,7 @@ notime() {
     python3 -c 'import torch.distributed as d, sys; sys.exit(not (d.is_available() and d.is_gloo_available()))' ||
         skip "this torch has no torch.distributed with gloo"
     local a=(--quick --layers 1 --steps 3 --seeds 1 --val-batches 2 --eval-every 2 --exact --hbm-run
-        --runs C0,C30-lrm-sample,C30-lrm-topk,hbm-lrm-sample -o)
+        --runs C0,C30-lrm-sample,C30-lrm-topk,cap1,hbm-lrm-sample -o)
     "$STUDY" "${a[@]}" "$BATS_TEST_TMPDIR/one" -j 1 2>"$BATS_TEST_TMPDIR/one.err" ||
         fail "one process: $(cat "$BATS_TEST_TMPDIR/one.err")"
     run "$STUDY" "${a[@]}" "$BATS_TEST_TMPDIR/two" --nproc 2
@@ -265,7 +265,7 @@ notime() {
     # rank 0 alone logs and writes
     [ "$(printf '%s\n' "$output" | grep -c 'C0 seed 0:')" -eq 1 ]
     n=0
-    for r in C0 C30-lrm-sample C30-lrm-topk hbm-lrm-sample; do
+    for r in C0 C30-lrm-sample C30-lrm-topk cap1 hbm-lrm-sample; do
         f=runs/seed0/$r.tsv
         [ "$(col "$BATS_TEST_TMPDIR/two/$f" loss | wc -l)" -eq 3 ] || fail "$r: not 3 rows"
         # every digit: a loss is the float32's repr (more than 6 significant digits)
@@ -274,14 +274,19 @@ notime() {
             fail "$r: the --nproc 2 run's numbers differ from one process's"
         n=$((n + 1))
     done
-    [ "$n" -eq 4 ]
+    [ "$n" -eq 5 ]
     for f in summary.tsv table1.tsv table2.tsv; do
         diff <(notime "$BATS_TEST_TMPDIR/one/$f") <(notime "$BATS_TEST_TMPDIR/two/$f") ||
             fail "report $f differs"
     done
-    # the dropped run dropped and the memory-pressure run recalibrated: the
-    # comparison covers a backward that keeps fewer pairs than it routes
-    col "$BATS_TEST_TMPDIR/two/runs/seed0/C30-lrm-sample.tsv" rho | awk '$1 >= 1 { bad = 1 } END { exit bad }'
+    # the dropped runs dropped (capacity: forward too, its keep mask over
+    # both ranks' routing): the comparison covers backwards that keep fewer
+    # pairs than they route
+    for r in C30-lrm-sample cap1; do
+        paste <(col "$BATS_TEST_TMPDIR/two/runs/seed0/$r.tsv" kept) \
+            <(col "$BATS_TEST_TMPDIR/two/runs/seed0/$r.tsv" pairs) |
+            awk '!($1 < $2) { bad = 1 } END { exit bad || NR != 3 }' || fail "$r: dropped nothing"
+    done
 }
 
 @test "--nproc: one process per rank (--ranks must agree), runs one at a time, not with --check-hf" {
