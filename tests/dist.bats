@@ -70,6 +70,13 @@ has() {
     dist 2 model qwen3_moe 0.7 10 capacity
 }
 
+@test "README's torchrun training loop (shard=True, dense gradients all-reduced): the one-process run's losses to 1e-5" {
+    run timeout 300 torchrun --standalone --nproc-per-node 2 dist_train.py 6
+    [ "$status" -eq 0 ] || { printf '%s\n' "$output" | grep -v '^W[0-9]' | tail -20; return 1; }
+    has 'train: all ok'
+    [ "$(printf '%s\n' "$output" | grep -cE '^train: step [0-9]+ loss ')" -eq 6 ]
+}
+
 @test "4 ranks: tiny Qwen3-MoE, 10 training steps at rate 0.7" {
     dist 4 model qwen3_moe 0.7 10
 }
