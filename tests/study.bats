@@ -289,6 +289,19 @@ notime() {
     done
 }
 
+@test "--nproc with a torch that has no gloo backend is one clear error (exit 1), before torchrun" {
+    need_fortunes
+    mkdir -p "$BATS_TEST_TMPDIR/nogloo"
+    printf '%s\n' 'import torch.distributed as d' 'd.is_gloo_available = lambda: False' \
+        >"$BATS_TEST_TMPDIR/nogloo/sitecustomize.py"
+    PYTHONPATH="$BATS_TEST_TMPDIR/nogloo" run "$STUDY" --quick --runs C0 --steps 1 --nproc 2 \
+        -o "$BATS_TEST_TMPDIR/o"
+    assert_failure 1
+    assert_output --partial "lrmoe-study: --nproc: this torch has no torch.distributed with the gloo backend"
+    refute_output --partial "torchrun --standalone"
+    [ ! -e "$BATS_TEST_TMPDIR/o" ]
+}
+
 @test "--nproc: one process per rank (--ranks must agree), runs one at a time, not with --check-hf" {
     run "$STUDY" --nproc 2 --ranks 4
     assert_failure 2
