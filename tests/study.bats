@@ -222,6 +222,10 @@ PY
     assert_failure 1
     assert_output --regexp "^lrmoe-study: /etc/passwd/out[^ ]*: Not a directory$"
     refute_output --partial "Errno"
+    # under --nproc too, before torchrun starts
+    run "$STUDY" --quick --runs C0 --steps 2 --nproc 2 -o /etc/passwd/out
+    assert_failure 1
+    assert_output --regexp "^lrmoe-study: /etc/passwd/out: Not a directory$"
 }
 
 @test "bad options and lists are usage errors (exit 2)" {

@@ -402,10 +402,8 @@ _BOOT = ("import json, os, runpy, sys\n"
          "runpy.run_module('lrmoe.study', run_name='__main__', alter_sys=True)\n")
 
 
-def launch(n, argv, cfg):
-    """--nproc N: exec torchrun (python -m torch.distributed.run of this
-    interpreter) --standalone --nproc-per-node N, each process this study
-    with the same arguments."""
+def _check_dist():
+    """--nproc needs torch.distributed with gloo and torchrun."""
     try:
         import torch.distributed as dist
         ok = dist.is_available() and dist.is_gloo_available()
@@ -416,6 +414,12 @@ def launch(n, argv, cfg):
     import importlib.util
     if importlib.util.find_spec("torch.distributed.run") is None:
         raise StudyError("--nproc: torch.distributed.run (torchrun) is missing from this torch")
+
+
+def launch(n, argv, cfg):
+    """--nproc N: exec torchrun (python -m torch.distributed.run of this
+    interpreter) --standalone --nproc-per-node N, each process this study
+    with the same arguments."""
     env = dict(os.environ)
     env[_WORKER] = str(n)
     env["LRMOE_STUDY_ARGV"] = json.dumps(list(argv))
@@ -477,6 +481,8 @@ def main(argv=None):
         except CorpusError as e:
             raise StudyError(f"corpus: {e}") from None
         if args.nproc and os.environ.get(_WORKER) != str(args.nproc):
+            _check_dist()
+            os.makedirs(args.out, exist_ok=True)  # a bad --out: one error, before torchrun
             return launch(args.nproc, sys.argv[1:] if argv is None else argv, cfg)
         if args.nproc:
             _init_group(args.nproc, cfg)
