@@ -39,7 +39,7 @@ has() {
     }
 }
 
-@test "2 ranks: the experts op equals the simulated run for fixed, lrmoe, llep, eplb at rate 1.0 and 0.7" {
+@test "2 ranks: the experts op equals the simulated run for fixed, lrmoe, llep, eplb, capacity at rate 1.0 and 0.7" {
     dist 2 experts
 }
 
@@ -56,9 +56,25 @@ has() {
     dist 2 model qwen3_moe 0.7 10 llep
 }
 
-@test "2 ranks: tiny Mixtral and DeepSeek-V3 equal the simulated run (3 steps)" {
-    dist 2 model mixtral 0.7 3
-    dist 2 model deepseek_v3 0.7 3
+@test "2 ranks: tiny Mixtral, 10 training steps at rate 1.0 and 0.7: losses and every gradient equal" {
+    dist 2 model mixtral 1.0 10
+    dist 2 model mixtral 0.7 10
+}
+
+@test "2 ranks: tiny DeepSeek-V3, 10 training steps at rate 1.0 and 0.7: losses and every gradient equal" {
+    dist 2 model deepseek_v3 1.0 10
+    dist 2 model deepseek_v3 0.7 10
+}
+
+@test "2 ranks: tiny Qwen3-MoE, 10 training steps with capacity-factor dropping (factor 0.7): losses and every gradient equal" {
+    dist 2 model qwen3_moe 0.7 10 capacity
+}
+
+@test "README's torchrun training loop (shard=True, dense gradients all-reduced): the one-process run's losses to 1e-5" {
+    run timeout 300 torchrun --standalone --nproc-per-node 2 dist_train.py 6
+    [ "$status" -eq 0 ] || { printf '%s\n' "$output" | grep -v '^W[0-9]' | tail -20; return 1; }
+    has 'train: all ok'
+    [ "$(printf '%s\n' "$output" | grep -cE '^train: step [0-9]+ loss ')" -eq 6 ]
 }
 
 @test "4 ranks: tiny Qwen3-MoE, 10 training steps at rate 0.7" {

@@ -222,6 +222,10 @@ PY
     assert_failure 1
     assert_output --regexp "^lrmoe-study: /etc/passwd/out[^ ]*: Not a directory$"
     refute_output --partial "Errno"
+    # under --nproc too, before torchrun starts
+    run "$STUDY" --quick --runs C0 --steps 2 --nproc 2 -o /etc/passwd/out
+    assert_failure 1
+    assert_output --regexp "^lrmoe-study: /etc/passwd/out: Not a directory$"
 }
 
 @test "bad options and lists are usage errors (exit 2)" {
@@ -241,4 +245,79 @@ PY
     assert_failure 2
     run "$STUDY" --experts 10 --ranks 4
     assert_failure 2
+}
+
+# notime FILE: the TSV without its measured-time columns (wall and CPU
+# seconds, and what is computed from them), which no two runs share
+notime() {
+    awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++)
+            k[i] = $i !~ /^(moe_(fwd|bwd)(_cpu)?_s|lib_(fwd|bwd)_s|step_s|moe_cpu_s|moe_saving_pct)(_std)?$/ }
+        { o = ""; n = 0; for (i = 1; i <= NF; i++) if (k[i]) o = o (n++ ? "\t" : "") $i; print o }' "$1"
+}
+
+@test "--nproc 2: the study under torchrun (gloo) writes the single-process numbers, every digit (--exact)" {
+    need_fortunes
+    python3 -c 'import torch.distributed as d, sys; sys.exit(not (d.is_available() and d.is_gloo_available()))' ||
+        skip "this torch has no torch.distributed with gloo"
+    local a=(--quick --layers 1 --steps 3 --seeds 1 --val-batches 2 --eval-every 2 --exact --hbm-run
+        --runs C0,C30-lrm-sample,C30-lrm-topk,cap1,hbm-lrm-sample -o)
+    "$STUDY" "${a[@]}" "$BATS_TEST_TMPDIR/one" -j 1 2>"$BATS_TEST_TMPDIR/one.err" ||
+        fail "one process: $(cat "$BATS_TEST_TMPDIR/one.err")"
+    run "$STUDY" "${a[@]}" "$BATS_TEST_TMPDIR/two" --nproc 2
+    [ "$status" -eq 0 ] || fail "$(printf '%s\n' "$output" | grep -v '^W[0-9]' | tail -20)"
+    assert_output --partial "lrmoe-study: --nproc 2: torchrun --standalone --nproc-per-node 2"
+    # rank 0 alone logs and writes
+    [ "$(printf '%s\n' "$output" | grep -c 'C0 seed 0:')" -eq 1 ]
+    n=0
+    for r in C0 C30-lrm-sample C30-lrm-topk cap1 hbm-lrm-sample; do
+        f=runs/seed0/$r.tsv
+        [ "$(col "$BATS_TEST_TMPDIR/two/$f" loss | wc -l)" -eq 3 ] || fail "$r: not 3 rows"
+        # every digit: a loss is the float32's repr (more than 6 significant digits)
+        col "$BATS_TEST_TMPDIR/two/$f" loss | grep -Eq '^[0-9]\.[0-9]{8,}$' || fail "$r: losses rounded"
+        diff <(notime "$BATS_TEST_TMPDIR/one/$f") <(notime "$BATS_TEST_TMPDIR/two/$f") ||
+            fail "$r: the --nproc 2 run's numbers differ from one process's"
+        n=$((n + 1))
+    done
+    [ "$n" -eq 5 ]
+    for f in summary.tsv table1.tsv table2.tsv; do
+        diff <(notime "$BATS_TEST_TMPDIR/one/$f") <(notime "$BATS_TEST_TMPDIR/two/$f") ||
+            fail "report $f differs"
+    done
+    # the dropped runs dropped (capacity: forward too, its keep mask over
+    # both ranks' routing): the comparison covers backwards that keep fewer
+    # pairs than they route
+    for r in C30-lrm-sample cap1; do
+        paste <(col "$BATS_TEST_TMPDIR/two/runs/seed0/$r.tsv" kept) \
+            <(col "$BATS_TEST_TMPDIR/two/runs/seed0/$r.tsv" pairs) |
+            awk '!($1 < $2) { bad = 1 } END { exit bad || NR != 3 }' || fail "$r: dropped nothing"
+    done
+}
+
+@test "--nproc with a torch that has no gloo backend is one clear error (exit 1), before torchrun" {
+    need_fortunes
+    mkdir -p "$BATS_TEST_TMPDIR/nogloo"
+    printf '%s\n' 'import torch.distributed as d' 'd.is_gloo_available = lambda: False' \
+        >"$BATS_TEST_TMPDIR/nogloo/sitecustomize.py"
+    PYTHONPATH="$BATS_TEST_TMPDIR/nogloo" run "$STUDY" --quick --runs C0 --steps 1 --nproc 2 \
+        -o "$BATS_TEST_TMPDIR/o"
+    assert_failure 1
+    assert_output --partial "lrmoe-study: --nproc: this torch has no torch.distributed with the gloo backend"
+    refute_output --partial "torchrun --standalone"
+    [ ! -e "$BATS_TEST_TMPDIR/o" ]
+}
+
+@test "--nproc: one process per rank (--ranks must agree), runs one at a time, not with --check-hf" {
+    run "$STUDY" --nproc 2 --ranks 4
+    assert_failure 2
+    assert_output --partial "--ranks 4 and --nproc 2: one process per rank"
+    run "$STUDY" --nproc 2 --check-hf 3
+    assert_failure 2
+    run "$STUDY" --nproc 2 -j 2
+    assert_failure 2
+    assert_output --partial "under --nproc the runs train one at a time"
+    run "$STUDY" --nproc 0
+    assert_failure 2
+    run "$STUDY" --nproc 3 --experts 8
+    assert_failure 2
+    assert_output --partial "do not split over --ranks 3"
 }

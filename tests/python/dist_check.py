@@ -3,7 +3,8 @@ every rank compares its share with the simulated single-process run
 (patch(..., ranks=P)), which each rank computes itself on the whole batch.
 
   torchrun --standalone --nproc-per-node P dist_check.py experts [planners]
-      the experts op alone: for each planner, rate 1.0 and 0.7, select topk
+      the experts op alone: for each planner (capacity: factor 1.0 and
+      0.7, see _rate), rate 1.0 and 0.7, select topk
       and sample, 3 SGD steps: outputs, the hidden and routing-weight
       gradients of this rank's tokens and the weight gradients of its native
       experts are the same bits (the others' zero), the backward all-to-alls
@@ -67,6 +68,13 @@ def routing(Tg, E, K, seed):
     return ids, w
 
 
+def _rate(planner, rate):
+    """patch()'s rate option, or for planner="capacity" (Megatron-Core's
+    capacity-factor dropping, no rate) capacity factor 1.0 for "rate 1.0"
+    and 0.7 for "rate 0.7" (that drops pairs in forward and backward)."""
+    return dict(capacity_factor=rate) if planner == "capacity" else dict(rate=rate)
+
+
 def native(E):
     return [e for e in range(E) if lt.lib.lrmoe_exec_native(e, E, P) == ME]
 
@@ -83,9 +91,9 @@ def experts(planners):
                 tag = f"{planner} rate={rate} select={select}"
                 base = tiny.block("qwen3_moe", seed=3)
                 ref, mine = copy.deepcopy(base), copy.deepcopy(base)
-                hr = lt.patch(ref, rate=rate, ranks=P, planner=planner, select=select, seed=5)
-                hm = lt.patch(mine, rate=rate, planner=planner, select=select, seed=5,
-                              group=dist.group.WORLD)
+                kw = dict(planner=planner, select=select, seed=5, **_rate(planner, rate))
+                hr = lt.patch(ref, ranks=P, **kw)
+                hm = lt.patch(mine, group=dist.group.WORLD, **kw)
                 opt_r = torch.optim.SGD(ref.experts.parameters(), lr=0.5)
                 opt_m = torch.optim.SGD(mine.experts.parameters(), lr=0.5)
                 moved = 0
@@ -124,7 +132,8 @@ def experts(planners):
                     if b.tolist() != [want, want]:
                         fail(f"{t}: backward all-to-all bytes {b.tolist()} over all ranks, "
                              f"expected the kept rows {rec['kept']} x {D} x 4 = {want} each")
-                    if rate < 1 and planner == "lrmoe" and not rec["kept"] < rec["pairs"]:
+                    if rate < 1 and planner in ("lrmoe", "capacity") and \
+                            not rec["kept"] < rec["pairs"]:
                         fail(f"{t}: rate {rate} kept all {rec['pairs']} pairs")
                     moved += rec["moved"]
                     opt_r.step()
@@ -137,9 +146,9 @@ def experts(planners):
                 n = torch.tensor([p2p.value, a2a.value])
                 dist.all_reduce(n)
                 checks += 1
-                if planner != "fixed" and n[0] == 0:
+                if planner not in ("fixed", "capacity") and n[0] == 0:
                     fail(f"{tag}: no p2p bytes: no replica used")
-                if planner == "fixed" and n[0] != 0:
+                if planner in ("fixed", "capacity") and n[0] != 0:
                     fail(f"{tag}: {int(n[0])} p2p bytes without replicas")
 
 
@@ -165,9 +174,9 @@ def model(family, rate=0.7, steps=10, planner="lrmoe", sharded=""):
     else:
         m0 = tiny.model(family, seed=4)
     ref, mine = copy.deepcopy(m0), copy.deepcopy(m0)
-    hr = lt.patch(ref, rate=rate, ranks=P, seed=9, planner=planner)
-    hm = lt.patch(mine, rate=rate, seed=9, planner=planner, group=dist.group.WORLD,
-                  shard=sharded == "shard")
+    hr = lt.patch(ref, ranks=P, seed=9, planner=planner, **_rate(planner, rate))
+    hm = lt.patch(mine, seed=9, planner=planner, group=dist.group.WORLD,
+                  shard=sharded == "shard", **_rate(planner, rate))
     E = tiny.E
     nat = native(E)
     other = [e for e in range(E) if e not in nat]
@@ -221,8 +230,9 @@ def model(family, rate=0.7, steps=10, planner="lrmoe", sharded=""):
                     fail(f"{t}: all-reduced grad {n}: max |diff| {d} > {tol}")
         rec, rr = hm.stats[-1], hr.stats[-1]
         checks += 1
-        if rec["kept"] != rr["kept"] or (planner == "lrmoe" and
-                                         (rate < 1) != (rec["kept"] < rec["pairs"])):
+        drops = rec["kept"] < rec["pairs"]
+        if rec["kept"] != rr["kept"] or (planner == "lrmoe" and (rate < 1) != drops) or \
+                (planner == "capacity" and rate < 1 and not drops):
             fail(f"{t}: kept {rec['kept']} of {rec['pairs']} vs simulated {rr['kept']}")
         opt_r.step()
         opt_m.step()
@@ -279,9 +289,9 @@ def shard(planners):
             tag = f"shard {planner} rate={rate}"
             base = tiny.block("qwen3_moe", seed=3)
             ref, mine = copy.deepcopy(base), copy.deepcopy(base)
-            lt.patch(ref, rate=rate, planner=planner, seed=5, group=dist.group.WORLD)
-            hm = lt.patch(mine, rate=rate, planner=planner, seed=5, group=dist.group.WORLD,
-                          shard=True)
+            lt.patch(ref, planner=planner, seed=5, group=dist.group.WORLD, **_rate(planner, rate))
+            hm = lt.patch(mine, planner=planner, seed=5, group=dist.group.WORLD, shard=True,
+                          **_rate(planner, rate))
             for n in ("gate_up_proj", "down_proj"):
                 pm, pr = getattr(mine.experts, n), getattr(ref.experts, n)
                 checks += 1
@@ -342,7 +352,8 @@ def shard(planners):
             fresh = copy.deepcopy(base)
             fresh.load_state_dict(full)  # loadable into the unsharded block
             other = copy.deepcopy(base)
-            ho = lt.patch(other, rate=rate, planner=planner, group=dist.group.WORLD, shard=True)
+            ho = lt.patch(other, planner=planner, group=dist.group.WORLD, shard=True,
+                          **_rate(planner, rate))
             ptr = other.experts.gate_up_proj.data_ptr()
             ho.load_full_state_dict(full)
             checks += 1
@@ -377,11 +388,11 @@ def die(how):
 
 what = sys.argv[1]
 if what == "experts":
-    experts(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb"])
+    experts(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb", "capacity"])
 elif what == "model":
     model(sys.argv[2], *[f(v) for f, v in zip((float, int, str, str), sys.argv[3:])])
 elif what == "shard":
-    shard(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb"])
+    shard(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb", "capacity"])
 elif what == "die":
     die(sys.argv[2])
 print(f"dist: {ME} ok {checks} checks", flush=True)

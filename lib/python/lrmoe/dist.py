@@ -254,6 +254,23 @@ def _finite(dt: str, t: torch.Tensor, name: str, what: str) -> None:
                                       t.numel(), name.encode()), what)
 
 
+def capacity_keep(layer, topk_ids, topk_weights):
+    """The capacity planner's keep mask (lrmoe.torch.capacity_keep) as rank
+    r: the routing is all-gathered and every rank runs liblrmoe's
+    lrmoe_capacity_keep on all T tokens (the capacity is per expert over the
+    whole batch), the simulated run's mask; this rank's rows of it."""
+    o, blk = layer.owner, layer.block
+    g: Group = o.dist
+    T, K = topk_ids.shape
+    Tr, lo = g.tokens(blk.name, T)
+    ids = topk_ids.detach().to(torch.int32).contiguous()
+    w = topk_weights.detach().to(torch.float32).contiguous()
+    ga = g.gather_rows(f"{blk.name}: capacity routing", torch.cat([ids, w.view(torch.int32)], 1),
+                       Tr)
+    keep = o.capacity_keep(ga[:, :K], ga[:, K:].contiguous().view(torch.float32), blk.E)
+    return torch.from_numpy(np.ascontiguousarray(keep[lo:lo + T]))
+
+
 def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, train):
     """experts_forward (lrmoe.torch) as rank r of the group."""
     from . import torch as lt
@@ -262,8 +279,6 @@ def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, trai
     dt = lt._act_dtype(blk.name, hidden, gate_up, down)
     lt._check_call(blk.name, blk.E, blk.D, blk.F, hidden, topk_ids, topk_weights, gate_up, down,
                    Ew=layer.experts_held())
-    if cap_keep is not None:
-        raise Error(f"{blk.name}: planner=\"capacity\" is not supported with group=")
     T, D = hidden.shape
     E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
     x, ids, alpha = lt._pairs(hidden, topk_ids, topk_weights)
@@ -354,42 +369,52 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     ga = g.gather_rows(f"{blk.name}: routing", torch.cat([ids, alpha.view(torch.int32)], 1), Tr)
     gids, galpha = ga[:, :K].contiguous(), ga[:, K:].contiguous().view(torch.float32)
     seed = o.seed + step
-    # scores where g_t is, then every rank's to every rank (4 bytes a pair)
-    if o.metric_name in ("random", "uniform"):  # no g: the global pair index only
-        gscore = torch.empty(Tg, K, dtype=torch.float32)
-        check(call(lib.lrmoe_score_pairs_dt, o.metric, Tg, K, D, _lib.DT[gdt], None,
-                   galpha.data_ptr(), None, seed, gscore.data_ptr()), "score")
-    else:
-        score = torch.empty(T, K, dtype=torch.float32)
-        check(call(lib.lrmoe_score_pairs_dt, o.metric, T, K, D, _lib.DT[gdt], gr.data_ptr(),
-                   alpha.data_ptr(), phi.data_ptr(), seed, score.data_ptr()), "score")
-        gscore = g.gather_rows(f"{blk.name}: scores", score, Tr)
     keep = torch.empty(Tg, K, dtype=torch.uint8)
     load = np.empty(E, np.int64)
     alpha_b = galpha
     pr_p = pair_rank.data_ptr()
-    if o.select == lt._SAMPLE:
-        w = torch.empty(Tg, K, dtype=torch.float32)
-        prob = torch.empty(Tg, K, dtype=torch.float32) if o.keep_masks else None
-        pp_ = prob.data_ptr() if prob is not None else None
-        if by_rank:
-            check(call(lib.lrmoe_score_sample_by_rank, Tg, K, E, P, gids.data_ptr(),
-                       gscore.data_ptr(), pr_p, bwd_alloc.ctypes.data, seed, keep.data_ptr(),
-                       w.data_ptr(), pp_, load.ctypes.data, None), "select")
-        else:
-            check(call(lib.lrmoe_score_sample, Tg, K, E, gids.data_ptr(), gscore.data_ptr(),
-                       quota.ctypes.data, -1.0, seed, keep.data_ptr(), w.data_ptr(), pp_,
-                       load.ctypes.data, None), "select")
-        alpha_b = torch.empty(Tg, K, dtype=torch.float32)
-        lib.lrmoe_score_weighted_alpha(Tg * K, galpha.data_ptr(), w.data_ptr(),
-                                       alpha_b.data_ptr())
-    elif by_rank:
-        check(call(lib.lrmoe_score_select_by_rank, Tg, K, E, P, gids.data_ptr(),
-                   gscore.data_ptr(), pr_p, bwd_alloc.ctypes.data, keep.data_ptr(),
-                   load.ctypes.data, None), "select")
+    if cap_keep is not None:
+        # capacity-factor dropping: backward keeps exactly the forward's
+        # pairs, every rank's mask rows gathered (1 byte a pair); no scores
+        keep = g.gather_rows(f"{blk.name}: capacity keep",
+                             cap_keep.to(torch.uint8).contiguous(), Tr)
+        kq = np.bincount(gids.view(-1).long().numpy()[keep.view(-1).numpy() > 0], minlength=E)
+        if not np.array_equal(kq, quota):
+            raise Error(f"{blk.name}: the capacity plan's quotas are not the forward's kept "
+                        "pairs per expert")
     else:
-        check(call(lib.lrmoe_score_select, Tg, K, E, gids.data_ptr(), gscore.data_ptr(),
-                   quota.ctypes.data, -1.0, keep.data_ptr(), load.ctypes.data, None), "select")
+        # scores where g_t is, then every rank's to every rank (4 bytes a pair)
+        if o.metric_name in ("random", "uniform"):  # no g: the global pair index only
+            gscore = torch.empty(Tg, K, dtype=torch.float32)
+            check(call(lib.lrmoe_score_pairs_dt, o.metric, Tg, K, D, _lib.DT[gdt], None,
+                       galpha.data_ptr(), None, seed, gscore.data_ptr()), "score")
+        else:
+            score = torch.empty(T, K, dtype=torch.float32)
+            check(call(lib.lrmoe_score_pairs_dt, o.metric, T, K, D, _lib.DT[gdt], gr.data_ptr(),
+                       alpha.data_ptr(), phi.data_ptr(), seed, score.data_ptr()), "score")
+            gscore = g.gather_rows(f"{blk.name}: scores", score, Tr)
+        if o.select == lt._SAMPLE:
+            w = torch.empty(Tg, K, dtype=torch.float32)
+            prob = torch.empty(Tg, K, dtype=torch.float32) if o.keep_masks else None
+            pp_ = prob.data_ptr() if prob is not None else None
+            if by_rank:
+                check(call(lib.lrmoe_score_sample_by_rank, Tg, K, E, P, gids.data_ptr(),
+                           gscore.data_ptr(), pr_p, bwd_alloc.ctypes.data, seed, keep.data_ptr(),
+                           w.data_ptr(), pp_, load.ctypes.data, None), "select")
+            else:
+                check(call(lib.lrmoe_score_sample, Tg, K, E, gids.data_ptr(), gscore.data_ptr(),
+                           quota.ctypes.data, -1.0, seed, keep.data_ptr(), w.data_ptr(), pp_,
+                           load.ctypes.data, None), "select")
+            alpha_b = torch.empty(Tg, K, dtype=torch.float32)
+            lib.lrmoe_score_weighted_alpha(Tg * K, galpha.data_ptr(), w.data_ptr(),
+                                           alpha_b.data_ptr())
+        elif by_rank:
+            check(call(lib.lrmoe_score_select_by_rank, Tg, K, E, P, gids.data_ptr(),
+                       gscore.data_ptr(), pr_p, bwd_alloc.ctypes.data, keep.data_ptr(),
+                       load.ctypes.data, None), "select")
+        else:
+            check(call(lib.lrmoe_score_select, Tg, K, E, gids.data_ptr(), gscore.data_ptr(),
+                       quota.ctypes.data, -1.0, keep.data_ptr(), load.ctypes.data, None), "select")
     W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False)
     b = _lib.ExecArgs(g.cfg(o.cfg), dict(T=Tg, E=E, K=K, D=D, F=F, P=P), W,
                       dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data),
@@ -432,7 +457,7 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     rec["bwd_move_bytes"] = g.moved.get("bwd", 0)
     if o.keep_masks:
         rec["keep"] = keep.numpy().astype(bool)
-        if o.select == lt._SAMPLE:
+        if o.select == lt._SAMPLE and cap_keep is None:
             rec["pair_weight"] = w.numpy().copy()
             rec["pair_prob"] = prob.numpy().copy()
     # the weight gradients of this rank's native experts; the others' owners

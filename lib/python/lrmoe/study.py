@@ -11,8 +11,12 @@ and gradnorm-topk, and Megatron-Core's capacity-factor token dropping at
 per seed); then writes a TSV per run and seed, the tables (Markdown and
 TSV) and loss-against-time figures (PNG, SVG).
 Run it as `lrmoe-study` or `python3 -m lrmoe.study`; see lrmoe-study(1).
+With --nproc N the same study runs under torchrun, one process per
+expert-parallel rank (gloo, CPU; study_run's DistCapture) and reproduces
+the single-process numbers.
 """
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -87,8 +91,15 @@ def parser():
            "%(default)s: the same quotas for every rule)")
     a("--seeds", type=int, metavar="N", help="seeds per run, paired with C0's (default 3; "
       "--quick 2): --seed, --seed+1, ...")
-    a("-j", "--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
-      help="runs trained at once, in worker processes (default %(default)s)")
+    a("-j", "--jobs", type=int, metavar="N",
+      help=f"runs trained at once, in worker processes (default {min(2, os.cpu_count() or 1)}; "
+           "1 with --nproc)")
+    a("--nproc", type=int, metavar="N",
+      help="train each run under torchrun with N processes, one expert-parallel rank each "
+           "(lrmoe.torch.patch(group=); gloo, CPU): the dense layers run on the whole batch "
+           "in every process, each MoE layer's tokens and experts are split over them; the "
+           "same numbers as the single-process study with --ranks N (the default --ranks "
+           "then); rank 0 writes --out")
     a("--hbm-run", metavar="RULE", nargs="?", const="lrm-sample",
       help="add the memory-pressure run with this rule (default lrm-sample)")
     a("--hbm", metavar="BYTES",
@@ -123,12 +134,27 @@ def parser():
            "the training loss differs by more than --tol")
     a("--tol", type=float, default=1e-4, metavar="X",
       help="relative tolerance of --check-hf (default %(default)s)")
+    a("--exact", action="store_true",
+      help="write every number of the run TSVs with all its digits, not rounded (to compare "
+           "two studies bit for bit, e.g. --nproc against one process)")
     a("-V", "--version", action="store_true", help="print the version and exit")
     return p
 
 
 def config(args):
     base = dict(QUICK if args.quick else DEFAULTS)
+    if args.nproc is not None:
+        if args.nproc < 1:
+            raise UsageError("--nproc must be >= 1")
+        if args.ranks is not None and args.ranks != args.nproc:
+            raise UsageError(f"--ranks {args.ranks} and --nproc {args.nproc}: one process per "
+                             "rank (leave --ranks out or make them equal)")
+        if args.check_hf or args.report_only:
+            raise UsageError("--nproc trains the study's runs; --check-hf and --report-only "
+                             "are single-process")
+        if args.jobs is not None and args.jobs != 1:
+            raise UsageError("--jobs and --nproc: under --nproc the runs train one at a time")
+        base["ranks"] = args.nproc
     for k in list(base):
         v = getattr(args, k, None)
         if v is not None:
@@ -219,8 +245,12 @@ def run_specs(args):
     return specs, rules, drops, caps
 
 
+_RANK = [0]  # this process's rank under --nproc
+
+
 def log(msg):
-    print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+    if _RANK[0] == 0:
+        print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
 
 
 def load_corpus(args, cfg):
@@ -279,7 +309,9 @@ def study(args, cfg, corpus):
     specs, rules, drops, caps = run_specs(args)
     out = args.out
     seeds = [(args.seed + i, args.data_seed + i) for i in range(cfg.seeds)]
-    for sd, _ in seeds:
+    nproc = getattr(cfg, "nproc", None)
+    writer = _RANK[0] == 0  # under --nproc rank 0 writes, the others train alongside
+    for sd, _ in seeds if writer else []:
         os.makedirs(os.path.join(out, "runs", f"seed{sd}"), exist_ok=True)
     runs, t_all = {}, time.time()
     log(f"corpus: {len(corpus.files)} files, {corpus.train.size} training and "
@@ -294,8 +326,14 @@ def study(args, cfg, corpus):
 
     def finish(spec, sd, rows, secs):
         path = os.path.join(out, "runs", f"seed{sd}", spec["name"] + ".tsv")
-        write_run(path, rows)
-        rows = read_run(path)  # the report from what the TSV holds, as --report-only
+        if writer:
+            write_run(path, rows, args.exact)
+            rows = read_run(path)  # the report from what the TSV holds, as --report-only
+        if nproc:  # every rank goes on with rank 0's rows (the hbm budget comes from them)
+            import torch.distributed as dist
+            box = [rows, secs]
+            dist.broadcast_object_list(box, src=0)
+            rows, secs = box
         runs.setdefault(spec["name"], {"spec": spec, "seeds": {}})["seeds"][sd] = rows
         done[0] += 1
         ev = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
@@ -305,7 +343,10 @@ def study(args, cfg, corpus):
     def run_batch(batch):
         if args.jobs <= 1:
             for spec, sd, ds in batch:
-                rows, secs = _job(cfg, corpus, spec, sd, ds)
+                if nproc and not spec["patched"] and not writer:
+                    rows, secs = None, 0.0  # nothing to split: rank 0 trains it alone
+                else:
+                    rows, secs = _job(cfg, corpus, spec, sd, ds)
                 finish(spec, sd, rows, secs)
             return
         import concurrent.futures as cf
@@ -336,7 +377,10 @@ def study(args, cfg, corpus):
         runs = load_runs(out, specs)
         if not runs:
             raise StudyError(f"{out}: none of the runs' TSVs is there")
+    if not writer:
+        return 0
     params = dict(vars(cfg))
+    params.pop("rank", None)
     params["jobs"] = args.jobs
     params["quota"] = args.quota
     params["seeds"] = ",".join(str(sd) for sd, _ in seeds)
@@ -346,6 +390,67 @@ def study(args, cfg, corpus):
                   " ".join(shlex.quote(a) for a in [PROG] + sys.argv[1:]))
     log(f"done in {time.time() - t_all:.0f} s: {path}")
     return 0
+
+
+_WORKER = "LRMOE_STUDY_NPROC"  # set for the processes torchrun starts
+# what each process runs (lrmoe-study's own boot: torch before lrmoe); the
+# arguments come in the environment (torchrun would parse --nproc itself)
+_BOOT = ("import json, os, runpy, sys\n"
+         "try:\n    import torch\nexcept ImportError:\n    pass\n"
+         "import lrmoe\n"
+         "sys.argv = ['lrmoe-study'] + json.loads(os.environ['LRMOE_STUDY_ARGV'])\n"
+         "runpy.run_module('lrmoe.study', run_name='__main__', alter_sys=True)\n")
+
+
+def _check_dist():
+    """--nproc needs torch.distributed with gloo and torchrun."""
+    try:
+        import torch.distributed as dist
+        ok = dist.is_available() and dist.is_gloo_available()
+    except ImportError as e:
+        raise StudyError(f"--nproc: torch.distributed does not import ({e})") from None
+    if not ok:
+        raise StudyError("--nproc: this torch has no torch.distributed with the gloo backend")
+    import importlib.util
+    if importlib.util.find_spec("torch.distributed.run") is None:
+        raise StudyError("--nproc: torch.distributed.run (torchrun) is missing from this torch")
+
+
+def launch(n, argv, cfg):
+    """--nproc N: exec torchrun (python -m torch.distributed.run of this
+    interpreter) --standalone --nproc-per-node N, each process this study
+    with the same arguments."""
+    env = dict(os.environ)
+    env[_WORKER] = str(n)
+    env["LRMOE_STUDY_ARGV"] = json.dumps(list(argv))
+    env.setdefault("OMP_NUM_THREADS", str(cfg.threads))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={n}", "--no-python", sys.executable, "-c", _BOOT]
+    log(f"--nproc {n}: torchrun --standalone --nproc-per-node {n} (gloo, CPU)")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, cmd, env)
+
+
+def _init_group(n, cfg):
+    """This process's rank of the torchrun job (gloo)."""
+    import datetime
+    import torch.distributed as dist
+    t = float(os.environ.get("LRMOE_STUDY_TIMEOUT", "600"))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=t))
+    if dist.get_world_size() != n:
+        raise StudyError(f"--nproc {n}, but torchrun started {dist.get_world_size()} processes")
+    _RANK[0] = dist.get_rank()
+    cfg.nproc, cfg.rank = n, _RANK[0]
+
+
+def _end_group():
+    """Every rank waits for rank 0's report, then the group closes (a rank
+    leaving early, or the group torn down at interpreter exit, can abort
+    gloo in a peer)."""
+    import torch.distributed as dist
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def main(argv=None):
@@ -360,6 +465,8 @@ def main(argv=None):
         return 0
     try:
         cfg = config(args)
+        if args.jobs is None:
+            args.jobs = 1 if args.nproc else min(2, os.cpu_count() or 1)
         if args.jobs < 1:
             raise UsageError("--jobs must be >= 1")
         if not args.check_hf:
@@ -373,6 +480,15 @@ def main(argv=None):
             corpus = load_corpus(args, cfg)
         except CorpusError as e:
             raise StudyError(f"corpus: {e}") from None
+        if args.nproc and os.environ.get(_WORKER) != str(args.nproc):
+            _check_dist()
+            os.makedirs(args.out, exist_ok=True)  # a bad --out: one error, before torchrun
+            return launch(args.nproc, sys.argv[1:] if argv is None else argv, cfg)
+        if args.nproc:
+            _init_group(args.nproc, cfg)
+            rc = study(args, cfg, corpus)
+            _end_group()
+            return rc
         return check_hf(args, cfg, corpus) if args.check_hf else study(args, cfg, corpus)
     except UsageError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
@@ -382,7 +498,8 @@ def main(argv=None):
         print(f"{PROG}: {where}{': ' if where else ''}{e.strerror or e}", file=sys.stderr)
         return 1
     except (StudyError, RuntimeError, ImportError) as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        who = f"rank {_RANK[0]}: " if args.nproc and _RANK[0] else ""
+        print(f"{PROG}: {who}{e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

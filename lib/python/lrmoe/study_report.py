@@ -36,10 +36,12 @@ _DIGITS = {"loss": 5, "val_loss": 5, "rho": 4, "grad_err": 4, "dw_down_cos": 5,
 _INTS = ("step", "kept", "pairs", "mem_peak_bytes")  # counts: every digit
 
 
-def _fmt(v, key=None):
+def _fmt(v, key=None, exact=False):
     if v is None or v == "":
         return ""
     if isinstance(v, float):
+        if exact and not (key in _INTS and v.is_integer()):
+            return repr(v)  # every digit (lrmoe-study --exact)
         if key in _DIGITS:
             return f"{v:.{_DIGITS[key]}f}"
         if key in _INTS and v.is_integer():
@@ -50,15 +52,16 @@ def _fmt(v, key=None):
     return str(v)
 
 
-def write_tsv(path, header, rows):
+def write_tsv(path, header, rows, exact=False):
     with open(path, "w") as f:
         f.write("\t".join(header) + "\n")
         for r in rows:
-            f.write("\t".join(_fmt(r.get(h), h) for h in header) + "\n")
+            f.write("\t".join(_fmt(r.get(h), h, exact) for h in header) + "\n")
 
 
-def write_run(path, rows):
-    write_tsv(path, FIELDS, rows)
+def write_run(path, rows, exact=False):
+    """A run's TSV; exact: every float with all its digits (repr), not rounded."""
+    write_tsv(path, FIELDS, rows, exact)
 
 
 def read_run(path):

@@ -32,6 +32,17 @@ Python; the figures are liblrmoe's):
                        the same split: cosine and closed-form bias
                        ||E[G^]-G||/||G|| of dW_down, relative error and bias
                        of the layer input's gradient dx (mean over layers)
+
+Under lrmoe-study --nproc N (cfg.nproc: one process per rank, gloo) every
+process runs the dense part of the model on the whole batch (same init,
+batches and order of operations: the same bits, no all-reduce), while each
+MoE layer runs through patch(group=WORLD): rank r feeds rows
+[floor(r*T/P), floor((r+1)*T/P)) of the layer's tokens, the contiguous
+slice the simulated ranks=P run gives rank r, and owns its native experts.
+The layer's output, hidden and routing-weight gradients are all-gathered
+back to the whole batch (copies: every rank's upstream gradient is the
+same), and each expert's weight gradient is copied from its native rank;
+so every rank trains the single-process run's model bit for bit.
 """
 import ctypes
 import math
@@ -40,6 +51,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+import torch.distributed
 
 from . import _lib
 from ._lib import Error, check, lib
@@ -249,6 +261,138 @@ class Capture:
             h.remove()
 
 
+# ---------------------------------------------------------------- --nproc
+
+def _split(T, P, r):
+    """Rank r's rows [lo, hi) of T tokens (the exec's floor split)."""
+    return T * r // P, T * (r + 1) // P
+
+
+def _counts(T, P):
+    """Every rank's row count of T tokens."""
+    return [T * (r + 1) // P - T * r // P for r in range(P)]
+
+
+class _Slice(torch.autograd.Function):
+    """Forward: this rank's rows of a tensor every rank holds whole. Backward:
+    every rank's gradient rows all-gathered back to the whole tensor."""
+
+    @staticmethod
+    def forward(ctx, t, grp):  # type: ignore[override]
+        ctx.grp, ctx.T = grp, t.shape[0]
+        lo, hi = _split(t.shape[0], grp.P, grp.rank)
+        return t[lo:hi].clone()
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        return ctx.grp.gather_rows("study: gradient rows", g.contiguous(),
+                                   _counts(ctx.T, ctx.grp.P)), None
+
+
+class _Gather(torch.autograd.Function):
+    """Forward: every rank's rows all-gathered into the whole tensor.
+    Backward: this rank's rows of the gradient (every rank's is the same)."""
+
+    @staticmethod
+    def forward(ctx, t, grp, T):  # type: ignore[override]
+        ctx.grp, ctx.T = grp, T
+        return grp.gather_rows("study: output rows", t.contiguous(), _counts(T, grp.P))
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        lo, hi = _split(ctx.T, ctx.grp.P, ctx.grp.rank)
+        return g[lo:hi].contiguous(), None, None
+
+
+def _gather(grp, t, T):
+    """Every rank's rows of t (this rank's slice of T) as the whole tensor."""
+    return grp.gather_rows("study: rows", t.contiguous(), _counts(T, grp.P))
+
+
+class DistCapture:
+    """Capture under --nproc: a patched experts call gets the whole batch
+    (the dense part runs on every rank); a pre-hook hands the layer this
+    rank's rows (_Slice), the hook records the call's state (saved_state of
+    the rank's output, as Capture) and returns every rank's output rows
+    (_Gather). take() returns items whose state is the whole batch's, as
+    the single-process run's: hidden, routing and the gradient at the
+    output all-gathered, saved_gate/saved_up of every pair copied from the
+    rank that computed it (pair_rank)."""
+
+    def __init__(self, patch):
+        self.grp = patch.dist
+        self.items, self.hooks = [], []
+        for b in patch.blocks:
+            self.hooks.append(b.experts.register_forward_pre_hook(self._pre))
+            self.hooks.append(b.experts.register_forward_hook(self._hook(b)))
+
+    def _pre(self, module, args):
+        hidden, ids, w = args
+        self.T = hidden.shape[0]
+        lo, hi = _split(self.T, self.grp.P, self.grp.rank)
+        return (_Slice.apply(hidden, self.grp), ids[lo:hi].contiguous(),
+                _Slice.apply(w, self.grp))
+
+    def _hook(self, b):
+        def hook(module, args, output):
+            if torch.is_grad_enabled() and output.requires_grad:
+                import lrmoe.torch as lt
+                item = {"block": b, "state": lt.saved_state(output)}
+                output.register_hook(lambda g, item=item: item.__setitem__("g", g.detach()))
+                self.items.append(item)
+            return _Gather.apply(output, self.grp, self.T)
+        return hook
+
+    def _pairs_rows(self, t, pr):
+        """The whole (T,K,...) saved tensor: each pair's rows from the rank
+        that computed it (pair_rank), copied."""
+        parts = [torch.empty_like(t) for _ in range(self.grp.P)]
+        self.grp.collective("study: saved state", torch.distributed.all_gather, parts,
+                            t.contiguous())
+        out = torch.empty_like(t)
+        for r in range(self.grp.P):
+            m = pr == r
+            out[m] = parts[r][m]
+        return out
+
+    def take(self):
+        items, self.items = self.items, []
+        for it in items:
+            st = dict(it["state"])
+            T = st["pair_rank"].shape[0]  # global-shaped (lrmoe.dist)
+            for k in ("hidden", "topk_weights", "topk_ids"):
+                st[k] = _gather(self.grp, st[k], T)
+            it["g"] = _gather(self.grp, it["g"].reshape(-1, it["g"].shape[-1]), T)
+            pr = st["pair_rank"].long()
+            for k in ("saved_gate", "saved_up"):
+                st[k] = self._pairs_rows(st[k], pr)
+            it["state"] = st
+        return items
+
+    def close(self):
+        for h in self.hooks:
+            h.remove()
+
+
+def sync_expert_grads(patch):
+    """Each expert's weight gradient from its native rank (the group path
+    leaves the others' zero there): every rank then holds the simulated
+    run's gradients of every expert, copied, not summed."""
+    grp = patch.dist
+    for b in patch.blocks:
+        E = b.E
+        own = torch.tensor([lib.lrmoe_exec_native(e, E, grp.P) for e in range(E)])
+        for p in b.experts.parameters():
+            if p.grad is None or p.shape[0] != E:
+                continue
+            parts = [torch.empty_like(p.grad) for _ in range(grp.P)]
+            grp.collective("study: expert gradients", torch.distributed.all_gather, parts,
+                           p.grad.contiguous())
+            for r in range(grp.P):
+                m = own == r
+                p.grad[m] = parts[r][m]
+
+
 # ---------------------------------------------------------------- training
 
 def _lr(cfg, step):
@@ -299,12 +443,17 @@ def train(cfg, corpus, spec, row_cb=None):
     model = build_model(cfg, cfg.seed)
     model.train()
     patch = cap = None
+    nproc = getattr(cfg, "nproc", None)
     if spec["patched"]:
+        group = None
+        if nproc:  # one rank of the group per process (DistCapture)
+            import torch.distributed as dist
+            group = dist.group.WORLD
         patch = lt.patch(model, rate=spec.get("rate"), hbm=spec.get("hbm"),
                          metric=spec.get("metric", "lrm"), select=spec.get("select", "topk"),
                          ranks=cfg.ranks, seed=cfg.seed, threads=cfg.threads, keep_masks=True,
-                         **_plan_extra(spec))
-        cap = Capture(patch)
+                         group=group, **_plan_extra(spec))
+        cap = DistCapture(patch) if nproc else Capture(patch)
     balancer = BiasBalancer(model, cfg.bias_rate) if cfg.bias_rate > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=0.0)
@@ -331,6 +480,8 @@ def train(cfg, corpus, spec, row_cb=None):
                 raise Error(f"{spec['name']}: step {step}: training loss is {loss.item()}")
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if nproc and patch is not None:
+                sync_expert_grads(patch)
             if cfg.clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
             row = {"step": step, "loss": loss.item()}

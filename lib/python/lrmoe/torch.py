@@ -875,6 +875,8 @@ def capacity_keep(topk_ids: Tensor, topk_weights: Tensor, handle: int) -> Tensor
     layer = _layer_of(handle)
     blk = layer.block
     _check_ids(blk.name, topk_ids, blk.E)
+    if layer.owner.dist is not None:  # over every rank's routing (lrmoe.dist)
+        return layer.owner.dist_capacity_keep(layer, topk_ids, topk_weights)
     return torch.from_numpy(layer.owner.capacity_keep(topk_ids, topk_weights, blk.E))
 
 
@@ -1125,6 +1127,7 @@ class Patch:
             from . import dist as _dist
             self.dist = _dist.Group(group)
             self.dist_forward, self.dist_backward = _dist.forward, _dist.backward
+            self.dist_capacity_keep = _dist.capacity_keep
             if ranks not in (1, self.dist.P):
                 raise Error(f"ranks={ranks} but the process group has {self.dist.P} ranks")
             ranks = self.dist.P
