@@ -98,7 +98,7 @@ def parser():
       help="train each run under torchrun with N processes, one expert-parallel rank each "
            "(lrmoe.torch.patch(group=); gloo, CPU): the dense layers run on the whole batch "
            "in every process, each MoE layer's tokens and experts are split over them; the "
-           "same numbers as the single-process study with --ranks N (the default --ranks "
+           "same numbers as a study in one process with --ranks N (the default --ranks "
            "then); rank 0 writes --out")
     a("--hbm-run", metavar="RULE", nargs="?", const="lrm-sample",
       help="add the memory-pressure run with this rule (default lrm-sample)")
