@@ -16,6 +16,7 @@ PREFIX   ?= /usr/local
 BUILD    ?= build
 # make check SANITIZE=1: ASan + UBSan (leaks on, UB fatal) in their own build
 # dir; the tools in bin/ are relinked whenever the variant changes.
+PLAIN_BUILD := $(BUILD)
 ifneq ($(SANITIZE),)
 BUILD    := $(BUILD)/san
 CFLAGS   += -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
@@ -100,6 +101,16 @@ ifeq ($(HAVE_CUDA),1)
 ifneq ($(CUTLASS),0)
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
 -include $(BUILD)/cutlass.mk
+endif
+endif
+# The sanitized build takes the plain build's CUTLASS objects when they are
+# all there (device code and CUTLASS's host adapter, which nvcc compiles
+# without sanitizers in either build): CI's second pass saves their minutes.
+ifneq ($(SANITIZE),)
+ifeq ($(CUTLASS_PREBUILT),)
+ifeq ($(words $(wildcard $(GG_VARIANTS:%=$(PLAIN_BUILD)/kernels/cutlass/gg_%.o))),$(words $(GG_VARIANTS)))
+CUTLASS_PREBUILT := $(PLAIN_BUILD)/kernels/cutlass
+endif
 endif
 endif
 ifneq ($(CUTLASS_PREBUILT),)
