@@ -10,16 +10,20 @@ TOL of max|cpu| (relative to the largest magnitude of each tensor).
                                CUDA module (LRMOE_CUDA_MODULE, built by
                                tests/gpu/build-fake-module.sh;
                                LRMOE_TORCH_FAKE_DEVICE=1, set here)
-Also checks (fake): the stats' host-transfer bytes, and LRMOE_TORCH_BREAK
-is not a thing: a failing comparison prints FAIL and exits 1. Exit 3: no
-CUDA device (cuda mode)."""
+Prints one line per comparison (with the host bytes per layer call from
+the stats), FAIL for a failed one (exit 1). Exit 3: not run (no CUDA
+device in cuda mode, or torch/transformers missing)."""
 import copy
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import tiny  # noqa: E402  (sets LRMOE_LIBRARY, imports transformers)
-import torch  # noqa: E402
+try:
+    import torch  # noqa: E402
+    import tiny  # noqa: E402  (sets LRMOE_LIBRARY, imports transformers)
+except ImportError as e:
+    print(f"torch_cuda: NOT RUN ({e})")
+    sys.exit(3)
 import lrmoe.torch as lt  # noqa: E402
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "cuda"
