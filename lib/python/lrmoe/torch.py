@@ -1044,6 +1044,9 @@ def _backward_device(layer: "_Layer", idx: int, grad_out: Tensor, hidden: Tensor
     pk_gate = sg.view(T * K, F).index_select(0, pair_d)
     pk_up = su.view(T * K, F).index_select(0, pair_d)
     pk_grad = g.index_select(0, tok).float() * a_d.unsqueeze(1)
+    if R == 0:  # no kept row: non-NULL empty buffers (NULL is the layout-only form)
+        pk_hidden, pk_gate, pk_up, pk_grad = (t.new_empty((1,) + t.shape[1:])[:0] for t in
+                                              (pk_hidden, pk_gate, pk_up, pk_grad))
     f32 = dict(dtype=torch.float32, device=dev)
     gh, gtw = torch.empty(T, D, **f32), torch.empty(T, K, **f32)
     gwg, gwu = torch.empty(E, F, D, **f32), torch.empty(E, F, D, **f32)
