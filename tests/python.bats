@@ -158,7 +158,7 @@ for n in lt.UNIT_KEYS.values():
     assert_output --partial "fwd 576 d2h, bwd 3840 d2h + 576 h2d"
 }
 
-@test "python: lrmoe.torch's CUDA path without a loadable CUDA module, or with a non-contiguous or foreign-device buffer, is one lrmoe.Error" {
+@test "python: lrmoe.torch's CUDA path without a loadable CUDA module, or with a non-contiguous or foreign-device buffer, or with group=, is one lrmoe.Error" {
     need_torch
     [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
     cd "$TOP/tests/python" || return 1
@@ -182,4 +182,19 @@ for t in (torch.zeros(4, 4).t(), torch.zeros(4, device="meta")):
     assert_line --partial "Error: Qwen3MoeSparseMoeBlock: CUDA executor: backend cuda: cannot load the CUDA module"
     assert_line "Error: buf: a non-contiguous tensor (stride (1, 4)); the CUDA executor reads dense row-major arrays"
     assert_line "Error: buf: a tensor on meta; this layer's CUDA executor runs on cpu"
+    # group= on the CUDA path: refused before anything runs (a one-process gloo group)
+    run env LRMOE_TORCH_FAKE_DEVICE=1 timeout 120 python3 -c '
+import tiny, torch, lrmoe, lrmoe.torch as lt
+import torch.distributed as dist
+dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+b = tiny.block("qwen3_moe")
+h = lt.patch(b, rate=1.0, group=dist.group.WORLD)
+try:
+    b.experts(torch.randn(4, 32), torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 2))
+except lrmoe.Error as e:
+    print("Error:", e)
+dist.destroy_process_group()
+'
+    assert_success
+    assert_line --partial "Error: Qwen3MoeSparseMoeBlock: group= with CUDA tensors is not supported:"
 }
