@@ -272,7 +272,7 @@ cuda_module_built() {
     grep -q 'gpu-carry/include' "$D/tree/build/dev/lib/stream.d"
     # each step's status, in order of value, each GPU step NOT RUN
     run grep -o '^step [a-z]*: [A-Z]*[a-z]*' "$D/out/summary.txt"
-    assert_output "$(printf 'step env: done\nstep build: ok\nstep kernels: NOT\nstep ggemm: NOT\nstep bench: NOT\nstep exec: NOT\nstep devio: NOT\nstep mpi: NOT\nstep sass: NOT')"
+    assert_output "$(printf 'step env: done\nstep build: ok\nstep kernels: NOT\nstep ggemm: NOT\nstep bench: NOT\nstep exec: NOT\nstep devio: NOT\nstep tcuda: NOT\nstep mpi: NOT\nstep sass: NOT')"
     # the CUTLASS grouped GEMM linked from the carried objects
     if [ -f "$TOP/${BUILD:-build}/kernels/cutlass/gg_000.o" ]; then
         grep -qx "cutlass: CUTLASS_PREBUILT=$D/tree/build/gpu-carry/cutlass" "$D/out/summary.txt"

@@ -136,3 +136,65 @@ for n in lt.UNIT_KEYS.values():
         printf '%s' "$page" | grep -qF -- "$n" || fail "$n is not in lrmoe-python(3)"
     done
 }
+
+@test "python: lrmoe.torch's CUDA path (device pointers, one executor a layer, the current stream) on the fake CUDA module equals the CPU path (rate 1 model with 2 SGD steps, a block at rate 1 and 0.7, P 1 and 2, f32/bf16, the same pairs kept)" {
+    need_torch
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
+    [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
+    run sh "$TOP/tests/gpu/build-fake-module.sh" "$BATS_TEST_TMPDIR/fm"
+    assert_success
+    cd "$TOP/tests/gpu" || return 1
+    # the CUDA backend's GEMMs take BF16 operands (kernels/exec_cuda.cu):
+    # ~1e-3..1e-2 from the CPU backend's F32 ones, bounded by 3e-2 as
+    # tests/gpu/check-gpu.sh bounds it; a wrong row, weight or scale is O(1)
+    run env LRMOE_CUDA_MODULE="$BATS_TEST_TMPDIR/fm/liblrmoe-cuda.so.1" \
+        python3 torch_cuda.py fake 3e-2
+    printf '%s\n' "$output"
+    assert_success
+    assert_output --partial "torch_cuda (fake): PASS"
+    refute_output --partial "FAIL"
+    # what crosses per layer call (24 tokens, K=2, D=32, int64 ids):
+    # forward ids 384 + alpha 192 B; backward those + g 3072 + ||phi||^2 192 B
+    assert_output --partial "fwd 576 d2h, bwd 3840 d2h + 576 h2d"
+}
+
+@test "python: lrmoe.torch's CUDA path without a loadable CUDA module, or with a non-contiguous or foreign-device buffer, or with group=, is one lrmoe.Error" {
+    need_torch
+    [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
+    cd "$TOP/tests/python" || return 1
+    run env LRMOE_CUDA_MODULE="$BATS_TEST_TMPDIR/none/liblrmoe-cuda.so.1" LRMOE_TORCH_FAKE_DEVICE=1 \
+        python3 -c '
+import tiny, torch, lrmoe, lrmoe.torch as lt
+b = tiny.block("qwen3_moe")
+h = lt.patch(b, rate=1.0)
+x = torch.randn(4, 32)
+try:
+    b.experts(x, torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 2))
+except lrmoe.Error as e:
+    print("Error:", e)
+for t in (torch.zeros(4, 4).t(), torch.zeros(4, device="meta")):
+    try:
+        lt._dptr("buf", t, 0, True)
+    except lrmoe.Error as e:
+        print("Error:", e)
+'
+    assert_success
+    assert_line --partial "Error: Qwen3MoeSparseMoeBlock: CUDA executor: backend cuda: cannot load the CUDA module"
+    assert_line "Error: buf: a non-contiguous tensor (stride (1, 4)); the CUDA executor reads dense row-major arrays"
+    assert_line "Error: buf: a tensor on meta; this layer's CUDA executor runs on cpu"
+    # group= on the CUDA path: refused before anything runs (a one-process gloo group)
+    run env LRMOE_TORCH_FAKE_DEVICE=1 timeout 120 python3 -c '
+import tiny, torch, lrmoe, lrmoe.torch as lt
+import torch.distributed as dist
+dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+b = tiny.block("qwen3_moe")
+h = lt.patch(b, rate=1.0, group=dist.group.WORLD)
+try:
+    b.experts(torch.randn(4, 32), torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 2))
+except lrmoe.Error as e:
+    print("Error:", e)
+dist.destroy_process_group()
+'
+    assert_success
+    assert_line --partial "Error: Qwen3MoeSparseMoeBlock: group= with CUDA tensors is not supported:"
+}

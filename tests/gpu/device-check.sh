@@ -37,6 +37,9 @@
 #   devio    devio-test: the CUDA executor with device pointers on a stream
 #            (lrmoe.torch's entry) = its host-pointer frames, bitwise
 #                                                       (appended to exec.txt)
+#   tcuda    tests/gpu/torch_cuda.py: lrmoe.torch on CUDA tensors (a patched
+#            tiny Qwen3-MoE on the GPU) = the CPU path within 3e-2
+#                                                       (appended to exec.txt)
 #   mpi      check-mpi-cuda.sh (probes for a GPU first)       -> mpi-cuda.txt
 #   sass     division-free check of the built kernel objects (cuobjdump)
 #                                                        (appended to build.log)
@@ -273,6 +276,24 @@ elif echo "== devio-test" >> "$OUT/exec.txt" && run_step devio 30 "$OUT/exec.txt
     3) verdict devio "NOT RUN" "no device" ;;
     124) verdict devio TIMEOUT ;;
     *) verdict devio FAIL "exit $src: $(grep -m1 '^devio: FAIL' "$OUT/exec.txt")" ;;
+    esac
+fi
+
+# ---- tcuda: lrmoe.torch on CUDA tensors (one process, simulated ranks on
+# one device: a patched tiny Qwen3-MoE on cuda against the same on the CPU,
+# tests/gpu/torch_cuda.py; 3e-2 of max|cpu|: the CUDA GEMMs' BF16 operands,
+# as check-gpu.sh bounds them). Needs torch with CUDA and transformers on
+# the image (exit 3: not run). The torchrun/group= variant is not a step:
+# group= on CUDA tensors is refused (lrmoe-python(3)).
+echo "== torch_cuda" >> "$OUT/exec.txt"
+if run_step tcuda 60 "$OUT/exec.txt" env LRMOE_LIBRARY="$PWD/$B/liblrmoe.so.2" \
+        python3 tests/gpu/torch_cuda.py cuda 3e-2; then
+    case $src in
+    0) verdict tcuda PASS "$(grep -m1 '^torch_cuda (cuda): PASS' "$OUT/exec.txt")" ;;
+    3) verdict tcuda "NOT RUN" "$(grep -m1 '^torch_cuda: NOT RUN' "$OUT/exec.txt")" ;;
+    124) verdict tcuda TIMEOUT ;;
+    *) verdict tcuda FAIL "exit $src"
+       grep '^FAIL' "$OUT/exec.txt" | head -10 | sed 's/^/     /' | tee -a "$S" ;;
     esac
 fi
 

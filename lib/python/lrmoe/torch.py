@@ -31,6 +31,7 @@ patch(model, rate=, hbm=, metric=, ranks=)  replaces every supported
 import ctypes
 import itertools
 import mmap
+import os
 import re
 import time
 import weakref
@@ -119,9 +120,13 @@ def _check_call(name, E, D, F, hidden, topk_ids, topk_weights, gate_up, down,
                  ("gate_up_proj", gate_up), ("down_proj", down)):
         if not isinstance(t, torch.Tensor):
             raise Error(f"{name}: {n} is {type(t).__name__}, not a tensor")
-        if t.device.type != "cpu":
-            raise Error(f"{name}: {n} on {t.device}; lrmoe.torch runs the CPU backend on "
-                        "CPU tensors")
+        if t.device.type not in ("cpu", "cuda"):
+            raise Error(f"{name}: {n} on {t.device}; lrmoe.torch runs on CPU tensors (CPU "
+                        "backend) or CUDA tensors (CUDA backend)")
+    devs = sorted({str(t.device) for t in (hidden, topk_ids, topk_weights, gate_up, down)})
+    if len(devs) > 1:
+        raise Error(f"{name}: tensors on several devices ({', '.join(devs)}); the experts' "
+                    "weights, hidden states and routing must be on one device")
     if hidden.dim() != 2 or hidden.shape[1] != D:
         raise Error(f"{name}: hidden is {list(hidden.shape)}, expected [T,{D}]")
     T = hidden.shape[0]
@@ -450,6 +455,7 @@ class _Layer:
         self.w_f32 = None  # the packed F32 weights, reused step to step
         self.adopted = False  # w_f32 is the parameters' own memory
         self.shard = None  # (lo, hi): the native experts a sharded rank keeps
+        self.cuda: Optional[_Cuda] = None  # the CUDA executor, on CUDA tensors
 
     def adopt_packed(self):
         """Float32 experts: let gate_up_proj and down_proj become views into
@@ -716,6 +722,10 @@ def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down:
     the capacity planner's keep mask, or None. Registered as
     torch.ops.lrmoe.experts_forward."""
     layer = _layer_of(handle)
+    idx = _device_io(layer.owner, layer.block.name, hidden, topk_weights, gate_up, down, topk_ids)
+    if idx is not None:  # CUDA tensors: the layer's CUDA executor
+        return _forward_device(layer, idx, hidden, topk_weights, gate_up, down, topk_ids,
+                               cap_keep, train)
     if layer.owner.dist is not None:  # one rank of a process group (lrmoe.dist)
         return layer.owner.dist_forward(layer, hidden, topk_weights, gate_up, down, topk_ids,
                                         cap_keep, train)
@@ -752,10 +762,21 @@ def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down:
     del keep_alive
     rec: Dict[str, Any] = {"layer": blk.layer, "step": o.steps.get(blk.layer, 0), "pairs": T * K,
                            "tokens": T}
+    return _forward_done(layer, call, rec, attrs, train, out, pair_rank, phi, sg, su, pair_out,
+                         placement, fwd_alloc, quota, bwd_alloc)
+
+
+def _forward_done(layer: "_Layer", call: "_Call", rec: Dict[str, Any], attrs: Dict[str, str],
+                  train: bool, out: Tensor, pair_rank: Tensor, phi: Tensor, sg: Tensor,
+                  su: Tensor, pair_out: Tensor, placement: np.ndarray, fwd_alloc: np.ndarray,
+                  quota: np.ndarray, bwd_alloc: np.ndarray) -> _FwdOut:
+    """The forward's stats record (plan attributes, step count, held for
+    the backward) and the op's outputs (both paths)."""
+    o = layer.owner
     for k, v in attrs.items():
         if k.startswith("plan."):  # plan.keep as keep_rule: "keep" is the mask
             rec["keep_rule" if k == "plan.keep" else k[5:]] = _num(v)
-    o.steps[blk.layer] = rec["step"] + 1
+    o.steps[layer.block.layer] = rec["step"] + 1
     o.stats.append(rec)
     meta = torch.tensor([rec["step"], int(rec.get("keep_rule") == "by-rank")], dtype=torch.int64)
     if train:
@@ -766,52 +787,317 @@ def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down:
             meta)
 
 
-def experts_backward(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gate_up: Tensor,
-                     down: Tensor, topk_ids: Tensor, cap_keep: Optional[Tensor],
-                     pair_rank: Tensor, phi: Tensor, sg: Tensor, su: Tensor, pair_out: Tensor,
-                     placement: Tensor, fwd_alloc: Tensor, quota: Tensor, bwd_alloc: Tensor,
-                     meta: Tensor, handle: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The gradients of hidden, topk_weights, gate_up and down from
-    grad_out (T,D) and experts_forward's inputs and state (SAVED): score,
-    per-expert selection at the plan's quotas, pack and the compact backward
-    in liblrmoe. Registered as torch.ops.lrmoe.experts_backward."""
-    layer = _layer_of(handle)
-    if layer.owner.dist is not None:
-        return layer.owner.dist_backward(layer, grad_out, hidden, topk_weights, gate_up, down,
-                                         topk_ids, cap_keep, pair_rank, phi, sg, su, pair_out,
-                                         placement, fwd_alloc, quota, bwd_alloc, meta)
+# ------------------------------------------------------------ CUDA tensors
+# When the experts' weights and the activations are CUDA tensors, a
+# patched layer stays on the device: each layer has one persistent CUDA
+# executor of liblrmoe (lrmoe_exec_cuda_new(3), made at its first call,
+# freed at unpatch() or at interpreter exit) in device-pointer mode on
+# torch's current stream: activations, weights and outputs are passed by
+# data_ptr(), the frame starts after the work queued on the stream and the
+# stream waits for its end (no host wait at the end of a call). Routing,
+# plan, scores, selection and the pack layout are host arrays, as the API
+# takes them; what crosses per layer call is in the stats record
+# (fwd_d2h_bytes, bwd_d2h_bytes, bwd_h2d_bytes) and lrmoe-python(3).
+# LRMOE_TORCH_FAKE_DEVICE=1 (test only): CPU tensors take this path, as
+# "device memory" of the fake CUDA module (tests/gpu/build-fake-module.sh),
+# which runs the CUDA backend's host logic on the kernels' CPU references.
+
+FAKE_DEVICE_ENV = "LRMOE_TORCH_FAKE_DEVICE"
+
+
+def _device_io(o: "Patch", name: str, *ts: Optional[Tensor]) -> Optional[int]:
+    """The CUDA device index the call runs on (the device path), or None
+    (the CPU backend on CPU tensors). One clear error for tensors on
+    several devices or on a device that is neither, and for group= with
+    CUDA tensors."""
+    devs = sorted({str(t.device) for t in ts if isinstance(t, torch.Tensor)})
+    if len(devs) > 1:
+        raise Error(f"{name}: tensors on several devices ({', '.join(devs)}); the experts' "
+                    "weights, hidden states and routing must be on one device")
+    dev = torch.device(devs[0]) if devs else torch.device("cpu")
+    if dev.type == "cpu":
+        if not o.fake_device:
+            return None
+        idx = 0
+    elif dev.type == "cuda":
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    else:
+        raise Error(f"{name}: tensors on {dev}; lrmoe.torch runs on CPU tensors (CPU backend) "
+                    "or CUDA tensors (CUDA backend)")
+    if o.dist is not None:
+        raise Error(f"{name}: group= with CUDA tensors is not supported: lrmoe.dist moves the "
+                    "rows through the process group from host memory and computes each rank "
+                    "with the CPU backend, and liblrmoe's CUDA executor communicates within "
+                    "one process or over MPI, not through torch's NCCL process group; use "
+                    "group= on CPU tensors (gloo), or ranks=P (simulated ranks) on one GPU")
+    return idx
+
+
+def _dptr(name: str, t: Optional[Tensor], idx: int, fake: bool) -> Optional[int]:
+    """A device tensor's address for the executor: contiguous and on the
+    executor's device, else one clear error (never a bad pointer)."""
+    if t is None:
+        return None
+    want = "cpu" if fake else f"cuda:{idx}"
+    if str(t.device) != want and not (not fake and t.device.type == "cuda" and
+                                     t.device.index == idx):
+        raise Error(f"{name}: a tensor on {t.device}; this layer's CUDA executor runs on "
+                    f"{want}")
+    if not t.is_contiguous():
+        raise Error(f"{name}: a non-contiguous tensor (stride {t.stride()}); the CUDA "
+                    "executor reads dense row-major arrays")
+    return t.data_ptr()
+
+
+class _Cuda:
+    """One layer's CUDA executor and the device copies of its expert
+    weights in lrmoe's layout (w_gate, w_up (E,F,D): HF's fused gate_up
+    (E,2F,D) is split once; w_down (E,D,F): the parameter itself when
+    contiguous). The executor keeps resident copies keyed by these
+    pointers; when the parameters' version counters or addresses move (an
+    optimizer step, load_state_dict, .data = ...) the copies are refreshed
+    in place and lrmoe_exec_cuda_weights_changed drops the resident ones.
+    A step that changes nothing costs no weight traffic."""
+
+    def __init__(self, layer: "_Layer", idx: int, fake: bool) -> None:
+        self.idx, self.fake, self.name = idx, fake, layer.block.name
+        self.x: Optional[ctypes.c_void_p] = None
+        self.stream: Any = False  # the stream set_io was given (False: none yet)
+        self.wkey: Any = None
+        self.w: Optional[Tuple[Tensor, Tensor, Optional[Tensor]]] = None
+        self._fin: Any = None
+
+    def executor(self, args: "_lib.ExecArgs") -> ctypes.c_void_p:
+        """The executor (made at the first call from args' cfg and P) with
+        device-pointer I/O on the current stream (set only when it changed:
+        lrmoe_exec_cuda_set_io waits for the previous frame)."""
+        if self.x is None:
+            x = ctypes.c_void_p()
+            check(lib.lrmoe_exec_args_cuda_new(args.h, ctypes.byref(x)),
+                  f"{self.name}: CUDA executor")
+            self.x = x
+            self._fin = weakref.finalize(self, lib.lrmoe_exec_cuda_free, x)
+        stream = None if self.fake else torch.cuda.current_stream(self.idx).cuda_stream
+        if stream != self.stream:
+            check(lib.lrmoe_exec_cuda_set_io(self.x, 1, stream), f"{self.name}: CUDA executor")
+            self.stream = stream
+        return self.x
+
+    def weights(self, layer: "_Layer", gu: Tensor, dn: Tensor, dt: str) -> Dict[str, Any]:
+        """The weights' exec arguments (device pointers)."""
+        E, D, F = layer.block.E, layer.block.D, layer.block.F
+        params = list(layer.block.experts.parameters())
+        key = (tuple((p.data_ptr(), p._version) for p in params), gu.data_ptr(), dn.data_ptr(),
+               tuple(gu.shape), gu.dtype)
+        if key != self.wkey:
+            with torch.no_grad():
+                if self.w is None or self.w[0].shape != (E, F, D) or self.w[0].dtype != gu.dtype:
+                    self.w = (torch.empty(E, F, D, dtype=gu.dtype, device=gu.device),
+                              torch.empty(E, F, D, dtype=gu.dtype, device=gu.device), None)
+                self.w[0].copy_(gu[:, :F])
+                self.w[1].copy_(gu[:, F:])
+                wd = None
+                if not dn.is_contiguous():
+                    wd = self.w[2] if self.w[2] is not None else torch.empty_like(
+                        dn, memory_format=torch.contiguous_format)
+                    wd.copy_(dn)
+                self.w = (self.w[0], self.w[1], wd)
+            if self.x is not None and self.wkey is not None:
+                check(lib.lrmoe_exec_cuda_weights_changed(self.x), f"{self.name}: CUDA executor")
+            self.wkey = key
+        wd = self.w[2] if self.w[2] is not None else dn
+        self.keep = wd  # dn may be a view made for this call (a transposed layout)
+        p = lambda n, t: _dptr(n, t, self.idx, self.fake)  # noqa: E731
+        return dict(weights_dtype=_lib.DT[dt], w_gate=p("w_gate", self.w[0]),
+                    w_up=p("w_up", self.w[1]), w_down=p("down_proj", wd), w_f32=None)
+
+    def free(self) -> None:
+        if self._fin is not None:
+            self._fin()  # lrmoe_exec_cuda_free: waits for the queued frames
+        self.x, self._fin, self.w, self.wkey, self.stream = None, None, None, None, False
+
+
+def _cuda_of(layer: "_Layer", idx: int) -> "_Cuda":
+    cu = layer.cuda
+    if cu is None:
+        cu = layer.cuda = _Cuda(layer, idx, layer.owner.fake_device)
+    elif cu.idx != idx:
+        raise Error(f"{layer.block.name}: tensors on cuda:{idx}, but this layer's CUDA executor "
+                    f"runs on cuda:{cu.idx} (unpatch and patch again after moving the model)")
+    return cu
+
+
+def _cuda_cfg(o: "Patch", idx: int) -> Dict[str, Any]:
+    # every simulated rank of this process on the one device (gpus=1)
+    return dict(backend=1, gpus=1, device=idx, threads=o.cfg["threads"])
+
+
+def _forward_device(layer: "_Layer", idx: int, hidden: Tensor, topk_weights: Tensor,
+                    gate_up: Tensor, down: Tensor, topk_ids: Tensor,
+                    cap_keep: Optional[Tensor], train: bool) -> _FwdOut:
+    """experts_forward on the device (CUDA tensors): the same plan and
+    arguments as the CPU path, activations by device pointer."""
     o, call, blk = layer.owner, _Call(), layer.block
+    dt = _act_dtype(blk.name, hidden, gate_up, down)
+    _check_call(blk.name, blk.E, blk.D, blk.F, hidden, topk_ids, topk_weights, gate_up, down,
+                ids_range=False)
+    cu = _cuda_of(layer, idx)
+    T, D = hidden.shape
+    E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
+    dev = hidden.device
+    x = hidden.detach().contiguous()
+    # routing to the host (the API's host arrays): ids in their dtype (the
+    # range check before the int32 cast), alpha as F32
+    ids_h = topk_ids.detach().to("cpu")
+    _check_ids(blk.name, ids_h, E)
+    ids = ids_h.to(torch.int32).contiguous()
+    alpha = topk_weights.detach().to("cpu", torch.float32).contiguous()
+    d2h = ids_h.numel() * ids_h.element_size() + alpha.numel() * 4
+    load = torch.bincount(ids.view(-1).long(), minlength=E).numpy()
+    placement, fwd_alloc, quota, bwd_alloc, attrs = _plan(layer, call, load, T, K, dt)
+    W = cu.weights(layer, gate_up.detach(), down.detach(), dt)
+    dims = dict(T=T, E=E, K=K, D=D, F=F, P=P)
+    Pl = dict(placement=_buf("placement", placement, "U8", (E, P)),
+              fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
+    out = torch.empty(T, D, dtype=hidden.dtype, device=dev)
+    pair_rank = torch.empty(T, K, dtype=torch.int32)  # host: written by the forward
+    n = T if train else 0
+    phi = torch.empty(n, K, dtype=torch.float32, device=dev)
+    sg = torch.empty(n, K, F, dtype=hidden.dtype, device=dev)
+    su = torch.empty(n, K, F, dtype=hidden.dtype, device=dev)
+    pair_out = torch.empty(n, K, D, dtype=hidden.dtype, device=dev)
+    p = lambda nm, t: _dptr(nm, t if train else None, idx, cu.fake)  # noqa: E731
+    a = _lib.ExecArgs(_cuda_cfg(o, idx), dims, W, Pl, act_dtype=_lib.DT[dt],
+                      hidden=_dptr("hidden", x, idx, cu.fake),
+                      topk_ids=_buf("topk_ids", ids, "I32", (T, K)),
+                      topk_weights=_buf("topk_weights", alpha, "F32", (T, K)),
+                      output=_dptr("output", out, idx, cu.fake),
+                      pair_rank=_buf("pair_rank", pair_rank, "I32", (T, K), True),
+                      phi_sqnorm=p("phi_sqnorm", phi), saved_gate=p("saved_gate", sg),
+                      saved_up=p("saved_up", su), pair_out=p("pair_out", pair_out))
+    xh = cu.executor(a)
+    check(call(lib.lrmoe_exec_args_forward_cuda, a.h, xh, None), f"{blk.name}: forward")
+    rec: Dict[str, Any] = {"layer": blk.layer, "step": o.steps.get(blk.layer, 0), "pairs": T * K,
+                           "tokens": T, "device": str(dev), "fwd_d2h_bytes": d2h,
+                           "fwd_h2d_bytes": 0}
+    return _forward_done(layer, call, rec, attrs, train, out, pair_rank, phi, sg, su, pair_out,
+                         placement, fwd_alloc, quota, bwd_alloc)
+
+
+def _backward_device(layer: "_Layer", idx: int, grad_out: Tensor, hidden: Tensor,
+                     topk_weights: Tensor, gate_up: Tensor, down: Tensor, topk_ids: Tensor,
+                     cap_keep: Optional[Tensor], pair_rank: Tensor, phi: Tensor, sg: Tensor,
+                     su: Tensor, pair_out: Tensor, placement: Tensor, fwd_alloc: Tensor,
+                     quota: Tensor, bwd_alloc: Tensor, meta: Tensor
+                     ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """experts_backward on the device: score and selection on the host
+    (liblrmoe's score takes g and ||phi||^2 from host memory: those two are
+    copied), the pack layout on the host, the packed rows gathered on the
+    device by pack_pair, and the compact backward by device pointers."""
+    o, call, blk = layer.owner, _Call(), layer.block
+    cu = _cuda_of(layer, idx)
     step, by_rank = (int(v) for v in meta.tolist())
     rec = layer.release(step)
     dt = _act_dtype(blk.name, hidden, gate_up, down)
     T, D = hidden.shape
     E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
+    dev = hidden.device
     d = dict(T=T, E=E, K=K, D=D, F=F, P=P)
     c = torch.Tensor.contiguous  # saved-tensor hooks may unpack any layout
-    x, ids, alpha = _pairs(hidden, topk_ids, topk_weights)
-    pair_rank, phi, sg, su, pair_out = c(pair_rank), c(phi), c(sg), c(su), c(pair_out)
-    placement, fwd_alloc, quota, bwd_alloc = _plan_arrays(placement, fwd_alloc, quota, bwd_alloc)
-    W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False)
+    x, sg, su, pair_out = c(hidden.detach()), c(sg), c(su), c(pair_out)
+    pair_rank = pair_rank.to("cpu").contiguous()
+    ids_d = topk_ids.detach().to("cpu")
+    ids = ids_d.to(torch.int32).contiguous()
+    alpha = topk_weights.detach().to("cpu", torch.float32).contiguous()
+    placement, fwd_alloc, quota, bwd_alloc = _plan_arrays(placement.cpu(), fwd_alloc.cpu(),
+                                                          quota.cpu(), bwd_alloc.cpu())
+    W = cu.weights(layer, gate_up.detach(), down.detach(), dt)
     Pl = dict(placement=_buf("placement", placement, "U8", (E, P)),
               fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
     g = grad_out.contiguous()
     gdt = _TORCH_DT.get(g.dtype)
     if gdt is None:
         g, gdt = g.float(), "F32"
-    _buf("grad_output", g, gdt, (T, D))
+    g_h, phi_h = g.to("cpu"), phi.to("cpu").contiguous()
+    d2h = (ids_d.numel() * ids_d.element_size() + alpha.numel() * 4 +
+           g_h.numel() * g_h.element_size() + phi_h.numel() * 4)
+    _buf("grad_output", g_h, gdt, (T, D))
+    seed = o.seed + step
+    keep, alpha_b, w, pr = _select(o, call, blk, T, K, E, P, D, gdt, g_h, ids, alpha, phi_h,
+                                   cap_keep, pair_rank, quota, bwd_alloc, by_rank, seed)
+    b = _lib.ExecArgs(_cuda_cfg(o, idx), d, W, Pl, topk_ids=_ptr(ids), keep=_ptr(keep),
+                      pair_rank=_ptr(pair_rank), bwd_alloc=bwd_alloc.ctypes.data,
+                      quota=quota.ctypes.data)
+    check(call(lib.lrmoe_exec_args_pack, b.h), "pack")
+    R = b.get("R")
+    pp = b.get_ptr("pack_pair")
+    pair = (torch.from_numpy(np.ctypeslib.as_array((ctypes.c_int64 * R).from_address(pp))).clone()
+            if R else torch.empty(0, dtype=torch.int64))
+    # the packed rows, gathered on the device as lrmoe-pack gathers them:
+    # x_t, h_g, h_u of pair u = pack_pair[i], and alpha_b[u] g_t in F32
+    # (g converted to F32, then one F32 multiply: lrmoe_pack_gather_scaled)
+    a_rows = alpha_b.view(-1).index_select(0, pair)
+    pair_d, a_d = pair.to(dev), a_rows.to(dev)
+    h2d = pair.numel() * 8 + a_rows.numel() * 4
+    tok = torch.div(pair_d, K, rounding_mode="floor")
+    pk_hidden = x.index_select(0, tok)
+    pk_gate = sg.view(T * K, F).index_select(0, pair_d)
+    pk_up = su.view(T * K, F).index_select(0, pair_d)
+    pk_grad = g.index_select(0, tok).float() * a_d.unsqueeze(1)
+    if R == 0:  # no kept row: non-NULL empty buffers (NULL is the layout-only form)
+        pk_hidden, pk_gate, pk_up, pk_grad = (t.new_empty((1,) + t.shape[1:])[:0] for t in
+                                              (pk_hidden, pk_gate, pk_up, pk_grad))
+    f32 = dict(dtype=torch.float32, device=dev)
+    gh, gtw = torch.empty(T, D, **f32), torch.empty(T, K, **f32)
+    gwg, gwu = torch.empty(E, F, D, **f32), torch.empty(E, F, D, **f32)
+    gwd = torch.empty(E, D, F, **f32)
+    q = lambda nm, t: _dptr(nm, t, idx, cu.fake)  # noqa: E731
+    b.set(mode=2, act_dtype=_lib.DT[dt], grad_dtype=_lib.DT[gdt], topk_weights=_ptr(alpha_b),
+          grad_output=q("grad_output", g), pair_out=q("pair_out", pair_out),
+          hidden=q("hidden", x), saved_gate=q("saved_gate", sg), saved_up=q("saved_up", su),
+          pack_grad=q("pack_grad", pk_grad), pack_hidden=q("pack_hidden", pk_hidden),
+          pack_gate=q("pack_gate", pk_gate), pack_up=q("pack_up", pk_up),
+          grad_hidden=q("grad_hidden", gh), grad_w_gate=q("grad_w_gate", gwg),
+          grad_w_up=q("grad_w_up", gwu), grad_w_down=q("grad_w_down", gwd),
+          grad_topk_weights=q("grad_topk_weights", gtw))
+    xh = cu.executor(b)
+    check(call(lib.lrmoe_exec_args_backward_cuda, b.h, xh, None), f"{blk.name}: backward")
+    rec["kept"], rec["moved"] = R, b.get("moved")
+    rec["bwd_d2h_bytes"], rec["bwd_h2d_bytes"] = d2h, h2d
+    if o.keep_masks:
+        rec["keep"] = keep.numpy().astype(bool)
+        if w is not None:
+            rec["pair_weight"] = w.numpy().copy()
+            rec["pair_prob"] = pr.numpy().copy()
+    wdt = gate_up.dtype
+    gate_up_grad = torch.cat([gwg, gwu], dim=1).to(wdt)
+    call.record(rec, "bwd")
+    return gh.to(hidden.dtype), gtw.to(topk_weights.dtype), gate_up_grad, gwd.to(wdt)
+
+
+def _select(o: "Patch", call: "_Call", blk: "_Block", T: int, K: int, E: int, P: int, D: int,
+            gdt: str, g: Tensor, ids: Tensor, alpha: Tensor, phi: Tensor,
+            cap_keep: Optional[Tensor], pair_rank: Tensor, quota: np.ndarray,
+            bwd_alloc: np.ndarray, by_rank: int, seed: int
+            ) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
+    """The backward's keep mask (T,K) uint8 and the routing weights the kept
+    rows are scaled by (alpha_b), from the scores of the pairs (liblrmoe's
+    score, per-expert selection at the plan's quotas); with select="sample"
+    also the pair weights and probabilities (w, pr; else None). Every
+    argument is a CPU tensor or array (the CUDA path copies g and phi to the
+    host for this, _backward_device)."""
     # score and per-expert selection (the plan's quotas)
     score = torch.empty(T, K, dtype=torch.float32)
-    seed = o.seed + step
     check(call(lib.lrmoe_score_pairs_dt, o.metric, T, K, D, _lib.DT[gdt], _ptr(g), _ptr(alpha),
                _ptr(phi), seed, _ptr(score)), "score")
     keep = torch.empty(T, K, dtype=torch.uint8)
     load = np.empty(E, np.int64)
     # alpha_b: the routing weights the kept rows are scaled by; with
     # select="sample" alpha_u / p_u (pair_weight), else alpha
-    alpha_b = alpha
+    alpha_b, w, pr = alpha, None, None
     if cap_keep is not None:
         # capacity-factor dropping: backward keeps exactly the forward's pairs
-        keep = cap_keep.to(torch.uint8).contiguous()
+        keep = cap_keep.to("cpu", torch.uint8).contiguous()
         kq = np.bincount(ids.view(-1).long().numpy()[keep.view(-1).numpy() > 0], minlength=E)
         if not np.array_equal(kq, quota):
             raise Error(f"{blk.name}: the capacity plan's quotas are not the forward's kept "
@@ -838,6 +1124,51 @@ def experts_backward(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gat
     else:
         check(call(lib.lrmoe_score_select, T, K, E, _ptr(ids), _ptr(score), quota.ctypes.data,
                    -1.0, _ptr(keep), load.ctypes.data, None), "select")
+    return keep, alpha_b, w, pr
+
+
+def experts_backward(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gate_up: Tensor,
+                     down: Tensor, topk_ids: Tensor, cap_keep: Optional[Tensor],
+                     pair_rank: Tensor, phi: Tensor, sg: Tensor, su: Tensor, pair_out: Tensor,
+                     placement: Tensor, fwd_alloc: Tensor, quota: Tensor, bwd_alloc: Tensor,
+                     meta: Tensor, handle: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of hidden, topk_weights, gate_up and down from
+    grad_out (T,D) and experts_forward's inputs and state (SAVED): score,
+    per-expert selection at the plan's quotas, pack and the compact backward
+    in liblrmoe. Registered as torch.ops.lrmoe.experts_backward."""
+    layer = _layer_of(handle)
+    idx = _device_io(layer.owner, layer.block.name, grad_out, hidden, topk_weights, gate_up, down,
+                     topk_ids)
+    if idx is not None:
+        return _backward_device(layer, idx, grad_out, hidden, topk_weights, gate_up, down,
+                                topk_ids, cap_keep, pair_rank, phi, sg, su, pair_out, placement,
+                                fwd_alloc, quota, bwd_alloc, meta)
+    if layer.owner.dist is not None:
+        return layer.owner.dist_backward(layer, grad_out, hidden, topk_weights, gate_up, down,
+                                         topk_ids, cap_keep, pair_rank, phi, sg, su, pair_out,
+                                         placement, fwd_alloc, quota, bwd_alloc, meta)
+    o, call, blk = layer.owner, _Call(), layer.block
+    step, by_rank = (int(v) for v in meta.tolist())
+    rec = layer.release(step)
+    dt = _act_dtype(blk.name, hidden, gate_up, down)
+    T, D = hidden.shape
+    E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
+    d = dict(T=T, E=E, K=K, D=D, F=F, P=P)
+    c = torch.Tensor.contiguous  # saved-tensor hooks may unpack any layout
+    x, ids, alpha = _pairs(hidden, topk_ids, topk_weights)
+    pair_rank, phi, sg, su, pair_out = c(pair_rank), c(phi), c(sg), c(su), c(pair_out)
+    placement, fwd_alloc, quota, bwd_alloc = _plan_arrays(placement, fwd_alloc, quota, bwd_alloc)
+    W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False)
+    Pl = dict(placement=_buf("placement", placement, "U8", (E, P)),
+              fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
+    g = grad_out.contiguous()
+    gdt = _TORCH_DT.get(g.dtype)
+    if gdt is None:
+        g, gdt = g.float(), "F32"
+    _buf("grad_output", g, gdt, (T, D))
+    seed = o.seed + step
+    keep, alpha_b, w, pr = _select(o, call, blk, T, K, E, P, D, gdt, g, ids, alpha, phi, cap_keep,
+                                   pair_rank, quota, bwd_alloc, by_rank, seed)
     # pack: assignment to the plan's backward allocation (the rows' layout)
     b = _lib.ExecArgs(o.cfg, d, W, Pl, topk_ids=_ptr(ids), keep=_ptr(keep),
                       pair_rank=_ptr(pair_rank), bwd_alloc=bwd_alloc.ctypes.data,
@@ -890,9 +1221,10 @@ def _forward_fake(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down: T
     n = T if train else 0
     e = hidden.new_empty
     i64 = torch.int64
-    return (e(T, D), e((T, K), dtype=torch.int32), e((n, K), dtype=torch.float32), e((n, K, F)),
-            e((n, K, F)), e((n, K, D)), e((E, P), dtype=torch.uint8), e((E, P), dtype=i64),
-            e((E,), dtype=i64), e((E, P), dtype=i64), e((2,), dtype=i64))
+    h = lambda *a, **k: torch.empty(*a, device="cpu", **k)  # noqa: E731  host arrays
+    return (e(T, D), h((T, K), dtype=torch.int32), e((n, K), dtype=torch.float32), e((n, K, F)),
+            e((n, K, F)), e((n, K, D)), h((E, P), dtype=torch.uint8), h((E, P), dtype=i64),
+            h((E,), dtype=i64), h((E, P), dtype=i64), h((2,), dtype=i64))
 
 
 def _backward_fake(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gate_up: Tensor,
@@ -1038,7 +1370,7 @@ class LRMoEExperts(torch.nn.Module):
             # backward; their routing weight is zeroed here, in torch, so
             # they add nothing to the output and get no router gradient
             cap = _CAP(top_k_index, top_k_weights.detach(), self.handle)
-            top_k_weights = top_k_weights * cap.to(top_k_weights.dtype)
+            top_k_weights = top_k_weights * cap.to(top_k_weights.device, top_k_weights.dtype)
         train = torch.is_grad_enabled() and (
             hidden_states.requires_grad or top_k_weights.requires_grad or gu.requires_grad or
             dn.requires_grad)
@@ -1121,6 +1453,9 @@ class Patch:
         self.blocks = find_blocks(model)
         self.model, self.sharded = model, bool(shard)
         self.dist = None
+        # test only (lrmoe-python(3)): CPU tensors take the CUDA path, on the
+        # fake CUDA module of tests/gpu/build-fake-module.sh
+        self.fake_device = os.environ.get(FAKE_DEVICE_ENV, "") == "1"
         if shard and group is None:
             raise Error("shard=True needs group= (each process keeps its native experts)")
         if group is not None:  # one process per rank (lrmoe.dist)
@@ -1194,8 +1529,8 @@ class Patch:
         """The keep mask (T,K) uint8 of capacity-factor dropping
         (lrmoe_capacity_keep, lib/capacity.h) for one layer call."""
         T, K = ids.shape
-        idc = ids.detach().to(torch.int32).contiguous()
-        wc = weights.detach().to(torch.float32).contiguous()
+        idc = ids.detach().to("cpu", torch.int32).contiguous()
+        wc = weights.detach().to("cpu", torch.float32).contiguous()
         cap = lib.lrmoe_capacity(T, K, E, self.capacity_factor)
         check(cap, "capacity")
         keep = np.empty((T, K), np.uint8)
@@ -1260,6 +1595,9 @@ class Patch:
         nothing."""
         for layer, mod in zip(self.layers, self.modules):
             b = layer.block
+            if layer.cuda is not None:  # waits for its queued frames, frees it
+                layer.cuda.free()
+                layer.cuda = None
             if b.installed() is not mod:
                 continue
             layer.release_packed()
