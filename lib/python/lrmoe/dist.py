@@ -275,6 +275,23 @@ def _gloo_threads() -> List[str]:
     return sorted(out)
 
 
+def _release_defaults(pgs: List[Any]) -> None:
+    """torch.distributed.nn.functional's collectives take group=group.WORLD
+    as a default argument: imported after init_process_group (transformers
+    does, lazily), they keep the group alive. Those defaults go back to None
+    (what they are when imported before init: the default group)."""
+    import sys
+    mod = sys.modules.get("torch.distributed.nn.functional")
+    if mod is None:
+        return
+    dead = [r() for r in pgs]
+    for f in list(vars(mod).values()):
+        d = getattr(f, "__defaults__", None)
+        if callable(f) and d and any(v is p for v in d for p in dead if p is not None):
+            f.__defaults__ = tuple(None if any(v is p for p in dead if p is not None) else v
+                                   for v in d)
+
+
 def shutdown(barrier: bool = True) -> None:
     """End this process's torch.distributed use so that it can exit cleanly:
     a barrier (barrier=True), destroy_process_group(), then every process
@@ -307,6 +324,7 @@ def shutdown(barrier: bool = True) -> None:
         pgs = []
     for g in list(_GROUPS):  # lrmoe's own references to the group
         g.group = None
+    _release_defaults(pgs)
     gc.collect()  # patch handles and models in reference cycles hold Groups
     alive = sum(r() is not None for r in pgs)
     left = _gloo_threads()
