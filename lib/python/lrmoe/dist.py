@@ -277,8 +277,8 @@ def _gloo_threads() -> List[str]:
 
 def _release_defaults(pgs: List[Any]) -> None:
     """torch.distributed.nn.functional's collectives take group=group.WORLD
-    as a default argument: imported after init_process_group (transformers
-    does, lazily), they keep the group alive. Those defaults go back to None
+    as a default argument: imported after init_process_group (as happens
+    lazily under lrmoe-study --nproc), they keep the group alive. Those defaults go back to None
     (what they are when imported before init: the default group)."""
     import sys
     mod = sys.modules.get("torch.distributed.nn.functional")
@@ -310,6 +310,7 @@ def shutdown(barrier: bool = True) -> None:
     may be left: one that is (someone else still holds the group) is an
     Error, raised after the group was destroyed.
     """
+    pgs, failed = [], None
     if dist.is_available() and dist.is_initialized():
         held = {id(g.group): g.group for g in list(_GROUPS) if g.group is not None}
         held[id(dist.group.WORLD)] = dist.group.WORLD
@@ -318,16 +319,19 @@ def shutdown(barrier: bool = True) -> None:
         try:
             if barrier:
                 dist.barrier()
+        except RuntimeError as e:  # a peer died: still end this rank's threads
+            failed = str(e)  # not e: its traceback's frames hold the group
         finally:
             dist.destroy_process_group()
-    else:
-        pgs = []
     for g in list(_GROUPS):  # lrmoe's own references to the group
         g.group = None
     _release_defaults(pgs)
     gc.collect()  # patch handles and models in reference cycles hold Groups
     alive = sum(r() is not None for r in pgs)
     left = _gloo_threads()
+    if failed is not None:
+        raise Error(f"shutdown: the final barrier failed ({failed}); did a peer rank die or "
+                    "raise?")
     if alive or left:
         raise Error(f"shutdown: {alive} process group(s) still referenced, gloo threads "
                     f"alive: {', '.join(left) or 'none'}: "
