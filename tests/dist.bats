@@ -77,7 +77,9 @@ has() {
 }
 
 @test "README's torchrun training loop (shard=True, dense gradients all-reduced): the one-process run's losses to 1e-5" {
-    run timeout 300 torchrun --standalone --nproc-per-node 2 dist_train.py 6
+    run timeout -k 30 300 torchrun --standalone --nproc-per-node 2 dist_train.py 6
+    [ "$status" -ne 124 ] && [ "$status" -ne 137 ] ||
+        { echo "train: torchrun did not end within 300 s (status $status)"; status=1; }
     [ "$status" -eq 0 ] || { printf '%s\n' "$output" | grep -v '^W[0-9]' | tail -20; return 1; }
     has 'train: all ok'
     [ "$(printf '%s\n' "$output" | grep -cE '^train: step [0-9]+ loss ')" -eq 6 ]
