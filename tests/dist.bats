@@ -21,14 +21,20 @@ setup() {
     cd "$TOP/tests/python" || return 1
 }
 
-# dist NPROC ARGS...: the check under torchrun, every rank ok
+# dist NPROC ARGS...: the check under torchrun, every rank ok, and every
+# rank's gloo threads joined before its interpreter exits (lrmoe.dist.shutdown:
+# else a rank can end in SIGABRT at exit, now and then)
 dist() {
     local n=$1
     shift
-    run timeout 600 torchrun --standalone --nproc-per-node "$n" dist_check.py "$@"
+    run timeout -k 30 600 torchrun --standalone --nproc-per-node "$n" dist_check.py "$@"
+    [ "$status" -ne 124 ] && [ "$status" -ne 137 ] ||
+        { echo "dist: torchrun did not end within 600 s (status $status)"; status=1; }
     [ "$status" -eq 0 ] || { printf '%s\n' "$output" | grep -v '^W[0-9]' | tail -40; return 1; }
     has 'dist: all ok'
     [ "$(printf '%s\n' "$output" | grep -oE 'dist: [0-9]+ ok [1-9][0-9]* checks' | wc -l)" -eq "$n" ]
+    [ "$(printf '%s\n' "$output" | grep -oE 'dist: [0-9]+ gloo threads [1-9][0-9]* -> 0' | wc -l)" -eq "$n" ] ||
+        { echo "dist: not every rank joined its gloo threads before exit"; return 1; }
 }
 
 # has ERE: the output holds it (the ranks' lines can run together: no anchors)
@@ -71,7 +77,9 @@ has() {
 }
 
 @test "README's torchrun training loop (shard=True, dense gradients all-reduced): the one-process run's losses to 1e-5" {
-    run timeout 300 torchrun --standalone --nproc-per-node 2 dist_train.py 6
+    run timeout -k 30 300 torchrun --standalone --nproc-per-node 2 dist_train.py 6
+    [ "$status" -ne 124 ] && [ "$status" -ne 137 ] ||
+        { echo "train: torchrun did not end within 300 s (status $status)"; status=1; }
     [ "$status" -eq 0 ] || { printf '%s\n' "$output" | grep -v '^W[0-9]' | tail -20; return 1; }
     has 'train: all ok'
     [ "$(printf '%s\n' "$output" | grep -cE '^train: step [0-9]+ loss ')" -eq 6 ]

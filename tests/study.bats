@@ -263,7 +263,10 @@ notime() {
         --runs C0,C30-lrm-sample,C30-lrm-topk,cap1,hbm-lrm-sample -o)
     "$STUDY" "${a[@]}" "$BATS_TEST_TMPDIR/one" -j 1 2>"$BATS_TEST_TMPDIR/one.err" ||
         fail "one process: $(cat "$BATS_TEST_TMPDIR/one.err")"
-    run "$STUDY" "${a[@]}" "$BATS_TEST_TMPDIR/two" --nproc 2
+    # bounded: a hung rank ends the test with a message, not a stuck CI job
+    run timeout -k 30 900 "$STUDY" "${a[@]}" "$BATS_TEST_TMPDIR/two" --nproc 2
+    [ "$status" -ne 124 ] && [ "$status" -ne 137 ] ||
+        fail "--nproc 2 did not end within 900 s: $(printf '%s\n' "$output" | grep -v '^W[0-9]' | tail -20)"
     [ "$status" -eq 0 ] || fail "$(printf '%s\n' "$output" | grep -v '^W[0-9]' | tail -20)"
     assert_output --partial "lrmoe-study: --nproc 2: torchrun --standalone --nproc-per-node 2"
     # rank 0 alone logs and writes

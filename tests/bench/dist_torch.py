@@ -34,6 +34,7 @@ import tiny  # noqa: E402  (paths, LRMOE_LIBRARY)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import lrmoe.dist as ld  # noqa: E402
 import lrmoe.torch as lt  # noqa: E402
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -134,5 +135,4 @@ if ME == 0:
           f"rank = {max(q['wbytes'] / un[q['rank']]['wbytes'] for q in shd):.3f} of unsharded "
           f"(1/P = {1 / P:.3f}); its step {max(q['step'] for q in shd) / step[0.7]:.2f}x the "
           f"unsharded one at rate 0.7", flush=True)
-dist.barrier()
-dist.destroy_process_group()
+ld.shutdown()  # barrier; the gloo threads end before Python exits

@@ -24,7 +24,11 @@ every rank compares its share with the simulated single-process run
       rank 1 exits in its first forward (before the collectives or inside
       liblrmoe's exec), or plans for another rate: rank 0 (every rank, for
       plan) ends with one clear error, no hang (the group's timeout bounds it).
-Prints "dist: RANK ok N checks" per rank (rank 0 also "dist: all ok").
+Prints "dist: RANK ok N checks" per rank (rank 0 also "dist: all ok"), then
+"dist: RANK gloo threads N -> 0": lrmoe.dist.shutdown() ended the group and
+joined its gloo threads before Python's exit (a gloo worker left running
+into interpreter exit can abort the rank: SIGABRT, "terminate called without
+an active exception").
 """
 import copy
 import ctypes
@@ -36,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 import tiny  # noqa: F401  (paths, LRMOE_LIBRARY)
+import lrmoe.dist as ld
 import lrmoe.torch as lt
 
 TIMEOUT = float(os.environ.get("DIST_TIMEOUT", "60"))
@@ -371,7 +376,6 @@ def die(how):
     blk = tiny.block("qwen3_moe", seed=3)
     lt.patch(blk, rate=0.5 if how == "plan" and ME == 1 else 0.7, group=dist.group.WORLD)
     if how == "inexec" and ME == 1:
-        from lrmoe import dist as ld
         ld.Group.run = lambda *a: os._exit(3)
     Tg, D = 16 * P, tiny.D
     ids, w = routing(Tg, tiny.E, tiny.K, 1)
@@ -382,6 +386,10 @@ def die(how):
         blk.experts(torch.randn(hi - lo, D, requires_grad=True), ids[lo:hi], w[lo:hi])
     except lt.Error as e:
         print(f"dist: rank {ME}: error: {e}", flush=True)
+        try:  # no barrier: a peer is gone; the gloo threads end before exit
+            ld.shutdown(barrier=False)
+        except Exception as e2:  # noqa: B902 (the error above is the one that counts)
+            print(f"dist: rank {ME}: shutdown: {e2}", flush=True)
         sys.exit(2)
     fail("no error though rank 1 died or disagreed")
 
@@ -396,7 +404,10 @@ elif what == "shard":
 elif what == "die":
     die(sys.argv[2])
 print(f"dist: {ME} ok {checks} checks", flush=True)
-dist.barrier()
+# barrier, destroy_process_group and the gloo threads joined before Python
+# exits (else a rank can end in SIGABRT at exit: see lrmoe.dist.shutdown)
+before = len(ld._gloo_threads())
+ld.shutdown()
+print(f"dist: {ME} gloo threads {before} -> {len(ld._gloo_threads())}", flush=True)
 if ME == 0:
     print("dist: all ok", flush=True)
-dist.destroy_process_group()

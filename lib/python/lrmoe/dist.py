@@ -32,8 +32,11 @@ weight gradients of its native experts are the same bits. The parameters
 of the other experts get a zero gradient here (their owner trains them).
 """
 import ctypes
+import gc
 import hashlib
+import os
 import time
+import weakref
 from ctypes import POINTER, c_int, c_int64, c_size_t, c_void_p
 from typing import Any, Dict, List, Optional
 
@@ -57,6 +60,9 @@ lib.lrmoe_exec_assign.restype = c_int
 lib.lrmoe_exec_assign.argtypes = [c_int64, c_int64, c_int64, c_int, c_void_p, c_void_p, c_void_p,
                                   c_void_p]
 _U8 = torch.uint8
+_GROUPS: "weakref.WeakSet[Group]" = weakref.WeakSet()  # every Group, for shutdown()
+# the threads of a live ProcessGroupGloo (torch names them so on Linux)
+_GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
 
 
 def _mem(ptr: Optional[int], n: int) -> torch.Tensor:
@@ -107,6 +113,7 @@ class Group:
         self.comm = lib.lrmoe_comm_callback_new(self.P, self.rank, self._a2a, self._p2p, None)
         if not self.comm:
             raise Error(f"group=: {_lib.errmsg()}")
+        _GROUPS.add(self)
 
     def __del__(self) -> None:
         c, self.comm = getattr(self, "comm", None), None
@@ -247,6 +254,90 @@ class Group:
 
     def sent_bytes(self, phase: str) -> List[int]:
         return [n for p, n in self.sent if p == phase]
+
+
+def _gloo_threads() -> List[str]:
+    """The names of this process's gloo threads that are alive (Linux:
+    /proc/self/task; elsewhere none are seen)."""
+    out = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name in _GLOO_THREADS:
+            out.append(name)
+    return sorted(out)
+
+
+def _release_defaults(pgs: List[Any]) -> None:
+    """torch.distributed.nn.functional's collectives take group=group.WORLD
+    as a default argument: imported after init_process_group (as happens
+    lazily under lrmoe-study --nproc), they keep the group alive. Those defaults go back to None
+    (what they are when imported before init: the default group)."""
+    import sys
+    mod = sys.modules.get("torch.distributed.nn.functional")
+    if mod is None:
+        return
+    dead = [r() for r in pgs]
+    for f in list(vars(mod).values()):
+        d = getattr(f, "__defaults__", None)
+        if callable(f) and d and any(v is p for v in d for p in dead if p is not None):
+            f.__defaults__ = tuple(None if any(v is p for p in dead if p is not None) else v
+                                   for v in d)
+
+
+def shutdown(barrier: bool = True) -> None:
+    """End this process's torch.distributed use so that it can exit cleanly:
+    a barrier (barrier=True), destroy_process_group(), then every process
+    group object freed while the interpreter is still whole.
+
+    Why: destroy_process_group() does not stop ProcessGroupGloo's worker
+    threads; they live as long as some Python object holds the group (every
+    patch(group=...) does, through its Group), i.e. into interpreter exit. A
+    worker that releases a finished collective's tensors after Python began
+    finalizing must take the GIL for the tensors' Python objects, and Python
+    then ends that thread with pthread_exit inside a C++ destructor:
+    "terminate called without an active exception", SIGABRT, now and then
+    (a race with the exit; seen with 4 ranks on a loaded machine). Freeing
+    the group here runs its destructor, which waits for the workers and
+    joins them while they can still take the GIL. Afterwards no gloo thread
+    may be left: one that is (someone else still holds the group) is an
+    Error, raised after the group was destroyed.
+    """
+    pgs, failed = [], None
+    if dist.is_available() and dist.is_initialized():
+        held = {id(g.group): g.group for g in list(_GROUPS) if g.group is not None}
+        held[id(dist.group.WORLD)] = dist.group.WORLD
+        pgs = [weakref.ref(pg) for pg in held.values()]
+        del held
+        try:
+            if barrier:
+                dist.barrier()
+        except RuntimeError as e:  # a peer died: still end this rank's threads
+            failed = str(e)  # not e: its traceback's frames hold the group
+        finally:
+            dist.destroy_process_group()
+    for g in list(_GROUPS):  # lrmoe's own references to the group
+        g.group = None
+    _release_defaults(pgs)
+    gc.collect()  # patch handles and models in reference cycles hold Groups
+    alive = sum(r() is not None for r in pgs)
+    left = _gloo_threads()
+    if failed is not None:
+        raise Error(f"shutdown: the final barrier failed ({failed}); did a peer rank die or "
+                    "raise?")
+    if alive or left:
+        raise Error(f"shutdown: {alive} process group(s) still referenced, gloo threads "
+                    f"alive: {', '.join(left) or 'none'}: "
+                    "its worker threads would outlive the interpreter and can abort the "
+                    "process at exit (drop every reference to the group before "
+                    "lrmoe.dist.shutdown())")
 
 
 def _finite(dt: str, t: torch.Tensor, name: str, what: str) -> None:

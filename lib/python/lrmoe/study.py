@@ -445,12 +445,15 @@ def _init_group(n, cfg):
 
 
 def _end_group():
-    """Every rank waits for rank 0's report, then the group closes (a rank
-    leaving early, or the group torn down at interpreter exit, can abort
-    gloo in a peer)."""
-    import torch.distributed as dist
-    dist.barrier()
-    dist.destroy_process_group()
+    """Every rank waits for rank 0's report, then the group closes and its
+    gloo threads end before the interpreter does (a rank leaving early can
+    abort gloo in a peer; a gloo worker still running when Python exits can
+    abort this process: lrmoe.dist.shutdown)."""
+    from . import dist as ldist
+    try:
+        ldist.shutdown()
+    except ldist.Error as e:
+        raise StudyError(str(e)) from None
 
 
 def main(argv=None):
