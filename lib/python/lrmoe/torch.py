@@ -1064,6 +1064,18 @@ def _backward_device(layer: "_Layer", idx: int, grad_out: Tensor, hidden: Tensor
     check(call(lib.lrmoe_exec_args_backward_cuda, b.h, xh, None), f"{blk.name}: backward")
     rec["kept"], rec["moved"] = R, b.get("moved")
     rec["bwd_d2h_bytes"], rec["bwd_h2d_bytes"] = d2h, h2d
+    return _bwd_done(o, call, rec, keep, w, pr, gh, gtw, gwg, gwu, gwd, hidden, topk_weights,
+                     gate_up)
+
+
+def _bwd_done(o: "Patch", call: "_Call", rec: Dict[str, Any], keep: Tensor,
+              w: Optional[Tensor], pr: Optional[Tensor], gh: Tensor, gtw: Tensor, gwg: Tensor,
+              gwu: Tensor, gwd: Tensor, hidden: Tensor, topk_weights: Tensor,
+              gate_up: Tensor) -> tuple:
+    """The backward's end, CPU and CUDA alike: the keep mask into the stats
+    (with select="sample", _select's w not None, the pair weights and
+    probabilities too), the record, and the gradients in the inputs' dtypes
+    (gate_up's as the fused [E, 2F, D])."""
     if o.keep_masks:
         rec["keep"] = keep.numpy().astype(bool)
         if w is not None:
@@ -1189,15 +1201,8 @@ def experts_backward(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gat
     check(call(lib.lrmoe_exec_args_backward, b.h, tim), f"{blk.name}: backward")
     rec["kept"], rec["moved"] = b.get("R"), b.get("moved")
     del keep_alive
-    if o.keep_masks:
-        rec["keep"] = keep.numpy().astype(bool)
-        if o.select == _SAMPLE and cap_keep is None:
-            rec["pair_weight"] = w.numpy().copy()
-            rec["pair_prob"] = pr.numpy().copy()
-    wdt = gate_up.dtype
-    gate_up_grad = torch.cat([gwg, gwu], dim=1).to(wdt)
-    call.record(rec, "bwd")
-    return gh.to(hidden.dtype), gtw.to(topk_weights.dtype), gate_up_grad, gwd.to(wdt)
+    return _bwd_done(o, call, rec, keep, w, pr, gh, gtw, gwg, gwu, gwd, hidden, topk_weights,
+                     gate_up)
 
 
 def capacity_keep(topk_ids: Tensor, topk_weights: Tensor, handle: int) -> Tensor:
