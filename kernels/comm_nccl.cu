@@ -148,6 +148,21 @@ static int cuda_alltoallv(lrmoe_comm_t *c, size_t es, const void *const *send,
     return rc;
 }
 
+/* One NCCL send/recv pair from rank src to rank dst (src != dst), queued on
+ * each side's stream; both modes of cuda_p2p use it. */
+static int nccl_p2p(cstate_t *s, int src, const void *sendbuf, int dst, void *recvbuf,
+                    size_t bytes)
+{
+    KCU_NCCL(ncclGroupStart());
+    ncclResult_t r1 = ncclSend(sendbuf, bytes, ncclUint8, dst, s->comm[src], s->ctx[src]->stream);
+    ncclResult_t r2 = ncclRecv(recvbuf, bytes, ncclUint8, src, s->comm[dst], s->ctx[dst]->stream);
+    ncclResult_t r3 = ncclGroupEnd();
+    if (r1 != ncclSuccess) return lrmoe_err("ncclSend: %s", ncclGetErrorString(r1));
+    if (r2 != ncclSuccess) return lrmoe_err("ncclRecv: %s", ncclGetErrorString(r2));
+    if (r3 != ncclSuccess) return lrmoe_err("ncclGroupEnd: %s", ncclGetErrorString(r3));
+    return 0;
+}
+
 static int cuda_p2p(lrmoe_comm_t *c, int src, const void *sendbuf, int dst, void *recvbuf,
                     size_t bytes)
 {
@@ -158,13 +173,7 @@ static int cuda_p2p(lrmoe_comm_t *c, int src, const void *sendbuf, int dst, void
     if (s->async) {
         int rc = 0;
         if (s->nccl && src != dst) {
-            KCU_NCCL(ncclGroupStart());
-            ncclResult_t r1 = ncclSend(sendbuf, bytes, ncclUint8, dst, s->comm[src], s->ctx[src]->stream);
-            ncclResult_t r2 = ncclRecv(recvbuf, bytes, ncclUint8, src, s->comm[dst], s->ctx[dst]->stream);
-            ncclResult_t r3 = ncclGroupEnd();
-            if (r1 != ncclSuccess) return lrmoe_err("ncclSend: %s", ncclGetErrorString(r1));
-            if (r2 != ncclSuccess) return lrmoe_err("ncclRecv: %s", ncclGetErrorString(r2));
-            if (r3 != ncclSuccess) return lrmoe_err("ncclGroupEnd: %s", ncclGetErrorString(r3));
+            if (nccl_p2p(s, src, sendbuf, dst, recvbuf, bytes) < 0) return -1;
         } else {
             if (order_after(s, dst, src) < 0) return -1;
             KCU_CUDA(cudaSetDevice(s->ctx[dst]->device));
@@ -176,13 +185,7 @@ static int cuda_p2p(lrmoe_comm_t *c, int src, const void *sendbuf, int dst, void
     }
     if (sync_all(s) < 0) return -1;
     if (s->nccl && src != dst) {
-        KCU_NCCL(ncclGroupStart());
-        ncclResult_t r1 = ncclSend(sendbuf, bytes, ncclUint8, dst, s->comm[src], s->ctx[src]->stream);
-        ncclResult_t r2 = ncclRecv(recvbuf, bytes, ncclUint8, src, s->comm[dst], s->ctx[dst]->stream);
-        ncclResult_t r3 = ncclGroupEnd();
-        if (r1 != ncclSuccess) return lrmoe_err("ncclSend: %s", ncclGetErrorString(r1));
-        if (r2 != ncclSuccess) return lrmoe_err("ncclRecv: %s", ncclGetErrorString(r2));
-        if (r3 != ncclSuccess) return lrmoe_err("ncclGroupEnd: %s", ncclGetErrorString(r3));
+        if (nccl_p2p(s, src, sendbuf, dst, recvbuf, bytes) < 0) return -1;
     } else {
         KCU_CUDA(cudaSetDevice(s->ctx[dst]->device));
         KCU_CUDA(cudaMemcpyAsync(recvbuf, sendbuf, bytes, cudaMemcpyDefault, s->ctx[dst]->stream));
