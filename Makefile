@@ -297,6 +297,7 @@ UNIT_gemm     := gemm_cpu gemm_amx gemm_avx2 dtype error blas
 UNIT_gemm_amx := $(UNIT_gemm)
 UNIT_plan     := plan plan_eplb plan_llep plan_lrmoe plan_core minpeak capacity cost error frame \
                  producers dtype clock stream crc64
+UNIT_stream_verify := stream crc64 frame producers dtype clock error
 UNIT_route    := route route_scalar route_avx2 route_avx512 error dtype blas
 UNIT_swiglu   := swiglu
 # score_test is linked against liblrmoe.so.2 (it calls the public API only)

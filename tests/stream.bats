@@ -637,6 +637,42 @@ ctx = raw[off - 24:off]; i = z.find(ctx); assert i >= 0 and z.find(ctx, i + 1) <
     done
 }
 
+@test "integrity: a 40 MiB frame, handed to the hasher thread 2.5 MiB at a time (a sixteenth), is verified to its last byte, also when its last piece is too small to wake the thread" {
+    # one tensor of 40 MiB + 5 bytes: read straight into it in pieces of
+    # 2.5 MiB, the last straight read shorter than a piece (no wake-up for
+    # it: the reader must wake the thread itself before it waits), then the
+    # last bytes through the input buffer
+    python3 -c "
+import numpy as np, lrmoe_stream as s
+r = np.random.default_rng(3)
+s.write_stream('$T/src.raw', [({'a': r.integers(0, 256, (40 << 20) + 5, dtype=np.uint8)}, {'step': 0}),
+                              ({'x': np.arange(3, dtype=np.int64)}, {'step': 1})])"
+    "$BIN/lrmoe-cat" --no-compress -o "$T/g.raw" "$T/src.raw"
+    run timeout 60 "$BIN/lrmoe-cat" --no-compress -o "$T/back.raw" "$T/g.raw"
+    assert_success
+    cmp "$T/back.raw" "$T/g.raw"
+    run timeout 60 sh -c "'$BIN/lrmoe-cat' --no-compress < '$T/g.raw' > '$T/back2.raw'"
+    assert_success
+    cmp "$T/back2.raw" "$T/g.raw"
+    # a flip in the first piece, in the short last straight read, and in
+    # the last byte: refused naming frame 0, nothing passed on
+    for k in 100 $(((40 << 20) - 300000)) $(((40 << 20) + 4)); do
+        cp "$T/g.raw" "$T/bad.raw"
+        flip "$T/bad.raw" "$(data_offset 0 $k a "$T/g.raw")"
+        run timeout 60 sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad.raw' > '$T/out.raw'"
+        assert_failure 1
+        assert_output --partial "lrmoe-cat: $T/bad.raw: frame 0: digest mismatch"
+        [ ! -s "$T/out.raw" ]
+    done
+}
+
+@test "integrity: the reader the bench measures the records' cost against (lrmoe_reader_set_verify 0) reads as before records: raw unchecked, zstd by zstd's own checksum; a checking reader still stops at the bad frame" {
+    run "$(unit_test stream_verify)" "$T"
+    assert_success
+    assert_output --partial "stream_verify: 16 cases, 0 failed"
+    refute_output --partial "FAIL"
+}
+
 @test "integrity: streams without digest records (before them) still read; a stream that drops them midway or a zstd frame without checksum is refused" {
     # the Python writer's default is the old format, no records
     "$BIN/lrmoe-cat" --no-compress -o "$T/old.raw" "$T/ok.lrm"

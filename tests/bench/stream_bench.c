@@ -7,10 +7,14 @@
  *   stream_bench read FILE              time reading every frame of FILE
  *                                       ("seconds bytes cpu-seconds": the
  *                                       process's CPU time, all threads)
+ *   stream_bench alt N SPEC...          read each SPEC (v:FILE checked, n:FILE
+ *                                       as before records) N times, rotated
+ *                                       ("round spec seconds cpu-seconds")
  *   stream_bench copy IN OUT MODE DIG   rewrite IN as OUT (MODE as write),
  *                                       with (DIG 1) or without (0) digest
  *                                       records
- *   stream_bench par MIB                CRC-64 of MIB MiB on one thread, then
+ *   stream_bench par MIB                CRC-64 of MIB MiB (a 256 KiB buffer
+ *                                       over and over) on one thread, then
  *                                       on two at once (each its own MIB):
  *                                       prints "t1 t2"; t2/t1 near 1 when a
  *                                       second core is free, near 2 when not
@@ -34,6 +38,7 @@
 #include "lrmoe.h"
 #include "xxh64.h"
 #include "crc64.h"
+#include "stream_internal.h"
 #include "clock.h"
 
 static uint64_t s = 0x9e3779b97f4a7c15ull;
@@ -56,11 +61,11 @@ static int64_t frame_bytes(const lrmoe_frame_t *f)
     return n;
 }
 
-typedef struct { const uint8_t *p; size_t n; uint64_t h; } hjob_t;
+typedef struct { const uint8_t *p; size_t n; int reps; uint64_t h; } hjob_t;
 static void *hash_job(void *a)
 {
     hjob_t *j = a;
-    j->h = lrmoe_crc64_update(0, j->p, j->n);
+    for (int i = 0; i < j->reps; i++) j->h = lrmoe_crc64_update(j->h, j->p, j->n);
     return NULL;
 }
 
@@ -116,12 +121,16 @@ int main(int argc, char **argv)
         return 0;
     }
     if (argc == 3 && !strcmp(argv[1], "par")) {
-        size_t n = (size_t)atoll(argv[2]) << 20;
+        /* MIB MiB as a 256 KiB buffer hashed again and again: in each
+         * core's own cache, so that two threads measure whether there are
+         * two cores, not the memory's bandwidth */
+        size_t n = 256u << 10;
+        int reps = (int)(atoll(argv[2]) * 4);
         uint8_t *a = malloc(n), *b = malloc(n);
-        if (!a || !b) return 1;
+        if (!a || !b || reps < 1) return 1;
         memset(a, 1, n);
         memset(b, 2, n);
-        hjob_t ja = {a, n, 0}, jb = {b, n, 0};
+        hjob_t ja = {a, n, reps, 0}, jb = {b, n, reps, 0};
         hash_job(&ja);      /* warm */
         double t0 = lrmoe_now();
         hash_job(&ja);
@@ -207,6 +216,42 @@ int main(int argc, char **argv)
         printf("%.6f %lld %.6f\n", t, (long long)bytes, cpu);
         return 0;
     }
+    if (argc >= 4 && !strcmp(argv[1], "alt")) {
+        /* alt N SPEC...: each SPEC read N times in one process, in rotated
+         * order (round i starts at SPEC i mod count, so none always follows
+         * the same one); SPEC is M:FILE, M v (records checked: a reader)
+         * or n (the reader before records: lrmoe_reader_set_verify(r, 0)).
+         * Prints each read as "round spec seconds cpu-seconds" (cpu: the
+         * process's, all threads). */
+        int n = atoi(argv[2]), ns = argc - 3;
+        if (n < 1) return 2;
+        for (int k = 0; k < ns; k++)
+            if (strlen(argv[3 + k]) < 3 || argv[3 + k][1] != ':' || !strchr("vn", argv[3 + k][0]))
+                return 2;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < ns; j++) {
+                int k = (i + j) % ns;
+                const char *spec = argv[3 + k];
+                struct rusage u0, u1;
+                getrusage(RUSAGE_SELF, &u0);
+                double t0 = lrmoe_now();
+                lrmoe_reader_t *r = lrmoe_reader_open(spec + 2);
+                lrmoe_frame_t f;
+                lrmoe_frame_init(&f);
+                int rc;
+                if (!r) die();
+                lrmoe_reader_set_verify(r, spec[0] != 'n');
+                while ((rc = lrmoe_reader_next(r, &f)) == 1) continue;
+                if (rc < 0) die();
+                lrmoe_reader_close(r);
+                lrmoe_frame_clear(&f);
+                double t = lrmoe_now() - t0;
+                getrusage(RUSAGE_SELF, &u1);
+                double cpu = TV(u1.ru_utime) - TV(u0.ru_utime) + TV(u1.ru_stime) - TV(u0.ru_stime);
+                printf("%d %d %.6f %.6f\n", i, k, t, cpu);
+            }
+        return 0;
+    }
     if (argc == 6 && !strcmp(argv[1], "copy")) {
         lrmoe_wopts_t o = {0, 3, 0};
         if (strncmp(argv[4], "raw", 3)) {
@@ -228,6 +273,6 @@ int main(int argc, char **argv)
         return 0;
     }
     fprintf(stderr, "usage: stream_bench gen MIB NFRAMES - FILE | write FILE MODE IN | read FILE | crc KIB | par MIB | "
-            "copy IN OUT MODE DIGESTS\n");
+            "copy IN OUT MODE DIGESTS | alt N v:FILE|n:FILE...\n");
     return 2;
 }

@@ -32,7 +32,7 @@ for s in $sizes; do
 done
 lt() { [ "$(echo "$1 < $2" | bc -l)" = 1 ]; }
 for r in $(seq "$ROUNDS"); do
-    "$SB" par 64 | awk '{ printf "%.2f\n", $2 / $1 }' >> "$W/par"
+    "$SB" par 512 | awk '{ printf "%.2f\n", $2 / $1 }' >> "$W/par"
     for s in $sizes; do
         bi=""; bt=""; b0=""; ci=""; ct=""; c0=""
         for i in 1 2 3; do

@@ -35,5 +35,8 @@ t plan "" fastpath 30 1
 t route "all match" quick
 t score "ok"
 t swiglu "cases, 0 failed" 65537
+D=$(mktemp -d "${TMPDIR:-/tmp}/lrmoe-unit.XXXXXX")
+t stream_verify "stream_verify: 16 cases, 0 failed" "$D"
+rm -rf "$D"
 echo "unit: $pass passed, $fail failed"
 [ "$fail" = 0 ]
