@@ -10,7 +10,9 @@
  * neither hashed nor compared, and a zstd frame's content checksum is
  * checked by zstd again (a record makes the reader skip it). What the
  * per-frame check costs is the difference (tests/bench/stream_digest.sh).
- * Never in a tool: a reader checks. */
+ * on < 0: no check at all, zstd's checksum skipped too where a record
+ * starts its frame (what the hash itself costs in zstd). on > 0: a
+ * reader's default. Never in a tool: a reader checks. */
 void lrmoe_reader_set_verify(lrmoe_reader_t *r, int on);
 
 #endif

@@ -637,32 +637,48 @@ ctx = raw[off - 24:off]; i = z.find(ctx); assert i >= 0 and z.find(ctx, i + 1) <
     done
 }
 
-@test "integrity: a 40 MiB frame, handed to the hasher thread 2.5 MiB at a time (a sixteenth), is verified to its last byte, also when its last piece is too small to wake the thread" {
-    # one tensor of 40 MiB + 5 bytes: read straight into it in pieces of
-    # 2.5 MiB, the last straight read shorter than a piece (no wake-up for
-    # it: the reader must wake the thread itself before it waits), then the
-    # last bytes through the input buffer
+@test "integrity: a 40 MiB frame is verified to its last byte: raw with CRC-64 (inline, through the input buffer), raw with XXH64 and zstd (the hasher thread, handed 2.5 MiB at a time, also when the last piece is too small to wake it)" {
+    # one tensor of 40 MiB + 5 bytes, random (zstd stores it). Raw XXH64:
+    # read straight into the tensor in pieces of a sixteenth, the last
+    # straight read shorter than a piece (no wake-up for it: the reader must
+    # wake the thread itself before it waits), then the last bytes through
+    # the input buffer; zstd: decoded in blocks far smaller than a piece
     python3 -c "
 import numpy as np, lrmoe_stream as s
 r = np.random.default_rng(3)
-s.write_stream('$T/src.raw', [({'a': r.integers(0, 256, (40 << 20) + 5, dtype=np.uint8)}, {'step': 0}),
-                              ({'x': np.arange(3, dtype=np.int64)}, {'step': 1})])"
-    "$BIN/lrmoe-cat" --no-compress -o "$T/g.raw" "$T/src.raw"
-    run timeout 60 "$BIN/lrmoe-cat" --no-compress -o "$T/back.raw" "$T/g.raw"
+s.write_stream('$T/g.xxh', [({'a': r.integers(0, 256, (40 << 20) + 5, dtype=np.uint8)}, {'step': 0}),
+                            ({'x': np.arange(3, dtype=np.int64)}, {'step': 1})], digests='xxh')"
+    run timeout -k 5 60 "$BIN/lrmoe-cat" --no-compress -o "$T/g.raw" "$T/g.xxh"
     assert_success
-    cmp "$T/back.raw" "$T/g.raw"
-    run timeout 60 sh -c "'$BIN/lrmoe-cat' --no-compress < '$T/g.raw' > '$T/back2.raw'"
+    run timeout -k 5 60 "$BIN/lrmoe-cat" -l 1 -o "$T/g.zst" "$T/g.xxh"
+    assert_success
+    for f in g.xxh g.raw g.zst; do
+        run timeout -k 5 60 "$BIN/lrmoe-cat" --no-compress -o "$T/back.raw" "$T/$f"
+        assert_success
+        cmp "$T/back.raw" "$T/g.raw"
+    done
+    run timeout -k 5 60 sh -c "'$BIN/lrmoe-cat' --no-compress < '$T/g.xxh' > '$T/back2.raw'"
     assert_success
     cmp "$T/back2.raw" "$T/g.raw"
     # a flip in the first piece, in the short last straight read, and in
     # the last byte: refused naming frame 0, nothing passed on
     for k in 100 $(((40 << 20) - 300000)) $(((40 << 20) + 4)); do
-        cp "$T/g.raw" "$T/bad.raw"
-        flip "$T/bad.raw" "$(data_offset 0 $k a "$T/g.raw")"
-        run timeout 60 sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad.raw' > '$T/out.raw'"
-        assert_failure 1
-        assert_output --partial "lrmoe-cat: $T/bad.raw: frame 0: digest mismatch"
-        [ ! -s "$T/out.raw" ]
+        for f in g.xxh g.raw g.zst; do
+            at=$(data_offset 0 $k a "$T/g.raw")
+            if [ $f = g.zst ]; then   # the same bytes in the zstd stream's stored blocks
+                at=$(python3 -c "
+z, raw, off = open('$T/g.zst', 'rb').read(), open('$T/g.raw', 'rb').read(), $at
+ctx = raw[off - 24:off]; i = z.find(ctx); assert i >= 0 and z.find(ctx, i + 1) < 0; print(i + 24)")
+            elif [ $f = g.xxh ]; then
+                at=$(data_offset 0 $k a "$T/g.xxh")
+            fi
+            cp "$T/$f" "$T/bad"
+            flip "$T/bad" "$at"
+            run timeout -k 5 60 sh -c "'$BIN/lrmoe-cat' --no-compress '$T/bad' > '$T/out.raw'"
+            assert_failure 1
+            assert_output --partial "lrmoe-cat: $T/bad: frame 0: digest mismatch"
+            [ ! -s "$T/out.raw" ]
+        done
     done
 }
 

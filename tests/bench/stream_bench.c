@@ -8,7 +8,8 @@
  *                                       ("seconds bytes cpu-seconds": the
  *                                       process's CPU time, all threads)
  *   stream_bench alt N SPEC...          read each SPEC (v:FILE checked, n:FILE
- *                                       as before records) N times, rotated
+ *                                       as before records, x:FILE not at
+ *                                       all) N times, rotated
  *                                       ("round spec seconds cpu-seconds")
  *   stream_bench copy IN OUT MODE DIG   rewrite IN as OUT (MODE as write),
  *                                       with (DIG 1) or without (0) digest
@@ -219,14 +220,15 @@ int main(int argc, char **argv)
     if (argc >= 4 && !strcmp(argv[1], "alt")) {
         /* alt N SPEC...: each SPEC read N times in one process, in rotated
          * order (round i starts at SPEC i mod count, so none always follows
-         * the same one); SPEC is M:FILE, M v (records checked: a reader)
-         * or n (the reader before records: lrmoe_reader_set_verify(r, 0)).
+         * the same one); SPEC is M:FILE, M v (records checked: a reader),
+         * n (the reader before records: lrmoe_reader_set_verify(r, 0)) or
+         * x (no check at all: lrmoe_reader_set_verify(r, -1)).
          * Prints each read as "round spec seconds cpu-seconds" (cpu: the
          * process's, all threads). */
         int n = atoi(argv[2]), ns = argc - 3;
         if (n < 1) return 2;
         for (int k = 0; k < ns; k++)
-            if (strlen(argv[3 + k]) < 3 || argv[3 + k][1] != ':' || !strchr("vn", argv[3 + k][0]))
+            if (strlen(argv[3 + k]) < 3 || argv[3 + k][1] != ':' || !strchr("vnx", argv[3 + k][0]))
                 return 2;
         for (int i = 0; i < n; i++)
             for (int j = 0; j < ns; j++) {
@@ -240,7 +242,7 @@ int main(int argc, char **argv)
                 lrmoe_frame_init(&f);
                 int rc;
                 if (!r) die();
-                lrmoe_reader_set_verify(r, spec[0] != 'n');
+                lrmoe_reader_set_verify(r, spec[0] == 'v' ? 1 : spec[0] == 'n' ? 0 : -1);
                 while ((rc = lrmoe_reader_next(r, &f)) == 1) continue;
                 if (rc < 0) die();
                 lrmoe_reader_close(r);
@@ -273,6 +275,6 @@ int main(int argc, char **argv)
         return 0;
     }
     fprintf(stderr, "usage: stream_bench gen MIB NFRAMES - FILE | write FILE MODE IN | read FILE | crc KIB | par MIB | "
-            "copy IN OUT MODE DIGESTS | alt N v:FILE|n:FILE...\n");
+            "copy IN OUT MODE DIGESTS | alt N v:FILE|n:FILE|x:FILE...\n");
     return 2;
 }

@@ -1,16 +1,20 @@
 #!/bin/sh
 # Where the reader's hasher thread pays (lib/stream.c, HASH_THREAD_MIN): the
-# reader built twice, hashing every frame inline and every frame in its
-# second thread, on raw streams of 64 MiB of frames of one size each (256
-# KiB to 16 MiB), with digest records; and the same frames without records.
-# ROUNDS rounds of alternated reads, best of each round; printed: the median
-# over the rounds of throughput with records / without, both ways, the same
-# for CPU time (without / with: what the records cost in all), and the
-# "2 cores" figure of stream_digest.sh (1.00: a free second core).
-# Usage: tests/bench/stream_threshold.sh [ROUNDS]   (default 5)
+# reader built twice, hashing every frame inline and every frame of a
+# threaded kind in its second thread, on streams of 64 MiB of frames of one
+# size each (256 KiB to 16 MiB), raw with XXH64 records and zstd level 1
+# with CRC-64 records (the kinds that use the thread: a raw frame with a
+# CRC-64 record is always hashed inline, copied out of the input buffer
+# with its CRC in one pass, which beat the thread: stream_digest.sh). Each
+# build reads each stream alternately checked and as the reader before
+# records (stream_bench alt, ROUNDS rounds, same file); printed: the median
+# over the rounds of throughput checked / before, both builds, the same for
+# CPU time (before / checked: what the check costs in all), and the
+# "2cores" figure of stream_digest.sh (1.00: a free second core).
+# Usage: tests/bench/stream_threshold.sh [ROUNDS]   (default 7)
 set -eu
 TOP=$(cd "$(dirname "$0")/../.." && pwd)
-ROUNDS=${1:-5}
+ROUNDS=${1:-7}
 W=$(mktemp -d "${TMPDIR:-/tmp}/lrmoe-bench-thr.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 for v in inline:UINT64_MAX thread:0; do
@@ -27,36 +31,26 @@ for s in $sizes; do
     else
         "$SB" gen "$s" $((64 / s)) - "$W/g.$s"
     fi
-    "$SB" copy "$W/g.$s" "$W/d1.$s" raw 1
-    "$SB" copy "$W/g.$s" "$W/d0.$s" raw 0
+    "$SB" copy "$W/g.$s" "$W/raw.$s" raw 2
+    "$SB" copy "$W/g.$s" "$W/zstd.$s" zstd:1:0 1
 done
-lt() { [ "$(echo "$1 < $2" | bc -l)" = 1 ]; }
-for r in $(seq "$ROUNDS"); do
-    "$SB" par 512 | awk '{ printf "%.2f\n", $2 / $1 }' >> "$W/par"
+# median over the rounds of side 0's time / side 1's (column 3: wall, 4: cpu)
+ratio() {
+    awk -v col="$1" '{ t[$1, $2] = $col; if ($1 + 1 > n) n = $1 + 1 }
+    END { for (i = 0; i < n; i++) r[i + 1] = t[i, 0] / t[i, 1]
+          for (i = 2; i <= n; i++) { x = r[i]; for (j = i - 1; j >= 1 && r[j] > x; j--) r[j + 1] = r[j]; r[j + 1] = x }
+          printf "%.3f", n % 2 ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2 }' "$2"
+}
+echo "64 MiB of frames of one size, $ROUNDS rounds: median ratio checked / before records, same file"
+echo "(wall: throughput; cpu: CPU time before / checked, all threads)"
+printf '%-22s %8s %8s %8s %8s\n' "frame MiB" "inline" "thread" "inline" "thread"
+printf '%-22s %8s %8s %8s %8s\n' "" "wall" "wall" "cpu" "cpu"
+for m in raw zstd; do
     for s in $sizes; do
-        bi=""; bt=""; b0=""; ci=""; ct=""; c0=""
-        for i in 1 2 3; do
-            set -- $("$W/sb.inline" read "$W/d1.$s"); ti=$1; ui=$3
-            set -- $("$W/sb.thread" read "$W/d1.$s"); tt=$1; ut=$3
-            set -- $("$W/sb.inline" read "$W/d0.$s"); t0=$1; u0=$3
-            if [ -z "$bi" ] || lt "$ti" "$bi"; then bi=$ti; fi
-            if [ -z "$bt" ] || lt "$tt" "$bt"; then bt=$tt; fi
-            if [ -z "$b0" ] || lt "$t0" "$b0"; then b0=$t0; fi
-            if [ -z "$ci" ] || lt "$ui" "$ci"; then ci=$ui; fi
-            if [ -z "$ct" ] || lt "$ut" "$ct"; then ct=$ut; fi
-            if [ -z "$c0" ] || lt "$u0" "$c0"; then c0=$u0; fi
-        done
-        echo "$b0 $bi" | awk '{ printf "%.3f\n", $1 / $2 }' >> "$W/i.$s"
-        echo "$b0 $bt" | awk '{ printf "%.3f\n", $1 / $2 }' >> "$W/t.$s"
-        echo "$c0 $ci" | awk '{ printf "%.3f\n", $1 / $2 }' >> "$W/ci.$s"
-        echo "$c0 $ct" | awk '{ printf "%.3f\n", $1 / $2 }' >> "$W/ct.$s"
+        for b in inline thread; do "$W/sb.$b" alt "$ROUNDS" "n:$W/$m.$s" "v:$W/$m.$s" > "$W/alt.$b"; done
+        case $m in raw) k="raw XXH64";; *) k="zstd CRC-64";; esac
+        printf '%-22s %8s %8s %8s %8s\n' "$s $k" "$(ratio 3 "$W/alt.inline")" "$(ratio 3 "$W/alt.thread")" \
+            "$(ratio 4 "$W/alt.inline")" "$(ratio 4 "$W/alt.thread")"
     done
 done
-med() { sort -n "$1" | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-echo "raw frames, 64 MiB in all, $ROUNDS rounds: median ratio with records / without"
-echo "(wall: throughput; cpu: CPU time without / with, all threads)"
-printf '%-12s %8s %8s %8s %8s\n' "frame MiB" "inline" "thread" "inline" "thread"
-printf '%-12s %8s %8s %8s %8s\n' "" "wall" "wall" "cpu" "cpu"
-for s in $sizes; do printf '%-12s %8s %8s %8s %8s\n' "$s" "$(med "$W/i.$s")" "$(med "$W/t.$s")" \
-    "$(med "$W/ci.$s")" "$(med "$W/ct.$s")"; done
-echo "2 cores (CRC-64 on two threads at once / on one; 1.00: a free second core): median $(med "$W/par")"
+echo "2cores (CRC-64 on two threads at once / on one; 1.00: a free second core): $("$SB" par 512 | awk '{ printf "%.2f", $2 / $1 }')"
