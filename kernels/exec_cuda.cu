@@ -62,6 +62,7 @@ extern "C" {
 #include "exec.h"
 #include "exec_backend.h"
 #include "clock.h"
+#include "score.h"
 }
 
 #define TIM(r, s) (tim[(size_t)(r) * LRMOE_NSTAGES + (s)])
@@ -1572,4 +1573,68 @@ extern "C" int lrmoe_exec_cuda_backward(lrmoe_exec_cuda_t *x, const lrmoe_exec_c
                                         double *timings)
 {
     return x_backward(x, cfg, d, w, plan, a, timings, 0);
+}
+
+/* ---------------------------------------------------------------- pair scores (exec.h) */
+
+/* On the first local rank's context, after the set_io stream's queued work
+ * (g and phi_sqnorm are written there: autograd, the forward frame):
+ * g to F32 when BF16, the kernel, one copy of the scores back and one host
+ * wait; the temporaries freed in stream order. */
+extern "C" int lrmoe_exec_cuda_score(lrmoe_exec_cuda_t *x, int metric, int64_t T, int K,
+                                     int64_t D, lrmoe_dtype_t gdt, const void *g,
+                                     const float *alpha, const float *phi_sqnorm, float *score)
+{
+    if (!x->dev)
+        return lrmoe_err("backend cuda: device scores need device-pointer I/O "
+                         "(lrmoe_exec_cuda_set_io)");
+    /* the module calls liblrmoe only through its table: score.h's names here */
+    static const char *const names[LRMOE_NMETRICS] = {"lrm", "gradnorm", "absgrad", "random",
+                                                      "uniform"};
+    const char *mname = (unsigned)metric < LRMOE_NMETRICS ? names[metric] : "?";
+    if (metric != LRMOE_METRIC_LRM && metric != LRMOE_METRIC_GRADNORM)
+        return lrmoe_err("backend cuda: metric %s has no device kernel (lrm, gradnorm)", mname);
+    if (T < 0 || K < 1 || D < 0) return lrmoe_err("pair_score: bad sizes");
+    if (gdt != LRMOE_F32 && gdt != LRMOE_BF16)
+        return lrmoe_err("pair_score: grad_output is %s (F32 or BF16 on the device)",
+                         lrmoe_dtype_name(gdt));
+    if (!T) return 0;
+    if (!score || (!g && D) || (metric == LRMOE_METRIC_LRM && (!alpha || !phi_sqnorm)))
+        return lrmoe_err("pair_score: a NULL array (metric %s needs grad_output%s)",
+                         mname, metric == LRMOE_METRIC_LRM ? ", topk_weights and phi_sqnorm" : "");
+    int first = 0;
+    while (first < x->P && !x->ctx[first]) first++;
+    if (first == x->P) return lrmoe_err("backend cuda: the executor has no local rank");
+    const size_t n = (size_t)T * K;
+    float *g32 = nullptr, *ones = nullptr, *sc = nullptr;
+    int rc = -1;
+    if (lrmoe_kcu_use(x->ctx[first]) < 0) return -1;
+    if (lrmoe_kcu_event_record_on(x->start, x->stream) < 0 ||
+        lrmoe_kcu_event_wait(x->start) < 0 ||
+        lrmoe_kcu_alloc((void **)&sc, n * sizeof(float)) < 0)
+        goto out;
+    if (gdt == LRMOE_BF16 && D) {
+        if (lrmoe_kcu_alloc((void **)&g32, (size_t)T * D * sizeof(float)) < 0 ||
+            lrmoe_kcu_to_f32(T * D, 1, g, g32) < 0)
+            goto out;
+    }
+    if (metric == LRMOE_METRIC_GRADNORM) {
+        /* ||g_t||^2 = the lrm score with alpha = phi_sqnorm = 1 (exactly:
+         * ((1*1)*s)*1 in double is s) */
+        std::vector<float> h(n, 1.0f);
+        if (lrmoe_kcu_alloc((void **)&ones, n * sizeof(float)) < 0 ||
+            lrmoe_kcu_h2d(ones, h.data(), n * sizeof(float)) < 0 || lrmoe_kcu_sync() < 0)
+            goto out;
+        alpha = phi_sqnorm = ones;
+    }
+    if (lrmoe_kcu_pair_score(T, K, D, g32 ? g32 : (const float *)g, alpha, phi_sqnorm, sc) < 0 ||
+        lrmoe_kcu_d2h(score, sc, n * sizeof(float)) < 0 || lrmoe_kcu_sync() < 0)
+        goto out;
+    rc = 0;
+out:
+    (void)lrmoe_kcu_free(sc);
+    (void)lrmoe_kcu_free(g32);
+    (void)lrmoe_kcu_free(ones);
+    (void)lrmoe_kcu_use(nullptr);
+    return rc;
 }

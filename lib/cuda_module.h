@@ -35,7 +35,7 @@
 #define LRMOE_CUDA_MODULE_NAME "liblrmoe-cuda.so.1"
 #define LRMOE_CUDA_MODULE_ENV  "LRMOE_CUDA_MODULE"
 #define LRMOE_CUDA_MODULE_INIT "lrmoe_cuda_module_init"
-#define LRMOE_CUDA_MODULE_ABI  2
+#define LRMOE_CUDA_MODULE_ABI  3
 
 /* The module's functions that liblrmoe calls (lib/exec.c, comm_mpi.c,
  * exec_mpi.c). */
@@ -65,6 +65,10 @@
        const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan, lrmoe_exec_bwd_t *a,   \
        double *timings),                                                                    \
       (x, cfg, d, w, plan, a, timings))                                                     \
+    X(int, lrmoe_exec_cuda_score,                                                           \
+      (lrmoe_exec_cuda_t *x, int metric, int64_t T, int K, int64_t D, lrmoe_dtype_t gdt,    \
+       const void *g, const float *alpha, const float *phi_sqnorm, float *score),           \
+      (x, metric, T, K, D, gdt, g, alpha, phi_sqnorm, score))                               \
     X(int, lrmoe_kcu_ctx_create, (int device, int nstreams, lrmoe_kcu_ctx_t **out),         \
       (device, nstreams, out))                                                              \
     X(int, lrmoe_kcu_use, (lrmoe_kcu_ctx_t *c), (c))                                        \

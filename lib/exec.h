@@ -266,6 +266,22 @@ int lrmoe_exec_cuda_backward(lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg,
                              const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
                              const lrmoe_exec_plan_t *plan, lrmoe_exec_bwd_t *a,
                              double *timings);
+/* The backward's pair scores on the device (device-pointer I/O only):
+ * score (T,K), a host array, receives lrmoe_score_pairs_dt(metric, T, K,
+ * D, gdt, g, alpha, phi_sqnorm) computed from device arrays by the kernel
+ * lrmoe_kcu_pair_score (kernels/kcu.h; bit for bit the CPU scores where the
+ * kernels are their CPU references), so only the T*K scores cross to the
+ * host, not g. metric (lrmoe_metric_t, score.h): LRMOE_METRIC_LRM (g (T,D)
+ * of dtype gdt F32 or BF16, alpha and phi_sqnorm (T,K) F32, all device
+ * pointers) or LRMOE_METRIC_GRADNORM (g only: alpha and phi_sqnorm are
+ * ignored, the score is ||g_t||^2); the other metrics have no device
+ * kernel (lrmoe_score_pairs_dt on the host: random and uniform read no g).
+ * Runs on the first local rank's context after the work queued on the
+ * set_io stream, and waits on the host for the scores. Fails on a
+ * non-finite score, naming the pair. */
+int lrmoe_exec_cuda_score(lrmoe_exec_cuda_t *x, int metric, int64_t T, int K, int64_t D,
+                          lrmoe_dtype_t gdt, const void *g, const float *alpha,
+                          const float *phi_sqnorm, float *score);
 
 /* ---------------------------------------------------------------- helpers */
 

@@ -50,6 +50,14 @@ int lrmoe_exec_cuda_backward(lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg,
     (void)x; (void)cfg; (void)d; (void)w; (void)plan; (void)a; (void)timings;
     return NOCUDA;
 }
+int lrmoe_exec_cuda_score(lrmoe_exec_cuda_t *x, int metric, int64_t T, int K, int64_t D,
+                          lrmoe_dtype_t gdt, const void *g, const float *alpha,
+                          const float *phi_sqnorm, float *score)
+{
+    (void)x; (void)metric; (void)T; (void)K; (void)D; (void)gdt; (void)g; (void)alpha;
+    (void)phi_sqnorm; (void)score;
+    return NOCUDA;
+}
 #else
 /* ISO C forbids an empty translation unit. */
 typedef int lrmoe_exec_cuda_stub_unused;

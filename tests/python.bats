@@ -154,8 +154,31 @@ for n in lt.UNIT_KEYS.values():
     assert_output --partial "torch_cuda (fake): PASS"
     refute_output --partial "FAIL"
     # what crosses per layer call (24 tokens, K=2, D=32, int64 ids):
-    # forward ids 384 + alpha 192 B; backward those + g 3072 + ||phi||^2 192 B
-    assert_output --partial "fwd 576 d2h, bwd 3840 d2h + 576 h2d"
+    # forward ids 384 + alpha 192 B; backward those + the scores 192 B
+    # (scored on the device: neither g nor ||phi||^2 crosses)
+    assert_output --partial "fwd 576 d2h, bwd 768 d2h + 576 h2d"
+}
+
+@test "python: the CUDA path scores the backward's pairs on the device (lrmoe_exec_cuda_score): bit for bit the host scores on the fake CUDA module (lrm, gradnorm; F32, BF16 g), the CPU path's keep masks for every metric, only the scores cross" {
+    need_torch
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
+    [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
+    run sh "$TOP/tests/gpu/build-fake-module.sh" "$BATS_TEST_TMPDIR/fm"
+    assert_success
+    cd "$TOP/tests/gpu" || return 1
+    run env LRMOE_CUDA_MODULE="$BATS_TEST_TMPDIR/fm/liblrmoe-cuda.so.1" \
+        python3 score_device.py fake 0
+    printf '%s\n' "$output"
+    assert_success
+    assert_output --partial "score_device (fake): PASS"
+    refute_output --partial "FAIL"
+    assert_line "ok score lrm g bfloat16 T=24 D=37: device == host bitwise"
+    assert_line "ok score gradnorm g float32 T=24 D=37: device == host bitwise"
+    # 24 tokens, K=2: routing 576 B, then the scores (192 B) for lrm and
+    # gradnorm, g (3072 B) only for absgrad, nothing for random and uniform
+    assert_line --partial "ok block metric=lrm select=sample: kept 33 (cpu 33, masks equal), bwd 768 B d2h"
+    assert_line --partial "ok block metric=absgrad select=topk: kept 33 (cpu 33, masks equal), bwd 3648 B d2h"
+    assert_line --partial "ok block metric=random select=topk: kept 33 (cpu 33, masks equal), bwd 576 B d2h"
 }
 
 @test "python: lrmoe.torch's CUDA path without a loadable CUDA module, or with a non-contiguous or foreign-device buffer, or with group=, is one lrmoe.Error" {

@@ -38,7 +38,9 @@
 #            (lrmoe.torch's entry) = its host-pointer frames, bitwise
 #                                                       (appended to exec.txt)
 #   tcuda    tests/gpu/torch_cuda.py: lrmoe.torch on CUDA tensors (a patched
-#            tiny Qwen3-MoE on the GPU) = the CPU path within 3e-2
+#            tiny Qwen3-MoE on the GPU) = the CPU path within 3e-2, then
+#            tests/gpu/score_device.py: the backward's scores on the device
+#            (lrmoe_exec_cuda_score) = the host's within 1e-6 relative
 #                                                       (appended to exec.txt)
 #   mpi      check-mpi-cuda.sh (probes for a GPU first)       -> mpi-cuda.txt
 #   sass     division-free check of the built kernel objects (cuobjdump)
@@ -287,9 +289,9 @@ fi
 # group= on CUDA tensors is refused (lrmoe-python(3)).
 echo "== torch_cuda" >> "$OUT/exec.txt"
 if run_step tcuda 60 "$OUT/exec.txt" env LRMOE_LIBRARY="$PWD/$B/liblrmoe.so.2" \
-        python3 tests/gpu/torch_cuda.py cuda 3e-2; then
+        sh -c 'python3 tests/gpu/torch_cuda.py cuda 3e-2 && python3 tests/gpu/score_device.py cuda 1e-6'; then
     case $src in
-    0) verdict tcuda PASS "$(grep -m1 '^torch_cuda (cuda): PASS' "$OUT/exec.txt")" ;;
+    0) verdict tcuda PASS "$(grep -m1 '^torch_cuda (cuda): PASS' "$OUT/exec.txt"); $(grep -m1 '^score_device (cuda): PASS' "$OUT/exec.txt")" ;;
     3) verdict tcuda "NOT RUN" "$(grep -m1 '^torch_cuda: NOT RUN' "$OUT/exec.txt")" ;;
     124) verdict tcuda TIMEOUT ;;
     *) verdict tcuda FAIL "exit $src"

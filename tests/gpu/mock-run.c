@@ -185,6 +185,11 @@ static int exec_steps(void)
         mock_mark(m);
         show(m, lrmoe_exec_cuda_backward(x, &cfg, &d, &w, NULL, &b, tim));
     }
+    /* the backward's scores on the device (lrmoe.torch's CUDA path) */
+    float *score = z((size_t)M * 4);
+    mock_mark("dscore");
+    show("dscore", lrmoe_exec_cuda_score(x, 0 /* lrm */, T, (int)K, D, LRMOE_BF16,
+                                         b.grad_output, tw, f.phi_sqnorm, score));
     if (getenv("MOCK_CAPTURE_AT_END")) { /* a frame under graph capture: refused */
         setenv("MOCK_CAPTURING", "1", 1);
         mock_mark("capture");

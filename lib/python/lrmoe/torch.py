@@ -867,11 +867,15 @@ class _Cuda:
         self.w: Optional[Tuple[Tensor, Tensor, Optional[Tensor]]] = None
         self._fin: Any = None
 
-    def executor(self, args: "_lib.ExecArgs") -> ctypes.c_void_p:
-        """The executor (made at the first call from args' cfg and P) with
-        device-pointer I/O on the current stream (set only when it changed:
-        lrmoe_exec_cuda_set_io waits for the previous frame)."""
+    def executor(self, args: Optional["_lib.ExecArgs"]) -> ctypes.c_void_p:
+        """The executor (made at the first call from args' cfg and P; args
+        None: the forward made it) with device-pointer I/O on the current
+        stream (set only when it changed: lrmoe_exec_cuda_set_io waits for
+        the previous frame)."""
         if self.x is None:
+            if args is None:
+                raise Error(f"{self.name}: CUDA executor: a backward without its forward on "
+                            "the device")
             x = ctypes.c_void_p()
             check(lib.lrmoe_exec_args_cuda_new(args.h, ctypes.byref(x)),
                   f"{self.name}: CUDA executor")
@@ -990,10 +994,10 @@ def _backward_device(layer: "_Layer", idx: int, grad_out: Tensor, hidden: Tensor
                      su: Tensor, pair_out: Tensor, placement: Tensor, fwd_alloc: Tensor,
                      quota: Tensor, bwd_alloc: Tensor, meta: Tensor
                      ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """experts_backward on the device: score and selection on the host
-    (liblrmoe's score takes g and ||phi||^2 from host memory: those two are
-    copied), the pack layout on the host, the packed rows gathered on the
-    device by pack_pair, and the compact backward by device pointers."""
+    """experts_backward on the device: the pairs' scores on the device
+    (_score_device: only the T*K scores cross to the host), the selection
+    and the pack layout on the host, the packed rows gathered on the device
+    by pack_pair, and the compact backward by device pointers."""
     o, call, blk = layer.owner, _Call(), layer.block
     cu = _cuda_of(layer, idx)
     step, by_rank = (int(v) for v in meta.tolist())
@@ -1018,13 +1022,13 @@ def _backward_device(layer: "_Layer", idx: int, grad_out: Tensor, hidden: Tensor
     gdt = _TORCH_DT.get(g.dtype)
     if gdt is None:
         g, gdt = g.float(), "F32"
-    g_h, phi_h = g.to("cpu"), phi.to("cpu").contiguous()
-    d2h = (ids_d.numel() * ids_d.element_size() + alpha.numel() * 4 +
-           g_h.numel() * g_h.element_size() + phi_h.numel() * 4)
-    _buf("grad_output", g_h, gdt, (T, D))
+    if tuple(g.shape) != (T, D):
+        raise Error(f"{blk.name}: grad_output has shape {tuple(g.shape)}, expected {(T, D)}")
     seed = o.seed + step
-    keep, alpha_b, w, pr = _select(o, call, blk, T, K, E, P, D, gdt, g_h, ids, alpha, phi_h,
-                                   cap_keep, pair_rank, quota, bwd_alloc, by_rank, seed)
+    score, sd2h, sh2d = _score_device(o, cu, call, blk, T, K, D, gdt, g, topk_weights, alpha, phi, seed)
+    d2h = ids_d.numel() * ids_d.element_size() + alpha.numel() * 4 + sd2h
+    keep, alpha_b, w, pr = _select(o, call, blk, T, K, E, P, score, ids, alpha, cap_keep,
+                                   pair_rank, quota, bwd_alloc, by_rank, seed)
     b = _lib.ExecArgs(_cuda_cfg(o, idx), d, W, Pl, topk_ids=_ptr(ids), keep=_ptr(keep),
                       pair_rank=_ptr(pair_rank), bwd_alloc=bwd_alloc.ctypes.data,
                       quota=quota.ctypes.data)
@@ -1038,7 +1042,7 @@ def _backward_device(layer: "_Layer", idx: int, grad_out: Tensor, hidden: Tensor
     # (g converted to F32, then one F32 multiply: lrmoe_pack_gather_scaled)
     a_rows = alpha_b.view(-1).index_select(0, pair)
     pair_d, a_d = pair.to(dev), a_rows.to(dev)
-    h2d = pair.numel() * 8 + a_rows.numel() * 4
+    h2d = pair.numel() * 8 + a_rows.numel() * 4 + sh2d
     tok = torch.div(pair_d, K, rounding_mode="floor")
     pk_hidden = x.index_select(0, tok)
     pk_gate = sg.view(T * K, F).index_select(0, pair_d)
@@ -1068,6 +1072,37 @@ def _backward_device(layer: "_Layer", idx: int, grad_out: Tensor, hidden: Tensor
                      gate_up)
 
 
+_NO_G = ("random", "uniform")    # metrics whose score reads no g
+_ON_DEVICE = ("lrm", "gradnorm")  # metrics lrmoe_exec_cuda_score computes
+
+
+def _score_device(o: "Patch", cu: "_Cuda", call: "_Call", blk: "_Block", T: int, K: int,
+                  D: int, gdt: str, g: Tensor, topk_weights: Tensor, alpha: Tensor,
+                  phi: Tensor, seed: int) -> Tuple[Tensor, int, int]:
+    """The pairs' scores (T,K) F32 on the host for the selection, and the
+    bytes that crossed to the host and to the device for them: lrm and
+    gradnorm on the device (lrmoe_exec_cuda_score on g, the routing weights
+    and ||phi||^2 by device pointer: T*K*4 bytes back; gradnorm uploads
+    T*K*4 bytes of unit weights), random and uniform from the routing alone
+    (0), absgrad from g copied to the host (T*D elements: it has no device
+    kernel)."""
+    if o.metric_name in _ON_DEVICE:
+        score = torch.empty(T, K, dtype=torch.float32)
+        a_d = topk_weights.detach().to(torch.float32).contiguous()
+        ph = phi.contiguous()
+        p = lambda nm, t: _dptr(nm, t, cu.idx, cu.fake)  # noqa: E731
+        check(call(lib.lrmoe_exec_cuda_score, cu.executor(None), o.metric, T, K, D,
+                   _lib.DT[gdt], p("grad_output", g), p("topk_weights", a_d),
+                   p("phi_sqnorm", ph), _ptr(score)), f"{blk.name}: score")
+        return score, score.numel() * 4, score.numel() * 4 * (o.metric_name == "gradnorm")
+    if o.metric_name in _NO_G:
+        return _score_host(o, call, T, K, D, gdt, None, alpha, None, seed), 0, 0
+    g_h = g.to("cpu")
+    _buf("grad_output", g_h, gdt, (T, D))
+    return (_score_host(o, call, T, K, D, gdt, g_h, alpha, None, seed),
+            g_h.numel() * g_h.element_size(), 0)
+
+
 def _bwd_done(o: "Patch", call: "_Call", rec: Dict[str, Any], keep: Tensor,
               w: Optional[Tensor], pr: Optional[Tensor], gh: Tensor, gtw: Tensor, gwg: Tensor,
               gwu: Tensor, gwd: Tensor, hidden: Tensor, topk_weights: Tensor,
@@ -1087,21 +1122,28 @@ def _bwd_done(o: "Patch", call: "_Call", rec: Dict[str, Any], keep: Tensor,
     return gh.to(hidden.dtype), gtw.to(topk_weights.dtype), gate_up_grad, gwd.to(wdt)
 
 
-def _select(o: "Patch", call: "_Call", blk: "_Block", T: int, K: int, E: int, P: int, D: int,
-            gdt: str, g: Tensor, ids: Tensor, alpha: Tensor, phi: Tensor,
+def _score_host(o: "Patch", call: "_Call", T: int, K: int, D: int, gdt: str,
+                g: Optional[Tensor], alpha: Tensor, phi: Optional[Tensor], seed: int) -> Tensor:
+    """The pairs' scores (T,K) F32 by liblrmoe's score on host arrays (g
+    may be None for the metrics that read none: random, uniform)."""
+    score = torch.empty(T, K, dtype=torch.float32)
+    check(call(lib.lrmoe_score_pairs_dt, o.metric, T, K, D, _lib.DT[gdt],
+               None if g is None else _ptr(g), _ptr(alpha), None if phi is None else _ptr(phi),
+               seed, _ptr(score)), "score")
+    return score
+
+
+def _select(o: "Patch", call: "_Call", blk: "_Block", T: int, K: int, E: int, P: int,
+            score: Tensor, ids: Tensor, alpha: Tensor,
             cap_keep: Optional[Tensor], pair_rank: Tensor, quota: np.ndarray,
             bwd_alloc: np.ndarray, by_rank: int, seed: int
             ) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
     """The backward's keep mask (T,K) uint8 and the routing weights the kept
-    rows are scaled by (alpha_b), from the scores of the pairs (liblrmoe's
-    score, per-expert selection at the plan's quotas); with select="sample"
-    also the pair weights and probabilities (w, pr; else None). Every
-    argument is a CPU tensor or array (the CUDA path copies g and phi to the
-    host for this, _backward_device)."""
-    # score and per-expert selection (the plan's quotas)
-    score = torch.empty(T, K, dtype=torch.float32)
-    check(call(lib.lrmoe_score_pairs_dt, o.metric, T, K, D, _lib.DT[gdt], _ptr(g), _ptr(alpha),
-               _ptr(phi), seed, _ptr(score)), "score")
+    rows are scaled by (alpha_b), from the pairs' scores (T,K) F32
+    (_score_host, or on the device: _score_device) by liblrmoe's per-expert
+    selection at the plan's quotas; with select="sample" also the pair
+    weights and probabilities (w, pr; else None). Every argument is a CPU
+    tensor or array."""
     keep = torch.empty(T, K, dtype=torch.uint8)
     load = np.empty(E, np.int64)
     # alpha_b: the routing weights the kept rows are scaled by; with
@@ -1179,7 +1221,8 @@ def experts_backward(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gat
         g, gdt = g.float(), "F32"
     _buf("grad_output", g, gdt, (T, D))
     seed = o.seed + step
-    keep, alpha_b, w, pr = _select(o, call, blk, T, K, E, P, D, gdt, g, ids, alpha, phi, cap_keep,
+    score = _score_host(o, call, T, K, D, gdt, g, alpha, phi, seed)
+    keep, alpha_b, w, pr = _select(o, call, blk, T, K, E, P, score, ids, alpha, cap_keep,
                                    pair_rank, quota, bwd_alloc, by_rank, seed)
     # pack: assignment to the plan's backward allocation (the rows' layout)
     b = _lib.ExecArgs(o.cfg, d, W, Pl, topk_ids=_ptr(ids), keep=_ptr(keep),
