@@ -171,6 +171,9 @@ struct lrmoe_exec_cuda {
     int comm_ok = 0;
     lrmoe_comm_t *cm = &comm;
     int async = 0;                  /* comm in async mode: no host waits inside a frame */
+    int hostcomm = 0;               /* cm is a callback communicator (exec.h): its calls
+                                       complete on return and see device memory only after
+                                       the rank's queued work (synchronised before each) */
     std::vector<xw_t *> ws;         /* resident weight sets, one per layer */
     /* pinned staging: one block reused by every frame (bumped from 0), and
      * blocks added when a frame needed more, merged after it */
@@ -223,6 +226,15 @@ struct run_t {
     std::vector<int64_t *> dur;   /* (T_s*K) on owner s: the pair rows' receive rows */
 
     int loc(int r) const { return self == 0 || self == r + 1; }
+    /* before a call of a callback communicator: the local rank's queued
+     * work (the rows it sends, the buffers it receives into) is done */
+    int comm_ready()
+    {
+        if (!X->hostcomm) return 0;
+        for (int r = 0; r < P; r++)
+            if (loc(r) && rk[r].ctx && (use(r) < 0 || lrmoe_kcu_sync() < 0)) return -1;
+        return 0;
+    }
     int use(int r) { return lrmoe_kcu_use(rk[r].ctx); }
 
     /* device memory on rank r (freed, stream-ordered, at the end) */
@@ -387,9 +399,10 @@ static int x_new(const lrmoe_exec_cfg_t *cfg, int P, xs_t **out)
     X->own_ctx.assign(P, 0);
     X->ev.resize(P);
     X->join.assign(P, nullptr);
-    if (cfg->comm && cfg->comm->self) { /* one rank of an MPI job: its comm and GPU */
+    if (cfg->comm && cfg->comm->self && cfg->comm->backend == LRMOE_BACKEND_CUDA) {
+        /* one rank of an MPI job: its comm and GPU */
         lrmoe_comm_t *c = cfg->comm;
-        if (c->backend != LRMOE_BACKEND_CUDA || c->P != P || c->self > P) {
+        if (c->P != P || c->self > P) {
             x_free(X);
             return lrmoe_err("backend cuda: the communicator is not a CUDA one of %d ranks", P);
         }
@@ -402,6 +415,27 @@ static int x_new(const lrmoe_exec_cfg_t *cfg, int P, xs_t **out)
         lrmoe_kcu_set_gemm(X->ctx[c->self - 1], impl);
         if (lrmoe_kcu_use(X->ctx[c->self - 1]) < 0 ||
             lrmoe_kcu_event_create(&X->join[c->self - 1], 0) < 0) {
+            x_free(X);
+            return -1;
+        }
+        (void)lrmoe_kcu_use(nullptr);
+        *out = X;
+        return 0;
+    }
+    if (cfg->comm && cfg->comm->self) { /* a callback rank communicator: this process's GPU */
+        lrmoe_comm_t *c = cfg->comm;
+        int r = c->self - 1;
+        if (c->P != P || c->self > P) {
+            x_free(X);
+            return lrmoe_err("backend cuda: the communicator is not one of %d ranks", P);
+        }
+        X->cm = c;
+        X->self = c->self;
+        X->hostcomm = 1;
+        if (lrmoe_kcu_ctx_create(cfg->device, streams, &X->ctx[r]) < 0) { x_free(X); return -1; }
+        X->own_ctx[r] = 1;
+        lrmoe_kcu_set_gemm(X->ctx[r], impl);
+        if (lrmoe_kcu_use(X->ctx[r]) < 0 || lrmoe_kcu_event_create(&X->join[r], 0) < 0) {
             x_free(X);
             return -1;
         }
@@ -671,7 +705,7 @@ static int load_weights(run_t &R, const lrmoe_exec_weights_t *w, const layout_t 
                 if (R.use(r) < 0 || lrmoe_kcu_alloc((void **)&buf, 3 * mb) < 0) return -1;
                 W->wst[i] = buf;
             }
-            if (R.cm->p2p(R.cm, nat, R.loc(nat) ? W->wst[(size_t)nat * E + e] : nullptr, r, buf,
+            if (R.comm_ready() < 0 || R.cm->p2p(R.cm, nat, R.loc(nat) ? W->wst[(size_t)nat * E + e] : nullptr, r, buf,
                           3 * mb) < 0)
                 return -1;
         }
@@ -700,7 +734,7 @@ static int exchange_fwd(run_t &R, const layout_t &L, size_t row_bytes,
     for (int d = 0; d < P; d++)
         if (R.loc(d) && R.dalloc(d, &recv[d], (size_t)(L.base[d + 1] - L.base[d]) * row_bytes) < 0)
             return -1;
-    if (R.cm->alltoallv(R.cm, row_bytes, (const void *const *)sendbuf.data(), L.counts.data(),
+    if (R.comm_ready() < 0 || R.cm->alltoallv(R.cm, row_bytes, (const void *const *)sendbuf.data(), L.counts.data(),
                          L.sdispls.data(), (void *const *)recv.data(), L.rdispls.data(),
                          sec.data()) < 0)
         return -1;
@@ -757,7 +791,7 @@ static int exchange_rev(run_t &R, const layout_t &L, size_t row_bytes, std::vect
     for (int s = 0; s < P; s++)
         if (R.loc(s) && R.dalloc(s, &recv[s], (size_t)(L.sbase[s + 1] - L.sbase[s]) * row_bytes) < 0)
             return -1;
-    if (R.cm->alltoallv(R.cm, row_bytes, (const void *const *)send.data(), cnt2.data(),
+    if (R.comm_ready() < 0 || R.cm->alltoallv(R.cm, row_bytes, (const void *const *)send.data(), cnt2.data(),
                          sd2.data(), (void *const *)recv.data(), rd2.data(), sec.data()) < 0)
         return -1;
     upos.assign((size_t)(L.T * L.K), -1);
@@ -1405,6 +1439,7 @@ static int bwd_gradred(run_t &R, const layout_t &L, lrmoe_exec_bwd_t *a,
              * that rank lives in another process) */
             if (p == nat || L.cnt[(size_t)p * E + e] == 0 || (!R.loc(p) && !R.loc(nat))) continue;
             if (R.loc(nat) && !rb) CKR(R.dalloc(nat, &rb, 3 * FD * 4));
+            CKR(R.comm_ready());
             CKR(R.cm->p2p(R.cm, p, R.loc(p) ? wgrad[(size_t)p * E + e] : nullptr, nat, rb,
                           3 * FD * 4));
             if (!R.loc(nat)) continue;

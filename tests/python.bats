@@ -159,6 +159,22 @@ for n in lt.UNIT_KEYS.values():
     assert_output --partial "fwd 576 d2h, bwd 768 d2h + 576 h2d"
 }
 
+@test "python: patch(group=) with CUDA tensors under torchrun (2 ranks, gloo, the fake CUDA module: one CUDA executor a rank on the group's callback communicator) equals the simulated ranks=2 run bit for bit (lrmoe, llep's replicas; rate 1 and 0.7; topk, sample; 3 SGD steps)" {
+    need_torch
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
+    command -v torchrun >/dev/null 2>&1 || skip "torchrun is not on PATH (it comes with torch)"
+    [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
+    run sh "$TOP/tests/gpu/build-fake-module.sh" "$BATS_TEST_TMPDIR/fm"
+    assert_success
+    cd "$TOP/tests/gpu" || return 1
+    run env LRMOE_CUDA_MODULE="$BATS_TEST_TMPDIR/fm/liblrmoe-cuda.so.1" \
+        timeout -k 30 300 torchrun --standalone --nproc-per-node 2 dist_cuda.py fake 0
+    printf '%s\n' "$output"
+    assert_success
+    assert_output --partial "dist_cuda (fake): PASS"
+    refute_output --partial "FAIL"
+}
+
 @test "python: the CUDA path scores the backward's pairs on the device (lrmoe_exec_cuda_score): bit for bit the host scores on the fake CUDA module (lrm, gradnorm; F32, BF16 g), the CPU path's keep masks for every metric, only the scores cross" {
     need_torch
     command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
@@ -181,7 +197,7 @@ for n in lt.UNIT_KEYS.values():
     assert_line --partial "ok block metric=random select=topk: kept 33 (cpu 33, masks equal), bwd 576 B d2h"
 }
 
-@test "python: lrmoe.torch's CUDA path without a loadable CUDA module, or with a non-contiguous or foreign-device buffer, or with group=, is one lrmoe.Error" {
+@test "python: lrmoe.torch's CUDA path without a loadable CUDA module, or with a non-contiguous or foreign-device buffer, or with group= and shard=True, is one lrmoe.Error" {
     need_torch
     [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
     cd "$TOP/tests/python" || return 1
@@ -205,13 +221,13 @@ for t in (torch.zeros(4, 4).t(), torch.zeros(4, device="meta")):
     assert_line --partial "Error: Qwen3MoeSparseMoeBlock: CUDA executor: backend cuda: cannot load the CUDA module"
     assert_line "Error: buf: a non-contiguous tensor (stride (1, 4)); the CUDA executor reads dense row-major arrays"
     assert_line "Error: buf: a tensor on meta; this layer's CUDA executor runs on cpu"
-    # group= on the CUDA path: refused before anything runs (a one-process gloo group)
+    # group= with shard=True on the CUDA path: refused before anything runs (a one-process gloo group)
     run env LRMOE_TORCH_FAKE_DEVICE=1 timeout 120 python3 -c '
 import tiny, torch, lrmoe, lrmoe.torch as lt
 import torch.distributed as dist
 dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
 b = tiny.block("qwen3_moe")
-h = lt.patch(b, rate=1.0, group=dist.group.WORLD)
+h = lt.patch(b, rate=1.0, group=dist.group.WORLD, shard=True)
 try:
     b.experts(torch.randn(4, 32), torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 2))
 except lrmoe.Error as e:
@@ -219,5 +235,5 @@ except lrmoe.Error as e:
 dist.destroy_process_group()
 '
     assert_success
-    assert_line --partial "Error: Qwen3MoeSparseMoeBlock: group= with CUDA tensors is not supported:"
+    assert_line "Error: Qwen3MoeSparseMoeBlock: shard=True with CUDA tensors is not supported"
 }

@@ -285,11 +285,16 @@ fi
 # one device: a patched tiny Qwen3-MoE on cuda against the same on the CPU,
 # tests/gpu/torch_cuda.py; 3e-2 of max|cpu|: the CUDA GEMMs' BF16 operands,
 # as check-gpu.sh bounds them). Needs torch with CUDA and transformers on
-# the image (exit 3: not run). The torchrun/group= variant is not a step:
-# group= on CUDA tensors is refused (lrmoe-python(3)).
+# the image (exit 3: not run). With >= 2 GPUs also patch(group=) on CUDA
+# tensors under torchrun (NCCL, tests/gpu/dist_cuda.py, 1e-5 of max|ref|
+# against the simulated run on each rank's GPU; skipped with a message on
+# fewer GPUs).
 echo "== torch_cuda" >> "$OUT/exec.txt"
-if run_step tcuda 60 "$OUT/exec.txt" env LRMOE_LIBRARY="$PWD/$B/liblrmoe.so.2" \
-        sh -c 'python3 tests/gpu/torch_cuda.py cuda 3e-2 && python3 tests/gpu/score_device.py cuda 1e-6'; then
+if run_step tcuda 240 "$OUT/exec.txt" env LRMOE_LIBRARY="$PWD/$B/liblrmoe.so.2" \
+        sh -c 'python3 tests/gpu/torch_cuda.py cuda 3e-2 && python3 tests/gpu/score_device.py cuda 1e-6 &&
+               if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+                   (cd tests/gpu && torchrun --standalone --nproc-per-node 2 dist_cuda.py cuda 1e-5)
+               else echo "dist_cuda: skipped: fewer than 2 GPUs"; fi'; then
     case $src in
     0) verdict tcuda PASS "$(grep -m1 '^torch_cuda (cuda): PASS' "$OUT/exec.txt"); $(grep -m1 '^score_device (cuda): PASS' "$OUT/exec.txt")" ;;
     3) verdict tcuda "NOT RUN" "$(grep -m1 '^torch_cuda: NOT RUN' "$OUT/exec.txt")" ;;

@@ -74,6 +74,24 @@ def _mem(ptr: Optional[int], n: int) -> torch.Tensor:
     return torch.frombuffer((ctypes.c_uint8 * n).from_address(ptr), dtype=_U8)
 
 
+class _DevMem:
+    """n bytes of device memory at ptr, for torch.as_tensor (no copy)."""
+
+    def __init__(self, ptr: int, n: int) -> None:
+        self.__cuda_array_interface__ = dict(shape=(n,), typestr="|u1", data=(ptr, False),
+                                             version=3, strides=None)
+
+
+def _dmem(ptr: Optional[int], n: int, dev: Optional[torch.device]) -> torch.Tensor:
+    """n bytes at ptr: host memory (dev None) or memory of CUDA device dev."""
+    if dev is None or n == 0:
+        t = _mem(ptr, n)
+        return t if dev is None else t.to(dev)
+    if not ptr:
+        raise Error(f"internal: NULL device buffer of {n} bytes")
+    return torch.as_tensor(_DevMem(ptr, n), device=dev)
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor as (rows, bytes per row) uint8 (no copy)."""
     return t.view(t.shape[0], -1).view(_U8) if t.numel() else t.new_empty(t.shape[0], 0,
@@ -109,6 +127,12 @@ class Group:
         self.phase = ""
         self.comm_s = 0.0
         self.error: Optional[BaseException] = None
+        # the CUDA device whose memory the exec's buffers are in (the CUDA
+        # executor's callbacks: device pointers), else None (host memory)
+        self.dev: Optional[torch.device] = None
+        # torch's NCCL backend collects CUDA tensors only: metadata goes there
+        self.meta_dev = (torch.device("cuda", torch.cuda.current_device())
+                         if dist.get_backend(self.group) == "nccl" else None)
         self._a2a, self._p2p = A2A(self._a2a_cb), P2P(self._p2p_cb)
         self.comm = lib.lrmoe_comm_callback_new(self.P, self.rank, self._a2a, self._p2p, None)
         if not self.comm:
@@ -123,24 +147,28 @@ class Group:
     # ---- the callbacks liblrmoe calls (no exception may cross into C)
     def _a2a_cb(self, user, es, send, sc, sd, recv, rc, rd):
         try:
-            P = self.P
+            P, dv = self.P, self.dev
+            m = (lambda p, n: _dmem(p, n, dv))  # noqa: E731
             sc, sd = [sc[i] for i in range(P)], [sd[i] for i in range(P)]
             rc, rd = [rc[i] for i in range(P)], [rd[i] for i in range(P)]
             ns, nr = sum(sc), sum(rc)
             if sd == _prefix(sc):
-                inp = _mem(send, ns * es).view(ns, es)
+                inp = m(send, ns * es).view(ns, es)
             else:
-                inp = torch.cat([_mem(send + sd[d] * es, sc[d] * es).view(sc[d], es)
-                                 for d in range(P)]) if ns else torch.empty(0, es, dtype=_U8)
+                inp = torch.cat([m(send + sd[d] * es, sc[d] * es).view(sc[d], es)
+                                 for d in range(P)]) if ns else torch.empty(0, es, dtype=_U8,
+                                                                            device=dv)
             direct = rd == _prefix(rc)
-            out = _mem(recv, nr * es).view(nr, es) if direct else torch.empty(nr, es, dtype=_U8)
+            out = m(recv, nr * es).view(nr, es) if direct else torch.empty(nr, es, dtype=_U8,
+                                                                              device=dv)
             dist.all_to_all_single(out, inp, rc, sc, group=self.group)
             if not direct:
                 at = 0
                 for s in range(P):
                     if rc[s]:
-                        _mem(recv + rd[s] * es, rc[s] * es).copy_(out[at:at + rc[s]].view(-1))
+                        m(recv + rd[s] * es, rc[s] * es).copy_(out[at:at + rc[s]].view(-1))
                     at += rc[s]
+            self._done()
             self.sent.append((self.phase, ns * es))
             return 0
         except BaseException as e:  # noqa: B902 (reported after the exec returns)
@@ -150,13 +178,20 @@ class Group:
     def _p2p_cb(self, user, src, sbuf, dst, rbuf, n):
         try:
             if src == self.rank:
-                dist.send(_mem(sbuf, n), self.glob[dst], group=self.group)
+                dist.send(_dmem(sbuf, n, self.dev), self.glob[dst], group=self.group)
             else:
-                dist.recv(_mem(rbuf, n), self.glob[src], group=self.group)
+                dist.recv(_dmem(rbuf, n, self.dev), self.glob[src], group=self.group)
+            self._done()
             return 0
         except BaseException as e:  # noqa: B902
             self.error = e
             return -1
+
+    def _done(self) -> None:
+        """A callback completes before it returns (the exec's contract):
+        NCCL's work on device memory is waited for."""
+        if self.dev is not None:
+            torch.cuda.current_stream(self.dev).synchronize()
 
     def run(self, what: str, fn, *args) -> None:
         """One exec call: a failed collective is named as such."""
@@ -171,7 +206,17 @@ class Group:
 
     def collective(self, what: str, fn, *args, **kw) -> Any:
         t0 = time.perf_counter()
+        md = self.meta_dev
         try:
+            if md is not None and fn is not dist.all_to_all_single:  # host metadata via NCCL
+                conv = [[x.to(md) for x in a] if isinstance(a, list) else
+                        (a.to(md) if isinstance(a, torch.Tensor) else a) for a in args]
+                r = fn(*conv, group=self.group, **kw)
+                for a, c in zip(args, conv):
+                    if isinstance(a, list):
+                        for x, y in zip(a, c):
+                            x.copy_(y)
+                return r
             return fn(*args, group=self.group, **kw)
         except RuntimeError as e:
             raise Error(f"{what}: rank {self.rank} of {self.P}: the process group failed "
@@ -226,11 +271,11 @@ class Group:
         rows = _rows(arr)
         s = src == me
         so = np.argsort(dst[s], kind="stable")
-        sidx = torch.from_numpy(np.ascontiguousarray(idx[s][so], np.int64))
+        sidx = torch.from_numpy(np.ascontiguousarray(idx[s][so], np.int64)).to(arr.device)
         sc = np.bincount(dst[s], minlength=P).tolist()
         r = dst == me
         ro = np.argsort(src[r], kind="stable")
-        ridx = torch.from_numpy(np.ascontiguousarray(idx[r][ro], np.int64))
+        ridx = torch.from_numpy(np.ascontiguousarray(idx[r][ro], np.int64)).to(arr.device)
         rc = np.bincount(src[r], minlength=P).tolist()
         inp = rows.index_select(0, sidx)
         out = rows.new_empty(len(ridx), rows.shape[1])
@@ -430,6 +475,62 @@ def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, trai
             torch.from_numpy(bwd_alloc), meta)
 
 
+def _keep(o, call, blk, g: "Group", Tr, gids, galpha, cap_keep, pair_rank, quota, bwd_alloc,
+          by_rank, seed, gdt, own_scores):
+    """The backward's keep mask over all Tg tokens, the same on every rank
+    (liblrmoe's selection on the all-gathered scores or capacity mask), the
+    routing weights the kept rows are scaled by (alpha_b) and, with
+    select="sample", the pair weights and probabilities (w, prob; else
+    None). own_scores(): this rank's (T,K) F32 host scores."""
+    from . import torch as lt
+    Tg, K = gids.shape
+    E, P, D = blk.E, o.ranks, blk.D
+    keep = torch.empty(Tg, K, dtype=torch.uint8)
+    load = np.empty(E, np.int64)
+    alpha_b, w, prob = galpha, None, None
+    pr_p = pair_rank.data_ptr()
+    if cap_keep is not None:
+        # capacity-factor dropping: backward keeps exactly the forward's
+        # pairs, every rank's mask rows gathered (1 byte a pair); no scores
+        keep = g.gather_rows(f"{blk.name}: capacity keep",
+                             cap_keep.to("cpu", torch.uint8).contiguous(), Tr)
+        kq = np.bincount(gids.view(-1).long().numpy()[keep.view(-1).numpy() > 0], minlength=E)
+        if not np.array_equal(kq, quota):
+            raise Error(f"{blk.name}: the capacity plan's quotas are not the forward's kept "
+                        "pairs per expert")
+        return keep, alpha_b, w, prob
+    # scores where g_t is, then every rank's to every rank (4 bytes a pair)
+    if o.metric_name in ("random", "uniform"):  # no g: the global pair index only
+        gscore = torch.empty(Tg, K, dtype=torch.float32)
+        check(call(lib.lrmoe_score_pairs_dt, o.metric, Tg, K, D, _lib.DT[gdt], None,
+                   galpha.data_ptr(), None, seed, gscore.data_ptr()), "score")
+    else:
+        gscore = g.gather_rows(f"{blk.name}: scores", own_scores(), Tr)
+    if o.select == lt._SAMPLE:
+        w = torch.empty(Tg, K, dtype=torch.float32)
+        prob = torch.empty(Tg, K, dtype=torch.float32) if o.keep_masks else None
+        pp_ = prob.data_ptr() if prob is not None else None
+        if by_rank:
+            check(call(lib.lrmoe_score_sample_by_rank, Tg, K, E, P, gids.data_ptr(),
+                       gscore.data_ptr(), pr_p, bwd_alloc.ctypes.data, seed, keep.data_ptr(),
+                       w.data_ptr(), pp_, load.ctypes.data, None), "select")
+        else:
+            check(call(lib.lrmoe_score_sample, Tg, K, E, gids.data_ptr(), gscore.data_ptr(),
+                       quota.ctypes.data, -1.0, seed, keep.data_ptr(), w.data_ptr(), pp_,
+                       load.ctypes.data, None), "select")
+        alpha_b = torch.empty(Tg, K, dtype=torch.float32)
+        lib.lrmoe_score_weighted_alpha(Tg * K, galpha.data_ptr(), w.data_ptr(),
+                                       alpha_b.data_ptr())
+    elif by_rank:
+        check(call(lib.lrmoe_score_select_by_rank, Tg, K, E, P, gids.data_ptr(),
+                   gscore.data_ptr(), pr_p, bwd_alloc.ctypes.data, keep.data_ptr(),
+                   load.ctypes.data, None), "select")
+    else:
+        check(call(lib.lrmoe_score_select, Tg, K, E, gids.data_ptr(), gscore.data_ptr(),
+                   quota.ctypes.data, -1.0, keep.data_ptr(), load.ctypes.data, None), "select")
+    return keep, alpha_b, w, prob
+
+
 def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap_keep,
              pair_rank, phi, sg, su, pair_out, placement, fwd_alloc, quota, bwd_alloc, meta):
     """experts_backward (lrmoe.torch) as rank r of the group: pair_rank, sg
@@ -460,52 +561,16 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     ga = g.gather_rows(f"{blk.name}: routing", torch.cat([ids, alpha.view(torch.int32)], 1), Tr)
     gids, galpha = ga[:, :K].contiguous(), ga[:, K:].contiguous().view(torch.float32)
     seed = o.seed + step
-    keep = torch.empty(Tg, K, dtype=torch.uint8)
-    load = np.empty(E, np.int64)
-    alpha_b = galpha
+
+    def own_scores():  # this rank's pairs' scores, where g_t is (host arrays)
+        score = torch.empty(T, K, dtype=torch.float32)
+        check(call(lib.lrmoe_score_pairs_dt, o.metric, T, K, D, _lib.DT[gdt], gr.data_ptr(),
+                   alpha.data_ptr(), phi.data_ptr(), seed, score.data_ptr()), "score")
+        return score
+
+    keep, alpha_b, w, prob = _keep(o, call, blk, g, Tr, gids, galpha, cap_keep, pair_rank,
+                                   quota, bwd_alloc, by_rank, seed, gdt, own_scores)
     pr_p = pair_rank.data_ptr()
-    if cap_keep is not None:
-        # capacity-factor dropping: backward keeps exactly the forward's
-        # pairs, every rank's mask rows gathered (1 byte a pair); no scores
-        keep = g.gather_rows(f"{blk.name}: capacity keep",
-                             cap_keep.to(torch.uint8).contiguous(), Tr)
-        kq = np.bincount(gids.view(-1).long().numpy()[keep.view(-1).numpy() > 0], minlength=E)
-        if not np.array_equal(kq, quota):
-            raise Error(f"{blk.name}: the capacity plan's quotas are not the forward's kept "
-                        "pairs per expert")
-    else:
-        # scores where g_t is, then every rank's to every rank (4 bytes a pair)
-        if o.metric_name in ("random", "uniform"):  # no g: the global pair index only
-            gscore = torch.empty(Tg, K, dtype=torch.float32)
-            check(call(lib.lrmoe_score_pairs_dt, o.metric, Tg, K, D, _lib.DT[gdt], None,
-                       galpha.data_ptr(), None, seed, gscore.data_ptr()), "score")
-        else:
-            score = torch.empty(T, K, dtype=torch.float32)
-            check(call(lib.lrmoe_score_pairs_dt, o.metric, T, K, D, _lib.DT[gdt], gr.data_ptr(),
-                       alpha.data_ptr(), phi.data_ptr(), seed, score.data_ptr()), "score")
-            gscore = g.gather_rows(f"{blk.name}: scores", score, Tr)
-        if o.select == lt._SAMPLE:
-            w = torch.empty(Tg, K, dtype=torch.float32)
-            prob = torch.empty(Tg, K, dtype=torch.float32) if o.keep_masks else None
-            pp_ = prob.data_ptr() if prob is not None else None
-            if by_rank:
-                check(call(lib.lrmoe_score_sample_by_rank, Tg, K, E, P, gids.data_ptr(),
-                           gscore.data_ptr(), pr_p, bwd_alloc.ctypes.data, seed, keep.data_ptr(),
-                           w.data_ptr(), pp_, load.ctypes.data, None), "select")
-            else:
-                check(call(lib.lrmoe_score_sample, Tg, K, E, gids.data_ptr(), gscore.data_ptr(),
-                           quota.ctypes.data, -1.0, seed, keep.data_ptr(), w.data_ptr(), pp_,
-                           load.ctypes.data, None), "select")
-            alpha_b = torch.empty(Tg, K, dtype=torch.float32)
-            lib.lrmoe_score_weighted_alpha(Tg * K, galpha.data_ptr(), w.data_ptr(),
-                                           alpha_b.data_ptr())
-        elif by_rank:
-            check(call(lib.lrmoe_score_select_by_rank, Tg, K, E, P, gids.data_ptr(),
-                       gscore.data_ptr(), pr_p, bwd_alloc.ctypes.data, keep.data_ptr(),
-                       load.ctypes.data, None), "select")
-        else:
-            check(call(lib.lrmoe_score_select, Tg, K, E, gids.data_ptr(), gscore.data_ptr(),
-                       quota.ctypes.data, -1.0, keep.data_ptr(), load.ctypes.data, None), "select")
     W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False)
     b = _lib.ExecArgs(g.cfg(o.cfg), dict(T=Tg, E=E, K=K, D=D, F=F, P=P), W,
                       dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data),
@@ -548,7 +613,7 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     rec["bwd_move_bytes"] = g.moved.get("bwd", 0)
     if o.keep_masks:
         rec["keep"] = keep.numpy().astype(bool)
-        if o.select == lt._SAMPLE and cap_keep is None:
+        if w is not None:
             rec["pair_weight"] = w.numpy().copy()
             rec["pair_prob"] = prob.numpy().copy()
     # the weight gradients of this rank's native experts; the others' owners
@@ -568,3 +633,217 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     rec["bwd_comm_seconds"] = g.comm_s
     return (gh[lo:lo + T].to(hidden.dtype), gtw[lo:lo + T].to(topk_weights.dtype),
             gate_up_grad, down_grad)
+
+
+# ------------------------------------------------------------ CUDA tensors
+# group= with CUDA tensors: rank r's CUDA executor (lrmoe_exec_cuda_new on
+# this process's device, the group's callback communicator: one rank, its
+# all-to-alls and p2p through torch.distributed on device memory, NCCL on
+# GPUs) in device-pointer mode; the plan, selection and pack layout as above
+# on host arrays. The executor returns the outputs and the saved state
+# (||phi||^2, h_g, h_u) to the token owners, so the backward's moves carry
+# the packed rows (x_t, h_g, h_u of each kept pair) from the owner to the
+# pair's backward rank.
+
+def _device_cfg(o, g: "Group", idx: int) -> Dict[str, Any]:
+    from . import torch as lt
+    return g.cfg(lt._cuda_cfg(o, idx))
+
+
+def device_forward(layer, idx, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, train):
+    """experts_forward as rank r of the group on CUDA tensors."""
+    from . import torch as lt
+    o, call, blk = layer.owner, lt._Call(), layer.block
+    g: Group = o.dist
+    if layer.shard is not None:
+        raise Error(f"{blk.name}: shard=True with CUDA tensors is not supported")
+    dt = lt._act_dtype(blk.name, hidden, gate_up, down)
+    lt._check_call(blk.name, blk.E, blk.D, blk.F, hidden, topk_ids, topk_weights, gate_up, down,
+                   ids_range=False)
+    cu = lt._cuda_of(layer, idx)
+    g.dev = None if cu.fake else hidden.device
+    T, D = hidden.shape
+    E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
+    dev = hidden.device
+    x = hidden.detach().contiguous()
+    ids_h = topk_ids.detach().to("cpu")
+    lt._check_ids(blk.name, ids_h, E)
+    ids = ids_h.to(torch.int32).contiguous()
+    alpha = topk_weights.detach().to("cpu", torch.float32).contiguous()
+    d2h = ids_h.numel() * ids_h.element_size() + alpha.numel() * 4
+    g.comm_s = 0.0
+    Tr, lo = g.tokens(blk.name, T)
+    Tg = sum(Tr)
+    ga = g.gather_rows(f"{blk.name}: routing", torch.cat([ids, alpha.view(torch.int32)], 1), Tr)
+    gids, galpha = ga[:, :K].contiguous(), ga[:, K:].contiguous().view(torch.float32)
+    load = torch.bincount(gids.view(-1).long(), minlength=E).numpy()
+    placement, fwd_alloc, quota, bwd_alloc, attrs = lt._plan(layer, call, load, Tg, K, dt)
+    g.agree(blk.name, placement, fwd_alloc, quota, bwd_alloc)
+    pr = np.empty((Tg, K), np.int32)
+    check(lib.lrmoe_exec_assign(Tg, K, E, P, gids.data_ptr(), fwd_alloc.ctypes.data,
+                                placement.ctypes.data, pr.ctypes.data), f"{blk.name}: assign")
+    W = cu.weights(layer, gate_up.detach(), down.detach(), dt)
+    dims = dict(T=Tg, E=E, K=K, D=D, F=F, P=P)
+    Pl = dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
+    xg = torch.empty(Tg, D, dtype=hidden.dtype, device=dev)
+    xg[lo:lo + T] = x
+    out = torch.empty(Tg, D, dtype=hidden.dtype, device=dev)
+    prs = torch.empty(Tg, K, dtype=torch.int32)
+    n = Tg if train else 0
+    phi = torch.empty(n, K, dtype=torch.float32, device=dev)
+    sg = torch.empty(n, K, F, dtype=hidden.dtype, device=dev)
+    su = torch.empty(n, K, F, dtype=hidden.dtype, device=dev)
+    po = torch.empty(n, K, D, dtype=hidden.dtype, device=dev)
+    q = lambda nm, t: lt._dptr(nm, t, idx, cu.fake)  # noqa: E731
+    tr = (lambda nm, t: q(nm, t)) if train else (lambda nm, t: None)
+    a = _lib.ExecArgs(_device_cfg(o, g, idx), dims, W, Pl, act_dtype=_lib.DT[dt],
+                      hidden=q("hidden", xg), topk_ids=gids.data_ptr(),
+                      topk_weights=galpha.data_ptr(), output=q("output", out),
+                      pair_rank=prs.data_ptr(), phi_sqnorm=tr("phi_sqnorm", phi),
+                      saved_gate=tr("saved_gate", sg), saved_up=tr("saved_up", su),
+                      pair_out=tr("pair_out", po))
+    g.phase, g.sent, g.moved = "fwd", [], {}
+    xh = cu.executor(a)
+    call(g.run, f"{blk.name}: forward", lib.lrmoe_exec_args_forward_cuda, a.h, xh, None)
+    rec: Dict[str, Any] = {"layer": blk.layer, "step": o.steps.get(blk.layer, 0),
+                           "pairs": Tg * K, "tokens": Tg, "rank": g.rank, "rank_tokens": T,
+                           "device": str(dev), "fwd_d2h_bytes": d2h, "fwd_h2d_bytes": 0}
+    for k, v in attrs.items():
+        if k.startswith("plan."):
+            rec["keep_rule" if k == "plan.keep" else k[5:]] = lt._num(v)
+    rec["fwd_a2a_bytes"] = g.sent_bytes("fwd")
+    o.steps[blk.layer] = rec["step"] + 1
+    o.stats.append(rec)
+    meta = torch.tensor([rec["step"], int(rec.get("keep_rule") == "by-rank")], dtype=torch.int64)
+    if train:
+        layer.hold(rec)
+    call.record(rec, "fwd")
+    rec["fwd_comm_seconds"] = g.comm_s
+    own = (lambda t: t[lo:lo + T].clone()) if train else (lambda t: t)
+    return (out[lo:lo + T], torch.from_numpy(pr), own(phi), own(sg), own(su), own(po),
+            torch.from_numpy(placement), torch.from_numpy(fwd_alloc), torch.from_numpy(quota),
+            torch.from_numpy(bwd_alloc), meta)
+
+
+def device_backward(layer, idx, grad_out, hidden, topk_weights, gate_up, down, topk_ids,
+                    cap_keep, pair_rank, phi, sg, su, pair_out, placement, fwd_alloc, quota,
+                    bwd_alloc, meta):
+    """experts_backward as rank r of the group on CUDA tensors: pair_rank
+    is global (Tg,K) on the host, phi, sg, su and pair_out this rank's
+    tokens' (device)."""
+    from . import torch as lt
+    o, call, blk = layer.owner, lt._Call(), layer.block
+    g: Group = o.dist
+    cu = lt._cuda_of(layer, idx)
+    g.dev = None if cu.fake else hidden.device
+    step, by_rank = (int(v) for v in meta.tolist())
+    rec = layer.release(step)
+    dt = lt._act_dtype(blk.name, hidden, gate_up, down)
+    T, D = hidden.shape
+    E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
+    dev = hidden.device
+    c = torch.Tensor.contiguous
+    x, phi, sg, su, pair_out = c(hidden.detach()), c(phi), c(sg), c(su), c(pair_out)
+    pair_rank = pair_rank.to("cpu").contiguous()
+    ids = topk_ids.detach().to("cpu").to(torch.int32).contiguous()
+    alpha = topk_weights.detach().to("cpu", torch.float32).contiguous()
+    placement, fwd_alloc, quota, bwd_alloc = lt._plan_arrays(placement.cpu(), fwd_alloc.cpu(),
+                                                              quota.cpu(), bwd_alloc.cpu())
+    gr = grad_out.contiguous()
+    gdt = lt._TORCH_DT.get(gr.dtype)
+    if gdt is None:
+        gr, gdt = gr.float(), "F32"
+    if tuple(gr.shape) != (T, D):
+        raise Error(f"{blk.name}: grad_output has shape {tuple(gr.shape)}, expected {(T, D)}")
+    g.comm_s = 0.0
+    Tr, lo = g.tokens(blk.name, T)
+    Tg = sum(Tr)
+    g.phase, g.sent, g.moved = "bwd", [], {}
+    ga = g.gather_rows(f"{blk.name}: routing", torch.cat([ids, alpha.view(torch.int32)], 1), Tr)
+    gids, galpha = ga[:, :K].contiguous(), ga[:, K:].contiguous().view(torch.float32)
+    seed = o.seed + step
+
+    def own_scores():  # on the device where lrmoe_exec_cuda_score has the metric
+        s, _, _ = lt._score_device(o, cu, call, blk, T, K, D, gdt, gr, topk_weights, alpha, phi,
+                                   seed)
+        return s
+
+    keep, alpha_b, w, prob = _keep(o, call, blk, g, Tr, gids, galpha, cap_keep, pair_rank,
+                                   quota, bwd_alloc, by_rank, seed, gdt, own_scores)
+    W = cu.weights(layer, gate_up.detach(), down.detach(), dt)
+    Pl = dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
+    b = _lib.ExecArgs(_device_cfg(o, g, idx), dict(T=Tg, E=E, K=K, D=D, F=F, P=P), W, Pl,
+                      topk_ids=gids.data_ptr(), keep=keep.data_ptr(),
+                      pair_rank=pair_rank.data_ptr(), bwd_alloc=bwd_alloc.ctypes.data,
+                      quota=quota.ctypes.data)
+    check(call(lib.lrmoe_exec_args_pack, b.h), "pack")
+    R = b.get("R")
+    upair = np.ctypeslib.as_array(ctypes.cast(b.get_ptr("pack_pair"), POINTER(c_int64)),
+                                  (R,)).copy() if R else np.empty(0, np.int64)
+    urank = np.ctypeslib.as_array(ctypes.cast(b.get_ptr("pack_rank"), POINTER(ctypes.c_int32)),
+                                  (R,)).astype(np.int64) if R else np.empty(0, np.int64)
+    # the packed rows (global-shaped, R rows): the owner fills its pairs'
+    # rows as lrmoe-pack gathers them (x_t, h_g, h_u; alpha_b[u] g_t in F32),
+    # then x_t, h_g, h_u move to the pair's backward rank
+    owner = g.owners(Tg, upair // K)
+    mine = np.nonzero(owner == g.rank)[0]
+    u_d = torch.from_numpy(upair[mine] - lo * K).to(dev)
+    i_d = torch.from_numpy(mine).to(dev)
+    t_d = torch.div(u_d, K, rounding_mode="floor")
+    a_d = alpha_b.view(-1).index_select(0, torch.from_numpy(upair[mine])).to(dev)
+    Rn = max(R, 1)  # no kept row: non-NULL empty buffers
+    pk_hidden = torch.empty(Rn, D, dtype=x.dtype, device=dev)
+    pk_gate = torch.empty(Rn, F, dtype=x.dtype, device=dev)
+    pk_up = torch.empty(Rn, F, dtype=x.dtype, device=dev)
+    pk_grad = torch.empty(Rn, D, dtype=torch.float32, device=dev)
+    pk_hidden.index_copy_(0, i_d, x.index_select(0, t_d))
+    pk_gate.index_copy_(0, i_d, sg.view(T * K, F).index_select(0, u_d))
+    pk_up.index_copy_(0, i_d, su.view(T * K, F).index_select(0, u_d))
+    pk_grad.index_copy_(0, i_d, gr.index_select(0, t_d).float() * a_d.unsqueeze(1))
+    ri = np.arange(R, dtype=np.int64)
+    for nm, t in (("hidden", pk_hidden), ("saved_gate", pk_gate), ("saved_up", pk_up)):
+        g.move(f"{blk.name}: {nm}", t[:R], ri, owner, urank)
+    # global-shaped arrays with this rank's token rows
+    xg = torch.empty(Tg, D, dtype=x.dtype, device=dev)
+    xg[lo:lo + T] = x
+    gg = torch.empty(Tg, D, dtype=gr.dtype, device=dev)
+    gg[lo:lo + T] = gr
+    pog = torch.empty(Tg, K, D, dtype=x.dtype, device=dev)
+    pog[lo:lo + T] = pair_out
+    sgg = torch.empty(Tg, K, F, dtype=x.dtype, device=dev)
+    sgg[lo:lo + T] = sg
+    sug = torch.empty(Tg, K, F, dtype=x.dtype, device=dev)
+    sug[lo:lo + T] = su
+    f32 = dict(dtype=torch.float32, device=dev)
+    gh, gtw = torch.empty(Tg, D, **f32), torch.empty(Tg, K, **f32)
+    gwg, gwu = torch.empty(E, F, D, **f32), torch.empty(E, F, D, **f32)
+    gwd = torch.empty(E, D, F, **f32)
+    q = lambda nm, t: lt._dptr(nm, t, idx, cu.fake)  # noqa: E731
+    b.set(mode=2, act_dtype=_lib.DT[dt], grad_dtype=_lib.DT[gdt],
+          topk_weights=alpha_b.data_ptr(), grad_output=q("grad_output", gg),
+          pair_out=q("pair_out", pog), hidden=q("hidden", xg), saved_gate=q("saved_gate", sgg),
+          saved_up=q("saved_up", sug), pack_grad=q("pack_grad", pk_grad),
+          pack_hidden=q("pack_hidden", pk_hidden), pack_gate=q("pack_gate", pk_gate),
+          pack_up=q("pack_up", pk_up), grad_hidden=q("grad_hidden", gh),
+          grad_w_gate=q("grad_w_gate", gwg), grad_w_up=q("grad_w_up", gwu),
+          grad_w_down=q("grad_w_down", gwd), grad_topk_weights=q("grad_topk_weights", gtw))
+    xh = cu.executor(b)
+    call(g.run, f"{blk.name}: backward", lib.lrmoe_exec_args_backward_cuda, b.h, xh, None)
+    rec["kept"], rec["moved"] = int(R), b.get("moved")
+    rec["bwd_a2a_bytes"] = g.sent_bytes("bwd")
+    rec["bwd_move_bytes"] = g.moved.get("bwd", 0)
+    if o.keep_masks:
+        rec["keep"] = keep.numpy().astype(bool)
+        if w is not None:
+            rec["pair_weight"] = w.numpy().copy()
+            rec["pair_prob"] = prob.numpy().copy()
+    # the weight gradients of this rank's native experts (the others' zero)
+    nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)]) == g.rank
+    other = torch.from_numpy(np.nonzero(~nat)[0]).to(dev)
+    for t in (gwg, gwu, gwd):
+        t.index_fill_(0, other, 0.0)
+    wdt = gate_up.dtype
+    call.record(rec, "bwd")
+    rec["bwd_comm_seconds"] = g.comm_s
+    return (gh[lo:lo + T].to(hidden.dtype), gtw[lo:lo + T].to(topk_weights.dtype),
+            torch.cat([gwg, gwu], dim=1).to(wdt), gwd.to(wdt))

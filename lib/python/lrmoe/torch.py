@@ -723,6 +723,10 @@ def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down:
     torch.ops.lrmoe.experts_forward."""
     layer = _layer_of(handle)
     idx = _device_io(layer.owner, layer.block.name, hidden, topk_weights, gate_up, down, topk_ids)
+    if idx is not None and layer.owner.dist is not None:  # one rank of a group, on the device
+        from . import dist as _dist
+        return _dist.device_forward(layer, idx, hidden, topk_weights, gate_up, down, topk_ids,
+                                    cap_keep, train)
     if idx is not None:  # CUDA tensors: the layer's CUDA executor
         return _forward_device(layer, idx, hidden, topk_weights, gate_up, down, topk_ids,
                                cap_keep, train)
@@ -808,8 +812,7 @@ FAKE_DEVICE_ENV = "LRMOE_TORCH_FAKE_DEVICE"
 def _device_io(o: "Patch", name: str, *ts: Optional[Tensor]) -> Optional[int]:
     """The CUDA device index the call runs on (the device path), or None
     (the CPU backend on CPU tensors). One clear error for tensors on
-    several devices or on a device that is neither, and for group= with
-    CUDA tensors."""
+    several devices or on a device that is neither."""
     devs = sorted({str(t.device) for t in ts if isinstance(t, torch.Tensor)})
     if len(devs) > 1:
         raise Error(f"{name}: tensors on several devices ({', '.join(devs)}); the experts' "
@@ -824,12 +827,6 @@ def _device_io(o: "Patch", name: str, *ts: Optional[Tensor]) -> Optional[int]:
     else:
         raise Error(f"{name}: tensors on {dev}; lrmoe.torch runs on CPU tensors (CPU backend) "
                     "or CUDA tensors (CUDA backend)")
-    if o.dist is not None:
-        raise Error(f"{name}: group= with CUDA tensors is not supported: lrmoe.dist moves the "
-                    "rows through the process group from host memory and computes each rank "
-                    "with the CPU backend, and liblrmoe's CUDA executor communicates within "
-                    "one process or over MPI, not through torch's NCCL process group; use "
-                    "group= on CPU tensors (gloo), or ranks=P (simulated ranks) on one GPU")
     return idx
 
 
@@ -1193,6 +1190,11 @@ def experts_backward(grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, gat
     layer = _layer_of(handle)
     idx = _device_io(layer.owner, layer.block.name, grad_out, hidden, topk_weights, gate_up, down,
                      topk_ids)
+    if idx is not None and layer.owner.dist is not None:
+        from . import dist as _dist
+        return _dist.device_backward(layer, idx, grad_out, hidden, topk_weights, gate_up, down,
+                                     topk_ids, cap_keep, pair_rank, phi, sg, su, pair_out,
+                                     placement, fwd_alloc, quota, bwd_alloc, meta)
     if idx is not None:
         return _backward_device(layer, idx, grad_out, hidden, topk_weights, gate_up, down,
                                 topk_ids, cap_keep, pair_rank, phi, sg, su, pair_out, placement,

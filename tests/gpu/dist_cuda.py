@@ -1,0 +1,124 @@
+"""patch(group=) with CUDA tensors under torchrun: each rank's CUDA executor
+(one rank, the group's callback communicator) against the simulated run
+(patch(ranks=P)) on the same kind of device, which each rank computes
+itself on the whole batch. The experts op of a tiny Qwen3-MoE block, for
+planners lrmoe and llep (replicas: weights and gradients by p2p), rate 1.0
+and 0.7, select topk and sample, 3 SGD steps: the outputs, the hidden and
+routing-weight gradients of this rank's tokens, the weight gradients of its
+native experts (the others' zero) and the kept/moved counts.
+  torchrun --standalone --nproc-per-node 2 dist_cuda.py fake [TOL]
+      gloo, CPU tensors through the CUDA path on the fake CUDA module
+      (LRMOE_CUDA_MODULE; LRMOE_TORCH_FAKE_DEVICE=1, set here): the
+      kernels are their CPU references, so TOL defaults to 0 (bit for bit)
+  torchrun ... dist_cuda.py cuda [TOL]
+      NCCL, rank r on cuda:r (tests/gpu/device-check.sh, >= 2 GPUs)
+Prints "dist_cuda: RANK ok N checks" per rank and "dist_cuda (MODE): PASS"
+on rank 0; FAIL lines and exit 1 otherwise."""
+import copy
+import datetime
+import os
+import sys
+
+mode = sys.argv[1] if len(sys.argv) > 1 else "cuda"
+tol = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+if mode == "fake":
+    os.environ["LRMOE_TORCH_FAKE_DEVICE"] = "1"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import tiny  # noqa: E402,F401
+import lrmoe.dist as ld  # noqa: E402
+import lrmoe.torch as lt  # noqa: E402
+
+if mode == "cuda":
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=120))
+else:
+    dev = torch.device("cpu")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+ME, P = dist.get_rank(), dist.get_world_size()
+torch.set_num_threads(1)
+checks = 0
+
+
+def fail(msg):
+    print(f"dist_cuda: rank {ME}: FAIL {msg}", flush=True)
+    sys.exit(1)
+
+
+def same(a, b, what):
+    global checks
+    checks += 1
+    if a.shape != b.shape or a.dtype != b.dtype:
+        fail(f"{what}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}")
+    d = (a.float() - b.float()).abs().max().item() if a.numel() else 0.0
+    m = b.float().abs().max().item() if b.numel() else 0.0
+    if (tol == 0 and not torch.equal(a, b)) or d > tol * max(m, 1e-30):
+        fail(f"{what}: differs from the simulated run (max |diff| {d}, max |ref| {m})")
+
+
+def routing(Tg, E, K, seed):
+    g = torch.Generator().manual_seed(seed)
+    prob = torch.tensor([8.0 / (1 + e) for e in range(E)])
+    ids = torch.stack([torch.multinomial(prob, K, generator=g) for _ in range(Tg)])
+    w = torch.softmax(torch.randn(Tg, K, generator=g), -1)
+    return ids, w
+
+
+E, D, K = tiny.E, tiny.D, tiny.K
+Tg = 24 * P
+lo, hi = ME * Tg // P, (ME + 1) * Tg // P
+nat = [e for e in range(E) if lt.lib.lrmoe_exec_native(e, E, P) == ME]
+other = [e for e in range(E) if e not in nat]
+for planner in ("lrmoe", "llep"):
+    for rate in (1.0, 0.7):
+        for select in ("topk", "sample"):
+            tag = f"{planner} rate={rate} select={select}"
+            base = tiny.block("qwen3_moe", seed=3)
+            ref, mine = copy.deepcopy(base).to(dev), copy.deepcopy(base).to(dev)
+            kw = dict(planner=planner, select=select, seed=5, rate=rate)
+            hr = lt.patch(ref, ranks=P, **kw)
+            hm = lt.patch(mine, group=dist.group.WORLD, **kw)
+            opt_r = torch.optim.SGD(ref.experts.parameters(), lr=0.5)
+            opt_m = torch.optim.SGD(mine.experts.parameters(), lr=0.5)
+            for step in range(3):
+                gen = torch.Generator().manual_seed(100 + step)
+                x = torch.randn(Tg, D, generator=gen).to(dev)
+                G = torch.randn(Tg, D, generator=gen).to(dev)
+                ids, w = (t.to(dev) for t in routing(Tg, E, K, 200 + step))
+                xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+                out_r = ref.experts(xr, ids, wr)
+                out_r.backward(G)
+                xm, wm = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
+                out_m = mine.experts(xm, ids[lo:hi], wm)
+                out_m.backward(G[lo:hi])
+                t = f"{tag} step {step}"
+                same(out_m.detach(), out_r[lo:hi].detach(), f"{t}: output")
+                same(xm.grad, xr.grad[lo:hi], f"{t}: grad hidden")
+                same(wm.grad, wr.grad[lo:hi], f"{t}: grad topk_weights")
+                for n in ("gate_up_proj", "down_proj"):
+                    gm = getattr(mine.experts, n).grad
+                    gr = getattr(ref.experts, n).grad
+                    same(gm[nat], gr[nat], f"{t}: grad {n} of native experts {nat}")
+                    same(gm[other], torch.zeros_like(gm[other]), f"{t}: grad {n} of others")
+                rec, rr = hm.stats[-1], hr.stats[-1]
+                checks += 1
+                if rec.get("device") is None or "rank" not in rec:
+                    fail(f"{t}: not the group's device path (stats {sorted(rec)})")
+                if rec["kept"] != rr["kept"] or rec["moved"] != rr["moved"]:
+                    fail(f"{t}: kept/moved {rec['kept']}/{rec['moved']} vs simulated "
+                         f"{rr['kept']}/{rr['moved']}")
+                if rate < 1 and planner == "lrmoe" and not rec["kept"] < rec["pairs"]:
+                    fail(f"{t}: rate {rate} kept all {rec['pairs']} pairs")
+                for o in (opt_r, opt_m):
+                    o.step()
+                    o.zero_grad()
+            hm.unpatch()
+            hr.unpatch()
+print(f"dist_cuda: {ME} ok {checks} checks", flush=True)
+del hm, hr, mine, ref
+ld.shutdown()
+if ME == 0:
+    print(f"dist_cuda ({mode}): PASS", flush=True)
