@@ -231,7 +231,11 @@ int lrmoe_exec_backward(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
  * ranks by events, and waits on the host once, at its end. Results are
  * those of lrmoe_exec_forward/backward with backend CUDA (which make and
  * free an executor per call). cfg gives device, gpus, gemm, gemm_streams
- * and comm (an MPI rank communicator) at creation; forward/backward take
+ * and comm at creation (an MPI rank communicator: NCCL between the ranks'
+ * GPUs; or a callback rank communicator, lrmoe_comm_callback_new: this
+ * process's rank on cfg.device, its stream synchronised before each call of
+ * the callbacks, which move device memory, e.g. through a torch.distributed
+ * process group); forward/backward take
  * the same cfg (input checks) and P must be the executor's. Not
  * thread-safe: one thread per executor. Built with CUDA only (else
  * lrmoe_exec_cuda_new fails with the backend's message). */
