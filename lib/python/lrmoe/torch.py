@@ -631,15 +631,18 @@ def _layer_of(handle: int) -> "_Layer":
 
 
 def _exec_weights(layer: "_Layer", gate_up: Tensor, down: Tensor, dt: str, placement: np.ndarray,
-                  fwd_alloc: np.ndarray, check_finite: bool) -> Tuple[Any, tuple]:
+                  fwd_alloc: np.ndarray, check_finite: bool, call: Optional["_Call"] = None,
+                  rank: Optional[int] = None) -> Tuple[Any, tuple]:
     """The weights' exec arguments (lrmoe_exec_weights_t's fields by name)
     of the expert parameters for one call, and the tensors they point into,
-    to keep alive while they are used."""
+    to keep alive while they are used. call: the _Call that times the
+    liblrmoe check (check_finite). rank: this process's rank of a group
+    (lrmoe.dist), which sends only its native experts."""
     blk = layer.block
     E, D, F = blk.E, blk.D, blk.F
     gu, dn = gate_up.detach(), down.detach()
     w_gate, w_up, w_down = _storage_split(gu, dn, F, placement, fwd_alloc, layer.owner.ranks,
-                                          E, layer.shard)
+                                          E, layer.shard, rank)
     # the packed F32 copy lrmoe-exec makes too: [W_gate; W_up; W_down] per
     # expert, so gate and up run as one GEMM (HF's gate_up_proj is [W_gate; W_up])
     w_f32 = layer.packed(gu, dn)
@@ -649,8 +652,9 @@ def _exec_weights(layer: "_Layer", gate_up: Tensor, down: Tensor, dt: str, place
         # --allow-nonfinite has no counterpart here): one pass of the library's
         # check (a shard: its rows, the only ones liblrmoe reads)
         lo, hi = layer.shard or (0, E)
-        check(lib.lrmoe_exec_check_finite(_lib.DT["F32"], wf + lo * 3 * F * D * 4,
-                                          (hi - lo) * 3 * F * D, b"expert weights"), blk.name)
+        fin = call if call is not None else (lambda fn, *a: fn(*a))
+        check(fin(lib.lrmoe_exec_check_finite, _lib.DT["F32"], wf + lo * 3 * F * D * 4,
+                  (hi - lo) * 3 * F * D, b"expert weights"), blk.name)
     W = dict(weights_dtype=_lib.DT[dt], w_gate=_buf("w_gate", w_gate, dt, (E, F, D)),
              w_up=_buf("w_up", w_up, dt, (E, F, D)),
              w_down=_buf("down_proj", w_down, dt, (E, D, F)), w_f32=wf)
@@ -737,7 +741,7 @@ def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down:
     x, ids, alpha = _pairs(hidden, topk_ids, topk_weights)
     load = torch.bincount(ids.view(-1).long(), minlength=E).numpy()
     placement, fwd_alloc, quota, bwd_alloc, attrs = _plan(layer, call, load, T, K, dt)
-    W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True)
+    W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True, call)
     dims = dict(T=T, E=E, K=K, D=D, F=F, P=P)
     Pl = dict(placement=_buf("placement", placement, "U8", (E, P)),
               fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
@@ -1383,13 +1387,14 @@ class LRMoEExperts(torch.nn.Module):
                     train)[0]
 
 
-def _storage_split(gu, dn, F, placement, fwd_alloc, P, E=None, shard=None):
+def _storage_split(gu, dn, F, placement, fwd_alloc, P, E=None, shard=None, rank=None):
     """w_gate, w_up (E,F,D) and w_down (E,D,F) in the storage dtype from HF's
     (E,2F,D) and (E,D,F). With the packed F32 copy given, the CPU backend
     reads the storage arrays only to send an expert to the ranks holding a
     replica or helper instance of it (lrmoe_exec_weights_t in exec.h), so
     only those experts are copied; the rows of the others are never read.
-    down_proj is passed as it is when contiguous. shard (lo, hi): gu and dn
+    rank: one process of a group (lrmoe.dist) sends its native experts
+    only, so only those of them are copied. down_proj is passed as it is when contiguous. shard (lo, hi): gu and dn
     hold experts [lo, hi) only (float32), a rank's native ones, the only
     ones it sends: global-shaped arrays of which only those rows are
     written (_virtual)."""
@@ -1415,7 +1420,10 @@ def _storage_split(gu, dn, F, placement, fwd_alloc, P, E=None, shard=None):
     remote[np.arange(E), nat] = False
     fa = fwd_alloc.copy()
     fa[np.arange(E), nat] = 0
-    sent = np.nonzero(remote.any(1) | (fa > 0).any(1))[0]
+    need = remote.any(1) | (fa > 0).any(1)
+    if rank is not None:
+        need &= nat == rank
+    sent = np.nonzero(need)[0]
     w_gate = torch.empty(E, F, gu.shape[2], dtype=gu.dtype)
     w_up = torch.empty_like(w_gate)
     w_down = dn if dn.is_contiguous() else torch.empty(dn.shape, dtype=dn.dtype)
