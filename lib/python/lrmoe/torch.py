@@ -641,8 +641,11 @@ def _exec_weights(layer: "_Layer", gate_up: Tensor, down: Tensor, dt: str, place
     blk = layer.block
     E, D, F = blk.E, blk.D, blk.F
     gu, dn = gate_up.detach(), down.detach()
-    w_gate, w_up, w_down = _storage_split(gu, dn, F, placement, fwd_alloc, layer.owner.ranks,
-                                          E, layer.shard, rank)
+    if dt == "F32":  # the CPU backend reads every matrix from w_f32 (exec.h): no split
+        w_gate = w_up = w_down = None
+    else:
+        w_gate, w_up, w_down = _storage_split(gu, dn, F, placement, fwd_alloc, layer.owner.ranks,
+                                              E, rank)
     # the packed F32 copy lrmoe-exec makes too: [W_gate; W_up; W_down] per
     # expert, so gate and up run as one GEMM (HF's gate_up_proj is [W_gate; W_up])
     w_f32 = layer.packed(gu, dn)
@@ -1387,35 +1390,18 @@ class LRMoEExperts(torch.nn.Module):
                     train)[0]
 
 
-def _storage_split(gu, dn, F, placement, fwd_alloc, P, E=None, shard=None, rank=None):
+def _storage_split(gu, dn, F, placement, fwd_alloc, P, E=None, rank=None):
     """w_gate, w_up (E,F,D) and w_down (E,D,F) in the storage dtype from HF's
-    (E,2F,D) and (E,D,F). With the packed F32 copy given, the CPU backend
-    reads the storage arrays only to send an expert to the ranks holding a
-    replica or helper instance of it (lrmoe_exec_weights_t in exec.h), so
-    only those experts are copied; the rows of the others are never read.
-    rank: one process of a group (lrmoe.dist) sends its native experts
-    only, so only those of them are copied. down_proj is passed as it is when contiguous. shard (lo, hi): gu and dn
-    hold experts [lo, hi) only (float32), a rank's native ones, the only
-    ones it sends: global-shaped arrays of which only those rows are
-    written (_virtual)."""
+    (E,2F,D) and (E,D,F), for bfloat16 storage (float32 needs none: the CPU
+    backend takes every matrix from the packed F32 copy, exec.h; shard=True
+    is float32 only). With the packed F32 copy given, the CPU backend reads
+    the storage arrays only to send an expert to the ranks holding a replica
+    or helper instance of it (lrmoe_exec_weights_t in exec.h), so only those
+    experts are copied; the rows of the others are never read. rank: one
+    process of a group (lrmoe.dist) sends its native experts only, so only
+    those of them are copied. down_proj is passed as it is when contiguous."""
     E = gu.shape[0] if E is None else E
     nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)])
-    if shard is not None:
-        lo, hi = shard
-        w_gate, w_up = _virtual((E, F, gu.shape[2])), _virtual((E, F, gu.shape[2]))
-        w_down = _virtual((E,) + tuple(dn.shape[1:]))
-        mine = np.arange(lo, hi)
-        rem = placement[lo:hi].astype(bool)
-        fa = fwd_alloc[lo:hi] > 0
-        rem[np.arange(hi - lo), nat[lo:hi]] = False
-        fa[np.arange(hi - lo), nat[lo:hi]] = False
-        sent = mine[rem.any(1) | fa.any(1)]
-        if len(sent):
-            i, j = torch.from_numpy(sent), torch.from_numpy(sent - lo)
-            w_gate[i] = gu[j, :F]
-            w_up[i] = gu[j, F:]
-            w_down[i] = dn[j]
-        return w_gate, w_up, w_down
     remote = placement.astype(bool)
     remote[np.arange(E), nat] = False
     fa = fwd_alloc.copy()
@@ -1510,8 +1496,8 @@ class Patch:
             raise Error('planner="capacity" needs capacity_factor= (e.g. 1.0 or 1.25)')
         Planner(ranks=self.ranks, **self.plan_options)  # bad options fail here, once
         # the exec's cfg by name (lrmoe_exec_args_t); F32 numerics: the layer
-        # hands liblrmoe packed F32 weights (w_f32) and, in storage dtype,
-        # only the experts that cross ranks
+        # hands liblrmoe packed F32 weights (w_f32) and, for bfloat16
+        # storage, the experts that cross ranks in it (F32: w_f32 only)
         self.cfg: Dict[str, Any] = dict(
             threads=_lib.i32("threads", threads if threads is not None
                              else torch.get_num_threads(), 0, 1024),
