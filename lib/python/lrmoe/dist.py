@@ -541,7 +541,9 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
         pog[lo:lo + T] = pair_out
     gh = torch.empty(Tg, D, dtype=torch.float32)
     gwg, gwu = o.scratch_grad(E, F, D)
-    gwd = (lt._virtual((E, D, F)) if layer.shard is not None
+    # float32 or sharded: zero-filled pages, of which liblrmoe writes the
+    # native experts' rows only (the others cost no memory and no zeroing)
+    gwd = (lt._virtual((E, D, F)) if layer.shard is not None or gate_up.dtype == torch.float32
            else torch.empty(E, D, F, dtype=torch.float32))
     gtw = torch.empty(Tg, K, dtype=torch.float32)
     b.set(mode=2, act_dtype=_lib.DT[dt], grad_dtype=_lib.DT[gdt],
@@ -571,13 +573,16 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
         nat = np.nonzero(np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)]) ==
                          g.rank)[0]
         s0, s1 = int(nat[0]), int(nat[-1]) + 1
-        gate_up_grad = torch.empty(E, 2 * F, D, dtype=wdt)
-        for t in (gate_up_grad, gwd):
-            t[:s0].zero_()
-            t[s1:].zero_()
+        if wdt == torch.float32:  # zero-filled pages (_virtual): the others' rows are 0
+            gate_up_grad, down_grad = lt._virtual((E, 2 * F, D)), gwd
+        else:
+            gate_up_grad = torch.empty(E, 2 * F, D, dtype=wdt)
+            for t in (gate_up_grad, gwd):
+                t[:s0].zero_()
+                t[s1:].zero_()
+            down_grad = gwd.to(wdt)
         gate_up_grad[s0:s1, :F] = gwg[s0:s1]
         gate_up_grad[s0:s1, F:] = gwu[s0:s1]
-        down_grad = gwd.to(wdt)
     call.record(rec, "bwd")
     rec["bwd_comm_seconds"] = g.comm_s
     return (gh[lo:lo + T].to(hidden.dtype), gtw[lo:lo + T].to(topk_weights.dtype),
