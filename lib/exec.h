@@ -127,7 +127,10 @@ typedef struct {
      * over the three above, for BF16 or F32 storage): expert e is the block
      * w_f32 + e*3*F*D = [W_gate (F,D); W_up (F,D); W_down (D,F)], so W_gate
      * and W_up form one (2F,D) matrix and the CPU backend runs the gate and
-     * up projections as ONE GEMM with N = 2F (and dx as one with K = 2F). */
+     * up projections as ONE GEMM with N = 2F (and dx as one with K = 2F).
+     * F32 storage with w_f32 (CPU backend): every read of a matrix, the
+     * p2p copies to replicas and helpers included, takes it from w_f32 (the
+     * same values), and w_gate, w_up, w_down may be NULL. */
     const float *w_f32;
 } lrmoe_exec_weights_t;
 

@@ -367,6 +367,18 @@ static size_t wmat_bytes(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t 
     return (size_t)(d->F * d->D) * lrmoe_dtype_size(w->dtype);
 }
 
+/* Matrix k (0 gate, 1 up, 2 down) of expert e in the storage dtype. F32
+ * storage with the packed copy given: the packed copy's block (the same
+ * values), so w_gate/w_up/w_down are never read and may be NULL (exec.h). */
+static const char *wmat(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w, int64_t e,
+                        int k)
+{
+    size_t mb = wmat_bytes(d, w);
+    if (w->dtype == LRMOE_F32 && w->w_f32)
+        return (const char *)(w->w_f32 + (size_t)e * 3 * (size_t)(d->F * d->D)) + k * mb;
+    return (const char *)(k == 0 ? w->w_gate : k == 1 ? w->w_up : w->w_down) + e * mb;
+}
+
 /* Bring the replica/helper weights of rank r in by p2p (stage weights).
  * With one rank per process (c->self) every process walks the instances
  * (q, e) of all ranks in the same order, sending the experts it owns to the
@@ -384,9 +396,9 @@ static int fetch_replicas(lrmoe_comm_t *c, const lrmoe_exec_dims_t *d,
         if (!need) continue;
         if (q != r) { /* another process's instance: send it when r owns e */
             if (nat == r &&
-                (c->p2p(c, r, (const char *)w->w_gate + e * mb, q, NULL, mb) < 0 ||
-                 c->p2p(c, r, (const char *)w->w_up + e * mb, q, NULL, mb) < 0 ||
-                 c->p2p(c, r, (const char *)w->w_down + e * mb, q, NULL, mb) < 0))
+                (c->p2p(c, r, wmat(d, w, e, 0), q, NULL, mb) < 0 ||
+                 c->p2p(c, r, wmat(d, w, e, 1), q, NULL, mb) < 0 ||
+                 c->p2p(c, r, wmat(d, w, e, 2), q, NULL, mb) < 0))
                 return -1;
             continue;
         }
@@ -396,9 +408,9 @@ static int fetch_replicas(lrmoe_comm_t *c, const lrmoe_exec_dims_t *d,
         wc->rep[e] = rep;
         /* F32 storage (or raw) lands directly in the replica; BF16 in the staging buffer */
         char *buf = w->dtype == LRMOE_F32 || wc->raw ? rep : wc->stage;
-        if (c->p2p(c, nat, (const char *)w->w_gate + e * mb, r, buf, mb) < 0 ||
-            c->p2p(c, nat, (const char *)w->w_up + e * mb, r, buf + mb, mb) < 0 ||
-            c->p2p(c, nat, (const char *)w->w_down + e * mb, r, buf + 2 * mb, mb) < 0)
+        if (c->p2p(c, nat, wmat(d, w, e, 0), r, buf, mb) < 0 ||
+            c->p2p(c, nat, wmat(d, w, e, 1), r, buf + mb, mb) < 0 ||
+            c->p2p(c, nat, wmat(d, w, e, 2), r, buf + 2 * mb, mb) < 0)
             return -1;
         if (w->dtype != LRMOE_F32 && !wc->raw) lrmoe_convert_to_f32(w->dtype, buf, (float *)rep, 3 * n);
     }
@@ -421,8 +433,7 @@ static void expert_w(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
         const char *b = wc->rep[e];
         o->dt = w->dtype;
         if (b) { o->g = b; o->u = b + mb; o->d = b + 2 * mb; return; }
-        o->g = (const char *)w->w_gate + e * mb; o->u = (const char *)w->w_up + e * mb;
-        o->d = (const char *)w->w_down + e * mb;
+        o->g = wmat(d, w, e, 0); o->u = wmat(d, w, e, 1); o->d = wmat(d, w, e, 2);
         return;
     }
     o->dt = LRMOE_F32;
@@ -469,7 +480,9 @@ static int check_common(const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *
     if (w->dtype != LRMOE_F32 && w->dtype != LRMOE_BF16)
         return lrmoe_err("weights: dtype %s not supported (BF16 or F32)",
                          lrmoe_dtype_name(w->dtype));
-    if (!w->w_gate || !w->w_up || !w->w_down) return lrmoe_err("weights: missing matrices");
+    if ((!w->w_gate || !w->w_up || !w->w_down) && !(w->dtype == LRMOE_F32 && w->w_f32))
+        return lrmoe_err("weights: missing matrices (w_gate, w_up, w_down: NULL only with F32 "
+                         "weights and w_f32)");
     return 0;
 }
 

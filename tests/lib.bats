@@ -501,12 +501,16 @@ PY
     assert_line --regexp "^ep: -1 .*ep"
 }
 
-@test "lrmoe_exec_args_t: forward, pack and compact backward by field name give the struct calls' bits; misuse is named" {
+@test "lrmoe_exec_args_t: forward, pack and compact backward by field name give the struct calls' bits; F32 weights as w_f32 only (replicas) read no other matrix; misuse is named" {
     staged_cc args args_inproc
     run env LD_LIBRARY_PATH="$LIBD" "$T/args"
     assert_success
     assert_line "R 16 moved 0 pack_pair set"
     assert_line "same bits"
+    assert_line --regexp "^pairs on replicas: [1-9][0-9]*$"
+    assert_line "replicas, w_f32 only against the matrices: within 1e-5"
+    assert_line "replicas, w_f32 beside other matrices: same bits"
+    assert_line "no weights: -1 weights: missing matrices (w_gate, w_up, w_down: NULL only with F32 weights and w_f32)"
     assert_line "unknown: -1 exec args: no argument 'hiden' (lrmoe_exec_args_new(3) lists them)"
     assert_line "number for a pointer: -1 exec args: 'hidden' is a pointer (lrmoe_exec_args_set_ptr)"
     assert_line "pointer for a number: -1 exec args: 'T' is a number (lrmoe_exec_args_set)"

@@ -1,10 +1,14 @@
 /* lrmoe_exec_args_t (api.h) against the struct calls it holds the
  * arguments of: a forward and a compact backward (layout-only) on the same
- * buffers through both, which must give the same bits; then the misuse
- * cases, each printed with its error. Built against the staged tree. */
+ * buffers through both, which must give the same bits; F32 weights given
+ * as the packed copy w_f32 only (w_gate, w_up, w_down NULL) under a plan
+ * with replicas (their weights copied by p2p) against the three matrices;
+ * then the misuse cases, each printed with its error. Built against the
+ * staged tree. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <lrmoe/lrmoe.h>
 #include <lrmoe/api.h>
 #include <lrmoe/exec.h>
@@ -59,6 +63,52 @@ static int by_structs(result_t *r)
     int rc = lrmoe_exec_backward(&cfg, &d, &w, &pl, &b, NULL);
     lrmoe_pack_plan_free(&pp);
     return rc;
+}
+
+/* The struct calls under a plan with a replica of every expert on the
+ * other rank, which runs half of its pairs: the three matrices only
+ * (packed 0), their packed F32 copy only (1), the packed copy with three
+ * other matrices beside it (2: they must not be read), or no weights (-1). */
+static int replicas(result_t *r, int packed)
+{
+    static float wf[E * 3 * F * D], decoy[E * 3 * F * D];
+    fill(decoy, sizeof decoy / 4, 9);
+    for (int e = 0; e < E; e++) {
+        memcpy(wf + e * 3 * F * D, wg + e * F * D, sizeof(float) * F * D);
+        memcpy(wf + e * 3 * F * D + F * D, wu + e * F * D, sizeof(float) * F * D);
+        memcpy(wf + e * 3 * F * D + 2 * F * D, wd + e * D * F, sizeof(float) * D * F);
+    }
+    uint8_t placement[E * P];
+    int64_t fa[E * P] = {0};
+    memset(placement, 1, sizeof placement);
+    for (int u = 0; u < T * K; u++) fa[ids[u] * P + lrmoe_exec_native(ids[u], E, P)]++;
+    int64_t moved = 0; /* half of every expert's pairs run on its replica */
+    for (int e = 0; e < E; e++) {
+        int nat = lrmoe_exec_native(e, E, P), o = (nat + 1) % P;
+        fa[e * P + o] = fa[e * P + nat] / 2, fa[e * P + nat] -= fa[e * P + o];
+        moved += fa[e * P + o];
+    }
+    if (packed == 1) printf("pairs on replicas: %lld\n", (long long)moved);
+    lrmoe_exec_cfg_t cfg;
+    lrmoe_exec_cfg_default(&cfg);
+    lrmoe_exec_dims_t d = {T, E, K, D, F, P};
+    lrmoe_exec_weights_t w = {.dtype = LRMOE_F32};
+    if (packed >= 1) w.w_f32 = wf;
+    if (packed == 0) w.w_gate = wg, w.w_up = wu, w.w_down = wd;
+    if (packed == 2) w.w_gate = decoy, w.w_up = decoy + E * F * D, w.w_down = decoy + 2 * E * F * D;
+    lrmoe_exec_plan_t pl = {placement, fa};
+    lrmoe_exec_fwd_t f = {.act_dtype = LRMOE_F32, .hidden = x, .topk_ids = ids,
+                          .topk_weights = alpha, .output = r->out, .pair_rank = r->pr,
+                          .phi_sqnorm = r->phi, .saved_gate = r->sg, .saved_up = r->su,
+                          .pair_out = r->po};
+    if (lrmoe_exec_forward(&cfg, &d, &w, &pl, &f, NULL) < 0) return -1;
+    lrmoe_exec_bwd_t b = {.mode = LRMOE_MODE_FULL, .act_dtype = LRMOE_F32,
+                          .grad_dtype = LRMOE_F32, .topk_ids = ids, .topk_weights = alpha,
+                          .grad_output = g, .pair_out = r->po, .hidden = x,
+                          .pair_rank = r->pr, .saved_gate = r->sg, .saved_up = r->su,
+                          .grad_hidden = r->gh, .grad_w_gate = r->gwg, .grad_w_up = r->gwu,
+                          .grad_w_down = r->gwd, .grad_topk_weights = r->gtw};
+    return lrmoe_exec_backward(&cfg, &d, &w, &pl, &b, NULL);
 }
 
 static int by_name(result_t *r)
@@ -122,6 +172,25 @@ int main(void)
         return 1;
     }
     printf("%s\n", memcmp(&r1, &r2, sizeof r1) ? "DIFFERENT" : "same bits");
+    memset(&r1, 0xa5, sizeof r1), memset(&r2, 0x5a, sizeof r2);
+    if (replicas(&r1, 0) < 0 || replicas(&r2, 1) < 0) {
+        fprintf(stderr, "exec with replicas: %s\n", lrmoe_errmsg());
+        return 1;
+    }
+    /* the packed GEMM (gate and up as one) against three: rounding only */
+    float dmax = 0, *a1 = (float *)&r1, *a2 = (float *)&r2;
+    for (size_t i = 0; i < sizeof r1 / 4; i++)
+        dmax = fabsf(a1[i] - a2[i]) > dmax ? fabsf(a1[i] - a2[i]) : dmax;
+    printf("replicas, w_f32 only against the matrices: %s\n",
+           dmax < 1e-5f ? "within 1e-5" : "DIFFERENT");
+    memset(&r1, 0xa5, sizeof r1);
+    if (replicas(&r1, 2) < 0) {
+        fprintf(stderr, "exec with replicas: %s\n", lrmoe_errmsg());
+        return 1;
+    }
+    printf("replicas, w_f32 beside other matrices: %s\n",
+           memcmp(&r1, &r2, sizeof r1) ? "DIFFERENT" : "same bits");
+    show("no weights", replicas(&r1, -1));
     lrmoe_exec_args_t *a = lrmoe_exec_args_new();
     show("unknown", lrmoe_exec_args_set(a, "hiden", 1));
     show("number for a pointer", lrmoe_exec_args_set(a, "hidden", 1));

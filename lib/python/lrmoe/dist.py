@@ -385,9 +385,10 @@ def shutdown(barrier: bool = True) -> None:
                     "lrmoe.dist.shutdown())")
 
 
-def _finite(dt: str, t: torch.Tensor, name: str, what: str) -> None:
-    check(lib.lrmoe_exec_check_finite(_lib.DT[dt], _lib.buf(name, t, dt, tuple(t.shape)),
-                                      t.numel(), name.encode()), what)
+def _finite(call, dt: str, t: torch.Tensor, name: str, what: str) -> None:
+    """liblrmoe's finiteness check of t, timed in call (a _Call)."""
+    check(call(lib.lrmoe_exec_check_finite, _lib.DT[dt], _lib.buf(name, t, dt, tuple(t.shape)),
+               t.numel(), name.encode()), what)
 
 
 def capacity_keep(layer, topk_ids, topk_weights):
@@ -418,8 +419,8 @@ def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, trai
     T, D = hidden.shape
     E, F, K, P = blk.E, blk.F, topk_ids.shape[1], o.ranks
     x, ids, alpha = lt._pairs(hidden, topk_ids, topk_weights)
-    _finite(dt, x, "hidden", blk.name)
-    _finite("F32", alpha, "topk_weights", blk.name)
+    _finite(call, dt, x, "hidden", blk.name)
+    _finite(call, "F32", alpha, "topk_weights", blk.name)
     g.comm_s = 0.0
     Tr, lo = g.tokens(blk.name, T)
     Tg = sum(Tr)
@@ -429,9 +430,10 @@ def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, trai
     placement, fwd_alloc, quota, bwd_alloc, attrs = lt._plan(layer, call, load, Tg, K, dt)
     g.agree(blk.name, placement, fwd_alloc, quota, bwd_alloc)
     pr = np.empty((Tg, K), np.int32)
-    check(lib.lrmoe_exec_assign(Tg, K, E, P, gids.data_ptr(), fwd_alloc.ctypes.data,
-                                placement.ctypes.data, pr.ctypes.data), f"{blk.name}: assign")
-    W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True)
+    check(call(lib.lrmoe_exec_assign, Tg, K, E, P, gids.data_ptr(), fwd_alloc.ctypes.data,
+               placement.ctypes.data, pr.ctypes.data), f"{blk.name}: assign")
+    W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True, call,
+                                     g.rank)
     dims = dict(T=Tg, E=E, K=K, D=D, F=F, P=P)
     Pl = dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
     xg = torch.empty(Tg, D, dtype=hidden.dtype)
@@ -553,7 +555,7 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     gdt = lt._TORCH_DT.get(gr.dtype)
     if gdt is None:
         gr, gdt = gr.float(), "F32"
-    _finite(gdt, gr, "grad_output", blk.name)
+    _finite(call, gdt, gr, "grad_output", blk.name)
     g.comm_s = 0.0
     Tr, lo = g.tokens(blk.name, T)
     Tg = sum(Tr)
@@ -571,7 +573,8 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     keep, alpha_b, w, prob = _keep(o, call, blk, g, Tr, gids, galpha, cap_keep, pair_rank,
                                    quota, bwd_alloc, by_rank, seed, gdt, own_scores)
     pr_p = pair_rank.data_ptr()
-    W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False)
+    W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False,
+                                     rank=g.rank)
     b = _lib.ExecArgs(g.cfg(o.cfg), dict(T=Tg, E=E, K=K, D=D, F=F, P=P), W,
                       dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data),
                       topk_ids=gids.data_ptr(), keep=keep.data_ptr(), pair_rank=pr_p,
@@ -593,11 +596,19 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     g.move(f"{blk.name}: hidden", xg, tp // P, g.owners(Tg, tp // P), tp % P)
     gg = torch.empty(Tg, D, dtype=gr.dtype)
     gg[lo:lo + T] = gr
-    pog = torch.empty(Tg, K, D, dtype=hidden.dtype)
-    pog[lo:lo + T] = pair_out
+    if (pair_out.untyped_storage().nbytes() == Tg * K * D * pair_out.element_size() and
+            pair_out.storage_offset() == lo * K * D):
+        # the forward's global-shaped buffer, of which pair_out is this
+        # rank's rows (as saved; a saved-tensor hook may have moved it)
+        pog = pair_out.as_strided((Tg, K, D), (K * D, D, 1), 0)
+    else:
+        pog = torch.empty(Tg, K, D, dtype=hidden.dtype)
+        pog[lo:lo + T] = pair_out
     gh = torch.empty(Tg, D, dtype=torch.float32)
     gwg, gwu = o.scratch_grad(E, F, D)
-    gwd = (lt._virtual((E, D, F)) if layer.shard is not None
+    # float32 or sharded: zero-filled pages, of which liblrmoe writes the
+    # native experts' rows only (the others cost no memory and no zeroing)
+    gwd = (lt._virtual((E, D, F)) if layer.shard is not None or gate_up.dtype == torch.float32
            else torch.empty(E, D, F, dtype=torch.float32))
     gtw = torch.empty(Tg, K, dtype=torch.float32)
     b.set(mode=2, act_dtype=_lib.DT[dt], grad_dtype=_lib.DT[gdt],
@@ -623,12 +634,20 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
         s0, s1 = layer.shard
         gate_up_grad = torch.cat([gwg[s0:s1], gwu[s0:s1]], dim=1).to(wdt)
         down_grad = gwd[s0:s1].to(wdt, copy=True)
-    else:
-        nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)]) == g.rank
-        other = torch.from_numpy(np.nonzero(~nat)[0])
-        for t in (gwg, gwu, gwd):
-            t.index_fill_(0, other, 0.0)
-        gate_up_grad, down_grad = torch.cat([gwg, gwu], dim=1).to(wdt), gwd.to(wdt)
+    else:  # the native experts are one range [s0, s1) (lrmoe_exec_native)
+        nat = np.nonzero(np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)]) ==
+                         g.rank)[0]
+        s0, s1 = int(nat[0]), int(nat[-1]) + 1
+        if wdt == torch.float32:  # zero-filled pages (_virtual): the others' rows are 0
+            gate_up_grad, down_grad = lt._virtual((E, 2 * F, D)), gwd
+        else:
+            gate_up_grad = torch.empty(E, 2 * F, D, dtype=wdt)
+            for t in (gate_up_grad, gwd):
+                t[:s0].zero_()
+                t[s1:].zero_()
+            down_grad = gwd.to(wdt)
+        gate_up_grad[s0:s1, :F] = gwg[s0:s1]
+        gate_up_grad[s0:s1, F:] = gwu[s0:s1]
     call.record(rec, "bwd")
     rec["bwd_comm_seconds"] = g.comm_s
     return (gh[lo:lo + T].to(hidden.dtype), gtw[lo:lo + T].to(topk_weights.dtype),

@@ -631,15 +631,21 @@ def _layer_of(handle: int) -> "_Layer":
 
 
 def _exec_weights(layer: "_Layer", gate_up: Tensor, down: Tensor, dt: str, placement: np.ndarray,
-                  fwd_alloc: np.ndarray, check_finite: bool) -> Tuple[Any, tuple]:
+                  fwd_alloc: np.ndarray, check_finite: bool, call: Optional["_Call"] = None,
+                  rank: Optional[int] = None) -> Tuple[Any, tuple]:
     """The weights' exec arguments (lrmoe_exec_weights_t's fields by name)
     of the expert parameters for one call, and the tensors they point into,
-    to keep alive while they are used."""
+    to keep alive while they are used. call: the _Call that times the
+    liblrmoe check (check_finite). rank: this process's rank of a group
+    (lrmoe.dist), which sends only its native experts."""
     blk = layer.block
     E, D, F = blk.E, blk.D, blk.F
     gu, dn = gate_up.detach(), down.detach()
-    w_gate, w_up, w_down = _storage_split(gu, dn, F, placement, fwd_alloc, layer.owner.ranks,
-                                          E, layer.shard)
+    if dt == "F32":  # the CPU backend reads every matrix from w_f32 (exec.h): no split
+        w_gate = w_up = w_down = None
+    else:
+        w_gate, w_up, w_down = _storage_split(gu, dn, F, placement, fwd_alloc, layer.owner.ranks,
+                                              E, rank)
     # the packed F32 copy lrmoe-exec makes too: [W_gate; W_up; W_down] per
     # expert, so gate and up run as one GEMM (HF's gate_up_proj is [W_gate; W_up])
     w_f32 = layer.packed(gu, dn)
@@ -649,8 +655,9 @@ def _exec_weights(layer: "_Layer", gate_up: Tensor, down: Tensor, dt: str, place
         # --allow-nonfinite has no counterpart here): one pass of the library's
         # check (a shard: its rows, the only ones liblrmoe reads)
         lo, hi = layer.shard or (0, E)
-        check(lib.lrmoe_exec_check_finite(_lib.DT["F32"], wf + lo * 3 * F * D * 4,
-                                          (hi - lo) * 3 * F * D, b"expert weights"), blk.name)
+        fin = call if call is not None else (lambda fn, *a: fn(*a))
+        check(fin(lib.lrmoe_exec_check_finite, _lib.DT["F32"], wf + lo * 3 * F * D * 4,
+                  (hi - lo) * 3 * F * D, b"expert weights"), blk.name)
     W = dict(weights_dtype=_lib.DT[dt], w_gate=_buf("w_gate", w_gate, dt, (E, F, D)),
              w_up=_buf("w_up", w_up, dt, (E, F, D)),
              w_down=_buf("down_proj", w_down, dt, (E, D, F)), w_f32=wf)
@@ -741,7 +748,7 @@ def experts_forward(hidden: Tensor, topk_weights: Tensor, gate_up: Tensor, down:
     x, ids, alpha = _pairs(hidden, topk_ids, topk_weights)
     load = torch.bincount(ids.view(-1).long(), minlength=E).numpy()
     placement, fwd_alloc, quota, bwd_alloc, attrs = _plan(layer, call, load, T, K, dt)
-    W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True)
+    W, keep_alive = _exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True, call)
     dims = dict(T=T, E=E, K=K, D=D, F=F, P=P)
     Pl = dict(placement=_buf("placement", placement, "U8", (E, P)),
               fwd_alloc=_buf("fwd_alloc", fwd_alloc, "I64", (E, P)))
@@ -1428,39 +1435,26 @@ class LRMoEExperts(torch.nn.Module):
                     train)[0]
 
 
-def _storage_split(gu, dn, F, placement, fwd_alloc, P, E=None, shard=None):
+def _storage_split(gu, dn, F, placement, fwd_alloc, P, E=None, rank=None):
     """w_gate, w_up (E,F,D) and w_down (E,D,F) in the storage dtype from HF's
-    (E,2F,D) and (E,D,F). With the packed F32 copy given, the CPU backend
-    reads the storage arrays only to send an expert to the ranks holding a
-    replica or helper instance of it (lrmoe_exec_weights_t in exec.h), so
-    only those experts are copied; the rows of the others are never read.
-    down_proj is passed as it is when contiguous. shard (lo, hi): gu and dn
-    hold experts [lo, hi) only (float32), a rank's native ones, the only
-    ones it sends: global-shaped arrays of which only those rows are
-    written (_virtual)."""
+    (E,2F,D) and (E,D,F), for bfloat16 storage (float32 needs none: the CPU
+    backend takes every matrix from the packed F32 copy, exec.h; shard=True
+    is float32 only). With the packed F32 copy given, the CPU backend reads
+    the storage arrays only to send an expert to the ranks holding a replica
+    or helper instance of it (lrmoe_exec_weights_t in exec.h), so only those
+    experts are copied; the rows of the others are never read. rank: one
+    process of a group (lrmoe.dist) sends its native experts only, so only
+    those of them are copied. down_proj is passed as it is when contiguous."""
     E = gu.shape[0] if E is None else E
     nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)])
-    if shard is not None:
-        lo, hi = shard
-        w_gate, w_up = _virtual((E, F, gu.shape[2])), _virtual((E, F, gu.shape[2]))
-        w_down = _virtual((E,) + tuple(dn.shape[1:]))
-        mine = np.arange(lo, hi)
-        rem = placement[lo:hi].astype(bool)
-        fa = fwd_alloc[lo:hi] > 0
-        rem[np.arange(hi - lo), nat[lo:hi]] = False
-        fa[np.arange(hi - lo), nat[lo:hi]] = False
-        sent = mine[rem.any(1) | fa.any(1)]
-        if len(sent):
-            i, j = torch.from_numpy(sent), torch.from_numpy(sent - lo)
-            w_gate[i] = gu[j, :F]
-            w_up[i] = gu[j, F:]
-            w_down[i] = dn[j]
-        return w_gate, w_up, w_down
     remote = placement.astype(bool)
     remote[np.arange(E), nat] = False
     fa = fwd_alloc.copy()
     fa[np.arange(E), nat] = 0
-    sent = np.nonzero(remote.any(1) | (fa > 0).any(1))[0]
+    need = remote.any(1) | (fa > 0).any(1)
+    if rank is not None:
+        need &= nat == rank
+    sent = np.nonzero(need)[0]
     w_gate = torch.empty(E, F, gu.shape[2], dtype=gu.dtype)
     w_up = torch.empty_like(w_gate)
     w_down = dn if dn.is_contiguous() else torch.empty(dn.shape, dtype=dn.dtype)
@@ -1547,8 +1541,8 @@ class Patch:
             raise Error('planner="capacity" needs capacity_factor= (e.g. 1.0 or 1.25)')
         Planner(ranks=self.ranks, **self.plan_options)  # bad options fail here, once
         # the exec's cfg by name (lrmoe_exec_args_t); F32 numerics: the layer
-        # hands liblrmoe packed F32 weights (w_f32) and, in storage dtype,
-        # only the experts that cross ranks
+        # hands liblrmoe packed F32 weights (w_f32) and, for bfloat16
+        # storage, the experts that cross ranks in it (F32: w_f32 only)
         self.cfg: Dict[str, Any] = dict(
             threads=_lib.i32("threads", threads if threads is not None
                              else torch.get_num_threads(), 0, 1024),
