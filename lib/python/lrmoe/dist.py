@@ -239,6 +239,15 @@ class Group:
                             f"[r*T/P, (r+1)*T/P) of all T={Tg} (counts {Tr}): {want}")
         return Tr, Tg * self.rank // P
 
+    def routing(self, name: str, T: int, K: int, ids: torch.Tensor, alpha: torch.Tensor):
+        """The start of a call: comm_s reset, every rank's token count, this
+        rank's first global row, all T of them, and every rank's routing
+        (ids int32 and weights f32, (T, K) each) all-gathered."""
+        self.comm_s = 0.0
+        Tr, lo = self.tokens(name, T)
+        ga = self.gather_rows(f"{name}: routing", torch.cat([ids, alpha.view(torch.int32)], 1), Tr)
+        return Tr, lo, sum(Tr), ga[:, :K].contiguous(), ga[:, K:].contiguous().view(torch.float32)
+
     def gather_rows(self, what: str, t: torch.Tensor, Tr: List[int]) -> torch.Tensor:
         """Every rank's rows, rank after rank."""
         m = max(Tr)
@@ -391,6 +400,23 @@ def _finite(call, dt: str, t: torch.Tensor, name: str, what: str) -> None:
                t.numel(), name.encode()), what)
 
 
+def _plan_assign(layer, call, gids: torch.Tensor, Tg: int, dt: str):
+    """The plan of every rank's routing gids (Tg, K), agreed by every rank,
+    and each pair's forward rank (lrmoe_exec_assign): placement, fwd_alloc,
+    quota, bwd_alloc, the plan's attributes, pair_rank."""
+    from . import torch as lt
+    g: Group = layer.owner.dist
+    blk, (_, K) = layer.block, gids.shape
+    E, P = blk.E, layer.owner.ranks
+    load = torch.bincount(gids.view(-1).long(), minlength=E).numpy()
+    placement, fwd_alloc, quota, bwd_alloc, attrs = lt._plan(layer, call, load, Tg, K, dt)
+    g.agree(blk.name, placement, fwd_alloc, quota, bwd_alloc)
+    pr = np.empty((Tg, K), np.int32)
+    check(call(lib.lrmoe_exec_assign, Tg, K, E, P, gids.data_ptr(), fwd_alloc.ctypes.data,
+               placement.ctypes.data, pr.ctypes.data), f"{blk.name}: assign")
+    return placement, fwd_alloc, quota, bwd_alloc, attrs, pr
+
+
 def capacity_keep(layer, topk_ids, topk_weights):
     """The capacity planner's keep mask (lrmoe.torch.capacity_keep) as rank
     r: the routing is all-gathered and every rank runs liblrmoe's
@@ -421,17 +447,8 @@ def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, trai
     x, ids, alpha = lt._pairs(hidden, topk_ids, topk_weights)
     _finite(call, dt, x, "hidden", blk.name)
     _finite(call, "F32", alpha, "topk_weights", blk.name)
-    g.comm_s = 0.0
-    Tr, lo = g.tokens(blk.name, T)
-    Tg = sum(Tr)
-    ga = g.gather_rows(f"{blk.name}: routing", torch.cat([ids, alpha.view(torch.int32)], 1), Tr)
-    gids, galpha = ga[:, :K].contiguous(), ga[:, K:].contiguous().view(torch.float32)
-    load = torch.bincount(gids.view(-1).long(), minlength=E).numpy()
-    placement, fwd_alloc, quota, bwd_alloc, attrs = lt._plan(layer, call, load, Tg, K, dt)
-    g.agree(blk.name, placement, fwd_alloc, quota, bwd_alloc)
-    pr = np.empty((Tg, K), np.int32)
-    check(call(lib.lrmoe_exec_assign, Tg, K, E, P, gids.data_ptr(), fwd_alloc.ctypes.data,
-               placement.ctypes.data, pr.ctypes.data), f"{blk.name}: assign")
+    Tr, lo, Tg, gids, galpha = g.routing(blk.name, T, K, ids, alpha)
+    placement, fwd_alloc, quota, bwd_alloc, attrs, pr = _plan_assign(layer, call, gids, Tg, dt)
     W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, True, call,
                                      g.rank)
     dims = dict(T=Tg, E=E, K=K, D=D, F=F, P=P)
@@ -556,12 +573,8 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     if gdt is None:
         gr, gdt = gr.float(), "F32"
     _finite(call, gdt, gr, "grad_output", blk.name)
-    g.comm_s = 0.0
-    Tr, lo = g.tokens(blk.name, T)
-    Tg = sum(Tr)
     g.phase, g.sent, g.moved = "bwd", [], {}
-    ga = g.gather_rows(f"{blk.name}: routing", torch.cat([ids, alpha.view(torch.int32)], 1), Tr)
-    gids, galpha = ga[:, :K].contiguous(), ga[:, K:].contiguous().view(torch.float32)
+    Tr, lo, Tg, gids, galpha = g.routing(blk.name, T, K, ids, alpha)
     seed = o.seed + step
 
     def own_scores():  # this rank's pairs' scores, where g_t is (host arrays)
@@ -690,17 +703,8 @@ def device_forward(layer, idx, hidden, topk_weights, gate_up, down, topk_ids, ca
     ids = ids_h.to(torch.int32).contiguous()
     alpha = topk_weights.detach().to("cpu", torch.float32).contiguous()
     d2h = ids_h.numel() * ids_h.element_size() + alpha.numel() * 4
-    g.comm_s = 0.0
-    Tr, lo = g.tokens(blk.name, T)
-    Tg = sum(Tr)
-    ga = g.gather_rows(f"{blk.name}: routing", torch.cat([ids, alpha.view(torch.int32)], 1), Tr)
-    gids, galpha = ga[:, :K].contiguous(), ga[:, K:].contiguous().view(torch.float32)
-    load = torch.bincount(gids.view(-1).long(), minlength=E).numpy()
-    placement, fwd_alloc, quota, bwd_alloc, attrs = lt._plan(layer, call, load, Tg, K, dt)
-    g.agree(blk.name, placement, fwd_alloc, quota, bwd_alloc)
-    pr = np.empty((Tg, K), np.int32)
-    check(lib.lrmoe_exec_assign(Tg, K, E, P, gids.data_ptr(), fwd_alloc.ctypes.data,
-                                placement.ctypes.data, pr.ctypes.data), f"{blk.name}: assign")
+    Tr, lo, Tg, gids, galpha = g.routing(blk.name, T, K, ids, alpha)
+    placement, fwd_alloc, quota, bwd_alloc, attrs, pr = _plan_assign(layer, call, gids, Tg, dt)
     W = cu.weights(layer, gate_up.detach(), down.detach(), dt)
     dims = dict(T=Tg, E=E, K=K, D=D, F=F, P=P)
     Pl = dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
@@ -774,12 +778,8 @@ def device_backward(layer, idx, grad_out, hidden, topk_weights, gate_up, down, t
         gr, gdt = gr.float(), "F32"
     if tuple(gr.shape) != (T, D):
         raise Error(f"{blk.name}: grad_output has shape {tuple(gr.shape)}, expected {(T, D)}")
-    g.comm_s = 0.0
-    Tr, lo = g.tokens(blk.name, T)
-    Tg = sum(Tr)
     g.phase, g.sent, g.moved = "bwd", [], {}
-    ga = g.gather_rows(f"{blk.name}: routing", torch.cat([ids, alpha.view(torch.int32)], 1), Tr)
-    gids, galpha = ga[:, :K].contiguous(), ga[:, K:].contiguous().view(torch.float32)
+    Tr, lo, Tg, gids, galpha = g.routing(blk.name, T, K, ids, alpha)
     seed = o.seed + step
 
     def own_scores():  # on the device where lrmoe_exec_cuda_score has the metric
