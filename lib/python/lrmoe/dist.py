@@ -417,6 +417,21 @@ def _plan_assign(layer, call, gids: torch.Tensor, Tg: int, dt: str):
     return placement, fwd_alloc, quota, bwd_alloc, attrs, pr
 
 
+def _bwd_stats(o, g: "Group", rec: Dict[str, Any], b, R: int, keep: torch.Tensor,
+               w: Optional[torch.Tensor], prob: Optional[torch.Tensor]) -> None:
+    """The backward's stats record, CPU and device paths alike: kept and
+    moved pairs, the bytes of its all-to-alls and moves, and the keep mask
+    (with select="sample" the pair weights and probabilities too)."""
+    rec["kept"], rec["moved"] = int(R), b.get("moved")
+    rec["bwd_a2a_bytes"] = g.sent_bytes("bwd")
+    rec["bwd_move_bytes"] = g.moved.get("bwd", 0)
+    if o.keep_masks:
+        rec["keep"] = keep.numpy().astype(bool)
+        if w is not None:
+            rec["pair_weight"] = w.numpy().copy()
+            rec["pair_prob"] = prob.numpy().copy()
+
+
 def capacity_keep(layer, topk_ids, topk_weights):
     """The capacity planner's keep mask (lrmoe.torch.capacity_keep) as rank
     r: the routing is all-gathered and every rank runs liblrmoe's
@@ -632,14 +647,7 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
     tim = (ctypes.c_double * (P * lt._STAGES))()
     call(g.run, f"{blk.name}: backward", lib.lrmoe_exec_args_backward, b.h, tim)
     del keep_alive
-    rec["kept"], rec["moved"] = int(R), b.get("moved")
-    rec["bwd_a2a_bytes"] = g.sent_bytes("bwd")
-    rec["bwd_move_bytes"] = g.moved.get("bwd", 0)
-    if o.keep_masks:
-        rec["keep"] = keep.numpy().astype(bool)
-        if w is not None:
-            rec["pair_weight"] = w.numpy().copy()
-            rec["pair_prob"] = prob.numpy().copy()
+    _bwd_stats(o, g, rec, b, R, keep, w, prob)
     # the weight gradients of this rank's native experts; the others' owners
     # train them (zero here; sharded, the parameters are the native rows)
     wdt = gate_up.dtype
@@ -848,14 +856,7 @@ def device_backward(layer, idx, grad_out, hidden, topk_weights, gate_up, down, t
           grad_w_down=q("grad_w_down", gwd), grad_topk_weights=q("grad_topk_weights", gtw))
     xh = cu.executor(b)
     call(g.run, f"{blk.name}: backward", lib.lrmoe_exec_args_backward_cuda, b.h, xh, None)
-    rec["kept"], rec["moved"] = int(R), b.get("moved")
-    rec["bwd_a2a_bytes"] = g.sent_bytes("bwd")
-    rec["bwd_move_bytes"] = g.moved.get("bwd", 0)
-    if o.keep_masks:
-        rec["keep"] = keep.numpy().astype(bool)
-        if w is not None:
-            rec["pair_weight"] = w.numpy().copy()
-            rec["pair_prob"] = prob.numpy().copy()
+    _bwd_stats(o, g, rec, b, R, keep, w, prob)
     # the weight gradients of this rank's native experts (the others' zero)
     nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)]) == g.rank
     other = torch.from_numpy(np.nonzero(~nat)[0]).to(dev)
