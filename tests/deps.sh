@@ -146,5 +146,19 @@ if [ "$what" = test ]; then
         python3 -c 'import torch, transformers' 2>/dev/null ||
             echo "lrmoe: torch/transformers not installed: tests/python.bats will skip them" >&2
     fi
+    # Megatron-Core for the register_megatron test (tests/python/test_megatron.py:
+    # its MoELayer built on the CPU); pinned, its own requirements are torch,
+    # numpy and packaging (Transformer Engine, grouped_gemm and apex are
+    # optional and not installed). Without it that test skips and says why.
+    MCORE_PIN=0.16.1
+    if python3 -c 'import torch' 2>/dev/null &&
+        ! python3 -c 'import megatron.core' 2>/dev/null; then
+        echo "lrmoe: installing python module megatron-core==$MCORE_PIN" >&2
+        for bsp in "" --break-system-packages; do
+            python3 -m pip install -q $bsp "megatron-core==$MCORE_PIN" >&2 2>/dev/null && break
+        done
+        python3 -c 'import megatron.core' 2>/dev/null ||
+            echo "lrmoe: megatron-core not installed: tests/python.bats will skip its test" >&2
+    fi
 fi
 exit 0

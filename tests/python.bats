@@ -72,6 +72,13 @@ unit() {
     unit test_register
 }
 
+@test "python: lrmoe.torch.register_megatron: Megatron-Core's MoELayer (SequentialMLP) built on the CPU and patched equals Megatron's own forward/backward at rate 1 (1e-6), the drop reference at rate < 1; unmappable config fields refused" {
+    need_torch
+    python3 -W ignore -c 'import megatron.core' 2>/dev/null ||
+        skip "megatron-core does not import (tests/deps.sh test installs megatron-core==0.16.1)"
+    unit test_megatron
+}
+
 @test "python: lrmoe.budget and lrmoe.torch.budget (a live model and optimizer) equal lrmoe-budget" {
     need_torch
     unit test_budget

@@ -334,7 +334,8 @@ class TypeHints(unittest.TestCase):
                                           "LRMoEExperts", "budget", "find_blocks",
                                           "weights_frame", "saved_state", "experts_forward",
                                           "experts_backward", "capacity_keep", "register",
-                                          "unregister", "register_torchtitan", "Adapter"])):
+                                          "unregister", "register_torchtitan", "register_megatron",
+                                          "Adapter", "MegatronAdapter"])):
             for n in names:
                 obj = getattr(mod, n)
                 fns = [obj] if inspect.isfunction(obj) else [

@@ -408,6 +408,10 @@ class Adapter:
 
     # ---- routing (route blocks)
 
+    def hook_logits(self, router: torch.nn.Module, args: tuple, output: Any) -> torch.Tensor:
+        """The logits dump() records from the router module's forward hook."""
+        return output[0] if isinstance(output, (tuple, list)) else output
+
     def route_pairs(self, block: torch.nn.Module, logits: torch.Tensor
                     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """(topk_ids (T,K) int64, topk_weights (T,K) float32 with autograd to
@@ -559,3 +563,202 @@ def register_torchtitan(cls: Union[type, str] = "MoE", **over: Any) -> Adapter:
                               load="tokens_per_expert", scaled_input="score_before_experts")
     kw.update(over)
     return register(cls, **kw)
+
+
+# ---- Megatron-Core (megatron-core on PyPI; measured with 0.16.1)
+
+def _megatron_cfg(block: torch.nn.Module) -> Any:
+    cfg = getattr(block, "config", None)
+    if cfg is None or not hasattr(cfg, "moe_router_topk"):
+        raise Error(f"{type(block).__name__}: no Megatron TransformerConfig at .config "
+                    "(moe_router_topk missing)")
+    return cfg
+
+
+def _is_silu_fn(f: Any) -> bool:
+    return (f is torch.nn.functional.silu or isinstance(f, torch.nn.SiLU) or
+            (getattr(f, "__name__", None) == "silu" and
+             str(getattr(f, "__module__", "")).startswith("torch")))
+
+
+# (TransformerConfig field, test of its value, why lrmoe cannot map it): a
+# block whose config has one of these set is refused, naming the field
+_MEGATRON_REFUSED = (
+    ("gated_linear_unit", lambda v: not v,
+     "the experts are not gated; lrmoe's are SwiGLU (silu(x Wg^T) * (x Wu^T) Wd^T)"),
+    ("activation_func", lambda v: not _is_silu_fn(v),
+     "the experts' activation is not silu; lrmoe's experts are SwiGLU"),
+    ("glu_linear_offset", lambda v: bool(v), "it adds an offset to the up projection"),
+    ("activation_func_clamp_value", lambda v: v is not None,
+     "it clamps the gate and up projections"),
+    ("add_bias_linear", lambda v: bool(v),
+     "the experts and the router carry biases, which lrmoe's experts have not"),
+    ("moe_apply_probs_on_input", lambda v: bool(v),
+     "it scales the experts' input by the routing weight (SwiGLU(a x)), not their output"),
+    ("moe_router_load_balancing_type", lambda v: v == "sinkhorn" or
+     (isinstance(v, list) and "sinkhorn" in v), "sinkhorn routing has no lrmoe router"),
+    ("moe_aux_loss_coeff", lambda v: any(c for c in (v if isinstance(v, list) else [v])),
+     "the auxiliary load-balancing loss is attached to the router's probabilities inside "
+     "Megatron's router, which the patched forward does not run"),
+    ("moe_z_loss_coeff", lambda v: bool(v),
+     "the z-loss is attached inside Megatron's router, which the patched forward does not run"),
+    ("moe_input_jitter_eps", lambda v: v is not None,
+     "input jitter is random noise inside Megatron's router"),
+    ("moe_expert_capacity_factor", lambda v: v is not None,
+     "capacity token dropping changes the routing"),
+    ("moe_router_force_load_balancing", lambda v: bool(v),
+     "it routes on random logits (a benchmark mode)"),
+    ("moe_router_padding_for_quantization", lambda v: bool(v),
+     "it pads the routing map"),
+    ("moe_enable_routing_replay", lambda v: bool(v), "it replays recorded routing"),
+    ("moe_router_topk_limited_devices", lambda v: bool(v),
+     "deprecated; use moe_router_num_groups/moe_router_group_topk"),
+    ("moe_router_dtype", lambda v: v not in (None, "fp32"),
+     "lrmoe's router reads F32 logits (moe_router_dtype None or 'fp32')"),
+    ("moe_latent_size", lambda v: bool(v), "latent projections around the experts"),
+)
+
+
+class MegatronAdapter(Adapter):
+    """Megatron-Core's MoELayer (megatron.core.transformer.moe.moe_layer):
+    the conventions are read from block.config (a TransformerConfig) on each
+    block, the logits are x @ router.weight^T (Megatron's TopKRouter.gating
+    without its move to the GPU), the experts a SequentialMLP whose
+    local_experts[e].linear_fc1.weight is [W_gate; W_up] (2F,D) and
+    linear_fc2.weight (D,F), and the patched forward returns Megatron's
+    (output, None). See register_megatron."""
+
+    def route_for(self, block: torch.nn.Module) -> Optional[str]:
+        cfg = _megatron_cfg(block)
+        sf = cfg.moe_router_score_function
+        if sf == "sigmoid":
+            return "sigmoid"
+        if sf == "softmax":
+            # pre-softmax: softmax over E, top-K of it (no renormalisation);
+            # else top-K of the logits, softmax over the K
+            return "softmax" if cfg.moe_router_pre_softmax else "topk-softmax"
+        return sf
+
+    def opt(self, block: torch.nn.Module, key: str) -> Any:
+        cfg = _megatron_cfg(block)
+        k = int(cfg.moe_router_topk)
+        if key == "k":
+            return k
+        if key == "renorm":  # Megatron's sigmoid scores are always renormalised when K > 1
+            return self.route_for(block) == "sigmoid" and k > 1
+        if key == "scale":
+            return float(cfg.moe_router_topk_scaling_factor or 1.0)
+        if key == "groups":
+            return int(cfg.moe_router_num_groups or 0) if cfg.moe_router_group_topk else 0
+        if key == "topk_groups":
+            return int(cfg.moe_router_group_topk or 0)
+        return super().opt(block, key)
+
+    def dims(self, ex: torch.nn.Module, where: str) -> Tuple[int, int, int]:
+        if not hasattr(ex, "local_experts"):
+            raise Error(f"{where}: experts is {type(ex).__name__}, not SequentialMLP: lrmoe "
+                        "registers Megatron-Core's SequentialMLP experts (moe_grouped_gemm="
+                        "False); GroupedMLP needs the grouped_gemm package and TEGroupedMLP "
+                        "Transformer Engine, which do not build on a CPU-only machine, so "
+                        "their layouts are not registered")
+        return super().dims(ex, where)
+
+    def check(self, block: torch.nn.Module, where: str) -> None:
+        super().check(block, where)
+        cfg = _megatron_cfg(block)
+        for field, bad, why in _MEGATRON_REFUSED:
+            v = getattr(cfg, field, None)
+            if bad(v):
+                raise Error(f"{where}: config.{field}={getattr(v, '__name__', v)!r}: {why}; "
+                            "lrmoe cannot patch this Megatron-Core MoE layer")
+        E, k = int(cfg.num_moe_experts), int(cfg.moe_router_topk)
+        G, M = int(cfg.moe_router_num_groups or 0), int(cfg.moe_router_group_topk or 0)
+        if M and (self.route_for(block) != "sigmoid" or k != 2 * M):
+            raise Error(f"{where}: config.moe_router_group_topk={M} with "
+                        f"moe_router_topk={k}, score function "
+                        f"'{cfg.moe_router_score_function}': Megatron scores a group by the "
+                        "sum of its top moe_router_topk/moe_router_group_topk scores; lrmoe's "
+                        "group limit is the sigmoid router's sum of the two best "
+                        "(moe_router_topk = 2*moe_router_group_topk, score function sigmoid)")
+        ex = resolve(block, self.experts)
+        n = len(getattr(ex, "local_experts", ()))
+        if n != E:
+            raise Error(f"{where}: experts hold {n} of config.num_moe_experts={E} experts "
+                        "(Megatron's expert parallelism): patch the unsharded layer; lrmoe "
+                        "shards experts itself (patch(..., group=))")
+        rw = getattr(resolve(block, self.router), "weight", None)
+        if isinstance(rw, torch.Tensor) and rw.device.type != "cpu":
+            raise Error(f"{where}: router.weight is on {rw.device}; lrmoe's Megatron-Core "
+                        "adapter is tested on CPU tensors only")
+
+    def logits(self, block: torch.nn.Module, x2: torch.Tensor) -> torch.Tensor:
+        """Megatron's gating: x @ router.weight^T, in F32 when
+        moe_router_dtype='fp32', else in x's dtype."""
+        r = resolve(block, self.router)
+        dt = torch.float32 if _megatron_cfg(block).moe_router_dtype == "fp32" else x2.dtype
+        return torch.nn.functional.linear(x2.to(dt), r.weight.to(dt))
+
+    def hook_logits(self, router: torch.nn.Module, args: tuple, output: Any) -> torch.Tensor:
+        """dump()'s router hook: Megatron's router returns (probs, routing_map),
+        so the logits are recomputed from its input."""
+        x = args[0]
+        return torch.nn.functional.linear(x.reshape(-1, x.shape[-1]).float(),
+                                          router.weight.float())
+
+    def forward(self, block: torch.nn.Module, x: torch.Tensor, *args: Any,
+                **kwargs: Any) -> Any:
+        """MoELayer.forward(hidden_states [S,B,H], intermediate_tensors=None,
+        padding_mask=None) -> (output, None), as Megatron's."""
+        inter = kwargs.pop("intermediate_tensors", args[0] if args else None)
+        pad = kwargs.pop("padding_mask", args[1] if len(args) > 1 else None)
+        if inter is not None:
+            raise Error(f"{type(block).__name__}: intermediate_tensors (Megatron's partial "
+                        "CUDA-graph forward) is not supported by lrmoe's patched forward")
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        ids, w = self.route_pairs(block, self.logits(block, x2))
+        r = resolve(block, self.router)
+        acc = getattr(r, "local_tokens_per_expert", None)
+        if (getattr(r, "enable_expert_bias", False) and isinstance(acc, torch.Tensor) and
+                torch.is_grad_enabled()):
+            # Megatron's _apply_expert_bias: the routed pairs of the tokens
+            # whose padding_mask ([B,S]: transposed to [S,B]) is False
+            with torch.no_grad():
+                sel = ids
+                if pad is not None:
+                    sel = ids[~pad.transpose(0, 1).bool().reshape(-1)]
+                acc.add_(torch.bincount(sel.reshape(-1), minlength=acc.numel()).to(acc.dtype))
+        out = resolve(block, self.experts)(x2, ids, w.to(x2.dtype))
+        sh = resolve(block, self.shared, None) if self.shared else None
+        if sh is not None:
+            out = out + sh(x2)
+        return out.reshape(shape), None
+
+
+def register_megatron(cls: Union[type, str, None] = None) -> Adapter:
+    """Megatron-Core's MoELayer (cls: default
+    megatron.core.transformer.moe.moe_layer.MoELayer, imported here) with SequentialMLP experts (lrmoe-python(3)):
+    router.weight (E,D), experts.local_experts[e].linear_fc1.weight (2F,D)
+    = [W_gate; W_up] and linear_fc2.weight (D,F), shared_experts added,
+    router.expert_bias the sigmoid's selection-only bias and
+    router.local_tokens_per_expert its load. The route is read from the
+    block's config: moe_router_score_function "softmax" with
+    moe_router_pre_softmax -> lrmoe "softmax" (no renormalisation), without
+    -> "topk-softmax"; "sigmoid" -> "sigmoid", renormalised when K > 1;
+    moe_router_topk_scaling_factor -> scale; moe_router_num_groups /
+    moe_router_group_topk -> groups / topk_groups (sigmoid, K = 2 *
+    group_topk only). What lrmoe cannot map is refused when a block is found
+    (MegatronAdapter.check), naming the config field."""
+    if cls is None:
+        try:
+            from megatron.core.transformer.moe.moe_layer import MoELayer
+        except ImportError as e:
+            raise Error(f"register_megatron: megatron.core does not import: {e}") from None
+        cls = MoELayer
+    ad = MegatronAdapter(cls, experts="experts", layout="per_expert_fused",
+                         weights={"gate_up": "local_experts.{e}.linear_fc1.weight",
+                                  "down": "local_experts.{e}.linear_fc2.weight"},
+                         router="router", route="softmax", k=0,
+                         expert_bias="router.expert_bias", shared="shared_experts", act="silu")
+    _REGISTRY[cls] = ad
+    return ad

@@ -83,7 +83,9 @@ SUPPORTED = _Supported()
 register = adapters.register
 unregister = adapters.unregister
 register_torchtitan = adapters.register_torchtitan
+register_megatron = adapters.register_megatron
 Adapter = adapters.Adapter
+MegatronAdapter = adapters.MegatronAdapter
 REFUSED = {
     "GptOssMLP": "gpt-oss experts are not SwiGLU: gate and up are interleaved, the gate is "
                  "clamped and gated by sigmoid(alpha*g) with alpha=1.702 instead of silu, up is "
@@ -348,7 +350,8 @@ class Dump:
     def _router_hook(self, b):
         def hook(module, args, output):
             if self._dumping():
-                logits = output[0] if isinstance(output, (tuple, list)) else output
+                logits = (b.adapter.hook_logits(module, args, output) if b.adapter else
+                          output[0] if isinstance(output, (tuple, list)) else output)
                 self.pending.setdefault(b.layer, {})["router_logits"] = logits.detach()
         return hook
 
@@ -367,6 +370,8 @@ class Dump:
                 _put(f, "router_logits", p["router_logits"].reshape(-1, b.E))
             entry = [f, False]
             self.queue.append(entry)
+            if isinstance(output, tuple):  # Megatron's MoELayer: (output, bias)
+                output = output[0]
             if torch.is_grad_enabled() and output.requires_grad:
                 def grad_hook(g, entry=entry):
                     _put(entry[0], "grad_output", g.reshape(-1, g.shape[-1]))
