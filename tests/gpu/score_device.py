@@ -9,10 +9,10 @@ relative TOL: the kernel's double sums are ordered otherwise):
      (and 0), scores spanning magnitudes, compared with the host scores;
   2. through a patched Qwen3-MoE block at rate 0.7 (P 2, select topk and
      sample): for every metric the CUDA path keeps the pairs the CPU path
-     keeps, and the stats say what crossed to the host per backward:
-     routing (ids, alpha) plus the scores T*K*4 for lrm and gradnorm,
-     nothing else for random and uniform, g for absgrad (lrmoe.torch
-     does not use its device kernel yet).
+     keeps, and the stats say what crossed per backward: to the host the
+     routing (ids, alpha) plus the scores T*K*4 for lrm, gradnorm and
+     absgrad (g stays on the device), nothing else for random and uniform;
+     to the device the kept rows' pair and alpha only.
     score_device.py fake [TOL]   CPU tensors as "device memory" of the fake
                                  module (LRMOE_CUDA_MODULE), TOL 0: bitwise
     score_device.py cuda [TOL]   a GPU (default TOL 1e-6)
@@ -125,7 +125,7 @@ h.unpatch()
 
 # 2. the patched block: same keep masks as the CPU path, bytes per backward
 route = T * K * 8 + T * K * 4  # int64 ids + F32 alpha
-cross = {"lrm": T * K * 4, "gradnorm": T * K * 4, "absgrad": T * 32 * 4,
+cross = {"lrm": T * K * 4, "gradnorm": T * K * 4, "absgrad": T * K * 4,
          "random": 0, "uniform": 0}
 for metric in ("lrm", "gradnorm", "absgrad", "random", "uniform"):
     for select in ("topk", "sample"):
@@ -135,8 +135,8 @@ for metric in ("lrm", "gradnorm", "absgrad", "random", "uniform"):
         hg.unpatch()
         same = gs[0]["kept"] == rs[0]["kept"] and (gs[0]["keep"] == rs[0]["keep"]).all()
         by, up = gs[0].get("bwd_d2h_bytes"), gs[0].get("bwd_h2d_bytes")
-        # to the device: the kept rows' pair and alpha, and gradnorm's unit weights
-        want_up = gs[0]["kept"] * 12 + (T * K * 4 if metric == "gradnorm" else 0)
+        # to the device: the kept rows' pair and alpha (nothing for the scores)
+        want_up = gs[0]["kept"] * 12
         say(bool(same) and by == route + cross[metric] and up == want_up,
             f"block metric={metric} select={select}: kept {gs[0]['kept']} (cpu "
             f"{rs[0]['kept']}, masks {'equal' if same else 'differ'}), bwd {by} B d2h "
