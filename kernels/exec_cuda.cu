@@ -1627,8 +1627,10 @@ extern "C" int lrmoe_exec_cuda_score(lrmoe_exec_cuda_t *x, int metric, int64_t T
     static const char *const names[LRMOE_NMETRICS] = {"lrm", "gradnorm", "absgrad", "random",
                                                       "uniform"};
     const char *mname = (unsigned)metric < LRMOE_NMETRICS ? names[metric] : "?";
-    if (metric != LRMOE_METRIC_LRM && metric != LRMOE_METRIC_GRADNORM)
-        return lrmoe_err("backend cuda: metric %s has no device kernel (lrm, gradnorm)", mname);
+    if (metric != LRMOE_METRIC_LRM && metric != LRMOE_METRIC_GRADNORM &&
+        metric != LRMOE_METRIC_ABSGRAD)
+        return lrmoe_err("backend cuda: metric %s has no device kernel (lrm, gradnorm, absgrad)",
+                         mname);
     if (T < 0 || K < 1 || D < 0) return lrmoe_err("pair_score: bad sizes");
     if (gdt != LRMOE_F32 && gdt != LRMOE_BF16)
         return lrmoe_err("pair_score: grad_output is %s (F32 or BF16 on the device)",
@@ -1641,7 +1643,7 @@ extern "C" int lrmoe_exec_cuda_score(lrmoe_exec_cuda_t *x, int metric, int64_t T
     while (first < x->P && !x->ctx[first]) first++;
     if (first == x->P) return lrmoe_err("backend cuda: the executor has no local rank");
     const size_t n = (size_t)T * K;
-    float *g32 = nullptr, *ones = nullptr, *sc = nullptr;
+    float *g32 = nullptr, *sc = nullptr;
     int rc = -1;
     if (lrmoe_kcu_use(x->ctx[first]) < 0) return -1;
     if (lrmoe_kcu_event_record_on(x->start, x->stream) < 0 ||
@@ -1653,23 +1655,15 @@ extern "C" int lrmoe_exec_cuda_score(lrmoe_exec_cuda_t *x, int metric, int64_t T
             lrmoe_kcu_to_f32(T * D, 1, g, g32) < 0)
             goto out;
     }
-    if (metric == LRMOE_METRIC_GRADNORM) {
-        /* ||g_t||^2 = the lrm score with alpha = phi_sqnorm = 1 (exactly:
-         * ((1*1)*s)*1 in double is s) */
-        std::vector<float> h(n, 1.0f);
-        if (lrmoe_kcu_alloc((void **)&ones, n * sizeof(float)) < 0 ||
-            lrmoe_kcu_h2d(ones, h.data(), n * sizeof(float)) < 0 || lrmoe_kcu_sync() < 0)
-            goto out;
-        alpha = phi_sqnorm = ones;
-    }
-    if (lrmoe_kcu_pair_score(T, K, D, g32 ? g32 : (const float *)g, alpha, phi_sqnorm, sc) < 0 ||
+    if (metric != LRMOE_METRIC_LRM) alpha = phi_sqnorm = nullptr; /* not read */
+    if (lrmoe_kcu_pair_score(metric, T, K, D, g32 ? g32 : (const float *)g, alpha, phi_sqnorm,
+                             sc) < 0 ||
         lrmoe_kcu_d2h(score, sc, n * sizeof(float)) < 0 || lrmoe_kcu_sync() < 0)
         goto out;
     rc = 0;
 out:
     (void)lrmoe_kcu_free(sc);
     (void)lrmoe_kcu_free(g32);
-    (void)lrmoe_kcu_free(ones);
     (void)lrmoe_kcu_use(nullptr);
     return rc;
 }

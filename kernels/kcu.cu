@@ -11,6 +11,7 @@
 #include <string.h>
 #include "kcu_internal.h"
 #include "kdiv.h"
+#include "score.h"
 
 /* ---------------------------------------------------------------- context */
 
@@ -485,24 +486,37 @@ int lrmoe_kcu_add(int64_t n, const float *src, float *dst)
 
 /* ---------------------------------------------------------------- score */
 
-/* One warp per token: ||g_t||^2 in double, then the K pair scores exactly as
- * lrmoe_score_pairs: ((a*a)*gt)*phi in double, rounded to f32, -0 -> +0. */
-__global__ void k_pair_score(int64_t T, int K, int64_t D, const float *g, const float *alpha,
-                             const float *phisq, float *score, unsigned long long *fl)
+/* One warp per token: the sum over d of g_td^2 (lrm, gradnorm) or |g_td|
+ * (absgrad) in double, then the K pair scores with the formulas of
+ * lrmoe_score_pairs: lrm ((a*a)*s)*phi, gradnorm and absgrad s, in double,
+ * rounded to f32, -0 -> +0, a non-finite one flagged. alpha and phisq are
+ * read by lrm only. (The warp's adds are ordered otherwise than the CPU's
+ * eight partial sums: the f32 scores agree to about one ulp.) */
+__global__ void k_pair_score(int metric, int64_t T, int K, int64_t D, const float *g,
+                             const float *alpha, const float *phisq, float *score,
+                             unsigned long long *fl)
 {
     int lane = threadIdx.x & 31;
     int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    const bool absval = metric == LRMOE_METRIC_ABSGRAD;
+    const bool lrm = metric == LRMOE_METRIC_LRM;
     for (int64_t t = warp; t < T; t += nwarps) {
         const float *row = g + t * D;
         double s = 0;
-        for (int64_t j = lane; j < D; j += 32) s += (double)row[j] * row[j];
+        if (absval)
+            for (int64_t j = lane; j < D; j += 32) s += fabs((double)row[j]);
+        else
+            for (int64_t j = lane; j < D; j += 32) s += (double)row[j] * row[j];
         s = warp_sum(s);
         s = __shfl_sync(0xffffffffu, s, 0);
         for (int k = lane; k < K; k += 32) {
             int64_t u = t * K + k;
-            double a = alpha[u];
-            double v = a * a * s * (double)phisq[u];
+            double v = s;
+            if (lrm) {
+                double a = alpha[u];
+                v = a * a * s * (double)phisq[u];
+            }
             float f = (float)v;
             if (!isfinite(f)) flag_set(fl, FL_NONFINITE, u);
             score[u] = f == 0.0f ? 0.0f : f;
@@ -510,15 +524,18 @@ __global__ void k_pair_score(int64_t T, int K, int64_t D, const float *g, const 
     }
 }
 
-int lrmoe_kcu_pair_score(int64_t T, int K, int64_t D, const float *g, const float *alpha,
-                         const float *phi_sqnorm, float *score)
+int lrmoe_kcu_pair_score(int metric, int64_t T, int K, int64_t D, const float *g,
+                         const float *alpha, const float *phi_sqnorm, float *score)
 {
+    if (metric != LRMOE_METRIC_LRM && metric != LRMOE_METRIC_GRADNORM &&
+        metric != LRMOE_METRIC_ABSGRAD)
+        return lrmoe_err("pair_score: metric %d has no kernel (lrm, gradnorm, absgrad)", metric);
     if (T < 0 || K < 1 || D < 0) return lrmoe_err("pair_score: bad sizes");
     if (!T) return 0;
     kflag_t f;
     if (flag_new(&f) < 0) return -1;
     k_pair_score<<<KCU_GRID(k_pair_score, T * 32), KCU_THREADS(k_pair_score), 0, kcu_stream()>>>(
-        T, K, D, g, alpha, phi_sqnorm, score, f.d);
+        metric, T, K, D, g, alpha, phi_sqnorm, score, f.d);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
         flag_drop(&f);

@@ -280,9 +280,10 @@ int lrmoe_exec_cuda_backward(lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg,
  * kernels are their CPU references), so only the T*K scores cross to the
  * host, not g. metric (lrmoe_metric_t, score.h): LRMOE_METRIC_LRM (g (T,D)
  * of dtype gdt F32 or BF16, alpha and phi_sqnorm (T,K) F32, all device
- * pointers) or LRMOE_METRIC_GRADNORM (g only: alpha and phi_sqnorm are
- * ignored, the score is ||g_t||^2); the other metrics have no device
- * kernel (lrmoe_score_pairs_dt on the host: random and uniform read no g).
+ * pointers), LRMOE_METRIC_GRADNORM (||g_t||^2) or LRMOE_METRIC_ABSGRAD
+ * (sum_d |g_t[d]|): these two read g only (alpha and phi_sqnorm are
+ * ignored and may be NULL; nothing is uploaded). random and uniform have
+ * no device kernel (they read no g: lrmoe_score_pairs_dt on the host).
  * Runs on the first local rank's context after the work queued on the
  * set_io stream, and waits on the host for the scores. Fails on a
  * non-finite score, naming the pair. */

@@ -23,10 +23,14 @@ int lrmoe_kref_f32_to_bf16(int64_t n, const float *src, uint16_t *dst)
     return 0;
 }
 
-int lrmoe_kref_pair_score(int64_t T, int K, int64_t D, const float *g, const float *alpha,
-                          const float *phi_sqnorm, float *score)
+int lrmoe_kref_pair_score(int metric, int64_t T, int K, int64_t D, const float *g,
+                          const float *alpha, const float *phi_sqnorm, float *score)
 {
-    return lrmoe_score_pairs(LRMOE_METRIC_LRM, T, K, D, g, alpha, phi_sqnorm, 0, score);
+    if (metric != LRMOE_METRIC_LRM && metric != LRMOE_METRIC_GRADNORM &&
+        metric != LRMOE_METRIC_ABSGRAD)
+        return lrmoe_err("pair_score: metric %s has no kernel (lrm, gradnorm, absgrad)",
+                         lrmoe_score_metric_name((lrmoe_metric_t)metric));
+    return lrmoe_score_pairs((lrmoe_metric_t)metric, T, K, D, g, alpha, phi_sqnorm, 0, score);
 }
 
 int lrmoe_kref_row_sqnorm(int64_t n, int64_t d, const float *x, float *out)

@@ -43,9 +43,12 @@ typedef struct {
  *
  * bf16_to_f32 / f32_to_bf16: n elements; exact, round to nearest even, NaN
  *   stays NaN (lrmoe_bf16_to_f32 / lrmoe_f32_to_bf16).
- * pair_score: g (T,D) f32, alpha (T,K), phi_sqnorm (T,K) -> score (T,K) =
- *   alpha^2 * ||g_t||^2 * phi_sqnorm, in double, stored f32 (metric lrm of
- *   lrmoe_score_pairs). Fails on a non-finite score.
+ * pair_score: the pair scores (T,K) of lrmoe_score_pairs for metric (an
+ *   lrmoe_metric_t of score.h): LRMOE_METRIC_LRM alpha^2 * ||g_t||^2 *
+ *   phi_sqnorm, LRMOE_METRIC_GRADNORM ||g_t||^2, LRMOE_METRIC_ABSGRAD
+ *   sum_d |g_t[d]|; g (T,D) f32, alpha and phi_sqnorm (T,K) f32 (read by lrm
+ *   only: NULL for the others). The sum in double, the score rounded to f32
+ *   (-0 stored as +0). Fails on a non-finite score or another metric.
  * row_sqnorm: x (n,d) f32 -> out (n) = ||x_i||^2 accumulated in double.
  * select: per expert the quota[e] highest scores (ties: lower u first) ->
  *   keep (T,K) u8 and load (E) = n_e (lrmoe_score_select with a quota).
@@ -77,8 +80,8 @@ typedef struct {
 #define LRMOE_KERNELS(X) \
     X(bf16_to_f32, (int64_t n, const uint16_t *src, float *dst)) \
     X(f32_to_bf16, (int64_t n, const float *src, uint16_t *dst)) \
-    X(pair_score, (int64_t T, int K, int64_t D, const float *g, const float *alpha, \
-                   const float *phi_sqnorm, float *score)) \
+    X(pair_score, (int metric, int64_t T, int K, int64_t D, const float *g, \
+                   const float *alpha, const float *phi_sqnorm, float *score)) \
     X(row_sqnorm, (int64_t n, int64_t d, const float *x, float *out)) \
     X(select, (int64_t T, int K, int E, const int32_t *topk_ids, const float *score, \
                const int64_t *quota, uint8_t *keep, int64_t *load)) \

@@ -255,24 +255,28 @@ syncs_in() { host_syncs | awk -v p="$1" '$1 == p { print $2; f = 1 } END { if (!
     assert_success
 }
 
-@test "cuda-mock: lrmoe_exec_cuda_score runs after the caller's stream and brings back only the scores" {
+@test "cuda-mock: lrmoe_exec_cuda_score runs after the caller's stream and brings back only the scores (lrm, gradnorm, absgrad)" {
     MOCK_NDEV=8 run "$RUN" exec
     assert_success
-    assert_line "dscore rc=0"
-    # in its phase: the context's stream waits for an event recorded on the
-    # caller's stream, the kernels run (BF16 g widened, pair_score), and the
-    # two copies to the host are pair_score's error flag and the scores (g
-    # and ||phi||^2 never come back)
-    run awk '$1 == "mark" { on = ($2 == "dscore") }
+    out=$output
+    # in each metric's phase: the context's stream waits for an event
+    # recorded on the caller's stream, the kernels run (BF16 g widened,
+    # pair_score), and the two copies to the host are pair_score's error
+    # flag and the scores (g and ||phi||^2 never come back); nothing goes up
+    # (gradnorm uploads no unit weights)
+    for m in lrm gradnorm absgrad; do
+        grep -qx "dscore_$m rc=0" <<< "$out" || { echo "no 'dscore_$m rc=0'"; false; }
+        run awk -v ph="dscore_$m" '$1 == "mark" { on = ($2 == ph) }
              on && $1 == "event_record" { rec[$2] = 1 }
              on && $1 == "wait_event" && ($3 in rec) { waited = 1 }
              on && $1 == "launch" { n++ }
              on && $1 == "memcpy" && $2 == "D2H" && $3 == "pageable" { d2h++ }
              on && $1 == "memcpy" && $2 == "H2D" { h2d++ }
              END { print "waited", waited + 0, "launches", n + 0, "d2h", d2h + 0, "h2d", h2d + 0 }' "$D/log"
-    echo "$output"
-    assert_output "waited 1 launches 2 d2h 2 h2d 0"
-    echo "score: $(syncs_in dscore) host syncs" >&3
+        echo "$m: $output"
+        assert_output "waited 1 launches 2 d2h 2 h2d 0"
+        echo "score $m: $(syncs_in "dscore_$m") host syncs" >&3
+    done
 }
 
 @test "cuda-mock: a device-pointer frame under CUDA graph capture is refused before it queues anything" {

@@ -182,7 +182,7 @@ for n in lt.UNIT_KEYS.values():
     refute_output --partial "FAIL"
 }
 
-@test "python: the CUDA path scores the backward's pairs on the device (lrmoe_exec_cuda_score): bit for bit the host scores on the fake CUDA module (lrm, gradnorm; F32, BF16 g), the CPU path's keep masks for every metric, only the scores cross" {
+@test "python: the CUDA path scores the backward's pairs on the device (lrmoe_exec_cuda_score): bit for bit the host scores on the fake CUDA module (lrm, gradnorm, absgrad; F32, BF16 g), the CPU path's keep masks for every metric, only the scores cross" {
     need_torch
     command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
     [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
@@ -197,10 +197,14 @@ for n in lt.UNIT_KEYS.values():
     refute_output --partial "FAIL"
     assert_line "ok score lrm g bfloat16 T=24 D=37: device == host bitwise"
     assert_line "ok score gradnorm g float32 T=24 D=37: device == host bitwise"
-    # 24 tokens, K=2: routing 576 B, then the scores (192 B) for lrm and
-    # gradnorm, g (3072 B) only for absgrad, nothing for random and uniform
+    assert_line "ok score absgrad g float32 T=24 D=37: device == host bitwise"
+    assert_line "ok score absgrad g bfloat16 T=24 D=32: device == host bitwise"
+    # 24 tokens, K=2: routing 576 B, then the scores (192 B) for lrm,
+    # gradnorm and absgrad (g stays on the device), nothing for random and
+    # uniform; to the device only the kept rows' pair and alpha (33*12 B)
     assert_line --partial "ok block metric=lrm select=sample: kept 33 (cpu 33, masks equal), bwd 768 B d2h"
-    assert_line --partial "ok block metric=absgrad select=topk: kept 33 (cpu 33, masks equal), bwd 3648 B d2h"
+    assert_line --partial "ok block metric=absgrad select=topk: kept 33 (cpu 33, masks equal), bwd 768 B d2h (want 576 routing + 192), 396 B h2d"
+    assert_line --partial "ok block metric=gradnorm select=topk: kept 33 (cpu 33, masks equal), bwd 768 B d2h (want 576 routing + 192), 396 B h2d"
     assert_line --partial "ok block metric=random select=topk: kept 33 (cpu 33, masks equal), bwd 576 B d2h"
 }
 

@@ -35,6 +35,7 @@ extern "C" {
 #include "lrmoe.h"
 }
 #include "kcu.h"
+#include "score.h"
 
 static void die(const char *what)
 {
@@ -216,7 +217,7 @@ static step_t backward(const data_t &d, work_t &w, const std::vector<int64_t> &q
     OK(lrmoe_kcu_flags_defer(1));
     CU(cudaEventRecord(ev[0], S));
     if (compact) {
-        OK(lrmoe_kcu_pair_score(T, (int)K, D, d.g, d.alpha, d.phisq, d.score));
+        OK(lrmoe_kcu_pair_score(LRMOE_METRIC_LRM, T, (int)K, D, d.g, d.alpha, d.phisq, d.score));
         OK(lrmoe_kcu_select(T, (int)K, (int)E, d.ids, d.score, w.quota, w.keep, w.load));
     } else {
         OK(lrmoe_kcu_memset(w.keep, 1, (size_t)N));
@@ -465,7 +466,7 @@ int main(int argc, char **argv)
     row("pack_unpack", 1.0 * N * D * 4 + 4.0 * T * D + N * 16.0,
         time_ms([&] { OK(lrmoe_kcu_pack_unpack(w.pair, N, w.dx, D, T, (int)K, w.gh)); }));
     row("pair_score", 4.0 * T * D + 12.0 * N,
-        time_ms([&] { OK(lrmoe_kcu_pair_score(T, (int)K, D, d.g, d.alpha, d.phisq, d.score)); }));
+        time_ms([&] { OK(lrmoe_kcu_pair_score(LRMOE_METRIC_LRM, T, (int)K, D, d.g, d.alpha, d.phisq, d.score)); }));
     printf("lowest memory-bound kernel / memcpy: %.2f (target >= 0.70)\n", worst_bw);
 
     int pass = best_eff >= 0.8 && eff30 >= 0.9 && share30 <= 0.05 && worst_bw >= 0.7;

@@ -168,8 +168,9 @@ LRMOE_KERNELS(FAKE)
 #undef FAKE
 int lrmoe_kcu_bf16_to_f32(int64_t n, const uint16_t *s, float *d) { return lrmoe_kref_bf16_to_f32(n, s, d); }
 int lrmoe_kcu_f32_to_bf16(int64_t n, const float *s, uint16_t *d) { return lrmoe_kref_f32_to_bf16(n, s, d); }
-int lrmoe_kcu_pair_score(int64_t T, int K, int64_t D, const float *g, const float *a, const float *p, float *s)
-{ return lrmoe_kref_pair_score(T, K, D, g, a, p, s); }
+int lrmoe_kcu_pair_score(int m, int64_t T, int K, int64_t D, const float *g, const float *a,
+                         const float *p, float *s)
+{ return lrmoe_kref_pair_score(m, T, K, D, g, a, p, s); }
 int lrmoe_kcu_row_sqnorm(int64_t n, int64_t d, const float *x, float *o) { return lrmoe_kref_row_sqnorm(n, d, x, o); }
 int lrmoe_kcu_select(int64_t T, int K, int E, const int32_t *ids, const float *s, const int64_t *q,
                      uint8_t *keep, int64_t *load)

@@ -81,7 +81,7 @@ static int flag_steps(void)
     for (int pass = 0; pass < 2; pass++) {
         mock_mark(pass ? "deferred" : "immediate");
         if (pass) show("defer", lrmoe_kcu_flags_defer(1));
-        show("pair_score", lrmoe_kcu_pair_score(T, K, D, g, al, sq, sc));
+        show("pair_score", lrmoe_kcu_pair_score(0 /* lrm */, T, K, D, g, al, sq, sc));
         show("select", lrmoe_kcu_select(T, K, E, ids, sc, q, keep, load));
         show("pack_assign", lrmoe_kcu_pack_assign(T, K, E, P, ids, keep, NULL, alloc, 0, pair,
                                                   rank, cnt, off));
@@ -185,11 +185,16 @@ static int exec_steps(void)
         mock_mark(m);
         show(m, lrmoe_exec_cuda_backward(x, &cfg, &d, &w, NULL, &b, tim));
     }
-    /* the backward's scores on the device (lrmoe.torch's CUDA path) */
+    /* the backward's scores on the device (lrmoe.torch's CUDA path), for
+     * each metric with a device kernel: lrm, gradnorm, absgrad (the last
+     * two read no alpha or phi_sqnorm: NULL) */
     float *score = z((size_t)M * 4);
-    mock_mark("dscore");
-    show("dscore", lrmoe_exec_cuda_score(x, 0 /* lrm */, T, (int)K, D, LRMOE_BF16,
-                                         b.grad_output, tw, f.phi_sqnorm, score));
+    static const char *const dsc[] = {"dscore_lrm", "dscore_gradnorm", "dscore_absgrad"};
+    for (int m = 0; m < 3; m++) {
+        mock_mark(dsc[m]);
+        show(dsc[m], lrmoe_exec_cuda_score(x, m, T, (int)K, D, LRMOE_BF16, b.grad_output,
+                                           m ? NULL : tw, m ? NULL : f.phi_sqnorm, score));
+    }
     if (getenv("MOCK_CAPTURE_AT_END")) { /* a frame under graph capture: refused */
         setenv("MOCK_CAPTURING", "1", 1);
         mock_mark("capture");

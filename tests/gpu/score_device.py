@@ -3,14 +3,16 @@ CUDA path of lrmoe.torch) against liblrmoe's host scores
 (lrmoe_score_pairs_dt), on the fake CUDA module (its kernels are their CPU
 references, so the two must be equal bit for bit) or on a GPU (within a
 relative TOL: the kernel's double sums are ordered otherwise):
-  1. direct: lrmoe_exec_cuda_score on device arrays, metrics lrm and
-     gradnorm, g F32 and BF16, D 32 and 37 (not a multiple of 8), T 1 and
-     24 (and 0), scores spanning magnitudes, compared with the host scores;
+  1. direct: lrmoe_exec_cuda_score on device arrays, metrics lrm,
+     gradnorm and absgrad (the last two with NULL alpha and phi_sqnorm: not
+     read), g F32 and BF16, D 32 and 37 (not a multiple of 8), T 1 and 24
+     (and 0), scores spanning magnitudes, compared with the host scores;
   2. through a patched Qwen3-MoE block at rate 0.7 (P 2, select topk and
      sample): for every metric the CUDA path keeps the pairs the CPU path
-     keeps, and the stats say what crossed to the host per backward:
-     routing (ids, alpha) plus the scores T*K*4 for lrm and gradnorm,
-     nothing else for random and uniform, g for absgrad (no device kernel).
+     keeps, and the stats say what crossed per backward: to the host the
+     routing (ids, alpha) plus the scores T*K*4 for lrm, gradnorm and
+     absgrad (g stays on the device), nothing else for random and uniform;
+     to the device the kept rows' pair and alpha only.
     score_device.py fake [TOL]   CPU tensors as "device memory" of the fake
                                  module (LRMOE_CUDA_MODULE), TOL 0: bitwise
     score_device.py cuda [TOL]   a GPU (default TOL 1e-6)
@@ -71,7 +73,7 @@ cu = layer.cuda
 if cu is None or cu.x is None:
     print("FAIL the block's CUDA executor was not made")
     sys.exit(1)
-metrics = {"lrm": 0, "gradnorm": 1}
+metrics = {"lrm": 0, "gradnorm": 1, "absgrad": 2}
 gen = torch.Generator().manual_seed(11)
 worst = 0.0
 for metric, m in metrics.items():
@@ -88,10 +90,13 @@ for metric, m in metrics.items():
                                                      g.data_ptr(), alpha.data_ptr(),
                                                      phi.data_ptr(), 0, ref.data_ptr()), "host")
             got = torch.full((Tn, K), float("nan"))
-            gd, ad, pd = g.to(dev), alpha.to(dev), phi.to(dev)
+            gd = g.to(dev)
+            # alpha and ||phi||^2 are read by lrm only: NULL for the others
+            ad, pd = (alpha.to(dev), phi.to(dev)) if m == 0 else (None, None)
             lt.check(lt.lib.lrmoe_exec_cuda_score(cu.x, m, Tn, K, D,
                                                      _lib.DT[lt._TORCH_DT[gdt]], gd.data_ptr(),
-                                                     ad.data_ptr(), pd.data_ptr(),
+                                                     ad.data_ptr() if m == 0 else None,
+                                                     pd.data_ptr() if m == 0 else None,
                                                      got.data_ptr()), "device")
             if tol == 0:
                 ok = torch.equal(got.view(torch.int32), ref.view(torch.int32))
@@ -104,7 +109,7 @@ for metric, m in metrics.items():
             say(ok, f"score {metric} g {str(gdt)[6:]} T={Tn} D={D}: device "
                     f"{'== host bitwise' if tol == 0 else f'rel err {err:.3g}'}")
 # a metric without a device kernel, and a NULL g: one error each
-for m, gp, want in ((2, 1, "metric absgrad has no device kernel"),
+for m, gp, want in ((3, 1, "metric random has no device kernel"),
                     (0, 0, "pair_score: a NULL array")):
     try:
         z = torch.zeros(4, 32, device=dev)
@@ -120,7 +125,7 @@ h.unpatch()
 
 # 2. the patched block: same keep masks as the CPU path, bytes per backward
 route = T * K * 8 + T * K * 4  # int64 ids + F32 alpha
-cross = {"lrm": T * K * 4, "gradnorm": T * K * 4, "absgrad": T * 32 * 4,
+cross = {"lrm": T * K * 4, "gradnorm": T * K * 4, "absgrad": T * K * 4,
          "random": 0, "uniform": 0}
 for metric in ("lrm", "gradnorm", "absgrad", "random", "uniform"):
     for select in ("topk", "sample"):
@@ -130,8 +135,8 @@ for metric in ("lrm", "gradnorm", "absgrad", "random", "uniform"):
         hg.unpatch()
         same = gs[0]["kept"] == rs[0]["kept"] and (gs[0]["keep"] == rs[0]["keep"]).all()
         by, up = gs[0].get("bwd_d2h_bytes"), gs[0].get("bwd_h2d_bytes")
-        # to the device: the kept rows' pair and alpha, and gradnorm's unit weights
-        want_up = gs[0]["kept"] * 12 + (T * K * 4 if metric == "gradnorm" else 0)
+        # to the device: the kept rows' pair and alpha (nothing for the scores)
+        want_up = gs[0]["kept"] * 12
         say(bool(same) and by == route + cross[metric] and up == want_up,
             f"block metric={metric} select={select}: kept {gs[0]['kept']} (cpu "
             f"{rs[0]['kept']}, masks {'equal' if same else 'differ'}), bwd {by} B d2h "

@@ -21,6 +21,7 @@ extern "C" {
 #include "lrmoe.h"
 }
 #include "kcu.h"
+#include "score.h"
 
 static int fails = 0, cases = 0;
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -177,17 +178,26 @@ static void t_score(int64_t T, int K, int64_t D)
     dbuf<float> dg(T * D), da(T * K), dp(T * K), ds(T * K), dn(T);
     dg.put(g); da.put(al); dp.put(ps);
     ds.poison(); dn.poison();
-    OK(lrmoe_kcu_pair_score(T, K, D, dg.d, da.d, dp.d, ds.d));
     OK(lrmoe_kcu_row_sqnorm(T, D, dg.d, dn.d));
     std::vector<float> rs(T * K), rn(T);
-    OK(lrmoe_kref_pair_score(T, K, D, g.data(), al.data(), ps.data(), rs.data()));
     OK(lrmoe_kref_row_sqnorm(T, D, g.data(), rn.data()));
-    /* both accumulate ||g||^2 in double and round once to f32; only the
-     * summation order differs (~1e-16 relative), so at most one f32 ulp
-     * (6e-8 relative) apart: rtol 1e-6, atol 0 */
-    auto gs = ds.get();
+    /* both accumulate ||g||^2 (or sum |g|) in double and round once to f32;
+     * only the summation order differs (~1e-16 relative), so at most one f32
+     * ulp (6e-8 relative) apart: rtol 1e-6, atol 0. gradnorm and absgrad
+     * get NULL alpha and phi_sqnorm (read by lrm only). */
+    static const char *const mn[] = {"pair_score lrm", "pair_score gradnorm",
+                                     "pair_score absgrad"};
+    for (int m = LRMOE_METRIC_LRM; m <= LRMOE_METRIC_ABSGRAD; m++) {
+        const bool lrm = m == LRMOE_METRIC_LRM;
+        ds.poison();
+        OK(lrmoe_kcu_pair_score(m, T, K, D, dg.d, lrm ? da.d : nullptr, lrm ? dp.d : nullptr,
+                                ds.d));
+        OK(lrmoe_kref_pair_score(m, T, K, D, g.data(), lrm ? al.data() : nullptr,
+                                 lrm ? ps.data() : nullptr, rs.data()));
+        auto gs = ds.get();
+        cmp_f32(mn[m], cs, gs.data(), rs.data(), (size_t)(T * K), 0, 1e-6);
+    }
     auto gn = dn.get();
-    cmp_f32("pair_score", cs, gs.data(), rs.data(), (size_t)(T * K), 0, 1e-6);
     cmp_f32("row_sqnorm", cs, gn.data(), rn.data(), (size_t)T, 0, 1e-6);
 }
 

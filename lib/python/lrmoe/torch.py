@@ -1082,34 +1082,29 @@ def _backward_device(layer: "_Layer", idx: int, grad_out: Tensor, hidden: Tensor
 
 
 _NO_G = ("random", "uniform")    # metrics whose score reads no g
-_ON_DEVICE = ("lrm", "gradnorm")  # metrics lrmoe_exec_cuda_score computes
+_ON_DEVICE = ("lrm", "gradnorm", "absgrad")  # metrics lrmoe_exec_cuda_score computes
 
 
 def _score_device(o: "Patch", cu: "_Cuda", call: "_Call", blk: "_Block", T: int, K: int,
                   D: int, gdt: str, g: Tensor, topk_weights: Tensor, alpha: Tensor,
                   phi: Tensor, seed: int) -> Tuple[Tensor, int, int]:
     """The pairs' scores (T,K) F32 on the host for the selection, and the
-    bytes that crossed to the host and to the device for them: lrm and
-    gradnorm on the device (lrmoe_exec_cuda_score on g, the routing weights
-    and ||phi||^2 by device pointer: T*K*4 bytes back; gradnorm uploads
-    T*K*4 bytes of unit weights), random and uniform from the routing alone
-    (0), absgrad from g copied to the host (T*D elements: it has no device
-    kernel)."""
+    bytes that crossed to the host and to the device for them: lrm,
+    gradnorm and absgrad on the device (lrmoe_exec_cuda_score on g, and for
+    lrm the routing weights and ||phi||^2, by device pointer: T*K*4 bytes
+    back, nothing up), random and uniform from the routing alone (0). g
+    never crosses."""
     if o.metric_name in _ON_DEVICE:
         score = torch.empty(T, K, dtype=torch.float32)
-        a_d = topk_weights.detach().to(torch.float32).contiguous()
-        ph = phi.contiguous()
         p = lambda nm, t: _dptr(nm, t, cu.idx, cu.fake)  # noqa: E731
+        lrm = o.metric_name == "lrm"  # alpha and ||phi||^2: read by lrm only
+        a_d = topk_weights.detach().to(torch.float32).contiguous() if lrm else None
+        ph = phi.contiguous() if lrm else None
         check(call(lib.lrmoe_exec_cuda_score, cu.executor(None), o.metric, T, K, D,
                    _lib.DT[gdt], p("grad_output", g), p("topk_weights", a_d),
                    p("phi_sqnorm", ph), _ptr(score)), f"{blk.name}: score")
-        return score, score.numel() * 4, score.numel() * 4 * (o.metric_name == "gradnorm")
-    if o.metric_name in _NO_G:
-        return _score_host(o, call, T, K, D, gdt, None, alpha, None, seed), 0, 0
-    g_h = g.to("cpu")
-    _buf("grad_output", g_h, gdt, (T, D))
-    return (_score_host(o, call, T, K, D, gdt, g_h, alpha, None, seed),
-            g_h.numel() * g_h.element_size(), 0)
+        return score, score.numel() * 4, 0
+    return _score_host(o, call, T, K, D, gdt, None, alpha, None, seed), 0, 0  # _NO_G
 
 
 def _bwd_done(o: "Patch", call: "_Call", rec: Dict[str, Any], keep: Tensor,
