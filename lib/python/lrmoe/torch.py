@@ -1717,8 +1717,10 @@ def patch(model: torch.nn.Module, rate: Optional[float] = None, hbm: Any = None,
     memory of their own again and puts the original modules back.
     group=pg: one expert-parallel rank per process (lrmoe.dist); with
     shard=True each process then keeps only its native experts
-    [floor(rE/P), floor((r+1)E/P)) (float32, experts stacked as [E, ...]
-    parameters): the parameters become those rows (state_dict shapes too),
+    [floor(rE/P), floor((r+1)E/P)) (float32 CPU or CUDA experts stacked as
+    [E, ...] parameters; on CUDA the rank's executor holds only those and
+    its replicas' weights): the parameters become those rows (state_dict
+    shapes too),
     Patch.full_state_dict() gathers the whole ones, load_full_state_dict()
     loads them (unpatch() leaves the shards)."""
     return Patch(model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
