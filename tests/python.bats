@@ -175,6 +175,42 @@ for n in lt.UNIT_KEYS.values():
     refute_output --partial "FAIL"
 }
 
+@test "python: a patch(group=, shard=True) sharded on the device path (the fake CUDA module) runs the CPU group path too once the tensors are CPU ones (a one-process gloo group): the unsharded CPU run's output and gradients bit for bit" {
+    need_torch
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
+    [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
+    run sh "$TOP/tests/gpu/build-fake-module.sh" "$BATS_TEST_TMPDIR/fm"
+    assert_success
+    cd "$TOP/tests/python" || return 1
+    run env LRMOE_CUDA_MODULE="$BATS_TEST_TMPDIR/fm/liblrmoe-cuda.so.1" LRMOE_TORCH_FAKE_DEVICE=1 \
+        timeout 120 python3 -c '
+import copy, os, tiny, torch, lrmoe.torch as lt, lrmoe.dist as ld
+import torch.distributed as dist
+dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+b = tiny.block("qwen3_moe", seed=3)
+ref = copy.deepcopy(b)
+h = lt.patch(b, rate=1.0, group=dist.group.WORLD, shard=True)  # the device path: shard_device
+os.environ.pop("LRMOE_TORCH_FAKE_DEVICE")
+hr = lt.patch(ref, rate=1.0)  # the CPU path
+h.fake_device = False  # the patched model now computes on CPU tensors
+x = torch.randn(6, 32)
+ids = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7], [1, 6], [3, 0]])
+w = torch.softmax(torch.randn(6, 2), -1)
+outs = []
+for m in (b, ref):
+    xm = x.clone().requires_grad_()
+    y = m.experts(xm, ids, w)
+    y.backward(torch.ones_like(y))
+    outs.append((y.detach(), xm.grad, m.experts.gate_up_proj.grad, m.experts.down_proj.grad))
+print("cpu path:", h.stats[-1].get("device"), "equal:", all(torch.equal(a, c) for a, c in zip(*outs)))
+del h, hr, b, ref
+ld.shutdown()
+'
+    printf '%s\n' "$output"
+    assert_success
+    assert_line "cpu path: None equal: True"
+}
+
 @test "python: the CUDA path scores the backward's pairs on the device (lrmoe_exec_cuda_score): bit for bit the host scores on the fake CUDA module (lrm, gradnorm; F32, BF16 g), the CPU path's keep masks for every metric, only the scores cross" {
     need_torch
     command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"

@@ -542,6 +542,8 @@ class _Layer:
                     down.stride() == (n, down.shape[2], 1)):
                 if self.adopted:  # a parameter was given other memory: a buffer of our own
                     self.adopted, self.w_f32 = False, _virtual(w.shape)
+                elif w is None:  # sharded on the device (shard_device), now on the CPU
+                    self.w_f32 = _virtual((self.block.E, n))
                 self.w_f32[lo:hi].copy_(torch.cat([gu.reshape(E, -1).float(),
                                                    down.reshape(E, -1).float()], dim=1))
             return self.w_f32
