@@ -239,7 +239,16 @@ int lrmoe_exec_backward(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
  * process's rank on cfg.device, its stream synchronised before each call of
  * the callbacks, which move device memory, e.g. through a torch.distributed
  * process group); forward/backward take
- * the same cfg (input checks) and P must be the executor's. Not
+ * the same cfg (input checks) and P must be the executor's. A rank
+ * communicator's rank r (MPI or callback: this process runs rank r only)
+ * reads only its native experts' rows of w_gate/w_up/w_down (expert e at
+ * e*F*D elements, lrmoe_exec_native(e, E, P) == r; uploaded once), every
+ * replica or helper instance it runs gets its weights from the native rank
+ * by p2p, and the backward writes only the native rows of grad_w_gate/
+ * grad_w_up/grad_w_down (replicas' and helpers' gradients are sent there
+ * and summed): a caller that holds only its native experts [lo, hi) (e.g.
+ * lrmoe.torch's shard=True) may pass each of those arrays as its address
+ * less lo rows, since no other row is addressed. Not
  * thread-safe: one thread per executor. Built with CUDA only (else
  * lrmoe_exec_cuda_new fails with the backend's message). */
 typedef struct lrmoe_exec_cuda lrmoe_exec_cuda_t;

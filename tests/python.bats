@@ -166,7 +166,7 @@ for n in lt.UNIT_KEYS.values():
     assert_output --partial "fwd 576 d2h, bwd 768 d2h + 576 h2d"
 }
 
-@test "python: patch(group=) with CUDA tensors under torchrun (2 ranks, gloo, the fake CUDA module: one CUDA executor a rank on the group's callback communicator) equals the simulated ranks=2 run bit for bit (lrmoe, llep's replicas; rate 1 and 0.7; topk, sample; 3 SGD steps)" {
+@test "python: patch(group=) with CUDA tensors under torchrun (2 ranks, gloo, the fake CUDA module: one CUDA executor a rank on the group's callback communicator) equals the simulated ranks=2 run bit for bit, and shard=True (1/P of the expert parameters, replicas' weights and gradients by p2p) the unsharded group run (lrmoe, llep's replicas, fixed; rate 1 and 0.7; topk, sample; float32, and bfloat16 for one; 3 SGD steps)" {
     need_torch
     command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
     command -v torchrun >/dev/null 2>&1 || skip "torchrun is not on PATH (it comes with torch)"
@@ -180,6 +180,42 @@ for n in lt.UNIT_KEYS.values():
     assert_success
     assert_output --partial "dist_cuda (fake): PASS"
     refute_output --partial "FAIL"
+}
+
+@test "python: a patch(group=, shard=True) sharded on the device path (the fake CUDA module) runs the CPU group path too once the tensors are CPU ones (a one-process gloo group): the unsharded CPU run's output and gradients bit for bit" {
+    need_torch
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
+    [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
+    run sh "$TOP/tests/gpu/build-fake-module.sh" "$BATS_TEST_TMPDIR/fm"
+    assert_success
+    cd "$TOP/tests/python" || return 1
+    run env LRMOE_CUDA_MODULE="$BATS_TEST_TMPDIR/fm/liblrmoe-cuda.so.1" LRMOE_TORCH_FAKE_DEVICE=1 \
+        timeout 120 python3 -c '
+import copy, os, tiny, torch, lrmoe.torch as lt, lrmoe.dist as ld
+import torch.distributed as dist
+dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+b = tiny.block("qwen3_moe", seed=3)
+ref = copy.deepcopy(b)
+h = lt.patch(b, rate=1.0, group=dist.group.WORLD, shard=True)  # the device path: shard_device
+os.environ.pop("LRMOE_TORCH_FAKE_DEVICE")
+hr = lt.patch(ref, rate=1.0)  # the CPU path
+h.fake_device = False  # the patched model now computes on CPU tensors
+x = torch.randn(6, 32)
+ids = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7], [1, 6], [3, 0]])
+w = torch.softmax(torch.randn(6, 2), -1)
+outs = []
+for m in (b, ref):
+    xm = x.clone().requires_grad_()
+    y = m.experts(xm, ids, w)
+    y.backward(torch.ones_like(y))
+    outs.append((y.detach(), xm.grad, m.experts.gate_up_proj.grad, m.experts.down_proj.grad))
+print("cpu path:", h.stats[-1].get("device"), "equal:", all(torch.equal(a, c) for a, c in zip(*outs)))
+del h, hr, b, ref
+ld.shutdown()
+'
+    printf '%s\n' "$output"
+    assert_success
+    assert_line "cpu path: None equal: True"
 }
 
 @test "python: the CUDA path scores the backward's pairs on the device (lrmoe_exec_cuda_score): bit for bit the host scores on the fake CUDA module (lrm, gradnorm, absgrad; F32, BF16 g), the CPU path's keep masks for every metric, only the scores cross" {
@@ -208,7 +244,7 @@ for n in lt.UNIT_KEYS.values():
     assert_line --partial "ok block metric=random select=topk: kept 33 (cpu 33, masks equal), bwd 576 B d2h"
 }
 
-@test "python: lrmoe.torch's CUDA path without a loadable CUDA module, or with a non-contiguous or foreign-device buffer, or with group= and shard=True, is one lrmoe.Error" {
+@test "python: lrmoe.torch's CUDA path without a loadable CUDA module, or with a non-contiguous or foreign-device buffer, is one lrmoe.Error" {
     need_torch
     [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
     cd "$TOP/tests/python" || return 1
@@ -232,19 +268,4 @@ for t in (torch.zeros(4, 4).t(), torch.zeros(4, device="meta")):
     assert_line --partial "Error: Qwen3MoeSparseMoeBlock: CUDA executor: backend cuda: cannot load the CUDA module"
     assert_line "Error: buf: a non-contiguous tensor (stride (1, 4)); the CUDA executor reads dense row-major arrays"
     assert_line "Error: buf: a tensor on meta; this layer's CUDA executor runs on cpu"
-    # group= with shard=True on the CUDA path: refused before anything runs (a one-process gloo group)
-    run env LRMOE_TORCH_FAKE_DEVICE=1 timeout 120 python3 -c '
-import tiny, torch, lrmoe, lrmoe.torch as lt
-import torch.distributed as dist
-dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-b = tiny.block("qwen3_moe")
-h = lt.patch(b, rate=1.0, group=dist.group.WORLD, shard=True)
-try:
-    b.experts(torch.randn(4, 32), torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 2))
-except lrmoe.Error as e:
-    print("Error:", e)
-dist.destroy_process_group()
-'
-    assert_success
-    assert_line "Error: Qwen3MoeSparseMoeBlock: shard=True with CUDA tensors is not supported"
 }

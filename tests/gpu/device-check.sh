@@ -40,8 +40,10 @@
 #   tcuda    tests/gpu/torch_cuda.py: lrmoe.torch on CUDA tensors (a patched
 #            tiny Qwen3-MoE on the GPU) = the CPU path within 3e-2, then
 #            tests/gpu/score_device.py: the backward's scores on the device
-#            (lrmoe_exec_cuda_score) = the host's within 1e-6 relative
-#                                                       (appended to exec.txt)
+#            (lrmoe_exec_cuda_score) = the host's within 1e-6 relative;
+#            with >= 2 GPUs tests/gpu/dist_cuda.py under torchrun (NCCL:
+#            group= = the simulated run within 1e-5, shard=True = group=
+#            bit for bit)                               (appended to exec.txt)
 #   mpi      check-mpi-cuda.sh (probes for a GPU first)       -> mpi-cuda.txt
 #   sass     division-free check of the built kernel objects (cuobjdump)
 #                                                        (appended to build.log)
@@ -287,8 +289,9 @@ fi
 # as check-gpu.sh bounds them). Needs torch with CUDA and transformers on
 # the image (exit 3: not run). With >= 2 GPUs also patch(group=) on CUDA
 # tensors under torchrun (NCCL, tests/gpu/dist_cuda.py, 1e-5 of max|ref|
-# against the simulated run on each rank's GPU; skipped with a message on
-# fewer GPUs).
+# against the simulated run on each rank's GPU; its shard=True cases bit for
+# bit the unsharded group run, 1/P of the expert parameter bytes; skipped
+# with a message on fewer GPUs).
 echo "== torch_cuda" >> "$OUT/exec.txt"
 if run_step tcuda 240 "$OUT/exec.txt" env LRMOE_LIBRARY="$PWD/$B/liblrmoe.so.2" \
         sh -c 'python3 tests/gpu/torch_cuda.py cuda 3e-2 && python3 tests/gpu/score_device.py cuda 1e-6 &&
@@ -296,7 +299,7 @@ if run_step tcuda 240 "$OUT/exec.txt" env LRMOE_LIBRARY="$PWD/$B/liblrmoe.so.2" 
                    (cd tests/gpu && torchrun --standalone --nproc-per-node 2 dist_cuda.py cuda 1e-5)
                else echo "dist_cuda: skipped: fewer than 2 GPUs"; fi'; then
     case $src in
-    0) verdict tcuda PASS "$(grep -m1 '^torch_cuda (cuda): PASS' "$OUT/exec.txt"); $(grep -m1 '^score_device (cuda): PASS' "$OUT/exec.txt")" ;;
+    0) verdict tcuda PASS "$(grep -m1 '^torch_cuda (cuda): PASS' "$OUT/exec.txt"); $(grep -m1 '^score_device (cuda): PASS' "$OUT/exec.txt"); $(grep -m1 -E '^dist_cuda( \(cuda\): PASS|: skipped)' "$OUT/exec.txt")" ;;
     3) verdict tcuda "NOT RUN" "$(grep -m1 '^torch_cuda: NOT RUN' "$OUT/exec.txt")" ;;
     124) verdict tcuda TIMEOUT ;;
     *) verdict tcuda FAIL "exit $src"

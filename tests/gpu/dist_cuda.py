@@ -2,16 +2,25 @@
 (one rank, the group's callback communicator) against the simulated run
 (patch(ranks=P)) on the same kind of device, which each rank computes
 itself on the whole batch. The experts op of a tiny Qwen3-MoE block, for
-planners lrmoe and llep (replicas: weights and gradients by p2p), rate 1.0
-and 0.7, select topk and sample, 3 SGD steps: the outputs, the hidden and
-routing-weight gradients of this rank's tokens, the weight gradients of its
-native experts (the others' zero) and the kept/moved counts.
+planners lrmoe and llep (replicas: weights and gradients by p2p) and fixed,
+rate 1.0 and 0.7, select topk and sample (float32; and llep 0.7 sample in
+bfloat16), 3 SGD steps: the outputs, the
+hidden and routing-weight gradients of this rank's tokens, the weight
+gradients of its native experts (the others' zero) and the kept/moved
+counts. Each case also runs shard=True (the rank keeps only its native
+experts' parameters [s0, s1) and its executor only their weights; replicas
+get theirs from the owner by p2p, their gradients go back to it): the
+same bits as the unsharded group run (outputs, gradients, the parameters
+after each step), 1/P of the expert parameter bytes and of the layer's
+device weight copies, and full_state_dict() the unsharded run's trained rows.
   torchrun --standalone --nproc-per-node 2 dist_cuda.py fake [TOL]
       gloo, CPU tensors through the CUDA path on the fake CUDA module
       (LRMOE_CUDA_MODULE; LRMOE_TORCH_FAKE_DEVICE=1, set here): the
       kernels are their CPU references, so TOL defaults to 0 (bit for bit)
   torchrun ... dist_cuda.py cuda [TOL]
       NCCL, rank r on cuda:r (tests/gpu/device-check.sh, >= 2 GPUs)
+TOL applies against the simulated run; sharded and unsharded group runs
+are compared bit for bit in both modes.
 Prints "dist_cuda: RANK ok N checks" per rank and "dist_cuda (MODE): PASS"
 on rank 0; FAIL lines and exit 1 otherwise."""
 import copy
@@ -48,15 +57,20 @@ def fail(msg):
     sys.exit(1)
 
 
-def same(a, b, what):
+def same(a, b, what, tl=None):
     global checks
     checks += 1
+    tl = tol if tl is None else tl
     if a.shape != b.shape or a.dtype != b.dtype:
         fail(f"{what}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}")
     d = (a.float() - b.float()).abs().max().item() if a.numel() else 0.0
     m = b.float().abs().max().item() if b.numel() else 0.0
-    if (tol == 0 and not torch.equal(a, b)) or d > tol * max(m, 1e-30):
-        fail(f"{what}: differs from the simulated run (max |diff| {d}, max |ref| {m})")
+    if (tl == 0 and not torch.equal(a, b)) or d > tl * max(m, 1e-30):
+        fail(f"{what}: differs from the reference run (max |diff| {d}, max |ref| {m})")
+
+
+def nbytes(ts):
+    return sum(t.numel() * t.element_size() for t in ts)
 
 
 def routing(Tg, E, K, seed):
@@ -72,53 +86,116 @@ Tg = 24 * P
 lo, hi = ME * Tg // P, (ME + 1) * Tg // P
 nat = [e for e in range(E) if lt.lib.lrmoe_exec_native(e, E, P) == ME]
 other = [e for e in range(E) if e not in nat]
-for planner in ("lrmoe", "llep"):
-    for rate in (1.0, 0.7):
-        for select in ("topk", "sample"):
-            tag = f"{planner} rate={rate} select={select}"
-            base = tiny.block("qwen3_moe", seed=3)
-            ref, mine = copy.deepcopy(base).to(dev), copy.deepcopy(base).to(dev)
-            kw = dict(planner=planner, select=select, seed=5, rate=rate)
-            hr = lt.patch(ref, ranks=P, **kw)
-            hm = lt.patch(mine, group=dist.group.WORLD, **kw)
-            opt_r = torch.optim.SGD(ref.experts.parameters(), lr=0.5)
-            opt_m = torch.optim.SGD(mine.experts.parameters(), lr=0.5)
-            for step in range(3):
-                gen = torch.Generator().manual_seed(100 + step)
-                x = torch.randn(Tg, D, generator=gen).to(dev)
-                G = torch.randn(Tg, D, generator=gen).to(dev)
-                ids, w = (t.to(dev) for t in routing(Tg, E, K, 200 + step))
-                xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
-                out_r = ref.experts(xr, ids, wr)
-                out_r.backward(G)
-                xm, wm = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
-                out_m = mine.experts(xm, ids[lo:hi], wm)
-                out_m.backward(G[lo:hi])
-                t = f"{tag} step {step}"
-                same(out_m.detach(), out_r[lo:hi].detach(), f"{t}: output")
-                same(xm.grad, xr.grad[lo:hi], f"{t}: grad hidden")
-                same(wm.grad, wr.grad[lo:hi], f"{t}: grad topk_weights")
-                for n in ("gate_up_proj", "down_proj"):
-                    gm = getattr(mine.experts, n).grad
-                    gr = getattr(ref.experts, n).grad
-                    same(gm[nat], gr[nat], f"{t}: grad {n} of native experts {nat}")
-                    same(gm[other], torch.zeros_like(gm[other]), f"{t}: grad {n} of others")
-                rec, rr = hm.stats[-1], hr.stats[-1]
-                checks += 1
-                if rec.get("device") is None or "rank" not in rec:
-                    fail(f"{t}: not the group's device path (stats {sorted(rec)})")
-                if rec["kept"] != rr["kept"] or rec["moved"] != rr["moved"]:
-                    fail(f"{t}: kept/moved {rec['kept']}/{rec['moved']} vs simulated "
-                         f"{rr['kept']}/{rr['moved']}")
-                if rate < 1 and planner == "lrmoe" and not rec["kept"] < rec["pairs"]:
-                    fail(f"{t}: rate {rate} kept all {rec['pairs']} pairs")
-                for o in (opt_r, opt_m):
-                    o.step()
-                    o.zero_grad()
-            hm.unpatch()
-            hr.unpatch()
+s0, s1 = nat[0], nat[-1] + 1
+WN = ("gate_up_proj", "down_proj")
+CASES = [(planner, rate, select, torch.float32) for planner in ("lrmoe", "llep", "fixed")
+         for rate in (1.0, 0.7) for select in ("topk", "sample")]
+CASES.append(("llep", 0.7, "sample", torch.bfloat16))  # bfloat16 experts and activations
+for planner, rate, select, dtype in CASES:
+    tag = f"{planner} rate={rate} select={select}" + (
+        "" if dtype == torch.float32 else f" {dtype}")
+    base = tiny.block("qwen3_moe", seed=3, dtype=dtype)
+    # against the simulated run: TOL, bfloat16 results to their rounding
+    # (2^-8 relative) where TOL admits any difference
+    rt = tol if dtype == torch.float32 or tol == 0 else max(tol, 1e-2)
+    ref, mine, shd = (copy.deepcopy(base).to(dev) for _ in range(3))
+    kw = dict(planner=planner, select=select, seed=5, rate=rate)
+    hr = lt.patch(ref, ranks=P, **kw)
+    hm = lt.patch(mine, group=dist.group.WORLD, **kw)
+    hs = lt.patch(shd, group=dist.group.WORLD, shard=True, **kw)
+    # memory: the shard's parameters are 1/P of the model's expert
+    # parameter bytes, its rows [s0, s1) of them
+    full_b, shd_b = nbytes(base.experts.parameters()), nbytes(shd.experts.parameters())
+    checks += 1
+    if shd_b * P != full_b:
+        fail(f"{tag}: shard=True holds {shd_b} expert parameter bytes, the model "
+             f"{full_b}: not 1/{P}")
+    for n in WN:
+        same(getattr(shd.experts, n).detach(), getattr(mine.experts, n).detach()[s0:s1],
+             f"{tag}: {n} of experts [{s0},{s1}) after patch", 0)
+    opt_r = torch.optim.SGD(ref.experts.parameters(), lr=0.5)
+    opt_m = torch.optim.SGD(mine.experts.parameters(), lr=0.5)
+    opt_s = torch.optim.SGD(shd.experts.parameters(), lr=0.5)
+    reps = 0
+    for step in range(3):
+        gen = torch.Generator().manual_seed(100 + step)
+        x = torch.randn(Tg, D, generator=gen).to(dev, dtype)
+        G = torch.randn(Tg, D, generator=gen).to(dev, dtype)
+        ids, w = routing(Tg, E, K, 200 + step)
+        ids, w = ids.to(dev), w.to(dev, dtype)
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        out_r = ref.experts(xr, ids, wr)
+        out_r.backward(G)
+        xm, wm = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
+        out_m = mine.experts(xm, ids[lo:hi], wm)
+        out_m.backward(G[lo:hi])
+        xs, ws = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
+        out_s = shd.experts(xs, ids[lo:hi], ws)
+        out_s.backward(G[lo:hi])
+        t = f"{tag} step {step}"
+        same(out_m.detach(), out_r[lo:hi].detach(), f"{t}: output", rt)
+        same(xm.grad, xr.grad[lo:hi], f"{t}: grad hidden", rt)
+        same(wm.grad, wr.grad[lo:hi], f"{t}: grad topk_weights", rt)
+        same(out_s.detach(), out_m.detach(), f"{t}: shard: output", 0)
+        same(xs.grad, xm.grad, f"{t}: shard: grad hidden", 0)
+        same(ws.grad, wm.grad, f"{t}: shard: grad topk_weights", 0)
+        for n in WN:
+            gm = getattr(mine.experts, n).grad
+            gr = getattr(ref.experts, n).grad
+            same(gm[nat], gr[nat], f"{t}: grad {n} of native experts {nat}", rt)
+            same(gm[other], torch.zeros_like(gm[other]), f"{t}: grad {n} of others")
+            same(getattr(shd.experts, n).grad, gm[s0:s1],
+                 f"{t}: shard: grad {n} of experts [{s0},{s1})", 0)
+        for h in (hm, hs):
+            rec, rr = h.stats[-1], hr.stats[-1]
+            checks += 1
+            if rec.get("device") is None or "rank" not in rec:
+                fail(f"{t}: not the group's device path (stats {sorted(rec)})")
+            if rec["kept"] != rr["kept"] or rec["moved"] != rr["moved"]:
+                fail(f"{t}: kept/moved {rec['kept']}/{rec['moved']} vs simulated "
+                     f"{rr['kept']}/{rr['moved']}")
+            if rate < 1 and planner == "lrmoe" and not rec["kept"] < rec["pairs"]:
+                fail(f"{t}: rate {rate} kept all {rec['pairs']} pairs")
+            if rec.get("replicas") != rr.get("replicas"):
+                fail(f"{t}: replicas {rec.get('replicas')} vs simulated "
+                     f"{rr.get('replicas')}")
+        reps += int(hs.stats[-1].get("replicas") or 0)
+        for o in (opt_r, opt_m, opt_s):
+            o.step()
+            o.zero_grad()
+        for n in WN:
+            same(getattr(shd.experts, n).detach(),
+                 getattr(mine.experts, n).detach()[s0:s1],
+                 f"{t}: shard: {n} after the step", 0)
+    checks += 1
+    if planner == "llep" and reps == 0:
+        fail(f"{tag}: no replica in 3 steps: the p2p path (weights to replicas, "
+             "their gradients back) is not exercised")
+    if ME == 0:
+        print(f"dist_cuda: {tag}: {reps} replicas in 3 steps", flush=True)
+    # the layer's device copies of the weights (w_gate, w_up split
+    # from gate_up): the shard's experts only
+    cw = hs.layers[0].cuda.w
+    checks += 1
+    if cw[0].shape[0] != s1 - s0 or cw[1].shape[0] != s1 - s0:
+        fail(f"{tag}: shard=True: the device weight copies hold {cw[0].shape[0]} "
+             f"experts, not the shard's {s1 - s0}")
+    # full_state_dict: every rank's trained rows, each the unsharded
+    # group run's native rows (a collective on the device's tensors)
+    full = hs.full_state_dict()
+    for k, v in mine.state_dict().items():
+        if "experts." not in k:
+            continue
+        parts = [torch.empty_like(v) for _ in range(P)]
+        dist.all_gather(parts, v.contiguous())
+        want = torch.cat([parts[r][r * E // P:(r + 1) * E // P] for r in range(P)])
+        same(full[k], want, f"{tag}: full_state_dict {k}", 0)
+    hm.unpatch()
+    hr.unpatch()
+    hs.unpatch()
+    del full, parts, opt_r, opt_m, opt_s
 print(f"dist_cuda: {ME} ok {checks} checks", flush=True)
-del hm, hr, mine, ref
+del hm, hr, hs, mine, ref, shd
 ld.shutdown()
 if ME == 0:
     print(f"dist_cuda ({mode}): PASS", flush=True)

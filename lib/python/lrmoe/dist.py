@@ -683,7 +683,12 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
 # on host arrays. The executor returns the outputs and the saved state
 # (||phi||^2, h_g, h_u) to the token owners, so the backward's moves carry
 # the packed rows (x_t, h_g, h_u of each kept pair) from the owner to the
-# pair's backward rank.
+# pair's backward rank. shard=True: the rank's parameters, its layer's
+# device weight copies and its weight gradients are the native experts'
+# rows [lo, hi) only, handed to the executor as rows of global arrays
+# (lt._dptr's lo: it addresses no other row, lrmoe_exec_cuda_new(3));
+# replicas get their weights from the owner and return their gradients to
+# it through the p2p callbacks, as unsharded.
 
 def _device_cfg(o, g: "Group", idx: int) -> Dict[str, Any]:
     from . import torch as lt
@@ -695,11 +700,9 @@ def device_forward(layer, idx, hidden, topk_weights, gate_up, down, topk_ids, ca
     from . import torch as lt
     o, call, blk = layer.owner, lt._Call(), layer.block
     g: Group = o.dist
-    if layer.shard is not None:
-        raise Error(f"{blk.name}: shard=True with CUDA tensors is not supported")
     dt = lt._act_dtype(blk.name, hidden, gate_up, down)
     lt._check_call(blk.name, blk.E, blk.D, blk.F, hidden, topk_ids, topk_weights, gate_up, down,
-                   ids_range=False)
+                   ids_range=False, Ew=layer.experts_held())
     cu = lt._cuda_of(layer, idx)
     g.dev = None if cu.fake else hidden.device
     T, D = hidden.shape
@@ -761,7 +764,8 @@ def device_backward(layer, idx, grad_out, hidden, topk_weights, gate_up, down, t
                     bwd_alloc, meta):
     """experts_backward as rank r of the group on CUDA tensors: pair_rank
     is global (Tg,K) on the host, phi, sg, su and pair_out this rank's
-    tokens' (device)."""
+    tokens' (device). The weight gradients: (E,...) with the other experts'
+    rows zero, or sharded the native rows (the parameters' shapes)."""
     from . import torch as lt
     o, call, blk = layer.owner, lt._Call(), layer.block
     g: Group = o.dist
@@ -843,25 +847,32 @@ def device_backward(layer, idx, grad_out, hidden, topk_weights, gate_up, down, t
     sug[lo:lo + T] = su
     f32 = dict(dtype=torch.float32, device=dev)
     gh, gtw = torch.empty(Tg, D, **f32), torch.empty(Tg, K, **f32)
-    gwg, gwu = torch.empty(E, F, D, **f32), torch.empty(E, F, D, **f32)
-    gwd = torch.empty(E, D, F, **f32)
+    # the weight gradients: the executor writes its native experts' rows
+    # only (the replicas' come back to it by p2p and are summed there);
+    # sharded, the arrays are the shard's rows [s0, s1), addressed as rows
+    # of global (E,...) arrays (lt._dptr's lo), unsharded global arrays
+    s0, s1 = layer.shard if layer.shard is not None else (0, E)
+    gwg, gwu = torch.empty(s1 - s0, F, D, **f32), torch.empty(s1 - s0, F, D, **f32)
+    gwd = torch.empty(s1 - s0, D, F, **f32)
     q = lambda nm, t: lt._dptr(nm, t, idx, cu.fake)  # noqa: E731
+    qw = lambda nm, t: lt._dptr(nm, t, idx, cu.fake, s0)  # noqa: E731
     b.set(mode=2, act_dtype=_lib.DT[dt], grad_dtype=_lib.DT[gdt],
           topk_weights=alpha_b.data_ptr(), grad_output=q("grad_output", gg),
           pair_out=q("pair_out", pog), hidden=q("hidden", xg), saved_gate=q("saved_gate", sgg),
           saved_up=q("saved_up", sug), pack_grad=q("pack_grad", pk_grad),
           pack_hidden=q("pack_hidden", pk_hidden), pack_gate=q("pack_gate", pk_gate),
           pack_up=q("pack_up", pk_up), grad_hidden=q("grad_hidden", gh),
-          grad_w_gate=q("grad_w_gate", gwg), grad_w_up=q("grad_w_up", gwu),
-          grad_w_down=q("grad_w_down", gwd), grad_topk_weights=q("grad_topk_weights", gtw))
+          grad_w_gate=qw("grad_w_gate", gwg), grad_w_up=qw("grad_w_up", gwu),
+          grad_w_down=qw("grad_w_down", gwd), grad_topk_weights=q("grad_topk_weights", gtw))
     xh = cu.executor(b)
     call(g.run, f"{blk.name}: backward", lib.lrmoe_exec_args_backward_cuda, b.h, xh, None)
     _bwd_stats(o, g, rec, b, R, keep, w, prob)
-    # the weight gradients of this rank's native experts (the others' zero)
-    nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)]) == g.rank
-    other = torch.from_numpy(np.nonzero(~nat)[0]).to(dev)
-    for t in (gwg, gwu, gwd):
-        t.index_fill_(0, other, 0.0)
+    if layer.shard is None:
+        # the weight gradients of this rank's native experts (the others' zero)
+        nat = np.array([lib.lrmoe_exec_native(e, E, P) for e in range(E)]) == g.rank
+        other = torch.from_numpy(np.nonzero(~nat)[0]).to(dev)
+        for t in (gwg, gwu, gwd):
+            t.index_fill_(0, other, 0.0)
     wdt = gate_up.dtype
     call.record(rec, "bwd")
     rec["bwd_comm_seconds"] = g.comm_s

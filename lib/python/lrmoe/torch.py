@@ -471,10 +471,13 @@ class _Layer:
         ex = blk.experts
         with torch.no_grad():
             gu, dn = blk.op_weights()
+        if self.shard is not None and (gu.device.type == "cuda" or self.owner.fake_device):
+            self.shard_device()
+            return
         if gu.dtype != torch.float32 or dn.dtype != torch.float32 or gu.device.type != "cpu":
             if self.shard is not None:
-                raise Error(f"{blk.name}: shard=True takes float32 CPU experts (they are "
-                            f"{gu.dtype} on {gu.device})")
+                raise Error(f"{blk.name}: shard=True takes float32 CPU experts or CUDA "
+                            f"experts (they are {gu.dtype} on {gu.device})")
             return
         if self.shard is not None:
             # the global-shaped packed buffer; the parameters become views of
@@ -495,6 +498,19 @@ class _Layer:
             buf[:, n1:].view(dn.shape).copy_(dn)
         blk.adapter.adopt(ex, buf, blk.E, blk.D, blk.F)
         self.w_f32, self.adopted = buf, True
+
+    def shard_device(self):
+        """shard=True on the device path (CUDA tensors): every expert
+        parameter becomes its native rows [lo, hi) (dim 0, in any layout),
+        memory of its own; the other experts' memory is let go. The CUDA
+        executor of a rank reads only its native experts' rows (exec.h),
+        replicas come from their owners by p2p (lrmoe.dist)."""
+        blk = self.block
+        lo, hi = self.shard
+        with torch.no_grad():
+            for attr in blk.adapter.weights.values():
+                p = adapters.resolve(blk.experts, attr)
+                p.data = p.data[lo:hi].clone()
 
     def experts_held(self) -> int:
         """How many experts the parameters hold (E, or the shard's)."""
@@ -531,6 +547,8 @@ class _Layer:
                     down.stride() == (n, down.shape[2], 1)):
                 if self.adopted:  # a parameter was given other memory: a buffer of our own
                     self.adopted, self.w_f32 = False, _virtual(w.shape)
+                elif w is None:  # sharded on the device (shard_device), now on the CPU
+                    self.w_f32 = _virtual((self.block.E, n))
                 self.w_f32[lo:hi].copy_(torch.cat([gu.reshape(E, -1).float(),
                                                    down.reshape(E, -1).float()], dim=1))
             return self.w_f32
@@ -842,9 +860,12 @@ def _device_io(o: "Patch", name: str, *ts: Optional[Tensor]) -> Optional[int]:
     return idx
 
 
-def _dptr(name: str, t: Optional[Tensor], idx: int, fake: bool) -> Optional[int]:
+def _dptr(name: str, t: Optional[Tensor], idx: int, fake: bool, lo: int = 0) -> Optional[int]:
     """A device tensor's address for the executor: contiguous and on the
-    executor's device, else one clear error (never a bad pointer)."""
+    executor's device, else one clear error (never a bad pointer). lo > 0:
+    t holds rows [lo, ...) of a global array (a shard, (n, ...)) of which
+    the executor addresses only those rows; the address of its row 0 (t's
+    address less lo rows) is returned."""
     if t is None:
         return None
     want = "cpu" if fake else f"cuda:{idx}"
@@ -855,6 +876,8 @@ def _dptr(name: str, t: Optional[Tensor], idx: int, fake: bool) -> Optional[int]
     if not t.is_contiguous():
         raise Error(f"{name}: a non-contiguous tensor (stride {t.stride()}); the CUDA "
                     "executor reads dense row-major arrays")
+    if lo:
+        return t.data_ptr() - lo * (t[0].numel() * t.element_size())
     return t.data_ptr()
 
 
@@ -897,8 +920,15 @@ class _Cuda:
         return self.x
 
     def weights(self, layer: "_Layer", gu: Tensor, dn: Tensor, dt: str) -> Dict[str, Any]:
-        """The weights' exec arguments (device pointers)."""
-        E, D, F = layer.block.E, layer.block.D, layer.block.F
+        """The weights' exec arguments (device pointers). Sharded (shard=True,
+        one rank of a group): gu, dn and the copies hold the native experts
+        [lo, hi) only, and each pointer is given as that of a global (E,...)
+        array whose row lo is the shard's first (its address less lo rows):
+        a rank's CUDA executor reads only its native experts' rows
+        (lrmoe_exec_cuda_new(3)), so the rows outside the shard are never
+        addressed."""
+        D, F = layer.block.D, layer.block.F
+        E = gu.shape[0]  # the shard's experts when sharded
         params = list(layer.block.experts.parameters())
         key = (tuple((p.data_ptr(), p._version) for p in params), gu.data_ptr(), dn.data_ptr(),
                tuple(gu.shape), gu.dtype)
@@ -920,7 +950,8 @@ class _Cuda:
             self.wkey = key
         wd = self.w[2] if self.w[2] is not None else dn
         self.keep = wd  # dn may be a view made for this call (a transposed layout)
-        p = lambda n, t: _dptr(n, t, self.idx, self.fake)  # noqa: E731
+        lo = layer.shard[0] if layer.shard is not None else 0
+        p = lambda n, t: _dptr(n, t, self.idx, self.fake, lo)  # noqa: E731
         return dict(weights_dtype=_lib.DT[dt], w_gate=p("w_gate", self.w[0]),
                     w_up=p("w_up", self.w[1]), w_down=p("down_proj", wd), w_f32=None)
 
@@ -1688,8 +1719,10 @@ def patch(model: torch.nn.Module, rate: Optional[float] = None, hbm: Any = None,
     memory of their own again and puts the original modules back.
     group=pg: one expert-parallel rank per process (lrmoe.dist); with
     shard=True each process then keeps only its native experts
-    [floor(rE/P), floor((r+1)E/P)) (float32, experts stacked as [E, ...]
-    parameters): the parameters become those rows (state_dict shapes too),
+    [floor(rE/P), floor((r+1)E/P)) (float32 CPU or CUDA experts stacked as
+    [E, ...] parameters; on CUDA the rank's executor holds only those and
+    its replicas' weights): the parameters become those rows (state_dict
+    shapes too),
     Patch.full_state_dict() gathers the whole ones, load_full_state_dict()
     loads them (unpatch() leaves the shards)."""
     return Patch(model, rate, hbm, metric, ranks, planner, threads, seed, keep_masks,
