@@ -13,6 +13,10 @@ get theirs from the owner by p2p, their gradients go back to it): the
 same bits as the unsharded group run (outputs, gradients, the parameters
 after each step), 1/P of the expert parameter bytes and of the layer's
 device weight copies, and full_state_dict() the unsharded run's trained rows.
+Metrics gradnorm and absgrad (scored on the device) run one case each. Last,
+llep with the expert parameters changed on rank 0 only before step 2: every
+rank refreshes its resident weights and replicas (else a hang: the gloo
+timeout, 120 s, fails it), the simulated run's results.
   torchrun --standalone --nproc-per-node 2 dist_cuda.py fake [TOL]
       gloo, CPU tensors through the CUDA path on the fake CUDA module
       (LRMOE_CUDA_MODULE; LRMOE_TORCH_FAKE_DEVICE=1, set here): the
@@ -88,18 +92,21 @@ nat = [e for e in range(E) if lt.lib.lrmoe_exec_native(e, E, P) == ME]
 other = [e for e in range(E) if e not in nat]
 s0, s1 = nat[0], nat[-1] + 1
 WN = ("gate_up_proj", "down_proj")
-CASES = [(planner, rate, select, torch.float32) for planner in ("lrmoe", "llep", "fixed")
+CASES = [(planner, rate, select, torch.float32, "lrm") for planner in ("lrmoe", "llep", "fixed")
          for rate in (1.0, 0.7) for select in ("topk", "sample")]
-CASES.append(("llep", 0.7, "sample", torch.bfloat16))  # bfloat16 experts and activations
-for planner, rate, select, dtype in CASES:
+CASES.append(("llep", 0.7, "sample", torch.bfloat16, "lrm"))  # bfloat16 experts and activations
+# the other metrics scored on the device (lrmoe_exec_cuda_score)
+CASES += [("lrmoe", 0.7, "topk", torch.float32, m) for m in ("gradnorm", "absgrad")]
+for planner, rate, select, dtype, metric in CASES:
     tag = f"{planner} rate={rate} select={select}" + (
-        "" if dtype == torch.float32 else f" {dtype}")
+        "" if dtype == torch.float32 else f" {dtype}") + (
+        "" if metric == "lrm" else f" metric={metric}")
     base = tiny.block("qwen3_moe", seed=3, dtype=dtype)
     # against the simulated run: TOL, bfloat16 results to their rounding
     # (2^-8 relative) where TOL admits any difference
     rt = tol if dtype == torch.float32 or tol == 0 else max(tol, 1e-2)
     ref, mine, shd = (copy.deepcopy(base).to(dev) for _ in range(3))
-    kw = dict(planner=planner, select=select, seed=5, rate=rate)
+    kw = dict(planner=planner, select=select, seed=5, rate=rate, metric=metric)
     hr = lt.patch(ref, ranks=P, **kw)
     hm = lt.patch(mine, group=dist.group.WORLD, **kw)
     hs = lt.patch(shd, group=dist.group.WORLD, shard=True, **kw)
@@ -194,6 +201,46 @@ for planner, rate, select, dtype in CASES:
     hr.unpatch()
     hs.unpatch()
     del full, parts, opt_r, opt_m, opt_s
+# The expert parameters changed on one rank only (here a version bump of
+# rank 0's, the values unchanged): every rank refreshes its executor's
+# resident weights and replicas together (Group.device_weights), or rank 0
+# would drop the replicas rank 1 still holds and the weight sends and
+# receives of the next call would not pair up (a hang, or wrong rows).
+base = tiny.block("qwen3_moe", seed=3)
+ref, mine = (copy.deepcopy(base).to(dev) for _ in range(2))
+kw = dict(planner="llep", select="topk", seed=5, rate=1.0)
+hr = lt.patch(ref, ranks=P, **kw)
+hm = lt.patch(mine, group=dist.group.WORLD, **kw)
+reps = 0
+for step in range(3):
+    gen = torch.Generator().manual_seed(300 + step)
+    x = torch.randn(Tg, D, generator=gen).to(dev)
+    G = torch.randn(Tg, D, generator=gen).to(dev)
+    ids, w = routing(Tg, E, K, 400 + step)
+    ids, w = ids.to(dev), w.to(dev)
+    if step == 2 and ME == 0:
+        with torch.no_grad():
+            mine.experts.gate_up_proj.mul_(1.0)
+    xr = x.clone().requires_grad_()
+    out_r = ref.experts(xr, ids, w)
+    out_r.backward(G)
+    xm = x[lo:hi].clone().requires_grad_()
+    out_m = mine.experts(xm, ids[lo:hi], w[lo:hi])
+    out_m.backward(G[lo:hi])
+    t = f"weights changed on rank 0 only, step {step}"
+    same(out_m.detach(), out_r[lo:hi].detach(), f"{t}: output")
+    same(xm.grad, xr.grad[lo:hi], f"{t}: grad hidden")
+    for n in WN:
+        same(getattr(mine.experts, n).grad[nat], getattr(ref.experts, n).grad[nat],
+             f"{t}: grad {n} of native experts {nat}")
+    reps += int(hm.stats[-1].get("replicas") or 0)
+    for m in (ref, mine):
+        m.experts.zero_grad()
+checks += 1
+if reps == 0:
+    fail("weights changed on one rank: no replica, the p2p path is not exercised")
+hm.unpatch()
+hr.unpatch()
 print(f"dist_cuda: {ME} ok {checks} checks", flush=True)
 del hm, hr, hs, mine, ref, shd
 ld.shutdown()

@@ -257,6 +257,22 @@ class Group:
         self.collective(what, dist.all_gather, lst, pad)
         return torch.cat([x[:n] for x, n in zip(lst, Tr)])
 
+    def any(self, what: str, flag: bool) -> bool:
+        """Whether flag is true on any rank (an all-reduce of one int)."""
+        t = torch.tensor([int(bool(flag))], dtype=torch.int64)
+        self.collective(what, dist.all_reduce, t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def device_weights(self, layer, cu, gate_up: torch.Tensor, down: torch.Tensor,
+                       dt: str) -> Dict[str, Any]:
+        """cu.weights, refreshed on every rank when any rank's expert
+        parameters changed: a rank's CUDA executor keeps the replicas it
+        received, so a refresh (dropping them) on one rank alone would leave
+        the owner's weight sends without their receives (a hang)."""
+        gu, dn = gate_up.detach(), down.detach()
+        force = self.any(f"{layer.block.name}: weights changed", cu.stale(layer, gu, dn))
+        return cu.weights(layer, gu, dn, dt, force=force)
+
     def agree(self, name: str, *arrays: np.ndarray) -> None:
         """Every rank must hold the same plan: its bytes' digest is compared."""
         h = hashlib.blake2b(digest_size=8)
@@ -716,7 +732,7 @@ def device_forward(layer, idx, hidden, topk_weights, gate_up, down, topk_ids, ca
     d2h = ids_h.numel() * ids_h.element_size() + alpha.numel() * 4
     Tr, lo, Tg, gids, galpha = g.routing(blk.name, T, K, ids, alpha)
     placement, fwd_alloc, quota, bwd_alloc, attrs, pr = _plan_assign(layer, call, gids, Tg, dt)
-    W = cu.weights(layer, gate_up.detach(), down.detach(), dt)
+    W = g.device_weights(layer, cu, gate_up, down, dt)
     dims = dict(T=Tg, E=E, K=K, D=D, F=F, P=P)
     Pl = dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
     xg = torch.empty(Tg, D, dtype=hidden.dtype, device=dev)
@@ -801,7 +817,7 @@ def device_backward(layer, idx, grad_out, hidden, topk_weights, gate_up, down, t
 
     keep, alpha_b, w, prob = _keep(o, call, blk, g, Tr, gids, galpha, cap_keep, pair_rank,
                                    quota, bwd_alloc, by_rank, seed, gdt, own_scores)
-    W = cu.weights(layer, gate_up.detach(), down.detach(), dt)
+    W = g.device_weights(layer, cu, gate_up, down, dt)
     Pl = dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
     b = _lib.ExecArgs(_device_cfg(o, g, idx), dict(T=Tg, E=E, K=K, D=D, F=F, P=P), W, Pl,
                       topk_ids=gids.data_ptr(), keep=keep.data_ptr(),

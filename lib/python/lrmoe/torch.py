@@ -919,20 +919,33 @@ class _Cuda:
             self.stream = stream
         return self.x
 
-    def weights(self, layer: "_Layer", gu: Tensor, dn: Tensor, dt: str) -> Dict[str, Any]:
-        """The weights' exec arguments (device pointers). Sharded (shard=True,
-        one rank of a group): gu, dn and the copies hold the native experts
-        [lo, hi) only, and each pointer is given as that of a global (E,...)
-        array whose row lo is the shard's first (its address less lo rows):
-        a rank's CUDA executor reads only its native experts' rows
-        (lrmoe_exec_cuda_new(3)), so the rows outside the shard are never
-        addressed."""
+    def _wkey(self, layer: "_Layer", gu: Tensor, dn: Tensor) -> tuple:
+        params = list(layer.block.experts.parameters())
+        return (tuple((p.data_ptr(), p._version) for p in params), gu.data_ptr(), dn.data_ptr(),
+                tuple(gu.shape), gu.dtype)
+
+    def stale(self, layer: "_Layer", gu: Tensor, dn: Tensor) -> bool:
+        """Whether weights() would refresh the device copies (the expert
+        parameters moved or changed since the last call)."""
+        return self._wkey(layer, gu, dn) != self.wkey
+
+    def weights(self, layer: "_Layer", gu: Tensor, dn: Tensor, dt: str,
+                force: bool = False) -> Dict[str, Any]:
+        """The weights' exec arguments (device pointers), the copies
+        refreshed and the executor's resident weights dropped
+        (lrmoe_exec_cuda_weights_changed) when stale or force. One rank of
+        a group passes force = any rank stale (dist.py: the ranks must drop
+        their resident replicas together, or the owner's weight sends would
+        not pair with the receives). Sharded (shard=True, one rank of a
+        group): gu, dn and the copies hold the native experts [lo, hi) only,
+        and each pointer is given as that of a global (E,...) array whose row
+        lo is the shard's first (its address less lo rows): a rank's CUDA
+        executor reads only its native experts' rows (lrmoe_exec_cuda_new(3)),
+        so the rows outside the shard are never addressed."""
         D, F = layer.block.D, layer.block.F
         E = gu.shape[0]  # the shard's experts when sharded
-        params = list(layer.block.experts.parameters())
-        key = (tuple((p.data_ptr(), p._version) for p in params), gu.data_ptr(), dn.data_ptr(),
-               tuple(gu.shape), gu.dtype)
-        if key != self.wkey:
+        key = self._wkey(layer, gu, dn)
+        if key != self.wkey or force:
             with torch.no_grad():
                 if self.w is None or self.w[0].shape != (E, F, D) or self.w[0].dtype != gu.dtype:
                     self.w = (torch.empty(E, F, D, dtype=gu.dtype, device=gu.device),
