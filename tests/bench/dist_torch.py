@@ -31,6 +31,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import tiny  # noqa: E402  (paths, LRMOE_LIBRARY)
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -81,6 +82,39 @@ for rate, sharded in ((1.0, False), (0.7, False), (0.7, True)):
                      ba=list(r["bwd_a2a_bytes"]), fm=r["fwd_move_bytes"],
                      bm=r["bwd_move_bytes"], kept=r["kept"], pairs=r["pairs"]))
     h.unpatch()
+# How the ranks agree on one plan (issue 38: "every rank runs the planner on
+# the same loads, or rank 0 plans and broadcasts; measure and choose"), on
+# this run's global loads and the patched layer's planner, best of 20, all
+# ranks released by a barrier, rank 0's wall time:
+#   every:  every rank plans, then the plan digest all-gather (Group.agree:
+#           what lrmoe.dist does; it also catches ranks that disagree)
+#   bcast:  rank 0 plans, then one broadcast of the four plan arrays
+m = copy.deepcopy(blk)
+h = lt.patch(m, rate=0.7, group=dist.group.WORLD, threads=1)
+lay, grp = h.layers[0], h.dist
+load = torch.bincount(ids.view(-1), minlength=E).numpy()
+agree_t = {"every": [], "bcast": [], "plan": []}
+for it in range(20):
+    dist.barrier()
+    t0 = time.perf_counter()
+    pl = lt._plan(lay, lt._Call(), load, Tg, K, "f32")
+    t1 = time.perf_counter()
+    grp.agree("bench", *pl[:4])
+    n = sum(a.size for a in pl[:4])  # the plan's int64 count (every rank)
+    agree_t["every"].append(time.perf_counter() - t0)
+    agree_t["plan"].append(t1 - t0)
+    dist.barrier()
+    t0 = time.perf_counter()
+    if ME == 0:
+        pl = lt._plan(lay, lt._Call(), load, Tg, K, "f32")
+        buf = torch.from_numpy(np.concatenate([pl[0].astype(np.int64).ravel(), pl[1].ravel(),
+                                               pl[2].ravel(), pl[3].ravel()]))
+    else:
+        buf = torch.empty(n, dtype=torch.int64)
+    dist.broadcast(buf, 0)
+    agree_t["bcast"].append(time.perf_counter() - t0)
+h.unpatch()
+agree_ms = {k: 1e3 * min(v) for k, v in agree_t.items()}
 everyone = [None] * P
 dist.all_gather_object(everyone, rows)
 sim = {}
@@ -135,4 +169,9 @@ if ME == 0:
           f"rank = {max(q['wbytes'] / un[q['rank']]['wbytes'] for q in shd):.3f} of unsharded "
           f"(1/P = {1 / P:.3f}); its step {max(q['step'] for q in shd) / step[0.7]:.2f}x the "
           f"unsharded one at rate 0.7", flush=True)
+    print(f"verdict: plan agreement (rank 0, best of 20): every rank plans "
+          f"({agree_ms['plan']:.3f} ms) + digest all-gather = {agree_ms['every']:.3f} ms; rank 0 "
+          f"plans + broadcast of the plan = {agree_ms['bcast']:.3f} ms; ratio every/bcast "
+          f"{agree_ms['every'] / agree_ms['bcast']:.2f} (lrmoe.dist: every rank plans, and the "
+          f"digest catches a rank that disagrees)", flush=True)
 ld.shutdown()  # barrier; the gloo threads end before Python exits
