@@ -137,3 +137,7 @@ die() {
     dist 2 model qwen3_moe 0.7 10 llep shard
     dist 4 model qwen3_moe 0.7 10 llep shard
 }
+
+@test "2 ranks: shard=True on blocks registered with each stacked layout (fused, fused_t, separate, separate_t): the unsharded group run's bits, 1/P of the expert bytes, full_state_dict loads; per-expert layouts refused" {
+    dist 2 shard-layouts
+}

@@ -166,7 +166,7 @@ for n in lt.UNIT_KEYS.values():
     assert_output --partial "fwd 576 d2h, bwd 768 d2h + 576 h2d"
 }
 
-@test "python: patch(group=) with CUDA tensors under torchrun (2 ranks, gloo, the fake CUDA module: one CUDA executor a rank on the group's callback communicator) equals the simulated ranks=2 run bit for bit, and shard=True (1/P of the expert parameters, replicas' weights and gradients by p2p) the unsharded group run (lrmoe, llep's replicas, fixed; rate 1 and 0.7; topk, sample; float32, and bfloat16 for one; metrics lrm, gradnorm, absgrad; 3 SGD steps); expert parameters changed on one rank only refresh every rank's resident weights and replicas (no hang)" {
+@test "python: patch(group=) with CUDA tensors under torchrun (2 ranks, gloo, the fake CUDA module: one CUDA executor a rank on the group's callback communicator) equals the simulated ranks=2 run bit for bit, and shard=True (1/P of the expert parameters, replicas' weights and gradients by p2p) the unsharded group run (lrmoe, llep's replicas, fixed; rate 1 and 0.7; topk, sample; float32, and bfloat16 for one; metrics lrm, gradnorm, absgrad; 3 SGD steps); blocks registered with each stacked layout (fused, fused_t, separate, separate_t; llep at 0.7) sharded the same bits as unsharded, repeated forwards sending no weight again; expert parameters changed on one rank only refresh every rank's resident weights and replicas (no hang)" {
     need_torch
     command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
     command -v torchrun >/dev/null 2>&1 || skip "torchrun is not on PATH (it comes with torch)"

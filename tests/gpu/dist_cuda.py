@@ -13,7 +13,14 @@ get theirs from the owner by p2p, their gradients go back to it): the
 same bits as the unsharded group run (outputs, gradients, the parameters
 after each step), 1/P of the expert parameter bytes and of the layer's
 device weight copies, and full_state_dict() the unsharded run's trained rows.
-Metrics gradnorm and absgrad (scored on the device) run one case each. Last,
+Metrics gradnorm and absgrad (scored on the device) run one case each.
+Then one case per stacked registered layout (fused, fused_t, separate,
+separate_t: tests/python/test_register.py's LayoutMoE blocks), llep at rate
+0.7 (replicas by p2p): shard=True against the unsharded group run bit for
+bit (outputs, gradients, the parameters after each step), 1/P of the
+expert parameter bytes and of the device weight copies, full_state_dict()
+the unsharded run's trained rows; both against the simulated run to TOL.
+Last,
 llep with the expert parameters changed on rank 0 only before step 2: every
 rank refreshes its resident weights and replicas (else a hang: the gloo
 timeout, 120 s, fails it), the simulated run's results.
@@ -28,6 +35,7 @@ are compared bit for bit in both modes.
 Prints "dist_cuda: RANK ok N checks" per rank and "dist_cuda (MODE): PASS"
 on rank 0; FAIL lines and exit 1 otherwise."""
 import copy
+import ctypes
 import datetime
 import os
 import sys
@@ -201,6 +209,109 @@ for planner, rate, select, dtype, metric in CASES:
     hr.unpatch()
     hs.unpatch()
     del full, parts, opt_r, opt_m, opt_s
+# Every stacked layout that register() accepts (test_register.py's
+# LayoutMoE blocks: fused [E,2F,D]/[E,D,F], fused_t [E,D,2F]/[E,F,D],
+# separate w1/w3 [E,F,D] + w2 [E,D,F], separate_t [E,D,F] + [E,F,D]),
+# sharded on the device path (shard_device: dim 0 of every parameter)
+import test_register as tr  # noqa: E402
+tr.setUpModule()
+LE, LD, LK = tr.E, tr.D, tr.K
+lnat = [e for e in range(LE) if lt.lib.lrmoe_exec_native(e, LE, P) == ME]
+l0, l1 = lnat[0], lnat[-1] + 1
+for lay in tr.STORED:
+    names = list(tr.STORED[lay])
+    tag = f"layout {lay} llep rate=0.7"
+    base = tr.build_layout(lay, "softmax", seed=3)
+    ref, mine, shd = (copy.deepcopy(base).to(dev) for _ in range(3))
+    kw = dict(planner="llep", select="sample", seed=5, rate=0.7)
+    hr = lt.patch(ref, ranks=P, **kw)
+    hm = lt.patch(mine, group=dist.group.WORLD, **kw)
+    hs = lt.patch(shd, group=dist.group.WORLD, shard=True, **kw)
+    full_b, shd_b = nbytes(base.experts.parameters()), nbytes(shd.experts.parameters())
+    checks += 1
+    if shd_b * P != full_b:
+        fail(f"{tag}: shard=True holds {shd_b} expert parameter bytes, the block "
+             f"{full_b}: not 1/{P}")
+    for n in names:
+        same(getattr(shd.experts, n).detach(), getattr(mine.experts, n).detach()[l0:l1],
+             f"{tag}: {n} of experts [{l0},{l1}) after patch", 0)
+    opts = [torch.optim.SGD(m.experts.parameters(), lr=0.5) for m in (ref, mine, shd)]
+    reps = 0
+    for step in range(3):
+        gen = torch.Generator().manual_seed(100 + step)
+        x = torch.randn(Tg, LD, generator=gen).to(dev)
+        G = torch.randn(Tg, LD, generator=gen).to(dev)
+        ids, w = routing(Tg, LE, LK, 200 + step)
+        ids, w = ids.to(dev), w.to(dev)
+        res = []
+        for m, a, b in ((ref, 0, Tg), (mine, lo, hi), (shd, lo, hi)):
+            xm, wm = x[a:b].clone().requires_grad_(), w[a:b].clone().requires_grad_()
+            out = m.experts(xm, ids[a:b], wm)
+            out.backward(G[a:b])
+            res.append((out.detach(), xm.grad, wm.grad))
+        t = f"{tag} step {step}"
+        for i, what in enumerate(("output", "grad hidden", "grad topk_weights")):
+            same(res[1][i], res[0][i][lo:hi], f"{t}: {what}")
+            same(res[2][i], res[1][i], f"{t}: shard: {what}", 0)
+        for n in names:
+            gm, gr = getattr(mine.experts, n).grad, getattr(ref.experts, n).grad
+            same(gm[lnat], gr[lnat], f"{t}: grad {n} of native experts {lnat}")
+            same(getattr(shd.experts, n).grad, gm[l0:l1],
+                 f"{t}: shard: grad {n} of experts [{l0},{l1})", 0)
+        for h in (hm, hs):
+            rec = h.stats[-1]
+            checks += 1
+            if rec.get("device") is None or "rank" not in rec:
+                fail(f"{t}: not the group's device path (stats {sorted(rec)})")
+        reps += int(hs.stats[-1].get("replicas") or 0)
+        for o in opts:
+            o.step()
+            o.zero_grad()
+        for n in names:
+            same(getattr(shd.experts, n).detach(), getattr(mine.experts, n).detach()[l0:l1],
+                 f"{t}: shard: {n} after the step", 0)
+    checks += 1
+    if reps == 0:
+        fail(f"{tag}: no replica in 3 steps: the p2p path is not exercised")
+    # weights that did not change cost no traffic: a second forward of the
+    # same batch (no step between) finds every replica resident, so no
+    # weight crosses by p2p, on either group run
+    for h, m in ((hm, mine), (hs, shd)):
+        sent = []
+        with torch.no_grad():
+            for _ in range(3):
+                m.experts(x[lo:hi], ids[lo:hi], w[lo:hi])
+                a2a, p2p = ctypes.c_int64(), ctypes.c_int64()
+                lt.lib.lrmoe_comm_callback_sent(h.dist.comm, ctypes.byref(a2a),
+                                                ctypes.byref(p2p))
+                sent.append(p2p.value)
+        n = torch.tensor([sent[1] - sent[0], sent[2] - sent[1]])
+        dist.all_reduce(n)
+        checks += 1
+        if n.tolist() != [0, 0]:
+            fail(f"{tag}{' shard' if h is hs else ''}: unchanged weights sent again by p2p "
+                 f"({n.tolist()} bytes in two repeated forwards): the device copies were "
+                 "refreshed and the resident replicas dropped")
+    cw = hs.layers[0].cuda.w
+    checks += 1
+    if cw[0].shape[0] != l1 - l0 or cw[1].shape[0] != l1 - l0:
+        fail(f"{tag}: shard=True: the device weight copies hold {cw[0].shape[0]} "
+             f"experts, not the shard's {l1 - l0}")
+    full = hs.full_state_dict()
+    for k, v in mine.state_dict().items():
+        if not k.startswith("experts."):
+            continue
+        parts = [torch.empty_like(v) for _ in range(P)]
+        dist.all_gather(parts, v.contiguous())
+        want = torch.cat([parts[r][r * LE // P:(r + 1) * LE // P] for r in range(P)])
+        same(full[k], want, f"{tag}: full_state_dict {k}", 0)
+    if ME == 0:
+        print(f"dist_cuda: {tag}: {reps} replicas in 3 steps", flush=True)
+    hm.unpatch()
+    hr.unpatch()
+    hs.unpatch()
+    del full, parts, opts
+tr.tearDownModule()
 # The expert parameters changed on one rank only (here a version bump of
 # rank 0's, the values unchanged): every rank refreshes its executor's
 # resident weights and replicas together (Group.device_weights), or rank 0

@@ -20,6 +20,11 @@ every rank compares its share with the simulated single-process run
       patch(group=, shard=True) against the unsharded group run (see
       shard()): the same bits, 1/P of the expert parameters per rank, and
       full_state_dict() / load_full_state_dict().
+  ... dist_check.py shard-layouts [planner:rate ...]
+      shard=True on blocks registered with each stacked layout (fused,
+      fused_t, separate, separate_t: test_register.py's LayoutMoE blocks)
+      against the unsharded group run (see shard_layouts()); blocks stored
+      one module per expert are refused with shard=True.
   ... dist_check.py die early|inexec|plan
       rank 1 exits in its first forward (before the collectives or inside
       liblrmoe's exec), or plans for another rate: rank 0 (every rank, for
@@ -369,6 +374,142 @@ def shard(planners):
                      f"{tag}: {n} after load_full_state_dict")
 
 
+def shard_layouts(cases):
+    """patch(group=, shard=True) of a block registered with each stacked
+    layout (test_register.py's LayoutMoE: fused [E,2F,D]/[E,D,F], fused_t
+    [E,D,2F]/[E,F,D], separate w1/w3 [E,F,D] + w2 [E,D,F], separate_t
+    [E,D,F] + [E,F,D]) against the same block patched unsharded on the same
+    group, for each planner:rate of cases, 3 SGD steps of the experts op on
+    this rank's tokens: outputs, hidden and routing-weight gradients, the
+    shard's parameter gradients (the unsharded run's native rows
+    [s0, s1), dim 0 in every layout) and the parameters after each step
+    are the same bits; the shard holds 1/P of the expert parameter bytes,
+    its pages of the packed buffer written are its rows (mincore);
+    full_state_dict() is the unsharded runs' trained native rows, gathered,
+    loadable into the unpatched block; load_full_state_dict() of it gives
+    the shard its rows in place. Last, the per-expert layouts (one module
+    per expert: test_register.py's MixtralV4MoE, SequentialMoE) are refused
+    with shard=True, naming why."""
+    global checks
+    import test_register as tr
+    tr.setUpModule()  # registers test_register's blocks (its LayoutMoE classes among them)
+    E, D, K = tr.E, tr.D, tr.K
+    Tg = 24 * P
+    lo, hi = ME * Tg // P, (ME + 1) * Tg // P
+    nat = native(E)
+    s0, s1 = nat[0], nat[-1] + 1
+    for lay in tr.STORED:
+        names = list(tr.STORED[lay])
+        for case in cases:
+            planner, rate = case.split(":")
+            rate = float(rate)
+            tag = f"shard-layouts {lay} {planner} rate={rate}"
+            base = tr.build_layout(lay, "softmax", seed=3)
+            ref, mine = copy.deepcopy(base), copy.deepcopy(base)
+            kw = dict(planner=planner, seed=5, group=dist.group.WORLD, **_rate(planner, rate))
+            lt.patch(ref, **kw)
+            hm = lt.patch(mine, shard=True, **kw)
+            checks += 1
+            if hm.layers[0].block.adapter.layout != lay:
+                fail(f"{tag}: patched as layout {hm.layers[0].block.adapter.layout}")
+            nb = [sum(p.numel() * p.element_size() for p in m.experts.parameters())
+                  for m in (base, mine)]
+            checks += 1
+            if nb[1] * P != nb[0]:
+                fail(f"{tag}: the shard holds {nb[1]} expert parameter bytes of {nb[0]}: "
+                     f"not 1/{P}")
+            for n in names:
+                pm, pr = getattr(mine.experts, n), getattr(ref.experts, n)
+                checks += 1
+                if pm.shape[0] != s1 - s0 or pm.shape[1:] != pr.shape[1:]:
+                    fail(f"{tag}: {n} is {list(pm.shape)} of {list(pr.shape)}, expected "
+                         f"experts [{s0},{s1})")
+                same(pm.detach(), pr.detach()[s0:s1], f"{tag}: {n} after patch")
+            opt_r = torch.optim.SGD(ref.experts.parameters(), lr=0.5)
+            opt_m = torch.optim.SGD(mine.experts.parameters(), lr=0.5)
+            for step in range(3):
+                gen = torch.Generator().manual_seed(100 + step)
+                x = torch.randn(Tg, D, generator=gen)
+                G = torch.randn(Tg, D, generator=gen)
+                ids, w = routing(Tg, E, K, 200 + step)
+                outs = []
+                for m in (ref, mine):
+                    xm, wm = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
+                    out = m.experts(xm, ids[lo:hi], wm)
+                    out.backward(G[lo:hi])
+                    outs.append((out.detach(), xm.grad, wm.grad))
+                t = f"{tag} step {step}"
+                for what, a, b in zip(("output", "grad hidden", "grad topk_weights"), outs[1],
+                                      outs[0]):
+                    same(a, b, f"{t}: {what}")
+                for n in names:
+                    gm, gr = getattr(mine.experts, n).grad, getattr(ref.experts, n).grad
+                    same(gm, gr[s0:s1], f"{t}: grad {n} of experts [{s0},{s1})")
+                opt_r.step()
+                opt_m.step()
+                opt_r.zero_grad()
+                opt_m.zero_grad()
+                for n in names:
+                    same(getattr(mine.experts, n).detach(),
+                         getattr(ref.experts, n).detach()[s0:s1], f"{t}: {n} after the step")
+            buf = hm.layers[0].w_f32
+            n = buf.numel() * 4
+            own = (s1 - s0) * n // E
+            res = resident(buf)
+            checks += 1
+            if not res <= own + 2 * PAGE or not res < n:
+                fail(f"{tag}: packed buffer: {res} of {n} bytes resident, the shard's rows "
+                     f"are {own}")
+            a2a, p2p = ctypes.c_int64(), ctypes.c_int64()
+            lt.lib.lrmoe_comm_callback_sent(hm.dist.comm, ctypes.byref(a2a), ctypes.byref(p2p))
+            sent = torch.tensor([p2p.value])
+            dist.all_reduce(sent)
+            checks += 1
+            if (planner != "fixed") != (sent[0] > 0):  # fixed places no replica
+                fail(f"{tag}: {int(sent[0])} p2p bytes (replicas' weights and gradients)")
+            # the full state: every rank's trained native rows of its
+            # unsharded run (which trains only those)
+            full, want = hm.full_state_dict(), ref.state_dict()
+            checks += 1
+            if sorted(full) != sorted(want):
+                fail(f"{tag}: full_state_dict keys {sorted(full)} vs {sorted(want)}")
+            for k in want:
+                v = want[k].clone()
+                if k.startswith("experts."):
+                    parts = [torch.empty_like(v) for _ in range(P)]
+                    dist.all_gather(parts, v.contiguous())
+                    for r in range(P):
+                        rr = [e for e in range(E) if lt.lib.lrmoe_exec_native(e, E, P) == r]
+                        v[rr[0]:rr[-1] + 1] = parts[r][rr[0]:rr[-1] + 1]
+                same(full[k], v, f"{tag}: full_state_dict()[{k}]")
+            fresh = copy.deepcopy(base)
+            fresh.load_state_dict(full)  # loadable into the unpatched block
+            for k, v in fresh.state_dict().items():
+                same(v, full[k], f"{tag}: {k} of the unpatched block loaded with it")
+            other = copy.deepcopy(base)
+            ho = lt.patch(other, shard=True, **kw)
+            ptr = getattr(other.experts, names[0]).data_ptr()
+            ho.load_full_state_dict(full)
+            checks += 1
+            if getattr(other.experts, names[0]).data_ptr() != ptr or not ho.layers[0].adopted:
+                fail(f"{tag}: load_full_state_dict moved the shard out of the packed buffer")
+            for nm in names:
+                same(getattr(other.experts, nm).detach(), full[f"experts.{nm}"][s0:s1],
+                     f"{tag}: {nm} after load_full_state_dict")
+    for cls in (tr.MixtralV4MoE, tr.SequentialMoE):
+        torch.manual_seed(0)
+        blk = cls()
+        checks += 1
+        try:
+            lt.patch(blk, group=dist.group.WORLD, shard=True, rate=0.7)
+        except lt.Error as e:
+            if "shard=True takes experts stacked as [E, ...] parameters" not in str(e):
+                fail(f"{cls.__name__}: shard=True refused with {e}")
+        else:
+            fail(f"{cls.__name__} (one module per expert) patched with shard=True")
+    tr.tearDownModule()
+
+
 def die(how):
     """inexec: rank 1 exits where the exec starts (rank 0 is then inside
     liblrmoe's all-to-all); early: in the token count; plan: rank 1 plans
@@ -401,6 +542,8 @@ elif what == "model":
     model(sys.argv[2], *[f(v) for f, v in zip((float, int, str, str), sys.argv[3:])])
 elif what == "shard":
     shard(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb", "capacity"])
+elif what == "shard-layouts":
+    shard_layouts(sys.argv[2:] or ["lrmoe:0.7", "llep:0.7", "fixed:1.0"])
 elif what == "die":
     die(sys.argv[2])
 print(f"dist: {ME} ok {checks} checks", flush=True)

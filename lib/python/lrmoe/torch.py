@@ -920,8 +920,14 @@ class _Cuda:
         return self.x
 
     def _wkey(self, layer: "_Layer", gu: Tensor, dn: Tensor) -> tuple:
+        """What the device copies were made from: the expert parameters'
+        addresses and version counters (gu and dn are views of them or, for
+        the separate layouts, gu a fresh [gate; up] copy each call, whose
+        address says nothing: not in the key, or every call would refresh
+        the copies and drop the resident replicas), dn's address (passed to
+        the executor as it is when contiguous), the shape and dtype."""
         params = list(layer.block.experts.parameters())
-        return (tuple((p.data_ptr(), p._version) for p in params), gu.data_ptr(), dn.data_ptr(),
+        return (tuple((p.data_ptr(), p._version) for p in params), dn.data_ptr(),
                 tuple(gu.shape), gu.dtype)
 
     def stale(self, layer: "_Layer", gu: Tensor, dn: Tensor) -> bool:
