@@ -18,6 +18,17 @@ need_torch() {
         skip "torch and transformers are not installed (tests/deps.sh test installs them)"
 }
 
+# torch, and the fake CUDA module (tests/gpu/build-fake-module.sh: the CUDA
+# backend's host code on the kernels' CPU references) built into
+# $BATS_TEST_TMPDIR/fm (the tests name it in LRMOE_CUDA_MODULE), or skip saying why
+fake_module() {
+    need_torch
+    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
+    [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
+    run sh "$TOP/tests/gpu/build-fake-module.sh" "$BATS_TEST_TMPDIR/fm"
+    assert_success
+}
+
 unit() {
     cd "$TOP/tests/python" || return 1
     run python3 -W ignore::ResourceWarning -m unittest -v "$@"
@@ -145,11 +156,7 @@ for n in lt.UNIT_KEYS.values():
 }
 
 @test "python: lrmoe.torch's CUDA path (device pointers, one executor a layer, the current stream) on the fake CUDA module equals the CPU path (rate 1 model with 2 SGD steps, a block at rate 1 and 0.7, P 1 and 2, f32/bf16, the same pairs kept)" {
-    need_torch
-    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
-    [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
-    run sh "$TOP/tests/gpu/build-fake-module.sh" "$BATS_TEST_TMPDIR/fm"
-    assert_success
+    fake_module
     cd "$TOP/tests/gpu" || return 1
     # the CUDA backend's GEMMs take BF16 operands (kernels/exec_cuda.cu):
     # ~1e-3..1e-2 from the CPU backend's F32 ones, bounded by 3e-2 as
@@ -167,12 +174,8 @@ for n in lt.UNIT_KEYS.values():
 }
 
 @test "python: patch(group=) with CUDA tensors under torchrun (2 ranks, gloo, the fake CUDA module: one CUDA executor a rank on the group's callback communicator) equals the simulated ranks=2 run bit for bit, and shard=True (1/P of the expert parameters, replicas' weights and gradients by p2p) the unsharded group run (lrmoe, llep's replicas, fixed; rate 1 and 0.7; topk, sample; float32, and bfloat16 for one; metrics lrm, gradnorm, absgrad; 3 SGD steps); blocks registered with each stacked layout (fused, fused_t, separate, separate_t; llep at 0.7) sharded the same bits as unsharded, repeated forwards sending no weight again; expert parameters changed on one rank only refresh every rank's resident weights and replicas (no hang)" {
-    need_torch
-    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
+    fake_module
     command -v torchrun >/dev/null 2>&1 || skip "torchrun is not on PATH (it comes with torch)"
-    [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
-    run sh "$TOP/tests/gpu/build-fake-module.sh" "$BATS_TEST_TMPDIR/fm"
-    assert_success
     cd "$TOP/tests/gpu" || return 1
     run env LRMOE_CUDA_MODULE="$BATS_TEST_TMPDIR/fm/liblrmoe-cuda.so.1" \
         timeout -k 30 300 torchrun --standalone --nproc-per-node 2 dist_cuda.py fake 0
@@ -183,11 +186,7 @@ for n in lt.UNIT_KEYS.values():
 }
 
 @test "python: a patch(group=, shard=True) sharded on the device path (the fake CUDA module) runs the CPU group path too once the tensors are CPU ones (a one-process gloo group): the unsharded CPU run's output and gradients bit for bit" {
-    need_torch
-    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
-    [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
-    run sh "$TOP/tests/gpu/build-fake-module.sh" "$BATS_TEST_TMPDIR/fm"
-    assert_success
+    fake_module
     cd "$TOP/tests/python" || return 1
     run env LRMOE_CUDA_MODULE="$BATS_TEST_TMPDIR/fm/liblrmoe-cuda.so.1" LRMOE_TORCH_FAKE_DEVICE=1 \
         timeout 120 python3 -c '
@@ -219,11 +218,7 @@ ld.shutdown()
 }
 
 @test "python: the CUDA path scores the backward's pairs on the device (lrmoe_exec_cuda_score): bit for bit the host scores on the fake CUDA module (lrm, gradnorm, absgrad; F32, BF16 g), the CPU path's keep masks for every metric, only the scores cross" {
-    need_torch
-    command -v nvcc >/dev/null 2>&1 || skip "nvcc not on PATH (the fake module needs the CUDA headers)"
-    [ -f "$TOP/build/lib/cuda_module.o" ] || skip "liblrmoe.so.2 built without CUDA (no module loader)"
-    run sh "$TOP/tests/gpu/build-fake-module.sh" "$BATS_TEST_TMPDIR/fm"
-    assert_success
+    fake_module
     cd "$TOP/tests/gpu" || return 1
     run env LRMOE_CUDA_MODULE="$BATS_TEST_TMPDIR/fm/liblrmoe-cuda.so.1" \
         python3 score_device.py fake 0
