@@ -65,7 +65,7 @@ def same(a, b, what):
     checks += 1
     if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
         d = (a.float() - b.float()).abs().max().item() if a.shape == b.shape else "shape"
-        fail(f"{what}: differs from the simulated run (max |diff| {d}, {tuple(a.shape)} vs "
+        fail(f"{what}: differs from the reference run (max |diff| {d}, {tuple(a.shape)} vs "
              f"{tuple(b.shape)})")
 
 
@@ -279,6 +279,42 @@ def resident(t):
     return sum(x & 1 for x in v) * PAGE
 
 
+def shard_steps(tag, ref, mine, names, dims, s0, s1):
+    """3 SGD steps of the experts op on this rank's tokens, ref the
+    unsharded group run and mine the sharded one: outputs, hidden and
+    routing-weight gradients, mine's gradients (ref's native rows [s0, s1),
+    dim 0 in every layout) and its parameters after each step are the same
+    bits."""
+    E, D, K = dims
+    Tg = 24 * P
+    lo, hi = ME * Tg // P, (ME + 1) * Tg // P
+    opt_r = torch.optim.SGD(ref.experts.parameters(), lr=0.5)
+    opt_m = torch.optim.SGD(mine.experts.parameters(), lr=0.5)
+    for step in range(3):
+        gen = torch.Generator().manual_seed(100 + step)
+        x = torch.randn(Tg, D, generator=gen)
+        G = torch.randn(Tg, D, generator=gen)
+        ids, w = routing(Tg, E, K, 200 + step)
+        outs = []
+        for m in (ref, mine):
+            xm, wm = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
+            out = m.experts(xm, ids[lo:hi], wm)
+            out.backward(G[lo:hi])
+            outs.append((out.detach(), xm.grad, wm.grad))
+        t = f"{tag} step {step}"
+        for what, a, b in zip(("output", "grad hidden", "grad topk_weights"), outs[1], outs[0]):
+            same(a, b, f"{t}: {what}")
+        for n in names:
+            gm, gr = getattr(mine.experts, n).grad, getattr(ref.experts, n).grad
+            same(gm, gr[s0:s1], f"{t}: grad {n} of experts [{s0},{s1})")
+        for o in (opt_r, opt_m):
+            o.step()
+            o.zero_grad()
+        for n in names:
+            same(getattr(mine.experts, n).detach(), getattr(ref.experts, n).detach()[s0:s1],
+                 f"{t}: {n} after the step")
+
+
 def shard(planners):
     """patch(group=, shard=True) against the unsharded group run: each rank
     keeps experts [lo, hi) = its native ones, 1/P of the expert parameters;
@@ -290,8 +326,6 @@ def shard(planners):
     (every rank), and load_full_state_dict() of it restores the shard."""
     global checks
     E, D = tiny.E, tiny.D
-    Tg = 24 * P
-    lo, hi = ME * Tg // P, (ME + 1) * Tg // P
     nat = native(E)
     s0, s1 = nat[0], nat[-1] + 1
     for planner in planners:
@@ -309,33 +343,7 @@ def shard(planners):
                     fail(f"{tag}: {n} holds {pm.shape[0]} of {pr.shape[0]} experts, expected "
                          f"[{s0},{s1})")
                 same(pm.detach(), pr.detach()[s0:s1], f"{tag}: {n} after patch")
-            opt_r = torch.optim.SGD(ref.experts.parameters(), lr=0.5)
-            opt_m = torch.optim.SGD(mine.experts.parameters(), lr=0.5)
-            for step in range(3):
-                gen = torch.Generator().manual_seed(100 + step)
-                x = torch.randn(Tg, D, generator=gen)
-                G = torch.randn(Tg, D, generator=gen)
-                ids, w = routing(Tg, E, tiny.K, 200 + step)
-                outs = []
-                for m in (ref, mine):
-                    xm, wm = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
-                    out = m.experts(xm, ids[lo:hi], wm)
-                    out.backward(G[lo:hi])
-                    outs.append((out.detach(), xm.grad, wm.grad))
-                t = f"{tag} step {step}"
-                for what, a, b in zip(("output", "grad hidden", "grad topk_weights"), outs[1],
-                                      outs[0]):
-                    same(a, b, f"{t}: {what}")
-                for n in ("gate_up_proj", "down_proj"):
-                    gm, gr = getattr(mine.experts, n).grad, getattr(ref.experts, n).grad
-                    same(gm, gr[s0:s1], f"{t}: grad {n} of experts [{s0},{s1})")
-                opt_r.step()
-                opt_m.step()
-                opt_r.zero_grad()
-                opt_m.zero_grad()
-                for n in ("gate_up_proj", "down_proj"):
-                    same(getattr(mine.experts, n).detach(),
-                         getattr(ref.experts, n).detach()[s0:s1], f"{t}: {n} after the step")
+            shard_steps(tag, ref, mine, ("gate_up_proj", "down_proj"), (E, D, tiny.K), s0, s1)
             # memory: the pages of the packed buffer and of the gradient
             # scratch ever written are the shard's (mincore(2))
             for name, t in [("packed buffer", hm.layers[0].w_f32), *[
@@ -394,8 +402,6 @@ def shard_layouts(cases):
     import test_register as tr
     tr.setUpModule()  # registers test_register's blocks (its LayoutMoE classes among them)
     E, D, K = tr.E, tr.D, tr.K
-    Tg = 24 * P
-    lo, hi = ME * Tg // P, (ME + 1) * Tg // P
     nat = native(E)
     s0, s1 = nat[0], nat[-1] + 1
     for lay in tr.STORED:
@@ -425,33 +431,7 @@ def shard_layouts(cases):
                     fail(f"{tag}: {n} is {list(pm.shape)} of {list(pr.shape)}, expected "
                          f"experts [{s0},{s1})")
                 same(pm.detach(), pr.detach()[s0:s1], f"{tag}: {n} after patch")
-            opt_r = torch.optim.SGD(ref.experts.parameters(), lr=0.5)
-            opt_m = torch.optim.SGD(mine.experts.parameters(), lr=0.5)
-            for step in range(3):
-                gen = torch.Generator().manual_seed(100 + step)
-                x = torch.randn(Tg, D, generator=gen)
-                G = torch.randn(Tg, D, generator=gen)
-                ids, w = routing(Tg, E, K, 200 + step)
-                outs = []
-                for m in (ref, mine):
-                    xm, wm = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
-                    out = m.experts(xm, ids[lo:hi], wm)
-                    out.backward(G[lo:hi])
-                    outs.append((out.detach(), xm.grad, wm.grad))
-                t = f"{tag} step {step}"
-                for what, a, b in zip(("output", "grad hidden", "grad topk_weights"), outs[1],
-                                      outs[0]):
-                    same(a, b, f"{t}: {what}")
-                for n in names:
-                    gm, gr = getattr(mine.experts, n).grad, getattr(ref.experts, n).grad
-                    same(gm, gr[s0:s1], f"{t}: grad {n} of experts [{s0},{s1})")
-                opt_r.step()
-                opt_m.step()
-                opt_r.zero_grad()
-                opt_m.zero_grad()
-                for n in names:
-                    same(getattr(mine.experts, n).detach(),
-                         getattr(ref.experts, n).detach()[s0:s1], f"{t}: {n} after the step")
+            shard_steps(tag, ref, mine, names, (E, D, K), s0, s1)
             buf = hm.layers[0].w_f32
             n = buf.numel() * 4
             own = (s1 - s0) * n // E
