@@ -315,6 +315,23 @@ def shard_steps(tag, ref, mine, names, dims, s0, s1):
                  f"{t}: {n} after the step")
 
 
+def natives_state(ref, E):
+    """ref's state_dict with every expert tensor's rows those of each row's
+    native rank's ref (gathered): an unsharded group run trains only its
+    native rows, so this is the full state the sharded runs hold."""
+    want = {}
+    for k, v in ref.state_dict().items():
+        v = v.clone()
+        if k.startswith("experts."):
+            parts = [torch.empty_like(v) for _ in range(P)]
+            dist.all_gather(parts, v.contiguous())
+            for r in range(P):
+                rr = [e for e in range(E) if lt.lib.lrmoe_exec_native(e, E, P) == r]
+                v[rr[0]:rr[-1] + 1] = parts[r][rr[0]:rr[-1] + 1]
+        want[k] = v
+    return want
+
+
 def shard(planners):
     """patch(group=, shard=True) against the unsharded group run: each rank
     keeps experts [lo, hi) = its native ones, 1/P of the expert parameters;
@@ -356,17 +373,9 @@ def shard(planners):
                     fail(f"{tag}: {name}: {res} of {n} bytes resident, the shard's rows are {own}")
             # the unsharded ref trains only its native rows: the full state is
             # every rank's native rows of its ref
-            full = hm.full_state_dict()
-            want = ref.state_dict()
+            full, want = hm.full_state_dict(), natives_state(ref, E)
             for k in want:
-                v = want[k].clone()
-                if "experts." in k:
-                    parts = [torch.empty_like(v) for _ in range(P)]
-                    dist.all_gather(parts, v.contiguous())
-                    for r in range(P):
-                        rr = [e for e in range(E) if lt.lib.lrmoe_exec_native(e, E, P) == r]
-                        v[rr[0]:rr[-1] + 1] = parts[r][rr[0]:rr[-1] + 1]
-                same(full[k], v, f"{tag}: full_state_dict()[{k}]")
+                same(full[k], want[k], f"{tag}: full_state_dict()[{k}]")
             fresh = copy.deepcopy(base)
             fresh.load_state_dict(full)  # loadable into the unsharded block
             other = copy.deepcopy(base)
@@ -449,19 +458,12 @@ def shard_layouts(cases):
                 fail(f"{tag}: {int(sent[0])} p2p bytes (replicas' weights and gradients)")
             # the full state: every rank's trained native rows of its
             # unsharded run (which trains only those)
-            full, want = hm.full_state_dict(), ref.state_dict()
+            full, want = hm.full_state_dict(), natives_state(ref, E)
             checks += 1
             if sorted(full) != sorted(want):
                 fail(f"{tag}: full_state_dict keys {sorted(full)} vs {sorted(want)}")
             for k in want:
-                v = want[k].clone()
-                if k.startswith("experts."):
-                    parts = [torch.empty_like(v) for _ in range(P)]
-                    dist.all_gather(parts, v.contiguous())
-                    for r in range(P):
-                        rr = [e for e in range(E) if lt.lib.lrmoe_exec_native(e, E, P) == r]
-                        v[rr[0]:rr[-1] + 1] = parts[r][rr[0]:rr[-1] + 1]
-                same(full[k], v, f"{tag}: full_state_dict()[{k}]")
+                same(full[k], want[k], f"{tag}: full_state_dict()[{k}]")
             fresh = copy.deepcopy(base)
             fresh.load_state_dict(full)  # loadable into the unpatched block
             for k, v in fresh.state_dict().items():
