@@ -249,6 +249,8 @@ static int parse_header(const char *hdr, size_t hlen, lrmoe_frame_t *f, uint64_t
         entry_t *e = &ents[i];
         size_t nb = (size_t)(e->e - e->b);
         void *data = nb ? lrmoe_alloc_big(nb) : NULL;
+        if (data && nb >= ((size_t)4 << 20)) /* lrmoe_alloc_big's own buffers: fault them in at once */
+            lrmoe_alloc_prefault(data, nb);
         if (nb && !data) { lrmoe_err("out of memory: %zu bytes for tensor %s", nb, e->name); goto out; }
         if (!lrmoe_frame_adopt_new(f, e->name, e->dt, e->ndim, e->shape, data)) goto out;
     }
