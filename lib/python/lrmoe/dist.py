@@ -433,6 +433,33 @@ def _plan_assign(layer, call, gids: torch.Tensor, Tg: int, dt: str):
     return placement, fwd_alloc, quota, bwd_alloc, attrs, pr
 
 
+def _fwd_stats(layer, call, Tg: int, K: int, T: int, attrs: Dict[str, str], train: bool,
+               head: Optional[Dict[str, Any]] = None,
+               tail: Optional[Dict[str, Any]] = None) -> torch.Tensor:
+    """The forward's stats record, CPU and device paths alike (head: keys
+    after the rank's, tail: after the all-to-all bytes), kept until the
+    backward when train, and the step's meta tensor [step, by-rank keeps]."""
+    from . import torch as lt
+    o, blk = layer.owner, layer.block
+    g: Group = o.dist
+    rec: Dict[str, Any] = {"layer": blk.layer, "step": o.steps.get(blk.layer, 0),
+                           "pairs": Tg * K, "tokens": Tg, "rank": g.rank, "rank_tokens": T,
+                           **(head or {})}
+    for k, v in attrs.items():
+        if k.startswith("plan."):
+            rec["keep_rule" if k == "plan.keep" else k[5:]] = lt._num(v)
+    rec["fwd_a2a_bytes"] = g.sent_bytes("fwd")
+    rec.update(tail or {})
+    o.steps[blk.layer] = rec["step"] + 1
+    o.stats.append(rec)
+    meta = torch.tensor([rec["step"], int(rec.get("keep_rule") == "by-rank")], dtype=torch.int64)
+    if train:
+        layer.hold(rec)
+    call.record(rec, "fwd")
+    rec["fwd_comm_seconds"] = g.comm_s
+    return meta
+
+
 def _bwd_stats(o, g: "Group", rec: Dict[str, Any], b, R: int, keep: torch.Tensor,
                w: Optional[torch.Tensor], prob: Optional[torch.Tensor]) -> None:
     """The backward's stats record, CPU and device paths alike: kept and
@@ -503,21 +530,8 @@ def forward(layer, hidden, topk_weights, gate_up, down, topk_ids, cap_keep, trai
         u = np.arange(Tg * K, dtype=np.int64)
         g.move(f"{blk.name}: phi", phi.view(Tg * K, 1), u, pr.reshape(-1).astype(np.int64),
              g.owners(Tg, u // K))
-    rec: Dict[str, Any] = {"layer": blk.layer, "step": o.steps.get(blk.layer, 0),
-                           "pairs": Tg * K, "tokens": Tg, "rank": g.rank,
-                           "rank_tokens": T}
-    for k, v in attrs.items():
-        if k.startswith("plan."):
-            rec["keep_rule" if k == "plan.keep" else k[5:]] = lt._num(v)
-    rec["fwd_a2a_bytes"] = g.sent_bytes("fwd")
-    rec["fwd_move_bytes"] = g.moved.get("fwd", 0)
-    o.steps[blk.layer] = rec["step"] + 1
-    o.stats.append(rec)
-    meta = torch.tensor([rec["step"], int(rec.get("keep_rule") == "by-rank")], dtype=torch.int64)
-    if train:
-        layer.hold(rec)
-    call.record(rec, "fwd")
-    rec["fwd_comm_seconds"] = g.comm_s
+    meta = _fwd_stats(layer, call, Tg, K, T, attrs, train,
+                      tail={"fwd_move_bytes": g.moved.get("fwd", 0)})
     k0, k1 = lo * K, (lo + T) * K
     return (out[lo:lo + T], torch.from_numpy(pr), phi.view(-1)[k0:k1].view(T, K) if train else phi,
             sg, su, po.view(-1, D)[k0:k1].view(T, K, D) if train else po,
@@ -755,20 +769,8 @@ def device_forward(layer, idx, hidden, topk_weights, gate_up, down, topk_ids, ca
     g.phase, g.sent, g.moved = "fwd", [], {}
     xh = cu.executor(a)
     call(g.run, f"{blk.name}: forward", lib.lrmoe_exec_args_forward_cuda, a.h, xh, None)
-    rec: Dict[str, Any] = {"layer": blk.layer, "step": o.steps.get(blk.layer, 0),
-                           "pairs": Tg * K, "tokens": Tg, "rank": g.rank, "rank_tokens": T,
-                           "device": str(dev), "fwd_d2h_bytes": d2h, "fwd_h2d_bytes": 0}
-    for k, v in attrs.items():
-        if k.startswith("plan."):
-            rec["keep_rule" if k == "plan.keep" else k[5:]] = lt._num(v)
-    rec["fwd_a2a_bytes"] = g.sent_bytes("fwd")
-    o.steps[blk.layer] = rec["step"] + 1
-    o.stats.append(rec)
-    meta = torch.tensor([rec["step"], int(rec.get("keep_rule") == "by-rank")], dtype=torch.int64)
-    if train:
-        layer.hold(rec)
-    call.record(rec, "fwd")
-    rec["fwd_comm_seconds"] = g.comm_s
+    meta = _fwd_stats(layer, call, Tg, K, T, attrs, train,
+                      head={"device": str(dev), "fwd_d2h_bytes": d2h, "fwd_h2d_bytes": 0})
     own = (lambda t: t[lo:lo + T].clone()) if train else (lambda t: t)
     return (out[lo:lo + T], torch.from_numpy(pr), own(phi), own(sg), own(su), own(po),
             torch.from_numpy(placement), torch.from_numpy(fwd_alloc), torch.from_numpy(quota),
