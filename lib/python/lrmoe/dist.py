@@ -433,6 +433,26 @@ def _plan_assign(layer, call, gids: torch.Tensor, Tg: int, dt: str):
     return placement, fwd_alloc, quota, bwd_alloc, attrs, pr
 
 
+def _pack(call, cfg: Dict[str, Any], dims: Dict[str, int], W: Dict[str, Any],
+          placement: np.ndarray, fwd_alloc: np.ndarray, gids: torch.Tensor, keep: torch.Tensor,
+          pair_rank: torch.Tensor, bwd_alloc: np.ndarray, quota: np.ndarray):
+    """The backward's exec arguments and liblrmoe's pack of the kept pairs
+    (lrmoe_exec_args_pack), CPU and device paths alike: the arguments, R,
+    and each packed row's pair and backward rank (int64 arrays of R)."""
+    b = _lib.ExecArgs(cfg, dims, W,
+                      dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data),
+                      topk_ids=gids.data_ptr(), keep=keep.data_ptr(),
+                      pair_rank=pair_rank.data_ptr(), bwd_alloc=bwd_alloc.ctypes.data,
+                      quota=quota.ctypes.data)
+    check(call(lib.lrmoe_exec_args_pack, b.h), "pack")
+    R = b.get("R")
+    upair = np.ctypeslib.as_array(ctypes.cast(b.get_ptr("pack_pair"), POINTER(c_int64)),
+                                  (R,)).copy() if R else np.empty(0, np.int64)
+    urank = np.ctypeslib.as_array(ctypes.cast(b.get_ptr("pack_rank"), POINTER(ctypes.c_int32)),
+                                  (R,)).astype(np.int64) if R else np.empty(0, np.int64)
+    return b, R, upair, urank
+
+
 def _fwd_stats(layer, call, Tg: int, K: int, T: int, attrs: Dict[str, str], train: bool,
                head: Optional[Dict[str, Any]] = None,
                tail: Optional[Dict[str, Any]] = None) -> torch.Tensor:
@@ -630,19 +650,10 @@ def backward(layer, grad_out, hidden, topk_weights, gate_up, down, topk_ids, cap
 
     keep, alpha_b, w, prob = _keep(o, call, blk, g, Tr, gids, galpha, cap_keep, pair_rank,
                                    quota, bwd_alloc, by_rank, seed, gdt, own_scores)
-    pr_p = pair_rank.data_ptr()
     W, keep_alive = lt._exec_weights(layer, gate_up, down, dt, placement, fwd_alloc, False,
                                      rank=g.rank)
-    b = _lib.ExecArgs(g.cfg(o.cfg), dict(T=Tg, E=E, K=K, D=D, F=F, P=P), W,
-                      dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data),
-                      topk_ids=gids.data_ptr(), keep=keep.data_ptr(), pair_rank=pr_p,
-                      bwd_alloc=bwd_alloc.ctypes.data, quota=quota.ctypes.data)
-    check(call(lib.lrmoe_exec_args_pack, b.h), "pack")
-    R = b.get("R")
-    upair = np.ctypeslib.as_array(ctypes.cast(b.get_ptr("pack_pair"), POINTER(c_int64)),
-                                  (R,)).copy() if R else np.empty(0, np.int64)
-    urank = np.ctypeslib.as_array(ctypes.cast(b.get_ptr("pack_rank"), POINTER(ctypes.c_int32)),
-                                  (R,)).astype(np.int64) if R else np.empty(0, np.int64)
+    b, R, upair, urank = _pack(call, g.cfg(o.cfg), dict(T=Tg, E=E, K=K, D=D, F=F, P=P), W,
+                               placement, fwd_alloc, gids, keep, pair_rank, bwd_alloc, quota)
     # the saved state of kept pairs to their backward rank, the hidden
     # rows it lacks from the token's owner
     qrank = pair_rank.numpy().reshape(-1)[upair].astype(np.int64)
@@ -820,17 +831,8 @@ def device_backward(layer, idx, grad_out, hidden, topk_weights, gate_up, down, t
     keep, alpha_b, w, prob = _keep(o, call, blk, g, Tr, gids, galpha, cap_keep, pair_rank,
                                    quota, bwd_alloc, by_rank, seed, gdt, own_scores)
     W = g.device_weights(layer, cu, gate_up, down, dt)
-    Pl = dict(placement=placement.ctypes.data, fwd_alloc=fwd_alloc.ctypes.data)
-    b = _lib.ExecArgs(_device_cfg(o, g, idx), dict(T=Tg, E=E, K=K, D=D, F=F, P=P), W, Pl,
-                      topk_ids=gids.data_ptr(), keep=keep.data_ptr(),
-                      pair_rank=pair_rank.data_ptr(), bwd_alloc=bwd_alloc.ctypes.data,
-                      quota=quota.ctypes.data)
-    check(call(lib.lrmoe_exec_args_pack, b.h), "pack")
-    R = b.get("R")
-    upair = np.ctypeslib.as_array(ctypes.cast(b.get_ptr("pack_pair"), POINTER(c_int64)),
-                                  (R,)).copy() if R else np.empty(0, np.int64)
-    urank = np.ctypeslib.as_array(ctypes.cast(b.get_ptr("pack_rank"), POINTER(ctypes.c_int32)),
-                                  (R,)).astype(np.int64) if R else np.empty(0, np.int64)
+    b, R, upair, urank = _pack(call, _device_cfg(o, g, idx), dict(T=Tg, E=E, K=K, D=D, F=F, P=P),
+                               W, placement, fwd_alloc, gids, keep, pair_rank, bwd_alloc, quota)
     # the packed rows (global-shaped, R rows): the owner fills its pairs'
     # rows as lrmoe-pack gathers them (x_t, h_g, h_u; alpha_b[u] g_t in F32),
     # then x_t, h_g, h_u move to the pair's backward rank
