@@ -293,7 +293,7 @@ UNIT_blas     := blas error
 UNIT_capacity := capacity error
 UNIT_crc64    := crc64 error
 UNIT_dtype    := dtype error
-UNIT_gemm     := gemm_cpu gemm_amx gemm_avx2 dtype error blas
+UNIT_gemm     := gemm_cpu gemm_amx gemm_avx2 gemm_dpbf16 dtype error blas
 UNIT_gemm_amx := $(UNIT_gemm)
 UNIT_plan     := plan plan_eplb plan_llep plan_lrmoe plan_core minpeak capacity cost error frame \
                  producers dtype clock stream crc64

@@ -11,6 +11,7 @@
 #define HAVE_AMX_BUILD 1
 #include <cpuid.h>
 #include <immintrin.h>
+#include "simd_tr16.h"
 #endif
 
 struct lrmoe_amx {
@@ -90,33 +91,6 @@ static void *grow(void **p, size_t *cap, size_t bytes)
 }
 
 #ifdef HAVE_AMX_BUILD
-/* r[i] = row i of a 16x16 block of 32-bit values -> r[i] = column i */
-__attribute__((target("avx512f")))
-static inline void tr16(__m512i r[16])
-{
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int g = 0; g < 16; g += 4) {
-        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
-        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
-        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
-        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-    }
-    /* u[4g + c], 128-bit lane L: column 4L + c of rows 4g..4g+3 */
-    for (int c = 0; c < 4; c++) {
-        __m512i w0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
-        __m512i w1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
-        __m512i w2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
-        __m512i w3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
-        r[c] = _mm512_shuffle_i32x4(w0, w2, 0x88);
-        r[4 + c] = _mm512_shuffle_i32x4(w0, w2, 0xDD);
-        r[8 + c] = _mm512_shuffle_i32x4(w1, w3, 0x88);
-        r[12 + c] = _mm512_shuffle_i32x4(w1, w3, 0xDD);
-    }
-}
 
 /* one 16-row block of A (mv valid rows, src[j] as 32-bit pairs) into the
  * pair-interleaved tile layout: d[r][j] = src[j][r] */
@@ -127,7 +101,7 @@ static void pack_block(const uint32_t *const *src, int64_t mv, int64_t K2, uint3
     for (int64_t r0 = 0; r0 < K2; r0 += 16) {
         for (int j = 0; j < 16; j++)
             r[j] = j < mv ? _mm512_loadu_si512((const void *)(src[j] + r0)) : _mm512_setzero_si512();
-        tr16(r);
+        lrmoe_tr16(r);
         for (int i = 0; i < 16; i++) _mm512_store_si512((void *)(d + (r0 + i) * 16), r[i]);
     }
 }
@@ -232,7 +206,7 @@ static void store_c(void *C, int64_t ldc, int64_t M, int64_t m0, int64_t n0, int
         tile_out(t, tmp);
         __m512i r[16];
         for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512((const void *)tmp[i]);
-        tr16(r);                                  /* r[j]: C row m, columns nn.. */
+        lrmoe_tr16(r);                                  /* r[j]: C row m, columns nn.. */
         const int64_t mm = m0 + (t & 1 ? 16 : 0), nn = n0 + (t & 2 ? 16 : 0);
         const int64_t mv = M - mm < 16 ? M - mm : 16;
         for (int64_t j = 0; j < mv && obf; j++)
@@ -547,7 +521,7 @@ static void pack_at(uint16_t *PA, int64_t M, int64_t K, int64_t Kr, const uint16
                                        : _mm512_setzero_si512();
                 r[q] = _mm512_permutex2var_epi16(e, x0, o);
             }
-            tr16(r);
+            lrmoe_tr16(r);
             uint16_t *d = PA + mb * KS * 512 + ks * 512;
             for (int j = 0; j < 16; j++) _mm512_store_si512((void *)(d + j * 32), r[j]);
         }

@@ -6,6 +6,7 @@
 #include "gemm_cpu.h"
 #include "gemm_amx.h"
 #include "gemm_avx2.h"
+#include "gemm_dpbf16.h"
 #ifdef LRMOE_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
 void omp_set_num_threads(int n);
@@ -81,6 +82,7 @@ struct lrmoe_gemm {
                                  else the AVX2 form, the same bits) or sgemm */
     int avx2, wide;
     lrmoe_amx_t *amx;         /* bf16 compute on a CPU with AMX: the A B^T kernel */
+    lrmoe_dpbf16_t *dp;       /* bf16 compute, kernel DPBF16: every GEMM (gemm_dpbf16.h) */
 #ifdef LRMOE_HAVE_DNNL
     dnnl_engine_t eng;
     dnnl_stream_t st;
@@ -432,6 +434,7 @@ const char *lrmoe_gemm_kernel_name(int kind)
     case LRMOE_KERNEL_EMUL_AVX512: return "emulated-avx512";
     case LRMOE_KERNEL_EMUL_AVX2: return "emulated-avx2";
     case LRMOE_KERNEL_EMUL_SGEMM: return "emulated-sgemm";
+    case LRMOE_KERNEL_DPBF16: return "dpbf16";
     default: return "none";
     }
 }
@@ -467,6 +470,10 @@ static void kernel_default(lrmoe_gemm_kernel_t *k)
                                                : LRMOE_KERNEL_EMUL_AVX2;
         return;
     }
+    if (!lrmoe_amx_available() && lrmoe_dpbf16_available()) {
+        k->kind = LRMOE_KERNEL_DPBF16;   /* lrmoe's own: no oneDNN identity */
+        return;
+    }
     k->kind = lrmoe_amx_available() ? LRMOE_KERNEL_AMX : LRMOE_KERNEL_NATIVE;
     dnnl_ident(k);
 }
@@ -495,6 +502,15 @@ int lrmoe_gemm_kernel_check(const lrmoe_gemm_kernel_t *k)
         return 0;
     case LRMOE_KERNEL_EMUL_SGEMM:
         return 0;   /* OpenBLAS sgemm on BF16-rounded operands: any CPU */
+    case LRMOE_KERNEL_DPBF16:
+        if (!lrmoe_gemm_have_dnnl())
+            return lrmoe_err("the job's bf16 kernel is dpbf16 (lib/gemm_dpbf16.c): this build "
+                             "has no oneDNN, so no bf16 compute");
+        if (!lrmoe_dpbf16_available())
+            return lrmoe_err("the job's bf16 kernel is dpbf16 (lib/gemm_dpbf16.c), which needs "
+                             "AVX-512F/BW/VL and AVX512_BF16: this process has not all of them "
+                             "(or LRMOE_DPBF16=0 is set)");
+        return 0;
     case LRMOE_KERNEL_AMX:
     case LRMOE_KERNEL_NATIVE: {
         if (!lrmoe_gemm_have_dnnl())
@@ -575,7 +591,8 @@ lrmoe_gemm_t *lrmoe_gemm_new(lrmoe_compute_t compute, int threads)
         g->emul = k.kind >= LRMOE_KERNEL_EMUL_AVX512;
         g->avx2 = k.kind == LRMOE_KERNEL_EMUL_AVX512 || k.kind == LRMOE_KERNEL_EMUL_AVX2;
         g->wide = k.kind == LRMOE_KERNEL_EMUL_AVX512;
-        if (k.kind == LRMOE_KERNEL_AMX && !(g->amx = lrmoe_amx_new())) {
+        if ((k.kind == LRMOE_KERNEL_AMX && !(g->amx = lrmoe_amx_new())) ||
+            (k.kind == LRMOE_KERNEL_DPBF16 && !(g->dp = lrmoe_dpbf16_new()))) {
             lrmoe_gemm_free(g);
             return NULL;
         }
@@ -599,6 +616,7 @@ void lrmoe_gemm_free(lrmoe_gemm_t *g)
     if (g->eng) dnnl_engine_destroy(g->eng);
 #endif
     lrmoe_amx_free(g->amx);
+    lrmoe_dpbf16_free(g->dp);
     for (int i = 0; i < 6; i++) free(g->scr[i]);
     free(g);
 }
@@ -616,6 +634,9 @@ int lrmoe_gemm(lrmoe_gemm_t *g, int ta, int tb, int64_t M, int64_t N, int64_t K,
     }
     if ((adt != LRMOE_F32 && adt != LRMOE_BF16) || (bdt != LRMOE_F32 && bdt != LRMOE_BF16))
         return lrmoe_err("gemm: operands must be F32 or BF16");
+    if (g->dp)
+        return lrmoe_dpbf16_gemm(g->dp, ta, tb, M, N, K, A, adt == LRMOE_F32, lda, B,
+                                 bdt == LRMOE_F32, ldb, acc, C, ldc);
     if (g->c == LRMOE_COMPUTE_BF16 && g->emul)
         return gemm_bf16_emul(g, ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, acc, C, ldc);
 #ifdef LRMOE_HAVE_DNNL

@@ -90,7 +90,8 @@ typedef enum {
     LRMOE_KERNEL_NATIVE = 2,   /* oneDNN's BF16 matmul (AVX512_BF16 or AMX) */
     LRMOE_KERNEL_EMUL_AVX512 = 3, /* operands rounded to BF16, lib/gemm_avx2.c's AVX-512F form */
     LRMOE_KERNEL_EMUL_AVX2 = 4,   /* the same, its AVX2 form (the same bits) */
-    LRMOE_KERNEL_EMUL_SGEMM = 5   /* the same, OpenBLAS sgemm (no AVX2 and FMA) */
+    LRMOE_KERNEL_EMUL_SGEMM = 5,  /* the same, OpenBLAS sgemm (no AVX2 and FMA) */
+    LRMOE_KERNEL_DPBF16 = 6       /* lib/gemm_dpbf16.c on AVX512_BF16, every GEMM */
 } lrmoe_kernel_t;
 
 typedef struct {

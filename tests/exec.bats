@@ -796,7 +796,7 @@ print('same')"
     # the same cases on this CPU's default kernel and on every bf16 kernel it
     # can run (tests/helpers/bf16_kernels.bash), each checking the
     # bit-equalities that kernel promises (lib/gemm_cpu.h): lrmoe_gemm2 and
-    # lrmoe_gemm_bf16out against lrmoe_gemm on all; on AMX and the
+    # lrmoe_gemm_bf16out against lrmoe_gemm on all; on AMX, dpbf16 and the
     # emulation's AVX-512 and AVX2 forms also the same bits at any ldc
     run "$D/gat"
     assert_success
@@ -809,7 +809,7 @@ print('same')"
         assert_line --regexp "^kernel: $k[ ,]"
         assert_output --partial "790 cases, 0 failed"
         case $k in
-        amx | emulated-avx*) assert_output --partial "bits independent of strides" ;;
+        amx | emulated-avx* | dpbf16) assert_output --partial "bits independent of strides" ;;
         *) assert_output --partial "bits not promised independent of strides" ;;
         esac
         [ "$k" = amx ] && n=$((n + 1))

@@ -9,9 +9,12 @@
 #
 #   amx              LRMOE_BF16_EMULATE=0 (an AMX CPU's default: it never
 #                    emulates unless LRMOE_BF16_EMULATE=1 or LRMOE_AMX=0)
-#   native           LRMOE_AMX=0 LRMOE_BF16_EMULATE=0 (oneDNN on its best ISA)
+#   dpbf16           LRMOE_AMX=0 LRMOE_BF16_EMULATE=0 (AVX512_BF16: lrmoe's
+#                    vdpbf16ps kernel, the default of Zen 4)
+#   native           LRMOE_DPBF16=0 LRMOE_AMX=0 LRMOE_BF16_EMULATE=0 (oneDNN
+#                    on its best ISA)
 #   native           DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 ... on an AMX CPU:
-#                    oneDNN's AVX512_BF16 brgemm, the default of Zen 4
+#                    oneDNN's AVX512_BF16 brgemm
 #   emulated-avx512  LRMOE_BF16_EMULATE=1 (AVX-512F)
 #   emulated-avx2    LRMOE_BF16_EMULATE=1 LRMOE_AVX2_GEMM=256 (AVX2 and FMA):
 #                    Zen 3's default
@@ -21,10 +24,12 @@ bf16_kernels() {
     f=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
     if [[ $f == *" amx_bf16 "* && $f == *" amx_tile "* ]]; then
         echo "amx LRMOE_BF16_EMULATE=0"
-        echo "native LRMOE_AMX=0 LRMOE_BF16_EMULATE=0"
-        echo "native DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 LRMOE_AMX=0 LRMOE_BF16_EMULATE=0"
+        [[ $f == *" avx512_bf16 "* ]] && echo "dpbf16 LRMOE_AMX=0 LRMOE_BF16_EMULATE=0"
+        echo "native LRMOE_DPBF16=0 LRMOE_AMX=0 LRMOE_BF16_EMULATE=0"
+        echo "native DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 LRMOE_DPBF16=0 LRMOE_AMX=0 LRMOE_BF16_EMULATE=0"
     elif [[ $f == *" avx512_bf16 "* ]]; then
-        echo "native LRMOE_BF16_EMULATE=0"
+        echo "dpbf16 LRMOE_BF16_EMULATE=0"
+        echo "native LRMOE_DPBF16=0 LRMOE_BF16_EMULATE=0"
     fi
     [[ $f == *" avx512f "* ]] && echo "emulated-avx512 LRMOE_BF16_EMULATE=1"
     [[ $f == *" avx2 "* && $f == *" fma "* ]] &&

@@ -12,7 +12,7 @@
  * gives the bits of two lrmoe_gemm calls with the same strides and
  * lrmoe_gemm_bf16out those of lrmoe_gemm with ldc = N rounded by
  * lrmoe_gemm_to_bf16; on lrmoe's own kernels (AMX, the emulation's AVX-512
- * and AVX2 forms), whose bits do not depend on strides, lrmoe_gemm at the
+ * and AVX2 forms, dpbf16), whose bits do not depend on strides, lrmoe_gemm at the
  * case's ldc gives the bits of ldc = N too (oneDNN's matmul and OpenBLAS
  * choose their kernels by stride: not promised there). Prints whether AMX
  * ran and the kernel; exits 1 on a miss.
@@ -140,7 +140,7 @@ int main(void)
     lrmoe_gemm_kernel_t kern;
     lrmoe_gemm_kernel(&kern);
     stride_free = kern.kind == LRMOE_KERNEL_AMX || kern.kind == LRMOE_KERNEL_EMUL_AVX512 ||
-                  kern.kind == LRMOE_KERNEL_EMUL_AVX2;
+                  kern.kind == LRMOE_KERNEL_EMUL_AVX2 || kern.kind == LRMOE_KERNEL_DPBF16;
     printf("kernel: %s", lrmoe_gemm_kernel_name(kern.kind));
     if (kern.dnnl_version)
         printf(" (oneDNN %d.%d.%d %s)", kern.dnnl_version / 10000, kern.dnnl_version / 100 % 100,

@@ -1,0 +1,329 @@
+/* BF16 GEMM on AVX512_BF16 (vdpbf16ps), outer-product form. See gemm_dpbf16.h. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include "gemm_dpbf16.h"
+#include "lrmoe.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && __GNUC__ >= 10
+#define HAVE_DPBF16_BUILD 1
+#include <immintrin.h>
+#include "simd_tr16.h"
+#define DPT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#endif
+
+/* the C tile: MR rows of NR = 64 columns (4 zmm) */
+enum { MR = 6, NR = 64 };
+
+struct lrmoe_dpbf16 {
+    uint32_t *A;          /* op(A) as pairs: row m, pair p at A[m * ams + p * aps] */
+    size_t acap;
+    uint32_t *B;          /* one panel of op(B): pair p, column j at B[p * NR + j] */
+    size_t bcap;
+    uint16_t *t;          /* F32 operands rounded to BF16, a few rows at a time */
+    size_t tcap;
+};
+
+static pthread_once_t dp_once = PTHREAD_ONCE_INIT;
+static int dp_ok;
+
+static void dp_probe(void)
+{
+#ifdef HAVE_DPBF16_BUILD
+    const char *e = getenv("LRMOE_DPBF16");
+    if (e && !strcmp(e, "0")) return;
+    __builtin_cpu_init();
+    dp_ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+#endif
+}
+
+int lrmoe_dpbf16_available(void)
+{
+    pthread_once(&dp_once, dp_probe);
+    return dp_ok;
+}
+
+lrmoe_dpbf16_t *lrmoe_dpbf16_new(void)
+{
+    lrmoe_dpbf16_t *x = calloc(1, sizeof *x);
+    if (!x) lrmoe_err("gemm: out of memory");
+    return x;
+}
+
+void lrmoe_dpbf16_free(lrmoe_dpbf16_t *x)
+{
+    if (!x) return;
+    free(x->A);
+    free(x->B);
+    free(x->t);
+    free(x);
+}
+
+static void *grow(void **p, size_t *cap, size_t bytes)
+{
+    if (bytes > *cap) {
+        void *q = NULL;
+        if (posix_memalign(&q, 64, bytes)) {
+            lrmoe_err("gemm: out of memory (%zu bytes of packed operand)", bytes);
+            return NULL;
+        }
+        free(*p);
+        *p = q;
+        *cap = bytes;
+    }
+    return *p;
+}
+
+#ifdef HAVE_DPBF16_BUILD
+
+/* rows r0 and r1 (r1 NULL: zeros) of n BF16 values, interleaved into n dwords
+ * (r0[j] low, r1[j] high), then zeros up to nout dwords */
+DPT static void interleave2(const uint16_t *r0, const uint16_t *r1, int64_t n, uint32_t *dst,
+                            int64_t nout)
+{
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                        40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                        32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    int64_t j = 0;
+    for (; j < nout; j += 32) {
+        const int64_t left = n - j;
+        __mmask32 m = left >= 32 ? 0xffffffffu : left <= 0 ? 0 : (__mmask32)((1u << left) - 1);
+        __m512i a = _mm512_maskz_loadu_epi16(m, r0 + j);
+        __m512i b = r1 ? _mm512_maskz_loadu_epi16(m, r1 + j) : _mm512_setzero_si512();
+        const int64_t o = nout - j;
+        __mmask16 m0 = o >= 16 ? 0xffff : (__mmask16)((1u << o) - 1);
+        __mmask16 m1 = o >= 32 ? 0xffff : o <= 16 ? 0 : (__mmask16)((1u << (o - 16)) - 1);
+        _mm512_mask_storeu_epi32(dst + j, m0, _mm512_permutex2var_epi16(a, lo, b));
+        if (m1) _mm512_mask_storeu_epi32(dst + j + 16, m1, _mm512_permutex2var_epi16(a, hi, b));
+    }
+}
+
+/* rows of F32 to BF16 scratch, or the BF16 rows as they are: n values of
+ * row r of src (row stride ld) */
+static const uint16_t *bf16_row(lrmoe_dpbf16_t *x, const void *src, int f32, int64_t ld,
+                                int64_t r, int64_t c0, int64_t n, int slot)
+{
+    if (!f32) return (const uint16_t *)src + r * ld + c0;
+    uint16_t *t = x->t + (size_t)slot * (size_t)(x->tcap / 2 / 16);
+    lrmoe_convert_from_f32(LRMOE_BF16, (const float *)src + r * ld + c0, t, (size_t)n);
+    return t;
+}
+
+/* op(A) into x->A; *ams, *aps: dword strides of a row and of a pair */
+static int pack_a(lrmoe_dpbf16_t *x, int ta, int64_t M, int64_t K, const void *A, int f32,
+                  int64_t lda, int64_t *ams, int64_t *aps)
+{
+    const int64_t K2 = (K + 1) / 2;
+    if (!ta) {
+        /* rows on a stride 64 bytes off a multiple of 64: consecutive rows in
+         * consecutive L1 sets */
+        const int64_t S = (K2 + 15) / 16 * 16 + 16;
+        if (!grow((void **)&x->A, &x->acap, (size_t)(M * S) * 4)) return -1;
+        for (int64_t m = 0; m < M; m++) {
+            uint16_t *d = (uint16_t *)(x->A + m * S);
+            if (f32) lrmoe_convert_from_f32(LRMOE_BF16, (const float *)A + m * lda, d, (size_t)K);
+            else memcpy(d, (const uint16_t *)A + m * lda, (size_t)K * 2);
+            if (K & 1) d[K] = 0;
+        }
+        *ams = S; *aps = 1;
+        return 0;
+    }
+    /* A stored (K,M): pair p of row m = (A[2p][m], A[2p+1][m]) */
+    const int64_t S = (M + 15) / 16 * 16 + 16;
+    if (!grow((void **)&x->A, &x->acap, (size_t)(K2 * S) * 4)) return -1;
+    for (int64_t p = 0; p < K2; p++) {
+        const uint16_t *r0 = bf16_row(x, A, f32, lda, 2 * p, 0, M, 0);
+        const uint16_t *r1 = 2 * p + 1 < K ? bf16_row(x, A, f32, lda, 2 * p + 1, 0, M, 1) : NULL;
+        interleave2(r0, r1, M, x->A + p * S, M);
+    }
+    *ams = 1; *aps = S;
+    return 0;
+}
+
+/* columns n0 .. n0+w-1 of op(B) into the panel x->B (NR columns, zeros past w) */
+DPT static void pack_b(lrmoe_dpbf16_t *x, int tb, int64_t K, const void *B, int f32, int64_t ldb,
+                       int64_t n0, int64_t w)
+{
+    const int64_t K2 = (K + 1) / 2;
+    uint32_t *P = x->B;
+    if (!tb) {
+        /* B stored (K,N): pair p = rows 2p and 2p+1 interleaved */
+        for (int64_t p = 0; p < K2; p++) {
+            const uint16_t *r0 = bf16_row(x, B, f32, ldb, 2 * p, n0, w, 0);
+            const uint16_t *r1 = 2 * p + 1 < K ? bf16_row(x, B, f32, ldb, 2 * p + 1, n0, w, 1)
+                                               : NULL;
+            interleave2(r0, r1, w, P + p * NR, NR);
+        }
+        return;
+    }
+    /* B stored (N,K): a pair of row n is one dword; 16 rows x 16 pairs are
+     * transposed into 16 pairs x 16 columns */
+    for (int64_t g = 0; g < NR; g += 16) {
+        const uint16_t *row[16];
+        for (int i = 0; i < 16; i++) {
+            const int64_t n = g + i;
+            row[i] = n < w ? bf16_row(x, B, f32, ldb, n0 + n, 0, K, i) : NULL;
+        }
+        for (int64_t p = 0; p < K2; p += 16) {
+            const int64_t left = K - 2 * p;
+            const __mmask32 m = left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = row[i] ? _mm512_maskz_loadu_epi16(m, row[i] + 2 * p) : _mm512_setzero_si512();
+            lrmoe_tr16(r);
+            const int64_t np = K2 - p < 16 ? K2 - p : 16;
+            for (int64_t j = 0; j < np; j++)
+                _mm512_store_si512((__m512i *)(P + (p + j) * NR + g), r[j]);
+        }
+    }
+}
+
+/* The source lines of the next panel of B, prefetched into L2 one per step
+ * of the micro-kernels that use the current panel, so that packing it reads
+ * cache: rows of lpr lines, stride bytes apart. */
+typedef struct {
+    const char *p;
+    int64_t stride, rows;
+    int lpr, l;
+} pfc_t;
+
+static inline void pf_step(pfc_t *c)
+{
+    if (c->rows <= 0) return;
+    _mm_prefetch(c->p + 64 * c->l, _MM_HINT_T1);
+    if (++c->l == c->lpr) {
+        c->l = 0;
+        c->p += c->stride;
+        c->rows--;
+    }
+}
+
+/* the source of columns n0 .. n0+w-1 of op(B) (see pack_b) as a cursor */
+static pfc_t pf_panel(int tb, int64_t K, const void *B, int f32, int64_t ldb, int64_t n0,
+                      int64_t w)
+{
+    const int64_t es = f32 ? 4 : 2;
+    pfc_t c = {NULL, ldb * es, 0, 0, 0};
+    if (w <= 0) return c;
+    if (!tb) { /* K rows, w values each from column n0 */
+        c.p = (const char *)B + n0 * es;
+        c.rows = K;
+        c.lpr = (int)((w * es + 63) / 64) + 1;   /* + 1: a row need not start a line */
+    } else {   /* w rows of K values */
+        c.p = (const char *)B + n0 * ldb * es;
+        c.rows = w;
+        c.lpr = (int)((K * es + 63) / 64) + 1;
+    }
+    c.p = (const char *)((uintptr_t)c.p & ~(uintptr_t)63);
+    return c;
+}
+
+/* C rows m0.. (mr of them) x the panel's nv valid columns (of NR) =
+ * [C +] sum over pairs of A's pairs x the panel */
+#define UNROLL _Pragma("GCC unroll 8")
+#define UK_BODY(R)                                                                            \
+    __m512 c[R][4];                                                                           \
+    const __mmask16 sm[4] = {                                                                 \
+        nv >= 16 ? 0xffff : (__mmask16)((1u << nv) - 1),                                      \
+        nv >= 32 ? 0xffff : nv <= 16 ? 0 : (__mmask16)((1u << (nv - 16)) - 1),                \
+        nv >= 48 ? 0xffff : nv <= 32 ? 0 : (__mmask16)((1u << (nv - 32)) - 1),                \
+        nv >= 64 ? 0xffff : nv <= 48 ? 0 : (__mmask16)((1u << (nv - 48)) - 1)};               \
+    UNROLL for (int i = 0; i < R; i++)                                                        \
+        UNROLL for (int j = 0; j < 4; j++)                                                    \
+            c[i][j] = acc ? _mm512_maskz_loadu_ps(sm[j], C + i * ldc + 16 * j)                \
+                          : _mm512_setzero_ps();                                              \
+    const uint32_t *ap = a;                                                                   \
+    const uint32_t *bp = b;                                                                   \
+    for (int64_t p = 0; p < K2; p++) {                                                        \
+        const __m512bh b0 = (__m512bh)_mm512_load_si512((const void *)bp);                    \
+        const __m512bh b1 = (__m512bh)_mm512_load_si512((const void *)(bp + 16));             \
+        const __m512bh b2 = (__m512bh)_mm512_load_si512((const void *)(bp + 32));             \
+        const __m512bh b3 = (__m512bh)_mm512_load_si512((const void *)(bp + 48));             \
+        UNROLL for (int i = 0; i < R; i++) {                                                  \
+            const __m512bh v = (__m512bh)_mm512_set1_epi32((int)ap[i * ams]);                 \
+            c[i][0] = _mm512_dpbf16_ps(c[i][0], v, b0);                                       \
+            c[i][1] = _mm512_dpbf16_ps(c[i][1], v, b1);                                       \
+            c[i][2] = _mm512_dpbf16_ps(c[i][2], v, b2);                                       \
+            c[i][3] = _mm512_dpbf16_ps(c[i][3], v, b3);                                       \
+        }                                                                                     \
+        ap += aps;                                                                            \
+        bp += NR;                                                                             \
+        pf_step(pf);                                                                          \
+    }                                                                                         \
+    if (nt && nv == NR) /* whole lines, 64-byte aligned (see the caller) */                   \
+        UNROLL for (int i = 0; i < R; i++)                                                    \
+            UNROLL for (int j = 0; j < 4; j++)                                                \
+                _mm512_stream_ps(C + i * ldc + 16 * j, c[i][j]);                              \
+    else                                                                                      \
+        UNROLL for (int i = 0; i < R; i++)                                                    \
+            UNROLL for (int j = 0; j < 4; j++)                                                \
+                if (sm[j]) _mm512_mask_storeu_ps(C + i * ldc + 16 * j, sm[j], c[i][j]);
+
+#define UK(R)                                                                                 \
+    DPT static void uk##R(int64_t K2, const uint32_t *a, int64_t ams, int64_t aps,           \
+                          const uint32_t *b, float *C, int64_t ldc, int nv, int acc, int nt,  \
+                          pfc_t *pf)                                                          \
+    {                                                                                         \
+        UK_BODY(R)                                                                            \
+    }
+UK(1)
+UK(2)
+UK(3)
+UK(4)
+UK(5)
+UK(6)
+
+typedef void (*uk_fn)(int64_t, const uint32_t *, int64_t, int64_t, const uint32_t *, float *,
+                      int64_t, int, int, int, pfc_t *);
+static const uk_fn ukern[MR + 1] = {NULL, uk1, uk2, uk3, uk4, uk5, uk6};
+
+int lrmoe_dpbf16_gemm(lrmoe_dpbf16_t *x, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                      const void *A, int a_f32, int64_t lda, const void *B, int b_f32,
+                      int64_t ldb, int acc, float *C, int64_t ldc)
+{
+    if (M <= 0 || N <= 0) return 0;
+    if (K <= 0) {
+        if (!acc)
+            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
+        return 0;
+    }
+    const int64_t K2 = (K + 1) / 2;
+    /* conversion rows: 16 of the longest row an F32 operand has */
+    const int64_t trow = (K > M ? K : M) > NR ? (K > M ? K : M) : NR;
+    if ((a_f32 || b_f32) && !grow((void **)&x->t, &x->tcap, (size_t)(16 * trow) * 2)) return -1;
+    if (!grow((void **)&x->B, &x->bcap, (size_t)(K2 * NR) * 4)) return -1;
+    int64_t ams, aps;
+    if (pack_a(x, ta, M, K, A, a_f32, lda, &ams, &aps) < 0) return -1;
+    /* the weight gradients (ta, C overwritten): C with non-temporal stores
+     * where its rows are whole 64-byte lines, so that its lines are not read
+     * first; the bits are the same */
+    const int nt = ta && !acc && ((uintptr_t)C & 63) == 0 && (ldc & 15) == 0;
+    for (int64_t n0 = 0; n0 < N; n0 += NR) {
+        const int64_t w = N - n0 < NR ? N - n0 : NR;
+        pack_b(x, tb, K, B, b_f32, ldb, n0, w);
+        const int64_t w2 = N - n0 - NR < NR ? N - n0 - NR : NR;
+        pfc_t pf = pf_panel(tb, K, B, b_f32, ldb, n0 + NR, w2);
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int64_t r = M - m0 < MR ? M - m0 : MR;
+            ukern[r](K2, x->A + m0 * ams, ams, aps, x->B, C + m0 * ldc + n0, ldc, (int)w, acc,
+                     nt, &pf);
+        }
+    }
+    if (nt) _mm_sfence();
+    return 0;
+}
+
+#else /* no AVX512_BF16 build: lrmoe_dpbf16_available() is 0 and nothing calls this */
+
+int lrmoe_dpbf16_gemm(lrmoe_dpbf16_t *x, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                      const void *A, int a_f32, int64_t lda, const void *B, int b_f32,
+                      int64_t ldb, int acc, float *C, int64_t ldc)
+{
+    (void)x; (void)ta; (void)tb; (void)M; (void)N; (void)K; (void)A; (void)a_f32; (void)lda;
+    (void)B; (void)b_f32; (void)ldb; (void)acc; (void)C; (void)ldc;
+    return lrmoe_err("gemm: this build has no AVX512_BF16 kernel");
+}
+
+#endif
