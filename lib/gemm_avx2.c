@@ -93,7 +93,7 @@ __attribute__((target("avx512f,avx512bf16"))) static double dot_rate(long n)
     return t > 0 ? (double)n * 12 * 64 / t : 0;
 }
 
-static double fma_over_dot;
+static double fma_over_dot, fma_best, dot_best;
 static void rates(void)
 {
     __builtin_cpu_init();
@@ -105,13 +105,23 @@ static void rates(void)
         if (y > d) d = y;
     }
     fma_over_dot = d > 0 ? f / d : 0;
+    fma_best = f;
+    dot_best = d;
 }
+
+static pthread_once_t rates_once = PTHREAD_ONCE_INIT;
 
 double lrmoe_avx2_fma_over_bf16dot(void)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, rates);
+    pthread_once(&rates_once, rates);
     return fma_over_dot;
+}
+
+void lrmoe_avx2_peak_rates(double *fma, double *dot)
+{
+    pthread_once(&rates_once, rates);
+    *fma = fma_best;
+    *dot = dot_best;
 }
 
 /* 8 BF16 (uint16 bits) at p widened to F32: exact */
@@ -556,6 +566,8 @@ int lrmoe_avx2_gemm_available(void) { return 0; }
 int lrmoe_avx2_gemm_wide(void) { return 0; }
 
 double lrmoe_avx2_fma_over_bf16dot(void) { return 0; }
+
+void lrmoe_avx2_peak_rates(double *fma, double *dot) { *fma = 0; *dot = 0; }
 
 size_t lrmoe_avx2_gemm_ws(void) { return 0; }
 

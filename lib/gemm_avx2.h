@@ -52,6 +52,11 @@ int lrmoe_avx2_gemm_wide(void);
  * not both. Above 1, the form above on BF16-rounded operands has more
  * arithmetic than a BF16 matmul built on the dot product (oneDNN's). */
 double lrmoe_avx2_fma_over_bf16dot(void);
+/* The two rates behind it, FLOP/s of one thread (a product and a sum count
+ * two): *fma with AVX-512 FMAs, *dot with vdpbf16ps, the same measurement
+ * (both 0 where the CPU has not both): the register peaks of the F32 and
+ * BF16 GEMM kernels (tests/bench/cpu.sh prints them). */
+void lrmoe_avx2_peak_rates(double *fma, double *dot);
 
 /* Bytes of the workspace lrmoe_avx2_gemm takes (the packed A block and B's
  * micro-panels: about 1 MiB). */

@@ -17,8 +17,11 @@
  *         BF16 B and ta = 0 whose shape it takes (K % 32, N % 16; B read in
  *         place), and C = A^T B with both operands BF16, N % 16 and no acc
  *         (the weight gradients, C written with non-temporal stores); the
- *         rest run oneDNN matmul (AMX or AVX512_BF16 where the CPU has
- *         them). Needs a build with oneDNN (LRMOE_HAVE_DNNL).
+ *         rest run oneDNN matmul. On a CPU with AVX512_BF16 and no AMX,
+ *         lib/gemm_dpbf16.c runs every GEMM (kernel DPBF16), unless the
+ *         emulation below is chosen; elsewhere oneDNN matmul (AMX or
+ *         AVX512_BF16 where the CPU has them). Needs a build with oneDNN
+ *         (LRMOE_HAVE_DNNL).
  *
  * A context belongs to one thread (it holds that thread's conversion scratch,
  * its AMX kernel state and its cached oneDNN primitives, all fixed-shape:
@@ -70,7 +73,7 @@ int lrmoe_gemm_bf16_emulated(void);
  * (tests/unit/gemm_amx_test.c and gemm_test.c check them):
  *   every kernel   lrmoe_gemm2 = two lrmoe_gemm calls with the same strides;
  *                  lrmoe_gemm_bf16out = lrmoe_gemm with ldc = N, rounded.
- *   EMUL_AVX*, AMX lrmoe's own kernels (AMX: on the shapes lib/gemm_amx.c
+ *   EMUL_AVX*, AMX, DPBF16  lrmoe's own kernels (AMX: on the shapes lib/gemm_amx.c
  *                  takes): a C element's bits do not depend on the strides,
  *                  so bf16out also equals lrmoe_gemm at any ldc, rounded.
  *   EMUL_AVX512    and EMUL_AVX2 give the same bits (one kernel, two widths:
@@ -102,13 +105,14 @@ typedef struct {
 } lrmoe_gemm_kernel_t;
 
 /* "amx", "native", "emulated-avx512", "emulated-avx2", "emulated-sgemm",
- * "none": the frame attribute exec.bf16. */
+ * "dpbf16", "none": the frame attribute exec.bf16. */
 const char *lrmoe_gemm_kernel_name(int kind);
 /* This process's bf16 kernel: the pinned one, else the default choice for
  * this CPU and environment: EMUL_* where lrmoe_gemm_bf16_emulated() (the
  * AVX-512F form where lrmoe_avx2_gemm_wide(), the AVX2 form where only
  * lrmoe_avx2_gemm_available(), else sgemm), else AMX where
- * lrmoe_amx_available(), else NATIVE; NONE without oneDNN. */
+ * lrmoe_amx_available(), else DPBF16 where lrmoe_dpbf16_available(), else
+ * NATIVE; NONE without oneDNN. */
 void lrmoe_gemm_kernel(lrmoe_gemm_kernel_t *k);
 /* 0 when this process runs k with k's bits, else -1 with the error saying
  * which kernel k is and what this process lacks. */

@@ -14,6 +14,12 @@
 
 /* the C tile: MR rows of NR = 64 columns (4 zmm) */
 enum { MR = 6, NR = 64 };
+#ifndef ABLOCK
+#define ABLOCK (512 << 10)
+#endif
+#ifndef PFD
+#define PFD 128
+#endif
 
 struct lrmoe_dpbf16 {
     uint32_t *A;          /* op(A) as pairs: row m, pair p at A[m * ams + p * aps] */
@@ -142,6 +148,35 @@ static int pack_a(lrmoe_dpbf16_t *x, int ta, int64_t M, int64_t K, const void *A
     return 0;
 }
 
+/* rows r0 .. r0+w-1 of src (K values each, row stride ld) transposed by
+ * pairs: pair p of row r0+i goes to P[p * S + i], for i < W (a multiple
+ * of 16; zeros past w): 16 rows x 16 pairs at a time */
+DPT static void tpack(lrmoe_dpbf16_t *x, const void *src, int f32, int64_t ld, int64_t r0,
+                      int64_t w, int64_t K, uint32_t *P, int64_t S, int64_t W)
+{
+    const int64_t K2 = (K + 1) / 2;
+    for (int64_t g = 0; g < W; g += 16) {
+        const uint16_t *row[16];
+        for (int i = 0; i < 16; i++) {
+            const int64_t n = g + i;
+            row[i] = n < w ? bf16_row(x, src, f32, ld, r0 + n, 0, K, i) : NULL;
+        }
+        for (int64_t p = 0; p < K2; p += 16) {
+            const int64_t left = K - 2 * p;
+            const __mmask32 m = left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) /* a few lines ahead: the rows are 16 streams */
+                if (row[i]) _mm_prefetch((const char *)(row[i] + 2 * p + PFD), _MM_HINT_T0);
+            for (int i = 0; i < 16; i++)
+                r[i] = row[i] ? _mm512_maskz_loadu_epi16(m, row[i] + 2 * p) : _mm512_setzero_si512();
+            lrmoe_tr16(r);
+            const int64_t np = K2 - p < 16 ? K2 - p : 16;
+            for (int64_t j = 0; j < np; j++)
+                _mm512_store_si512((__m512i *)(P + (p + j) * S + g), r[j]);
+        }
+    }
+}
+
 /* columns n0 .. n0+w-1 of op(B) into the panel x->B (NR columns, zeros past w) */
 DPT static void pack_b(lrmoe_dpbf16_t *x, int tb, int64_t K, const void *B, int f32, int64_t ldb,
                        int64_t n0, int64_t w)
@@ -158,26 +193,8 @@ DPT static void pack_b(lrmoe_dpbf16_t *x, int tb, int64_t K, const void *B, int 
         }
         return;
     }
-    /* B stored (N,K): a pair of row n is one dword; 16 rows x 16 pairs are
-     * transposed into 16 pairs x 16 columns */
-    for (int64_t g = 0; g < NR; g += 16) {
-        const uint16_t *row[16];
-        for (int i = 0; i < 16; i++) {
-            const int64_t n = g + i;
-            row[i] = n < w ? bf16_row(x, B, f32, ldb, n0 + n, 0, K, i) : NULL;
-        }
-        for (int64_t p = 0; p < K2; p += 16) {
-            const int64_t left = K - 2 * p;
-            const __mmask32 m = left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1);
-            __m512i r[16];
-            for (int i = 0; i < 16; i++)
-                r[i] = row[i] ? _mm512_maskz_loadu_epi16(m, row[i] + 2 * p) : _mm512_setzero_si512();
-            lrmoe_tr16(r);
-            const int64_t np = K2 - p < 16 ? K2 - p : 16;
-            for (int64_t j = 0; j < np; j++)
-                _mm512_store_si512((__m512i *)(P + (p + j) * NR + g), r[j]);
-        }
-    }
+    /* B stored (N,K): a pair of row n is one dword */
+    tpack(x, B, f32, ldb, n0, w, K, P, NR, NR);
 }
 
 /* The source lines of the next panel of B, prefetched into L2 one per step
@@ -275,6 +292,130 @@ UK(4)
 UK(5)
 UK(6)
 
+/* The stored-weights form of C = A B^T (B stored (N,K), the forward's
+ * x W^T): C^T = B A^T with the pairs of B's rows broadcast from where they
+ * are stored (no packing of the weights) against A transposed by pairs
+ * (A^T: pair p of row m at a[p * S + m]). A tile is R rows of B (R <= 6: six
+ * 4 KiB-strided rows stay in an 8-way L1 set) by J vectors of 16 rows of A
+ * (mv valid); it is transposed into C on the way out. The same vdpbf16ps
+ * steps on the same pairs in the same order as the packed form: the same
+ * bits. */
+static inline uint32_t ld32(const uint16_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+#define J1(J) ((J) ? (J) : 1)
+#define UKT_BODY(R, J, H)                                                                     \
+    __m512 c[R][J1(J)];                                                                       \
+    __m256 h[R];                                                                              \
+    float T[R][64] __attribute__((aligned(64)));                                              \
+    if (acc) {                                                                                \
+        for (int i = 0; i < R; i++)                                                           \
+            for (int m = 0; m < 16 * J + 8 * H; m++) T[i][m] = m < mv ? C[m * ldc + i] : 0.0f; \
+        UNROLL for (int i = 0; i < R; i++) {                                                  \
+            UNROLL for (int j = 0; j < J; j++) c[i][j] = _mm512_load_ps(&T[i][16 * j]);      \
+            if (H) h[i] = _mm256_load_ps(&T[i][16 * J]);                                      \
+        }                                                                                     \
+    } else {                                                                                  \
+        UNROLL for (int i = 0; i < R; i++) {                                                  \
+            UNROLL for (int j = 0; j < J; j++) c[i][j] = _mm512_setzero_ps();                \
+            if (H) h[i] = _mm256_setzero_ps();                                                \
+        }                                                                                     \
+    }                                                                                         \
+    const int64_t K2 = (K + 1) / 2, K2f = K / 2;                                              \
+    const uint32_t *ap = a;                                                                   \
+    for (int64_t p = 0; p < K2; p++) {                                                        \
+        __m512bh v[J1(J)];                                                                    \
+        __m256bh vh = (__m256bh)_mm256_setzero_si256();                                       \
+        UNROLL for (int j = 0; j < J; j++)                                                    \
+            v[j] = (__m512bh)_mm512_load_si512((const void *)(ap + 16 * j));                  \
+        if (H) vh = (__m256bh)_mm256_load_si256((const __m256i *)(ap + 16 * J));              \
+        UNROLL for (int i = 0; i < R; i++) {                                                  \
+            /* an odd K's last pair: B's second half is past the row (A's is 0) */             \
+            const uint32_t bw = p < K2f ? ld32(b + i * ldb + 2 * p) : b[i * ldb + K - 1];     \
+            const __m512bh w = (__m512bh)_mm512_set1_epi32((int)bw);                          \
+            UNROLL for (int j = 0; j < J; j++) c[i][j] = _mm512_dpbf16_ps(c[i][j], w, v[j]);  \
+            if (H) h[i] = _mm256_dpbf16_ps(h[i], (__m256bh)_mm512_castsi512_si256((__m512i)w), vh); \
+        }                                                                                     \
+        ap += S;                                                                              \
+        if (p < npf) _mm_prefetch(pf + 64 * p, _MM_HINT_T0);                                  \
+    }                                                                                         \
+    /* 16 rows of C at a time: R columns of 16 transposed into 16 rows of R */                \
+    UNROLL for (int j = 0; j < J + H; j++) {                                                  \
+        __m512i t[16];                                                                        \
+        UNROLL for (int i = 0; i < 16; i++)                                                   \
+            t[i] = i >= R ? _mm512_setzero_si512()                                            \
+                   : j < J ? _mm512_castps_si512(c[i < R ? i : 0][j < J ? j : 0])             \
+                           : _mm512_castps_si512(_mm512_zextps256_ps512(h[i < R ? i : 0])); \
+        lrmoe_tr16(t);                                                                        \
+        const int l1 = mv - 16 * j < 16 ? mv - 16 * j : 16;                                   \
+        for (int l = 0; l < l1; l++)                                                          \
+            _mm512_mask_storeu_ps(C + (16 * j + l) * ldc, (__mmask16)((1u << R) - 1),         \
+                                  _mm512_castsi512_ps(t[l]));                                 \
+    }
+
+/* a tile of R rows of B by 8q rows of A (q = 2J + H: J zmm and H ymm of
+ * A's rows; vdpbf16ps on ymm runs at the zmm's FLOP rate on Zen 4, so a
+ * tail of up to 8 rows costs half a zmm's) */
+#define UKT(R, J, H)                                                                          \
+    DPT static void ukt##R##J##H(int64_t K, const uint16_t *b, int64_t ldb, const uint32_t *a, \
+                                 int64_t S, float *C, int64_t ldc, int mv, int acc,           \
+                                 const char *pf, int64_t npf)                                 \
+    {                                                                                         \
+        UKT_BODY(R, J, H)                                                                     \
+    }
+#define UKT8(R) UKT(R, 0, 1) UKT(R, 1, 0) UKT(R, 1, 1) UKT(R, 2, 0) UKT(R, 2, 1) UKT(R, 3, 0) \
+    UKT(R, 3, 1) UKT(R, 4, 0)
+UKT8(1)
+UKT8(2)
+UKT8(3)
+UKT8(4)
+UKT8(5)
+UKT8(6)
+
+typedef void (*ukt_fn)(int64_t, const uint16_t *, int64_t, const uint32_t *, int64_t, float *,
+                       int64_t, int, int, const char *, int64_t);
+#define UKTQ(R) {NULL, ukt##R##01, ukt##R##10, ukt##R##11, ukt##R##20, ukt##R##21, ukt##R##30, \
+                 ukt##R##31, ukt##R##40}
+static const ukt_fn ukt[MR + 1][9] = {{NULL}, UKTQ(1), UKTQ(2), UKTQ(3), UKTQ(4), UKTQ(5), UKTQ(6)};
+
+/* C = A B^T, B BF16 stored (N,K): see UKT_BODY */
+static int gemm_nt_direct(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, const void *A,
+                          int a_f32, int64_t lda, const uint16_t *B, int64_t ldb, int acc,
+                          float *C, int64_t ldc)
+{
+    const int64_t K2 = (K + 1) / 2, MP = (M + 15) / 16 * 16;
+    const int64_t S = MP % 256 ? MP : MP + 16;   /* pairs not 1 KiB apart */
+    if (!grow((void **)&x->A, &x->acap, (size_t)(K2 * S) * 4)) return -1;
+    tpack(x, A, a_f32, lda, 0, M, K, x->A, S, MP);
+    /* blocks of rows of A whose pairs (K2 x mb x 4 bytes, at most ABLOCK)
+     * stay in L2 while every tile of B passes; B is read again per block
+     * (from L3 after the first: one expert's weights fit) */
+    int64_t mb = ABLOCK / (K2 * 4) / 64 * 64;
+    if (mb < 64) mb = 64;
+    if (M <= mb) mb = M;
+    for (int64_t m1 = 0; m1 < M; m1 += mb) {
+        const int64_t me = M - m1 < mb ? M : m1 + mb;
+        for (int64_t n0 = 0; n0 < N; n0 += MR) {
+            const int64_t r = N - n0 < MR ? N - n0 : MR;
+            /* the next tile's rows of B into L1 while this one computes (rows of
+             * a few lines are too short for the hardware prefetcher) */
+            const int64_t r2 = N - n0 - MR < MR ? N - n0 - MR : MR;
+            const char *pf = (const char *)((uintptr_t)(B + (n0 + MR) * ldb) & ~(uintptr_t)63);
+            const int64_t npf = r2 > 0 ? ((r2 - 1) * ldb + K) * 2 / 64 + 2 : 0;
+            for (int64_t m0 = m1; m0 < me; m0 += 64) {
+                const int64_t mv = me - m0 < 64 ? me - m0 : 64;
+                ukt[r][(mv + 7) / 8](K, B + n0 * ldb, ldb, x->A + m0, S, C + m0 * ldc + n0,
+                                       ldc, (int)mv, acc, pf, m0 == m1 ? npf : 0);
+            }
+        }
+    }
+    return 0;
+}
+
 typedef void (*uk_fn)(int64_t, const uint32_t *, int64_t, int64_t, const uint32_t *, float *,
                       int64_t, int, int, int, pfc_t *);
 static const uk_fn ukern[MR + 1] = {NULL, uk1, uk2, uk3, uk4, uk5, uk6};
@@ -294,6 +435,8 @@ int lrmoe_dpbf16_gemm(lrmoe_dpbf16_t *x, int ta, int tb, int64_t M, int64_t N, i
     const int64_t trow = (K > M ? K : M) > NR ? (K > M ? K : M) : NR;
     if ((a_f32 || b_f32) && !grow((void **)&x->t, &x->tcap, (size_t)(16 * trow) * 2)) return -1;
     if (!grow((void **)&x->B, &x->bcap, (size_t)(K2 * NR) * 4)) return -1;
+    if (!ta && tb && !b_f32 && !getenv("LRMOE_DPBF16_PACKNT"))
+        return gemm_nt_direct(x, M, N, K, A, a_f32, lda, B, ldb, acc, C, ldc);
     int64_t ams, aps;
     if (pack_a(x, ta, M, K, A, a_f32, lda, &ams, &aps) < 0) return -1;
     /* the weight gradients (ta, C overwritten): C with non-temporal stores

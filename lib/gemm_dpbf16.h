@@ -11,13 +11,21 @@
  *
  * The outer-product form: B is packed, 64 columns at a time, into the
  * instruction's pair-interleaved layout (for each pair of k, 64 dwords of
- * (B[k][n], B[k+1][n]): a 16x16 dword transpose of a stored (N,K) weight
- * matrix, a row-pair interleave of a stored (K,N) one) and the packed panel
- * is reused for every row of A; A is copied once per call (rows on a padded
- * stride so that 6 rows never share an L1 set, or pair-interleaved when ta);
- * a 6x64 tile of C keeps 24 zmm accumulators and each step broadcasts one
- * pair of A per row against 4 vectors of the panel. The conversions of F32
- * operands happen in those copies.
+ * (B[k][n], B[k+1][n]): a row-pair interleave of a stored (K,N) weight
+ * matrix) and the packed panel is reused for every row of A, while the
+ * next panel's source is prefetched into L2; A is copied once per call
+ * (rows on a padded stride so that 6 rows never share an L1 set, or
+ * pair-interleaved when ta); a 6x64 tile of C keeps 24 zmm accumulators and
+ * each step broadcasts one pair of A per row against 4 vectors of the panel.
+ * The weight gradients (ta, no acc) are written with non-temporal stores.
+ * C = A B^T with B BF16 stored (N,K) (the forward's x W^T) leaves the
+ * weights where they are: C^T = B A^T, pairs of 6 rows of B broadcast in
+ * place against A transposed by pairs (the vectors: 64 rows of A, or a
+ * tail of 8 in a ymm), the next 6 rows of B prefetched into L1, the tile
+ * transposed into C on the way out; the same steps on the same pairs, so
+ * the same bits as packing B (LRMOE_DPBF16_PACKNT=1 packs it anyway, for
+ * the test that compares the two). The conversions of F32 operands happen
+ * in the copies.
  *
  * Numerics: each C element is C0 (0, or C when acc) followed by one
  * vdpbf16ps step per pair of k, pairs in ascending order (an odd K's last

@@ -341,6 +341,17 @@ print(' '.join(sorted({a.get('exec.bf16', '-') for t, a in read_stream('$1')})))
         one_message 2 "the job's bf16 kernel is emulated-avx2 .*needs AVX2 and FMA"
         no_trailer "$D/f2.lrm"
     fi
+    # rank 0 on lrmoe's vdpbf16ps kernel, rank 2 without AVX512_BF16
+    # (LRMOE_DPBF16=0 plays such a CPU): one message naming rank 2
+    if bf16_kernels | grep -q '^dpbf16 '; then
+        e=$(bf16_kernels | grep -m1 '^dpbf16 ' | cut -d' ' -f2-)
+        # shellcheck disable=SC2086
+        run $MPIRUN -np 1 env $e "$EXEC" $A : -np 1 "$EXEC" $A : -np 1 env LRMOE_DPBF16=0 "$EXEC" $A
+        assert_failure
+        [ "$status" -ne 124 ]
+        one_message 2 "the job's bf16 kernel is dpbf16 .*needs AVX-512F/BW/VL and AVX512_BF16"
+        no_trailer "$D/f2.lrm"
+    fi
     # rank 0 on oneDNN's BF16 matmul (or AMX), ranks 1 and 2 whose oneDNN has
     # none: one message, from the lowest of them
     e=$(bf16_kernels | grep -m1 -E '^(amx|native) ' | cut -d' ' -f2-)

@@ -215,6 +215,38 @@ int main(void)
         }
         free(A); free(B); free(C); free(ra); free(rb);
     }
+    /* dpbf16: C = A B^T in its two forms (the stored weights broadcast in
+     * place, and B packed as for the other GEMMs: LRMOE_DPBF16_PACKNT=1)
+     * give the same bits (the same vdpbf16ps steps on the same pairs) */
+    if (kern.kind == LRMOE_KERNEL_DPBF16) {
+        static const int64_t Mf[] = {1, 7, 8, 9, 16, 24, 63, 64, 65, 72, 130, 300};
+        static const int64_t Kf[] = {1, 2, 31, 96, 545};
+        int forms = 0, fdiff = 0;
+        for (size_t mi = 0; mi < sizeof Mf / sizeof *Mf; mi++)
+        for (size_t ki = 0; ki < sizeof Kf / sizeof *Kf; ki++)
+        for (int f32 = 0; f32 < 2; f32++) {
+            const int64_t M = Mf[mi], N = 13 + (int64_t)mi, K = Kf[ki], ldc = N + 5;
+            const lrmoe_dtype_t adt = f32 ? LRMOE_F32 : LRMOE_BF16;
+            double *ra, *rb;
+            void *A = mat(M, K, K + 3, adt, &ra), *B = mat(N, K, K + 1, LRMOE_BF16, &rb);
+            float *C1 = malloc((size_t)(M * ldc) * sizeof *C1), *C2 = malloc((size_t)(M * ldc) * sizeof *C2);
+            for (int64_t i = 0; i < M * ldc; i++) C1[i] = C2[i] = rnd();
+            const int acc = (int)(mi & 1);
+            int rc1 = lrmoe_gemm(g, 0, 1, M, N, K, A, adt, K + 3, B, LRMOE_BF16, K + 1, acc, C1, ldc);
+            setenv("LRMOE_DPBF16_PACKNT", "1", 1);
+            int rc2 = lrmoe_gemm(g, 0, 1, M, N, K, A, adt, K + 3, B, LRMOE_BF16, K + 1, acc, C2, ldc);
+            unsetenv("LRMOE_DPBF16_PACKNT");
+            forms++;
+            if (rc1 || rc2 || memcmp(C1, C2, (size_t)(M * ldc) * sizeof *C1)) {
+                fdiff++;
+                printf("FAIL dpbf16 forms M=%lld N=%lld K=%lld acc=%d A=%s: the packed form's bits differ\n",
+                       (long long)M, (long long)N, (long long)K, acc, lrmoe_dtype_name(adt));
+            }
+            free(A); free(B); free(C1); free(C2); free(ra); free(rb);
+        }
+        printf("dpbf16 forms: %d cases, %d differ\n", forms, fdiff);
+        fails += fdiff;
+    }
     printf("gemm amx: %d cases, %d failed\n", cases, fails);
     lrmoe_gemm_free(g);
     return fails ? 1 : 0;
