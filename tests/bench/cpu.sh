@@ -1,7 +1,8 @@
 #!/bin/sh
 # Benchmark the CPU expert layer (issue 17): lrmoe-exec forward and full
 # backward with BF16 GEMMs (--compute bf16: BF16 operands, F32 accumulation;
-# lib/gemm_amx.c's AMX kernels where the CPU has AMX-BF16, else oneDNN) and
+# lib/gemm_amx.c's AMX kernels where the CPU has AMX-BF16, lib/gemm_dpbf16.c
+# where it has AVX512_BF16 without AMX, else oneDNN or the emulation) and
 # F32 GEMMs (--compute f32: OpenBLAS sgemm, the exact path)
 # against PyTorch's fastest CPU path on the same tensors (tests/bench/
 # exec_torch.py in BF16: a per-expert loop and torch._grouped_mm; the faster
@@ -35,9 +36,13 @@
 # each size under /usr/bin/time: share of the process' elapsed time outside
 # the layer's wall time, and of its CPU time (user+sys) outside the layer's
 # (there the layer's own first writes fault its outputs in).
-# Targets (issue 17): BF16 >= 1.3x PyTorch's best on every size and phase;
-# GEMM efficiency >= 0.85; <= 20% of a one-frame process' elapsed time
-# outside the layer.
+# Register peaks (issue 34): one thread's vdpbf16ps and F32 FMA rates on
+# register operands (lrmoe_avx2_peak_rates, AVX512_BF16 CPUs); layer_pk and
+# gemm_pk = the layer's and the gemm stage's FLOP rate over the vdpbf16ps peak.
+# Targets (issues 17, 34): BF16 >= 1.3x PyTorch's best on every size and phase;
+# GEMM efficiency >= 0.85; the gemm stage at 4096 tokens >= 0.85 of the
+# vdpbf16ps peak; <= 20% of a one-frame process' elapsed time outside the
+# layer.
 # Usage: tests/bench/cpu.sh   env TOKENS (default "1024 2048 4096";
 #   BENCH_QUICK=1: "256 512"), REPS (default 2), TORCH=0 skips PyTorch.
 set -eu
@@ -123,19 +128,29 @@ else
     echo "  tests/bench/membw.c did not compile: no memory bound"
 fi
 
-# ---- issue 34 item 3's question, where the CPU has AVX512_BF16: does an lrmoe
-# kernel on vdpbf16ps that reads both operands in place (tests/bench/
-# dpbf16_kernel.c, the "dot" form) beat oneDNN's matmul on one expert's forward
-# GEMM (x W^T: M rows, N = F = 768, K = D = 2048)? Alternated, best of 5 each.
-if grep -q avx512_bf16 /proc/cpuinfo && [ -x "$tmp/dense" ] && [ "$ddt" = bf16 ] &&
-    cc -O2 -mavx512f -mavx512bf16 -mavx512bw -mavx512vl -o "$tmp/dpk" \
-        tests/bench/dpbf16_kernel.c -lm 2>/dev/null; then
-    for M in 64 256 1024; do
-        a=$("$tmp/dpk" $M 768 2048 5 | cut -d' ' -f2)
-        b=$("$tmp/dense" $M 768 2048 1 5 | cut -d' ' -f2)
-        echo "  one expert GEMM M=$M N=768 K=2048: lrmoe dot-form vdpbf16ps kernel $a GFLOP/s," \
-             "oneDNN $b GFLOP/s, kernel/oneDNN $(echo "$a $b" | awk '{printf "%.2f", $1 / $2}')"
-    done
+# ---- issue 34 item 3: the CPU's register peaks (lrmoe_avx2_peak_rates: one
+# thread's AVX-512 F32 FMA and vdpbf16ps rates, register operands) and, where
+# the bf16 compute runs lrmoe's vdpbf16ps kernel (lib/gemm_dpbf16.c), one
+# expert GEMM of each form through lrmoe_gemm against oneDNN's matmul
+# (LRMOE_DPBF16=0), cold weights (tests/bench/gemm_kernel.c), alternated.
+: > "$tmp/peaks"
+if cc -O2 -Ilib -o "$tmp/gk" tests/bench/gemm_kernel.c build/liblrmoe.a -ldnnl -lgomp -lopenblas \
+        -lm -lpthread -ldl 2>/dev/null; then
+    "$tmp/gk" peaks > "$tmp/peaks"
+    read -r pf pd < "$tmp/peaks"
+    echo "  register peaks, one thread: AVX-512 F32 FMA $pf GFLOP/s, vdpbf16ps $pd GFLOP/s (0: not on this CPU)"
+    if [ "$("$tmp/gk" nt 16 16 32 1 | cut -d' ' -f3)" = dpbf16 ]; then
+        for f in "nt 64 768 2048" "nt 256 768 2048" "nt 256 2048 768" "nn 64 2048 768" \
+                 "nn 256 768 2048" "tn 2048 768 64" "tn 2048 768 256"; do
+            a=$("$tmp/gk" $f 3 | cut -d' ' -f2); b=$(LRMOE_DPBF16=0 "$tmp/gk" $f 3 | cut -d' ' -f2)
+            a2=$("$tmp/gk" $f 3 | cut -d' ' -f2); b2=$(LRMOE_DPBF16=0 "$tmp/gk" $f 3 | cut -d' ' -f2)
+            echo "  one expert GEMM $f (form M N K): dpbf16 $a, $a2 GFLOP/s; oneDNN $b, $b2;" \
+                 "dpbf16/oneDNN $(echo "$a $a2 $b $b2" | awk '{x = $1 > $2 ? $1 : $2; y = $3 > $4 ? $3 : $4; printf "%.2f", x / y}')" \
+                 "(best of each)"
+        done
+    fi
+else
+    echo "  tests/bench/gemm_kernel.c did not build (no oneDNN?): no register peaks"
 fi
 
 # ---- one-frame processes at the default compute, each size: time outside the layer
@@ -174,6 +189,10 @@ def best_exec(p):
     return out
 
 ex = {(c, ph): best_exec(f"{tmp}/{ph[0]}{c}.tsv") for c in computes for ph in ("fwd", "bwd")}
+try:
+    peak_dot = float(open(f"{tmp}/peaks").read().split()[1])
+except (IndexError, ValueError):
+    peak_dot = 0.0
 th = {}
 for impl in ("loop", "grouped"):
     try:
@@ -206,9 +225,9 @@ if bw:
 print()
 hdr = f"{'tokens':>6s} {'phase':5s} {'bf16_ms':>9s} {'f32_ms':>9s} {'torch_loop':>10s} {'torch_grp':>10s} " \
       f"{'bf16/torch':>10s} {'f32/torch':>9s} {'bf16_vs_f32':>11s} {'gemm_GF/s':>9s} {'gemm_eff':>8s} " \
-      f"{'dense_ms':>8s} {'mem_ms':>7s} {'eff_bound':>9s} {'of_bound':>8s}"
+      f"{'dense_ms':>8s} {'mem_ms':>7s} {'eff_bound':>9s} {'of_bound':>8s} {'layer_pk':>8s} {'gemm_pk':>7s}"
 print(hdr)
-speed, effs, bounds, ofs = [], [], [], []
+speed, effs, bounds, ofs, pk4096 = [], [], [], [], []
 for T in toks:
     NP = T * 8
     for ph in ("fwd", "bwd"):
@@ -235,6 +254,12 @@ for T in toks:
             ob = eff / eb if eff is not None else None
             if ob is not None: ofs.append(ob)
             bnd = f" {dense_s * 1e3:8.1f} {mem_s * 1e3:7.1f} {eb:9.2f} " + (f"{ob:8.2f}" if ob is not None else f"{'-':>8s}")
+        else:
+            bnd = f" {'-':>8s} {'-':>7s} {'-':>9s} {'-':>8s}"
+        if peak_dot > 0 and b:
+            lp, gp = fl / b[0] / 1e9 / peak_dot, gfs / peak_dot
+            bnd += f" {lp:8.2f} {gp:7.2f}"
+            if T == 4096: pk4096.append(gp)
         print(f"{T:6d} {ph:5s} {ms(b[0] if b else None)} {ms(f[0] if f else None)} {ms10(tl)} {ms10(tg)} "
               f"{x(sb, 10)} {x(sf, 9)} {x(f[0] / b[0] if b and f else None, 11)} "
               f"{(f'{gfs:9.0f}' if gfs else f'{chr(45):>9s}')} {(f'{eff:8.2f}' if eff is not None else f'{chr(45):>8s}')}"
@@ -242,7 +267,8 @@ for T in toks:
 print(f"(ms: thread CPU time of the layer call; x/torch = PyTorch's faster {ddt} path / lrmoe's: > 1 is faster;")
 print(f" gemm_GF/s and gemm_eff: the bf16 path's gemm stage against the dense oneDNN {ddt} matmul;")
 print(" dense_ms: the FLOPs at the dense rate, mem_ms: the weight (and gradient) bytes at one thread's bandwidth,")
-print(" eff_bound: the gemm_eff that bandwidth allows, of_bound: gemm_eff / eff_bound)")
+print(" eff_bound: the gemm_eff that bandwidth allows, of_bound: gemm_eff / eff_bound;")
+print(" layer_pk, gemm_pk: the layer's and its gemm stage's FLOP rate over the vdpbf16ps register peak)")
 print()
 
 def proc(ph, tim, tsvp):
@@ -273,6 +299,9 @@ if effs:
     v.append(f"GEMM efficiency min {min(effs):.2f} (target >= 0.85"
              + (f"; the memory bound allows min {min(bounds):.2f}, kernels at min {min(ofs):.2f} of it" if ofs else "")
              + "): " + ("PASS" if min(effs) >= 0.85 else "BELOW TARGET"))
+if pk4096:
+    v.append(f"gemm stage at 4096 tokens {min(pk4096):.2f} of the vdpbf16ps peak (target >= 0.85): "
+             + ("PASS" if min(pk4096) >= 0.85 else "BELOW TARGET"))
 v.append(f"one-frame process outside the layer: elapsed max {max(oes):.0%}, CPU max {max(ocs):.0%} "
          "(target <= 20% of elapsed): " + ("PASS" if max(oes) <= 0.2 else "BELOW TARGET"))
 print("verdict: " + "; ".join(v))

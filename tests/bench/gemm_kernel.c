@@ -6,9 +6,10 @@
  *   nn  C (M,N) = A (M,K) B,   B stored (K,N)   the backward's dphi, dx
  *   tn  C (M,N) = A^T B, A (K,M), B (K,N)       the weight gradients
  *
- * A and B BF16, C F32 overwritten. B cycles over copies that together
- * exceed 64 MiB (tn: A and B both), so that each GEMM reads its weights
- * from memory as the layer's 128 experts do. Prints "seconds GFLOP/s
+ * A and B BF16, C F32 overwritten. B and C cycle over copies that
+ * together exceed 64 MiB (tn: A too), so that each GEMM reads its weights
+ * from memory and writes C to lines not in the cache, as the layer's 128
+ * experts do. Prints "seconds GFLOP/s
  * kernel": the best over REPS passes of the mean time per GEMM, the
  * calling thread's CPU time.
  *   gemm_kernel peaks   prints "fma_GFLOPs dot_GFLOPs": one thread's AVX-512
@@ -47,16 +48,17 @@ int main(int argc, char **argv)
     const int reps = argc > 5 ? atoi(argv[5]) : 3;
     if (M <= 0 || N <= 0 || K <= 0 || reps <= 0) return 2;
     const size_t na = (size_t)(M * K), nb = (size_t)(N * K);
-    const size_t per = (nb + (ta ? na : 0)) * 2;
+    const size_t nc = (size_t)(M * N);
+    const size_t per = (nb + (ta ? na : 0)) * 2 + nc * 4;
     const int copies = (int)((64u << 20) / per) + 2;
     uint16_t *B = malloc(nb * 2 * (size_t)copies);
     uint16_t *A = malloc(na * 2 * (size_t)(ta ? copies : 1));
-    float *C = malloc((size_t)(M * N) * sizeof *C);
+    float *C = malloc(nc * sizeof *C * (size_t)copies);
     if (!A || !B || !C) return 1;
     for (size_t i = 0; i < nb * (size_t)copies; i++) B[i] = lrmoe_f32_to_bf16((float)(i % 97) / 97 - 0.5f);
     for (size_t i = 0; i < na * (size_t)(ta ? copies : 1); i++)
         A[i] = lrmoe_f32_to_bf16((float)(i % 89) / 89 - 0.5f);
-    memset(C, 0, (size_t)(M * N) * sizeof *C);
+    memset(C, 0, nc * sizeof *C * (size_t)copies);
     lrmoe_gemm_t *g = lrmoe_gemm_new(LRMOE_COMPUTE_BF16, 1);
     if (!g) { fprintf(stderr, "gemm_kernel: %s\n", lrmoe_errmsg()); return 1; }
     lrmoe_gemm_kernel_t k;
@@ -67,7 +69,7 @@ int main(int argc, char **argv)
         for (int c = 0; c < copies; c++) {
             const uint16_t *a = A + (ta ? (size_t)c * na : 0), *b = B + (size_t)c * nb;
             if (lrmoe_gemm(g, ta, tb, M, N, K, a, LRMOE_BF16, ta ? M : K, b, LRMOE_BF16,
-                           tb ? K : N, 0, C, N) < 0) {
+                           tb ? K : N, 0, C + (size_t)c * nc, N) < 0) {
                 fprintf(stderr, "gemm_kernel: %s\n", lrmoe_errmsg());
                 return 1;
             }
