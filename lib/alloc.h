@@ -22,4 +22,21 @@ int lrmoe_alloc_thp(const char **why);
  * Returns 1 when it populated, else 0. */
 int lrmoe_alloc_prefault(void *p, size_t n);
 
+/* A buffer of n bytes for an output that its producer overwrites whole
+ * (the CPU backend's outputs, lib/exec_frame.c): lrmoe_alloc_big's, or,
+ * where the environment variable LRMOE_POOL names a directory and n is
+ * 4 MiB or more, a shared mapping of a file there, lrmoe-pool-UID-I (I < 32),
+ * locked with flock for as long as this process uses it: first a file of
+ * exactly this size (rounded to pages) that no process holds, else a free
+ * one resized. The file and its pages outlive the process, so the next
+ * process that asks for that size maps resident pages (MAP_POPULATE: no
+ * fault, no zeroing: a one-frame process' outputs then cost what a warm
+ * frame's do) instead of faulting fresh ones. The contents are whatever the
+ * last user left. Falls back to lrmoe_alloc_big when no file can be had.
+ * Freed by lrmoe_pool_free (tensor_free calls it). */
+void *lrmoe_alloc_out(size_t n);
+/* 1 when p is a pool buffer of lrmoe_alloc_out, now unmapped and its file
+ * unlocked; 0 otherwise (p is the caller's to free). */
+int lrmoe_pool_free(void *p);
+
 #endif

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "alloc.h"
 #include "exec_frame.h"
 #include "exec_internal.h"
 #include "gemm_cpu.h"
@@ -324,7 +325,7 @@ static lrmoe_tensor_t *put(const lrmoe_exec_ctx_t *c, lrmoe_frame_t *sp, lrmoe_f
         s->data = NULL;
         lrmoe_frame_del(sp, name);
     }
-    if (!p && nb) p = lrmoe_alloc_big(nb);
+    if (!p && nb) p = lrmoe_alloc_out(nb);
     if (nb && !p) {
         lrmoe_err("out of memory: %zu bytes for tensor %s", nb, name);
         return NULL;

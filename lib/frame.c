@@ -10,7 +10,10 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "alloc.h"
 #include "lrmoe.h"
@@ -115,7 +118,7 @@ static void tensor_free(lrmoe_tensor_t *t)
 {
     if (!t) return;
     free(t->name);
-    free(t->data);
+    if (!lrmoe_pool_free(t->data)) free(t->data);
     free(t);
 }
 
@@ -300,6 +303,83 @@ void *lrmoe_alloc_big(size_t n)
         madvise(p, m, lrmoe_alloc_thp(NULL) ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
 #endif
     return p;
+}
+
+/* ---- the output pool (alloc.h) */
+
+enum { POOL_SLOTS = 32, POOL_MIN = 4 << 20 };
+
+static struct { void *p; size_t n; int fd; } g_pool[POOL_SLOTS];
+static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* slot i's file (made when create), locked for this process; -1 when
+ * locked by another (or absent, or not openable); *size gets its size */
+static int pool_open(const char *dir, int i, int create, off_t *size)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/lrmoe-pool-%u-%d", dir, (unsigned)getuid(), i);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != getuid()) {
+        close(fd);
+        return -1;
+    }
+    *size = st.st_size;
+    return fd;
+}
+
+void *lrmoe_alloc_out(size_t n)
+{
+    const char *dir = getenv("LRMOE_POOL");
+    if (!dir || !*dir || n < POOL_MIN) return lrmoe_alloc_big(n);
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), m = (n + pg - 1) / pg * pg;
+    void *p = NULL;
+    pthread_mutex_lock(&g_pool_mu);
+    int t = 0;
+    while (t < POOL_SLOTS && g_pool[t].p) t++;
+    /* a file of this size first (its pages are resident: mapping them costs
+     * page-table entries, no zeroing), else a new (or empty) file, else any
+     * free one resized (whose pages another size had) */
+    for (int pass = 0; t < POOL_SLOTS && !p && pass < 3; pass++)
+        for (int i = 0; i < POOL_SLOTS && !p; i++) {
+            off_t size;
+            int fd = pool_open(dir, i, pass > 0, &size);
+            if (fd < 0) continue;
+            if ((pass == 0 && (size_t)size != m) || (pass == 1 && size != 0) ||
+                (pass > 0 && ftruncate(fd, (off_t)m) < 0)) {
+                close(fd);
+                continue;
+            }
+            p = mmap(NULL, m, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+            if (p == MAP_FAILED) {
+                p = NULL;
+                close(fd);
+                continue;
+            }
+            g_pool[t].p = p;
+            g_pool[t].n = m;
+            g_pool[t].fd = fd;
+        }
+    pthread_mutex_unlock(&g_pool_mu);
+    return p ? p : lrmoe_alloc_big(n);
+}
+
+int lrmoe_pool_free(void *p)
+{
+    if (!p) return 0;
+    int hit = 0;
+    pthread_mutex_lock(&g_pool_mu);
+    for (int t = 0; t < POOL_SLOTS && !hit; t++)
+        if (g_pool[t].p == p) {
+            munmap(p, g_pool[t].n);
+            close(g_pool[t].fd);   /* the lock goes with it; the file and its pages stay */
+            g_pool[t].p = NULL;
+            hit = 1;
+        }
+    pthread_mutex_unlock(&g_pool_mu);
+    return hit;
 }
 
 lrmoe_tensor_t *lrmoe_frame_put(lrmoe_frame_t *f, const char *name,

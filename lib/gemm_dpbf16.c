@@ -169,7 +169,9 @@ DPT static void tpack(lrmoe_dpbf16_t *x, const void *src, int f32, int64_t ld, i
             const __mmask32 m = left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1);
             __m512i r[16];
             for (int i = 0; i < 16; i++) /* a few lines ahead: the rows are 16 streams */
-                if (row[i]) _mm_prefetch((const char *)(row[i] + 2 * p + PFD), _MM_HINT_T0);
+                if (row[i]) /* an address, possibly past the row: no pointer arithmetic */
+                    _mm_prefetch((const char *)((uintptr_t)row[i] + (uintptr_t)(2 * p + PFD) * 2),
+                                 _MM_HINT_T0);
             for (int i = 0; i < 16; i++)
                 r[i] = row[i] ? _mm512_maskz_loadu_epi16(m, row[i] + 2 * p) : _mm512_setzero_si512();
             lrmoe_tr16(r);
@@ -407,7 +409,9 @@ static int gemm_nt_direct(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, co
             /* the next tile's rows of B into L1 while this one computes (rows of
              * a few lines are too short for the hardware prefetcher) */
             const int64_t r2 = N - n0 - MR < MR ? N - n0 - MR : MR;
-            const char *pf = (const char *)((uintptr_t)(B + (n0 + MR) * ldb) & ~(uintptr_t)63);
+            const char *pf = r2 > 0 ? (const char *)((uintptr_t)(B + (n0 + MR) * ldb) &
+                                                     ~(uintptr_t)63)
+                                    : NULL;
             const int64_t npf = r2 > 0 ? ((r2 - 1) * ldb + K) * 2 / 64 + 2 : 0;
             for (int64_t m0 = m1; m0 < me; m0 += 64) {
                 const int64_t mv = me - m0 < 64 ? me - m0 : 64;

@@ -92,7 +92,11 @@ has() {
 # die HOW: rank 1 fails; the job ends in bounded time with one clear error
 die() {
     local t0=$SECONDS
-    DIST_TIMEOUT=20 run timeout 120 torchrun --standalone --nproc-per-node 2 dist_check.py die "$1"
+    # torchrun stops the other ranks once it sees one exit: it looks every 2 s
+    # here (its default, 0.1 s, can stop rank 0 before its error on a loaded
+    # machine)
+    DIST_TIMEOUT=20 run timeout 120 torchrun --standalone --monitor-interval 2 --nproc-per-node 2 \
+        dist_check.py die "$1"
     [ "$status" -ne 0 ]
     [ "$status" -ne 124 ]
     [ $((SECONDS - t0)) -lt 60 ]

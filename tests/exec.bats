@@ -864,6 +864,53 @@ print('same')"
     assert_line --regexp "^alloc: huge pages (yes \(default\)|no \((THP never|free page reporting)\))$"
 }
 
+@test "exec LRMOE_POOL: outputs in files of a pool directory that outlive the process (the next process maps their resident pages), the same bits, reused not regrown, one file per concurrent process, a missing directory ignored" {
+    "$BIN/lrmoe-gen" --tokens 256 --experts 16 --topk 2 --hidden 512 --ffn 256 --seed 4 \
+        --weights "$D/w.lrm" --no-compress | "$BIN/lrmoe-route" -k 2 --no-compress -o "$D/r.lrm"
+    "$EXEC" --phase forward -@ 1 --weights "$D/w.lrm" --no-compress -o "$D/f.lrm" "$D/r.lrm"
+    "$EXEC" --phase backward -@ 1 --weights "$D/w.lrm" --no-compress -o "$D/b.lrm" "$D/f.lrm"
+    mkdir "$D/pool"
+    local pool="$D/pool/lrmoe-pool-$(id -u)-" n1 n2
+    LRMOE_POOL="$D/pool" "$EXEC" --phase backward -@ 1 --weights "$D/w.lrm" --no-compress \
+        -o "$D/b1.lrm" "$D/f.lrm"
+    run same_bits "$D/b.lrm" "$D/b1.lrm"
+    assert_success
+    # the three 8 MiB weight gradients (16 x 256 x 512 F32) lived in pool
+    # files: each file holds the last bytes its output had
+    n1=$(ls "$pool"* | wc -l)
+    [ "$n1" -ge 3 ]
+    run pyedit "
+import glob, numpy as np
+t = read_stream('$D/b1.lrm')[0][0]
+files = [open(f, 'rb').read() for f in glob.glob('$pool*')]
+for n in ('grad_w_gate', 'grad_w_up', 'grad_w_down'):
+    assert any(f[:t[n].nbytes] == t[n].tobytes() for f in files), n
+print('in the pool')"
+    assert_success
+    assert_output "in the pool"
+    LRMOE_POOL="$D/pool" "$EXEC" --phase backward -@ 1 --weights "$D/w.lrm" --no-compress \
+        -o "$D/b2.lrm" "$D/f.lrm"
+    run same_bits "$D/b.lrm" "$D/b2.lrm"
+    assert_success
+    n2=$(ls "$pool"* | wc -l)
+    [ "$n2" = "$n1" ]
+    # two processes at once: each its own files (flock), both right
+    LRMOE_POOL="$D/pool" "$EXEC" --phase backward -@ 1 --repeat 2 --weights "$D/w.lrm" \
+        --no-compress -o "$D/c1.lrm" "$D/f.lrm" &
+    LRMOE_POOL="$D/pool" "$EXEC" --phase backward -@ 1 --repeat 2 --weights "$D/w.lrm" \
+        --no-compress -o "$D/c2.lrm" "$D/f.lrm"
+    wait $!
+    for c in c1 c2; do
+        run same_bits "$D/b.lrm" "$D/$c.lrm"
+        assert_success
+    done
+    # no such directory: the process' own memory, no error
+    LRMOE_POOL="$D/nowhere" "$EXEC" --phase backward -@ 1 --weights "$D/w.lrm" --no-compress \
+        -o "$D/b3.lrm" "$D/f.lrm"
+    run same_bits "$D/b.lrm" "$D/b3.lrm"
+    assert_success
+}
+
 @test "exec SwiGLU: the AVX-512 rows (lrmoe's expf) equal the scalar rows with libm's expf bit for bit, forward, backward and sqnorm (tests/unit/swiglu_test.c)" {
     cp "$(unit_test swiglu)" "$D/sw"
     # every 257th float bit pattern (16.7M sigmoids) and 49 layers of special and random rows

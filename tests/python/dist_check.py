@@ -40,6 +40,8 @@ import ctypes
 import datetime
 import os
 import sys
+import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -503,12 +505,25 @@ def die(how):
     Tg, D = 16 * P, tiny.D
     ids, w = routing(Tg, tiny.E, tiny.K, 1)
     lo, hi = ME * Tg // P, (ME + 1) * Tg // P
+    # early: rank 1 exits once rank 0 is about to count tokens (a file rank 0
+    # makes), so that rank 0 meets the dead peer in the collective before
+    # torchrun, seeing rank 1's exit, stops it (a loaded machine delayed rank
+    # 0 past that once)
+    mark = os.path.join(tempfile.gettempdir(), "lrmoe-dist-die-%s-%s" % (
+        os.environ.get("TORCHELASTIC_RUN_ID", "run"), os.environ.get("MASTER_PORT", "0")))
     if how == "early" and ME == 1:
+        t0 = time.monotonic()
+        while not os.path.exists(mark) and time.monotonic() - t0 < 60:
+            time.sleep(0.005)
         os._exit(3)
+    if how == "early":
+        open(mark, "w").close()
     try:
         blk.experts(torch.randn(hi - lo, D, requires_grad=True), ids[lo:hi], w[lo:hi])
     except lt.Error as e:
         print(f"dist: rank {ME}: error: {e}", flush=True)
+        if how == "early":
+            os.unlink(mark)
         try:  # no barrier: a peer is gone; the gloo threads end before exit
             ld.shutdown(barrier=False)
         except Exception as e2:  # noqa: B902 (the error above is the one that counts)
