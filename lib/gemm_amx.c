@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "gemm_amx.h"
+#include "grow.h"
 #include "lrmoe.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && __GNUC__ >= 11
@@ -75,20 +76,6 @@ void lrmoe_amx_free(lrmoe_amx_t *x)
     free(x);
 }
 
-static void *grow(void **p, size_t *cap, size_t bytes)
-{
-    if (bytes > *cap) {
-        void *q = NULL;
-        if (posix_memalign(&q, 64, bytes)) {
-            lrmoe_err("gemm: out of memory (%zu bytes of packed operand)", bytes);
-            return NULL;
-        }
-        free(*p);
-        *p = q;
-        *cap = bytes;
-    }
-    return *p;
-}
 
 #ifdef HAVE_AMX_BUILD
 
@@ -110,12 +97,12 @@ static void pack_block(const uint32_t *const *src, int64_t mv, int64_t K2, uint3
 int lrmoe_amx_pack(lrmoe_amx_t *x, int64_t M, int64_t K, const void *A, int a_f32, int64_t lda)
 {
     const int64_t MB = (M + 15) / 16, K2 = K / 2;
-    uint32_t *P = grow((void **)&x->P, &x->cap, (size_t)(MB * K2 * 16) * sizeof *P);
+    uint32_t *P = lrmoe_grow64((void **)&x->P, &x->cap, (size_t)(MB * K2 * 16) * sizeof *P);
     if (!P) return -1;
     uint16_t *rows = NULL;
-    if (a_f32 && !(rows = grow((void **)&x->row, &x->rcap, (size_t)(16 * K) * 2))) return -1;
-    if (!grow((void **)&x->W, &x->wcap, (size_t)(32 * K) * 2) ||
-        !grow((void **)&x->Cs, &x->ccap, (size_t)((MB + 1) / 2 * 4 * 256) * sizeof(float)))
+    if (a_f32 && !(rows = lrmoe_grow64((void **)&x->row, &x->rcap, (size_t)(16 * K) * 2))) return -1;
+    if (!lrmoe_grow64((void **)&x->W, &x->wcap, (size_t)(32 * K) * 2) ||
+        !lrmoe_grow64((void **)&x->Cs, &x->ccap, (size_t)((MB + 1) / 2 * 4 * 256) * sizeof(float)))
         return -1;
     x->M = M; x->K = K; x->MB = MB;
     for (int64_t mb = 0; mb < MB; mb++) {
@@ -536,12 +523,12 @@ static void pack_at(uint16_t *PA, int64_t M, int64_t K, int64_t Kr, const uint16
 static uint16_t *nn_scratch(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K)
 {
     const int64_t MB = (M + 15) / 16;
-    uint16_t *PA = grow((void **)&x->PA, &x->pacap, (size_t)(MB * (K / 32) * 512) * 2);
+    uint16_t *PA = lrmoe_grow64((void **)&x->PA, &x->pacap, (size_t)(MB * (K / 32) * 512) * 2);
     int64_t ng, kh;
     int ch;
     nn_geom(M, N, K, &ng, &kh, &ch);
-    if (!PA || !grow((void **)&x->W, &x->wcap, (size_t)(ng * kh) * 2) ||
-        !grow((void **)&x->Cs, &x->ccap, nn_cs_floats(M, N, K) * sizeof(float)))
+    if (!PA || !lrmoe_grow64((void **)&x->W, &x->wcap, (size_t)(ng * kh) * 2) ||
+        !lrmoe_grow64((void **)&x->Cs, &x->ccap, nn_cs_floats(M, N, K) * sizeof(float)))
         return NULL;
     return PA;
 }
@@ -568,7 +555,7 @@ int lrmoe_amx_gemm_nn(lrmoe_amx_t *x, int64_t M, int64_t N, int64_t K, const voi
     uint16_t *PA = nn_scratch(x, M, N, K);
     if (!PA) return -1;
     uint16_t *rows = NULL;
-    if (a_f32 && !(rows = grow((void **)&x->row, &x->rcap, (size_t)K * 2))) return -1;
+    if (a_f32 && !(rows = lrmoe_grow64((void **)&x->row, &x->rcap, (size_t)K * 2))) return -1;
     for (int64_t m = 0; m < MB * 16; m++) {
         /* row m of A into its tiles: PA[m/16][k/32][m%16][k%32] */
         uint16_t *d = PA + (m / 16) * KS * 512 + (m % 16) * 32;

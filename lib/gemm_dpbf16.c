@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "gemm_dpbf16.h"
+#include "grow.h"
 #include "lrmoe.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && __GNUC__ >= 10
@@ -69,20 +70,6 @@ void lrmoe_dpbf16_free(lrmoe_dpbf16_t *x)
     free(x);
 }
 
-static void *grow(void **p, size_t *cap, size_t bytes)
-{
-    if (bytes > *cap) {
-        void *q = NULL;
-        if (posix_memalign(&q, 64, bytes)) {
-            lrmoe_err("gemm: out of memory (%zu bytes of packed operand)", bytes);
-            return NULL;
-        }
-        free(*p);
-        *p = q;
-        *cap = bytes;
-    }
-    return *p;
-}
 
 #ifdef HAVE_DPBF16_BUILD
 
@@ -129,7 +116,7 @@ static int pack_a(lrmoe_dpbf16_t *x, int ta, int64_t M, int64_t K, const void *A
         /* rows on a stride 64 bytes off a multiple of 64: consecutive rows in
          * consecutive L1 sets */
         const int64_t S = (K2 + 15) / 16 * 16 + 16;
-        if (!grow((void **)&x->A, &x->acap, (size_t)(M * S) * 4)) return -1;
+        if (!lrmoe_grow64((void **)&x->A, &x->acap, (size_t)(M * S) * 4)) return -1;
         for (int64_t m = 0; m < M; m++) {
             uint16_t *d = (uint16_t *)(x->A + m * S);
             if (f32) lrmoe_convert_from_f32(LRMOE_BF16, (const float *)A + m * lda, d, (size_t)K);
@@ -141,7 +128,7 @@ static int pack_a(lrmoe_dpbf16_t *x, int ta, int64_t M, int64_t K, const void *A
     }
     /* A stored (K,M): pair p of row m = (A[2p][m], A[2p+1][m]) */
     const int64_t S = (M + 15) / 16 * 16 + 16;
-    if (!grow((void **)&x->A, &x->acap, (size_t)(K2 * S) * 4)) return -1;
+    if (!lrmoe_grow64((void **)&x->A, &x->acap, (size_t)(K2 * S) * 4)) return -1;
     for (int64_t p = 0; p < K2; p++) {
         const uint16_t *r0 = bf16_row(x, A, f32, lda, 2 * p, 0, M, 0);
         const uint16_t *r1 = 2 * p + 1 < K ? bf16_row(x, A, f32, lda, 2 * p + 1, 0, M, 1) : NULL;
@@ -394,7 +381,7 @@ static int gemm_nt_direct(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, co
 {
     const int64_t K2 = (K + 1) / 2, MP = (M + 15) / 16 * 16;
     const int64_t S = MP % 256 ? MP : MP + 16;   /* pairs not 1 KiB apart */
-    if (!grow((void **)&x->A, &x->acap, (size_t)(K2 * S) * 4)) return -1;
+    if (!lrmoe_grow64((void **)&x->A, &x->acap, (size_t)(K2 * S) * 4)) return -1;
     tpack(x, A, a_f32, lda, 0, M, K, x->A, S, MP);
     /* blocks of rows of A whose pairs (K2 x mb x 4 bytes, at most ABLOCK)
      * stay in L2 while every tile of B passes; B is read again per block
@@ -440,8 +427,8 @@ int lrmoe_dpbf16_gemm(lrmoe_dpbf16_t *x, int ta, int tb, int64_t M, int64_t N, i
     const int64_t K2 = (K + 1) / 2;
     /* conversion rows: 16 of the longest row an F32 operand has */
     const int64_t trow = (K > M ? K : M) > NR ? (K > M ? K : M) : NR;
-    if ((a_f32 || b_f32) && !grow((void **)&x->t, &x->tcap, (size_t)(16 * trow) * 2)) return -1;
-    if (!grow((void **)&x->B, &x->bcap, (size_t)(K2 * NR) * 4)) return -1;
+    if ((a_f32 || b_f32) && !lrmoe_grow64((void **)&x->t, &x->tcap, (size_t)(16 * trow) * 2)) return -1;
+    if (!lrmoe_grow64((void **)&x->B, &x->bcap, (size_t)(K2 * NR) * 4)) return -1;
     /* the direct form for up to NT_DIRECT_M rows of A (in the layer it beat
      * packing at 64 rows per expert, 0.408 against 0.418 s of forward gemm
      * stage at 1024 tokens, and lost at 128 and 256: 0.80 against 0.77 s,
