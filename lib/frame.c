@@ -1,4 +1,7 @@
 /* Frames: ordered named tensors plus string attributes. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE   /* the output pool's O_CLOEXEC, O_NOFOLLOW, MAP_POPULATE; strdup */
+#endif
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
