@@ -428,13 +428,13 @@ int lrmoe_dpbf16_gemm(lrmoe_dpbf16_t *x, int ta, int tb, int64_t M, int64_t N, i
     /* conversion rows: 16 of the longest row an F32 operand has */
     const int64_t trow = (K > M ? K : M) > NR ? (K > M ? K : M) : NR;
     if ((a_f32 || b_f32) && !lrmoe_grow64((void **)&x->t, &x->tcap, (size_t)(16 * trow) * 2)) return -1;
-    if (!lrmoe_grow64((void **)&x->B, &x->bcap, (size_t)(K2 * NR) * 4)) return -1;
     /* the direct form for up to NT_DIRECT_M rows of A (in the layer it beat
      * packing at 64 rows per expert, 0.408 against 0.418 s of forward gemm
      * stage at 1024 tokens, and lost at 128 and 256: 0.80 against 0.77 s,
      * 1.64 against 1.47 s) */
     if (!ta && tb && !b_f32 && M <= NT_DIRECT_M && !getenv("LRMOE_DPBF16_PACKNT"))
         return gemm_nt_direct(x, M, N, K, A, a_f32, lda, B, ldb, acc, C, ldc);
+    if (!lrmoe_grow64((void **)&x->B, &x->bcap, (size_t)(K2 * NR) * 4)) return -1;
     int64_t ams, aps;
     if (pack_a(x, ta, M, K, A, a_f32, lda, &ams, &aps) < 0) return -1;
     /* the weight gradients (ta, C overwritten): C with non-temporal stores
