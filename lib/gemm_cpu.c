@@ -588,7 +588,7 @@ lrmoe_gemm_t *lrmoe_gemm_new(lrmoe_compute_t compute, int threads)
         if (threads > 0) omp_set_num_threads(threads);
         lrmoe_gemm_kernel_t k;
         lrmoe_gemm_kernel(&k);
-        g->emul = k.kind >= LRMOE_KERNEL_EMUL_AVX512;
+        g->emul = k.kind >= LRMOE_KERNEL_EMUL_AVX512 && k.kind <= LRMOE_KERNEL_EMUL_SGEMM;
         g->avx2 = k.kind == LRMOE_KERNEL_EMUL_AVX512 || k.kind == LRMOE_KERNEL_EMUL_AVX2;
         g->wide = k.kind == LRMOE_KERNEL_EMUL_AVX512;
         if ((k.kind == LRMOE_KERNEL_AMX && !(g->amx = lrmoe_amx_new())) ||
