@@ -314,6 +314,7 @@ enum { POOL_SLOTS = 32, POOL_MIN = 4 << 20 };
 
 static struct { void *p; size_t n; int fd; } g_pool[POOL_SLOTS];
 static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_pool_live;   /* slots in use: every tensor_free reads it, without the lock */
 
 /* slot i's file (made when create), locked for this process; -1 when
  * locked by another (or absent, or not openable); *size gets its size */
@@ -364,6 +365,7 @@ void *lrmoe_alloc_out(size_t n)
             g_pool[t].p = p;
             g_pool[t].n = m;
             g_pool[t].fd = fd;
+            __atomic_add_fetch(&g_pool_live, 1, __ATOMIC_RELEASE);
         }
     pthread_mutex_unlock(&g_pool_mu);
     return p ? p : lrmoe_alloc_big(n);
@@ -371,7 +373,8 @@ void *lrmoe_alloc_out(size_t n)
 
 int lrmoe_pool_free(void *p)
 {
-    if (!p) return 0;
+    /* no pool buffer in this process (the common case): nothing to look up */
+    if (!p || !__atomic_load_n(&g_pool_live, __ATOMIC_ACQUIRE)) return 0;
     int hit = 0;
     pthread_mutex_lock(&g_pool_mu);
     for (int t = 0; t < POOL_SLOTS && !hit; t++)
@@ -379,6 +382,7 @@ int lrmoe_pool_free(void *p)
             munmap(p, g_pool[t].n);
             close(g_pool[t].fd);   /* the lock goes with it; the file and its pages stay */
             g_pool[t].p = NULL;
+            __atomic_sub_fetch(&g_pool_live, 1, __ATOMIC_RELEASE);
             hit = 1;
         }
     pthread_mutex_unlock(&g_pool_mu);
