@@ -549,6 +549,7 @@ typedef struct {
     lrmoe_gemm_t *gm;         /* this worker's GEMM context */
     void *ob[4];              /* bf16 compute: operands converted once, in one
                                  block: (maxn,D), (maxn,2F), (maxn,D), (maxn,F) */
+    const uint16_t **rows;    /* backward, bf16 compute: 2 maxn saved-state rows */
 } worker_t;
 
 /* n F32 values as the GEMM's operand dtype: src itself (f32 compute) or
@@ -567,6 +568,7 @@ static void worker_free(worker_t *k, int64_t E)
     free(k->Xs); free(k->sq);
     free(k->s[0]);
     free(k->ob[0]);
+    free(k->rows);
     lrmoe_gemm_free(k->gm);
     memset(k, 0, sizeof *k);
 }
@@ -591,6 +593,7 @@ static int worker_init(worker_t *k, const job_t *J)
             k->ob[2] = (char *)k->ob[1] + m * (size_t)(2 * d->F) * 2;
             k->ob[3] = (char *)k->ob[2] + m * (size_t)d->D * 2;
         }
+        if (J->ba) ok &= (k->rows = malloc(2 * m * sizeof *k->rows)) != NULL;
     } else if (J->w->dtype != LRMOE_F32) {
         k->wc.scratch = malloc((size_t)(3 * d->F * d->D) * sizeof(float));
         k->wc.stage = malloc(3 * wmat_bytes(d, J->w));
@@ -1151,7 +1154,10 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
         const size_t os = lrmoe_dtype_size(odt);
         /* saved state of the segment: x, h_g, h_u (n rows), loaded to F32
          * (bf16 compute: x straight to BF16; elementwise: counted with the
-         * activation stage) */
+         * activation stage). bf16 compute on BF16 saved state: h_g, h_u
+         * stay where they are (their rows in k->rows) and the SwiGLU
+         * backward writes the GEMMs' BF16 operands in one pass. */
+        const int fused = odt == LRMOE_BF16 && adt == LRMOE_BF16;
         double ts = now_();
         for (int64_t j = 0; j < n; j++) {
             int64_t i = i0 + j, u = L->u[i];
@@ -1164,6 +1170,12 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
                 xs = (const char *)a->hidden + (size_t)((u / K) * D) * as;
                 gs = (const char *)a->saved_gate + (size_t)(u * F) * as;
                 us = (const char *)a->saved_up + (size_t)(u * F) * as;
+            }
+            if (fused) {
+                memcpy((char *)k->ob[2] + (size_t)(j * D) * 2, xs, (size_t)D * 2);
+                k->rows[j] = (const uint16_t *)gs;
+                k->rows[n + j] = (const uint16_t *)us;
+                continue;
             }
             if (odt == LRMOE_F32) lrmoe_convert_to_f32(adt, xs, Xs + j * D, (size_t)D);
             else if (adt == LRMOE_BF16) memcpy((char *)k->ob[2] + (size_t)(j * D) * 2, xs, (size_t)D * 2);
@@ -1178,13 +1190,17 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
         // dy is (n,D), wd is (D,F): dphi = dy W_down is (n,F)
         if (lrmoe_gemm(k->gm, 0, 0, n, F, D, dyo, odt, D, w.d, w.dt, F, 0, dphi, F) < 0) return -1;
         double t1 = now_();
-        lrmoe_swiglu_bwd_ld(n, F, hg, hu, F, dphi, G, G + F, 2 * F, phi);
+        if (fused)
+            lrmoe_swiglu_bwd_bf16_rows(n, F, k->rows, k->rows + n, dphi, k->ob[1],
+                                       (uint16_t *)k->ob[1] + F, 2 * F, k->ob[3]);
+        else
+            lrmoe_swiglu_bwd_ld(n, F, hg, hu, F, dphi, G, G + F, 2 * F, phi);
         double t2 = now_();
         // grad W_down (D,F) = dy^T phi; grad W_gate/W_up (F,D) = dg^T x, du^T x
         // (dg, du are the halves of G, row stride 2F)
-        const char *Go = opnd(k, 1, G, n * 2 * F);
-        if (lrmoe_gemm(k->gm, 1, 0, D, F, n, dyo, odt, D, opnd(k, 3, phi, n * F), odt, F, 0,
-                       gwd, F) < 0 ||
+        const char *Go = fused ? k->ob[1] : opnd(k, 1, G, n * 2 * F);
+        const void *phio = fused ? k->ob[3] : opnd(k, 3, phi, n * F);
+        if (lrmoe_gemm(k->gm, 1, 0, D, F, n, dyo, odt, D, phio, odt, F, 0, gwd, F) < 0 ||
             lrmoe_gemm(k->gm, 1, 0, F, D, n, Go, odt, 2 * F, xso, odt, D, 0, gwg, D) < 0 ||
             lrmoe_gemm(k->gm, 1, 0, F, D, n, Go + F * os, odt, 2 * F, xso, odt, D, 0, gwu, D) < 0)
             return -1;

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "swiglu.h"
+#include "lrmoe.h"
 
 static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -135,6 +136,56 @@ static void bwd_row_v(int64_t F, const float *g, const float *u, const float *dp
         if (phi) _mm512_storeu_ps(phi + j, _mm512_mul_ps(si, uv));
     }
     bwd_row_s(F - j, g + j, u + j, dphi + j, dg + j, du + j, phi ? phi + j : NULL);
+}
+
+/* 16 BF16 values widened to F32 (exact: a shift) */
+__attribute__((target("avx512f")))
+static inline __m512 ld_bf16x16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* 16 F32 rounded to BF16 as lrmoe_f32_to_bf16 rounds (nearest even; a NaN
+ * keeps its sign and is made quiet) */
+__attribute__((target("avx512f")))
+static inline void st_bf16x16(uint16_t *p, __m512 v)
+{
+    const __m512i u = _mm512_castps_si512(v);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                  _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))),
+                                  16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+
+static void bwd_bf16_row_s(int64_t F, const uint16_t *g, const uint16_t *u, const float *dphi,
+                           uint16_t *dg, uint16_t *du, uint16_t *phi);
+
+/* bwd_row_v on BF16 g, u with BF16 dg, du, phi: widened on load, rounded on
+ * store, the F32 operations of bwd_row_v between */
+__attribute__((target("avx512f")))
+static void bwd_bf16_row_v(int64_t F, const uint16_t *g, const uint16_t *u, const float *dphi,
+                           uint16_t *dg, uint16_t *du, uint16_t *phi)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int64_t j = 0;
+    for (; j + 16 <= F; j += 16) {
+        __m512 gv = ld_bf16x16(g + j), sg;
+        if (!vsigmoid16(gv, &sg)) {
+            bwd_bf16_row_s(16, g + j, u + j, dphi + j, dg + j, du + j, phi ? phi + j : NULL);
+            continue;
+        }
+        __m512 uv = ld_bf16x16(u + j), dv = _mm512_loadu_ps(dphi + j);
+        __m512 si = _mm512_mul_ps(gv, sg);
+        st_bf16x16(du + j, _mm512_mul_ps(dv, si));
+        __m512 q = _mm512_add_ps(one, _mm512_mul_ps(gv, _mm512_sub_ps(one, sg)));
+        st_bf16x16(dg + j, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(dv, uv), sg), q));
+        if (phi) st_bf16x16(phi + j, _mm512_mul_ps(si, uv));
+    }
+    bwd_bf16_row_s(F - j, g + j, u + j, dphi + j, dg + j, du + j, phi ? phi + j : NULL);
 }
 
 /* The self-check: every 40961st float bit pattern (both signs, all of the
@@ -258,4 +309,38 @@ void lrmoe_swiglu_bwd_ld(int64_t n, int64_t F, const float *g, const float *u,
     for (int64_t i = 0; i < n; i++)
         bwd_row(v, F, g + i * ldi, u + i * ldi, dphi + i * F, dg + i * ldo, du + i * ldo,
                 phi ? phi + i * F : NULL);
+}
+
+/* bwd_row_s on BF16 g, u with BF16 outputs, 16 values at a time */
+static void bwd_bf16_row_s(int64_t F, const uint16_t *g, const uint16_t *u, const float *dphi,
+                           uint16_t *dg, uint16_t *du, uint16_t *phi)
+{
+    float gf[16], uf[16], dgf[16], duf[16], pf[16];
+    for (int64_t j0 = 0; j0 < F; j0 += 16) {
+        const int64_t w = F - j0 < 16 ? F - j0 : 16;
+        lrmoe_convert_to_f32(LRMOE_BF16, g + j0, gf, (size_t)w);
+        lrmoe_convert_to_f32(LRMOE_BF16, u + j0, uf, (size_t)w);
+        bwd_row_s(w, gf, uf, dphi + j0, dgf, duf, phi ? pf : NULL);
+        lrmoe_convert_from_f32(LRMOE_BF16, dgf, dg + j0, (size_t)w);
+        lrmoe_convert_from_f32(LRMOE_BF16, duf, du + j0, (size_t)w);
+        if (phi) lrmoe_convert_from_f32(LRMOE_BF16, pf, phi + j0, (size_t)w);
+    }
+}
+
+void lrmoe_swiglu_bwd_bf16_rows(int64_t n, int64_t F, const uint16_t *const *g,
+                                const uint16_t *const *u, const float *dphi, uint16_t *dg,
+                                uint16_t *du, int64_t ldo, uint16_t *phi)
+{
+    int v = lrmoe_swiglu_vec();
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t *p = phi ? phi + i * F : NULL;
+#ifdef LRMOE_SWIGLU_VEC
+        if (v) {
+            bwd_bf16_row_v(F, g[i], u[i], dphi + i * F, dg + i * ldo, du + i * ldo, p);
+            continue;
+        }
+#endif
+        (void)v;
+        bwd_bf16_row_s(F, g[i], u[i], dphi + i * F, dg + i * ldo, du + i * ldo, p);
+    }
 }

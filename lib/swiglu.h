@@ -35,6 +35,15 @@ void lrmoe_swiglu_bwd_ld(int64_t n, int64_t F, const float *g, const float *u,
                          int64_t ldi, const float *dphi, float *dg, float *du,
                          int64_t ldo, float *phi);
 
+/* Backward on BF16 saved state with BF16 outputs (the bf16 compute's GEMM
+ * operands, made in one pass): row i of g and u at g[i], u[i] (F BF16
+ * values each), dphi (n,F) F32; dg, du rows at stride ldo, phi (optional,
+ * NULL to skip) (n,F), all BF16. The bits of widening g and u to F32,
+ * lrmoe_swiglu_bwd, then rounding each output with lrmoe_f32_to_bf16. */
+void lrmoe_swiglu_bwd_bf16_rows(int64_t n, int64_t F, const uint16_t *const *g,
+                                const uint16_t *const *u, const float *dphi, uint16_t *dg,
+                                uint16_t *du, int64_t ldo, uint16_t *phi);
+
 /* 1 when the rows run the AVX-512 form (the CPU has AVX-512F, it matched
  * libm's expf in the self-check, and LRMOE_SWIGLU_VEC is not "0" in the
  * environment); 0: the scalar loop. Either way the bits are the same. */

@@ -911,7 +911,7 @@ print('in the pool')"
     assert_success
 }
 
-@test "exec SwiGLU: the AVX-512 rows (lrmoe's expf) equal the scalar rows with libm's expf bit for bit, forward, backward and sqnorm (tests/unit/swiglu_test.c)" {
+@test "exec SwiGLU: the AVX-512 rows (lrmoe's expf) equal the scalar rows with libm's expf bit for bit, forward, backward, sqnorm and the backward on BF16 rows with BF16 outputs (tests/unit/swiglu_test.c)" {
     cp "$(unit_test swiglu)" "$D/sw"
     # every 257th float bit pattern (16.7M sigmoids) and 49 layers of special and random rows
     run "$D/sw" 257
