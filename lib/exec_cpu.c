@@ -724,6 +724,14 @@ static int cpu_avx512f(void)
 #endif
 }
 
+/* 1 when the combines' AVX-512 forms run: an AVX-512F CPU, unless
+ * LRMOE_COMBINE_VEC=0 (the scalar loops, for comparison: the same bits) */
+static int combine_vec(void)
+{
+    const char *e = getenv("LRMOE_COMBINE_VEC");
+    return cpu_avx512f() && !(e && !strcmp(e, "0"));
+}
+
 /* One token's combine in one pass, BF16 rows: acc (D) = sum_k al[k] y[k]
  * over ascending k from +0, each product then its sum (the bits of memset +
  * axpy_bf16 K times), and y[k] copied to cp + k*D (NULL: no copy) with
@@ -762,6 +770,68 @@ static void combine_bf16_v(int64_t K, int64_t D, const char *const *y, const flo
             memcpy(&h, y[k] + j * 2, 2);
             if (cp) cp[k * D + j] = h;
             acc[j] += al[k] * bf16f(h);
+        }
+    }
+}
+
+/* One token's backward combine, BF16 pair outputs: gh (D) = sum over
+ * ascending k of the K dx rows dx[k] (NULL: skipped) from +0, and out[k] =
+ * g . y[k] (y[k] BF16, D values) summed in float64 in ascending j: the bits
+ * of memset + the row sums and dots_f64 (each product of two floats is
+ * exact in float64, so a product then a sum is what the scalar code does).
+ * Eight rows' sums sit in the lanes of one vector: 8x8 blocks of y are
+ * transposed so that column j is a vector over k. */
+__attribute__((target("avx512f")))
+static void combine_bwd_v(int64_t K, int64_t D, const char *const *dx, const float *g,
+                          const uint16_t *y, float *gh, float *out)
+{
+    int64_t j = 0;
+    for (; j + 16 <= D; j += 16) {
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t k = 0; k < K; k++)
+            if (dx[k]) a = _mm512_add_ps(a, _mm512_loadu_ps((const float *)dx[k] + j));
+        _mm512_storeu_ps(gh + j, a);
+    }
+    for (; j < D; j++) {
+        gh[j] = 0;
+        for (int64_t k = 0; k < K; k++)
+            if (dx[k]) gh[j] += ((const float *)dx[k])[j];
+    }
+    for (int64_t k0 = 0; k0 < K; k0 += 8) {
+        const int64_t nk = K - k0 < 8 ? K - k0 : 8;
+        const uint16_t *r[8];
+        for (int64_t k = 0; k < 8; k++) r[k] = y + (k0 + (k < nk ? k : 0)) * D;
+        __m512d s = _mm512_setzero_pd();
+        for (j = 0; j + 8 <= D; j += 8) {
+            __m128i a[8], t[8], u[8], c[8];
+            for (int k = 0; k < 8; k++) a[k] = _mm_loadu_si128((const __m128i *)(r[k] + j));
+            for (int k = 0; k < 8; k += 2) {
+                t[k] = _mm_unpacklo_epi16(a[k], a[k + 1]);
+                t[k + 1] = _mm_unpackhi_epi16(a[k], a[k + 1]);
+            }
+            for (int h = 0; h < 8; h += 4) { /* rows h..h+3 */
+                u[h] = _mm_unpacklo_epi32(t[h], t[h + 2]);     /* columns 0, 1 */
+                u[h + 1] = _mm_unpackhi_epi32(t[h], t[h + 2]); /* 2, 3 */
+                u[h + 2] = _mm_unpacklo_epi32(t[h + 1], t[h + 3]);
+                u[h + 3] = _mm_unpackhi_epi32(t[h + 1], t[h + 3]);
+            }
+            for (int q = 0; q < 4; q++) {
+                c[2 * q] = _mm_unpacklo_epi64(u[q], u[q + 4]);
+                c[2 * q + 1] = _mm_unpackhi_epi64(u[q], u[q + 4]);
+            }
+            for (int q = 0; q < 8; q++) {
+                const __m256 col = _mm256_castsi256_ps(
+                    _mm256_slli_epi32(_mm256_cvtepu16_epi32(c[q]), 16));
+                s = _mm512_add_pd(s, _mm512_mul_pd(_mm512_set1_pd((double)g[j + q]),
+                                                   _mm512_cvtps_pd(col)));
+            }
+        }
+        double sv[8];
+        _mm512_storeu_pd(sv, s);
+        for (int64_t k = 0; k < nk; k++) {
+            for (int64_t jj = j; jj < D; jj++)
+                sv[k] += (double)g[jj] * (double)bf16f(r[k][jj]);
+            out[k0 + k] = (float)sv[k];
         }
     }
 }
@@ -978,7 +1048,7 @@ int lrmoe_exec_forward_cpu(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t 
         float *acc = malloc((size_t)D * 2 * sizeof *acc);
         if (!acc) { lrmoe_err("exec: out of memory"); goto out; }
         float *yrow = acc + D;
-        int vec = adt == LRMOE_BF16 && cpu_avx512f();
+        int vec = adt == LRMOE_BF16 && combine_vec();
         for (int s = 0; s < P; s++) {
             if (!lrmoe_comm_local(&comm, s)) continue;
             double t0 = now_();
@@ -1304,15 +1374,25 @@ static int combine_grads(const lrmoe_comm_t *comm, lrmoe_exec_bwd_t *a, const ch
     size_t gs = lrmoe_dtype_size(a->grad_dtype);
     float *yrow = malloc((size_t)K * rowf);
     if (!yrow) return lrmoe_err("exec: out of memory");
+#ifdef LRMOE_COMBINE_VEC
+    const int vec = adt == LRMOE_BF16 && combine_vec();
+#endif
     for (int s = 0; s < P; s++) {
         if (!lrmoe_comm_local(comm, s)) continue;
         double t0 = now_();
         int64_t t_lo = (int64_t)s * T / P, t_hi = (int64_t)(s + 1) * T / P;
         for (int64_t t = t_lo; t < t_hi; t++) {
             float *gh = a->grad_hidden + t * D;
-            memset(gh, 0, rowf);
             lrmoe_convert_to_f32(a->grad_dtype, (const char *)a->grad_output + (size_t)(t * D) * gs,
                                  tmp, (size_t)D);
+#ifdef LRMOE_COMBINE_VEC
+            if (vec) {
+                combine_bwd_v(K, D, urow + t * K, tmp, (const uint16_t *)a->pair_out + t * K * D,
+                              gh, a->grad_topk_weights + t * K);
+                continue;
+            }
+#endif
+            memset(gh, 0, rowf);
             for (int64_t k = 0; k < K; k++) {
                 int64_t u = t * K + k;
                 if (urow[u]) {

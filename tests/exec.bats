@@ -929,6 +929,38 @@ print('in the pool')"
     [ "$vec" = "vec: yes" ]
 }
 
+@test "exec combine: the AVX-512 combines (forward sum, backward grad_hidden and router gradient, BF16 pair outputs) give the scalar loops' bits (LRMOE_COMBINE_VEC=0): K=11 over D=37, K=8 over D=64; full, masked and compact" {
+    grep -qw avx512f /proc/cpuinfo || skip "this CPU has no AVX-512F: only the scalar loops run"
+    # K=11: a group of 8 router-gradient lanes and one of 3; D=37: a tail
+    # after the 16- and 8-wide blocks; compact drops pairs (no dx row)
+    for s in "11 37 3" "8 64 5"; do
+        set -- $s
+        python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 29 --E 16 --K $1 --D $2 --F 20 --seed $3 --dtype bf16
+        for v in 1 0; do
+            LRMOE_COMBINE_VEC=$v "$EXEC" --phase forward --compute f32 --weights "$D/w.lrm" \
+                --no-compress -o "$D/f$v.lrm" "$D/in.lrm"
+            LRMOE_COMBINE_VEC=$v "$EXEC" --phase backward --compute f32 --weights "$D/w.lrm" \
+                --no-compress -o "$D/b$v.lrm" "$D/f$v.lrm"
+        done
+        run same_bits "$D/f1.lrm" "$D/f0.lrm"
+        assert_success
+        run same_bits "$D/b1.lrm" "$D/b0.lrm"
+        assert_success
+        run python3 "$REF" check-bwd "$D/b1.lrm" "$D/w.lrm" --tol 2e-2
+        assert_success
+        python3 "$REF" keep "$D/f1.lrm" "$D/k.lrm" --rate 0.6
+        python3 "$REF" pack "$D/k.lrm" "$D/p.lrm" --P 1
+        for m in masked:k compact:p; do
+            for v in 1 0; do
+                LRMOE_COMBINE_VEC=$v "$EXEC" --phase backward --mode ${m%%:*} --compute f32 \
+                    --weights "$D/w.lrm" --no-compress -o "$D/m$v.lrm" "$D/${m##*:}.lrm"
+            done
+            run same_bits "$D/m1.lrm" "$D/m0.lrm"
+            assert_success
+        done
+    done
+}
+
 @test "exec: P=1 (no all-to-all, no permutation), P=2 with one expert a rank (rows arrive in layout order) and P=3 (permuted) give the same bits, forward and backward" {
     # a rank's rows for itself skip the all-to-all and, when every rank's
     # rows arrive in layout order, the permutation is skipped too: every
