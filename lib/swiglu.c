@@ -116,24 +116,34 @@ static void fwd_row_v(int64_t F, const float *g, const float *u, float *phi)
     fwd_row_s(F - j, g + j, u + j, phi + j);
 }
 
+/* bwd_row_s's operations on 16 lanes of g, u and dphi (sg their sigmoid):
+ * o[0] = dg, o[1] = du, o[2] = phi */
+__attribute__((target("avx512f")))
+static inline void bwd16(__m512 gv, __m512 sg, __m512 uv, __m512 dv, __m512 o[3])
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 si = _mm512_mul_ps(gv, sg);
+    o[1] = _mm512_mul_ps(dv, si);
+    const __m512 q = _mm512_add_ps(one, _mm512_mul_ps(gv, _mm512_sub_ps(one, sg)));
+    o[0] = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(dv, uv), sg), q);
+    o[2] = _mm512_mul_ps(si, uv);
+}
+
 __attribute__((target("avx512f")))
 static void bwd_row_v(int64_t F, const float *g, const float *u, const float *dphi,
                       float *dg, float *du, float *phi)
 {
-    const __m512 one = _mm512_set1_ps(1.0f);
     int64_t j = 0;
     for (; j + 16 <= F; j += 16) {
-        __m512 gv = _mm512_loadu_ps(g + j), sg;
+        __m512 gv = _mm512_loadu_ps(g + j), sg, o[3];
         if (!vsigmoid16(gv, &sg)) {
             bwd_row_s(16, g + j, u + j, dphi + j, dg + j, du + j, phi ? phi + j : NULL);
             continue;
         }
-        __m512 uv = _mm512_loadu_ps(u + j), dv = _mm512_loadu_ps(dphi + j);
-        __m512 si = _mm512_mul_ps(gv, sg);
-        _mm512_storeu_ps(du + j, _mm512_mul_ps(dv, si));
-        __m512 q = _mm512_add_ps(one, _mm512_mul_ps(gv, _mm512_sub_ps(one, sg)));
-        _mm512_storeu_ps(dg + j, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(dv, uv), sg), q));
-        if (phi) _mm512_storeu_ps(phi + j, _mm512_mul_ps(si, uv));
+        bwd16(gv, sg, _mm512_loadu_ps(u + j), _mm512_loadu_ps(dphi + j), o);
+        _mm512_storeu_ps(dg + j, o[0]);
+        _mm512_storeu_ps(du + j, o[1]);
+        if (phi) _mm512_storeu_ps(phi + j, o[2]);
     }
     bwd_row_s(F - j, g + j, u + j, dphi + j, dg + j, du + j, phi ? phi + j : NULL);
 }
@@ -165,25 +175,22 @@ static void bwd_bf16_row_s(int64_t F, const uint16_t *g, const uint16_t *u, cons
                            uint16_t *dg, uint16_t *du, uint16_t *phi);
 
 /* bwd_row_v on BF16 g, u with BF16 dg, du, phi: widened on load, rounded on
- * store, the F32 operations of bwd_row_v between */
+ * store, the F32 operations of bwd_row_v (bwd16) between */
 __attribute__((target("avx512f")))
 static void bwd_bf16_row_v(int64_t F, const uint16_t *g, const uint16_t *u, const float *dphi,
                            uint16_t *dg, uint16_t *du, uint16_t *phi)
 {
-    const __m512 one = _mm512_set1_ps(1.0f);
     int64_t j = 0;
     for (; j + 16 <= F; j += 16) {
-        __m512 gv = ld_bf16x16(g + j), sg;
+        __m512 gv = ld_bf16x16(g + j), sg, o[3];
         if (!vsigmoid16(gv, &sg)) {
             bwd_bf16_row_s(16, g + j, u + j, dphi + j, dg + j, du + j, phi ? phi + j : NULL);
             continue;
         }
-        __m512 uv = ld_bf16x16(u + j), dv = _mm512_loadu_ps(dphi + j);
-        __m512 si = _mm512_mul_ps(gv, sg);
-        st_bf16x16(du + j, _mm512_mul_ps(dv, si));
-        __m512 q = _mm512_add_ps(one, _mm512_mul_ps(gv, _mm512_sub_ps(one, sg)));
-        st_bf16x16(dg + j, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(dv, uv), sg), q));
-        if (phi) st_bf16x16(phi + j, _mm512_mul_ps(si, uv));
+        bwd16(gv, sg, ld_bf16x16(u + j), _mm512_loadu_ps(dphi + j), o);
+        st_bf16x16(dg + j, o[0]);
+        st_bf16x16(du + j, o[1]);
+        if (phi) st_bf16x16(phi + j, o[2]);
     }
     bwd_bf16_row_s(F - j, g + j, u + j, dphi + j, dg + j, du + j, phi ? phi + j : NULL);
 }
