@@ -31,7 +31,11 @@
 # of_bound = gemm_eff / eff_bound = max(dense_ms, mem_ms) / gemm stage time.
 # The layer runs once untimed first (--warmup 1): its outputs are faulted in
 # by their first writes, as persistent buffers are in a real step (PyTorch's
-# figures include its fresh gradient allocations).
+# figures include its fresh gradient allocations). PyTorch too runs each
+# frame's layer once untimed first (exec_torch.py --warmup 1), so that each
+# of its REPS timed runs is a warm one (without it the first copy of each
+# size ran after no layer of that size, and PyTorch's best of two moved by
+# 10-20% between runs).
 # Process overhead: one-frame lrmoe-exec processes (the default --compute) at
 # each size under /usr/bin/time: share of the process' elapsed time outside
 # the layer's wall time, and of its CPU time (user+sys) outside the layer's
@@ -106,7 +110,7 @@ if [ "$TORCH" = 1 ]; then
     torch_ok=1
     for impl in loop grouped; do
         # shellcheck disable=SC2086
-        python3 tests/bench/exec_torch.py --dtype "$ddt" --impl "$impl" --clock cpu \
+        python3 tests/bench/exec_torch.py --dtype "$ddt" --impl "$impl" --clock cpu --warmup 1 \
             "$tmp/f$last.lrm" "$tmp/w.lrm" 1 $idx > "$tmp/t$impl.tsv" 2> "$tmp/t$impl.err" ||
             { echo "PyTorch $impl failed: $(tail -c 300 "$tmp/t$impl.err")"; : > "$tmp/t$impl.tsv"; }
     done

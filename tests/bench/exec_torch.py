@@ -3,13 +3,15 @@
 per-expert SwiGLU forward and backward as lrmoe-exec, on the same tensors.
 
 usage: exec_torch.py [--dtype f32|bf16] [--impl loop|grouped] [--clock wall|cpu]
-                     STREAM WEIGHTS THREADS FRAME...
+                     [--warmup N] STREAM WEIGHTS THREADS FRAME...
 --dtype: compute and store in F32 (default) or BF16 (weights, activations and
 gradients BF16; PyTorch's matmuls accumulate in F32 inside oneDNN/MKL).
 --impl loop (default): a Python loop over the experts; grouped: one
 torch._grouped_mm per projection over the expert-sorted rows.
 --clock cpu: time with the calling thread's CPU time (time.thread_time; exact
 with THREADS=1, where PyTorch computes in the calling thread).
+--warmup N: run each frame's layer forward and backward N times untimed
+before the timed run (as lrmoe-exec --warmup N; default 0).
 STREAM is a raw lrmoe-exec forward output (hidden, topk_ids, topk_weights,
 grad_output, output); WEIGHTS a raw weights stream. For every FRAME index it
 prints: frame fwd_s bwd_s relerr_output (against lrmoe-exec's output).
@@ -77,7 +79,7 @@ def layer_grouped(xg, Wg, Wu, Wd, order, counts, K, T, alf):
 
 def main():
     args = sys.argv[1:]
-    opt = {"--dtype": "f32", "--impl": "loop", "--clock": "wall"}
+    opt = {"--dtype": "f32", "--impl": "loop", "--clock": "wall", "--warmup": "0"}
     while args and args[0] in opt:
         opt[args[0]] = args[1]
         args = args[2:]
@@ -87,6 +89,7 @@ def main():
     layer = layer_grouped if opt["--impl"] == "grouped" else layer_loop
     clock = time.thread_time if opt["--clock"] == "cpu" else time.perf_counter
     torch.set_num_threads(max(1, threads))
+    warm = int(opt["--warmup"])
     t, _, d = next(frames(weights))
     W = [tt(t[n], d[n], cdt) for n in ("w_gate", "w_up", "w_down")]
     E = W[0].shape[0]
@@ -102,14 +105,18 @@ def main():
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=E).tolist()
-        if layer is layer_loop:
-            # per-expert leaves (indexing one big [E,F,D] leaf would make
-            # autograd write a full-size gradient per expert)
-            ws = [[w[e].clone().requires_grad_(bool(counts[e])) for e in range(E)] for w in W]
-        else:
-            ws = [w.clone().requires_grad_(True) for w in W]
-        xg = x.clone().requires_grad_(True)
-        al = alpha.clone().requires_grad_(True)
+        for r in range(warm + 1):
+            if layer is layer_loop:
+                # per-expert leaves (indexing one big [E,F,D] leaf would make
+                # autograd write a full-size gradient per expert)
+                ws = [[w[e].clone().requires_grad_(bool(counts[e])) for e in range(E)] for w in W]
+            else:
+                ws = [w.clone().requires_grad_(True) for w in W]
+            xg = x.clone().requires_grad_(True)
+            al = alpha.clone().requires_grad_(True)
+            if r < warm:  # untimed
+                layer(xg, ws[0], ws[1], ws[2], order, counts, K, T, al.reshape(-1)).mul(g).sum().backward()
+                del ws, xg, al
         t0 = clock()
         out = layer(xg, ws[0], ws[1], ws[2], order, counts, K, T, al.reshape(-1))
         t1 = clock()
