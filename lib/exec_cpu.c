@@ -739,6 +739,7 @@ static int combine_vec(void)
  * are 64-byte aligned. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+#include "simd_bf16.h"
 #define LRMOE_COMBINE_VEC 1
 __attribute__((target("avx512f")))
 static void combine_bf16_v(int64_t K, int64_t D, const char *const *y, const float *al,
@@ -844,17 +845,9 @@ __attribute__((target("avx512f")))
 static void to_bf16_nt(const float *src, uint16_t *dst, int64_t n)
 {
     const int nt = !((uintptr_t)dst & 31);
-    const __m512i one = _mm512_set1_epi32(1), rnd = _mm512_set1_epi32(0x7fff),
-                  abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
-                  quiet = _mm512_set1_epi32(0x40);
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
-        __m512i u = _mm512_loadu_si512(src + j);
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, rnd),
-                                      _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), 16);
-        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
-        r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), quiet);
-        __m256i h = _mm512_cvtepi32_epi16(r);
+        __m256i h = lrmoe_bf16_16(_mm512_loadu_si512(src + j));
         if (nt) _mm256_stream_si256((__m256i *)(dst + j), h);
         else _mm256_storeu_si256((__m256i *)(dst + j), h);
     }

@@ -12,6 +12,7 @@
 #define HAVE_AMX_BUILD 1
 #include <cpuid.h>
 #include <immintrin.h>
+#include "simd_bf16.h"
 #include "simd_tr16.h"
 #endif
 
@@ -136,19 +137,6 @@ typedef struct {
                     32-column panel chunk of W (16 KiB) stays in L1 across the rows of A */
 #endif
 
-/* 16 F32 to BF16: lrmoe_f32_to_bf16's rounding (nearest even, NaN quiet) */
-__attribute__((target("avx512f")))
-static inline __m256i bf16_16(__m512i u)
-{
-    const __m512i hi = _mm512_srli_epi32(u, 16);
-    __m512i r = _mm512_add_epi32(u, _mm512_set1_epi32(0x7fff));
-    r = _mm512_srli_epi32(_mm512_add_epi32(r, _mm512_and_si512(hi, _mm512_set1_epi32(1))), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
-    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(r);
-}
-
 /* The accumulator tiles 4..7, kept across K chunks in cs (4 x 16x16 F32):
  * acc_begin zeroes them on the first chunk and loads them back after, acc_spill
  * stores them for the next chunk, tile_out copies tile 4+t to tmp. */
@@ -197,7 +185,7 @@ static void store_c(void *C, int64_t ldc, int64_t M, int64_t m0, int64_t n0, int
         const int64_t mm = m0 + (t & 1 ? 16 : 0), nn = n0 + (t & 2 ? 16 : 0);
         const int64_t mv = M - mm < 16 ? M - mm : 16;
         for (int64_t j = 0; j < mv && obf; j++)
-            _mm256_storeu_si256((void *)((uint16_t *)C + (mm + j) * ldc + nn), bf16_16(r[j]));
+            _mm256_storeu_si256((void *)((uint16_t *)C + (mm + j) * ldc + nn), lrmoe_bf16_16(r[j]));
         for (int64_t j = 0; j < mv && !obf; j++) {
             float *c = (float *)C + (mm + j) * ldc + nn;
             __m512 v = _mm512_castsi512_ps(r[j]);

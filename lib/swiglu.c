@@ -40,6 +40,7 @@ static void bwd_row_s(int64_t F, const float *g, const float *u, const float *dp
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+#include "simd_bf16.h"
 #define LRMOE_SWIGLU_VEC 1
 
 /* glibc's __exp2f_data: 2^(i/32) as bits, minus i << 47 */
@@ -148,29 +149,6 @@ static void bwd_row_v(int64_t F, const float *g, const float *u, const float *dp
     bwd_row_s(F - j, g + j, u + j, dphi + j, dg + j, du + j, phi ? phi + j : NULL);
 }
 
-/* 16 BF16 values widened to F32 (exact: a shift) */
-__attribute__((target("avx512f")))
-static inline __m512 ld_bf16x16(const uint16_t *p)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
-/* 16 F32 rounded to BF16 as lrmoe_f32_to_bf16 rounds (nearest even; a NaN
- * keeps its sign and is made quiet) */
-__attribute__((target("avx512f")))
-static inline void st_bf16x16(uint16_t *p, __m512 v)
-{
-    const __m512i u = _mm512_castps_si512(v);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                                  _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))),
-                                  16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
-    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
-}
-
 static void bwd_bf16_row_s(int64_t F, const uint16_t *g, const uint16_t *u, const float *dphi,
                            uint16_t *dg, uint16_t *du, uint16_t *phi);
 
@@ -182,15 +160,16 @@ static void bwd_bf16_row_v(int64_t F, const uint16_t *g, const uint16_t *u, cons
 {
     int64_t j = 0;
     for (; j + 16 <= F; j += 16) {
-        __m512 gv = ld_bf16x16(g + j), sg, o[3];
+        __m512 gv = lrmoe_f32_16(g + j), sg, o[3];
         if (!vsigmoid16(gv, &sg)) {
             bwd_bf16_row_s(16, g + j, u + j, dphi + j, dg + j, du + j, phi ? phi + j : NULL);
             continue;
         }
-        bwd16(gv, sg, ld_bf16x16(u + j), _mm512_loadu_ps(dphi + j), o);
-        st_bf16x16(dg + j, o[0]);
-        st_bf16x16(du + j, o[1]);
-        if (phi) st_bf16x16(phi + j, o[2]);
+        bwd16(gv, sg, lrmoe_f32_16(u + j), _mm512_loadu_ps(dphi + j), o);
+        uint16_t *dst[3] = {dg + j, du + j, phi ? phi + j : NULL};
+        for (int q = 0; q < 3; q++)
+            if (dst[q])
+                _mm256_storeu_si256((__m256i *)dst[q], lrmoe_bf16_16(_mm512_castps_si512(o[q])));
     }
     bwd_bf16_row_s(F - j, g + j, u + j, dphi + j, dg + j, du + j, phi ? phi + j : NULL);
 }
