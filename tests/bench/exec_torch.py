@@ -105,18 +105,18 @@ def main():
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=E).tolist()
-        for r in range(warm + 1):
+        def leaves():
             if layer is layer_loop:
                 # per-expert leaves (indexing one big [E,F,D] leaf would make
                 # autograd write a full-size gradient per expert)
                 ws = [[w[e].clone().requires_grad_(bool(counts[e])) for e in range(E)] for w in W]
             else:
                 ws = [w.clone().requires_grad_(True) for w in W]
-            xg = x.clone().requires_grad_(True)
-            al = alpha.clone().requires_grad_(True)
-            if r < warm:  # untimed
-                layer(xg, ws[0], ws[1], ws[2], order, counts, K, T, al.reshape(-1)).mul(g).sum().backward()
-                del ws, xg, al
+            return ws, x.clone().requires_grad_(True), alpha.clone().requires_grad_(True)
+        for _ in range(warm):  # untimed, on leaves of their own
+            ws, xg, al = leaves()
+            (layer(xg, ws[0], ws[1], ws[2], order, counts, K, T, al.reshape(-1)) * g).sum().backward()
+        ws, xg, al = leaves()
         t0 = clock()
         out = layer(xg, ws[0], ws[1], ws[2], order, counts, K, T, al.reshape(-1))
         t1 = clock()
