@@ -117,7 +117,7 @@ while [ "$r" -le "$REPS" ]; do
             # shellcheck disable=SC2086
             python3 tests/bench/exec_torch.py --dtype "$ddt" --impl "$impl" --clock cpu --warmup 1 \
                 "$tmp/f$last.lrm" "$tmp/w.lrm" 1 $idx > "$tmp/t$impl.$r.tsv" 2> "$tmp/t$impl.err" ||
-                { echo "PyTorch $impl failed: $(tail -c 300 "$tmp/t$impl.err")"; torch_ok=0; }
+                { echo "PyTorch $impl failed: $(tail -c 300 "$tmp/t$impl.err")"; : > "$tmp/t$impl.$r.tsv"; torch_ok=0; }
         done
     fi
     r=$((r + 1))
