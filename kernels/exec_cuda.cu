@@ -1154,20 +1154,7 @@ static int bwd_check(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
     if (check_common(d, w) < 0 || act_ok(a->act_dtype, "saved state") < 0 ||
         act_ok(a->grad_dtype, "grad_output") < 0)
         return -1;
-    const int64_t T = d->T, K = d->K, E = d->E;
-    if (!a->topk_ids || !a->topk_weights || !a->grad_output || !a->pair_out || !a->grad_hidden ||
-        !a->grad_w_gate || !a->grad_w_up || !a->grad_w_down || !a->grad_topk_weights)
-        return lrmoe_err("backward: missing topk_ids, topk_weights, grad_output, pair_out "
-                         "or an output array");
-    if (a->mode != LRMOE_MODE_COMPACT &&
-        (!a->hidden || !a->pair_rank || !a->saved_gate || !a->saved_up))
-        return lrmoe_err("backward %s: needs hidden, pair_rank, saved_gate and saved_up",
-                         lrmoe_exec_mode_name(a->mode));
-    if (a->mode == LRMOE_MODE_MASKED && !a->keep) return lrmoe_err("backward masked: needs keep");
-    for (int64_t u = 0; u < T * K; u++)
-        if (a->topk_ids[u] < 0 || a->topk_ids[u] >= E)
-            return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
-                             (long long)(u / K), (long long)(u % K), a->topk_ids[u], (long long)E);
+    if (lrmoe_exec_check_bwd_args(d, a) < 0) return -1;
     return !dev && lrmoe_exec_check_bwd_inputs(cfg, d, a) < 0 ? -1 : 0;
 }
 

@@ -35,7 +35,7 @@
 #define LRMOE_CUDA_MODULE_NAME "liblrmoe-cuda.so.1"
 #define LRMOE_CUDA_MODULE_ENV  "LRMOE_CUDA_MODULE"
 #define LRMOE_CUDA_MODULE_INIT "lrmoe_cuda_module_init"
-#define LRMOE_CUDA_MODULE_ABI  3
+#define LRMOE_CUDA_MODULE_ABI  4
 
 /* The module's functions that liblrmoe calls (lib/exec.c, comm_mpi.c,
  * exec_mpi.c). */
@@ -116,6 +116,8 @@ LRMOE_CUDA_MODULE_VOIDS(LRMOE_CUDA_VPROTO)
     X(int, lrmoe_exec_check_bwd_inputs,                                                     \
       (const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d, const lrmoe_exec_bwd_t *a), \
       (cfg, d, a))                                                                          \
+    X(int, lrmoe_exec_check_bwd_args, (const lrmoe_exec_dims_t *d, const lrmoe_exec_bwd_t *a), \
+      (d, a))                                                                               \
     X(int, lrmoe_exec_check_pack,                                                           \
       (int P, int64_t T, int64_t K, int64_t E, const int32_t *topk,                         \
        const lrmoe_exec_bwd_t *a, const uint8_t *placement),                                \

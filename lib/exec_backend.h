@@ -37,6 +37,14 @@ int lrmoe_exec_check_fwd_inputs(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_di
 int lrmoe_exec_check_bwd_inputs(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                                 const lrmoe_exec_bwd_t *a);
 
+/* The backward's arrays for its mode, as every backend needs them: the
+ * inputs and outputs of every mode, the saved state and pair_rank of full
+ * and masked, keep of masked; expert ids in [0,E), and pair_rank in [0,P)
+ * (full, masked). 0, or -1 with the error naming the first problem. The
+ * compact forms' rows are checked by each backend (which forms it takes):
+ * lrmoe_exec_check_pack. */
+int lrmoe_exec_check_bwd_args(const lrmoe_exec_dims_t *d, const lrmoe_exec_bwd_t *a);
+
 /* Validate the packed rows of a compact backward (the CUDA and MPI
  * backends call it): the four row tensors must be given, then the layout
  * is checked as lrmoe_exec_check_pack_layout does. */

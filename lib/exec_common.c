@@ -283,6 +283,32 @@ int lrmoe_exec_check_pack_layout(int P, int64_t T, int64_t K, int64_t E, const i
     return rc;
 }
 
+/* The backward's arrays, every backend (see exec_backend.h). */
+int lrmoe_exec_check_bwd_args(const lrmoe_exec_dims_t *d, const lrmoe_exec_bwd_t *a)
+{
+    const int64_t T = d->T, K = d->K, E = d->E;
+    const int compact = a->mode == LRMOE_MODE_COMPACT;
+    if (!a->topk_ids || !a->topk_weights || !a->grad_output || !a->pair_out ||
+        !a->grad_hidden || !a->grad_w_gate || !a->grad_w_up || !a->grad_w_down ||
+        !a->grad_topk_weights)
+        return lrmoe_err("backward: missing topk_ids, topk_weights, grad_output, pair_out "
+                         "or an output array");
+    if (!compact && (!a->hidden || !a->pair_rank || !a->saved_gate || !a->saved_up))
+        return lrmoe_err("backward %s: needs hidden, pair_rank, saved_gate and saved_up",
+                         lrmoe_exec_mode_name(a->mode));
+    if (a->mode == LRMOE_MODE_MASKED && !a->keep) return lrmoe_err("backward masked: needs keep");
+    for (int64_t u = 0; u < T * K; u++) {
+        if (a->topk_ids[u] < 0 || a->topk_ids[u] >= E)
+            return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
+                             (long long)(u / K), (long long)(u % K), a->topk_ids[u],
+                             (long long)E);
+        if (!compact && (a->pair_rank[u] < 0 || a->pair_rank[u] >= d->P))
+            return lrmoe_err("pair_rank[%lld,%lld]: rank %d out of range [0,%d)",
+                             (long long)(u / K), (long long)(u % K), a->pair_rank[u], d->P);
+    }
+    return 0;
+}
+
 /* Every floating input a phase reads must be finite (unless allow_nonfinite):
  * NaN/Inf in saved state would otherwise give all-NaN gradients. */
 int lrmoe_exec_check_fwd_inputs(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,

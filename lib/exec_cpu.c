@@ -1284,35 +1284,20 @@ static int bwd_rank(job_t *J, worker_t *k, int r)
     return 0;
 }
 
-/* The backward's arguments for its mode: the arrays it reads and writes,
- * the compact forms' all-or-none row arrays, expert ids in range. */
+/* The backward's arguments for its mode: every backend's checks
+ * (lrmoe_exec_check_bwd_args), then the compact forms this backend takes:
+ * all four packed row arrays (copying form) or none (layout-only). */
 static int bwd_check_args(const lrmoe_exec_dims_t *d, const lrmoe_exec_bwd_t *a)
 {
-    const int64_t T = d->T, K = d->K, E = d->E;
-    const int compact = a->mode == LRMOE_MODE_COMPACT;
-    if (!a->topk_ids || !a->topk_weights || !a->grad_output || !a->pair_out ||
-        !a->grad_hidden || !a->grad_w_gate || !a->grad_w_up || !a->grad_w_down ||
-        !a->grad_topk_weights)
-        return lrmoe_err("backward: missing topk_ids, topk_weights, grad_output, pair_out "
-                         "or an output array");
-    if (!compact && (!a->hidden || !a->pair_rank || !a->saved_gate || !a->saved_up))
-        return lrmoe_err("backward %s: needs hidden, pair_rank, saved_gate and saved_up",
-                         lrmoe_exec_mode_name(a->mode));
-    /* compact: all four packed row arrays (copying form) or none (layout-only) */
+    if (lrmoe_exec_check_bwd_args(d, a) < 0) return -1;
+    if (a->mode != LRMOE_MODE_COMPACT || a->R <= 0) return 0;
     const int nrows = !!a->pack_grad + !!a->pack_hidden + !!a->pack_gate + !!a->pack_up;
-    if (compact && a->R > 0 && nrows && nrows < 4)
+    if (nrows && nrows < 4)
         return lrmoe_err("backward compact: give all of pack_grad, pack_hidden, pack_gate "
                          "and pack_up, or none of them (the layout-only form)");
-    if (compact && a->R > 0 && !nrows && (!a->hidden || !a->saved_gate || !a->saved_up))
+    if (!nrows && (!a->hidden || !a->saved_gate || !a->saved_up))
         return lrmoe_err("backward compact, layout-only form (no pack_grad, pack_hidden, "
                          "pack_gate, pack_up): needs hidden, saved_gate and saved_up");
-    if (a->mode == LRMOE_MODE_MASKED && !a->keep)
-        return lrmoe_err("backward masked: needs keep");
-    for (int64_t u = 0; u < T * K; u++)
-        if (a->topk_ids[u] < 0 || a->topk_ids[u] >= E)
-            return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
-                             (long long)(u / K), (long long)(u % K), a->topk_ids[u],
-                             (long long)E);
     return 0;
 }
 

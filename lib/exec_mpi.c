@@ -1241,25 +1241,7 @@ int lrmoe_exec_mpi_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
     memset(&J, 0, sizeof J);
     if (hdr_common(m, cfg, d, layer, w, plan, &J.h) < 0) return -1;
     const int compact = a->mode == LRMOE_MODE_COMPACT;
-    if (!a->topk_ids || !a->topk_weights || !a->grad_output || !a->pair_out ||
-        !a->grad_hidden || !a->grad_w_gate || !a->grad_w_up || !a->grad_w_down ||
-        !a->grad_topk_weights)
-        return lrmoe_err("backward: missing topk_ids, topk_weights, grad_output, pair_out "
-                         "or an output array");
-    if (!compact && (!a->hidden || !a->pair_rank || !a->saved_gate || !a->saved_up))
-        return lrmoe_err("backward %s: needs hidden, pair_rank, saved_gate and saved_up",
-                         lrmoe_exec_mode_name(a->mode));
-    if (a->mode == LRMOE_MODE_MASKED && !a->keep) return lrmoe_err("backward masked: needs keep");
-    for (int64_t u = 0; u < d->T * d->K; u++) {
-        if (a->topk_ids[u] < 0 || a->topk_ids[u] >= d->E)
-            return lrmoe_err("topk_ids[%lld,%lld]: expert %d out of range [0,%lld)",
-                             (long long)(u / d->K), (long long)(u % d->K), a->topk_ids[u],
-                             (long long)d->E);
-        if (!compact && (a->pair_rank[u] < 0 || a->pair_rank[u] >= d->P))
-            return lrmoe_err("pair_rank[%lld,%lld]: rank %d out of range [0,%d)",
-                             (long long)(u / d->K), (long long)(u % d->K), a->pair_rank[u],
-                             d->P);
-    }
+    if (lrmoe_exec_check_bwd_args(d, a) < 0) return -1;
     if (compact && lrmoe_exec_check_pack(d->P, d->T, d->K, d->E, a->topk_ids, a,
                                          (J.h.have & HAVE_PLAN) ? plan->placement : NULL) < 0)
         return -1;

@@ -501,7 +501,7 @@ PY
     assert_line --regexp "^ep: -1 .*ep"
 }
 
-@test "lrmoe_exec_args_t: forward, pack and compact backward by field name give the struct calls' bits; F32 weights as w_f32 only (replicas) read no other matrix; misuse is named" {
+@test "lrmoe_exec_args_t: forward, pack and compact backward by field name give the struct calls' bits; F32 weights as w_f32 only (replicas) read no other matrix; misuse is named, a broken backward argument too" {
     staged_cc args args_inproc
     run env LD_LIBRARY_PATH="$LIBD" "$T/args"
     assert_success
@@ -511,6 +511,15 @@ PY
     assert_line "replicas, w_f32 only against the matrices: within 1e-5"
     assert_line "replicas, w_f32 beside other matrices: same bits"
     assert_line "no weights: -1 weights: missing matrices (w_gate, w_up, w_down: NULL only with F32 weights and w_f32)"
+    # the backward's argument checks (lrmoe_exec_check_bwd_args, every
+    # backend's; then the CPU backend's compact forms)
+    assert_line "bwd no grad_hidden: -1 backward: missing topk_ids, topk_weights, grad_output, pair_out or an output array"
+    assert_line "bwd masked no keep: -1 backward masked: needs keep"
+    assert_line "bwd no saved_gate: -1 backward full: needs hidden, pair_rank, saved_gate and saved_up"
+    assert_line "bwd expert: -1 topk_ids[3,1]: expert 4 out of range [0,4)"
+    assert_line "bwd rank: -1 pair_rank[2,0]: rank 2 out of range [0,2)"
+    assert_line --regexp "^bwd compact rows: -1 backward compact: give all of pack_grad, pack_hidden, pack_gate and pack_up, or none"
+    assert_line --regexp "^bwd intact: 0 "
     assert_line "unknown: -1 exec args: no argument 'hiden' (lrmoe_exec_args_new(3) lists them)"
     assert_line "number for a pointer: -1 exec args: 'hidden' is a pointer (lrmoe_exec_args_set_ptr)"
     assert_line "pointer for a number: -1 exec args: 'T' is a number (lrmoe_exec_args_set)"

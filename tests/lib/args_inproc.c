@@ -3,7 +3,8 @@
  * buffers through both, which must give the same bits; F32 weights given
  * as the packed copy w_f32 only (w_gate, w_up, w_down NULL) under a plan
  * with replicas (their weights copied by p2p) against the three matrices;
- * then the misuse cases, each printed with its error. Built against the
+ * then the misuse cases, each printed with its error, among them a full
+ * backward with one argument broken at a time. Built against the
  * staged tree. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,6 +155,38 @@ static void show(const char *what, int rc)
     printf("%s: %d %s\n", what, rc, lrmoe_errmsg());
 }
 
+/* A full backward on the forward's results in r with one argument broken
+ * (lrmoe_exec_check_bwd_args, and the CPU backend's compact forms):
+ * 0 grad_hidden NULL, 1 masked without keep, 2 full without saved_gate,
+ * 3 an expert id out of range, 4 a pair_rank out of range, 5 compact with
+ * pack_grad alone, 6 nothing broken. */
+static int bwd_broken(result_t *r, int what)
+{
+    lrmoe_exec_cfg_t cfg;
+    lrmoe_exec_cfg_default(&cfg);
+    lrmoe_exec_dims_t d = {T, E, K, D, F, P};
+    lrmoe_exec_weights_t w = {.dtype = LRMOE_F32, .w_gate = wg, .w_up = wu, .w_down = wd};
+    lrmoe_exec_plan_t pl = {NULL, NULL};
+    static float gh[T * D], gwg[E * F * D], gwu[E * F * D], gwd[E * D * F], gtw[T * K];
+    static int32_t id2[T * K], pr2[T * K];
+    memcpy(id2, ids, sizeof id2), memcpy(pr2, r->pr, sizeof pr2);
+    lrmoe_exec_bwd_t b = {.mode = LRMOE_MODE_FULL, .act_dtype = LRMOE_F32,
+                          .grad_dtype = LRMOE_F32, .topk_ids = id2, .topk_weights = alpha,
+                          .grad_output = g, .pair_out = r->po, .hidden = x, .pair_rank = pr2,
+                          .saved_gate = r->sg, .saved_up = r->su, .grad_hidden = gh,
+                          .grad_w_gate = gwg, .grad_w_up = gwu, .grad_w_down = gwd,
+                          .grad_topk_weights = gtw};
+    switch (what) {
+    case 0: b.grad_hidden = NULL; break;
+    case 1: b.mode = LRMOE_MODE_MASKED; break;
+    case 2: b.saved_gate = NULL; break;
+    case 3: id2[3 * K + 1] = E; break;
+    case 4: pr2[2 * K] = P; break;
+    case 5: b.mode = LRMOE_MODE_COMPACT, b.R = 4, b.pack_grad = g; break;
+    }
+    return lrmoe_exec_backward(&cfg, &d, &w, &pl, &b, NULL);
+}
+
 int main(void)
 {
     unsigned s = 7;
@@ -191,6 +224,15 @@ int main(void)
     printf("replicas, w_f32 beside other matrices: %s\n",
            memcmp(&r1, &r2, sizeof r1) ? "DIFFERENT" : "same bits");
     show("no weights", replicas(&r1, -1));
+    memset(&r1, 0, sizeof r1);
+    if (by_structs(&r1) < 0) {
+        fprintf(stderr, "exec: %s\n", lrmoe_errmsg());
+        return 1;
+    }
+    static const char *broken[] = {"bwd no grad_hidden", "bwd masked no keep",
+                                   "bwd no saved_gate", "bwd expert", "bwd rank",
+                                   "bwd compact rows", "bwd intact"};
+    for (int i = 0; i < 7; i++) show(broken[i], bwd_broken(&r1, i));
     lrmoe_exec_args_t *a = lrmoe_exec_args_new();
     show("unknown", lrmoe_exec_args_set(a, "hiden", 1));
     show("number for a pointer", lrmoe_exec_args_set(a, "hidden", 1));
