@@ -303,7 +303,7 @@ static inline uint32_t ld32(const uint16_t *p)
 #define UKT_BODY(R, J, H)                                                                     \
     __m512 c[R][J1(J)];                                                                       \
     __m256 h[R];                                                                              \
-    float T[R][64] __attribute__((aligned(64)));                                              \
+    float T[R][96] __attribute__((aligned(64)));                                              \
     if (acc) {                                                                                \
         for (int i = 0; i < R; i++)                                                           \
             for (int m = 0; m < 16 * J + 8 * H; m++) T[i][m] = m < mv ? C[m * ldc + i] : 0.0f; \
@@ -335,6 +335,13 @@ static inline uint32_t ld32(const uint16_t *p)
         ap += S;                                                                              \
         if (p < npf) _mm_prefetch(pf + 64 * p, _MM_HINT_T0);                                  \
     }                                                                                         \
+    if (ct) { /* C^T rows into the chunk buffer, transposed later */                          \
+        UNROLL for (int i = 0; i < R; i++) {                                                  \
+            UNROLL for (int j = 0; j < J; j++) _mm512_store_ps(ct + i * ctl + 16 * j, c[i][j]); \
+            if (H) _mm256_store_ps(ct + i * ctl + 16 * J, h[i]);                              \
+        }                                                                                     \
+        return;                                                                               \
+    }                                                                                         \
     /* 16 rows of C at a time: R columns of 16 transposed into 16 rows of R */                \
     UNROLL for (int j = 0; j < J + H; j++) {                                                  \
         __m512i t[16];                                                                        \
@@ -355,7 +362,7 @@ static inline uint32_t ld32(const uint16_t *p)
 #define UKT(R, J, H)                                                                          \
     DPT static void ukt##R##J##H(int64_t K, const uint16_t *b, int64_t ldb, const uint32_t *a, \
                                  int64_t S, float *C, int64_t ldc, int mv, int acc,           \
-                                 const char *pf, int64_t npf)                                 \
+                                 const char *pf, int64_t npf, float *ct, int64_t ctl)         \
     {                                                                                         \
         UKT_BODY(R, J, H)                                                                     \
     }
@@ -367,12 +374,52 @@ UKT8(3)
 UKT8(4)
 UKT8(5)
 UKT8(6)
+/* 65 to 96 rows of A in one pass: tiles of at most 4 rows of B */
+#define UKT12(R) UKT(R, 4, 1) UKT(R, 5, 0) UKT(R, 5, 1) UKT(R, 6, 0)
+UKT12(1)
+UKT12(2)
+UKT12(3)
+UKT12(4)
 
 typedef void (*ukt_fn)(int64_t, const uint16_t *, int64_t, const uint32_t *, int64_t, float *,
-                       int64_t, int, int, const char *, int64_t);
+                       int64_t, int, int, const char *, int64_t, float *, int64_t);
+
+/* rows n0 .. n0+nn-1 of C^T (ct, row stride ctl, columns 0 .. M-1) into
+ * columns n0.. of C: 16x16 blocks, whole 16-float rows where they fit */
+DPT static void ct_out(const float *ct, int64_t ctl, int64_t nn, int64_t M, float *C,
+                       int64_t ldc, int64_t n0)
+{
+    for (int64_t m = 0; m < M; m += 16) {
+        const int lm = M - m < 16 ? (int)(M - m) : 16;
+        for (int64_t n = 0; n < nn; n += 16) {
+            const int ln = nn - n < 16 ? (int)(nn - n) : 16;
+            __m512i t[16];
+            for (int i = 0; i < 16; i++)
+                t[i] = i < ln ? _mm512_load_si512((const void *)(ct + (n + i) * ctl + m))
+                              : _mm512_setzero_si512();
+            lrmoe_tr16(t);
+            const __mmask16 k = ln == 16 ? 0xffff : (__mmask16)((1u << ln) - 1);
+            for (int l = 0; l < lm; l++)
+                _mm512_mask_storeu_ps(C + (m + l) * ldc + n0 + n, k, _mm512_castsi512_ps(t[l]));
+        }
+    }
+}
 #define UKTQ(R) {NULL, ukt##R##01, ukt##R##10, ukt##R##11, ukt##R##20, ukt##R##21, ukt##R##30, \
                  ukt##R##31, ukt##R##40}
-static const ukt_fn ukt[MR + 1][9] = {{NULL}, UKTQ(1), UKTQ(2), UKTQ(3), UKTQ(4), UKTQ(5), UKTQ(6)};
+#define UKTQ12(R) {NULL, ukt##R##01, ukt##R##10, ukt##R##11, ukt##R##20, ukt##R##21, ukt##R##30, \
+                   ukt##R##31, ukt##R##40, ukt##R##41, ukt##R##50, ukt##R##51, ukt##R##60}
+/* ukt[R][q]: R rows of B by 8q rows of A (q <= 8, R <= 6; q <= 12, R <= 4) */
+static const ukt_fn ukt[MR + 1][13] = {{NULL}, UKTQ12(1), UKTQ12(2), UKTQ12(3), UKTQ12(4), UKTQ(5),
+                                       UKTQ(6)};
+
+/* A pass over the tiles of B takes up to 96 rows of A (NT_DIRECT_M: every
+ * row in one pass), in tiles of 6 rows of B up to 64 rows of A and of 4
+ * beyond (24 accumulators): a second pass for a few rows past 64 ran
+ * latency-bound on 6 accumulators (72 rows: 191 against 204 GFLOP/s for
+ * one pass, tests/bench/gemm_kernel.c nt 72 1536 2048) */
+enum { PASS_M = 96 };
+static inline int64_t pass_rows(int64_t left) { return left < PASS_M ? left : PASS_M; }
+static inline int64_t tile_rows(int64_t pass) { return pass > 64 ? 4 : MR; }
 
 /* C = A B^T, B BF16 stored (N,K): see UKT_BODY */
 static int gemm_nt_direct(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, const void *A,
@@ -389,21 +436,39 @@ static int gemm_nt_direct(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, co
     int64_t mb = ABLOCK / (K2 * 4) / 64 * 64;
     if (mb < 64) mb = 64;
     if (M <= mb) mb = M;
+    /* C overwritten by one block of rows: the tiles' C^T rows go to a
+     * chunk of CTN rows of C^T (L1) instead of each tile storing 4 to 6
+     * floats into every row of C (rows 8 KiB apart in the forward's W_down
+     * GEMM: one L1 set), and the chunk goes into C by whole 16-float rows
+     * when full; the same values. With the one-pass tiles: the forward's
+     * gemm stage at 1024 tokens 0.394-0.406 s against 0.418-0.437 s before
+     * (8 frames of each, alternated in one process; 2048 tokens unchanged) */
+    enum { CTN = 48 };
+    _Static_assert(CTN % MR == 0 && CTN % 4 == 0, "a chunk holds whole tiles");
+    static _Thread_local float ctb[CTN * PASS_M] __attribute__((aligned(64)));
+    const int use_ct = !acc && mb == M && MP <= PASS_M;
     for (int64_t m1 = 0; m1 < M; m1 += mb) {
         const int64_t me = M - m1 < mb ? M : m1 + mb;
-        for (int64_t n0 = 0; n0 < N; n0 += MR) {
-            const int64_t r = N - n0 < MR ? N - n0 : MR;
+        const int64_t mr = tile_rows(pass_rows(me - m1));
+        int64_t c0 = 0;   /* the first row of C^T in ctb */
+        for (int64_t n0 = 0; n0 < N; n0 += mr) {
+            const int64_t r = N - n0 < mr ? N - n0 : mr;
             /* the next tile's rows of B into L1 while this one computes (rows of
              * a few lines are too short for the hardware prefetcher) */
-            const int64_t r2 = N - n0 - MR < MR ? N - n0 - MR : MR;
-            const char *pf = r2 > 0 ? (const char *)((uintptr_t)(B + (n0 + MR) * ldb) &
+            const int64_t r2 = N - n0 - mr < mr ? N - n0 - mr : mr;
+            const char *pf = r2 > 0 ? (const char *)((uintptr_t)(B + (n0 + mr) * ldb) &
                                                      ~(uintptr_t)63)
                                     : NULL;
             const int64_t npf = r2 > 0 ? ((r2 - 1) * ldb + K) * 2 / 64 + 2 : 0;
-            for (int64_t m0 = m1; m0 < me; m0 += 64) {
-                const int64_t mv = me - m0 < 64 ? me - m0 : 64;
+            for (int64_t m0 = m1, mv; m0 < me; m0 += mv) {
+                mv = pass_rows(me - m0);
                 ukt[r][(mv + 7) / 8](K, B + n0 * ldb, ldb, x->A + m0, S, C + m0 * ldc + n0,
-                                       ldc, (int)mv, acc, pf, m0 == m1 ? npf : 0);
+                                       ldc, (int)mv, acc, pf, m0 == m1 ? npf : 0,
+                                       use_ct ? ctb + (n0 - c0) * MP + m0 : NULL, MP);
+            }
+            if (use_ct && (n0 + r - c0 == CTN || n0 + r == N)) {
+                ct_out(ctb, MP, n0 + r - c0, M, C, ldc, c0);
+                c0 = n0 + r;
             }
         }
     }

@@ -19,10 +19,12 @@
  * each step broadcasts one pair of A per row against 4 vectors of the panel.
  * The weight gradients (ta, no acc) are written with non-temporal stores.
  * C = A B^T with B BF16 stored (N,K) (the forward's x W^T) leaves the
- * weights where they are: C^T = B A^T, pairs of 6 rows of B broadcast in
- * place against A transposed by pairs (the vectors: 64 rows of A, or a
- * tail of 8 in a ymm), the next 6 rows of B prefetched into L1, the tile
- * transposed into C on the way out; the same steps on the same pairs, so
+ * weights where they are: C^T = B A^T, pairs of 6 rows of B (4 when A has
+ * more than 64 rows: every row of A up to 96 in one pass, 24 accumulators)
+ * broadcast in place against A transposed by pairs (vectors of 16 rows of
+ * A, a tail of 8 in a ymm), the next rows of B prefetched into L1; the
+ * tiles' C^T go to a small buffer written into C by whole 16-float rows
+ * (C +=: each tile transposed into C itself); the same steps on the same pairs, so
  * the same bits as packing B (LRMOE_DPBF16_PACKNT=1 packs it anyway, for
  * the test that compares the two). The conversions of F32 operands happen
  * in the copies.

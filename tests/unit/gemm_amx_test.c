@@ -219,19 +219,24 @@ int main(void)
      * place, and B packed as for the other GEMMs: LRMOE_DPBF16_PACKNT=1)
      * give the same bits (the same vdpbf16ps steps on the same pairs) */
     if (kern.kind == LRMOE_KERNEL_DPBF16) {
-        static const int64_t Mf[] = {1, 7, 8, 9, 16, 24, 63, 64, 65, 72, 130, 300};
+        /* rows: the direct form's passes (one up to 96 rows, in tiles of 6
+         * rows of B up to 64 and of 4 beyond) and the packed form past 96;
+         * N: one chunk of C^T (13 + mi) and several with a partial one
+         * (101: 48 + 48 + 5), with both C = and C += */
+        static const int64_t Mf[] = {1, 7, 8, 9, 16, 24, 63, 64, 65, 72, 80, 88, 96, 97, 130, 300};
         static const int64_t Kf[] = {1, 2, 31, 96, 545};
         int forms = 0, fdiff = 0;
         for (size_t mi = 0; mi < sizeof Mf / sizeof *Mf; mi++)
+        for (int ni = 0; ni < 2; ni++)
         for (size_t ki = 0; ki < sizeof Kf / sizeof *Kf; ki++)
         for (int f32 = 0; f32 < 2; f32++) {
-            const int64_t M = Mf[mi], N = 13 + (int64_t)mi, K = Kf[ki], ldc = N + 5;
+            const int64_t M = Mf[mi], N = ni ? 101 : 13 + (int64_t)mi, K = Kf[ki], ldc = N + 5;
             const lrmoe_dtype_t adt = f32 ? LRMOE_F32 : LRMOE_BF16;
             double *ra, *rb;
             void *A = mat(M, K, K + 3, adt, &ra), *B = mat(N, K, K + 1, LRMOE_BF16, &rb);
             float *C1 = malloc((size_t)(M * ldc) * sizeof *C1), *C2 = malloc((size_t)(M * ldc) * sizeof *C2);
             for (int64_t i = 0; i < M * ldc; i++) C1[i] = C2[i] = rnd();
-            const int acc = (int)(mi & 1);
+            const int acc = (int)((mi + (size_t)ni) & 1);
             int rc1 = lrmoe_gemm(g, 0, 1, M, N, K, A, adt, K + 3, B, LRMOE_BF16, K + 1, acc, C1, ldc);
             setenv("LRMOE_DPBF16_PACKNT", "1", 1);
             int rc2 = lrmoe_gemm(g, 0, 1, M, N, K, A, adt, K + 3, B, LRMOE_BF16, K + 1, acc, C2, ldc);
