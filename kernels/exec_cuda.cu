@@ -158,6 +158,11 @@ struct xw_t {
     int64_t E = 0, F = 0, D = 0;
     std::vector<void *> wst, wbf;
     std::vector<int> own_bf;        /* wbf[i] is an allocation of its own */
+    std::vector<char> own_st;       /* wst[i] is an allocation of its own (a replica) */
+    /* each rank's natives, consecutive in one block (expert lo + j at
+     * j * 3 F D elements), and their BF16 view when the storage is F32:
+     * (rank, allocation) */
+    std::vector<std::pair<int, void *>> blk;
     std::vector<char> rep;          /* replica i copied (set alike in both processes) */
 };
 
@@ -186,6 +191,8 @@ struct lrmoe_exec_cuda {
     /* lrmoe_exec_cuda_set_io: activations and outputs are device pointers,
      * the frame runs after `stream`'s queued work and `stream` waits for it */
     int dev = 0;
+    int route = 0;                  /* device_io 2: topk_ids, topk_weights on the device too,
+                                       the layout computed there (one rank): capturable */
     void *stream = nullptr;
     void *start = nullptr;          /* recorded on `stream` at a frame's start */
     int pending = 0;                /* a device-I/O frame not yet waited for */
@@ -224,6 +231,7 @@ struct run_t {
      * to the token owners like y: ||phi||^2, h_g, h_u */
     std::vector<void *> sv_sq, sv_g, sv_u;
     std::vector<int64_t *> dur;   /* (T_s*K) on owner s: the pair rows' receive rows */
+    int capturing = 0;            /* device I/O: the caller's stream is capturing a graph */
 
     int loc(int r) const { return self == 0 || self == r + 1; }
     /* before a call of a callback communicator: the local rank's queued
@@ -324,6 +332,7 @@ struct run_t {
     /* the work rank r queued since its last mark belongs to `stage` */
     int mark(int r, int stage)
     {
+        if (X->route) return 0; /* no timing events: nothing a CUDA graph would not need */
         rank_t &k = rk[r];
         std::vector<void *> &ev = X->ev[r];
         if (use(r) < 0) return -1;
@@ -344,8 +353,10 @@ static void xw_free(xs_t *X, xw_t *W)
         for (int64_t e = 0; e < W->E; e++) {
             size_t i = (size_t)r * W->E + e;
             if (W->own_bf[i]) (void)lrmoe_kcu_free(W->wbf[i]);
-            if (W->wst[i]) (void)lrmoe_kcu_free(W->wst[i]);
+            if (W->own_st[i]) (void)lrmoe_kcu_free(W->wst[i]);
         }
+        for (auto &b : W->blk)
+            if (b.first == r) (void)lrmoe_kcu_free(b.second);
     }
     delete W;
 }
@@ -473,13 +484,17 @@ static int run_init(run_t &R, xs_t *X, const lrmoe_exec_dims_t *d, double *tim)
         return lrmoe_err("backend cuda: the executor has %d ranks, the call %d", X->P, d->P);
     int first = 0;
     while (!X->ctx[first]) first++;
-    if (X->dev) { /* see lrmoe_exec_cuda_new(3), NOTES: no graph capture of a frame */
+    if (X->dev) { /* see lrmoe_exec_cuda_new(3), NOTES: only device routing is capturable */
         int cap = lrmoe_kcu_stream_capturing(X->stream);
         if (cap < 0) return -1;
-        if (cap)
+        if (cap && !X->route)
             return lrmoe_err("backend cuda: a frame cannot be captured into a CUDA graph (its "
                              "index arrays are staged from the host per frame); run it outside "
-                             "the capture");
+                             "the capture, or route on the device (device I/O 2)");
+        if (cap && X->pending)
+            return lrmoe_err("backend cuda: the last frame (host routing) is not waited for: "
+                             "run a device-routing frame outside the capture first");
+        R.capturing = cap;
     }
     if (X->pending) { /* the last device-I/O frame: its staging is reused now */
         X->pending = 0;
@@ -550,7 +565,7 @@ static int run_finish(run_t &R, int ok)
         if (R.use(first) < 0 || lrmoe_kcu_event_record(X->join[first]) < 0 ||
             lrmoe_kcu_stream_wait(X->stream, X->join[first]) < 0)
             rc = -1;
-        X->pending = 1;
+        X->pending = !X->route; /* device routing stages nothing */
         if (rc < 0)
             for (int r = 0; r < R.P; r++)
                 if (R.rk[r].ctx && R.use(r) == 0) (void)lrmoe_kcu_sync();
@@ -615,14 +630,20 @@ static int run_finish(run_t &R, int ok)
 /* The resident weight set of w (same matrices, dtype and shape), made when
  * new: every rank's native experts uploaded (through pinned staging) and
  * converted to BF16. */
-static xw_t *weights_set(run_t &R, const lrmoe_exec_weights_t *w)
+static xw_t *weights_find(xs_t *X, const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w)
 {
-    xs_t *X = R.X;
-    const lrmoe_exec_dims_t *d = R.d;
     for (xw_t *W : X->ws)
         if (W->g == w->w_gate && W->u == w->w_up && W->dn == w->w_down && W->dtype == w->dtype &&
             W->E == d->E && W->F == d->F && W->D == d->D)
             return W;
+    return nullptr;
+}
+
+static xw_t *weights_set(run_t &R, const lrmoe_exec_weights_t *w)
+{
+    xs_t *X = R.X;
+    const lrmoe_exec_dims_t *d = R.d;
+    if (xw_t *F = weights_find(X, d, w)) return F;
     xw_t *W = new (std::nothrow) xw_t;
     if (!W) { lrmoe_err("out of memory"); return nullptr; }
     W->g = w->w_gate; W->u = w->w_up; W->dn = w->w_down; W->dtype = w->dtype;
@@ -630,6 +651,7 @@ static xw_t *weights_set(run_t &R, const lrmoe_exec_weights_t *w)
     W->wst.assign((size_t)R.P * d->E, nullptr);
     W->wbf.assign((size_t)R.P * d->E, nullptr);
     W->own_bf.assign((size_t)R.P * d->E, 0);
+    W->own_st.assign((size_t)R.P * d->E, 0);
     W->rep.assign((size_t)R.P * d->E, 0);
     X->ws.push_back(W);
     const size_t FD = (size_t)(d->F * d->D), mb = FD * lrmoe_dtype_size(w->dtype);
@@ -637,15 +659,22 @@ static xw_t *weights_set(run_t &R, const lrmoe_exec_weights_t *w)
         if (!R.loc(r)) continue;
         int64_t nn = 0;
         for (int64_t e = 0; e < d->E; e++) nn += lrmoe_exec_native(e, d->E, R.P) == r;
+        if (!nn) {
+            if (R.mark(r, LRMOE_STAGE_WEIGHTS) < 0) return nullptr;
+            continue;
+        }
         char *p = X->dev ? nullptr : (char *)R.stage(3 * mb * (size_t)nn, 0);
         if (!p && !X->dev) return nullptr;
+        char *block;
+        if (R.use(r) < 0 || lrmoe_kcu_alloc((void **)&block, 3 * mb * (size_t)nn) < 0) return nullptr;
+        W->blk.push_back({r, block});
         for (int64_t e = 0; e < d->E; e++) {
             if (lrmoe_exec_native(e, d->E, R.P) != r) continue;
             size_t i = (size_t)r * d->E + e;
-            char *buf;
-            if (R.use(r) < 0 || lrmoe_kcu_alloc((void **)&buf, 3 * mb) < 0) return nullptr;
+            char *buf = block;
+            block += 3 * mb;
             W->wst[i] = buf;
-            if (X->dev) { /* device weights: copied into one block per expert */
+            if (X->dev) { /* device weights: the expert's three matrices consecutive */
                 if (lrmoe_kcu_copy(buf, (const char *)w->w_gate + e * mb, mb) < 0 ||
                     lrmoe_kcu_copy(buf + mb, (const char *)w->w_up + e * mb, mb) < 0 ||
                     lrmoe_kcu_copy(buf + 2 * mb, (const char *)w->w_down + e * mb, mb) < 0)
@@ -677,6 +706,29 @@ static int weights_bf16(run_t &R, xw_t *W, int r, int64_t e)
     return lrmoe_kcu_f32_to_bf16((int64_t)(3 * FD), (const float *)W->wst[i], (uint16_t *)b);
 }
 
+/* Rank r's BF16 view of its natives, kept: the block itself for BF16
+ * storage, else one converted block (the natives' view consecutive too,
+ * expert lo + j at j * 3 F D: lrmoe_kcu_ggemm's uniform expert stride). */
+static int weights_bf16_natives(run_t &R, xw_t *W, int r)
+{
+    int64_t lo = -1, nn = 0;
+    for (int64_t e = 0; e < W->E; e++)
+        if (lrmoe_exec_native(e, W->E, R.P) == r) { if (lo < 0) lo = e; nn++; }
+    if (!nn || W->wbf[(size_t)r * W->E + lo]) return 0;
+    const size_t FD3 = (size_t)(3 * W->F * W->D);
+    if (W->dtype == LRMOE_BF16) {
+        for (int64_t j = 0; j < nn; j++)
+            W->wbf[(size_t)r * W->E + lo + j] = W->wst[(size_t)r * W->E + lo + j];
+        return 0;
+    }
+    uint16_t *b;
+    if (R.use(r) < 0 || lrmoe_kcu_alloc((void **)&b, FD3 * (size_t)nn * 2) < 0) return -1;
+    W->blk.push_back({r, b});
+    for (int64_t j = 0; j < nn; j++) W->wbf[(size_t)r * W->E + lo + j] = b + FD3 * (size_t)j;
+    return lrmoe_kcu_f32_to_bf16((int64_t)(FD3 * (size_t)nn),
+                                 (const float *)W->wst[(size_t)r * W->E + lo], b);
+}
+
 /* The weights this frame needs resident: natives (the set), then each
  * replica or helper instance not yet there copied from the native rank;
  * need(r,e) as the CPU backend: rows of e on r, or an instance in the
@@ -704,6 +756,7 @@ static int load_weights(run_t &R, const lrmoe_exec_weights_t *w, const layout_t 
             if (R.loc(r)) {
                 if (R.use(r) < 0 || lrmoe_kcu_alloc((void **)&buf, 3 * mb) < 0) return -1;
                 W->wst[i] = buf;
+                W->own_st[i] = 1;
             }
             if (R.comm_ready() < 0 || R.cm->p2p(R.cm, nat, R.loc(nat) ? W->wst[(size_t)nat * E + e] : nullptr, r, buf,
                           3 * mb) < 0)
@@ -711,6 +764,7 @@ static int load_weights(run_t &R, const lrmoe_exec_weights_t *w, const layout_t 
         }
     for (int r = 0; r < P; r++) {
         if (!R.loc(r)) continue;
+        CKR(weights_bf16_natives(R, W, r));
         for (int64_t e = 0; e < E; e++)
             if (W->wst[(size_t)r * E + e] && weights_bf16(R, W, r, e) < 0) return -1;
         R.rk[r].wst = &W->wst[(size_t)r * E];
@@ -1094,12 +1148,18 @@ static int fwd_check(const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                              placement, a->pair_rank) < 0 ? -1 : 0;
 }
 
+static int x_forward_dr(xs_t *X, const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
+                        lrmoe_exec_fwd_t *a, double *timings);
+static int x_backward_dr(xs_t *X, const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
+                         lrmoe_exec_bwd_t *a, double *timings);
+
 /* A forward frame on executor X (also the one-shot lrmoe_exec_forward_cuda);
  * checked: fwd_check has run. */
 static int x_forward(xs_t *X, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dims_t *d,
                      const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                      lrmoe_exec_fwd_t *a, double *timings, int checked)
 {
+    if (X->route) return x_forward_dr(X, d, w, a, timings);
     if (!checked && fwd_check(cfg, d, w, plan, a, X->dev) < 0) return -1;
     const int P = d->P;
     const uint8_t *placement = plan ? plan->placement : NULL;
@@ -1493,6 +1553,7 @@ static int x_backward(xs_t *X, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dim
                       const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *plan,
                       lrmoe_exec_bwd_t *a, double *timings, int checked)
 {
+    if (X->route) return x_backward_dr(X, d, w, a, timings);
     if (!checked && bwd_check(cfg, d, w, a, X->dev) < 0) return -1;
     const int P = d->P;
     const uint8_t *placement = plan ? plan->placement : NULL;
@@ -1520,6 +1581,239 @@ static int x_backward(xs_t *X, const lrmoe_exec_cfg_t *cfg, const lrmoe_exec_dim
     CK(bwd_gradred(R, L, a, wgrad));
     CK(exchange_rev(R, L, rowf, DX, recv, upos, LRMOE_STAGE_COMBINE));
     CK(bwd_combine(R, a, recv, upos, gtok));
+    ok = 1;
+out:
+    return run_finish(R, ok);
+}
+
+/* ---------------------------------------------------------------- device routing */
+
+/* Device routing (lrmoe_exec_cuda_set_io(x, 2, stream), one rank): topk_ids
+ * and topk_weights are device arrays too and the layout is computed on the
+ * device (lrmoe_kcu_pack_assign: expert-major rows, pairs ascending in an
+ * expert, the host layout's order), the expert GEMMs run as
+ * lrmoe_kcu_ggemm over the device-side row offsets, and nothing crosses to
+ * the host: no staging, no host wait, no timing event, every launch of a
+ * fixed shape for given T. So a frame can be captured into a CUDA graph
+ * once the executor has run one frame of the weights outside the capture
+ * (they are made resident then) and replayed with new routing in the same
+ * device arrays. Numerics: the same kernels on the same rows as the
+ * host-routing frame, the GEMMs CUTLASS's (the fake device: bit for bit
+ * the host-routing frame). An expert id out of range is found on the
+ * device; its frame's rows are then wrong (never out of bounds) and the
+ * error is reported by the next frame run outside a capture. */
+
+struct dlayout_t {
+    int64_t *pair = nullptr;   /* (M) the pair of each row */
+    int64_t *row = nullptr;    /* (M) the row of each pair */
+    int64_t *offs = nullptr;   /* (E+1) first row of each expert, then M */
+};
+
+static int dr_layout(run_t &R, const int32_t *topk, dlayout_t &L)
+{
+    const int64_t T = R.d->T, K = R.d->K, E = R.d->E, M = T * K;
+    uint8_t *keep;
+    int32_t *rank;
+    int64_t *counts;
+    CKR(R.use(0));
+    if (!R.capturing) CKR(lrmoe_kcu_flags_check()); /* the last frame's input checks */
+    CKR(R.dalloc(0, &keep, (size_t)M));
+    CKR(R.dalloc(0, &rank, (size_t)M * 4));
+    CKR(R.dalloc(0, &counts, (size_t)E * 8));
+    CKR(R.dalloc(0, &L.pair, (size_t)M * 8));
+    CKR(R.dalloc(0, &L.row, (size_t)M * 8));
+    CKR(R.dalloc(0, &L.offs, (size_t)(E + 1) * 8));
+    CKR(lrmoe_kcu_memset(keep, 1, (size_t)M));
+    /* what an invalid expert id leaves unplaced stays pair 0 and row 0: in bounds */
+    CKR(lrmoe_kcu_memset(L.pair, 0, (size_t)M * 8));
+    CKR(lrmoe_kcu_memset(L.row, 0, (size_t)M * 8));
+    CKR(lrmoe_kcu_flags_hold(1));
+    int rc = lrmoe_kcu_pack_assign(T, (int)K, (int)E, 1, topk, keep, nullptr, nullptr, M, L.pair,
+                                   rank, counts, L.offs);
+    if (lrmoe_kcu_flags_hold(0) < 0 || rc < 0) return -1;
+    CKR(lrmoe_kcu_seq_i64(1, M, 0, L.offs + E));
+    return lrmoe_kcu_invert_i64(M, L.pair, L.row);
+}
+
+/* The resident BF16 weights of one rank, expert e at e * 3 F D: made on a
+ * frame outside a capture, only looked up inside one. */
+static int dr_weights(run_t &R, const lrmoe_exec_weights_t *w, const uint16_t **wb)
+{
+    xw_t *W = weights_find(R.X, R.d, w);
+    if (R.capturing && (!W || !W->wbf[0]))
+        return lrmoe_err("backend cuda: these weights are not resident yet: run one frame "
+                         "outside the CUDA graph capture first");
+    if (!W && !(W = weights_set(R, w))) return -1;
+    CKR(weights_bf16_natives(R, W, 0));
+    R.rk[0].wst = &W->wst[0];
+    R.rk[0].wbf = (const uint16_t *const *)&W->wbf[0];
+    *wb = (const uint16_t *)W->wbf[0];
+    return 0;
+}
+
+/* One grouped GEMM over the experts' rows (lrmoe_ggemm_t, kcu.h). */
+static int GG(const run_t &R, const dlayout_t &L, int kgrouped, int64_t m, int64_t n, int64_t k,
+              int tb, const void *a, int64_t lda, const void *b, int64_t ldb, int64_t sb,
+              void *c, int64_t ldc, int64_t sc, float beta)
+{
+    lrmoe_ggemm_t g;
+    memset(&g, 0, sizeof g);
+    g.kgrouped = kgrouped;
+    g.ngroups = (int)R.d->E;
+    g.offsets = L.offs;
+    g.rows = R.d->T * R.d->K;
+    g.m = m; g.n = n; g.k = k;
+    g.ta = kgrouped; g.tb = tb;
+    g.a = a; g.b = b; g.c = c;
+    g.lda = lda; g.ldb = ldb; g.ldc = ldc;
+    g.sb = sb; g.sc = sc;
+    g.alpha = 1.0f; g.beta = beta;
+    return lrmoe_kcu_ggemm(&g);
+}
+
+static int dr_common(xs_t *X, const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w)
+{
+    if (check_common(d, w) < 0) return -1;
+    if (d->P != 1 || X->P != 1)
+        return lrmoe_err("backend cuda: device routing runs one rank (P=%d)", d->P);
+    if (!lrmoe_kcu_have_cutlass())
+        return lrmoe_err("backend cuda: device routing needs the CUTLASS grouped GEMM (a build "
+                         "that found the CUTLASS headers, an sm_90 GPU)");
+    if (d->E > INT32_MAX || d->K > INT32_MAX)
+        return lrmoe_err("backend cuda: device routing: E or K above 2^31-1");
+    return 0;
+}
+
+static int x_forward_dr(xs_t *X, const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
+                        lrmoe_exec_fwd_t *a, double *timings)
+{
+    if (dr_common(X, d, w) < 0 || act_ok(a->act_dtype, "hidden") < 0) return -1;
+    if (!a->hidden || !a->topk_ids || !a->topk_weights || !a->output)
+        return lrmoe_err("forward: missing hidden, topk_ids, topk_weights or output");
+    const int64_t T = d->T, K = d->K, D = d->D, F = d->F, M = T * K;
+    const size_t FD = (size_t)(F * D), as = lrmoe_dtype_size(a->act_dtype),
+                 rowb = (size_t)D * as;
+    const int abf = a->act_dtype == LRMOE_BF16;
+    std::vector<double> tloc;
+    (void)stage_times(1, timings, tloc);
+    if (a->pair_rank) memset(a->pair_rank, 0, (size_t)M * sizeof *a->pair_rank); /* one rank */
+    run_t R;
+    dlayout_t L;
+    int ok = 0;
+    const uint16_t *wb, *xb;
+    void *xs, *Yst;
+    float *hg, *hu, *phi, *sq, *y, *yf, *o;
+    uint16_t *phib;
+    CK(run_init(R, X, d, nullptr));
+    CK(dr_weights(R, w, &wb));
+    CK(dr_layout(R, a->topk_ids, L));
+    /* x rows, expert-major; h_g, h_u = x W^T; phi = silu(h_g) h_u; y = phi W_down^T */
+    CK(R.dalloc(0, &xs, (size_t)M * rowb));
+    CK(lrmoe_kcu_pack_gather(L.pair, M, (int)K, 1, a->hidden, rowb, xs));
+    CK(as_bf16(R, 0, a->act_dtype, xs, M * D, &xb));
+    CK(R.dalloc(0, &hg, (size_t)(M * F) * 4));
+    CK(R.dalloc(0, &hu, (size_t)(M * F) * 4));
+    CK(R.dalloc(0, &phi, (size_t)(M * F) * 4));
+    CK(R.dalloc(0, &phib, (size_t)(M * F) * 2));
+    CK(R.dalloc(0, &sq, (size_t)M * 4));
+    CK(R.dalloc(0, &y, (size_t)(M * D) * 4));
+    CK(GG(R, L, 0, 0, F, D, 1, xb, D, wb, D, (int64_t)(3 * FD), hg, F, 0, 0.0f));
+    CK(GG(R, L, 0, 0, F, D, 1, xb, D, wb + FD, D, (int64_t)(3 * FD), hu, F, 0, 0.0f));
+    CK(lrmoe_kcu_swiglu_fwd(M, F, hg, hu, phi, sq));
+    CK(lrmoe_kcu_f32_to_bf16(M * F, phi, phib));
+    /* the saved state by pair, in the storage dtype as on the host path */
+    if (a->phi_sqnorm) CK(lrmoe_kcu_pack_gather(L.row, M, 1, 0, sq, 4, a->phi_sqnorm));
+    for (int which = 0; which < 2; which++) {
+        void *dst = which ? a->saved_up : a->saved_gate, *st;
+        if (!dst) continue;
+        CK(R.dalloc(0, &st, (size_t)(M * F) * as));
+        CK(lrmoe_kcu_from_f32(M * F, which ? hu : hg, abf, st));
+        CK(lrmoe_kcu_pack_gather(L.row, M, 1, 0, st, (size_t)F * as, dst));
+    }
+    CK(GG(R, L, 0, 0, D, F, 1, phib, F, wb + 2 * FD, F, (int64_t)(3 * FD), y, D, 0, 0.0f));
+    /* y in the storage dtype (as it travels), combined by token */
+    CK(R.dalloc(0, &Yst, (size_t)M * rowb));
+    CK(lrmoe_kcu_from_f32(M * D, y, abf, Yst));
+    CK(R.dalloc(0, &yf, (size_t)(M * D) * 4));
+    CK(lrmoe_kcu_to_f32(M * D, abf, Yst, yf));
+    CK(R.dalloc(0, &o, (size_t)(T * D) * 4));
+    CK(lrmoe_kcu_combine(T, (int)K, D, a->topk_weights, L.row, yf, o));
+    CK(lrmoe_kcu_from_f32(T * D, o, abf, a->output));
+    if (a->pair_out) CK(lrmoe_kcu_pack_gather(L.row, M, 1, 0, Yst, rowb, a->pair_out));
+    ok = 1;
+out:
+    return run_finish(R, ok);
+}
+
+static int x_backward_dr(xs_t *X, const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
+                         lrmoe_exec_bwd_t *a, double *timings)
+{
+    if (dr_common(X, d, w) < 0 || act_ok(a->act_dtype, "saved state") < 0 ||
+        act_ok(a->grad_dtype, "grad_output") < 0)
+        return -1;
+    if (a->mode != LRMOE_MODE_FULL)
+        return lrmoe_err("backend cuda: device routing runs the full backward only");
+    if (!a->hidden || !a->saved_gate || !a->saved_up || !a->pair_out || !a->grad_output ||
+        !a->topk_ids || !a->topk_weights || !a->grad_hidden || !a->grad_w_gate ||
+        !a->grad_w_up || !a->grad_w_down || !a->grad_topk_weights)
+        return lrmoe_err("backward: missing an input (hidden, saved_gate, saved_up, pair_out, "
+                         "grad_output, topk_ids, topk_weights) or output array");
+    const int64_t T = d->T, K = d->K, D = d->D, F = d->F, M = T * K;
+    const size_t FD = (size_t)(F * D), as = lrmoe_dtype_size(a->act_dtype),
+                 gs = lrmoe_dtype_size(a->grad_dtype);
+    const int abf = a->act_dtype == LRMOE_BF16;
+    std::vector<double> tloc;
+    (void)stage_times(1, timings, tloc);
+    run_t R;
+    dlayout_t L;
+    int ok = 0;
+    const uint16_t *wb, *xb;
+    void *xs, *gst, *ust;
+    float *gtok, *dphi, *dx, *yf;
+    uint16_t *dy, *phib, *dgb, *dub;
+    int64_t *ident;
+    CK(run_init(R, X, d, nullptr));
+    CK(dr_weights(R, w, &wb));
+    CK(dr_layout(R, a->topk_ids, L));
+    /* dy = alpha_u g_t by row (BF16); the rows' x, h_g, h_u */
+    CK(R.dalloc(0, &gtok, (size_t)(T * D) * 4));
+    CK(lrmoe_kcu_to_f32(T * D, a->grad_dtype == LRMOE_BF16, a->grad_output, gtok));
+    (void)gs;
+    CK(R.dalloc(0, &dy, (size_t)(M * D) * 2));
+    CK(lrmoe_kcu_pack_gather_scaled_bf16(L.pair, M, (int)K, D, gtok, a->topk_weights, dy));
+    CK(R.dalloc(0, &xs, (size_t)(M * D) * as));
+    CK(R.dalloc(0, &gst, (size_t)(M * F) * as));
+    CK(R.dalloc(0, &ust, (size_t)(M * F) * as));
+    CK(lrmoe_kcu_pack_gather(L.pair, M, (int)K, 1, a->hidden, (size_t)D * as, xs));
+    CK(lrmoe_kcu_pack_gather(L.pair, M, (int)K, 0, a->saved_gate, (size_t)F * as, gst));
+    CK(lrmoe_kcu_pack_gather(L.pair, M, (int)K, 0, a->saved_up, (size_t)F * as, ust));
+    CK(as_bf16(R, 0, a->act_dtype, xs, M * D, &xb));
+    CK(R.dalloc(0, &dphi, (size_t)(M * F) * 4));
+    CK(R.dalloc(0, &phib, (size_t)(M * F) * 2));
+    CK(R.dalloc(0, &dgb, (size_t)(M * F) * 2));
+    CK(R.dalloc(0, &dub, (size_t)(M * F) * 2));
+    CK(R.dalloc(0, &dx, (size_t)(M * D) * 4));
+    /* dphi = dy W_down; SwiGLU backward; the weight gradients (K-grouped,
+     * straight into the caller's arrays; an expert without rows gets 0);
+     * dx = dg W_gate + du W_up */
+    CK(GG(R, L, 0, 0, F, D, 0, dy, D, wb + 2 * FD, F, (int64_t)(3 * FD), dphi, F, 0, 0.0f));
+    CK(bwd_swiglu(R, 0, M, abf, gst, ust, dphi, dgb, dub, phib));
+    CK(GG(R, L, 1, D, F, 0, 0, dy, D, phib, F, 0, a->grad_w_down, F, (int64_t)FD, 0.0f));
+    CK(GG(R, L, 1, F, D, 0, 0, dgb, F, xb, D, 0, a->grad_w_gate, D, (int64_t)FD, 0.0f));
+    CK(GG(R, L, 1, F, D, 0, 0, dub, F, xb, D, 0, a->grad_w_up, D, (int64_t)FD, 0.0f));
+    CK(GG(R, L, 0, 0, D, F, 0, dgb, F, wb, D, (int64_t)(3 * FD), dx, D, 0, 0.0f));
+    CK(GG(R, L, 0, 0, D, F, 0, dub, F, wb + FD, D, (int64_t)(3 * FD), dx, D, 0, 1.0f));
+    /* grad_hidden_t = sum_k dx_tk in ascending k; the router gradient g_t . y_u */
+    {   /* its check of the rows' pairs deferred like pack_assign's */
+        if (lrmoe_kcu_flags_hold(1) < 0) goto out;
+        int rc = lrmoe_kcu_pack_unpack(L.pair, M, dx, D, T, (int)K, a->grad_hidden);
+        if (lrmoe_kcu_flags_hold(0) < 0 || rc < 0) goto out;
+    }
+    CK(R.dalloc(0, &yf, (size_t)(M * D) * 4));
+    CK(lrmoe_kcu_to_f32(M * D, abf, a->pair_out, yf));
+    CK(R.dalloc(0, &ident, (size_t)M * 8));
+    CK(lrmoe_kcu_seq_i64(M, 0, 1, ident));
+    CK(lrmoe_kcu_pair_dot(T, (int)K, D, gtok, ident, yf, a->grad_topk_weights));
     ok = 1;
 out:
     return run_finish(R, ok);
@@ -1559,6 +1853,12 @@ extern "C" int lrmoe_exec_cuda_set_io(lrmoe_exec_cuda_t *x, int device_io, void 
                              "device (ranks %d and %d are on devices %d and %d)", first, r,
                              lrmoe_kcu_device(x->ctx[first]), lrmoe_kcu_device(x->ctx[r]));
     }
+    if (device_io < 0 || device_io > 2)
+        return lrmoe_err("backend cuda: device I/O %d (0 host arrays, 1 device activations, "
+                         "2 device routing too)", device_io);
+    if (device_io == 2 && (x->P != 1 || x->self))
+        return lrmoe_err("backend cuda: device routing runs one rank in this process (the "
+                         "executor has %d%s)", x->P, x->self ? ", one of a job" : "");
     if (x->pending) { /* the last device-I/O frame's staging and events */
         if (lrmoe_kcu_use(x->ctx[first]) < 0 || lrmoe_kcu_event_sync(x->join[first]) < 0) return -1;
         x->pending = 0;
@@ -1567,6 +1867,7 @@ extern "C" int lrmoe_exec_cuda_set_io(lrmoe_exec_cuda_t *x, int device_io, void 
         (lrmoe_kcu_use(x->ctx[first]) < 0 || lrmoe_kcu_event_create(&x->start, 0) < 0))
         return -1;
     x->dev = device_io != 0;
+    x->route = device_io == 2;
     x->stream = stream;
     (void)lrmoe_kcu_use(nullptr);
     return 0;

@@ -377,6 +377,14 @@ int lrmoe_kcu_flags_check(void)
     return 0;
 }
 
+int lrmoe_kcu_flags_hold(int on)
+{
+    lrmoe_kcu_ctx_t *c = cur_ctx;
+    if (!c) return lrmoe_err("flags_hold: no CUDA context (lrmoe_kcu_use)");
+    c->defer = on != 0;
+    return 0;
+}
+
 int lrmoe_kcu_flags_defer(int on)
 {
     lrmoe_kcu_ctx_t *c = cur_ctx;
@@ -481,6 +489,38 @@ int lrmoe_kcu_add(int64_t n, const float *src, float *dst)
     if (n <= 0) return 0;
     k_add<<<KCU_GRID(k_add, n), KCU_THREADS(k_add), 0, kcu_stream()>>>(n, src, dst);
     KCU_LAUNCHED("add");
+    return 0;
+}
+
+__global__ void k_seq_i64(int64_t n, int64_t start, int64_t step, int64_t *d)
+{
+    GRID_STRIDE(i, n) d[i] = start + i * step;
+}
+
+int lrmoe_kcu_seq_i64(int64_t n, int64_t start, int64_t step, int64_t *dst)
+{
+    if (n <= 0) return 0;
+    k_seq_i64<<<KCU_GRID(k_seq_i64, n), KCU_THREADS(k_seq_i64), 0, kcu_stream()>>>(n, start, step,
+                                                                                 dst);
+    KCU_LAUNCHED("seq_i64");
+    return 0;
+}
+
+/* inv[perm[i]] = i; a perm entry outside [0, n) is skipped */
+__global__ void k_invert_i64(int64_t n, const int64_t *perm, int64_t *inv)
+{
+    GRID_STRIDE(i, n) {
+        int64_t j = perm[i];
+        if (j >= 0 && j < n) inv[j] = i;
+    }
+}
+
+int lrmoe_kcu_invert_i64(int64_t n, const int64_t *perm, int64_t *inv)
+{
+    if (n <= 0) return 0;
+    k_invert_i64<<<KCU_GRID(k_invert_i64, n), KCU_THREADS(k_invert_i64), 0, kcu_stream()>>>(
+        n, perm, inv);
+    KCU_LAUNCHED("invert_i64");
     return 0;
 }
 

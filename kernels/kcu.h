@@ -99,6 +99,11 @@ int lrmoe_kcu_copy(void *dst, const void *src, size_t bytes);
  * deferring. */
 int lrmoe_kcu_flags_defer(int on);
 int lrmoe_kcu_flags_check(void);
+/* Defer (1) or stop deferring (0) without checking: what was deferred stays
+ * pending for the next lrmoe_kcu_flags_check (the device-routing frames of
+ * exec_cuda.cu check a frame's flags at the next frame, outside any CUDA
+ * graph capture). */
+int lrmoe_kcu_flags_hold(int on);
 
 /* Elementwise helpers without a CPU twin (exec glue). */
 /* dst (n) f32 = src (n) of dtype BF16 (bits) or F32 (copy). */
@@ -109,6 +114,12 @@ int lrmoe_kcu_from_f32(int64_t n, const float *src, int dst_bf16, void *dst);
 int lrmoe_kcu_mask_rows(int64_t nrows, int64_t row, const uint8_t *mask, float *x);
 /* dst (n) += src (n), f32. */
 int lrmoe_kcu_add(int64_t n, const float *src, float *dst);
+/* dst[i] = start + i * step (i < n): a constant or an index sequence on the
+ * device (the device-routing frames of exec_cuda.cu: no host staging). */
+int lrmoe_kcu_seq_i64(int64_t n, int64_t start, int64_t step, int64_t *dst);
+/* inv[perm[i]] = i for a permutation perm of 0..n-1 (entries outside are
+ * skipped): the row of each pair from the rows' pairs. */
+int lrmoe_kcu_invert_i64(int64_t n, const int64_t *perm, int64_t *inv);
 
 /* 1 when this build has the CUTLASS grouped GEMM (LRMOE_GEMM_CUTLASS,
  * lrmoe_kcu_ggemm), else 0. */

@@ -50,6 +50,8 @@
     X(k_f32_to_bf16,        KCU_TPB,        0, 0)             \
     X(k_mask_rows,          KCU_TPB,        0, 0)             \
     X(k_add,                KCU_TPB,        0, 0)             \
+    X(k_seq_i64,            KCU_TPB,        0, 0)             \
+    X(k_invert_i64,         KCU_TPB,        0, 0)             \
     X(k_pair_score,         KCU_TPB,        0, 0)             \
     X(k_row_sqnorm,         KCU_TPB,        0, 0)             \
     X(k_expert_hist,        KCU_TPB,        0, 0)             \

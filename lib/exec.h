@@ -272,6 +272,17 @@ int lrmoe_exec_cuda_weights_changed(lrmoe_exec_cuda_t *x);
  * the outputs are ready in stream order. The host waits once, at the next
  * frame's start, for the last frame (its pinned staging is reused). Input
  * activations are not checked for finiteness here; timings stay zero.
+ * device_io 2 (device routing; an executor of one rank, P = 1): as 1, and
+ * topk_ids and topk_weights are device arrays too: the layout is computed
+ * on the device and the expert GEMMs run as the CUTLASS grouped GEMM over
+ * device-side row offsets (lrmoe_kcu_ggemm: a build with CUTLASS, an sm_90
+ * GPU), so a frame stages nothing, waits for nothing and can be captured
+ * into a CUDA graph on `stream` and replayed with new routing written into
+ * the same device arrays. pair_rank is optional there (host, zeros: one
+ * rank), a plan changes nothing on one rank, the backward is mode full.
+ * The weights must have run one frame outside a capture (they are made
+ * resident then); an expert id out of range is found on the device, keeps
+ * the frame in bounds and fails the next frame run outside a capture.
  * device_io 0: host arrays again (stream ignored). */
 int lrmoe_exec_cuda_set_io(lrmoe_exec_cuda_t *x, int device_io, void *stream);
 int lrmoe_exec_cuda_forward(lrmoe_exec_cuda_t *x, const lrmoe_exec_cfg_t *cfg,

@@ -21,8 +21,8 @@ if [ "${FAKE_MPI:-0}" = 1 ]; then
     LMPI=$(mpicc --showme:link) || exit 1
 fi
 # two at a time (the machine has two cores)
-ls lib/*.c src/lrmoe-exec.c tests/gpu/fake-kcu.c |
-    xargs -P 2 -I{} sh -c "$CC $CF -c -o \"$O/\$(basename {} .c).o\" {}" || exit 1
+ls lib/*.c src/lrmoe-exec.c tests/gpu/fake-kcu.c tests/gpu/fake-ggemm.c |
+    xargs -P 2 -I{} sh -c "$CC $CF -Ikernels -c -o \"$O/\$(basename {} .c).o\" {}" || exit 1
 $CXX -std=c++17 -O2 -Wall -Wextra -x c++ -DLRMOE_HAVE_CUDA -Ilib -Ikernels -I"$CINC" \
     -c -o "$O/exec_cuda.o" kernels/exec_cuda.cu || exit 1
 $CC -pthread -o "$O/lrmoe-exec-fake" "$O"/*.o -lzstd -ljansson -lglpk -lopenblas -lm -lpthread \

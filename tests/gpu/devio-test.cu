@@ -110,6 +110,152 @@ static int setp(lrmoe_exec_args_t *a, const char *n, const void *p)
     return lrmoe_exec_args_set_ptr(a, n, p);
 }
 
+/* Device routing (lrmoe_exec_cuda_set_io(x, 2, s): topk_ids, topk_weights
+ * on the device, the layout computed there, one rank) against host I/O on
+ * one rank, forward and full backward, each twice; on a GPU the host-I/O
+ * executor runs --gemm cutlass too (the same kernel over the same rows),
+ * and a forward captured into a CUDA graph, replayed on new routing written
+ * into the same device arrays, must equal an uncaptured frame on that
+ * routing. Returns 0 (pass), 1 (fail), 3 (not run: no CUTLASS GEMM here). */
+static int devroute(const int32_t *ids, const float *tw, void *hid, void *wg, void *wu, void *wd,
+                    void *gout)
+{
+    const size_t WB = (size_t)E * F * D * 2, HB = (size_t)T * D * 2, SB = (size_t)M * F * 2,
+                 PB = (size_t)M * D * 2, GW = (size_t)E * F * D * 4;
+    lrmoe_exec_args_t *ah = lrmoe_exec_args_new(), *ag = lrmoe_exec_args_new();
+    lrmoe_exec_args_t *both[2] = {ah, ag};
+    for (int i = 0; i < 2; i++) {
+        lrmoe_exec_args_t *a = both[i];
+        CK(lrmoe_exec_args_set(a, "backend", LRMOE_BACKEND_CUDA));
+        CK(lrmoe_exec_args_set(a, "gpus", 1));
+#ifdef DEVIO_CUDA
+        CK(lrmoe_exec_args_set(a, "gemm", LRMOE_EXEC_GEMM_CUTLASS));
+#endif
+        CK(lrmoe_exec_args_set(a, "T", T)); CK(lrmoe_exec_args_set(a, "E", E));
+        CK(lrmoe_exec_args_set(a, "K", K)); CK(lrmoe_exec_args_set(a, "D", D));
+        CK(lrmoe_exec_args_set(a, "F", F)); CK(lrmoe_exec_args_set(a, "P", 1));
+        CK(lrmoe_exec_args_set(a, "weights_dtype", LRMOE_BF16));
+        CK(lrmoe_exec_args_set(a, "act_dtype", LRMOE_BF16));
+        CK(lrmoe_exec_args_set(a, "grad_dtype", LRMOE_BF16));
+    }
+    void *h_out = malloc(HB), *h_sg = malloc(SB), *h_su = malloc(SB), *h_po = malloc(PB);
+    float *h_sq = (float *)malloc(M * 4);
+    int32_t *prh = (int32_t *)malloc(M * 4);
+    CK(setp(ah, "topk_ids", ids)); CK(setp(ah, "topk_weights", tw));
+    CK(setp(ah, "w_gate", wg)); CK(setp(ah, "w_up", wu)); CK(setp(ah, "w_down", wd));
+    CK(setp(ah, "hidden", hid)); CK(setp(ah, "output", h_out)); CK(setp(ah, "pair_rank", prh));
+    CK(setp(ah, "phi_sqnorm", h_sq)); CK(setp(ah, "saved_gate", h_sg));
+    CK(setp(ah, "saved_up", h_su)); CK(setp(ah, "pair_out", h_po));
+    void *d_ids = dput(ids, M * 4), *d_tw = dput(tw, M * 4);
+    void *d_wg = dput(wg, WB), *d_wu = dput(wu, WB), *d_wd = dput(wd, WB), *d_hid = dput(hid, HB);
+    void *d_out = dput(NULL, HB), *d_sg = dput(NULL, SB), *d_su = dput(NULL, SB),
+         *d_po = dput(NULL, PB), *d_sq = dput(NULL, M * 4), *d_gout = dput(gout, HB);
+    CK(setp(ag, "topk_ids", d_ids)); CK(setp(ag, "topk_weights", d_tw));
+    CK(setp(ag, "w_gate", d_wg)); CK(setp(ag, "w_up", d_wu)); CK(setp(ag, "w_down", d_wd));
+    CK(setp(ag, "hidden", d_hid)); CK(setp(ag, "output", d_out)); CK(setp(ag, "pair_rank", NULL));
+    CK(setp(ag, "phi_sqnorm", d_sq)); CK(setp(ag, "saved_gate", d_sg));
+    CK(setp(ag, "saved_up", d_su)); CK(setp(ag, "pair_out", d_po));
+    lrmoe_exec_cuda_t *xh, *xg;
+    CK(lrmoe_exec_args_cuda_new(ah, &xh));
+    CK(lrmoe_exec_args_cuda_new(ag, &xg));
+    CK(lrmoe_exec_cuda_set_io(xg, 2, stream));
+    CK(lrmoe_exec_args_forward_cuda(ah, xh, NULL));
+    if (lrmoe_exec_args_forward_cuda(ag, xg, NULL) < 0) {
+        if (strstr(lrmoe_errmsg(), "CUTLASS")) {
+            printf("devio: device routing NOT RUN: %s\n", lrmoe_errmsg());
+            return 3;
+        }
+        printf("devio: FAIL device-routing forward: %s\n", lrmoe_errmsg());
+        return 1;
+    }
+    CK(lrmoe_exec_args_forward_cuda(ag, xg, NULL));
+    void *g = malloc(PB > GW ? PB : GW);
+    dget(g, d_out, HB); same("routed output", h_out, g, HB);
+    dget(g, d_sq, M * 4); same("routed phi_sqnorm", h_sq, g, M * 4);
+    dget(g, d_sg, SB); same("routed saved_gate", h_sg, g, SB);
+    dget(g, d_su, SB); same("routed saved_up", h_su, g, SB);
+    dget(g, d_po, PB); same("routed pair_out", h_po, g, PB);
+    /* full backward on the host forward's saved state */
+    void *d_sg2 = dput(h_sg, SB), *d_su2 = dput(h_su, SB), *d_po2 = dput(h_po, PB);
+    float *hgh = (float *)malloc(HB * 2), *hgg = (float *)malloc(GW), *hgu = (float *)malloc(GW),
+          *hgd = (float *)malloc(GW), *hgt = (float *)malloc(M * 4);
+    void *d_gh = dput(NULL, HB * 2), *d_gg = dput(NULL, GW), *d_gu = dput(NULL, GW),
+         *d_gd = dput(NULL, GW), *d_gt = dput(NULL, M * 4);
+    CK(setp(ah, "grad_output", gout)); CK(setp(ah, "grad_hidden", hgh));
+    CK(setp(ah, "grad_w_gate", hgg)); CK(setp(ah, "grad_w_up", hgu));
+    CK(setp(ah, "grad_w_down", hgd)); CK(setp(ah, "grad_topk_weights", hgt));
+    CK(setp(ag, "grad_output", d_gout)); CK(setp(ag, "saved_gate", d_sg2));
+    CK(setp(ag, "saved_up", d_su2)); CK(setp(ag, "pair_out", d_po2));
+    CK(setp(ag, "grad_hidden", d_gh)); CK(setp(ag, "grad_w_gate", d_gg));
+    CK(setp(ag, "grad_w_up", d_gu)); CK(setp(ag, "grad_w_down", d_gd));
+    CK(setp(ag, "grad_topk_weights", d_gt));
+    CK(lrmoe_exec_args_backward_cuda(ah, xh, NULL));
+    for (int rep = 0; rep < 2; rep++) CK(lrmoe_exec_args_backward_cuda(ag, xg, NULL));
+    dget(g, d_gh, HB * 2); same("routed grad_hidden", hgh, g, HB * 2);
+    dget(g, d_gg, GW); same("routed grad_w_gate", hgg, g, GW);
+    dget(g, d_gu, GW); same("routed grad_w_up", hgu, g, GW);
+    dget(g, d_gd, GW); same("routed grad_w_down", hgd, g, GW);
+    dget(g, d_gt, M * 4); same("routed grad_topk_weights", hgt, g, M * 4);
+    /* an expert id out of range: found on the device and reported by the
+     * next frame (the frame itself stays in bounds); the fake device's
+     * references check at once, failing the frame itself */
+    int32_t *bad = (int32_t *)malloc(M * 4);
+    memcpy(bad, ids, M * 4);
+    bad[5] = E + 3;
+    void *d_bad = dput(bad, M * 4);
+    CK(setp(ag, "topk_ids", d_bad));
+    int rc1 = lrmoe_exec_args_forward_cuda(ag, xg, NULL);
+    CK(setp(ag, "topk_ids", d_ids));
+    int rc2 = rc1 < 0 ? rc1 : lrmoe_exec_args_forward_cuda(ag, xg, NULL);
+    if (rc2 >= 0 || !strstr(lrmoe_errmsg(), "out of range")) {
+        printf("devio: FAIL an expert id out of range was not reported (%d %d: %s)\n", rc1, rc2,
+               lrmoe_errmsg());
+        fails++;
+    }
+    CK(lrmoe_exec_args_forward_cuda(ag, xg, NULL)); /* reported once: the next frame runs */
+#ifdef DEVIO_CUDA
+    {
+        /* capture one forward, replay it on other routing in the same arrays */
+        cudaStream_t cs = (cudaStream_t)stream;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        if (cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return 1;
+        int rc = lrmoe_exec_args_forward_cuda(ag, xg, NULL);
+        cudaError_t e = cudaStreamEndCapture(cs, &graph);
+        if (rc < 0 || e != cudaSuccess) {
+            printf("devio: FAIL capturing a device-routing forward: %s / %s\n", lrmoe_errmsg(),
+                   cudaGetErrorString(e));
+            return 1;
+        }
+        if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+            printf("devio: FAIL cudaGraphInstantiate\n");
+            return 1;
+        }
+        int32_t *ids2 = (int32_t *)malloc(M * 4);
+        for (int u = 0; u < M; u++) ids2[u] = (ids[u] * 5 + u / K) % E;
+        for (int t = 0; t < T; t++) /* distinct experts per token */
+            for (int k = 0; k < K; k++) ids2[t * K + k] = (ids2[t * K] + k * 3) % E;
+        void *ref = malloc(HB);
+        if (cudaMemcpy(d_ids, ids2, M * 4, cudaMemcpyHostToDevice) != cudaSuccess) return 1;
+        CK(lrmoe_exec_args_forward_cuda(ag, xg, NULL));
+        dget(ref, d_out, HB);
+        if (cudaMemset(d_out, 0xFF, HB) != cudaSuccess || cudaGraphLaunch(exec, cs) != cudaSuccess)
+            return 1;
+        dget(g, d_out, HB);
+        same("graph replay on new routing", ref, g, HB);
+        CK(lrmoe_exec_args_forward_cuda(ag, xg, NULL)); /* the replay's checks, outside */
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        printf("devio: CUDA graph of a device-routing forward replayed on new routing\n");
+    }
+#endif
+    lrmoe_exec_cuda_free(xh);
+    lrmoe_exec_cuda_free(xg);
+    lrmoe_exec_args_free(ah);
+    lrmoe_exec_args_free(ag);
+    return fails ? 1 : 0;
+}
+
 int main(void)
 {
     stream_new();
@@ -245,6 +391,9 @@ int main(void)
     lrmoe_exec_args_free(ag);
     dfree(tmp);
     if (fails) return 1;
-    printf("devio: PASS (forward, backward full and masked, P=%d E=%d, device I/O = host I/O bitwise)\n", P, E);
+    int dr = devroute(ids, tw, hid, wg, wu, wd, gout);
+    if (dr == 1) return 1;
+    printf("devio: PASS (forward, backward full and masked, P=%d E=%d, device I/O = host I/O bitwise%s)\n",
+           P, E, dr == 3 ? "; device routing not run" : "; device routing = host routing bitwise, P=1");
     return 0;
 }

@@ -161,6 +161,24 @@ int lrmoe_kcu_add(int64_t n, const float *src, float *dst)
     for (int64_t i = 0; i < n; i++) dst[i] += src[i];
     return 0;
 }
+/* the references check their input at once: nothing is ever pending */
+int lrmoe_kcu_flags_hold(int on);
+int lrmoe_kcu_flags_hold(int on) { (void)on; return cur ? 0 : lrmoe_err("flags_hold: no context"); }
+int lrmoe_kcu_flags_check(void);
+int lrmoe_kcu_flags_check(void) { return 0; }
+int lrmoe_kcu_seq_i64(int64_t n, int64_t start, int64_t step, int64_t *dst);
+int lrmoe_kcu_seq_i64(int64_t n, int64_t start, int64_t step, int64_t *dst)
+{
+    for (int64_t i = 0; i < n; i++) dst[i] = start + i * step;
+    return 0;
+}
+int lrmoe_kcu_invert_i64(int64_t n, const int64_t *perm, int64_t *inv);
+int lrmoe_kcu_invert_i64(int64_t n, const int64_t *perm, int64_t *inv)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (perm[i] >= 0 && perm[i] < n) inv[perm[i]] = i;
+    return 0;
+}
 
 /* every launcher: its CPU reference */
 #define FAKE(name, args) int lrmoe_kcu_##name args;

@@ -7,6 +7,7 @@
  *   mock-run comm     contexts on devices 0, 1, 1 and their communicator
  *   mock-run flags    the compact step's checking kernels, each reading its
  *                     check back, then deferred to one lrmoe_kcu_flags_check
+ *   mock-run route    device-routing frames (one rank), then two under capture
  *   mock-run exec     a layer step at P ranks (MOCK_P, default 8) on P
  *                     (MOCK_GEMM_GROUPED=1: --gemm grouped)
  *                     devices, E = 128: the one-shot lrmoe_exec_forward and
@@ -208,6 +209,86 @@ static int exec_steps(void)
     return 0;
 }
 
+/* Device routing (lrmoe_exec_cuda_set_io(x, 2, NULL), one rank): three
+ * forward and backward frames, then one of each under a (mock) CUDA graph
+ * capture; topk_ids and topk_weights are "device" arrays here too. */
+static int route_steps(void)
+{
+    lrmoe_exec_dims_t d = {256, 128, 8, 64, 32, 1};
+    const int64_t T = d.T, K = d.K, E = d.E, D = d.D, F = d.F, M = T * K;
+    lrmoe_exec_cfg_t cfg;
+    lrmoe_exec_cfg_default(&cfg);
+    cfg.backend = LRMOE_BACKEND_CUDA;
+    cfg.gpus = 1;
+    lrmoe_exec_weights_t w;
+    memset(&w, 0, sizeof w);
+    w.dtype = LRMOE_BF16;
+    w.w_gate = z((size_t)(E * F * D) * 2);
+    w.w_up = z((size_t)(E * F * D) * 2);
+    w.w_down = z((size_t)(E * F * D) * 2);
+    lrmoe_exec_fwd_t f;
+    memset(&f, 0, sizeof f);
+    f.act_dtype = LRMOE_BF16;
+    f.hidden = z((size_t)(T * D) * 2);
+    f.topk_ids = z((size_t)M * 4);
+    f.topk_weights = z((size_t)M * 4);
+    f.output = z((size_t)(T * D) * 2);
+    f.phi_sqnorm = z((size_t)M * 4);
+    f.saved_gate = z((size_t)(M * F) * 2);
+    f.saved_up = z((size_t)(M * F) * 2);
+    f.pair_out = z((size_t)(M * D) * 2);
+    lrmoe_exec_bwd_t b;
+    memset(&b, 0, sizeof b);
+    b.mode = LRMOE_MODE_FULL;
+    b.act_dtype = LRMOE_BF16;
+    b.grad_dtype = LRMOE_BF16;
+    b.hidden = f.hidden;
+    b.topk_ids = f.topk_ids;
+    b.topk_weights = f.topk_weights;
+    b.saved_gate = f.saved_gate;
+    b.saved_up = f.saved_up;
+    b.pair_out = f.pair_out;
+    b.grad_output = z((size_t)(T * D) * 2);
+    b.grad_hidden = z((size_t)(T * D) * 4);
+    b.grad_w_gate = z((size_t)(E * F * D) * 4);
+    b.grad_w_up = z((size_t)(E * F * D) * 4);
+    b.grad_w_down = z((size_t)(E * F * D) * 4);
+    b.grad_topk_weights = z((size_t)M * 4);
+    lrmoe_exec_cuda_t *x = NULL;
+    mock_mark("new");
+    show("new", lrmoe_exec_cuda_new(&cfg, 1, &x));
+    if (!x) return 1;
+    show("set_io", lrmoe_exec_cuda_set_io(x, 2, NULL));
+    char m[16];
+    for (int i = 1; i <= 3; i++) {
+        snprintf(m, sizeof m, "rfwd%d", i);
+        mock_mark(m);
+        show(m, lrmoe_exec_cuda_forward(x, &cfg, &d, &w, NULL, &f, NULL));
+        snprintf(m, sizeof m, "rbwd%d", i);
+        mock_mark(m);
+        show(m, lrmoe_exec_cuda_backward(x, &cfg, &d, &w, NULL, &b, NULL));
+    }
+    setenv("MOCK_CAPTURING", "1", 1);
+    mock_mark("cfwd");
+    show("cfwd", lrmoe_exec_cuda_forward(x, &cfg, &d, &w, NULL, &f, NULL));
+    mock_mark("cbwd");
+    show("cbwd", lrmoe_exec_cuda_backward(x, &cfg, &d, &w, NULL, &b, NULL));
+    unsetenv("MOCK_CAPTURING");
+    mock_mark("after");
+    show("after", lrmoe_exec_cuda_forward(x, &cfg, &d, &w, NULL, &f, NULL));
+    /* weights not resident yet: refused under capture, before queueing */
+    lrmoe_exec_weights_t w2 = w;
+    w2.w_gate = z((size_t)(E * F * D) * 2);
+    setenv("MOCK_CAPTURING", "1", 1);
+    mock_mark("cnew");
+    show("cnew", lrmoe_exec_cuda_forward(x, &cfg, &d, &w2, NULL, &f, NULL));
+    unsetenv("MOCK_CAPTURING");
+    mock_mark("free");
+    lrmoe_exec_cuda_free(x);
+    mock_mark("end");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *what = argc > 1 ? argv[1] : "";
@@ -244,6 +325,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(what, "exec")) return exec_steps();
     if (!strcmp(what, "flags")) return flag_steps();
-    fprintf(stderr, "usage: mock-run loop|grouped|cutlass|comm|exec|flags\n");
+    if (!strcmp(what, "route")) return route_steps();
+    fprintf(stderr, "usage: mock-run loop|grouped|cutlass|comm|exec|flags|route\n");
     return 2;
 }
