@@ -22,7 +22,7 @@ NVCC=$(command -v nvcc) || { echo "build-fake-module: nvcc not found (CUDA heade
 CINC=$(dirname "$(dirname "$NVCC")")/include
 mkdir -p "$O/obj" || exit 1
 CF="-std=c11 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -D_GNU_SOURCE -pthread -DLRMOE_HAVE_CUDA -Ilib -Ikernels"
-for f in tests/gpu/fake-kcu.c tests/gpu/fake-module.c lib/kref.c lib/swiglu.c; do
+for f in tests/gpu/fake-kcu.c tests/gpu/fake-ggemm.c tests/gpu/fake-module.c lib/kref.c lib/swiglu.c; do
     $CC $CF -c -o "$O/obj/$(basename "$f" .c).o" "$f" || exit 1
 done
 # the entry point, visible (the version script keeps only it)

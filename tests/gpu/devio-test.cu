@@ -110,6 +110,69 @@ static int setp(lrmoe_exec_args_t *a, const char *n, const void *p)
     return lrmoe_exec_args_set_ptr(a, n, p);
 }
 
+/* one side's forward outputs (host arrays, or device ones poisoned) */
+struct fwd_out { void *out, *sg, *su, *po, *sq; };
+static fwd_out fwd_new(int dev)
+{
+    const size_t HB = (size_t)T * D * 2, SB = (size_t)M * F * 2, PB = (size_t)M * D * 2;
+    if (dev) return fwd_out{dput(NULL, HB), dput(NULL, SB), dput(NULL, SB), dput(NULL, PB), dput(NULL, M * 4)};
+    return fwd_out{malloc(HB), malloc(SB), malloc(SB), malloc(PB), malloc(M * 4)};
+}
+static int fwd_set(lrmoe_exec_args_t *a, const fwd_out &o)
+{
+    return setp(a, "output", o.out) < 0 || setp(a, "phi_sqnorm", o.sq) < 0 ||
+           setp(a, "saved_gate", o.sg) < 0 || setp(a, "saved_up", o.su) < 0 ||
+           setp(a, "pair_out", o.po) < 0 ? -1 : 0;
+}
+/* the device side's outputs against the host side's, bitwise */
+static void fwd_same(const char *tag, const fwd_out &h, const fwd_out &d)
+{
+    const size_t HB = (size_t)T * D * 2, SB = (size_t)M * F * 2, PB = (size_t)M * D * 2;
+    void *g = malloc(PB);
+    char w[64];
+    snprintf(w, sizeof w, "%soutput", tag); dget(g, d.out, HB); same(w, h.out, g, HB);
+    snprintf(w, sizeof w, "%sphi_sqnorm", tag); dget(g, d.sq, M * 4); same(w, h.sq, g, M * 4);
+    snprintf(w, sizeof w, "%ssaved_gate", tag); dget(g, d.sg, SB); same(w, h.sg, g, SB);
+    snprintf(w, sizeof w, "%ssaved_up", tag); dget(g, d.su, SB); same(w, h.su, g, SB);
+    snprintf(w, sizeof w, "%spair_out", tag); dget(g, d.po, PB); same(w, h.po, g, PB);
+    free(g);
+}
+
+/* one side's backward outputs, and its inputs from a forward's saved state */
+struct bwd_out { void *gh, *gg, *gu, *gd, *gt; };
+static bwd_out bwd_new(int dev)
+{
+    const size_t HB = (size_t)T * D * 2, GW = (size_t)E * F * D * 4;
+    if (dev) return bwd_out{dput(NULL, HB * 2), dput(NULL, GW), dput(NULL, GW), dput(NULL, GW), dput(NULL, M * 4)};
+    return bwd_out{malloc(HB * 2), malloc(GW), malloc(GW), malloc(GW), malloc(M * 4)};
+}
+static int bwd_set(lrmoe_exec_args_t *a, const void *gout, const fwd_out &saved, const bwd_out &o)
+{
+    return setp(a, "grad_output", gout) < 0 || setp(a, "saved_gate", saved.sg) < 0 ||
+           setp(a, "saved_up", saved.su) < 0 || setp(a, "pair_out", saved.po) < 0 ||
+           setp(a, "grad_hidden", o.gh) < 0 || setp(a, "grad_w_gate", o.gg) < 0 ||
+           setp(a, "grad_w_up", o.gu) < 0 || setp(a, "grad_w_down", o.gd) < 0 ||
+           setp(a, "grad_topk_weights", o.gt) < 0 ? -1 : 0;
+}
+static void bwd_same(const char *tag, const bwd_out &h, const bwd_out &d)
+{
+    const size_t HB = (size_t)T * D * 2, GW = (size_t)E * F * D * 4;
+    void *g = malloc(GW > HB * 2 ? GW : HB * 2);
+    char w[64];
+    snprintf(w, sizeof w, "%sgrad_hidden", tag); dget(g, d.gh, HB * 2); same(w, h.gh, g, HB * 2);
+    snprintf(w, sizeof w, "%sgrad_w_gate", tag); dget(g, d.gg, GW); same(w, h.gg, g, GW);
+    snprintf(w, sizeof w, "%sgrad_w_up", tag); dget(g, d.gu, GW); same(w, h.gu, g, GW);
+    snprintf(w, sizeof w, "%sgrad_w_down", tag); dget(g, d.gd, GW); same(w, h.gd, g, GW);
+    snprintf(w, sizeof w, "%sgrad_topk_weights", tag); dget(g, d.gt, M * 4); same(w, h.gt, g, M * 4);
+    free(g);
+}
+/* a forward's saved state copied to the device */
+static fwd_out saved_dev(const fwd_out &h)
+{
+    const size_t SB = (size_t)M * F * 2, PB = (size_t)M * D * 2;
+    return fwd_out{NULL, dput(h.sg, SB), dput(h.su, SB), dput(h.po, PB), NULL};
+}
+
 /* Device routing (lrmoe_exec_cuda_set_io(x, 2, s): topk_ids, topk_weights
  * on the device, the layout computed there, one rank) against host I/O on
  * one rank, forward and full backward, each twice; on a GPU the host-I/O
@@ -120,8 +183,7 @@ static int setp(lrmoe_exec_args_t *a, const char *n, const void *p)
 static int devroute(const int32_t *ids, const float *tw, void *hid, void *wg, void *wu, void *wd,
                     void *gout)
 {
-    const size_t WB = (size_t)E * F * D * 2, HB = (size_t)T * D * 2, SB = (size_t)M * F * 2,
-                 PB = (size_t)M * D * 2, GW = (size_t)E * F * D * 4;
+    const size_t WB = (size_t)E * F * D * 2, HB = (size_t)T * D * 2;
     lrmoe_exec_args_t *ah = lrmoe_exec_args_new(), *ag = lrmoe_exec_args_new();
     lrmoe_exec_args_t *both[2] = {ah, ag};
     for (int i = 0; i < 2; i++) {
@@ -138,23 +200,17 @@ static int devroute(const int32_t *ids, const float *tw, void *hid, void *wg, vo
         CK(lrmoe_exec_args_set(a, "act_dtype", LRMOE_BF16));
         CK(lrmoe_exec_args_set(a, "grad_dtype", LRMOE_BF16));
     }
-    void *h_out = malloc(HB), *h_sg = malloc(SB), *h_su = malloc(SB), *h_po = malloc(PB);
-    float *h_sq = (float *)malloc(M * 4);
+    fwd_out hf = fwd_new(0), df = fwd_new(1);
     int32_t *prh = (int32_t *)malloc(M * 4);
     CK(setp(ah, "topk_ids", ids)); CK(setp(ah, "topk_weights", tw));
     CK(setp(ah, "w_gate", wg)); CK(setp(ah, "w_up", wu)); CK(setp(ah, "w_down", wd));
-    CK(setp(ah, "hidden", hid)); CK(setp(ah, "output", h_out)); CK(setp(ah, "pair_rank", prh));
-    CK(setp(ah, "phi_sqnorm", h_sq)); CK(setp(ah, "saved_gate", h_sg));
-    CK(setp(ah, "saved_up", h_su)); CK(setp(ah, "pair_out", h_po));
+    CK(setp(ah, "hidden", hid)); CK(setp(ah, "pair_rank", prh)); CK(fwd_set(ah, hf));
     void *d_ids = dput(ids, M * 4), *d_tw = dput(tw, M * 4);
     void *d_wg = dput(wg, WB), *d_wu = dput(wu, WB), *d_wd = dput(wd, WB), *d_hid = dput(hid, HB);
-    void *d_out = dput(NULL, HB), *d_sg = dput(NULL, SB), *d_su = dput(NULL, SB),
-         *d_po = dput(NULL, PB), *d_sq = dput(NULL, M * 4), *d_gout = dput(gout, HB);
+    void *d_gout = dput(gout, HB);
     CK(setp(ag, "topk_ids", d_ids)); CK(setp(ag, "topk_weights", d_tw));
     CK(setp(ag, "w_gate", d_wg)); CK(setp(ag, "w_up", d_wu)); CK(setp(ag, "w_down", d_wd));
-    CK(setp(ag, "hidden", d_hid)); CK(setp(ag, "output", d_out)); CK(setp(ag, "pair_rank", NULL));
-    CK(setp(ag, "phi_sqnorm", d_sq)); CK(setp(ag, "saved_gate", d_sg));
-    CK(setp(ag, "saved_up", d_su)); CK(setp(ag, "pair_out", d_po));
+    CK(setp(ag, "hidden", d_hid)); CK(setp(ag, "pair_rank", NULL)); CK(fwd_set(ag, df));
     lrmoe_exec_cuda_t *xh, *xg;
     CK(lrmoe_exec_args_cuda_new(ah, &xh));
     CK(lrmoe_exec_args_cuda_new(ag, &xg));
@@ -169,33 +225,14 @@ static int devroute(const int32_t *ids, const float *tw, void *hid, void *wg, vo
         return 1;
     }
     CK(lrmoe_exec_args_forward_cuda(ag, xg, NULL));
-    void *g = malloc(PB > GW ? PB : GW);
-    dget(g, d_out, HB); same("routed output", h_out, g, HB);
-    dget(g, d_sq, M * 4); same("routed phi_sqnorm", h_sq, g, M * 4);
-    dget(g, d_sg, SB); same("routed saved_gate", h_sg, g, SB);
-    dget(g, d_su, SB); same("routed saved_up", h_su, g, SB);
-    dget(g, d_po, PB); same("routed pair_out", h_po, g, PB);
+    fwd_same("routed ", hf, df);
     /* full backward on the host forward's saved state */
-    void *d_sg2 = dput(h_sg, SB), *d_su2 = dput(h_su, SB), *d_po2 = dput(h_po, PB);
-    float *hgh = (float *)malloc(HB * 2), *hgg = (float *)malloc(GW), *hgu = (float *)malloc(GW),
-          *hgd = (float *)malloc(GW), *hgt = (float *)malloc(M * 4);
-    void *d_gh = dput(NULL, HB * 2), *d_gg = dput(NULL, GW), *d_gu = dput(NULL, GW),
-         *d_gd = dput(NULL, GW), *d_gt = dput(NULL, M * 4);
-    CK(setp(ah, "grad_output", gout)); CK(setp(ah, "grad_hidden", hgh));
-    CK(setp(ah, "grad_w_gate", hgg)); CK(setp(ah, "grad_w_up", hgu));
-    CK(setp(ah, "grad_w_down", hgd)); CK(setp(ah, "grad_topk_weights", hgt));
-    CK(setp(ag, "grad_output", d_gout)); CK(setp(ag, "saved_gate", d_sg2));
-    CK(setp(ag, "saved_up", d_su2)); CK(setp(ag, "pair_out", d_po2));
-    CK(setp(ag, "grad_hidden", d_gh)); CK(setp(ag, "grad_w_gate", d_gg));
-    CK(setp(ag, "grad_w_up", d_gu)); CK(setp(ag, "grad_w_down", d_gd));
-    CK(setp(ag, "grad_topk_weights", d_gt));
+    bwd_out hb = bwd_new(0), db = bwd_new(1);
+    CK(bwd_set(ah, gout, hf, hb));
+    CK(bwd_set(ag, d_gout, saved_dev(hf), db));
     CK(lrmoe_exec_args_backward_cuda(ah, xh, NULL));
     for (int rep = 0; rep < 2; rep++) CK(lrmoe_exec_args_backward_cuda(ag, xg, NULL));
-    dget(g, d_gh, HB * 2); same("routed grad_hidden", hgh, g, HB * 2);
-    dget(g, d_gg, GW); same("routed grad_w_gate", hgg, g, GW);
-    dget(g, d_gu, GW); same("routed grad_w_up", hgu, g, GW);
-    dget(g, d_gd, GW); same("routed grad_w_down", hgd, g, GW);
-    dget(g, d_gt, M * 4); same("routed grad_topk_weights", hgt, g, M * 4);
+    bwd_same("routed ", hb, db);
     /* an expert id out of range: found on the device and reported by the
      * next frame (the frame itself stays in bounds); the fake device's
      * references check at once, failing the frame itself */
@@ -235,13 +272,13 @@ static int devroute(const int32_t *ids, const float *tw, void *hid, void *wg, vo
         for (int u = 0; u < M; u++) ids2[u] = (ids[u] * 5 + u / K) % E;
         for (int t = 0; t < T; t++) /* distinct experts per token */
             for (int k = 0; k < K; k++) ids2[t * K + k] = (ids2[t * K] + k * 3) % E;
-        void *ref = malloc(HB);
+        void *ref = malloc(HB), *g = malloc(HB);
         if (cudaMemcpy(d_ids, ids2, M * 4, cudaMemcpyHostToDevice) != cudaSuccess) return 1;
         CK(lrmoe_exec_args_forward_cuda(ag, xg, NULL));
-        dget(ref, d_out, HB);
-        if (cudaMemset(d_out, 0xFF, HB) != cudaSuccess || cudaGraphLaunch(exec, cs) != cudaSuccess)
+        dget(ref, df.out, HB);
+        if (cudaMemset(df.out, 0xFF, HB) != cudaSuccess || cudaGraphLaunch(exec, cs) != cudaSuccess)
             return 1;
-        dget(g, d_out, HB);
+        dget(g, df.out, HB);
         same("graph replay on new routing", ref, g, HB);
         CK(lrmoe_exec_args_forward_cuda(ag, xg, NULL)); /* the replay's checks, outside */
         cudaGraphExecDestroy(exec);
@@ -304,24 +341,17 @@ int main(void)
         CK(setp(a, "topk_ids", ids)); CK(setp(a, "topk_weights", tw));
         CK(setp(a, "placement", place)); CK(setp(a, "fwd_alloc", alloc));
     }
-    const size_t WB = (size_t)E * F * D * 2, HB = (size_t)T * D * 2, SB = (size_t)M * F * 2,
-                 PB = (size_t)M * D * 2, GW = (size_t)E * F * D * 4;
+    const size_t WB = (size_t)E * F * D * 2, HB = (size_t)T * D * 2;
     /* host side */
-    void *h_out = malloc(HB), *h_sg = malloc(SB), *h_su = malloc(SB), *h_po = malloc(PB);
-    float *h_sq = (float *)malloc(M * 4);
+    fwd_out hf = fwd_new(0), df = fwd_new(1);
     int32_t *prh = (int32_t *)malloc(M * 4), *prg = (int32_t *)malloc(M * 4);
     CK(setp(ah, "w_gate", wg)); CK(setp(ah, "w_up", wu)); CK(setp(ah, "w_down", wd));
-    CK(setp(ah, "hidden", hid)); CK(setp(ah, "output", h_out)); CK(setp(ah, "pair_rank", prh));
-    CK(setp(ah, "phi_sqnorm", h_sq)); CK(setp(ah, "saved_gate", h_sg));
-    CK(setp(ah, "saved_up", h_su)); CK(setp(ah, "pair_out", h_po));
+    CK(setp(ah, "hidden", hid)); CK(setp(ah, "pair_rank", prh)); CK(fwd_set(ah, hf));
     /* device side: the same inputs copied, outputs poisoned */
     void *d_wg = dput(wg, WB), *d_wu = dput(wu, WB), *d_wd = dput(wd, WB), *d_hid = dput(hid, HB);
-    void *d_out = dput(NULL, HB), *d_sg = dput(NULL, SB), *d_su = dput(NULL, SB),
-         *d_po = dput(NULL, PB), *d_sq = dput(NULL, M * 4), *d_gout = dput(gout, HB);
+    void *d_gout = dput(gout, HB);
     CK(setp(ag, "w_gate", d_wg)); CK(setp(ag, "w_up", d_wu)); CK(setp(ag, "w_down", d_wd));
-    CK(setp(ag, "hidden", d_hid)); CK(setp(ag, "output", d_out)); CK(setp(ag, "pair_rank", prg));
-    CK(setp(ag, "phi_sqnorm", d_sq)); CK(setp(ag, "saved_gate", d_sg));
-    CK(setp(ag, "saved_up", d_su)); CK(setp(ag, "pair_out", d_po));
+    CK(setp(ag, "hidden", d_hid)); CK(setp(ag, "pair_rank", prg)); CK(fwd_set(ag, df));
 
     lrmoe_exec_cuda_t *xh, *xg;
     CK(lrmoe_exec_args_cuda_new(ah, &xh));
@@ -330,30 +360,13 @@ int main(void)
 
     CK(lrmoe_exec_args_forward_cuda(ah, xh, NULL));
     for (int rep = 0; rep < 2; rep++) CK(lrmoe_exec_args_forward_cuda(ag, xg, NULL));
-    void *g = malloc(PB > GW ? PB : GW);
     same("pair_rank", prh, prg, M * 4);
-    dget(g, d_out, HB); same("output", h_out, g, HB);
-    dget(g, d_sq, M * 4); same("phi_sqnorm", h_sq, g, M * 4);
-    dget(g, d_sg, SB); same("saved_gate", h_sg, g, SB);
-    dget(g, d_su, SB); same("saved_up", h_su, g, SB);
-    dget(g, d_po, PB); same("pair_out", h_po, g, PB);
+    fwd_same("", hf, df);
 
     /* backward on the host forward's saved state (copied to the device) */
-    void *d_sg2 = dput(h_sg, SB), *d_su2 = dput(h_su, SB), *d_po2 = dput(h_po, PB);
-    float *hgh = (float *)malloc(HB * 2), *hgg = (float *)malloc(GW), *hgu = (float *)malloc(GW),
-          *hgd = (float *)malloc(GW), *hgt = (float *)malloc(M * 4);
-    void *d_gh = dput(NULL, HB * 2), *d_gg = dput(NULL, GW), *d_gu = dput(NULL, GW),
-         *d_gd = dput(NULL, GW), *d_gt = dput(NULL, M * 4);
-    CK(setp(ah, "grad_output", gout)); CK(setp(ah, "saved_gate", h_sg));
-    CK(setp(ah, "saved_up", h_su)); CK(setp(ah, "pair_out", h_po)); CK(setp(ah, "pair_rank", prh));
-    CK(setp(ah, "grad_hidden", hgh)); CK(setp(ah, "grad_w_gate", hgg));
-    CK(setp(ah, "grad_w_up", hgu)); CK(setp(ah, "grad_w_down", hgd));
-    CK(setp(ah, "grad_topk_weights", hgt));
-    CK(setp(ag, "grad_output", d_gout)); CK(setp(ag, "saved_gate", d_sg2));
-    CK(setp(ag, "saved_up", d_su2)); CK(setp(ag, "pair_out", d_po2)); CK(setp(ag, "pair_rank", prh));
-    CK(setp(ag, "grad_hidden", d_gh)); CK(setp(ag, "grad_w_gate", d_gg));
-    CK(setp(ag, "grad_w_up", d_gu)); CK(setp(ag, "grad_w_down", d_gd));
-    CK(setp(ag, "grad_topk_weights", d_gt));
+    bwd_out hb = bwd_new(0), db = bwd_new(1);
+    CK(bwd_set(ah, gout, hf, hb)); CK(setp(ah, "pair_rank", prh));
+    CK(bwd_set(ag, d_gout, saved_dev(hf), db)); CK(setp(ag, "pair_rank", prh));
     const char *modes[2] = {"full", "masked"};
     for (int m = 0; m < 2; m++) {
         char w[64];
@@ -363,11 +376,8 @@ int main(void)
         }
         CK(lrmoe_exec_args_backward_cuda(ah, xh, NULL));
         for (int rep = 0; rep < 2; rep++) CK(lrmoe_exec_args_backward_cuda(ag, xg, NULL));
-        snprintf(w, sizeof w, "%s grad_hidden", modes[m]); dget(g, d_gh, HB * 2); same(w, hgh, g, HB * 2);
-        snprintf(w, sizeof w, "%s grad_w_gate", modes[m]); dget(g, d_gg, GW); same(w, hgg, g, GW);
-        snprintf(w, sizeof w, "%s grad_w_up", modes[m]); dget(g, d_gu, GW); same(w, hgu, g, GW);
-        snprintf(w, sizeof w, "%s grad_w_down", modes[m]); dget(g, d_gd, GW); same(w, hgd, g, GW);
-        snprintf(w, sizeof w, "%s grad_topk_weights", modes[m]); dget(g, d_gt, M * 4); same(w, hgt, g, M * 4);
+        snprintf(w, sizeof w, "%s ", modes[m]);
+        bwd_same(w, hb, db);
     }
     /* weights changed in place on the device: the next frame sees them */
     uint16_t *wg2 = (uint16_t *)malloc(WB);
@@ -382,9 +392,10 @@ int main(void)
     CK(setp(ah, "w_gate", wg2));
     CK(lrmoe_exec_cuda_weights_changed(xg));
     CK(lrmoe_exec_cuda_weights_changed(xh));
+    CK(fwd_set(ah, hf)); CK(fwd_set(ag, df)); /* the backward set the saved state as inputs */
     CK(lrmoe_exec_args_forward_cuda(ah, xh, NULL));
     CK(lrmoe_exec_args_forward_cuda(ag, xg, NULL));
-    dget(g, d_out, HB); same("output after weights_changed", h_out, g, HB);
+    fwd_same("after weights_changed: ", hf, df);
     lrmoe_exec_cuda_free(xh);
     lrmoe_exec_cuda_free(xg);
     lrmoe_exec_args_free(ah);

@@ -98,58 +98,67 @@ static int flag_steps(void)
 /* zeroed host arrays of one layer step */
 static void *z(size_t n) { return calloc(n ? n : 1, 1); }
 
+/* BF16 weights, a forward's and a full backward's arrays of shape d, all
+ * zeroed (the backward reads the forward's saved state and routing) */
+static void step_arrays(const lrmoe_exec_dims_t *d, lrmoe_exec_weights_t *w,
+                        lrmoe_exec_fwd_t *f, lrmoe_exec_bwd_t *b)
+{
+    const int64_t T = d->T, K = d->K, E = d->E, D = d->D, F = d->F, M = T * K;
+    memset(w, 0, sizeof *w);
+    w->dtype = LRMOE_BF16;
+    w->w_gate = z((size_t)(E * F * D) * 2);
+    w->w_up = z((size_t)(E * F * D) * 2);
+    w->w_down = z((size_t)(E * F * D) * 2);
+    memset(f, 0, sizeof *f);
+    f->act_dtype = LRMOE_BF16;
+    f->hidden = z((size_t)(T * D) * 2);
+    f->topk_ids = z((size_t)M * 4);
+    f->topk_weights = z((size_t)M * 4);
+    f->output = z((size_t)(T * D) * 2);
+    f->pair_rank = z((size_t)M * 4);
+    f->phi_sqnorm = z((size_t)M * 4);
+    f->saved_gate = z((size_t)(M * F) * 2);
+    f->saved_up = z((size_t)(M * F) * 2);
+    f->pair_out = z((size_t)(M * D) * 2);
+    memset(b, 0, sizeof *b);
+    b->mode = LRMOE_MODE_FULL;
+    b->act_dtype = LRMOE_BF16;
+    b->grad_dtype = LRMOE_BF16;
+    b->hidden = f->hidden;
+    b->topk_ids = f->topk_ids;
+    b->topk_weights = f->topk_weights;
+    b->pair_rank = f->pair_rank;
+    b->saved_gate = f->saved_gate;
+    b->saved_up = f->saved_up;
+    b->pair_out = f->pair_out;
+    b->grad_output = z((size_t)(T * D) * 2);
+    b->grad_hidden = z((size_t)(T * D) * 4);
+    b->grad_w_gate = z((size_t)(E * F * D) * 4);
+    b->grad_w_up = z((size_t)(E * F * D) * 4);
+    b->grad_w_down = z((size_t)(E * F * D) * 4);
+    b->grad_topk_weights = z((size_t)M * 4);
+}
+
 static int exec_steps(void)
 {
     const char *ps = getenv("MOCK_P");
     int P = ps ? atoi(ps) : 8;
     lrmoe_exec_dims_t d = {256, 128, 8, 64, 32, P};
-    const int64_t T = d.T, K = d.K, E = d.E, D = d.D, F = d.F, M = T * K;
+    const int64_t T = d.T, K = d.K, E = d.E, D = d.D, M = T * K;
     lrmoe_exec_cfg_t cfg;
     lrmoe_exec_cfg_default(&cfg);
     cfg.backend = LRMOE_BACKEND_CUDA;
     cfg.allow_nonfinite = 1; /* the mock's "device" results are not computed */
     if (getenv("MOCK_GEMM_GROUPED")) cfg.gemm = LRMOE_EXEC_GEMM_GROUPED;
     lrmoe_exec_weights_t w;
-    memset(&w, 0, sizeof w);
-    w.dtype = LRMOE_BF16;
-    w.w_gate = z((size_t)(E * F * D) * 2);
-    w.w_up = z((size_t)(E * F * D) * 2);
-    w.w_down = z((size_t)(E * F * D) * 2);
-    int32_t *ids = z((size_t)M * 4);
-    float *tw = z((size_t)M * 4);
+    lrmoe_exec_fwd_t f;
+    lrmoe_exec_bwd_t b;
+    step_arrays(&d, &w, &f, &b);
+    int32_t *ids = (int32_t *)f.topk_ids;
+    float *tw = (float *)f.topk_weights;
     for (int64_t u = 0; u < M; u++) { ids[u] = (int32_t)((u * 37 + u / K) % E); tw[u] = 0.125f; }
     for (int64_t t = 0; t < T; t++) /* distinct experts per token */
         for (int64_t k = 0; k < K; k++) ids[t * K + k] = (int32_t)((t * 5 + k * 16) % E);
-    lrmoe_exec_fwd_t f;
-    memset(&f, 0, sizeof f);
-    f.act_dtype = LRMOE_BF16;
-    f.hidden = z((size_t)(T * D) * 2);
-    f.topk_ids = ids;
-    f.topk_weights = tw;
-    f.output = z((size_t)(T * D) * 2);
-    f.pair_rank = z((size_t)M * 4);
-    f.phi_sqnorm = z((size_t)M * 4);
-    f.saved_gate = z((size_t)(M * F) * 2);
-    f.saved_up = z((size_t)(M * F) * 2);
-    f.pair_out = z((size_t)(M * D) * 2);
-    lrmoe_exec_bwd_t b;
-    memset(&b, 0, sizeof b);
-    b.mode = LRMOE_MODE_FULL;
-    b.act_dtype = LRMOE_BF16;
-    b.grad_dtype = LRMOE_BF16;
-    b.hidden = f.hidden;
-    b.topk_ids = ids;
-    b.topk_weights = tw;
-    b.pair_rank = f.pair_rank;
-    b.saved_gate = f.saved_gate;
-    b.saved_up = f.saved_up;
-    b.pair_out = f.pair_out;
-    b.grad_output = z((size_t)(T * D) * 2);
-    b.grad_hidden = z((size_t)(T * D) * 4);
-    b.grad_w_gate = z((size_t)(E * F * D) * 4);
-    b.grad_w_up = z((size_t)(E * F * D) * 4);
-    b.grad_w_down = z((size_t)(E * F * D) * 4);
-    b.grad_topk_weights = z((size_t)M * 4);
     double *tim = z((size_t)P * LRMOE_NSTAGES * sizeof(double));
     mock_mark("oneshot_fwd");
     show("oneshot_fwd", lrmoe_exec_forward(&cfg, &d, &w, NULL, &f, tim));
@@ -215,45 +224,15 @@ static int exec_steps(void)
 static int route_steps(void)
 {
     lrmoe_exec_dims_t d = {256, 128, 8, 64, 32, 1};
-    const int64_t T = d.T, K = d.K, E = d.E, D = d.D, F = d.F, M = T * K;
+    const int64_t E = d.E, D = d.D, F = d.F;
     lrmoe_exec_cfg_t cfg;
     lrmoe_exec_cfg_default(&cfg);
     cfg.backend = LRMOE_BACKEND_CUDA;
     cfg.gpus = 1;
     lrmoe_exec_weights_t w;
-    memset(&w, 0, sizeof w);
-    w.dtype = LRMOE_BF16;
-    w.w_gate = z((size_t)(E * F * D) * 2);
-    w.w_up = z((size_t)(E * F * D) * 2);
-    w.w_down = z((size_t)(E * F * D) * 2);
     lrmoe_exec_fwd_t f;
-    memset(&f, 0, sizeof f);
-    f.act_dtype = LRMOE_BF16;
-    f.hidden = z((size_t)(T * D) * 2);
-    f.topk_ids = z((size_t)M * 4);
-    f.topk_weights = z((size_t)M * 4);
-    f.output = z((size_t)(T * D) * 2);
-    f.phi_sqnorm = z((size_t)M * 4);
-    f.saved_gate = z((size_t)(M * F) * 2);
-    f.saved_up = z((size_t)(M * F) * 2);
-    f.pair_out = z((size_t)(M * D) * 2);
     lrmoe_exec_bwd_t b;
-    memset(&b, 0, sizeof b);
-    b.mode = LRMOE_MODE_FULL;
-    b.act_dtype = LRMOE_BF16;
-    b.grad_dtype = LRMOE_BF16;
-    b.hidden = f.hidden;
-    b.topk_ids = f.topk_ids;
-    b.topk_weights = f.topk_weights;
-    b.saved_gate = f.saved_gate;
-    b.saved_up = f.saved_up;
-    b.pair_out = f.pair_out;
-    b.grad_output = z((size_t)(T * D) * 2);
-    b.grad_hidden = z((size_t)(T * D) * 4);
-    b.grad_w_gate = z((size_t)(E * F * D) * 4);
-    b.grad_w_up = z((size_t)(E * F * D) * 4);
-    b.grad_w_down = z((size_t)(E * F * D) * 4);
-    b.grad_topk_weights = z((size_t)M * 4);
+    step_arrays(&d, &w, &f, &b);
     lrmoe_exec_cuda_t *x = NULL;
     mock_mark("new");
     show("new", lrmoe_exec_cuda_new(&cfg, 1, &x));
