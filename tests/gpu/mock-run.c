@@ -139,6 +139,22 @@ static void step_arrays(const lrmoe_exec_dims_t *d, lrmoe_exec_weights_t *w,
     b->grad_topk_weights = z((size_t)M * 4);
 }
 
+/* three forward and backward frames on x, marked PREfwdI and PREbwdI */
+static void frames(lrmoe_exec_cuda_t *x, const char *pre, const lrmoe_exec_cfg_t *cfg,
+                   const lrmoe_exec_dims_t *d, const lrmoe_exec_weights_t *w,
+                   lrmoe_exec_fwd_t *f, lrmoe_exec_bwd_t *b, double *tim)
+{
+    char m[16];
+    for (int i = 1; i <= 3; i++) {
+        snprintf(m, sizeof m, "%sfwd%d", pre, i);
+        mock_mark(m);
+        show(m, lrmoe_exec_cuda_forward(x, cfg, d, w, NULL, f, tim));
+        snprintf(m, sizeof m, "%sbwd%d", pre, i);
+        mock_mark(m);
+        show(m, lrmoe_exec_cuda_backward(x, cfg, d, w, NULL, b, tim));
+    }
+}
+
 static int exec_steps(void)
 {
     const char *ps = getenv("MOCK_P");
@@ -169,15 +185,7 @@ static int exec_steps(void)
     mock_mark("new");
     show("new", lrmoe_exec_cuda_new(&cfg, P, &x));
     if (!x) return 1;
-    char m[16];
-    for (int i = 1; i <= 3; i++) {
-        snprintf(m, sizeof m, "fwd%d", i);
-        mock_mark(m);
-        show(m, lrmoe_exec_cuda_forward(x, &cfg, &d, &w, NULL, &f, tim));
-        snprintf(m, sizeof m, "bwd%d", i);
-        mock_mark(m);
-        show(m, lrmoe_exec_cuda_backward(x, &cfg, &d, &w, NULL, &b, tim));
-    }
+    frames(x, "", &cfg, &d, &w, &f, &b, tim);
     /* device-pointer I/O on a stream of the caller ("device" memory is host
      * memory here) */
     mock_mark("free");
@@ -187,14 +195,7 @@ static int exec_steps(void)
     show("new1", lrmoe_exec_cuda_new(&cfg, P, &x));
     if (!x) return 1;
     show("set_io", lrmoe_exec_cuda_set_io(x, 1, NULL));
-    for (int i = 1; i <= 3; i++) {
-        snprintf(m, sizeof m, "dfwd%d", i);
-        mock_mark(m);
-        show(m, lrmoe_exec_cuda_forward(x, &cfg, &d, &w, NULL, &f, tim));
-        snprintf(m, sizeof m, "dbwd%d", i);
-        mock_mark(m);
-        show(m, lrmoe_exec_cuda_backward(x, &cfg, &d, &w, NULL, &b, tim));
-    }
+    frames(x, "d", &cfg, &d, &w, &f, &b, tim);
     /* the backward's scores on the device (lrmoe.torch's CUDA path), for
      * each metric with a device kernel: lrm, gradnorm, absgrad (the last
      * two read no alpha or phi_sqnorm: NULL) */
@@ -238,15 +239,7 @@ static int route_steps(void)
     show("new", lrmoe_exec_cuda_new(&cfg, 1, &x));
     if (!x) return 1;
     show("set_io", lrmoe_exec_cuda_set_io(x, 2, NULL));
-    char m[16];
-    for (int i = 1; i <= 3; i++) {
-        snprintf(m, sizeof m, "rfwd%d", i);
-        mock_mark(m);
-        show(m, lrmoe_exec_cuda_forward(x, &cfg, &d, &w, NULL, &f, NULL));
-        snprintf(m, sizeof m, "rbwd%d", i);
-        mock_mark(m);
-        show(m, lrmoe_exec_cuda_backward(x, &cfg, &d, &w, NULL, &b, NULL));
-    }
+    frames(x, "r", &cfg, &d, &w, &f, &b, NULL);
     setenv("MOCK_CAPTURING", "1", 1);
     mock_mark("cfwd");
     show("cfwd", lrmoe_exec_cuda_forward(x, &cfg, &d, &w, NULL, &f, NULL));
