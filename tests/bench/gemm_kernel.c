@@ -30,6 +30,11 @@ static double cpu_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+static void *amalloc(size_t n)
+{
+    return aligned_alloc(64, (n + 63) / 64 * 64);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "peaks")) {
@@ -51,9 +56,11 @@ int main(int argc, char **argv)
     const size_t nc = (size_t)(M * N);
     const size_t per = (nb + (ta ? na : 0)) * 2 + nc * 4;
     const int copies = (int)((64u << 20) / per) + 2;
-    uint16_t *B = malloc(nb * 2 * (size_t)copies);
-    uint16_t *A = malloc(na * 2 * (size_t)(ta ? copies : 1));
-    float *C = malloc(nc * sizeof *C * (size_t)copies);
+    /* 64-byte aligned, as the layer's buffers are: the weight gradients'
+     * non-temporal stores (lib/gemm_dpbf16.c) need whole aligned lines */
+    uint16_t *B = amalloc(nb * 2 * (size_t)copies);
+    uint16_t *A = amalloc(na * 2 * (size_t)(ta ? copies : 1));
+    float *C = amalloc(nc * sizeof *C * (size_t)copies);
     if (!A || !B || !C) return 1;
     for (size_t i = 0; i < nb * (size_t)copies; i++) B[i] = lrmoe_f32_to_bf16((float)(i % 97) / 97 - 0.5f);
     for (size_t i = 0; i < na * (size_t)(ta ? copies : 1); i++)
