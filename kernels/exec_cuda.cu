@@ -706,27 +706,37 @@ static int weights_bf16(run_t &R, xw_t *W, int r, int64_t e)
     return lrmoe_kcu_f32_to_bf16((int64_t)(3 * FD), (const float *)W->wst[i], (uint16_t *)b);
 }
 
-/* Rank r's BF16 view of its natives, kept: the block itself for BF16
- * storage, else one converted block (the natives' view consecutive too,
- * expert lo + j at j * 3 F D: lrmoe_kcu_ggemm's uniform expert stride). */
+/* Rank r's BF16 view of its natives from F32 storage, kept: one converted
+ * block, so that the view is consecutive like the block (expert lo + j at
+ * j * 3 F D: lrmoe_kcu_ggemm's uniform expert stride). BF16 storage is its
+ * own view (weights_bf16). */
 static int weights_bf16_natives(run_t &R, xw_t *W, int r)
 {
+    if (W->dtype == LRMOE_BF16) return 0;
     int64_t lo = -1, nn = 0;
     for (int64_t e = 0; e < W->E; e++)
         if (lrmoe_exec_native(e, W->E, R.P) == r) { if (lo < 0) lo = e; nn++; }
     if (!nn || W->wbf[(size_t)r * W->E + lo]) return 0;
     const size_t FD3 = (size_t)(3 * W->F * W->D);
-    if (W->dtype == LRMOE_BF16) {
-        for (int64_t j = 0; j < nn; j++)
-            W->wbf[(size_t)r * W->E + lo + j] = W->wst[(size_t)r * W->E + lo + j];
-        return 0;
-    }
     uint16_t *b;
     if (R.use(r) < 0 || lrmoe_kcu_alloc((void **)&b, FD3 * (size_t)nn * 2) < 0) return -1;
     W->blk.push_back({r, b});
     for (int64_t j = 0; j < nn; j++) W->wbf[(size_t)r * W->E + lo + j] = b + FD3 * (size_t)j;
     return lrmoe_kcu_f32_to_bf16((int64_t)(FD3 * (size_t)nn),
                                  (const float *)W->wst[(size_t)r * W->E + lo], b);
+}
+
+/* Rank r's BF16 views of every instance it holds, and its frame's pointers
+ * to them. */
+static int rank_weights(run_t &R, xw_t *W, int r)
+{
+    const int64_t E = W->E;
+    CKR(weights_bf16_natives(R, W, r));
+    for (int64_t e = 0; e < E; e++)
+        if (W->wst[(size_t)r * E + e] && weights_bf16(R, W, r, e) < 0) return -1;
+    R.rk[r].wst = &W->wst[(size_t)r * E];
+    R.rk[r].wbf = (const uint16_t *const *)&W->wbf[(size_t)r * E];
+    return 0;
 }
 
 /* The weights this frame needs resident: natives (the set), then each
@@ -764,11 +774,7 @@ static int load_weights(run_t &R, const lrmoe_exec_weights_t *w, const layout_t 
         }
     for (int r = 0; r < P; r++) {
         if (!R.loc(r)) continue;
-        CKR(weights_bf16_natives(R, W, r));
-        for (int64_t e = 0; e < E; e++)
-            if (W->wst[(size_t)r * E + e] && weights_bf16(R, W, r, e) < 0) return -1;
-        R.rk[r].wst = &W->wst[(size_t)r * E];
-        R.rk[r].wbf = (const uint16_t *const *)&W->wbf[(size_t)r * E];
+        CKR(rank_weights(R, W, r));
         if (R.mark(r, LRMOE_STAGE_WEIGHTS) < 0) return -1;
     }
     return 0;
@@ -1644,9 +1650,7 @@ static int dr_weights(run_t &R, const lrmoe_exec_weights_t *w, const uint16_t **
         return lrmoe_err("backend cuda: these weights are not resident yet: run one frame "
                          "outside the CUDA graph capture first");
     if (!W && !(W = weights_set(R, w))) return -1;
-    CKR(weights_bf16_natives(R, W, 0));
-    R.rk[0].wst = &W->wst[0];
-    R.rk[0].wbf = (const uint16_t *const *)&W->wbf[0];
+    CKR(rank_weights(R, W, 0));
     *wb = (const uint16_t *)W->wbf[0];
     return 0;
 }
@@ -1759,8 +1763,7 @@ static int x_backward_dr(xs_t *X, const lrmoe_exec_dims_t *d, const lrmoe_exec_w
         return lrmoe_err("backward: missing an input (hidden, saved_gate, saved_up, pair_out, "
                          "grad_output, topk_ids, topk_weights) or output array");
     const int64_t T = d->T, K = d->K, D = d->D, F = d->F, M = T * K;
-    const size_t FD = (size_t)(F * D), as = lrmoe_dtype_size(a->act_dtype),
-                 gs = lrmoe_dtype_size(a->grad_dtype);
+    const size_t FD = (size_t)(F * D), as = lrmoe_dtype_size(a->act_dtype);
     const int abf = a->act_dtype == LRMOE_BF16;
     std::vector<double> tloc;
     (void)stage_times(1, timings, tloc);
@@ -1778,7 +1781,6 @@ static int x_backward_dr(xs_t *X, const lrmoe_exec_dims_t *d, const lrmoe_exec_w
     /* dy = alpha_u g_t by row (BF16); the rows' x, h_g, h_u */
     CK(R.dalloc(0, &gtok, (size_t)(T * D) * 4));
     CK(lrmoe_kcu_to_f32(T * D, a->grad_dtype == LRMOE_BF16, a->grad_output, gtok));
-    (void)gs;
     CK(R.dalloc(0, &dy, (size_t)(M * D) * 2));
     CK(lrmoe_kcu_pack_gather_scaled_bf16(L.pair, M, (int)K, D, gtok, a->topk_weights, dy));
     CK(R.dalloc(0, &xs, (size_t)(M * D) * as));
