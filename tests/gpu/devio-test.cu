@@ -110,6 +110,31 @@ static int setp(lrmoe_exec_args_t *a, const char *n, const void *p)
     return lrmoe_exec_args_set_ptr(a, n, p);
 }
 
+/* one side's arguments: the layer's shape on p ranks, BF16 throughout,
+ * one GPU; NULL after printing the failure */
+static lrmoe_exec_args_t *args_new(int p, int gemm)
+{
+    lrmoe_exec_args_t *a = lrmoe_exec_args_new();
+    const char *k[] = {"backend", "gpus", "gemm", "T", "E", "K", "D", "F", "P",
+                       "weights_dtype", "act_dtype", "grad_dtype"};
+    const int64_t v[] = {LRMOE_BACKEND_CUDA, 1, gemm, T, E, K, D, F, p,
+                         LRMOE_BF16, LRMOE_BF16, LRMOE_BF16};
+    for (size_t i = 0; a && i < sizeof k / sizeof *k; i++)
+        if (lrmoe_exec_args_set(a, k[i], v[i]) < 0) {
+            printf("devio: FAIL setting %s: %s\n", k[i], lrmoe_errmsg());
+            return NULL;
+        }
+    return a;
+}
+
+/* one side's weights and hidden rows (host or device arrays) */
+static int layer_set(lrmoe_exec_args_t *a, const void *wg, const void *wu, const void *wd,
+                     const void *hid)
+{
+    return setp(a, "w_gate", wg) < 0 || setp(a, "w_up", wu) < 0 || setp(a, "w_down", wd) < 0 ||
+           setp(a, "hidden", hid) < 0 ? -1 : 0;
+}
+
 /* one side's forward outputs (host arrays, or device ones poisoned) */
 struct fwd_out { void *out, *sg, *su, *po, *sq; };
 static fwd_out fwd_new(int dev)
@@ -184,33 +209,22 @@ static int devroute(const int32_t *ids, const float *tw, void *hid, void *wg, vo
                     void *gout)
 {
     const size_t WB = (size_t)E * F * D * 2, HB = (size_t)T * D * 2;
-    lrmoe_exec_args_t *ah = lrmoe_exec_args_new(), *ag = lrmoe_exec_args_new();
-    lrmoe_exec_args_t *both[2] = {ah, ag};
-    for (int i = 0; i < 2; i++) {
-        lrmoe_exec_args_t *a = both[i];
-        CK(lrmoe_exec_args_set(a, "backend", LRMOE_BACKEND_CUDA));
-        CK(lrmoe_exec_args_set(a, "gpus", 1));
 #ifdef DEVIO_CUDA
-        CK(lrmoe_exec_args_set(a, "gemm", LRMOE_EXEC_GEMM_CUTLASS));
+    const int gemm = LRMOE_EXEC_GEMM_CUTLASS;
+#else
+    const int gemm = LRMOE_EXEC_GEMM_LOOP;
 #endif
-        CK(lrmoe_exec_args_set(a, "T", T)); CK(lrmoe_exec_args_set(a, "E", E));
-        CK(lrmoe_exec_args_set(a, "K", K)); CK(lrmoe_exec_args_set(a, "D", D));
-        CK(lrmoe_exec_args_set(a, "F", F)); CK(lrmoe_exec_args_set(a, "P", 1));
-        CK(lrmoe_exec_args_set(a, "weights_dtype", LRMOE_BF16));
-        CK(lrmoe_exec_args_set(a, "act_dtype", LRMOE_BF16));
-        CK(lrmoe_exec_args_set(a, "grad_dtype", LRMOE_BF16));
-    }
+    lrmoe_exec_args_t *ah = args_new(1, gemm), *ag = args_new(1, gemm);
+    if (!ah || !ag) return 1;
     fwd_out hf = fwd_new(0), df = fwd_new(1);
     int32_t *prh = (int32_t *)malloc(M * 4);
     CK(setp(ah, "topk_ids", ids)); CK(setp(ah, "topk_weights", tw));
-    CK(setp(ah, "w_gate", wg)); CK(setp(ah, "w_up", wu)); CK(setp(ah, "w_down", wd));
-    CK(setp(ah, "hidden", hid)); CK(setp(ah, "pair_rank", prh)); CK(fwd_set(ah, hf));
+    CK(layer_set(ah, wg, wu, wd, hid)); CK(setp(ah, "pair_rank", prh)); CK(fwd_set(ah, hf));
     void *d_ids = dput(ids, M * 4), *d_tw = dput(tw, M * 4);
     void *d_wg = dput(wg, WB), *d_wu = dput(wu, WB), *d_wd = dput(wd, WB), *d_hid = dput(hid, HB);
     void *d_gout = dput(gout, HB);
     CK(setp(ag, "topk_ids", d_ids)); CK(setp(ag, "topk_weights", d_tw));
-    CK(setp(ag, "w_gate", d_wg)); CK(setp(ag, "w_up", d_wu)); CK(setp(ag, "w_down", d_wd));
-    CK(setp(ag, "hidden", d_hid)); CK(setp(ag, "pair_rank", NULL)); CK(fwd_set(ag, df));
+    CK(layer_set(ag, d_wg, d_wu, d_wd, d_hid)); CK(setp(ag, "pair_rank", NULL)); CK(fwd_set(ag, df));
     lrmoe_exec_cuda_t *xh, *xg;
     CK(lrmoe_exec_args_cuda_new(ah, &xh));
     CK(lrmoe_exec_args_cuda_new(ag, &xg));
@@ -326,18 +340,11 @@ int main(void)
     for (int u = 0; u < M; u++) keep[u] = rnd() % 4 != 0;
 
     /* the two executors' arguments: h host, g device */
-    lrmoe_exec_args_t *ah = lrmoe_exec_args_new(), *ag = lrmoe_exec_args_new();
+    lrmoe_exec_args_t *ah = args_new(P, LRMOE_EXEC_GEMM_LOOP), *ag = args_new(P, LRMOE_EXEC_GEMM_LOOP);
+    if (!ah || !ag) return 1;
     lrmoe_exec_args_t *both[2] = {ah, ag};
     for (int i = 0; i < 2; i++) {
         lrmoe_exec_args_t *a = both[i];
-        CK(lrmoe_exec_args_set(a, "backend", LRMOE_BACKEND_CUDA));
-        CK(lrmoe_exec_args_set(a, "gpus", 1));
-        CK(lrmoe_exec_args_set(a, "T", T)); CK(lrmoe_exec_args_set(a, "E", E));
-        CK(lrmoe_exec_args_set(a, "K", K)); CK(lrmoe_exec_args_set(a, "D", D));
-        CK(lrmoe_exec_args_set(a, "F", F)); CK(lrmoe_exec_args_set(a, "P", P));
-        CK(lrmoe_exec_args_set(a, "weights_dtype", LRMOE_BF16));
-        CK(lrmoe_exec_args_set(a, "act_dtype", LRMOE_BF16));
-        CK(lrmoe_exec_args_set(a, "grad_dtype", LRMOE_BF16));
         CK(setp(a, "topk_ids", ids)); CK(setp(a, "topk_weights", tw));
         CK(setp(a, "placement", place)); CK(setp(a, "fwd_alloc", alloc));
     }
@@ -345,13 +352,11 @@ int main(void)
     /* host side */
     fwd_out hf = fwd_new(0), df = fwd_new(1);
     int32_t *prh = (int32_t *)malloc(M * 4), *prg = (int32_t *)malloc(M * 4);
-    CK(setp(ah, "w_gate", wg)); CK(setp(ah, "w_up", wu)); CK(setp(ah, "w_down", wd));
-    CK(setp(ah, "hidden", hid)); CK(setp(ah, "pair_rank", prh)); CK(fwd_set(ah, hf));
+    CK(layer_set(ah, wg, wu, wd, hid)); CK(setp(ah, "pair_rank", prh)); CK(fwd_set(ah, hf));
     /* device side: the same inputs copied, outputs poisoned */
     void *d_wg = dput(wg, WB), *d_wu = dput(wu, WB), *d_wd = dput(wd, WB), *d_hid = dput(hid, HB);
     void *d_gout = dput(gout, HB);
-    CK(setp(ag, "w_gate", d_wg)); CK(setp(ag, "w_up", d_wu)); CK(setp(ag, "w_down", d_wd));
-    CK(setp(ag, "hidden", d_hid)); CK(setp(ag, "pair_rank", prg)); CK(fwd_set(ag, df));
+    CK(layer_set(ag, d_wg, d_wu, d_wd, d_hid)); CK(setp(ag, "pair_rank", prg)); CK(fwd_set(ag, df));
 
     lrmoe_exec_cuda_t *xh, *xg;
     CK(lrmoe_exec_args_cuda_new(ah, &xh));
