@@ -60,4 +60,15 @@ int lrmoe_dpbf16_gemm(lrmoe_dpbf16_t *x, int ta, int tb, int64_t M, int64_t N, i
                       const void *A, int a_f32, int64_t lda, const void *B, int b_f32,
                       int64_t ldb, int acc, float *C, int64_t ldc);
 
+/* C (M,N) BF16 = A B^T rounded to BF16 as lrmoe_gemm_to_bf16 rounds (the
+ * forward's y = phi W_down^T into its BF16 rows), B BF16 stored (N,K), A
+ * BF16 or F32 (a_f32) stored (M,K), ldc in BF16 elements: the products of
+ * lrmoe_dpbf16_gemm(x, 0, 1, ..., acc 0), each rounded in the store that
+ * writes it (no F32 C in memory) where the form allows, else after. The
+ * same bits as lrmoe_dpbf16_gemm followed by lrmoe_gemm_to_bf16. -1 on out
+ * of memory (error set). */
+int lrmoe_dpbf16_gemm_bf16out(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, const void *A,
+                              int a_f32, int64_t lda, const uint16_t *B, int64_t ldb,
+                              uint16_t *C, int64_t ldc);
+
 #endif

@@ -224,16 +224,29 @@ int main(void)
          * N: one chunk of C^T (13 + mi) and several with a partial one
          * (101: 48 + 48 + 5), with both C = and C += */
         static const int64_t Mf[] = {1, 7, 8, 9, 16, 24, 63, 64, 65, 72, 80, 88, 96, 97, 130, 300};
-        static const int64_t Kf[] = {1, 2, 31, 96, 545};
-        int forms = 0, fdiff = 0;
+        /* 4101 (at 65-96 rows only): too long for the direct form's one
+         * block of rows, so its BF16 output is rounded after */
+        static const int64_t Kf[] = {1, 2, 31, 96, 545, 4101};
+        int forms = 0, fdiff = 0, outs = 0, odiff = 0;
         for (size_t mi = 0; mi < sizeof Mf / sizeof *Mf; mi++)
         for (int ni = 0; ni < 2; ni++)
         for (size_t ki = 0; ki < sizeof Kf / sizeof *Kf; ki++)
         for (int f32 = 0; f32 < 2; f32++) {
             const int64_t M = Mf[mi], N = ni ? 101 : 13 + (int64_t)mi, K = Kf[ki], ldc = N + 5;
+            if (K > 545 && (M <= 64 || M > 96 || ni)) continue;
             const lrmoe_dtype_t adt = f32 ? LRMOE_F32 : LRMOE_BF16;
             double *ra, *rb;
             void *A = mat(M, K, K + 3, adt, &ra), *B = mat(N, K, K + 1, LRMOE_BF16, &rb);
+            /* every other case: row 0 of A holds infinities, a NaN and
+             * values whose products overflow (NaN, infinite and huge C in
+             * the BF16 rounding below) */
+            if (ki & 1) {
+                static const float sp[] = {INFINITY, -INFINITY, NAN, 3e38f, -3e38f};
+                for (int64_t k = 0; k < K && k < 5; k++) {
+                    if (f32) ((float *)A)[k] = sp[k];
+                    else lrmoe_convert_from_f32(LRMOE_BF16, &sp[k], (uint16_t *)A + k, 1);
+                }
+            }
             float *C1 = malloc((size_t)(M * ldc) * sizeof *C1), *C2 = malloc((size_t)(M * ldc) * sizeof *C2);
             for (int64_t i = 0; i < M * ldc; i++) C1[i] = C2[i] = rnd();
             const int acc = (int)((mi + (size_t)ni) & 1);
@@ -247,10 +260,36 @@ int main(void)
                 printf("FAIL dpbf16 forms M=%lld N=%lld K=%lld acc=%d A=%s: the packed form's bits differ\n",
                        (long long)M, (long long)N, (long long)K, acc, lrmoe_dtype_name(adt));
             }
+            /* lrmoe_gemm_bf16out, in both forms (each rounding C in its
+             * stores, or after where K is too long): the F32 product's bits
+             * rounded by lrmoe_gemm_to_bf16, and nothing written past N */
+            uint16_t *h = malloc((size_t)(M * ldc) * 2), *hr = malloc((size_t)N * 2);
+            for (int pk = 0; pk < 2; pk++) {
+                for (int64_t i = 0; i < M * ldc; i++) h[i] = 0x5a5a;
+                if (pk) setenv("LRMOE_DPBF16_PACKNT", "1", 1);
+                int rc3 = lrmoe_gemm(g, 0, 1, M, N, K, A, adt, K + 3, B, LRMOE_BF16, K + 1, 0, C1, ldc) ||
+                          lrmoe_gemm_bf16out(g, M, N, K, A, adt, K + 3, B, LRMOE_BF16, K + 1, h, ldc);
+                unsetenv("LRMOE_DPBF16_PACKNT");
+                int ok = !rc3;
+                for (int64_t i = 0; i < M && ok; i++) {
+                    lrmoe_gemm_to_bf16(C1 + i * ldc, hr, (size_t)N);
+                    ok &= !memcmp(h + i * ldc, hr, (size_t)N * 2);
+                    for (int64_t j = N; j < ldc; j++) ok &= h[i * ldc + j] == 0x5a5a;
+                }
+                outs++;
+                if (!ok) {
+                    odiff++;
+                    printf("FAIL dpbf16 bf16out M=%lld N=%lld K=%lld A=%s form %s: not the F32 product rounded%s\n",
+                           (long long)M, (long long)N, (long long)K, lrmoe_dtype_name(adt),
+                           pk ? "packed" : "default", rc3 ? lrmoe_errmsg() : "");
+                }
+            }
+            free(h); free(hr);
             free(A); free(B); free(C1); free(C2); free(ra); free(rb);
         }
-        printf("dpbf16 forms: %d cases, %d differ\n", forms, fdiff);
-        fails += fdiff;
+        printf("dpbf16 forms: %d cases, %d differ; bf16out: %d cases, %d differ\n", forms, fdiff,
+               outs, odiff);
+        fails += fdiff + odiff;
     }
     printf("gemm amx: %d cases, %d failed\n", cases, fails);
     lrmoe_gemm_free(g);
