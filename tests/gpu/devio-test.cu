@@ -191,6 +191,25 @@ static void bwd_same(const char *tag, const bwd_out &h, const bwd_out &d)
     snprintf(w, sizeof w, "%sgrad_topk_weights", tag); dget(g, d.gt, M * 4); same(w, h.gt, g, M * 4);
     free(g);
 }
+#ifdef DEVIO_CUDA
+/* a device side's backward outputs copied to the host */
+static bwd_out bwd_get(const bwd_out &d)
+{
+    const size_t HB = (size_t)T * D * 2, GW = (size_t)E * F * D * 4;
+    bwd_out h = bwd_new(0);
+    dget(h.gh, d.gh, HB * 2); dget(h.gg, d.gg, GW); dget(h.gu, d.gu, GW); dget(h.gd, d.gd, GW);
+    dget(h.gt, d.gt, M * 4);
+    return h;
+}
+/* a device side's backward outputs overwritten with NaN bytes */
+static int bwd_poison(const bwd_out &d)
+{
+    const size_t HB = (size_t)T * D * 2, GW = (size_t)E * F * D * 4;
+    return cudaMemset(d.gh, 0xFF, HB * 2) != cudaSuccess || cudaMemset(d.gg, 0xFF, GW) != cudaSuccess ||
+           cudaMemset(d.gu, 0xFF, GW) != cudaSuccess || cudaMemset(d.gd, 0xFF, GW) != cudaSuccess ||
+           cudaMemset(d.gt, 0xFF, M * 4) != cudaSuccess ? -1 : 0;
+}
+#endif
 /* a forward's saved state copied to the device */
 static fwd_out saved_dev(const fwd_out &h)
 {
@@ -204,7 +223,9 @@ static fwd_out saved_dev(const fwd_out &h)
  * executor runs --gemm cutlass too (the same kernel over the same rows),
  * and a forward captured into a CUDA graph, replayed on new routing written
  * into the same device arrays, must equal an uncaptured frame on that
- * routing. Returns 0 (pass), 1 (fail), 3 (not run: no CUTLASS GEMM here). */
+ * routing; likewise a captured full backward replayed after the gradient
+ * changed in place. Returns 0 (pass), 1 (fail), 3 (not run: no CUTLASS
+ * GEMM here). */
 static int devroute(const int32_t *ids, const float *tw, void *hid, void *wg, void *wu, void *wd,
                     void *gout)
 {
@@ -298,6 +319,30 @@ static int devroute(const int32_t *ids, const float *tw, void *hid, void *wg, vo
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
         printf("devio: CUDA graph of a device-routing forward replayed on new routing\n");
+        /* and a full backward: captured on this routing, replayed after the
+         * gradient changes in place, against an uncaptured frame on it */
+        cudaGraph_t gb;
+        cudaGraphExec_t eb;
+        if (cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return 1;
+        rc = lrmoe_exec_args_backward_cuda(ag, xg, NULL);
+        e = cudaStreamEndCapture(cs, &gb);
+        if (rc < 0 || e != cudaSuccess || cudaGraphInstantiate(&eb, gb, 0) != cudaSuccess) {
+            printf("devio: FAIL capturing a device-routing backward: %s / %s\n", lrmoe_errmsg(),
+                   cudaGetErrorString(e));
+            return 1;
+        }
+        uint16_t *g2 = (uint16_t *)malloc(HB);
+        dget(g2, d_gout, HB);
+        for (size_t i = 0; i < HB / 2; i++) g2[i] ^= (uint16_t)(i % 3 == 0 ? 0x8000 : 0); /* signs */
+        if (cudaMemcpy(d_gout, g2, HB, cudaMemcpyHostToDevice) != cudaSuccess) return 1;
+        CK(lrmoe_exec_args_backward_cuda(ag, xg, NULL));
+        bwd_out rb = bwd_get(db);
+        if (bwd_poison(db) < 0 || cudaGraphLaunch(eb, cs) != cudaSuccess) return 1;
+        bwd_same("backward graph replay ", rb, db);
+        CK(lrmoe_exec_args_backward_cuda(ag, xg, NULL));
+        cudaGraphExecDestroy(eb);
+        cudaGraphDestroy(gb);
+        printf("devio: CUDA graph of a device-routing backward replayed on a new gradient\n");
     }
 #endif
     lrmoe_exec_cuda_free(xh);
