@@ -9,6 +9,7 @@
 #if defined(__x86_64__) && defined(__GNUC__) && __GNUC__ >= 10
 #define HAVE_DPBF16_BUILD 1
 #include <immintrin.h>
+#include "simd_bf16.h"
 #include "simd_tr16.h"
 #define DPT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #endif
@@ -76,23 +77,6 @@ void lrmoe_dpbf16_free(lrmoe_dpbf16_t *x)
 
 
 #ifdef HAVE_DPBF16_BUILD
-
-/* 16 F32 to BF16, nearest even, NaN quieted with its sign and payload's top
- * bits: the bits of lrmoe_gemm_to_bf16 (lib/dtype.c's f32_to_bf16_n) for
- * every input (vcvtneps2bf16 would flush denormals). The NaN case matters
- * only for NaNs with low bits set, which vdpbf16ps never gives (its NaNs
- * come from BF16 operands or are the default NaN): kept for the contract. */
-DPT static inline __m256i bf16_16(__m512 v)
-{
-    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
-    const __m512i r = _mm512_srli_epi32(
-        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                             _mm512_and_si512(hi, _mm512_set1_epi32(1)))), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    return _mm512_cvtepi32_epi16(
-        _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40)));
-}
 
 /* rows r0 and r1 (r1 NULL: zeros) of n BF16 values, interleaved into n dwords
  * (r0[j] low, r1[j] high), then zeros up to nout dwords */
@@ -291,7 +275,7 @@ enum { OUT_F32, OUT_NT, OUT_BF16 };
         UNROLL for (int i = 0; i < R; i++)                                                    \
             UNROLL for (int j = 0; j < 4; j++)                                                \
                 if (sm[j]) _mm256_mask_storeu_epi16((uint16_t *)Cv + i * ldc + 16 * j, sm[j], \
-                                                    bf16_16(c[i][j]));                        \
+                                            lrmoe_bf16_16(_mm512_castps_si512(c[i][j])));     \
     } else if (out == OUT_NT && nv == NR) /* whole lines, 64-byte aligned (see the caller) */   \
         UNROLL for (int i = 0; i < R; i++)                                                    \
             UNROLL for (int j = 0; j < 4; j++)                                                \
@@ -430,10 +414,9 @@ DPT static void ct_out(const float *ct, int64_t ctl, int64_t nn, int64_t M, floa
                               : _mm512_setzero_si512();
             lrmoe_tr16(t);
             const __mmask16 k = ln == 16 ? 0xffff : (__mmask16)((1u << ln) - 1);
-            if (Cb) /* rounded to BF16 on the way out */
+            if (Cb) /* rounded to BF16 on the way out, as lrmoe_gemm_to_bf16 rounds */
                 for (int l = 0; l < lm; l++)
-                    _mm256_mask_storeu_epi16(Cb + (m + l) * ldc + n0 + n, k,
-                                             bf16_16(_mm512_castsi512_ps(t[l])));
+                    _mm256_mask_storeu_epi16(Cb + (m + l) * ldc + n0 + n, k, lrmoe_bf16_16(t[l]));
             else
                 for (int l = 0; l < lm; l++)
                     _mm512_mask_storeu_ps(C + (m + l) * ldc + n0 + n, k, _mm512_castsi512_ps(t[l]));

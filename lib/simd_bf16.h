@@ -1,6 +1,6 @@
 /* BF16 <-> F32 for 16 lanes (AVX-512F), shared by the kernels that widen or
- * round BF16 in registers (gemm_amx.c, swiglu.c, exec_cpu.c). Include only
- * under an x86-64 GCC build. */
+ * round BF16 in registers (gemm_amx.c, gemm_dpbf16.c, swiglu.c,
+ * exec_cpu.c). Include only under an x86-64 GCC build. */
 #ifndef LRMOE_SIMD_BF16_H
 #define LRMOE_SIMD_BF16_H
 
