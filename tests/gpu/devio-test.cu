@@ -340,6 +340,7 @@ static int devroute(const int32_t *ids, const float *tw, void *hid, void *wg, vo
         if (bwd_poison(db) < 0 || cudaGraphLaunch(eb, cs) != cudaSuccess) return 1;
         bwd_same("backward graph replay ", rb, db);
         CK(lrmoe_exec_args_backward_cuda(ag, xg, NULL));
+        free(g2); free(rb.gh); free(rb.gg); free(rb.gu); free(rb.gd); free(rb.gt);
         cudaGraphExecDestroy(eb);
         cudaGraphDestroy(gb);
         printf("devio: CUDA graph of a device-routing backward replayed on a new gradient\n");
