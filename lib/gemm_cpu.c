@@ -685,7 +685,7 @@ int lrmoe_gemm_bf16out(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const v
         return lrmoe_amx_gemm_bf16(g->amx, N, B, ldb, C, ldc);
     }
     if (g->dp && bdt == LRMOE_BF16 && (adt == LRMOE_F32 || adt == LRMOE_BF16) &&
-        !getenv("LRMOE_DPBF16_F32OUT"))
+        lrmoe_dpbf16_bf16out_ok(M, K) && !getenv("LRMOE_DPBF16_F32OUT"))
         return lrmoe_dpbf16_gemm_bf16out(g->dp, M, N, K, A, adt == LRMOE_F32, lda, B, ldb, C, ldc);
     float *c = scratch(g, 3, (size_t)(M * N) * sizeof *c);
     if (!c || lrmoe_gemm(g, 0, 1, M, N, K, A, adt, lda, B, bdt, ldb, 0, c, N) < 0) return -1;

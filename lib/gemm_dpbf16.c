@@ -33,9 +33,6 @@ struct lrmoe_dpbf16 {
     size_t bcap;
     uint16_t *t;          /* F32 operands rounded to BF16, a few rows at a time */
     size_t tcap;
-    float *c;             /* lrmoe_dpbf16_gemm_bf16out's F32 product where no form
-                             rounds in its stores */
-    size_t ccap;
 };
 
 static pthread_once_t dp_once = PTHREAD_ONCE_INIT;
@@ -71,7 +68,6 @@ void lrmoe_dpbf16_free(lrmoe_dpbf16_t *x)
     free(x->A);
     free(x->B);
     free(x->t);
-    free(x->c);
     free(x);
 }
 
@@ -583,18 +579,19 @@ int lrmoe_dpbf16_gemm_bf16out(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K
         for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof *C);
         return 0;
     }
+    if (!lrmoe_dpbf16_bf16out_ok(M, K))
+        return lrmoe_err("gemm: BF16 output of %lld rows, K %lld: not rounded in the stores",
+                         (long long)M, (long long)K);
     if (a_f32 && !grow_t(x, M, K)) return -1;
     if (!use_direct(M)) /* the packed form rounds in its stores */
         return gemm_packed(x, 0, 1, M, N, K, A, a_f32, lda, B, 0, ldb, 0, C, ldc, OUT_BF16);
-    if (direct_ct(M, K)) /* and the direct form in its C^T buffer's */
-        return gemm_nt_direct(x, M, N, K, A, a_f32, lda, B, ldb, 0, NULL, C, ldc);
-    /* a K too long for one block: the F32 product, then rounded */
-    if (!lrmoe_grow64((void **)&x->c, &x->ccap, (size_t)(M * N) * sizeof *x->c) ||
-        gemm_nt_direct(x, M, N, K, A, a_f32, lda, B, ldb, 0, x->c, NULL, N) < 0)
-        return -1;
-    for (int64_t i = 0; i < M; i++)
-        lrmoe_convert_from_f32(LRMOE_BF16, x->c + i * N, C + i * ldc, (size_t)N);
-    return 0;
+    /* and the direct form in its C^T buffer's */
+    return gemm_nt_direct(x, M, N, K, A, a_f32, lda, B, ldb, 0, NULL, C, ldc);
+}
+
+int lrmoe_dpbf16_bf16out_ok(int64_t M, int64_t K)
+{
+    return !use_direct(M) || direct_ct(M, K);
 }
 
 #else /* no AVX512_BF16 build: lrmoe_dpbf16_available() is 0 and nothing calls this */
@@ -615,6 +612,12 @@ int lrmoe_dpbf16_gemm_bf16out(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K
     (void)x; (void)M; (void)N; (void)K; (void)A; (void)a_f32; (void)lda; (void)B; (void)ldb;
     (void)C; (void)ldc;
     return lrmoe_err("gemm: this build has no AVX512_BF16 kernel");
+}
+
+int lrmoe_dpbf16_bf16out_ok(int64_t M, int64_t K)
+{
+    (void)M; (void)K;
+    return 0;
 }
 
 #endif

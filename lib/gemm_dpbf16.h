@@ -64,11 +64,18 @@ int lrmoe_dpbf16_gemm(lrmoe_dpbf16_t *x, int ta, int tb, int64_t M, int64_t N, i
  * forward's y = phi W_down^T into its BF16 rows), B BF16 stored (N,K), A
  * BF16 or F32 (a_f32) stored (M,K), ldc in BF16 elements: the products of
  * lrmoe_dpbf16_gemm(x, 0, 1, ..., acc 0), each rounded in the store that
- * writes it (no F32 C in memory) where the form allows, else after. The
- * same bits as lrmoe_dpbf16_gemm followed by lrmoe_gemm_to_bf16. -1 on out
+ * writes it (no F32 C in memory). The same bits as lrmoe_dpbf16_gemm
+ * followed by lrmoe_gemm_to_bf16. Only where lrmoe_dpbf16_bf16out_ok(M, K)
+ * (else -1, error set; the caller rounds an F32 product itself); -1 on out
  * of memory (error set). */
 int lrmoe_dpbf16_gemm_bf16out(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, const void *A,
                               int a_f32, int64_t lda, const uint16_t *B, int64_t ldb,
                               uint16_t *C, int64_t ldc);
+
+/* 1 when the form lrmoe_dpbf16_gemm picks for M rows of A by K rounds C in
+ * its stores: all but the stored-weights form with more than one block of
+ * rows (K over about 4096 at 65 to 96 rows); 0 in a build without the
+ * kernel */
+int lrmoe_dpbf16_bf16out_ok(int64_t M, int64_t K);
 
 #endif
