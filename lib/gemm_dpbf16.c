@@ -518,7 +518,13 @@ static int grow_t(lrmoe_dpbf16_t *x, int64_t M, int64_t K)
 /* x W^T by the direct form for up to NT_DIRECT_M rows of A (in the layer
  * it beat packing at 64 rows per expert, 0.408 against 0.418 s of forward
  * gemm stage at 1024 tokens, and lost at 128 and 256: 0.80 against 0.77 s,
- * 1.64 against 1.47 s) */
+ * 1.64 against 1.47 s). Tried for 97-192 rows of the gate/up shape (K >=
+ * 8M) with two passes of about M/2 rows each (starting on 16-row bounds)
+ * and the C^T chunk: alone it beat packing (nt 128 768 2048 with cold
+ * weights, tests/bench/gemm_kernel.c: 205-209 against 185-198 GFLOP/s),
+ * but not in the layer: 2048-token forward gemm stage, frames alternated
+ * in one process, faster in 1 of 6 pairs and 1.007x the time in all (perf:
+ * the direct kernels' samples grew by about what tpack's fell) */
 static int use_direct(int64_t M)
 {
     return M <= NT_DIRECT_M && !getenv("LRMOE_DPBF16_PACKNT");
