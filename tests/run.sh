@@ -7,8 +7,11 @@
 # run last, lists them grouped by kind and place and fails if there is any.
 # SANITIZE_TESTS overrides the files run in that pass (default: all but
 # tests/fuzz.bats, whose harnesses are sanitized builds of their own and ran
-# in the plain pass, tests/mpi.bats, see below, and the three files whose C
-# runs inside a Python interpreter, see below).
+# in the plain pass, tests/mpi.bats, see below, the three files whose C
+# runs inside a Python interpreter, see below, and tests/cuda-resources.bats,
+# whose checks read nvcc's and ptxas' output for the kernels and compile
+# their host-side tests with flags of their own: nothing in them uses the
+# sanitized build, so the pass would repeat the plain one's, about 50 s).
 cd "$(dirname "$0")/.." || exit 1
 [ -z "${SANITIZE:-}" ] && exec prove -f -o --timer -e 'bats --tap' tests/*.bats
 R="$PWD/${LRMOE_BUILD:-build/san}/sanitizer-reports"
@@ -30,5 +33,6 @@ export LSAN_OPTIONS="log_path=$R/lsan:log_exe_name=1"
 # torch). The tools they compare against are sanitized here by their own
 # files (route, plan, score, pack, exec, import-hf ...).
 files=${SANITIZE_TESTS:-$(ls tests/*.bats | grep -v -e '^tests/fuzz.bats$' -e '^tests/mpi.bats$' \
-    -e '^tests/python.bats$' -e '^tests/dist.bats$' -e '^tests/study.bats$')}
+    -e '^tests/python.bats$' -e '^tests/dist.bats$' -e '^tests/study.bats$' \
+    -e '^tests/cuda-resources.bats$')}
 exec prove -f -o --timer -e 'bats --tap' $files tests/san/report.bats
