@@ -661,6 +661,8 @@ int lrmoe_gemm2(lrmoe_gemm_t *g, int64_t M, int64_t N, int64_t K, const void *A,
         return lrmoe_amx_gemm(g->amx, N, B1, ldb, C, ldc, 0) < 0 ||
                lrmoe_amx_gemm(g->amx, N, B2, ldb, C + N, ldc, 0) < 0 ? -1 : 0;
     }
+    if (g->dp && bdt == LRMOE_BF16) /* one packing of A for both products, as above */
+        return lrmoe_dpbf16_gemm2(g->dp, M, N, K, A, adt == LRMOE_F32, lda, B1, B2, ldb, C, ldc);
     const lrmoe_dtype_t odt = lrmoe_gemm_dtype(g);
     if (adt != odt) { /* A in the compute's operand dtype once, for both */
         void *s = scratch(g, 2, (size_t)(M * K) * lrmoe_dtype_size(odt));

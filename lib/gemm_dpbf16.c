@@ -452,16 +452,29 @@ static int direct_ct(int64_t M, int64_t K)
     return direct_block(M, K) == M && (M + 15) / 16 * 16 <= PASS_M;
 }
 
-/* C = A B^T, B BF16 stored (N,K); Cb non-NULL (direct_ct, no acc): C
- * rounded to BF16 into Cb instead (C unused) */
-static int gemm_nt_direct(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, const void *A,
-                          int a_f32, int64_t lda, const uint16_t *B, int64_t ldb, int acc,
-                          float *C, uint16_t *Cb, int64_t ldc)
+/* the direct form's A^T (pair p of row m at x->A[p * S + m]): its S */
+static int64_t direct_stride(int64_t M)
 {
-    const int64_t K2 = (K + 1) / 2, MP = (M + 15) / 16 * 16;
-    const int64_t S = MP % 256 ? MP : MP + 16;   /* pairs not 1 KiB apart */
+    const int64_t MP = (M + 15) / 16 * 16;
+    return MP % 256 ? MP : MP + 16;   /* pairs not 1 KiB apart */
+}
+
+/* A (M,K) transposed by pairs into x->A for direct_run */
+static int direct_pack(lrmoe_dpbf16_t *x, int64_t M, int64_t K, const void *A, int a_f32,
+                       int64_t lda)
+{
+    const int64_t K2 = (K + 1) / 2, S = direct_stride(M);
     if (!lrmoe_grow64((void **)&x->A, &x->acap, (size_t)(K2 * S) * 4)) return -1;
-    tpack(x, A, a_f32, lda, 0, M, K, x->A, S, MP);
+    tpack(x, A, a_f32, lda, 0, M, K, x->A, S, (M + 15) / 16 * 16);
+    return 0;
+}
+
+/* C = A B^T with A packed by direct_pack, B BF16 stored (N,K); Cb non-NULL
+ * (direct_ct, no acc): C rounded to BF16 into Cb instead (C unused) */
+static void direct_run(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, const uint16_t *B,
+                       int64_t ldb, int acc, float *C, uint16_t *Cb, int64_t ldc)
+{
+    const int64_t MP = (M + 15) / 16 * 16, S = direct_stride(M);
     /* blocks of rows of A (direct_block); B is read again per block (from
      * L3 after the first: one expert's weights fit) */
     const int64_t mb = direct_block(M, K);
@@ -501,6 +514,14 @@ static int gemm_nt_direct(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, co
             }
         }
     }
+}
+
+static int gemm_nt_direct(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, const void *A,
+                          int a_f32, int64_t lda, const uint16_t *B, int64_t ldb, int acc,
+                          float *C, uint16_t *Cb, int64_t ldc)
+{
+    if (direct_pack(x, M, K, A, a_f32, lda) < 0) return -1;
+    direct_run(x, M, N, K, B, ldb, acc, C, Cb, ldc);
     return 0;
 }
 
@@ -530,15 +551,15 @@ static int use_direct(int64_t M)
     return M <= NT_DIRECT_M && !getenv("LRMOE_DPBF16_PACKNT");
 }
 
-/* The packed form: C (F32, or BF16 with out = OUT_BF16) = op(A) op(B) [+ C] */
-static int gemm_packed(lrmoe_dpbf16_t *x, int ta, int tb, int64_t M, int64_t N, int64_t K,
-                       const void *A, int a_f32, int64_t lda, const void *B, int b_f32,
-                       int64_t ldb, int acc, void *C, int64_t ldc, int out)
+/* The packed form's panels of op(B) against op(A) packed by pack_a (row
+ * and pair strides ams, aps): C (F32, or BF16 with out = OUT_BF16) =
+ * op(A) op(B) [+ C] */
+static int packed_run(lrmoe_dpbf16_t *x, int tb, int64_t M, int64_t N, int64_t K, int64_t ams,
+                      int64_t aps, const void *B, int b_f32, int64_t ldb, int acc, void *C,
+                      int64_t ldc, int out)
 {
     const int64_t K2 = (K + 1) / 2;
     if (!lrmoe_grow64((void **)&x->B, &x->bcap, (size_t)(K2 * NR) * 4)) return -1;
-    int64_t ams, aps;
-    if (pack_a(x, ta, M, K, A, a_f32, lda, &ams, &aps) < 0) return -1;
     const size_t cs = out == OUT_BF16 ? 2 : 4;
     for (int64_t n0 = 0; n0 < N; n0 += NR) {
         const int64_t w = N - n0 < NR ? N - n0 : NR;
@@ -553,6 +574,16 @@ static int gemm_packed(lrmoe_dpbf16_t *x, int ta, int tb, int64_t M, int64_t N, 
     }
     if (out == OUT_NT) _mm_sfence();
     return 0;
+}
+
+/* The packed form: C (F32, or BF16 with out = OUT_BF16) = op(A) op(B) [+ C] */
+static int gemm_packed(lrmoe_dpbf16_t *x, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                       const void *A, int a_f32, int64_t lda, const void *B, int b_f32,
+                       int64_t ldb, int acc, void *C, int64_t ldc, int out)
+{
+    int64_t ams, aps;
+    if (pack_a(x, ta, M, K, A, a_f32, lda, &ams, &aps) < 0) return -1;
+    return packed_run(x, tb, M, N, K, ams, aps, B, b_f32, ldb, acc, C, ldc, out);
 }
 
 int lrmoe_dpbf16_gemm(lrmoe_dpbf16_t *x, int ta, int tb, int64_t M, int64_t N, int64_t K,
@@ -600,6 +631,28 @@ int lrmoe_dpbf16_bf16out_ok(int64_t M, int64_t K)
     return !use_direct(M) || direct_ct(M, K);
 }
 
+int lrmoe_dpbf16_gemm2(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, const void *A,
+                       int a_f32, int64_t lda, const uint16_t *B1, const uint16_t *B2,
+                       int64_t ldb, float *C, int64_t ldc)
+{
+    if (M <= 0 || N <= 0) return 0;
+    if (K <= 0) {
+        for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)(2 * N) * sizeof *C);
+        return 0;
+    }
+    if (a_f32 && !grow_t(x, M, K)) return -1;
+    if (use_direct(M)) {
+        if (direct_pack(x, M, K, A, a_f32, lda) < 0) return -1;
+        direct_run(x, M, N, K, B1, ldb, 0, C, NULL, ldc);
+        direct_run(x, M, N, K, B2, ldb, 0, C + N, NULL, ldc);
+        return 0;
+    }
+    int64_t ams, aps;
+    if (pack_a(x, 0, M, K, A, a_f32, lda, &ams, &aps) < 0) return -1;
+    return packed_run(x, 1, M, N, K, ams, aps, B1, 0, ldb, 0, C, ldc, OUT_F32) < 0 ||
+           packed_run(x, 1, M, N, K, ams, aps, B2, 0, ldb, 0, C + N, ldc, OUT_F32) < 0 ? -1 : 0;
+}
+
 #else /* no AVX512_BF16 build: lrmoe_dpbf16_available() is 0 and nothing calls this */
 
 int lrmoe_dpbf16_gemm(lrmoe_dpbf16_t *x, int ta, int tb, int64_t M, int64_t N, int64_t K,
@@ -624,6 +677,15 @@ int lrmoe_dpbf16_bf16out_ok(int64_t M, int64_t K)
 {
     (void)M; (void)K;
     return 0;
+}
+
+int lrmoe_dpbf16_gemm2(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, const void *A,
+                       int a_f32, int64_t lda, const uint16_t *B1, const uint16_t *B2,
+                       int64_t ldb, float *C, int64_t ldc)
+{
+    (void)x; (void)M; (void)N; (void)K; (void)A; (void)a_f32; (void)lda; (void)B1; (void)B2;
+    (void)ldb; (void)C; (void)ldc;
+    return lrmoe_err("gemm: this build has no AVX512_BF16 kernel");
 }
 
 #endif

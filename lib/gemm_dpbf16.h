@@ -78,4 +78,13 @@ int lrmoe_dpbf16_gemm_bf16out(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K
  * kernel */
 int lrmoe_dpbf16_bf16out_ok(int64_t M, int64_t K);
 
+/* C[:, 0:N] = A B1^T and C[:, N:2N] = A B2^T (C F32 (M, 2N) overwritten,
+ * B1 and B2 BF16 stored (N,K), A BF16 or F32 (a_f32) stored (M,K)): the
+ * forward's h_g and h_u, with A packed once for both instead of once per
+ * product. The same bits as two lrmoe_dpbf16_gemm(x, 0, 1, ..., acc 0)
+ * calls. -1 on out of memory (error set). */
+int lrmoe_dpbf16_gemm2(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, const void *A,
+                       int a_f32, int64_t lda, const uint16_t *B1, const uint16_t *B2,
+                       int64_t ldb, float *C, int64_t ldc);
+
 #endif
