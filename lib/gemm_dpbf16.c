@@ -445,17 +445,20 @@ static int64_t direct_block(int64_t M, int64_t K)
     return M <= mb ? M : mb;
 }
 
+/* the direct form's rows of A padded to whole vectors of 16 lanes */
+static inline int64_t direct_rows(int64_t M) { return (M + 15) / 16 * 16; }
+
 /* the direct form can round C to BF16 on its way out: C overwritten by one
  * block of rows, through the C^T buffer */
 static int direct_ct(int64_t M, int64_t K)
 {
-    return direct_block(M, K) == M && (M + 15) / 16 * 16 <= PASS_M;
+    return direct_block(M, K) == M && direct_rows(M) <= PASS_M;
 }
 
 /* the direct form's A^T (pair p of row m at x->A[p * S + m]): its S */
 static int64_t direct_stride(int64_t M)
 {
-    const int64_t MP = (M + 15) / 16 * 16;
+    const int64_t MP = direct_rows(M);
     return MP % 256 ? MP : MP + 16;   /* pairs not 1 KiB apart */
 }
 
@@ -465,7 +468,7 @@ static int direct_pack(lrmoe_dpbf16_t *x, int64_t M, int64_t K, const void *A, i
 {
     const int64_t K2 = (K + 1) / 2, S = direct_stride(M);
     if (!lrmoe_grow64((void **)&x->A, &x->acap, (size_t)(K2 * S) * 4)) return -1;
-    tpack(x, A, a_f32, lda, 0, M, K, x->A, S, (M + 15) / 16 * 16);
+    tpack(x, A, a_f32, lda, 0, M, K, x->A, S, direct_rows(M));
     return 0;
 }
 
@@ -474,7 +477,7 @@ static int direct_pack(lrmoe_dpbf16_t *x, int64_t M, int64_t K, const void *A, i
 static void direct_run(lrmoe_dpbf16_t *x, int64_t M, int64_t N, int64_t K, const uint16_t *B,
                        int64_t ldb, int acc, float *C, uint16_t *Cb, int64_t ldc)
 {
-    const int64_t MP = (M + 15) / 16 * 16, S = direct_stride(M);
+    const int64_t MP = direct_rows(M), S = direct_stride(M);
     /* blocks of rows of A (direct_block); B is read again per block (from
      * L3 after the first: one expert's weights fit) */
     const int64_t mb = direct_block(M, K);
