@@ -70,6 +70,18 @@ int lrmoe_tensor_dim_int(const lrmoe_tensor_t *t, int d, int *out)
     return 0;
 }
 
+int lrmoe_tensor_dim_count(const lrmoe_tensor_t *t, int d, int *out)
+{
+    int n;
+    if (lrmoe_tensor_dim_int(t, d, &n) < 0)
+        return -1;
+    if (n < 1)
+        return lrmoe_err("tensor %s: dimension %d is %d (it counts experts or ranks: at least 1)",
+                         t->name, d, n);
+    *out = n;
+    return 0;
+}
+
 float *lrmoe_tensor_f32(const lrmoe_tensor_t *t)
 {
     size_t n = (size_t)lrmoe_tensor_numel(t);

@@ -86,6 +86,9 @@ int lrmoe_tensor_check(const lrmoe_tensor_t *t, int ndim, const int64_t *dims);
 /* Dimension d of t as an int (top-k, experts, ranks): 0, or -1 with
  * "tensor NAME: dimension d is N, more than 2147483647" (never truncated). */
 int lrmoe_tensor_dim_int(const lrmoe_tensor_t *t, int d, int *out);
+/* The same for a dimension that counts experts or ranks, which must be at
+ * least 1: else -1 with "tensor NAME: dimension d is 0 (... at least 1)". */
+int lrmoe_tensor_dim_count(const lrmoe_tensor_t *t, int d, int *out);
 /* A malloc'd f32 / i64 copy of the whole tensor; NULL (with error) on OOM. */
 float *lrmoe_tensor_f32(const lrmoe_tensor_t *t);
 int64_t *lrmoe_tensor_i64(const lrmoe_tensor_t *t);

@@ -452,16 +452,14 @@ static int pack_ranks(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o, lrmoe_tensor
 {
     int E = 0, P = 0;
     if (tba) {
-        if (lrmoe_tensor_check(tba, 2, (int64_t[]){-1, -1}) < 0)
+        if (lrmoe_tensor_check(tba, 2, (int64_t[]){-1, -1}) < 0 ||
+            lrmoe_tensor_dim_count(tba, 0, &E) < 0 || lrmoe_tensor_dim_count(tba, 1, &P) < 0)
             return -1;
-        E = (int)tba->shape[0];
-        P = (int)tba->shape[1];
     }
     if (tpl) {
-        if (lrmoe_tensor_check(tpl, 2, (int64_t[]){E ? E : -1, P ? P : -1}) < 0)
+        if (lrmoe_tensor_check(tpl, 2, (int64_t[]){E ? E : -1, P ? P : -1}) < 0 ||
+            lrmoe_tensor_dim_count(tpl, 0, &E) < 0 || lrmoe_tensor_dim_count(tpl, 1, &P) < 0)
             return -1;
-        E = (int)tpl->shape[0];
-        P = (int)tpl->shape[1];
     }
     if (!P)
         P = o->P;
@@ -571,9 +569,9 @@ int lrmoe_pack_frame_x(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o, unsigned fl
     if (pack_ranks(f, o, tba, tpl, &E, &P) < 0)
         return -1;
     if (tq) {
-        if (lrmoe_tensor_check(tq, 1, (int64_t[]){E ? E : -1}) < 0)
+        if (lrmoe_tensor_check(tq, 1, (int64_t[]){E ? E : -1}) < 0 ||
+            lrmoe_tensor_dim_count(tq, 0, &E) < 0)
             return -1;
-        E = (int)tq->shape[0];
     }
     if (tpr && lrmoe_tensor_check(tpr, 2, (int64_t[]){T, K}) < 0)
         return -1;

@@ -1432,15 +1432,17 @@ static int score_inputs(lrmoe_frame_t *f, const lrmoe_score_opts_t *o, score_in_
         if (!(tq = lrmoe_frame_get(f, "quota")))
             return lrmoe_err("missing tensor quota (run lrmoe-plan first, or "
                              "give --drop)");
-        if (lrmoe_tensor_check(tq, 1, (int64_t[]){-1}) < 0)
+        if (lrmoe_tensor_check(tq, 1, (int64_t[]){-1}) < 0 ||
+            lrmoe_tensor_dim_count(tq, 0, &E) < 0)
             return -1;
-        E = (int)tq->shape[0];
         const char *kp = lrmoe_frame_attr(f, "plan.keep");
         if (kp && strcmp(kp, "by-rank") && strcmp(kp, "global"))
             return lrmoe_err("attribute plan.keep: '%s' (expected by-rank or global)", kp);
         if (kp && !strcmp(kp, "by-rank")) {
+            int P;
             if (!(tba = lrmoe_frame_need(f, "bwd_alloc")) ||
-                lrmoe_tensor_check(tba, 2, (int64_t[]){E, -1}) < 0)
+                lrmoe_tensor_check(tba, 2, (int64_t[]){E, -1}) < 0 ||
+                lrmoe_tensor_dim_count(tba, 1, &P) < 0)
                 return -1;
             if ((tpr = lrmoe_frame_get(f, "pair_rank")) &&
                 lrmoe_tensor_check(tpr, 2, (int64_t[]){T, K}) < 0)

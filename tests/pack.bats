@@ -122,6 +122,20 @@ PY
     truncated "$T/out.lrm"
 }
 
+@test "quota, bwd_alloc or placement counting 0 experts or 0 ranks: exit 1 naming the tensor, no trailer" {
+    # such tensors used to be read past their end (ASan: heap-buffer-overflow)
+    mk
+    for w in emptyquota:quota:0 allocnoranks:bwd_alloc:1 allocnoexperts:bwd_alloc:0 \
+             placenoranks:placement:1; do
+        IFS=: read -r what name dim <<< "$w"
+        $REF corrupt "$T/scored.lrm" "$T/bad.lrm" "$what"
+        run "$BIN/lrmoe-pack" --ranks 4 -o "$T/out.lrm" "$T/bad.lrm"
+        assert_failure 1
+        assert_output "lrmoe-pack: frame 0: tensor $name: dimension $dim is 0 (it counts experts or ranks: at least 1)"
+        truncated "$T/out.lrm"
+    done
+}
+
 @test "bwd_alloc that does not sum or sits on a rank without the expert: exit 1" {
     mk
     $REF corrupt "$T/scored.lrm" "$T/bad.lrm" allocsum

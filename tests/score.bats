@@ -135,6 +135,21 @@ PY
     truncated "$T/out.lrm"
 }
 
+@test "quota of 0 experts, bwd_alloc of 0 ranks (keeping by rank): error naming the tensor, exit 1, no trailer" {
+    # a quota of 0 entries used to be read past its end (ASan: heap-buffer-overflow)
+    mk
+    for w in emptyquota:quota:0 byranknoranks:bwd_alloc:1; do
+        IFS=: read -r what name dim <<< "$w"
+        $REF corrupt "$T/in.lrm" "$T/bad.lrm" "$what"
+        for sel in topk sample; do
+            run "$BIN/lrmoe-score" --select $sel -o "$T/out.lrm" "$T/bad.lrm"
+            assert_failure 1
+            assert_output "lrmoe-score: frame 0: tensor $name: dimension $dim is 0 (it counts experts or ranks: at least 1)"
+            truncated "$T/out.lrm"
+        done
+    done
+}
+
 @test "no quota and no --drop is an error" {
     mk --noplan
     run "$BIN/lrmoe-score" --select topk -o "$T/out.lrm" "$T/in.lrm"

@@ -15,7 +15,11 @@
         `unpacked` of OUT (lrmoe-pack --unpack of a packed stream) bit for bit.
     score_ref.py corrupt IN OUT WHAT
         IN with one inconsistency: nophi nangrad nanphi bigquota keepmore
-        keepless allocsum allocplace keepval duppair.
+        keepless allocsum allocplace keepval duppair, and tensors with a
+        dimension of 0 where it counts experts or ranks: emptyquota (quota
+        of 0 experts, no bwd_alloc or placement), allocnoranks (bwd_alloc (E,0)), allocnoexperts (0,P), placenoranks (placement (E,0), no
+        bwd_alloc), byranknoranks
+        (allocnoranks with plan.keep=by-rank).
     score_ref.py compare A B [--rtol R] [--differ]
         backward outputs (grad_*) of A and B equal up to summation order.
     score_ref.py fidelity IN
@@ -411,6 +415,20 @@ def corrupt(a):
         q = int(np.flatnonzero(t["placement"][e] == 0)[0])
         t["bwd_alloc"][e, p] -= 1
         t["bwd_alloc"][e, q] += 1
+    elif w == "emptyquota":      # no experts: 0 entries, the only tensor giving E
+        t["quota"] = t["quota"][:0]
+        for n in ("bwd_alloc", "placement"):
+            t.pop(n, None)
+    elif w == "allocnoranks":    # (E, 0)
+        t["bwd_alloc"] = t["bwd_alloc"][:, :0]
+    elif w == "allocnoexperts":  # (0, P)
+        t["bwd_alloc"] = t["bwd_alloc"][:0]
+    elif w == "placenoranks":    # placement (E, 0), no bwd_alloc
+        t["placement"] = t["placement"][:, :0]
+        del t["bwd_alloc"]
+    elif w == "byranknoranks":   # (E, 0) where lrmoe-score keeps by rank
+        t["bwd_alloc"] = t["bwd_alloc"][:, :0]
+        at["plan.keep"] = "by-rank"
     elif w == "keepval":
         t["keep"].flat[0] = 2
     elif w == "duppair":
