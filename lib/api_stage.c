@@ -116,7 +116,8 @@ struct lrmoe_score {
     lrmoe_score_opts_t o;
     lrmoe_weights_t w;
     int have_w;
-    int64_t index;     /* frames scored: the seed's offset, as lrmoe-score's */
+    uint64_t index;    /* frames scored: the seed's offset, as lrmoe-score's
+                        * (one past the frame option's 2^63-1 is 2^63) */
 };
 
 lrmoe_score_t *lrmoe_score_new(void)
@@ -163,7 +164,7 @@ int lrmoe_score_set(lrmoe_score_t *s, const char *name, const char *value)
         return set_weights(&s->w, &s->have_w, value);
     } else if (is(name, "frame")) { /* the next run's frame index (the seed's offset) */
         if (lrmoe_parse_i64("frame", value, 0, INT64_MAX, &v) < 0) return -1;
-        s->index = v;
+        s->index = (uint64_t)v;
         return 0;
     }
     if (rc < 0) return -1;
@@ -206,7 +207,7 @@ static int add_weights(lrmoe_frame_t *f, const lrmoe_weights_t *w)
     return 0;
 }
 
-int lrmoe_score_frame_w(lrmoe_frame_t *f, int64_t index, const lrmoe_score_opts_t *o,
+int lrmoe_score_frame_w(lrmoe_frame_t *f, uint64_t index, const lrmoe_score_opts_t *o,
                         const lrmoe_weights_t *w, lrmoe_score_stats_t *st)
 {
     lrmoe_score_stats_t local;

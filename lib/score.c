@@ -1460,7 +1460,7 @@ static int score_inputs(lrmoe_frame_t *f, const lrmoe_score_opts_t *o, score_in_
     return 0;
 }
 
-int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
+int lrmoe_score_frame(lrmoe_frame_t *f, uint64_t index,
                       const lrmoe_score_opts_t *o, lrmoe_score_stats_t *st)
 {
     double t0 = lrmoe_now();
@@ -1510,14 +1510,14 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
     }
     if (score_pairs_mt(o->metric, T, K, D, tg ? tg->dtype : LRMOE_F32,
                        tg ? tg->data : NULL, alpha, phi,
-                       o->seed + (uint64_t)index, score, o->threads) < 0)
+                       o->seed + index, score, o->threads) < 0)
         goto out;
     if (tba) {
         const int P = (int)tba->shape[1];
         if (!(ba = lrmoe_tensor_i64(tba)) || (tpr && !(prank = ids_i32(tpr))))
             goto out;
         if (sample ? score_sample_rank_mt(T, K, E, P, ids, score, prank, ba,
-                                          o->seed + (uint64_t)index, keep, pw, pp, load,
+                                          o->seed + index, keep, pw, pp, load,
                                           qout, o->threads) < 0
                    : score_select_rank_mt(T, K, E, P, ids, score, prank, ba, keep, load, qout,
                                           o->threads) < 0)
@@ -1529,7 +1529,7 @@ int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
                 goto out;
             }
     } else if (sample ? score_sample_mt(T, K, E, ids, score, quota, o->drop_pct,
-                                        o->seed + (uint64_t)index, keep, pw, pp, load,
+                                        o->seed + index, keep, pw, pp, load,
                                         qout, o->threads) < 0
                       : score_select_mt(T, K, E, ids, score, quota, o->drop_pct, keep, load,
                                         qout, o->threads) < 0)

@@ -222,8 +222,10 @@ typedef struct {
  * attributes score.metric, score.kept, score.retained, score.dropped_share,
  * score.fidelity. With the attribute plan.keep=by-rank (and drop_pct < 0)
  * it selects by forward rank (lrmoe_score_select_by_rank, reading bwd_alloc
- * and pair_rank if present) and writes score.keep=by-rank. */
-int lrmoe_score_frame(lrmoe_frame_t *f, int64_t index,
+ * and pair_rank if present) and writes score.keep=by-rank. index: the
+ * frame's number, added to o->seed (mod 2^64) for the random metric and
+ * the sample. */
+int lrmoe_score_frame(lrmoe_frame_t *f, uint64_t index,
                       const lrmoe_score_opts_t *o, lrmoe_score_stats_t *st);
 
 #if defined(__GNUC__)

@@ -114,7 +114,7 @@ int64_t lrmoe_filter_run_hooks(const char *in, const char *out, const lrmoe_wopt
  * (lrmoe-score --weights, for --fidelity's dW_gate, dW_up and dx; w NULL:
  * lrmoe_score_frame itself) and removed again; st may be NULL
  * (lib/api_stage.c, which the score handle runs too). */
-int lrmoe_score_frame_w(lrmoe_frame_t *f, int64_t index, const lrmoe_score_opts_t *o,
+int lrmoe_score_frame_w(lrmoe_frame_t *f, uint64_t index, const lrmoe_score_opts_t *o,
                         const lrmoe_weights_t *w, lrmoe_score_stats_t *st);
 
 /* A tool's failure: "prog: <the library's error>" on standard error, and

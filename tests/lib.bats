@@ -420,6 +420,14 @@ PY
     "$BIN/lrmoe-score" --seed 9 -@ 1 --no-compress -o "$T/s.lrm" "$T/f.lrm"
     run same "$T/xs.lrm" "$T/s.lrm"
     assert_success
+    # the run counter past 2^63-1: frame=2^63-1 seeds the two frames' draws with
+    # 2^63-1 and 2^63, as --seed 2^63-1 seeds frames 0 and 1 (the counter was a
+    # signed 64-bit integer that overflowed: UBSan in the sanitized pass)
+    run X score "$T/f.lrm" "$T/xs3.lrm" frame=9223372036854775807 threads=1
+    assert_success
+    "$BIN/lrmoe-score" --seed 9223372036854775807 -@ 1 --no-compress -o "$T/s3.lrm" "$T/f.lrm"
+    run same "$T/xs3.lrm" "$T/s3.lrm"
+    assert_success
     run X score "$T/f.lrm" "$T/xs2.lrm" select=topk fidelity weights="$T/w.lrm"
     assert_success
     "$BIN/lrmoe-score" --select topk --fidelity --weights "$T/w.lrm" --no-compress \

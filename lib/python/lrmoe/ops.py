@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional, Tuple, Union
 import numpy as np
 
 from . import _lib
-from ._lib import Error, check, cstr, f64, i32, i64, lib, u64
+from ._lib import Error, check, cstr, f64, i32, i64, lib
 from .frame import ArrayLike, CFrame, Frame, dtype_of
 
 _FLOAT = {"F32", "F16", "F64", "BF16"}
@@ -279,8 +279,8 @@ def score(topk_ids: ArrayLike, topk_weights: ArrayLike, grad_output: ArrayLike,
     check(lib.lrmoe_score_metric_parse(cstr("metric", str(metric)), ctypes.byref(m)), "metric")
     check(lib.lrmoe_score_keep_rule_parse(cstr("select", str(select)), ctypes.byref(sel)),
           "select")
-    # lrmoe-score's ranges: --seed 0..2^64-1, --drop a percent in [0, 100] (NaN refused)
-    opts = [("metric", str(metric)), ("select", str(select)), ("seed", str(u64("seed", seed))),
+    # lrmoe-score's ranges: --seed 0..2^63-1, --drop a percent in [0, 100] (NaN refused)
+    opts = [("metric", str(metric)), ("select", str(select)), ("seed", str(i64("seed", seed, 0))),
             ("frame", str(i64("index", index, 0)))]
     if drop is not None:
         opts.append(("drop", repr(f64("drop", drop, 0, 100))))
