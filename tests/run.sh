@@ -5,7 +5,8 @@
 # UBSan build: every sanitizer report goes to $BUILD/sanitizer-reports/ (the
 # tool then exits non-zero, so its test fails), and tests/san/report.bats,
 # run last, lists them grouped by kind and place and fails if there is any.
-# SANITIZE_TESTS overrides the files run in that pass (default: all but
+# SANITIZE_TESTS overrides the files run in that pass (default:
+# tests/san/python.bats, see below, and all of tests/*.bats but
 # tests/fuzz.bats, whose harnesses are sanitized builds of their own and ran
 # in the plain pass, tests/mpi.bats, see below, the three files whose C
 # runs inside a Python interpreter, see below, and tests/cuda-resources.bats,
@@ -27,12 +28,13 @@ export LSAN_OPTIONS="log_path=$R/lsan:log_exe_name=1"
 # out-of-memory fault test limits the address space below what ASan's shadow
 # needs. The plain pass runs it.
 # tests/python.bats, tests/dist.bats and tests/study.bats load liblrmoe.so.2 into python3 by
-# ctypes: an ASan library cannot be loaded into an interpreter that was not
-# started with the ASan runtime, so they load the plain build/liblrmoe.so.2
-# in this pass too and would only repeat the plain pass (3-4 minutes of
-# torch). The tools they compare against are sanitized here by their own
-# files (route, plan, score, pack, exec, import-hf ...).
+# ctypes: an ASan library loads only into an interpreter started with the
+# ASan runtime, so they load the plain build/liblrmoe.so.2 in this pass too
+# and would only repeat the plain pass (3-4 minutes of torch). Instead
+# tests/san/python.bats (this pass only) starts python3 with the runtime
+# preloaded and runs the Python unittest modules (the binding's property
+# test among them) on the sanitized library, about a minute.
 files=${SANITIZE_TESTS:-$(ls tests/*.bats | grep -v -e '^tests/fuzz.bats$' -e '^tests/mpi.bats$' \
     -e '^tests/python.bats$' -e '^tests/dist.bats$' -e '^tests/study.bats$' \
-    -e '^tests/cuda-resources.bats$')}
+    -e '^tests/cuda-resources.bats$') tests/san/python.bats}
 exec prove -f -o --timer -e 'bats --tap' $files tests/san/report.bats

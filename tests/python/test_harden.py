@@ -127,6 +127,28 @@ class Harden(unittest.TestCase):
             refused(lambda: w.write({{"a": np.zeros(1)}}), "closed")
         """)
 
+    def test_counts_of_zero_refused(self):
+        # a quota of 0 experts, a bwd_alloc or placement of 0 ranks or experts:
+        # these were read past their end (found by fuzz_binding.py under ASan)
+        out = self.ok(f"""
+            f = lrmoe.read("{self.d}/r.lrm")[0]
+            ids, tw = f["topk_ids"], f["topk_weights"]
+            T, K = ids.shape
+            keep = np.ones((T, K), np.uint8)
+            g, h = np.ones((T, 16), np.float32), np.ones((T, 16), np.float32)
+            sg = su = np.ones((T, K, 8), np.float32)
+            i64 = lambda *s: np.zeros(s, np.int64)
+            pk = lambda **kw: lrmoe.pack(keep, ids, tw, g, h, sg, su, ranks=2, **kw)
+            refused(lambda: pk(quota=i64(0)), "tensor quota: dimension 0 is 0")
+            refused(lambda: pk(bwd_alloc=i64(8, 0)), "tensor bwd_alloc: dimension 1 is 0")
+            refused(lambda: pk(bwd_alloc=i64(0, 2)), "tensor bwd_alloc: dimension 0 is 0")
+            refused(lambda: pk(placement=np.ones((8, 0), np.uint8)),
+                    "tensor placement: dimension 1 is 0")
+            refused(lambda: lrmoe.score(ids, tw, g, phi_sqnorm=np.ones((T, K), np.float32),
+                                        quota=i64(0)), "tensor quota: dimension 0 is 0")
+        """)
+        self.assertEqual(out.count("REFUSED"), 5)
+
     def test_plan_hidden_scalar_is_D(self):
         out = self.ok("""
             load = np.array([40, 10, 10, 10, 5, 5, 5, 3], np.int64)
