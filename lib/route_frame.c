@@ -177,7 +177,7 @@ static int keep_loads(lrmoe_frame_t *f)
         (lrmoe_frame_set_attrf(f, "route.hidden", "%" PRId64, h->shape[1]) < 0 ||
          lrmoe_frame_set_attrf(f, "route.tokens", "%" PRId64, h->shape[0]) < 0))
         return -1;
-    return lrmoe_frame_keep_only(f, keep, 2);
+    return lrmoe_frame_keep_only(f, keep, 2) < 0 ? -1 : 0;   /* not the count deleted */
 }
 
 /* Route the logits into topk_ids, topk_weights and expert_load (the last

@@ -405,6 +405,12 @@ PY
         -o "$T/r2.lrm" "$T/g.lrm"
     run same "$T/xr2.lrm" "$T/r2.lrm"
     assert_success
+    # loads-only (its run returned the number of tensors it deleted, not 0)
+    run X route "$T/g.lrm" "$T/xr3.lrm" topk=4 ranks=4 loads-only threads=1
+    assert_success
+    "$BIN/lrmoe-route" -k 4 -P 4 --loads-only -@ 1 --no-compress -o "$T/r3.lrm" "$T/g.lrm"
+    run same "$T/xr3.lrm" "$T/r3.lrm"
+    assert_success
     "$BIN/lrmoe-plan" -P 4 --rate 0.8 --no-compress -o "$T/p.lrm" "$T/r.lrm"
     # exec forward
     run X exec "$T/p.lrm" "$T/xf.lrm" weights="$T/w.lrm" phase=forward ranks=4 threads=1 compute=f32

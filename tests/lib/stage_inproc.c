@@ -52,17 +52,24 @@ int main(int argc, char **argv)
     lrmoe_wopts_default(&wo);
     wo.compress = 0;
     if (!(r = lrmoe_reader_open(argv[2])) || !(w = lrmoe_writer_open(argv[3], &wo))) goto done;
-    while ((rc = lrmoe_reader_next(r, &f)) == 1)
-        if (st->run(h, &f) < 0 || lrmoe_writer_write(w, &f) < 0) {
+    while ((rc = lrmoe_reader_next(r, &f)) == 1) {
+        const int k = st->run(h, &f);
+        if (k > 0) { /* api.h: 0 or -1, nothing else */
+            fprintf(stderr, "stage_inproc: %s run returned %d\n", st->name, k);
+            rc = -2;
+            break;
+        }
+        if (k < 0 || lrmoe_writer_write(w, &f) < 0) {
             rc = -1;
             break;
         }
+    }
 done:
     if (w) {
         if (rc < 0) lrmoe_writer_abort(w);
         else if (lrmoe_writer_close(w) < 0) rc = -1;
     }
-    if (rc < 0) fprintf(stderr, "stage_inproc: %s\n", lrmoe_errmsg());
+    if (rc == -1) fprintf(stderr, "stage_inproc: %s\n", lrmoe_errmsg());
     lrmoe_frame_clear(&f);
     lrmoe_reader_close(r);
     if (h) st->drop(h);
