@@ -70,6 +70,22 @@ int lrmoe_tensor_dim_int(const lrmoe_tensor_t *t, int d, int *out)
     return 0;
 }
 
+int lrmoe_experts_from_ids(const int32_t *ids, int64_t n, int *E)
+{
+    int32_t m = -1;
+    int64_t at = 0;
+    for (int64_t u = 0; u < n; u++)
+        if (ids[u] > m) {
+            m = ids[u];
+            at = u;
+        }
+    if (m >= LRMOE_MAX_EXPERTS)
+        return lrmoe_err("topk_ids: expert %d at pair %" PRId64 ": more than %d experts", (int)m,
+                         at, LRMOE_MAX_EXPERTS);
+    *E = m < 0 ? 0 : m + 1;
+    return 0;
+}
+
 int lrmoe_tensor_dim_count(const lrmoe_tensor_t *t, int d, int *out)
 {
     int n;

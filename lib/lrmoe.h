@@ -30,6 +30,8 @@
 /* What one frame may declare (lrmoe-stream(5), SECURITY): readers refuse more. */
 #define LRMOE_MAX_TENSORS (1 << 17)
 #define LRMOE_MAX_ATTRS (1 << 17)
+/* experts a frame's routed ids may name when no tensor says how many */
+#define LRMOE_MAX_EXPERTS (1 << 20)
 
 /* ---------------------------------------------------------------- errors */
 
@@ -89,6 +91,11 @@ int lrmoe_tensor_dim_int(const lrmoe_tensor_t *t, int d, int *out);
 /* The same for a dimension that counts experts or ranks, which must be at
  * least 1: else -1 with "tensor NAME: dimension d is 0 (... at least 1)". */
 int lrmoe_tensor_dim_count(const lrmoe_tensor_t *t, int d, int *out);
+/* The number of experts n routed ids name when no tensor says it: the
+ * largest id + 1, 0 when there is none (negative ids are left to the
+ * caller's range check); -1 with "topk_ids: expert N at pair u: more than
+ * LRMOE_MAX_EXPERTS experts" past that. */
+int lrmoe_experts_from_ids(const int32_t *ids, int64_t n, int *E);
 /* A malloc'd f32 / i64 copy of the whole tensor; NULL (with error) on OOM. */
 float *lrmoe_tensor_f32(const lrmoe_tensor_t *t);
 int64_t *lrmoe_tensor_i64(const lrmoe_tensor_t *t);

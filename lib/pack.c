@@ -585,13 +585,10 @@ int lrmoe_pack_frame_x(lrmoe_frame_t *f, const lrmoe_pack_opts_t *o, unsigned fl
     float *alpha = NULL;
     if (!(ids = to_i32(tid)) || !(keep = to_u8(tkeep)))
         goto out;
-    if (!E) {
-        for (int64_t u = 0; u < T * K; u++)
-            if (ids[u] + 1 > E)
-                E = ids[u] + 1;
-        if (!E)
-            E = 1;
-    }
+    if (!E && lrmoe_experts_from_ids(ids, T * K, &E) < 0)
+        goto out;
+    if (!E)
+        E = 1;
     if (tpr && !(prank = to_i32(tpr)))
         goto out;
     if (tpl && !(place = to_u8(tpl)))

@@ -1490,10 +1490,8 @@ int lrmoe_score_frame(lrmoe_frame_t *f, uint64_t index,
     }
     if (!(ids = ids_i32(tid)))
         goto out;
-    if (E == 0)
-        for (int64_t u = 0; u < N; u++)
-            if (ids[u] + 1 > E)
-                E = ids[u] + 1;
+    if (E == 0 && lrmoe_experts_from_ids(ids, N, &E) < 0)
+        goto out;
     if (tw && !(alpha = lrmoe_tensor_f32(tw)))
         goto out;
     if (tg && o->fidelity && !(g = lrmoe_tensor_f32(tg)))

@@ -136,6 +136,16 @@ PY
     done
 }
 
+@test "an expert id of 2^31-1 with nothing else saying E: exit 1 naming it, no trailer" {
+    # the largest id + 1 overflowed an int (UBSan); such an E is refused
+    mk
+    $REF corrupt "$T/scored.lrm" "$T/bad.lrm" hugeid
+    run "$BIN/lrmoe-pack" --ranks 4 -o "$T/out.lrm" "$T/bad.lrm"
+    assert_failure 1
+    assert_output "lrmoe-pack: frame 0: topk_ids: expert 2147483647 at pair 5: more than 1048576 experts"
+    truncated "$T/out.lrm"
+}
+
 @test "bwd_alloc that does not sum or sits on a rank without the expert: exit 1" {
     mk
     $REF corrupt "$T/scored.lrm" "$T/bad.lrm" allocsum

@@ -150,6 +150,16 @@ PY
     done
 }
 
+@test "an expert id of 2^31-1 with nothing else saying E (--drop): error naming it, exit 1, no trailer" {
+    # the largest id + 1 overflowed an int (UBSan); such an E is refused
+    mk
+    $REF corrupt "$T/in.lrm" "$T/bad.lrm" hugeid
+    run "$BIN/lrmoe-score" --drop 10 -o "$T/out.lrm" "$T/bad.lrm"
+    assert_failure 1
+    assert_output "lrmoe-score: frame 0: topk_ids: expert 2147483647 at pair 5: more than 1048576 experts"
+    truncated "$T/out.lrm"
+}
+
 @test "no quota and no --drop is an error" {
     mk --noplan
     run "$BIN/lrmoe-score" --select topk -o "$T/out.lrm" "$T/in.lrm"

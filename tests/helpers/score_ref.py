@@ -19,7 +19,8 @@
         dimension of 0 where it counts experts or ranks: emptyquota (quota
         of 0 experts, no bwd_alloc or placement), allocnoranks (bwd_alloc (E,0)), allocnoexperts (0,P), placenoranks (placement (E,0), no
         bwd_alloc), byranknoranks
-        (allocnoranks with plan.keep=by-rank).
+        (allocnoranks with plan.keep=by-rank), hugeid (an id of 2^31-1 and
+        no quota, bwd_alloc, placement or expert_load).
     score_ref.py compare A B [--rtol R] [--differ]
         backward outputs (grad_*) of A and B equal up to summation order.
     score_ref.py fidelity IN
@@ -426,6 +427,11 @@ def corrupt(a):
     elif w == "placenoranks":    # placement (E, 0), no bwd_alloc
         t["placement"] = t["placement"][:, :0]
         del t["bwd_alloc"]
+    elif w == "hugeid":          # an id of 2^31-1, and no tensor that says E
+        t["topk_ids"] = t["topk_ids"].astype(np.int32)
+        t["topk_ids"].flat[5] = 2**31 - 1
+        for n in ("quota", "bwd_alloc", "placement", "expert_load", "fwd_alloc"):
+            t.pop(n, None)
     elif w == "byranknoranks":   # (E, 0) where lrmoe-score keeps by rank
         t["bwd_alloc"] = t["bwd_alloc"][:, :0]
         at["plan.keep"] = "by-rank"
