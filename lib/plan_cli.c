@@ -305,9 +305,12 @@ int lrmoe_plan_cli_frame(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, int 
         /* whole-number floats count too; other floats say nothing of T here
          * (the planner's own read of the loads reports them) */
         if (lrmoe_route_load_i64(tl->dtype, tl->data, tl->shape[0], load) == 0) {
+            /* a negative load or a sum past 2^63 says nothing of T either
+             * (the planner's own read refuses such loads) */
             int64_t n = 0;
-            for (int64_t e = 0; e < tl->shape[0]; e++)
-                n += load[e];
+            for (int64_t e = 0; e < tl->shape[0] && n >= 0; e++)
+                if (load[e] < 0 || __builtin_add_overflow(n, load[e], &n))
+                    n = -1;
             if (n > 0 && n % K.v == 0) {
                 T.v = n / K.v;
                 snprintf(T.from, sizeof T.from, "expert_load: %lld pairs over K=%lld",

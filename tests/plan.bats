@@ -432,6 +432,20 @@ print(a['plan.hidden'], a['plan.ffn'], a['plan.topk'], a['plan.tokens_per_rank']
     assert_failure 1
 }
 
+@test "an expert_load near 2^63 with no tokens given: the planner's own read refuses it (the sum that looks for T once overflowed: UBSan)" {
+    python3 - "$T/hl.lrm" <<'EOF'
+import sys
+import numpy as np
+sys.path.insert(0, "tests/helpers")
+from lrmoe_stream import write_stream
+write_stream(sys.argv[1], [({"expert_load": np.array([2**63 - 1, 8, 8, 8], np.int64)},
+                            {"topk": "2"})])
+EOF
+    run "$BIN/lrmoe-plan" --ranks 2 --ffn 8 --hidden 8 -o "$T/p.lrm" "$T/hl.lrm"
+    assert_failure 1
+    assert_output "lrmoe-plan: frame 0: expert_load[0]: absurd (9223372036854775807)"
+}
+
 @test "bad options: exit 2" {
     $REF gen "$T/in.lrm" --frames 1 --experts 16 --pairs 100
     run "$BIN/lrmoe-plan" "$T/in.lrm"
