@@ -112,6 +112,18 @@ static void bf16_to_f32_n(const uint16_t *restrict s, float *restrict dst, size_
     }
 }
 
+/* float to integer, truncated toward zero and saturated (C leaves a value
+ * out of the type's range undefined); NaN to 0 */
+#define SAT(T, lo, hi, x) ((x) != (x) ? (T)0 : (x) <= (lo) ? (T)(lo) : (x) >= (hi) ? (T)(hi) : (T)(x))
+static inline int64_t sat_i64(double x)
+{
+    return x != x ? 0 : x >= 0x1p63 ? INT64_MAX : x < -0x1p63 ? INT64_MIN : (int64_t)x;
+}
+static inline uint64_t sat_u64(double x)
+{
+    return !(x > 0) ? 0 : x >= 0x1p64 ? UINT64_MAX : (uint64_t)x;
+}
+
 #define CONVERT_LOOP(T, EXPR) do { const T *s = src; \
     for (size_t i = 0; i < n; i++) dst[i] = EXPR; } while (0)
 
@@ -164,10 +176,10 @@ void lrmoe_convert_to_i64(lrmoe_dtype_t d, const void *src, int64_t *dst, size_t
     case LRMOE_I32: CONVERT_LOOP(int32_t, (int64_t)s[i]); break;
     case LRMOE_U64: CONVERT_LOOP(uint64_t, (int64_t)s[i]); break;
     case LRMOE_I64: if (n) memcpy(dst, src, n * 8); break;
-    case LRMOE_F16: CONVERT_LOOP(uint16_t, (int64_t)lrmoe_f16_to_f32(s[i])); break;
-    case LRMOE_BF16: CONVERT_LOOP(uint16_t, (int64_t)u2f((uint32_t)s[i] << 16)); break;
-    case LRMOE_F32: CONVERT_LOOP(float, (int64_t)s[i]); break;
-    case LRMOE_F64: CONVERT_LOOP(double, (int64_t)s[i]); break;
+    case LRMOE_F16: CONVERT_LOOP(uint16_t, sat_i64(lrmoe_f16_to_f32(s[i]))); break;
+    case LRMOE_BF16: CONVERT_LOOP(uint16_t, sat_i64(u2f((uint32_t)s[i] << 16))); break;
+    case LRMOE_F32: CONVERT_LOOP(float, sat_i64(s[i])); break;
+    case LRMOE_F64: CONVERT_LOOP(double, sat_i64(s[i])); break;
     default: break;
     }
 }
@@ -179,14 +191,14 @@ void lrmoe_convert_from_f32(lrmoe_dtype_t d, const float *src, void *dst_, size_
     const float *s = src;
     switch (d) {
     case LRMOE_BOOL: FROM_LOOP(uint8_t, (uint8_t)(s[i] != 0.0f)); break;
-    case LRMOE_U8: FROM_LOOP(uint8_t, (uint8_t)s[i]); break;
-    case LRMOE_I8: FROM_LOOP(int8_t, (int8_t)s[i]); break;
-    case LRMOE_U16: FROM_LOOP(uint16_t, (uint16_t)s[i]); break;
-    case LRMOE_I16: FROM_LOOP(int16_t, (int16_t)s[i]); break;
-    case LRMOE_U32: FROM_LOOP(uint32_t, (uint32_t)s[i]); break;
-    case LRMOE_I32: FROM_LOOP(int32_t, (int32_t)s[i]); break;
-    case LRMOE_U64: FROM_LOOP(uint64_t, (uint64_t)s[i]); break;
-    case LRMOE_I64: FROM_LOOP(int64_t, (int64_t)s[i]); break;
+    case LRMOE_U8: FROM_LOOP(uint8_t, SAT(uint8_t, 0, UINT8_MAX, s[i])); break;
+    case LRMOE_I8: FROM_LOOP(int8_t, SAT(int8_t, INT8_MIN, INT8_MAX, s[i])); break;
+    case LRMOE_U16: FROM_LOOP(uint16_t, SAT(uint16_t, 0, UINT16_MAX, s[i])); break;
+    case LRMOE_I16: FROM_LOOP(int16_t, SAT(int16_t, INT16_MIN, INT16_MAX, s[i])); break;
+    case LRMOE_U32: FROM_LOOP(uint32_t, SAT(uint32_t, 0, UINT32_MAX, s[i])); break;
+    case LRMOE_I32: FROM_LOOP(int32_t, SAT(int32_t, INT32_MIN, INT32_MAX, s[i])); break;
+    case LRMOE_U64: FROM_LOOP(uint64_t, sat_u64(s[i])); break;
+    case LRMOE_I64: FROM_LOOP(int64_t, sat_i64(s[i])); break;
     case LRMOE_F16: FROM_LOOP(uint16_t, lrmoe_f32_to_f16(s[i])); break;
     case LRMOE_BF16: f32_to_bf16_n(s, dst_, n); break;
     case LRMOE_F32: if (n) memcpy(dst_, src, n * 4); break;

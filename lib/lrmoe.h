@@ -61,7 +61,9 @@ uint16_t lrmoe_f32_to_bf16(float f);
 float lrmoe_f16_to_f32(uint16_t h);
 uint16_t lrmoe_f32_to_f16(float f);
 
-/* Convert n elements of src (dtype d) to f32 / from f32. */
+/* Convert n elements of src (dtype d) to f32 / from f32. A float to an
+ * integer dtype truncates toward zero and saturates at the integer type's
+ * range, NaN giving 0 (no undefined conversion). */
 void lrmoe_convert_to_f32(lrmoe_dtype_t d, const void *src, float *dst, size_t n);
 void lrmoe_convert_from_f32(lrmoe_dtype_t d, const float *src, void *dst, size_t n);
 /* Same for f64 and i64 views (integers are exact in i64; u64 > INT64_MAX wraps). */

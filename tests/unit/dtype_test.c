@@ -4,7 +4,11 @@
  *   dtype_test tof16 FILE      f32 bits (hex, one per line) -> f16 bits
  *   dtype_test tobf16 FILE     f32 bits -> bf16 bits
  *   dtype_test empty           every conversion of 0 elements from and to NULL
- *                              (empty tensors have no data; built with UBSan) */
+ *                              (empty tensors have no data; built with UBSan)
+ *   dtype_test toint FILE      f32 bits -> every integer dtype (from_f32) and
+ *                              f32, f64, bf16 -> i64 (to_i64): one line per
+ *                              value, "I8 U8 I16 U16 I32 U32 I64 U64 f32 f64
+ *                              bf16" in decimal (built with float-cast UBSan) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +33,36 @@ int main(int argc, char **argv)
             lrmoe_convert_from_f32((lrmoe_dtype_t)d, NULL, NULL, 0);
         }
         printf("ok\n");
+        return 0;
+    }
+    if (argc >= 3 && !strcmp(argv[1], "toint")) {
+        FILE *fp = fopen(argv[2], "r");
+        if (!fp) return 1;
+        unsigned u;
+        while (fscanf(fp, "%x", &u) == 1) {
+            float f;
+            memcpy(&f, &u, 4);
+            int8_t i8; uint8_t u8; int16_t i16; uint16_t u16; int32_t i32; uint32_t u32;
+            int64_t i64, a, b, c;
+            uint64_t u64;
+            lrmoe_convert_from_f32(LRMOE_I8, &f, &i8, 1);
+            lrmoe_convert_from_f32(LRMOE_U8, &f, &u8, 1);
+            lrmoe_convert_from_f32(LRMOE_I16, &f, &i16, 1);
+            lrmoe_convert_from_f32(LRMOE_U16, &f, &u16, 1);
+            lrmoe_convert_from_f32(LRMOE_I32, &f, &i32, 1);
+            lrmoe_convert_from_f32(LRMOE_U32, &f, &u32, 1);
+            lrmoe_convert_from_f32(LRMOE_I64, &f, &i64, 1);
+            lrmoe_convert_from_f32(LRMOE_U64, &f, &u64, 1);
+            double d = f;
+            uint16_t h = lrmoe_f32_to_bf16(f);
+            lrmoe_convert_to_i64(LRMOE_F32, &f, &a, 1);
+            lrmoe_convert_to_i64(LRMOE_F64, &d, &b, 1);
+            lrmoe_convert_to_i64(LRMOE_BF16, &h, &c, 1);
+            printf("%d %u %d %u %ld %lu %lld %llu %lld %lld %lld\n", i8, u8, i16, u16, (long)i32,
+                   (unsigned long)u32, (long long)i64, (unsigned long long)u64, (long long)a,
+                   (long long)b, (long long)c);
+        }
+        fclose(fp);
         return 0;
     }
     if (argc >= 3) {
