@@ -114,7 +114,8 @@ static void bf16_to_f32_n(const uint16_t *restrict s, float *restrict dst, size_
 
 /* float to integer, truncated toward zero and saturated (C leaves a value
  * out of the type's range undefined); NaN to 0 */
-#define SAT(T, lo, hi, x) ((x) != (x) ? (T)0 : (x) <= (lo) ? (T)(lo) : (x) >= (hi) ? (T)(hi) : (T)(x))
+#define SAT(T, lo, hi, x) \
+    ((x) != (x) ? (T)0 : (double)(x) <= (double)(lo) ? (T)(lo) : (double)(x) >= (double)(hi) ? (T)(hi) : (T)(x))
 static inline int64_t sat_i64(double x)
 {
     return x != x ? 0 : x >= 0x1p63 ? INT64_MAX : x < -0x1p63 ? INT64_MIN : (int64_t)x;
