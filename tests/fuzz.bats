@@ -1,6 +1,6 @@
 #!/usr/bin/env bats
 # The libFuzzer harnesses of tests/fuzz (stream reader, safetensors decoder,
-# .npy parser, lrmoe-import's HF mapping), each on a fixed seed and a fixed
+# .npy parser, lrmoe-import's HF mapping, the stages on structured frames), each on a fixed seed and a fixed
 # number of inputs from the seeds and past findings (tests/fuzz/regress),
 # about 20 s each: the same inputs on every machine and every run, so a tree
 # that passes here passes in CI; any finding fails. `make fuzz FUZZ_SECONDS=N`
@@ -37,4 +37,8 @@ fuzz() {
 
 @test "fuzz: HF mapping of lrmoe-import (structured frames, zero and 2^62 dims, value oracle)" {
     fuzz hf
+}
+
+@test "fuzz: the stages on structured frames (route, plan, score, pack, unpack, exec forward and backward, and the pipeline; 0 or -1 with a message, accepted frames round-trip)" {
+    fuzz stages
 }

@@ -2,8 +2,9 @@
 # Build and run the libFuzzer harnesses of tests/fuzz (clang,
 # -fsanitize=fuzzer,address,undefined) on seed corpora the tools make:
 #   tests/fuzz/run.sh [SECONDS [HARNESS...]]
-# SECONDS per harness (default 20); harnesses stream, safetensors, npy, hf (all
-# by default). New inputs collect in $BUILD/fuzz/corpus/HARNESS and are kept for
+# SECONDS per harness (default 20); harnesses stream, safetensors, npy, hf,
+# stages (all by default; stages is built from every lib/*.c, a CPU library
+# without oneDNN, MPI or CUDA). New inputs collect in $BUILD/fuzz/corpus/HARNESS and are kept for
 # the next run.
 #   FUZZ_RUNS=SCALE tests/fuzz/run.sh 0 [HARNESS...]
 # the reproducible form make check runs (tests/fuzz.bats): seed 1, a fixed
@@ -20,7 +21,7 @@ set -eu
 TOP=$(cd "$(dirname "$0")/../.." && pwd)
 SECS=${1:-20}
 [ $# -gt 0 ] && shift
-HARNESSES=${*:-stream safetensors npy hf}
+HARNESSES=${*:-stream safetensors npy hf stages}
 B="$TOP/${BUILD:-build}/fuzz"
 FUZZ_CC=${FUZZ_CC:-}
 if [ -z "$FUZZ_CC" ]; then
@@ -36,21 +37,27 @@ LIBSRC="frame producers stream crc64 dtype error npy import_hf"
 for h in $HARNESSES; do
     bin="$B/fuzz_$h"
     srcs="$TOP/tests/fuzz/fuzz_$h.c"
-    for m in $LIBSRC; do srcs="$srcs $TOP/lib/$m.c"; done
+    libs="-lzstd -ljansson -lm"
+    if [ $h = stages ]; then   # the stages call into most of the library
+        srcs="$srcs $(ls "$TOP"/lib/*.c | tr '\n' ' ')"
+        libs="$libs -lglpk -lpthread -ldl -Wno-unknown-attributes"   # gcc's optimize()
+    else
+        for m in $LIBSRC; do srcs="$srcs $TOP/lib/$m.c"; done
+    fi
     stale=0
     [ -x "$bin" ] || stale=1
     for s in $srcs "$TOP"/tests/fuzz/*.h "$TOP"/lib/*.h; do [ "$s" -nt "$bin" ] && stale=1; done
     if [ $stale = 1 ]; then
         "$FUZZ_CC" -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
-            -fno-sanitize-recover=undefined -I"$TOP/lib" -I"$TOP/tests/fuzz" -o "$bin" $srcs \
-            -lzstd -ljansson -lm
+            -fno-sanitize-recover=undefined -pthread -I"$TOP/lib" -I"$TOP/tests/fuzz" -o "$bin" \
+            $srcs $libs
     fi
 done
 sh "$TOP/tests/fuzz/seeds.sh" "$TOP/bin" "$B/seeds"
 rc=0
 for h in $HARNESSES; do
     dict="-dict=$TOP/tests/fuzz/stream.dict"; [ $h = npy ] && dict="-dict=$TOP/tests/fuzz/npy.dict"
-    [ $h = hf ] && dict=   # a structured recipe (fuzz_hf.c): no byte dictionary
+    [ $h = hf ] || [ $h = stages ] && dict=   # structured recipes: no byte dictionary
     mkdir -p "$B/corpus/$h"
     log="$B/$h.log"
     regress=   # past findings (tests/fuzz/regress/HARNESS), replayed by every run
@@ -58,7 +65,8 @@ for h in $HARNESSES; do
     corpus="$B/corpus/$h" budget="-max_total_time=$SECS" what="in ${SECS} s"
     if [ -n "${FUZZ_RUNS:-}" ]; then
         case $h in   # base counts: about 20 s each on a 2-core AMD EPYC (Zen 4)
-            stream) base=40000 ;; safetensors) base=150000 ;; npy) base=2000000 ;; *) base=60000 ;;
+            stream) base=40000 ;; safetensors) base=150000 ;; npy) base=2000000 ;;
+            *) base=60000 ;;
         esac
         corpus="$B/corpus-fixed/$h"
         rm -rf "$corpus"

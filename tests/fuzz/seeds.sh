@@ -1,13 +1,14 @@
 #!/bin/sh
 # Seed corpora for the fuzz harnesses, made by the tools themselves:
-#   seeds.sh BIN OUTDIR   -> OUTDIR/stream, OUTDIR/safetensors, OUTDIR/npy, OUTDIR/hf
+#   seeds.sh BIN OUTDIR   -> OUTDIR/stream, OUTDIR/safetensors, OUTDIR/npy, OUTDIR/hf,
+#                            OUTDIR/stages
 # A stream seed starts with the harness's mode byte (fuzz_stream.c); an hf
 # seed is a recipe of 7-byte records (fuzz_hf.c).
 set -eu
 BIN=$1
 OUT=$2
 rm -rf "$OUT"
-mkdir -p "$OUT/stream" "$OUT/safetensors" "$OUT/npy" "$OUT/hf" "$OUT/tmp"
+mkdir -p "$OUT/stream" "$OUT/safetensors" "$OUT/npy" "$OUT/hf" "$OUT/stages" "$OUT/tmp"
 W="$OUT/tmp"
 "$BIN/lrmoe-gen" --tokens 4 --experts 4 --topk 2 --hidden 8 --ffn 8 --steps 2 \
     --no-compress -o "$W/gen.lrm" --weights "$W/w.lrm"
@@ -53,3 +54,15 @@ hf fused0 '\004\002\000\000\073\000\004\003\002\001\000\073\000\003\002'
 hf perexp '\000\001\004\000\051\002\003\000\001\005\000\051\002\003\000\001\006\000\051\003\002\000\001\004\001\051\002\003\000\001\005\001\051\002\003\000\001\006\001\051\003\002\000'
 hf act '\001\000\021\000\073\002\003\004\000\023\000\070\002\003\001\000\026\000\072\002\003\001'
 hf f62 '\000\002\001\000\073\000\004\364\002\000\000\073\000\005\004'
+# stages recipes (fuzz_stages.c): stage T K E P, then 6-byte records; a
+# tensor record "\101 spec 0 0 0 0" is spec's natural shape, dtype and range
+# (spec: 0 topk_ids, 1 topk_weights, 2 router_logits, 4 hidden F32, 5
+# grad_output, 7 phi_sqnorm, 8 saved_gate, 9 saved_up, 10 quota, 11
+# bwd_alloc, 13 placement, 15 keep); "\060 3 0" the attribute ffn=4; "\001
+# 0 1" plan's ranks=2 in the pipeline. T=8, K=2, E=4, P=2 in each.
+st() { printf "$2" > "$OUT/stages/$1"; }
+N='\101\000\000\000\000\000'   # topk_ids
+st pipeline "\007\010\001\004\001\101\002\000\000\000\000\101\004\000\000\000\000\101\005\000\000\000\000\060\003\000\000\000\000\001\000\001\000\000\000"
+st score "\002\010\001\004\001$N\101\001\000\000\000\000\101\005\000\000\000\000\101\007\000\000\000\000\101\012\000\000\000\000"
+st pack "\003\010\001\004\001$N\101\001\000\000\000\000\101\005\000\000\000\000\101\004\000\000\000\000\101\010\000\000\000\000\101\011\000\000\000\000\101\013\000\000\000\000\101\015\000\000\000\000\101\017\000\000\000\000"
+st forward "\005\010\001\004\001$N\101\001\000\000\000\000\101\004\000\000\000\000"
