@@ -50,7 +50,10 @@ static int plan_rows(const lrmoe_pack_in_t *in, const int64_t *kept, int64_t *re
                           "which holds no instance of it", e, (long long)a, p);
                 return -1;
             }
-            s += a;
+            if (__builtin_add_overflow(s, a, &s)) {
+                lrmoe_err("bwd_alloc: expert %d allocates more than 2^63-1 rows in all", e);
+                return -1;
+            }
             rem[(int64_t)e * P + p] = a;
         }
         if (s != kept[e]) {

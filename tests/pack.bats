@@ -146,6 +146,16 @@ PY
     truncated "$T/out.lrm"
 }
 
+@test "bwd_alloc rows summing past 2^63: exit 1 naming the expert, no trailer" {
+    # the sum overflowed (UBSan, found by the stages fuzz harness)
+    mk
+    $REF corrupt "$T/scored.lrm" "$T/bad.lrm" allochuge
+    run "$BIN/lrmoe-pack" -o "$T/out.lrm" "$T/bad.lrm"
+    assert_failure 1
+    assert_output "lrmoe-pack: frame 0: bwd_alloc: expert 0 allocates more than 2^63-1 rows in all"
+    truncated "$T/out.lrm"
+}
+
 @test "bwd_alloc that does not sum or sits on a rank without the expert: exit 1" {
     mk
     $REF corrupt "$T/scored.lrm" "$T/bad.lrm" allocsum

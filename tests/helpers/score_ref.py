@@ -20,7 +20,8 @@
         of 0 experts, no bwd_alloc or placement), allocnoranks (bwd_alloc (E,0)), allocnoexperts (0,P), placenoranks (placement (E,0), no
         bwd_alloc), byranknoranks
         (allocnoranks with plan.keep=by-rank), hugeid (an id of 2^31-1 and
-        no quota, bwd_alloc, placement or expert_load).
+        no quota, bwd_alloc, placement or expert_load), allochuge (bwd_alloc rows
+        of expert 0 summing past 2^63).
     score_ref.py compare A B [--rtol R] [--differ]
         backward outputs (grad_*) of A and B equal up to summation order.
     score_ref.py fidelity IN
@@ -432,6 +433,10 @@ def corrupt(a):
         t["topk_ids"].flat[5] = 2**31 - 1
         for n in ("quota", "bwd_alloc", "placement", "expert_load", "fwd_alloc"):
             t.pop(n, None)
+    elif w == "allochuge":       # expert 0: 2^63-1 rows on rank 0 and 2 on rank 1
+        t["placement"][0, :] = 1
+        t["bwd_alloc"][0, 0] = 2**63 - 1
+        t["bwd_alloc"][0, 1] = 2
     elif w == "byranknoranks":   # (E, 0) where lrmoe-score keeps by rank
         t["bwd_alloc"] = t["bwd_alloc"][:, :0]
         at["plan.keep"] = "by-rank"
