@@ -114,7 +114,10 @@ int lrmoe_exec_assign(int64_t T, int64_t K, int64_t E, int P,
                 break;
             }
             left[e * P + p] = a;
-            s += a;
+            if (__builtin_add_overflow(s, a, &s)) {
+                rc = lrmoe_err("fwd_alloc row %lld sums past 2^63-1", (long long)e);
+                break;
+            }
         }
         if (!rc && s != load[e])
             rc = lrmoe_err("fwd_alloc row %lld sums to %lld but expert %lld has %lld pairs",

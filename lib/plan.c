@@ -315,7 +315,8 @@ int lrmoe_plan_from_frame(const lrmoe_frame_t *f, lrmoe_plan_t *p)
     /* derived figures */
     p->N = 0;
     for (size_t i = 0; i < (size_t)E * P; i++)
-        p->N += p->fwd_alloc[i];
+        if (__builtin_add_overflow(p->N, p->fwd_alloc[i], &p->N))
+            return lrmoe_err("fwd_alloc: sums past 2^63-1");
     return 0;
 }
 

@@ -120,8 +120,9 @@ int lrmoe_plan_check(const lrmoe_plan_t *p, const int64_t *load)
                                  q, (long long)p->bwd_alloc[i], e);
             if (p->fwd_alloc[i] > INT64_MAX / 4 || p->bwd_alloc[i] > INT64_MAX / 4)
                 return lrmoe_err("alloc[%d,%d]: absurd count", e, q);
-            fs += p->fwd_alloc[i];
-            bs += p->bwd_alloc[i];
+            if (__builtin_add_overflow(fs, p->fwd_alloc[i], &fs) ||
+                __builtin_add_overflow(bs, p->bwd_alloc[i], &bs))
+                return lrmoe_err("alloc[%d,:]: sums past 2^63-1", e);
         }
         const int64_t n = load ? load[e] : fs;
         if (n < 0)

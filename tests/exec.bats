@@ -264,6 +264,12 @@ no_trailer() {
     assert_fails_clean
     assert_output --partial "fwd_alloc"
     no_trailer "$D/o.lrm"
+    # a fwd_alloc whose sum passes 2^63-1 (it overflowed: UBSan)
+    pyedit "f=read_stream('$D/pl.lrm', True); t,a,d=f[0]; t=dict(t); x=t['fwd_alloc'].copy(); p=t['placement'].copy(); p[0,:]=1; x[0,0]=2**63-1; x[0,1]=2; t['fwd_alloc']=x; t['placement']=p; write_stream('$D/plhuge.lrm', [(t,a,d)])"
+    run sh -c "'$EXEC' --phase forward --weights '$D/w.lrm' --no-compress '$D/plhuge.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    assert_output --partial "plan: fwd_alloc: sums past 2^63-1"
+    no_trailer "$D/o.lrm"
     # --ranks that disagrees with the plan
     run sh -c "'$EXEC' --phase forward --weights '$D/w.lrm' -P 4 --no-compress '$D/pl.lrm' > '$D/o.lrm'"
     assert_fails_clean

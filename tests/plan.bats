@@ -446,6 +446,24 @@ EOF
     assert_output "lrmoe-plan: frame 0: expert_load[0]: absurd (9223372036854775807)"
 }
 
+@test "lrmoe_plan_check: bwd_alloc rows that each pass its per-entry bound but sum past 2^63-1 are refused (the sum overflowed: UBSan)" {
+    python3 - "$T/big.lrm" <<'EOF'
+import sys
+import numpy as np
+sys.path.insert(0, "tests/helpers")
+from lrmoe_stream import write_stream
+q = (2**63 - 1) // 4
+b = np.eye(5, dtype=np.int64)
+b[0, :] = q   # expert 0: each entry within the check's bound, their sum past 2^63-1
+t = {"expert_load": np.ones(5, np.int64), "placement": np.ones((5, 5), np.uint8),
+     "fwd_alloc": np.eye(5, dtype=np.int64), "quota": np.ones(5, np.int64), "bwd_alloc": b}
+write_stream(sys.argv[1], [(t, {})])
+EOF
+    run "$UT" check-stream "$T/big.lrm"
+    assert_failure
+    assert_output "frame 0: alloc[0,:]: sums past 2^63-1"
+}
+
 @test "bad options: exit 2" {
     $REF gen "$T/in.lrm" --frames 1 --experts 16 --pairs 100
     run "$BIN/lrmoe-plan" "$T/in.lrm"
