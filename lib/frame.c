@@ -88,7 +88,7 @@ int lrmoe_experts_from_ids(const int32_t *ids, int64_t n, int *E)
 
 int lrmoe_tensor_dim_count(const lrmoe_tensor_t *t, int d, int *out)
 {
-    int n;
+    int n = 0;
     if (lrmoe_tensor_dim_int(t, d, &n) < 0)
         return -1;
     if (n < 1)
