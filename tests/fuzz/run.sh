@@ -66,6 +66,7 @@ for h in $HARNESSES; do
     if [ -n "${FUZZ_RUNS:-}" ]; then
         case $h in   # base counts: about 20 s each on a 2-core AMD EPYC (Zen 4)
             stream) base=40000 ;; safetensors) base=150000 ;; npy) base=2000000 ;;
+            stages) base=30000 ;;   # about 10 s, after its 30 s build
             *) base=60000 ;;
         esac
         corpus="$B/corpus-fixed/$h"
