@@ -206,21 +206,30 @@ typedef struct {
     lrmoe_exec_t *fwd, *bwd;
 } handles_t;
 
-static void set_opt(int stage, void *h, const opt_t *tab, int n, uint8_t a, uint8_t b)
+/* each stage's options (unpack has no handle: it takes pack's) */
+static const struct {
+    const opt_t *tab;
+    int n;
+} OPTS[7] = {{O_ROUTE, NOPT(O_ROUTE)}, {O_PLAN, NOPT(O_PLAN)}, {O_SCORE, NOPT(O_SCORE)},
+             {O_PACK, NOPT(O_PACK)},   {O_PACK, NOPT(O_PACK)}, {O_EXEC, NOPT(O_EXEC)},
+             {O_EXEC, NOPT(O_EXEC)}};
+
+/* option a (value b) of stage st (0..6) on its handle */
+static void set_opt(const handles_t *h, int st, uint8_t a, uint8_t b)
 {
-    const opt_t *o = &tab[a % n];
+    const opt_t *o = &OPTS[st].tab[a % OPTS[st].n];
     int nv = 0;
     while (nv < 6 && o->v[nv]) nv++;
     const char *val = o->v[b % nv];
     if (!strcmp(val, "!")) val = NULL;
-    if (stage == 5 && !strcmp(o->name, "weights")) val = wpath[b % 2];
+    if (st >= 5 && !strcmp(o->name, "weights")) val = wpath[b % 2];
     int rc;
-    switch (stage) {
-    case 0: rc = lrmoe_route_set(h, o->name, val); break;
-    case 1: rc = lrmoe_plan_cfg_set(h, o->name, val); break;
-    case 2: rc = lrmoe_score_set(h, o->name, val); break;
-    case 3: rc = lrmoe_pack_set(h, o->name, val); break;
-    default: rc = lrmoe_exec_set(h, o->name, val);
+    switch (st) {
+    case 0: rc = lrmoe_route_set(h->route, o->name, val); break;
+    case 1: rc = lrmoe_plan_cfg_set(h->plan, o->name, val); break;
+    case 2: rc = lrmoe_score_set(h->score, o->name, val); break;
+    case 3: case 4: rc = lrmoe_pack_set(h->pack, o->name, val); break;
+    default: rc = lrmoe_exec_set(st == 5 ? h->fwd : h->bwd, o->name, val);
     }
     FUZZ_CHECK(rc == 0 || (rc == -1 && *lrmoe_errmsg()), "%s=%s: rc %d, message '%s'", o->name,
                val ? val : "(flag)", rc, lrmoe_errmsg());
@@ -288,16 +297,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t at = 5; at + 6 <= size && f.ntensors < 48; at += 6) {
         const uint8_t *r = data + at;
         if (r[0] < 48) {   /* an option: of the stage, or of one in the pipeline */
-            int st = stage == 7 ? r[0] % 7 : stage;
-            if (st == 4) st = 3;   /* unpack has no handle: pack's */
-            void *hh = st == 0 ? (void *)h.route : st == 1 ? (void *)h.plan
-                     : st == 2 ? (void *)h.score : st == 3 ? (void *)h.pack
-                     : st == 5 ? (void *)h.fwd : (void *)h.bwd;
-            const opt_t *tab = st == 0 ? O_ROUTE : st == 1 ? O_PLAN : st == 2 ? O_SCORE
-                             : st == 3 ? O_PACK : O_EXEC;
-            int n = st == 0 ? NOPT(O_ROUTE) : st == 1 ? NOPT(O_PLAN) : st == 2 ? NOPT(O_SCORE)
-                  : st == 3 ? NOPT(O_PACK) : NOPT(O_EXEC);
-            set_opt(st >= 5 ? 5 : st, hh, tab, n, r[1], r[2]);
+            set_opt(&h, stage == 7 ? r[0] % 7 : stage, r[1], r[2]);
             continue;
         }
         if (r[0] < 64) {   /* an attribute */
