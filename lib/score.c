@@ -149,7 +149,8 @@ static int score_tokens(void *vp, int64_t t0, int64_t t1)
     for (int64_t t = t0; t < t1; t++) {
         double gt = 0;
         if (need_g) {
-            lrmoe_convert_to_f32(j->gdt, (const char *)j->g + (size_t)t * rb, row,
+            /* D = 0: an empty grad_output has no data (g NULL: no offset) */
+            lrmoe_convert_to_f32(j->gdt, rb ? (const char *)j->g + (size_t)t * rb : j->g, row,
                                  (size_t)D);
             gt = row_sum(row, D, m == LRMOE_METRIC_ABSGRAD);
         }
@@ -645,6 +646,25 @@ int lrmoe_score_sample(int64_t T, int K, int E, const int32_t *topk_ids,
                            prob, load, quota_out, 1);
 }
 
+/* Expert e's row w[P] of bwd_alloc, for the by-rank selections: no entry
+ * negative, and their sum (*sum) no more than the expert's routed pairs. */
+static int alloc_row(const int64_t *w, int e, int P, int64_t load, int64_t *sum)
+{
+    int64_t s = 0;
+    for (int p = 0; p < P; p++) {
+        if (w[p] < 0)
+            return lrmoe_err("bwd_alloc: expert %d rank %d is negative (%lld)", e, p,
+                             (long long)w[p]);
+        if (__builtin_add_overflow(s, w[p], &s))
+            return lrmoe_err("bwd_alloc: expert %d allocates more than 2^63-1 rows in all", e);
+    }
+    if (s > load)
+        return lrmoe_err("bwd_alloc: expert %d allocates %lld rows but has %lld routed pairs", e,
+                         (long long)s, (long long)load);
+    *sum = s;
+    return 0;
+}
+
 static int score_sample_rank_mt(int64_t T, int K, int E, int P, const int32_t *topk_ids,
                                 const float *score, const int32_t *pair_rank,
                                 const int64_t *bwd_alloc, uint64_t seed, uint8_t *keep,
@@ -680,22 +700,13 @@ static int score_sample_rank_mt(int64_t T, int K, int E, int P, const int32_t *t
         n[bk[u]]++;
     }
     for (int e = 0; e < E; e++) {
-        int64_t qe = 0, extra = 0;
+        int64_t qe, extra = 0;
+        if (alloc_row(bwd_alloc + (int64_t)e * P, e, P, load[e], &qe) < 0)
+            goto out;
         for (int p = 0; p < P; p++) {
             const int64_t b = (int64_t)e * P + p, w = bwd_alloc[b];
-            if (w < 0) {
-                lrmoe_err("bwd_alloc: expert %d rank %d is negative (%lld)", e, p,
-                          (long long)w);
-                goto out;
-            }
-            qe += w;
             q[b] = w < n[b] ? w : n[b];
             extra += w - q[b];
-        }
-        if (qe > load[e]) {
-            lrmoe_err("bwd_alloc: expert %d allocates %lld rows but has %lld routed pairs",
-                      e, (long long)qe, (long long)load[e]);
-            goto out;
         }
         for (int p = 0; p < P && extra > 0; p++) { /* the rest: strata with room */
             const int64_t b = (int64_t)e * P + p, add = n[b] - q[b] < extra ? n[b] - q[b]
@@ -812,21 +823,9 @@ static int score_select_rank_mt(int64_t T, int K, int E, int P, const int32_t *t
         off[(int64_t)e * P + r + 1]++;
     }
     for (int e = 0; e < E; e++) {
-        int64_t q = 0;
-        for (int p = 0; p < P; p++) {
-            int64_t w = bwd_alloc[(int64_t)e * P + p];
-            if (w < 0) {
-                lrmoe_err("bwd_alloc: expert %d rank %d is negative (%lld)", e, p,
-                          (long long)w);
-                goto out;
-            }
-            q += w;
-        }
-        if (q > load[e]) {
-            lrmoe_err("bwd_alloc: expert %d allocates %lld rows but has %lld routed pairs",
-                      e, (long long)q, (long long)load[e]);
+        int64_t q;
+        if (alloc_row(bwd_alloc + (int64_t)e * P, e, P, load[e], &q) < 0)
             goto out;
-        }
         if (quota_out)
             quota_out[e] = q;
     }

@@ -160,6 +160,18 @@ PY
     truncated "$T/out.lrm"
 }
 
+@test "keeping by rank, bwd_alloc rows summing past 2^63: error naming the expert, exit 1, no trailer" {
+    # the sum overflowed in both by-rank selections (UBSan, found by the stages fuzz harness)
+    mk
+    $REF corrupt "$T/in.lrm" "$T/bad.lrm" byrankhuge
+    for sel in topk sample; do
+        run "$BIN/lrmoe-score" --select $sel -o "$T/out.lrm" "$T/bad.lrm"
+        assert_failure 1
+        assert_output "lrmoe-score: frame 0: bwd_alloc: expert 0 allocates more than 2^63-1 rows in all"
+        truncated "$T/out.lrm"
+    done
+}
+
 @test "no quota and no --drop is an error" {
     mk --noplan
     run "$BIN/lrmoe-score" --select topk -o "$T/out.lrm" "$T/in.lrm"

@@ -21,7 +21,8 @@
         bwd_alloc), byranknoranks
         (allocnoranks with plan.keep=by-rank), hugeid (an id of 2^31-1 and
         no quota, bwd_alloc, placement or expert_load), allochuge (bwd_alloc rows
-        of expert 0 summing past 2^63).
+        of expert 0 summing past 2^63), byrankhuge (the same rows with
+        plan.keep=by-rank).
     score_ref.py compare A B [--rtol R] [--differ]
         backward outputs (grad_*) of A and B equal up to summation order.
     score_ref.py fidelity IN
@@ -437,6 +438,10 @@ def corrupt(a):
         t["placement"][0, :] = 1
         t["bwd_alloc"][0, 0] = 2**63 - 1
         t["bwd_alloc"][0, 1] = 2
+    elif w == "byrankhuge":      # allochuge where lrmoe-score keeps by rank
+        t["bwd_alloc"][0, 0] = 2**63 - 1
+        t["bwd_alloc"][0, 1] = 2
+        at["plan.keep"] = "by-rank"
     elif w == "byranknoranks":   # (E, 0) where lrmoe-score keeps by rank
         t["bwd_alloc"] = t["bwd_alloc"][:, :0]
         at["plan.keep"] = "by-rank"
