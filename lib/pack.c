@@ -210,6 +210,8 @@ void lrmoe_pack_gather(const int64_t *pair, int64_t R, int K, int by_token,
 {
     const char *s = src;
     char *d = dst;
+    if (!row_bytes) /* rows of nothing: an empty tensor's data may be NULL */
+        return;
     for (int64_t i = 0; i < R; i++) {
         int64_t r = by_token ? pair[i] / K : pair[i];
         memcpy(d + (size_t)i * row_bytes, s + (size_t)r * row_bytes, row_bytes);
@@ -227,6 +229,8 @@ void lrmoe_pack_gather_scaled_dt(const int64_t *pair, int64_t R, int K,
                                  const float *alpha, float *dst)
 {
     const size_t rb = (size_t)D * lrmoe_dtype_size(gdt);
+    if (!rb) /* rows of nothing: an empty grad_output's data may be NULL */
+        return;
     for (int64_t i = 0; i < R; i++) {
         int64_t u = pair[i];
         const float a = alpha[u];
