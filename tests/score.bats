@@ -135,18 +135,23 @@ PY
     truncated "$T/out.lrm"
 }
 
+# $T/bad.lrm refused with message $1 (exit 1, no trailer) by both selections
+refused_by_both() {
+    for sel in topk sample; do
+        run "$BIN/lrmoe-score" --select $sel -o "$T/out.lrm" "$T/bad.lrm"
+        assert_failure 1
+        assert_output "$1"
+        truncated "$T/out.lrm"
+    done
+}
+
 @test "quota of 0 experts, bwd_alloc of 0 ranks (keeping by rank): error naming the tensor, exit 1, no trailer" {
     # a quota of 0 entries used to be read past its end (ASan: heap-buffer-overflow)
     mk
     for w in emptyquota:quota:0 byranknoranks:bwd_alloc:1; do
         IFS=: read -r what name dim <<< "$w"
         $REF corrupt "$T/in.lrm" "$T/bad.lrm" "$what"
-        for sel in topk sample; do
-            run "$BIN/lrmoe-score" --select $sel -o "$T/out.lrm" "$T/bad.lrm"
-            assert_failure 1
-            assert_output "lrmoe-score: frame 0: tensor $name: dimension $dim is 0 (it counts experts or ranks: at least 1)"
-            truncated "$T/out.lrm"
-        done
+        refused_by_both "lrmoe-score: frame 0: tensor $name: dimension $dim is 0 (it counts experts or ranks: at least 1)"
     done
 }
 
@@ -164,12 +169,7 @@ PY
     # the sum overflowed in both by-rank selections (UBSan, found by the stages fuzz harness)
     mk
     $REF corrupt "$T/in.lrm" "$T/bad.lrm" byrankhuge
-    for sel in topk sample; do
-        run "$BIN/lrmoe-score" --select $sel -o "$T/out.lrm" "$T/bad.lrm"
-        assert_failure 1
-        assert_output "lrmoe-score: frame 0: bwd_alloc: expert 0 allocates more than 2^63-1 rows in all"
-        truncated "$T/out.lrm"
-    done
+    refused_by_both "lrmoe-score: frame 0: bwd_alloc: expert 0 allocates more than 2^63-1 rows in all"
 }
 
 @test "no quota and no --drop is an error" {
