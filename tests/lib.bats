@@ -515,7 +515,7 @@ PY
     assert_line --regexp "^ep: -1 .*ep"
 }
 
-@test "lrmoe_exec_args_t: forward, pack and compact backward by field name give the struct calls' bits; F32 weights as w_f32 only (replicas) read no other matrix; misuse is named, a broken backward argument too" {
+@test "lrmoe_exec_args_t: forward, pack and compact backward by field name give the struct calls' bits; F32 weights as w_f32 only (replicas) read no other matrix; misuse is named, a broken backward argument or plan row too" {
     staged_cc args args_inproc
     run env LD_LIBRARY_PATH="$LIBD" "$T/args"
     assert_success
@@ -534,6 +534,11 @@ PY
     assert_line "bwd rank: -1 pair_rank[2,0]: rank 2 out of range [0,2)"
     assert_line --regexp "^bwd compact rows: -1 backward compact: give all of pack_grad, pack_hidden, pack_gate and pack_up, or none"
     assert_line --regexp "^bwd intact: 0 "
+    # a caller's plan with one row of fwd_alloc broken (lrmoe_exec_assign)
+    assert_line "plan sum: -1 fwd_alloc row 0 sums past 2^63-1"
+    assert_line --regexp "^plan negative: -1 fwd_alloc\[0,[01]\]: negative \(-1\)$"
+    assert_line --regexp "^plan placement: -1 fwd_alloc\[0,[01]\]: 1 pairs on a rank without an instance of the expert \(placement is 0\)$"
+    assert_line --regexp "^plan row: -1 fwd_alloc row 0 sums to [0-9]+ but expert 0 has [0-9]+ pairs$"
     assert_line "unknown: -1 exec args: no argument 'hiden' (lrmoe_exec_args_new(3) lists them)"
     assert_line "number for a pointer: -1 exec args: 'hidden' is a pointer (lrmoe_exec_args_set_ptr)"
     assert_line "pointer for a number: -1 exec args: 'T' is a number (lrmoe_exec_args_set)"

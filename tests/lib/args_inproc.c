@@ -4,8 +4,10 @@
  * as the packed copy w_f32 only (w_gate, w_up, w_down NULL) under a plan
  * with replicas (their weights copied by p2p) against the three matrices;
  * then the misuse cases, each printed with its error, among them a full
- * backward with one argument broken at a time. Built against the
+ * backward with one argument broken at a time and a forward under a
+ * plan with one row broken at a time. Built against the
  * staged tree. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +112,33 @@ static int replicas(result_t *r, int packed)
                           .grad_hidden = r->gh, .grad_w_gate = r->gwg, .grad_w_up = r->gwu,
                           .grad_w_down = r->gwd, .grad_topk_weights = r->gtw};
     return lrmoe_exec_backward(&cfg, &d, &w, &pl, &b, NULL);
+}
+
+/* A forward under a broken plan (a caller's fwd_alloc, not lrmoe-plan's):
+ * expert 0's row sums past 2^63-1 (0), has a negative entry (1), puts
+ * pairs on a rank without an instance (2), or sums to other than the
+ * expert's pairs (3); lrmoe_exec_assign must refuse each. */
+static int plan_broken(result_t *r, int what)
+{
+    uint8_t placement[E * P];
+    int64_t fa[E * P] = {0};
+    memset(placement, 1, sizeof placement);
+    for (int u = 0; u < T * K; u++) fa[ids[u] * P + lrmoe_exec_native(ids[u], E, P)]++;
+    int nat = lrmoe_exec_native(0, E, P), o = (nat + 1) % P;
+    if (what == 0) fa[nat] = INT64_MAX, fa[o] = 2;
+    if (what == 1) fa[nat] += 1, fa[o] = -1;
+    if (what == 2) fa[nat] -= 1, fa[o] = 1, placement[o] = 0;
+    if (what == 3) fa[nat] += 1;
+    lrmoe_exec_cfg_t cfg;
+    lrmoe_exec_cfg_default(&cfg);
+    lrmoe_exec_dims_t d = {T, E, K, D, F, P};
+    lrmoe_exec_weights_t w = {.dtype = LRMOE_F32, .w_gate = wg, .w_up = wu, .w_down = wd};
+    lrmoe_exec_plan_t pl = {placement, fa};
+    lrmoe_exec_fwd_t f = {.act_dtype = LRMOE_F32, .hidden = x, .topk_ids = ids,
+                          .topk_weights = alpha, .output = r->out, .pair_rank = r->pr,
+                          .phi_sqnorm = r->phi, .saved_gate = r->sg, .saved_up = r->su,
+                          .pair_out = r->po};
+    return lrmoe_exec_forward(&cfg, &d, &w, &pl, &f, NULL);
 }
 
 static int by_name(result_t *r)
@@ -233,6 +262,9 @@ int main(void)
                                    "bwd no saved_gate", "bwd expert", "bwd rank",
                                    "bwd compact rows", "bwd intact"};
     for (int i = 0; i < 7; i++) show(broken[i], bwd_broken(&r1, i));
+    static const char *bad_plan[] = {"plan sum", "plan negative", "plan placement",
+                                     "plan row"};
+    for (int i = 0; i < 4; i++) show(bad_plan[i], plan_broken(&r1, i));
     lrmoe_exec_args_t *a = lrmoe_exec_args_new();
     show("unknown", lrmoe_exec_args_set(a, "hiden", 1));
     show("number for a pointer", lrmoe_exec_args_set(a, "hidden", 1));
