@@ -54,8 +54,7 @@ has() {
 }
 
 @test "2 ranks: tiny Qwen3-MoE, 10 training steps at rate 1.0 and 0.7: losses and every gradient equal" {
-    dist 2 model qwen3_moe 1.0 10
-    dist 2 model qwen3_moe 0.7 10
+    dist 2 model qwen3_moe 1.0,0.7 10
 }
 
 @test "2 ranks: tiny Qwen3-MoE, 10 training steps with llep's replicas at rate 0.7" {
@@ -63,13 +62,11 @@ has() {
 }
 
 @test "2 ranks: tiny Mixtral, 10 training steps at rate 1.0 and 0.7: losses and every gradient equal" {
-    dist 2 model mixtral 1.0 10
-    dist 2 model mixtral 0.7 10
+    dist 2 model mixtral 1.0,0.7 10
 }
 
 @test "2 ranks: tiny DeepSeek-V3, 10 training steps at rate 1.0 and 0.7: losses and every gradient equal" {
-    dist 2 model deepseek_v3 1.0 10
-    dist 2 model deepseek_v3 0.7 10
+    dist 2 model deepseek_v3 1.0,0.7 10
 }
 
 @test "2 ranks: tiny Qwen3-MoE, 10 training steps with capacity-factor dropping (factor 0.7): losses and every gradient equal" {

@@ -10,8 +10,9 @@ every rank compares its share with the simulated single-process run
       experts are the same bits (the others' zero), the backward all-to-alls
       carry exactly the kept rows (R*D*4 bytes over all ranks, each of the
       two), and with rate < 1 fewer rows than pairs.
-  ... dist_check.py model FAMILY [RATE [STEPS [PLANNER [shard]]]]
-      a tiny Hugging Face model trained STEPS (10) SGD steps at RATE (0.7),
+  ... dist_check.py model FAMILY [RATE[,RATE...] [STEPS [PLANNER [shard]]]]
+      a tiny Hugging Face model trained STEPS (10) SGD steps at RATE (0.7;
+      several rates: one fresh run each, one after another, in one process),
       each rank one sequence of the batch: per step the logits and
       per-token losses of this rank's rows, the gradient of its input
       embeddings and every expert parameter's gradient equal bit for bit
@@ -535,8 +536,10 @@ def die(how):
 what = sys.argv[1]
 if what == "experts":
     experts(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb", "capacity"])
-elif what == "model":
-    model(sys.argv[2], *[f(v) for f, v in zip((float, int, str, str), sys.argv[3:])])
+elif what == "model":  # model FAMILY [RATE[,RATE...] [STEPS [PLANNER [shard]]]]
+    # several rates: one run each, in one process (one torchrun start)
+    for r in (sys.argv[3].split(",") if len(sys.argv) > 3 else ["0.7"]):
+        model(sys.argv[2], float(r), *[f(v) for f, v in zip((int, str, str), sys.argv[4:])])
 elif what == "shard":
     shard(sys.argv[2:] or ["fixed", "lrmoe", "llep", "eplb", "capacity"])
 elif what == "shard-layouts":
