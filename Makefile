@@ -327,7 +327,12 @@ check-layers: all
 check-fast: all $(UNIT_BIN)
 	@LRMOE_BUILD="$(BUILD)" sh tests/fast.sh
 
+# The unit programs the bats files run (tests/helpers/unit.bash: the plain
+# build's, score_test also the pass's) are built first, so that files running
+# at once (tests/run.sh, TEST_JOBS) never build them at the same time.
 check: all deps-test
+	@$(MAKE) -s --no-print-directory NODEPS=1 SANITIZE= BUILD=$(PLAIN_BUILD) unit-build
+	@$(if $(SANITIZE),$(MAKE) -s --no-print-directory NODEPS=1 $(BUILD)/unit/score_test)
 	@SANITIZE="$(SANITIZE)" LRMOE_BUILD="$(BUILD)" sh tests/run.sh
 
 # libFuzzer harnesses (tests/fuzz), FUZZ_SECONDS each with random seeds; make check

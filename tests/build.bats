@@ -75,3 +75,51 @@ load /usr/lib/bats/bats-assert/load
     assert_success
     refute_output --partial "sh tests/deps.sh"
 }
+
+# tests/run.sh on a tree of its own: two files that each wait for the
+# other's start (they pass only when run at the same time), and a
+# report.bats that passes only when both have ended before it starts
+@test "tests/run.sh: two files at a time, the longest first; the sanitized pass runs report.bats alone after every other file; TEST_JOBS is checked" {
+    TOP="$BATS_TEST_DIRNAME/.."
+    D="$BATS_TEST_TMPDIR/t"
+    mkdir -p "$D/tests/san" "$D/m"
+    cp "$TOP/tests/run.sh" "$D/tests/"
+    # (b ends 3 s after a: a report.bats started in a's freed slot would
+    # not find b's end)
+    for f in a b; do
+        o=$([ $f = a ] && echo b || echo a)
+        printf '@test "%s" {\n  touch %s/start-%s\n  for i in $(seq 100); do [ -e %s/start-%s ] && break; sleep 0.1; done\n  [ -e %s/start-%s ]\n  sleep %s\n  touch %s/end-%s\n}\n' \
+            $f "$D/m" $f "$D/m" $o "$D/m" $o $([ $f = a ] && echo 0 || echo 3) "$D/m" $f > "$D/tests/$f.bats"
+    done
+    printf '@test "report" {\n  [ -e %s/end-a ] && [ -e %s/end-b ]\n}\n' "$D/m" "$D/m" > "$D/tests/san/report.bats"
+    # a clean environment: bats inside bats must not see this run's BATS_*
+    # nor find bats' own libexec before /usr/bin/bats
+    P=$(printf '%s\n' "$PATH" | tr : '\n' | grep -v bats-core | paste -sd:)
+    E="env -i PATH=$P HOME=$HOME"
+    run $E sh "$D/tests/run.sh"
+    assert_success
+    assert_output --partial "Files=2, Tests=2"
+    rm -f "$D"/m/*
+    run $E SANITIZE=1 LRMOE_BUILD="$D/b" SANITIZE_TESTS="tests/a.bats tests/b.bats" sh "$D/tests/run.sh"
+    assert_success
+    assert_output --partial "Files=3, Tests=3"
+    [ -e "$D/b/prove-rules.yml" ]
+    # one at a time, the two would wait 20 s each for the other and fail
+    rm -f "$D"/m/*
+    run $E TEST_JOBS=1 timeout 120 sh "$D/tests/run.sh"
+    assert_failure
+    for j in 0 00 x -1; do
+        run $E TEST_JOBS="$j" sh "$D/tests/run.sh"
+        assert_equal "$status" 2
+        assert_output "tests/run.sh: TEST_JOBS=$j: not a count of 1 or more"
+    done
+    # the order: the longest files first, every file once
+    mkdir -p "$D/bin"
+    printf '#!/bin/sh\necho "$@"\n' > "$D/bin/prove"
+    chmod +x "$D/bin/prove"
+    run env -i PATH="$D/bin:$P" HOME="$HOME" sh "$TOP/tests/run.sh"
+    assert_success
+    assert_output --regexp "^-j2 -f -o --timer -e bats --tap tests/dist\.bats tests/python\.bats tests/mpi\.bats "
+    assert_equal "$(echo $output | tr ' ' '\n' | grep -c '\.bats$')" "$(ls "$TOP"/tests/*.bats | wc -l)"
+    assert_equal "$(echo $output | tr ' ' '\n' | grep '\.bats$' | sort -u | wc -l)" "$(ls "$TOP"/tests/*.bats | wc -l)"
+}

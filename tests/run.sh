@@ -13,9 +13,39 @@
 # whose checks read nvcc's and ptxas' output for the kernels and compile
 # their host-side tests with flags of their own: nothing in them uses the
 # sanitized build, so the pass would repeat the plain one's, about 50 s).
+#
+# TEST_JOBS files run at once (default 2: prove -j; 1 runs them one after
+# another). Each file works in its own temporary directories and the unit
+# programs are built before (make check), so files share nothing they write;
+# the longest files start first (SLOW) so that the workers end together.
 cd "$(dirname "$0")/.." || exit 1
-[ -z "${SANITIZE:-}" ] && exec prove -f -o --timer -e 'bats --tap' tests/*.bats
-R="$PWD/${LRMOE_BUILD:-build/san}/sanitizer-reports"
+JOBS=${TEST_JOBS:-2}
+case $JOBS in '' | *[!0-9]*) JOBS=0 ;; esac
+if [ "$JOBS" -lt 1 ]; then
+    echo "tests/run.sh: TEST_JOBS=$TEST_JOBS: not a count of 1 or more" >&2
+    exit 2
+fi
+SLOW="tests/dist.bats tests/python.bats tests/mpi.bats tests/study.bats tests/exec.bats
+      tests/cuda.bats tests/fuzz.bats tests/san/python.bats tests/stream.bats
+      tests/import-hf.bats tests/cuda-resources.bats tests/route.bats tests/plan-prune.bats
+      tests/plan.bats"
+# slow_first FILE...: the files, those named in SLOW first, in SLOW's order
+slow_first() {
+    for s in $SLOW; do
+        for f in "$@"; do [ "$f" = "$s" ] && echo "$f"; done
+    done
+    for f in "$@"; do
+        for s in $SLOW; do [ "$f" = "$s" ] && continue 2; done
+        echo "$f"
+    done
+}
+if [ -z "${SANITIZE:-}" ]; then
+    # shellcheck disable=SC2046
+    exec prove -j"$JOBS" -f -o --timer -e 'bats --tap' $(slow_first tests/*.bats)
+fi
+B=${LRMOE_BUILD:-build/san}
+case $B in /*) ;; *) B="$PWD/$B" ;; esac
+R="$B/sanitizer-reports"
 rm -rf "$R"
 mkdir -p "$R"
 export LRMOE_SAN_REPORTS="$R"
@@ -37,4 +67,19 @@ export LSAN_OPTIONS="log_path=$R/lsan:log_exe_name=1"
 files=${SANITIZE_TESTS:-$(ls tests/*.bats | grep -v -e '^tests/fuzz.bats$' -e '^tests/mpi.bats$' \
     -e '^tests/python.bats$' -e '^tests/dist.bats$' -e '^tests/study.bats$' \
     -e '^tests/cuda-resources.bats$') tests/san/python.bats}
-exec prove -f -o --timer -e 'bats --tap' $files tests/san/report.bats
+# report.bats reads what every other file left in $R: it runs alone, after
+# them all (prove's rules: the files in parallel, then it; a file that no
+# rule names would run after it, so every one is named)
+rules="$B/prove-rules.yml"
+# prove reads a rules file with CPAN::Meta::YAML (perl's core modules);
+# without it every file could run at once: then one at a time
+perl -MCPAN::Meta::YAML -e 1 2>/dev/null || JOBS=1
+# shellcheck disable=SC2086
+{
+    printf -- '---\nseq:\n  - par:\n'
+    slow_first $files | sed 's/^/      - /'
+    printf '  - seq: tests/san/report.bats\n'
+} > "$rules" || exit 1
+# shellcheck disable=SC2046,SC2086
+HARNESS_RULESFILE="$rules" exec prove -j"$JOBS" -f -o --timer -e 'bats --tap' \
+    $(slow_first $files) tests/san/report.bats
