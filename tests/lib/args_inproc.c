@@ -40,18 +40,28 @@ static float x[T * D], alpha[T * K], wg[E * F * D], wu[E * F * D], wd[E * D * F]
 static int32_t ids[T * K];
 static uint8_t keep[T * K];
 
-static int by_structs(result_t *r)
+/* The forward by the struct calls, the three F32 matrices, under plan pl. */
+static int forward_under(result_t *r, const lrmoe_exec_plan_t *pl)
 {
     lrmoe_exec_cfg_t cfg;
     lrmoe_exec_cfg_default(&cfg);
     lrmoe_exec_dims_t d = {T, E, K, D, F, P};
     lrmoe_exec_weights_t w = {.dtype = LRMOE_F32, .w_gate = wg, .w_up = wu, .w_down = wd};
-    lrmoe_exec_plan_t pl = {NULL, NULL};
     lrmoe_exec_fwd_t f = {.act_dtype = LRMOE_F32, .hidden = x, .topk_ids = ids,
                           .topk_weights = alpha, .output = r->out, .pair_rank = r->pr,
                           .phi_sqnorm = r->phi, .saved_gate = r->sg, .saved_up = r->su,
                           .pair_out = r->po};
-    if (lrmoe_exec_forward(&cfg, &d, &w, &pl, &f, NULL) < 0) return -1;
+    return lrmoe_exec_forward(&cfg, &d, &w, pl, &f, NULL);
+}
+
+static int by_structs(result_t *r)
+{
+    lrmoe_exec_plan_t pl = {NULL, NULL};
+    if (forward_under(r, &pl) < 0) return -1;
+    lrmoe_exec_cfg_t cfg;
+    lrmoe_exec_cfg_default(&cfg);
+    lrmoe_exec_dims_t d = {T, E, K, D, F, P};
+    lrmoe_exec_weights_t w = {.dtype = LRMOE_F32, .w_gate = wg, .w_up = wu, .w_down = wd};
     lrmoe_pack_in_t in = {T, K, E, P, ids, keep, r->pr, NULL, NULL, NULL};
     lrmoe_pack_plan_t pp;
     if (lrmoe_pack_assign(&in, &pp) < 0) return -1;
@@ -129,16 +139,8 @@ static int plan_broken(result_t *r, int what)
     if (what == 1) fa[nat] += 1, fa[o] = -1;
     if (what == 2) fa[nat] -= 1, fa[o] = 1, placement[o] = 0;
     if (what == 3) fa[nat] += 1;
-    lrmoe_exec_cfg_t cfg;
-    lrmoe_exec_cfg_default(&cfg);
-    lrmoe_exec_dims_t d = {T, E, K, D, F, P};
-    lrmoe_exec_weights_t w = {.dtype = LRMOE_F32, .w_gate = wg, .w_up = wu, .w_down = wd};
     lrmoe_exec_plan_t pl = {placement, fa};
-    lrmoe_exec_fwd_t f = {.act_dtype = LRMOE_F32, .hidden = x, .topk_ids = ids,
-                          .topk_weights = alpha, .output = r->out, .pair_rank = r->pr,
-                          .phi_sqnorm = r->phi, .saved_gate = r->sg, .saved_up = r->su,
-                          .pair_out = r->po};
-    return lrmoe_exec_forward(&cfg, &d, &w, &pl, &f, NULL);
+    return forward_under(r, &pl);
 }
 
 static int by_name(result_t *r)
