@@ -32,7 +32,7 @@ class Fuzz(unittest.TestCase):
             n = os.environ.get("LRMOE_FUZZ_EXAMPLES", "60")
             r = subprocess.run([sys.executable, "-W", "ignore", os.path.join(HERE,
                                 "fuzz_binding.py"), d, n], env=env, capture_output=True,
-                               text=True, timeout=300)
+                               text=True, timeout=300 + int(n))  # ~0.4 s an example under ASan
         self.assertEqual(r.returncode, 0, f"exit {r.returncode}\n{r.stdout[-4000:]}\n"
                                           f"{r.stderr[-4000:]}")
         self.assertIn("every call returned or raised lrmoe.Error", r.stdout)
