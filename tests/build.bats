@@ -104,7 +104,7 @@ load /usr/lib/bats/bats-assert/load
     assert_success
     assert_output --partial "Files=3, Tests=3"
     [ -e "$D/b/prove-rules.yml" ]
-    # one at a time, the two would wait 20 s each for the other and fail
+    # one at a time, the first waits 10 s for the other and fails
     rm -f "$D"/m/*
     run $E TEST_JOBS=1 timeout 120 sh "$D/tests/run.sh"
     assert_failure
