@@ -71,15 +71,17 @@ files=${SANITIZE_TESTS:-$(ls tests/*.bats | grep -v -e '^tests/fuzz.bats$' -e '^
 # them all (prove's rules: the files in parallel, then it; a file that no
 # rule names would run after it, so every one is named)
 rules="$B/prove-rules.yml"
+# shellcheck disable=SC2086
+files=$(slow_first $files)
 # prove reads a rules file with CPAN::Meta::YAML (perl's core modules);
 # without it every file could run at once: then one at a time
 perl -MCPAN::Meta::YAML -e 1 2>/dev/null || JOBS=1
 # shellcheck disable=SC2086
 {
     printf -- '---\nseq:\n  - par:\n'
-    slow_first $files | sed 's/^/      - /'
+    printf '%s\n' $files | sed 's/^/      - /'
     printf '  - seq: tests/san/report.bats\n'
 } > "$rules" || exit 1
-# shellcheck disable=SC2046,SC2086
+# shellcheck disable=SC2086
 HARNESS_RULESFILE="$rules" exec prove -j"$JOBS" -f -o --timer -e 'bats --tap' \
-    $(slow_first $files) tests/san/report.bats
+    $files tests/san/report.bats
