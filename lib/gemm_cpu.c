@@ -407,8 +407,10 @@ int lrmoe_gemm_bf16_native(const char **impl)
 /* The emulated bf16 also wins where the CPU's F32 FMAs do this many times
  * the FLOPs of its BF16 dot product (no AMX): measured 2.0 on a Xeon with
  * AVX512_BF16 and no AMX, where the AVX-512 kernel's layer GEMMs ran
- * 1.2-1.6x faster than oneDNN's BF16 matmul; a CPU whose dot product does
- * at least the FMA's FLOPs stays on oneDNN. */
+ * 1.2-1.6x faster than oneDNN's BF16 matmul, and 2.0 on an AMX Xeon with
+ * LRMOE_AMX=0, where it ran one expert's GEMMs 1.12-1.44x as fast as
+ * lib/gemm_dpbf16.c (tests/bench/cpu.sh); a CPU whose dot product does at
+ * least the FMA's FLOPs (Zen 4: 0.5) takes dpbf16. */
 #define FMA_OVER_DOT 1.4
 
 int lrmoe_gemm_bf16_emulated(void)

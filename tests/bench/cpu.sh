@@ -67,6 +67,11 @@ echo "lrmoe-exec CPU bench: qwen3-30b-a3b (E=128 K=8 D=2048 F=768, BF16 storage)
 echo "  1 rank, 1 thread, uniform routing, thread CPU clock on both sides, best of $REPS rounds"
 echo "  CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')," \
      "BF16 in hardware: $(grep -q amx_bf16 /proc/cpuinfo && echo AMX || { grep -q avx512_bf16 /proc/cpuinfo && echo AVX512_BF16 || echo no; })"
+# a kernel switch or an ISA cap in the environment (both sides read it:
+# LRMOE_AMX=0 with ONEDNN_MAX_CPU_ISA=DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 runs
+# an AMX Xeon as an AVX512_BF16 Xeon without AMX, lrmoe and PyTorch alike)
+ov=$(env | grep -E '^(LRMOE_(AMX|BF16_EMULATE|DPBF16|AVX2_GEMM)|DNNL_MAX_CPU_ISA|ONEDNN_MAX_CPU_ISA)=' | sort | tr '\n' ' ' | sed 's/ $//')
+[ -z "$ov" ] || echo "  set in the environment: $ov"
 
 computes="f32"
 if echo 'int main(void){return dnnl_version() == 0;}' |
@@ -150,13 +155,25 @@ if cc -O2 -Ilib -o "$tmp/gk" tests/bench/gemm_kernel.c build/liblrmoe.a -ldnnl -
     "$tmp/gk" peaks > "$tmp/peaks"
     read -r pf pd < "$tmp/peaks"
     echo "  register peaks, one thread: AVX-512 F32 FMA $pf GFLOP/s, vdpbf16ps $pd GFLOP/s (0: not on this CPU)"
-    if [ "$("$tmp/gk" nt 16 16 32 1 | cut -d' ' -f3)" = dpbf16 ]; then
+    k0=$("$tmp/gk" nt 16 16 32 1 | cut -d' ' -f3)
+    echo "  bf16 kernel: $k0 (lrmoe-exec(1), Kernels)"
+    # the kernel against the one it was chosen over: dpbf16 against oneDNN's
+    # matmul; the AVX-512 emulation, where the FMA/dot probe picked it on an
+    # AVX512_BF16 CPU, against dpbf16 (LRMOE_BF16_EMULATE=0)
+    other=
+    case $k0 in
+    dpbf16) other="LRMOE_DPBF16=0"; oname=oneDNN ;;
+    emulated-avx512)
+        [ "$(LRMOE_BF16_EMULATE=0 "$tmp/gk" nt 16 16 32 1 | cut -d' ' -f3)" = dpbf16 ] &&
+            { other="LRMOE_BF16_EMULATE=0"; oname=dpbf16; } ;;
+    esac
+    if [ -n "$other" ]; then
         for f in "nt 64 768 2048" "nt 256 768 2048" "nt 256 2048 768" "nn 64 2048 768" \
                  "nn 256 768 2048" "tn 2048 768 64" "tn 2048 768 256"; do
-            a=$("$tmp/gk" $f 3 | cut -d' ' -f2); b=$(LRMOE_DPBF16=0 "$tmp/gk" $f 3 | cut -d' ' -f2)
-            a2=$("$tmp/gk" $f 3 | cut -d' ' -f2); b2=$(LRMOE_DPBF16=0 "$tmp/gk" $f 3 | cut -d' ' -f2)
-            echo "  one expert GEMM $f (form M N K): dpbf16 $a, $a2 GFLOP/s; oneDNN $b, $b2;" \
-                 "dpbf16/oneDNN $(echo "$a $a2 $b $b2" | awk '{x = $1 > $2 ? $1 : $2; y = $3 > $4 ? $3 : $4; printf "%.2f", x / y}')" \
+            a=$("$tmp/gk" $f 3 | cut -d' ' -f2); b=$(env $other "$tmp/gk" $f 3 | cut -d' ' -f2)
+            a2=$("$tmp/gk" $f 3 | cut -d' ' -f2); b2=$(env $other "$tmp/gk" $f 3 | cut -d' ' -f2)
+            echo "  one expert GEMM $f (form M N K): $k0 $a, $a2 GFLOP/s; $oname $b, $b2;" \
+                 "$k0/$oname $(echo "$a $a2 $b $b2" | awk '{x = $1 > $2 ? $1 : $2; y = $3 > $4 ? $3 : $4; printf "%.2f", x / y}')" \
                  "(best of each)"
         done
     fi
