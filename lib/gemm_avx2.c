@@ -4,6 +4,9 @@
 #include <string.h>
 #include <time.h>
 #include "gemm_avx2.h"
+#if defined(__x86_64__)
+#include "simd_tr16.h"
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -522,6 +525,121 @@ T static inline __attribute__((always_inline)) void gemm_form(const int wide, fl
     if (nt) _mm_sfence();
 }
 
+/* The AVX-512 form's C = A B^T with BF16 B stored (N,K) (the forward's
+ * x W^T) at up to DM = 64 rows of A, without transposing B into panels:
+ * C^T = B A^T. A is transposed once per chunk of K (up to KCH blocks, at
+ * [k][DM]); for each strip of DR rows of B (columns of C) and each K block,
+ * the strip's rows are widened as they are stored (DR x KC F32, in L1), and
+ * the micro-kernel broadcasts them against V vectors of A^T (V = M / 16
+ * rounded up): DR x V zmm accumulators. The strip's C^T (ct, DR x DM) takes
+ * the block sums in ascending order, from C's values where the sum goes on
+ * from C (acc, or a later chunk of K), and is written into C once per
+ * chunk. Each C element thus sums its products in ascending k within a
+ * block from zero, the block sums added in ascending order: the packed
+ * form's operations, so its bits (tests/unit/gemm_test.c compares the
+ * forms). Measured on an AMX Xeon with LRMOE_AMX=0 (one expert's x W^T at
+ * 64 rows, F=768, D=2048): the packed form spent about a fifth of its time
+ * transposing B. LRMOE_AVX2_DIRECT=0 keeps the packed form, for comparison. */
+enum { DR = 6, DM = 64, KCH = 8 };
+
+#define DUKR(V)                                                                                \
+    T512 __attribute__((noinline)) static void dukr##V(int64_t kc, const float *a,              \
+                                                       const float *w, float *ct, int first)    \
+    {                                                                                          \
+        __m512 c[DR][V];                                                                       \
+        _Pragma("GCC unroll 6") for (int j = 0; j < DR; j++)                                   \
+            _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) c[j][v] = _mm512_setzero_ps();  \
+        for (int64_t k = 0; k < kc; k++, a += DM) {                                            \
+            __m512 x[V];                                                                       \
+            _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) x[v] = _mm512_load_ps(a + 16 * v); \
+            _Pragma("GCC unroll 6") for (int j = 0; j < DR; j++) {                             \
+                const __m512 b = _mm512_set1_ps(w[j * KC + k]);                                \
+                _Pragma("GCC unroll 4") for (int v = 0; v < V; v++)                            \
+                    c[j][v] = _mm512_fmadd_ps(x[v], b, c[j][v]);                               \
+            }                                                                                  \
+        }                                                                                      \
+        _Pragma("GCC unroll 6") for (int j = 0; j < DR; j++)                                   \
+            _Pragma("GCC unroll 4") for (int v = 0; v < V; v++) {                              \
+                float *d = ct + j * DM + 16 * v;                                               \
+                _mm512_store_ps(d, first ? c[j][v] : _mm512_add_ps(_mm512_load_ps(d), c[j][v])); \
+            }                                                                                  \
+    }
+DUKR(1)
+DUKR(2)
+DUKR(3)
+DUKR(4)
+#undef DUKR
+
+static int direct_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("LRMOE_AVX2_DIRECT");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
+T512 __attribute__((noinline)) static void direct_nt(float *ws, int64_t M, int64_t N, int64_t K,
+                                                     const float *A, int64_t lda,
+                                                     const uint16_t *B, int64_t ldb, int acc,
+                                                     float *C, int64_t ldc)
+{
+    const int V = (int)((M + 15) / 16);
+    float *at = (float *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);   /* KCH KC x DM */
+    float *w = at + KCH * KC * DM;                                     /* DR x KC */
+    float *ct = w + DR * KC;                                           /* DR x DM */
+    for (int64_t c0 = 0; c0 < K; c0 += KCH * KC) {
+        const int64_t kch = K - c0 < KCH * KC ? K - c0 : KCH * KC;
+        /* A^T of this chunk: 16 rows by 16 k at a time, rows past M and k
+         * past the chunk zero */
+        for (int g = 0; g < V; g++)
+            for (int64_t k = 0; k < kch; k += 16) {
+                const __mmask16 mk = kch - k >= 16 ? 0xFFFF : (__mmask16)((1u << (kch - k)) - 1);
+                __m512i r[16];
+                for (int i = 0; i < 16; i++)
+                    r[i] = 16 * g + i < M
+                               ? _mm512_castps_si512(_mm512_maskz_loadu_ps(
+                                     mk, A + (16 * g + i) * lda + c0 + k))
+                               : _mm512_setzero_si512();
+                lrmoe_tr16(r);
+                for (int t = 0; t < 16; t++)
+                    _mm512_store_si512((__m512i *)(at + (k + t) * DM + 16 * g), r[t]);
+            }
+        for (int64_t j0 = 0; j0 < N; j0 += DR) {
+            const int nr = N - j0 < DR ? (int)(N - j0) : DR;
+            if (acc || c0 > 0)
+                for (int j = 0; j < DR; j++)
+                    for (int64_t r = 0; r < 16 * V; r++)
+                        ct[j * DM + r] = j < nr && r < M ? C[r * ldc + j0 + j] : 0.0f;
+            for (int64_t p0 = c0; p0 < c0 + kch; p0 += KC) {
+                const int64_t kc = K - p0 < KC ? K - p0 : KC;
+                for (int j = 0; j < DR; j++) {
+                    const uint16_t *src = B + (j0 + (j < nr ? j : nr - 1)) * ldb + p0;
+                    float *d = w + j * KC;
+                    int64_t k = 0;
+                    for (; k + 16 <= kc; k += 16) {
+                        const __m512i h = _mm512_cvtepu16_epi32(
+                            _mm256_loadu_si256((const __m256i *)(src + k)));
+                        _mm512_store_si512((__m512i *)(d + k), _mm512_slli_epi32(h, 16));
+                    }
+                    for (; k < kc; k++) d[k] = bval(src, 1, k);
+                }
+                const float *a = at + (p0 - c0) * DM;
+                const int first = !acc && p0 == 0;
+                switch (V) {
+                case 1: dukr1(kc, a, w, ct, first); break;
+                case 2: dukr2(kc, a, w, ct, first); break;
+                case 3: dukr3(kc, a, w, ct, first); break;
+                default: dukr4(kc, a, w, ct, first); break;
+                }
+            }
+            for (int64_t r = 0; r < M; r++)
+                for (int j = 0; j < nr; j++) C[r * ldc + j0 + j] = ct[j * DM + r];
+        }
+    }
+}
+
 T __attribute__((noinline)) static void gemm_8(float *ws, int ta, int tb, int64_t M, int64_t N,
                                                int64_t K, const float *A, int64_t lda,
                                                const void *B, int b_bf16, int64_t ldb, int acc,
@@ -535,7 +653,9 @@ T __attribute__((noinline)) static void gemm_16(float *ws, int ta, int tb, int64
                                                 const void *B, int b_bf16, int64_t ldb, int acc,
                                                 float *C, int64_t ldc)
 {
-    gemm_form(1, ws, ta, tb, M, N, K, A, lda, B, b_bf16, ldb, acc, C, ldc);
+    if (tb && !ta && b_bf16 && M <= DM && direct_on())
+        direct_nt(ws, M, N, K, A, lda, B, ldb, acc, C, ldc);
+    else gemm_form(1, ws, ta, tb, M, N, K, A, lda, B, b_bf16, ldb, acc, C, ldc);
 }
 
 void lrmoe_avx2_gemm_w(int wide, float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K,

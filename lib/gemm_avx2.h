@@ -19,7 +19,12 @@
  * B is stored (K,N), sixteen at a time, 256 columns in one pass over B's
  * rows), both in the caller's workspace; each micro-panel of B (in L1 while
  * it is used) is multiplied with every 6-row micro-panel of A by the 6x16
- * FMA micro-kernel, which broadcasts A's values. The weights are read from their stored
+ * FMA micro-kernel, which broadcasts A's values. In the AVX-512 form, A B^T
+ * with a BF16 B and at most 64 rows of A (the forward's x W^T at 64 rows
+ * per expert) skips B's panels: A is transposed once, B's rows are widened
+ * as they are stored, six at a time, and broadcast against up to four
+ * vectors of A^T (C^T = B A^T), the same sums in the same order
+ * (LRMOE_AVX2_DIRECT=0 keeps the panels). The weights are read from their stored
  * layout once per (K block, M block): no F32 copy of a weight matrix is
  * made. The micro-kernel prefetches its C lines before its loop; a C that
  * is written in one K block without acc and is 1 MiB or more (the weight

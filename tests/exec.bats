@@ -445,14 +445,14 @@ have_bf16() {
     cp "$(unit_test gemm)" "$D/gt"
     run "$D/gt" f32
     assert_success
-    assert_output --partial "gemm f32: 384 cases, 0 failed"
+    assert_output --partial "gemm f32: 448 cases, 0 failed"
     # lib/gemm_avx2.c itself with an F32 and a BF16 B, in its AVX2 form and,
     # with AVX-512F, its AVX-512 form, which must give the AVX2 form's bits
     if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
         if grep -qw avx512f /proc/cpuinfo; then
-            assert_output --partial "avx2 kernel (AVX2 and AVX-512 forms), F32 and BF16 B: 384 cases, 0 failed"
+            assert_output --partial "avx2 kernel (AVX2 and AVX-512 forms), F32 and BF16 B: 448 cases, 0 failed"
         else
-            assert_output --partial "avx2 kernel (AVX2 form; no AVX-512F here), F32 and BF16 B: 192 cases, 0 failed"
+            assert_output --partial "avx2 kernel (AVX2 form; no AVX-512F here), F32 and BF16 B: 224 cases, 0 failed"
         fi
     else
         assert_output --partial "avx2 kernel: skipped"
@@ -464,14 +464,14 @@ have_bf16() {
     # and AVX2 forms, and on OpenBLAS sgemm
     run "$D/gt" bf16
     assert_success
-    assert_output --partial "gemm bf16: 384 cases, 0 failed"
+    assert_output --partial "gemm bf16: 448 cases, 0 failed"
     local k e
     while read -r k e <&7; do
         # shellcheck disable=SC2086
         run env $e "$D/gt" bf16
         assert_success
         assert_line "kernel: $k"
-        assert_output --partial "gemm bf16: 384 cases, 0 failed"
+        assert_output --partial "gemm bf16: 448 cases, 0 failed"
     done 7< <(bf16_kernels)
 }
 

@@ -117,7 +117,12 @@ int main(int argc, char **argv)
                                      * non-temporal stores, on rows of 517
                                      * floats (not 64-byte aligned: plain
                                      * stores) and of 528 (aligned) */
-                                    {520, 512, 9}, {512, 528, 24}};
+                                    {520, 512, 9}, {512, 528, 24},
+                                    /* the AVX-512 form's direct x W^T (BF16
+                                     * B^T, at most 64 rows): K past a chunk
+                                     * of 8 blocks, N past a multiple of 6
+                                     * rows, M past a multiple of 16 */
+                                    {50, 13, 2100}, {64, 50, 600}};
     int fails = 0, cases = 0;
     for (size_t s = 0; s < sizeof sz / sizeof sz[0]; s++)
         for (int f = 0; f < 32; f++) {
