@@ -33,13 +33,16 @@ int lrmoe_avx2_gemm_available(void)
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-static int wide_cpu;
+/* wide_direct: the AVX-512 form's direct x W^T (direct_nt below) runs,
+ * unless LRMOE_AVX2_DIRECT=0; read once with wide_cpu */
+static int wide_cpu, wide_direct;
 static void wide_probe(void)
 {
-    const char *e = getenv("LRMOE_AVX2_GEMM");
+    const char *e = getenv("LRMOE_AVX2_GEMM"), *d = getenv("LRMOE_AVX2_DIRECT");
     __builtin_cpu_init();
     wide_cpu = !(e && !strcmp(e, "256")) && __builtin_cpu_supports("avx512f") &&
                __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    wide_direct = !(d && !strcmp(d, "0"));
 }
 
 int lrmoe_avx2_gemm_wide(void)
@@ -541,6 +544,8 @@ T static inline __attribute__((always_inline)) void gemm_form(const int wide, fl
  * 64 rows, F=768, D=2048): the packed form spent about a fifth of its time
  * transposing B. LRMOE_AVX2_DIRECT=0 keeps the packed form, for comparison. */
 enum { DR = 6, DM = 64, KCH = 8 };
+_Static_assert(KCH * KC * DM + DR * KC + DR * DM + 16 <= WS_A + WS_B,
+               "the direct form's A^T chunk, weight strip and C^T fit the workspace");
 
 #define DUKR(V)                                                                                \
     T512 __attribute__((noinline)) static void dukr##V(int64_t kc, const float *a,              \
@@ -569,16 +574,6 @@ DUKR(2)
 DUKR(3)
 DUKR(4)
 #undef DUKR
-
-static int direct_on(void)
-{
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("LRMOE_AVX2_DIRECT");
-        on = !(e && !strcmp(e, "0"));
-    }
-    return on;
-}
 
 T512 __attribute__((noinline)) static void direct_nt(float *ws, int64_t M, int64_t N, int64_t K,
                                                      const float *A, int64_t lda,
@@ -653,7 +648,7 @@ T __attribute__((noinline)) static void gemm_16(float *ws, int ta, int tb, int64
                                                 const void *B, int b_bf16, int64_t ldb, int acc,
                                                 float *C, int64_t ldc)
 {
-    if (tb && !ta && b_bf16 && M <= DM && direct_on())
+    if (tb && !ta && b_bf16 && M <= DM && wide_direct)   /* set: gemm_16 runs after wide_probe */
         direct_nt(ws, M, N, K, A, lda, B, ldb, acc, C, ldc);
     else gemm_form(1, ws, ta, tb, M, N, K, A, lda, B, b_bf16, ldb, acc, C, ldc);
 }
