@@ -2,7 +2,8 @@
 # Benchmark the CPU expert layer (issue 17): lrmoe-exec forward and full
 # backward with BF16 GEMMs (--compute bf16: BF16 operands, F32 accumulation;
 # lib/gemm_amx.c's AMX kernels where the CPU has AMX-BF16, lib/gemm_dpbf16.c
-# where it has AVX512_BF16 without AMX, else oneDNN or the emulation) and
+# where it has AVX512_BF16 without AMX, unless its FMA/dot probe picks the
+# AVX-512 emulation (Intel), else oneDNN or the emulation) and
 # F32 GEMMs (--compute f32: OpenBLAS sgemm, the exact path)
 # against PyTorch's fastest CPU path on the same tensors (tests/bench/
 # exec_torch.py in BF16: a per-expert loop and torch._grouped_mm; the faster
@@ -70,7 +71,7 @@ echo "  CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 # a kernel switch or an ISA cap in the environment (both sides read it:
 # LRMOE_AMX=0 with ONEDNN_MAX_CPU_ISA=DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 runs
 # an AMX Xeon as an AVX512_BF16 Xeon without AMX, lrmoe and PyTorch alike)
-ov=$(env | grep -E '^(LRMOE_(AMX|BF16_EMULATE|DPBF16|AVX2_GEMM)|DNNL_MAX_CPU_ISA|ONEDNN_MAX_CPU_ISA)=' | sort | tr '\n' ' ' | sed 's/ $//')
+ov=$(env | grep -E '^(LRMOE_(AMX|BF16_EMULATE|DPBF16|AVX2_GEMM|AVX2_DIRECT)|DNNL_MAX_CPU_ISA|ONEDNN_MAX_CPU_ISA)=' | sort | tr '\n' ' ' | sed 's/ $//')
 [ -z "$ov" ] || echo "  set in the environment: $ov"
 
 computes="f32"
