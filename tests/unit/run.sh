@@ -27,7 +27,7 @@ t capacity "0 failures" random 300 1
 t capacity "" errors
 t crc64 "crc64: 10004 cases, 0 failed" quick
 t dtype "" empty
-t gemm "384 cases, 0 failed" f32
+t gemm "448 cases, 0 failed" f32
 t gemm_amx "cases, 0 failed"
 t plan "phy2log[0] = 5 6 5 7 8 4 3 4 10 9 10 2 0 1 11 1" eplb-readme
 t plan "" random 40 1
