@@ -5,6 +5,7 @@
 #include <time.h>
 #include "gemm_avx2.h"
 #if defined(__x86_64__)
+#include "simd_bf16.h"
 #include "simd_tr16.h"
 #endif
 
@@ -613,11 +614,7 @@ T512 __attribute__((noinline)) static void direct_nt(float *ws, int64_t M, int64
                     const uint16_t *src = B + (j0 + (j < nr ? j : nr - 1)) * ldb + p0;
                     float *d = w + j * KC;
                     int64_t k = 0;
-                    for (; k + 16 <= kc; k += 16) {
-                        const __m512i h = _mm512_cvtepu16_epi32(
-                            _mm256_loadu_si256((const __m256i *)(src + k)));
-                        _mm512_store_si512((__m512i *)(d + k), _mm512_slli_epi32(h, 16));
-                    }
+                    for (; k + 16 <= kc; k += 16) _mm512_store_ps(d + k, lrmoe_f32_16(src + k));
                     for (; k < kc; k++) d[k] = bval(src, 1, k);
                 }
                 const float *a = at + (p0 - c0) * DM;
