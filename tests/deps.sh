@@ -51,6 +51,7 @@ if [ "$what" = test ]; then
     fc-list 2>/dev/null | grep -q 'DejaVu Sans' || missing="$missing fonts-dejavu-core" # the figures' font
     need_cmd bc bc                      # benchmarks' arithmetic
     need_cmd valgrind valgrind          # leak checks (interop.bats)
+    need_cmd qemu-x86_64 qemu-user      # other CPUs' instruction sets (isa.bats)
     [ -x /usr/bin/time ] || missing="$missing time"   # benchmarks' peak RSS
     need_cmd clang-14 clang-14          # libFuzzer harnesses (tests/fuzz)
     ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 ||

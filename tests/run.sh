@@ -12,7 +12,12 @@
 # runs inside a Python interpreter, see below, and tests/cuda-resources.bats,
 # whose checks read nvcc's and ptxas' output for the kernels and compile
 # their host-side tests with flags of their own: nothing in them uses the
-# sanitized build, so the pass would repeat the plain one's, about 50 s).
+# sanitized build, so the pass would repeat the plain one's, about 50 s),
+# and tests/isa.bats, which runs the tools on other CPUs' instruction sets
+# under QEMU's user mode: there an ASan tool's shadow-memory reservation
+# becomes real pages (seen: qemu-x86_64 grew to 24 GiB and the OOM killer
+# ended it), and which instructions a CPU executes is the plain build's
+# question (the sanitized build selects the same paths).
 #
 # TEST_JOBS files run at once (default 2: prove -j; 1 runs them one after
 # another). Each file works in its own temporary directories and the unit
@@ -66,7 +71,7 @@ export LSAN_OPTIONS="log_path=$R/lsan:log_exe_name=1"
 # test among them) on the sanitized library, about a minute.
 files=${SANITIZE_TESTS:-$(ls tests/*.bats | grep -v -e '^tests/fuzz.bats$' -e '^tests/mpi.bats$' \
     -e '^tests/python.bats$' -e '^tests/dist.bats$' -e '^tests/study.bats$' \
-    -e '^tests/cuda-resources.bats$') tests/san/python.bats}
+    -e '^tests/cuda-resources.bats$' -e '^tests/isa.bats$') tests/san/python.bats}
 # report.bats reads what every other file left in $R: it runs alone, after
 # them all (prove's rules: the files in parallel, then it; a file that no
 # rule names would run after it, so every one is named)
