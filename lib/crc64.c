@@ -27,6 +27,7 @@
 #define POLY 0xAD93D23594C93659ull   /* P = x^64 + POLY */
 
 static uint64_t tab[8][256];   /* tab[k][b]: byte b followed by k zero bytes */
+static uint64_t x2n[67];       /* x^(2^k) mod P, reflected (bit 63: x^0) */
 static uint64_t K[17][2];      /* K[j]: the fold constants for d = 128 j bits */
 static int path_cur;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -48,6 +49,22 @@ static uint64_t xpow(unsigned n)
 
 static int choose(void);
 
+/* a b mod P, both reflected (bit 63 the coefficient of x^0): b times x
+ * for each bit of a from x^0 up (zlib's multmodp, 64 bits wide) */
+static uint64_t mulmodp(uint64_t a, uint64_t b)
+{
+    const uint64_t pr = rev64(POLY);
+    uint64_t p = 0;
+    for (uint64_t m = 1ull << 63; m; m >>= 1) {
+        if (a & m) {
+            p ^= b;
+            if (!(a & (m - 1))) break;
+        }
+        b = b & 1 ? (b >> 1) ^ pr : b >> 1;
+    }
+    return p;
+}
+
 static void init(void)
 {
     const uint64_t pr = rev64(POLY);
@@ -59,6 +76,8 @@ static void init(void)
     for (int k = 1; k < 8; k++)
         for (int b = 0; b < 256; b++)
             tab[k][b] = (tab[k - 1][b] >> 8) ^ tab[0][tab[k - 1][b] & 0xff];
+    x2n[0] = 1ull << 62;   /* x^1 */
+    for (int k = 1; k < 67; k++) x2n[k] = mulmodp(x2n[k - 1], x2n[k - 1]);
     for (unsigned j = 1; j < 17; j++) {
         K[j][0] = rev64(xpow(128 * j + 63));
         K[j][1] = rev64(xpow(128 * j - 1));
@@ -340,6 +359,20 @@ uint64_t lrmoe_crc64_update(uint64_t crc, const void *data, size_t n)
     }
 #endif
     return ~crc_table(r, p, n);
+}
+
+/* The CRC of A then B from crc(A), crc(B) and |B| (zlib's crc32_combine):
+ * the CRC is linear, the all-ones start and end cancel between the two
+ * (crc(A B) = crc(A) x^(8|B|) + crc(B) mod P, in the registers' reflected
+ * form), so pieces hashed apart, in any order or on other threads, combine
+ * in order. x^(8 n) by squaring: x^(2^k) for each bit k of 8 n. */
+uint64_t lrmoe_crc64_combine(uint64_t crc_a, uint64_t crc_b, uint64_t len_b)
+{
+    pthread_once(&once, init);
+    uint64_t p = 1ull << 63;   /* x^0 */
+    for (int k = 3; len_b; len_b >>= 1, k++)
+        if (len_b & 1) p = mulmodp(x2n[k], p);   /* k <= 66 */
+    return mulmodp(p, crc_a) ^ crc_b;
 }
 
 uint64_t lrmoe_crc64_copy(uint64_t crc, void *dst, const void *src, size_t n)

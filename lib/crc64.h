@@ -21,6 +21,12 @@
  * message may be fed in any pieces. */
 uint64_t lrmoe_crc64_update(uint64_t crc, const void *p, size_t n);
 
+/* The CRC of a message A followed by B from crc_a = lrmoe_crc64_update(0,
+ * A, |A|), crc_b = lrmoe_crc64_update(0, B, len_b) and len_b: a message cut
+ * into pieces hashed apart (on several threads) is hashed whole by
+ * combining the pieces' CRCs in order. O(log len_b) multiplications. */
+uint64_t lrmoe_crc64_combine(uint64_t crc_a, uint64_t crc_b, uint64_t len_b);
+
 /* memcpy(dst, src, n) and lrmoe_crc64_update(crc, src, n) in one pass
  * where the path allows (AVX-512, AVX2: the bytes are stored as they are
  * loaded for the CRC, so the copy costs little beside it); the regions

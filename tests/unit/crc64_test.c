@@ -98,6 +98,38 @@ int main(int argc, char **argv)
         }
         printf("crc64: path %s run: %d failed\n", lrmoe_crc64_path_name(path), failed - f0);
     }
+    /* combining pieces' CRCs: A then B split at every kind of point (empty
+     * A or B among them) against the reference over A B; and, for lengths
+     * no buffer here holds (up to 2^62 bytes), the combination's own law:
+     * (a b) c = a (b c) with |b c| = |b| + |c| */
+    int f1 = failed;
+    for (int c = 0; c < (full ? 3000 : 300); c++) {
+        size_t n = c < 40 ? (size_t)c : (size_t)(rnd() % (cap - 128));
+        size_t a = c < 40 ? (size_t)(rnd() % (n + 1)) : c % 3 == 0 ? 0 : c % 3 == 1 ? n
+                 : (size_t)(rnd() % (n + 1));
+        uint64_t ca = ref(0, buf, a), cb = ref(0, buf + a, n - a);
+        cases++;
+        if (lrmoe_crc64_combine(ca, cb, n - a) != ref(0, buf, n)) {
+            if (failed - f1 < 5)
+                printf("FAIL combine: n=%zu split %zu: %016llx want %016llx\n", n, a,
+                       (unsigned long long)lrmoe_crc64_combine(ca, cb, n - a),
+                       (unsigned long long)ref(0, buf, n));
+            failed++;
+        }
+    }
+    for (int c = 0; c < 200; c++) {
+        uint64_t a = rnd(), b = rnd(), d = rnd(), lb = rnd() >> (2 + rnd() % 62),
+                 ld = rnd() >> (2 + rnd() % 62);
+        cases++;
+        if (lrmoe_crc64_combine(lrmoe_crc64_combine(a, b, lb), d, ld) !=
+            lrmoe_crc64_combine(a, lrmoe_crc64_combine(b, d, ld), lb + ld)) {
+            if (failed - f1 < 5)
+                printf("FAIL combine law: |b| %llu |c| %llu\n", (unsigned long long)lb,
+                       (unsigned long long)ld);
+            failed++;
+        }
+    }
+    printf("crc64: combine: %d failed\n", failed - f1);
     printf("crc64: %d cases, %d failed\n", cases, failed);
     free(buf);
     free(dst);

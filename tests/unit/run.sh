@@ -25,7 +25,7 @@ t alloc "alloc: ok" 1
 t blas "loaded=1 threads=2" 2
 t capacity "0 failures" random 300 1
 t capacity "" errors
-t crc64 "crc64: 10004 cases, 0 failed" quick
+t crc64 "crc64: 10504 cases, 0 failed" quick
 t dtype "" empty
 t gemm "448 cases, 0 failed" f32
 t gemm_amx "cases, 0 failed"
@@ -37,6 +37,7 @@ t score "ok"
 t swiglu "cases, 0 failed" 65537
 D=$(mktemp -d "${TMPDIR:-/tmp}/lrmoe-unit.XXXXXX")
 t stream_verify "stream_verify: 16 cases, 0 failed" "$D"
+t weights_map "weights_map: 2336 cases, 0 failed" "$D"
 rm -rf "$D"
 echo "unit: $pass passed, $fail failed"
 [ "$fail" = 0 ]
