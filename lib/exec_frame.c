@@ -81,14 +81,15 @@ int lrmoe_exec_ctx_weights(lrmoe_exec_ctx_t *c, const lrmoe_weights_t *w)
     return 0;
 }
 
-/* A raw weights file is mapped (no copy: lib/weights_map.h); anything else
- * is read. */
+/* A raw weights file is mapped (no copy: lib/weights_map.h), its digests
+ * checked on the -@ threads (0: every CPU this process may run on);
+ * anything else is read. */
 static int load_weights(lrmoe_exec_ctx_t *c)
 {
     if (c->w) return 0;
     if (!c->weights_path) return lrmoe_err("weights: none given");
     lrmoe_wmap_t m;
-    if (lrmoe_weights_map(c->weights_path, &c->w_own, &m)) {
+    if (lrmoe_weights_map(c->weights_path, &c->w_own, &m, c->o.cfg.threads)) {
         c->wmap_base = m.base;
         c->wmap_len = m.len;
     } else if (lrmoe_weights_load(c->weights_path, &c->w_own) < 0) {

@@ -36,7 +36,8 @@ int lrmoe_plan_cli_load(lrmoe_plan_cli_t *c)
     lrmoe_weights_t *w = calloc(1, sizeof *w);
     if (!w)
         return lrmoe_err("out of memory");
-    if (!lrmoe_weights_map(c->weights_path, w, &c->wmap) &&
+    /* the digests on every CPU this process may use (plan has no -@) */
+    if (!lrmoe_weights_map(c->weights_path, w, &c->wmap, 0) &&
         lrmoe_weights_load(c->weights_path, w) < 0) {
         free(w);
         return lrmoe_err_prefix("--weights %s", c->weights_path);

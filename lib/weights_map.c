@@ -8,6 +8,7 @@
  * reader would accept it; any doubt answers 0 and the reader runs instead,
  * so errors keep the reader's wording. */
 #include <fcntl.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include <jansson.h>
 #include "weights_map.h"
 #include "crc64.h"
+#include "par.h"
 #include "xxh64.h"
 
 static uint64_t le64(const uint8_t *p)
@@ -130,7 +132,49 @@ static void frames_drop(lrmoe_weights_t *w)
     lrmoe_weights_free(w);
 }
 
-static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w)
+/* A frame's CRC-64 on several threads: the bytes cut into at most
+ * `threads` equal pieces of at least `piece` bytes, one per thread
+ * (lrmoe_parallel_ranges), each piece's CRC computed apart and the CRCs
+ * combined in order: the CRC of the whole, whatever the cut. The pass is
+ * memory bound (about 12 GB/s on one core here, 20 on two), and a
+ * process' first pass over a mapping also takes its page-table faults,
+ * which the threads take in parallel too. */
+typedef struct {
+    const uint8_t *p;
+    size_t len, piece;
+    uint64_t *crc;
+} pieces_t;
+
+static int piece_crc(void *vp, int64_t lo, int64_t hi)
+{
+    pieces_t *c = vp;
+    for (int64_t i = lo; i < hi; i++) {
+        const size_t a = (size_t)i * c->piece, n = c->len - a < c->piece ? c->len - a : c->piece;
+        c->crc[i] = lrmoe_crc64_update(0, c->p + a, n);
+    }
+    return 0;
+}
+
+static uint64_t crc_threads(const uint8_t *p, size_t len, int threads, size_t piece)
+{
+    if (piece < 1) piece = 1;
+    size_t np = len / piece;
+    if (np > (size_t)threads) np = (size_t)threads;
+    if (np < 2) return lrmoe_crc64_update(0, p, len);
+    const size_t psz = (len + np - 1) / np;
+    np = (len + psz - 1) / psz;
+    uint64_t *crc = malloc(np * sizeof *crc);
+    if (!crc) return lrmoe_crc64_update(0, p, len);
+    pieces_t c = {p, len, psz, crc};
+    lrmoe_parallel_ranges((int64_t)np, (int)np, 1, piece_crc, &c);   /* never fails */
+    uint64_t r = crc[0];
+    for (size_t i = 1; i < np; i++)
+        r = lrmoe_crc64_combine(r, crc[i], i + 1 < np ? psz : len - i * psz);
+    free(crc);
+    return r;
+}
+
+static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w, int threads, size_t piece)
 {
     static const char TRAILER[8] = {'L', 'R', 'M', 'O', 'E', 'E', 'N', 'D'};
     size_t at = 0;
@@ -167,7 +211,8 @@ static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w)
         if (frame_at((const char *)b + at + 8, (size_t)hlen, b + d0, len - d0, f, &dlen) < 0)
             return -1;
         const size_t fl = 8 + (size_t)hlen + (size_t)dlen;
-        if (rec && (rec == 1 ? lrmoe_crc64_update(0, b + at, fl) : lrmoe_xxh64(b + at, fl)) != digest)
+        if (rec && (rec == 1 ? crc_threads(b + at, fl, threads, piece) : lrmoe_xxh64(b + at, fl)) !=
+                       digest)
             return -1;   /* the reader names the frame that changed */
         int64_t l = w->n - 1;
         if (lrmoe_frame_attr_i64(f, "layer", &l) < 0) return -1;
@@ -178,7 +223,8 @@ static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w)
     }
 }
 
-int lrmoe_weights_map(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m)
+int lrmoe_weights_map_pieces(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m, int threads,
+                             size_t piece)
 {
     memset(w, 0, sizeof *w);
     memset(m, 0, sizeof *m);
@@ -193,7 +239,12 @@ int lrmoe_weights_map(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m)
     if (p == MAP_FAILED) return 0;
     const size_t len = (size_t)st.st_size;
     if (!memcmp(p, "\x28\xb5\x2f\xfd", 4)) { munmap(p, len); return 0; } /* zstd */
-    if (walk(p, len, w) < 0) {
+    if (threads <= 0) {   /* the CPUs this process may run on */
+        cpu_set_t cs;
+        threads = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 1;
+    }
+    if (threads > LRMOE_WMAP_MAX_THREADS) threads = LRMOE_WMAP_MAX_THREADS;
+    if (walk(p, len, w, threads, piece) < 0) {
         frames_drop(w);
         munmap(p, len);
         return 0;
@@ -201,6 +252,11 @@ int lrmoe_weights_map(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m)
     m->base = p;
     m->len = len;
     return 1;
+}
+
+int lrmoe_weights_map(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m, int threads)
+{
+    return lrmoe_weights_map_pieces(path, w, m, threads, LRMOE_WMAP_PIECE);
 }
 
 void lrmoe_weights_unmap(lrmoe_weights_t *w, lrmoe_wmap_t *m)

@@ -15,10 +15,20 @@ typedef struct {
 
 /* 1: PATH was mapped and *w holds its layer frames (their tensor data
  * borrowed from *m); 0: not mappable (a pipe, "-", zstd, a misaligned tensor,
- * anything the mapping parser does not accept exactly): *w and *m are empty
- * and the caller reads the stream with lrmoe_weights_load, which reports
- * what is wrong with it. Never -1. */
-int lrmoe_weights_map(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m);
+ * anything the mapping parser does not accept exactly, a digest that does
+ * not match): *w and *m are empty and the caller reads the stream with
+ * lrmoe_weights_load, which reports what is wrong with it. Never -1.
+ * Each frame's CRC-64 record is checked on up to `threads` threads (<= 0:
+ * the CPUs this process may run on, sched_getaffinity; at most
+ * LRMOE_WMAP_MAX_THREADS), a piece of at least LRMOE_WMAP_PIECE bytes
+ * each; an XXH64 record (one sequential hash) on one. */
+#define LRMOE_WMAP_PIECE ((size_t)8 << 20)
+#define LRMOE_WMAP_MAX_THREADS 64
+int lrmoe_weights_map(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m, int threads);
+/* The same with pieces of at least `piece` bytes (tests: many pieces on
+ * small files). */
+int lrmoe_weights_map_pieces(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m, int threads,
+                             size_t piece);
 /* Frees w's frames without freeing the borrowed data, then unmaps. */
 void lrmoe_weights_unmap(lrmoe_weights_t *w, lrmoe_wmap_t *m);
 

@@ -676,6 +676,39 @@ import os; p = '$D/$k.lrm'; n = os.path.getsize(p); f = open(p, 'r+b'); f.seek(n
     done
 }
 
+@test "exec: a mapped weights file's CRC-64 records are checked on the -@ threads: every cut into pieces verifies, a flipped bit in any piece is refused naming the frame" {
+    # the library: threads 1, 2, 3, 7 and pieces from 1 byte up, every
+    # tensor of a three-frame file (CRC-64 records, then XXH64 ones) flipped
+    # at its first, middle, last and five random bytes
+    # (tests/unit/weights_map_test.c)
+    run "$(unit_test weights_map)" "$D"
+    assert_success
+    assert_line --regexp "^weights_map: [0-9]+ cases, 0 failed$"
+    # the tool, at the default piece (8 MiB): a 28 MiB frame is cut into
+    # three pieces under -@ 3; the same output as one thread, and a bit
+    # flipped in the second or the third piece is refused
+    "$BIN/lrmoe-gen" --experts 24 --topk 2 --hidden 512 --ffn 384 --tokens 64 --seed 4 \
+        --weights "$D/w.lrm" --no-compress | "$BIN/lrmoe-route" -k 2 --no-compress > "$D/r.lrm"
+    local n
+    n=$(stat -c %s "$D/w.lrm")
+    [ "$n" -gt $((24 << 20)) ]
+    "$EXEC" --phase forward -@ 1 --weights "$D/w.lrm" --no-compress -o "$D/o1.lrm" "$D/r.lrm"
+    "$EXEC" --phase forward -@ 3 --weights "$D/w.lrm" --no-compress -o "$D/o3.lrm" "$D/r.lrm"
+    run pyedit "a=read_stream('$D/o1.lrm')[0]; b=read_stream('$D/o3.lrm')[0]
+assert a[1]['exec.weights'] == b[1]['exec.weights'] == 'mapped'
+assert all(a[0][k].tobytes() == b[0][k].tobytes() for k in a[0]); print('same')"
+    assert_output same
+    for at in $((n / 2)) $((n - 100)); do
+        python3 -c "
+f = open('$D/w.lrm', 'r+b'); f.seek($at); b = f.read(1); f.seek($at); f.write(bytes([b[0] ^ 4]))"
+        run sh -c "'$EXEC' --phase forward -@ 3 --weights '$D/w.lrm' --no-compress '$D/r.lrm' > '$D/o.lrm'"
+        assert_fails_clean
+        assert_output --partial "$D/w.lrm: frame 0: digest mismatch"
+        python3 -c "
+f = open('$D/w.lrm', 'r+b'); f.seek($at); b = f.read(1); f.seek($at); f.write(bytes([b[0] ^ 4]))"
+    done
+}
+
 @test "exec: non-finite weights are an error in the experts a frame uses, once per expert; unused experts are not read" {
     python3 "$REF" make "$D/in.lrm" "$D/w.lrm" --T 24 --E 8 --K 2 --D 16 --F 12 --dtype bf16
     # route every token to experts 0..5: experts 6 and 7 are unused

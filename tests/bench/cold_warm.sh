@@ -23,7 +23,9 @@
 # free memory to the host, pages of reported (host-discarded) blocks fault in
 # the host as well; the bench prints the THP settings and whether free page
 # reporting is on.
-# The floor (first_touch.c) is printed under the table.
+# The floor (first_touch.c) is printed under the table, and what mapping the
+# weights and checking their digest records costs a process (wmap_check.c:
+# one thread against lrmoe-exec's default -@ 0, every CPU it may run on).
 # Usage: tests/bench/cold_warm.sh   env TOKENS (default "1024 2048 4096";
 #   BENCH_QUICK=1: "512"), REPS (default 3), PHASES (default "forward backward"),
 #   LRMOE_THP=1 or 0 (passed on: huge or 4 KiB pages for the big buffers).
@@ -90,7 +92,17 @@ else
     echo "cold_warm.sh: first_touch did not build (no floor): $(head -1 "$tmp/ft.err")"
 fi
 
-python3 - "$tmp/runs" "$TOKENS" "$PHASES" "$tmp/floor" <<'EOF'
+# The weights' digest check when a process maps them (tests/bench/wmap_check.c):
+# one thread against the CPUs this process may run on (lrmoe-exec -@ 0)
+wc="$tmp/wmap_check"
+if cc -std=c11 -O2 -D_GNU_SOURCE -Ilib -o "$wc" tests/bench/wmap_check.c build/liblrmoe.a \
+        $LIBS -lstdc++ 2> "$tmp/wc.err"; then
+    "$wc" "$tmp/w.lrm" 0 $((2 * REPS + 1)) > "$tmp/wmap"
+else
+    echo "cold_warm.sh: wmap_check did not build: $(head -1 "$tmp/wc.err")"
+fi
+
+python3 - "$tmp/runs" "$TOKENS" "$PHASES" "$tmp/floor" "$tmp/wmap" "$(nproc)" <<'EOF'
 import statistics as st, sys
 runs = [l.split() for l in open(sys.argv[1])]
 toks, phases = sys.argv[2].split(), sys.argv[3].split()
@@ -138,6 +150,17 @@ if fl:
             floor[T] = (w + first - again) / w
             print(f"  {T} tokens backward: lowest cold/warm while the gradients are fresh memory "
                   f"= {floor[T]:.2f}")
+try:
+    wm = [list(map(float, l.split())) for l in open(sys.argv[5]) if l.strip()]
+except OSError:
+    wm = []
+if wm:
+    a, b = med(x[0] for x in wm), med(x[1] for x in wm)
+    print()
+    print(f"weights map + digest check ({len(wm)} rounds, wall, median (min-max)): one thread "
+          f"{a:.3f} s ({min(x[0] for x in wm):.3f}-{max(x[0] for x in wm):.3f}), "
+          f"{sys.argv[6]} CPUs (-@ 0) {b:.3f} s ({min(x[1] for x in wm):.3f}-{max(x[1] for x in wm):.3f}); "
+          f"ratio {b / a:.2f}")
 print()
 print("cold_s/warm_s: layer CPU of a one-frame process' frame / of a two-frame process' second frame;")
 print("proc_cold_s: user+sys of the one-frame process; proc_2nd_s: what its second frame adds;")
