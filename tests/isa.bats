@@ -105,6 +105,25 @@ print("%s: %d frames" % ("identical" if not tol else "within tolerance", len(a))
 EOF
 }
 
+# same_but_gemm_order A B: pipe's streams in dirs A and B where B's GEMMs
+# (OpenBLAS, which picks its kernel by CPU) summed in another order: the
+# generated, routing and plan streams are lrmoe's own code, the same bytes;
+# the rest within rounding: sums of at most F=48 or T=96 products in
+# another order differ by a few F32 ulps (2^-24 each) of the largest terms,
+# and a BF16 output lands one BF16 ulp (2^-8 of the value) apart where that
+# moved a rounding
+same_but_gemm_order() {
+    local s
+    for s in in r p; do
+        run cmp_streams "$1/$s.lrm" "$2/$s.lrm" 0
+        assert_success
+    done
+    for s in f s k b; do
+        run cmp_streams "$1/$s.lrm" "$2/$s.lrm" "bf16=0.0079,f32=1e-5"
+        assert_success
+    done
+}
+
 attr() { "$BIN/lrmoe-view" --no-stats "$2" | sed -n "s/^ *$1=//p" | head -1; }
 
 have_bf16() {
@@ -169,18 +188,7 @@ EOF
     pipe "$D/n" "" f32
     run attr exec.compute "$D/q/b.lrm"
     assert_output f32
-    # the routing, plan and generated streams are lrmoe's own code: the same
-    for s in in r p; do
-        run cmp_streams "$D/q/$s.lrm" "$D/n/$s.lrm" 0
-        assert_success
-    done
-    # sums of at most F=48 or T=96 products in another order: a few F32
-    # ulps (2^-24 each) of the largest terms; BF16 outputs one BF16 ulp (2^-8
-    # of the value) apart where that moved a rounding
-    for s in f s k b; do
-        run cmp_streams "$D/q/$s.lrm" "$D/n/$s.lrm" "bf16=0.0079,f32=1e-5"
-        assert_success
-    done
+    same_but_gemm_order "$D/q" "$D/n"
 }
 
 @test "isa: a CPU without AVX (QEMU -cpu Nehalem-v1): every stage runs, routing is the scalar path's bits, bf16 takes emulated-sgemm within rounding of this CPU's" {
@@ -191,16 +199,8 @@ EOF
     pipe "$D/n" "env LRMOE_NO_SIMD=1 LRMOE_BF16_EMULATE=1 LRMOE_AVX2_GEMM=0" bf16
     run attr exec.bf16 "$D/n/b.lrm"
     assert_output emulated-sgemm
-    for s in in r p; do
-        run cmp_streams "$D/q/$s.lrm" "$D/n/$s.lrm" 0
-        assert_success
-    done
-    # OpenBLAS's SSE kernels there, its AVX-512 ones here: another order of
-    # the same F32 sums (tolerance as for f32 compute above)
-    for s in f s k b; do
-        run cmp_streams "$D/q/$s.lrm" "$D/n/$s.lrm" "bf16=0.0079,f32=1e-5"
-        assert_success
-    done
+    # OpenBLAS's SSE kernels there, its AVX-512 ones here
+    same_but_gemm_order "$D/q" "$D/n"
     # and f32 compute runs there too
     pipe "$D/q32" "$OLDCPU" f32
     run attr exec.compute "$D/q32/b.lrm"
