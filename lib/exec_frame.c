@@ -5,6 +5,7 @@
 #include <string.h>
 #include "alloc.h"
 #include "exec_frame.h"
+#include "par.h"
 #include "exec_internal.h"
 #include "gemm_cpu.h"
 #include "weights_map.h"
@@ -111,9 +112,37 @@ static void used_experts(const lrmoe_tensor_t *ids, int64_t E, uint8_t *used)
         if (id[u] >= 0 && id[u] < E) used[id[u]] = 1;
 }
 
+/* The first non-finite value in each used, unchecked expert's matrices:
+ * first[j * E + e] (-1: none, or not scanned), the experts cut into ranges
+ * of at least LRMOE_SCAN_BYTES of weights, one per thread. */
+#define LRMOE_SCAN_BYTES ((size_t)8 << 20)
+typedef struct {
+    const lrmoe_tensor_t *t[3];
+    const uint8_t *used, *ok;
+    int64_t E, *first;
+} scan_t;
+
+static int scan_experts(void *vp, int64_t lo, int64_t hi)
+{
+    scan_t *s = vp;
+    for (int64_t e = lo; e < hi; e++)
+        for (int j = 0; j < 3; j++) {
+            const lrmoe_tensor_t *t = s->t[j];
+            const size_t per = (size_t)(t->shape[1] * t->shape[2]), es = lrmoe_dtype_size(t->dtype);
+            s->first[j * s->E + e] =
+                s->used[e] && !s->ok[e]
+                    ? lrmoe_exec_first_nonfinite(t->dtype, (const char *)t->data + (size_t)e * per * es,
+                                                 per)
+                    : -1;
+        }
+    return 0;
+}
+
 /* Each used expert's three matrices of weights frame wi, checked finite
- * once per context (c->wok remembers which were); F64 weights take the
- * common check over the whole tensor. */
+ * once per context (c->wok remembers which were) on the -@ threads (0: the
+ * CPUs this process may run on); the error is the one a scan of w_gate,
+ * w_up, w_down in turn, each expert in order, meets first. F64 weights
+ * take the common check over the whole tensor. */
 static int check_weights(lrmoe_exec_ctx_t *c, int wi, int64_t layer, const uint8_t *used,
                          int64_t E)
 {
@@ -127,23 +156,31 @@ static int check_weights(lrmoe_exec_ctx_t *c, int wi, int64_t layer, const uint8
     uint8_t *ok = c->wok + (size_t)wi * (size_t)E;
     const lrmoe_frame_t *wf = &c->w->frames[wi];
     const char *what = c->weights_path && c->w == &c->w_own ? c->weights_path : "weights";
-    for (int j = 0; j < 3; j++) {
-        const lrmoe_tensor_t *t = lrmoe_frame_get(wf, nm[j]);
-        if (t->dtype == LRMOE_F64) {
-            if (!ok[0] && lrmoe_exec_check_finite(t->dtype, t->data,
-                                                  (size_t)lrmoe_tensor_numel(t), nm[j]) < 0)
+    scan_t s = {{NULL}, used, ok, E, NULL};
+    for (int j = 0; j < 3; j++) s.t[j] = lrmoe_frame_get(wf, nm[j]);
+    if (s.t[0]->dtype == LRMOE_F64) {   /* the three share one dtype (weights_layer) */
+        for (int j = 0; j < 3; j++)
+            if (!ok[0] && lrmoe_exec_check_finite(s.t[j]->dtype, s.t[j]->data,
+                                                  (size_t)lrmoe_tensor_numel(s.t[j]), nm[j]) < 0)
                 return lrmoe_err_prefix("%s: layer %lld", what, (long long)layer);
-            continue;
-        }
-        const size_t per = (size_t)(t->shape[1] * t->shape[2]), es = lrmoe_dtype_size(t->dtype);
-        for (int64_t e = 0; e < E; e++) {
-            if (!used[e] || ok[e]) continue;
-            int64_t i = lrmoe_exec_first_nonfinite(t->dtype, (const char *)t->data + (size_t)e * per * es, per);
-            if (i >= 0)
+    } else if (E > 0) {
+        if (!(s.first = malloc((size_t)(3 * E) * sizeof *s.first))) return lrmoe_err("out of memory");
+        const size_t pe = 3 * (size_t)(s.t[0]->shape[1] * s.t[0]->shape[2]) *
+                          lrmoe_dtype_size(s.t[0]->dtype);
+        const int64_t min_chunk = pe ? (int64_t)((LRMOE_SCAN_BYTES + pe - 1) / pe) : E;
+        lrmoe_parallel_ranges(E, lrmoe_parallel_cpus(c->o.cfg.threads), min_chunk, scan_experts,
+                              &s);   /* never fails */
+        for (int j = 0; j < 3; j++)
+            for (int64_t e = 0; e < E; e++) {
+                const int64_t i = s.first[j * E + e];
+                if (i < 0) continue;
+                const size_t per = (size_t)(s.t[j]->shape[1] * s.t[j]->shape[2]);
+                free(s.first);
                 return lrmoe_err("%s: layer %lld: %s: non-finite value at flat index %lld "
                                  "(use --allow-nonfinite)", what, (long long)layer, nm[j],
                                  (long long)((size_t)e * per + (size_t)i));
-        }
+            }
+        free(s.first);
     }
     for (int64_t e = 0; e < E; e++) ok[e] |= used[e];
     return 0;

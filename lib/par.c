@@ -1,5 +1,6 @@
 /* Contiguous-range parallel loops (par.h). */
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "lrmoe.h"
@@ -49,4 +50,12 @@ int lrmoe_parallel_ranges(int64_t n, int threads, int64_t min_chunk, lrmoe_range
         if (c[i].rc < 0) rc = lrmoe_err("%s", c[i].err);
     free(c); free(th); free(started);
     return rc;
+}
+
+int lrmoe_parallel_cpus(int threads)
+{
+    if (threads > 0) return threads;
+    cpu_set_t cs;
+    int n = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 1;
+    return n > 0 ? n : 1;
 }

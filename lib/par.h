@@ -17,4 +17,10 @@ typedef int (*lrmoe_range_fn)(void *ctx, int64_t lo, int64_t hi);
 int lrmoe_parallel_ranges(int64_t n, int threads, int64_t min_chunk, lrmoe_range_fn fn,
                           void *ctx);
 
+/* threads when > 0, else the CPUs this process may run on
+ * (sched_getaffinity: under mpirun's core binding, the rank's), at least 1:
+ * what a -@ of 0 ("the libraries' own defaults") means for lrmoe's own
+ * parallel passes. */
+int lrmoe_parallel_cpus(int threads);
+
 #endif

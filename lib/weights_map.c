@@ -8,7 +8,6 @@
  * reader would accept it; any doubt answers 0 and the reader runs instead,
  * so errors keep the reader's wording. */
 #include <fcntl.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,10 +238,7 @@ int lrmoe_weights_map_pieces(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t 
     if (p == MAP_FAILED) return 0;
     const size_t len = (size_t)st.st_size;
     if (!memcmp(p, "\x28\xb5\x2f\xfd", 4)) { munmap(p, len); return 0; } /* zstd */
-    if (threads <= 0) {   /* the CPUs this process may run on */
-        cpu_set_t cs;
-        threads = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 1;
-    }
+    threads = lrmoe_parallel_cpus(threads);   /* 0: the CPUs this process may run on */
     if (threads > LRMOE_WMAP_MAX_THREADS) threads = LRMOE_WMAP_MAX_THREADS;
     if (walk(p, len, w, threads, piece) < 0) {
         frames_drop(w);

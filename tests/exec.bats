@@ -737,6 +737,42 @@ t['topk_ids']=np.array([[i % 3, 3 + i % 3] for i in range(T)], dtype=np.int32); 
     done
 }
 
+@test "exec: the weights' finiteness scan runs on the -@ threads and reports what the scan in order meets first (w_gate, w_up, w_down, each expert in turn), in-process and under mpirun" {
+    # 24 experts of 1.2 MB (D=512 F=384 BF16): ranges of 8 MiB, three of
+    # them under -@ 3; NaN in w_down of expert 2 (the first range) and in
+    # w_up of expert 20 (the last): w_up's is the first error
+    "$BIN/lrmoe-gen" --experts 24 --topk 4 --hidden 512 --ffn 384 --tokens 96 --seed 4 \
+        --weights "$D/w.lrm" --no-compress | "$BIN/lrmoe-route" -k 4 --no-compress > "$D/r.lrm"
+    run pyedit "t=read_stream('$D/r.lrm')[0][0]; print(len(set(t['topk_ids'].ravel().tolist())))"
+    assert_output 24
+    local F=384 Dm=512
+    pyedit "f=read_stream('$D/w.lrm', True); t,a,d=f[0]; t=dict(t)
+x=t['w_down'].copy(); x[2,5,7]=0x7fc0; t['w_down']=x
+y=t['w_up'].copy(); y[20,3,4]=0x7f80; t['w_up']=y; write_stream('$D/wn.lrm', [(t,a,d)])"
+    local want="$D/wn.lrm: layer 0: w_up: non-finite value at flat index $((20 * F * Dm + 3 * Dm + 4))"
+    local MPIRUN="timeout 120 mpirun --mca btl tcp,self --oversubscribe"
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    local t
+    for t in 1 3; do
+        run sh -c "'$EXEC' --phase forward -@ $t --weights '$D/wn.lrm' --no-compress '$D/r.lrm' > '$D/o.lrm'"
+        assert_fails_clean
+        assert_output --partial "$want (use --allow-nonfinite)"
+        if command -v mpirun >/dev/null; then
+            run $MPIRUN -np 1 "$EXEC" --phase forward -@ $t --weights "$D/wn.lrm" --no-compress \
+                -o "$D/o.lrm" "$D/r.lrm"
+            assert_failure
+            [[ $output == *"MPI support is not built"* ]] ||
+                assert_output --partial "$want (use --allow-nonfinite)"
+        fi
+    done
+    # w_down alone, experts 22 and 2: expert 2's, in the first range
+    pyedit "f=read_stream('$D/w.lrm', True); t,a,d=f[0]; t=dict(t)
+x=t['w_down'].copy(); x[22,0,1]=0x7fc0; x[2,5,7]=0x7fc0; t['w_down']=x; write_stream('$D/wn.lrm', [(t,a,d)])"
+    run sh -c "'$EXEC' --phase forward -@ 3 --weights '$D/wn.lrm' --no-compress '$D/r.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    assert_output --partial "$D/wn.lrm: layer 0: w_down: non-finite value at flat index $((2 * F * Dm + 5 * F + 7))"
+}
+
 @test "exec: non-finite weights are found through the layer's outputs: each matrix, NaN and Inf, against zero activations, every backward mode, an expert without packed rows" {
     # The CPU backend checks the used experts' weights through the layer's
     # outputs (lib/exec_frame.c out_check); the verdict and the message must
