@@ -294,7 +294,7 @@ UNIT_BIN      := $(UNIT_NAMES:%=$(BUILD)/unit/%_test)
 UNIT_alloc    := frame dtype producers error
 UNIT_blas     := blas error
 UNIT_capacity := capacity error
-UNIT_crc64    := crc64 error
+UNIT_crc64    := crc64 crc64_par par error
 UNIT_dtype    := dtype error
 UNIT_gemm     := gemm_cpu gemm_amx gemm_avx2 gemm_dpbf16 dtype error blas
 UNIT_gemm_amx := $(UNIT_gemm)
@@ -303,7 +303,7 @@ UNIT_plan     := plan plan_eplb plan_llep plan_lrmoe plan_core minpeak capacity 
 UNIT_stream_verify := stream crc64 frame producers dtype clock error
 UNIT_route    := route route_scalar route_avx2 route_avx512 error dtype blas
 UNIT_swiglu   := swiglu dtype error
-UNIT_weights_map := weights_map weights frame crc64 par producers dtype stream clock error
+UNIT_weights_map := weights_map weights frame crc64 crc64_par par producers dtype stream clock error
 # score_test is linked against liblrmoe.so.2 (it calls the public API only)
 $(BUILD)/unit/score_test: tests/unit/score_test.c $(BUILD)/$(SONAME)
 	@mkdir -p $(@D)

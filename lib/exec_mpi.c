@@ -8,6 +8,8 @@
 #include "gemm_cpu.h"
 #include "lrmoe.h"
 #include "clock.h"
+#include "crc64.h"
+#include "crc64_par.h"
 
 struct lrmoe_exec_mpi_layer {
     int64_t layer, E, F, D;
@@ -215,42 +217,22 @@ static int meta(lrmoe_exec_mpi_t *m, mpi_job_t *J, const void **p, size_t bytes)
 
 /* ---------------------------------------------------------------- weights */
 
-/* A 64-bit digest of n bytes (four multiply-rotate lanes over 8-byte words,
- * then the tail and n): each rank reads --weights itself, and a host with a
- * stale copy of the same shapes must not compute with it. Not cryptographic:
- * it tells copies apart, it does not resist forgery. */
-static uint64_t dg_round(uint64_t h, uint64_t v)
-{
-    h ^= v * 0x9E3779B97F4A7C15ull;
-    h = (h << 31) | (h >> 33);
-    return h * 0xBF58476D1CE4E5B9ull;
-}
-
-static uint64_t digest_bytes(uint64_t seed, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    uint64_t l[4] = {seed, seed ^ 0x94D049BB133111EBull, seed + 0x632BE59BD9B4E019ull,
-                     ~seed};
-    size_t i = 0;
-    for (; i + 32 <= n; i += 32)
-        for (int k = 0; k < 4; k++) {
-            uint64_t v;
-            memcpy(&v, b + i + 8 * k, 8);
-            l[k] = dg_round(l[k], v);
-        }
-    uint64_t h = dg_round(dg_round(dg_round(dg_round(n, l[0]), l[1]), l[2]), l[3]);
-    for (; i < n; i++) h = dg_round(h, b[i]);
-    return h ^ (h >> 29);
-}
-
-/* The digest of one layer's weights: w_gate, w_up, w_down (E*F*D each). */
+/* The digest of one layer's weights: the CRC-64 (crc64_par.h) of dtype, E,
+ * F, D (8 bytes little-endian each), then w_gate, w_up, w_down (E*F*D each),
+ * on up to `threads` threads (-@; 0: the CPUs this process may run on):
+ * each rank reads --weights itself, and a host with a stale copy of the
+ * same shapes must not compute with it. Not cryptographic: it tells copies
+ * apart, it does not resist forgery. */
 static uint64_t weights_digest(const void *const w[3], int64_t E, int64_t F, int64_t D,
-                               lrmoe_dtype_t dt)
+                               lrmoe_dtype_t dt, int threads)
 {
     const size_t n = (size_t)(E * F * D) * lrmoe_dtype_size(dt);
-    uint64_t h = dg_round((uint64_t)dt, (uint64_t)E);
-    h = dg_round(dg_round(h, (uint64_t)F), (uint64_t)D);
-    for (int j = 0; j < 3; j++) h = digest_bytes(h, w[j], w[j] ? n : 0);
+    const uint64_t v[4] = {(uint64_t)dt, (uint64_t)E, (uint64_t)F, (uint64_t)D};
+    uint8_t b[32];
+    for (int i = 0; i < 32; i++) b[i] = (uint8_t)(v[i / 8] >> (8 * (i % 8)));
+    uint64_t h = lrmoe_crc64_update(0, b, sizeof b);
+    for (int j = 0; j < 3; j++)
+        if (w[j]) h = lrmoe_crc64_par(h, w[j], n, threads, LRMOE_CRC64_PIECE);
     return h;
 }
 
@@ -258,7 +240,7 @@ struct lrmoe_exec_mpi_digest { int64_t layer; const void *w[3]; uint64_t d; };
 
 /* The digest of the weights w of a job (computed once per layer and arrays). */
 static int job_digest(lrmoe_exec_mpi_t *m, int64_t layer, const lrmoe_exec_dims_t *d,
-                      const lrmoe_exec_weights_t *w, uint64_t *out)
+                      const lrmoe_exec_weights_t *w, int threads, uint64_t *out)
 {
     for (int i = 0; i < m->ndigests; i++) {
         struct lrmoe_exec_mpi_digest *g = &m->digests[i];
@@ -278,7 +260,7 @@ static int job_digest(lrmoe_exec_mpi_t *m, int64_t layer, const lrmoe_exec_dims_
     g += m->ndigests++;
     g->layer = layer;
     g->w[0] = w->w_gate; g->w[1] = w->w_up; g->w[2] = w->w_down;
-    g->d = weights_digest(g->w, d->E, d->F, d->D, w->dtype);
+    g->d = weights_digest(g->w, d->E, d->F, d->D, w->dtype, threads);
     *out = g->d;
     return 0;
 }
@@ -299,7 +281,7 @@ static void layers_free(lrmoe_exec_mpi_t *m)
 
 /* Ranks > 0, first job: every layer of the weights stream, native experts
  * only (the others are never read: replicas come from the owner by p2p). */
-static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite)
+static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite, int threads)
 {
     lrmoe_weights_t W;
     if (lrmoe_weights_load(m->weights, &W) < 0) return -1;
@@ -327,7 +309,7 @@ static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite)
                                m->weights, (long long)L->layer);
         if (!rc) { /* all experts, as rank 0 digests them */
             const void *wa[3] = {t[0]->data, t[1]->data, t[2]->data};
-            L->digest = weights_digest(wa, L->E, L->F, L->D, L->dtype);
+            L->digest = weights_digest(wa, L->E, L->F, L->D, L->dtype, threads);
         }
         for (int j = 0; j < 3 && !rc; j++)
             if (!(L->w[j] = calloc((size_t)L->E * n, es))) rc = lrmoe_err("out of memory");
@@ -364,9 +346,9 @@ static int layer_f32(lrmoe_exec_mpi_t *m, struct lrmoe_exec_mpi_layer *L)
     return 0;
 }
 
-static int rank_weights(lrmoe_exec_mpi_t *m, const hdr_t *h, lrmoe_exec_weights_t *w)
+static int rank_weights(lrmoe_exec_mpi_t *m, const hdr_t *h, int threads, lrmoe_exec_weights_t *w)
 {
-    if (!m->layers && layers_load(m, (int)h->allow_nonfinite) < 0) return -1;
+    if (!m->layers && layers_load(m, (int)h->allow_nonfinite, threads) < 0) return -1;
     for (int i = 0; i < m->nlayers; i++) {
         struct lrmoe_exec_mpi_layer *L = &m->layers[i];
         if (L->layer != h->layer) continue;
@@ -543,7 +525,7 @@ static int job_forward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, mpi_job
     lrmoe_exec_weights_t lw;
     if (J->me == 0) { J->ids = ca->topk_ids; J->tw = ca->topk_weights; }
     if (job_kernel(m, J) < 0 || job_meta(m, J, cplan, &lp) < 0) return -1;
-    if (J->me != 0 && rank_weights(m, h, &lw) < 0) return -1;
+    if (J->me != 0 && rank_weights(m, h, cfg->threads, &lw) < 0) return -1;
     lrmoe_exec_fwd_t a;
     memset(&a, 0, sizeof a);
     a.act_dtype = adt;
@@ -624,7 +606,7 @@ static int job_backward(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg, mpi_jo
          ((h->have & HAVE_PACKRANK) &&
           meta(m, J, (const void **)&J->pack_rank, (size_t)R * sizeof(int32_t)) < 0)))
         return -1;
-    if (J->me != 0 && rank_weights(m, h, &lw) < 0) return -1;
+    if (J->me != 0 && rank_weights(m, h, cfg->threads, &lw) < 0) return -1;
     lrmoe_exec_bwd_t a;
     memset(&a, 0, sizeof a);
     a.mode = mode;
@@ -1181,7 +1163,7 @@ static int hdr_common(lrmoe_exec_mpi_t *m, const lrmoe_exec_cfg_t *cfg,
     h->layer = layer;
     h->step = m->step;
     uint64_t dg = 0;
-    if (job_digest(m, layer, d, w, &dg) < 0) return -1;
+    if (job_digest(m, layer, d, w, cfg->threads, &dg) < 0) return -1;
     h->wdigest = (int64_t)dg;
     h->T = d->T; h->E = d->E; h->K = d->K; h->D = d->D; h->F = d->F; h->P = d->P;
     h->wdtype = w->dtype;

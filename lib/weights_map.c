@@ -16,8 +16,7 @@
 #include <unistd.h>
 #include <jansson.h>
 #include "weights_map.h"
-#include "crc64.h"
-#include "par.h"
+#include "crc64_par.h"
 #include "xxh64.h"
 
 static uint64_t le64(const uint8_t *p)
@@ -131,48 +130,6 @@ static void frames_drop(lrmoe_weights_t *w)
     lrmoe_weights_free(w);
 }
 
-/* A frame's CRC-64 on several threads: the bytes cut into at most
- * `threads` equal pieces of at least `piece` bytes, one per thread
- * (lrmoe_parallel_ranges), each piece's CRC computed apart and the CRCs
- * combined in order: the CRC of the whole, whatever the cut. The pass is
- * memory bound (about 12 GB/s on one core here, 20 on two), and a
- * process' first pass over a mapping also takes its page-table faults,
- * which the threads take in parallel too. */
-typedef struct {
-    const uint8_t *p;
-    size_t len, piece;
-    uint64_t *crc;
-} pieces_t;
-
-static int piece_crc(void *vp, int64_t lo, int64_t hi)
-{
-    pieces_t *c = vp;
-    for (int64_t i = lo; i < hi; i++) {
-        const size_t a = (size_t)i * c->piece, n = c->len - a < c->piece ? c->len - a : c->piece;
-        c->crc[i] = lrmoe_crc64_update(0, c->p + a, n);
-    }
-    return 0;
-}
-
-static uint64_t crc_threads(const uint8_t *p, size_t len, int threads, size_t piece)
-{
-    if (piece < 1) piece = 1;
-    size_t np = len / piece;
-    if (np > (size_t)threads) np = (size_t)threads;
-    if (np < 2) return lrmoe_crc64_update(0, p, len);
-    const size_t psz = (len + np - 1) / np;
-    np = (len + psz - 1) / psz;
-    uint64_t *crc = malloc(np * sizeof *crc);
-    if (!crc) return lrmoe_crc64_update(0, p, len);
-    pieces_t c = {p, len, psz, crc};
-    lrmoe_parallel_ranges((int64_t)np, (int)np, 1, piece_crc, &c);   /* never fails */
-    uint64_t r = crc[0];
-    for (size_t i = 1; i < np; i++)
-        r = lrmoe_crc64_combine(r, crc[i], i + 1 < np ? psz : len - i * psz);
-    free(crc);
-    return r;
-}
-
 static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w, int threads, size_t piece)
 {
     static const char TRAILER[8] = {'L', 'R', 'M', 'O', 'E', 'E', 'N', 'D'};
@@ -210,8 +167,8 @@ static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w, int threads, s
         if (frame_at((const char *)b + at + 8, (size_t)hlen, b + d0, len - d0, f, &dlen) < 0)
             return -1;
         const size_t fl = 8 + (size_t)hlen + (size_t)dlen;
-        if (rec && (rec == 1 ? crc_threads(b + at, fl, threads, piece) : lrmoe_xxh64(b + at, fl)) !=
-                       digest)
+        if (rec && (rec == 1 ? lrmoe_crc64_par(0, b + at, fl, threads, piece)
+                             : lrmoe_xxh64(b + at, fl)) != digest)
             return -1;   /* the reader names the frame that changed */
         int64_t l = w->n - 1;
         if (lrmoe_frame_attr_i64(f, "layer", &l) < 0) return -1;
@@ -238,8 +195,6 @@ int lrmoe_weights_map_pieces(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t 
     if (p == MAP_FAILED) return 0;
     const size_t len = (size_t)st.st_size;
     if (!memcmp(p, "\x28\xb5\x2f\xfd", 4)) { munmap(p, len); return 0; } /* zstd */
-    threads = lrmoe_parallel_cpus(threads);   /* 0: the CPUs this process may run on */
-    if (threads > LRMOE_WMAP_MAX_THREADS) threads = LRMOE_WMAP_MAX_THREADS;
     if (walk(p, len, w, threads, piece) < 0) {
         frames_drop(w);
         munmap(p, len);

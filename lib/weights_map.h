@@ -6,6 +6,7 @@
 #define LRMOE_WEIGHTS_MAP_H
 
 #include <stddef.h>
+#include "crc64_par.h"
 #include "lrmoe.h"
 
 typedef struct {
@@ -18,12 +19,11 @@ typedef struct {
  * anything the mapping parser does not accept exactly, a digest that does
  * not match): *w and *m are empty and the caller reads the stream with
  * lrmoe_weights_load, which reports what is wrong with it. Never -1.
- * Each frame's CRC-64 record is checked on up to `threads` threads (<= 0:
- * the CPUs this process may run on, sched_getaffinity; at most
- * LRMOE_WMAP_MAX_THREADS), a piece of at least LRMOE_WMAP_PIECE bytes
- * each; an XXH64 record (one sequential hash) on one. */
-#define LRMOE_WMAP_PIECE ((size_t)8 << 20)
-#define LRMOE_WMAP_MAX_THREADS 64
+ * Each frame's CRC-64 record is checked on up to `threads` threads
+ * (lrmoe_crc64_par: <= 0, the CPUs this process may run on; at most 64),
+ * a piece of at least LRMOE_WMAP_PIECE bytes each; an XXH64 record (one
+ * sequential hash) on one. */
+#define LRMOE_WMAP_PIECE LRMOE_CRC64_PIECE
 int lrmoe_weights_map(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m, int threads);
 /* The same with pieces of at least `piece` bytes (tests: many pieces on
  * small files). */

@@ -507,7 +507,7 @@ PY
 # Flip bit 0 of byte $2 of file $1 in place.
 flip() { python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0] ^ 1]))" "$1" "$2"; }
 
-@test "crc64: every CRC-64/NVME path this CPU runs (table, PCLMULQDQ, VPCLMULQDQ ymm, zmm) agrees with a bitwise reference; pieces' CRCs combine into the whole's" {
+@test "crc64: every CRC-64/NVME path this CPU runs (table, PCLMULQDQ, VPCLMULQDQ ymm, zmm) agrees with a bitwise reference; pieces' CRCs combine into the whole's, on several threads too" {
     # all lengths to 1100 bytes, random ones to 300 KiB, random alignments,
     # continued CRCs and random splits into pieces; the check value
     run "$(unit_test crc64)" full 7
@@ -515,6 +515,7 @@ flip() { python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(int(sys.ar
     assert_output --partial ", 0 failed"
     assert_output --partial "crc64: path table run: 0 failed"
     assert_line "crc64: combine: 0 failed"
+    assert_line "crc64: threads: 0 failed"
     refute_output --partial "FAIL"
     # which paths ran here, in the TAP log
     printf '# %s\n' "${lines[@]}" | grep -E 'default|skipped|run:' >&3

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "crc64.h"
+#include "crc64_par.h"
 #include "lrmoe.h"
 
 /* reflected 0xAD93D23594C93659, written out, not computed */
@@ -130,6 +131,26 @@ int main(int argc, char **argv)
         }
     }
     printf("crc64: combine: %d failed\n", failed - f1);
+    /* lrmoe_crc64_par: the same CRC on 1, 2, 3 and 7 threads, pieces of at
+     * least 1 byte, 4 KiB and 64 KiB, continued CRCs now and then */
+    int f2 = failed;
+    static const int th[] = {1, 2, 3, 7};
+    static const size_t pc[] = {1, 4096, 65536};
+    for (int t = 0; t < 4; t++)
+        for (int q = 0; q < 3; q++)
+            for (int c = 0; c < 20; c++) {
+                size_t n = c < 4 ? (size_t)c : (size_t)(rnd() % (cap - 128));
+                uint64_t seed = c % 2 ? rnd() : 0, want = ref(seed, buf, n),
+                         got = lrmoe_crc64_par(seed, buf, n, th[t], pc[q]);
+                cases++;
+                if (got != want) {
+                    if (failed - f2 < 5)
+                        printf("FAIL par: threads %d piece %zu n=%zu: %016llx want %016llx\n", th[t],
+                               pc[q], n, (unsigned long long)got, (unsigned long long)want);
+                    failed++;
+                }
+            }
+    printf("crc64: threads: %d failed\n", failed - f2);
     printf("crc64: %d cases, %d failed\n", cases, failed);
     free(buf);
     free(dst);
