@@ -10,6 +10,7 @@
 #include "clock.h"
 #include "crc64.h"
 #include "crc64_par.h"
+#include "weights_map.h"
 
 struct lrmoe_exec_mpi_layer {
     int64_t layer, E, F, D;
@@ -280,14 +281,20 @@ static void layers_free(lrmoe_exec_mpi_t *m)
 }
 
 /* Ranks > 0, first job: every layer of the weights stream, native experts
- * only (the others are never read: replicas come from the owner by p2p). */
+ * only (the others are never read: replicas come from the owner by p2p).
+ * A raw file is mapped, as rank 0 maps it (lib/weights_map.h: no copy of
+ * the whole stream, its digest records checked on the -@ threads), else
+ * read. */
 static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite, int threads)
 {
     lrmoe_weights_t W;
-    if (lrmoe_weights_load(m->weights, &W) < 0) return -1;
+    lrmoe_wmap_t wm;
+    const int mapped = lrmoe_weights_map(m->weights, &W, &wm, threads);
+    if (!mapped && lrmoe_weights_load(m->weights, &W) < 0) return -1;
     int rc = 0;
     if (!(m->layers = calloc((size_t)(W.n ? W.n : 1), sizeof *m->layers))) {
-        lrmoe_weights_free(&W);
+        if (mapped) lrmoe_weights_unmap(&W, &wm);
+        else lrmoe_weights_free(&W);
         return lrmoe_err("out of memory");
     }
     static const char *nm[3] = {"w_gate", "w_up", "w_down"};
@@ -325,7 +332,8 @@ static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite, int threads)
             }
         }
     }
-    lrmoe_weights_free(&W);
+    if (mapped) lrmoe_weights_unmap(&W, &wm);
+    else lrmoe_weights_free(&W);
     return rc;
 }
 
