@@ -221,9 +221,9 @@ static int meta(lrmoe_exec_mpi_t *m, mpi_job_t *J, const void **p, size_t bytes)
 /* The digest of one layer's weights: the CRC-64 (crc64_par.h) of dtype, E,
  * F, D (8 bytes little-endian each), then w_gate, w_up, w_down (E*F*D each),
  * on up to `threads` threads (-@; 0: the CPUs this process may run on):
- * each rank reads --weights itself, and a host with a stale copy of the
- * same shapes must not compute with it. Not cryptographic: it tells copies
- * apart, it does not resist forgery. */
+ * each rank maps or reads --weights itself, and a host with a stale copy
+ * of the same shapes must not compute with it. Not cryptographic: it tells
+ * copies apart, it does not resist forgery. */
 static uint64_t weights_digest(const void *const w[3], int64_t E, int64_t F, int64_t D,
                                lrmoe_dtype_t dt, int threads)
 {
