@@ -45,11 +45,8 @@ static void drop_f32(lrmoe_exec_ctx_t *c)
 static void drop_weights(lrmoe_exec_ctx_t *c)
 {
     if (c->w == &c->w_own) {
-        lrmoe_wmap_t m = {c->wmap_base, c->wmap_len};
-        if (m.base) lrmoe_weights_unmap(&c->w_own, &m);
+        if (c->wmap.base) lrmoe_weights_unmap(&c->w_own, &c->wmap);
         else lrmoe_weights_free(&c->w_own);
-        c->wmap_base = NULL;
-        c->wmap_len = 0;
     }
     free(c->wok);
     c->wok = NULL;
@@ -82,20 +79,16 @@ int lrmoe_exec_ctx_weights(lrmoe_exec_ctx_t *c, const lrmoe_weights_t *w)
     return 0;
 }
 
-/* A raw weights file is mapped (no copy: lib/weights_map.h), its digests
- * checked on the -@ threads (0: every CPU this process may run on);
- * anything else is read. */
+/* A raw weights file is mapped (no copy: lib/weights_map.h), each frame's
+ * digest record checked at its first use (frame_weights) on the -@ threads
+ * (0: every CPU this process may run on); anything else is read. */
 static int load_weights(lrmoe_exec_ctx_t *c)
 {
     if (c->w) return 0;
     if (!c->weights_path) return lrmoe_err("weights: none given");
-    lrmoe_wmap_t m;
-    if (lrmoe_weights_map(c->weights_path, &c->w_own, &m, c->o.cfg.threads)) {
-        c->wmap_base = m.base;
-        c->wmap_len = m.len;
-    } else if (lrmoe_weights_load(c->weights_path, &c->w_own) < 0) {
+    if (!lrmoe_weights_map(c->weights_path, &c->w_own, &c->wmap, c->o.cfg.threads) &&
+        lrmoe_weights_load(c->weights_path, &c->w_own) < 0)
         return lrmoe_err_prefix("%s", c->weights_path);
-    }
     c->w = &c->w_own;
     return 0;
 }
@@ -407,6 +400,7 @@ static int frame_weights(lrmoe_exec_ctx_t *c, int64_t layer, lrmoe_exec_weights_
     const lrmoe_frame_t *wf = lrmoe_weights_layer(c->w, layer);
     if (!wf) return lrmoe_err("weights: no frame for layer %lld", (long long)layer);
     *wi = (int)(wf - c->w->frames);
+    if (c->w == &c->w_own && lrmoe_weights_map_check(&c->wmap, *wi) < 0) return -1;
     lrmoe_tensor_t *wg = lrmoe_frame_need(wf, "w_gate"), *wu = lrmoe_frame_need(wf, "w_up"),
                    *wd = lrmoe_frame_need(wf, "w_down");
     if (!wg || !wu || !wd) return lrmoe_err_prefix("weights layer %lld", (long long)layer);
@@ -913,7 +907,7 @@ static int exec_frame(lrmoe_exec_ctx_t *c, lrmoe_frame_t *f, lrmoe_frame_t *sp)
     }
     if (!rc) /* how the weights came in: mapped (a raw file), read, or the caller's */
         rc = lrmoe_frame_set_attr(f, "exec.weights", c->w != &c->w_own ? "given"
-                                                     : c->wmap_base ? "mapped" : "read");
+                                                     : c->wmap.base ? "mapped" : "read");
 out:
     lrmoe_plan_free(&plan);
     return rc;

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include "exec.h"
 #include "lrmoe.h"
+#include "weights_map.h"
 
 typedef struct {
     int backward;            /* 0: forward, 1: backward */
@@ -54,9 +55,9 @@ typedef struct {
      * job and every frame is spread over its processes (lib/exec_mpi.h) */
     struct lrmoe_exec_mpi *mpi;
     /* a raw weights file is mapped, not read (w_own then borrows from it;
-     * lib/weights_map.h): the mapping, NULL when none */
-    void *wmap_base;
-    size_t wmap_len;
+     * lib/weights_map.h): the mapping (base NULL when none), each frame's
+     * digest record checked at the frame's first use */
+    lrmoe_wmap_t wmap;
     /* experts whose weights were checked finite: (w->n, wok_E) flags, each
      * expert checked once, the first time a frame routes pairs to it */
     uint8_t *wok;

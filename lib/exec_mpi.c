@@ -283,8 +283,8 @@ static void layers_free(lrmoe_exec_mpi_t *m)
 /* Ranks > 0, first job: every layer of the weights stream, native experts
  * only (the others are never read: replicas come from the owner by p2p).
  * A raw file is mapped, as rank 0 maps it (lib/weights_map.h: no copy of
- * the whole stream, its digest records checked on the -@ threads), else
- * read. */
+ * the whole stream, each frame's digest record checked on the -@ threads
+ * before the frame is used), else read. */
 static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite, int threads)
 {
     lrmoe_weights_t W;
@@ -299,6 +299,7 @@ static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite, int threads)
     }
     static const char *nm[3] = {"w_gate", "w_up", "w_down"};
     for (int i = 0; i < W.n && !rc; i++) {
+        if (mapped && lrmoe_weights_map_check(&wm, i) < 0) { rc = -1; break; }
         struct lrmoe_exec_mpi_layer *L = &m->layers[m->nlayers++];
         L->layer = W.layer[i];
         lrmoe_tensor_t *t[3];

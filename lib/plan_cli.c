@@ -245,6 +245,10 @@ static int from_weights(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, said_
     if (!wf)
         return lrmoe_err("--weights %s: no frame for layer %lld", c->weights_path,
                          (long long)layer);
+    /* the frame's digest record, checked at its first use (a mapped file:
+     * the layers no frame names are not read) */
+    if (lrmoe_weights_map_check(&c->wmap, (int)(wf - c->w->frames)) < 0)
+        return lrmoe_err_prefix("--weights");
     said_t wd = {0}, wfn = {0};
     from_tensor(&wd, wf, "w_gate", 3, 2);
     from_tensor(&wd, wf, "w_up", 3, 2);

@@ -1,34 +1,62 @@
 /* A raw (uncompressed) weights stream in a regular file, mapped instead of
  * read: its layer frames' tensors point into the read-only mapping, so a
- * process faults in only the experts it multiplies, from the page cache,
- * with no copy and no page zeroing (lrmoe-exec(1), PERFORMANCE). */
+ * process reads only the layers it uses (each whole, for its digest
+ * record), from the page cache, with no copy and no page zeroing
+ * (lrmoe-exec(1), PERFORMANCE). */
 #ifndef LRMOE_WEIGHTS_MAP_H
 #define LRMOE_WEIGHTS_MAP_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "crc64_par.h"
 #include "lrmoe.h"
+
+/* A frame's digest record, checked the first time the frame is used. */
+typedef struct {
+    size_t off, len;     /* the bytes it covers: the frame (header length, header, data) */
+    uint64_t digest, got; /* the record's; the frame's, once checked */
+    unsigned char kind;  /* 0 none, 1 CRC-64, 2 XXH64 */
+    unsigned char state; /* 0 unchecked, 1 matches, 2 does not */
+} lrmoe_wmap_rec_t;
 
 typedef struct {
     void *base;      /* the mapping, NULL when none */
     size_t len;
+    int n;           /* frames, as in the lrmoe_weights_t mapped with it */
+    lrmoe_wmap_rec_t *rec;
+    int threads;     /* lrmoe_crc64_par's threads and piece for the checks */
+    size_t piece;
+    char *path;      /* for the checks' errors */
 } lrmoe_wmap_t;
 
 /* 1: PATH was mapped and *w holds its layer frames (their tensor data
  * borrowed from *m); 0: not mappable (a pipe, "-", zstd, a misaligned tensor,
- * anything the mapping parser does not accept exactly, a digest that does
- * not match): *w and *m are empty and the caller reads the stream with
- * lrmoe_weights_load, which reports what is wrong with it. Never -1.
- * Each frame's CRC-64 record is checked on up to `threads` threads
- * (lrmoe_crc64_par: <= 0, the CPUs this process may run on; at most 64),
- * a piece of at least LRMOE_WMAP_PIECE bytes each; an XXH64 record (one
- * sequential hash) on one. */
+ * anything the mapping parser does not accept exactly): *w and *m are empty
+ * and the caller reads the stream with lrmoe_weights_load, which reports
+ * what is wrong with it. Never -1.
+ * Only the frames' headers (and digest records) are read here: a frame's
+ * data is read, and its digest record checked, when the frame is first
+ * used, so that a process that uses one layer of a model's many reads
+ * that layer alone. Every caller
+ * calls lrmoe_weights_map_check(m, i) before it reads anything of frame i
+ * (its header's shapes included), in a stream without digest records too.
+ * The CRC-64 records are checked on up to
+ * `threads` threads (lrmoe_crc64_par: <= 0, the CPUs this process may run
+ * on; at most 64), a piece of at least LRMOE_WMAP_PIECE bytes each; an XXH64
+ * record (one sequential hash) on one. */
 #define LRMOE_WMAP_PIECE LRMOE_CRC64_PIECE
 int lrmoe_weights_map(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m, int threads);
 /* The same with pieces of at least `piece` bytes (tests: many pieces on
  * small files). */
 int lrmoe_weights_map_pieces(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m, int threads,
                              size_t piece);
+/* Frame i's first use: its digest record checked once (later calls
+ * answer the first call's verdict without reading the frame again), and
+ * its bytes read ahead from then on as a file's usually are (the mapping's
+ * other bytes are not: MADV_RANDOM). 0 when the record matches or the
+ * stream has none (or m maps nothing), else -1 with the error the stream
+ * reader gives, "PATH: frame I: digest mismatch: ...". */
+int lrmoe_weights_map_check(const lrmoe_wmap_t *m, int i);
 /* Frees w's frames without freeing the borrowed data, then unmaps. */
 void lrmoe_weights_unmap(lrmoe_weights_t *w, lrmoe_wmap_t *m);
 

@@ -676,6 +676,49 @@ import os; p = '$D/$k.lrm'; n = os.path.getsize(p); f = open(p, 'r+b'); f.seek(n
     done
 }
 
+@test "exec: a mapped weights file is read a layer at a time: a frame's process reads and checks only its layer's weights, a flipped bit in another layer is not its error" {
+    # four layers of 9.4 MB (E=8 D=512 F=384 BF16); the input: frames of
+    # layers 0..3, and one frame of layer 3 alone
+    "$BIN/lrmoe-gen" --experts 8 --topk 2 --hidden 512 --ffn 384 --layers 4 --tokens 64 \
+        --seed 4 --weights "$D/w.lrm" --no-compress | "$BIN/lrmoe-route" -k 2 --no-compress > "$D/r.lrm"
+    pyedit "f=read_stream('$D/r.lrm', True); assert [a['layer'] for _, a, _ in f] == ['0', '1', '2', '3']
+write_stream('$D/r3.lrm', f[3:])"
+    "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress -o "$D/o.lrm" "$D/r.lrm"
+    # which frames of the weights the layer-3 process read: none of layers
+    # 0 and 1 (their header pages only: the mapping reads no data around a
+    # header, and a used frame's read-around reaches at most 4 MiB before
+    # it), all of layer 3; the old eager check read all four
+    run python3 "$HELP/resident.py" evict "$D/w.lrm"
+    [ "$output" = 0.000 ] || skip "this filesystem keeps the file's pages cached after POSIX_FADV_DONTNEED (resident fraction $output): cannot see which frames a process reads"
+    "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress -o "$D/o3.lrm" "$D/r3.lrm"
+    run python3 "$HELP/resident.py" frames "$D/w.lrm"
+    echo "$output"
+    assert_line --regexp "^frame 0 0\.0[0-4][0-9]$"
+    assert_line --regexp "^frame 1 0\.0[0-4][0-9]$"
+    assert_line "frame 3 1.000"
+    # the same outputs as the four-frame run's last frame
+    run pyedit "a=read_stream('$D/o.lrm')[3]; b=read_stream('$D/o3.lrm')[0]
+assert b[1]['exec.weights'] == 'mapped'
+assert all(a[0][k].tobytes() == b[0][k].tobytes() for k in a[0]); print('same')"
+    assert_output same
+    # a bit flipped in layer 1's data: layer 3's frame runs (same bits),
+    # the four-frame stream fails at its frame 1 naming weights frame 1
+    local at
+    at=$(python3 -c "
+import sys; sys.path.insert(0, '$HELP'); import resident
+a, e = resident.frames('$D/w.lrm')[1]; print((a + e) // 2)")
+    python3 -c "
+f = open('$D/w.lrm', 'r+b'); f.seek($at); b = f.read(1); f.seek($at); f.write(bytes([b[0] ^ 4]))"
+    "$EXEC" --phase forward --weights "$D/w.lrm" --no-compress -o "$D/o3b.lrm" "$D/r3.lrm"
+    run pyedit "a=read_stream('$D/o3.lrm')[0]; b=read_stream('$D/o3b.lrm')[0]
+assert all(a[0][k].tobytes() == b[0][k].tobytes() for k in a[0]); print('same')"
+    assert_output same
+    run sh -c "'$EXEC' --phase forward --weights '$D/w.lrm' --no-compress '$D/r.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    assert_output --regexp "lrmoe-exec: frame 1: .*$D/w.lrm: frame 1: digest mismatch: the frame's CRC-64 is"
+    no_trailer "$D/o.lrm"
+}
+
 @test "exec: a mapped weights file's CRC-64 records are checked on the -@ threads: every cut into pieces verifies, a flipped bit in any piece is refused naming the frame" {
     # the library: threads 1, 2, 3, 7 and pieces from 1 byte up, every
     # tensor of a three-frame file (CRC-64 records, then XXH64 ones) flipped

@@ -110,6 +110,17 @@ no_trailer() {
     assert_failure 1
     assert_equal "$stderr" "lrmoe-plan: frame 1: --weights $T/w1.lrm: no frame for layer 1"
     no_trailer "$T/p.lrm"
+    # a bit flipped in layer 1's weights: a mapped file's frames are checked
+    # when a frame first takes its D and F from them, so frame 0 (layer 0)
+    # is planned and frame 1 fails naming the weights' frame 1
+    cp "$T/w.lrm" "$T/wb.lrm"
+    python3 -c "
+import sys, resident; a, e = resident.frames(sys.argv[1])[1]; f = open(sys.argv[1], 'r+b')
+f.seek(e - 8); b = f.read(1); f.seek(e - 8); f.write(bytes([b[0] ^ 4]))" "$T/wb.lrm"
+    run --separate-stderr "$BIN/lrmoe-plan" --ranks 4 --weights "$T/wb.lrm" -o "$T/p.lrm" "$T/bare.lrm"
+    assert_failure 1
+    assert_regex "$stderr" "^lrmoe-plan: frame 1: --weights: $T/wb.lrm: frame 1: digest mismatch: the frame's CRC-64 is [0-9a-f]{16}, its digest record says [0-9a-f]{16} \\(the stream changed after it was written\\)$"
+    no_trailer "$T/p.lrm"
     # a weights file that is not there: exit 1 before any frame
     run --separate-stderr "$BIN/lrmoe-plan" --ranks 4 --weights "$T/nope.lrm" -o "$T/p.lrm" "$T/r.lrm"
     assert_failure 1

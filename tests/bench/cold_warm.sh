@@ -25,7 +25,8 @@
 # reporting is on.
 # The floor (first_touch.c) is printed under the table, and what mapping the
 # weights and checking their digest records costs a process (wmap_check.c:
-# one thread against lrmoe-exec's default -@ 0, every CPU it may run on).
+# one thread against lrmoe-exec's default -@ 0, every CPU it may run on),
+# and mapping alone (a layer no frame uses is not checked, not read).
 # Usage: tests/bench/cold_warm.sh   env TOKENS (default "1024 2048 4096";
 #   BENCH_QUICK=1: "512"), REPS (default 3), PHASES (default "forward backward"),
 #   LRMOE_THP=1 or 0 (passed on: huge or 4 KiB pages for the big buffers).
@@ -161,6 +162,10 @@ if wm:
           f"{a:.3f} s ({min(x[0] for x in wm):.3f}-{max(x[0] for x in wm):.3f}), "
           f"{sys.argv[6]} CPUs (-@ 0) {b:.3f} s ({min(x[1] for x in wm):.3f}-{max(x[1] for x in wm):.3f}); "
           f"ratio {b / a:.2f}")
+    if all(len(x) > 2 for x in wm):
+        c = med(x[2] for x in wm)
+        print(f"weights map alone (the headers: what a layer no frame uses costs a process) {c:.4f} s "
+              f"({min(x[2] for x in wm):.4f}-{max(x[2] for x in wm):.4f})")
 print()
 print("cold_s/warm_s: layer CPU of a one-frame process' frame / of a two-frame process' second frame;")
 print("proc_cold_s: user+sys of the one-frame process; proc_2nd_s: what its second frame adds;")

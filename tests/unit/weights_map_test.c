@@ -1,16 +1,19 @@
 /* weights_map_test: a mapped weights stream's digest records are checked
  * whatever the threads and pieces (lib/weights_map.c: each frame's CRC-64
- * cut into pieces hashed on several threads and combined). On a raw
- * weights stream of three layer frames (w_gate, w_up, w_down of random
+ * cut into pieces hashed on several threads and combined), each frame's
+ * at its first use (lrmoe_weights_map_check) and that frame's alone. On a
+ * raw weights stream of three layer frames (w_gate, w_up, w_down of random
  * BF16 bits, E=4 F=24 D=40 and one frame of E=5), written here with CRC-64
  * records and again with XXH64 ones (hashed on one thread), for threads 1,
  * 2, 3, 7 and pieces of at least 1 byte, 4 KiB, 64 KiB and the library's
  * default:
- *   intact: mapped, every tensor where the sequential check put it;
+ *   intact: mapped, every tensor where the sequential check put it, every
+ *   frame's check passes;
  *   one bit flipped in a tensor's data (its first, middle and last byte and
  *   five more at random, every tensor of every frame, in a copy of FILE):
- *   not mapped (the caller then reads the stream, whose reader names the
- *   frame).
+ *   mapped (the headers are intact); the check of the frame holding the
+ *   byte fails, twice (the verdict is kept), with the reader's error naming
+ *   the file and that frame; the other frames' checks pass.
  *   weights_map_test DIR   (DIR: where the streams are written)
  * prints the cases per setting and "weights_map: N cases, F failed". */
 #include <fcntl.h>
@@ -144,8 +147,11 @@ static int run(const char *path, const char *copy, const char *what, int *pcases
                         same = (const char *)w.frames[i].tensors[j]->data - (const char *)m.base ==
                                (const char *)w0.frames[i].tensors[j]->data -
                                    (const char *)m0.base;
+                for (int i = 0; same && i < w.n; i++)
+                    same = lrmoe_weights_map_check(&m, i) == 0;
                 if (!same) {
-                    printf("FAIL %s threads %d piece %zu: tensors elsewhere\n", what, th, pc);
+                    printf("FAIL %s threads %d piece %zu: tensors elsewhere, or an intact "
+                           "frame refused\n", what, th, pc);
                     failed++;
                 }
                 lrmoe_weights_unmap(&w, &m);
@@ -156,14 +162,46 @@ static int run(const char *path, const char *copy, const char *what, int *pcases
                                                       : (size_t)(rnd() % len[t]));
                     if (flip(copy, at) < 0) { perror("weights_map_test"); return -1; }
                     cases++;
-                    int r = lrmoe_weights_map_pieces(copy, &w, &m, th, pc);
-                    if (r != 0) {
-                        if (failed - f0 < 5)
-                            printf("FAIL %s threads %d piece %zu: a bit of byte %zu flipped, "
-                                   "mapped anyway\n", what, th, pc, at);
-                        failed++;
-                        if (r == 1) lrmoe_weights_unmap(&w, &m);
+                    int r = lrmoe_weights_map_pieces(copy, &w, &m, th, pc), bad = 0;
+                    char why[256] = "";
+                    if (r != 1) {
+                        snprintf(why, sizeof why, "not mapped");
+                        bad = 1;
                     }
+                    for (int i = 0; !bad && i < w.n; i++) {
+                        /* the frame holding byte `at`: its tensors' span */
+                        const char *b0 = (const char *)m.base;
+                        size_t lo = (size_t)((const char *)w.frames[i].tensors[0]->data - b0),
+                               hi = lo;
+                        for (int j = 0; j < w.frames[i].ntensors; j++) {
+                            const lrmoe_tensor_t *x = w.frames[i].tensors[j];
+                            size_t o = (size_t)((const char *)x->data - b0),
+                                   e = o + (size_t)lrmoe_tensor_numel(x) * lrmoe_dtype_size(x->dtype);
+                            if (o < lo) lo = o;
+                            if (e > hi) hi = e;
+                        }
+                        const int holds = at >= lo && at < hi;
+                        char want[4096 + 64];
+                        snprintf(want, sizeof want, "%s: frame %d: digest mismatch: ", copy, i);
+                        for (int twice = 0; twice < 2 && !bad; twice++) {
+                            int c = lrmoe_weights_map_check(&m, i);
+                            if (holds && (c != -1 || strncmp(lrmoe_errmsg(), want, strlen(want)))) {
+                                snprintf(why, sizeof why, "frame %d's check (call %d): %d, '%.120s'",
+                                         i, twice + 1, c, c ? lrmoe_errmsg() : "");
+                                bad = 1;
+                            } else if (!holds && c != 0) {
+                                snprintf(why, sizeof why, "frame %d (intact) refused", i);
+                                bad = 1;
+                            }
+                        }
+                    }
+                    if (bad) {
+                        if (failed - f0 < 5)
+                            printf("FAIL %s threads %d piece %zu: a bit of byte %zu flipped: %s\n",
+                                   what, th, pc, at, why);
+                        failed++;
+                    }
+                    if (r == 1) lrmoe_weights_unmap(&w, &m);
                     if (flip(copy, at) < 0) { perror("weights_map_test"); return -1; }
                 }
             printf("%s threads %d piece %zu: %d cases, %d failed\n", what, th, pc, cases - c0,
