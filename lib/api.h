@@ -57,10 +57,12 @@ int lrmoe_exec_run(lrmoe_exec_t *x, lrmoe_frame_t *f);
  * lrmoe-score(1) and lrmoe-pack(1) and their values as text (a flag:
  * value NULL); each run is the tool's work on one frame, by the same call.
  *   route: topk, router, renorm, scale, groups, topk-groups, threads, ranks,
- *          weights (a weights stream, read at the set), from-hidden,
- *          loads-only
- *   score: metric, select, drop, seed, threads, fidelity, weights (read at
- *          the set; only with fidelity); the n-th run of a handle seeds its
+ *          weights (a weights stream, opened at the set: a raw file
+ *          mapped, each layer's frame read and checked at the first run
+ *          that uses it, as the tools do; a compressed one read whole),
+ *          from-hidden, loads-only
+ *   score: metric, select, drop, seed, threads, fidelity, weights (opened
+ *          at the set, as route's; only with fidelity); the n-th run of a handle seeds its
  *          draw with seed + n, as lrmoe-score does frame n of a stream
  *          (frame N: the next run is frame N, the one after N + 1, ...)
  *   pack:  alloc, ranks, threads, strip, layout-only

@@ -12,18 +12,24 @@
 #include "route_frame.h"
 #include "score.h"
 #include "tools.h"
+#include "weights_map.h"
 
 /* -------------------------------------------------------------- common */
 
 static int is(const char *name, const char *want) { return !strcmp(name, want); }
 
-/* a weights stream for a handle: read now (a missing file fails at the set) */
-static int set_weights(lrmoe_weights_t *w, int *have, const char *path)
+/* a weights stream for a handle: opened now (a missing file fails at the
+ * set), mapped where it can be, a layer's frame checked at its first use
+ * (lib/weights_map.h) on `threads` threads */
+static int set_weights(lrmoe_weights_t *w, lrmoe_wmap_t *m, int *have, const char *path,
+                       int threads)
 {
     lrmoe_weights_t nw;
-    if (lrmoe_weights_load(path, &nw) < 0) return -1;
-    if (*have) lrmoe_weights_free(w);
+    lrmoe_wmap_t nm;
+    if (lrmoe_weights_open(path, &nw, &nm, threads) < 0) return -1;
+    if (*have) lrmoe_weights_close(w, m);
     *w = nw;
+    *m = nm;
     *have = 1;
     return 0;
 }
@@ -33,6 +39,7 @@ static int set_weights(lrmoe_weights_t *w, int *have, const char *path)
 struct lrmoe_route {
     lrmoe_route_frame_opts_t o;
     lrmoe_weights_t w;
+    lrmoe_wmap_t wm;
     int have_w;
 };
 
@@ -51,7 +58,7 @@ lrmoe_route_t *lrmoe_route_new(void)
 void lrmoe_route_free(lrmoe_route_t *r)
 {
     if (!r) return;
-    if (r->have_w) lrmoe_weights_free(&r->w);
+    if (r->have_w) lrmoe_weights_close(&r->w, &r->wm);
     free(r);
 }
 
@@ -90,8 +97,9 @@ int lrmoe_route_set(lrmoe_route_t *r, const char *name, const char *value)
     } else if (is(name, "loads-only")) {
         o.loads_only = 1;
     } else if (is(name, "weights")) {
-        if (set_weights(&r->w, &r->have_w, value) < 0) return -1;
+        if (set_weights(&r->w, &r->wm, &r->have_w, value, r->o.ro.threads) < 0) return -1;
         r->o.weights = &r->w;
+        r->o.weights_map = &r->wm;
         r->o.weights_name = "weights";
         return 0;
     }
@@ -115,6 +123,7 @@ int lrmoe_route_run(lrmoe_route_t *r, lrmoe_frame_t *f)
 struct lrmoe_score {
     lrmoe_score_opts_t o;
     lrmoe_weights_t w;
+    lrmoe_wmap_t wm;
     int have_w;
     uint64_t index;    /* frames scored: the seed's offset, as lrmoe-score's
                         * (one past the frame option's 2^63-1 is 2^63) */
@@ -134,7 +143,7 @@ lrmoe_score_t *lrmoe_score_new(void)
 void lrmoe_score_free(lrmoe_score_t *s)
 {
     if (!s) return;
-    if (s->have_w) lrmoe_weights_free(&s->w);
+    if (s->have_w) lrmoe_weights_close(&s->w, &s->wm);
     free(s);
 }
 
@@ -161,7 +170,7 @@ int lrmoe_score_set(lrmoe_score_t *s, const char *name, const char *value)
     } else if (is(name, "fidelity")) {
         o.fidelity = 1;
     } else if (is(name, "weights")) {
-        return set_weights(&s->w, &s->have_w, value);
+        return set_weights(&s->w, &s->wm, &s->have_w, value, s->o.threads);
     } else if (is(name, "frame")) { /* the next run's frame index (the seed's offset) */
         if (lrmoe_parse_i64("frame", value, 0, INT64_MAX, &v) < 0) return -1;
         s->index = (uint64_t)v;
@@ -177,7 +186,7 @@ int lrmoe_score_run(lrmoe_score_t *s, lrmoe_frame_t *f)
     if (!s || !f) return lrmoe_err("score: no handle or no frame");
     if (s->have_w && !s->o.fidelity)
         return lrmoe_err("score: weights are only read with fidelity");
-    if (lrmoe_score_frame_w(f, s->index, &s->o, s->have_w ? &s->w : NULL, NULL) < 0)
+    if (lrmoe_score_frame_w(f, s->index, &s->o, s->have_w ? &s->w : NULL, &s->wm, NULL) < 0)
         return -1;
     s->index++;
     return 0;
@@ -185,8 +194,9 @@ int lrmoe_score_run(lrmoe_score_t *s, lrmoe_frame_t *f)
 
 static const char *const wnames[3] = {"w_gate", "w_up", "w_down"};
 
-/* w's frame for f's layer put into f for lrmoe_score_frame's fidelity */
-static int add_weights(lrmoe_frame_t *f, const lrmoe_weights_t *w)
+/* w's frame for f's layer (checked at its first use, when w is mapped by
+ * m) put into f for lrmoe_score_frame's fidelity */
+static int add_weights(lrmoe_frame_t *f, const lrmoe_weights_t *w, const lrmoe_wmap_t *m)
 {
     int64_t layer = 0;
     if (lrmoe_frame_attr(f, "layer") && lrmoe_frame_attr_i64(f, "layer", &layer) < 0)
@@ -194,6 +204,8 @@ static int add_weights(lrmoe_frame_t *f, const lrmoe_weights_t *w)
     const lrmoe_frame_t *wf = lrmoe_weights_layer(w, layer);
     if (!wf)
         return lrmoe_err("--weights: no weights for layer %lld", (long long)layer);
+    if (lrmoe_weights_use(m, w, wf) < 0)
+        return lrmoe_err_prefix("--weights");
     for (int i = 0; i < 3; i++) {
         if (lrmoe_frame_get(f, wnames[i]))
             return lrmoe_err("--weights: the frame already has a tensor %s", wnames[i]);
@@ -208,10 +220,11 @@ static int add_weights(lrmoe_frame_t *f, const lrmoe_weights_t *w)
 }
 
 int lrmoe_score_frame_w(lrmoe_frame_t *f, uint64_t index, const lrmoe_score_opts_t *o,
-                        const lrmoe_weights_t *w, lrmoe_score_stats_t *st)
+                        const lrmoe_weights_t *w, const lrmoe_wmap_t *m,
+                        lrmoe_score_stats_t *st)
 {
     lrmoe_score_stats_t local;
-    if (w && add_weights(f, w) < 0)
+    if (w && add_weights(f, w, m) < 0)
         return -1;
     int rc = lrmoe_score_frame(f, index, o, st ? st : &local);
     if (w)

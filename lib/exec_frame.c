@@ -45,8 +45,7 @@ static void drop_f32(lrmoe_exec_ctx_t *c)
 static void drop_weights(lrmoe_exec_ctx_t *c)
 {
     if (c->w == &c->w_own) {
-        if (c->wmap.base) lrmoe_weights_unmap(&c->w_own, &c->wmap);
-        else lrmoe_weights_free(&c->w_own);
+        lrmoe_weights_close(&c->w_own, &c->wmap);
     }
     free(c->wok);
     c->wok = NULL;
@@ -86,8 +85,7 @@ static int load_weights(lrmoe_exec_ctx_t *c)
 {
     if (c->w) return 0;
     if (!c->weights_path) return lrmoe_err("weights: none given");
-    if (!lrmoe_weights_map(c->weights_path, &c->w_own, &c->wmap, c->o.cfg.threads) &&
-        lrmoe_weights_load(c->weights_path, &c->w_own) < 0)
+    if (lrmoe_weights_open(c->weights_path, &c->w_own, &c->wmap, c->o.cfg.threads) < 0)
         return lrmoe_err_prefix("%s", c->weights_path);
     c->w = &c->w_own;
     return 0;
@@ -400,7 +398,7 @@ static int frame_weights(lrmoe_exec_ctx_t *c, int64_t layer, lrmoe_exec_weights_
     const lrmoe_frame_t *wf = lrmoe_weights_layer(c->w, layer);
     if (!wf) return lrmoe_err("weights: no frame for layer %lld", (long long)layer);
     *wi = (int)(wf - c->w->frames);
-    if (c->w == &c->w_own && lrmoe_weights_map_check(&c->wmap, *wi) < 0) return -1;
+    if (c->w == &c->w_own && lrmoe_weights_use(&c->wmap, c->w, wf) < 0) return -1;
     lrmoe_tensor_t *wg = lrmoe_frame_need(wf, "w_gate"), *wu = lrmoe_frame_need(wf, "w_up"),
                    *wd = lrmoe_frame_need(wf, "w_down");
     if (!wg || !wu || !wd) return lrmoe_err_prefix("weights layer %lld", (long long)layer);

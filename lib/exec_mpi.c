@@ -289,17 +289,15 @@ static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite, int threads)
 {
     lrmoe_weights_t W;
     lrmoe_wmap_t wm;
-    const int mapped = lrmoe_weights_map(m->weights, &W, &wm, threads);
-    if (!mapped && lrmoe_weights_load(m->weights, &W) < 0) return -1;
+    if (lrmoe_weights_open(m->weights, &W, &wm, threads) < 0) return -1;
     int rc = 0;
     if (!(m->layers = calloc((size_t)(W.n ? W.n : 1), sizeof *m->layers))) {
-        if (mapped) lrmoe_weights_unmap(&W, &wm);
-        else lrmoe_weights_free(&W);
+        lrmoe_weights_close(&W, &wm);
         return lrmoe_err("out of memory");
     }
     static const char *nm[3] = {"w_gate", "w_up", "w_down"};
     for (int i = 0; i < W.n && !rc; i++) {
-        if (mapped && lrmoe_weights_map_check(&wm, i) < 0) { rc = -1; break; }
+        if (lrmoe_weights_use(&wm, &W, &W.frames[i]) < 0) { rc = -1; break; }
         struct lrmoe_exec_mpi_layer *L = &m->layers[m->nlayers++];
         L->layer = W.layer[i];
         lrmoe_tensor_t *t[3];
@@ -333,8 +331,7 @@ static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite, int threads)
             }
         }
     }
-    if (mapped) lrmoe_weights_unmap(&W, &wm);
-    else lrmoe_weights_free(&W);
+    lrmoe_weights_close(&W, &wm);
     return rc;
 }
 

@@ -21,10 +21,7 @@ void lrmoe_plan_cli_free(lrmoe_plan_cli_t *c)
 {
     if (!c->w)
         return;
-    if (c->wmap.base)
-        lrmoe_weights_unmap(c->w, &c->wmap);
-    else
-        lrmoe_weights_free(c->w);
+    lrmoe_weights_close(c->w, &c->wmap);
     free(c->w);
     c->w = NULL;
 }
@@ -37,8 +34,7 @@ int lrmoe_plan_cli_load(lrmoe_plan_cli_t *c)
     if (!w)
         return lrmoe_err("out of memory");
     /* the digests on every CPU this process may use (plan has no -@) */
-    if (!lrmoe_weights_map(c->weights_path, w, &c->wmap, 0) &&
-        lrmoe_weights_load(c->weights_path, w) < 0) {
+    if (lrmoe_weights_open(c->weights_path, w, &c->wmap, 0) < 0) {
         free(w);
         return lrmoe_err_prefix("--weights %s", c->weights_path);
     }
@@ -247,7 +243,7 @@ static int from_weights(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, said_
                          (long long)layer);
     /* the frame's digest record, checked at its first use (a mapped file:
      * the layers no frame names are not read) */
-    if (lrmoe_weights_map_check(&c->wmap, (int)(wf - c->w->frames)) < 0)
+    if (lrmoe_weights_use(&c->wmap, c->w, wf) < 0)
         return lrmoe_err_prefix("--weights");
     said_t wd = {0}, wfn = {0};
     from_tensor(&wd, wf, "w_gate", 3, 2);

@@ -28,7 +28,8 @@ static int pick_k(const lrmoe_frame_t *f, const lrmoe_route_frame_opts_t *o,
     return 0;
 }
 
-/* The weights frame for this frame's layer (NULL with error). */
+/* The weights frame for this frame's layer (NULL with error), checked at
+ * its first use when the weights are mapped. */
 static const lrmoe_frame_t *weights_for(const lrmoe_route_frame_opts_t *o,
                                         const lrmoe_frame_t *f)
 {
@@ -36,17 +37,19 @@ static const lrmoe_frame_t *weights_for(const lrmoe_route_frame_opts_t *o,
     int rc = lrmoe_frame_attr_i64(f, "layer", &layer);
     if (rc < 0)
         return NULL;
+    const lrmoe_frame_t *wf = NULL;
     if (rc == 0) {
-        if (o->weights->n == 1)
-            return &o->weights->frames[0];
-        lrmoe_err("no layer attribute, and %s holds %d layers", o->weights_name,
-                  o->weights->n);
+        if (o->weights->n != 1) {
+            lrmoe_err("no layer attribute, and %s holds %d layers", o->weights_name,
+                      o->weights->n);
+            return NULL;
+        }
+        wf = &o->weights->frames[0];
+    } else if (!(wf = lrmoe_weights_layer(o->weights, layer))) {
+        lrmoe_err("%s: no weights for layer %" PRId64, o->weights_name, layer);
         return NULL;
     }
-    const lrmoe_frame_t *wf = lrmoe_weights_layer(o->weights, layer);
-    if (!wf)
-        lrmoe_err("%s: no weights for layer %" PRId64, o->weights_name, layer);
-    return wf;
+    return lrmoe_weights_use(o->weights_map, o->weights, wf) < 0 ? NULL : wf;
 }
 
 /* The logits to route, [T,E]: router_logits as they are, or hidden x

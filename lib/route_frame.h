@@ -12,6 +12,7 @@
 
 #include "lrmoe.h"
 #include "route.h"
+#include "weights_map.h"
 
 typedef struct {
     lrmoe_route_opts_t ro;   /* the router; ro.k is K when k_given or the
@@ -22,6 +23,9 @@ typedef struct {
                                 attributes (route.hidden, route.tokens added) */
     int64_t ranks;           /* > 0: rank_load and route.rank_* under plain EP */
     const lrmoe_weights_t *weights; /* router_weight, expert_bias per layer, or NULL */
+    const lrmoe_wmap_t *weights_map; /* the mapping of weights (each layer's
+                                        frame checked at its first use), or
+                                        NULL: read whole */
     const char *weights_name;       /* the weights' name in messages */
 } lrmoe_route_frame_opts_t;
 

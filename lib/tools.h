@@ -10,6 +10,7 @@
 #include "lrmoe.h"
 #include "parse.h"
 #include "score.h"
+#include "weights_map.h"
 
 /* ---------------------------------------------------------------- streams and tables
  * (lib/cli.c, lib/stream.c; moved out of lrmoe.h with API 2, lrmoe(3)) */
@@ -112,10 +113,12 @@ int64_t lrmoe_filter_run_hooks(const char *in, const char *out, const lrmoe_wopt
 
 /* lrmoe_score_frame with the layer's w_gate, w_up and w_down taken from w
  * (lrmoe-score --weights, for --fidelity's dW_gate, dW_up and dx; w NULL:
- * lrmoe_score_frame itself) and removed again; st may be NULL
- * (lib/api_stage.c, which the score handle runs too). */
+ * lrmoe_score_frame itself) and removed again; the layer's frame checked
+ * at its first use when m maps w (lib/weights_map.h; m NULL: w was read);
+ * st may be NULL (lib/api_stage.c, which the score handle runs too). */
 int lrmoe_score_frame_w(lrmoe_frame_t *f, uint64_t index, const lrmoe_score_opts_t *o,
-                        const lrmoe_weights_t *w, lrmoe_score_stats_t *st);
+                        const lrmoe_weights_t *w, const lrmoe_wmap_t *m,
+                        lrmoe_score_stats_t *st);
 
 /* A tool's failure: "prog: <the library's error>" on standard error, and
  * code, the exit status to return (the tools print; the library does not). */

@@ -257,3 +257,23 @@ void lrmoe_weights_unmap(lrmoe_weights_t *w, lrmoe_wmap_t *m)
     free(m->path);
     memset(m, 0, sizeof *m);
 }
+
+int lrmoe_weights_open(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m, int threads)
+{
+    if (lrmoe_weights_map(path, w, m, threads)) return 0;
+    return lrmoe_weights_load(path, w);
+}
+
+void lrmoe_weights_close(lrmoe_weights_t *w, lrmoe_wmap_t *m)
+{
+    if (m->base) lrmoe_weights_unmap(w, m);
+    else lrmoe_weights_free(w);
+    memset(w, 0, sizeof *w);
+    memset(m, 0, sizeof *m);
+}
+
+int lrmoe_weights_use(const lrmoe_wmap_t *m, const lrmoe_weights_t *w, const lrmoe_frame_t *wf)
+{
+    if (!m || !m->base || !wf) return 0;
+    return lrmoe_weights_map_check(m, (int)(wf - w->frames));
+}

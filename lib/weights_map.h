@@ -60,4 +60,15 @@ int lrmoe_weights_map_check(const lrmoe_wmap_t *m, int i);
 /* Frees w's frames without freeing the borrowed data, then unmaps. */
 void lrmoe_weights_unmap(lrmoe_weights_t *w, lrmoe_wmap_t *m);
 
+/* A process's weights stream, as every tool and handle opens it: PATH
+ * mapped where it can be (lrmoe_weights_map), else read whole and checked
+ * (lrmoe_weights_load; m then maps nothing). 0, or -1 with the reader's
+ * error. */
+int lrmoe_weights_open(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m, int threads);
+/* lrmoe_weights_unmap or lrmoe_weights_free, as opened; w and m empty. */
+void lrmoe_weights_close(lrmoe_weights_t *w, lrmoe_wmap_t *m);
+/* Before anything of frame wf (one of w's) is read: lrmoe_weights_map_check
+ * of its index when w is mapped by m (m NULL or mapping nothing: 0). */
+int lrmoe_weights_use(const lrmoe_wmap_t *m, const lrmoe_weights_t *w, const lrmoe_frame_t *wf);
+
 #endif

@@ -54,6 +54,7 @@ typedef struct {
     int verbose;
     int noted_k, noted_bias; /* each note once */
     lrmoe_weights_t w;
+    lrmoe_wmap_t wm;      /* w's mapping (a raw file), base NULL: read */
     FILE *stats;
 } ctx_t;
 
@@ -214,11 +215,12 @@ int main(int argc, char **argv)
     }
     const char *in = optind < argc ? argv[optind] : "-";
     if (c.o.weights_name) {
-        if (lrmoe_weights_load(c.o.weights_name, &c.w) < 0) {
+        if (lrmoe_weights_open(c.o.weights_name, &c.w, &c.wm, c.o.ro.threads) < 0) {
             fprintf(stderr, "lrmoe-route: %s\n", lrmoe_errmsg());
             return 1;
         }
         c.o.weights = &c.w;
+        c.o.weights_map = &c.wm;
     }
     lrmoe_filter_t run = {.in = in, .io = &io, .stats_path = stats_path,
                           .stats_header = stats_header, .stats = &c.stats,
@@ -227,6 +229,6 @@ int main(int argc, char **argv)
     if (rc)
         fprintf(stderr, "lrmoe-route: %s\n", lrmoe_errmsg());
     if (c.o.weights)
-        lrmoe_weights_free(&c.w);
+        lrmoe_weights_close(&c.w, &c.wm);
     return rc;
 }

@@ -51,6 +51,7 @@ typedef struct {
     int verbose;
     FILE *stats;
     lrmoe_weights_t *w;   /* --weights (with --fidelity), or NULL */
+    lrmoe_wmap_t wm;      /* its mapping (a raw file), base NULL: read */
 } ctx_t;
 
 /* The --stats table's header, a column per value of its rows */
@@ -64,7 +65,7 @@ static int on_frame(lrmoe_frame_t *f, int64_t index, void *vctx)
 {
     ctx_t *c = vctx;
     lrmoe_score_stats_t st;
-    if (lrmoe_score_frame_w(f, index, &c->o, c->w, &st) < 0)
+    if (lrmoe_score_frame_w(f, index, &c->o, c->w, &c->wm, &st) < 0)
         return -1;
     if (c->verbose) {
         fprintf(stderr, "lrmoe-score: frame %lld: %s kept %lld/%lld (%.4f), "
@@ -128,6 +129,7 @@ int main(int argc, char **argv)
     const char *stats_path = NULL, *weights_path = NULL;
     lrmoe_weights_t wts;
     c.w = NULL;
+    memset(&c.wm, 0, sizeof c.wm);
     int ch;
     int64_t seed;
     while ((ch = getopt_long(argc, argv, LRMOE_STREAM_SHORTOPTS "m:S:vhV",
@@ -176,7 +178,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (weights_path) {
-        if (lrmoe_weights_load(weights_path, &wts) < 0) {
+        if (lrmoe_weights_open(weights_path, &wts, &c.wm, c.o.threads) < 0) {
             fprintf(stderr, "lrmoe-score: --weights %s: %s\n", weights_path, lrmoe_errmsg());
             return 1;
         }
@@ -192,7 +194,7 @@ int main(int argc, char **argv)
     if (rc)
         fprintf(stderr, "lrmoe-score: %s\n", lrmoe_errmsg());
     if (c.w)
-        lrmoe_weights_free(c.w);
+        lrmoe_weights_close(c.w, &c.wm);
     return rc;
 bad:
     fprintf(stderr, "lrmoe-score: %s\n", lrmoe_errmsg());

@@ -200,6 +200,40 @@ EOF
     route_check "$T/both.lrm" -k 4 -w "$T/w.lrm" --from-hidden
 }
 
+@test "route: a raw --weights file is mapped, each layer's frame checked at its first use: a flipped bit in a layer no frame uses is not an error, in one that a frame uses is that frame's" {
+    local H="$BATS_TEST_DIRNAME/helpers"
+    python3 "$REF" genw "$T/w0.lrm" --experts 16 --dim 24 --layers 2 --bias
+    "$BIN/lrmoe-cat" --no-compress -o "$T/w.lrm" "$T/w0.lrm"   # with CRC-64 records
+    gen "$T/g.lrm" --tokens 100 --experts 16 --hidden 24 --frames 3 --seed 12
+    # frames of layers 0, 0 and 1; and the first two alone
+    python3 -c "
+import sys; sys.path.insert(0, '$H'); from lrmoe_stream import read_stream, write_stream
+fr = [(t, {**a, 'layer': l}) for (t, a), l in zip(read_stream('$T/g.lrm'), ['0', '0', '1'])]
+write_stream('$T/in.lrm', fr); write_stream('$T/in0.lrm', fr[:2])"
+    "$BIN/lrmoe-route" -k 4 -w "$T/w.lrm" -o "$T/ok.lrm" "$T/in.lrm"
+    # a bit of layer 1's frame (its last tensor's data) flipped
+    cp "$T/w.lrm" "$T/wb.lrm"
+    python3 -c "
+import sys; sys.path.insert(0, '$H'); import resident
+a, e = resident.frames('$T/wb.lrm')[1]; f = open('$T/wb.lrm', 'r+b')
+f.seek(e - 4); b = f.read(1); f.seek(e - 4); f.write(bytes([b[0] ^ 4]))"
+    run "$BIN/lrmoe-route" -k 4 -w "$T/wb.lrm" -o "$T/o0.lrm" "$T/in0.lrm"
+    assert_success
+    run python3 -c "
+import sys; sys.path.insert(0, '$H'); from lrmoe_stream import read_stream
+a, b = read_stream('$T/ok.lrm'), read_stream('$T/o0.lrm')
+assert len(b) == 2 and all(a[i][0][k].tobytes() == b[i][0][k].tobytes() for i in range(2) for k in b[i][0])
+print('same')"
+    assert_output same
+    run "$BIN/lrmoe-route" -k 4 -w "$T/wb.lrm" -o "$T/o.lrm" "$T/in.lrm"
+    assert_failure 1
+    assert_output --regexp "^lrmoe-route: frame 2: .*$T/wb.lrm: frame 1: digest mismatch: the frame's CRC-64 is"
+    # a zstd copy could only be read whole: the reader refuses the stream
+    run "$BIN/lrmoe-cat" -o "$T/wbz.lrm" "$T/wb.lrm"
+    assert_failure
+    assert_output --partial "frame 1: digest mismatch"
+}
+
 @test "route: zstd-compressed input and output" {
     gen "$T/in.lrm" --tokens 100 --experts 16 --seed 14
     "$BIN/lrmoe-route" -k 2 --no-compress -o "$T/raw.lrm" "$T/in.lrm"

@@ -361,6 +361,23 @@ for s in ('topk', 'sample'):
 print('ok')"
     assert_success
     assert_output "ok"
+    # a raw copy of the weights is mapped (its frame checked when first
+    # used): the same figures; a flipped bit in it is that frame's error
+    "$BIN/lrmoe-cat" --no-compress -o "$T/wr.lrm" "$T/w.lrm"
+    "$BIN/lrmoe-score" --select topk --fidelity --weights "$T/w.lrm" --no-compress -o "$T/s1.lrm" "$T/f.lrm"
+    "$BIN/lrmoe-score" --select topk --fidelity --weights "$T/wr.lrm" --no-compress -o "$T/s2.lrm" "$T/f.lrm"
+    run python3 -c "
+import sys; sys.path.insert(0, '$BATS_TEST_DIRNAME/helpers'); from lrmoe_stream import read_stream
+(a, x), = read_stream('$T/s1.lrm'); (b, y), = read_stream('$T/s2.lrm')
+assert all(a[k].tobytes() == b[k].tobytes() for k in a) and a.keys() == b.keys()
+f = {k: v for k, v in x.items() if k.startswith('score.fidelity.')}
+assert f and f == {k: v for k, v in y.items() if k.startswith('score.fidelity.')}; print('same')"
+    assert_output same
+    python3 -c "
+import os; p = '$T/wr.lrm'; n = os.path.getsize(p); f = open(p, 'r+b'); f.seek(n - 100); b = f.read(1); f.seek(n - 100); f.write(bytes([b[0] ^ 4]))"
+    run "$BIN/lrmoe-score" --select topk --fidelity --weights "$T/wr.lrm" -o "$T/s3.lrm" "$T/f.lrm"
+    assert_failure 1
+    assert_output --regexp "^lrmoe-score: frame 0: --weights: $T/wr.lrm: frame 0: digest mismatch: the frame's CRC-64 is"
     run "$BIN/lrmoe-score" --select topk --weights "$T/w.lrm" "$T/f.lrm"
     assert_failure 2
     assert_output --partial "--weights is only read with --fidelity"
