@@ -13,10 +13,15 @@
 #include "weights_map.h"
 
 struct lrmoe_exec_mpi_layer {
+    int loaded;            /* the fields below are set (a mapped stream: at the
+                            * first job of the layer) */
     int64_t layer, E, F, D;
     uint64_t digest;       /* of the whole w_gate, w_up, w_down (weights_digest) */
     lrmoe_dtype_t dtype;
-    void *w[3];            /* w_gate, w_up, w_down: global shape, native experts only */
+    const void *w[3];      /* w_gate, w_up, w_down: global shape; in the mapped
+                            * stream (all experts there), or a copy (owned)
+                            * holding the native experts only */
+    int owned;
     float *f32;            /* (E, 3*F*D) packed F32, native experts only; made at
                             * the first f32-compute job (bf16 compute needs none) */
 };
@@ -268,8 +273,14 @@ static int job_digest(lrmoe_exec_mpi_t *m, int64_t layer, const lrmoe_exec_dims_
 
 static void layers_free(lrmoe_exec_mpi_t *m)
 {
+    if (m->wsrc) {
+        lrmoe_weights_close(&m->wsrc->W, &m->wsrc->wm);
+        free(m->wsrc);
+        m->wsrc = NULL;
+    }
     for (int i = 0; i < m->nlayers; i++) {
-        for (int j = 0; j < 3; j++) free(m->layers[i].w[j]);
+        for (int j = 0; j < 3; j++)
+            if (m->layers[i].owned) free((void *)m->layers[i].w[j]);
         free(m->layers[i].f32);
     }
     free(m->layers);
@@ -280,58 +291,90 @@ static void layers_free(lrmoe_exec_mpi_t *m)
     m->ndigests = 0;
 }
 
-/* Ranks > 0, first job: every layer of the weights stream, native experts
- * only (the others are never read: replicas come from the owner by p2p).
- * A raw file is mapped, as rank 0 maps it (lib/weights_map.h: no copy of
- * the whole stream, each frame's digest record checked on the -@ threads
- * before the frame is used), else read. */
-static int layers_load(lrmoe_exec_mpi_t *m, int allow_nonfinite, int threads)
+/* Layer i of the open weights stream W (m->layers[i]): its shapes, the
+ * digest of all its experts (as rank 0 digests them) and its weights: in
+ * place when W is mapped (its frame's digest record checked first), else
+ * a copy of its native experts only (the others are never read: replicas
+ * come from the owner by p2p). */
+static int layer_load(lrmoe_exec_mpi_t *m, int i, int allow_nonfinite, int threads)
 {
-    lrmoe_weights_t W;
-    lrmoe_wmap_t wm;
-    if (lrmoe_weights_open(m->weights, &W, &wm, threads) < 0) return -1;
-    int rc = 0;
-    if (!(m->layers = calloc((size_t)(W.n ? W.n : 1), sizeof *m->layers))) {
-        lrmoe_weights_close(&W, &wm);
+    static const char *nm[3] = {"w_gate", "w_up", "w_down"};
+    const lrmoe_weights_t *W = &m->wsrc->W;
+    struct lrmoe_exec_mpi_layer *L = &m->layers[i];
+    for (int j = 0; j < 3; j++) { /* an earlier try that failed */
+        if (L->owned) free((void *)L->w[j]);
+        L->w[j] = NULL;
+    }
+    L->owned = 0;
+    if (lrmoe_weights_use(&m->wsrc->wm, W, &W->frames[i]) < 0) return -1;
+    lrmoe_tensor_t *t[3];
+    for (int j = 0; j < 3; j++)
+        if (!(t[j] = lrmoe_frame_need(&W->frames[i], nm[j])) || t[j]->ndim != 3)
+            return lrmoe_err("%s: layer %lld: %s missing or not 3-D", m->weights,
+                             (long long)L->layer, nm[j]);
+    L->E = t[0]->shape[0]; L->F = t[0]->shape[1]; L->D = t[0]->shape[2];
+    L->dtype = t[0]->dtype;
+    const size_t n = (size_t)(L->F * L->D), es = lrmoe_dtype_size(L->dtype);
+    for (int j = 0; j < 3; j++)
+        if (lrmoe_tensor_numel(t[j]) != L->E * (int64_t)n || t[j]->dtype != L->dtype)
+            return lrmoe_err("%s: layer %lld: w_gate, w_up, w_down differ in shape or dtype",
+                             m->weights, (long long)L->layer);
+    const void *wa[3] = {t[0]->data, t[1]->data, t[2]->data};
+    L->digest = weights_digest(wa, L->E, L->F, L->D, L->dtype, threads);
+    /* a mapped stream stays open: its tensors are used in place (no copy,
+     * no fresh pages); a read one is closed after the load: the native
+     * experts are copied */
+    const int copy = !m->wsrc->wm.base;
+    void *cw[3] = {NULL, NULL, NULL};
+    for (int j = 0; j < 3; j++) {
+        if (copy && !(cw[j] = calloc((size_t)L->E * n, es))) {
+            for (int k = 0; k < j; k++) free(cw[k]);
+            return lrmoe_err("out of memory");
+        }
+        L->w[j] = copy ? cw[j] : t[j]->data;
+    }
+    L->owned = copy;
+    for (int64_t e = 0; e < L->E; e++) {
+        if (L->E < m->P || lrmoe_exec_native(e, L->E, m->P) != m->rank) continue;
+        for (int j = 0; j < 3; j++) {
+            const char *s = (const char *)t[j]->data + (size_t)e * n * es;
+            if (!allow_nonfinite && lrmoe_exec_check_finite(L->dtype, s, n, nm[j]) < 0)
+                return lrmoe_err_prefix("%s: layer %lld: expert %lld", m->weights,
+                                        (long long)L->layer, (long long)e);
+            if (copy) memcpy((char *)cw[j] + (size_t)e * n * es, s, n * es);
+        }
+    }
+    L->loaded = 1;
+    return 0;
+}
+
+/* Ranks > 0, first job: the weights stream opened as rank 0 opens it
+ * (lib/weights_map.h). A raw file stays mapped, and each layer is loaded
+ * (layer_load) at its first job: a rank reads only the layers its jobs
+ * use. Any other stream is read whole, every layer loaded, and closed. */
+static int layers_open(lrmoe_exec_mpi_t *m, int allow_nonfinite, int threads)
+{
+    if (!(m->wsrc = calloc(1, sizeof *m->wsrc))) return lrmoe_err("out of memory");
+    if (lrmoe_weights_open(m->weights, &m->wsrc->W, &m->wsrc->wm, threads) < 0) {
+        free(m->wsrc);
+        m->wsrc = NULL;
+        return -1;
+    }
+    const lrmoe_weights_t *W = &m->wsrc->W;
+    if (!(m->layers = calloc((size_t)(W->n ? W->n : 1), sizeof *m->layers))) {
+        lrmoe_weights_close(&m->wsrc->W, &m->wsrc->wm);
+        free(m->wsrc);
+        m->wsrc = NULL;
         return lrmoe_err("out of memory");
     }
-    static const char *nm[3] = {"w_gate", "w_up", "w_down"};
-    for (int i = 0; i < W.n && !rc; i++) {
-        if (lrmoe_weights_use(&wm, &W, &W.frames[i]) < 0) { rc = -1; break; }
-        struct lrmoe_exec_mpi_layer *L = &m->layers[m->nlayers++];
-        L->layer = W.layer[i];
-        lrmoe_tensor_t *t[3];
-        for (int j = 0; j < 3 && !rc; j++)
-            if (!(t[j] = lrmoe_frame_need(&W.frames[i], nm[j])) || t[j]->ndim != 3)
-                rc = lrmoe_err("%s: layer %lld: %s missing or not 3-D", m->weights,
-                               (long long)L->layer, nm[j]);
-        if (rc) break;
-        L->E = t[0]->shape[0]; L->F = t[0]->shape[1]; L->D = t[0]->shape[2];
-        L->dtype = t[0]->dtype;
-        const size_t n = (size_t)(L->F * L->D), es = lrmoe_dtype_size(L->dtype);
-        for (int j = 0; j < 3 && !rc; j++)
-            if (lrmoe_tensor_numel(t[j]) != L->E * (int64_t)n || t[j]->dtype != L->dtype)
-                rc = lrmoe_err("%s: layer %lld: w_gate, w_up, w_down differ in shape or dtype",
-                               m->weights, (long long)L->layer);
-        if (!rc) { /* all experts, as rank 0 digests them */
-            const void *wa[3] = {t[0]->data, t[1]->data, t[2]->data};
-            L->digest = weights_digest(wa, L->E, L->F, L->D, L->dtype, threads);
-        }
-        for (int j = 0; j < 3 && !rc; j++)
-            if (!(L->w[j] = calloc((size_t)L->E * n, es))) rc = lrmoe_err("out of memory");
-        for (int64_t e = 0; e < L->E && !rc; e++) {
-            if (L->E < m->P || lrmoe_exec_native(e, L->E, m->P) != m->rank) continue;
-            for (int j = 0; j < 3 && !rc; j++) {
-                const char *s = (const char *)t[j]->data + (size_t)e * n * es;
-                if (!allow_nonfinite &&
-                    lrmoe_exec_check_finite(L->dtype, s, n, nm[j]) < 0)
-                    rc = lrmoe_err_prefix("%s: layer %lld: expert %lld", m->weights,
-                                          (long long)L->layer, (long long)e);
-                memcpy((char *)L->w[j] + (size_t)e * n * es, s, n * es);
-            }
-        }
-    }
-    lrmoe_weights_close(&W, &wm);
+    m->nlayers = W->n;
+    for (int i = 0; i < W->n; i++) m->layers[i].layer = W->layer[i];
+    if (m->wsrc->wm.base) return 0;
+    int rc = 0;
+    for (int i = 0; i < W->n && !rc; i++) rc = layer_load(m, i, allow_nonfinite, threads);
+    lrmoe_weights_close(&m->wsrc->W, &m->wsrc->wm);
+    free(m->wsrc);
+    m->wsrc = NULL;
     return rc;
 }
 
@@ -354,10 +397,13 @@ static int layer_f32(lrmoe_exec_mpi_t *m, struct lrmoe_exec_mpi_layer *L)
 
 static int rank_weights(lrmoe_exec_mpi_t *m, const hdr_t *h, int threads, lrmoe_exec_weights_t *w)
 {
-    if (!m->layers && layers_load(m, (int)h->allow_nonfinite, threads) < 0) return -1;
+    if (!m->layers && layers_open(m, (int)h->allow_nonfinite, threads) < 0) return -1;
     for (int i = 0; i < m->nlayers; i++) {
         struct lrmoe_exec_mpi_layer *L = &m->layers[i];
         if (L->layer != h->layer) continue;
+        if (!L->loaded && (!m->wsrc || layer_load(m, i, (int)h->allow_nonfinite, threads) < 0))
+            return m->wsrc ? -1 : lrmoe_err("%s: layer %lld failed to load", m->weights,
+                                            (long long)h->layer);
         if (L->E != h->E || L->F != h->F || L->D != h->D || (int64_t)L->dtype != h->wdtype)
             return lrmoe_err("%s: layer %lld is [%lld,%lld,%lld] %s here but rank 0's is "
                              "[%lld,%lld,%lld] %s", m->weights, (long long)h->layer,

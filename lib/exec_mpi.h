@@ -34,15 +34,19 @@
 
 #include "comm.h"
 #include "exec.h"
+#include "weights_map.h"
 
 typedef struct lrmoe_exec_mpi {
     lrmoe_comm_t comm;
     int rank, P;
     const char *weights;   /* path of the weights stream (ranks > 0 read it) */
     int in_flight;         /* 1 between a job's header and its gather */
-    /* ranks > 0: native experts of every layer of the weights stream */
+    /* ranks > 0: native experts of each layer of the weights stream, loaded
+     * at the layer's first job from the stream kept mapped in wsrc (a raw
+     * file; NULL: read whole and every layer loaded at the first job) */
     int nlayers;
     struct lrmoe_exec_mpi_layer *layers;
+    struct lrmoe_exec_mpi_wsrc { lrmoe_weights_t W; lrmoe_wmap_t wm; } *wsrc;
     /* rank 0, after each job: per-rank bytes sent by all-to-all-v and p2p,
      * seconds inside MPI_Alltoallv (P each), and rank 0's scatter/gather */
     int64_t *a2a_bytes, *p2p_bytes;

@@ -565,6 +565,36 @@ for r in (0, 1):
     no_trailer "$D/o.1.lrm"
 }
 
+@test "mpi: ranks > 0 read a mapped --weights file a layer at a time: a flipped bit in a layer no frame uses is not an error, in a used one it ends the job naming the rank" {
+    need_mpi
+    # two layers; frames of layer 0 (steps 0, 1) and of layers 0, 1
+    routed 48 f32 --layers 2 --steps 2
+    python3 -c "import sys; sys.path.insert(0, '$HELP'); from lrmoe_stream import *
+f = read_stream('$D/r.lrm'); assert [a['layer'] for _, a in f] == ['0', '1', '0', '1']
+write_stream('$D/r0.lrm', [f[0], f[2]])"
+    # rank 1's copy: a bit of layer 1's last tensor flipped (rank 0 keeps w.lrm)
+    cp "$D/w.lrm" "$D/wb.lrm"
+    python3 -c "
+import sys; sys.path.insert(0, '$HELP'); import resident
+a, e = resident.frames('$D/wb.lrm')[1]; f = open('$D/wb.lrm', 'r+b')
+f.seek(e - 4); b = f.read(1); f.seek(e - 4); f.write(bytes([b[0] ^ 4]))"
+    printf '%s\n' '#!/bin/sh' \
+        'w="$1"; [ "$OMPI_COMM_WORLD_RANK" = 1 ] && w="$2"; shift 2' \
+        'exec "$@" --weights "$w"' > "$D/wr.sh"
+    "$EXEC" --phase forward -@ 1 -P 2 --weights "$D/w.lrm" --no-compress -o "$D/one.lrm" "$D/r0.lrm"
+    run $MPIRUN -np 2 sh "$D/wr.sh" "$D/w.lrm" "$D/wb.lrm" "$EXEC" --phase forward -@ 1 \
+        --no-compress -o "$D/o.lrm" "$D/r0.lrm"
+    assert_success
+    run same "$D/one.lrm" "$D/o.lrm"
+    assert_success
+    run $MPIRUN -np 2 sh "$D/wr.sh" "$D/w.lrm" "$D/wb.lrm" "$EXEC" --phase forward -@ 1 \
+        --no-compress -o "$D/o.lrm" "$D/r.lrm"
+    assert_failure
+    [ "$status" -ne 124 ]
+    one_message 1 "$D/wb.lrm: frame 1: digest mismatch: the frame's CRC-64 is"
+    no_trailer "$D/o.lrm"
+}
+
 @test "mpi: a rank whose share is bad (NaN in its rows) ends the job: one message naming it, no trailer" {
     need_mpi
     routed 64 f32
