@@ -85,8 +85,15 @@ static int load_weights(lrmoe_exec_ctx_t *c)
 {
     if (c->w) return 0;
     if (!c->weights_path) return lrmoe_err("weights: none given");
-    if (lrmoe_weights_open(c->weights_path, &c->w_own, &c->wmap, c->o.cfg.threads) < 0)
+    if (lrmoe_weights_open(c->weights_path, &c->w_own, &c->wmap, c->o.cfg.threads) < 0) {
+        /* the reader's errors name the file already ("PATH: ..." or
+         * "<stdin>: ..."): the path once */
+        const char *e = lrmoe_errmsg();
+        const size_t n = strlen(c->weights_path);
+        if ((!strncmp(e, c->weights_path, n) && e[n] == ':') || !strncmp(e, "<stdin>:", 8))
+            return -1;
         return lrmoe_err_prefix("%s", c->weights_path);
+    }
     c->w = &c->w_own;
     return 0;
 }

@@ -289,9 +289,18 @@ no_trailer() {
     head -c 300 "$D/in.lrm" > "$D/trunc.lrm"
     run sh -c "'$EXEC' --phase forward --weights '$D/w.lrm' --no-compress '$D/trunc.lrm' > '$D/o.lrm'"
     assert_fails_clean
-    # a missing weights file
+    # a missing weights file: named once
     run "$EXEC" --phase forward --weights "$D/nope.lrm" "$D/in.lrm"
     assert_fails_clean
+    assert_output "lrmoe-exec: frame 0: $D/nope.lrm: No such file or directory"
+    # a damaged one read whole (a pipe): the reader's message, the frame named
+    "$BIN/lrmoe-cat" --no-compress -o "$D/wc.lrm" "$D/w.lrm"   # with CRC-64 records
+    python3 -c "
+p = '$D/wc.lrm'; b = bytearray(open(p, 'rb').read()); b[len(b) - 100] ^= 4
+open('$D/wbad.lrm', 'wb').write(b)"
+    run sh -c "'$EXEC' --phase forward --weights - --no-compress '$D/in.lrm' < '$D/wbad.lrm' > '$D/o.lrm'"
+    assert_fails_clean
+    assert_output --regexp "^lrmoe-exec: frame 0: <stdin>: frame 0: digest mismatch: the frame's CRC-64 is"
 }
 
 @test "exec: full pipeline gen | route | exec | score | pack | exec compact equals masked" {
