@@ -558,7 +558,10 @@ static int fwd_call(const lrmoe_exec_ctx_t *c, const lrmoe_exec_dims_t *d,
                     const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *p, void *a,
                     double *tim)
 {
-    if (c->mpi) return lrmoe_exec_mpi_forward(c->mpi, &c->o.cfg, d, c->layer, w, p, a, tim);
+    if (c->mpi) { /* the digest takes its tensors' CRCs from the mapping's check */
+        c->mpi->wmap = c->w == &c->w_own ? &c->wmap : NULL;
+        return lrmoe_exec_mpi_forward(c->mpi, &c->o.cfg, d, c->layer, w, p, a, tim);
+    }
     int rc;
     lrmoe_exec_cuda_t *x = cuda_exec(c, d->P, &rc);
     if (rc < 0) return -1;
@@ -570,7 +573,10 @@ static int bwd_call(const lrmoe_exec_ctx_t *c, const lrmoe_exec_dims_t *d,
                     const lrmoe_exec_weights_t *w, const lrmoe_exec_plan_t *p, void *a,
                     double *tim)
 {
-    if (c->mpi) return lrmoe_exec_mpi_backward(c->mpi, &c->o.cfg, d, c->layer, w, p, a, tim);
+    if (c->mpi) { /* the digest takes its tensors' CRCs from the mapping's check */
+        c->mpi->wmap = c->w == &c->w_own ? &c->wmap : NULL;
+        return lrmoe_exec_mpi_backward(c->mpi, &c->o.cfg, d, c->layer, w, p, a, tim);
+    }
     int rc;
     lrmoe_exec_cuda_t *x = cuda_exec(c, d->P, &rc);
     if (rc < 0) return -1;

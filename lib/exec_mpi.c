@@ -228,17 +228,24 @@ static int meta(lrmoe_exec_mpi_t *m, mpi_job_t *J, const void **p, size_t bytes)
  * on up to `threads` threads (-@; 0: the CPUs this process may run on):
  * each rank maps or reads --weights itself, and a host with a stale copy
  * of the same shapes must not compute with it. Not cryptographic: it tells
- * copies apart, it does not resist forgery. */
+ * copies apart, it does not resist forgery. A tensor in a mapped stream
+ * whose frame's CRC-64 record was checked (wm, may be NULL) has its CRC
+ * from that check (lrmoe_weights_map_crc): combined, not hashed again. */
 static uint64_t weights_digest(const void *const w[3], int64_t E, int64_t F, int64_t D,
-                               lrmoe_dtype_t dt, int threads)
+                               lrmoe_dtype_t dt, int threads, const lrmoe_wmap_t *wm)
 {
     const size_t n = (size_t)(E * F * D) * lrmoe_dtype_size(dt);
     const uint64_t v[4] = {(uint64_t)dt, (uint64_t)E, (uint64_t)F, (uint64_t)D};
     uint8_t b[32];
     for (int i = 0; i < 32; i++) b[i] = (uint8_t)(v[i / 8] >> (8 * (i % 8)));
     uint64_t h = lrmoe_crc64_update(0, b, sizeof b);
-    for (int j = 0; j < 3; j++)
-        if (w[j]) h = lrmoe_crc64_par(h, w[j], n, threads, LRMOE_CRC64_PIECE);
+    for (int j = 0; j < 3; j++) {
+        uint64_t c;
+        if (!w[j]) continue;
+        h = lrmoe_weights_map_crc(wm, w[j], n, &c) ? lrmoe_crc64_combine(h, c, n)
+                                                   : lrmoe_crc64_par(h, w[j], n, threads,
+                                                                     LRMOE_CRC64_PIECE);
+    }
     return h;
 }
 
@@ -266,7 +273,7 @@ static int job_digest(lrmoe_exec_mpi_t *m, int64_t layer, const lrmoe_exec_dims_
     g += m->ndigests++;
     g->layer = layer;
     g->w[0] = w->w_gate; g->w[1] = w->w_up; g->w[2] = w->w_down;
-    g->d = weights_digest(g->w, d->E, d->F, d->D, w->dtype, threads);
+    g->d = weights_digest(g->w, d->E, d->F, d->D, w->dtype, threads, m->wmap);
     *out = g->d;
     return 0;
 }
@@ -320,7 +327,7 @@ static int layer_load(lrmoe_exec_mpi_t *m, int i, int allow_nonfinite, int threa
             return lrmoe_err("%s: layer %lld: w_gate, w_up, w_down differ in shape or dtype",
                              m->weights, (long long)L->layer);
     const void *wa[3] = {t[0]->data, t[1]->data, t[2]->data};
-    L->digest = weights_digest(wa, L->E, L->F, L->D, L->dtype, threads);
+    L->digest = weights_digest(wa, L->E, L->F, L->D, L->dtype, threads, &m->wsrc->wm);
     /* a mapped stream stays open: its tensors are used in place (no copy,
      * no fresh pages); a read one is closed after the load: the native
      * experts are copied */

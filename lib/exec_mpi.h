@@ -70,6 +70,10 @@ typedef struct lrmoe_exec_mpi {
      * per-rank inputs), by layer: ranks > 0 compare theirs with rank 0's */
     struct lrmoe_exec_mpi_digest *digests;
     int ndigests;
+    /* the mapping of the weights this process's own jobs use (set by the
+     * caller, lib/exec_frame.c; NULL: none), whose checked frames give
+     * their tensors' CRCs to the digests */
+    const lrmoe_wmap_t *wmap;
 } lrmoe_exec_mpi_t;
 
 #define LRMOE_EXEC_MPI_NO_STEP INT64_MIN

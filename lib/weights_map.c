@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <jansson.h>
 #include "weights_map.h"
+#include "crc64.h"
 #include "crc64_par.h"
 #include "xxh64.h"
 #include "lrmoe.h"
@@ -133,6 +134,18 @@ static void frames_drop(lrmoe_weights_t *w)
     lrmoe_weights_free(w);
 }
 
+static void recs_free(lrmoe_wmap_t *m)
+{
+    for (int i = 0; i < m->n; i++) {
+        free(m->rec[i].toff);
+        free(m->rec[i].tlen);
+        free(m->rec[i].tcrc);
+    }
+    free(m->rec);
+    m->rec = NULL;
+    m->n = 0;
+}
+
 static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w, lrmoe_wmap_t *m)
 {
     static const char TRAILER[8] = {'L', 'R', 'M', 'O', 'E', 'E', 'N', 'D'};
@@ -171,9 +184,21 @@ static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w, lrmoe_wmap_t *
         uint64_t dlen = 0;
         if (frame_at((const char *)b + at + 8, (size_t)hlen, b + d0, len - d0, f, &dlen) < 0)
             return -1;
-        m->rec[w->n - 1] = (lrmoe_wmap_rec_t){at, 8 + (size_t)hlen + (size_t)dlen, digest, 0,
-                                              (unsigned char)rec, 0};
+        lrmoe_wmap_rec_t *r = &m->rec[w->n - 1];
+        *r = (lrmoe_wmap_rec_t){at, 8 + (size_t)hlen + (size_t)dlen, digest, 0,
+                                (unsigned char)rec, 0, 0, NULL, NULL, NULL};
         m->n = w->n;
+        const int nt = f->ntensors;
+        if (!(r->toff = malloc((size_t)(nt ? nt : 1) * sizeof *r->toff)) ||
+            !(r->tlen = malloc((size_t)(nt ? nt : 1) * sizeof *r->tlen)) ||
+            !(r->tcrc = malloc((size_t)(nt ? nt : 1) * sizeof *r->tcrc)))
+            return -1;
+        for (int k = 0; k < nt; k++) { /* adopted in data order (frame_at) */
+            const lrmoe_tensor_t *t = f->tensors[k];
+            if (!t->nbytes) continue;
+            r->toff[r->nt] = (size_t)((const uint8_t *)t->data - b);
+            r->tlen[r->nt++] = t->nbytes;
+        }
         int64_t l = w->n - 1;
         if (lrmoe_frame_attr_i64(f, "layer", &l) < 0) return -1;
         for (int i = 0; i + 1 < w->n; i++)
@@ -213,7 +238,7 @@ int lrmoe_weights_map_pieces(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t 
     if (walk(p, len, w, m) < 0 || !(m->path = strdup(path))) {
         frames_drop(w);
         munmap(p, len);
-        free(m->rec);
+        recs_free(m);
         memset(m, 0, sizeof *m);
         return 0;
     }
@@ -227,6 +252,44 @@ int lrmoe_weights_map(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t *m, int
     return lrmoe_weights_map_pieces(path, w, m, threads, LRMOE_WMAP_PIECE);
 }
 
+/* The CRC-64 of frame r's bytes, a tensor at a time (each tensor's CRC
+ * kept in r->tcrc), combined in order with the header's. */
+static uint64_t frame_crc(const lrmoe_wmap_t *m, lrmoe_wmap_rec_t *r)
+{
+    const uint8_t *b = m->base;
+    size_t at = r->off;
+    const size_t end = r->off + r->len;
+    uint64_t crc = 0;
+    for (int k = 0; k < r->nt; k++) {
+        if (r->toff[k] < at || r->toff[k] + r->tlen[k] > end) { /* not in data order */
+            r->nt = 0;
+            return lrmoe_crc64_par(0, b + r->off, r->len, m->threads, m->piece);
+        }
+        crc = lrmoe_crc64_par(crc, b + at, r->toff[k] - at, m->threads, m->piece);
+        r->tcrc[k] = lrmoe_crc64_par(0, b + r->toff[k], r->tlen[k], m->threads, m->piece);
+        crc = lrmoe_crc64_combine(crc, r->tcrc[k], r->tlen[k]);
+        at = r->toff[k] + r->tlen[k];
+    }
+    return lrmoe_crc64_par(crc, b + at, end - at, m->threads, m->piece);
+}
+
+int lrmoe_weights_map_crc(const lrmoe_wmap_t *m, const void *p, size_t n, uint64_t *crc)
+{
+    if (!m || !m->base || (const uint8_t *)p < (const uint8_t *)m->base) return 0;
+    const size_t off = (size_t)((const uint8_t *)p - (const uint8_t *)m->base);
+    for (int i = 0; i < m->n; i++) {
+        const lrmoe_wmap_rec_t *r = &m->rec[i];
+        if (r->kind != 1 || r->state != 1 || off < r->off || off >= r->off + r->len) continue;
+        for (int k = 0; k < r->nt; k++)
+            if (r->toff[k] == off && r->tlen[k] == n) {
+                *crc = r->tcrc[k];
+                return 1;
+            }
+        return 0;
+    }
+    return 0;
+}
+
 int lrmoe_weights_map_check(const lrmoe_wmap_t *m, int i)
 {
     if (!m->base || i < 0 || i >= m->n) return 0;
@@ -237,9 +300,10 @@ int lrmoe_weights_map_check(const lrmoe_wmap_t *m, int i)
          * the mapping stays MADV_RANDOM) */
         const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(pg - 1);
         (void)madvise((void *)a, (uintptr_t)p + r->len - a, MADV_NORMAL);
-        if (r->kind)
-            r->got = r->kind == 1 ? lrmoe_crc64_par(0, p, r->len, m->threads, m->piece)
-                                  : lrmoe_xxh64(p, r->len);
+        if (r->kind == 1)
+            r->got = frame_crc(m, r);
+        else if (r->kind == 2)
+            r->got = lrmoe_xxh64(p, r->len);
         r->state = !r->kind || r->got == r->digest ? 1 : 2;
     }
     if (r->state == 1) return 0;
@@ -253,7 +317,7 @@ void lrmoe_weights_unmap(lrmoe_weights_t *w, lrmoe_wmap_t *m)
 {
     frames_drop(w);
     if (m->base) munmap(m->base, m->len);
-    free(m->rec);
+    recs_free(m);
     free(m->path);
     memset(m, 0, sizeof *m);
 }

@@ -17,6 +17,9 @@ typedef struct {
     uint64_t digest, got; /* the record's; the frame's, once checked */
     unsigned char kind;  /* 0 none, 1 CRC-64, 2 XXH64 */
     unsigned char state; /* 0 unchecked, 1 matches, 2 does not */
+    int nt;              /* the frame's non-empty tensors, in data order: */
+    size_t *toff, *tlen; /* offset in the mapping, bytes */
+    uint64_t *tcrc;      /* CRC-64 of each, once a CRC-64 record is checked */
 } lrmoe_wmap_rec_t;
 
 typedef struct {
@@ -57,6 +60,11 @@ int lrmoe_weights_map_pieces(const char *path, lrmoe_weights_t *w, lrmoe_wmap_t 
  * stream has none (or m maps nothing), else -1 with the error the stream
  * reader gives, "PATH: frame I: digest mismatch: ...". */
 int lrmoe_weights_map_check(const lrmoe_wmap_t *m, int i);
+/* 1 with *crc the CRC-64 of the n bytes at p when they are exactly one
+ * tensor's data in a frame of m whose CRC-64 record matched (the check
+ * hashes a frame a tensor at a time and keeps each tensor's CRC, so that
+ * a digest of tensors needs no second pass: lib/exec_mpi.c), else 0. */
+int lrmoe_weights_map_crc(const lrmoe_wmap_t *m, const void *p, size_t n, uint64_t *crc);
 /* Frees w's frames without freeing the borrowed data, then unmaps. */
 void lrmoe_weights_unmap(lrmoe_weights_t *w, lrmoe_wmap_t *m);
 

@@ -8,7 +8,10 @@
  * 2, 3, 7 and pieces of at least 1 byte, 4 KiB, 64 KiB and the library's
  * default:
  *   intact: mapped, every tensor where the sequential check put it, every
- *   frame's check passes;
+ *   frame's check passes; each tensor's CRC-64 (lrmoe_weights_map_crc) is
+ *   known after its frame's check alone, equals a sequential CRC of its
+ *   bytes, and is not given for a range that is not exactly a tensor
+ *   (nor with XXH64 records);
  *   one bit flipped in a tensor's data (its first, middle and last byte and
  *   five more at random, every tensor of every frame, in a copy of FILE):
  *   mapped (the headers are intact); the check of the frame holding the
@@ -21,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "crc64.h"
 #include "lrmoe.h"
 #include "weights_map.h"
 
@@ -147,8 +151,31 @@ static int run(const char *path, const char *copy, const char *what, int *pcases
                         same = (const char *)w.frames[i].tensors[j]->data - (const char *)m.base ==
                                (const char *)w0.frames[i].tensors[j]->data -
                                    (const char *)m0.base;
-                for (int i = 0; same && i < w.n; i++)
+                /* each tensor's CRC: none before its frame's check; after it,
+                 * the CRC-64 of its bytes (CRC-64 records; none with XXH64
+                 * ones), and none for bytes that are not exactly a tensor */
+                int crcs = 1;
+                for (int i = 0; same && i < w.n; i++) {
+                    const lrmoe_tensor_t *t0 = w.frames[i].tensors[0];
+                    uint64_t c;
+                    if (lrmoe_weights_map_crc(&m, t0->data, t0->nbytes, &c)) crcs = 0;
                     same = lrmoe_weights_map_check(&m, i) == 0;
+                    for (int j = 0; same && j < w.frames[i].ntensors; j++) {
+                        const lrmoe_tensor_t *x = w.frames[i].tensors[j];
+                        const int want = !strcmp(what, "crc64");
+                        int got = lrmoe_weights_map_crc(&m, x->data, x->nbytes, &c);
+                        if (got != want || (got && c != lrmoe_crc64_update(0, x->data, x->nbytes)))
+                            crcs = 0;
+                        if (lrmoe_weights_map_crc(&m, (const char *)x->data + 1, x->nbytes - 1, &c) ||
+                            lrmoe_weights_map_crc(&m, x->data, x->nbytes - 1, &c))
+                            crcs = 0;
+                    }
+                }
+                cases++;
+                if (!crcs) {
+                    printf("FAIL %s threads %d piece %zu: tensor CRCs wrong\n", what, th, pc);
+                    failed++;
+                }
                 if (!same) {
                     printf("FAIL %s threads %d piece %zu: tensors elsewhere, or an intact "
                            "frame refused\n", what, th, pc);
