@@ -128,6 +128,15 @@ static inline int lrmoe_tool_fail(const char *prog, int code)
     return code;
 }
 
+/* After a usage error's own line (getopt's, or the tool's): a pointer to
+ * --help instead of the whole help, whose 30 to 80 lines would scroll the
+ * error off a terminal. Returns 2, a usage error's exit status. */
+static inline int lrmoe_usage_error(const char *prog)
+{
+    fprintf(stderr, "Try '%s --help' for more information.\n", prog);
+    return 2;
+}
+
 /* -F/--frame N[-M] and -T/--tensor NAME of a tool that selects (c is
  * getopt's value): 1 handled, 0 neither, -1 a bad --frame (a usage error),
  * -2 --tensor out of memory; the error set. */

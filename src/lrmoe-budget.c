@@ -233,7 +233,7 @@ int main(int argc, char **argv)
             printf("%s (lrmoe) %s\n", prog, LRMOE_VERSION);
             lrmoe_budget_cfg_free(b);
             return 0;
-        default: usage(stderr); lrmoe_budget_cfg_free(b); return 2;
+        default: lrmoe_budget_cfg_free(b); return lrmoe_usage_error(prog);
         }
     }
     const char *why = optind < argc ? "unexpected argument"

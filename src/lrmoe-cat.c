@@ -103,7 +103,7 @@ static int cat_main(int argc, char **argv, thin_t *th)
         }
         case 'h': usage(stdout); return 0;
         case 'V': printf("lrmoe-cat (lrmoe) %s\n", LRMOE_VERSION); return 0;
-        default: usage(stderr); return 2;
+        default: return lrmoe_usage_error("lrmoe-cat");
         }
     }
     if (lrmoe_inputs_check(argc - optind, argv + optind) < 0 ||

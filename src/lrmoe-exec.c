@@ -258,7 +258,7 @@ int main(int argc, char **argv)
             break;
         case 'h': usage(stdout); return 0;
         case 'V': printf("lrmoe-exec (lrmoe) %s\n", LRMOE_VERSION); return 0;
-        default: usage(stderr); return 2;
+        default: return lrmoe_usage_error("lrmoe-exec");
         }
     }
     if (!phase || (strcmp(phase, "forward") && strcmp(phase, "backward"))) {
@@ -375,6 +375,5 @@ int main(int argc, char **argv)
 
 usage_err:
     fprintf(stderr, "lrmoe-exec: %s\n", lrmoe_errmsg());
-    usage(stderr);
-    return 2;
+    return lrmoe_usage_error("lrmoe-exec");
 }

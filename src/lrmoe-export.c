@@ -202,13 +202,12 @@ int main(int argc, char **argv)
             break;
         case 'h': usage(stdout); return 0;
         case 'V': printf("%s (lrmoe) %s\n", prog, LRMOE_VERSION); return 0;
-        default: usage(stderr); return 2;
+        default: return lrmoe_usage_error(prog);
         }
     }
     if (argc - optind > 1) {
         fprintf(stderr, "%s: one input stream at most\n", prog);
-        usage(stderr);
-        return 2;
+        return lrmoe_usage_error(prog);
     }
     const char *in = optind < argc ? argv[optind] : "-";
     if (mkdir(o.dir, 0777) < 0 && errno != EEXIST) {

@@ -218,7 +218,7 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        default: usage(stderr); return 2;
+        default: return lrmoe_usage_error("lrmoe-gen");
         }
     }
     if (optind < argc) {

@@ -112,15 +112,13 @@ int main(int argc, char **argv)
             rc = 0;
             goto out;
         default:
-            usage(stderr);
-            rc = 2;
+            rc = lrmoe_usage_error(prog);
             goto out;
         }
     }
     if (optind >= argc) {
         fprintf(stderr, "%s: no input files (- for standard input)\n", prog);
-        usage(stderr);
-        rc = 2;
+        rc = lrmoe_usage_error(prog);
         goto out;
     }
     for (int i = optind; i < argc; i++)

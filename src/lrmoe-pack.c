@@ -187,13 +187,12 @@ int main(int argc, char **argv)
         case 'v': c.verbose = 1; break;
         case 'h': usage(stdout); return 0;
         case 'V': printf("lrmoe-pack (lrmoe) %s\n", LRMOE_VERSION); return 0;
-        default: usage(stderr); return 2;
+        default: return lrmoe_usage_error("lrmoe-pack");
         }
     }
     if (argc - optind > 1) {
         fprintf(stderr, "lrmoe-pack: too many input files\n");
-        usage(stderr);
-        return 2;
+        return lrmoe_usage_error("lrmoe-pack");
     }
     if ((c.flags & LRMOE_PACK_LAYOUT_ONLY) && (c.unpack || c.o.strip)) {
         lrmoe_err("--layout-only and --%s: %s", c.unpack ? "unpack" : "strip",

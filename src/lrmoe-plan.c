@@ -198,7 +198,7 @@ int main(int argc, char **argv)
             case LRMOE_PLAN_OPT_END: plot_path = optarg; break;
             case 'h': usage(stdout); return 0;
             case 'V': printf("lrmoe-plan (lrmoe) %s\n", LRMOE_VERSION); return 0;
-            default: usage(stderr); return 2;
+            default: return lrmoe_usage_error("lrmoe-plan");
             }
         }
         if (r < 0) {

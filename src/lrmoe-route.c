@@ -186,7 +186,7 @@ int main(int argc, char **argv)
             case 'S': stats_path = optarg; break;
             case 'h': usage(stdout); return 0;
             case 'V': printf("lrmoe-route (lrmoe) %s\n", LRMOE_VERSION); return 0;
-            default: usage(stderr); return 2;
+            default: return lrmoe_usage_error("lrmoe-route");
             }
         }
         if (r < 0) {

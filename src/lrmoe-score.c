@@ -163,19 +163,17 @@ int main(int argc, char **argv)
         case 'v': c.verbose = 1; break;
         case 'h': usage(stdout); return 0;
         case 'V': printf("lrmoe-score (lrmoe) %s\n", LRMOE_VERSION); return 0;
-        default: usage(stderr); return 2;
+        default: return lrmoe_usage_error("lrmoe-score");
         }
     }
     if (argc - optind > 1) {
         fprintf(stderr, "lrmoe-score: too many input files\n");
-        usage(stderr);
-        return 2;
+        return lrmoe_usage_error("lrmoe-score");
     }
     c.o.threads = io.w.threads > 1 ? io.w.threads : 1;
     if (weights_path && !c.o.fidelity) {
         fprintf(stderr, "lrmoe-score: --weights is only read with --fidelity\n");
-        usage(stderr);
-        return 2;
+        return lrmoe_usage_error("lrmoe-score");
     }
     if (weights_path) {
         if (lrmoe_weights_open(weights_path, &wts, &c.wm, c.o.threads) < 0) {

@@ -204,7 +204,7 @@ int main(int argc, char **argv)
         case OPT_BW_INTER: r = lrmoe_parse_bytes("--bw-inter", optarg, &bw_inter); break;
         case 'h': usage(stdout); return 0;
         case 'V': printf(TOOL " (lrmoe) %s\n", LRMOE_VERSION); return 0;
-        default: usage(stderr); return 2;
+        default: return lrmoe_usage_error(TOOL);
         }
         if (r < 0) {
             fprintf(stderr, TOOL ": %s\n", lrmoe_errmsg());

@@ -737,7 +737,7 @@ int main(int argc, char **argv)
             break;
         case 'h': usage(stdout); return 0;
         case 'V': printf("%s (lrmoe) %s\n", prog, LRMOE_VERSION); return 0;
-        default: usage(stderr); return 2;
+        default: return lrmoe_usage_error(prog);
         }
     }
     int nfiles = argc - optind, rc = 0;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bats
 # Every page lints clean; every tool has a page, --help, --version, exit 2 on
-# a bad option; every long option --help lists is documented in the page.
+# a bad option (two lines: the error, a pointer to --help); every long option
+# --help lists is documented in the page.
 
 load /usr/lib/bats/bats-support/load
 load /usr/lib/bats/bats-assert/load
@@ -37,6 +38,37 @@ setup() {
         assert_output --regexp "^$t \(lrmoe\) [0-9]"
         run "$b" --no-such-option
         assert_failure 2
+        # the error and a pointer to --help, not the whole help (which would
+        # scroll the error off a terminal); lrmoe-study's are argparse's two
+        # lines, its usage and the error
+        assert_equal "${#lines[@]}" 2
+        if [ "$t" = lrmoe-study ]; then
+            assert_line --index 1 "$t: error: unrecognized arguments: --no-such-option"
+        else
+            assert_line --index 0 --regexp "^(.*/)?$t: unrecognized option '--no-such-option'\$"
+            assert_line --index 1 "Try '$t --help' for more information."
+        fi
+    done
+}
+
+@test "a usage error found after the options is one line and a pointer to --help" {
+    run "$TOP/bin/lrmoe-import"
+    assert_failure 2
+    assert_output "lrmoe-import: no input files (- for standard input)
+Try 'lrmoe-import --help' for more information."
+    run "$TOP/bin/lrmoe-score" --weights /nonexistent
+    assert_failure 2
+    assert_output "lrmoe-score: --weights is only read with --fidelity
+Try 'lrmoe-score --help' for more information."
+    run "$TOP/bin/lrmoe-exec" --phase sideways
+    assert_failure 2
+    assert_output "lrmoe-exec: --phase: must be forward or backward
+Try 'lrmoe-exec --help' for more information."
+    for t in pack score export; do
+        run "$TOP/bin/lrmoe-$t" a b
+        assert_failure 2
+        assert_equal "${#lines[@]}" 2
+        assert_line --index 1 "Try 'lrmoe-$t --help' for more information."
     done
 }
 
