@@ -36,7 +36,7 @@ int lrmoe_plan_cli_load(lrmoe_plan_cli_t *c)
     /* the digests on every CPU this process may use (plan has no -@) */
     if (lrmoe_weights_open(c->weights_path, w, &c->wmap, 0) < 0) {
         free(w);
-        return lrmoe_err_prefix("--weights %s", c->weights_path);
+        return lrmoe_err_prefix("--weights"); /* the reader names the file */
     }
     c->w = w;
     return 0;

@@ -124,11 +124,11 @@ f.seek(e - 8); b = f.read(1); f.seek(e - 8); f.write(bytes([b[0] ^ 4]))" "$T/wb.
     # a weights file that is not there: exit 1 before any frame
     run --separate-stderr "$BIN/lrmoe-plan" --ranks 4 --weights "$T/nope.lrm" -o "$T/p.lrm" "$T/r.lrm"
     assert_failure 1
-    assert_equal "$stderr" "lrmoe-plan: --weights $T/nope.lrm: $T/nope.lrm: No such file or directory"
+    assert_equal "$stderr" "lrmoe-plan: --weights: $T/nope.lrm: No such file or directory"
     [ ! -e "$T/p.lrm" ] || no_trailer "$T/p.lrm"
     run --separate-stderr "$BIN/lrmoe-sim" --ranks 4 --weights "$T/nope.lrm" "$T/r.lrm"
     assert_failure 1
-    assert_equal "$stderr" "lrmoe-sim: --weights $T/nope.lrm: $T/nope.lrm: No such file or directory"
+    assert_equal "$stderr" "lrmoe-sim: --weights: $T/nope.lrm: No such file or directory"
 }
 
 @test "ux: a --loads-only trace keeps D and T as route.hidden and route.tokens, and plan and sim use them" {
