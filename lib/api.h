@@ -18,8 +18,8 @@
 #include <stdint.h>
 #include "lrmoe.h"
 
-/* LRMOE_VERSION of the library actually loaded ("0.7.0"), and its
- * LRMOE_VERSION_NUMBER (700): a program built against newer headers checks
+/* LRMOE_VERSION of the library actually loaded ("0.8.0"), and its
+ * LRMOE_VERSION_NUMBER (800): a program built against newer headers checks
  * lrmoe_version_number() >= the LRMOE_VERSION_NUMBER it needs. */
 const char *lrmoe_version(void);
 int lrmoe_version_number(void);

@@ -204,7 +204,7 @@ static int add_weights(lrmoe_frame_t *f, const lrmoe_weights_t *w, const lrmoe_w
     const lrmoe_frame_t *wf = lrmoe_weights_layer(w, layer);
     if (!wf)
         return lrmoe_err("--weights: no weights for layer %lld", (long long)layer);
-    if (lrmoe_weights_use(m, w, wf) < 0)
+    if (lrmoe_weights_use_tensors(m, w, wf, wnames, 3) < 0)
         return lrmoe_err_prefix("--weights");
     for (int i = 0; i < 3; i++) {
         if (lrmoe_frame_get(f, wnames[i]))

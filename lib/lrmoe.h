@@ -17,11 +17,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define LRMOE_VERSION "0.7.0"
+#define LRMOE_VERSION "0.8.0"
 /* the same as numbers, and as one comparable number (MAJOR*10000 +
  * MINOR*100 + PATCH): #if LRMOE_VERSION_NUMBER >= 600 ... */
 #define LRMOE_VERSION_MAJOR 0
-#define LRMOE_VERSION_MINOR 7
+#define LRMOE_VERSION_MINOR 8
 #define LRMOE_VERSION_PATCH 0
 #define LRMOE_VERSION_NUMBER \
     (LRMOE_VERSION_MAJOR * 10000 + LRMOE_VERSION_MINOR * 100 + LRMOE_VERSION_PATCH)
@@ -233,14 +233,21 @@ void lrmoe_wopts_default(lrmoe_wopts_t *o);
 /* path "-" or NULL is stdout. */
 lrmoe_writer_t *lrmoe_writer_open(const char *path, const lrmoe_wopts_t *o);
 /* Digest records (lrmoe-stream(5), Integrity): on by default, a 16-byte
- * record with the CRC-64/NVME of the frame's bytes before each frame
- * (kind LRMOE_DIGEST_CRC64, or any nonzero kind but the next);
+ * record with the CRC-64/NVME of the frame's bytes before each frame, or,
+ * for a frame of 64 MiB of data or more, a record of its header's and each
+ * tensor's CRC-64 (which combine into the frame's; a mapped reader checks
+ * only the parts it reads) (kind LRMOE_DIGEST_CRC64, or any nonzero kind
+ * but the next three);
  * LRMOE_DIGEST_XXH64: records with the XXH64 instead, as earlier writers
- * wrote them.
+ * wrote them;
+ * LRMOE_DIGEST_CRC64_TENSORS: the record by parts before every frame;
+ * LRMOE_DIGEST_CRC64_FRAME: the 16-byte CRC-64 record before every frame,
+ * large ones too (what readers before the records by parts take).
  * 0, off (call before the first write): the format before the records,
  * which readers still take, e.g. to write a frame alone as a .safetensors
- * file. Readers verify both kinds. */
-enum { LRMOE_DIGEST_CRC64 = 1, LRMOE_DIGEST_XXH64 = 2 };
+ * file. Readers verify every kind. */
+enum { LRMOE_DIGEST_CRC64 = 1, LRMOE_DIGEST_XXH64 = 2, LRMOE_DIGEST_CRC64_TENSORS = 3,
+       LRMOE_DIGEST_CRC64_FRAME = 4 };
 void lrmoe_writer_set_digests(lrmoe_writer_t *w, int kind);
 /* Writes the frame and flushes it (a zstd flush and fflush): it is
  * complete on the wire when the call returns. */

@@ -242,8 +242,9 @@ static int from_weights(const lrmoe_plan_cli_t *c, const lrmoe_frame_t *f, said_
         return lrmoe_err("--weights %s: no frame for layer %lld", c->weights_path,
                          (long long)layer);
     /* the frame's digest record, checked at its first use (a mapped file:
-     * the layers no frame names are not read) */
-    if (lrmoe_weights_use(&c->wmap, c->w, wf) < 0)
+     * the layers no frame names are not read; where the record is by
+     * parts, only the header, which holds the shapes taken here) */
+    if (lrmoe_weights_use_tensors(&c->wmap, c->w, wf, NULL, 0) < 0)
         return lrmoe_err_prefix("--weights");
     said_t wd = {0}, wfn = {0};
     from_tensor(&wd, wf, "w_gate", 3, 2);

@@ -49,7 +49,10 @@ static const lrmoe_frame_t *weights_for(const lrmoe_route_frame_opts_t *o,
         lrmoe_err("%s: no weights for layer %" PRId64, o->weights_name, layer);
         return NULL;
     }
-    return lrmoe_weights_use(o->weights_map, o->weights, wf) < 0 ? NULL : wf;
+    /* the two tensors read here (frame_logits, frame_bias): where the
+     * record is by parts, the layer's experts are not read */
+    static const char *const used[] = {"router_weight", "expert_bias"};
+    return lrmoe_weights_use_tensors(o->weights_map, o->weights, wf, used, 2) < 0 ? NULL : wf;
 }
 
 /* The logits to route, [T,E]: router_logits as they are, or hidden x

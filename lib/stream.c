@@ -25,6 +25,15 @@ static const char TRAILER_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'E', 'N', 'D'};
  * like the trailer's, either exceeds the limit by far. */
 static const char CRC_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'C', 'R', 'C'};
 static const char XXH_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'X', 'X', 'H'};
+/* A record of CRC-64s by part: "LRMOECRT", the tensor count n, the CRC of
+ * the frame's header (its length and JSON), then each tensor's CRC in data
+ * order; they combine into the frame's CRC-64 (crc(A B) is crc(A) times
+ * x^(8|B|) plus crc(B)), which is what a reader of the stream checks, so
+ * that a mapped reader can check the header alone or one tensor
+ * (lib/weights_map.c). Written for frames of TENSOR_DIGEST_MIN data or
+ * more. */
+static const char CRT_MAGIC[8] = {'L', 'R', 'M', 'O', 'E', 'C', 'R', 'T'};
+#define TENSOR_DIGEST_MIN ((uint64_t)64 << 20)
 #define IOBUF (1u << 20)
 #define HASH_CHUNK (1u << 20) /* raw reads straight into a tensor, hashed while cached */
 #define PF_PIECE ((size_t)4 << 20) /* a large tensor is faulted in this much at a time */
@@ -40,6 +49,7 @@ static int digest_kind(const void *p)
 {
     if (!memcmp(p, CRC_MAGIC, 8)) return LRMOE_DIGEST_CRC64;
     if (!memcmp(p, XXH_MAGIC, 8)) return LRMOE_DIGEST_XXH64;
+    if (!memcmp(p, CRT_MAGIC, 8)) return LRMOE_DIGEST_CRC64_TENSORS;
     return 0;
 }
 
@@ -387,6 +397,8 @@ struct lrmoe_reader {
     int noverify;           /* lrmoe_reader_set_verify(r, on <= 0): records read, not
                                checked; 2 (on < 0): nor zstd's checksum */
     int zstart;             /* zstd: the next input byte starts a zstd frame */
+    uint64_t *tcrc;         /* an LRMOECRT record: the header's CRC, then each */
+    size_t tcap;            /* tensor's (tcap allocated) */
 };
 
 /* The hasher thread of a reader: it hashes a frame's data into r->hs while
@@ -835,6 +847,7 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
     }
     if (n < 8) { lrmoe_err("truncated inside the frame header"); goto fail; }
     uint64_t digest = 0;
+    size_t ntcrc = 0;       /* an LRMOECRT record's CRCs (r->tcrc) */
     int has_digest = digest_kind(h8);
     if (has_digest) {   /* the record, then the frame it covers, hashed as it arrives */
         uint8_t d8[8];
@@ -842,8 +855,28 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
         if (n < 0) goto fail;
         if (n < 8) { lrmoe_err("truncated inside the digest record"); goto fail; }
         digest = get_le64(d8);
+        if (has_digest == LRMOE_DIGEST_CRC64_TENSORS) {   /* n, then n + 1 CRCs */
+            if (digest > LRMOE_MAX_TENSORS) {
+                lrmoe_err("digest record for %" PRIu64 " tensors (at most %d in a frame)",
+                          digest, LRMOE_MAX_TENSORS);
+                goto fail;
+            }
+            ntcrc = (size_t)digest + 1;
+            if (ntcrc > r->tcap) {
+                uint64_t *t = realloc(r->tcrc, ntcrc * sizeof *t);
+                if (!t) { lrmoe_err("out of memory"); goto fail; }
+                r->tcrc = t;
+                r->tcap = ntcrc;
+            }
+            for (size_t k = 0; k < ntcrc; k++) {
+                n = rd(r, d8, 8);
+                if (n < 0) goto fail;
+                if (n < 8) { lrmoe_err("truncated inside the digest record"); goto fail; }
+                r->tcrc[k] = get_le64(d8);
+            }
+        }
         r->digests = 1;
-        dg_reset(&r->hs, has_digest);
+        dg_reset(&r->hs, has_digest == LRMOE_DIGEST_XXH64 ? has_digest : LRMOE_DIGEST_CRC64);
         r->hashing = !r->noverify;
         n = rd(r, h8, 8);
         if (n < 0) goto fail;
@@ -879,6 +912,11 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
     if (parse_header(hdr, hlen, f, &dlen, r->zstd ? UINT64_MAX : r->avail) < 0) goto fail;
     free(hdr);
     hdr = NULL;
+    if (ntcrc && ntcrc - 1 != (size_t)f->ntensors) {
+        lrmoe_err("the digest record lists %zu tensors, the frame has %d", ntcrc - 1,
+                  f->ntensors);
+        goto fail;
+    }
     /* A large frame of a raw stream with a CRC-64 record is hashed inline:
      * read into inbuf a MiB at a time and copied out with the CRC in the
      * same pass (rd), it read 256 MiB at 1.02-1.04 times the throughput of
@@ -919,10 +957,16 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
         r->hashing = 0;
         hasher_finish(r);
         uint64_t got = dg_final(&r->hs);
+        if (ntcrc) {    /* the header's CRC and the tensors', combined in order */
+            digest = r->tcrc[0];
+            for (int i = 0; i < f->ntensors; i++)
+                digest = lrmoe_crc64_combine(digest, r->tcrc[i + 1], f->tensors[i]->nbytes);
+        }
         if (got != digest) {
-            lrmoe_err("digest mismatch: the frame's %s is %016" PRIx64 ", its digest record "
-                      "says %016" PRIx64 " (the stream changed after it was written)",
-                      has_digest == LRMOE_DIGEST_CRC64 ? "CRC-64" : "XXH64", got, digest);
+            lrmoe_err("digest mismatch: the frame's %s is %016" PRIx64 ", its digest record"
+                      "%s %016" PRIx64 " (the stream changed after it was written)",
+                      has_digest == LRMOE_DIGEST_XXH64 ? "XXH64" : "CRC-64", got,
+                      ntcrc ? "'s header and tensor CRCs combine to" : " says", digest);
             goto fail;
         }
     }
@@ -947,6 +991,7 @@ void lrmoe_reader_close(lrmoe_reader_t *r)
     if (r->own) fclose(r->fp);
     ZSTD_freeDCtx(r->dctx);
     free(r->inbuf);
+    free(r->tcrc);
     free(r);
 }
 
@@ -966,7 +1011,8 @@ struct lrmoe_writer {
 
 void lrmoe_writer_set_digests(lrmoe_writer_t *w, int kind)
 {
-    w->digest = kind == LRMOE_DIGEST_XXH64 ? kind : kind ? LRMOE_DIGEST_CRC64 : 0;
+    w->digest = kind == LRMOE_DIGEST_XXH64 || kind == LRMOE_DIGEST_CRC64_TENSORS ||
+                kind == LRMOE_DIGEST_CRC64_FRAME ? kind : kind ? LRMOE_DIGEST_CRC64 : 0;
 }
 
 void lrmoe_wopts_default(lrmoe_wopts_t *o)
@@ -1100,22 +1146,39 @@ int lrmoe_writer_write(lrmoe_writer_t *w, const lrmoe_frame_t *f)
 {
     char *hdr;
     size_t hlen, dlen;
-    /* the frame starts after its 16-byte digest record */
-    size_t rl = w->digest ? 16 : 0;
+    /* the frame starts after its digest record: 16 bytes, or 24 and 8 a
+     * tensor for CRC-64s by part */
+    uint64_t data = 0;
+    for (int i = 0; i < f->ntensors; i++) data += f->tensors[i]->nbytes;
+    const int parts = w->digest == LRMOE_DIGEST_CRC64_TENSORS ||
+                      (w->digest == LRMOE_DIGEST_CRC64 && data >= TENSOR_DIGEST_MIN);
+    size_t rl = !w->digest ? 0 : parts ? 24 + 8 * (size_t)f->ntensors : 16;
     if (frame_header(f, w->at + rl, &hdr, &hlen, &dlen) < 0) return -1;
-    uint8_t h8[8], rec[16];
+    uint8_t h8[8];
     put_le64(h8, hlen);
     int rc = 0;
     if (rl) {
-        digest_t hs;
-        dg_reset(&hs, w->digest);
-        dg_update(&hs, h8, 8);
-        dg_update(&hs, hdr, hlen);
-        for (int i = 0; i < f->ntensors; i++)
-            if (f->tensors[i]->nbytes) dg_update(&hs, f->tensors[i]->data, f->tensors[i]->nbytes);
-        memcpy(rec, w->digest == LRMOE_DIGEST_CRC64 ? CRC_MAGIC : XXH_MAGIC, 8);
-        put_le64(rec + 8, dg_final(&hs));
-        rc = wr(w, rec, 16);
+        uint8_t *rec = malloc(rl);
+        if (!rec) { free(hdr); return lrmoe_err("out of memory"); }
+        if (parts) {
+            memcpy(rec, CRT_MAGIC, 8);
+            put_le64(rec + 8, (uint64_t)f->ntensors);
+            put_le64(rec + 16, lrmoe_crc64_update(lrmoe_crc64_update(0, h8, 8), hdr, hlen));
+            for (int i = 0; i < f->ntensors; i++)
+                put_le64(rec + 24 + 8 * (size_t)i,
+                         lrmoe_crc64_update(0, f->tensors[i]->data, f->tensors[i]->nbytes));
+        } else {
+            digest_t hs;
+            dg_reset(&hs, w->digest == LRMOE_DIGEST_XXH64 ? w->digest : LRMOE_DIGEST_CRC64);
+            dg_update(&hs, h8, 8);
+            dg_update(&hs, hdr, hlen);
+            for (int i = 0; i < f->ntensors; i++)
+                if (f->tensors[i]->nbytes) dg_update(&hs, f->tensors[i]->data, f->tensors[i]->nbytes);
+            memcpy(rec, w->digest == LRMOE_DIGEST_XXH64 ? XXH_MAGIC : CRC_MAGIC, 8);
+            put_le64(rec + 8, dg_final(&hs));
+        }
+        rc = wr(w, rec, rl);
+        free(rec);
     }
     if (!rc) rc = wr(w, h8, 8);
     if (!rc) rc = wr(w, hdr, hlen);

@@ -1,9 +1,11 @@
 /* Mapped raw weights streams (lib/weights_map.h). The layout is
  * lrmoe-stream(5): safetensors frames (8-byte little-endian header length,
  * JSON header, data), each after its digest record ("LRMOECRC" + the
- * CRC-64/NVME or "LRMOEXXH" + the XXH64 of its bytes, verified here) in
- * streams written since the records exist, checked when the frame is
- * first used) and the trailer "LRMOEEND" + 8-byte frame count. The
+ * CRC-64/NVME or "LRMOEXXH" + the XXH64 of its bytes, or "LRMOECRT" + the
+ * tensor count + the CRC-64 of its header and of each tensor, verified
+ * here) in streams written since the records exist, checked when the
+ * frame, or for "LRMOECRT" the part, is first used) and the trailer
+ * "LRMOEEND" + 8-byte frame count. The
  * mapping is accepted only when every frame parses exactly as the stream
  * reader would accept it; any doubt answers 0 and the reader runs instead,
  * so errors keep the reader's wording (a digest that does not match too:
@@ -140,6 +142,9 @@ static void recs_free(lrmoe_wmap_t *m)
         free(m->rec[i].toff);
         free(m->rec[i].tlen);
         free(m->rec[i].tcrc);
+        free(m->rec[i].twant);
+        free(m->rec[i].tstate);
+        free(m->rec[i].tname);
     }
     free(m->rec);
     m->rec = NULL;
@@ -156,11 +161,19 @@ static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w, lrmoe_wmap_t *
         if (!memcmp(b + at, TRAILER, 8))
             return len - at == 16 && le64(b + at + 8) == (uint64_t)w->n ? 0 : -1;
         /* a digest record: every frame has one or none does */
-        int rec = !memcmp(b + at, "LRMOECRC", 8) ? 1 : !memcmp(b + at, "LRMOEXXH", 8) ? 2 : 0;
+        int rec = !memcmp(b + at, "LRMOECRC", 8) ? 1 : !memcmp(b + at, "LRMOEXXH", 8) ? 2
+                : !memcmp(b + at, "LRMOECRT", 8) ? 3 : 0;
         if (w->n && !rec != !digests) return -1;
         digests = rec;
-        uint64_t digest = 0;
-        if (rec) {
+        uint64_t digest = 0, parts = 0;
+        const uint8_t *crcs = NULL;   /* kind 3: the header's CRC, then each tensor's */
+        if (rec == 3) {
+            if (len - at < 32) return -1;
+            parts = le64(b + at + 8);
+            if (parts > LRMOE_MAX_TENSORS || (len - at - 32) / 8 < parts) return -1;
+            crcs = b + at + 16;
+            at += 24 + 8 * (size_t)parts;
+        } else if (rec) {
             if (len - at < 24) return -1;
             digest = le64(b + at + 8);
             at += 16;
@@ -185,19 +198,34 @@ static int walk(const uint8_t *b, size_t len, lrmoe_weights_t *w, lrmoe_wmap_t *
         if (frame_at((const char *)b + at + 8, (size_t)hlen, b + d0, len - d0, f, &dlen) < 0)
             return -1;
         lrmoe_wmap_rec_t *r = &m->rec[w->n - 1];
-        *r = (lrmoe_wmap_rec_t){at, 8 + (size_t)hlen + (size_t)dlen, digest, 0,
-                                (unsigned char)rec, 0, 0, NULL, NULL, NULL};
+        memset(r, 0, sizeof *r);
+        r->off = at;
+        r->len = 8 + (size_t)hlen + (size_t)dlen;
+        r->digest = digest;
+        r->kind = (unsigned char)rec;
         m->n = w->n;
         const int nt = f->ntensors;
-        if (!(r->toff = malloc((size_t)(nt ? nt : 1) * sizeof *r->toff)) ||
-            !(r->tlen = malloc((size_t)(nt ? nt : 1) * sizeof *r->tlen)) ||
-            !(r->tcrc = malloc((size_t)(nt ? nt : 1) * sizeof *r->tcrc)))
+        const size_t na = (size_t)(nt ? nt : 1);
+        if (!(r->toff = calloc(na, sizeof *r->toff)) || !(r->tlen = calloc(na, sizeof *r->tlen)) ||
+            !(r->tcrc = calloc(na, sizeof *r->tcrc)))
             return -1;
+        if (rec == 3) {     /* a CRC for the header and for each tensor */
+            if (parts != (uint64_t)nt || !(r->twant = calloc(na, sizeof *r->twant)) ||
+                !(r->tstate = calloc(na, 1)) || !(r->tname = calloc(na, sizeof *r->tname)))
+                return -1;
+            r->hlen = 8 + (size_t)hlen;
+            r->hwant = le64(crcs);
+            for (int k = 0; k < nt; k++) {
+                r->twant[k] = le64(crcs + 8 * (size_t)(k + 1));
+                r->tname[k] = f->tensors[k]->name;
+            }
+        }
+        r->nt = nt;
         for (int k = 0; k < nt; k++) { /* adopted in data order (frame_at) */
             const lrmoe_tensor_t *t = f->tensors[k];
-            if (!t->nbytes) continue;
-            r->toff[r->nt] = (size_t)((const uint8_t *)t->data - b);
-            r->tlen[r->nt++] = t->nbytes;
+            if (!t->nbytes) continue;   /* empty: no bytes, offset 0 */
+            r->toff[k] = (size_t)((const uint8_t *)t->data - b);
+            r->tlen[k] = t->nbytes;
         }
         int64_t l = w->n - 1;
         if (lrmoe_frame_attr_i64(f, "layer", &l) < 0) return -1;
@@ -261,6 +289,7 @@ static uint64_t frame_crc(const lrmoe_wmap_t *m, lrmoe_wmap_rec_t *r)
     const size_t end = r->off + r->len;
     uint64_t crc = 0;
     for (int k = 0; k < r->nt; k++) {
+        if (!r->tlen[k]) continue;
         if (r->toff[k] < at || r->toff[k] + r->tlen[k] > end) { /* not in data order */
             r->nt = 0;
             return lrmoe_crc64_par(0, b + r->off, r->len, m->threads, m->piece);
@@ -279,9 +308,11 @@ int lrmoe_weights_map_crc(const lrmoe_wmap_t *m, const void *p, size_t n, uint64
     const size_t off = (size_t)((const uint8_t *)p - (const uint8_t *)m->base);
     for (int i = 0; i < m->n; i++) {
         const lrmoe_wmap_rec_t *r = &m->rec[i];
-        if (r->kind != 1 || r->state != 1 || off < r->off || off >= r->off + r->len) continue;
+        if (off < r->off || off >= r->off + r->len) continue;
+        if (r->kind != 1 && r->kind != 3) return 0;
         for (int k = 0; k < r->nt; k++)
-            if (r->toff[k] == off && r->tlen[k] == n) {
+            if (n && r->toff[k] == off && r->tlen[k] == n &&
+                (r->kind == 1 ? r->state == 1 : r->tstate[k] == 1)) {
                 *crc = r->tcrc[k];
                 return 1;
             }
@@ -290,20 +321,78 @@ int lrmoe_weights_map_crc(const lrmoe_wmap_t *m, const void *p, size_t n, uint64
     return 0;
 }
 
+/* Bytes about to be read: read ahead as usual from here on (the rest of
+ * the mapping stays MADV_RANDOM) */
+static void advise_normal(const lrmoe_wmap_t *m, size_t off, size_t n)
+{
+    const uint8_t *p = (const uint8_t *)m->base + off;
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(pg - 1);
+    (void)madvise((void *)a, (uintptr_t)p + n - a, MADV_NORMAL);
+}
+
+/* A record by parts (kind 3): the header's check, then tensor k's (once
+ * each); 0 or -1 with the error naming the part. */
+static int part_error(const lrmoe_wmap_t *m, int i, const char *what, const char *name,
+                      uint64_t got, uint64_t want)
+{
+    return lrmoe_err("%s: frame %d: %s%s: digest mismatch: its CRC-64 is %016" PRIx64
+                     ", the digest record says %016" PRIx64
+                     " (the stream changed after it was written)",
+                     m->path, i, what, name, got, want);
+}
+
+static int check_header(const lrmoe_wmap_t *m, int i, lrmoe_wmap_rec_t *r)
+{
+    if (!r->hstate) {
+        r->hgot = lrmoe_crc64_update(0, (const uint8_t *)m->base + r->off, r->hlen);
+        r->hstate = r->hgot == r->hwant ? 1 : 2;
+    }
+    return r->hstate == 1 ? 0 : part_error(m, i, "header", "", r->hgot, r->hwant);
+}
+
+static int check_part(const lrmoe_wmap_t *m, int i, lrmoe_wmap_rec_t *r, int k)
+{
+    if (!r->tstate[k]) {
+        if (r->tlen[k]) {
+            advise_normal(m, r->toff[k], r->tlen[k]);
+            r->tcrc[k] = lrmoe_crc64_par(0, (const uint8_t *)m->base + r->toff[k], r->tlen[k],
+                                         m->threads, m->piece);
+        }
+        r->tstate[k] = r->tcrc[k] == r->twant[k] ? 1 : 2;
+    }
+    return r->tstate[k] == 1 ? 0 : part_error(m, i, "tensor ", r->tname[k], r->tcrc[k], r->twant[k]);
+}
+
+int lrmoe_weights_map_check_tensors(const lrmoe_wmap_t *m, int i, const char *const *names,
+                                    int nn)
+{
+    if (!m->base || i < 0 || i >= m->n) return 0;
+    lrmoe_wmap_rec_t *r = &m->rec[i];
+    if (r->kind != 3) return lrmoe_weights_map_check(m, i);
+    if (check_header(m, i, r) < 0) return -1;
+    for (int j = 0; j < nn; j++)
+        for (int k = 0; k < r->nt; k++)
+            if (!strcmp(r->tname[k], names[j]) && check_part(m, i, r, k) < 0) return -1;
+    return 0;
+}
+
 int lrmoe_weights_map_check(const lrmoe_wmap_t *m, int i)
 {
     if (!m->base || i < 0 || i >= m->n) return 0;
     lrmoe_wmap_rec_t *r = &m->rec[i];
+    if (r->kind == 3) {     /* every part, the header first */
+        if (!r->state) advise_normal(m, r->off, r->len);
+        int rc = check_header(m, i, r);
+        for (int k = 0; rc == 0 && k < r->nt; k++) rc = check_part(m, i, r, k);
+        r->state = rc == 0 ? 1 : 2;
+        return rc;
+    }
     if (!r->state) {
-        const uint8_t *p = (const uint8_t *)m->base + r->off;
-        /* the frame's bytes read ahead as usual from here on (the rest of
-         * the mapping stays MADV_RANDOM) */
-        const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(pg - 1);
-        (void)madvise((void *)a, (uintptr_t)p + r->len - a, MADV_NORMAL);
+        advise_normal(m, r->off, r->len);
         if (r->kind == 1)
             r->got = frame_crc(m, r);
         else if (r->kind == 2)
-            r->got = lrmoe_xxh64(p, r->len);
+            r->got = lrmoe_xxh64((const uint8_t *)m->base + r->off, r->len);
         r->state = !r->kind || r->got == r->digest ? 1 : 2;
     }
     if (r->state == 1) return 0;
@@ -340,4 +429,11 @@ int lrmoe_weights_use(const lrmoe_wmap_t *m, const lrmoe_weights_t *w, const lrm
 {
     if (!m || !m->base || !wf) return 0;
     return lrmoe_weights_map_check(m, (int)(wf - w->frames));
+}
+
+int lrmoe_weights_use_tensors(const lrmoe_wmap_t *m, const lrmoe_weights_t *w,
+                              const lrmoe_frame_t *wf, const char *const *names, int nn)
+{
+    if (!m || !m->base || !wf) return 0;
+    return lrmoe_weights_map_check_tensors(m, (int)(wf - w->frames), names, nn);
 }

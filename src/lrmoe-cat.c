@@ -23,6 +23,13 @@ static void usage(FILE *fp)
         "      --set-attr KEY=VALUE  set attribute KEY to VALUE in every frame,\n"
         "                      replacing the frame's own (repeatable): restate a\n"
         "                      trace's model sizes, e.g. --set-attr hidden=7168\n"
+        "      --digests MODE  the digest record before each frame: auto (default:\n"
+        "                      a CRC-64 of the header and of each tensor for a\n"
+        "                      frame of 64 MiB of data or more, which a mapped\n"
+        "                      weights file is checked by, one CRC-64 of the\n"
+        "                      frame otherwise), tensors (by parts, every frame),\n"
+        "                      frame (one CRC-64, every frame: for readers older\n"
+        "                      than the records by parts) or none\n"
         "  -o, --output FILE   write to FILE (default stdout)\n"
         "  -l, --level N       zstd level (default: 1 to a file, raw to a pipe)\n"
         "  -@, --threads N     zstd worker threads (default 0)\n"
@@ -32,7 +39,7 @@ static void usage(FILE *fp)
         "  -V, --version       print the version\n");
 }
 
-enum { OPT_KEEP = 0x2001, OPT_DROP, OPT_SET_ATTR };
+enum { OPT_KEEP = 0x2001, OPT_DROP, OPT_SET_ATTR, OPT_DIGESTS };
 
 #define MAX_SET 256
 
@@ -67,9 +74,11 @@ static int cat_main(int argc, char **argv, thin_t *th)
         {"keep", required_argument, 0, OPT_KEEP},
         {"drop", required_argument, 0, OPT_DROP},
         {"set-attr", required_argument, 0, OPT_SET_ATTR},
+        {"digests", required_argument, 0, OPT_DIGESTS},
         {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
+    int digests = LRMOE_DIGEST_CRC64;   /* --digests */
     lrmoe_io_t io;
     lrmoe_io_init(&io);
     int c;
@@ -101,6 +110,18 @@ static int cat_main(int argc, char **argv, thin_t *th)
             th->set[th->nset++] = optarg;
             break;
         }
+        case OPT_DIGESTS: {
+            static const char *const modes[] = {"none", "auto", NULL, "tensors", "frame"};
+            digests = -1;
+            for (int k = 0; k < 5; k++)
+                if (modes[k] && !strcmp(optarg, modes[k])) digests = k;
+            if (digests < 0) {
+                fprintf(stderr, "lrmoe-cat: --digests: '%s' is not auto, tensors, frame or none\n",
+                        optarg);
+                return lrmoe_usage_error("lrmoe-cat");
+            }
+            break;
+        }
         case 'h': usage(stdout); return 0;
         case 'V': printf("lrmoe-cat (lrmoe) %s\n", LRMOE_VERSION); return 0;
         default: return lrmoe_usage_error("lrmoe-cat");
@@ -116,6 +137,7 @@ static int cat_main(int argc, char **argv, thin_t *th)
         fprintf(stderr, "lrmoe-cat: %s\n", lrmoe_errmsg());
         return 1;
     }
+    lrmoe_writer_set_digests(w, digests);   /* the LRMOE_DIGEST_* of the mode */
     lrmoe_frame_t f;
     lrmoe_frame_init(&f);
     int nin = argc - optind, rc = 0;

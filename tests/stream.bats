@@ -789,3 +789,96 @@ PY
     [ -n "${SANITIZE:-}" ] && limit=524288
     [ "$rss" -lt "$limit" ] || { echo "maxrss $rss KiB (limit $limit)"; false; }
 }
+
+@test "integrity: records by parts (LRMOECRT): the writer's bytes are the independent writer's; every changed part, count or CRC is refused at its frame; auto writes them from 64 MiB of data" {
+    # ok.lrm: five tensors (one empty) and one; lrmoe-cat --digests tensors
+    # writes what the Python writer does, and each record is the header's
+    # and the tensors' CRC-64 by the independent definition
+    python3 -c "
+import lrmoe_stream as s
+s.write_stream('$T/py.raw', s.read_stream('$T/ok.lrm', True), digests='tensors')"
+    "$BIN/lrmoe-cat" --digests tensors --no-compress -o "$T/t.raw" "$T/ok.lrm"
+    cmp "$T/t.raw" "$T/py.raw"
+    python3 -c "
+import lrmoe_stream as s
+b, pos, n = open('$T/t.raw', 'rb').read(), 0, 0
+while b[pos:pos + 8] != s.TRAILER:
+    assert b[pos:pos + 8] == s.DIGEST_CRT and s.record_ok(b, pos); pos, n = s.decode_frame(b, pos)[3], n + 1
+assert n == 2"
+    # read back (raw, a pipe, zstd): the frames, with the default records
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/back.raw" "$T/t.raw"
+    assert_success
+    cmp "$T/back.raw" "$T/ok.lrm"
+    run sh -c "'$BIN/lrmoe-cat' --no-compress < '$T/t.raw' > '$T/back2.raw'"
+    assert_success
+    cmp "$T/back2.raw" "$T/ok.lrm"
+    "$BIN/lrmoe-cat" --digests tensors -l 1 -o "$T/t.zst" "$T/ok.lrm"
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/back3.raw" "$T/t.zst"
+    assert_success
+    cmp "$T/back3.raw" "$T/ok.lrm"
+    # --digests frame, none and auto
+    "$BIN/lrmoe-cat" --digests frame --no-compress -o "$T/f.raw" "$T/t.raw"
+    cmp "$T/f.raw" "$T/ok.lrm"
+    "$BIN/lrmoe-cat" --digests none --no-compress -o "$T/n.raw" "$T/t.raw"
+    python3 -c "
+import lrmoe_stream as s
+b = open('$T/n.raw', 'rb').read(); assert s.record_len(b, 0) == 0
+s.write_stream('$T/pyn.raw', s.read_stream('$T/ok.lrm', True))"
+    cmp "$T/n.raw" "$T/pyn.raw"
+    # one bit flipped in frame 1's record (count, header CRC, tensor CRC), in
+    # its header (a digit of an attribute: still a valid header) and in its
+    # tensor: refused at frame 1, frame 0 passed on
+    python3 -c "
+import lrmoe_stream as s
+b = open('$T/t.raw', 'rb').read(); p = s.decode_frame(b, 0)[3]; h = p + s.record_len(b, p)
+print(p + 8, p + 16, p + 24, b.index(b'\"layer\":\"1\"', h) + 9, s.decode_frame(b, p)[3] - 1)" > "$T/at"
+    read -r cnt hcrc tcrc attr data < "$T/at"
+    keep=$(python3 -c "
+import lrmoe_stream as s
+print(s.decode_frame(open('$T/ok.lrm', 'rb').read(), 0)[3])")
+    for at in $cnt $hcrc $tcrc $attr $data; do
+        cp "$T/t.raw" "$T/bad.raw"
+        flip "$T/bad.raw" "$at"
+        run sh -c "'$BIN/lrmoe-cat' --no-compress < '$T/bad.raw' > '$T/out.raw'"
+        assert_failure 1
+        if [ "$at" = "$cnt" ]; then
+            # the record's end moves with its count: what follows misreads
+            assert_output --regexp "^lrmoe-cat: <stdin>: frame 1: .+"
+        else
+            assert_output --regexp "^lrmoe-cat: <stdin>: frame 1: digest mismatch: the frame's CRC-64 is [0-9a-f]{16}, its digest record's header and tensor CRCs combine to [0-9a-f]{16} \(the stream changed after it was written\)$"
+        fi
+        assert_equal "$(stat -c %s "$T/out.raw")" "$keep"
+    done
+    # a record whose count is not its frame's (one CRC too many, written
+    # consistently): refused, naming both
+    python3 -c "
+import struct, lrmoe_stream as s
+b = open('$T/t.raw', 'rb').read(); p = s.decode_frame(b, 0)[3]
+(n,) = struct.unpack_from('<Q', b, p + 8); assert n == 1
+rec = s.DIGEST_CRT + struct.pack('<Q', 2) + b[p + 16:p + 32] + struct.pack('<Q', 0)
+open('$T/cnt.raw', 'wb').write(b[:p] + rec + b[p + 32:])"
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/out.raw" "$T/cnt.raw"
+    assert_failure 1
+    assert_output "lrmoe-cat: $T/cnt.raw: frame 1: the digest record lists 2 tensors, the frame has 1"
+    # a count beyond the limit is refused before anything is allocated
+    python3 -c "
+import struct
+b = bytearray(open('$T/t.raw', 'rb').read()); b[8:16] = struct.pack('<Q', 1 << 40)
+open('$T/huge.raw', 'wb').write(b)"
+    run "$BIN/lrmoe-cat" --no-compress -o "$T/out.raw" "$T/huge.raw"
+    assert_failure 1
+    assert_output "lrmoe-cat: $T/huge.raw: frame 0: digest record for 1099511627776 tensors (at most 131072 in a frame)"
+    # auto (every writer's default): a record by parts from 64 MiB of data
+    python3 -c "
+import numpy as np, lrmoe_stream as s
+n = 64 << 20
+s.write_stream('$T/big.raw', [({'a': np.zeros(n - 1, np.uint8)}, {}), ({'a': np.zeros(n - 8, np.uint8), 'b': np.ones(8, np.uint8)}, {})])"
+    "$BIN/lrmoe-cat" --no-compress -o "$T/big.crc" "$T/big.raw"
+    python3 -c "
+import lrmoe_stream as s
+b = open('$T/big.crc', 'rb').read(); p = s.decode_frame(b, 0)[3]
+assert b[:8] == s.DIGEST and b[p:p + 8] == s.DIGEST_CRT and s.record_len(b, p) == 24 + 16, (b[:8], b[p:p + 8])"
+    run "$BIN/lrmoe-cat" --no-compress -o /dev/null "$T/big.crc"
+    assert_success
+    rm -f "$T"/big.*
+}

@@ -44,10 +44,10 @@ def count_frames(buf):
     """Complete frames at the start of buf (a raw stream being written)."""
     pos, n = 0, 0
     while len(buf) - pos >= 8 and buf[pos:pos + 8] != s.TRAILER:
-        if buf[pos:pos + 8] in s.DIGESTS:
-            if len(buf) - pos < 24:
+        if buf[pos:pos + 8] in s.DIGESTS + (s.DIGEST_CRT,):
+            if len(buf) - pos < 24 or len(buf) - pos < s.record_len(buf, pos) + 8:
                 break
-            pos += 16
+            pos += s.record_len(buf, pos)
         (hlen,) = struct.unpack_from("<Q", buf, pos)
         if len(buf) - pos < 8 + hlen:
             break

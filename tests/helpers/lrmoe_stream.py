@@ -20,7 +20,8 @@ import numpy as np
 TRAILER = b"LRMOEEND"
 DIGEST = b"LRMOECRC"        # the records lrmoe's writers write: CRC-64/NVME
 DIGEST_XXH = b"LRMOEXXH"    # the records of earlier writers: XXH64
-DIGESTS = (DIGEST, DIGEST_XXH)
+DIGEST_CRT = b"LRMOECRT"    # CRC-64s by part: the writers' for frames of 64 MiB or more
+DIGESTS = (DIGEST, DIGEST_XXH)  # the 16-byte records
 NP = {
     "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16,
     "I16": np.int16, "U32": np.uint32, "I32": np.int32, "U64": np.uint64,
@@ -124,11 +125,44 @@ def digest_of(kind, frame):
     return crc64(frame) if kind == DIGEST else xxh64(frame)
 
 
+def record_len(buf, pos):
+    """The length of the digest record at buf[pos:] (lrmoe-stream(5),
+    Integrity: "LRMOECRC" + the frame's CRC-64, or "LRMOEXXH" + its XXH64:
+    16; "LRMOECRT" + the tensor count n + the CRC-64 of the header and of
+    each tensor: 24 + 8 n), 0 when there is none."""
+    if buf[pos:pos + 8] in DIGESTS:
+        return 16
+    if buf[pos:pos + 8] == DIGEST_CRT:
+        return 24 + 8 * struct.unpack_from("<Q", buf, pos + 8)[0]
+    return 0
+
+
 def skip_digest(buf, pos):
-    """The position after the digest record at buf[pos:] (lrmoe-stream(5),
-    Integrity: "LRMOECRC" + the frame's CRC-64, or "LRMOEXXH" + its XXH64),
-    or pos when there is none."""
-    return pos + 16 if buf[pos:pos + 8] in DIGESTS else pos
+    """The position after the digest record at buf[pos:], or pos when there
+    is none."""
+    return pos + record_len(buf, pos)
+
+
+def part_crcs(frame):
+    """The CRC-64s of an "LRMOECRT" record for a frame's bytes: its header
+    (length and JSON), then each tensor's data in data order."""
+    (hlen,) = struct.unpack_from("<Q", frame, 0)
+    hdr = json.loads(frame[8:8 + hlen])
+    base = 8 + hlen
+    spans = sorted(v["data_offsets"] for k, v in hdr.items() if k != "__metadata__")
+    return [crc64(frame[:base])] + [crc64(frame[base + b:base + e]) for b, e in spans]
+
+
+def record_ok(buf, pos):
+    """Whether the record at buf[pos:] matches the frame after it, by its
+    own definition (pure Python: test-sized frames)."""
+    n = record_len(buf, pos)
+    end = decode_frame(buf, pos)[3]
+    frame = buf[pos + n:end]
+    if buf[pos:pos + 8] == DIGEST_CRT:
+        k = (n - 24) // 8
+        return list(struct.unpack_from("<%dQ" % (k + 1), buf, pos + 16)) == part_crcs(frame)
+    return struct.unpack_from("<Q", buf, pos + 8)[0] == digest_of(buf[pos:pos + 8], frame)
 
 
 def decode_frame(buf, pos=0):
@@ -189,15 +223,24 @@ def encode_frame(tensors, attrs=None, dtypes=None, at=0, align=64):
 def write_stream(path, frames, trailer=True, compress=False, align=64, digests=False):
     """frames: iterable of (tensors, attrs) or (tensors, attrs, dtypes).
     digests=True (or "crc") writes each frame's digest record before it, as
-    lrmoe's writers do (CRC-64); "xxh" the XXH64 records of earlier writers;
-    the default writes the format before the records existed."""
+    lrmoe's writers do for frames under 64 MiB (CRC-64); "xxh" the XXH64
+    records of earlier writers; "tensors" the records by part (CRC-64 of the
+    header and of each tensor); the default writes the format before the
+    records existed."""
     kind = DIGEST_XXH if digests == "xxh" else DIGEST
     out, n, at = [], 0, 0
     for fr in frames:
-        if digests:
-            at += 16
+        rl = 0
+        if digests == "tensors":
+            rl = 24 + 8 * len(fr[0])
+        elif digests:
+            rl = 16
+        at += rl
         out.append(encode_frame(*fr, at=at, align=align))
-        if digests:
+        if digests == "tensors":
+            c = part_crcs(out[-1])
+            out.insert(len(out) - 1, DIGEST_CRT + struct.pack("<%dQ" % (len(c) + 1), len(c) - 1, *c))
+        elif digests:
             out.insert(len(out) - 1, kind + struct.pack("<Q", digest_of(kind, out[-1])))
         at += len(out[-1])
         n += 1

@@ -10,6 +10,8 @@
                             fraction of its bytes' pages (digest record,
                             header and data) that are resident, one per
                             line: "frame I FRACTION"
+  resident.py tensors FILE  the same for each tensor's data: "frame I NAME
+                            FRACTION", in data order
 
 The tests use it to see which frames of a weights stream a process read:
 evict, run the process, look (tests/exec.bats).
@@ -50,9 +52,10 @@ def resident_pages(path):
         os.close(fd)
 
 
-def frames(path):
+def frames(path, tensors=False):
     """(begin, end) byte ranges of the raw stream's frames, each with its
-    digest record"""
+    digest record; tensors=True: [(name, begin, end), ...] of each frame's
+    tensors' data instead"""
     with open(path, "rb") as f:
         b = f.read()
     out, pos = [], 0
@@ -60,18 +63,21 @@ def frames(path):
         start = pos
         if b[pos:pos + 8] in (b"LRMOECRC", b"LRMOEXXH"):
             pos += 16
+        elif b[pos:pos + 8] == b"LRMOECRT":    # count, header CRC, a CRC a tensor
+            pos += 24 + 8 * int.from_bytes(b[pos + 8:pos + 16], "little")
         hl = int.from_bytes(b[pos:pos + 8], "little")
         hdr = json.loads(b[pos + 8:pos + 8 + hl])
         d0 = pos + 8 + hl
-        dl = max([v["data_offsets"][1] for k, v in hdr.items() if k != "__metadata__"] or [0])
-        pos = d0 + dl
-        out.append((start, pos))
+        ts = sorted((v["data_offsets"][0], v["data_offsets"][1], k)
+                    for k, v in hdr.items() if k != "__metadata__")
+        pos = d0 + max([e for _, e, _ in ts] or [0])
+        out.append([(k, d0 + a, d0 + e) for a, e, k in ts] if tensors else (start, pos))
     return out
 
 
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in ("evict", "frames"):
-        sys.exit("usage: resident.py evict|frames FILE")
+    if len(sys.argv) != 3 or sys.argv[1] not in ("evict", "frames", "tensors"):
+        sys.exit("usage: resident.py evict|frames|tensors FILE")
     path = sys.argv[2]
     if sys.argv[1] == "evict":
         fd = os.open(path, os.O_RDONLY)
@@ -82,6 +88,12 @@ def main():
         print(f"{sum(r) / max(len(r), 1):.3f}")
         return
     r = resident_pages(path)
+    if sys.argv[1] == "tensors":
+        for i, ts in enumerate(frames(path, tensors=True)):
+            for k, a, e in ts:
+                p0, p1 = a // PAGE, (e + PAGE - 1) // PAGE
+                print(f"frame {i} {k} {sum(r[p0:p1]) / max(p1 - p0, 1):.3f}")
+        return
     for i, (a, e) in enumerate(frames(path)):
         p0, p1 = a // PAGE, (e + PAGE - 1) // PAGE
         print(f"frame {i} {sum(r[p0:p1]) / max(p1 - p0, 1):.3f}")

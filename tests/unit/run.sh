@@ -37,7 +37,7 @@ t score "ok"
 t swiglu "cases, 0 failed" 65537
 D=$(mktemp -d "${TMPDIR:-/tmp}/lrmoe-unit.XXXXXX")
 t stream_verify "stream_verify: 16 cases, 0 failed" "$D"
-t weights_map "weights_map: 2368 cases, 0 failed" "$D"
+t weights_map "weights_map: 3744 cases, 0 failed" "$D"
 rm -rf "$D"
 echo "unit: $pass passed, $fail failed"
 [ "$fail" = 0 ]

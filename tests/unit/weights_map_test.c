@@ -4,9 +4,10 @@
  * at its first use (lrmoe_weights_map_check) and that frame's alone. On a
  * raw weights stream of three layer frames (w_gate, w_up, w_down of random
  * BF16 bits, E=4 F=24 D=40 and one frame of E=5), written here with CRC-64
- * records and again with XXH64 ones (hashed on one thread), for threads 1,
- * 2, 3, 7 and pieces of at least 1 byte, 4 KiB, 64 KiB and the library's
- * default:
+ * records, again with XXH64 ones (hashed on one thread) and again with
+ * CRC-64 records by parts (the header's and each tensor's: "tensors"), for
+ * threads 1, 2, 3, 7 and pieces of at least 1 byte, 4 KiB, 64 KiB and the
+ * library's default:
  *   intact: mapped, every tensor where the sequential check put it, every
  *   frame's check passes; each tensor's CRC-64 (lrmoe_weights_map_crc) is
  *   known after its frame's check alone, equals a sequential CRC of its
@@ -17,6 +18,14 @@
  *   mapped (the headers are intact); the check of the frame holding the
  *   byte fails, twice (the verdict is kept), with the reader's error naming
  *   the file and that frame; the other frames' checks pass.
+ * Records by parts, also: a tensor's CRC is known after the check of that
+ * tensor alone (lrmoe_weights_map_check_tensors), not its neighbours'; a
+ * flipped bit fails the check of the tensor holding it (naming it: "frame
+ * I: tensor NAME: digest mismatch: "), and the frame's, and no other
+ * tensor's nor the header's; a flipped bit in a tensor's CRC in the record
+ * fails that tensor's check alone; one in the header (a digit of the layer
+ * attribute: the frame still maps) fails every check of that frame as
+ * "frame I: header: digest mismatch: " and no other frame's.
  *   weights_map_test DIR   (DIR: where the streams are written)
  * prints the cases per setting and "weights_map: N cases, F failed". */
 #include <fcntl.h>
@@ -84,9 +93,10 @@ int main(int argc, char **argv)
     int cases = 0, failed = 0;
     snprintf(path, sizeof path, "%s/weights_map_test.lrm", argv[1]);
     snprintf(copy, sizeof copy, "%s/weights_map_test.copy.lrm", argv[1]);
-    static const struct { int kind; const char *name; } dg[] = {{LRMOE_DIGEST_CRC64, "crc64"},
-                                                              {LRMOE_DIGEST_XXH64, "xxh64"}};
-    for (int d = 0; d < 2; d++) {
+    static const struct { int kind; const char *name; } dg[] = {
+        {LRMOE_DIGEST_CRC64, "crc64"}, {LRMOE_DIGEST_XXH64, "xxh64"},
+        {LRMOE_DIGEST_CRC64_TENSORS, "tensors"}};
+    for (int d = 0; d < 3; d++) {
         if (write_weights(path, dg[d].kind) < 0) {
             fprintf(stderr, "weights_map_test: %s: %s\n", path, lrmoe_errmsg());
             return 1;
@@ -101,6 +111,7 @@ int main(int argc, char **argv)
 static int run(const char *path, const char *copy, const char *what, int *pcases, int *pfailed)
 {
     int cases = *pcases, failed = *pfailed;
+    const int parts = !strcmp(what, "tensors");
     /* the reference: one thread, one piece per frame */
     lrmoe_weights_t w0;
     lrmoe_wmap_t m0;
@@ -159,10 +170,19 @@ static int run(const char *path, const char *copy, const char *what, int *pcases
                     const lrmoe_tensor_t *t0 = w.frames[i].tensors[0];
                     uint64_t c;
                     if (lrmoe_weights_map_crc(&m, t0->data, t0->nbytes, &c)) crcs = 0;
+                    if (parts) {    /* w_up alone: its CRC, not w_gate's */
+                        const lrmoe_tensor_t *t1 = w.frames[i].tensors[1];
+                        const char *nm = t1->name;
+                        if (lrmoe_weights_map_check_tensors(&m, i, &nm, 1) != 0 ||
+                            !lrmoe_weights_map_crc(&m, t1->data, t1->nbytes, &c) ||
+                            c != lrmoe_crc64_update(0, t1->data, t1->nbytes) ||
+                            lrmoe_weights_map_crc(&m, t0->data, t0->nbytes, &c))
+                            crcs = 0;
+                    }
                     same = lrmoe_weights_map_check(&m, i) == 0;
                     for (int j = 0; same && j < w.frames[i].ntensors; j++) {
                         const lrmoe_tensor_t *x = w.frames[i].tensors[j];
-                        const int want = !strcmp(what, "crc64");
+                        const int want = strcmp(what, "xxh64") != 0;
                         int got = lrmoe_weights_map_crc(&m, x->data, x->nbytes, &c);
                         if (got != want || (got && c != lrmoe_crc64_update(0, x->data, x->nbytes)))
                             crcs = 0;
@@ -210,7 +230,31 @@ static int run(const char *path, const char *copy, const char *what, int *pcases
                         const int holds = at >= lo && at < hi;
                         char want[4096 + 64];
                         snprintf(want, sizeof want, "%s: frame %d: digest mismatch: ", copy, i);
-                        for (int twice = 0; twice < 2 && !bad; twice++) {
+                        for (int twice = 0; parts && twice < 2 && !bad; twice++) {
+                            /* each tensor alone, then the frame: the one
+                             * holding the byte fails, naming it */
+                            const char *hn = NULL;
+                            for (int j = 0; j < w.frames[i].ntensors; j++) {
+                                const lrmoe_tensor_t *x = w.frames[i].tensors[j];
+                                size_t o = (size_t)((const char *)x->data - b0);
+                                if (at >= o && at < o + x->nbytes) hn = x->name;
+                            }
+                            if (hn)
+                                snprintf(want, sizeof want, "%s: frame %d: tensor %s: digest mismatch: ",
+                                         copy, i, hn);
+                            for (int j = 0; j <= w.frames[i].ntensors && !bad; j++) {
+                                const char *nm = j < w.frames[i].ntensors ? w.frames[i].tensors[j]->name : NULL;
+                                int c = nm ? lrmoe_weights_map_check_tensors(&m, i, &nm, 1)
+                                           : lrmoe_weights_map_check(&m, i);
+                                int fails = hn && (!nm || !strcmp(nm, hn));
+                                if (fails ? c != -1 || strncmp(lrmoe_errmsg(), want, strlen(want)) : c != 0) {
+                                    snprintf(why, sizeof why, "frame %d, %s (call %d): %d, '%.120s'",
+                                             i, nm ? nm : "whole", twice + 1, c, c ? lrmoe_errmsg() : "");
+                                    bad = 1;
+                                }
+                            }
+                        }
+                        for (int twice = 0; !parts && twice < 2 && !bad; twice++) {
                             int c = lrmoe_weights_map_check(&m, i);
                             if (holds && (c != -1 || strncmp(lrmoe_errmsg(), want, strlen(want)))) {
                                 snprintf(why, sizeof why, "frame %d's check (call %d): %d, '%.120s'",
@@ -229,6 +273,52 @@ static int run(const char *path, const char *copy, const char *what, int *pcases
                         failed++;
                     }
                     if (r == 1) lrmoe_weights_unmap(&w, &m);
+                    if (flip(copy, at) < 0) { perror("weights_map_test"); return -1; }
+                }
+            for (int i = 0; parts && i < w0.n; i++)
+                for (int k = -1; k < w0.frames[i].ntensors; k++) {
+                    /* k < 0: a digit of frame i's layer attribute in its
+                     * header; else a bit of tensor k's CRC in the record */
+                    const lrmoe_wmap_rec_t *r0 = &m0.rec[i];
+                    size_t at = r0->off - 8 * (size_t)(w0.frames[i].ntensors - k);
+                    if (k < 0) {
+                        const char *h = (const char *)m0.base + r0->off + 8;
+                        const char *l = memmem(h, r0->hlen - 8, "\"layer\":\"", 9);
+                        if (!l) { fprintf(stderr, "weights_map_test: no layer attribute\n"); return -1; }
+                        at = (size_t)(l + 9 - (const char *)m0.base);
+                    }
+                    if (flip(copy, at) < 0) { perror("weights_map_test"); return -1; }
+                    cases++;
+                    lrmoe_weights_t w;
+                    lrmoe_wmap_t m;
+                    char why[256] = "";
+                    if (lrmoe_weights_map_pieces(copy, &w, &m, th, pc) != 1) {
+                        snprintf(why, sizeof why, "not mapped");
+                    } else {
+                        for (int f = 0; f < w.n && !*why; f++)
+                            for (int j = -1; j <= w.frames[f].ntensors && !*why; j++) {
+                                /* j -1: the header alone; ntensors: the frame */
+                                const char *nm = j >= 0 && j < w.frames[f].ntensors
+                                                     ? w.frames[f].tensors[j]->name : NULL;
+                                int c = j == w.frames[f].ntensors ? lrmoe_weights_map_check(&m, f)
+                                      : lrmoe_weights_map_check_tensors(&m, f, &nm, nm ? 1 : 0);
+                                char want[4096 + 64] = "";
+                                if (f == i && k < 0)
+                                    snprintf(want, sizeof want, "%s: frame %d: header: digest mismatch: ", copy, f);
+                                else if (f == i && (j == k || j == w.frames[f].ntensors))
+                                    snprintf(want, sizeof want, "%s: frame %d: tensor %s: digest mismatch: ",
+                                             copy, f, w.frames[f].tensors[k]->name);
+                                if (*want ? c != -1 || strncmp(lrmoe_errmsg(), want, strlen(want)) : c != 0)
+                                    snprintf(why, sizeof why, "frame %d part %d: %d, '%.120s'", f, j, c,
+                                             c ? lrmoe_errmsg() : "");
+                            }
+                        lrmoe_weights_unmap(&w, &m);
+                    }
+                    if (*why) {
+                        printf("FAIL %s threads %d piece %zu: %s of frame %d flipped: %s\n", what, th,
+                               pc, k < 0 ? "the header" : "a tensor's record", i, why);
+                        failed++;
+                    }
                     if (flip(copy, at) < 0) { perror("weights_map_test"); return -1; }
                 }
             printf("%s threads %d piece %zu: %d cases, %d failed\n", what, th, pc, cases - c0,
