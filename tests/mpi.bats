@@ -588,10 +588,12 @@ f.seek(e - 4); b = f.read(1); f.seek(e - 4); f.write(bytes([b[0] ^ 4]))"
     run same "$D/one.lrm" "$D/o.lrm"
     assert_success
     # the digests agree between a mapped copy (its tensors' CRCs combined
-    # from the frame's check) and a compressed one (read and hashed), either
-    # way round
+    # from the frame's check), one whose records are by parts (the CRCs
+    # from its record, each part checked) and a compressed one (read and
+    # hashed), either way round
     "$BIN/lrmoe-cat" -o "$D/wz.lrm" "$D/w.lrm"
-    for pair in "w.lrm wz.lrm" "wz.lrm w.lrm"; do
+    "$BIN/lrmoe-cat" --digests tensors --no-compress -o "$D/wt.lrm" "$D/w.lrm"
+    for pair in "w.lrm wz.lrm" "wz.lrm w.lrm" "wt.lrm wz.lrm" "w.lrm wt.lrm"; do
         set -- $pair
         run $MPIRUN -np 2 sh "$D/wr.sh" "$D/$1" "$D/$2" "$EXEC" --phase forward -@ 1 \
             --no-compress -o "$D/o.lrm" "$D/r.lrm"

@@ -234,6 +234,90 @@ print('same')"
     assert_output --partial "frame 1: digest mismatch"
 }
 
+@test "route, plan: with records by parts (lrmoe-stream(5)) route reads a layer's router_weight and expert_bias, plan its header, not its experts; a flipped bit in the experts is not their error, in what they read is, naming the part" {
+    local H="$BATS_TEST_DIRNAME/helpers"
+    # four layers of 48 MiB (E=16 D=1024 F=512 BF16: 16 MiB a matrix), the
+    # records by parts that writers put before frames of 64 MiB or more
+    "$BIN/lrmoe-gen" --experts 16 --topk 4 --hidden 1024 --ffn 512 --layers 4 --tokens 64 \
+        --seed 3 --weights "$T/w0.lrm" --no-compress -o "$T/g.lrm"
+    "$BIN/lrmoe-cat" --digests tensors --no-compress -o "$T/w.lrm" "$T/w0.lrm"
+    python3 -c "
+import sys; sys.path.insert(0, '$H'); from lrmoe_stream import *
+b = open('$T/w.lrm', 'rb').read(); assert b[:8] == DIGEST_CRT
+f = read_stream('$T/g.lrm', True); assert [a['layer'] for _, a, _ in f] == ['0', '1', '2', '3']
+write_stream('$T/in2.lrm', f[2:3])"
+    "$BIN/lrmoe-route" -k 4 --from-hidden -w "$T/w0.lrm" -o "$T/ref.lrm" "$T/in2.lrm"
+    "$BIN/lrmoe-route" -k 4 --from-hidden -w "$T/w.lrm" -o "$T/o.lrm" "$T/in2.lrm"
+    cmp "$T/o.lrm" "$T/ref.lrm"
+    "$BIN/lrmoe-plan" -P 4 --weights "$T/w0.lrm" -o "$T/pref.lrm" "$T/ref.lrm"
+    run python3 "$H/resident.py" evict "$T/w.lrm"
+    [ "$output" = 0.000 ] || skip "this filesystem keeps the file's pages cached after POSIX_FADV_DONTNEED (resident fraction $output): cannot see which parts a process reads"
+    "$BIN/lrmoe-plan" -P 4 --weights "$T/w.lrm" -o "$T/p.lrm" "$T/ref.lrm"
+    "$BIN/lrmoe-view" --diff "$T/p.lrm" "$T/pref.lrm" | grep -q "the same"
+    # plan: the headers' pages only (no read-around: MADV_RANDOM)
+    run python3 "$H/resident.py" tensors "$T/w.lrm"
+    echo "$output"
+    assert_equal "$(grep -c ' w_[a-z]* 0\.00[0-9]$' <<< "$output")" 12
+    "$BIN/lrmoe-route" -k 4 --from-hidden -w "$T/w.lrm" -o "$T/o.lrm" "$T/in2.lrm"
+    run python3 "$H/resident.py" tensors "$T/w.lrm"
+    echo "$output"
+    # route: layer 2's router tensors, and of its experts at most the
+    # read-around of a fault next to them (a few MiB of 16)
+    assert_line "frame 2 router_weight 1.000"
+    assert_line "frame 2 expert_bias 1.000"
+    assert_equal "$(grep -c ' w_up 0\.0[0-9][0-9]$' <<< "$output")" 4
+    for m in w_gate w_down; do
+        assert_equal "$(grep -c " $m 0\.[0-4][0-9][0-9]$" <<< "$output")" 4
+    done
+    # a bit flipped in layer 2's w_up: route and plan run as before; the
+    # CPU step, which computes with the experts, refuses it naming the part
+    local at
+    at=$(python3 -c "
+import sys; sys.path.insert(0, '$H'); import resident
+k, a, e = resident.frames('$T/w.lrm', tensors=True)[2][1]; assert k == 'w_up'; print((a + e) // 2)")
+    cp "$T/w.lrm" "$T/wb.lrm"
+    python3 -c "
+f = open('$T/wb.lrm', 'r+b'); f.seek($at); b = f.read(1); f.seek($at); f.write(bytes([b[0] ^ 4]))"
+    run "$BIN/lrmoe-route" -k 4 --from-hidden -w "$T/wb.lrm" -o "$T/o.lrm" "$T/in2.lrm"
+    assert_success
+    cmp "$T/o.lrm" "$T/ref.lrm"
+    run "$BIN/lrmoe-plan" -P 4 --weights "$T/wb.lrm" -o "$T/p.lrm" "$T/ref.lrm"
+    assert_success
+    run "$BIN/lrmoe-exec" --phase forward --weights "$T/wb.lrm" -o "$T/x.lrm" "$T/p.lrm"
+    assert_failure 1
+    assert_output --regexp "^lrmoe-exec: frame 0: .*$T/wb.lrm: frame 2: tensor w_up: digest mismatch: its CRC-64 is [0-9a-f]{16}, the digest record says [0-9a-f]{16} \(the stream changed after it was written\)$"
+    # a bit of layer 2's router_weight: route refuses it; plan does not read it
+    at=$(python3 -c "
+import sys; sys.path.insert(0, '$H'); import resident
+k, a, e = resident.frames('$T/w.lrm', tensors=True)[2][3]; assert k == 'router_weight'; print(a + 5)")
+    cp "$T/w.lrm" "$T/wb.lrm"
+    python3 -c "
+f = open('$T/wb.lrm', 'r+b'); f.seek($at); b = f.read(1); f.seek($at); f.write(bytes([b[0] ^ 4]))"
+    run "$BIN/lrmoe-route" -k 4 --from-hidden -w "$T/wb.lrm" -o "$T/o.lrm" "$T/in2.lrm"
+    assert_failure 1
+    assert_output --regexp "^lrmoe-route: frame 0: .*$T/wb.lrm: frame 2: tensor router_weight: digest mismatch: "
+    run "$BIN/lrmoe-plan" -P 4 --weights "$T/wb.lrm" -o "$T/p.lrm" "$T/ref.lrm"
+    assert_success
+    # a digit of layer 2's header (its ffn attribute: the header still
+    # parses): both refuse it
+    at=$(python3 -c "
+import sys; sys.path.insert(0, '$H'); import resident
+b = open('$T/w.lrm', 'rb').read(); a = resident.frames('$T/w.lrm')[2][0]
+print(b.index(b'\"seed\":\"', a) + 8)")
+    cp "$T/w.lrm" "$T/wb.lrm"
+    python3 -c "
+f = open('$T/wb.lrm', 'r+b'); f.seek($at); b = f.read(1); f.seek($at); f.write(bytes([b[0] ^ 4]))"
+    for t in route plan; do
+        if [ $t = route ]; then
+            run "$BIN/lrmoe-route" -k 4 --from-hidden -w "$T/wb.lrm" -o "$T/o.lrm" "$T/in2.lrm"
+        else
+            run "$BIN/lrmoe-plan" -P 4 --weights "$T/wb.lrm" -o "$T/p.lrm" "$T/ref.lrm"
+        fi
+        assert_failure 1
+        assert_output --regexp "^lrmoe-$t: frame 0: .*$T/wb.lrm: frame 2: header: digest mismatch: "
+    done
+}
+
 @test "route: zstd-compressed input and output" {
     gen "$T/in.lrm" --tokens 100 --experts 16 --seed 14
     "$BIN/lrmoe-route" -k 2 --no-compress -o "$T/raw.lrm" "$T/in.lrm"

@@ -8,10 +8,16 @@
  *   bit 2  write the frames back as zstd, else raw
  * Oracles: every frame read encodes and decodes to itself; the frames of a
  * stream that ends cleanly, written with lrmoe_writer_* and read back, are
- * the same frames, and that stream ends cleanly too. */
+ * the same frames, and that stream ends cleanly too. A raw stream read from
+ * a file is also mapped as a weights file (lib/weights_map.c: its headers
+ * parsed, every frame's header, each tensor and the whole frame checked
+ * against its digest record, by parts where the record is): where the
+ * mapping takes it and every check passes, the reader read it cleanly, to
+ * the same frames. */
 #include <unistd.h>
 #include <zstd.h>
 #include "fuzz_common.h"
+#include "weights_map.h"
 
 #define MAXKEEP 64
 
@@ -95,6 +101,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (r) lrmoe_reader_close(r);
     if (fp) fclose(fp);
     free(z);
+
+    lrmoe_weights_t mw;
+    lrmoe_wmap_t mm;
+    if ((mode & 3) == 2 && lrmoe_weights_map_pieces(in_path, &mw, &mm, 1, 4096) == 1) {
+        int all = 1;
+        for (int i = 0; i < mw.n; i++) {
+            (void)lrmoe_weights_map_check_tensors(&mm, i, NULL, 0);
+            for (int j = 0; j < mw.frames[i].ntensors; j++) {
+                const char *nm = mw.frames[i].tensors[j]->name;
+                (void)lrmoe_weights_map_check_tensors(&mm, i, &nm, 1);
+            }
+            if (lrmoe_weights_map_check(&mm, i) < 0) all = 0;
+        }
+        if (all) {
+            FUZZ_CHECK(rc == 0 && nf == mw.n, "mapped and checked (%d frames) but read: %d frames, %s",
+                       mw.n, nf, rc == 0 ? "a clean end" : lrmoe_errmsg());
+            for (int i = 0; i < nf && i < MAXKEEP; i++)
+                fuzz_frame_same(&keep[i], &mw.frames[i], "mapped vs read");
+        }
+        lrmoe_weights_unmap(&mw, &mm);
+    }
 
     if (rc == 0 && nf <= MAXKEEP) { /* a clean stream: write it back, read it again */
         lrmoe_wopts_t o;

@@ -33,7 +33,7 @@ if [ -z "$FUZZ_CC" ] || ! printf 'int LLVMFuzzerTestOneInput(const char *d, long
     echo "fuzz: no clang with the libFuzzer runtime (install clang-14 libclang-rt-14-dev)" >&2
     exit 77
 fi
-LIBSRC="frame producers stream crc64 dtype error npy import_hf"
+LIBSRC="frame producers stream crc64 dtype error npy import_hf weights_map weights crc64_par par clock"
 for h in $HARNESSES; do
     bin="$B/fuzz_$h"
     srcs="$TOP/tests/fuzz/fuzz_$h.c"

@@ -22,8 +22,12 @@ printf 'LRMOEEND\000\000\000\000\000\000\000\000' > "$W/empty.lrm"
 python3 -c "import sys; sys.path.insert(0, sys.argv[1]); import lrmoe_stream as s
 s.write_stream(sys.argv[3], s.read_stream(sys.argv[2], True), digests='xxh')" \
     "$(cd "$(dirname "$0")/../helpers" && pwd)" "$W/route.lrm" "$W/xxh.lrm"
+# and with the records by parts (LRMOECRT) that writers put before frames of
+# 64 MiB or more
+"$BIN/lrmoe-cat" --digests tensors --no-compress -o "$W/crt.lrm" "$W/route.lrm"
+"$BIN/lrmoe-cat" --digests tensors --no-compress -o "$W/wcrt.lrm" "$W/w.lrm"
 i=0
-for f in gen route f32 empty w xxh; do
+for f in gen route f32 empty w xxh crt wcrt; do
     for mode in 0 1 2 6; do   # raw: by buffer, through zstd, by file, written back as zstd
         i=$((i + 1))
         { printf "\\$(printf %03o $mode)"; cat "$W/$f.lrm"; } > "$OUT/stream/$i-$f-m$mode"

@@ -55,9 +55,12 @@ def resident_pages(path):
 def frames(path, tensors=False):
     """(begin, end) byte ranges of the raw stream's frames, each with its
     digest record; tensors=True: [(name, begin, end), ...] of each frame's
-    tensors' data instead"""
+    tensors' data instead. Reads the records and headers only, through a
+    mapping without read-around (MADV_RANDOM): reading the file would bring
+    all of it into the page cache, and a later look would see that."""
     with open(path, "rb") as f:
-        b = f.read()
+        b = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    b.madvise(mmap.MADV_RANDOM)
     out, pos = [], 0
     while b[pos:pos + 8] != b"LRMOEEND":
         start = pos
@@ -72,6 +75,7 @@ def frames(path, tensors=False):
                     for k, v in hdr.items() if k != "__metadata__")
         pos = d0 + max([e for _, e, _ in ts] or [0])
         out.append([(k, d0 + a, d0 + e) for a, e, k in ts] if tensors else (start, pos))
+    b.close()
     return out
 
 
