@@ -26,7 +26,8 @@
 # The floor (first_touch.c) is printed under the table, and what mapping the
 # weights and checking their digest records costs a process (wmap_check.c:
 # one thread against lrmoe-exec's default -@ 0, every CPU it may run on),
-# and mapping alone (a layer no frame uses is not checked, not read).
+# and mapping alone (a layer no frame uses is not checked, not read), and the
+# parts lrmoe-plan and lrmoe-route read of a layer whose record is by parts.
 # Usage: tests/bench/cold_warm.sh   env TOKENS (default "1024 2048 4096";
 #   BENCH_QUICK=1: "512"), REPS (default 3), PHASES (default "forward backward"),
 #   LRMOE_THP=1 or 0 (passed on: huge or 4 KiB pages for the big buffers).
@@ -166,6 +167,14 @@ if wm:
         c = med(x[2] for x in wm)
         print(f"weights map alone (the headers: what a layer no frame uses costs a process) {c:.4f} s "
               f"({min(x[2] for x in wm):.4f}-{max(x[2] for x in wm):.4f})")
+    if all(len(x) > 4 for x in wm):
+        # the layer's record is by parts (a frame of 64 MiB or more)
+        h, r = med(x[3] for x in wm), med(x[4] for x in wm)
+        ms = lambda k: f"{1e3 * med(x[k] for x in wm):.3f} ms ({1e3 * min(x[k] for x in wm):.3f}-" \
+                       f"{1e3 * max(x[k] for x in wm):.3f})"
+        print(f"weights map + the parts a tool reads, {sys.argv[6]} CPUs (records by parts): the header "
+              f"(lrmoe-plan --weights) {ms(3)}, router_weight and expert_bias (lrmoe-route -w) {ms(4)}; "
+              f"against map + the whole layer's check: {h / b:.4f}, {r / b:.4f}")
 print()
 print("cold_s/warm_s: layer CPU of a one-frame process' frame / of a two-frame process' second frame;")
 print("proc_cold_s: user+sys of the one-frame process; proc_2nd_s: what its second frame adds;")
