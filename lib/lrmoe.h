@@ -218,6 +218,10 @@ int lrmoe_reader_compressed(const lrmoe_reader_t *r);
  * fills a regular file, with no trailer, read as a one-frame stream
  * (lrmoe-stream(5)); through a pipe that is an error. */
 int lrmoe_reader_plain(const lrmoe_reader_t *r);
+/* The digest record of the frame last returned: 0 none, LRMOE_DIGEST_CRC64
+ * (one CRC-64 of the frame), LRMOE_DIGEST_XXH64 or
+ * LRMOE_DIGEST_CRC64_TENSORS (by parts) (lrmoe-stream(5), Integrity). */
+int lrmoe_reader_digest(const lrmoe_reader_t *r);
 void lrmoe_reader_close(lrmoe_reader_t *r);
 
 /* The default level: zstd level 1 on a regular file, raw (no compression) on

@@ -399,6 +399,7 @@ struct lrmoe_reader {
     int zstart;             /* zstd: the next input byte starts a zstd frame */
     uint64_t *tcrc;         /* an LRMOECRT record: the header's CRC, then each */
     size_t tcap;            /* tensor's (tcap allocated) */
+    int last_digest;        /* the record kind of the frame last returned */
 };
 
 /* The hasher thread of a reader: it hashes a frame's data into r->hs while
@@ -971,6 +972,7 @@ int lrmoe_reader_next(lrmoe_reader_t *r, lrmoe_frame_t *f)
         }
     }
     r->nframes++;
+    r->last_digest = has_digest;
     return 1;
 fail:
     r->hashing = 0;
@@ -981,6 +983,8 @@ fail:
 }
 
 int lrmoe_reader_plain(const lrmoe_reader_t *r) { return r->plain; }
+
+int lrmoe_reader_digest(const lrmoe_reader_t *r) { return r->last_digest; }
 
 void lrmoe_reader_set_verify(lrmoe_reader_t *r, int on) { r->noverify = on > 0 ? 0 : on == 0 ? 1 : 2; }
 

@@ -615,9 +615,12 @@ static int view(const char *path, opts_t *o)
     lrmoe_frame_init(&f);
     int rc;
     int64_t i = 0, shown = 0, ntens = 0;
+    int64_t kinds[4] = {0}; /* frames by digest record: none, CRC-64, XXH64, by parts */
     uint64_t bytes = 0;
     int stopped = 0;
     while ((rc = lrmoe_reader_next(r, &f)) == 1) {
+        const int dk = lrmoe_reader_digest(r);
+        kinds[dk >= 0 && dk < 4 ? dk : 0]++;
         if (lrmoe_select_frame(&o->sel, i)) {
             if (!o->json && shown)
                 putchar('\n');
@@ -643,12 +646,22 @@ static int view(const char *path, opts_t *o)
     if (rc < 0)
         return -1;
     if (!o->json) {
-        char hb[32];
-        printf("%s# %" PRId64 " frame%s%s, %" PRId64 " tensor%s, %s; %s, %s\n", shown ? "\n" : "",
+        char hb[32], rec[160] = "";
+        /* which digest records the frames read had (lrmoe-stream(5)): a
+         * weights file's records by parts let a tool check only what it reads */
+        static const char *const kname[4] = {"none", "CRC-64", "XXH64", "CRC-64 by parts"};
+        for (int k = 1, n = 0; k < 4; k++)
+            if (kinds[k]) {
+                size_t l = strlen(rec);
+                snprintf(rec + l, sizeof rec - l, "%s%" PRId64 " %s", n++ ? ", " : "; digest records: ",
+                         kinds[k], kname[k]);
+            }
+        if (kinds[0] && !rec[0] && i && !plain) snprintf(rec, sizeof rec, "; no digest records");
+        printf("%s# %" PRId64 " frame%s%s, %" PRId64 " tensor%s, %s; %s, %s%s\n", shown ? "\n" : "",
                i, i == 1 ? "" : "s", stopped ? " read" : "", ntens, ntens == 1 ? "" : "s", human(bytes, hb, sizeof hb),
                plain ? "plain safetensors file" : compressed ? "zstd stream" : "raw stream",
                stopped ? "reading stopped after the last selected frame"
-                       : plain ? "one frame, no trailer" : "clean end");
+                       : plain ? "one frame, no trailer" : "clean end", rec);
     }
     if (o->sel.nranges && o->sel.last != INT64_MAX && o->sel.last >= i)
         return lrmoe_err("--frame %" PRId64 ": the stream has %" PRId64 " frame%s", o->sel.last, i,

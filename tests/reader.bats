@@ -88,7 +88,7 @@ PY
     "$BIN/lrmoe-route" -o "$T/r.lrm" "$T/x.safetensors"
     run "$BIN/lrmoe-view" --no-stats "$T/r.lrm"
     assert_line --regexp '^  topk_ids +I32 +\[32,2\]'
-    assert_line --regexp '^# 1 frame, .*; zstd stream, clean end$'
+    assert_line --regexp '^# 1 frame, .*; zstd stream, clean end; digest records: 1 CRC-64$'
     "$BIN/lrmoe-cat" -o "$T/c.lrm" "$T/x.safetensors"
     run "$BIN/lrmoe-view" --diff "$T/x.safetensors" "$T/c.lrm"
     assert_success

@@ -141,7 +141,7 @@ PY
     assert_line --regexp '^  empty +F32 +\[0,4\] +0 B +- +- +- +- +0 +0$'
     assert_line --regexp '^  allnan +F32 +\[3\] +12 B +- +- +- +- +3 +0$'
     assert_line --regexp '^  scalar +F64 +\[\] +8 B +7.25 +7.25 +7.25 +0 +0 +0$'
-    assert_line --regexp '^# 3 frames, 17 tensors, .*; raw stream, clean end$'
+    assert_line --regexp '^# 3 frames, 17 tensors, .*; raw stream, clean end; no digest records$'
     # every row of a table has its columns at the header's positions
     printf '%s\n' "${lines[@]}" | awk '
         /^  tensor / { hdr = $0; pd = index($0, "dtype"); ps = index($0, "shape"); pn = length($0); next }
@@ -149,6 +149,29 @@ PY
                                 substr($0, ps, 1) == " " || length($0) != pn) { print "misaligned: " $0; bad = 1 } }
         /^frame / { hdr = "" }
         END { exit bad }'
+}
+
+@test "the summary counts the frames' digest records by kind (lrmoe_reader_digest)" {
+    # s.lrm's three frames with each kind of record, spliced into one stream
+    "$BIN/lrmoe-cat" --no-compress -o "$T/c.lrm" "$T/s.lrm"
+    "$BIN/lrmoe-cat" --digests tensors --no-compress -o "$T/t.lrm" "$T/s.lrm"
+    python3 -c "
+import struct, lrmoe_stream as s
+s.write_stream('$T/x.lrm', s.read_stream('$T/s.lrm', True), digests='xxh')
+def frames(p):
+    b, pos, out = open(p, 'rb').read(), 0, []
+    while b[pos:pos + 8] != s.TRAILER:
+        e = s.decode_frame(b, pos)[3]; out.append(b[pos:e]); pos = e
+    return out
+c, x, t = frames('$T/c.lrm'), frames('$T/x.lrm'), frames('$T/t.lrm')
+open('$T/mix.lrm', 'wb').write(t[0] + c[1] + x[2] + t[2] + c[0] + s.TRAILER + struct.pack('<Q', 5))"
+    run "$BIN/lrmoe-view" --no-stats "$T/mix.lrm"
+    assert_success
+    assert_line --regexp '^# 5 frames, .*; raw stream, clean end; digest records: 2 CRC-64, 1 XXH64, 2 CRC-64 by parts$'
+    run "$BIN/lrmoe-view" --no-stats "$T/t.lrm"
+    assert_line --regexp '; digest records: 3 CRC-64 by parts$'
+    run "$BIN/lrmoe-view" --no-stats -F 0 "$T/t.lrm"
+    assert_line --regexp '^# 1 frame read, .*reading stopped after the last selected frame; digest records: 1 CRC-64 by parts$'
 }
 
 @test "--frame, --tensor and --no-stats select what is shown" {
@@ -174,7 +197,7 @@ PY
     zstd -q -c "$T/s.lrm" > "$T/z.lrm"
     run sh -c "'$BIN/lrmoe-view' --no-stats < '$T/z.lrm'"
     assert_success
-    assert_line --regexp '^# 3 frames, 17 tensors, .*; zstd stream, clean end$'
+    assert_line --regexp '^# 3 frames, 17 tensors, .*; zstd stream, clean end; no digest records$'
     run "$BIN/lrmoe-view" --no-stats "$T/s.lrm" "$T/z.lrm"
     assert_line "==> $T/s.lrm <=="
     assert_line "==> $T/z.lrm <=="
