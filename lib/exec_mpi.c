@@ -278,13 +278,18 @@ static int job_digest(lrmoe_exec_mpi_t *m, int64_t layer, const lrmoe_exec_dims_
     return 0;
 }
 
+/* Ranks > 0: the weights stream closed (its mapping too), if open */
+static void wsrc_close(lrmoe_exec_mpi_t *m)
+{
+    if (!m->wsrc) return;
+    lrmoe_weights_close(&m->wsrc->W, &m->wsrc->wm);
+    free(m->wsrc);
+    m->wsrc = NULL;
+}
+
 static void layers_free(lrmoe_exec_mpi_t *m)
 {
-    if (m->wsrc) {
-        lrmoe_weights_close(&m->wsrc->W, &m->wsrc->wm);
-        free(m->wsrc);
-        m->wsrc = NULL;
-    }
+    wsrc_close(m);
     for (int i = 0; i < m->nlayers; i++) {
         for (int j = 0; j < 3; j++)
             if (m->layers[i].owned) free((void *)m->layers[i].w[j]);
@@ -369,9 +374,7 @@ static int layers_open(lrmoe_exec_mpi_t *m, int allow_nonfinite, int threads)
     }
     const lrmoe_weights_t *W = &m->wsrc->W;
     if (!(m->layers = calloc((size_t)(W->n ? W->n : 1), sizeof *m->layers))) {
-        lrmoe_weights_close(&m->wsrc->W, &m->wsrc->wm);
-        free(m->wsrc);
-        m->wsrc = NULL;
+        wsrc_close(m);
         return lrmoe_err("out of memory");
     }
     m->nlayers = W->n;
@@ -379,9 +382,7 @@ static int layers_open(lrmoe_exec_mpi_t *m, int allow_nonfinite, int threads)
     if (m->wsrc->wm.base) return 0;
     int rc = 0;
     for (int i = 0; i < W->n && !rc; i++) rc = layer_load(m, i, allow_nonfinite, threads);
-    lrmoe_weights_close(&m->wsrc->W, &m->wsrc->wm);
-    free(m->wsrc);
-    m->wsrc = NULL;
+    wsrc_close(m);
     return rc;
 }
 

@@ -380,8 +380,8 @@ int lrmoe_weights_map_check(const lrmoe_wmap_t *m, int i)
 {
     if (!m->base || i < 0 || i >= m->n) return 0;
     lrmoe_wmap_rec_t *r = &m->rec[i];
-    if (r->kind == 3) {     /* every part, the header first */
-        if (!r->state) advise_normal(m, r->off, r->len);
+    if (r->kind == 3) {     /* every part, the header first (each tensor's
+                             * check advises its own bytes) */
         int rc = check_header(m, i, r);
         for (int k = 0; rc == 0 && k < r->nt; k++) rc = check_part(m, i, r, k);
         r->state = rc == 0 ? 1 : 2;
